@@ -1,0 +1,17 @@
+//! The aggregation protocol (version 1), with no I/O.
+//!
+//! * [`wire`]: header views and payload codecs for every message type.
+//! * [`switch`]: the switch's job table and slot pools, fed parsed messages.
+//! * [`worker`]: a worker's chunking, window, retransmission and congestion
+//!   control for one collective, fed results and time.
+//! * [`reference`]: the rank-order sum every result must equal bit for bit.
+//!
+//! Everything here is deterministic: time is passed in, nothing is read from
+//! the system, so loss, duplication and reordering are tested without sockets.
+#![forbid(unsafe_code)]
+
+pub mod reference;
+pub mod seq;
+pub mod switch;
+pub mod wire;
+pub mod worker;

@@ -1,0 +1,389 @@
+//! Workers and a switch exchanging messages over a simulated network that
+//! loses, duplicates and reorders, in virtual time: every schedule must give
+//! every worker the rank-order sum, bit for bit, without hanging.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use proto::reference::rank_order_sum;
+use proto::switch::{DataOutcome, Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, Verdict};
+use proto::wire::{write_f32s, HeaderRepr, JoinPayload, MsgType};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+
+const GEN: u32 = 99;
+
+/// xorshift64*: a tiny deterministic generator, enough for schedules.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    loss: f64,
+    dup: f64,
+    reorder: f64,
+}
+
+enum Msg {
+    Data {
+        rank: u16,
+        seq: u32,
+        collective: u32,
+        values: Vec<f32>,
+    },
+    Result {
+        rank: u16,
+        seq: u32,
+        values: Vec<f32>,
+        ece: bool,
+    },
+}
+
+struct Net {
+    rng: Rng,
+    faults: Faults,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    msgs: std::collections::HashMap<u64, Msg>,
+    next_id: u64,
+}
+
+impl Net {
+    fn send(&mut self, now: Duration, make: impl Fn() -> Msg) {
+        if self.rng.chance(self.faults.loss) {
+            return;
+        }
+        let copies = if self.rng.chance(self.faults.dup) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut delay = Duration::from_micros(100 + self.rng.below(50));
+            if self.rng.chance(self.faults.reorder) {
+                delay += Duration::from_micros(self.rng.below(3000));
+            }
+            self.next_id += 1;
+            self.queue.push(Reverse((now + delay, self.next_id)));
+            self.msgs.insert(self.next_id, make());
+        }
+    }
+}
+
+fn endpoint(rank: u16) -> Endpoint {
+    Endpoint {
+        source: Source {
+            mac: [2, 0, 0, 0, (rank >> 8) as u8, rank as u8],
+            ip: [198, 18, 0, 10],
+            port: 1000 + rank,
+        },
+        ..Endpoint::default()
+    }
+}
+
+struct Worker {
+    input: Vec<f32>,
+    output: Vec<f32>,
+    coll: Collective,
+    rtt: RttEstimator,
+    cc: Dctcp,
+}
+
+/// Runs `iterations` collectives of `len` elements over `n` workers; returns
+/// the virtual time taken. Panics on a wrong bit or a hang.
+fn run(
+    n: u16,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    faults: Faults,
+    seed: u64,
+) -> Duration {
+    run_from(0, n, len, elems, slots, iterations, faults, seed)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_from(
+    start_seq: u32,
+    n: u16,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    faults: Faults,
+    seed: u64,
+) -> Duration {
+    let mut table = JobTable::new(GEN);
+    table
+        .add(
+            JobConfig {
+                id: 1,
+                n_workers: n,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: [3; 32],
+                pool_slots: slots,
+                elems_per_chunk: elems,
+                window: slots,
+            },
+            elems,
+        )
+        .unwrap();
+    for r in 0..n {
+        let mut h = HeaderRepr::new(MsgType::Join, 1);
+        h.rank = r;
+        h.seq = start_seq;
+        let mut p = [0u8; 36];
+        JoinPayload {
+            n_workers: n,
+            dtype: 0,
+            op: 0,
+            secret: [3; 32],
+        }
+        .emit(&mut p)
+        .unwrap();
+        table.handle(&h, &p, endpoint(r), false);
+    }
+    let cfg = TransportConfig {
+        initial_rto: Duration::from_millis(2),
+        min_rto: Duration::from_micros(500),
+        ..TransportConfig::default()
+    };
+    let base = Instant::now();
+    let mut net = Net {
+        rng: Rng(seed | 1),
+        faults,
+        queue: BinaryHeap::new(),
+        msgs: Default::default(),
+        next_id: 0,
+    };
+    let mut now = Duration::ZERO;
+    let mut seq = start_seq;
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|_| Worker {
+            input: vec![],
+            output: vec![],
+            coll: Collective::new(0, 0, 0, elems),
+            rtt: RttEstimator::new(&cfg),
+            cc: Dctcp::new(&cfg, slots),
+        })
+        .collect();
+    for it in 0..iterations {
+        for (r, w) in workers.iter_mut().enumerate() {
+            w.input = (0..len)
+                .map(|i| proto::reference::pattern(r as u16, it, i))
+                .collect();
+            w.output = vec![f32::NAN; len];
+            w.coll = Collective::new(it, seq, len, elems);
+        }
+        let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
+        let want = rank_order_sum(&inputs);
+        let mut steps = 0u64;
+        while !workers.iter().all(|w| w.coll.is_complete()) {
+            steps += 1;
+            assert!(steps < 5_000_000, "hang: iteration {it}");
+            for (r, w) in workers.iter_mut().enumerate() {
+                while let Some(t) = w
+                    .coll
+                    .poll_transmit(base + now, w.cc.window(), &w.rtt, &cfg)
+                {
+                    let vals = w.input[t.offset..t.offset + t.count as usize].to_vec();
+                    let c = w.coll.collective();
+                    net.send(now, || Msg::Data {
+                        rank: r as u16,
+                        seq: t.seq,
+                        collective: c,
+                        values: vals.clone(),
+                    });
+                }
+            }
+            // Next event: a delivery or a worker timeout.
+            let next_delivery = net.queue.peek().map(|Reverse((t, _))| *t);
+            let next_timer = workers
+                .iter()
+                .filter_map(|w| w.coll.next_timeout())
+                .min()
+                .map(|t| t - base);
+            let next = match (next_delivery, next_timer) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (None, None) => panic!("deadlock: nothing in flight, nothing due"),
+            };
+            now = now.max(next);
+            while let Some(Reverse((t, id))) = net.queue.peek().copied() {
+                if t > now {
+                    break;
+                }
+                net.queue.pop();
+                match net.msgs.remove(&id).unwrap() {
+                    Msg::Data {
+                        rank,
+                        seq,
+                        collective,
+                        values,
+                    } => {
+                        let mut h = HeaderRepr::new(MsgType::Data, 1);
+                        h.rank = rank;
+                        h.seq = seq;
+                        h.collective = collective;
+                        h.count = values.len() as u16;
+                        h.gen = GEN;
+                        let mut p = vec![0u8; values.len() * 4];
+                        write_f32s(&values, &mut p);
+                        let v = table.handle(&h, &p, endpoint(rank), false);
+                        let job = table.get(1).unwrap();
+                        match v {
+                            Verdict::Data(DataOutcome::Completed { seq }) => {
+                                let res = job.result(seq).unwrap();
+                                for dest in 0..n {
+                                    let vals = res.values.to_vec();
+                                    net.send(now, || Msg::Result {
+                                        rank: dest,
+                                        seq,
+                                        values: vals.clone(),
+                                        ece: res.ece,
+                                    });
+                                }
+                            }
+                            Verdict::Data(DataOutcome::Retransmit { seq }) => {
+                                let res = job.result(seq).unwrap();
+                                let vals = res.values.to_vec();
+                                net.send(now, || Msg::Result {
+                                    rank,
+                                    seq,
+                                    values: vals.clone(),
+                                    ece: res.ece,
+                                });
+                            }
+                            Verdict::Data(DataOutcome::Taken | DataOutcome::Dropped(_)) => {}
+                            other => panic!("unexpected verdict {other:?}"),
+                        }
+                    }
+                    Msg::Result {
+                        rank,
+                        seq,
+                        values,
+                        ece,
+                    } => {
+                        let w = &mut workers[rank as usize];
+                        if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
+                            seq,
+                            values.len() as u16,
+                            ece,
+                            base + now,
+                            &mut w.rtt,
+                            &mut w.cc,
+                        ) {
+                            w.output[offset..offset + count as usize].copy_from_slice(&values);
+                        }
+                    }
+                }
+            }
+        }
+        for (r, w) in workers.iter().enumerate() {
+            let got: Vec<u32> = w.output.iter().map(|x| x.to_bits()).collect();
+            let exp: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(
+                got, exp,
+                "rank {r} iteration {it}: result differs from the rank-order sum"
+            );
+        }
+        seq = workers[0].coll.end_seq();
+    }
+    now
+}
+
+const CLEAN: Faults = Faults {
+    loss: 0.0,
+    dup: 0.0,
+    reorder: 0.0,
+};
+
+#[test]
+fn clean_network_small_and_partial_chunks() {
+    for len in [1usize, 7, 8, 9, 100] {
+        run(4, len, 8, 4, 3, CLEAN, 1);
+    }
+}
+
+#[test]
+fn all_faults_at_once() {
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.01,
+        reorder: 0.25,
+    };
+    run(4, 2000, 16, 16, 3, f, 42);
+}
+
+#[test]
+fn seq_numbers_wrap() {
+    // Workers join at a resume point just below 2^32: chunks cross the wrap.
+    run_from(
+        u32::MAX - 50,
+        3,
+        40,
+        1,
+        4,
+        3,
+        Faults {
+            loss: 0.1,
+            dup: 0.05,
+            reorder: 0.3,
+        },
+        7,
+    );
+}
+
+#[test]
+fn loss_costs_time_in_proportion_not_a_fixed_worst_case() {
+    let clean = run(4, 4000, 16, 32, 1, CLEAN, 3);
+    let lossy = run(
+        4,
+        4000,
+        16,
+        32,
+        1,
+        Faults {
+            loss: 0.05,
+            dup: 0.0,
+            reorder: 0.0,
+        },
+        3,
+    );
+    assert!(lossy < clean * 20, "lossy {lossy:?} vs clean {clean:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #[test]
+    fn any_schedule_yields_the_reference_sums(
+        seed in any::<u64>(),
+        n in 1u16..6,
+        len in 1usize..300,
+        elems in 1u16..20,
+        slots_log in 0u32..5,
+        loss in 0.0f64..0.2,
+        dup in 0.0f64..0.1,
+        reorder in 0.0f64..0.5,
+    ) {
+        run(n, len, elems, 1 << slots_log, 2, Faults { loss, dup, reorder }, seed);
+    }
+}
