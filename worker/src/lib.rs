@@ -1,0 +1,656 @@
+//! The worker library: join a job on the aggregation switch, then
+//! `all_reduce(&mut [f32])` as many times as the training loop needs.
+//!
+//! Owns: one UDP socket connected to the switch, the job session (switch
+//! generation, pool size, chunk size, next seq and collective id) and the
+//! inputs of the current and previous collective, kept so that a re-join
+//! after a switch or worker restart can resend from any resume point.
+//!
+//! The protocol logic lives in `proto::worker` (sans-IO); this is the thin
+//! I/O shell around it: build datagrams, send, poll, receive, feed results.
+//! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
+//! nothing to send and nothing has arrived.
+
+use std::io;
+use std::net::{SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use proto::seq::serial_offset;
+use proto::wire::{
+    flags, parse_nack, write_f32s, Header, HeaderRepr, JoinAckPayload, JoinPayload, MsgType,
+    NackReason, DTYPE_F32, HEADER_LEN, JOIN_PAYLOAD_LEN, OP_SUM, SECRET_LEN,
+};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+
+/// How to reach the switch and which job to join.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    pub switch: SocketAddrV4,
+    /// Local address to bind (default: any address, ephemeral port).
+    pub bind: Option<SocketAddrV4>,
+    pub job: u16,
+    pub rank: u16,
+    pub n_workers: u16,
+    pub secret: [u8; SECRET_LEN],
+    pub transport: TransportConfig,
+    /// How long to wait for all ranks to join.
+    pub join_timeout: Duration,
+    /// Fail a collective when no RESULT made progress for this long.
+    pub stall_timeout: Duration,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("switch", &self.switch)
+            .field("job", &self.job)
+            .field("rank", &self.rank)
+            .field("n_workers", &self.n_workers)
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerConfig {
+    pub fn new(
+        switch: SocketAddrV4,
+        job: u16,
+        rank: u16,
+        n_workers: u16,
+        secret: [u8; SECRET_LEN],
+    ) -> WorkerConfig {
+        WorkerConfig {
+            switch,
+            bind: None,
+            job,
+            rank,
+            n_workers,
+            secret,
+            transport: TransportConfig::default(),
+            join_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Errors of the worker library.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("{call} failed on the UDP socket to switch {switch}: {source}")]
+    Io {
+        call: &'static str,
+        switch: SocketAddrV4,
+        source: io::Error,
+    },
+    #[error("job {job} rank {rank}: the switch refused: {reason}")]
+    Refused {
+        job: u16,
+        rank: u16,
+        reason: NackReason,
+    },
+    #[error(
+        "job {job} rank {rank}: no JOIN_ACK from switch {switch} within {waited:?}: \
+         is switchd running with job {job} declared, and have all {n} ranks started?"
+    )]
+    JoinTimeout {
+        job: u16,
+        rank: u16,
+        n: u16,
+        switch: SocketAddrV4,
+        waited: Duration,
+    },
+    #[error(
+        "job {job} rank {rank}: collective {collective} stalled at seq {seq}: no RESULT for \
+         {waited:?} (another rank may have died, or the switch is unreachable)"
+    )]
+    Stalled {
+        job: u16,
+        rank: u16,
+        collective: u32,
+        seq: u32,
+        waited: Duration,
+    },
+    #[error(
+        "job {job} rank {rank}: the switch resumes at collective {resume_collective} seq \
+         {resume_seq}, which this worker no longer has the input for (it is at collective \
+         {collective})"
+    )]
+    ResumeOutOfReach {
+        job: u16,
+        rank: u16,
+        resume_collective: u32,
+        resume_seq: u32,
+        collective: u32,
+    },
+    #[error("job {job}: the switch's chunk size {elems} or pool size {slots} is unusable")]
+    BadJoinAck { job: u16, elems: u16, slots: u16 },
+    #[error("tensor of {len} elements is too long for one collective (max {max})")]
+    TensorTooLong { len: usize, max: usize },
+}
+
+/// Counters of a worker session.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct WorkerStats {
+    pub collectives: u64,
+    pub chunks_sent: u64,
+    pub chunks_resent: u64,
+    pub results: u64,
+    pub duplicate_results: u64,
+    pub ece_results: u64,
+    pub rejoins: u64,
+    pub nacks: u64,
+    /// Current congestion window (chunks).
+    pub window: u16,
+    /// DCTCP α.
+    pub alpha: f64,
+    /// Smoothed RTT in microseconds (0 before any sample).
+    pub srtt_us: u64,
+    /// Current retransmission timeout in microseconds.
+    pub rto_us: u64,
+}
+
+/// What the receive loop learned.
+enum Event {
+    /// The collective finished.
+    Completed,
+    /// The switch asked us to re-join (NACK 6/7 or a new gen); done, at this
+    /// resume point.
+    Resumed { collective: u32, seq: u32 },
+}
+
+/// A joined member of a job.
+pub struct Worker {
+    cfg: WorkerConfig,
+    sock: UdpSocket,
+    gen: u32,
+    pool_slots: u16,
+    elems_per_chunk: u16,
+    advertised_window: u16,
+    next_seq: u32,
+    next_collective: u32,
+    rtt: RttEstimator,
+    cc: Dctcp,
+    /// Input of the current collective (resends read from here).
+    input: Vec<f32>,
+    /// Input of the previous collective, kept until the current completes.
+    prev_input: Vec<f32>,
+    prev_first_seq: u32,
+    prev_collective: Option<u32>,
+    buf: Vec<u8>,
+    rx: Vec<u8>,
+    stats: WorkerStats,
+}
+
+fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
+    move |source| WorkerError::Io {
+        call,
+        switch,
+        source,
+    }
+}
+
+/// Waits up to `timeout` for `fd` to become readable.
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(0, 1000) as i32;
+    // SAFETY: one valid pollfd on the stack, count 1.
+    unsafe {
+        libc::poll(&mut p, 1, ms);
+    }
+}
+
+impl Worker {
+    /// Opens the socket, joins the job and waits until every rank has joined.
+    pub fn join(cfg: WorkerConfig) -> Result<Worker, WorkerError> {
+        let sw = cfg.switch;
+        let sock = open_socket(&cfg).map_err(io_err("opening", sw))?;
+        let mut w = Worker {
+            sock,
+            gen: 0,
+            pool_slots: 1,
+            elems_per_chunk: 1,
+            advertised_window: 1,
+            next_seq: 0,
+            next_collective: 0,
+            rtt: RttEstimator::new(&cfg.transport),
+            cc: Dctcp::new(&cfg.transport, 1),
+            input: Vec::new(),
+            prev_input: Vec::new(),
+            prev_first_seq: 0,
+            prev_collective: None,
+            buf: vec![0u8; 9216],
+            rx: vec![0u8; 9216],
+            stats: WorkerStats::default(),
+            cfg,
+        };
+        let (c, s) = w.join_round(0, 0)?;
+        w.next_collective = c;
+        w.next_seq = s;
+        Ok(w)
+    }
+
+    pub fn rank(&self) -> u16 {
+        self.cfg.rank
+    }
+    pub fn elems_per_chunk(&self) -> u16 {
+        self.elems_per_chunk
+    }
+    pub fn pool_slots(&self) -> u16 {
+        self.pool_slots
+    }
+    /// The switch generation this worker joined under.
+    pub fn generation(&self) -> u32 {
+        self.gen
+    }
+    pub fn stats(&self) -> WorkerStats {
+        let mut s = self.stats;
+        s.window = self.window();
+        s.alpha = self.cc.alpha();
+        s.srtt_us = self.rtt.srtt().map_or(0, |d| d.as_micros() as u64);
+        s.rto_us = self.rtt.rto().as_micros() as u64;
+        s
+    }
+
+    fn window(&self) -> u16 {
+        self.cc.window().min(self.advertised_window).max(1)
+    }
+
+    fn send(&self, len: usize) -> Result<(), WorkerError> {
+        match self.sock.send(&self.buf[..len]) {
+            Ok(_) => Ok(()),
+            // A full socket buffer or an ICMP error is loss: the resend timer
+            // covers it.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused
+                ) || e.raw_os_error() == Some(libc::ENOBUFS) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(io_err("send", self.cfg.switch)(e)),
+        }
+    }
+
+    /// Receives one datagram into `self.rx`; None when nothing is waiting.
+    fn recv(&mut self) -> Result<Option<usize>, WorkerError> {
+        match self.sock.recv(&mut self.rx) {
+            Ok(n) => Ok(Some(n)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(io_err("recv", self.cfg.switch)(e)),
+        }
+    }
+
+    fn send_join(&mut self, collective: u32, seq: u32) -> Result<(), WorkerError> {
+        let mut h = HeaderRepr::new(MsgType::Join, self.cfg.job);
+        h.rank = self.cfg.rank;
+        h.collective = collective;
+        h.seq = seq;
+        h.gen = self.gen;
+        h.emit_to(&mut self.buf).expect("buffer holds a header");
+        JoinPayload {
+            n_workers: self.cfg.n_workers,
+            dtype: DTYPE_F32,
+            op: OP_SUM,
+            secret: self.cfg.secret,
+        }
+        .emit(&mut self.buf[HEADER_LEN..])
+        .expect("buffer holds a JOIN");
+        self.send(HEADER_LEN + JOIN_PAYLOAD_LEN)
+    }
+
+    /// Sends JOIN (repeating it) until a JOIN_ACK; returns the resume point.
+    fn join_round(&mut self, collective: u32, seq: u32) -> Result<(u32, u32), WorkerError> {
+        let start = Instant::now();
+        let mut next_join = start;
+        loop {
+            let now = Instant::now();
+            if now.duration_since(start) > self.cfg.join_timeout {
+                return Err(WorkerError::JoinTimeout {
+                    job: self.cfg.job,
+                    rank: self.cfg.rank,
+                    n: self.cfg.n_workers,
+                    switch: self.cfg.switch,
+                    waited: self.cfg.join_timeout,
+                });
+            }
+            if now >= next_join {
+                self.send_join(collective, seq)?;
+                next_join = now + Duration::from_millis(200);
+            }
+            let Some(n) = self.recv()? else {
+                wait_readable(self.sock.as_raw_fd(), next_join - now);
+                continue;
+            };
+            let Ok(h) = Header::new_checked(&self.rx[..n]) else {
+                continue;
+            };
+            let Ok(r) = HeaderRepr::parse(&h) else {
+                continue;
+            };
+            if r.job != self.cfg.job {
+                continue;
+            }
+            match r.msg_type {
+                MsgType::JoinAck if r.rank == self.cfg.rank => {
+                    let Ok(ack) = JoinAckPayload::parse(h.payload()) else {
+                        continue;
+                    };
+                    if ack.elems_per_chunk == 0 || !ack.pool_slots.is_power_of_two() {
+                        return Err(WorkerError::BadJoinAck {
+                            job: self.cfg.job,
+                            elems: ack.elems_per_chunk,
+                            slots: ack.pool_slots,
+                        });
+                    }
+                    self.gen = r.gen;
+                    self.pool_slots = ack.pool_slots;
+                    self.elems_per_chunk = ack.elems_per_chunk;
+                    self.advertised_window = r.window.clamp(1, ack.pool_slots);
+                    self.cc
+                        .set_ceiling(self.pool_slots.min(self.advertised_window));
+                    tracing::debug!(
+                        job = self.cfg.job,
+                        rank = self.cfg.rank,
+                        gen = r.gen,
+                        resume_collective = r.collective,
+                        resume_seq = r.seq,
+                        "joined"
+                    );
+                    return Ok((r.collective, r.seq));
+                }
+                MsgType::Nack => {
+                    self.stats.nacks += 1;
+                    match parse_nack(h.payload()) {
+                        // Not refusals of this JOIN: left over from before.
+                        Ok(NackReason::JobNotActive | NackReason::StaleGeneration) | Err(_) => {}
+                        Ok(reason) => {
+                            return Err(WorkerError::Refused {
+                                job: self.cfg.job,
+                                rank: self.cfg.rank,
+                                reason,
+                            })
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sums `data` element-wise across every rank of the job, in place.
+    /// Every rank calls it with a tensor of the same length; the result is
+    /// the rank-order sum, bit-identical on every rank.
+    pub fn all_reduce(&mut self, data: &mut [f32]) -> Result<(), WorkerError> {
+        let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
+        if data.len() > max {
+            return Err(WorkerError::TensorTooLong {
+                len: data.len(),
+                max,
+            });
+        }
+        let collective = self.next_collective;
+        let first_seq = self.next_seq;
+        let mut input = std::mem::take(&mut self.input);
+        input.clear();
+        input.extend_from_slice(data);
+        let mut cur = Collective::new(collective, first_seq, data.len(), self.elems_per_chunk);
+        let result = self.run_collective(&mut cur, &input, data);
+        // Keep this input as the previous one: another rank may still need
+        // this collective's chunks after a restart.
+        self.input = std::mem::replace(&mut self.prev_input, input);
+        result?;
+        self.prev_first_seq = first_seq;
+        self.prev_collective = Some(collective);
+        self.next_seq = cur.end_seq();
+        self.next_collective = collective.wrapping_add(1);
+        self.stats.collectives += 1;
+        Ok(())
+    }
+
+    fn run_collective(
+        &mut self,
+        cur: &mut Collective,
+        input: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), WorkerError> {
+        loop {
+            match self.drive(cur, input, Some(out))? {
+                Event::Completed => return Ok(()),
+                Event::Resumed { collective, seq } => {
+                    if collective == cur.collective() {
+                        cur.restart_from(seq);
+                    } else if Some(collective) == self.prev_collective
+                        && serial_offset(self.prev_first_seq, seq) >= 0
+                    {
+                        self.catch_up_previous(seq)?;
+                        cur.restart_from(cur.first_seq());
+                    } else {
+                        return Err(WorkerError::ResumeOutOfReach {
+                            job: self.cfg.job,
+                            rank: self.cfg.rank,
+                            resume_collective: collective,
+                            resume_seq: seq,
+                            collective: cur.collective(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Re-contributes the previous collective from `seq` (another rank lost
+    /// its last RESULTs); our own results of it are already delivered.
+    fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
+        let prev = std::mem::take(&mut self.prev_input);
+        let c = self.prev_collective.unwrap_or(0);
+        let mut coll = Collective::new(c, self.prev_first_seq, prev.len(), self.elems_per_chunk);
+        coll.restart_from(seq);
+        let r = loop {
+            match self.drive(&mut coll, &prev, None) {
+                Ok(Event::Completed) => break Ok(()),
+                Ok(Event::Resumed { collective, seq }) if collective == c => coll.restart_from(seq),
+                Ok(Event::Resumed { collective, seq }) => {
+                    break Err(WorkerError::ResumeOutOfReach {
+                        job: self.cfg.job,
+                        rank: self.cfg.rank,
+                        resume_collective: collective,
+                        resume_seq: seq,
+                        collective: c,
+                    })
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.prev_input = prev;
+        r
+    }
+
+    /// Sends and receives until `coll` completes or the switch asks for a
+    /// re-join (which this function performs before returning).
+    fn drive(
+        &mut self,
+        coll: &mut Collective,
+        input: &[f32],
+        mut out: Option<&mut [f32]>,
+    ) -> Result<Event, WorkerError> {
+        let tcfg = self.cfg.transport;
+        while !coll.is_complete() {
+            let now = Instant::now();
+            let mut progressed = false;
+            let window = self.window();
+            while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
+                let mut h = HeaderRepr::new(MsgType::Data, self.cfg.job);
+                h.rank = self.cfg.rank;
+                h.count = t.count;
+                h.seq = t.seq;
+                h.collective = coll.collective();
+                h.gen = self.gen;
+                if t.last {
+                    h.flags |= flags::LAST;
+                }
+                if t.retx {
+                    h.flags |= flags::RETX;
+                }
+                h.emit_to(&mut self.buf).expect("buffer holds a header");
+                let n = write_f32s(
+                    &input[t.offset..t.offset + t.count as usize],
+                    &mut self.buf[HEADER_LEN..],
+                );
+                self.send(HEADER_LEN + n)?;
+                progressed = true;
+            }
+            // Drain what has arrived.
+            while let Some(n) = self.recv()? {
+                progressed = true;
+                if let Some(ev) = self.on_datagram(n, coll, out.as_deref_mut())? {
+                    return Ok(ev);
+                }
+            }
+            if coll.is_complete() {
+                break;
+            }
+            let now = Instant::now();
+            let since = coll.last_progress().unwrap_or(now);
+            if now.duration_since(since) > self.cfg.stall_timeout {
+                return Err(WorkerError::Stalled {
+                    job: self.cfg.job,
+                    rank: self.cfg.rank,
+                    collective: coll.collective(),
+                    seq: coll.oldest_unacked_seq(),
+                    waited: self.cfg.stall_timeout,
+                });
+            }
+            if !progressed {
+                let until = coll.next_timeout().map_or(Duration::from_millis(50), |d| {
+                    d.saturating_duration_since(now)
+                });
+                wait_readable(
+                    self.sock.as_raw_fd(),
+                    until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
+                );
+            }
+        }
+        self.sync_stats(coll);
+        Ok(Event::Completed)
+    }
+
+    fn sync_stats(&mut self, coll: &Collective) {
+        self.stats.chunks_sent += coll.stats.sent;
+        self.stats.chunks_resent += coll.stats.resent;
+        self.stats.results += coll.stats.results;
+        self.stats.duplicate_results += coll.stats.duplicate_results;
+        self.stats.ece_results += coll.stats.ece_results;
+    }
+
+    fn on_datagram(
+        &mut self,
+        n: usize,
+        coll: &mut Collective,
+        out: Option<&mut [f32]>,
+    ) -> Result<Option<Event>, WorkerError> {
+        let Ok(h) = Header::new_checked(&self.rx[..n]) else {
+            return Ok(None);
+        };
+        let Ok(r) = HeaderRepr::parse(&h) else {
+            return Ok(None);
+        };
+        if r.job != self.cfg.job {
+            return Ok(None);
+        }
+        let rejoin = match r.msg_type {
+            MsgType::Result if r.gen != self.gen => true,
+            MsgType::Result => {
+                if r.window != 0 {
+                    self.advertised_window = r.window.clamp(1, self.pool_slots);
+                    self.cc
+                        .set_ceiling(self.pool_slots.min(self.advertised_window));
+                }
+                let ece = r.has_flag(flags::ECE);
+                let outcome = coll.on_result(
+                    r.seq,
+                    r.count,
+                    ece,
+                    Instant::now(),
+                    &mut self.rtt,
+                    &mut self.cc,
+                );
+                if let (ResultOutcome::Fresh { offset, count, .. }, Some(out)) = (outcome, out) {
+                    proto::wire::read_f32s(h.payload(), &mut out[offset..offset + count as usize]);
+                }
+                false
+            }
+            MsgType::Nack => {
+                self.stats.nacks += 1;
+                match parse_nack(h.payload()) {
+                    Ok(NackReason::JobNotActive | NackReason::StaleGeneration) => true,
+                    Ok(reason) => {
+                        return Err(WorkerError::Refused {
+                            job: self.cfg.job,
+                            rank: self.cfg.rank,
+                            reason,
+                        })
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => false,
+        };
+        if !rejoin {
+            return Ok(None);
+        }
+        self.stats.rejoins += 1;
+        tracing::info!(
+            job = self.cfg.job,
+            rank = self.cfg.rank,
+            collective = coll.collective(),
+            seq = coll.oldest_unacked_seq(),
+            "switch lost our session (restart or re-join); joining again"
+        );
+        self.sync_stats(coll);
+        coll.stats = Default::default();
+        let (c, s) = self.join_round(coll.collective(), coll.oldest_unacked_seq())?;
+        Ok(Some(Event::Resumed {
+            collective: c,
+            seq: s,
+        }))
+    }
+
+    /// Tells the switch this rank is done (best effort).
+    pub fn leave(mut self) -> Result<(), WorkerError> {
+        let mut h = HeaderRepr::new(MsgType::Leave, self.cfg.job);
+        h.rank = self.cfg.rank;
+        h.gen = self.gen;
+        h.emit_to(&mut self.buf).expect("buffer holds a header");
+        self.send(HEADER_LEN)
+    }
+}
+
+fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    // ECT(0): the switch ORs CE marks into its RESULTs (PROTOCOL.md).
+    s.set_tos(0x02)?;
+    // Bursts of a whole window of RESULTs arrive at once.
+    let _ = s.set_recv_buffer_size(8 << 20);
+    let _ = s.set_send_buffer_size(8 << 20);
+    let bind = cfg
+        .bind
+        .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0));
+    s.bind(&bind.into())?;
+    s.connect(&cfg.switch.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
