@@ -81,7 +81,7 @@ fn stand_in(n: u16, loss_every: u64) -> StandIn {
                 continue;
             };
             seen += 1;
-            if loss_every > 0 && seen % loss_every == 0 {
+            if loss_every > 0 && seen.is_multiple_of(loss_every) {
                 continue;
             }
             let Ok(h) = Header::new_checked(&buf[..len]) else {

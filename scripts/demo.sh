@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+#
+# demo.sh: the whole thing in one command. Builds the switch and the worker,
+# makes a testbed (scripts/testbed.sh, prefix "agg"), starts switchd in the
+# switch namespace, runs an all-reduce of float32 tensors across the workers
+# through it (verified), pings between two plain hosts meanwhile to show that
+# ordinary traffic crosses the same switch, then prints per-rank throughput,
+# the switch's counters and DEMO PASSED / DEMO FAILED.
+#
+# Usage:
+#   sudo scripts/demo.sh [--workers 4] [--hosts 2] [--mib 64] [--iterations 5]
+#                        [--queues 1] [--timeout 600] [--prefix agg] [--keep-logs]
+#
+#   --workers N     ranks in the job (1..64), each in namespace agg-wI
+#   --hosts M       plain hosts agg-hJ (the ping needs 2; 0 or 1 skips it)
+#   --mib S         tensor size per worker in MiB of float32 (S*1024*1024/4
+#                   elements)
+#   --iterations K  all-reduce rounds per worker
+#   --queues Q      veth queues (testbed.sh --queues)
+#   --timeout T     seconds the workers get before they are stopped
+#   --prefix P      testbed namespace prefix (default agg: agg-sw, agg-w0, ...)
+#   --keep-logs     keep the folder of logs and config also on success
+#
+# Exits 0 only if every worker exited 0 and reported "verified": true.
+# Everything it starts is stopped by PID, and the testbed removed, on exit.
+
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+readonly SWITCH_ADDR=198.18.0.1
+readonly AGG_PORT=48879
+readonly JOB_ID=1
+readonly READY_LINE="switchd ready"
+readonly READY_TIMEOUT=30
+readonly STOP_TIMEOUT=15
+
+ORIG_ARGS=("$@")
+PREFIX=agg
+WORKERS=4
+HOSTS=2
+MIB=64
+ITERATIONS=5
+QUEUES=1
+TIMEOUT=600
+KEEP_LOGS=0
+
+usage() {
+    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --workers|--hosts|--mib|--iterations|--queues|--timeout|--prefix)
+            [[ $# -ge 2 ]] || die "$1 needs a value"
+            case "$1" in
+                --workers) WORKERS="$2" ;;
+                --hosts) HOSTS="$2" ;;
+                --mib) MIB="$2" ;;
+                --iterations) ITERATIONS="$2" ;;
+                --queues) QUEUES="$2" ;;
+                --timeout) TIMEOUT="$2" ;;
+                --prefix) PREFIX="$2" ;;
+            esac
+            shift 2 ;;
+        --keep-logs) KEEP_LOGS=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+uint_in_range "$WORKERS" 1 64 || die "--workers must be 1..64, got '$WORKERS'"
+uint_in_range "$HOSTS" 0 155 || die "--hosts must be 0..155, got '$HOSTS'"
+uint_in_range "$MIB" 1 4096 || die "--mib must be 1..4096, got '$MIB'"
+uint_in_range "$ITERATIONS" 1 1000000 || die "--iterations must be >= 1, got '$ITERATIONS'"
+uint_in_range "$QUEUES" 1 256 || die "--queues must be 1..256, got '$QUEUES'"
+uint_in_range "$TIMEOUT" 1 86400 || die "--timeout must be 1..86400 s, got '$TIMEOUT'"
+WORKERS=$((10#$WORKERS)); HOSTS=$((10#$HOSTS)); MIB=$((10#$MIB))
+ITERATIONS=$((10#$ITERATIONS)); QUEUES=$((10#$QUEUES)); TIMEOUT=$((10#$TIMEOUT))
+readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
+
+[[ "$PREFIX" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{0,30}$ ]] || die "bad --prefix '$PREFIX'"
+readonly PREFIX
+require_root "${ORIG_ARGS[@]}"
+cd "$REPO_ROOT"
+
+# --- cleanup --------------------------------------------------------------------
+WORK=""
+TESTBED_MADE=0
+SWITCHD_PID=""
+PING_PID=""
+WORKER_PIDS=()
+PASSED=0
+
+# stop_pid PID: SIGTERM, then SIGKILL after a grace period; reaps PID (a
+# child of this shell) and leaves its exit status in STOP_RC.
+STOP_RC=0
+stop_pid() {
+    local pid="$1" i
+    STOP_RC=0
+    [[ -n "$pid" ]] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        warn "pid $pid ignored SIGTERM for ${STOP_TIMEOUT} s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || STOP_RC=$?
+}
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    for pid in "${WORKER_PIDS[@]}" "$PING_PID" "$SWITCHD_PID"; do
+        stop_pid "$pid"
+    done
+    if [[ "$TESTBED_MADE" -eq 1 ]]; then
+        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
+            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
+    fi
+    if [[ -n "$WORK" && -d "$WORK" ]]; then
+        if [[ "$PASSED" -eq 1 && "$KEEP_LOGS" -eq 0 ]]; then
+            rm -rf -- "$WORK"
+        else
+            log "logs, config and outputs kept in $WORK"
+        fi
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- build and testbed ------------------------------------------------------------
+log "checking the tools (scripts/setup.sh)"
+bash "$REPO_ROOT/scripts/setup.sh"
+ensure_cargo_path
+log "building (cargo build --release --workspace --bins)"
+cargo build --release --workspace --bins
+SWITCHD="$REPO_ROOT/target/release/switchd"
+WORKER="$REPO_ROOT/target/release/worker"
+[[ -x "$SWITCHD" ]] || die "$SWITCHD missing after the build"
+[[ -x "$WORKER" ]] || die "$WORKER missing after the build"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/agg-demo.XXXXXX")"
+CFG="$WORK/switchd.toml"
+STATS="$WORK/stats.json"
+SWITCHD_LOG="$WORK/switchd.log"
+
+TESTBED_MADE=1
+bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
+    --hosts "$HOSTS" --queues "$QUEUES"
+
+# --- switchd config -------------------------------------------------------------
+# A fresh random job secret (32 bytes, hex) for this run.
+SECRET="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
+[[ "${#SECRET}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+
+ports=()
+for ((i = 0; i < WORKERS; i++)); do ports+=("\"sw-w$i\""); done
+for ((i = 0; i < HOSTS; i++)); do ports+=("\"sw-h$i\""); done
+ports_toml="$(printf '%s, ' "${ports[@]}")"
+ports_toml="${ports_toml%, }"
+
+cat >"$CFG" <<EOF
+# Written by scripts/demo.sh for testbed '$PREFIX'.
+[switch]
+ports = [$ports_toml]
+addresses = ["$SWITCH_ADDR"]
+agg_port = $AGG_PORT
+
+[[job]]
+id = $JOB_ID
+n_workers = $WORKERS
+allowed_sources = ["198.18.0.0/24"]
+secret = "$SECRET"
+pool_slots = 256
+EOF
+
+# --- switchd ----------------------------------------------------------------------
+log "starting switchd in $PREFIX-sw (log: $SWITCHD_LOG)"
+# `ip netns exec` execs the command, so $! is switchd's own PID.
+ip netns exec "$PREFIX-sw" "$SWITCHD" run --config "$CFG" --stats-file "$STATS" \
+    >"$SWITCHD_LOG" 2>&1 &
+SWITCHD_PID=$!
+
+deadline=$((SECONDS + READY_TIMEOUT))
+until grep -qF "$READY_LINE" "$SWITCHD_LOG" 2>/dev/null; do
+    if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
+        rc=0
+        wait "$SWITCHD_PID" || rc=$?
+        SWITCHD_PID=""
+        echo "---- switchd log ----" >&2
+        cat "$SWITCHD_LOG" >&2
+        die "switchd exited with status $rc before it was ready"
+    fi
+    if ((SECONDS >= deadline)); then
+        echo "---- switchd log ----" >&2
+        cat "$SWITCHD_LOG" >&2
+        die "switchd did not log '$READY_LINE' within $READY_TIMEOUT s"
+    fi
+    sleep 0.1
+done
+log "switchd ready (pid $SWITCHD_PID)"
+
+# --- workers, and a ping alongside ----------------------------------------------
+log "all-reduce: $WORKERS workers x $ELEMENTS float32 ($MIB MiB) x $ITERATIONS iterations"
+for ((i = 0; i < WORKERS; i++)); do
+    ip netns exec "$PREFIX-w$i" "$WORKER" allreduce \
+        --switch "$SWITCH_ADDR" --job "$JOB_ID" --rank "$i" --workers "$WORKERS" \
+        --secret "$SECRET" --elements "$ELEMENTS" --iterations "$ITERATIONS" \
+        --verify --json >"$WORK/worker$i.json" 2>"$WORK/worker$i.log" &
+    WORKER_PIDS[i]=$!
+done
+
+PING_RESULT="not run (needs --hosts 2 or more)"
+if ((HOSTS >= 2)); then
+    ip netns exec "$PREFIX-h0" ping -c 5 -i 0.2 -W 2 198.18.0.101 >"$WORK/ping.log" 2>&1 &
+    PING_PID=$!
+fi
+
+# Wait for every worker, up to the timeout; collect each exit status.
+declare -A STATUS=()
+deadline=$((SECONDS + TIMEOUT))
+remaining=$WORKERS
+while ((remaining > 0)); do
+    for ((i = 0; i < WORKERS; i++)); do
+        [[ -z "${STATUS[$i]:-}" ]] || continue
+        if ! kill -0 "${WORKER_PIDS[i]}" 2>/dev/null; then
+            rc=0
+            wait "${WORKER_PIDS[i]}" || rc=$?
+            STATUS[$i]=$rc
+            unset 'WORKER_PIDS[i]'
+            remaining=$((remaining - 1))
+        fi
+    done
+    ((remaining > 0)) || break
+    if ((SECONDS >= deadline)); then
+        warn "workers still running after $TIMEOUT s; stopping them"
+        for ((i = 0; i < WORKERS; i++)); do
+            if [[ -z "${STATUS[$i]:-}" ]]; then
+                stop_pid "${WORKER_PIDS[i]}"
+                STATUS[$i]="timeout"
+            fi
+        done
+        break
+    fi
+    sleep 0.1
+done
+WORKER_PIDS=()
+
+if [[ -n "$PING_PID" ]]; then
+    rc=0
+    wait "$PING_PID" || rc=$?
+    PING_PID=""
+    received="$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$WORK/ping.log")"
+    if [[ "$rc" -eq 0 && "${received:-0}" -gt 0 ]]; then
+        PING_RESULT="yes: $PREFIX-h0 -> 198.18.0.101, ${received}/5 replies"
+    else
+        PING_RESULT="NO: $PREFIX-h0 -> 198.18.0.101, ${received:-0}/5 replies (see $WORK/ping.log)"
+    fi
+fi
+
+# --- stop switchd; it writes its counters on exit ----------------------------------
+log "stopping switchd (SIGTERM to pid $SWITCHD_PID)"
+stop_pid "$SWITCHD_PID"
+SWITCHD_RC=$STOP_RC
+SWITCHD_PID=""
+
+# --- summary ----------------------------------------------------------------------
+# last_json FILE: the last line of FILE that is a JSON object, or nothing.
+last_json() {
+    local line
+    line="$(grep -E '^[[:space:]]*\{' "$1" 2>/dev/null | tail -n 1 || true)"
+    if [[ -n "$line" ]]; then
+        jq -ce . <<<"$line" 2>/dev/null || true
+    fi
+}
+
+ALL_OK=1
+echo
+echo "=== demo: $WORKERS workers, $MIB MiB float32 each, $ITERATIONS iterations, job $JOB_ID ==="
+printf '%-5s %-7s %12s %14s %10s %9s\n' rank exit gbit_per_s chunks_per_s seconds verified
+for ((i = 0; i < WORKERS; i++)); do
+    st="${STATUS[$i]:-?}"
+    json="$(last_json "$WORK/worker$i.json")"
+    if [[ -n "$json" ]]; then
+        read -r gbps cps secs verified < <(jq -r \
+            '[.gbit_per_s, .chunks_per_s, .seconds, .verified] | map(if . == null then "-" else tostring end) | join(" ")' \
+            <<<"$json")
+    else
+        gbps="-" cps="-" secs="-" verified="no-json"
+    fi
+    printf '%-5s %-7s %12s %14s %10s %9s\n' "$i" "$st" "$gbps" "$cps" "$secs" "$verified"
+    if [[ "$st" != 0 || "$verified" != true ]]; then
+        ALL_OK=0
+        if [[ -s "$WORK/worker$i.log" ]]; then
+            echo "  rank $i stderr (last lines):"
+            tail -n 5 "$WORK/worker$i.log" | sed 's/^/    /'
+        fi
+    fi
+done
+echo
+echo "switch exit status: $SWITCHD_RC"
+if [[ -s "$STATS" ]]; then
+    echo "switch counters: $(jq -c . "$STATS" 2>/dev/null || cat "$STATS")"
+else
+    echo "switch counters: none ($STATS was not written)"
+fi
+echo "ordinary traffic crossed the switch: $PING_RESULT"
+echo
+
+if [[ "$ALL_OK" -eq 1 ]]; then
+    PASSED=1
+    echo "DEMO PASSED"
+else
+    echo "DEMO FAILED"
+    exit 1
+fi

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+#
+# setup.sh: install what building and testing the switch needs, if missing.
+#
+# Usage:
+#   scripts/setup.sh
+#
+# Idempotent and quiet when everything is there. Otherwise:
+#   * Debian packages (checked with dpkg): clang llvm libbpf-dev
+#     linux-libc-dev bpftool iproute2 ethtool iputils-ping python3 tcpdump
+#     iperf3 jq; runs `apt-get update` once, then
+#     `apt-get install -y --no-install-recommends` of the missing ones
+#   * the rustup components rustfmt and clippy
+#   * bpffs on /sys/fs/bpf (a failure to mount is only a warning)
+# Prints what it installed; on failure prints the installer's output and
+# exits non-zero. Installing needs root (checking does not).
+
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+readonly PACKAGES=(
+    clang llvm libbpf-dev linux-libc-dev bpftool iproute2 ethtool
+    iputils-ping python3 tcpdump iperf3 jq
+)
+readonly COMPONENTS=(rustfmt clippy)
+
+case "${1:-}" in
+    -h|--help)
+        awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+        exit 0 ;;
+    "") ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+esac
+
+INSTALLED=()
+OUT="$(mktemp "${TMPDIR:-/tmp}/agg-setup.XXXXXX")"
+cleanup() {
+    rm -f -- "$OUT"
+}
+trap cleanup EXIT
+
+# run_quiet WHAT CMD...: run CMD with its output kept aside; on failure show it.
+run_quiet() {
+    local what="$1"
+    shift
+    if ! "$@" >"$OUT" 2>&1; then
+        cat "$OUT" >&2
+        die "$what failed: $*"
+    fi
+}
+
+pkg_installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+# --- Debian packages -------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+    pkg_installed "$p" || missing+=("$p")
+done
+if ((${#missing[@]} > 0)); then
+    require_root "$@"
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    run_quiet "apt-get update" apt-get update -q
+    run_quiet "apt-get install" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    for p in "${missing[@]}"; do
+        pkg_installed "$p" || die "package $p is still not installed after apt-get install"
+    done
+    INSTALLED+=("${missing[@]}")
+fi
+
+# --- Rust toolchain components ----------------------------------------------
+ensure_cargo_path
+if command -v rustup >/dev/null 2>&1; then
+    have="$(rustup component list --installed 2>/dev/null || true)"
+    for c in "${COMPONENTS[@]}"; do
+        if ! grep -q "^$c" <<<"$have"; then
+            log "adding rustup component $c"
+            run_quiet "rustup component add $c" rustup component add "$c"
+            INSTALLED+=("rustup:$c")
+        fi
+    done
+else
+    # No rustup: the toolchain came some other way; just check the tools run.
+    cargo fmt --version >/dev/null 2>&1 || die "cargo fmt not available and no rustup to add rustfmt"
+    cargo clippy --version >/dev/null 2>&1 || die "cargo clippy not available and no rustup to add clippy"
+fi
+
+# --- bpffs --------------------------------------------------------------------
+# (Check the type: /sys/fs/bpf may be a mount point of plain sysfs.)
+if [[ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null || true)" != bpf_fs ]]; then
+    if [[ "$(id -u)" -eq 0 ]] && mkdir -p /sys/fs/bpf 2>/dev/null &&
+        mount -t bpf bpf /sys/fs/bpf 2>/dev/null; then
+        INSTALLED+=("bpffs on /sys/fs/bpf")
+    else
+        warn "could not mount bpffs on /sys/fs/bpf (only needed for pinning)"
+    fi
+fi
+
+if ((${#INSTALLED[@]} > 0)); then
+    log "installed: ${INSTALLED[*]}"
+else
+    log "everything already installed"
+fi

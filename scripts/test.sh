@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+#
+# test.sh: the project's whole test run (what CI runs through .ci/run).
+#
+# Usage:
+#   sudo scripts/test.sh [--quick]
+#
+# Stages, in order:
+#   setup      scripts/setup.sh (installs missing packages)
+#   lint       shellcheck --severity=warning on scripts/*.sh and .ci/run
+#              (only when shellcheck is installed)
+#   fmt        cargo fmt --all --check
+#   clippy     cargo clippy --workspace --all-targets -- -D warnings
+#   build      cargo build --release --workspace --bins
+#   unit       cargo test --workspace --exclude agg-e2e
+#   e2e        cargo test --release -p agg-e2e -- --test-threads=1
+#              (needs root: the tests make veth/netns testbeds with
+#              scripts/testbed.sh and run target/release/{switchd,worker})
+#   fuzz       each cargo-fuzz target of fuzz/ for 30 s, when cargo-fuzz is
+#              installed and fuzz/ exists
+# --quick skips e2e and fuzz. Without root, e2e is skipped with a message,
+# except under CI=true, where not being root is an error. A failing stage
+# does not stop the later ones (but build failing skips e2e and setup failing
+# stops everything); the exit status is non-zero if any stage failed. The
+# last lines are the summed cargo test counts and the stages that ran.
+
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+readonly FUZZ_SECONDS=30
+
+QUICK=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) QUICK=1; shift ;;
+        -h|--help)
+            awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+            exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+
+IS_ROOT=0
+[[ "$(id -u)" -eq 0 ]] && IS_ROOT=1
+if [[ "${CI:-}" == true && "$IS_ROOT" -ne 1 ]]; then
+    die "CI=true but not root: the end-to-end tests need root; run as root: sudo scripts/test.sh"
+fi
+
+cd "$REPO_ROOT"
+
+RAN=()
+SKIPPED=()
+FAILED=()
+TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-test.XXXXXX")"
+
+summary() {
+    local passed=0 failed=0 ignored=0 p f i
+    # Sum cargo test's "test result: ok. 3 passed; 0 failed; 1 ignored; ..." lines.
+    while read -r p f i; do
+        passed=$((passed + p)); failed=$((failed + f)); ignored=$((ignored + i))
+    done < <(sed -n 's/.*test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' "$TEST_LOG")
+    echo
+    echo "tests: $passed passed, $failed failed, $ignored skipped"
+    local ran="${RAN[*]:-none}" skipped="none" failedst="${FAILED[*]:-none}"
+    if ((${#SKIPPED[@]} > 0)); then
+        skipped="$(printf '%s, ' "${SKIPPED[@]}")"
+        skipped="${skipped%, }"
+    fi
+    echo "test.sh: stages ran: $ran; failed: $failedst; skipped: $skipped"
+}
+
+cleanup() {
+    local rc=$?
+    summary
+    rm -f -- "$TEST_LOG"
+    if ((${#FAILED[@]} > 0)) && [[ "$rc" -eq 0 ]]; then
+        rc=1
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# stage NAME CMD...: run CMD as stage NAME, record the outcome; returns its status.
+stage() {
+    local name="$1" start rc=0
+    shift
+    printf '\n==> %s: %s\n' "$name" "$*" >&2
+    start=$SECONDS
+    "$@" || rc=$?
+    if [[ "$rc" -eq 0 ]]; then
+        RAN+=("$name")
+        log "stage $name passed ($((SECONDS - start)) s)"
+    else
+        RAN+=("$name")
+        FAILED+=("$name")
+        log "stage $name FAILED with status $rc ($((SECONDS - start)) s)"
+    fi
+    return "$rc"
+}
+
+skip() {
+    SKIPPED+=("$1 ($2)")
+    printf '\n==> %s: skipped: %s\n' "$1" "$2" >&2
+}
+
+# cargo_test ARGS...: cargo test, its output also kept for the counts.
+cargo_test() {
+    cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
+}
+
+run_fuzz() {
+    local -a cargo_fuzz=(cargo fuzz) targets=()
+    local t
+    if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+        cargo_fuzz=(cargo +nightly fuzz)
+    else
+        # cargo fuzz needs unstable flags; let the stable toolchain accept them.
+        export RUSTC_BOOTSTRAP=1
+    fi
+    mapfile -t targets < <("${cargo_fuzz[@]}" list)
+    ((${#targets[@]} > 0)) || { log "fuzz/: no fuzz targets"; return 0; }
+    for t in "${targets[@]}"; do
+        [[ -n "$t" ]] || continue
+        log "fuzzing $t for $FUZZ_SECONDS s"
+        "${cargo_fuzz[@]}" run "$t" -- -max_total_time="$FUZZ_SECONDS" || return 1
+    done
+}
+
+# --- setup --------------------------------------------------------------------
+stage setup bash "$REPO_ROOT/scripts/setup.sh" || exit 1
+ensure_cargo_path
+
+# --- lint -----------------------------------------------------------------------
+if command -v shellcheck >/dev/null 2>&1; then
+    shopt -s nullglob
+    sh_files=(scripts/*.sh .ci/run)
+    shopt -u nullglob
+    stage lint shellcheck -x --severity=warning "${sh_files[@]}" || true
+else
+    skip lint "shellcheck not installed"
+fi
+stage fmt cargo fmt --all --check || true
+stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
+
+# --- build and unit tests ---------------------------------------------------------
+BUILD_OK=1
+stage build cargo build --release --workspace --bins || BUILD_OK=0
+stage unit cargo_test --workspace --exclude agg-e2e || true
+
+# --- end-to-end tests ---------------------------------------------------------------
+if [[ "$QUICK" -eq 1 ]]; then
+    skip e2e "--quick"
+elif [[ "$IS_ROOT" -ne 1 ]]; then
+    skip e2e "needs root: sudo scripts/test.sh"
+elif [[ "$BUILD_OK" -ne 1 ]]; then
+    skip e2e "build failed"
+else
+    # Where the tests find what they drive (they may also work these out).
+    export AGG_TESTBED="$REPO_ROOT/scripts/testbed.sh"
+    export AGG_SWITCHD="$REPO_ROOT/target/release/switchd"
+    export AGG_WORKER="$REPO_ROOT/target/release/worker"
+    stage e2e cargo_test --release -p agg-e2e -- --test-threads=1 || true
+fi
+
+# --- fuzzing -----------------------------------------------------------------------
+if [[ "$QUICK" -eq 1 ]]; then
+    skip fuzz "--quick"
+elif [[ ! -d fuzz ]]; then
+    skip fuzz "no fuzz/ folder"
+elif ! command -v cargo-fuzz >/dev/null 2>&1; then
+    skip fuzz "cargo-fuzz not installed: cargo install cargo-fuzz"
+else
+    stage fuzz run_fuzz || true
+fi
+
+((${#FAILED[@]} == 0))

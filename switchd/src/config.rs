@@ -1,0 +1,302 @@
+//! switchd's configuration file (TOML): the switch's ports and addresses,
+//! and the jobs it serves.
+//!
+//! ```toml
+//! [switch]
+//! ports = ["sw-w0", "sw-w1"]        # interfaces to attach to (required)
+//! addresses = ["198.18.0.1"]        # the switch's own IPv4 addresses (required)
+//! agg_port = 48879                  # UDP port of the aggregation service
+//! queues = 1                        # AF_XDP sockets per port (queues 0..queues)
+//! attach_mode = "auto"              # "auto" | "driver" | "skb"
+//! summary_interval_secs = 5         # one log line per job this often
+//! frames_per_socket = 4096          # UMEM frames per socket (4 KiB each)
+//!
+//! [[job]]
+//! id = 1                            # 1..=65535
+//! n_workers = 4
+//! allowed_sources = ["198.18.0.0/24"]
+//! secret = "<64 hex digits>"        # 32 bytes
+//! pool_slots = 256                  # power of two
+//! elems_per_chunk = 362             # default: from the ports' MTU
+//! window = 256                      # default: pool_slots
+//! ```
+//!
+//! Invariant: a [`Config`] that loaded has passed every check a job table
+//! would make, so the daemon never starts half-configured. Errors name the
+//! file, the line and the key.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use ipnet::Ipv4Net;
+use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError};
+use proto::wire::{elems_per_chunk_for_mtu, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN};
+use serde::Deserialize;
+
+/// Bytes of one UMEM frame; a chunk and its headers must fit in one.
+pub const FRAME_SIZE: usize = 4096;
+/// Largest chunk that fits in one frame.
+pub const MAX_ELEMS_IN_FRAME: u16 = ((FRAME_SIZE - FRAME_PAYLOAD_OFFSET) / 4) as u16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachModeSetting {
+    #[default]
+    Auto,
+    Driver,
+    Skb,
+}
+
+fn default_agg_port() -> u16 {
+    DEFAULT_AGG_PORT
+}
+fn default_queues() -> u32 {
+    1
+}
+fn default_summary() -> f64 {
+    5.0
+}
+fn default_frames() -> u32 {
+    4096
+}
+fn default_slots() -> u16 {
+    256
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchSection {
+    pub ports: Vec<String>,
+    pub addresses: Vec<Ipv4Addr>,
+    #[serde(default = "default_agg_port")]
+    pub agg_port: u16,
+    #[serde(default = "default_queues")]
+    pub queues: u32,
+    #[serde(default)]
+    pub attach_mode: AttachModeSetting,
+    #[serde(default = "default_summary")]
+    pub summary_interval_secs: f64,
+    #[serde(default = "default_frames")]
+    pub frames_per_socket: u32,
+    #[serde(default)]
+    pub zero_copy: bool,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    pub id: u16,
+    pub n_workers: u16,
+    pub allowed_sources: Vec<Ipv4Net>,
+    pub secret: String,
+    #[serde(default = "default_slots")]
+    pub pool_slots: u16,
+    pub elems_per_chunk: Option<u16>,
+    pub window: Option<u16>,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    switch: SwitchSection,
+    #[serde(default, rename = "job")]
+    jobs: Vec<JobSection>,
+}
+
+/// A checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub switch: SwitchSection,
+    pub jobs: Vec<JobConfig>,
+}
+
+/// Parses a secret of 64 hex digits.
+pub fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN], String> {
+    let v = hex::decode(s.trim()).map_err(|e| format!("secret is not hex: {e}"))?;
+    v.try_into().map_err(|v: Vec<u8>| {
+        format!(
+            "secret must be {SECRET_LEN} bytes (64 hex digits), got {} bytes",
+            v.len()
+        )
+    })
+}
+
+impl JobSection {
+    /// Turns the section into a job declaration; `default_elems` comes from
+    /// the ports' MTU.
+    pub fn to_job_config(&self, default_elems: u16) -> Result<JobConfig, String> {
+        let secret = parse_secret(&self.secret).map_err(|e| format!("job {}: {e}", self.id))?;
+        let cfg = JobConfig {
+            id: self.id,
+            n_workers: self.n_workers,
+            allowed_sources: self
+                .allowed_sources
+                .iter()
+                .map(|n| Ipv4Prefix {
+                    addr: n.network().octets(),
+                    len: n.prefix_len(),
+                })
+                .collect(),
+            secret,
+            pool_slots: self.pool_slots,
+            elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
+            window: self.window.unwrap_or(self.pool_slots),
+        };
+        cfg.validate(MAX_ELEMS_IN_FRAME)
+            .map_err(|e: JobConfigError| e.to_string())?;
+        Ok(cfg)
+    }
+}
+
+/// Elements per chunk that fit every port: from the smallest MTU, capped by
+/// the frame size. `mtu_of` reads an interface's MTU (None if unknown).
+pub fn default_elems_per_chunk(ports: &[String], mtu_of: impl Fn(&str) -> Option<u16>) -> u16 {
+    let mtu = ports.iter().filter_map(|p| mtu_of(p)).min().unwrap_or(1500);
+    elems_per_chunk_for_mtu(mtu).clamp(1, MAX_ELEMS_IN_FRAME)
+}
+
+/// Reads an interface's MTU from sysfs.
+pub fn sysfs_mtu(ifname: &str) -> Option<u16> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path, sysfs_mtu)
+    }
+
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        mtu_of: impl Fn(&str) -> Option<u16>,
+    ) -> Result<Config, ConfigError> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        let sw = &file.switch;
+        if sw.ports.is_empty() {
+            return Err(invalid("switch.ports is empty: list the interfaces to attach to".into()));
+        }
+        if sw.ports.len() > 64 {
+            return Err(invalid(format!("switch.ports: at most 64 ports, got {}", sw.ports.len())));
+        }
+        if sw.addresses.is_empty() {
+            return Err(invalid(
+                "switch.addresses is empty: give the switch's own IPv4 address(es)".into(),
+            ));
+        }
+        if sw.queues == 0 || sw.queues > 64 {
+            return Err(invalid(format!("switch.queues must be 1..=64, got {}", sw.queues)));
+        }
+        if sw.agg_port == 0 {
+            return Err(invalid("switch.agg_port must not be 0".into()));
+        }
+        if !sw.frames_per_socket.is_power_of_two() || sw.frames_per_socket < 64 {
+            return Err(invalid(format!(
+                "switch.frames_per_socket must be a power of two ≥ 64, got {}",
+                sw.frames_per_socket
+            )));
+        }
+        let default_elems = default_elems_per_chunk(&sw.ports, mtu_of);
+        let mut jobs = Vec::new();
+        for j in &file.jobs {
+            if jobs.iter().any(|c: &JobConfig| c.id == j.id) {
+                return Err(invalid(format!("job {} is declared twice", j.id)));
+            }
+            jobs.push(j.to_job_config(default_elems).map_err(invalid)?);
+        }
+        Ok(Config {
+            switch: file.switch,
+            jobs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[switch]
+ports = ["sw-w0", "sw-w1"]
+addresses = ["198.18.0.1"]
+
+[[job]]
+id = 1
+n_workers = 2
+allowed_sources = ["198.18.0.0/24"]
+secret = "0000000000000000000000000000000000000000000000000000000000000001"
+"#;
+
+    fn parse(t: &str) -> Result<Config, ConfigError> {
+        Config::parse(t, Path::new("test.toml"), |_| Some(1500))
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.switch.agg_port, 48879);
+        assert_eq!(c.jobs[0].elems_per_chunk, 362);
+        assert_eq!(c.jobs[0].pool_slots, 256);
+        assert_eq!(c.jobs[0].window, 256);
+        assert_eq!(c.jobs[0].secret[31], 1);
+    }
+
+    #[test]
+    fn errors_name_line_and_key() {
+        let e = parse(&GOOD.replace("n_workers = 2", "n_workers = \"two\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 10") && e.contains("n_workers"), "{e}");
+        let e = parse(&GOOD.replace("ports =", "portz ="))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("portz"), "{e}");
+        let e = parse(&GOOD.replace("secret = \"00", "secret = \"zz"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("job 1") && e.contains("hex"), "{e}");
+        let e = parse(&format!("{GOOD}pool_slots = 100\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("power of two"), "{e}");
+        let e = parse(&GOOD.replace("allowed_sources = [\"198.18.0.0/24\"]", "allowed_sources = [\"198.18.0.0/33\"]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("allowed_sources"), "{e}");
+    }
+
+    #[test]
+    fn mtu_sets_chunk_size_and_frames_cap_it() {
+        let c = Config::parse(GOOD, Path::new("t"), |_| Some(9000)).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, MAX_ELEMS_IN_FRAME);
+        let c = Config::parse(GOOD, Path::new("t"), |p| Some(if p == "sw-w1" { 1000 } else { 1500 })).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(1000));
+    }
+}

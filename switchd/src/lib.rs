@@ -1,0 +1,14 @@
+//! switchd: the aggregation switch daemon. The binary in `main.rs` is a thin
+//! CLI over these modules.
+//!
+//! * [`config`]: the TOML configuration and its checks.
+//! * [`xdp`]: the XDP steering program (aya) and AF_XDP sockets (xdpilone).
+//! * [`frame`]: Ethernet/IPv4/UDP parsing and writing.
+//! * [`dataplane`]: the receive → job table → transmit loop.
+//! * [`stats`]: counter snapshots for logs and the stats file.
+
+pub mod config;
+pub mod dataplane;
+pub mod frame;
+pub mod stats;
+pub mod xdp;

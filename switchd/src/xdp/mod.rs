@@ -1,0 +1,24 @@
+//! Kernel-facing I/O: the XDP steering program (`loader`) and the AF_XDP
+//! sockets (`xsk`) the dataplane reads and writes.
+//!
+//! Order of operations the caller follows:
+//! 1. [`SteeringProgram::load`] (root; fills own addresses and the port),
+//! 2. [`xsk::open`] one socket per (interface, queue) and
+//!    [`SteeringProgram::register_socket`] its fd at (port, queue),
+//! 3. [`SteeringProgram::attach`] each interface as its port index.
+//!
+//! 2 and 3 may be swapped: until a socket is registered for a queue the
+//! program passes that queue's aggregation frames to the stack (counted as
+//! `passed`). Registering before attaching means no frame is ever passed.
+//! Dropping the `SteeringProgram` detaches it; dropping both socket halves
+//! closes the socket, which the kernel also removes from the XSKMAP.
+
+pub mod loader;
+pub mod xsk;
+
+pub use loader::{
+    xsk_slot, AttachMode, SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
+};
+pub use xsk::{
+    open as open_xsk, BindMode, XskConfig, XskError, XskRx, XskStats, XskTx, RX_HEADROOM,
+};

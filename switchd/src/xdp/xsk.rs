@@ -1,0 +1,954 @@
+//! AF_XDP sockets over xdpilone: one socket per (interface, queue), each with
+//! its own UMEM, split into a receive half ([`XskRx`]) and a transmit half
+//! ([`XskTx`]) that can live on different threads.
+//!
+//! Invariants:
+//! * UMEM = `frame_count` frames of `frame_size` bytes in one page-aligned
+//!   anonymous mmap, unmapped only after both halves (and so all rings and the
+//!   socket) are gone. Frames `[0, frame_count/2)` belong to RX (fill ring,
+//!   kernel, RX ring, or inside one `recv_batch` call); frames
+//!   `[frame_count/2, frame_count)` belong to TX (free list, queued, TX ring or
+//!   completion ring). A frame is touched by user space only while it is owned
+//!   by user space; the halves never touch each other's frames.
+//! * The fill ring is as large as the RX frame set, so every received frame is
+//!   recycled in the same `recv_batch` call: nothing leaks, the fill ring is
+//!   kept full.
+//! * Hot path (`recv_batch`, `send_with`, `flush`): no allocation (the free
+//!   list and the queued-descriptor buffer are preallocated to their maximum),
+//!   one batched ring operation per direction, and a syscall only to kick the
+//!   kernel: when `needs_wakeup` says so, and in copy mode for TX (the kernel
+//!   transmits copy-mode frames only inside `sendto`, at most 32 per call).
+//! * RX frame data starts `XDP_PACKET_HEADROOM` (256 B) into its frame, so a
+//!   received frame is at most `frame_size - 256` bytes; TX frames are written
+//!   from offset 0 of the frame.
+
+use std::ffi::CString;
+use std::num::NonZeroU32;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xdpilone::xdp::{XdpDesc, XdpStatisticsV2};
+use xdpilone::{
+    CompletionQueue, Errno, FillQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem,
+    UmemConfig, User,
+};
+
+/// Bytes the kernel reserves before RX data in each frame (XDP_PACKET_HEADROOM).
+pub const RX_HEADROOM: usize = 256;
+
+/// How long `open` retries a bind that fails with EBUSY (a previous socket on
+/// the same queue is still being torn down).
+const BIND_RETRY_FOR: Duration = Duration::from_secs(1);
+const BIND_RETRY_STEP: Duration = Duration::from_millis(50);
+
+/// Socket configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XskConfig {
+    /// Frames in this socket's UMEM, half for RX, half for TX. Even, >= 4.
+    pub frame_count: u32,
+    /// Entries in the RX and TX rings. Power of two.
+    pub ring_size: u32,
+    /// Ask for zero-copy; falls back to copy mode (with a warning) if the
+    /// driver cannot do it.
+    pub zero_copy: bool,
+    /// Bytes per frame: 2048 or 4096 (default).
+    pub frame_size: u32,
+}
+
+impl Default for XskConfig {
+    fn default() -> Self {
+        XskConfig {
+            frame_count: 4096,
+            ring_size: 2048,
+            zero_copy: false,
+            frame_size: 4096,
+        }
+    }
+}
+
+/// The mode the kernel bound the socket in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    Copy,
+    ZeroCopy,
+}
+
+impl std::fmt::Display for BindMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindMode::Copy => "copy",
+            BindMode::ZeroCopy => "zero-copy",
+        })
+    }
+}
+
+/// Errors from setting up an AF_XDP socket; each names the call and object.
+#[derive(Debug, thiserror::Error)]
+pub enum XskError {
+    #[error("invalid AF_XDP socket configuration for {ifname} queue {queue}: {reason}")]
+    Config {
+        ifname: String,
+        queue: u32,
+        reason: String,
+    },
+    #[error("no such interface `{0}`")]
+    NoSuchInterface(String),
+    #[error("creating AF_XDP socket failed: kernel lacks AF_XDP (CONFIG_XDP_SOCKETS): {0}")]
+    NoAfXdp(std::io::Error),
+    #[error("creating AF_XDP socket for {ifname} failed: {source} (run as root)")]
+    NotRoot {
+        ifname: String,
+        source: std::io::Error,
+    },
+    #[error("mapping {bytes} B of UMEM for {ifname} queue {queue} failed: {source}")]
+    Alloc {
+        ifname: String,
+        queue: u32,
+        bytes: usize,
+        source: std::io::Error,
+    },
+    #[error("{call} for AF_XDP socket on {ifname} queue {queue} failed: {source}")]
+    Setup {
+        call: &'static str,
+        ifname: String,
+        queue: u32,
+        source: std::io::Error,
+    },
+    #[error("binding AF_XDP socket to {ifname} queue {queue} failed: {source} ({hint})")]
+    Bind {
+        ifname: String,
+        queue: u32,
+        source: std::io::Error,
+        hint: String,
+    },
+}
+
+fn io_err(e: Errno) -> std::io::Error {
+    // xdpilone reports some errors as negative errno.
+    std::io::Error::from_raw_os_error(e.get_raw().abs())
+}
+
+/// Page-aligned anonymous mapping holding a UMEM; unmapped on drop.
+struct UmemArea {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; which thread may
+// touch which frame is governed by the frame-ownership invariant in the
+// module docs (RX frames only by `XskRx`, TX frames only by `XskTx`).
+unsafe impl Send for UmemArea {}
+// SAFETY: as above; `UmemArea` itself hands out no references.
+unsafe impl Sync for UmemArea {}
+
+impl UmemArea {
+    fn new(len: usize) -> std::io::Result<Self> {
+        // SAFETY: anonymous private mapping with no address hint: no existing
+        // memory is affected. The result is checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
+        Ok(UmemArea { ptr, len })
+    }
+
+    fn as_slice_ptr(&self) -> NonNull<[u8]> {
+        NonNull::slice_from_raw_parts(self.ptr, self.len)
+    }
+
+    /// Pointer to byte `offset`; the caller checked `offset + len <= self.len`.
+    #[inline]
+    fn at(&self, offset: u64) -> *mut u8 {
+        debug_assert!((offset as usize) < self.len);
+        self.ptr.as_ptr().wrapping_add(offset as usize)
+    }
+}
+
+impl Drop for UmemArea {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `new`; the last
+        // owner is being dropped, after all rings and the socket (see field
+        // order in `XskRx`/`XskTx`), so nothing refers to it anymore. The
+        // kernel keeps its own pin on the pages until the socket is released.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// What both halves share: the memory and names for logs.
+struct Shared {
+    ifname: String,
+    queue: u32,
+    mode: BindMode,
+    // Last: dropped after everything else in this struct.
+    area: UmemArea,
+}
+
+/// Frame layout arithmetic (pure; unit-tested).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    frame_size: u64,
+    frame_count: u32,
+    rx_frames: u32,
+    tx_frames: u32,
+    fill_size: u32,
+    comp_size: u32,
+    ring_size: u32,
+}
+
+impl Layout {
+    fn new(cfg: &XskConfig) -> Result<Layout, String> {
+        if cfg.frame_size != 2048 && cfg.frame_size != 4096 {
+            return Err(format!(
+                "frame_size {} must be 2048 or 4096",
+                cfg.frame_size
+            ));
+        }
+        if cfg.frame_count < 4 || !cfg.frame_count.is_multiple_of(2) {
+            return Err(format!(
+                "frame_count {} must be even and >= 4",
+                cfg.frame_count
+            ));
+        }
+        if cfg.frame_count > (1 << 20) {
+            return Err(format!(
+                "frame_count {} is larger than 2^20",
+                cfg.frame_count
+            ));
+        }
+        if !cfg.ring_size.is_power_of_two() || cfg.ring_size > (1 << 16) {
+            return Err(format!(
+                "ring_size {} must be a power of two <= 65536",
+                cfg.ring_size
+            ));
+        }
+        let rx_frames = cfg.frame_count / 2;
+        let tx_frames = cfg.frame_count - rx_frames;
+        Ok(Layout {
+            frame_size: u64::from(cfg.frame_size),
+            frame_count: cfg.frame_count,
+            rx_frames,
+            tx_frames,
+            // Fill ring holds every RX frame, completion ring every TX frame:
+            // recycling can then never find the ring full.
+            fill_size: cfg.ring_size.max(rx_frames.next_power_of_two()),
+            comp_size: cfg.ring_size.max(tx_frames.next_power_of_two()),
+            ring_size: cfg.ring_size,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        (self.frame_size * u64::from(self.frame_count)) as usize
+    }
+
+    /// Byte range of the RX frames.
+    fn rx_range(&self) -> (u64, u64) {
+        (0, self.frame_size * u64::from(self.rx_frames))
+    }
+
+    /// Byte range of the TX frames.
+    fn tx_range(&self) -> (u64, u64) {
+        let lo = self.rx_range().1;
+        (lo, lo + self.frame_size * u64::from(self.tx_frames))
+    }
+
+    /// Start of the frame that holds UMEM address `addr`.
+    #[inline]
+    fn frame_base(&self, addr: u64) -> u64 {
+        addr & !(self.frame_size - 1)
+    }
+
+    /// Whether `[addr, addr+len)` lies inside one frame of `[lo, hi)`.
+    #[inline]
+    fn in_frame(&self, addr: u64, len: u64, lo: u64, hi: u64) -> bool {
+        let base = self.frame_base(addr);
+        addr >= lo && addr < hi && addr.saturating_add(len) <= base + self.frame_size
+    }
+}
+
+/// Receive half: RX ring + fill ring.
+pub struct XskRx {
+    rx: RingRx,
+    fill: FillQueue,
+    user: User,
+    layout: Layout,
+    fill_kicks: u64,
+    // Last: the memory outlives the rings above.
+    shared: Arc<Shared>,
+}
+
+/// Transmit half: TX ring + completion ring + the TX frame free list.
+pub struct XskTx {
+    tx: RingTx,
+    comp: CompletionQueue,
+    /// Free TX frames (UMEM offsets); capacity = all TX frames, never grows.
+    free: Vec<u64>,
+    /// Descriptors written by `send_with`, not yet in the TX ring;
+    /// capacity = ring size, never grows.
+    queued: Vec<XdpDesc>,
+    layout: Layout,
+    kicks: u64,
+    kick_errors: u64,
+    last_kick_errno: i32,
+    // Last: the memory outlives the rings above.
+    shared: Arc<Shared>,
+}
+
+/// Counters a caller may export; cheap to read (no syscall except `kernel`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Kernel statistics (drops for full RX ring, empty fill ring, invalid descriptors).
+    pub rx_dropped: u64,
+    pub rx_invalid_descs: u64,
+    pub tx_invalid_descs: u64,
+    pub rx_ring_full: u64,
+    pub rx_fill_ring_empty_descs: u64,
+    pub tx_ring_empty_descs: u64,
+}
+
+struct Built {
+    fill: FillQueue,
+    comp: CompletionQueue,
+    user: User,
+    rx: RingRx,
+    tx: RingTx,
+}
+
+enum BuildError {
+    Step(&'static str, Errno),
+    Bind(Errno),
+}
+
+fn build(
+    info: &IfInfo,
+    area: &UmemArea,
+    layout: &Layout,
+    bind_flags: u16,
+) -> Result<Built, BuildError> {
+    let umem_cfg = UmemConfig {
+        fill_size: layout.fill_size,
+        complete_size: layout.comp_size,
+        frame_size: layout.frame_size as u32,
+        headroom: 0,
+        flags: 0,
+    };
+    // SAFETY: `area` is a page-aligned mapping of exactly `layout.bytes()`
+    // bytes (checked by `UmemArea::new`'s mmap), and it is kept alive by the
+    // `Shared` that outlives every ring and the socket built here.
+    let umem = unsafe { Umem::new(umem_cfg, area.as_slice_ptr()) }
+        .map_err(|e| BuildError::Step("registering UMEM (socket/XDP_UMEM_REG)", e))?;
+    let sock =
+        Socket::with_shared(info, &umem).map_err(|e| BuildError::Step("creating socket", e))?;
+    let device = umem
+        .fq_cq(&sock)
+        .map_err(|e| BuildError::Step("setting up fill/completion rings", e))?;
+    let ring = NonZeroU32::new(layout.ring_size);
+    let user = umem
+        .rx_tx(
+            &sock,
+            &SocketConfig {
+                rx_size: ring,
+                tx_size: ring,
+                bind_flags,
+            },
+        )
+        .map_err(|e| BuildError::Step("setting up RX/TX rings", e))?;
+    let rx = user
+        .map_rx()
+        .map_err(|e| BuildError::Step("mapping RX ring", e))?;
+    let tx = user
+        .map_tx()
+        .map_err(|e| BuildError::Step("mapping TX ring", e))?;
+    umem.bind(&user).map_err(BuildError::Bind)?;
+    let (fill, comp) = device.into_parts();
+    // `umem` only holds another reference to the socket fd; the rings keep it open.
+    drop(umem);
+    Ok(Built {
+        fill,
+        comp,
+        user,
+        rx,
+        tx,
+    })
+}
+
+fn queue_count(ifname: &str) -> Option<usize> {
+    let dir = std::fs::read_dir(format!("/sys/class/net/{ifname}/queues")).ok()?;
+    Some(
+        dir.filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+            .count(),
+    )
+}
+
+/// Opens an AF_XDP socket bound to `ifname` queue `queue` with its own UMEM.
+///
+/// Binds in copy mode with `XDP_USE_NEED_WAKEUP` unless `cfg.zero_copy`; a
+/// zero-copy bind that fails with EOPNOTSUPP falls back to copy mode. Retries
+/// for ~1 s while the queue is busy (EBUSY). The fill ring is filled before
+/// this returns. Register the socket in the XSKMAP (`SteeringProgram::register_socket`
+/// with [`XskRx::fd`]) to start receiving.
+pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx), XskError> {
+    let layout = Layout::new(cfg).map_err(|reason| XskError::Config {
+        ifname: ifname.to_string(),
+        queue,
+        reason,
+    })?;
+    let cname = CString::new(ifname).map_err(|_| XskError::NoSuchInterface(ifname.to_string()))?;
+    let mut info = IfInfo::invalid();
+    info.from_name(&cname)
+        .map_err(|_| XskError::NoSuchInterface(ifname.to_string()))?;
+    info.set_queue(queue);
+
+    let area = UmemArea::new(layout.bytes()).map_err(|source| XskError::Alloc {
+        ifname: ifname.to_string(),
+        queue,
+        bytes: layout.bytes(),
+        source,
+    })?;
+
+    let mut mode = if cfg.zero_copy {
+        BindMode::ZeroCopy
+    } else {
+        BindMode::Copy
+    };
+    let started = Instant::now();
+    let built = loop {
+        let flags = SocketConfig::XDP_BIND_NEED_WAKEUP
+            | match mode {
+                BindMode::Copy => SocketConfig::XDP_BIND_COPY,
+                BindMode::ZeroCopy => SocketConfig::XDP_BIND_ZEROCOPY,
+            };
+        match build(&info, &area, &layout, flags) {
+            Ok(b) => break b,
+            Err(BuildError::Step(call, e)) => {
+                let code = e.get_raw().abs();
+                return Err(match code {
+                    libc::EAFNOSUPPORT => XskError::NoAfXdp(io_err(e)),
+                    libc::EPERM | libc::EACCES => XskError::NotRoot {
+                        ifname: ifname.to_string(),
+                        source: io_err(e),
+                    },
+                    _ => XskError::Setup {
+                        call,
+                        ifname: ifname.to_string(),
+                        queue,
+                        source: io_err(e),
+                    },
+                });
+            }
+            Err(BuildError::Bind(e)) => {
+                let code = e.get_raw().abs();
+                if code == libc::EOPNOTSUPP && mode == BindMode::ZeroCopy {
+                    tracing::warn!(
+                        ifname,
+                        queue,
+                        "zero-copy AF_XDP not supported by the driver; falling back to copy mode"
+                    );
+                    mode = BindMode::Copy;
+                    continue;
+                }
+                if code == libc::EBUSY && started.elapsed() < BIND_RETRY_FOR {
+                    std::thread::sleep(BIND_RETRY_STEP);
+                    continue;
+                }
+                let queues = queue_count(ifname).map_or_else(
+                    || "queue count unknown".to_string(),
+                    |n| format!("interface {ifname} has {n} queues"),
+                );
+                let hint = match code {
+                    libc::EBUSY => format!("another AF_XDP socket is still bound to this queue after {BIND_RETRY_FOR:?}; {queues}"),
+                    libc::EPERM => format!("run as root; {queues}"),
+                    _ => queues,
+                };
+                return Err(XskError::Bind {
+                    ifname: ifname.to_string(),
+                    queue,
+                    source: io_err(e),
+                    hint,
+                });
+            }
+        }
+    };
+
+    let shared = Arc::new(Shared {
+        ifname: ifname.to_string(),
+        queue,
+        mode,
+        area,
+    });
+    let Built {
+        fill,
+        comp,
+        user,
+        rx,
+        tx,
+    } = built;
+    tracing::info!(
+        ifname,
+        queue,
+        mode = %mode,
+        frames = layout.frame_count,
+        frame_size = layout.frame_size,
+        ring = layout.ring_size,
+        tx_needs_wakeup = tx.needs_wakeup(),
+        "AF_XDP socket bound"
+    );
+
+    let mut rxh = XskRx {
+        rx,
+        fill,
+        user,
+        layout,
+        fill_kicks: 0,
+        shared: shared.clone(),
+    };
+    // Give the kernel every RX frame.
+    let (lo, _) = layout.rx_range();
+    let mut w = rxh.fill.fill(layout.rx_frames);
+    let n = w.insert((0..u64::from(layout.rx_frames)).map(|i| lo + i * layout.frame_size));
+    w.commit();
+    drop(w);
+    debug_assert_eq!(n, layout.rx_frames);
+    if rxh.fill.needs_wakeup() {
+        rxh.fill.wake();
+    }
+
+    let (tlo, _) = layout.tx_range();
+    let mut free = Vec::with_capacity(layout.tx_frames as usize);
+    // Reverse so that `pop` hands out the lowest frame first.
+    free.extend(
+        (0..u64::from(layout.tx_frames))
+            .rev()
+            .map(|i| tlo + i * layout.frame_size),
+    );
+    let txh = XskTx {
+        tx,
+        comp,
+        free,
+        queued: Vec::with_capacity(layout.ring_size as usize),
+        layout,
+        kicks: 0,
+        kick_errors: 0,
+        last_kick_errno: 0,
+        shared,
+    };
+    Ok((rxh, txh))
+}
+
+impl XskRx {
+    /// The socket's fd, for the XSKMAP and for `poll`.
+    pub fn fd(&self) -> RawFd {
+        self.rx.as_raw_fd()
+    }
+
+    /// Copy or zero-copy.
+    pub fn mode(&self) -> BindMode {
+        self.shared.mode
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.shared.ifname
+    }
+
+    pub fn queue(&self) -> u32 {
+        self.shared.queue
+    }
+
+    /// Reads up to `max` received frames, calls `f(frame_bytes)` for each,
+    /// then recycles all of them into the fill ring (one batched ring op each
+    /// way), kicking only if `needs_wakeup`. Returns the number received.
+    pub fn recv_batch(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
+        let XskRx {
+            rx,
+            fill,
+            layout,
+            shared,
+            fill_kicks,
+            ..
+        } = self;
+        let layout = *layout;
+        let (lo, hi) = layout.rx_range();
+        let area = &shared.area;
+
+        let mut reader = rx.receive(max);
+        let got = reader.capacity();
+        let mut n = 0;
+        if got > 0 {
+            let mut writer = fill.fill(got);
+            // The fill ring holds all RX frames, so `room == got` in practice;
+            // if it were ever short, the rest stays in the RX ring for next time.
+            let room = writer.capacity();
+            n = writer.insert(reader.by_ref().take(room as usize).map(|desc| {
+                let (addr, len) = (desc.addr, u64::from(desc.len));
+                if layout.in_frame(addr, len, lo, hi) {
+                    // SAFETY: the kernel handed this frame to user space via
+                    // the RX ring; it stays ours until it is put back in the
+                    // fill ring below, after `f` returns. The range lies
+                    // inside one RX frame of the live mapping (checked above),
+                    // and the TX half never touches RX frames.
+                    let bytes = unsafe { std::slice::from_raw_parts(area.at(addr), len as usize) };
+                    f(bytes);
+                } else {
+                    debug_assert!(
+                        false,
+                        "kernel returned RX descriptor {addr:#x}+{len} outside the RX frames"
+                    );
+                }
+                layout.frame_base(addr)
+            }));
+            reader.release();
+            writer.commit();
+        }
+        drop(reader);
+        if fill.needs_wakeup() {
+            fill.wake();
+            *fill_kicks += 1;
+        }
+        n
+    }
+
+    /// Received frames waiting in the RX ring (approximate).
+    pub fn rx_ring_occupancy(&self) -> u32 {
+        self.rx.available()
+    }
+
+    /// Waits until a frame is waiting or `timeout` passes (`None` = forever);
+    /// returns whether the socket is readable. For idle waits, not the hot path.
+    pub fn wait_readable(&self, timeout: Option<Duration>) -> std::io::Result<bool> {
+        if self.rx.available() > 0 {
+            return Ok(true);
+        }
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call, count 1.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        match r {
+            -1 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+            0 => Ok(false),
+            _ => Ok(pfd.revents & libc::POLLIN != 0),
+        }
+    }
+
+    /// How often `recv_batch` had to kick the fill ring.
+    pub fn fill_kicks(&self) -> u64 {
+        self.fill_kicks
+    }
+
+    /// Kernel-side statistics of this socket (one getsockopt).
+    pub fn stats(&self) -> std::io::Result<XskStats> {
+        let s: XdpStatisticsV2 = self.user.statistics_v2().map_err(io_err)?;
+        Ok(XskStats {
+            rx_dropped: s.rx_dropped,
+            rx_invalid_descs: s.rx_invalid_descs,
+            tx_invalid_descs: s.tx_invalid_descs,
+            rx_ring_full: s.rx_ring_full,
+            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
+            tx_ring_empty_descs: s.tx_ring_empty_descs,
+        })
+    }
+}
+
+impl XskTx {
+    /// The socket's fd (same socket as the RX half).
+    pub fn fd(&self) -> RawFd {
+        self.tx.as_raw_fd()
+    }
+
+    pub fn mode(&self) -> BindMode {
+        self.shared.mode
+    }
+
+    /// Bytes `send_with` offers per frame.
+    pub fn frame_size(&self) -> usize {
+        self.layout.frame_size as usize
+    }
+
+    /// Takes a free TX frame and lets `f` write a frame into it (the slice is
+    /// the whole frame, starting at byte 0); `f` returns the length written,
+    /// 0 cancels. Queued, not yet committed: call [`flush`](Self::flush).
+    /// Returns false if there is no free frame or the TX ring is full (the
+    /// caller counts a drop) and also when `f` cancelled.
+    pub fn send_with(&mut self, f: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        if self.queued.len() == self.queued.capacity() {
+            return false;
+        }
+        if self.free.is_empty() {
+            self.reap();
+        }
+        let Some(addr) = self.free.pop() else {
+            return false;
+        };
+        let size = self.layout.frame_size as usize;
+        // SAFETY: `addr` came from the free list, so this TX frame is owned by
+        // user space (not in the TX or completion ring) until it is queued
+        // below; the frame lies inside the live mapping and no other slice to
+        // it exists (RX half never touches TX frames).
+        let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
+        let len = f(frame);
+        if len == 0 || len > size {
+            debug_assert!(
+                len <= size,
+                "send_with closure returned {len} > frame size {size}"
+            );
+            self.free.push(addr);
+            return false;
+        }
+        self.queued.push(XdpDesc {
+            addr,
+            len: len as u32,
+            options: 0,
+        });
+        true
+    }
+
+    /// Commits queued descriptors to the TX ring in one batch, kicks the
+    /// kernel if it needs it (always in copy mode while frames are pending,
+    /// else when `needs_wakeup`), and reaps the completion ring back into the
+    /// free list. Descriptors that did not fit the TX ring stay queued.
+    pub fn flush(&mut self) {
+        if !self.queued.is_empty() {
+            let mut w = self.tx.transmit(self.queued.len() as u32);
+            let n = w.insert(self.queued.iter().copied());
+            w.commit();
+            drop(w);
+            if n as usize == self.queued.len() {
+                self.queued.clear();
+            } else {
+                self.queued.drain(..n as usize);
+            }
+        }
+        self.kick();
+        self.reap();
+    }
+
+    fn kick(&mut self) {
+        let copy = self.shared.mode == BindMode::Copy;
+        // Copy mode transmits only inside sendto and at most 32 descriptors
+        // per call, so keep kicking while it makes progress. Zero-copy drivers
+        // transmit asynchronously: one kick when asked for.
+        let mut pending = self.tx.pending();
+        let max_kicks = if copy { pending / 32 + 2 } else { 1 };
+        for _ in 0..max_kicks {
+            if pending == 0 || !(copy || self.tx.needs_wakeup()) {
+                return;
+            }
+            // SAFETY: plain sendto on our own socket fd with no buffer
+            // (NULL/0) and no address; MSG_DONTWAIT never blocks.
+            let r = unsafe {
+                libc::sendto(
+                    self.tx.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            self.kicks += 1;
+            if r < 0 {
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                // EAGAIN: batch limit or completion ring full; EBUSY/ENOBUFS:
+                // device busy. All transient: retry after reaping.
+                if !matches!(errno, libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) {
+                    self.kick_errors += 1;
+                    self.last_kick_errno = errno;
+                    return;
+                }
+            }
+            if !copy {
+                return;
+            }
+            self.reap();
+            let now = self.tx.pending();
+            if now >= pending {
+                return; // no progress; try again on the next flush
+            }
+            pending = now;
+        }
+    }
+
+    /// Moves completed TX frames back to the free list (one ring op, no syscall).
+    fn reap(&mut self) {
+        let outstanding = (self.free.capacity() - self.free.len()) as u32;
+        if outstanding == 0 {
+            return;
+        }
+        let (lo, hi) = self.layout.tx_range();
+        let layout = self.layout;
+        let mut r = self.comp.complete(outstanding);
+        while let Some(addr) = r.read() {
+            let base = layout.frame_base(addr);
+            if base >= lo && base < hi && self.free.len() < self.free.capacity() {
+                self.free.push(base);
+            } else {
+                debug_assert!(false, "unexpected completion address {addr:#x}");
+            }
+        }
+        r.release();
+    }
+
+    /// Descriptors queued or in the TX ring, not yet taken by the kernel.
+    pub fn tx_ring_occupancy(&self) -> u32 {
+        self.queued.len() as u32 + self.tx.pending()
+    }
+
+    /// TX frames ready for `send_with` (completions not yet reaped excluded).
+    pub fn free_frames(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// `sendto` kicks made, and those that failed with an unexpected errno
+    /// (with the last such errno, 0 if none).
+    pub fn kick_stats(&self) -> (u64, u64, i32) {
+        (self.kicks, self.kick_errors, self.last_kick_errno)
+    }
+}
+
+impl std::fmt::Debug for XskRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskRx")
+            .field("ifname", &self.shared.ifname)
+            .field("queue", &self.shared.queue)
+            .field("mode", &self.shared.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for XskTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskTx")
+            .field("ifname", &self.shared.ifname)
+            .field("queue", &self.shared.queue)
+            .field("mode", &self.shared.mode)
+            .field("free", &self.free.len())
+            .field("queued", &self.queued.len())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_layout() {
+        let l = Layout::new(&XskConfig::default()).unwrap();
+        assert_eq!(l.rx_frames, 2048);
+        assert_eq!(l.tx_frames, 2048);
+        assert_eq!(l.fill_size, 2048);
+        assert_eq!(l.comp_size, 2048);
+        assert_eq!(l.rx_range(), (0, 2048 * 4096));
+        assert_eq!(l.tx_range(), (2048 * 4096, 4096 * 4096));
+        assert_eq!(l.bytes(), 4096 * 4096);
+    }
+
+    #[test]
+    fn fill_ring_covers_all_rx_frames() {
+        let cfg = XskConfig {
+            frame_count: 6000,
+            ring_size: 512,
+            ..Default::default()
+        };
+        let l = Layout::new(&cfg).unwrap();
+        assert_eq!(l.rx_frames, 3000);
+        assert_eq!(l.fill_size, 4096);
+        assert_eq!(l.comp_size, 4096);
+        assert_eq!(l.ring_size, 512);
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        for cfg in [
+            XskConfig {
+                frame_size: 1000,
+                ..Default::default()
+            },
+            XskConfig {
+                frame_count: 3,
+                ..Default::default()
+            },
+            XskConfig {
+                frame_count: 7,
+                ..Default::default()
+            },
+            XskConfig {
+                ring_size: 1000,
+                ..Default::default()
+            },
+            XskConfig {
+                ring_size: 0,
+                ..Default::default()
+            },
+        ] {
+            assert!(Layout::new(&cfg).is_err(), "{cfg:?}");
+        }
+    }
+
+    #[test]
+    fn frame_arithmetic() {
+        let l = Layout::new(&XskConfig {
+            frame_size: 2048,
+            frame_count: 8,
+            ..Default::default()
+        })
+        .unwrap();
+        let (lo, hi) = l.rx_range();
+        assert_eq!((lo, hi), (0, 4 * 2048));
+        assert_eq!(l.frame_base(2048 + 256), 2048);
+        assert!(l.in_frame(2048 + 256, 2048 - 256, lo, hi));
+        assert!(
+            !l.in_frame(2048 + 256, 2048 - 255, lo, hi),
+            "crosses into next frame"
+        );
+        assert!(!l.in_frame(hi, 10, lo, hi), "outside RX half");
+        let (tlo, thi) = l.tx_range();
+        assert_eq!((tlo, thi), (4 * 2048, 8 * 2048));
+    }
+
+    #[test]
+    fn halves_are_send() {
+        fn send<T: Send>() {}
+        send::<XskRx>();
+        send::<XskTx>();
+    }
+
+    #[test]
+    fn bind_error_names_call_and_object() {
+        let e = XskError::Bind {
+            ifname: "sw-w0".into(),
+            queue: 3,
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            hint: "interface sw-w0 has 1 queues".into(),
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("binding AF_XDP socket to sw-w0 queue 3 failed"),
+            "{m}"
+        );
+        assert!(m.contains("has 1 queues"), "{m}");
+    }
+}
