@@ -40,7 +40,7 @@ impl Default for TransportConfig {
     fn default() -> Self {
         TransportConfig {
             initial_rto: Duration::from_millis(50),
-            min_rto: Duration::from_millis(2),
+            min_rto: Duration::from_millis(5),
             max_rto: Duration::from_secs(1),
             max_backoff_doublings: 6,
             dctcp_gain: 1.0 / 16.0,
@@ -292,6 +292,9 @@ impl Collective {
     }
 
     fn deadline_for(&self, rtt: &RttEstimator, cfg: &TransportConfig, resends: u32) -> Duration {
+        // Backoff is per chunk: each resend of a chunk doubles its wait. A
+        // global backoff (RFC 6298 §5.5) starves a windowed sender of fresh
+        // RTT samples under loss; the simulated-network tests show it.
         let mult = 1u32 << resends.min(cfg.max_backoff_doublings);
         (rtt.rto() * mult).min(cfg.max_rto.max(rtt.rto()))
     }
@@ -546,11 +549,12 @@ mod tests {
             &mut cc,
         );
         assert_eq!(rtt.srtt(), Some(Duration::from_millis(1)));
-        assert_eq!(rtt.rto(), Duration::from_millis(3));
+        // srtt + 4·rttvar = 3 ms, raised to the 5 ms floor.
+        assert_eq!(rtt.rto(), Duration::from_millis(5));
         // Chunk 1 is resent; its RESULT gives no sample.
         let t1 = t0 + Duration::from_millis(2);
         c.poll_transmit(t1, 1, &rtt, &cfg).unwrap();
-        let t2 = t1 + Duration::from_millis(3);
+        let t2 = t1 + Duration::from_millis(5);
         assert!(c.poll_transmit(t2, 1, &rtt, &cfg).unwrap().retx);
         c.on_result(
             1,

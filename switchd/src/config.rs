@@ -201,10 +201,15 @@ impl Config {
         };
         let sw = &file.switch;
         if sw.ports.is_empty() {
-            return Err(invalid("switch.ports is empty: list the interfaces to attach to".into()));
+            return Err(invalid(
+                "switch.ports is empty: list the interfaces to attach to".into(),
+            ));
         }
         if sw.ports.len() > 64 {
-            return Err(invalid(format!("switch.ports: at most 64 ports, got {}", sw.ports.len())));
+            return Err(invalid(format!(
+                "switch.ports: at most 64 ports, got {}",
+                sw.ports.len()
+            )));
         }
         if sw.addresses.is_empty() {
             return Err(invalid(
@@ -212,7 +217,10 @@ impl Config {
             ));
         }
         if sw.queues == 0 || sw.queues > 64 {
-            return Err(invalid(format!("switch.queues must be 1..=64, got {}", sw.queues)));
+            return Err(invalid(format!(
+                "switch.queues must be 1..=64, got {}",
+                sw.queues
+            )));
         }
         if sw.agg_port == 0 {
             return Err(invalid("switch.agg_port must not be 0".into()));
@@ -286,9 +294,12 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             .unwrap_err()
             .to_string();
         assert!(e.contains("power of two"), "{e}");
-        let e = parse(&GOOD.replace("allowed_sources = [\"198.18.0.0/24\"]", "allowed_sources = [\"198.18.0.0/33\"]"))
-            .unwrap_err()
-            .to_string();
+        let e = parse(&GOOD.replace(
+            "allowed_sources = [\"198.18.0.0/24\"]",
+            "allowed_sources = [\"198.18.0.0/33\"]",
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("allowed_sources"), "{e}");
     }
 
@@ -296,7 +307,10 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
     fn mtu_sets_chunk_size_and_frames_cap_it() {
         let c = Config::parse(GOOD, Path::new("t"), |_| Some(9000)).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, MAX_ELEMS_IN_FRAME);
-        let c = Config::parse(GOOD, Path::new("t"), |p| Some(if p == "sw-w1" { 1000 } else { 1500 })).unwrap();
+        let c = Config::parse(GOOD, Path::new("t"), |p| {
+            Some(if p == "sw-w1" { 1000 } else { 1500 })
+        })
+        .unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(1000));
     }
 }

@@ -5,8 +5,8 @@
 //! IPv4 allows and PROTOCOL.md permits.
 
 use etherparse::{
-    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpEcn, IpNumber, Ipv4Header,
-    Ipv4HeaderSlice, UdpHeader, UdpHeaderSlice,
+    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpEcn, IpNumber, Ipv4Header, Ipv4HeaderSlice,
+    UdpHeader, UdpHeaderSlice,
 };
 use proto::switch::Endpoint;
 use proto::wire::L2_L4_LEN;
@@ -81,7 +81,12 @@ pub fn parse_udp_frame(frame: &[u8]) -> Result<UdpFrame<'_>, FrameError> {
 /// Writes Ethernet, IPv4 and UDP headers for a datagram to `to` into
 /// `buf[..42]`; the UDP payload of `payload_len` bytes must already be at
 /// `buf[42..]`. Returns the frame length, or None if `buf` is too short.
-pub fn write_udp_headers(buf: &mut [u8], to: &Endpoint, ce: bool, payload_len: usize) -> Option<usize> {
+pub fn write_udp_headers(
+    buf: &mut [u8],
+    to: &Endpoint,
+    ce: bool,
+    payload_len: usize,
+) -> Option<usize> {
     let total = L2_L4_LEN + payload_len;
     if buf.len() < total {
         return None;
@@ -93,7 +98,11 @@ pub fn write_udp_headers(buf: &mut [u8], to: &Endpoint, ce: bool, payload_len: u
     };
     let udp_len = (UdpHeader::LEN + payload_len) as u16;
     let mut ip = Ipv4Header::new(udp_len, 64, IpNumber::UDP, to.local_ip, to.source.ip).ok()?;
-    ip.ecn = if ce { IpEcn::CongestionExperienced } else { IpEcn::Ect0 };
+    ip.ecn = if ce {
+        IpEcn::CongestionExperienced
+    } else {
+        IpEcn::Ect0
+    };
     ip.header_checksum = ip.calc_header_checksum();
     let udp = UdpHeader {
         source_port: to.local_port,

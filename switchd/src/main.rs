@@ -193,7 +193,10 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         started.elapsed().as_secs_f64(),
     );
     for j in &snap.jobs {
-        tracing::info!("final: {}", stats::summary_line(j, 0, started.elapsed().as_secs_f64()));
+        tracing::info!(
+            "final: {}",
+            stats::summary_line(j, 0, started.elapsed().as_secs_f64())
+        );
     }
     if let Some(p) = &stats_file {
         write_stats(p, &snap)?;

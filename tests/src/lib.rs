@@ -1,1 +1,411 @@
-//! End-to-end test helpers.
+//! End-to-end test harness: a testbed of network namespaces made by
+//! `scripts/testbed.sh` (its own prefix per test), a running `switchd` in the
+//! switch namespace, and `worker`/probe processes in the worker and host
+//! namespaces.
+//!
+//! Invariants: everything a test makes is removed when its guard drops, also
+//! when the test panics: processes are killed by PID, the testbed torn down
+//! by prefix. Without root the tests print a skip reason and return; under
+//! `CI=true` a missing capability is a failure.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const SWITCH_ADDR: &str = "198.18.0.1";
+pub const AGG_PORT: u16 = 48879;
+pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn path_from_env(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(default))
+}
+
+pub fn switchd_bin() -> PathBuf {
+    path_from_env("AGG_SWITCHD", "target/release/switchd")
+}
+pub fn worker_bin() -> PathBuf {
+    path_from_env("AGG_WORKER", "target/release/worker")
+}
+pub fn testbed_script() -> PathBuf {
+    path_from_env("AGG_TESTBED", "scripts/testbed.sh")
+}
+pub fn probe_script() -> PathBuf {
+    repo_root().join("tests/probe.py")
+}
+
+/// True when this test can run (root, binaries built). Otherwise prints why
+/// and returns false, or panics under `CI=true`.
+pub fn can_run(test: &str) -> bool {
+    let mut missing = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root (sudo scripts/test.sh)".to_string());
+    }
+    for b in [switchd_bin(), worker_bin()] {
+        if !b.exists() {
+            missing.push(format!(
+                "{} (cargo build --release --workspace --bins)",
+                b.display()
+            ));
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!("{test}: needs {}", missing.join(", "));
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg}; under CI=true this is a failure, not a skip");
+    }
+    eprintln!("SKIPPED {msg}");
+    false
+}
+
+/// A testbed; torn down on drop.
+pub struct Testbed {
+    pub prefix: String,
+    pub workers: u16,
+    pub hosts: u16,
+}
+
+impl Testbed {
+    pub fn up(prefix: &str, workers: u16, hosts: u16) -> Testbed {
+        let out = Command::new("bash")
+            .arg(testbed_script())
+            .args(["up", "--workers", &workers.to_string()])
+            .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
+            .output()
+            .expect("running scripts/testbed.sh");
+        assert!(
+            out.status.success(),
+            "testbed.sh up failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Testbed {
+            prefix: prefix.to_owned(),
+            workers,
+            hosts,
+        }
+    }
+
+    pub fn switch_ns(&self) -> String {
+        format!("{}-sw", self.prefix)
+    }
+    pub fn worker_ns(&self, i: u16) -> String {
+        format!("{}-w{i}", self.prefix)
+    }
+    pub fn host_ns(&self, j: u16) -> String {
+        format!("{}-h{j}", self.prefix)
+    }
+    pub fn host_addr(j: u16) -> String {
+        format!("198.18.0.{}", 100 + j)
+    }
+    pub fn ports(&self) -> Vec<String> {
+        (0..self.workers)
+            .map(|i| format!("sw-w{i}"))
+            .chain((0..self.hosts).map(|j| format!("sw-h{j}")))
+            .collect()
+    }
+
+    /// A command run inside namespace `ns`.
+    pub fn cmd_in(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(program);
+        c
+    }
+
+    /// Interfaces of the switch namespace that still have an XDP program.
+    pub fn ports_with_xdp(&self) -> Vec<String> {
+        let out = Command::new("ip")
+            .args(["-n", &self.switch_ns(), "-d", "link", "show"])
+            .output()
+            .expect("ip link show");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut found = Vec::new();
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.split_once(": ").map(|(_, r)| r) {
+                if !line.starts_with(' ') {
+                    current = rest.split(['@', ':']).next().unwrap_or("").to_owned();
+                }
+            }
+            if line.contains("prog/xdp") || line.contains(" xdp ") || line.contains("xdpgeneric") {
+                found.push(current.clone());
+            }
+        }
+        found.dedup();
+        found
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(testbed_script())
+            .args(["down", "--prefix", &self.prefix])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A job in a switchd config.
+pub struct JobSpec {
+    pub id: u16,
+    pub n_workers: u16,
+    pub allowed: Vec<&'static str>,
+    pub pool_slots: u16,
+}
+
+impl JobSpec {
+    pub fn new(id: u16, n: u16) -> JobSpec {
+        JobSpec {
+            id,
+            n_workers: n,
+            allowed: vec!["198.18.0.0/26"],
+            pool_slots: 256,
+        }
+    }
+}
+
+/// A running switchd; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Switchd {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub log: PathBuf,
+    pub stats: PathBuf,
+}
+
+impl Switchd {
+    pub fn start(tb: &Testbed, jobs: &[JobSpec]) -> Switchd {
+        let dir =
+            std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
+        let mut cfg = format!(
+            "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\nsummary_interval_secs = 1\n",
+            ports.join(", ")
+        );
+        for j in jobs {
+            let allowed: Vec<String> = j.allowed.iter().map(|a| format!("\"{a}\"")).collect();
+            cfg += &format!(
+                "\n[[job]]\nid = {}\nn_workers = {}\nallowed_sources = [{}]\nsecret = \"{SECRET}\"\npool_slots = {}\n",
+                j.id,
+                j.n_workers,
+                allowed.join(", "),
+                j.pool_slots
+            );
+        }
+        let cfg_path = dir.join("switchd.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let log = dir.join("switchd.log");
+        let stats = dir.join("stats.json");
+        let child = tb
+            .cmd_in(&tb.switch_ns(), switchd_bin())
+            .args(["run", "--config"])
+            .arg(&cfg_path)
+            .arg("--stats-file")
+            .arg(&stats)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting switchd");
+        let sw = Switchd {
+            child: Some(child),
+            dir,
+            log,
+            stats,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&sw.log).unwrap_or_default();
+            if text.contains("switchd ready") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "switchd did not become ready in 30 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sw
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The latest counters (written every second and at exit).
+    pub fn stats(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(&self.stats).unwrap_or_else(|_| "{}".into());
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Waits until the stats file satisfies `pred` (or panics after `secs`).
+    pub fn wait_stats(&self, secs: u64, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if pred(&self.stats()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("timed out waiting for {what}; stats: {}", self.stats());
+    }
+
+    /// SIGTERM, wait for exit; returns the exit status success and the final stats.
+    pub fn stop(&mut self) -> (bool, serde_json::Value) {
+        let Some(mut child) = self.child.take() else {
+            return (false, self.stats());
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (status.is_some_and(|s| s.success()), self.stats())
+    }
+}
+
+impl Drop for Switchd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("switchd log kept in {}", self.log.display());
+        }
+    }
+}
+
+/// `worker allreduce` for rank `rank` of job `job`, started in its namespace.
+pub fn spawn_allreduce(
+    tb: &Testbed,
+    job: u16,
+    rank: u16,
+    n: u16,
+    elements: usize,
+    iterations: u32,
+) -> Child {
+    spawn_allreduce_from(tb, &tb.worker_ns(rank), job, rank, n, elements, iterations)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_allreduce_from(
+    tb: &Testbed,
+    ns: &str,
+    job: u16,
+    rank: u16,
+    n: u16,
+    elements: usize,
+    iterations: u32,
+) -> Child {
+    tb.cmd_in(ns, worker_bin())
+        .args(["allreduce", "--switch", SWITCH_ADDR])
+        .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
+        .args(["--workers", &n.to_string(), "--secret", SECRET])
+        .args(["--elements", &elements.to_string()])
+        .args(["--iterations", &iterations.to_string()])
+        .args(["--verify", "--json", "--stall-timeout", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting worker")
+}
+
+/// Waits for workers; asserts each exited 0 and reported verified=true.
+pub fn expect_verified(children: Vec<Child>) -> Vec<serde_json::Value> {
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let out = wait_with_timeout(c, Duration::from_secs(300));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "worker {i} failed ({}):\n{stdout}\n{stderr}",
+                out.status
+            );
+            let line = stdout
+                .lines()
+                .rev()
+                .find(|l| l.starts_with('{'))
+                .unwrap_or("{}");
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["verified"], true, "worker {i} not verified: {v}");
+            v
+        })
+        .collect()
+}
+
+/// Waits for a child, killing it after `limit`.
+pub fn wait_with_timeout(mut c: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        match c.try_wait() {
+            Ok(Some(_)) => break,
+            _ if Instant::now() > deadline => {
+                let _ = c.kill();
+                break;
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    c.wait_with_output().expect("collecting child output")
+}
+
+/// Runs `probe.py ARGS` in `ns` to completion.
+pub fn probe(tb: &Testbed, ns: &str, args: &[&str]) -> Output {
+    tb.cmd_in(ns, "python3")
+        .arg(probe_script())
+        .args(args)
+        .output()
+        .expect("running probe.py")
+}
+
+/// Starts `probe.py ARGS` in `ns` and waits for its "ready" line.
+pub fn probe_listener(
+    tb: &Testbed,
+    ns: &str,
+    args: &[&str],
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut c = tb
+        .cmd_in(ns, "python3")
+        .arg(probe_script())
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting probe.py");
+    let mut r = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "probe listener did not start");
+    (c, r)
+}

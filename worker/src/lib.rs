@@ -488,8 +488,19 @@ impl Worker {
     ) -> Result<Event, WorkerError> {
         let tcfg = self.cfg.transport;
         while !coll.is_complete() {
-            let now = Instant::now();
             let mut progressed = false;
+            // Results first: a worker that was not scheduled for a while has
+            // RESULTs waiting, and its resend timers must not fire for them.
+            while let Some(n) = self.recv()? {
+                progressed = true;
+                if let Some(ev) = self.on_datagram(n, coll, out.as_deref_mut())? {
+                    return Ok(ev);
+                }
+            }
+            if coll.is_complete() {
+                break;
+            }
+            let now = Instant::now();
             let window = self.window();
             while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
                 let mut h = HeaderRepr::new(MsgType::Data, self.cfg.job);
@@ -511,13 +522,6 @@ impl Worker {
                 );
                 self.send(HEADER_LEN + n)?;
                 progressed = true;
-            }
-            // Drain what has arrived.
-            while let Some(n) = self.recv()? {
-                progressed = true;
-                if let Some(ev) = self.on_datagram(n, coll, out.as_deref_mut())? {
-                    return Ok(ev);
-                }
             }
             if coll.is_complete() {
                 break;

@@ -396,12 +396,20 @@ impl SteeringProgram {
         };
         let prog = self.program()?;
         match mode {
-            AttachMode::Driver => prog
-                .attach_to_if_index(ifindex, XdpMode::Driver)
-                .map_err(|e| classify(e, "driver")),
-            AttachMode::Skb => prog
-                .attach_to_if_index(ifindex, XdpMode::Skb)
-                .map_err(|e| classify(e, "skb")),
+            AttachMode::Driver => {
+                let link = prog
+                    .attach_to_if_index(ifindex, XdpMode::Driver)
+                    .map_err(|e| classify(e, "driver"))?;
+                tracing::info!(ifname, "XDP program attached in driver (native) mode");
+                Ok(link)
+            }
+            AttachMode::Skb => {
+                let link = prog
+                    .attach_to_if_index(ifindex, XdpMode::Skb)
+                    .map_err(|e| classify(e, "skb"))?;
+                tracing::info!(ifname, "XDP program attached in skb (generic) mode");
+                Ok(link)
+            }
             AttachMode::Auto => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
                 Ok(link) => {
                     tracing::info!(ifname, "XDP program attached in driver (native) mode");
@@ -426,9 +434,9 @@ impl SteeringProgram {
     }
 
     /// Puts an AF_XDP socket fd into `xsks` at `port_idx * MAX_QUEUES + queue`.
-    /// The socket must already be bound to that port's interface and queue.
-    /// The map holds its own reference to the socket: closing `fd` later does
-    /// not remove the entry, replacing it (or dropping the program) does.
+    /// The socket must already be bound to that port's interface and queue
+    /// (the kernel rejects the redirect otherwise). Closing the socket removes
+    /// its entry; registering another fd at the same slot replaces it.
     pub fn register_socket(
         &mut self,
         port_idx: u32,

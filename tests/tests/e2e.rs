@@ -1,0 +1,376 @@
+//! End-to-end tests: a real switchd on AF_XDP in a veth/netns testbed, real
+//! worker processes, real traffic. Each test makes its own testbed (its own
+//! namespace prefix) and removes it, also on failure. They need root; under
+//! `CI=true` they fail rather than skip without it.
+
+use std::process::Child;
+use std::time::Duration;
+
+use agg_e2e::*;
+
+fn hexs(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Stops switchd and checks that it exited cleanly and left no XDP program.
+fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {
+    let (ok, stats) = sw.stop();
+    assert!(ok, "switchd did not exit cleanly:\n{}", sw.log_text());
+    let left = tb.ports_with_xdp();
+    assert!(left.is_empty(), "XDP program left attached on {left:?}");
+    stats
+}
+
+fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
+    stats["jobs"]
+        .as_array()
+        .and_then(|a| a.iter().find(|j| j["id"] == id))
+        .unwrap_or_else(|| panic!("job {id} missing from stats: {stats}"))
+}
+
+fn run_sizes(tb: &Testbed, sizes: &[usize], iterations: u32) {
+    for &elements in sizes {
+        let children: Vec<Child> = (0..4)
+            .map(|r| spawn_allreduce(tb, 1, r, 4, elements, iterations))
+            .collect();
+        let reports = expect_verified(children);
+        for r in &reports {
+            assert_eq!(r["elements"], elements as u64);
+        }
+    }
+}
+
+#[test]
+fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
+    if !can_run("allreduce_sizes") {
+        return;
+    }
+    let tb = Testbed::up("e2a", 4, 0);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    // 362 elements per chunk at MTU 1500: 363 is one chunk plus one element.
+    run_sizes(&tb, &[1, 363, 10 * 1024 * 1024 / 4], 2);
+    let stats = stop_clean(&tb, &mut sw);
+    let j = job(&stats, 1);
+    // 2 iterations of 1 + 2 + 7282 chunks.
+    assert!(
+        j["chunks_completed"].as_u64().unwrap() >= 2 * (1 + 2 + 7282),
+        "{j}"
+    );
+    assert_eq!(stats["malformed_total"], 0);
+}
+
+#[test]
+fn ordinary_traffic_crosses_unchanged() {
+    if !can_run("ordinary_traffic") {
+        return;
+    }
+    let tb = Testbed::up("e2b", 2, 2);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    let h1_addr = Testbed::host_addr(1);
+
+    // ping
+    let ping = tb
+        .cmd_in(&h0, "ping")
+        .args(["-c", "3", "-i", "0.2", "-W", "2", &h1_addr])
+        .output()
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "ping through the switch failed: {ping:?}"
+    );
+    let ping_sw = tb
+        .cmd_in(&h0, "ping")
+        .args(["-c", "2", "-W", "2", SWITCH_ADDR])
+        .output()
+        .unwrap();
+    assert!(
+        ping_sw.status.success(),
+        "ping to the switch address failed"
+    );
+
+    // 20 MB of random bytes over TCP, host to host.
+    let file = sw.dir.join("random.bin");
+    let data: Vec<u8> = {
+        let mut x = 0x243f_6a88_85a3_08d3u64;
+        (0..20_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    std::fs::write(&file, &data).unwrap();
+    let want = {
+        let out = std::process::Command::new("sha256sum")
+            .arg(&file)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let (rx, mut lines) = probe_listener(&tb, &h1, &["tcp-recv", &h1_addr, "5001", "60"]);
+    let send = probe(
+        &tb,
+        &h0,
+        &["tcp-send", &h1_addr, "5001", file.to_str().unwrap()],
+    );
+    assert!(send.status.success(), "tcp-send failed: {send:?}");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+    let out = wait_with_timeout(rx, Duration::from_secs(60));
+    assert!(out.status.success());
+    assert_eq!(
+        line.trim(),
+        format!("{want} 20000000"),
+        "TCP payload changed crossing the switch"
+    );
+
+    // UDP to another port, and UDP to the aggregation port of a host that
+    // is not the switch: both must arrive byte-identical.
+    for port in ["5002", "48879"] {
+        let payloads: Vec<String> = [
+            vec![0u8; 1],
+            (0..=255u8).collect::<Vec<u8>>(),
+            (0..1400).map(|i| (i * 7 + 3) as u8).collect(),
+            // Looks like an aggregation header: still not ours to take.
+            vec![
+                0x11, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4,
+            ],
+        ]
+        .iter()
+        .map(|p| hexs(p))
+        .collect();
+        let (rx, _) = probe_listener(
+            &tb,
+            &h1,
+            &["udp-recv", &h1_addr, port, &payloads.len().to_string(), "5"],
+        );
+        let mut args = vec!["udp-send", &h1_addr, port];
+        args.extend(payloads.iter().map(|s| s.as_str()));
+        assert!(probe(&tb, &h0, &args).status.success());
+        let out = wait_with_timeout(rx, Duration::from_secs(10));
+        let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(|l| l.trim().to_owned())
+            .collect();
+        let _ = &got;
+        let mut got_sorted = got.clone();
+        got_sorted.sort();
+        let mut want_sorted = payloads.clone();
+        want_sorted.sort();
+        assert_eq!(
+            got_sorted, want_sorted,
+            "UDP to port {port} changed or lost"
+        );
+    }
+
+    let stats = stop_clean(&tb, &mut sw);
+    let steered: u64 = stats["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap().starts_with("sw-h"))
+        .map(|p| p["xdp_steered"].as_u64().unwrap())
+        .sum();
+    assert_eq!(steered, 0, "host traffic was steered to AF_XDP: {stats}");
+}
+
+#[test]
+fn refused_joins_get_their_reason_and_the_job_still_completes() {
+    if !can_run("refused_joins") {
+        return;
+    }
+    // Job 1 allows 198.18.0.0/26: the workers (.10–.13), not the hosts (.100+).
+    let tb = Testbed::up("e2c", 4, 1);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    let workers: Vec<Child> = (0..4)
+        .map(|r| spawn_allreduce(&tb, 1, r, 4, 200_000, 3))
+        .collect();
+    let join_probe = |ns: &str, rank: &str, secret: &str, job: &str| {
+        tb.cmd_in(ns, worker_bin())
+            .args([
+                "join",
+                "--switch",
+                SWITCH_ADDR,
+                "--job",
+                job,
+                "--rank",
+                rank,
+            ])
+            .args(["--workers", "4", "--secret", secret, "--join-timeout", "5"])
+            .output()
+            .unwrap()
+    };
+    let wrong = "00".repeat(32);
+    let out = join_probe(&tb.worker_ns(0), "0", &wrong, "1");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("bad secret"), "{text}");
+
+    let out = join_probe(&tb.host_ns(0), "1", SECRET, "1");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("source address not allowed"), "{text}");
+
+    let out = join_probe(&tb.worker_ns(1), "1", SECRET, "9");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("unknown job"), "{text}");
+
+    expect_verified(workers);
+    let stats = stop_clean(&tb, &mut sw);
+    assert!(job(&stats, 1)["nacks"].as_u64().unwrap() >= 2, "{stats}");
+    assert_eq!(
+        job(&stats, 1)["activations"],
+        1,
+        "a refused JOIN disturbed the job"
+    );
+}
+
+/// A DATA-shaped header with the given fields.
+#[allow(clippy::too_many_arguments)]
+fn agg_header(
+    ver_type: u8,
+    flags: u8,
+    job: u16,
+    rank: u16,
+    count: u16,
+    seq: u32,
+    gen: u32,
+) -> Vec<u8> {
+    let mut h = vec![ver_type, flags];
+    h.extend_from_slice(&job.to_be_bytes());
+    h.extend_from_slice(&rank.to_be_bytes());
+    h.extend_from_slice(&count.to_be_bytes());
+    h.extend_from_slice(&seq.to_be_bytes());
+    h.extend_from_slice(&0u32.to_be_bytes());
+    h.extend_from_slice(&0u16.to_be_bytes());
+    h.extend_from_slice(&gen.to_be_bytes());
+    h
+}
+
+#[test]
+fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
+    if !can_run("malformed_frames") {
+        return;
+    }
+    let tb = Testbed::up("e2d", 4, 1);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    let workers: Vec<Child> = (0..4)
+        .map(|r| spawn_allreduce(&tb, 1, r, 4, 2_000_000, 3))
+        .collect();
+    sw.wait_stats(30, "job 1 active", |s| s["jobs"][0]["state"] == "active");
+    let gen = sw.stats()["generation"].as_u64().unwrap() as u32;
+    let payload = |n: usize| -> Vec<u8> { (0..n * 4).map(|i| i as u8).collect() };
+    let with = |mut h: Vec<u8>, p: Vec<u8>| {
+        h.extend(p);
+        hexs(&h)
+    };
+    let frames = [
+        // truncated header
+        hexs(&agg_header(0x11, 0, 1, 0, 1, 0, gen)[..10]),
+        // wrong version
+        with(agg_header(0x21, 0, 1, 0, 1, 0, gen), payload(1)),
+        // count larger than the payload
+        with(agg_header(0x11, 0, 1, 0, 50, 0, gen), payload(2)),
+        // nonzero reserved flags
+        with(agg_header(0x11, 0x80, 1, 0, 1, 0, gen), payload(1)),
+        // unknown job
+        with(agg_header(0x11, 0, 77, 0, 1, 0, gen), payload(1)),
+        // rank ≥ n, right job and generation
+        with(agg_header(0x11, 0, 1, 9, 1, 0, gen), payload(1)),
+        // spoof of rank 0 from a host: valid in every field but the source
+        with(agg_header(0x11, 0, 1, 0, 1, 0, gen), payload(1)),
+    ];
+    const ROUNDS: usize = 20;
+    for _ in 0..ROUNDS {
+        let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
+        args.extend(frames.iter().map(|s| s.as_str()));
+        assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
+    }
+    expect_verified(workers);
+    let stats = stop_clean(&tb, &mut sw);
+    let m = &stats["malformed"];
+    let at_least = |v: &serde_json::Value, what: &str| {
+        assert!(
+            v.as_u64().unwrap_or(0) >= ROUNDS as u64,
+            "{what}: {v} < {ROUNDS}; stats: {stats}"
+        );
+    };
+    at_least(&m["truncated"], "truncated");
+    at_least(&m["bad_version"], "bad_version");
+    at_least(&m["payload_length"], "count > payload");
+    at_least(&m["reserved_flags"], "reserved flags");
+    at_least(&stats["unknown_job"], "unknown job");
+    let j = job(&stats, 1);
+    // From a host outside the job's prefixes, rank 9 and the spoof of rank 0
+    // are both refused before they reach a slot.
+    let refused = j["drops"]["rank_out_of_range"].as_u64().unwrap()
+        + j["drops"]["source_mismatch"].as_u64().unwrap();
+    assert!(refused >= 2 * ROUNDS as u64, "rank/source drops: {j}");
+}
+
+#[test]
+fn no_xdp_program_is_left_after_switchd_stops() {
+    if !can_run("no_xdp_left") {
+        return;
+    }
+    let tb = Testbed::up("e2e", 2, 1);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
+    let attached = tb.ports_with_xdp();
+    assert_eq!(
+        attached.len(),
+        3,
+        "expected XDP on every port while running: {attached:?}"
+    );
+    stop_clean(&tb, &mut sw);
+    assert!(sw.log_text().contains("detaching"), "{}", sw.log_text());
+}
+
+#[test]
+fn switchd_errors_say_what_to_do() {
+    if !can_run("switchd_errors") {
+        return;
+    }
+    let tb = Testbed::up("e2f", 1, 0);
+    let dir = std::env::temp_dir().join(format!("agg-e2e-errs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "[switch]\nports = [\"sw-w0\", \"nosuch0\"]\naddresses = [\"198.18.0.1\"]\n",
+    )
+    .unwrap();
+    let out = tb
+        .cmd_in(&tb.switch_ns(), switchd_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no such interface `nosuch0`"), "{err}");
+
+    std::fs::write(
+        &cfg,
+        "[switch]\nports = [\"sw-w0\"]\naddresses = [\"198.18.0.1\"]\nagg_port = \"x\"\n",
+    )
+    .unwrap();
+    let out = tb
+        .cmd_in(&tb.switch_ns(), switchd_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 4") && err.contains("agg_port"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(tb.ports_with_xdp().is_empty());
+}
