@@ -51,11 +51,12 @@ fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
     run_sizes(&tb, &[1, 363, 10 * 1024 * 1024 / 4], 2);
     let stats = stop_clean(&tb, &mut sw);
     let j = job(&stats, 1);
-    // 2 iterations of 1 + 2 + 7282 chunks.
-    assert!(
-        j["chunks_completed"].as_u64().unwrap() >= 2 * (1 + 2 + 7282),
-        "{j}"
-    );
+    // 2 iterations each of 1, 2 and ⌈2621440 / 362⌉ = 7242 chunks.
+    let want: u64 = [1usize, 363, 10 * 1024 * 1024 / 4]
+        .iter()
+        .map(|n| 2 * n.div_ceil(362) as u64)
+        .sum();
+    assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");
     assert_eq!(stats["malformed_total"], 0);
 }
 
@@ -146,7 +147,7 @@ fn ordinary_traffic_crosses_unchanged() {
         .iter()
         .map(|p| hexs(p))
         .collect();
-        let (rx, _) = probe_listener(
+        let (rx, reader) = probe_listener(
             &tb,
             &h1,
             &["udp-recv", &h1_addr, port, &payloads.len().to_string(), "5"],
@@ -154,13 +155,11 @@ fn ordinary_traffic_crosses_unchanged() {
         let mut args = vec!["udp-send", &h1_addr, port];
         args.extend(payloads.iter().map(|s| s.as_str()));
         assert!(probe(&tb, &h0, &args).status.success());
-        let out = wait_with_timeout(rx, Duration::from_secs(10));
-        let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .skip(1)
+        let got: Vec<String> = std::io::BufRead::lines(reader)
+            .map_while(Result::ok)
             .map(|l| l.trim().to_owned())
             .collect();
-        let _ = &got;
+        wait_with_timeout(rx, Duration::from_secs(10));
         let mut got_sorted = got.clone();
         got_sorted.sort();
         let mut want_sorted = payloads.clone();
@@ -264,7 +263,7 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
     let tb = Testbed::up("e2d", 4, 1);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
     let workers: Vec<Child> = (0..4)
-        .map(|r| spawn_allreduce(&tb, 1, r, 4, 2_000_000, 3))
+        .map(|r| spawn_allreduce(&tb, 1, r, 4, 2_000_000, 12))
         .collect();
     sw.wait_stats(30, "job 1 active", |s| s["jobs"][0]["state"] == "active");
     let gen = sw.stats()["generation"].as_u64().unwrap() as u32;
@@ -290,11 +289,12 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
         with(agg_header(0x11, 0, 1, 0, 1, 0, gen), payload(1)),
     ];
     const ROUNDS: usize = 20;
+    // All rounds in one probe run, while the job is certainly still active.
+    let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
     for _ in 0..ROUNDS {
-        let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
         args.extend(frames.iter().map(|s| s.as_str()));
-        assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
     }
+    assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
     expect_verified(workers);
     let stats = stop_clean(&tb, &mut sw);
     let m = &stats["malformed"];
@@ -312,9 +312,8 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
     let j = job(&stats, 1);
     // From a host outside the job's prefixes, rank 9 and the spoof of rank 0
     // are both refused before they reach a slot.
-    let refused = j["drops"]["rank_out_of_range"].as_u64().unwrap()
-        + j["drops"]["source_mismatch"].as_u64().unwrap();
-    assert!(refused >= 2 * ROUNDS as u64, "rank/source drops: {j}");
+    at_least(&j["drops"]["rank_out_of_range"], "rank ≥ n");
+    at_least(&j["drops"]["source_mismatch"], "spoofed source");
 }
 
 #[test]
