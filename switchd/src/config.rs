@@ -35,8 +35,10 @@ use serde::Deserialize;
 
 /// Bytes of one UMEM frame; a chunk and its headers must fit in one.
 pub const FRAME_SIZE: usize = 4096;
-/// Largest chunk that fits in one frame.
-pub const MAX_ELEMS_IN_FRAME: u16 = ((FRAME_SIZE - FRAME_PAYLOAD_OFFSET) / 4) as u16;
+/// Largest chunk that fits in one received frame: AF_XDP puts received
+/// data [`crate::xdp::RX_HEADROOM`] bytes into the frame.
+pub const MAX_ELEMS_IN_FRAME: u16 =
+    ((FRAME_SIZE - crate::xdp::RX_HEADROOM - FRAME_PAYLOAD_OFFSET) / 4) as u16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -281,7 +283,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         let e = parse(&GOOD.replace("n_workers = 2", "n_workers = \"two\""))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("line 10") && e.contains("n_workers"), "{e}");
+        assert!(e.contains("line 8") && e.contains("n_workers"), "{e}");
         let e = parse(&GOOD.replace("ports =", "portz ="))
             .unwrap_err()
             .to_string();
