@@ -567,6 +567,26 @@ impl Job {
         }
     }
 
+    /// Writes, as big-endian u16s into `out`, the ranks whose contribution to
+    /// `seq` the switch has not taken (none if `seq` is complete; all if it
+    /// has not started). Returns how many were written (as many as fit).
+    pub fn write_missing_ranks(&self, seq: u32, out: &mut [u8]) -> usize {
+        let slot = &self.pool.slots[self.pool.index(seq)];
+        if slot.shadow.is_some_and(|s| s.seq == seq) {
+            return 0;
+        }
+        let started = slot.agg.is_some_and(|a| a.seq == seq);
+        let mut n = 0;
+        for (r, o) in (0..self.config.n_workers)
+            .filter(|r| !(started && slot.seen.contains(*r)))
+            .zip(out.chunks_exact_mut(2))
+        {
+            o.copy_from_slice(&r.to_be_bytes());
+            n += 1;
+        }
+        n
+    }
+
     /// The result of `seq`, if the slot still holds it.
     pub fn result(&self, seq: u32) -> Option<ResultView<'_>> {
         let slot = &self.pool.slots[self.pool.index(seq)];
@@ -580,7 +600,7 @@ impl Job {
         })
     }
 
-    fn source_allowed(&self, ip: [u8; 4]) -> bool {
+    pub fn source_allowed(&self, ip: [u8; 4]) -> bool {
         self.config.allowed_sources.iter().any(|p| p.contains(ip))
     }
 
@@ -843,11 +863,17 @@ pub struct TableCounters {
 pub enum Verdict {
     Join(JoinOutcome),
     Data(DataOutcome),
-    /// LEAVE or HEARTBEAT taken; nothing to send.
+    /// LEAVE taken; nothing to send.
     Noted,
+    /// HEARTBEAT from a member: answer it with the ranks `seq` waits for
+    /// ([`Job::write_missing_ranks`]).
+    Heartbeat {
+        seq: u32,
+    },
     /// Dropped and counted (on the job, or on the table when the job is unknown).
     Dropped(Option<DropReason>),
-    /// JOIN for an unknown job: NACK 1 to the sender.
+    /// JOIN for an unknown job, or DATA for a removed one: NACK 1 to the
+    /// sender.
     NackUnknownJob,
 }
 
@@ -856,6 +882,9 @@ pub enum Verdict {
 pub struct JobTable {
     gen: u32,
     jobs: HashMap<u16, Job>,
+    /// Ids of jobs removed while running: their workers' DATA gets NACK 1
+    /// (so they fail with a clear error instead of stalling).
+    removed: std::collections::HashSet<u16>,
     pub counters: TableCounters,
 }
 
@@ -865,6 +894,7 @@ impl JobTable {
         JobTable {
             gen: gen.max(1),
             jobs: HashMap::new(),
+            removed: Default::default(),
             counters: TableCounters::default(),
         }
     }
@@ -879,13 +909,16 @@ impl JobTable {
         if self.jobs.contains_key(&config.id) {
             return Err(JobConfigError::Duplicate(config.id));
         }
+        self.removed.remove(&config.id);
         self.jobs.insert(config.id, Job::new(config));
         Ok(())
     }
 
     /// Removes a job and frees its memory; its workers then get NACK 1.
     pub fn remove(&mut self, id: u16) -> Option<Job> {
-        self.jobs.remove(&id)
+        let job = self.jobs.remove(&id)?;
+        self.removed.insert(id);
+        Some(job)
     }
 
     pub fn get(&self, id: u16) -> Option<&Job> {
@@ -916,6 +949,10 @@ impl JobTable {
                     self.counters.unknown_job += 1;
                     Verdict::NackUnknownJob
                 }
+                MsgType::Data | MsgType::Heartbeat if self.removed.contains(&hdr.job) => {
+                    self.counters.unknown_job += 1;
+                    Verdict::NackUnknownJob
+                }
                 _ => {
                     self.counters.unknown_job += 1;
                     Verdict::Dropped(None)
@@ -936,7 +973,22 @@ impl JobTable {
                     Verdict::Dropped(Some(r))
                 }
             },
-            MsgType::Heartbeat => Verdict::Noted,
+            MsgType::Heartbeat => {
+                let member = job.member(hdr.rank).map(|e| e.source);
+                if job.state() == JobState::Active && member == Some(from.source) {
+                    Verdict::Heartbeat { seq: hdr.seq }
+                } else if job.source_allowed(from.source.ip) {
+                    job.counters.nacks += 1;
+                    Verdict::Data(DataOutcome::Nack(if hdr.gen != gen {
+                        NackReason::StaleGeneration
+                    } else {
+                        NackReason::JobNotActive
+                    }))
+                } else {
+                    job.counters.drops[DropReason::SourceNotAllowed as usize] += 1;
+                    Verdict::Dropped(Some(DropReason::SourceNotAllowed))
+                }
+            }
             MsgType::Result | MsgType::JoinAck | MsgType::Nack => {
                 job.counters.drops[DropReason::UnexpectedType as usize] += 1;
                 self.counters.unexpected_type += 1;

@@ -120,7 +120,9 @@ impl NackReason {
 impl fmt::Display for NackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            NackReason::UnknownJob => "unknown job (declare it in the switch's config)",
+            NackReason::UnknownJob => {
+                "unknown job: not declared on the switch, or removed (switchctl jobs)"
+            }
             NackReason::BadSecret => "bad secret (check --secret against the job's secret)",
             NackReason::SourceNotAllowed => {
                 "source address not allowed (add it to the job's allowed_sources)"

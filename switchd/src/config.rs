@@ -10,6 +10,7 @@
 //! attach_mode = "auto"              # "auto" | "driver" | "skb"
 //! summary_interval_secs = 5         # one log line per job this often
 //! frames_per_socket = 4096          # UMEM frames per socket (4 KiB each)
+//! admin_socket = "/run/aggswitch/switchd.sock"  # for switchctl
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -95,9 +96,16 @@ pub struct SwitchSection {
     pub frames_per_socket: u32,
     #[serde(default)]
     pub zero_copy: bool,
+    /// Unix socket of the admin interface (switchctl).
+    #[serde(default = "default_admin_socket")]
+    pub admin_socket: PathBuf,
 }
 
-#[derive(Clone, Deserialize)]
+fn default_admin_socket() -> PathBuf {
+    PathBuf::from(crate::admin::DEFAULT_SOCKET)
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSection {
     pub id: u16,

@@ -16,15 +16,18 @@
 //! sender can put in a frame makes this code panic.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use proto::switch::{DataOutcome, Endpoint, Job, JobTable, JoinOutcome, Verdict};
+use proto::switch::{DataOutcome, Endpoint, Job, JobState, JobTable, JoinOutcome, Verdict};
 use proto::wire::{
     emit_nack, write_f32s, Header, HeaderRepr, MsgType, NackReason, WireError, HEADER_LEN,
     JOIN_ACK_PAYLOAD_LEN, L2_L4_LEN, NACK_PAYLOAD_LEN,
 };
 
+use crate::admin::{AdminCall, AdminReply, AdminRequest};
 use crate::frame::{parse_udp_frame, reply_endpoint, write_udp_headers};
+use crate::stats::{self, PortStats};
 use crate::xdp::{XskRx, XskTx};
 
 /// Frames taken from one receive ring per round.
@@ -92,6 +95,10 @@ pub struct Dataplane {
     pub txs: TxSockets,
     pub counters: DataplaneCounters,
     agg_port: u16,
+    /// Chunk size for jobs added without one (from the ports' MTU).
+    pub default_elems: u16,
+    pub started: Instant,
+    admin: Option<mpsc::Receiver<AdminCall>>,
 }
 
 /// Writes one message to the transmit ring of `to`'s port and queue:
@@ -194,6 +201,33 @@ fn send_nack(
     }) {
         counters.nacks_sent += 1;
     }
+}
+
+/// Answers a member's HEARTBEAT with the ranks `seq` still waits for.
+fn send_heartbeat_reply(
+    txs: &mut TxSockets,
+    counters: &mut DataplaneCounters,
+    job: &Job,
+    gen: u32,
+    rank: u16,
+    seq: u32,
+    to: &Endpoint,
+) {
+    let mut hdr = HeaderRepr::new(MsgType::Heartbeat, job.id());
+    hdr.rank = rank;
+    hdr.seq = seq;
+    hdr.gen = gen;
+    hdr.window = job.window();
+    transmit(txs, counters, to, false, |p| {
+        // At most 512 ranks: the reply stays small whatever n is.
+        let room = (p.len().saturating_sub(HEADER_LEN)).min(1024);
+        let n = job.write_missing_ranks(seq, &mut p[HEADER_LEN..HEADER_LEN + room]);
+        hdr.count = n as u16;
+        if hdr.emit_to(p).is_err() {
+            return 0;
+        }
+        HEADER_LEN + 2 * n
+    });
 }
 
 /// Handles one received frame. Free function so that the receive ring being
@@ -309,6 +343,11 @@ fn handle_frame(
                 }
             }
         }
+        Verdict::Heartbeat { seq } => {
+            if let Some(job) = table.get(job_id) {
+                send_heartbeat_reply(txs, counters, job, gen, hdr.rank, seq, &from);
+            }
+        }
         Verdict::Data(DataOutcome::Taken | DataOutcome::Dropped(_))
         | Verdict::Noted
         | Verdict::Dropped(_) => {}
@@ -316,14 +355,116 @@ fn handle_frame(
 }
 
 impl Dataplane {
-    pub fn new(table: JobTable, rxs: Vec<RxSocket>, txs: TxSockets, agg_port: u16) -> Dataplane {
+    pub fn new(
+        table: JobTable,
+        rxs: Vec<RxSocket>,
+        txs: TxSockets,
+        agg_port: u16,
+        default_elems: u16,
+    ) -> Dataplane {
         Dataplane {
             table,
             rxs,
             txs,
             counters: DataplaneCounters::default(),
             agg_port,
+            default_elems,
+            started: Instant::now(),
+            admin: None,
         }
+    }
+
+    /// Takes admin requests from this channel between receive rounds.
+    pub fn set_admin(&mut self, calls: mpsc::Receiver<AdminCall>) {
+        self.admin = Some(calls);
+    }
+
+    /// A full counter snapshot.
+    pub fn snapshot(&self, ports: Vec<PortStats>) -> stats::SwitchStats {
+        stats::snapshot(
+            &self.table,
+            &self.counters,
+            ports,
+            self.started.elapsed().as_secs_f64(),
+        )
+    }
+
+    /// Answers one admin request.
+    pub fn handle_admin(
+        &mut self,
+        req: AdminRequest,
+        port_stats: &dyn Fn() -> Vec<PortStats>,
+    ) -> AdminReply {
+        match req {
+            AdminRequest::Jobs => {
+                let mut jobs: Vec<serde_json::Value> = self
+                    .table
+                    .jobs()
+                    .map(|j| {
+                        serde_json::json!({
+                            "id": j.id(),
+                            "state": match j.state() {
+                                JobState::Joining => "joining",
+                                JobState::Active => "active",
+                            },
+                            "n_workers": j.n_workers(),
+                            "ranks_joined": j.joined_ranks(),
+                            "pool_slots": j.config.pool_slots,
+                            "elems_per_chunk": j.config.elems_per_chunk,
+                            "window": j.window(),
+                        })
+                    })
+                    .collect();
+                jobs.sort_by_key(|j| j["id"].as_u64());
+                AdminReply::ok(serde_json::Value::Array(jobs))
+            }
+            AdminRequest::Stats { job: None } => AdminReply::ok(
+                serde_json::to_value(self.snapshot(port_stats())).unwrap_or_default(),
+            ),
+            AdminRequest::Stats { job: Some(id) } => match stats::job_stats(&self.table)
+                .into_iter()
+                .find(|j| j.id == id)
+            {
+                Some(j) => AdminReply::ok(serde_json::to_value(j).unwrap_or_default()),
+                None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
+            },
+            AdminRequest::AddJob { job } => {
+                let cfg = match job.to_job_config(self.default_elems) {
+                    Ok(c) => c,
+                    Err(e) => return AdminReply::err(e),
+                };
+                let (id, n) = (cfg.id, cfg.n_workers);
+                match self.table.add(cfg, crate::config::MAX_ELEMS_IN_FRAME) {
+                    Ok(()) => {
+                        tracing::info!(job = id, n_workers = n, "job added");
+                        AdminReply::ok(serde_json::json!({ "added": id }))
+                    }
+                    Err(e) => AdminReply::err(e.to_string()),
+                }
+            }
+            AdminRequest::RemoveJob { id } => match self.table.remove(id) {
+                Some(job) => {
+                    tracing::info!(
+                        job = id,
+                        chunks_completed = job.counters.chunks_completed,
+                        "job removed; its workers get NACK 1 (unknown job)"
+                    );
+                    AdminReply::ok(serde_json::json!({ "removed": id }))
+                }
+                None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
+            },
+        }
+    }
+
+    fn serve_admin(&mut self, port_stats: &dyn Fn() -> Vec<PortStats>) {
+        let Some(rx) = self.admin.take() else {
+            return;
+        };
+        while let Ok(call) = rx.try_recv() {
+            let reply = self.handle_admin(call.request, port_stats);
+            let _ = call.reply.send(reply);
+        }
+        self.admin = Some(rx);
     }
 
     /// One round over every socket; returns the frames received.
@@ -353,6 +494,7 @@ impl Dataplane {
         stop: &AtomicBool,
         tick_every: Duration,
         mut tick: impl FnMut(&Dataplane),
+        port_stats: &dyn Fn() -> Vec<PortStats>,
     ) {
         let mut fds: Vec<libc::pollfd> = self
             .rxs
@@ -377,6 +519,7 @@ impl Dataplane {
             } else {
                 idle = 0;
             }
+            self.serve_admin(port_stats);
             let now = Instant::now();
             if now >= next_tick {
                 tick(self);

@@ -2,11 +2,13 @@
 //! CLI over these modules.
 //!
 //! * [`config`]: the TOML configuration and its checks.
+//! * [`admin`]: the admin Unix socket (switchctl's server side).
 //! * [`xdp`]: the XDP steering program (aya) and AF_XDP sockets (xdpilone).
 //! * [`frame`]: Ethernet/IPv4/UDP parsing and writing.
 //! * [`dataplane`]: the receive → job table → transmit loop.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 
+pub mod admin;
 pub mod config;
 pub mod dataplane;
 pub mod frame;

@@ -150,48 +150,55 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     );
 
     let started = Instant::now();
-    let mut dp = Dataplane::new(table, rxs, txs, cfg.switch.agg_port);
+    let default_elems =
+        switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
+    let mut dp = Dataplane::new(table, rxs, txs, cfg.switch.agg_port, default_elems);
+    let (admin_tx, admin_rx) = std::sync::mpsc::channel();
+    dp.set_admin(admin_rx);
+    let _admin = match switchd::admin::serve(&cfg.switch.admin_socket, admin_tx) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            let _ = prog.detach_all();
+            return Err(e).context("starting the admin interface");
+        }
+    };
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
     let mut prev_bytes: std::collections::HashMap<u16, u64> = Default::default();
     let mut last_tick = Instant::now();
     let ports = cfg.switch.ports.clone();
+    let ports_of = || port_stats(&prog, &ports);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        dp.run(&stop, every, |dp| {
-            let secs = last_tick.elapsed().as_secs_f64();
-            last_tick = Instant::now();
-            let snap = stats::snapshot(
-                &dp.table,
-                &dp.counters,
-                port_stats(&prog, &ports),
-                started.elapsed().as_secs_f64(),
-            );
-            for j in &snap.jobs {
-                let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
-                tracing::info!("{}", stats::summary_line(j, prev, secs));
-            }
-            if snap.malformed_total > 0 || snap.unknown_job > 0 {
-                tracing::info!(
-                    malformed = snap.malformed_total,
-                    unknown_job = snap.unknown_job,
-                    "dropped frames that belong to no job"
-                );
-            }
-            if let Some(p) = &stats_file {
-                if let Err(e) = write_stats(p, &snap) {
-                    tracing::warn!("{e:#}");
+        dp.run(
+            &stop,
+            every,
+            |dp| {
+                let secs = last_tick.elapsed().as_secs_f64();
+                last_tick = Instant::now();
+                let snap = dp.snapshot(port_stats(&prog, &ports));
+                for j in &snap.jobs {
+                    let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
+                    tracing::info!("{}", stats::summary_line(j, prev, secs));
                 }
-            }
-        })
+                if snap.malformed_total > 0 || snap.unknown_job > 0 {
+                    tracing::info!(
+                        malformed = snap.malformed_total,
+                        unknown_job = snap.unknown_job,
+                        "dropped frames that belong to no job"
+                    );
+                }
+                if let Some(p) = &stats_file {
+                    if let Err(e) = write_stats(p, &snap) {
+                        tracing::warn!("{e:#}");
+                    }
+                }
+            },
+            &ports_of,
+        )
     }));
 
     tracing::info!("stopping: detaching XDP programs");
     let detach = prog.detach_all();
-    let snap = stats::snapshot(
-        &dp.table,
-        &dp.counters,
-        port_stats(&prog, &ports),
-        started.elapsed().as_secs_f64(),
-    );
+    let snap = dp.snapshot(port_stats(&prog, &ports));
     for j in &snap.jobs {
         tracing::info!(
             "final: {}",

@@ -36,6 +36,9 @@ pub fn switchd_bin() -> PathBuf {
 pub fn worker_bin() -> PathBuf {
     path_from_env("AGG_WORKER", "target/release/worker")
 }
+pub fn switchctl_bin() -> PathBuf {
+    switchd_bin().with_file_name("switchctl")
+}
 pub fn testbed_script() -> PathBuf {
     path_from_env("AGG_TESTBED", "scripts/testbed.sh")
 }
@@ -183,6 +186,9 @@ pub struct Switchd {
     pub dir: PathBuf,
     pub log: PathBuf,
     pub stats: PathBuf,
+    pub admin: PathBuf,
+    config: PathBuf,
+    ns: String,
 }
 
 impl Switchd {
@@ -191,9 +197,11 @@ impl Switchd {
             std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
+        let admin = dir.join("admin.sock");
         let mut cfg = format!(
-            "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\nsummary_interval_secs = 1\n",
-            ports.join(", ")
+            "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\nsummary_interval_secs = 1\nadmin_socket = \"{}\"\n",
+            ports.join(", "),
+            admin.display()
         );
         for j in jobs {
             let allowed: Vec<String> = j.allowed.iter().map(|a| format!("\"{a}\"")).collect();
@@ -207,27 +215,36 @@ impl Switchd {
         }
         let cfg_path = dir.join("switchd.toml");
         std::fs::write(&cfg_path, cfg).unwrap();
-        let log = dir.join("switchd.log");
-        let stats = dir.join("stats.json");
-        let child = tb
-            .cmd_in(&tb.switch_ns(), switchd_bin())
+        let mut sw = Switchd {
+            child: None,
+            log: dir.join("switchd.log"),
+            stats: dir.join("stats.json"),
+            admin,
+            config: cfg_path,
+            ns: tb.switch_ns(),
+            dir,
+        };
+        sw.launch();
+        sw
+    }
+
+    fn launch(&mut self) {
+        let _ = std::fs::remove_file(&self.stats);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .arg(switchd_bin())
             .args(["run", "--config"])
-            .arg(&cfg_path)
+            .arg(&self.config)
             .arg("--stats-file")
-            .arg(&stats)
+            .arg(&self.stats)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&self.log).unwrap())
             .spawn()
             .expect("starting switchd");
-        let sw = Switchd {
-            child: Some(child),
-            dir,
-            log,
-            stats,
-        };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let text = std::fs::read_to_string(&sw.log).unwrap_or_default();
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             if text.contains("switchd ready") {
                 break;
             }
@@ -237,7 +254,26 @@ impl Switchd {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        sw
+    }
+
+    /// Stops switchd and starts it again with the same configuration (a new
+    /// generation: every job's state is lost).
+    pub fn restart(&mut self) -> serde_json::Value {
+        let (ok, stats) = self.stop();
+        assert!(ok, "switchd did not stop cleanly:\n{}", self.log_text());
+        self.launch();
+        stats
+    }
+
+    /// Runs `switchctl --socket ADMIN ARGS` (the admin socket is a file, so
+    /// no namespace is needed).
+    pub fn switchctl(&self, args: &[&str]) -> Output {
+        Command::new(switchctl_bin())
+            .arg("--socket")
+            .arg(&self.admin)
+            .args(args)
+            .output()
+            .expect("running switchctl")
     }
 
     pub fn log_text(&self) -> String {
@@ -326,13 +362,33 @@ pub fn spawn_allreduce_from(
     elements: usize,
     iterations: u32,
 ) -> Child {
+    spawn_allreduce_with(tb, ns, job, rank, n, elements, iterations, 20)
+}
+
+/// As [`spawn_allreduce_from`], with the worker's stall deadline in seconds.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_allreduce_with(
+    tb: &Testbed,
+    ns: &str,
+    job: u16,
+    rank: u16,
+    n: u16,
+    elements: usize,
+    iterations: u32,
+    stall_secs: u32,
+) -> Child {
     tb.cmd_in(ns, worker_bin())
         .args(["allreduce", "--switch", SWITCH_ADDR])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
         .args(["--workers", &n.to_string(), "--secret", SECRET])
         .args(["--elements", &elements.to_string()])
         .args(["--iterations", &iterations.to_string()])
-        .args(["--verify", "--json", "--stall-timeout", "20"])
+        .args([
+            "--verify",
+            "--json",
+            "--stall-timeout",
+            &stall_secs.to_string(),
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -69,7 +69,7 @@ impl WorkerConfig {
             secret,
             transport: TransportConfig::default(),
             join_timeout: Duration::from_secs(30),
-            stall_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -102,7 +102,15 @@ pub enum WorkerError {
     },
     #[error(
         "job {job} rank {rank}: collective {collective} stalled at seq {seq}: no RESULT for \
-         {waited:?} (another rank may have died, or the switch is unreachable)"
+         {waited:?}; {}",
+        match missing {
+            Some(m) if !m.is_empty() => format!(
+                "the switch is waiting for ranks {m:?} (did they die? restart them to rejoin)"
+            ),
+            Some(_) => "the switch reports nothing missing (RESULTs are being lost)".to_string(),
+            None => "the switch did not answer heartbeats (is it running and reachable?)"
+                .to_string(),
+        }
     )]
     Stalled {
         job: u16,
@@ -110,6 +118,8 @@ pub enum WorkerError {
         collective: u32,
         seq: u32,
         waited: Duration,
+        /// What the switch last said the seq waits for (None: no answer).
+        missing: Option<Vec<u16>>,
     },
     #[error(
         "job {job} rank {rank}: the switch resumes at collective {resume_collective} seq \
@@ -180,7 +190,13 @@ pub struct Worker {
     buf: Vec<u8>,
     rx: Vec<u8>,
     stats: WorkerStats,
+    /// Ranks the switch said the stalled seq waits for (HEARTBEAT reply).
+    missing: Option<(u32, Vec<u16>)>,
 }
+
+/// After this long without progress a worker asks the switch (HEARTBEAT)
+/// which ranks the oldest chunk waits for, and again this often.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
 fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
     move |source| WorkerError::Io {
@@ -226,6 +242,7 @@ impl Worker {
             buf: vec![0u8; 9216],
             rx: vec![0u8; 9216],
             stats: WorkerStats::default(),
+            missing: None,
             cfg,
         };
         let (c, s) = w.join_round(0, 0)?;
@@ -487,6 +504,8 @@ impl Worker {
         mut out: Option<&mut [f32]>,
     ) -> Result<Event, WorkerError> {
         let tcfg = self.cfg.transport;
+        let mut last_heartbeat: Option<Instant> = None;
+        self.missing = None;
         while !coll.is_complete() {
             let mut progressed = false;
             // Results first: a worker that was not scheduled for a while has
@@ -528,14 +547,26 @@ impl Worker {
             }
             let now = Instant::now();
             let since = coll.last_progress().unwrap_or(now);
+            let seq = coll.oldest_unacked_seq();
             if now.duration_since(since) > self.cfg.stall_timeout {
                 return Err(WorkerError::Stalled {
                     job: self.cfg.job,
                     rank: self.cfg.rank,
                     collective: coll.collective(),
-                    seq: coll.oldest_unacked_seq(),
+                    seq,
                     waited: self.cfg.stall_timeout,
+                    missing: self
+                        .missing
+                        .as_ref()
+                        .filter(|(s, _)| *s == seq)
+                        .map(|(_, m)| m.clone()),
                 });
+            }
+            if now.duration_since(since) > HEARTBEAT_EVERY
+                && last_heartbeat.is_none_or(|t| now.duration_since(t) > HEARTBEAT_EVERY)
+            {
+                self.send_heartbeat(seq)?;
+                last_heartbeat = Some(now);
             }
             if !progressed {
                 let until = coll.next_timeout().map_or(Duration::from_millis(50), |d| {
@@ -596,6 +627,16 @@ impl Worker {
                 }
                 false
             }
+            MsgType::Heartbeat if r.gen == self.gen => {
+                let ranks = h
+                    .payload()
+                    .chunks_exact(2)
+                    .take(r.count as usize)
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                    .collect();
+                self.missing = Some((r.seq, ranks));
+                false
+            }
             MsgType::Nack => {
                 self.stats.nacks += 1;
                 match parse_nack(h.payload()) {
@@ -630,6 +671,15 @@ impl Worker {
             collective: c,
             seq: s,
         }))
+    }
+
+    fn send_heartbeat(&mut self, seq: u32) -> Result<(), WorkerError> {
+        let mut h = HeaderRepr::new(MsgType::Heartbeat, self.cfg.job);
+        h.rank = self.cfg.rank;
+        h.seq = seq;
+        h.gen = self.gen;
+        h.emit_to(&mut self.buf).expect("buffer holds a header");
+        self.send(HEADER_LEN)
     }
 
     /// Tells the switch this rank is done (best effort).

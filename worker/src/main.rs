@@ -56,7 +56,7 @@ struct JobArgs {
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
     /// Seconds without progress before a collective fails.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 5.0)]
     stall_timeout: f64,
 }
 

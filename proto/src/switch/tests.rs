@@ -368,3 +368,36 @@ fn wide_endpoint(r: u16) -> Endpoint {
     e.source.ip = [10, 0, (r >> 8) as u8, r as u8];
     e
 }
+
+#[test]
+fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
+    let mut t = active_table(3, 4, 8);
+    data(&mut t, 0, 0, &[1.0]);
+    data(&mut t, 2, 0, &[1.0]);
+    let mut out = [0u8; 16];
+    let job = t.get(5).unwrap();
+    assert_eq!(job.write_missing_ranks(0, &mut out), 1);
+    assert_eq!(&out[..2], &[0, 1]);
+    // seq 1 has not started: every rank is missing.
+    assert_eq!(job.write_missing_ranks(1, &mut out), 3);
+    let mut h = HeaderRepr::new(MsgType::Heartbeat, 5);
+    h.rank = 2;
+    h.gen = GEN;
+    assert_eq!(
+        t.handle(&h, &[], endpoint(2), false),
+        Verdict::Heartbeat { seq: 0 }
+    );
+    let mut stranger = endpoint(2);
+    stranger.source.port += 1;
+    assert_ne!(
+        t.handle(&h, &[], stranger, false),
+        Verdict::Heartbeat { seq: 0 }
+    );
+
+    assert!(t.remove(5).is_some());
+    assert_eq!(data(&mut t, 1, 0, &[1.0]), Verdict::NackUnknownJob);
+    assert_eq!(t.counters.unknown_job, 1);
+    // Re-declared: a fresh job again.
+    t.add(config(3, 4, 8), 1000).unwrap();
+    assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
+}
