@@ -8,10 +8,11 @@
 //!
 //! Everything here is deterministic: time is passed in, nothing is read from
 //! the system, so loss, duplication and reordering are tested without sockets.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod reference;
 pub mod seq;
+pub mod simd;
 pub mod switch;
 pub mod wire;
 pub mod worker;

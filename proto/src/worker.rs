@@ -34,6 +34,9 @@ pub struct TransportConfig {
     pub initial_window: u16,
     /// React to ECE (off: the window stays at the advertised maximum).
     pub congestion_control: bool,
+    /// Testing only: send with this window whatever the switch advertises,
+    /// to exercise the switch's window enforcement.
+    pub window_override: Option<u16>,
 }
 
 impl Default for TransportConfig {
@@ -46,6 +49,7 @@ impl Default for TransportConfig {
             dctcp_gain: 1.0 / 16.0,
             initial_window: u16::MAX,
             congestion_control: true,
+            window_override: None,
         }
     }
 }

@@ -11,6 +11,8 @@
 //! summary_interval_secs = 5         # one log line per job this often
 //! frames_per_socket = 4096          # UMEM frames per socket (4 KiB each)
 //! admin_socket = "/run/aggswitch/switchd.sock"  # for switchctl
+//! ecn_ring_threshold = 0.5          # ring occupancy that marks ECE (≥ 1: off)
+//! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -96,9 +98,21 @@ pub struct SwitchSection {
     pub frames_per_socket: u32,
     #[serde(default)]
     pub zero_copy: bool,
+    /// Mark RESULTs with ECE when an AF_XDP ring is fuller than this
+    /// fraction while a slot aggregates (PROTOCOL.md congestion control);
+    /// 1.0 or more turns ring-based marking off.
+    #[serde(default = "default_ecn_threshold")]
+    pub ecn_ring_threshold: f64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Unix socket of the admin interface (switchctl).
     #[serde(default = "default_admin_socket")]
     pub admin_socket: PathBuf,
+}
+
+fn default_ecn_threshold() -> f64 {
+    0.5
 }
 
 fn default_admin_socket() -> PathBuf {
@@ -230,6 +244,12 @@ impl Config {
             return Err(invalid(format!(
                 "switch.queues must be 1..=64, got {}",
                 sw.queues
+            )));
+        }
+        if !(sw.ecn_ring_threshold > 0.0) {
+            return Err(invalid(format!(
+                "switch.ecn_ring_threshold must be above 0 (1.0 turns ring marking off), got {}",
+                sw.ecn_ring_threshold
             )));
         }
         if sw.agg_port == 0 {

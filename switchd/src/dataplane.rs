@@ -71,6 +71,9 @@ pub struct DataplaneCounters {
     pub results_sent: u64,
     pub join_acks_sent: u64,
     pub nacks_sent: u64,
+    /// Frames taken while an AF_XDP ring was over the ECN threshold (their
+    /// slots' RESULTs carry ECE).
+    pub ring_congested_frames: u64,
 }
 
 impl DataplaneCounters {
@@ -95,6 +98,9 @@ pub struct Dataplane {
     pub txs: TxSockets,
     pub counters: DataplaneCounters,
     agg_port: u16,
+    /// Ring occupancy (entries) above which taken contributions count as
+    /// congestion-marked; u32::MAX turns it off.
+    ecn_ring_entries: u32,
     /// Chunk size for jobs added without one (from the ports' MTU).
     pub default_elems: u16,
     pub started: Instant,
@@ -232,11 +238,13 @@ fn send_heartbeat_reply(
 
 /// Handles one received frame. Free function so that the receive ring being
 /// read and the transmit rings being written are disjoint borrows.
+#[allow(clippy::too_many_arguments)] // disjoint borrows, see above
 fn handle_frame(
     frame: &[u8],
     port_idx: u32,
     queue: u32,
     agg_port: u16,
+    congested: bool,
     table: &mut JobTable,
     txs: &mut TxSockets,
     counters: &mut DataplaneCounters,
@@ -260,7 +268,10 @@ fn handle_frame(
     let payload = &f.payload[HEADER_LEN..];
     let from = reply_endpoint(&f, port_idx, queue);
     let gen = table.gen();
-    let verdict = table.handle(&hdr, payload, from, f.ce);
+    if congested {
+        counters.ring_congested_frames += 1;
+    }
+    let verdict = table.handle(&hdr, payload, from, f.ce || congested);
     let job_id = hdr.job;
     match verdict {
         Verdict::Join(JoinOutcome::Activated) => {
@@ -368,10 +379,38 @@ impl Dataplane {
             txs,
             counters: DataplaneCounters::default(),
             agg_port,
+            ecn_ring_entries: u32::MAX,
             default_elems,
             started: Instant::now(),
             admin: None,
         }
+    }
+
+    /// Marks ECE on slots that aggregate while a ring holds more than
+    /// `fraction` of `ring_size` entries (`fraction ≥ 1`: never).
+    pub fn set_ecn_threshold(&mut self, fraction: f64, ring_size: u32) {
+        self.ecn_ring_entries = if fraction >= 1.0 {
+            u32::MAX
+        } else {
+            ((ring_size as f64 * fraction) as u32).max(1)
+        };
+    }
+
+    /// Occupancy of every ring: (port, queue, rx entries, tx entries).
+    pub fn ring_occupancy(&self) -> Vec<stats::RingStats> {
+        self.rxs
+            .iter()
+            .map(|s| stats::RingStats {
+                port_idx: s.port_idx,
+                queue: s.queue,
+                rx_occupancy: s.rx.rx_ring_occupancy(),
+                tx_occupancy: self
+                    .txs
+                    .get(s.port_idx as usize)
+                    .and_then(|q| q.get(s.queue as usize))
+                    .map_or(0, |t| t.tx_ring_occupancy()),
+            })
+            .collect()
     }
 
     /// Takes admin requests from this channel between receive rounds.
@@ -381,12 +420,14 @@ impl Dataplane {
 
     /// A full counter snapshot.
     pub fn snapshot(&self, ports: Vec<PortStats>) -> stats::SwitchStats {
-        stats::snapshot(
+        let mut s = stats::snapshot(
             &self.table,
             &self.counters,
             ports,
             self.started.elapsed().as_secs_f64(),
-        )
+        );
+        s.rings = self.ring_occupancy();
+        s
     }
 
     /// Answers one admin request.
@@ -471,13 +512,23 @@ impl Dataplane {
     pub fn poll_once(&mut self) -> u32 {
         let mut got = 0;
         let agg_port = self.agg_port;
+        let limit = self.ecn_ring_entries;
         for s in &mut self.rxs {
             let (p, q) = (s.port_idx, s.queue);
             let table = &mut self.table;
             let txs = &mut self.txs;
             let counters = &mut self.counters;
+            // Congestion of the switch's own queues (PROTOCOL.md): frames
+            // waiting in this receive ring, or replies waiting to go out on
+            // this port, above the threshold. Two loads, no syscall.
+            let congested = limit != u32::MAX
+                && (s.rx.rx_ring_occupancy() > limit
+                    || txs
+                        .get(p as usize)
+                        .and_then(|t| t.get(q as usize))
+                        .is_some_and(|t| t.tx_ring_occupancy() > limit));
             got += s.rx.recv_batch(RX_BATCH, |frame| {
-                handle_frame(frame, p, q, agg_port, table, txs, counters)
+                handle_frame(frame, p, q, agg_port, congested, table, txs, counters)
             });
         }
         for port in &mut self.txs {

@@ -7,10 +7,12 @@
 //! * [`frame`]: Ethernet/IPv4/UDP parsing and writing.
 //! * [`dataplane`]: the receive → job table → transmit loop.
 //! * [`stats`]: counter snapshots for logs and the stats file.
+//! * [`metrics`]: the Prometheus text endpoint.
 
 pub mod admin;
 pub mod config;
 pub mod dataplane;
 pub mod frame;
+pub mod metrics;
 pub mod stats;
 pub mod xdp;

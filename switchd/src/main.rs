@@ -153,8 +153,19 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let default_elems =
         switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let mut dp = Dataplane::new(table, rxs, txs, cfg.switch.agg_port, default_elems);
+    dp.set_ecn_threshold(cfg.switch.ecn_ring_threshold, xcfg.ring_size);
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
     dp.set_admin(admin_rx);
+    let _metrics = match cfg.switch.metrics_listen {
+        Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone()) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                let _ = prog.detach_all();
+                return Err(e).context("starting the metrics endpoint");
+            }
+        },
+        None => None,
+    };
     let _admin = match switchd::admin::serve(&cfg.switch.admin_socket, admin_tx) {
         Ok(a) => Some(a),
         Err(e) => {

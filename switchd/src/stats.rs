@@ -40,6 +40,14 @@ pub struct PortStats {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct RingStats {
+    pub port_idx: u32,
+    pub queue: u32,
+    pub rx_occupancy: u32,
+    pub tx_occupancy: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
 pub struct SwitchStats {
     pub generation: u32,
     pub uptime_secs: f64,
@@ -49,11 +57,13 @@ pub struct SwitchStats {
     pub results_sent: u64,
     pub join_acks_sent: u64,
     pub nacks_sent: u64,
+    pub ring_congested_frames: u64,
     pub unknown_job: u64,
     pub malformed: BTreeMap<&'static str, u64>,
     pub malformed_total: u64,
     pub jobs: Vec<JobStats>,
     pub ports: Vec<PortStats>,
+    pub rings: Vec<RingStats>,
 }
 
 pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
@@ -107,6 +117,7 @@ pub fn snapshot(
         results_sent: dp.results_sent,
         join_acks_sent: dp.join_acks_sent,
         nacks_sent: dp.nacks_sent,
+        ring_congested_frames: dp.ring_congested_frames,
         unknown_job: table.counters.unknown_job,
         malformed: MALFORMED_KINDS
             .iter()
@@ -116,6 +127,7 @@ pub fn snapshot(
         malformed_total: dp.malformed_total(),
         jobs: job_stats(table),
         ports,
+        rings: Vec::new(),
     }
 }
 

@@ -167,6 +167,7 @@ pub struct JobSpec {
     pub n_workers: u16,
     pub allowed: Vec<&'static str>,
     pub pool_slots: u16,
+    pub window: Option<u16>,
 }
 
 impl JobSpec {
@@ -176,6 +177,7 @@ impl JobSpec {
             n_workers: n,
             allowed: vec!["198.18.0.0/26"],
             pool_slots: 256,
+            window: None,
         }
     }
 }
@@ -193,6 +195,11 @@ pub struct Switchd {
 
 impl Switchd {
     pub fn start(tb: &Testbed, jobs: &[JobSpec]) -> Switchd {
+        Switchd::start_with(tb, jobs, "")
+    }
+
+    /// As [`Switchd::start`], with extra `[switch]` keys (TOML lines).
+    pub fn start_with(tb: &Testbed, jobs: &[JobSpec], switch_extra: &str) -> Switchd {
         let dir =
             std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -203,6 +210,7 @@ impl Switchd {
             ports.join(", "),
             admin.display()
         );
+        cfg += switch_extra;
         for j in jobs {
             let allowed: Vec<String> = j.allowed.iter().map(|a| format!("\"{a}\"")).collect();
             cfg += &format!(
@@ -212,6 +220,9 @@ impl Switchd {
                 allowed.join(", "),
                 j.pool_slots
             );
+            if let Some(w) = j.window {
+                cfg += &format!("window = {w}\n");
+            }
         }
         let cfg_path = dir.join("switchd.toml");
         std::fs::write(&cfg_path, cfg).unwrap();

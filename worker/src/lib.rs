@@ -274,6 +274,9 @@ impl Worker {
     }
 
     fn window(&self) -> u16 {
+        if let Some(w) = self.cfg.transport.window_override {
+            return w.max(1);
+        }
         self.cc.window().min(self.advertised_window).max(1)
     }
 

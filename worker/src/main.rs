@@ -80,6 +80,10 @@ struct AllreduceArgs {
     /// Disable the DCTCP window reaction to ECE.
     #[arg(long)]
     no_congestion_control: bool,
+    /// Testing only: keep this many chunks in flight whatever the switch
+    /// advertises (to exercise the switch's window enforcement).
+    #[arg(long, hide = true)]
+    window_override: Option<u16>,
 }
 
 fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN]> {
@@ -128,6 +132,7 @@ struct Report {
 fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
+    cfg.transport.window_override = a.window_override;
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let mut data = vec![0f32; a.elements];

@@ -1,0 +1,344 @@
+//! Prometheus text-format metrics at `http://metrics_listen/metrics`.
+//!
+//! Owns: a small HTTP server thread (tiny_http). It reads counters the same
+//! way `switchctl stats` does: a request over the dataplane's admin channel,
+//! answered between two receive rounds. The dataplane's counters are plain
+//! integers owned by its thread (one set per dataplane thread, summed when
+//! read), so nothing on the hot path locks or shares a cache line.
+
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::admin::{AdminCall, AdminRequest};
+
+#[derive(Debug, thiserror::Error)]
+#[error("metrics endpoint: listening on {addr} failed: {message} (is the port in use? change switch.metrics_listen)")]
+pub struct MetricsError {
+    addr: SocketAddr,
+    message: String,
+}
+
+/// The running endpoint; stops on drop.
+pub struct MetricsServer {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+pub fn serve(
+    addr: SocketAddr,
+    calls: mpsc::Sender<AdminCall>,
+) -> Result<MetricsServer, MetricsError> {
+    let server = tiny_http::Server::http(addr).map_err(|e| MetricsError {
+        addr,
+        message: e.to_string(),
+    })?;
+    tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread_stop = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            while !thread_stop.load(Ordering::SeqCst) {
+                let Ok(Some(req)) = server.recv_timeout(Duration::from_millis(200)) else {
+                    continue;
+                };
+                let response = if req.url() == "/metrics" {
+                    match fetch(&calls) {
+                        Some(stats) => tiny_http::Response::from_string(render(&stats))
+                            .with_header(
+                                "Content-Type: text/plain; version=0.0.4"
+                                    .parse::<tiny_http::Header>()
+                                    .expect("static header"),
+                            ),
+                        None => tiny_http::Response::from_string("dataplane did not answer\n")
+                            .with_status_code(503),
+                    }
+                } else {
+                    tiny_http::Response::from_string("see /metrics\n").with_status_code(404)
+                };
+                let _ = req.respond(response);
+            }
+        })
+        .map_err(|e| MetricsError {
+            addr,
+            message: e.to_string(),
+        })?;
+    Ok(MetricsServer {
+        stop,
+        handle: Some(handle),
+    })
+}
+
+fn fetch(calls: &mpsc::Sender<AdminCall>) -> Option<Value> {
+    let (tx, rx) = mpsc::channel();
+    calls
+        .send(AdminCall {
+            request: AdminRequest::Stats { job: None },
+            reply: tx,
+        })
+        .ok()?;
+    let reply = rx.recv_timeout(Duration::from_secs(5)).ok()?;
+    reply.ok.then_some(reply.data)
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Renders a switch stats snapshot (the JSON of `switchctl stats --json`)
+/// in the Prometheus text format.
+pub fn render(s: &Value) -> String {
+    let mut o = String::new();
+    let jobs = s["jobs"].as_array().cloned().unwrap_or_default();
+    let per_job: [(&str, &str, &str, &str); 9] = [
+        (
+            "aggswitch_job_chunks_completed_total",
+            "counter",
+            "chunks_completed",
+            "Chunks summed and answered.",
+        ),
+        (
+            "aggswitch_job_bytes_aggregated_total",
+            "counter",
+            "bytes_aggregated",
+            "Float32 payload bytes taken into sums.",
+        ),
+        (
+            "aggswitch_job_results_sent_total",
+            "counter",
+            "results_sent",
+            "RESULT frames sent.",
+        ),
+        (
+            "aggswitch_job_retransmits_served_total",
+            "counter",
+            "retransmits_served",
+            "RESULTs resent from the shadow copy.",
+        ),
+        (
+            "aggswitch_job_ece_marked_total",
+            "counter",
+            "ece_marked",
+            "Completed chunks whose RESULT carried ECE.",
+        ),
+        (
+            "aggswitch_job_nacks_total",
+            "counter",
+            "nacks",
+            "NACKs sent for this job.",
+        ),
+        (
+            "aggswitch_job_window",
+            "gauge",
+            "window",
+            "Chunks in flight the switch allows.",
+        ),
+        (
+            "aggswitch_job_ranks_joined",
+            "gauge",
+            "ranks_joined",
+            "Ranks joined under this generation.",
+        ),
+        (
+            "aggswitch_job_workers",
+            "gauge",
+            "n_workers",
+            "Ranks the job has.",
+        ),
+    ];
+    for (name, kind, field, help) in per_job {
+        family(&mut o, name, kind, help);
+        for j in &jobs {
+            let _ = writeln!(o, "{name}{{job=\"{}\"}} {}", j["id"], num(&j[field]));
+        }
+    }
+    family(
+        &mut o,
+        "aggswitch_job_active",
+        "gauge",
+        "1 when every rank has joined.",
+    );
+    for j in &jobs {
+        let _ = writeln!(
+            o,
+            "aggswitch_job_active{{job=\"{}\"}} {}",
+            j["id"],
+            (j["state"] == "active") as u8
+        );
+    }
+    family(
+        &mut o,
+        "aggswitch_job_drops_total",
+        "counter",
+        "DATA dropped, by reason.",
+    );
+    for j in &jobs {
+        if let Some(d) = j["drops"].as_object() {
+            for (reason, v) in d {
+                let _ = writeln!(
+                    o,
+                    "aggswitch_job_drops_total{{job=\"{}\",reason=\"{reason}\"}} {}",
+                    j["id"],
+                    num(v)
+                );
+            }
+        }
+    }
+    let ports = s["ports"].as_array().cloned().unwrap_or_default();
+    for (name, field, help) in [
+        (
+            "aggswitch_port_xdp_steered_total",
+            "xdp_steered",
+            "Frames the XDP program steered to AF_XDP.",
+        ),
+        (
+            "aggswitch_port_xdp_passed_total",
+            "xdp_passed",
+            "Frames the XDP program passed on unchanged.",
+        ),
+        (
+            "aggswitch_port_xdp_malformed_total",
+            "xdp_malformed",
+            "Passed frames that claimed IPv4/UDP but were malformed.",
+        ),
+    ] {
+        family(&mut o, name, "counter", help);
+        for p in &ports {
+            let _ = writeln!(
+                o,
+                "{name}{{port=\"{}\"}} {}",
+                p["name"].as_str().unwrap_or("?"),
+                num(&p[field])
+            );
+        }
+    }
+    let rings = s["rings"].as_array().cloned().unwrap_or_default();
+    for (name, field, help) in [
+        (
+            "aggswitch_ring_rx_occupancy",
+            "rx_occupancy",
+            "Frames waiting in the AF_XDP receive ring.",
+        ),
+        (
+            "aggswitch_ring_tx_occupancy",
+            "tx_occupancy",
+            "Frames waiting in the AF_XDP transmit ring.",
+        ),
+    ] {
+        family(&mut o, name, "gauge", help);
+        for r in &rings {
+            let port = ports
+                .get(num(&r["port_idx"]) as usize)
+                .and_then(|p| p["name"].as_str())
+                .unwrap_or("?");
+            let _ = writeln!(
+                o,
+                "{name}{{port=\"{port}\",queue=\"{}\"}} {}",
+                r["queue"],
+                num(&r[field])
+            );
+        }
+    }
+    for (name, field, help) in [
+        (
+            "aggswitch_rx_frames_total",
+            "rx_frames",
+            "Frames received on AF_XDP sockets.",
+        ),
+        (
+            "aggswitch_tx_frames_total",
+            "tx_frames",
+            "Frames sent on AF_XDP sockets.",
+        ),
+        (
+            "aggswitch_tx_ring_full_total",
+            "tx_ring_full",
+            "Replies dropped: transmit ring or frames exhausted.",
+        ),
+        (
+            "aggswitch_ring_congested_frames_total",
+            "ring_congested_frames",
+            "Frames taken while a ring was over the ECN threshold.",
+        ),
+        (
+            "aggswitch_unknown_job_total",
+            "unknown_job",
+            "Messages for a job the switch does not have.",
+        ),
+    ] {
+        family(&mut o, name, "counter", help);
+        let _ = writeln!(o, "{name} {}", num(&s[field]));
+    }
+    family(
+        &mut o,
+        "aggswitch_malformed_total",
+        "counter",
+        "Malformed aggregation frames, by kind.",
+    );
+    if let Some(m) = s["malformed"].as_object() {
+        for (kind, v) in m {
+            let _ = writeln!(o, "aggswitch_malformed_total{{kind=\"{kind}\"}} {}", num(v));
+        }
+    }
+    family(
+        &mut o,
+        "aggswitch_generation",
+        "gauge",
+        "Switch generation (random at start).",
+    );
+    let _ = writeln!(o, "aggswitch_generation {}", num(&s["generation"]));
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_with_labels() {
+        let s = serde_json::json!({
+            "generation": 7, "rx_frames": 10, "tx_frames": 9, "tx_ring_full": 0,
+            "ring_congested_frames": 2, "unknown_job": 1,
+            "malformed": {"truncated": 3},
+            "jobs": [{"id": 4, "state": "active", "n_workers": 2, "ranks_joined": 2,
+                      "window": 64, "chunks_completed": 5, "bytes_aggregated": 40,
+                      "results_sent": 10, "retransmits_served": 1, "ece_marked": 2, "nacks": 0,
+                      "drops": {"duplicate": 3}}],
+            "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0}],
+            "rings": [{"port_idx": 0, "queue": 0, "rx_occupancy": 12, "tx_occupancy": 3}],
+        });
+        let t = render(&s);
+        for line in [
+            "aggswitch_job_chunks_completed_total{job=\"4\"} 5",
+            "aggswitch_job_drops_total{job=\"4\",reason=\"duplicate\"} 3",
+            "aggswitch_job_window{job=\"4\"} 64",
+            "aggswitch_job_ece_marked_total{job=\"4\"} 2",
+            "aggswitch_job_active{job=\"4\"} 1",
+            "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
+            "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",
+            "aggswitch_malformed_total{kind=\"truncated\"} 3",
+            "# TYPE aggswitch_job_window gauge",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in:\n{t}");
+        }
+    }
+}
