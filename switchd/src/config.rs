@@ -246,7 +246,7 @@ impl Config {
                 sw.queues
             )));
         }
-        if !(sw.ecn_ring_threshold > 0.0) {
+        if sw.ecn_ring_threshold.is_nan() || sw.ecn_ring_threshold <= 0.0 {
             return Err(invalid(format!(
                 "switch.ecn_ring_threshold must be above 0 (1.0 turns ring marking off), got {}",
                 sw.ecn_ring_threshold
