@@ -89,6 +89,20 @@ else
     cargo clippy --version >/dev/null 2>&1 || die "cargo clippy not available and no rustup to add clippy"
 fi
 
+# --- cargo-fuzz (fuzz/) ---
+# For test.sh's fuzz stage only: a failed install is a warning, not an error
+# (the stage is then skipped).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    log "installing cargo-fuzz (cargo install cargo-fuzz --locked)"
+    if cargo install cargo-fuzz --locked >"$OUT" 2>&1; then
+        INSTALLED+=("cargo-fuzz")
+    else
+        tail -n 20 "$OUT" >&2
+        warn "could not install cargo-fuzz; the fuzz stage of test.sh will be skipped"
+    fi
+fi
+# --- end cargo-fuzz ---
+
 # --- bpffs --------------------------------------------------------------------
 # (Check the type: /sys/fs/bpf may be a mount point of plain sysfs.)
 if [[ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null || true)" != bpf_fs ]]; then
