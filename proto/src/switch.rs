@@ -380,22 +380,24 @@ impl SlotPool {
         slot.seen.insert(rank);
         if rank != agg.next_rank {
             let base = (idx * n + rank as usize) * e;
-            crate::wire::read_f32s(values, &mut self.parked_values[base..base + count]);
+            crate::simd::read_le_f32(values, &mut self.parked_values[base..base + count]);
             slot.parked.insert(rank);
             return Taken::Pending;
         }
         if rank == 0 {
-            crate::wire::read_f32s(values, &mut slot.acc[..count]);
+            crate::simd::read_le_f32(values, &mut slot.acc[..count]);
         } else {
-            add_le_f32(&mut slot.acc[..count], values);
+            crate::simd::add_le_f32(&mut slot.acc[..count], values);
         }
         agg.next_rank += 1;
         while agg.next_rank < self.n && slot.parked.contains(agg.next_rank) {
             let base = (idx * n + agg.next_rank as usize) * e;
-            let parked = &self.parked_values[base..base + count];
-            for (a, p) in slot.acc[..count].iter_mut().zip(parked) {
-                *a += *p;
-            }
+            // The same kernel as a contribution folded on arrival, so the
+            // bits are the same whichever way a value came in.
+            crate::simd::add_f32(
+                &mut slot.acc[..count],
+                &self.parked_values[base..base + count],
+            );
             agg.next_rank += 1;
         }
         if agg.next_rank == self.n {
@@ -414,14 +416,6 @@ impl SlotPool {
         } else {
             Taken::Pending
         }
-    }
-}
-
-/// acc[i] += the i-th little-endian f32 of `bytes`.
-#[inline]
-fn add_le_f32(acc: &mut [f32], bytes: &[u8]) {
-    for (a, b) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
-        *a += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
 

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 
 use crate::seq::serial_offset;
 
+/// RESULTs this many chunks beyond an unanswered chunk trigger its resend.
+pub const FAST_RETRANSMIT_GAP: u32 = 3;
+/// Chunks resent per expiry of the resend timer (the oldest ones).
+pub const TIMEOUT_RESEND_BURST: u32 = 4;
+
 /// Tunables of a worker's transport.
 #[derive(Debug, Clone, Copy)]
 pub struct TransportConfig {
@@ -30,7 +35,8 @@ pub struct TransportConfig {
     pub max_backoff_doublings: u32,
     /// DCTCP gain g.
     pub dctcp_gain: f64,
-    /// Window at the start (clamped to 1..=S).
+    /// Window at the start (clamped to 1..=S); it doubles every window of
+    /// unmarked RESULTs (slow start) until the first ECE.
     pub initial_window: u16,
     /// React to ECE (off: the window stays at the advertised maximum).
     pub congestion_control: bool,
@@ -47,7 +53,7 @@ impl Default for TransportConfig {
             max_rto: Duration::from_secs(1),
             max_backoff_doublings: 6,
             dctcp_gain: 1.0 / 16.0,
-            initial_window: u16::MAX,
+            initial_window: 16,
             congestion_control: true,
             window_override: None,
         }
@@ -102,7 +108,9 @@ impl RttEstimator {
 
 /// DCTCP-style window (PROTOCOL.md, congestion control): per window of
 /// RESULTs, α ← (1−g)·α + g·F; W ← W·(1−α/2) if F > 0, else W + 1;
-/// 1 ≤ W ≤ ceiling.
+/// 1 ≤ W ≤ ceiling. Before the first mark the window doubles per round
+/// (slow start) from a small initial window: PROTOCOL.md does not say where
+/// W starts, and starting at S bursts a whole pool into the network at once.
 #[derive(Debug, Clone, Copy)]
 pub struct Dctcp {
     window: f64,
@@ -112,6 +120,8 @@ pub struct Dctcp {
     results_in_round: u32,
     marked_in_round: u32,
     enabled: bool,
+    /// Doubling per round until the first ECE, as TCP's slow start.
+    slow_start: bool,
 }
 
 impl Dctcp {
@@ -125,7 +135,15 @@ impl Dctcp {
             results_in_round: 0,
             marked_in_round: 0,
             enabled: cfg.congestion_control,
+            slow_start: true,
         }
+    }
+
+    /// Starts afresh under `ceiling` (a first JOIN_ACK told S and the
+    /// advertised window): the window opens at the initial window, which
+    /// defaults to the whole ceiling, and α returns to 0.
+    pub fn reset(&mut self, cfg: &TransportConfig, ceiling: u16) {
+        *self = Dctcp::new(cfg, ceiling);
     }
 
     /// Sets the ceiling (the smaller of S and the switch's advertised window).
@@ -149,7 +167,10 @@ impl Dctcp {
             let f = self.marked_in_round as f64 / self.results_in_round as f64;
             self.alpha = (1.0 - self.gain) * self.alpha + self.gain * f;
             if f > 0.0 {
+                self.slow_start = false;
                 self.window *= 1.0 - self.alpha / 2.0;
+            } else if self.slow_start {
+                self.window *= 2.0;
             } else {
                 self.window += 1.0;
             }
@@ -172,6 +193,11 @@ impl Dctcp {
 struct ChunkState {
     acked: bool,
     sent: bool,
+    /// Already resent early (fast retransmit) since its last timed send.
+    fast_resent: bool,
+    /// Its timer expired and was re-armed without a resend: its RTT would
+    /// measure waiting for other ranks, not the path, so it gives no sample.
+    rearmed: bool,
     sent_at: Option<Instant>,
     deadline: Option<Instant>,
     resends: u32,
@@ -211,6 +237,8 @@ pub enum ResultOutcome {
 pub struct CollectiveStats {
     pub sent: u64,
     pub resent: u64,
+    /// Resends triggered by later RESULTs rather than a timer.
+    pub fast_resent: u64,
     pub results: u64,
     pub duplicate_results: u64,
     pub ece_results: u64,
@@ -231,6 +259,8 @@ pub struct Collective {
     acked: u32,
     /// Chunks whose deadline passed, to resend before new ones.
     due: std::collections::VecDeque<u32>,
+    /// Chunks below this were already checked for fast retransmit.
+    fast_cursor: u32,
     /// Lower bound of every pending deadline.
     earliest_deadline: Option<Instant>,
     last_progress: Option<Instant>,
@@ -253,6 +283,7 @@ impl Collective {
             next_new: 0,
             acked: 0,
             due: std::collections::VecDeque::new(),
+            fast_cursor: 0,
             earliest_deadline: None,
             last_progress: None,
             stats: CollectiveStats::default(),
@@ -303,24 +334,41 @@ impl Collective {
         (rtt.rto() * mult).min(cfg.max_rto.max(rtt.rto()))
     }
 
-    /// Moves chunks whose deadline passed into the resend queue.
-    fn collect_due(&mut self, now: Instant) {
+    /// Moves the oldest chunks whose deadline passed (at most
+    /// [`TIMEOUT_RESEND_BURST`]) into the resend queue and re-arms the
+    /// other expired ones for another RTO. Like TCP's RTO, which resends
+    /// the first unacknowledged segment only: a chunk that times out most
+    /// often waits for another rank, and resending a whole window of them
+    /// only floods the switch with duplicates. Holes further up are found
+    /// by fast retransmit.
+    fn collect_due(&mut self, now: Instant, rto: Duration) {
         match self.earliest_deadline {
             Some(d) if d <= now => {}
             _ => return,
         }
         let mut earliest: Option<Instant> = None;
+        let mut taken = 0;
         for i in self.oldest_unacked..self.next_new {
-            let c = &self.chunks[i as usize];
+            let c = &mut self.chunks[i as usize];
             if c.acked || !c.sent {
                 continue;
             }
             match c.deadline {
-                Some(d) if d <= now => {
-                    self.chunks[i as usize].sent = false;
+                Some(d) if d <= now && taken < TIMEOUT_RESEND_BURST => {
+                    c.sent = false;
+                    taken += 1;
                     self.due.push_back(i);
                 }
-                Some(d) => earliest = Some(earliest.map_or(d, |e: Instant| e.min(d))),
+                Some(d) => {
+                    let d = if d <= now {
+                        c.rearmed = true;
+                        now + rto
+                    } else {
+                        d
+                    };
+                    c.deadline = Some(d);
+                    earliest = Some(earliest.map_or(d, |e: Instant| e.min(d)));
+                }
                 None => {}
             }
         }
@@ -339,7 +387,7 @@ impl Collective {
         if self.last_progress.is_none() {
             self.last_progress = Some(now);
         }
-        self.collect_due(now);
+        self.collect_due(now, rtt.rto());
         let (i, retx) = loop {
             if let Some(i) = self.due.pop_front() {
                 if self.chunks[i as usize].acked {
@@ -361,9 +409,11 @@ impl Collective {
             self.chunks[i as usize].resends += 1;
             self.stats.resent += 1;
         }
+        let fast = self.chunks[i as usize].fast_resent;
         let wait = self.deadline_for(rtt, cfg, self.chunks[i as usize].resends);
         let c = &mut self.chunks[i as usize];
         c.sent = true;
+        c.fast_resent = fast && retx;
         c.sent_at = Some(now);
         let deadline = now + wait;
         c.deadline = Some(deadline);
@@ -417,7 +467,7 @@ impl Collective {
             return ResultOutcome::Duplicate;
         }
         c.acked = true;
-        if c.resends == 0 {
+        if c.resends == 0 && !c.rearmed {
             if let Some(t) = c.sent_at {
                 rtt.on_sample(now.saturating_duration_since(t));
             }
@@ -437,11 +487,35 @@ impl Collective {
         if self.next_new < self.oldest_unacked {
             self.next_new = self.oldest_unacked;
         }
+        self.fast_retransmit(i);
         ResultOutcome::Fresh {
             chunk: i,
             offset,
             count,
         }
+    }
+
+    /// RESULTs for chunks [`FAST_RETRANSMIT_GAP`] or more beyond an
+    /// unanswered one mean it (or its RESULT) was most likely lost: resend
+    /// it now instead of waiting for its timer, once per send (as TCP's fast
+    /// retransmit does on three duplicate ACKs). Without it each loss holds
+    /// the window for a full RTO while every other rank resends its copy.
+    fn fast_retransmit(&mut self, answered: u32) {
+        let Some(end) = answered.checked_sub(FAST_RETRANSMIT_GAP) else {
+            return;
+        };
+        // Every chunk is looked at once: the cursor only moves forward.
+        let start = self.oldest_unacked.max(self.fast_cursor);
+        for j in start..=end {
+            let c = &mut self.chunks[j as usize];
+            if !c.acked && c.sent && !c.fast_resent {
+                c.sent = false;
+                c.fast_resent = true;
+                self.stats.fast_resent += 1;
+                self.due.push_back(j);
+            }
+        }
+        self.fast_cursor = self.fast_cursor.max(end + 1);
     }
 
     /// Restarts from `seq` after a re-join: every chunk from there on is
@@ -457,6 +531,7 @@ impl Collective {
         }
         self.oldest_unacked = self.oldest_unacked.min(off);
         self.next_new = off;
+        self.fast_cursor = self.fast_cursor.min(off);
         // Chunks before `off` that were still unacked stay owed; make them
         // due now.
         self.due.clear();
@@ -540,7 +615,11 @@ mod tests {
 
     #[test]
     fn rtt_samples_shrink_the_rto_and_karn_ignores_resends() {
-        let (cfg, mut rtt, mut cc) = setup();
+        let cfg = TransportConfig {
+            min_rto: Duration::from_millis(5),
+            ..TransportConfig::default()
+        };
+        let (mut rtt, mut cc) = (RttEstimator::new(&cfg), Dctcp::new(&cfg, 8));
         let t0 = Instant::now();
         let mut c = Collective::new(0, 0, 3, 1);
         c.poll_transmit(t0, 4, &rtt, &cfg).unwrap();
@@ -623,6 +702,48 @@ mod tests {
     }
 
     #[test]
+    fn window_opens_at_the_ceiling_once_it_is_known() {
+        let cfg = TransportConfig::default();
+        // Before JOIN_ACK the ceiling is unknown (1); after it, the window
+        // starts at the whole pool, not at 1.
+        let mut cc = Dctcp::new(&cfg, 1);
+        assert_eq!(cc.window(), 1);
+        cc.reset(&cfg, 256);
+        assert_eq!(cc.window(), 16);
+        // Slow start: doubles per unmarked round up to the ceiling.
+        for _ in 0..16 {
+            cc.on_result(false);
+        }
+        assert_eq!(cc.window(), 32);
+        cc.set_ceiling(20);
+        assert_eq!(cc.window(), 20);
+    }
+
+    #[test]
+    fn later_results_resend_a_hole_without_waiting_for_its_timer() {
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::new(0, 0, 10, 1);
+        while c.poll_transmit(t0, 8, &rtt, &cfg).is_some() {}
+        // Chunk 0 is lost; 1 and 2 answered: not yet (and chunk 0 still
+        // holds the window, so nothing new goes either).
+        c.on_result(1, 1, false, t0, &mut rtt, &mut cc);
+        c.on_result(2, 1, false, t0, &mut rtt, &mut cc);
+        assert_eq!(c.poll_transmit(t0, 8, &rtt, &cfg), None);
+        // A third later RESULT: chunk 0 goes again at once, flagged RETX.
+        c.on_result(3, 1, false, t0, &mut rtt, &mut cc);
+        let t = c.poll_transmit(t0, 8, &rtt, &cfg).unwrap();
+        assert_eq!((t.seq, t.retx), (0, true));
+        // Only once per send: more RESULTs do not resend it again.
+        c.on_result(4, 1, false, t0, &mut rtt, &mut cc);
+        assert_eq!(c.poll_transmit(t0, 8, &rtt, &cfg), None);
+        assert_eq!(c.stats.fast_resent, 1);
+        // Its RESULT arrives: the window slides past 0..4.
+        c.on_result(0, 1, false, t0, &mut rtt, &mut cc);
+        assert_eq!(c.poll_transmit(t0, 8, &rtt, &cfg).map(|t| t.seq), Some(8));
+    }
+
+    #[test]
     fn dctcp_grows_without_marks_and_shrinks_with_them() {
         let cfg = TransportConfig {
             initial_window: 4,
@@ -632,13 +753,19 @@ mod tests {
         for _ in 0..4 {
             cc.on_result(false);
         }
-        assert_eq!(cc.window(), 5);
-        for _ in 0..5 {
+        // Slow start doubled it.
+        assert_eq!(cc.window(), 8);
+        for _ in 0..8 {
             cc.on_result(true);
         }
-        // α = g·1 = 1/16; W = 5·(1 − 1/32)
+        // α = g·1 = 1/16; W = 8·(1 − 1/32) = 7.75; slow start is over.
         assert!((cc.alpha() - 1.0 / 16.0).abs() < 1e-12);
-        assert_eq!(cc.window(), 4);
+        assert_eq!(cc.window(), 7);
+        for _ in 0..7 {
+            cc.on_result(false);
+        }
+        // Additive increase now: 7.75 + 1.
+        assert_eq!(cc.window(), 8);
         let mut floor = Dctcp::new(&cfg, 64);
         for _ in 0..10_000 {
             floor.on_result(true);

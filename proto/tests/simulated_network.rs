@@ -368,7 +368,8 @@ fn loss_costs_time_in_proportion_not_a_fixed_worst_case() {
         },
         3,
     );
-    assert!(lossy < clean * 20, "lossy {lossy:?} vs clean {clean:?}");
+    eprintln!("clean {clean:?}, 5 % loss {lossy:?}");
+    assert!(lossy < clean * 5, "lossy {lossy:?} vs clean {clean:?}");
 }
 
 proptest! {

@@ -12,6 +12,8 @@
 //! frames_per_socket = 4096          # UMEM frames per socket (4 KiB each)
 //! admin_socket = "/run/aggswitch/switchd.sock"  # for switchctl
 //! ecn_ring_threshold = 0.5          # ring occupancy that marks ECE (≥ 1: off)
+//! dataplane_threads = 1             # sockets are dealt among the threads
+//! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //!
 //! [[job]]
@@ -106,9 +108,23 @@ pub struct SwitchSection {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Dataplane threads; the sockets (ports × queues) are dealt among them.
+    #[serde(default = "default_threads")]
+    pub dataplane_threads: u32,
+    /// Pin dataplane thread i to CPU i (mod the CPUs available).
+    #[serde(default = "default_true")]
+    pub pin_threads: bool,
     /// Unix socket of the admin interface (switchctl).
     #[serde(default = "default_admin_socket")]
     pub admin_socket: PathBuf,
+}
+
+fn default_threads() -> u32 {
+    1
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_ecn_threshold() -> f64 {
@@ -250,6 +266,14 @@ impl Config {
             return Err(invalid(format!(
                 "switch.ecn_ring_threshold must be above 0 (1.0 turns ring marking off), got {}",
                 sw.ecn_ring_threshold
+            )));
+        }
+        let sockets = sw.ports.len() as u32 * sw.queues;
+        if sw.dataplane_threads == 0 || sw.dataplane_threads > sockets {
+            return Err(invalid(format!(
+                "switch.dataplane_threads must be 1..={sockets} (one socket per port and queue \
+                 at least per thread), got {}",
+                sw.dataplane_threads
             )));
         }
         if sw.agg_port == 0 {

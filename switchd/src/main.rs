@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use proto::switch::JobTable;
 use switchd::config::{AttachModeSetting, Config, FRAME_SIZE};
-use switchd::dataplane::{Dataplane, RxSocket};
+use switchd::dataplane::{self, DataplaneConfig, Socket};
 use switchd::stats::{self, PortStats};
 use switchd::xdp::{self, AttachMode, SteeringProgram, XskConfig};
 
@@ -106,23 +106,20 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         zero_copy: cfg.switch.zero_copy,
         frame_size: FRAME_SIZE as u32,
     };
-    let mut rxs = Vec::new();
-    let mut txs = Vec::new();
+    let mut sockets = Vec::new();
     for (i, port) in cfg.switch.ports.iter().enumerate() {
-        let mut port_txs = Vec::new();
         for q in 0..cfg.switch.queues {
             let (rx, tx) = xdp::open_xsk(port, q, &xcfg)
                 .with_context(|| format!("opening AF_XDP socket on {port} queue {q}"))?;
             prog.register_socket(i as u32, q, rx.fd())
                 .with_context(|| format!("registering the socket of {port} queue {q}"))?;
-            rxs.push(RxSocket {
+            sockets.push(Socket {
                 port_idx: i as u32,
                 queue: q,
                 rx,
+                tx,
             });
-            port_txs.push(tx);
         }
-        txs.push(port_txs);
     }
     let mode = match cfg.switch.attach_mode {
         AttachModeSetting::Auto => AttachMode::Auto,
@@ -152,10 +149,20 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let started = Instant::now();
     let default_elems =
         switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
-    let mut dp = Dataplane::new(table, rxs, txs, cfg.switch.agg_port, default_elems);
-    dp.set_ecn_threshold(cfg.switch.ecn_ring_threshold, xcfg.ring_size);
+    let threads = cfg.switch.dataplane_threads as usize;
+    let (shared, mut lanes) = dataplane::build(
+        table,
+        sockets,
+        &DataplaneConfig {
+            agg_port: cfg.switch.agg_port,
+            default_elems,
+            ecn_ring_fraction: cfg.switch.ecn_ring_threshold,
+            ring_size: xcfg.ring_size,
+            threads,
+        },
+    );
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
-    dp.set_admin(admin_rx);
+    lanes[0].set_admin(admin_rx);
     let _metrics = match cfg.switch.metrics_listen {
         Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone()) {
             Ok(m) => Some(m),
@@ -173,43 +180,101 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             return Err(e).context("starting the admin interface");
         }
     };
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let pin = |idx: usize| {
+        if cfg.switch.pin_threads && !cores.is_empty() {
+            let core = cores[idx % cores.len()];
+            if !core_affinity::set_for_current(core) {
+                tracing::warn!(
+                    thread = idx,
+                    core = core.id,
+                    "could not pin dataplane thread"
+                );
+            }
+        }
+    };
+    for lane in &lanes {
+        let names: Vec<String> = lane
+            .sockets()
+            .iter()
+            .map(|(p, q)| format!("{}/{q}", cfg.switch.ports[*p as usize]))
+            .collect();
+        tracing::info!(
+            thread = lane.index(),
+            pinned = cfg.switch.pin_threads,
+            sockets = ?names,
+            "dataplane thread"
+        );
+    }
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
     let mut prev_bytes: std::collections::HashMap<u16, u64> = Default::default();
     let mut last_tick = Instant::now();
     let ports = cfg.switch.ports.clone();
     let ports_of = || port_stats(&prog, &ports);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        dp.run(
-            &stop,
-            every,
-            |dp| {
-                let secs = last_tick.elapsed().as_secs_f64();
-                last_tick = Instant::now();
-                let snap = dp.snapshot(port_stats(&prog, &ports));
-                for j in &snap.jobs {
-                    let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
-                    tracing::info!("{}", stats::summary_line(j, prev, secs));
-                }
-                if snap.malformed_total > 0 || snap.unknown_job > 0 {
-                    tracing::info!(
-                        malformed = snap.malformed_total,
-                        unknown_job = snap.unknown_job,
-                        "dropped frames that belong to no job"
-                    );
-                }
-                if let Some(p) = &stats_file {
-                    if let Err(e) = write_stats(p, &snap) {
-                        tracing::warn!("{e:#}");
+    let mut lane0 = lanes.remove(0);
+    let result = std::thread::scope(|scope| {
+        let others: Vec<_> = lanes
+            .into_iter()
+            .map(|mut lane| {
+                let stop = &stop;
+                let pin = &pin;
+                std::thread::Builder::new()
+                    .name(format!("dataplane-{}", lane.index()))
+                    .spawn_scoped(scope, move || {
+                        pin(lane.index());
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            lane.run(stop, every, |_| {}, &Vec::new)
+                        }));
+                        // One thread down stops them all: detach and exit.
+                        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                        r
+                    })
+                    .expect("spawning a dataplane thread")
+            })
+            .collect();
+        pin(0);
+        let r0 = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            lane0.run(
+                &stop,
+                every,
+                |shared| {
+                    let secs = last_tick.elapsed().as_secs_f64();
+                    last_tick = Instant::now();
+                    let snap = shared.snapshot(port_stats(&prog, &ports));
+                    for j in &snap.jobs {
+                        let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
+                        tracing::info!("{}", stats::summary_line(j, prev, secs));
                     }
-                }
-            },
-            &ports_of,
-        )
-    }));
+                    if snap.malformed_total > 0 || snap.unknown_job > 0 {
+                        tracing::info!(
+                            malformed = snap.malformed_total,
+                            unknown_job = snap.unknown_job,
+                            "dropped frames that belong to no job"
+                        );
+                    }
+                    if let Some(p) = &stats_file {
+                        if let Err(e) = write_stats(p, &snap) {
+                            tracing::warn!("{e:#}");
+                        }
+                    }
+                },
+                &ports_of,
+            )
+        }));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut result = r0;
+        for h in others {
+            match h.join() {
+                Ok(Err(p)) | Err(p) => result = Err(p),
+                Ok(Ok(())) => {}
+            }
+        }
+        result
+    });
 
     tracing::info!("stopping: detaching XDP programs");
     let detach = prog.detach_all();
-    let snap = dp.snapshot(port_stats(&prog, &ports));
+    let snap = shared.snapshot(port_stats(&prog, &ports));
     for j in &snap.jobs {
         tracing::info!(
             "final: {}",

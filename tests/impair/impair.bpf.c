@@ -9,6 +9,8 @@
  *   DUP_PPM        send this many per million twice (bpf_clone_redirect)
  *   REORDER_PPM    put this many per million into HTB class 1:20, a slower
  *                  class than the default 1:10, so they fall behind the rest
+ *   INGRESS        1 when attached to the ingress hook (duplicates are
+ *                  then re-injected on ingress; no reordering there)
  *   ECN_RATE_KBPS  with ECN_THRESH_BYTES: a phantom queue drained at this
  *                  rate; ECN-capable packets arriving while it holds more
  *                  than ECN_THRESH_BYTES get CE (as RED with `ecn` would on
@@ -34,6 +36,9 @@
 #endif
 #ifndef ECN_RATE_KBPS
 #define ECN_RATE_KBPS 0
+#endif
+#ifndef INGRESS
+#define INGRESS 0
 #endif
 #ifndef ECN_THRESH_BYTES
 #define ECN_THRESH_BYTES 30000
@@ -85,12 +90,12 @@ int impair(struct __sk_buff *skb)
 		}
 	}
 #endif
-	if (chance(REORDER_PPM))
+	if (!INGRESS && chance(REORDER_PPM))
 		skb->priority = CLASS_SLOW;
 	if (chance(DUP_PPM)) {
 		__u32 mark = skb->mark;
 		skb->mark = 0x1a7a1e;
-		bpf_clone_redirect(skb, skb->ifindex, 0);
+		bpf_clone_redirect(skb, skb->ifindex, INGRESS ? BPF_F_INGRESS : 0);
 		skb->mark = mark;
 	}
 	return TC_ACT_OK;

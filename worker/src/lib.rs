@@ -145,6 +145,8 @@ pub struct WorkerStats {
     pub collectives: u64,
     pub chunks_sent: u64,
     pub chunks_resent: u64,
+    /// Of those, resent early because later RESULTs arrived.
+    pub chunks_fast_resent: u64,
     pub results: u64,
     pub duplicate_results: u64,
     pub ece_results: u64,
@@ -375,12 +377,19 @@ impl Worker {
                             slots: ack.pool_slots,
                         });
                     }
+                    let first = self.gen == 0;
                     self.gen = r.gen;
                     self.pool_slots = ack.pool_slots;
                     self.elems_per_chunk = ack.elems_per_chunk;
                     self.advertised_window = r.window.clamp(1, ack.pool_slots);
-                    self.cc
-                        .set_ceiling(self.pool_slots.min(self.advertised_window));
+                    let ceiling = self.pool_slots.min(self.advertised_window);
+                    // The first JOIN_ACK tells the ceiling: open the window
+                    // there; a re-join keeps what DCTCP has learnt.
+                    if first {
+                        self.cc.reset(&self.cfg.transport, ceiling);
+                    } else {
+                        self.cc.set_ceiling(ceiling);
+                    }
                     tracing::debug!(
                         job = self.cfg.job,
                         rank = self.cfg.rank,
@@ -588,6 +597,7 @@ impl Worker {
     fn sync_stats(&mut self, coll: &Collective) {
         self.stats.chunks_sent += coll.stats.sent;
         self.stats.chunks_resent += coll.stats.resent;
+        self.stats.chunks_fast_resent += coll.stats.fast_resent;
         self.stats.results += coll.stats.results;
         self.stats.duplicate_results += coll.stats.duplicate_results;
         self.stats.ece_results += coll.stats.ece_results;
@@ -695,14 +705,49 @@ impl Worker {
     }
 }
 
+/// Sets both socket buffers to `bytes`: with SO_RCVBUFFORCE/SO_SNDBUFFORCE
+/// when allowed (root or CAP_NET_ADMIN), which ignore net.core.rmem_max,
+/// else the plain options (capped by the sysctls; raise
+/// net.core.rmem_max/wmem_max for large windows without privileges).
+fn size_buffers(s: &socket2::Socket, bytes: usize) {
+    let v = bytes as libc::c_int;
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        // SAFETY: setsockopt with a valid fd and a c_int option value.
+        let forced = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                force,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
+        if !forced {
+            // SAFETY: as above.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    plain,
+                    &v as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
+}
+
 fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     // ECT(0): the switch ORs CE marks into its RESULTs (PROTOCOL.md).
     s.set_tos(0x02)?;
-    // Bursts of a whole window of RESULTs arrive at once.
-    let _ = s.set_recv_buffer_size(8 << 20);
-    let _ = s.set_send_buffer_size(8 << 20);
+    // Bursts of a whole window of RESULTs arrive at once: 256 RESULTs need
+    // more than the default net.core.rmem_max (208 KiB) allows.
+    size_buffers(&s, 8 << 20);
     let bind = cfg
         .bind
         .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0));
