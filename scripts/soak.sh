@@ -17,16 +17,16 @@
 # fails at once when a worker exits non-zero, reports verified != true, or
 # takes longer than 300 s.
 #
-# The loss: `tc netem loss 1%` on each worker's eth0 (worker -> switch) and on
-# an ifb that eth0's ingress is redirected to (switch -> worker). Not on the
-# switch-side ports: switchd sends through AF_XDP, which bypasses their
-# qdiscs. A kernel without sch_netem gets a small tc BPF program instead
-# (built with clang) that drops 1 % of the aggregation frames each way.
+# The loss: scripts/impair.sh --udp-port 48879 --loss 1 on each worker's eth0,
+# egress (worker -> switch) and --ingress (switch -> worker); a tc-BPF
+# program, as CI kernels may lack sch_netem. Not on the switch-side ports:
+# switchd sends through AF_XDP, which bypasses their egress hooks.
 #
 # At the end it prints minutes, rounds, collectives verified (a job's
 # all-reduce, checked by both its ranks), switchd's resident memory (VmRSS)
 # after ready, after the first round and at the end, and the per-job counters
-# from the stats file. Exits 0 only if every collective verified.
+# from the stats file, and the frames impair.sh dropped. Exits 0 only if every
+# collective verified and frames were dropped in both directions.
 # Everything it starts is stopped by PID and the testbed removed on exit; the
 # logs are kept on failure.
 
@@ -61,8 +61,8 @@ MINUTES=$((10#$MINUTES))
 readonly MINUTES
 require_root "$@"
 cd "$REPO_ROOT"
-for tool in ip tc jq; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found: run scripts/setup.sh (and apt-get install jq)"
+for tool in ip tc jq bpftool "${CLANG:-clang}"; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not found: run scripts/setup.sh"
 done
 
 # --- cleanup --------------------------------------------------------------------
@@ -132,140 +132,35 @@ TESTBED_MADE=1
 bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS"
 
 # --- 1 % loss on every worker link --------------------------------------------------
-in_ns() {
-    local ns="$1"
+IMPAIR="$REPO_ROOT/scripts/impair.sh"
+# impair NS ARGS...: scripts/impair.sh NS eth0 ARGS..., quiet unless it fails.
+impair() {
+    local ns="$1" out
     shift
-    ip netns exec "$ns" "$@"
+    out="$(bash "$IMPAIR" "$ns" eth0 "$@" 2>&1)" || { echo "$out" >&2; die "scripts/impair.sh $ns eth0 $* failed"; }
+    [[ -z "$out" ]] || echo "$out"
 }
+for ((i = 0; i < WORKERS; i++)); do
+    impair "$PREFIX-w$i" --udp-port "$AGG_PORT" --loss "$LOSS_PCT" >/dev/null
+    impair "$PREFIX-w$i" --udp-port "$AGG_PORT" --loss "$LOSS_PCT" --ingress >/dev/null
+done
+log "$LOSS_PCT % loss on both directions of $PREFIX-w0..$PREFIX-w$((WORKERS - 1)) (scripts/impair.sh)"
 
-# netem_loss NS: netem on eth0 (egress) and on ifb0, which gets eth0's ingress.
-netem_loss() {
-    local ns="$1"
-    in_ns "$ns" tc qdisc add dev eth0 root netem loss "$LOSS_PCT%"
-    in_ns "$ns" ip link add ifb0 type ifb
-    in_ns "$ns" ip link set ifb0 up
-    in_ns "$ns" tc qdisc add dev ifb0 root netem loss "$LOSS_PCT%"
-    in_ns "$ns" tc qdisc add dev eth0 handle ffff: ingress
-    in_ns "$ns" tc filter add dev eth0 parent ffff: protocol ip u32 match u32 0 0 \
-        action mirred egress redirect dev ifb0
-}
-
-# bpf_loss NS: the tc BPF program (built once into $WORK/loss.o) on eth0's
-# egress and ingress.
-bpf_loss() {
-    local ns="$1" dir
-    in_ns "$ns" tc qdisc add dev eth0 clsact
-    for dir in egress ingress; do
-        in_ns "$ns" tc filter add dev eth0 "$dir" bpf da obj "$WORK/loss.o" sec tc
-    done
-}
-
-build_bpf_loss() {
-    local multiarch
-    multiarch="$(uname -m)-linux-gnu"
-    command -v "${CLANG:-clang}" >/dev/null 2>&1 ||
-        die "no sch_netem in this kernel and no clang for the BPF fallback: run scripts/setup.sh"
-    cat >"$WORK/loss.c" <<EOF
-// Drops LOSS_PPM per million UDP frames to or from the aggregation port;
-// counts frames seen (0) and dropped (1).
-#include <linux/bpf.h>
-#include <linux/pkt_cls.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/udp.h>
-#include <linux/in.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
-
-#define AGG_PORT $AGG_PORT
-#define LOSS_PPM $((LOSS_PCT * 10000))
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, __u64);
-} counts SEC(".maps");
-
-static __always_inline void count(__u32 i)
-{
-	__u64 *v = bpf_map_lookup_elem(&counts, &i);
-	if (v)
-		__sync_fetch_and_add(v, 1);
-}
-
-SEC("tc")
-int drop_some(struct __sk_buff *skb)
-{
-	bpf_skb_pull_data(skb, sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr));
-	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return TC_ACT_OK;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_UDP)
-		return TC_ACT_OK;
-	struct udphdr *u = (void *)(ip + 1);
-	if ((void *)(u + 1) > end)
-		return TC_ACT_OK;
-	if (u->dest != bpf_htons(AGG_PORT) && u->source != bpf_htons(AGG_PORT))
-		return TC_ACT_OK;
-	count(0);
-	if (bpf_get_prandom_u32() % 1000000 < LOSS_PPM) {
-		count(1);
-		return TC_ACT_SHOT;
-	}
-	return TC_ACT_OK;
-}
-
-char _license[] SEC("license") = "GPL";
-EOF
-    "${CLANG:-clang}" -O2 -g -Wall -target bpf "-I/usr/include/$multiarch" \
-        -c "$WORK/loss.c" -o "$WORK/loss.o" ||
-        die "clang could not build the BPF loss program (install clang and libbpf-dev)"
-}
-
-# bpf_loss_counts: "seen dropped" summed over every worker and direction.
-bpf_loss_counts() {
-    local i dir id map seen=0 dropped=0 vals kv
+# dropped_frames [--ingress]: "dropped seen" summed over the workers' eth0
+# egress (or ingress), from impair.sh --stats.
+dropped_frames() {
+    local i dropped=0 seen=0 kv line
     for ((i = 0; i < WORKERS; i++)); do
-        for dir in egress ingress; do
-            id="$(in_ns "$PREFIX-w$i" tc filter show dev eth0 "$dir" |
-                awk '{ for (k = 1; k < NF; k++) if ($k == "id") { print $(k + 1); exit } }')"
-            [[ -n "$id" ]] || continue
-            for map in $(bpftool -j prog show id "$id" | jq -r '.map_ids[]?'); do
-                [[ "$(bpftool -j map show id "$map" | jq -r .name)" == counts ]] || continue
-                # With BTF (clang -g) bpftool prints {"formatted": {"key": K, "value": V}}.
-                vals="$(bpftool -j map dump id "$map" |
-                    jq -r '.[] | .formatted // empty | "\(.key)=\(.value)"')"
-                for kv in $vals; do
-                    case "${kv%%=*}" in
-                        0) seen=$((seen + ${kv#*=})) ;;
-                        1) dropped=$((dropped + ${kv#*=})) ;;
-                    esac
-                done
-            done
+        line="$(impair "$PREFIX-w$i" --stats "$@")" || return 1
+        for kv in $line; do
+            case "${kv%%=*}" in
+                dropped) dropped=$((dropped + ${kv#*=})) ;;
+                seen) seen=$((seen + ${kv#*=})) ;;
+            esac
         done
     done
-    echo "$seen $dropped"
+    echo "$dropped $seen"
 }
-
-LOSS_HOW=netem
-if ! in_ns "$PREFIX-w0" tc qdisc add dev eth0 root netem loss 0% 2>/dev/null; then
-    LOSS_HOW=bpf
-    log "no sch_netem in this kernel: dropping frames with a tc BPF program instead"
-    build_bpf_loss
-else
-    in_ns "$PREFIX-w0" tc qdisc del dev eth0 root
-fi
-for ((i = 0; i < WORKERS; i++)); do
-    if [[ "$LOSS_HOW" == netem ]]; then
-        netem_loss "$PREFIX-w$i"
-    else
-        bpf_loss "$PREFIX-w$i"
-    fi
-done
-log "$LOSS_PCT % loss ($LOSS_HOW) on both directions of $PREFIX-w0..$PREFIX-w$((WORKERS - 1))"
 
 # --- switchd ----------------------------------------------------------------------
 SECRETS=()
@@ -381,11 +276,10 @@ done
 RSS_END="$(rss_kib)"
 ELAPSED=$((SECONDS - START))
 
-LOSS_COUNTS=""
-if [[ "$LOSS_HOW" == bpf ]] && command -v bpftool >/dev/null 2>&1; then
-    read -r seen dropped < <(bpf_loss_counts || true) || true
-    LOSS_COUNTS=" ($dropped of $seen aggregation frames dropped)"
-fi
+COUNTS_OUT="$(dropped_frames)" || die "scripts/impair.sh --stats failed"
+COUNTS_IN="$(dropped_frames --ingress)" || die "scripts/impair.sh --stats --ingress failed"
+read -r DROPPED_OUT SEEN_OUT <<<"$COUNTS_OUT"
+read -r DROPPED_IN SEEN_IN <<<"$COUNTS_IN"
 
 log "stopping switchd (SIGTERM to pid $SWITCHD_PID)"
 stop_pid "$SWITCHD_PID"
@@ -396,7 +290,8 @@ SWITCHD_PID=""
 mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 echo
 echo "=== soak: $MINUTES min requested, $((ELAPSED / 60)) min $((ELAPSED % 60)) s run ==="
-echo "loss:                 $LOSS_PCT % each way on every worker link, $LOSS_HOW$LOSS_COUNTS"
+echo "loss:                 $LOSS_PCT % each way on every worker link: dropped $DROPPED_OUT of $SEEN_OUT" \
+    "worker->switch, $DROPPED_IN of $SEEN_IN switch->worker aggregation frames"
 echo "rounds:               $ROUND (3 jobs x 2 ranks x $ELEMENTS float32 x $ITERATIONS iterations each)"
 echo "collectives verified: $COLLECTIVES (chunks resent by workers: $RESENT)"
 echo "switchd VmRSS:        start $(mib "$RSS_START") MiB, after round 1 $(mib "$RSS_ROUND1") MiB, end $(mib "$RSS_END") MiB;" \
@@ -416,5 +311,6 @@ else
 fi
 echo
 [[ "$SWITCHD_RC" -eq 0 ]] || die "switchd exited with status $SWITCHD_RC"
+((DROPPED_OUT > 0 && DROPPED_IN > 0)) || die "no frames were dropped in one direction: the loss was not there"
 PASSED=1
 echo "SOAK PASSED"
