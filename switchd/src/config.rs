@@ -15,6 +15,7 @@
 //! dataplane_threads = 1             # sockets are dealt among the threads
 //! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
+//! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -56,6 +57,21 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
+}
+
+/// What the switch does with aggregation frames. Only `Aggregate` is a
+/// switch; the others are baselines for `scripts/bench.sh`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataplaneMode {
+    /// Steer to AF_XDP and aggregate (the switch).
+    #[default]
+    Aggregate,
+    /// Steer to AF_XDP and send every frame straight back where it came
+    /// from, addresses swapped: the AF_XDP I/O limit.
+    Echo,
+    /// Drop in XDP every frame that would be steered: the kernel's limit.
+    XdpDrop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -117,6 +133,9 @@ pub struct SwitchSection {
     /// Unix socket of the admin interface (switchctl).
     #[serde(default = "default_admin_socket")]
     pub admin_socket: PathBuf,
+    /// Aggregate (default), or a benchmark baseline.
+    #[serde(default)]
+    pub mode: DataplaneMode,
 }
 
 fn default_threads() -> u32 {
