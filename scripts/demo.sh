@@ -32,7 +32,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 readonly SWITCH_ADDR=198.18.0.1
 readonly AGG_PORT=48879
 readonly JOB_ID=1
-readonly READY_LINE="switchd ready"
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
 
@@ -92,25 +91,6 @@ PING_PID=""
 WORKER_PIDS=()
 PASSED=0
 
-# stop_pid PID: SIGTERM, then SIGKILL after a grace period; reaps PID (a
-# child of this shell) and leaves its exit status in STOP_RC.
-STOP_RC=0
-stop_pid() {
-    local pid="$1" i
-    STOP_RC=0
-    [[ -n "$pid" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        warn "pid $pid ignored SIGTERM for ${STOP_TIMEOUT} s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || STOP_RC=$?
-}
-
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
@@ -156,8 +136,7 @@ bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" 
 
 # --- switchd config -------------------------------------------------------------
 # A fresh random job secret (32 bytes, hex) for this run.
-SECRET="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-[[ "${#SECRET}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+SECRET="$(random_secret)"
 
 ports=()
 for ((i = 0; i < WORKERS; i++)); do ports+=("\"sw-w$i\""); done
@@ -182,28 +161,7 @@ EOF
 
 # --- switchd ----------------------------------------------------------------------
 log "starting switchd in $PREFIX-sw (log: $SWITCHD_LOG)"
-# `ip netns exec` execs the command, so $! is switchd's own PID.
-ip netns exec "$PREFIX-sw" "$SWITCHD" run --config "$CFG" --stats-file "$STATS" \
-    >"$SWITCHD_LOG" 2>&1 &
-SWITCHD_PID=$!
-
-deadline=$((SECONDS + READY_TIMEOUT))
-until grep -qF "$READY_LINE" "$SWITCHD_LOG" 2>/dev/null; do
-    if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
-        rc=0
-        wait "$SWITCHD_PID" || rc=$?
-        SWITCHD_PID=""
-        echo "---- switchd log ----" >&2
-        cat "$SWITCHD_LOG" >&2
-        die "switchd exited with status $rc before it was ready"
-    fi
-    if ((SECONDS >= deadline)); then
-        echo "---- switchd log ----" >&2
-        cat "$SWITCHD_LOG" >&2
-        die "switchd did not log '$READY_LINE' within $READY_TIMEOUT s"
-    fi
-    sleep 0.1
-done
+start_switchd "$PREFIX-sw" "$SWITCHD" "$SWITCHD_LOG" run --config "$CFG" --stats-file "$STATS"
 log "switchd ready (pid $SWITCHD_PID)"
 
 # --- workers, and a ping alongside ----------------------------------------------

@@ -155,22 +155,6 @@ SERVER_PID=""
 CLIENT_PID=""
 WORKER_PIDS=()
 
-# stop_pid PID: SIGTERM, then SIGKILL after a grace period; reaps PID.
-stop_pid() {
-    local pid="$1" i
-    [[ -n "$pid" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        warn "pid $pid ignored SIGTERM for ${STOP_TIMEOUT} s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || true
-}
-
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
@@ -445,14 +429,8 @@ TESTBED_MADE=1
 bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers 4 --hosts 1 >/dev/null
 setup_bottleneck
 
-new_secret() {
-    local s
-    s="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-    [[ "${#s}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
-    printf '%s' "$s"
-}
-SECRET1="$(new_secret)"
-SECRET2="$(new_secret)"
+SECRET1="$(random_secret)"
+SECRET2="$(random_secret)"
 
 cat >"$CFG" <<EOF
 # Written by scripts/fairness.sh for testbed '$PREFIX'.
@@ -478,18 +456,7 @@ pool_slots = 256
 EOF
 
 log "starting switchd in $PREFIX-sw"
-ip netns exec "$PREFIX-sw" "$SWITCHD" run --config "$CFG" >"$SWITCHD_LOG" 2>&1 &
-SWITCHD_PID=$!
-deadline=$((SECONDS + READY_TIMEOUT))
-until grep -qF "switchd ready" "$SWITCHD_LOG" 2>/dev/null; do
-    if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
-        SWITCHD_PID=""
-        tail -n 20 "$SWITCHD_LOG" >&2
-        die "switchd exited before it was ready"
-    fi
-    ((SECONDS < deadline)) || { tail -n 20 "$SWITCHD_LOG" >&2; die "switchd not ready within $READY_TIMEOUT s"; }
-    sleep 0.1
-done
+start_switchd "$PREFIX-sw" "$SWITCHD" "$SWITCHD_LOG" run --config "$CFG"
 
 ip netns exec "$PREFIX-h0" "${PROBE_PRIO_CMD[@]}" sockperf server -i "$HOST_ADDR" -p "$SOCKPERF_PORT" \
     >"$RESULTS_DIR/sockperf-server.log" 2>&1 &

@@ -6,7 +6,8 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
-# is_uint, uint_in_range, netns_exists.
+# is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
+# start_switchd.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -76,4 +77,64 @@ netns_exists() {
         [[ "$name" == "$1" ]] && return 0
     done < <(ip netns list 2>/dev/null)
     return 1
+}
+
+# stop_pid PID [GRACE_SECONDS]: SIGTERM, then SIGKILL after the grace period
+# (default STOP_TIMEOUT, else 15 s); reaps PID (a child of this shell) and
+# leaves its exit status in STOP_RC. An empty PID is a no-op. Only ever
+# given PIDs the calling script started itself.
+STOP_RC=0
+export STOP_RC  # read by the sourcing scripts
+stop_pid() {
+    local pid="$1" grace="${2:-${STOP_TIMEOUT:-15}}" i
+    STOP_RC=0
+    [[ -n "$pid" ]] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < grace * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        warn "pid $pid ignored SIGTERM for $grace s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || STOP_RC=$?
+}
+
+# random_secret: print a fresh job secret (32 random bytes as 64 hex digits).
+random_secret() {
+    local s
+    s="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
+    [[ "${#s}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+    printf '%s' "$s"
+}
+
+# start_switchd NETNS SWITCHD_BIN LOG [ARGS...]: start `SWITCHD_BIN ARGS...`
+# inside NETNS with output to LOG, set SWITCHD_PID, and wait up to
+# READY_TIMEOUT (default 30) s for its "switchd ready" line. If it exits or
+# is not ready in time, print the log's tail and die (the caller's EXIT trap
+# still stops SWITCHD_PID).
+start_switchd() {
+    local ns="$1" bin="$2" logfile="$3" deadline rc
+    shift 3
+    # `ip netns exec` execs the command, so $! is switchd's own PID.
+    ip netns exec "$ns" "$bin" "$@" >"$logfile" 2>&1 &
+    SWITCHD_PID=$!
+    deadline=$((SECONDS + ${READY_TIMEOUT:-30}))
+    until grep -qF "switchd ready" "$logfile" 2>/dev/null; do
+        if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
+            rc=0
+            wait "$SWITCHD_PID" || rc=$?
+            SWITCHD_PID=""
+            echo "---- switchd log ($logfile) ----" >&2
+            tail -n 40 "$logfile" >&2
+            die "switchd exited with status $rc before it was ready"
+        fi
+        if ((SECONDS >= deadline)); then
+            echo "---- switchd log ($logfile) ----" >&2
+            tail -n 40 "$logfile" >&2
+            die "switchd did not log 'switchd ready' within ${READY_TIMEOUT:-30} s"
+        fi
+        sleep 0.1
+    done
 }

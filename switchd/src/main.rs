@@ -137,14 +137,6 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handler")?;
     }
-    tracing::info!(
-        generation = format_args!("{gen:#010x}"),
-        ports = ?cfg.switch.ports,
-        addresses = ?cfg.switch.addresses,
-        agg_port = cfg.switch.agg_port,
-        jobs = cfg.jobs.len(),
-        "switchd ready"
-    );
 
     let started = Instant::now();
     let default_elems =
@@ -180,6 +172,15 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             return Err(e).context("starting the admin interface");
         }
     };
+    // "ready" only once every listener is up: scripts and tests wait for it.
+    tracing::info!(
+        generation = format_args!("{gen:#010x}"),
+        ports = ?cfg.switch.ports,
+        addresses = ?cfg.switch.addresses,
+        agg_port = cfg.switch.agg_port,
+        jobs = cfg.jobs.len(),
+        "switchd ready"
+    );
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let pin = |idx: usize| {
         if cfg.switch.pin_threads && !cores.is_empty() {
