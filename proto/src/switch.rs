@@ -31,7 +31,7 @@
 //!   returns to joining with fresh slots. Shadows stay until then so that
 //!   stragglers can still fetch lost RESULTs.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 use subtle::ConstantTimeEq;
@@ -875,7 +875,7 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct JobTable {
     gen: u32,
-    jobs: HashMap<u16, Job>,
+    jobs: FxHashMap<u16, Job>,
     /// Ids of jobs removed while running: their workers' DATA gets NACK 1
     /// (so they fail with a clear error instead of stalling).
     removed: std::collections::HashSet<u16>,
@@ -887,7 +887,7 @@ impl JobTable {
     pub fn new(gen: u32) -> JobTable {
         JobTable {
             gen: gen.max(1),
-            jobs: HashMap::new(),
+            jobs: FxHashMap::default(),
             removed: Default::default(),
             counters: TableCounters::default(),
         }
