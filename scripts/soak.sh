@@ -72,25 +72,6 @@ SWITCHD_PID=""
 WORKER_PIDS=()
 PASSED=0
 
-# stop_pid PID: SIGTERM, SIGKILL after STOP_TIMEOUT s; reaps PID (a child of
-# this shell) and leaves its exit status in STOP_RC.
-STOP_RC=0
-stop_pid() {
-    local pid="$1" i
-    STOP_RC=0
-    [[ -n "$pid" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        warn "pid $pid ignored SIGTERM for $STOP_TIMEOUT s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || STOP_RC=$?
-}
-
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
@@ -175,8 +156,7 @@ SECRETS=()
     echo "agg_port = $AGG_PORT"
     echo "summary_interval_secs = 5"
     for ((j = 1; j <= JOBS; j++)); do
-        secret="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-        [[ "${#secret}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+        secret="$(random_secret)"
         SECRETS[j]="$secret"
         a=$((10 + 2 * (j - 1)))
         echo
@@ -190,21 +170,7 @@ SECRETS=()
 "$SWITCHD" check-config --config "$CFG" >/dev/null || die "switchd refused $CFG"
 
 log "starting switchd in $PREFIX-sw (log: $SWITCHD_LOG)"
-ip netns exec "$PREFIX-sw" "$SWITCHD" run --config "$CFG" --stats-file "$STATS" \
-    >"$SWITCHD_LOG" 2>&1 &
-SWITCHD_PID=$!
-deadline=$((SECONDS + READY_TIMEOUT))
-until grep -qF "switchd ready" "$SWITCHD_LOG" 2>/dev/null; do
-    if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
-        rc=0
-        wait "$SWITCHD_PID" || rc=$?
-        SWITCHD_PID=""
-        cat "$SWITCHD_LOG" >&2
-        die "switchd exited with status $rc before it was ready"
-    fi
-    ((SECONDS < deadline)) || { cat "$SWITCHD_LOG" >&2; die "switchd not ready in $READY_TIMEOUT s"; }
-    sleep 0.1
-done
+start_switchd "$PREFIX-sw" "$SWITCHD" "$SWITCHD_LOG" run --config "$CFG" --stats-file "$STATS"
 
 # rss_kib: switchd's VmRSS in KiB.
 rss_kib() {
