@@ -65,12 +65,35 @@ pub fn can_run(test: &str) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let msg = format!("{test}: needs {}", missing.join(", "));
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}; under CI=true this is a failure, not a skip");
-    }
-    eprintln!("SKIPPED {msg}");
+    unavailable(test, &format!("needs {}", missing.join(", ")));
     false
+}
+
+/// A capability `test` needs is missing: a failure under `CI=true`, else a
+/// printed skip.
+pub fn unavailable(test: &str, why: &str) {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: {why}; under CI=true this is a failure, not a skip");
+    }
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Stops switchd, checks that it exited cleanly and left no XDP program on
+/// any port, and returns its last stats.
+pub fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {
+    let (ok, stats) = sw.stop();
+    assert!(ok, "switchd did not exit cleanly:\n{}", sw.log_text());
+    let left = tb.ports_with_xdp();
+    assert!(left.is_empty(), "XDP program left attached on {left:?}");
+    stats
+}
+
+/// Job `id`'s entry in a switchd stats snapshot.
+pub fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
+    stats["jobs"]
+        .as_array()
+        .and_then(|a| a.iter().find(|j| j["id"] == id))
+        .unwrap_or_else(|| panic!("job {id} missing from stats: {stats}"))
 }
 
 /// A testbed; torn down on drop.

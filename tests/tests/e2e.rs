@@ -12,22 +12,6 @@ fn hexs(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Stops switchd and checks that it exited cleanly and left no XDP program.
-fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {
-    let (ok, stats) = sw.stop();
-    assert!(ok, "switchd did not exit cleanly:\n{}", sw.log_text());
-    let left = tb.ports_with_xdp();
-    assert!(left.is_empty(), "XDP program left attached on {left:?}");
-    stats
-}
-
-fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
-    stats["jobs"]
-        .as_array()
-        .and_then(|a| a.iter().find(|j| j["id"] == id))
-        .unwrap_or_else(|| panic!("job {id} missing from stats: {stats}"))
-}
-
 fn run_sizes(tb: &Testbed, sizes: &[usize], iterations: u32) {
     for &elements in sizes {
         let children: Vec<Child> = (0..4)

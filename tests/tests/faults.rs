@@ -36,35 +36,7 @@ const ITERATIONS: u32 = 3;
 const WORKERS: u16 = 4;
 
 // ---------------------------------------------------------------------------
-// Helpers (the shared ones live in e2e.rs, which is its own crate).
-
-fn under_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
-/// A capability the test needs is missing: a failure under CI, else a skip.
-fn unavailable(test: &str, why: &str) {
-    if under_ci() {
-        panic!("{test}: {why}; under CI=true this is a failure, not a skip");
-    }
-    eprintln!("SKIPPED {test}: {why}");
-}
-
-/// Stops switchd and checks that it exited cleanly and left no XDP program.
-fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {
-    let (ok, stats) = sw.stop();
-    assert!(ok, "switchd did not exit cleanly:\n{}", sw.log_text());
-    let left = tb.ports_with_xdp();
-    assert!(left.is_empty(), "XDP program left attached on {left:?}");
-    stats
-}
-
-fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
-    stats["jobs"]
-        .as_array()
-        .and_then(|a| a.iter().find(|j| j["id"] == id))
-        .unwrap_or_else(|| panic!("job {id} missing from stats: {stats}"))
-}
+// Helpers (the shared ones live in tests/src/lib.rs).
 
 /// One all-reduce run of job 1 on ranks 0..n.
 struct RunResult {
