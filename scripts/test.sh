@@ -13,7 +13,7 @@
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
 #   unit       cargo test --workspace --exclude agg-e2e
-#   e2e        cargo test --release -p agg-e2e -- --test-threads=1
+#   e2e        cargo test --release -p agg-e2e --no-fail-fast -- --test-threads=1
 #              (needs root: the tests make veth/netns testbeds with
 #              scripts/testbed.sh and run target/release/{switchd,worker})
 #   fuzz       each cargo-fuzz target of fuzz/ for 30 s, when cargo-fuzz is
@@ -161,7 +161,7 @@ else
     export AGG_TESTBED="$REPO_ROOT/scripts/testbed.sh"
     export AGG_SWITCHD="$REPO_ROOT/target/release/switchd"
     export AGG_WORKER="$REPO_ROOT/target/release/worker"
-    stage e2e cargo_test --release -p agg-e2e -- --test-threads=1 || true
+    stage e2e cargo_test --release -p agg-e2e --no-fail-fast -- --test-threads=1 || true
 fi
 
 # --- fuzzing -----------------------------------------------------------------------
