@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * agg_xdp: steers aggregation UDP frames to AF_XDP sockets; everything else
- * continues up the normal stack untouched.
+ * agg_xdp: steers aggregation UDP frames to AF_XDP sockets; forwards plain
+ * unicast between the switch's ports through a DEVMAP (the fast path); passes
+ * everything else up the normal stack (the Linux bridge) untouched.
  *
  * A frame goes to the XSKMAP slot `port_idx * MAX_QUEUES + rx_queue_index`
  * only when ALL of these hold:
@@ -11,7 +12,23 @@
  *   - protocol UDP,
  *   - destination address is in `own_addrs`,
  *   - UDP destination port == config.agg_port.
- * The redirect falls back to XDP_PASS when no socket sits in the slot.
+ * The redirect falls back to XDP_PASS when no socket sits in the slot. In
+ * xdp-drop mode (config.mode == MODE_XDP_DROP, a benchmark baseline) such a
+ * frame is dropped instead and counted as `dropped`.
+ *
+ * Forwarding fast path (config.forward != 0): the program learns
+ * source MAC -> ingress port into `fdb` (an LRU hash; entries carry the time
+ * last seen) from every frame on a port, and redirects a frame through the
+ * DEVMAP `tx_ports` to the port its destination MAC was learned on when ALL
+ * of these hold:
+ *   - the frame is not steered (above),
+ *   - it is Ethernet II with EtherType IPv4, IPv6 or ARP (no VLAN tag),
+ *   - the destination MAC is unicast, not in `local_macs` (the switch's own
+ *     interfaces, filled by switchd) and learned less than FDB_AGE_NS ago,
+ *   - the learned port is not the ingress port, and has a `tx_ports` entry.
+ * Anything else (broadcast, multicast, unknown or aged destinations, frames
+ * for the switch itself, VLAN-tagged, malformed IPv4) is XDP_PASSed into the
+ * bridge exactly as without the fast path.
  *
  * It FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
@@ -30,17 +47,35 @@
 #define MAX_PORTS 64
 #define MAX_QUEUES 64
 #define MAX_OWN_ADDRS 256
+#define MAX_FDB 4096
+/* A learned entry older than this is ignored (the bridge's default ageing). */
+#define FDB_AGE_NS (300ULL * 1000 * 1000 * 1000)
+/* Refresh an unchanged entry's timestamp at most this often. */
+#define FDB_REFRESH_NS (1000ULL * 1000 * 1000)
+#define MAX_LOCAL_MACS 256
+
+#define MODE_STEER 0
+#define MODE_XDP_DROP 1
 
 enum counter_kind {
 	CNT_STEERED = 0,
 	CNT_PASSED = 1,
 	CNT_MALFORMED = 2,
-	CNT_PER_PORT = 4,
+	CNT_DROPPED = 3,
+	CNT_FORWARDED = 4,
+	CNT_PER_PORT = 8,
 };
 
 struct agg_config {
 	__u16 agg_port; /* network byte order */
-	__u16 _pad;
+	__u8 mode;      /* MODE_STEER or MODE_XDP_DROP */
+	__u8 forward;   /* 1: forwarding fast path on */
+};
+
+struct fdb_entry {
+	__u32 port_idx; /* 0..MAX_PORTS-1 */
+	__u32 _pad;
+	__u64 seen_ns;  /* bpf_ktime_get_ns() when last seen as a source */
 };
 
 struct {
@@ -72,9 +107,30 @@ struct {
 } config SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, __u32); /* port index */
+	__type(value, struct bpf_devmap_val); /* egress ifindex */
+} tx_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FDB);
+	__type(key, __u64); /* MAC in the first 6 bytes in memory, 2 zero bytes */
+	__type(value, struct fdb_entry);
+} fdb SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_LOCAL_MACS);
+	__type(key, __u64); /* as in `fdb` */
+	__type(value, __u8);
+} local_macs SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_PORTS * CNT_PER_PORT);
-	__type(key, __u32); /* port_idx * 4 + counter_kind */
+	__type(key, __u32); /* port_idx * 8 + counter_kind */
 	__type(value, __u64);
 } counters SEC(".maps");
 
@@ -97,6 +153,78 @@ static __always_inline int pass(__u32 port_idx, __u32 kind)
 	return XDP_PASS;
 }
 
+static __always_inline __u64 mac_key(const __u8 *mac)
+{
+	__u64 key = 0;
+
+	__builtin_memcpy(&key, mac, ETH_ALEN);
+	return key;
+}
+
+/* Group bit (broadcast/multicast) or all zeros: never learned or forwarded. */
+static __always_inline int mac_is_unicast(const __u8 *mac)
+{
+	if (mac[0] & 1)
+		return 0;
+	return (mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]) != 0;
+}
+
+/* Learns eth->h_source on port_idx. Writes only when the port changed or the
+ * entry is older than FDB_REFRESH_NS, so a busy flow costs one lookup. */
+static __always_inline void learn(struct ethhdr *eth, __u32 port_idx, __u64 now)
+{
+	struct fdb_entry *e;
+	struct fdb_entry fresh = {};
+	__u64 key;
+
+	if (!mac_is_unicast(eth->h_source))
+		return;
+	key = mac_key(eth->h_source);
+	e = bpf_map_lookup_elem(&fdb, &key);
+	if (e && e->port_idx == port_idx &&
+	    (__s64)(now - e->seen_ns) < (__s64)FDB_REFRESH_NS)
+		return;
+	if (bpf_map_lookup_elem(&local_macs, &key))
+		return; /* someone sends with our MAC: not learned */
+	fresh.port_idx = port_idx;
+	fresh.seen_ns = now;
+	bpf_map_update_elem(&fdb, &key, &fresh, BPF_ANY);
+}
+
+/* The fast path for a frame that is not steered: redirect to the learned
+ * egress port, or pass into the bridge (counted as `passed`). */
+static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
+				   __u32 port_idx, int fwd, __u64 now)
+{
+	struct fdb_entry *e;
+	__u64 key;
+	__u32 out;
+	long ret;
+
+	if (!fwd)
+		return pass(port_idx, CNT_PASSED);
+	if (eth->h_proto != bpf_htons(ETH_P_IP) &&
+	    eth->h_proto != bpf_htons(ETH_P_IPV6) &&
+	    eth->h_proto != bpf_htons(ETH_P_ARP))
+		return pass(port_idx, CNT_PASSED); /* VLAN, LLDP, ...: the bridge's */
+	if (!mac_is_unicast(eth->h_dest))
+		return pass(port_idx, CNT_PASSED);
+	key = mac_key(eth->h_dest);
+	e = bpf_map_lookup_elem(&fdb, &key);
+	if (!e)
+		return pass(port_idx, CNT_PASSED); /* unknown: the bridge floods */
+	if (bpf_map_lookup_elem(&local_macs, &key))
+		return pass(port_idx, CNT_PASSED); /* for the switch itself */
+	out = e->port_idx;
+	if (out == port_idx || out >= MAX_PORTS)
+		return pass(port_idx, CNT_PASSED);
+	if ((__s64)(now - e->seen_ns) > (__s64)FDB_AGE_NS) /* another CPU may be ahead */
+		return pass(port_idx, CNT_PASSED);
+	ret = bpf_redirect_map(&tx_ports, out, XDP_PASS);
+	count(port_idx, ret == XDP_REDIRECT ? CNT_FORWARDED : CNT_PASSED);
+	return ret;
+}
+
 SEC("xdp")
 int agg_xdp(struct xdp_md *ctx)
 {
@@ -112,6 +240,8 @@ int agg_xdp(struct xdp_md *ctx)
 	__u32 zero = 0;
 	__u32 daddr;
 	__u32 queue;
+	__u64 now = 0;
+	int fwd;
 	long ret;
 
 	port_p = bpf_map_lookup_elem(&ports, &ifindex);
@@ -124,8 +254,18 @@ int agg_xdp(struct xdp_md *ctx)
 	eth = data;
 	if ((void *)(eth + 1) > data_end)
 		return pass(port_idx, CNT_PASSED); /* runt: not ours to judge */
-	if (eth->h_proto != bpf_htons(ETH_P_IP))
+
+	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg)
 		return pass(port_idx, CNT_PASSED);
+	fwd = cfg->forward;
+	if (fwd) {
+		now = bpf_ktime_get_ns();
+		learn(eth, port_idx, now);
+	}
+
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return forward(ctx, eth, port_idx, fwd, now);
 
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)
@@ -133,11 +273,11 @@ int agg_xdp(struct xdp_md *ctx)
 	if (ip->version != 4 || ip->ihl < 5)
 		return pass(port_idx, CNT_MALFORMED);
 	if (ip->ihl != 5)
-		return pass(port_idx, CNT_PASSED); /* IP options: slow path */
+		return forward(ctx, eth, port_idx, fwd, now); /* IP options */
 	if (ip->frag_off & bpf_htons(0x3fff))
-		return pass(port_idx, CNT_PASSED); /* fragment */
+		return forward(ctx, eth, port_idx, fwd, now); /* fragment */
 	if (ip->protocol != IPPROTO_UDP)
-		return pass(port_idx, CNT_PASSED);
+		return forward(ctx, eth, port_idx, fwd, now);
 
 	udp = (void *)(ip + 1);
 	if ((void *)(udp + 1) > data_end)
@@ -145,11 +285,15 @@ int agg_xdp(struct xdp_md *ctx)
 
 	daddr = ip->daddr;
 	if (!bpf_map_lookup_elem(&own_addrs, &daddr))
-		return pass(port_idx, CNT_PASSED);
+		return forward(ctx, eth, port_idx, fwd, now);
 
-	cfg = bpf_map_lookup_elem(&config, &zero);
-	if (!cfg || cfg->agg_port == 0 || udp->dest != cfg->agg_port)
-		return pass(port_idx, CNT_PASSED);
+	if (cfg->agg_port == 0 || udp->dest != cfg->agg_port)
+		return forward(ctx, eth, port_idx, fwd, now);
+
+	if (cfg->mode == MODE_XDP_DROP) {
+		count(port_idx, CNT_DROPPED); /* benchmark baseline only */
+		return XDP_DROP;
+	}
 
 	queue = ctx->rx_queue_index;
 	if (queue >= MAX_QUEUES)

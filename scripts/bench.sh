@@ -7,6 +7,8 @@
 # Usage:
 #   sudo scripts/bench.sh [--mib 64] [--repeats 5] [--quick] [--timeout 900]
 #                         [--wait-idle SECS] [--no-docs]
+#                         [--rates-only | --no-rates] [--rate-seconds 5]
+#                         [--rate-repeats 3]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -16,6 +18,23 @@
 #                 to fall below half the cores (the times are only meaningful
 #                 on a machine nothing else is loading; default 0: no wait)
 #   --no-docs     write results/ only, leave docs/bench.{json,png} alone
+#   --rates-only  only the packet-rate section (below), then stop
+#   --no-rates    skip the packet-rate section
+#   --rate-seconds D  seconds per rate measurement (default 5; --quick: 2)
+#   --rate-repeats R  runs per rate measurement, median reported (default 3;
+#                 --quick: 1)
+#
+# Packet rates (first, unless --no-rates): on a testbed of its own (prefix
+# "rate": rate-sw, rate-w0; 2 queues per veth), `worker blast` (raw
+# AF_PACKET frames, sendmmsg, through veth's noqueue qdisc so that the flow
+# hash spreads flows over both queues) pinned to the last CPU
+# and switchd's dataplane thread 0 pinned to CPU 0 measure: XDP_DROP
+# (switchd mode "xdp-drop", the XDP program's dropped counter), AF_XDP echo
+# (mode "echo", 1512- and 64-byte frames, switchd's echoed counter) and
+# aggregation (jobs of 2, 4, 8 ranks all played by one closed-loop
+# generator; DATA frames/s, chunks/s, float32 elements/s) with 1 and 2
+# dataplane threads. Ratios: aggregation / echo (goal >= 0.9), echo /
+# XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON.
 #
 # What it does:
 #   1. installs what is missing (one apt-get update, then apt-get install of
@@ -45,7 +64,8 @@
 #          the switch's traffic crossed the shapers;
 #   4. prints a table and writes results/bench-STAMP.json (+ logs in
 #      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
-#      and docs/bench.png (scripts/bench_plot.py).
+#      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
+#      docs/bench-rates.json and docs/bench-rates.png instead.
 #
 # Times are per all-reduce of the whole tensor. The line-rate bound on
 # 1 Gbit/s links is the bytes each link must carry one way (every chunk of
@@ -86,6 +106,10 @@ ORIG_ARGS=("$@")
 MIB=""
 REPEATS=""
 QUICK=0
+DO_RATES=1
+RATES_ONLY=0
+RATE_SECONDS=""
+RATE_REPEATS=""
 TIMEOUT=900
 WAIT_IDLE=0
 DOCS=1
@@ -96,9 +120,11 @@ usage() {
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --mib|--repeats|--timeout|--wait-idle)
+        --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
+                --rate-seconds) RATE_SECONDS="$2" ;;
+                --rate-repeats) RATE_REPEATS="$2" ;;
                 --mib) MIB="$2" ;;
                 --repeats) REPEATS="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
@@ -110,6 +136,10 @@ while [[ $# -gt 0 ]]; do
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
         --quick) QUICK=1; shift ;;
+        --rate-seconds=*) RATE_SECONDS="${1#*=}"; shift ;;
+        --rate-repeats=*) RATE_REPEATS="${1#*=}"; shift ;;
+        --rates-only) RATES_ONLY=1; DO_RATES=1; shift ;;
+        --no-rates) DO_RATES=0; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -118,8 +148,17 @@ done
 if [[ "$QUICK" -eq 1 ]]; then
     MIB="${MIB:-8}"
     REPEATS="${REPEATS:-3}"
+    RATE_SECONDS="${RATE_SECONDS:-2}"
+    RATE_REPEATS="${RATE_REPEATS:-1}"
     DOCS=0
 fi
+RATE_SECONDS="${RATE_SECONDS:-5}"
+RATE_REPEATS="${RATE_REPEATS:-3}"
+uint_in_range "$RATE_SECONDS" 1 600 || die "--rate-seconds must be 1..600, got '$RATE_SECONDS'"
+uint_in_range "$RATE_REPEATS" 1 100 || die "--rate-repeats must be 1..100, got '$RATE_REPEATS'"
+RATE_SECONDS=$((10#$RATE_SECONDS)); RATE_REPEATS=$((10#$RATE_REPEATS))
+[[ "$RATES_ONLY" -eq 1 && "$DO_RATES" -eq 0 ]] && die "--rates-only and --no-rates exclude each other"
+readonly RATE_SECONDS RATE_REPEATS DO_RATES RATES_ONLY
 MIB="${MIB:-64}"
 REPEATS="${REPEATS:-5}"
 uint_in_range "$MIB" 1 1024 || die "--mib must be 1..1024, got '$MIB'"
@@ -177,12 +216,23 @@ stop_ns_leftovers() {
 }
 
 cleanup() {
-    local rc=$? pid
+    local rc=$? pid ns
     trap - EXIT INT TERM
     for pid in "${BG_PIDS[@]}"; do
         stop_pid "$pid"
     done
     stop_pid "$SWITCHD_PID"
+    stop_pid "${RATE_SWITCHD_PID:-}"
+    if [[ "${RATE_TESTBED_MADE:-0}" -eq 1 ]]; then
+        for ns in rate-sw rate-w0; do
+            netns_exists "$ns" || continue
+            for pid in $(ip netns pids "$ns" 2>/dev/null); do
+                kill -KILL "$pid" 2>/dev/null || true
+            done
+        done
+        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix rate >/dev/null 2>&1 ||
+            warn "testbed down failed; run: scripts/testbed.sh down --prefix rate"
+    fi
     if [[ "$TESTBED_MADE" -eq 1 ]]; then
         stop_ns_leftovers
         bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
@@ -273,7 +323,7 @@ done
 ensure_cargo_path
 log "building (cargo build --release --workspace --bins)"
 cargo build --release --workspace --bins
-for b in switchd worker; do
+for b in switchd worker switchctl; do
     [[ -x "$REPO_ROOT/target/release/$b" ]] || die "target/release/$b missing after the build"
 done
 
@@ -287,6 +337,307 @@ readonly RUN
 cp "$REPO_ROOT/target/release/switchd" "$REPO_ROOT/target/release/worker" "$RUN/bin/"
 readonly SWITCHD="$RUN/bin/switchd"
 readonly WORKER="$RUN/bin/worker"
+cp "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
+readonly SWITCHCTL="$RUN/bin/switchctl"
+
+# --- packet rates (before the all-reduce part) ------------------------------------------
+# A testbed of its own (prefix "rate", one generator namespace rate-w0 whose
+# veth to the switch has RATE_QUEUES queues), one switchd at a time with one
+# port sw-w0 and RATE_QUEUES sockets, and `worker blast` as the generator:
+#   xdp-drop   switchd mode "xdp-drop": the XDP program drops what it would
+#              steer; rate = its dropped counter's delta / blast seconds;
+#   echo       switchd mode "echo": frames back out, addresses swapped;
+#              rate = switchd's echoed counter's delta / blast seconds;
+#   aggregate  switchd as the switch, jobs of 2, 4 and 8 ranks, every rank
+#              played by one `worker blast aggregate` (closed loop); rate =
+#              DATA frames sent per second and chunks completed per second,
+#              with 1 and 2 dataplane threads.
+# The generator is pinned to the last CPU and switchd's dataplane thread 0
+# to CPU 0 (pin_threads); with 2 dataplane threads, thread 1 shares the
+# generator's CPU. With PACKET_QDISC_BYPASS the kernel would pick the veth
+# queue from the sending CPU (all frames on one queue, one socket), so the
+# generator goes through veth's noqueue qdisc instead (--spread-queues):
+# the flow hash of its source ports then spreads frames over both queues. Each measurement runs RATE_REPEATS times; the median is
+# reported.
+readonly RATE_PREFIX=rate
+readonly RATE_QUEUES=2
+readonly RATE_RANKS=(2 4 8)
+readonly RATE_FLOWS=8
+readonly DATA_FRAME_BYTES=1512
+# DATA frames in flight at most in the closed loop: half the switch's
+# receive ring (frames_per_socket 4096 / 2 = 2048 entries). The generator
+# does not react to ECE as a DCTCP worker would, so a window of 256 seqs x
+# 8 ranks would keep the ring full and lose frames to overflow.
+readonly RATE_INFLIGHT_FRAMES=1024
+RATE_TESTBED_MADE=0
+RATE_SWITCHD_PID=""
+RATES="$RUN/rates"
+GEN_CPU=""
+if (($(nproc) >= 2)); then
+    GEN_CPU=$(($(nproc) - 1))
+fi
+
+# rate_switchd MODE THREADS: start switchd on the rate testbed.
+rate_switchd() {
+    local mode="$1" threads="$2" cfg="$RATES/switchd-$1-t$2.toml" n deadline
+    {
+        echo "# Written by scripts/bench.sh (rate section)."
+        echo "[switch]"
+        echo 'ports = ["sw-w0"]'
+        echo "addresses = [\"$SWITCH_ADDR\"]"
+        echo "agg_port = $AGG_PORT"
+        echo "queues = $RATE_QUEUES"
+        echo "dataplane_threads = $threads"
+        echo "pin_threads = true"
+        echo "mode = \"$mode\""
+        echo "summary_interval_secs = 1"
+        echo "admin_socket = \"$RATES/switchd.sock\""
+        for n in "${RATE_RANKS[@]}"; do
+            echo
+            echo "[[job]]"
+            echo "id = $n"
+            echo "n_workers = $n"
+            echo 'allowed_sources = ["198.18.0.0/24"]'
+            echo "secret = \"$SECRET\""
+            echo "pool_slots = $POOL_SLOTS"
+        done
+    } >"$cfg"
+    chmod 600 "$cfg"
+    ip netns exec "$RATE_PREFIX-sw" "$SWITCHD" run --config "$cfg" \
+        >"$RATES/switchd-$mode-t$threads.log" 2>&1 &
+    RATE_SWITCHD_PID=$!
+    deadline=$((SECONDS + READY_TIMEOUT))
+    until grep -qF "$READY_LINE" "$RATES/switchd-$mode-t$threads.log" 2>/dev/null; do
+        if ! kill -0 "$RATE_SWITCHD_PID" 2>/dev/null; then
+            wait "$RATE_SWITCHD_PID" || true
+            RATE_SWITCHD_PID=""
+            tail -n 20 "$RATES/switchd-$mode-t$threads.log" >&2
+            die "switchd ($mode) exited before it was ready; see $RATES"
+        fi
+        ((SECONDS < deadline)) || die "switchd ($mode) not ready within $READY_TIMEOUT s"
+        sleep 0.1
+    done
+}
+
+rate_stop_switchd() {
+    stop_pid "$RATE_SWITCHD_PID"
+    RATE_SWITCHD_PID=""
+}
+
+rate_stats() {
+    "$SWITCHCTL" --socket "$RATES/switchd.sock" --json stats
+}
+
+# rate_cpu: CPU seconds switchd (all its threads, user + system) has used.
+# Packets per switchd CPU-second is the number that other work on the
+# machine disturbs least: it does not depend on how much of its core
+# switchd got.
+CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+rate_cpu() {
+    awk -v hz="$CLK_TCK" '{ print ($14 + $15) / hz }' "/proc/$RATE_SWITCHD_PID/stat"
+}
+
+# rate_gen OUT ARGS...: `worker blast ARGS` in the generator namespace,
+# pinned; its JSON into OUT.
+rate_gen() {
+    local out="$1" pin=()
+    shift
+    [[ -n "$GEN_CPU" ]] && pin=(taskset -c "$GEN_CPU")
+    timeout $((RATE_SECONDS + 60)) ip netns exec "$RATE_PREFIX-w0" "${pin[@]}" "$WORKER" blast "$@" --spread-queues \
+        >"$out" 2>"${out%.json}.log" || {
+        tail -n 5 "${out%.json}.log" >&2
+        die "worker blast $* failed; see ${out%.json}.log"
+    }
+}
+
+# rate_open TAG FRAME_BYTES JQ_COUNTER: open-loop runs against the running
+# switchd; rate = counter delta / generator seconds. Writes RATES/TAG.json.
+rate_open() {
+    local tag="$1" bytes="$2" counter="$3" k before after cpu0 cpu1
+    for ((k = 1; k <= RATE_REPEATS; k++)); do
+        before="$(rate_stats | jq "$counter")"
+        cpu0="$(rate_cpu)"
+        rate_gen "$RATES/$tag-gen$k.json" echo --switch "$SWITCH_ADDR" --port "$AGG_PORT" \
+            --frame-bytes "$bytes" --flows "$RATE_FLOWS" --seconds "$RATE_SECONDS"
+        sleep 0.3 # let the last frames through and the counters publish
+        after="$(rate_stats | jq "$counter")"
+        cpu1="$(rate_cpu)"
+        jq -c --argjson b "$before" --argjson a "$after" --argjson c0 "$cpu0" --argjson c1 "$cpu1" \
+            '. + {counter_delta: ($a - $b), rate_pps: (($a - $b) / .seconds),
+                  switchd_cpu_s: ($c1 - $c0),
+                  pps_per_switchd_cpu_s: (if $c1 - $c0 > 0.05 then ($a - $b) / ($c1 - $c0) else null end)}' \
+            "$RATES/$tag-gen$k.json" >"$RATES/$tag-$k.json"
+    done
+    jq -s --arg counter "$counter" '
+        def median: sort | if length % 2 == 1 then .[(length - 1) / 2] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+        {frame_bytes: .[0].frame_bytes, counter: $counter, pps: (map(.rate_pps) | median),
+         pps_runs: map(.rate_pps), pps_best: (map(.rate_pps) | max), generator_sent_pps: (map(.sent_per_s) | median),
+         switchd_cpu_s: map(.switchd_cpu_s),
+         pps_per_switchd_cpu_s: (map(.pps_per_switchd_cpu_s) | if any(. == null) then null else median end),
+         generator_refused: (map(.frames_refused) | add)}' \
+        "$RATES/$tag"-[0-9]*.json >"$RATES/$tag.json"
+    log "[rates] $tag: $(jq -r '.pps | round' "$RATES/$tag.json") pps (generator sent $(jq -r '.generator_sent_pps | round' "$RATES/$tag.json") pps)"
+}
+
+# rate_agg RANKS THREADS: closed-loop runs; writes RATES/agg-nRANKS-tTHREADS.json.
+rate_agg() {
+    local n="$1" t="$2" tag="agg-n$1-t$2" k before after cpu0 cpu1
+    for ((k = 1; k <= RATE_REPEATS; k++)); do
+        before="$(rate_stats | jq '.rx_frames')"
+        cpu0="$(rate_cpu)"
+        rate_gen "$RATES/$tag-gen$k.json" aggregate --switch "$SWITCH_ADDR" --port "$AGG_PORT" \
+            --job "$n" --workers "$n" --secret "$SECRET" --seconds "$RATE_SECONDS" --verify-every 256 \
+            --window $((RATE_INFLIGHT_FRAMES / n))
+        sleep 0.3
+        after="$(rate_stats | jq '.rx_frames')"
+        cpu1="$(rate_cpu)"
+        jq -c --argjson b "$before" --argjson a "$after" --argjson c0 "$cpu0" --argjson c1 "$cpu1" \
+            '. + {switch_rx_frames: ($a - $b), switch_rx_pps: (($a - $b) / .seconds),
+                  switchd_cpu_s: ($c1 - $c0),
+                  pps_per_switchd_cpu_s: (if $c1 - $c0 > 0.05 then ($a - $b) / ($c1 - $c0) else null end)}' \
+            "$RATES/$tag-gen$k.json" >"$RATES/$tag-$k.json"
+    done
+    jq -s --argjson t "$t" '
+        def median: sort | if length % 2 == 1 then .[(length - 1) / 2] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+        {ranks: .[0].ranks, threads: $t, elems_per_chunk: .[0].elems_per_chunk, window: .[0].window,
+         data_pps: (map(.data_per_s) | median), data_pps_runs: map(.data_per_s),
+         data_pps_best: (map(.data_per_s) | max),
+         chunks_per_s: (map(.chunks_per_s) | median),
+         contributed_elems_per_s: (map(.contributed_elems_per_s) | median),
+         result_elems_per_s: (map(.result_elems_per_s) | median),
+         switch_rx_pps: (map(.switch_rx_pps) | median),
+         switchd_cpu_s: map(.switchd_cpu_s),
+         pps_per_switchd_cpu_s: (map(.pps_per_switchd_cpu_s) | if any(. == null) then null else median end),
+         seq_resends: (map(.seq_resends) | add), data_sent: (map(.data_sent) | add),
+         ece_results: (map(.ece_results) | add),
+         verify_checked: (map(.verify_checked) | add), verify_failed: (map(.verify_failed) | add)}' \
+        "$RATES/$tag"-[0-9]*.json >"$RATES/$tag.json"
+    [[ "$(jq -r .verify_failed "$RATES/$tag.json")" == 0 ]] ||
+        die "aggregation rate run $tag: sampled RESULTs differ from N x value"
+    log "[rates] aggregate, $n ranks, $t thread(s): $(jq -r '.data_pps | round' "$RATES/$tag.json") DATA/s, $(jq -r '.chunks_per_s | round' "$RATES/$tag.json") chunks/s"
+}
+
+run_rates() {
+    local t n
+    mkdir -p "$RATES"
+    log "[rates] testbed '$RATE_PREFIX' ($RATE_QUEUES queues), $RATE_SECONDS s x $RATE_REPEATS per measurement; generator on CPU ${GEN_CPU:-any}, switchd thread 0 on CPU 0"
+    RATE_TESTBED_MADE=1
+    bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$RATE_PREFIX" --workers 1 \
+        --queues "$RATE_QUEUES" >"$RATES/testbed.log" 2>&1
+    RATE_LOAD_START="$(cut -d" " -f1 /proc/loadavg)"
+
+    rate_switchd xdp-drop 1
+    if [[ "$(rate_stats | jq '.ports[0] | has("xdp_dropped")')" == true ]]; then
+        rate_open xdp_drop "$DATA_FRAME_BYTES" '.ports[0].xdp_dropped'
+    else
+        warn "[rates] this switchd has no xdp-drop counter; XDP_DROP baseline skipped"
+        echo null >"$RATES/xdp_drop.json"
+    fi
+    rate_stop_switchd
+
+    rate_switchd echo 1
+    rate_open echo "$DATA_FRAME_BYTES" '.echoed'
+    rate_open echo64 64 '.echoed'
+    rate_stop_switchd
+
+    for t in 1 2; do
+        rate_switchd aggregate "$t"
+        for n in "${RATE_RANKS[@]}"; do
+            rate_agg "$n" "$t"
+        done
+        rate_stop_switchd
+    done
+
+    jq -n --argjson secs "$RATE_SECONDS" --argjson reps "$RATE_REPEATS" \
+        --argjson queues "$RATE_QUEUES" --argjson flows "$RATE_FLOWS" \
+        --argjson inflight "$RATE_INFLIGHT_FRAMES" \
+        --arg gen_cpu "${GEN_CPU:-none}" --argjson nproc "$(nproc)" \
+        --argjson load0 "$RATE_LOAD_START" --argjson load1 "$(cut -d" " -f1 /proc/loadavg)" \
+        --slurpfile drop "$RATES/xdp_drop.json" --slurpfile echo "$RATES/echo.json" \
+        --slurpfile echo64 "$RATES/echo64.json" \
+        --slurpfile agg <(cat "$RATES"/agg-n*-t[12].json) '
+        ($agg | map(select(.threads == 1))) as $a1
+        | ($agg | map(select(.threads == 2))) as $a2
+        | def ratio($x; $y): if $x == null or $y == null or $y == 0 then null else $x / $y end;
+        {
+          setup: {testbed: "one generator namespace, veth with \($queues) queues to switch port sw-w0",
+                  seconds_per_run: $secs, repeats: $reps, statistic: "median of the repeats",
+                  generator: "worker blast --spread-queues (AF_PACKET raw frames, sendmmsg, no PACKET_QDISC_BYPASS so that the flow hash picks the veth queue); \($flows) flows (source ports) in open loop, one per rank in aggregation",
+                  pinning: "switchd dataplane thread 0 on CPU 0, generator on CPU \($gen_cpu); a 2nd dataplane thread is pinned to CPU 1 and shares it with the generator",
+                  nproc: $nproc, loadavg_1min: {start: $load0, end: $load1},
+                  closed_loop_window: "seqs in flight = min(switch window 256, \($inflight) / ranks): at most \($inflight) DATA frames in flight",
+                  elements_per_s_definition: "contributed = chunks completed/s x elements per chunk x ranks (float32 inputs summed); result = chunks/s x elements per chunk"},
+          xdp_drop: $drop[0], echo: $echo[0], echo_64: $echo64[0], aggregate: $agg,
+          headline: {
+            agg_over_echo_pps: ($a1 | map({key: (.ranks | tostring), value: ratio(.data_pps; $echo[0].pps)}) | from_entries),
+            agg_over_echo_pps_4_ranks: (($a1 | map(select(.ranks == 4))[0].data_pps) as $p | ratio($p; $echo[0].pps)),
+            agg_over_echo_goal: 0.9,
+            agg_over_echo_pps_best: ($a1 | map({key: (.ranks | tostring), value: ratio(.data_pps_best; $echo[0].pps_best)}) | from_entries),
+            agg_over_echo_per_switchd_cpu_s: ($a1 | map({key: (.ranks | tostring),
+                value: ratio(.pps_per_switchd_cpu_s; $echo[0].pps_per_switchd_cpu_s)}) | from_entries),
+            echo_over_xdp_drop: ratio($echo[0].pps; $drop[0].pps),
+            two_over_one_thread: ($a2 | map(. as $x | {key: (.ranks | tostring),
+                value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))}) | from_entries)
+          }
+        }' >"$RATES/rates.json"
+    bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$RATE_PREFIX" >/dev/null 2>&1 || true
+    RATE_TESTBED_MADE=0
+}
+
+# rates_table: the rate section as Markdown, from RATES/rates.json.
+rates_table() {
+    jq -r '
+      def r0: if . == null then "-" else round | tostring end;
+      def f2: if . == null then "-" else (. * 100 | round) / 100 | tostring end;
+      def m($x): if $x == null then "-" else ($x / 1e6 * 1000 | round) / 1000 | tostring end;
+      "| measurement | frame B | threads | pps median (best) | pps per switchd CPU-s | chunks/s | float32 contributed/s (M) | resends |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|",
+      (if .xdp_drop then "| XDP_DROP (in the XDP program) | \(.xdp_drop.frame_bytes) | - | \(.xdp_drop.pps | r0) (\(.xdp_drop.pps_best | r0)) | - | | | |" else "| XDP_DROP | - | - | not measured | | | | |" end),
+      "| AF_XDP echo | \(.echo.frame_bytes) | 1 | \(.echo.pps | r0) (\(.echo.pps_best | r0)) | \(.echo.pps_per_switchd_cpu_s | r0) | | | |",
+      "| AF_XDP echo | \(.echo_64.frame_bytes) | 1 | \(.echo_64.pps | r0) (\(.echo_64.pps_best | r0)) | \(.echo_64.pps_per_switchd_cpu_s | r0) | | | |",
+      (.aggregate[] | "| aggregate, \(.ranks) ranks | 1512 | \(.threads) | \(.data_pps | r0) (\(.data_pps_best | r0)) | \(.pps_per_switchd_cpu_s | r0) | \(.chunks_per_s | r0) | \(m(.contributed_elems_per_s)) | \(.seq_resends) |"),
+      "",
+      "aggregation DATA pps / echo pps (1 thread): " + ([.headline.agg_over_echo_pps | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")) + "; goal >= 0.9",
+      "the same, best runs: " + ([.headline.agg_over_echo_pps_best | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
+      "the same per switchd CPU-second (less disturbed by other load): " + ([.headline.agg_over_echo_per_switchd_cpu_s | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
+      "echo / XDP_DROP: \(.headline.echo_over_xdp_drop | f2); 2 threads / 1 thread: " + ([.headline.two_over_one_thread | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
+      "1-min load average \(.setup.loadavg_1min.start) at start, \(.setup.loadavg_1min.end) at end of the rate section (\(.setup.nproc) cores)"
+    ' "$RATES/rates.json"
+}
+
+if [[ "$DO_RATES" -eq 1 ]]; then
+    SECRET="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
+    [[ "${#SECRET}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+    run_rates
+    echo
+    echo "=== bench $STAMP: packet rates ==="
+    rates_table | tee "$RUN/rates-table.md"
+    echo
+fi
+if [[ "$RATES_ONLY" -eq 1 ]]; then
+    OUT_JSON="$REPO_ROOT/results/bench-$STAMP.json"
+    jq -n --arg stamp "$STAMP" --arg kernel "$(uname -r)" \
+        --arg model "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)" \
+        --argjson nproc "$(nproc)" \
+        --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        --slurpfile rates "$RATES/rates.json" \
+        '{stamp: $stamp, commit: $commit, rates_only: true,
+          machine: {nproc: $nproc, cpu_model: $model, kernel: $kernel},
+          rates: $rates[0]}' >"$OUT_JSON"
+    PYTHON=/usr/bin/python3
+    [[ -x "$PYTHON" ]] || PYTHON=python3
+    "$PYTHON" "$REPO_ROOT/scripts/bench_plot.py" "$OUT_JSON" "$RUN/rates.png" ||
+        warn "plot failed (scripts/bench_plot.py)"
+    if [[ "$DOCS" -eq 1 ]]; then
+        mkdir -p "$REPO_ROOT/docs"
+        cp "$OUT_JSON" "$REPO_ROOT/docs/bench-rates.json"
+        [[ -s "$RUN/rates.png" ]] && cp "$RUN/rates.png" "$REPO_ROOT/docs/bench-rates.png"
+        log "wrote docs/bench-rates.json, docs/bench-rates.png and $OUT_JSON"
+    else
+        log "wrote $OUT_JSON and $RUN/rates.png (docs/ left alone)"
+    fi
+    exit 0
+fi
 MPI_BIN="$RUN/mpi_allreduce"
 mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" ||
     die "mpicc failed on bench/mpi_allreduce.c"
@@ -684,6 +1035,7 @@ jq -n \
     --argjson l2 "$WIRE_L2" --argjson l1 "$WIRE_L1" --argjson bps "$RATE_BPS" \
     --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
     --slurpfile unl "$RUN/unlimited/link.json" --slurpfile lim "$RUN/1gbit/link.json" \
+    --slurpfile rates <(if [[ "$DO_RATES" -eq 1 ]]; then cat "$RATES/rates.json"; else echo null; fi) \
     '($l2 * 8 / $bps) as $bound_l2
      | ($l1 * 8 / $bps) as $bound_l1
      | {
@@ -701,6 +1053,7 @@ jq -n \
                           bytes_one_way_l2: $l2, bytes_one_way_l1: $l1,
                           bound_l2_s: $bound_l2, bound_l1_s: $bound_l1,
                           note: "l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)"},
+        rates: $rates[0],
         links: [$unl[0], $lim[0]
                 | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
                 | .switch.shapers.worker_egress.over_expected =
@@ -752,6 +1105,11 @@ jq -r '
 echo
 echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats ==="
 cat "$TABLE"
+if [[ "$DO_RATES" -eq 1 ]]; then
+    echo
+    echo "packet rates (see above; also under \"rates\" in the JSON):"
+    cat "$RUN/rates-table.md"
+fi
 echo
 
 PNG="$RUN/bench.png"

@@ -7,6 +7,10 @@ Bars: the time of one all-reduce (seconds, lower is better) through the
 switch and with OpenMPI's MPI_Allreduce (with the testbed's offloads, and
 with transmit offload/TSO on), on unlimited links and on 1 Gbit/s links; the bar is the mean, the whiskers span best..worst of the separate
 runs. A dashed line marks the line-rate bound on the 1 Gbit/s links.
+When the JSON has packet rates ("rates", from bench.sh's rate section), a
+second panel shows them as bars (packets/s, median of the repeats): XDP_DROP,
+AF_XDP echo, and aggregation DATA frames/s for 2, 4, 8 ranks with 1 and 2
+dataplane threads; a --rates-only JSON gets that panel alone.
 Renders with matplotlib's Agg backend (no display needed).
 """
 
@@ -19,6 +23,66 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def footer(fig, bench):
+    m = bench["machine"]
+    fig.text(0.99, 0.01,
+             f"{m['nproc']} cores {m['cpu_model']}, kernel {m['kernel']}, {bench['stamp']}",
+             ha="right", va="bottom", fontsize=7, color="#555555")
+
+
+def rates_panel(ax, rates):
+    """Packet rates: baselines and aggregation, packets/s (median)."""
+    bars = []
+    if rates.get("xdp_drop"):
+        d = rates["xdp_drop"]
+        bars.append(("XDP_DROP\n1512 B", d["pps"], "#7f7f7f", d.get("pps_best")))
+    bars.append(("echo\n1512 B", rates["echo"]["pps"], "#2ca02c", rates["echo"].get("pps_best")))
+    if rates.get("echo_64"):
+        bars.append(("echo\n64 B", rates["echo_64"]["pps"], "#98df8a",
+                     rates["echo_64"].get("pps_best")))
+    for a in sorted(rates["aggregate"], key=lambda a: (a["threads"], a["ranks"])):
+        color = "#1f77b4" if a["threads"] == 1 else "#aec7e8"
+        bars.append((f"agg {a['ranks']}r\n{a['threads']} thr", a["data_pps"], color,
+                     a.get("data_pps_best")))
+    xs = range(len(bars))
+    rects = ax.bar(xs, [b[1] / 1e3 for b in bars], 0.7, color=[b[2] for b in bars])
+    for r, b in zip(rects, bars):
+        ax.annotate(f"{b[1] / 1e3:.0f}", (r.get_x() + r.get_width() / 2, r.get_height()),
+                    xytext=(0, 2), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=7)
+    best = [(x, b[3] / 1e3) for x, b in zip(xs, bars) if b[3] is not None]
+    if best:
+        ax.scatter([p[0] for p in best], [p[1] for p in best], marker="_", s=300,
+                   color="black", zorder=3, label="best run")
+        ax.legend(fontsize=8, loc="upper center")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("thousand packets/s (higher is better)")
+    h = rates["headline"]
+    ed = h.get("echo_over_xdp_drop")
+
+    def ratios(key):
+        d = h.get(key) or {}
+        return " / ".join(f"{d[k]:.2f}" if d.get(k) is not None else "-"
+                          for k in sorted(d, key=int))
+
+    ax.set_title(
+        "packet rates, 1 generator core (AF_PACKET) + 1 switch core; bars: median of runs\n"
+        f"aggregation/echo, 1 thread, 2/4/8 ranks: {ratios('agg_over_echo_pps')} (median), "
+        f"{ratios('agg_over_echo_pps_best')} (best run)",
+        fontsize=9)
+    notes = []
+    if ed is not None:
+        notes.append(f"echo / XDP_DROP: {ed:.2f}")
+    per_cpu = (h.get("agg_over_echo_per_switchd_cpu_s") or {}).get("4")
+    if per_cpu is not None:
+        notes.append(f"aggregation/echo per switchd CPU-s (4 ranks): {per_cpu:.2f}")
+    if notes:
+        ax.text(0.99, 0.97, "\n".join(notes), transform=ax.transAxes,
+                ha="right", va="top", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def main(argv):
     if len(argv) != 3:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -26,6 +90,14 @@ def main(argv):
     with open(argv[1], encoding="utf-8") as f:
         bench = json.load(f)
 
+    rates = bench.get("rates")
+    if "links" not in bench:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+        rates_panel(ax, rates)
+        footer(fig, bench)
+        fig.tight_layout()
+        fig.savefig(argv[2])
+        return 0
     links = bench["links"]
     labels = {"unlimited": "unlimited veth", "1gbit": "1 Gbit/s links"}
     methods = [("switch", "switch (AF_XDP)", "#1f77b4"),
@@ -34,7 +106,12 @@ def main(argv):
     methods = [m for m in methods if all(m[0] in link for link in links)]
     width = 0.8 / len(methods)
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    if rates:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 4.8), dpi=120,
+                                      gridspec_kw={"width_ratios": [1, 1.2]})
+        rates_panel(ax2, rates)
+    else:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     for j, (key, name, color) in enumerate(methods):
         xs, means, lo, hi = [], [], [], []
         for i, link in enumerate(links):
@@ -61,7 +138,6 @@ def main(argv):
     ax.set_xticklabels([labels.get(link["link"], link["link"]) for link in links])
     ax.set_ylabel("seconds per all-reduce (lower is better)")
     s = bench["setup"]
-    m = bench["machine"]
     h = bench["headline"]
     ax.set_title(
         f"{s['workers']} workers, {s['mib']} MiB float32 all-reduce, {s['repeats']} repeats\n"
@@ -72,9 +148,7 @@ def main(argv):
     ax.legend(fontsize=8, loc="upper left")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
     ax.grid(axis="y", alpha=0.3)
-    fig.text(0.99, 0.01,
-             f"{m['nproc']} cores {m['cpu_model']}, kernel {m['kernel']}, {bench['stamp']}",
-             ha="right", va="bottom", fontsize=7, color="#555555")
+    footer(fig, bench)
     fig.tight_layout()
     fig.savefig(argv[2])
     return 0

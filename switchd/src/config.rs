@@ -16,6 +16,7 @@
 //! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
+//! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -72,6 +73,18 @@ pub enum DataplaneMode {
     Echo,
     /// Drop in XDP every frame that would be steered: the kernel's limit.
     XdpDrop,
+}
+
+/// How frames that are not aggregation traffic cross the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardingSetting {
+    /// Learned unicast is redirected port to port in XDP (DEVMAP); the rest
+    /// (broadcast, multicast, unknown, for the switch, VLAN) goes to the bridge.
+    #[default]
+    Xdp,
+    /// Everything is passed to the Linux bridge the ports belong to.
+    Bridge,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -136,6 +149,9 @@ pub struct SwitchSection {
     /// Aggregate (default), or a benchmark baseline.
     #[serde(default)]
     pub mode: DataplaneMode,
+    /// Forwarding fast path in XDP (default) or everything via the bridge.
+    #[serde(default)]
+    pub forwarding: ForwardingSetting,
 }
 
 fn default_threads() -> u32 {
@@ -374,6 +390,22 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         .unwrap_err()
         .to_string();
         assert!(e.contains("allowed_sources"), "{e}");
+    }
+
+    #[test]
+    fn forwarding_defaults_to_xdp_and_can_be_turned_off() {
+        assert_eq!(
+            parse(GOOD).unwrap().switch.forwarding,
+            ForwardingSetting::Xdp
+        );
+        let c = parse(&GOOD.replace("[switch]\n", "[switch]\nforwarding = \"bridge\"\n")).unwrap();
+        assert_eq!(c.switch.forwarding, ForwardingSetting::Bridge);
+        let e = parse(&GOOD.replace("[switch]\n", "[switch]\nforwarding = \"fast\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("forwarding"), "{e}");
+        let c = parse(&GOOD.replace("[switch]\n", "[switch]\nmode = \"xdp-drop\"\n")).unwrap();
+        assert_eq!(c.switch.mode, DataplaneMode::XdpDrop);
     }
 
     #[test]

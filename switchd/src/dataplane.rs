@@ -34,6 +34,9 @@
 //! per-thread lock at most every few milliseconds and summed on read.
 //! A malformed frame is counted by kind and dropped; nothing a sender can put
 //! in a frame makes this code panic.
+//!
+//! Echo mode (`[switch] mode = "echo"`, a benchmark baseline) replaces the
+//! round by [`crate::echo`]: no table, no outbox, every frame straight back.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
@@ -102,6 +105,8 @@ pub struct DataplaneCounters {
     pub ring_congested_frames: u64,
     /// Replies handed to the thread that owns the member's socket.
     pub forwarded: u64,
+    /// Echo mode: frames sent back (their drops count in `tx_ring_full`).
+    pub echoed: u64,
 }
 
 impl DataplaneCounters {
@@ -121,6 +126,7 @@ impl DataplaneCounters {
         self.nacks_sent += o.nacks_sent;
         self.ring_congested_frames += o.ring_congested_frames;
         self.forwarded += o.forwarded;
+        self.echoed += o.echoed;
     }
 }
 
@@ -181,6 +187,8 @@ pub struct Shared {
     owner: Vec<Vec<usize>>,
     outboxes: Vec<ArrayQueue<Forward>>,
     published: Vec<Mutex<Published>>,
+    /// Echo mode (a benchmark baseline, [`crate::echo`]): no aggregation.
+    echo: bool,
 }
 
 /// How to build a dataplane.
@@ -191,6 +199,8 @@ pub struct DataplaneConfig {
     pub ecn_ring_fraction: f64,
     pub ring_size: u32,
     pub threads: usize,
+    /// Echo every steered frame instead of aggregating ([`crate::echo`]).
+    pub echo: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -254,6 +264,7 @@ pub fn build(
             .map(|_| ArrayQueue::new(OUTBOX_CAPACITY))
             .collect(),
         published: (0..threads).map(|_| Mutex::default()).collect(),
+        echo: cfg.echo,
     });
     let workers = per_thread
         .into_iter()
@@ -721,8 +732,39 @@ impl DataplaneThread {
         }
     }
 
+    /// Echo mode's round: every socket's frames back out of its own
+    /// transmit ring, swapped ([`crate::echo`]); returns the frames received.
+    fn echo_once(&mut self) -> u32 {
+        let mut got = 0;
+        for s in &mut self.rxs {
+            let Some(tx) = self
+                .txs
+                .get_mut(s.port_idx as usize)
+                .and_then(|q| q.get_mut(s.queue as usize))
+                .and_then(|t| t.as_mut())
+            else {
+                continue;
+            };
+            let o = crate::echo::echo_batch(&mut s.rx, tx, RX_BATCH);
+            got += o.received;
+            let c = &mut self.counters;
+            c.rx_frames += u64::from(o.received);
+            c.echoed += u64::from(o.echoed);
+            c.tx_frames += u64::from(o.echoed);
+            c.tx_ring_full += u64::from(o.tx_full);
+            c.malformed[0] += u64::from(o.malformed);
+            // Also when nothing came: copy mode may have left frames in
+            // the ring (at most 32 leave per kick).
+            tx.flush();
+        }
+        got
+    }
+
     /// One round over this thread's sockets; returns the frames received.
     pub fn poll_once(&mut self) -> u32 {
+        if self.shared.echo {
+            return self.echo_once();
+        }
         self.drain_outbox();
         let shared = self.shared.clone();
         let limit = shared.ecn_ring_entries;

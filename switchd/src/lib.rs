@@ -6,12 +6,14 @@
 //! * [`xdp`]: the XDP steering program (aya) and AF_XDP sockets (xdpilone).
 //! * [`frame`]: Ethernet/IPv4/UDP parsing and writing.
 //! * [`dataplane`]: the receive → job table → transmit loop.
+//! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
 
 pub mod admin;
 pub mod config;
 pub mod dataplane;
+pub mod echo;
 pub mod frame;
 pub mod metrics;
 pub mod stats;

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use proto::switch::JobTable;
-use switchd::config::{AttachModeSetting, Config, FRAME_SIZE};
+use switchd::config::{AttachModeSetting, Config, DataplaneMode, ForwardingSetting, FRAME_SIZE};
 use switchd::dataplane::{self, DataplaneConfig, Socket};
 use switchd::stats::{self, PortStats};
-use switchd::xdp::{self, AttachMode, SteeringProgram, XskConfig};
+use switchd::xdp::{self, AttachMode, ProgramOptions, SteeringProgram, XskConfig};
 
 #[derive(Parser)]
 #[command(version, about = "In-network aggregation switch on AF_XDP")]
@@ -61,6 +61,8 @@ fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
                 xdp_steered: c.steered,
                 xdp_passed: c.passed,
                 xdp_malformed: c.malformed,
+                xdp_dropped: c.dropped,
+                xdp_forwarded: c.forwarded,
             }
         })
         .collect()
@@ -98,8 +100,25 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             .with_context(|| format!("declaring job {}", j.id))?;
     }
 
-    let mut prog = SteeringProgram::load(&cfg.switch.addresses, cfg.switch.agg_port)
-        .context("loading the XDP steering program")?;
+    let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
+    let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
+    let mut prog = SteeringProgram::load_with(
+        &cfg.switch.addresses,
+        &ProgramOptions {
+            agg_port: cfg.switch.agg_port,
+            drop_steerable: xdp_drop,
+            forward,
+        },
+    )
+    .context("loading the XDP steering program")?;
+    if forward {
+        // Frames to the bridge's (or any local interface's) MAC are for the
+        // switch itself: the fast path leaves them to the stack.
+        for mac in xdp::local_macs() {
+            prog.add_local_mac(mac)
+                .context("registering the switch's own MAC addresses")?;
+        }
+    }
     let xcfg = XskConfig {
         frame_count: cfg.switch.frames_per_socket,
         ring_size: (cfg.switch.frames_per_socket / 2).min(4096),
@@ -107,7 +126,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         frame_size: FRAME_SIZE as u32,
     };
     let mut sockets = Vec::new();
-    for (i, port) in cfg.switch.ports.iter().enumerate() {
+    // In xdp-drop mode the program drops what it would steer: no sockets.
+    let socket_ports: &[String] = if xdp_drop { &[] } else { &cfg.switch.ports };
+    for (i, port) in socket_ports.iter().enumerate() {
         for q in 0..cfg.switch.queues {
             let (rx, tx) = xdp::open_xsk(port, q, &xcfg)
                 .with_context(|| format!("opening AF_XDP socket on {port} queue {q}"))?;
@@ -151,6 +172,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             ecn_ring_fraction: cfg.switch.ecn_ring_threshold,
             ring_size: xcfg.ring_size,
             threads,
+            echo: cfg.switch.mode == DataplaneMode::Echo,
         },
     );
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
@@ -179,6 +201,8 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         addresses = ?cfg.switch.addresses,
         agg_port = cfg.switch.agg_port,
         jobs = cfg.jobs.len(),
+        mode = ?cfg.switch.mode,
+        forwarding = ?cfg.switch.forwarding,
         "switchd ready"
     );
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -210,6 +234,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
     let mut prev_bytes: std::collections::HashMap<u16, u64> = Default::default();
     let mut last_tick = Instant::now();
+    let echo_mode = cfg.switch.mode == DataplaneMode::Echo;
+    let mut prev_echoed = 0u64;
+    let mut prev_dropped = 0u64;
     let ports = cfg.switch.ports.clone();
     let ports_of = || port_stats(&prog, &ports);
     let mut lane0 = lanes.remove(0);
@@ -242,6 +269,26 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
                     let secs = last_tick.elapsed().as_secs_f64();
                     last_tick = Instant::now();
                     let snap = shared.snapshot(port_stats(&prog, &ports));
+                    if echo_mode {
+                        let (rx, tx) = (snap.rx_frames, snap.echoed);
+                        tracing::info!(
+                            echoed = tx,
+                            tx_ring_full = snap.tx_ring_full,
+                            rx_frames = rx,
+                            "echo mode: {:.0} frames/s echoed",
+                            tx.saturating_sub(prev_echoed) as f64 / secs.max(1e-9)
+                        );
+                        prev_echoed = tx;
+                    }
+                    if xdp_drop {
+                        let dropped: u64 = snap.ports.iter().map(|p| p.xdp_dropped).sum();
+                        tracing::info!(
+                            dropped,
+                            "xdp-drop mode: {:.0} frames/s dropped",
+                            dropped.saturating_sub(prev_dropped) as f64 / secs.max(1e-9)
+                        );
+                        prev_dropped = dropped;
+                    }
                     for j in &snap.jobs {
                         let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
                         tracing::info!("{}", stats::summary_line(j, prev, secs));

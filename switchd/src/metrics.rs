@@ -220,6 +220,16 @@ pub fn render(s: &Value) -> String {
             "xdp_malformed",
             "Passed frames that claimed IPv4/UDP but were malformed.",
         ),
+        (
+            "aggswitch_port_xdp_dropped_total",
+            "xdp_dropped",
+            "Steerable frames dropped in XDP (xdp-drop benchmark mode).",
+        ),
+        (
+            "aggswitch_port_xdp_forwarded_total",
+            "xdp_forwarded",
+            "Frames the XDP fast path forwarded to another port (by ingress port).",
+        ),
     ] {
         family(&mut o, name, "counter", help);
         for p in &ports {
@@ -284,6 +294,11 @@ pub fn render(s: &Value) -> String {
             "unknown_job",
             "Messages for a job the switch does not have.",
         ),
+        (
+            "aggswitch_echoed_frames_total",
+            "echoed",
+            "Echo mode (benchmark baseline): frames sent back swapped.",
+        ),
     ] {
         family(&mut o, name, "counter", help);
         let _ = writeln!(o, "{name} {}", num(&s[field]));
@@ -323,7 +338,8 @@ mod tests {
                       "window": 64, "chunks_completed": 5, "bytes_aggregated": 40,
                       "results_sent": 10, "retransmits_served": 1, "ece_marked": 2, "nacks": 0,
                       "drops": {"duplicate": 3}}],
-            "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0}],
+            "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0,
+                       "xdp_dropped": 5, "xdp_forwarded": 6}],
             "rings": [{"port_idx": 0, "queue": 0, "rx_occupancy": 12, "tx_occupancy": 3}],
         });
         let t = render(&s);
@@ -334,6 +350,8 @@ mod tests {
             "aggswitch_job_ece_marked_total{job=\"4\"} 2",
             "aggswitch_job_active{job=\"4\"} 1",
             "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
+            "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",
+            "aggswitch_port_xdp_forwarded_total{port=\"sw-w0\"} 6",
             "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",
             "aggswitch_malformed_total{kind=\"truncated\"} 3",
             "# TYPE aggswitch_job_window gauge",

@@ -37,6 +37,10 @@ pub struct PortStats {
     pub xdp_steered: u64,
     pub xdp_passed: u64,
     pub xdp_malformed: u64,
+    /// Steerable frames dropped in XDP (mode = "xdp-drop" only).
+    pub xdp_dropped: u64,
+    /// Frames the forwarding fast path redirected to another port.
+    pub xdp_forwarded: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +62,8 @@ pub struct SwitchStats {
     pub join_acks_sent: u64,
     pub nacks_sent: u64,
     pub ring_congested_frames: u64,
+    /// Echo mode only: frames sent back (drops are in `tx_ring_full`).
+    pub echoed: u64,
     pub unknown_job: u64,
     pub malformed: BTreeMap<&'static str, u64>,
     pub malformed_total: u64,
@@ -118,6 +124,7 @@ pub fn snapshot(
         join_acks_sent: dp.join_acks_sent,
         nacks_sent: dp.nacks_sent,
         ring_congested_frames: dp.ring_congested_frames,
+        echoed: dp.echoed,
         unknown_job: table.counters.unknown_job,
         malformed: MALFORMED_KINDS
             .iter()

@@ -11,6 +11,8 @@
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 
+pub mod blast;
+
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -265,6 +267,19 @@ impl Worker {
     /// The switch generation this worker joined under.
     pub fn generation(&self) -> u32 {
         self.gen
+    }
+    /// The UDP socket to the switch (connected, nonblocking): for tools
+    /// that drive the protocol themselves after joining (`worker blast`).
+    pub fn socket(&self) -> &UdpSocket {
+        &self.sock
+    }
+    /// The window the switch advertised in its last JOIN_ACK or RESULT.
+    pub fn advertised_window(&self) -> u16 {
+        self.advertised_window
+    }
+    /// The next chunk's seq and collective (the resume point after a join).
+    pub fn next_seq(&self) -> (u32, u32) {
+        (self.next_seq, self.next_collective)
     }
     pub fn stats(&self) -> WorkerStats {
         let mut s = self.stats;

@@ -182,13 +182,18 @@ fn run() -> Result<()> {
                 d["generation"].as_u64().unwrap_or(0), d["uptime_secs"].as_f64().unwrap_or(0.0),
                 d["rx_frames"], d["tx_frames"], d["tx_ring_full"], d["malformed_total"], d["unknown_job"]
             );
+            if d["echoed"].as_u64().unwrap_or(0) > 0 {
+                println!("echo mode: {} frames echoed", d["echoed"]);
+            }
             for p in d["ports"].as_array().cloned().unwrap_or_default() {
                 println!(
-                    "port {}: XDP steered {}, passed {}, malformed {}",
+                    "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}",
                     p["name"].as_str().unwrap_or("?"),
                     p["xdp_steered"],
                     p["xdp_passed"],
-                    p["xdp_malformed"]
+                    p["xdp_malformed"],
+                    p["xdp_dropped"],
+                    p["xdp_forwarded"]
                 );
             }
             for j in d["jobs"].as_array().cloned().unwrap_or_default() {

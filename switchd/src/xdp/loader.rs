@@ -1,7 +1,8 @@
 //! Loads and attaches the XDP steering program (`ebpf/agg_xdp.c`) with aya.
 //!
-//! Owns the program, its links and its five maps (`xsks`, `ports`,
-//! `own_addrs`, `config`, `counters`). Invariants:
+//! Owns the program, its links and its maps (`xsks`, `ports`, `own_addrs`,
+//! `config`, `counters`, and for the forwarding fast path `tx_ports`, `fdb`,
+//! `local_macs`). Invariants:
 //! * `load` refuses to run without root and fills `own_addrs` and `config`
 //!   before anything is attached, so the program never sees a half-set config.
 //! * Every successful `attach` is recorded; `detach_all` (and `Drop`) removes
@@ -13,12 +14,43 @@
 //!   it.
 //! * XSKMAP slot for (port, queue) is `port * MAX_QUEUES + queue`
 //!   ([`xsk_slot`]), matching the C program.
+//! * `attach` also puts the port into the DEVMAP `tx_ports` (port index ->
+//!   ifindex) and its MAC into `local_macs`; `detach_all` removes both.
+//!
+//! # Forwarding fast path: why the XDP program learns MACs itself
+//!
+//! With `forwarding = "xdp"` the program forwards plain unicast frames
+//! between ports with `bpf_redirect_map` into `tx_ports`, looking the
+//! destination MAC up in `fdb`, which **the program fills itself** by
+//! learning source MAC -> ingress port (an LRU hash whose entries carry the
+//! time last seen; older than 300 s counts as unknown). switchd only fills
+//! the DEVMAP and the switch's own MACs (`local_macs`: frames to those go to
+//! the bridge/stack, and they are never learned).
+//!
+//! The alternative, switchd mirroring the bridge's FDB over netlink every
+//! second, was rejected: (1) frames the fast path forwards never reach the
+//! bridge, so the bridge stops refreshing exactly the entries that carry
+//! traffic; they age out, the mirror removes them, traffic falls back to the
+//! bridge, gets relearned, and the path flaps every ageing period; (2) a new
+//! or moved station would wait up to one polling period; (3) it needs a
+//! netlink dependency and a thread. Learning in XDP follows moves at once and
+//! costs one hash lookup per frame (the entry is rewritten only when its
+//! port changes or once a second). What it gives up is the bridge's policy
+//! for forwarded frames: STP port states, VLAN filtering, port isolation,
+//! static FDB entries and br_netfilter do not apply to them. VLAN-tagged
+//! frames, broadcast/multicast and unknown destinations still go through
+//! the bridge; use `forwarding = "bridge"` where that policy matters.
+//!
+//! Delivery needs, on a veth egress port, NAPI on its peer (GRO on or an XDP
+//! program there), else the kernel drops redirected frames silently; and on
+//! any port, frames with complete checksums (a redirect loses the sender's
+//! checksum-offload state). testbed.sh sets up both (GRO on, `tx` off).
 
 use std::collections::HashMap as StdHashMap;
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, XskMap};
+use aya::maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::xdp::XdpLinkId;
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{include_bytes_aligned, Ebpf};
@@ -27,11 +59,16 @@ use aya::{include_bytes_aligned, Ebpf};
 pub const MAX_PORTS: u32 = 64;
 /// Receive queues per port that have an XSKMAP slot; queue ids `0..MAX_QUEUES`.
 pub const MAX_QUEUES: u32 = 64;
-/// Counters per port in the `counters` map (3 used, 1 spare).
-const COUNTERS_PER_PORT: u32 = 4;
+/// Counters per port in the `counters` map (5 used, 3 spare).
+const COUNTERS_PER_PORT: u32 = 8;
 const CNT_STEERED: u32 = 0;
 const CNT_PASSED: u32 = 1;
 const CNT_MALFORMED: u32 = 2;
+const CNT_DROPPED: u32 = 3;
+const CNT_FORWARDED: u32 = 4;
+/// `config.mode` values (`MODE_*` in the C program).
+const MODE_STEER: u8 = 0;
+const MODE_XDP_DROP: u8 = 1;
 
 const PROGRAM_NAME: &str = "agg_xdp";
 
@@ -41,12 +78,29 @@ static AGG_XDP_OBJ: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ag
 ///
 /// `passed` counts every frame passed up the stack on this port (including
 /// steerable frames whose queue has no socket); `malformed` is the subset of
-/// `passed` that claimed IPv4/UDP but was truncated or had a bad IHL.
+/// `passed` that claimed IPv4/UDP but was truncated or had a bad IHL;
+/// `dropped` counts steerable frames dropped in xdp-drop mode; `forwarded`
+/// counts frames the fast path redirected to another port (counted on the
+/// ingress port).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SteerCounters {
     pub steered: u64,
     pub passed: u64,
     pub malformed: u64,
+    pub dropped: u64,
+    pub forwarded: u64,
+}
+
+/// What the program does besides steering, fixed at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProgramOptions {
+    /// UDP port of the aggregation service.
+    pub agg_port: u16,
+    /// Drop (and count as `dropped`) every frame that would be steered to
+    /// AF_XDP: the XDP_DROP benchmark baseline.
+    pub drop_steerable: bool,
+    /// Forward learned unicast between ports through the DEVMAP.
+    pub forward: bool,
 }
 
 /// How to attach the program to an interface.
@@ -129,7 +183,7 @@ pub fn xsk_slot(port_idx: u32, queue: u32) -> Result<u32, XdpError> {
     Ok(port_idx * MAX_QUEUES + queue)
 }
 
-/// The `counters` map key of counter `which` (0 steered, 1 passed, 2 malformed).
+/// The `counters` map key of counter `which` (`CNT_*`).
 fn counter_key(port_idx: u32, which: u32) -> u32 {
     port_idx * COUNTERS_PER_PORT + which
 }
@@ -140,12 +194,59 @@ fn addr_key(addr: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(addr.octets())
 }
 
-/// `config` value: `{ __u16 agg_port (network order); __u16 pad }`.
+/// `fdb` / `local_macs` key: the MAC in the first 6 bytes in memory, then two
+/// zero bytes, as the C program builds it with `__builtin_memcpy`.
+pub fn mac_key(mac: [u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..6].copy_from_slice(&mac);
+    u64::from_ne_bytes(b)
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (as in `/sys/class/net/IF/address`).
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.trim().split(':');
+    for b in mac.iter_mut() {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// A MAC the fast path can forward to: unicast (group bit clear) and not
+/// all zeros. The C program applies the same test.
+pub fn is_unicast_mac(mac: [u8; 6]) -> bool {
+    mac[0] & 1 == 0 && mac != [0; 6]
+}
+
+/// Unicast MACs of every interface in this network namespace (the bridge,
+/// its ports, anything else): frames to them are for the switch itself.
+pub fn local_macs() -> Vec<[u8; 6]> {
+    let mut macs = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
+        for ent in dir.flatten() {
+            if let Ok(text) = std::fs::read_to_string(ent.path().join("address")) {
+                if let Some(m) = parse_mac(&text).filter(|m| is_unicast_mac(*m)) {
+                    if !macs.contains(&m) {
+                        macs.push(m);
+                    }
+                }
+            }
+        }
+    }
+    macs
+}
+
+/// `config` value: `{ __u16 agg_port (network order); __u8 mode; __u8 forward }`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct AggConfig {
     agg_port_be: u16,
-    _pad: u16,
+    mode: u8,
+    forward: u8,
 }
 
 // SAFETY: `AggConfig` is `repr(C)`, made of plain integers, has no padding
@@ -153,14 +254,33 @@ struct AggConfig {
 unsafe impl aya::Pod for AggConfig {}
 
 impl AggConfig {
-    fn new(agg_port: u16) -> Self {
+    fn new(o: &ProgramOptions) -> Self {
         AggConfig {
             // Stored so that its in-memory bytes are big-endian.
-            agg_port_be: agg_port.to_be(),
-            _pad: 0,
+            agg_port_be: o.agg_port.to_be(),
+            mode: if o.drop_steerable {
+                MODE_XDP_DROP
+            } else {
+                MODE_STEER
+            },
+            forward: o.forward as u8,
         }
     }
 }
+
+/// `fdb` value: `{ __u32 port_idx; __u32 pad; __u64 seen_ns }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdbEntry {
+    pub port_idx: u32,
+    _pad: u32,
+    /// CLOCK_MONOTONIC (bpf_ktime_get_ns) when last seen as a source.
+    pub seen_ns: u64,
+}
+
+// SAFETY: `FdbEntry` is `repr(C)`, two u32 then a u64: no padding bytes, and
+// every bit pattern is valid.
+unsafe impl aya::Pod for FdbEntry {}
 
 struct Attached {
     port_idx: u32,
@@ -174,6 +294,10 @@ pub struct SteeringProgram {
     xsks: XskMap<MapData>,
     ports: HashMap<MapData, u32, u32>,
     counters: PerCpuArray<MapData, u64>,
+    tx_ports: DevMapHash<MapData>,
+    local_macs: HashMap<MapData, u64, u8>,
+    // The program fills it; kept so the fd lives as long as we do.
+    _fdb: HashMap<MapData, u64, FdbEntry>,
     // Kept for later updates; the program also holds references to them.
     _own_addrs: HashMap<MapData, u32, u8>,
     _config: Array<MapData, AggConfig>,
@@ -258,6 +382,18 @@ impl SteeringProgram {
     /// Loads the embedded object, verifies it in the kernel and fills
     /// `own_addrs` and `config`. Nothing is attached yet.
     pub fn load(own_addrs: &[Ipv4Addr], agg_port: u16) -> Result<Self, XdpError> {
+        Self::load_with(
+            own_addrs,
+            &ProgramOptions {
+                agg_port,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// As [`SteeringProgram::load`], with the drop baseline and/or the
+    /// forwarding fast path chosen in `opts`.
+    pub fn load_with(own_addrs: &[Ipv4Addr], opts: &ProgramOptions) -> Result<Self, XdpError> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
         if euid != 0 {
@@ -289,7 +425,7 @@ impl SteeringProgram {
         }
         let mut config: Array<MapData, AggConfig> = take(&mut ebpf, "config", Array::try_from)?;
         config
-            .set(0, AggConfig::new(agg_port), 0)
+            .set(0, AggConfig::new(opts), 0)
             .map_err(|e| XdpError::Map {
                 map: "config",
                 detail: detail(&e),
@@ -297,11 +433,17 @@ impl SteeringProgram {
         let xsks = take(&mut ebpf, "xsks", XskMap::try_from)?;
         let ports = take(&mut ebpf, "ports", HashMap::try_from)?;
         let counters = take(&mut ebpf, "counters", PerCpuArray::try_from)?;
-        tracing::debug!(?own_addrs, agg_port, "XDP steering program loaded");
+        let tx_ports = take(&mut ebpf, "tx_ports", DevMapHash::try_from)?;
+        let local_macs = take(&mut ebpf, "local_macs", HashMap::try_from)?;
+        let fdb = take(&mut ebpf, "fdb", HashMap::try_from)?;
+        tracing::debug!(?own_addrs, ?opts, "XDP steering program loaded");
         Ok(SteeringProgram {
             xsks,
             ports,
             counters,
+            tx_ports,
+            local_macs,
+            _fdb: fdb,
             _own_addrs: addrs,
             _config: config,
             attached: StdHashMap::new(),
@@ -343,12 +485,25 @@ impl SteeringProgram {
             });
         }
         let ifindex = ifindex_of(ifname)?;
-        self.ports
-            .insert(ifindex, port_idx, 0)
+        self.tx_ports
+            .insert(port_idx, ifindex, None, 0)
             .map_err(|e| XdpError::Map {
-                map: "ports",
+                map: "tx_ports",
                 detail: format!("inserting {ifname} (ifindex {ifindex}): {}", detail(&e)),
             })?;
+        let mac = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address"))
+            .ok()
+            .and_then(|t| parse_mac(&t));
+        if let Some(mac) = mac.filter(|m| is_unicast_mac(*m)) {
+            self.add_local_mac(mac)?;
+        }
+        if let Err(e) = self.ports.insert(ifindex, port_idx, 0) {
+            let _ = self.tx_ports.remove(port_idx);
+            return Err(XdpError::Map {
+                map: "ports",
+                detail: format!("inserting {ifname} (ifindex {ifindex}): {}", detail(&e)),
+            });
+        }
 
         let result = self.attach_link(ifname, ifindex, mode);
         match result {
@@ -365,6 +520,7 @@ impl SteeringProgram {
             }
             Err(e) => {
                 let _ = self.ports.remove(&ifindex);
+                let _ = self.tx_ports.remove(port_idx);
                 Err(e)
             }
         }
@@ -433,6 +589,17 @@ impl SteeringProgram {
         }
     }
 
+    /// Marks `mac` as the switch's own: the fast path never forwards frames
+    /// to it (they go to the bridge/stack) and never learns it as a source.
+    pub fn add_local_mac(&mut self, mac: [u8; 6]) -> Result<(), XdpError> {
+        self.local_macs
+            .insert(mac_key(mac), 1u8, 0)
+            .map_err(|e| XdpError::Map {
+                map: "local_macs",
+                detail: format!("inserting {mac:02x?}: {}", detail(&e)),
+            })
+    }
+
     /// Puts an AF_XDP socket fd into `xsks` at `port_idx * MAX_QUEUES + queue`.
     /// The socket must already be bound to that port's interface and queue
     /// (the kernel rejects the redirect otherwise). Closing the socket removes
@@ -485,6 +652,8 @@ impl SteeringProgram {
             steered: read(CNT_STEERED)?,
             passed: read(CNT_PASSED)?,
             malformed: read(CNT_MALFORMED)?,
+            dropped: read(CNT_DROPPED)?,
+            forwarded: read(CNT_FORWARDED)?,
         })
     }
 
@@ -501,6 +670,7 @@ impl SteeringProgram {
         let attached: Vec<(String, Attached)> = self.attached.drain().collect();
         for (ifname, a) in attached {
             let _ = self.ports.remove(&a.ifindex);
+            let _ = self.tx_ports.remove(a.port_idx);
             let res = self.program().and_then(|p| {
                 p.detach(a.link).map_err(|e| XdpError::Detach {
                     ifname: ifname.clone(),
@@ -546,16 +716,75 @@ mod tests {
     fn counter_keys() {
         assert_eq!(counter_key(0, CNT_STEERED), 0);
         assert_eq!(counter_key(0, CNT_MALFORMED), 2);
-        assert_eq!(counter_key(3, CNT_PASSED), 13);
-        assert!(counter_key(MAX_PORTS - 1, 3) < MAX_PORTS * COUNTERS_PER_PORT);
+        assert_eq!(counter_key(3, CNT_PASSED), 25);
+        assert_eq!(counter_key(1, CNT_DROPPED), 11);
+        assert_eq!(counter_key(2, CNT_FORWARDED), 20);
+        assert!(counter_key(MAX_PORTS - 1, COUNTERS_PER_PORT - 1) < MAX_PORTS * COUNTERS_PER_PORT);
     }
 
     #[test]
     fn keys_are_network_byte_order_in_memory() {
         let k = addr_key(Ipv4Addr::new(198, 18, 99, 1));
         assert_eq!(k.to_ne_bytes(), [198, 18, 99, 1]);
-        let c = AggConfig::new(0x1234);
+        let c = AggConfig::new(&ProgramOptions {
+            agg_port: 0x1234,
+            ..Default::default()
+        });
         assert_eq!(c.agg_port_be.to_ne_bytes(), [0x12, 0x34]);
+    }
+
+    #[test]
+    fn config_layout_matches_c_struct() {
+        // struct agg_config { __u16 agg_port; __u8 mode; __u8 forward; }
+        assert_eq!(std::mem::size_of::<AggConfig>(), 4);
+        assert_eq!(std::mem::align_of::<AggConfig>(), 2);
+        assert_eq!(std::mem::offset_of!(AggConfig, agg_port_be), 0);
+        assert_eq!(std::mem::offset_of!(AggConfig, mode), 2);
+        assert_eq!(std::mem::offset_of!(AggConfig, forward), 3);
+        let c = AggConfig::new(&ProgramOptions {
+            agg_port: 48879,
+            drop_steerable: true,
+            forward: true,
+        });
+        assert_eq!((c.mode, c.forward), (MODE_XDP_DROP, 1));
+        let c = AggConfig::new(&ProgramOptions::default());
+        assert_eq!((c.mode, c.forward), (MODE_STEER, 0));
+    }
+
+    #[test]
+    fn fdb_layout_matches_c_struct() {
+        // struct fdb_entry { __u32 port_idx; __u32 _pad; __u64 seen_ns; }
+        assert_eq!(std::mem::size_of::<FdbEntry>(), 16);
+        assert_eq!(std::mem::offset_of!(FdbEntry, port_idx), 0);
+        assert_eq!(std::mem::offset_of!(FdbEntry, seen_ns), 8);
+        // The key is the MAC's bytes in order, then two zero bytes.
+        let k = mac_key([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+        assert_eq!(k.to_ne_bytes(), [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0, 0]);
+    }
+
+    #[test]
+    fn macs_parse_and_classify() {
+        assert_eq!(
+            parse_mac("02:ab:CD:00:01:ff\n"),
+            Some([0x02, 0xab, 0xcd, 0x00, 0x01, 0xff])
+        );
+        for bad in [
+            "",
+            "02:ab:cd:00:01",
+            "02:ab:cd:00:01:ff:00",
+            "2:ab:cd:00:01:ff",
+            "zz:ab:cd:00:01:ff",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+        assert!(is_unicast_mac([0x02, 0, 0, 0, 0, 1]));
+        assert!(!is_unicast_mac([0xff; 6]), "broadcast");
+        assert!(
+            !is_unicast_mac([0x01, 0x00, 0x5e, 0, 0, 1]),
+            "IPv4 multicast"
+        );
+        assert!(!is_unicast_mac([0x33, 0x33, 0, 0, 0, 1]), "IPv6 multicast");
+        assert!(!is_unicast_mac([0; 6]), "zero (lo)");
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub mod loader;
 pub mod xsk;
 
 pub use loader::{
-    xsk_slot, AttachMode, SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
+    is_unicast_mac, local_macs, mac_key, parse_mac, xsk_slot, AttachMode, FdbEntry, ProgramOptions,
+    SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
 };
 pub use xsk::{
     open as open_xsk, BindMode, XskConfig, XskError, XskRx, XskStats, XskTx, RX_HEADROOM,

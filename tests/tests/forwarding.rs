@@ -1,0 +1,201 @@
+//! End-to-end tests of the XDP forwarding fast path (`[switch] forwarding`)
+//! and of the XDP_DROP benchmark baseline (`[switch] mode = "xdp-drop"`).
+//! Each test makes its own testbed (prefix `fwd…`) and removes it, also on
+//! failure. They need root; under `CI=true` they fail rather than skip.
+
+use std::process::Child;
+use std::time::Duration;
+
+use agg_e2e::*;
+
+/// Stops switchd and checks that it exited cleanly and left no XDP program.
+fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {
+    let (ok, stats) = sw.stop();
+    assert!(ok, "switchd did not exit cleanly:\n{}", sw.log_text());
+    let left = tb.ports_with_xdp();
+    assert!(left.is_empty(), "XDP program left attached on {left:?}");
+    stats
+}
+
+/// Sum of port counter `field` over the ports whose name starts with `prefix`.
+fn port_sum(stats: &serde_json::Value, prefix: &str, field: &str) -> u64 {
+    stats["ports"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no ports in stats: {stats}"))
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap_or("").starts_with(prefix))
+        .map(|p| {
+            p[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("port counter {field} missing: {p}"))
+        })
+        .sum()
+}
+
+fn ping(tb: &Testbed, ns: &str, addr: &str) {
+    let out = tb
+        .cmd_in(ns, "ping")
+        .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ping {addr} from {ns} failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+fn sha256_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Sends `len` pseudo-random bytes over TCP from host 0 to host 1 and checks
+/// that the same bytes arrived (SHA-256 and length).
+fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    let h1_addr = Testbed::host_addr(1);
+    let file = sw.dir.join("random.bin");
+    let data: Vec<u8> = {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    std::fs::write(&file, &data).unwrap();
+    let want = sha256_of(&file);
+    let (rx, mut lines) = probe_listener(tb, &h1, &["tcp-recv", &h1_addr, "5001", "60"]);
+    let send = probe(
+        tb,
+        &h0,
+        &["tcp-send", &h1_addr, "5001", file.to_str().unwrap()],
+    );
+    assert!(send.status.success(), "tcp-send failed: {send:?}");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+    let out = wait_with_timeout(rx, Duration::from_secs(60));
+    assert!(out.status.success());
+    assert_eq!(
+        line.trim(),
+        format!("{want} {len}"),
+        "TCP payload changed crossing the switch"
+    );
+}
+
+#[test]
+fn fast_path_forwards_tcp_and_ping_while_an_allreduce_stays_bit_exact() {
+    if !can_run("fast_path_forwards") {
+        return;
+    }
+    let tb = Testbed::up("fwda", 4, 2);
+    // forwarding = "xdp" is the default; say it anyway.
+    let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "forwarding = \"xdp\"\n");
+    let workers: Vec<Child> = (0..4)
+        .map(|r| spawn_allreduce(&tb, 1, r, 4, 1_000_000, 5))
+        .collect();
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    ping(&tb, &h0, &Testbed::host_addr(1));
+    ping(&tb, &h1, &Testbed::host_addr(0));
+    ping(&tb, &h0, SWITCH_ADDR);
+    tcp_transfer(&tb, &sw, 20_000_000);
+    expect_verified(workers);
+
+    let stats = stop_clean(&tb, &mut sw);
+    // 20 MB in ≤ 1500-byte frames is > 13 000 frames from h0; nearly all
+    // of them must have taken the fast path, not the bridge.
+    let fwd_h0 = port_sum(&stats, "sw-h0", "xdp_forwarded");
+    assert!(
+        fwd_h0 >= 10_000,
+        "fast path barely used from h0 ({fwd_h0} frames): {stats}"
+    );
+    assert!(
+        port_sum(&stats, "sw-h1", "xdp_forwarded") > 0,
+        "no ACK took the fast path: {stats}"
+    );
+    assert_eq!(
+        port_sum(&stats, "sw-h", "xdp_steered"),
+        0,
+        "host traffic was steered to AF_XDP: {stats}"
+    );
+    assert!(port_sum(&stats, "sw-w", "xdp_steered") > 0, "{stats}");
+    assert_eq!(port_sum(&stats, "sw-", "xdp_dropped"), 0, "{stats}");
+    let job = &stats["jobs"][0];
+    assert_eq!(job["chunks_completed"], 5 * 1_000_000u64.div_ceil(362));
+}
+
+#[test]
+fn bridge_forwarding_setting_keeps_every_frame_on_the_bridge() {
+    if !can_run("bridge_forwarding") {
+        return;
+    }
+    let tb = Testbed::up("fwdb", 1, 2);
+    let mut sw = Switchd::start_with(&tb, &[], "forwarding = \"bridge\"\n");
+    ping(&tb, &tb.host_ns(0), &Testbed::host_addr(1));
+    tcp_transfer(&tb, &sw, 2_000_000);
+    let stats = stop_clean(&tb, &mut sw);
+    assert_eq!(port_sum(&stats, "sw-", "xdp_forwarded"), 0, "{stats}");
+    assert!(port_sum(&stats, "sw-h0", "xdp_passed") > 1000, "{stats}");
+}
+
+#[test]
+fn xdp_drop_mode_counts_blasted_aggregation_frames_and_passes_the_rest() {
+    if !can_run("xdp_drop_mode") {
+        return;
+    }
+    let tb = Testbed::up("fwdc", 1, 2);
+    let mut sw = Switchd::start_with(&tb, &[], "mode = \"xdp-drop\"\n");
+    assert!(
+        !sw.log_text().contains("AF_XDP socket bound"),
+        "xdp-drop mode opened AF_XDP sockets:\n{}",
+        sw.log_text()
+    );
+    const N: usize = 400;
+    let payload = "11000001000000010000000000000000000000000000000000000000";
+    let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
+    args.extend(std::iter::repeat_n(payload, N));
+    assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
+    sw.wait_stats(10, "xdp_dropped to reach the frames sent", |s| {
+        s["ports"].is_array() && port_sum(s, "sw-h0", "xdp_dropped") >= N as u64
+    });
+
+    // Everything else still crosses: ping (to a host and to the switch),
+    // TCP, and UDP to the aggregation port of a host that is not the switch.
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    let h1_addr = Testbed::host_addr(1);
+    ping(&tb, &h0, &h1_addr);
+    ping(&tb, &h0, SWITCH_ADDR);
+    tcp_transfer(&tb, &sw, 1_000_000);
+    let (rx, reader) = probe_listener(&tb, &h1, &["udp-recv", &h1_addr, "48879", "3", "5"]);
+    assert!(
+        probe(&tb, &h0, &["udp-send", &h1_addr, "48879", "aa", "bb", "cc"])
+            .status
+            .success()
+    );
+    let mut got: Vec<String> = std::io::BufRead::lines(reader)
+        .map_while(Result::ok)
+        .map(|l| l.trim().to_owned())
+        .collect();
+    wait_with_timeout(rx, Duration::from_secs(10));
+    got.sort();
+    assert_eq!(got, ["aa", "bb", "cc"], "UDP to a host's port 48879 lost");
+
+    let stats = stop_clean(&tb, &mut sw);
+    assert_eq!(
+        port_sum(&stats, "sw-h0", "xdp_dropped"),
+        N as u64,
+        "only the frames to the switch's aggregation port are dropped: {stats}"
+    );
+    assert_eq!(port_sum(&stats, "sw-", "xdp_steered"), 0, "{stats}");
+}
