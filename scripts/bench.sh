@@ -8,7 +8,7 @@
 #   sudo scripts/bench.sh [--mib 64] [--repeats 5] [--quick] [--timeout 900]
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
-#                         [--rate-repeats 3]
+#                         [--rate-repeats 3] [--no-forward]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -23,6 +23,11 @@
 #   --rate-seconds D  seconds per rate measurement (default 5; --quick: 2)
 #   --rate-repeats R  runs per rate measurement, median reported (default 3;
 #                 --quick: 1)
+#   --no-forward  skip the forwarding comparison (scripts/bench_forward.sh:
+#                 iperf3 and sockperf between two hosts through a plain
+#                 bridge, through switchd with forwarding = "bridge", and
+#                 through the XDP fast path; runs after the packet rates,
+#                 its JSON goes under "forwarding")
 #
 # Packet rates (first, unless --no-rates): on a testbed of its own (prefix
 # "rate": rate-sw, rate-w0; 2 queues per veth), `worker blast` (raw
@@ -107,6 +112,7 @@ MIB=""
 REPEATS=""
 QUICK=0
 DO_RATES=1
+DO_FORWARD=1
 RATES_ONLY=0
 RATE_SECONDS=""
 RATE_REPEATS=""
@@ -140,6 +146,7 @@ while [[ $# -gt 0 ]]; do
         --rate-repeats=*) RATE_REPEATS="${1#*=}"; shift ;;
         --rates-only) RATES_ONLY=1; DO_RATES=1; shift ;;
         --no-rates) DO_RATES=0; shift ;;
+        --no-forward) DO_FORWARD=0; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -614,6 +621,16 @@ if [[ "$DO_RATES" -eq 1 ]]; then
     rates_table | tee "$RUN/rates-table.md"
     echo
 fi
+# --- forwarding: ordinary traffic through the switch against a plain bridge ---------------
+if [[ "$DO_FORWARD" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
+    fwd_args=(--json "$RUN/forward.json")
+    [[ "$QUICK" -eq 1 ]] && fwd_args+=(--secs 2 --rounds 1)
+    log "forwarding comparison (scripts/bench_forward.sh ${fwd_args[*]})"
+    AGG_SWITCHD="$REPO_ROOT/target/release/switchd" \
+        bash "$REPO_ROOT/scripts/bench_forward.sh" "${fwd_args[@]}" | tee "$RUN/forward-table.txt" ||
+        die "scripts/bench_forward.sh failed (see above)"
+fi
+
 if [[ "$RATES_ONLY" -eq 1 ]]; then
     OUT_JSON="$REPO_ROOT/results/bench-$STAMP.json"
     jq -n --arg stamp "$STAMP" --arg kernel "$(uname -r)" \
@@ -1036,6 +1053,7 @@ jq -n \
     --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
     --slurpfile unl "$RUN/unlimited/link.json" --slurpfile lim "$RUN/1gbit/link.json" \
     --slurpfile rates <(if [[ "$DO_RATES" -eq 1 ]]; then cat "$RATES/rates.json"; else echo null; fi) \
+    --slurpfile fwd <(if [[ -s "$RUN/forward.json" ]]; then cat "$RUN/forward.json"; else echo null; fi) \
     '($l2 * 8 / $bps) as $bound_l2
      | ($l1 * 8 / $bps) as $bound_l1
      | {
@@ -1054,6 +1072,7 @@ jq -n \
                           bound_l2_s: $bound_l2, bound_l1_s: $bound_l1,
                           note: "l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)"},
         rates: $rates[0],
+        forwarding: $fwd[0],
         links: [$unl[0], $lim[0]
                 | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
                 | .switch.shapers.worker_egress.over_expected =
@@ -1071,7 +1090,10 @@ jq -n \
           switch_over_line_rate_1gbit: ($lim[0].switch.mean_s / $bound_l2),
           switch_over_line_rate_1gbit_median: ($lim[0].switch.median_s / $bound_l2),
           switch_over_line_rate_goal: 1.10,
-          switch_over_line_rate_goal_met: ($lim[0].switch.mean_s / $bound_l2 <= 1.10)
+          switch_over_line_rate_goal_met: ($lim[0].switch.mean_s / $bound_l2 <= 1.10),
+          forwarding_fast_path_tcp_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.tcp_gbps? // null),
+          forwarding_fast_path_p99_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.rtt_p99? // null),
+          forwarding_xdp_pass_tcp_over_bridge: ($fwd[0].results["xdp-pass"].ratio_vs_bridge.tcp_gbps? // null)
         }
       }' >"$OUT_JSON"
 
