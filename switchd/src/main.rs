@@ -102,6 +102,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
 
     let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
     let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
+    if forward {
+        warn_veth_checksum_offload(&cfg.switch.ports);
+    }
     let mut prog = SteeringProgram::load_with(
         &cfg.switch.addresses,
         &ProgramOptions {
@@ -375,5 +378,37 @@ fn main() -> std::process::ExitCode {
             eprintln!("switchd: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// A veth peer that leaves TCP/UDP checksums to offload hands the switch
+/// frames whose checksum is only a pseudo-header sum; the bridge carries that
+/// state along, an XDP redirect cannot, so forwarded segments arrive with bad
+/// checksums and are dropped (ping still works). switchd cannot see into the
+/// peers' namespaces, so it says so once instead of guessing.
+fn warn_veth_checksum_offload(ports: &[String]) {
+    let veths: Vec<&str> = ports
+        .iter()
+        .filter(|p| is_veth_like(p))
+        .map(String::as_str)
+        .collect();
+    if !veths.is_empty() {
+        tracing::warn!(
+            ports = ?veths,
+            "forwarding = \"xdp\" on veth ports: turn off transmit checksum offload on each \
+             port's peer (ethtool -K PEER tx off, as scripts/testbed.sh does), or forwarded \
+             TCP/UDP arrive with bad checksums; or set forwarding = \"bridge\""
+        );
+    }
+}
+
+/// True when `ifname` has no hardware behind it and is linked to another
+/// interface (`iflink` ≠ `ifindex`): a veth (or a similar virtual pair).
+fn is_veth_like(ifname: &str) -> bool {
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/class/net/{ifname}/{f}"));
+    let no_device = std::fs::metadata(format!("/sys/class/net/{ifname}/device")).is_err();
+    match (read("ifindex"), read("iflink")) {
+        (Ok(i), Ok(l)) => no_device && i.trim() != l.trim(),
+        _ => false,
     }
 }

@@ -499,3 +499,82 @@ pub fn probe_listener(
     assert_eq!(line.trim(), "ready", "probe listener did not start");
     (c, r)
 }
+
+/// Sum of port counter `field` over the ports whose name starts with `prefix`.
+pub fn port_sum(stats: &serde_json::Value, prefix: &str, field: &str) -> u64 {
+    stats["ports"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no ports in stats: {stats}"))
+        .iter()
+        .filter(|p| p["name"].as_str().unwrap_or("").starts_with(prefix))
+        .map(|p| {
+            p[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("port counter {field} missing: {p}"))
+        })
+        .sum()
+}
+
+/// Three pings from `ns` to `addr` must be answered.
+pub fn ping(tb: &Testbed, ns: &str, addr: &str) {
+    let out = tb
+        .cmd_in(ns, "ping")
+        .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ping {addr} from {ns} failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// `sha256sum` of a file, hex.
+pub fn sha256_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Sends `len` pseudo-random bytes over TCP from host 0 to host 1 and checks
+/// that the same bytes arrived (SHA-256 and length).
+pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
+    let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
+    let h1_addr = Testbed::host_addr(1);
+    let file = sw.dir.join("random.bin");
+    let data: Vec<u8> = {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    std::fs::write(&file, &data).unwrap();
+    let want = sha256_of(&file);
+    let (rx, mut lines) = probe_listener(tb, &h1, &["tcp-recv", &h1_addr, "5001", "60"]);
+    let send = probe(
+        tb,
+        &h0,
+        &["tcp-send", &h1_addr, "5001", file.to_str().unwrap()],
+    );
+    assert!(send.status.success(), "tcp-send failed: {send:?}");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+    let out = wait_with_timeout(rx, Duration::from_secs(60));
+    assert!(out.status.success());
+    assert_eq!(
+        line.trim(),
+        format!("{want} {len}"),
+        "TCP payload changed crossing the switch"
+    );
+}
