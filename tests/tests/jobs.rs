@@ -213,7 +213,9 @@ fn spoofed_data_from_an_allowed_host_changes_no_sum() {
     spec.allowed = vec!["198.18.0.0/24"];
     let mut sw = Switchd::start(&tb, &[spec]);
     let children: Vec<Child> = (0..2)
-        .map(|r| spawn_allreduce(&tb, 1, r, 2, 2_000_000, 10))
+        // Long enough (several seconds) that the once-a-second stats file
+        // shows the job active while the spoof still has slots to hit.
+        .map(|r| spawn_allreduce(&tb, 1, r, 2, 2_000_000, 60))
         .collect();
     sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     let gen = sw.stats()["generation"].as_u64().unwrap() as u32;

@@ -12,6 +12,7 @@
 //! nothing to send and nothing has arrived.
 
 pub mod blast;
+pub mod mmsg;
 
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
@@ -24,6 +25,8 @@ use proto::wire::{
     NackReason, DTYPE_F32, HEADER_LEN, JOIN_PAYLOAD_LEN, OP_SUM, SECRET_LEN,
 };
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+
+use crate::mmsg::DatagramBatch;
 
 /// How to reach the switch and which job to join.
 #[derive(Clone)]
@@ -193,6 +196,9 @@ pub struct Worker {
     prev_collective: Option<u32>,
     buf: Vec<u8>,
     rx: Vec<u8>,
+    /// DATA queued for one `sendmmsg`, RESULTs from one `recvmmsg`.
+    txb: DatagramBatch,
+    rxb: DatagramBatch,
     stats: WorkerStats,
     /// Ranks the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Vec<u16>)>,
@@ -245,6 +251,8 @@ impl Worker {
             prev_collective: None,
             buf: vec![0u8; 9216],
             rx: vec![0u8; 9216],
+            txb: DatagramBatch::new(),
+            rxb: DatagramBatch::new(),
             stats: WorkerStats::default(),
             missing: None,
             cfg,
@@ -312,6 +320,17 @@ impl Worker {
             }
             Err(e) => Err(io_err("send", self.cfg.switch)(e)),
         }
+    }
+
+    /// Sends the queued DATA in one `sendmmsg` (or a few, if the kernel
+    /// takes part of the batch).
+    fn flush_tx(&mut self) -> Result<(), WorkerError> {
+        if self.txb.is_empty() {
+            return Ok(());
+        }
+        self.txb
+            .send_all(self.sock.as_raw_fd())
+            .map_err(io_err("sendmmsg", self.cfg.switch))
     }
 
     /// Receives one datagram into `self.rx`; None when nothing is waiting.
@@ -537,10 +556,19 @@ impl Worker {
             let mut progressed = false;
             // Results first: a worker that was not scheduled for a while has
             // RESULTs waiting, and its resend timers must not fire for them.
-            while let Some(n) = self.recv()? {
+            loop {
+                let n = self
+                    .rxb
+                    .recv(self.sock.as_raw_fd())
+                    .map_err(io_err("recvmmsg", self.cfg.switch))?;
+                if n == 0 {
+                    break;
+                }
                 progressed = true;
-                if let Some(ev) = self.on_datagram(n, coll, out.as_deref_mut())? {
-                    return Ok(ev);
+                for i in 0..n {
+                    if let Some(ev) = self.on_datagram(i, coll, out.as_deref_mut())? {
+                        return Ok(ev);
+                    }
                 }
             }
             if coll.is_complete() {
@@ -561,14 +589,19 @@ impl Worker {
                 if t.retx {
                     h.flags |= flags::RETX;
                 }
-                h.emit_to(&mut self.buf).expect("buffer holds a header");
+                if self.txb.is_full() {
+                    self.flush_tx()?;
+                }
+                let slot = self.txb.next_slot().expect("flushed when full");
+                h.emit_to(slot).expect("slot holds a header");
                 let n = write_f32s(
                     &input[t.offset..t.offset + t.count as usize],
-                    &mut self.buf[HEADER_LEN..],
+                    &mut slot[HEADER_LEN..],
                 );
-                self.send(HEADER_LEN + n)?;
+                self.txb.commit(HEADER_LEN + n);
                 progressed = true;
             }
+            self.flush_tx()?;
             if coll.is_complete() {
                 break;
             }
@@ -618,13 +651,14 @@ impl Worker {
         self.stats.ece_results += coll.stats.ece_results;
     }
 
+    /// Handles datagram `i` of the last receive batch.
     fn on_datagram(
         &mut self,
-        n: usize,
+        i: usize,
         coll: &mut Collective,
         out: Option<&mut [f32]>,
     ) -> Result<Option<Event>, WorkerError> {
-        let Ok(h) = Header::new_checked(&self.rx[..n]) else {
+        let Ok(h) = Header::new_checked(self.rxb.get(i)) else {
             return Ok(None);
         };
         let Ok(r) = HeaderRepr::parse(&h) else {

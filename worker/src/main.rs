@@ -162,8 +162,9 @@ struct AllreduceArgs {
     /// Number of all-reduces in a row.
     #[arg(long, default_value_t = 1)]
     iterations: u32,
-    /// Fill a deterministic pattern and check every element bit for bit
-    /// against the rank-order sum.
+    /// Fill each iteration's deterministic pattern and check every element
+    /// bit for bit against the rank-order sum. Without it, every iteration
+    /// reduces the same input (iteration 0's pattern), copied in.
     #[arg(long)]
     verify: bool,
     /// Print one JSON object instead of text.
@@ -228,10 +229,23 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let mut data = vec![0f32; a.elements];
+    // Without --verify every iteration reduces the same input, copied in
+    // from here: generating a fresh pattern costs CPU between the timed
+    // all-reduces, which on a shared machine slows the other ranks' timed
+    // all-reduces and skews their start.
+    let mut template = Vec::new();
+    if !a.verify {
+        template = vec![0f32; a.elements];
+        fill_pattern(rank, 0, &mut template);
+    }
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
     for it in 0..a.iterations {
-        fill_pattern(rank, it, &mut data);
+        if a.verify {
+            fill_pattern(rank, it, &mut data);
+        } else {
+            data.copy_from_slice(&template);
+        }
         let t = Instant::now();
         w.all_reduce(&mut data)
             .with_context(|| format!("all-reduce {it} of job {job} (rank {rank})"))?;
