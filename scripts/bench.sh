@@ -96,7 +96,6 @@ readonly POOL_SLOTS=256
 readonly RATE=1gbit
 readonly RATE_BPS=1000000000
 readonly TBF_ARGS=(rate "$RATE" burst 256kb latency 50ms)
-readonly READY_LINE="switchd ready"
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
 readonly IPERF_SECS=2
@@ -184,22 +183,6 @@ TESTBED_MADE=0
 SWITCHD_PID=""
 BG_PIDS=()   # every other background child (workers, mpirun, iperf3)
 
-# stop_pid PID: SIGTERM, SIGKILL after a grace period, then reap.
-stop_pid() {
-    local pid="$1" i
-    [[ -n "$pid" ]] || return 0
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        warn "pid $pid ignored SIGTERM for ${STOP_TIMEOUT} s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || true
-}
 
 # stop_ns_leftovers: stop, by PID, anything still running inside this run's
 # namespaces (e.g. an OpenMPI daemon whose mpirun was stopped).
@@ -308,9 +291,6 @@ wait_pids() {
 }
 
 # --- install, build -----------------------------------------------------------------
-pkg_installed() {
-    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
-}
 missing=()
 for p in "${PACKAGES[@]}"; do
     pkg_installed "$p" || missing+=("$p")
@@ -410,20 +390,10 @@ rate_switchd() {
         done
     } >"$cfg"
     chmod 600 "$cfg"
-    ip netns exec "$RATE_PREFIX-sw" "$SWITCHD" run --config "$cfg" \
-        >"$RATES/switchd-$mode-t$threads.log" 2>&1 &
-    RATE_SWITCHD_PID=$!
-    deadline=$((SECONDS + READY_TIMEOUT))
-    until grep -qF "$READY_LINE" "$RATES/switchd-$mode-t$threads.log" 2>/dev/null; do
-        if ! kill -0 "$RATE_SWITCHD_PID" 2>/dev/null; then
-            wait "$RATE_SWITCHD_PID" || true
-            RATE_SWITCHD_PID=""
-            tail -n 20 "$RATES/switchd-$mode-t$threads.log" >&2
-            die "switchd ($mode) exited before it was ready; see $RATES"
-        fi
-        ((SECONDS < deadline)) || die "switchd ($mode) not ready within $READY_TIMEOUT s"
-        sleep 0.1
-    done
+    start_switchd "$RATE_PREFIX-sw" "$SWITCHD" "$RATES/switchd-$mode-t$threads.log" \
+        run --config "$cfg"
+    RATE_SWITCHD_PID=$SWITCHD_PID
+    SWITCHD_PID=""
 }
 
 rate_stop_switchd() {
@@ -613,8 +583,7 @@ rates_table() {
 }
 
 if [[ "$DO_RATES" -eq 1 ]]; then
-    SECRET="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-    [[ "${#SECRET}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+    SECRET="$(random_secret)"
     run_rates
     echo
     echo "=== bench $STAMP: packet rates ==="
@@ -663,8 +632,7 @@ mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" ||
 TESTBED_MADE=1
 bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" >"$RUN/testbed.log"
 
-SECRET="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-[[ "${#SECRET}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
+SECRET="$(random_secret)"
 readonly SECRET
 
 CFG="$RUN/switchd.toml"
@@ -877,22 +845,9 @@ run_mpi() {
         '. + {shapers: $sh, cpu_busy_fraction: $busy}' <<<"$json" >"$OUT/$tag.result.json"
 }
 
-start_switchd() {
-    local deadline
-    ip netns exec "$PREFIX-sw" "$SWITCHD" run --config "$CFG" --stats-file "$OUT/switchd-stats.json" \
-        >"$OUT/switchd.log" 2>&1 &
-    SWITCHD_PID=$!
-    deadline=$((SECONDS + READY_TIMEOUT))
-    until grep -qF "$READY_LINE" "$OUT/switchd.log" 2>/dev/null; do
-        if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
-            wait "$SWITCHD_PID" || true
-            SWITCHD_PID=""
-            tail -n 20 "$OUT/switchd.log" >&2
-            die "switchd exited before it was ready; see $OUT/switchd.log"
-        fi
-        ((SECONDS < deadline)) || die "switchd not ready within $READY_TIMEOUT s; see $OUT/switchd.log"
-        sleep 0.1
-    done
+start_bench_switchd() {
+    start_switchd "$PREFIX-sw" "$SWITCHD" "$OUT/switchd.log" \
+        run --config "$CFG" --stats-file "$OUT/switchd-stats.json"
 }
 
 stop_switchd() {
@@ -927,7 +882,7 @@ run_workers() {
 run_switch() {
     local k runs=() kt cpu0 busy
     log "[$LINK] switch: $WORKERS workers x $MIB MiB, $REPEATS iterations in one run, then $REPEATS single runs"
-    start_switchd
+    start_bench_switchd
     shaper_snapshot "$OUT/shaper-switch-before.json"
     read -r -a cpu0 < <(cpu_ticks)
     run_workers "$REPEATS" multi

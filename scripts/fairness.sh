@@ -178,10 +178,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # --- tools ----------------------------------------------------------------------
-pkg_installed() {
-    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
-}
-
 # PYTHON: an interpreter that imports matplotlib (Debian's python3-matplotlib
 # installs into /usr/bin/python3's path, which may not be the first python3).
 PYTHON=""

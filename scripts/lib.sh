@@ -7,7 +7,7 @@
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
 # is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
-# start_switchd.
+# start_switchd, pkg_installed.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -137,4 +137,9 @@ start_switchd() {
         fi
         sleep 0.1
     done
+}
+
+# pkg_installed PACKAGE: true when the Debian package is installed.
+pkg_installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
 }

@@ -51,10 +51,6 @@ run_quiet() {
     fi
 }
 
-pkg_installed() {
-    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
-}
-
 # --- Debian packages -------------------------------------------------------
 missing=()
 for p in "${PACKAGES[@]}"; do
