@@ -44,7 +44,8 @@ use std::time::{Duration, Instant};
 
 use proto::wire::{flags, Header, HeaderRepr, MsgType, HEADER_LEN, L2_L4_LEN};
 
-use crate::{Worker, WorkerConfig, WorkerError};
+use crate::mmsg::DatagramBatch;
+use crate::{wait_readable, Worker, WorkerConfig, WorkerError};
 
 /// Ethernet + IPv4 + UDP + aggregation header: the prebuilt part of a frame.
 pub const FRAME_HDR: usize = L2_L4_LEN + HEADER_LEN;
@@ -503,69 +504,6 @@ pub fn join_all(cfg: &WorkerConfig) -> Result<Vec<Worker>, WorkerError> {
     })
 }
 
-/// Receive buffers for `recvmmsg` on rank 0's socket.
-struct RxBatch {
-    bufs: Vec<[u8; RX_BUF]>,
-    iovs: Vec<libc::iovec>,
-    msgs: Vec<libc::mmsghdr>,
-}
-
-impl RxBatch {
-    fn new(n: usize) -> RxBatch {
-        let mut b = RxBatch {
-            bufs: vec![[0u8; RX_BUF]; n],
-            // SAFETY: plain C structs, zero is valid; filled in below.
-            iovs: vec![unsafe { std::mem::zeroed() }; n],
-            msgs: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
-        };
-        for i in 0..n {
-            b.iovs[i] = libc::iovec {
-                iov_base: b.bufs[i].as_mut_ptr() as *mut libc::c_void,
-                iov_len: RX_BUF,
-            };
-            b.msgs[i].msg_hdr.msg_iov = &mut b.iovs[i];
-            b.msgs[i].msg_hdr.msg_iovlen = 1;
-        }
-        b
-    }
-
-    /// One nonblocking `recvmmsg`; returns how many arrived.
-    fn recv(&mut self, sock: &UdpSocket) -> io::Result<usize> {
-        // SAFETY: the mmsghdrs point at our own iovecs and buffers.
-        let r = unsafe {
-            libc::recvmmsg(
-                sock.as_raw_fd(),
-                self.msgs.as_mut_ptr(),
-                self.msgs.len() as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN | libc::ECONNREFUSED | libc::EINTR) => Ok(0),
-            _ => Err(io::Error::new(e.kind(), format!("recvmmsg: {e}"))),
-        }
-    }
-
-    fn get(&self, i: usize) -> &[u8] {
-        &self.bufs[i][..(self.msgs[i].msg_len as usize).min(RX_BUF)]
-    }
-}
-
-fn wait_readable(sock: &UdpSocket, ms: i32) {
-    let mut p = libc::pollfd {
-        fd: sock.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) };
-}
-
 /// All ranks of one job from this process; see the module docs.
 pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
     use anyhow::Context;
@@ -612,7 +550,7 @@ pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
     // Room for whole seqs: every seq is N messages.
     let per_batch = (cfg.batch.max(n) / n).max(1);
     let mut b = Batch::new(per_batch * n, FRAME_HDR, payload);
-    let mut rx = RxBatch::new(cfg.batch.max(1));
+    let mut rx = DatagramBatch::new(cfg.batch, RX_BUF);
     let sock = RawSocket::open(&cfg.ifname, cfg.qdisc_bypass)?;
     let sock0 = workers[0].socket();
 
@@ -704,7 +642,9 @@ pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
             rep.data_refused += r;
         }
         // Rank 0's RESULTs.
-        let got = rx.recv(sock0)?;
+        let got = rx
+            .recv(sock0.as_raw_fd())
+            .map_err(|e| io::Error::new(e.kind(), format!("recvmmsg: {e}")))?;
         for j in 0..got {
             let m = rx.get(j);
             let Ok(h) = Header::new_checked(m) else {
@@ -760,7 +700,7 @@ pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
         }
         if got == 0 && k == 0 {
             // Window full and nothing arrived: sleep until a RESULT or 1 ms.
-            wait_readable(sock0, 1);
+            wait_readable(sock0.as_raw_fd(), Duration::from_millis(1));
         }
     }
     let secs = start.elapsed().as_secs_f64();

@@ -217,7 +217,7 @@ fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) ->
 }
 
 /// Waits up to `timeout` for `fd` to become readable.
-fn wait_readable(fd: i32, timeout: Duration) {
+pub(crate) fn wait_readable(fd: i32, timeout: Duration) {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -251,8 +251,8 @@ impl Worker {
             prev_collective: None,
             buf: vec![0u8; 9216],
             rx: vec![0u8; 9216],
-            txb: DatagramBatch::new(),
-            rxb: DatagramBatch::new(),
+            txb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
+            rxb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
             stats: WorkerStats::default(),
             missing: None,
             cfg,

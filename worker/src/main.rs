@@ -94,7 +94,7 @@ struct BlastAggArgs {
     common: BlastCommon,
     /// Job options; --rank is ignored (every rank is played).
     #[command(flatten)]
-    job: BlastJobArgs,
+    job: SwitchJobArgs,
     /// Seqs in flight at most (default and cap: the switch's window).
     #[arg(long)]
     window: Option<u16>,
@@ -109,25 +109,9 @@ struct BlastAggArgs {
     verify_every: u64,
 }
 
+/// The switch and the job: what every subcommand that joins needs.
 #[derive(Args, Clone)]
-struct BlastJobArgs {
-    #[arg(long)]
-    switch: Ipv4Addr,
-    #[arg(long, default_value_t = DEFAULT_AGG_PORT)]
-    port: u16,
-    #[arg(long)]
-    job: u16,
-    /// Number of ranks, all played by this process.
-    #[arg(long)]
-    workers: u16,
-    #[arg(long)]
-    secret: String,
-    #[arg(long, default_value_t = 30.0)]
-    join_timeout: f64,
-}
-
-#[derive(Args, Clone)]
-struct JobArgs {
+struct SwitchJobArgs {
     /// The switch's IPv4 address.
     #[arg(long)]
     switch: Ipv4Addr,
@@ -136,9 +120,7 @@ struct JobArgs {
     port: u16,
     #[arg(long)]
     job: u16,
-    #[arg(long)]
-    rank: u16,
-    /// Number of workers in the job.
+    /// Number of workers in the job (blast: all played by this process).
     #[arg(long)]
     workers: u16,
     /// The job's secret: 64 hex digits (32 bytes).
@@ -147,6 +129,15 @@ struct JobArgs {
     /// Seconds to wait for every rank to join.
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
+}
+
+/// One rank of a job.
+#[derive(Args, Clone)]
+struct JobArgs {
+    #[command(flatten)]
+    target: SwitchJobArgs,
+    #[arg(long)]
+    rank: u16,
     /// Seconds without progress before a collective fails.
     #[arg(long, default_value_t = 5.0)]
     stall_timeout: f64,
@@ -190,17 +181,18 @@ fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN]> {
 }
 
 fn config(a: &JobArgs) -> Result<WorkerConfig> {
-    if a.rank >= a.workers {
-        bail!("--rank {} must be below --workers {}", a.rank, a.workers);
+    let t = &a.target;
+    if a.rank >= t.workers {
+        bail!("--rank {} must be below --workers {}", a.rank, t.workers);
     }
     let mut c = WorkerConfig::new(
-        SocketAddrV4::new(a.switch, a.port),
-        a.job,
+        SocketAddrV4::new(t.switch, t.port),
+        t.job,
         a.rank,
-        a.workers,
-        parse_secret(&a.secret)?,
+        t.workers,
+        parse_secret(&t.secret)?,
     );
-    c.join_timeout = Duration::from_secs_f64(a.join_timeout);
+    c.join_timeout = Duration::from_secs_f64(t.join_timeout);
     c.stall_timeout = Duration::from_secs_f64(a.stall_timeout);
     Ok(c)
 }
@@ -308,7 +300,7 @@ fn join(a: JobArgs) -> Result<ExitCode> {
         Ok(w) => {
             println!(
                 "joined job {} as rank {}: gen {:#010x}, {} slots, {} elements per chunk",
-                a.job,
+                a.target.job,
                 a.rank,
                 w.generation(),
                 w.pool_slots(),
