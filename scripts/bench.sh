@@ -307,12 +307,7 @@ for c in mpicc mpirun jq iperf3 python3 tc ip; do
     command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
 done
 
-ensure_cargo_path
-log "building (cargo build --release --workspace --bins)"
-cargo build --release --workspace --bins
-for b in switchd worker switchctl; do
-    [[ -x "$REPO_ROOT/target/release/$b" ]] || die "target/release/$b missing after the build"
-done
+build_release
 
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 readonly STAMP
@@ -326,6 +321,25 @@ readonly SWITCHD="$RUN/bin/switchd"
 readonly WORKER="$RUN/bin/worker"
 cp "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
 readonly SWITCHCTL="$RUN/bin/switchctl"
+
+# plot_and_publish JSON PNG NAME: draw PNG from JSON (scripts/bench_plot.py,
+# with the system Python: Debian's python3-matplotlib lives there, whatever
+# python3 comes first on PATH), and unless --quick/--no-docs copy both to
+# docs/NAME.json and docs/NAME.png.
+plot_and_publish() {
+    local json="$1" png="$2" name="$3" python=/usr/bin/python3
+    [[ -x "$python" ]] || python=python3
+    "$python" "$REPO_ROOT/scripts/bench_plot.py" "$json" "$png" ||
+        warn "plot failed (scripts/bench_plot.py)"
+    if [[ "$DOCS" -eq 1 ]]; then
+        mkdir -p "$REPO_ROOT/docs"
+        cp "$json" "$REPO_ROOT/docs/$name.json"
+        [[ -s "$png" ]] && cp "$png" "$REPO_ROOT/docs/$name.png"
+        log "wrote docs/$name.json, docs/$name.png and $json"
+    else
+        log "wrote $json and $png (docs/ left alone)"
+    fi
+}
 
 # --- packet rates (before the all-reduce part) ------------------------------------------
 # A testbed of its own (prefix "rate", one generator namespace rate-w0 whose
@@ -610,18 +624,7 @@ if [[ "$RATES_ONLY" -eq 1 ]]; then
         '{stamp: $stamp, commit: $commit, rates_only: true,
           machine: {nproc: $nproc, cpu_model: $model, kernel: $kernel},
           rates: $rates[0]}' >"$OUT_JSON"
-    PYTHON=/usr/bin/python3
-    [[ -x "$PYTHON" ]] || PYTHON=python3
-    "$PYTHON" "$REPO_ROOT/scripts/bench_plot.py" "$OUT_JSON" "$RUN/rates.png" ||
-        warn "plot failed (scripts/bench_plot.py)"
-    if [[ "$DOCS" -eq 1 ]]; then
-        mkdir -p "$REPO_ROOT/docs"
-        cp "$OUT_JSON" "$REPO_ROOT/docs/bench-rates.json"
-        [[ -s "$RUN/rates.png" ]] && cp "$RUN/rates.png" "$REPO_ROOT/docs/bench-rates.png"
-        log "wrote docs/bench-rates.json, docs/bench-rates.png and $OUT_JSON"
-    else
-        log "wrote $OUT_JSON and $RUN/rates.png (docs/ left alone)"
-    fi
+    plot_and_publish "$OUT_JSON" "$RUN/rates.png" bench-rates
     exit 0
 fi
 MPI_BIN="$RUN/mpi_allreduce"
@@ -1089,18 +1092,4 @@ if [[ "$DO_RATES" -eq 1 ]]; then
 fi
 echo
 
-PNG="$RUN/bench.png"
-# The system Python: Debian's python3-matplotlib lives there, whatever
-# python3 comes first on PATH (pyenv, venv).
-PYTHON=/usr/bin/python3
-[[ -x "$PYTHON" ]] || PYTHON=python3
-"$PYTHON" "$REPO_ROOT/scripts/bench_plot.py" "$OUT_JSON" "$PNG" ||
-    warn "plot failed (scripts/bench_plot.py)"
-if [[ "$DOCS" -eq 1 ]]; then
-    mkdir -p "$REPO_ROOT/docs"
-    cp "$OUT_JSON" "$REPO_ROOT/docs/bench.json"
-    [[ -s "$PNG" ]] && cp "$PNG" "$REPO_ROOT/docs/bench.png"
-    log "wrote docs/bench.json, docs/bench.png and $OUT_JSON"
-else
-    log "wrote $OUT_JSON and $PNG (docs/ left alone)"
-fi
+plot_and_publish "$OUT_JSON" "$RUN/bench.png" bench

@@ -117,13 +117,9 @@ trap 'exit 143' TERM
 # --- build and testbed ------------------------------------------------------------
 log "checking the tools (scripts/setup.sh)"
 bash "$REPO_ROOT/scripts/setup.sh"
-ensure_cargo_path
-log "building (cargo build --release --workspace --bins)"
-cargo build --release --workspace --bins
+build_release
 SWITCHD="$REPO_ROOT/target/release/switchd"
 WORKER="$REPO_ROOT/target/release/worker"
-[[ -x "$SWITCHD" ]] || die "$SWITCHD missing after the build"
-[[ -x "$WORKER" ]] || die "$WORKER missing after the build"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/agg-demo.XXXXXX")"
 CFG="$WORK/switchd.toml"

@@ -219,9 +219,7 @@ ensure_tools() {
 
 ensure_tools
 if ((BUILD == 1)); then
-    ensure_cargo_path
-    log "building (cargo build --release --workspace --bins)"
-    cargo build --release --workspace --bins
+    build_release
 fi
 # Private copies of the binaries: a rebuild of target/ while the runs go on
 # must not change what is measured.

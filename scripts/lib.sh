@@ -7,7 +7,7 @@
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
 # is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
-# start_switchd, pkg_installed.
+# start_switchd, pkg_installed, build_release.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -142,4 +142,17 @@ start_switchd() {
 # pkg_installed PACKAGE: true when the Debian package is installed.
 pkg_installed() {
     [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+# build_release: `cargo build --release --workspace --bins` in the repository
+# and check that target/release/{switchd,worker,switchctl} are there.
+build_release() {
+    local b
+    ensure_cargo_path
+    log "building (cargo build --release --workspace --bins)"
+    (cd "$REPO_ROOT" && cargo build --release --workspace --bins)
+    for b in switchd worker switchctl; do
+        [[ -x "$REPO_ROOT/target/release/$b" ]] ||
+            die "target/release/$b missing (build with: cargo build --release --workspace --bins)"
+    done
 }

@@ -96,13 +96,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # --- build and testbed ------------------------------------------------------------
-ensure_cargo_path
-log "building (cargo build --release --workspace --bins)"
-cargo build --release --workspace --bins
+build_release
 SWITCHD="$REPO_ROOT/target/release/switchd"
 WORKER="$REPO_ROOT/target/release/worker"
-[[ -x "$SWITCHD" ]] || die "$SWITCHD missing after the build"
-[[ -x "$WORKER" ]] || die "$WORKER missing after the build"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/agg-soak.XXXXXX")"
 CFG="$WORK/switchd.toml"
