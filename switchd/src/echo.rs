@@ -117,32 +117,21 @@ mod tests {
         f.extend_from_slice(&[0x11, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7]);
         f.extend_from_slice(&[0; 10]);
         assert_eq!(f.len(), 64);
-        let ip = ones_complement(&f[14..34], 0);
-        f[24..26].copy_from_slice(&(!ip).to_be_bytes());
-        let udp = udp_sum(&f);
-        f[40..42].copy_from_slice(&(!udp).to_be_bytes());
+        let (ip, udp) = checksums(&f);
+        f[24..26].copy_from_slice(&ip.to_be_bytes());
+        f[40..42].copy_from_slice(&udp.to_be_bytes());
         f
     }
 
-    fn ones_complement(b: &[u8], init: u32) -> u16 {
-        let mut s = init;
-        for c in b.chunks(2) {
-            s += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
-        while s > 0xffff {
-            s = (s & 0xffff) + (s >> 16);
-        }
-        s as u16
-    }
-
-    /// Ones' complement sum of the UDP pseudo-header, header and payload.
-    fn udp_sum(f: &[u8]) -> u16 {
-        let udp_len = f.len() - 34;
-        let mut pseudo = f[26..34].to_vec();
-        pseudo.extend_from_slice(&[0, 17]);
-        pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
-        let p = ones_complement(&pseudo, 0);
-        ones_complement(&f[34..], u32::from(p))
+    /// The IPv4 header and UDP checksums the frame's contents call for,
+    /// computed by etherparse.
+    fn checksums(f: &[u8]) -> (u16, u16) {
+        let (ip, rest) = etherparse::Ipv4Header::from_slice(&f[14..]).unwrap();
+        let (udp, payload) = etherparse::UdpHeader::from_slice(rest).unwrap();
+        (
+            ip.calc_header_checksum(),
+            udp.calc_checksum_ipv4(&ip, payload).unwrap(),
+        )
     }
 
     #[test]
@@ -160,8 +149,11 @@ mod tests {
         // verify (the ones' complement sum over the covered bytes is 0xffff).
         assert_eq!(&f[12..26], &orig[12..26]);
         assert_eq!(&f[38..], &orig[38..]);
-        assert_eq!(ones_complement(&f[14..34], 0), 0xffff);
-        assert_eq!(udp_sum(&f), 0xffff);
+        let stored = (
+            u16::from_be_bytes([f[24], f[25]]),
+            u16::from_be_bytes([f[40], f[41]]),
+        );
+        assert_eq!(checksums(&f), stored);
         // Swapping twice gives the frame back.
         assert!(swap_addresses(&mut f));
         assert_eq!(f, orig);
