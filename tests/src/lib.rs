@@ -578,3 +578,23 @@ pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
         "TCP payload changed crossing the switch"
     );
 }
+
+/// Runs `scripts/impair.sh NS eth0 ARGS…`; Ok(stdout) or Err(what it said).
+pub fn impair_sh(ns: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/impair.sh"))
+        .args([ns, "eth0"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("running scripts/impair.sh: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "`scripts/impair.sh {ns} eth0 {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}

@@ -16,24 +16,12 @@ fn ce_marked_data_yields_ece_results_and_the_window_shrinks() {
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 2)], "ecn_ring_threshold = 1.0\n");
     // Rank 0's DATA leaves its host CE-marked, as if a queue on the way had
     // marked it: a phantom queue with a 1-byte threshold marks every packet.
-    let impair = repo_root().join("scripts/impair.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&impair)
-        .args([
-            &tb.worker_ns(0),
-            "eth0",
-            "--rate",
-            "100000",
-            "--ecn-threshold",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "impair.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = impair_sh(
+        &tb.worker_ns(0),
+        &["--rate", "100000", "--ecn-threshold", "1"],
+    ) {
+        panic!("{e}");
+    }
     // Capture one RESULT on rank 1's side: its IP header must carry CE too.
     let dump = tb
         .cmd_in(&tb.worker_ns(1), "timeout")
