@@ -8,7 +8,7 @@
 #   sudo scripts/bench.sh [--mib 64] [--repeats 5] [--quick] [--timeout 900]
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
-#                         [--rate-repeats 3] [--no-forward]
+#                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -28,6 +28,10 @@
 #                 bridge, through switchd with forwarding = "bridge", and
 #                 through the XDP fast path; runs after the packet rates,
 #                 its JSON goes under "forwarding")
+#   --no-per-packet  skip the in-memory per-packet cost
+#                 (scripts/bench_per_packet.sh: criterion's engine vs copy of
+#                 the payload, pinned to one CPU, before anything else runs;
+#                 its JSON goes under "per_packet")
 #
 # Packet rates (first, unless --no-rates): on a testbed of its own (prefix
 # "rate": rate-sw, rate-w0; 2 queues per veth), `worker blast` (raw
@@ -112,6 +116,7 @@ REPEATS=""
 QUICK=0
 DO_RATES=1
 DO_FORWARD=1
+DO_PER_PACKET=1
 RATES_ONLY=0
 RATE_SECONDS=""
 RATE_REPEATS=""
@@ -146,6 +151,7 @@ while [[ $# -gt 0 ]]; do
         --rates-only) RATES_ONLY=1; DO_RATES=1; shift ;;
         --no-rates) DO_RATES=0; shift ;;
         --no-forward) DO_FORWARD=0; shift ;;
+        --no-per-packet) DO_PER_PACKET=0; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -321,6 +327,14 @@ readonly SWITCHD="$RUN/bin/switchd"
 readonly WORKER="$RUN/bin/worker"
 cp "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
 readonly SWITCHCTL="$RUN/bin/switchctl"
+
+# --- per-packet cost (in memory), first, while nothing else of ours runs ------------
+if [[ "$DO_PER_PACKET" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
+    pp_secs=3
+    [[ "$QUICK" -eq 1 ]] && pp_secs=1
+    bash "$REPO_ROOT/scripts/bench_per_packet.sh" --secs "$pp_secs" --json "$RUN/per-packet.json" |
+        tee "$RUN/per-packet-table.md" || die "scripts/bench_per_packet.sh failed (see above)"
+fi
 
 # plot_and_publish JSON PNG NAME: draw PNG from JSON (scripts/bench_plot.py,
 # with the system Python: Debian's python3-matplotlib lives there, whatever
@@ -1012,6 +1026,7 @@ jq -n \
     --slurpfile unl "$RUN/unlimited/link.json" --slurpfile lim "$RUN/1gbit/link.json" \
     --slurpfile rates <(if [[ "$DO_RATES" -eq 1 ]]; then cat "$RATES/rates.json"; else echo null; fi) \
     --slurpfile fwd <(if [[ -s "$RUN/forward.json" ]]; then cat "$RUN/forward.json"; else echo null; fi) \
+    --slurpfile pp <(if [[ -s "$RUN/per-packet.json" ]]; then cat "$RUN/per-packet.json"; else echo null; fi) \
     '($l2 * 8 / $bps) as $bound_l2
      | ($l1 * 8 / $bps) as $bound_l1
      | {
@@ -1031,6 +1046,7 @@ jq -n \
                           note: "l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)"},
         rates: $rates[0],
         forwarding: $fwd[0],
+        per_packet: $pp[0],
         links: [$unl[0], $lim[0]
                 | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
                 | .switch.shapers.worker_egress.over_expected =
@@ -1051,7 +1067,10 @@ jq -n \
           switch_over_line_rate_goal_met: ($lim[0].switch.mean_s / $bound_l2 <= 1.10),
           forwarding_fast_path_tcp_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.tcp_gbps? // null),
           forwarding_fast_path_p99_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.rtt_p99? // null),
-          forwarding_xdp_pass_tcp_over_bridge: ($fwd[0].results["xdp-pass"].ratio_vs_bridge.tcp_gbps? // null)
+          forwarding_xdp_pass_tcp_over_bridge: ($fwd[0].results["xdp-pass"].ratio_vs_bridge.tcp_gbps? // null),
+          per_packet_engine_over_copy_362: ($pp[0].sizes? // [] | map(select(.elems == 362)) | .[0].engine_over_copy? // null),
+          per_packet_engine_over_copy_870: ($pp[0].sizes? // [] | map(select(.elems == 870)) | .[0].engine_over_copy? // null),
+          per_packet_goal: 1.5
         }
       }' >"$OUT_JSON"
 
@@ -1076,6 +1095,8 @@ jq -r '
   "switch / OpenMPI, 1 Gbit/s:  \(.headline.switch_over_openmpi_1gbit | f2) (mean), \(.links[1].ratio_switch_over_openmpi.median | f2) (median), \(.links[1].ratio_switch_over_openmpi.best | f2) (best); goal <= 0.67: \(if .headline.switch_over_openmpi_1gbit_goal_met then "met" else "NOT met" end)",
   "switch / OpenMPI with TSO: \(.headline.switch_over_openmpi_tso_unlimited | f2) unlimited, \(.headline.switch_over_openmpi_tso_1gbit | f2) at 1 Gbit/s (mean)",
   "switch / line rate, 1 Gbit/s: \(.headline.switch_over_line_rate_1gbit | f2) (mean), \(.headline.switch_over_line_rate_1gbit_median | f2) (median); goal <= 1.10: \(if .headline.switch_over_line_rate_goal_met then "met" else "NOT met" end)",
+  (if .per_packet == null then empty else
+   "per DATA packet / copy of its payload (criterion medians): " + ([.per_packet.sizes[] | "\(.elems) floats \(.engine_over_copy | f2)"] | join(", ")) + "; goal <= 1.5 at 362 floats: \(if .headline.per_packet_engine_over_copy_362 <= 1.5 then "met" else "NOT met" end)" end),
   (.links[] | select(.link == "1gbit") |
    "1 Gbit/s shapers, switch runs: \(.switch.shapers.worker_egress.over_expected | f2)x / \(.switch.shapers.worker_ingress_ifb.over_expected | f2)x the frames due crossed worker egress / ingress (ifb); tbf overlimits \(.switch.shapers.worker_egress.overlimits) / \(.switch.shapers.worker_ingress_ifb.overlimits), drops \(.switch.shapers.worker_egress.drops) / \(.switch.shapers.worker_ingress_ifb.drops)",
    "1 Gbit/s shapers, OpenMPI: tbf overlimits \(.openmpi.shapers.worker_egress.overlimits) egress / \(.openmpi.shapers.switch_port_egress.overlimits) switch port / \(.openmpi.shapers.worker_ingress_ifb.overlimits) ingress (ifb)"),
@@ -1089,6 +1110,11 @@ if [[ "$DO_RATES" -eq 1 ]]; then
     echo
     echo "packet rates (see above; also under \"rates\" in the JSON):"
     cat "$RUN/rates-table.md"
+fi
+if [[ -s "$RUN/per-packet-table.md" ]]; then
+    echo
+    echo "per-packet cost, in memory (criterion medians; also under \"per_packet\" in the JSON; goal engine / copy <= 1.5):"
+    cat "$RUN/per-packet-table.md"
 fi
 echo
 

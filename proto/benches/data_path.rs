@@ -13,6 +13,12 @@
 //! `data_packet/copy/E`: `simd::read_le_f32` of the same payloads into one
 //! buffer of E floats.
 //!
+//! `data_packet/sum_only/E`: the arithmetic of the engine without its
+//! protocol work: the same payloads copied (rank 0) or added (ranks 1..3)
+//! into one of 256 buffers by position in the stream. engine − sum_only is
+//! what parsing, the job lookup, membership, window, duplicate and
+//! rank-order checks and the counters cost per packet.
+//!
 //! `add_le_f32/<backend>/362`: one payload of a 1500-byte MTU folded into a
 //! sum, by the scalar loop, each vector backend, and the dispatched choice.
 //!
@@ -226,6 +232,29 @@ fn data_packet(c: &mut Criterion) {
                 stream.run(iters, |d| {
                     simd::read_le_f32(&d[HEADER_LEN..], &mut out);
                     black_box(&mut out);
+                })
+            })
+        });
+
+        // The arithmetic alone, with no protocol: the slot is seq mod the
+        // pool size, rank 0 copies, the others add (the stream's order).
+        let mut sums = vec![vec![0f32; elems as usize]; POOL as usize];
+        let mut next = 0usize;
+        g.bench_with_input(BenchmarkId::new("sum_only", elems), &elems, |b, _| {
+            b.iter_custom(|iters| {
+                stream.run(iters, |d| {
+                    let (rank, slot) = (
+                        next % RANKS as usize,
+                        (next / RANKS as usize) % POOL as usize,
+                    );
+                    next += 1;
+                    let acc = &mut sums[slot];
+                    if rank == 0 {
+                        simd::read_le_f32(&d[HEADER_LEN..], acc);
+                    } else {
+                        simd::add_le_f32(acc, &d[HEADER_LEN..]);
+                    }
+                    black_box(&mut *acc);
                 })
             })
         });

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+#
+# bench_per_packet.sh: the cost of one DATA packet through the switch's
+# engine against a plain copy of its payload (criterion, in memory, no I/O).
+# Run by scripts/bench.sh, or alone.
+#
+# Usage:
+#   scripts/bench_per_packet.sh [--json FILE] [--secs S] [--cpu N]
+#
+#   --json FILE  also write the results as JSON to FILE
+#   --secs S     criterion measurement time per benchmark (default 3)
+#   --cpu N      pin the benchmark to CPU N (default: the last CPU)
+#
+# It runs `cargo bench -p agg-proto --bench data_path -- data_packet` (the
+# benchmarks are described in proto/benches/data_path.rs): for 64, 256, 362
+# and 870 float32 per packet,
+#   engine    header parse + validation + JobTable::handle (job lookup,
+#             membership, window, duplicate and rank-order checks, the sum
+#             into the slot, counters), per packet of a 4-rank job;
+#   copy      a copy of the same payload into one buffer: the limit;
+#   sum_only  the engine's arithmetic alone (rank 0 copies into the slot,
+#             ranks 1..3 add), without any protocol work.
+# and reports criterion's median per benchmark, engine / copy (the goal is
+# <= 1.5) and sum_only / copy. No root needed; nothing touches the network.
+
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+JSON=""
+SECS=3
+CPU=$(($(nproc) - 1))
+
+usage() {
+    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --json) [[ $# -ge 2 ]] || die "--json needs a file"; JSON="$2"; shift 2 ;;
+        --secs) [[ $# -ge 2 ]] || die "--secs needs a value"; SECS="$2"; shift 2 ;;
+        --cpu) [[ $# -ge 2 ]] || die "--cpu needs a value"; CPU="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+uint_in_range "$SECS" 1 600 || die "--secs must be 1..600, got '$SECS'"
+uint_in_range "$CPU" 0 $(($(nproc) - 1)) || die "--cpu must be 0..$(($(nproc) - 1)) (this machine's CPUs), got '$CPU'"
+command -v jq >/dev/null 2>&1 || die "jq not found (apt-get install jq)"
+command -v taskset >/dev/null 2>&1 || die "taskset not found (apt-get install util-linux)"
+
+cd "$REPO_ROOT"
+readonly OUT_DIR="$REPO_ROOT/target/criterion/data_packet"
+# Stale estimates from an earlier run must not stand in for a failed one.
+rm -rf -- "$OUT_DIR"
+log "criterion data_path (data_packet), ${SECS} s per benchmark, pinned to CPU $CPU"
+cargo bench -q -p agg-proto --bench data_path --no-run >/dev/null 2>&1 ||
+    die "cargo bench --no-run failed; run: cargo bench -p agg-proto --bench data_path --no-run"
+taskset -c "$CPU" cargo bench -q -p agg-proto --bench data_path -- data_packet \
+    --warm-up-time 1 --measurement-time "$SECS" >/dev/null ||
+    die "cargo bench -p agg-proto --bench data_path failed"
+
+rows=()
+for elems in 64 256 362 870; do
+    for kind in engine copy sum_only; do
+        est="$OUT_DIR/$kind/$elems/new/estimates.json"
+        [[ -s "$est" ]] || die "criterion wrote no $est"
+    done
+    rows+=("$(jq -n --argjson e "$elems" \
+        --slurpfile eng "$OUT_DIR/engine/$elems/new/estimates.json" \
+        --slurpfile cp "$OUT_DIR/copy/$elems/new/estimates.json" \
+        --slurpfile so "$OUT_DIR/sum_only/$elems/new/estimates.json" \
+        '{elems: $e,
+          engine_ns: $eng[0].median.point_estimate,
+          copy_ns: $cp[0].median.point_estimate,
+          sum_only_ns: $so[0].median.point_estimate,
+          engine_over_copy: ($eng[0].median.point_estimate / $cp[0].median.point_estimate),
+          sum_only_over_copy: ($so[0].median.point_estimate / $cp[0].median.point_estimate),
+          protocol_ns: ($eng[0].median.point_estimate - $so[0].median.point_estimate)}')")
+done
+result="$(printf '%s\n' "${rows[@]}" | jq -s --argjson secs "$SECS" --argjson cpu "$CPU" \
+    '{measurement_secs: $secs, cpu: $cpu, statistic: "criterion median, ns per packet",
+      goal_engine_over_copy: 1.5, sizes: .}')"
+if [[ -n "$JSON" ]]; then
+    printf '%s\n' "$result" >"$JSON"
+fi
+jq -r '
+  def f($d): (. * $d | round) / $d | tostring;
+  "| floats per packet | engine ns | copy ns | sum only ns | engine / copy | sum only / copy | protocol work ns |",
+  "|---:|---:|---:|---:|---:|---:|---:|",
+  (.sizes[] | "| \(.elems) | \(.engine_ns | f(10)) | \(.copy_ns | f(10)) | \(.sum_only_ns | f(10)) | \(.engine_over_copy | f(100)) | \(.sum_only_over_copy | f(100)) | \(.protocol_ns | f(10)) |")
+' <<<"$result"
