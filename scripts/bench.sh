@@ -5,13 +5,18 @@
 # limited to 1 Gbit/s each way. One command from a fresh clone.
 #
 # Usage:
-#   sudo scripts/bench.sh [--mib 64] [--repeats 5] [--quick] [--timeout 900]
+#   sudo scripts/bench.sh [--mib 64] [--repeats 5] [--mtu 1500] [--quick] [--timeout 900]
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
 #                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
+#   --mtu M       MTU of every testbed link for the all-reduce part (default
+#                 1500; at most 3500: veth with an XDP program takes no larger
+#                 frame on a 4 KiB page). The switch sizes its chunks from it
+#                 and OpenMPI's TCP runs on the same links. With M != 1500 the
+#                 docs files are docs/bench-mtuM.{json,png}
 #   --quick       a fast check: 8 MiB, 3 repeats (unless given), results/ only
 #   --timeout T   seconds any one measurement may take (default 900)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
@@ -112,6 +117,7 @@ readonly PACKAGES=(
 
 ORIG_ARGS=("$@")
 MIB=""
+MTU=1500
 REPEATS=""
 QUICK=0
 DO_RATES=1
@@ -130,18 +136,20 @@ usage() {
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats)
+        --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats|--mtu)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --rate-seconds) RATE_SECONDS="$2" ;;
                 --rate-repeats) RATE_REPEATS="$2" ;;
                 --mib) MIB="$2" ;;
+                --mtu) MTU="$2" ;;
                 --repeats) REPEATS="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
             esac
             shift 2 ;;
         --mib=*) MIB="${1#*=}"; shift ;;
+        --mtu=*) MTU="${1#*=}"; shift ;;
         --repeats=*) REPEATS="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
@@ -177,6 +185,10 @@ uint_in_range "$MIB" 1 1024 || die "--mib must be 1..1024, got '$MIB'"
 uint_in_range "$REPEATS" 1 1000 || die "--repeats must be 1..1000, got '$REPEATS'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
+uint_in_range "$MTU" 576 3500 ||
+    die "--mtu must be 576..3500 (veth with an XDP program takes no larger frame), got '$MTU'"
+MTU=$((10#$MTU))
+readonly MTU
 MIB=$((10#$MIB)); REPEATS=$((10#$REPEATS)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
 readonly MIB REPEATS TIMEOUT WAIT_IDLE QUICK DOCS
 readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
@@ -647,7 +659,7 @@ mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" ||
 
 # --- testbed, config, ssh stand-in --------------------------------------------------
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" >"$RUN/testbed.log"
+bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log"
 
 SECRET="$(random_secret)"
 readonly SECRET
@@ -1019,7 +1031,7 @@ jq -n \
     --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     --argjson dirty "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)" \
     --argjson mib "$MIB" --argjson elements "$ELEMENTS" --argjson k "$REPEATS" \
-    --argjson workers "$WORKERS" --argjson quick "$QUICK" \
+    --argjson workers "$WORKERS" --argjson quick "$QUICK" --argjson mtu "$MTU" \
     --argjson epc "$EPC" --argjson chunks "$CHUNKS" --argjson hdr "$HDR" \
     --argjson l2 "$WIRE_L2" --argjson l1 "$WIRE_L1" --argjson bps "$RATE_BPS" \
     --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
@@ -1034,7 +1046,7 @@ jq -n \
         quick: ($quick == 1),
         machine: {nproc: $nproc, cpu_model: $model, mem_total_kib: $mem_kb, kernel: $kernel, os: $os,
                   loadavg_1min: {start: $load0, end: $load1}},
-        setup: {workers: $workers, mib: $mib, elements: $elements, dtype: "float32", repeats: $k,
+        setup: {workers: $workers, mib: $mib, elements: $elements, dtype: "float32", repeats: $k, mtu: $mtu,
                 openmpi: $ompi,
                 openmpi_args: "--mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --bind-to none",
                 shaping: "tbf rate 1gbit burst 256kb latency 50ms on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0",
@@ -1090,7 +1102,7 @@ jq -r '
      "| \($l.link) | OpenMPI | \($l.openmpi.best_s | f3) | \($l.openmpi.median_s | f3) | \($l.openmpi.mean_s | f3) | \(($l.openmpi.bytes * 8 / $l.openmpi.mean_s / 1e9) | f2) | |",
      "| \($l.link) | OpenMPI, worker tx offload on (TSO) | \($l.openmpi_tso.best_s | f3) | \($l.openmpi_tso.median_s | f3) | \($l.openmpi_tso.mean_s | f3) | \(($l.openmpi_tso.bytes * 8 / $l.openmpi_tso.mean_s / 1e9) | f2) | |"),
   "",
-  "line-rate bound at 1 Gbit/s: \(.line_rate_1gbit.bound_l2_s | f3) s (L2, \(.line_rate_1gbit.frame_bytes) B frames of \(.line_rate_1gbit.elems_per_chunk) floats, as tc counts), \(.line_rate_1gbit.bound_l1_s | f3) s (L1)",
+  "line-rate bound at 1 Gbit/s: \(.line_rate_1gbit.bound_l2_s | f3) s (MTU \(.setup.mtu), L2, \(.line_rate_1gbit.frame_bytes) B frames of \(.line_rate_1gbit.elems_per_chunk) floats, as tc counts), \(.line_rate_1gbit.bound_l1_s | f3) s (L1)",
   "switch / OpenMPI, unlimited: \(.headline.switch_over_openmpi_unlimited | f2) (mean), \(.links[0].ratio_switch_over_openmpi.median | f2) (median), \(.links[0].ratio_switch_over_openmpi.best | f2) (best)",
   "switch / OpenMPI, 1 Gbit/s:  \(.headline.switch_over_openmpi_1gbit | f2) (mean), \(.links[1].ratio_switch_over_openmpi.median | f2) (median), \(.links[1].ratio_switch_over_openmpi.best | f2) (best); goal <= 0.67: \(if .headline.switch_over_openmpi_1gbit_goal_met then "met" else "NOT met" end)",
   "switch / OpenMPI with TSO: \(.headline.switch_over_openmpi_tso_unlimited | f2) unlimited, \(.headline.switch_over_openmpi_tso_1gbit | f2) at 1 Gbit/s (mean)",
@@ -1104,7 +1116,7 @@ jq -r '
   "machine: \(.machine.nproc) cores (\(.machine.cpu_model)), \(.machine.mem_total_kib / 1048576 | f2) GiB, kernel \(.machine.kernel); 1-min load \(.machine.loadavg_1min.start) at start, \(.machine.loadavg_1min.end) at end"
 ' "$OUT_JSON" >"$TABLE"
 echo
-echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats ==="
+echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats, MTU $MTU ==="
 cat "$TABLE"
 if [[ "$DO_RATES" -eq 1 ]]; then
     echo
@@ -1118,4 +1130,8 @@ if [[ -s "$RUN/per-packet-table.md" ]]; then
 fi
 echo
 
-plot_and_publish "$OUT_JSON" "$RUN/bench.png" bench
+if [[ "$MTU" -eq 1500 ]]; then
+    plot_and_publish "$OUT_JSON" "$RUN/bench.png" bench
+else
+    plot_and_publish "$OUT_JSON" "$RUN/bench.png" "bench-mtu$MTU"
+fi

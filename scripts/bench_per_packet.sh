@@ -52,14 +52,20 @@ command -v taskset >/dev/null 2>&1 || die "taskset not found (apt-get install ut
 
 cd "$REPO_ROOT"
 readonly OUT_DIR="$REPO_ROOT/target/criterion/data_packet"
+readonly CRITERION_LOG="$REPO_ROOT/target/criterion/bench_per_packet.log"
 # Stale estimates from an earlier run must not stand in for a failed one.
 rm -rf -- "$OUT_DIR"
-log "criterion data_path (data_packet), ${SECS} s per benchmark, pinned to CPU $CPU"
-cargo bench -q -p agg-proto --bench data_path --no-run >/dev/null 2>&1 ||
-    die "cargo bench --no-run failed; run: cargo bench -p agg-proto --bench data_path --no-run"
+mkdir -p "$(dirname "$CRITERION_LOG")"
+log "criterion data_path (data_packet), ${SECS} s per benchmark, pinned to CPU $CPU (log: $CRITERION_LOG)"
+cargo bench -q -p agg-proto --bench data_path --no-run >"$CRITERION_LOG" 2>&1 || {
+    tail -n 20 "$CRITERION_LOG" >&2
+    die "cargo bench --no-run failed (see above)"
+}
 taskset -c "$CPU" cargo bench -q -p agg-proto --bench data_path -- data_packet \
-    --warm-up-time 1 --measurement-time "$SECS" >/dev/null ||
-    die "cargo bench -p agg-proto --bench data_path failed"
+    --warm-up-time 1 --measurement-time "$SECS" >>"$CRITERION_LOG" 2>&1 || {
+    tail -n 20 "$CRITERION_LOG" >&2
+    die "cargo bench -p agg-proto --bench data_path failed (see above)"
+}
 
 rows=()
 for elems in 64 256 362 870; do
@@ -86,7 +92,9 @@ if [[ -n "$JSON" ]]; then
     printf '%s\n' "$result" >"$JSON"
 fi
 jq -r '
-  def f($d): (. * $d | round) / $d | tostring;
+  def fx($d; $z): (. * $d | round) as $m
+          | ($m / $d | floor | tostring) + "." + (($z + ($m % $d | tostring)) | .[-($z | length):]);
+  def f($d): if $d == 10 then fx(10; "0") else fx(100; "00") end;
   "| floats per packet | engine ns | copy ns | sum only ns | engine / copy | sum only / copy | protocol work ns |",
   "|---:|---:|---:|---:|---:|---:|---:|",
   (.sizes[] | "| \(.elems) | \(.engine_ns | f(10)) | \(.copy_ns | f(10)) | \(.sum_only_ns | f(10)) | \(.engine_over_copy | f(100)) | \(.sum_only_over_copy | f(100)) | \(.protocol_ns | f(10)) |")
