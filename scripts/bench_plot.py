@@ -140,7 +140,8 @@ def main(argv):
     s = bench["setup"]
     h = bench["headline"]
     ax.set_title(
-        f"{s['workers']} workers, {s['mib']} MiB float32 all-reduce, {s['repeats']} repeats\n"
+        f"{s['workers']} workers, {s['mib']} MiB float32 all-reduce, {s['repeats']} repeats, "
+        f"MTU {s.get('mtu', 1500)}\n"
         f"switch/OpenMPI: {h['switch_over_openmpi_unlimited']:.2f} unlimited, "
         f"{h['switch_over_openmpi_1gbit']:.2f} at 1 Gbit/s; "
         f"switch/line rate {h['switch_over_line_rate_1gbit']:.2f}",
