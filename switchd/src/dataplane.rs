@@ -14,7 +14,13 @@
 //! socket another thread owns goes to that thread's lock-free outbox
 //! (crossbeam `ArrayQueue`, fixed capacity, no allocation) as a small
 //! [`Forward`] record; that thread writes the frame from the shadow copy,
-//! which stays valid until every rank has moved past the seq.
+//! which stays valid until every rank has moved past the seq. A thread
+//! that hands work to a sleeping thread wakes it through that thread's
+//! eventfd ([`crate::wake`]; at most one write per sleep): before, the
+//! RESULT waited for the sleeper's poll timeout (10 ms) or its next frame,
+//! and 2 threads stalled closed loops of workers (rates benchmark, 2-core
+//! VM, 2 / 4 / 8 ranks, one A/B pair of runs: 2 threads 110 / 103 / 124 k
+//! DATA/s before, 130 / 147 / 132 k after).
 //!
 //! Why shared state and not a hand-off to a slot-owner thread: a hand-off
 //! copies every payload once more between threads and still needs this
@@ -24,7 +30,10 @@
 //! two runs each): 1 thread 2.18 / 2.34 s, 2 threads 2.52 / 2.61 s, so
 //! 2 threads reach 0.87–0.90 of 1 thread here: the second thread takes CPU
 //! from the workers, and the lock is not the bottleneck. The default is 1
-//! thread; use more where the switch has cores of its own.
+//! thread; use more where the switch has cores of its own. On the 2-core
+//! VM the second thread can only share a core with the workers or the
+//! generator, so 2 threads reach 0.5–0.7 of 1 thread's packet rate there
+//! (docs/BENCHMARKS.md).
 //!
 //! Invariants (the hot path): no allocation per packet (frames are parsed in
 //! place, replies written straight into UMEM frames), ring operations in
@@ -52,6 +61,7 @@ use proto::wire::{
 use crate::admin::{AdminCall, AdminReply, AdminRequest};
 use crate::frame::{parse_udp_frame, reply_endpoint, write_udp_headers};
 use crate::stats::{self, PortStats, RingStats};
+use crate::wake::ThreadWaker;
 use crate::xdp::{XskRx, XskTx};
 
 /// Frames taken from one receive ring per round.
@@ -105,6 +115,9 @@ pub struct DataplaneCounters {
     pub ring_congested_frames: u64,
     /// Replies handed to the thread that owns the member's socket.
     pub forwarded: u64,
+    /// Hand-offs that found the owning thread asleep and woke it (one
+    /// eventfd write each; [`crate::wake`]).
+    pub thread_wakeups: u64,
     /// Echo mode: frames sent back (their drops count in `tx_ring_full`).
     pub echoed: u64,
 }
@@ -126,6 +139,7 @@ impl DataplaneCounters {
         self.nacks_sent += o.nacks_sent;
         self.ring_congested_frames += o.ring_congested_frames;
         self.forwarded += o.forwarded;
+        self.thread_wakeups += o.thread_wakeups;
         self.echoed += o.echoed;
     }
 }
@@ -186,6 +200,8 @@ pub struct Shared {
     /// Thread that owns socket `[port][queue]`.
     owner: Vec<Vec<usize>>,
     outboxes: Vec<ArrayQueue<Forward>>,
+    /// Wakes thread `i` from its poll(2) when its outbox gets work.
+    wakers: Vec<ThreadWaker>,
     published: Vec<Mutex<Published>>,
     /// Echo mode (a benchmark baseline, [`crate::echo`]): no aggregation.
     echo: bool,
@@ -210,13 +226,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Builds the shared state and one [`DataplaneThread`] per thread; sockets
-/// are dealt round-robin in the order given.
+/// are dealt round-robin in the order given. Fails only if a thread's
+/// wake-up eventfd cannot be made.
 pub fn build(
     table: JobTable,
     sockets: Vec<Socket>,
     cfg: &DataplaneConfig,
-) -> (Arc<Shared>, Vec<DataplaneThread>) {
+) -> std::io::Result<(Arc<Shared>, Vec<DataplaneThread>)> {
     let threads = cfg.threads.max(1);
+    let wakers = (0..threads)
+        .map(|_| ThreadWaker::new())
+        .collect::<std::io::Result<Vec<_>>>()?;
     let ports = sockets
         .iter()
         .map(|s| s.port_idx as usize + 1)
@@ -263,6 +283,7 @@ pub fn build(
         outboxes: (0..threads)
             .map(|_| ArrayQueue::new(OUTBOX_CAPACITY))
             .collect(),
+        wakers,
         published: (0..threads).map(|_| Mutex::default()).collect(),
         echo: cfg.echo,
     });
@@ -279,7 +300,7 @@ pub fn build(
             last_publish: Instant::now(),
         })
         .collect();
-    (shared, workers)
+    Ok((shared, workers))
 }
 
 /// Where replies go: this thread's transmit rings, or another's outbox.
@@ -306,6 +327,9 @@ impl Out<'_> {
             Some(t) if t != self.idx => {
                 if self.shared.outboxes[t].push(f).is_ok() {
                     self.counters.forwarded += 1;
+                    if self.shared.wakers[t].wake() {
+                        self.counters.thread_wakeups += 1;
+                    }
                 } else {
                     self.counters.tx_ring_full += 1;
                 }
@@ -823,17 +847,34 @@ impl DataplaneThread {
                 revents: 0,
             })
             .collect();
+        // Last: the eventfd other threads write when they hand us work.
+        fds.push(libc::pollfd {
+            fd: self.shared.wakers[self.idx].fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         let mut idle = 0u32;
         let mut next_tick = Instant::now() + tick_every;
         while !stop.load(Ordering::Relaxed) {
             if self.poll_once() == 0 {
                 idle += 1;
-                // Replies from other threads must not wait for our sleep.
-                if idle >= SPIN_ROUNDS && self.shared.outboxes[self.idx].is_empty() {
-                    // SAFETY: `fds` is a live array of fds.len() pollfds.
-                    unsafe {
-                        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, IDLE_WAIT_MS);
+                if idle >= SPIN_ROUNDS {
+                    // Replies from other threads must not wait for our
+                    // sleep: announce it, look at the outbox once more, and
+                    // let a thread that hands us work later write the
+                    // eventfd (crate::wake).
+                    let waker = &self.shared.wakers[self.idx];
+                    waker.prepare_sleep();
+                    let mut handed_work = false;
+                    if self.shared.outboxes[self.idx].is_empty() {
+                        // SAFETY: `fds` is a live array of fds.len() pollfds.
+                        let n = unsafe {
+                            libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, IDLE_WAIT_MS)
+                        };
+                        handed_work =
+                            n > 0 && fds.last().is_some_and(|p| p.revents & libc::POLLIN != 0);
                     }
+                    waker.woke(handed_work);
                 }
             } else {
                 idle = 0;

@@ -9,6 +9,7 @@
 //! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
+//! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
 
 pub mod admin;
 pub mod config;
@@ -17,4 +18,5 @@ pub mod echo;
 pub mod frame;
 pub mod metrics;
 pub mod stats;
+pub mod wake;
 pub mod xdp;

@@ -177,7 +177,8 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             threads,
             echo: cfg.switch.mode == DataplaneMode::Echo,
         },
-    );
+    )
+    .context("creating the dataplane threads' wake-up eventfds")?;
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
     lanes[0].set_admin(admin_rx);
     let _metrics = match cfg.switch.metrics_listen {

@@ -290,6 +290,16 @@ pub fn render(s: &Value) -> String {
             "Frames taken while a ring was over the ECN threshold.",
         ),
         (
+            "aggswitch_forwarded_replies_total",
+            "forwarded",
+            "Replies handed to the dataplane thread that owns the member's socket.",
+        ),
+        (
+            "aggswitch_thread_wakeups_total",
+            "thread_wakeups",
+            "Hand-offs that woke the owning dataplane thread from poll(2).",
+        ),
+        (
             "aggswitch_unknown_job_total",
             "unknown_job",
             "Messages for a job the switch does not have.",
@@ -333,6 +343,7 @@ mod tests {
         let s = serde_json::json!({
             "generation": 7, "rx_frames": 10, "tx_frames": 9, "tx_ring_full": 0,
             "ring_congested_frames": 2, "unknown_job": 1,
+            "forwarded": 11, "thread_wakeups": 4,
             "malformed": {"truncated": 3},
             "jobs": [{"id": 4, "state": "active", "n_workers": 2, "ranks_joined": 2,
                       "window": 64, "chunks_completed": 5, "bytes_aggregated": 40,
@@ -350,6 +361,8 @@ mod tests {
             "aggswitch_job_ece_marked_total{job=\"4\"} 2",
             "aggswitch_job_active{job=\"4\"} 1",
             "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
+            "aggswitch_forwarded_replies_total 11",
+            "aggswitch_thread_wakeups_total 4",
             "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",
             "aggswitch_port_xdp_forwarded_total{port=\"sw-w0\"} 6",
             "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",

@@ -62,6 +62,10 @@ pub struct SwitchStats {
     pub join_acks_sent: u64,
     pub nacks_sent: u64,
     pub ring_congested_frames: u64,
+    /// Replies one dataplane thread handed to another (the member's socket
+    /// belongs to it), and how many of those woke it from poll(2).
+    pub forwarded: u64,
+    pub thread_wakeups: u64,
     /// Echo mode only: frames sent back (drops are in `tx_ring_full`).
     pub echoed: u64,
     pub unknown_job: u64,
@@ -124,6 +128,8 @@ pub fn snapshot(
         join_acks_sent: dp.join_acks_sent,
         nacks_sent: dp.nacks_sent,
         ring_congested_frames: dp.ring_congested_frames,
+        forwarded: dp.forwarded,
+        thread_wakeups: dp.thread_wakeups,
         echoed: dp.echoed,
         unknown_job: table.counters.unknown_job,
         malformed: MALFORMED_KINDS

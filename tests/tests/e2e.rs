@@ -300,3 +300,35 @@ fn switchd_errors_say_what_to_do() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(tb.ports_with_xdp().is_empty());
 }
+
+#[test]
+fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
+    if !can_run("two_dataplane_threads") {
+        return;
+    }
+    // Four ports dealt over two threads (sw-w0 and sw-w2 to thread 0, sw-w1
+    // and sw-w3 to thread 1): whichever thread takes a chunk's last DATA
+    // hands the RESULTs of the other thread's members over its outbox.
+    let tb = Testbed::up("e2t", 4, 0);
+    let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "dataplane_threads = 2\n");
+    run_sizes(&tb, &[1, 363, 4 * 1024 * 1024 / 4], 2);
+    let stats = stop_clean(&tb, &mut sw);
+    let j = job(&stats, 1);
+    let want: u64 = [1usize, 363, 4 * 1024 * 1024 / 4]
+        .iter()
+        .map(|n| 2 * n.div_ceil(362) as u64)
+        .sum();
+    assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");
+    let forwarded = stats["forwarded"].as_u64().unwrap_or(0);
+    assert!(
+        forwarded > 0,
+        "no RESULT crossed between the threads; stats: {stats}"
+    );
+    // Every RESULT of every completed chunk went out, from one thread or
+    // the other (workers' resends can add served retransmissions).
+    assert!(j["results_sent"].as_u64().unwrap() >= 4 * want, "{j}");
+    assert!(
+        stats["thread_wakeups"].as_u64().unwrap_or(0) <= forwarded,
+        "at most one wake-up per hand-off: {stats}"
+    );
+}
