@@ -12,6 +12,15 @@ fn hexs(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Chunks a job completes for `iterations` all-reduces of each size, at 362
+/// elements per chunk (MTU 1500).
+fn chunks_for(sizes: &[usize], iterations: u32) -> u64 {
+    sizes
+        .iter()
+        .map(|n| u64::from(iterations) * n.div_ceil(362) as u64)
+        .sum()
+}
+
 fn run_sizes(tb: &Testbed, sizes: &[usize], iterations: u32) {
     for &elements in sizes {
         let children: Vec<Child> = (0..4)
@@ -36,10 +45,7 @@ fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
     let stats = stop_clean(&tb, &mut sw);
     let j = job(&stats, 1);
     // 2 iterations each of 1, 2 and ⌈2621440 / 362⌉ = 7242 chunks.
-    let want: u64 = [1usize, 363, 10 * 1024 * 1024 / 4]
-        .iter()
-        .map(|n| 2 * n.div_ceil(362) as u64)
-        .sum();
+    let want = chunks_for(&[1, 363, 10 * 1024 * 1024 / 4], 2);
     assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");
     assert_eq!(stats["malformed_total"], 0);
 }
@@ -311,13 +317,11 @@ fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     // hands the RESULTs of the other thread's members over its outbox.
     let tb = Testbed::up("e2t", 4, 0);
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "dataplane_threads = 2\n");
-    run_sizes(&tb, &[1, 363, 4 * 1024 * 1024 / 4], 2);
+    let sizes = [1, 363, 4 * 1024 * 1024 / 4];
+    run_sizes(&tb, &sizes, 2);
     let stats = stop_clean(&tb, &mut sw);
     let j = job(&stats, 1);
-    let want: u64 = [1usize, 363, 4 * 1024 * 1024 / 4]
-        .iter()
-        .map(|n| 2 * n.div_ceil(362) as u64)
-        .sum();
+    let want = chunks_for(&sizes, 2);
     assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");
     let forwarded = stats["forwarded"].as_u64().unwrap_or(0);
     assert!(
