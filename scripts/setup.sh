@@ -8,7 +8,7 @@
 # Idempotent and quiet when everything is there. Otherwise:
 #   * Debian packages (checked with dpkg): clang llvm libbpf-dev
 #     linux-libc-dev bpftool iproute2 ethtool iputils-ping python3 tcpdump
-#     iperf3 jq; runs `apt-get update` once, then
+#     iperf3 jq shellcheck (so that test.sh's lint stage runs everywhere); runs `apt-get update` once, then
 #     `apt-get install -y --no-install-recommends` of the missing ones
 #   * the rustup components rustfmt and clippy
 #   * bpffs on /sys/fs/bpf (a failure to mount is only a warning)
@@ -22,7 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PACKAGES=(
     clang llvm libbpf-dev linux-libc-dev bpftool iproute2 ethtool
-    iputils-ping python3 tcpdump iperf3 jq
+    iputils-ping python3 tcpdump iperf3 jq shellcheck
 )
 readonly COMPONENTS=(rustfmt clippy)
 

@@ -8,7 +8,7 @@
 # Stages, in order:
 #   setup      scripts/setup.sh (installs missing packages)
 #   lint       shellcheck --severity=warning on scripts/*.sh and .ci/run
-#              (only when shellcheck is installed)
+#              (setup installs shellcheck; skipped only if it is missing)
 #   fmt        cargo fmt --all --check
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
