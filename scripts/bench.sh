@@ -1088,11 +1088,7 @@ jq -n \
 
 # --- table --------------------------------------------------------------------------
 TABLE="$RUN/table.md"
-jq -r '
-  def fx($d; $z): (. * $d | round) as $m
-          | ($m / $d | floor | tostring) + "." + (($z + ($m % $d | tostring)) | .[-($z | length):]);
-  def f3: fx(1000; "000");
-  def f2: fx(100; "00");
+jq -r "$JQ_DECIMALS"'
   "| link | method | best s | median s | mean s | mean Gbit/s | iperf3 up/down/w2w Gbit/s |",
   "|---|---|---:|---:|---:|---:|---|",
   (.links[] as $l

@@ -91,11 +91,8 @@ result="$(printf '%s\n' "${rows[@]}" | jq -s --argjson secs "$SECS" --argjson cp
 if [[ -n "$JSON" ]]; then
     printf '%s\n' "$result" >"$JSON"
 fi
-jq -r '
-  def fx($d; $z): (. * $d | round) as $m
-          | ($m / $d | floor | tostring) + "." + (($z + ($m % $d | tostring)) | .[-($z | length):]);
-  def f($d): if $d == 10 then fx(10; "0") else fx(100; "00") end;
+jq -r "$JQ_DECIMALS"'
   "| floats per packet | engine ns | copy ns | sum only ns | engine / copy | sum only / copy | protocol work ns |",
   "|---:|---:|---:|---:|---:|---:|---:|",
-  (.sizes[] | "| \(.elems) | \(.engine_ns | f(10)) | \(.copy_ns | f(10)) | \(.sum_only_ns | f(10)) | \(.engine_over_copy | f(100)) | \(.sum_only_over_copy | f(100)) | \(.protocol_ns | f(10)) |")
+  (.sizes[] | "| \(.elems) | \(.engine_ns | f1) | \(.copy_ns | f1) | \(.sum_only_ns | f1) | \(.engine_over_copy | f2) | \(.sum_only_over_copy | f2) | \(.protocol_ns | f1) |")
 ' <<<"$result"
