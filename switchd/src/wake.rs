@@ -39,10 +39,9 @@ impl ThreadWaker {
         // fd that nothing else owns.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(io::Error::other(format!(
-                "eventfd: {}",
-                io::Error::last_os_error()
-            )));
+            // Keep the errno's kind (EMFILE, ENOMEM, …) for the caller.
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("eventfd: {e}")));
         }
         Ok(ThreadWaker {
             sleeping: AtomicBool::new(false),
