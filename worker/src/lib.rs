@@ -12,6 +12,7 @@
 //! nothing to send and nothing has arrived.
 
 pub mod blast;
+pub mod loopback;
 pub mod mmsg;
 
 use std::io;

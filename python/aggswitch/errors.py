@@ -1,0 +1,82 @@
+"""Exceptions raised by aggswitch.
+
+Every error of the worker library arrives as one of these, carrying the
+library's message (which names the job, the rank and what to do).
+"""
+
+from __future__ import annotations
+
+
+class AggSwitchError(Exception):
+    """Base class of every aggswitch error."""
+
+
+class RefusedError(AggSwitchError):
+    """The switch refused this worker (a NACK).
+
+    ``reason`` is one of ``"unknown_job"``, ``"bad_secret"``,
+    ``"source_not_allowed"``, ``"rank_out_of_range"``,
+    ``"parameters_differ"``, ``"malformed"``.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class JoinTimeoutError(AggSwitchError, TimeoutError):
+    """No JOIN_ACK in time: the switch is unreachable, the job is not
+    declared, or not every rank has started."""
+
+
+class StalledError(AggSwitchError, TimeoutError):
+    """A collective made no progress for ``stall_timeout`` seconds.
+
+    ``missing_ranks`` lists the ranks the switch is still waiting for (a dead
+    or stuck peer), ``[]`` when the switch has everything (RESULTs are being
+    lost), or ``None`` when the switch did not answer at all.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        missing_ranks: list[int] | None,
+        collective: int,
+        seq: int,
+    ) -> None:
+        super().__init__(message)
+        self.missing_ranks = missing_ranks
+        self.collective = collective
+        self.seq = seq
+
+
+class SwitchRestartedError(AggSwitchError):
+    """The switch restarted and resumes at a point this worker no longer has
+    the input for; the job cannot continue without restarting its ranks."""
+
+
+class TransportError(AggSwitchError, OSError):
+    """A socket call to the switch failed; ``errno`` is the OS error number
+    when there is one."""
+
+    def __init__(self, message: str, errno: int | None) -> None:
+        AggSwitchError.__init__(self, message)
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ProtocolError(AggSwitchError):
+    """The switch answered with parameters this worker cannot use."""
+
+
+__all__ = [
+    "AggSwitchError",
+    "RefusedError",
+    "JoinTimeoutError",
+    "StalledError",
+    "SwitchRestartedError",
+    "TransportError",
+    "ProtocolError",
+]

@@ -1,0 +1,412 @@
+//! `aggswitch._native`: the PyO3 layer over the worker library. Thin on
+//! purpose: the protocol, its timers and its errors live in `worker` and
+//! `proto`; this file converts arguments, releases the GIL around every
+//! blocking call and maps `WorkerError` to the exceptions of
+//! `aggswitch/errors.py`.
+//!
+//! Invariants: the GIL is never held while the worker's mutex is waited for
+//! or while a collective runs (so other Python threads, including the DDP
+//! hook's caller, keep running); a buffer is only written while its Python
+//! buffer view is held; after `close()` every call fails with a clear error.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use proto::wire::{NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use worker::loopback::{LoopbackConfig, LoopbackSwitch};
+use worker::{Worker, WorkerConfig, WorkerError, WorkerStats};
+
+/// Builds an exception of `aggswitch.errors.NAME` from its constructor args.
+fn py_error<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
+    let made = py
+        .import("aggswitch.errors")
+        .and_then(|m| m.getattr(name))
+        .and_then(|cls| cls.call1(args));
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
+    }
+}
+
+/// A `NackReason` as the short name `RefusedError.reason` carries.
+fn reason_name(r: NackReason) -> &'static str {
+    match r {
+        NackReason::UnknownJob => "unknown_job",
+        NackReason::BadSecret => "bad_secret",
+        NackReason::SourceNotAllowed => "source_not_allowed",
+        NackReason::RankOutOfRange => "rank_out_of_range",
+        NackReason::ParametersDiffer => "parameters_differ",
+        NackReason::JobNotActive => "job_not_active",
+        NackReason::StaleGeneration => "stale_generation",
+        NackReason::Malformed => "malformed",
+    }
+}
+
+fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        WorkerError::Io { source, .. } => {
+            py_error(py, "TransportError", (msg, source.raw_os_error()))
+        }
+        WorkerError::Refused { reason, .. } => {
+            py_error(py, "RefusedError", (msg, reason_name(reason)))
+        }
+        WorkerError::JoinTimeout { .. } => py_error(py, "JoinTimeoutError", (msg,)),
+        WorkerError::Stalled {
+            collective,
+            seq,
+            missing,
+            ..
+        } => py_error(py, "StalledError", (msg, missing, collective, seq)),
+        WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
+        WorkerError::BadJoinAck { .. } => py_error(py, "ProtocolError", (msg,)),
+        WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
+    }
+}
+
+/// "198.18.0.1", "198.18.0.1:48879" or "host:port", resolved to IPv4.
+fn parse_switch(s: &str) -> PyResult<SocketAddrV4> {
+    let with_port = if s.contains(':') {
+        s.to_owned()
+    } else {
+        format!("{s}:{DEFAULT_AGG_PORT}")
+    };
+    let bad = |why: String| {
+        PyValueError::new_err(format!(
+            "switch {s:?}: {why} (expected an IPv4 address or host name, optionally \
+             with :port, e.g. \"198.18.0.1:{DEFAULT_AGG_PORT}\")"
+        ))
+    };
+    let addrs = with_port
+        .to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?;
+    addrs
+        .into_iter()
+        .find_map(|a| match a {
+            SocketAddr::V4(v4) => Some(v4),
+            SocketAddr::V6(_) => None,
+        })
+        .ok_or_else(|| bad("no IPv4 address".into()))
+}
+
+fn parse_secret(s: &str) -> PyResult<[u8; SECRET_LEN]> {
+    let mut out = [0u8; SECRET_LEN];
+    hex::decode_to_slice(s.trim(), &mut out).map_err(|e| {
+        PyValueError::new_err(format!(
+            "secret: expected {} hex digits (the job's 32-byte secret), got {} characters: {e}",
+            2 * SECRET_LEN,
+            s.trim().len()
+        ))
+    })?;
+    Ok(out)
+}
+
+fn secs(name: &str, v: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err(format!("{name}: expected seconds > 0, got {v}")))
+}
+
+fn u16_arg(name: &str, v: i64, min: i64) -> PyResult<u16> {
+    u16::try_from(v)
+        .ok()
+        .filter(|&x| i64::from(x) >= min)
+        .ok_or_else(|| PyValueError::new_err(format!("{name}: expected {min}..=65535, got {v}")))
+}
+
+/// A joined member of a job on the aggregation switch.
+///
+/// The constructor joins and returns once every rank has joined; `close()`
+/// leaves. Use `aggswitch.Worker`, which adds torch tensors, futures and the
+/// context manager on top of this class.
+#[pyclass(module = "aggswitch._native", name = "Worker", subclass, frozen)]
+struct PyWorker {
+    inner: Mutex<Option<Worker>>,
+    /// Counters as of the last collective (readable while one runs).
+    last_stats: Mutex<WorkerStats>,
+    switch: SocketAddrV4,
+    job: u16,
+    rank: u16,
+    world_size: u16,
+    elems_per_chunk: u16,
+}
+
+impl PyWorker {
+    fn closed_error(&self, py: Python<'_>) -> PyErr {
+        py_error(
+            py,
+            "AggSwitchError",
+            (format!(
+                "job {} rank {}: this Worker is closed; make a new one to rejoin",
+                self.job, self.rank
+            ),),
+        )
+    }
+}
+
+#[pymethods]
+impl PyWorker {
+    #[new]
+    #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
+                        stall_timeout = 5.0, congestion_control = true, bind = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        switch: &str,
+        job: i64,
+        rank: i64,
+        world_size: i64,
+        secret: &str,
+        join_timeout: f64,
+        stall_timeout: f64,
+        congestion_control: bool,
+        bind: Option<&str>,
+    ) -> PyResult<Self> {
+        let sw = parse_switch(switch)?;
+        let job = u16_arg("job", job, 1)?;
+        let world = u16_arg("world_size", world_size, 1)?;
+        let rank = u16_arg("rank", rank, 0)?;
+        if rank >= world {
+            return Err(PyValueError::new_err(format!(
+                "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
+            )));
+        }
+        let mut cfg = WorkerConfig::new(sw, job, rank, world, parse_secret(secret)?);
+        cfg.join_timeout = secs("join_timeout", join_timeout)?;
+        cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
+        cfg.transport.congestion_control = congestion_control;
+        cfg.bind = match bind {
+            None => None,
+            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
+                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
+            })?),
+        };
+        let w = py.detach(|| Worker::join(cfg)).map_err(|e| map_err(py, e))?;
+        Ok(PyWorker {
+            last_stats: Mutex::new(w.stats()),
+            switch: sw,
+            job,
+            rank,
+            world_size: world,
+            elems_per_chunk: w.elems_per_chunk(),
+            inner: Mutex::new(Some(w)),
+        })
+    }
+
+    /// Sums `buf` element-wise over every rank of the job, in place.
+    ///
+    /// `buf` must support the buffer protocol, hold float32, be writable and
+    /// C-contiguous. Blocks (with the GIL released) until the result is in.
+    fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
+        let view = PyBuffer::<f32>::get(buf).map_err(|e| {
+            PyTypeError::new_err(format!(
+                "all_reduce: expected a writable C-contiguous float32 buffer (a numpy \
+                 float32 array or a CPU torch.float32 tensor), got {}: {e}",
+                type_name(buf)
+            ))
+        })?;
+        if view.readonly() {
+            return Err(PyValueError::new_err(format!(
+                "all_reduce: the {} is read-only; the result is written in place, \
+                 pass a writable buffer",
+                type_name(buf)
+            )));
+        }
+        if !view.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "all_reduce: the {} is not C-contiguous; pass a contiguous copy \
+                 (numpy.ascontiguousarray or tensor.contiguous()) and copy the result back",
+                type_name(buf)
+            )));
+        }
+        let len = view.item_count();
+        // SAFETY: the view is writable, C-contiguous, holds `len` f32 items and
+        // stays alive (so the exporter keeps the memory) until this function
+        // returns, after the collective; no other reference is made here.
+        let data: &mut [f32] = if len == 0 {
+            &mut []
+        } else {
+            unsafe { std::slice::from_raw_parts_mut(view.buf_ptr() as *mut f32, len) }
+        };
+        let r = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(w) = guard.as_mut() else {
+                return None;
+            };
+            let r = w.all_reduce(data);
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
+            Some(r)
+        });
+        drop(view);
+        match r {
+            None => Err(self.closed_error(py)),
+            Some(r) => r.map_err(|e| map_err(py, e)),
+        }
+    }
+
+    /// The worker library's counters as of the last completed collective.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = *self.last_stats.lock().unwrap_or_else(|p| p.into_inner());
+        let d = PyDict::new(py);
+        d.set_item("collectives", s.collectives)?;
+        d.set_item("chunks_sent", s.chunks_sent)?;
+        d.set_item("chunks_resent", s.chunks_resent)?;
+        d.set_item("chunks_fast_resent", s.chunks_fast_resent)?;
+        d.set_item("results", s.results)?;
+        d.set_item("duplicate_results", s.duplicate_results)?;
+        d.set_item("ece_results", s.ece_results)?;
+        d.set_item("rejoins", s.rejoins)?;
+        d.set_item("nacks", s.nacks)?;
+        d.set_item("window", s.window)?;
+        d.set_item("alpha", s.alpha)?;
+        d.set_item("srtt_us", s.srtt_us)?;
+        d.set_item("rto_us", s.rto_us)?;
+        Ok(d)
+    }
+
+    /// Leaves the job (best effort: one LEAVE datagram). Idempotent; waits
+    /// for a collective in progress to end first.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let w = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
+        match w {
+            Some(w) => w.leave().map_err(|e| map_err(py, e)),
+            None => Ok(()),
+        }
+    }
+
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none())
+    }
+    #[getter]
+    fn switch(&self) -> String {
+        self.switch.to_string()
+    }
+    #[getter]
+    fn job(&self) -> u16 {
+        self.job
+    }
+    #[getter]
+    fn rank(&self) -> u16 {
+        self.rank
+    }
+    #[getter]
+    fn world_size(&self) -> u16 {
+        self.world_size
+    }
+    /// Float32 elements per chunk, as the switch's JOIN_ACK set it.
+    #[getter]
+    fn elems_per_chunk(&self) -> u16 {
+        self.elems_per_chunk
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Worker(switch=\"{}\", job={}, rank={}, world_size={})",
+            self.switch, self.job, self.rank, self.world_size
+        )
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into())
+}
+
+/// A userspace stand-in for the switch on 127.0.0.1, one job, for trying
+/// the package (and the DDP hook) on one machine without root or XDP.
+/// Not a switch: one thread, no forwarding, not for production.
+#[pyclass(module = "aggswitch._native", name = "LoopbackSwitch", frozen)]
+struct PyLoopbackSwitch {
+    inner: Mutex<Option<LoopbackSwitch>>,
+    address: String,
+}
+
+#[pymethods]
+impl PyLoopbackSwitch {
+    #[new]
+    #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
+                        elems_per_chunk = 362, drop_every = 0))]
+    fn new(
+        job: i64,
+        world_size: i64,
+        secret: &str,
+        port: u16,
+        pool_slots: i64,
+        elems_per_chunk: i64,
+        drop_every: u64,
+    ) -> PyResult<Self> {
+        let mut cfg = LoopbackConfig::new(
+            u16_arg("job", job, 1)?,
+            u16_arg("world_size", world_size, 1)?,
+            parse_secret(secret)?,
+        );
+        cfg.pool_slots = u16_arg("pool_slots", pool_slots, 1)?;
+        cfg.elems_per_chunk = u16_arg("elems_per_chunk", elems_per_chunk, 1)?;
+        cfg.drop_every = drop_every;
+        let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyLoopbackSwitch {
+            address: sw.addr().to_string(),
+            inner: Mutex::new(Some(sw)),
+        })
+    }
+
+    /// "127.0.0.1:PORT": pass it as `switch=` to `Worker`.
+    #[getter]
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Loses all job state and starts a new generation, as a switchd
+    /// restart does; workers re-join and resend by themselves.
+    fn restart(&self) -> PyResult<()> {
+        match self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(sw) => {
+                sw.restart();
+                Ok(())
+            }
+            None => Err(PyValueError::new_err("LoopbackSwitch is closed")),
+        }
+    }
+
+    /// Stops serving. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let sw = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(move || drop(sw));
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: Option<&Bound<'_, PyAny>>,
+        _v: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        format!("LoopbackSwitch(address=\"{}\")", self.address)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWorker>()?;
+    m.add_class::<PyLoopbackSwitch>()?;
+    m.add("DEFAULT_PORT", DEFAULT_AGG_PORT)?;
+    Ok(())
+}
