@@ -226,6 +226,7 @@ fn serve(
             Verdict::Join(JoinOutcome::Nack(reason)) | Verdict::Data(DataOutcome::Nack(reason)) => {
                 tx.nack(hdr.job, hdr.rank, reason, from, &mut out)
             }
+            Verdict::Heartbeat { seq } => tx.heartbeat(hdr.rank, seq, from, &mut out),
             Verdict::NackUnknownJob => {
                 tx.nack(hdr.job, hdr.rank, NackReason::UnknownJob, from, &mut out)
             }
@@ -275,6 +276,22 @@ impl Replier<'_> {
         if hdr.emit_to(out).is_ok() {
             let n = write_f32s(res.values, &mut out[HEADER_LEN..]);
             let _ = self.sock.send_to(&out[..HEADER_LEN + n], to);
+        }
+    }
+
+    /// The ranks `seq` still waits for, as switchd answers (at most 512).
+    fn heartbeat(&self, rank: u16, seq: u32, to: SocketAddrV4, out: &mut [u8]) {
+        let mut h = HeaderRepr::new(MsgType::Heartbeat, self.job.id());
+        h.rank = rank;
+        h.seq = seq;
+        h.gen = self.gen;
+        h.window = self.job.window();
+        let n = self
+            .job
+            .write_missing_ranks(seq, &mut out[HEADER_LEN..HEADER_LEN + 1024]);
+        h.count = n as u16;
+        if h.emit_to(out).is_ok() {
+            let _ = self.sock.send_to(&out[..HEADER_LEN + 2 * n], to);
         }
     }
 

@@ -1,0 +1,117 @@
+"""aggswitch.torch: the DDP hook in one process (world size 1, gloo on
+127.0.0.1) against the loopback stand-in, and state_from_env's checks. The
+4-rank runs through switchd are tests/tests/torch_ddp.rs."""
+
+import socket
+
+import pytest
+
+from conftest import SECRET, require_torch
+
+torch = require_torch()
+import torch.distributed as dist  # noqa: E402
+
+import aggswitch  # noqa: E402
+import aggswitch.torch as agt  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def process_group():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def model_and_batch(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 300), torch.nn.ReLU(), torch.nn.Linear(300, 3))
+    return model, torch.randn(16, 20), torch.randint(3, (16,))
+
+
+def test_hook_gives_the_gradients_ddp_gives(switch, process_group):
+    sw = switch(1)
+    ref, x, y = model_and_batch(0)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+
+    model, _, _ = model_and_batch(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState(sw.address, job=1, secret=SECRET)
+    ddp.register_comm_hook(state, agt.allreduce_hook)
+    for _ in range(2):  # the second backward runs on the rebuilt buckets
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), name  # world 1: the mean is the gradient itself
+    assert state.stats()["collectives"] >= 2  # at least one bucket per backward
+    state.close()
+
+
+def test_hook_refuses_non_float32_buckets(switch, process_group):
+    sw = switch(1)
+    model = torch.nn.Linear(4, 2).double()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState(sw.address, job=1, secret=SECRET)
+    ddp.register_comm_hook(state, agt.allreduce_hook)
+    with pytest.raises(Exception, match="float32 only"):
+        ddp(torch.zeros(3, 4, dtype=torch.float64)).sum().backward()
+    state.close()
+
+
+def test_a_failed_bucket_fails_the_backward_with_the_library_message(process_group):
+    # Nothing listens there: the lazy join times out in the background and
+    # backward() raises the JoinTimeoutError's message.
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState("127.0.0.1:9", job=1, secret=SECRET, join_timeout=0.3)
+    ddp.register_comm_hook(state, agt.allreduce_hook)
+    with pytest.raises(Exception, match="no JOIN_ACK"):
+        ddp(torch.zeros(3, 4)).sum().backward()
+    with pytest.raises(Exception, match="earlier bucket failed"):
+        ddp(torch.zeros(3, 4)).sum().backward()
+    state.close()
+
+
+ENV = dict(AGGSWITCH_SWITCH="127.0.0.1:48879", AGGSWITCH_JOB="3", AGGSWITCH_SECRET=SECRET)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(AGGSWITCH_SWITCH=None), "AGGSWITCH_SWITCH is not set"),
+    (dict(AGGSWITCH_JOB="three"), "AGGSWITCH_JOB='three'"),
+    (dict(AGGSWITCH_SECRET="abc"), "AGGSWITCH_SECRET: expected 64 hex digits"),
+    (dict(AGGSWITCH_SECRET=None), "AGGSWITCH_SECRET_FILE is not set"),
+    (dict(AGGSWITCH_SECRET=None, AGGSWITCH_SECRET_FILE="/nonexistent/secret"), "cannot read it"),
+    (dict(AGGSWITCH_STALL_TIMEOUT="soon"), "AGGSWITCH_STALL_TIMEOUT='soon'"),
+])
+def test_state_from_env_names_what_is_wrong(monkeypatch, process_group, change, words):
+    for k, v in {**ENV, **change}.items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=words):
+        agt.state_from_env()
+
+
+def test_state_from_env_reads_secret_file_and_rank(monkeypatch, process_group, tmp_path):
+    f = tmp_path / "secret"
+    f.write_text(SECRET + "\n")
+    monkeypatch.setenv("AGGSWITCH_SWITCH", "127.0.0.1:48879")
+    monkeypatch.setenv("AGGSWITCH_JOB", "3")
+    monkeypatch.delenv("AGGSWITCH_SECRET", raising=False)
+    monkeypatch.setenv("AGGSWITCH_SECRET_FILE", str(f))
+    state = agt.state_from_env()
+    assert (state.job, state.rank, state.world_size) == (3, 0, 1)
+    assert SECRET not in repr(state)
+    state.close()
+
+
+def test_state_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        agt.AggSwitchState("127.0.0.1:48879", job=1, secret=SECRET)
