@@ -726,24 +726,10 @@ chmod 755 "$RSH"
 # --- measurements -------------------------------------------------------------------
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
 
-# shape_links: 1 Gbit/s each way on every worker link (see the header).
+# shape_links: 1 Gbit/s each way on every worker link (see the header;
+# shape_worker_links in lib.sh).
 shape_links() {
-    local i ns
-    for ((i = 0; i < WORKERS; i++)); do
-        ns="$PREFIX-w$i"
-        ip netns exec "$PREFIX-sw" tc qdisc replace dev "sw-w$i" root tbf "${TBF_ARGS[@]}"
-        ip netns exec "$ns" tc qdisc replace dev eth0 root tbf "${TBF_ARGS[@]}"
-        ip -n "$ns" link add ifb0 type ifb
-        ip -n "$ns" link set ifb0 up
-        ip netns exec "$ns" tc qdisc add dev eth0 handle ffff: ingress
-        if ! ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
-            matchall action mirred egress redirect dev ifb0 2>/dev/null; then
-            # No cls_matchall in this kernel: a u32 filter that matches all.
-            ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
-                u32 match u32 0 0 action mirred egress redirect dev ifb0
-        fi
-        ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf "${TBF_ARGS[@]}"
-    done
+    shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
 }
 
 # qdisc_counters NS DEV: "BYTES PACKETS DROPS OVERLIMITS" of DEV's root tbf

@@ -7,7 +7,7 @@
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
 # is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
-# start_switchd, pkg_installed, build_release.
+# start_switchd, pkg_installed, build_release, shape_worker_links.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -167,4 +167,48 @@ build_release() {
         [[ -x "$REPO_ROOT/target/release/$b" ]] ||
             die "target/release/$b missing (build with: cargo build --release --workspace --bins)"
     done
+}
+
+# shape_worker_links PREFIX WORKERS TBF_ARGS...: limit every worker link of
+# the testbed PREFIX (scripts/testbed.sh) both ways with `tbf TBF_ARGS`
+# (e.g. rate 1gbit burst 256kb latency 50ms): on every worker's eth0 egress
+# (worker -> switch), on every switch port sw-wI egress (bridged traffic ->
+# worker), and on every worker's eth0 ingress through an ifb device ifb0,
+# because switchd's AF_XDP transmit bypasses the qdisc of sw-wI. Used by
+# bench.sh and bench_train.sh; the testbed's removal removes it all.
+shape_worker_links() {
+    local prefix="$1" workers="$2" i ns
+    shift 2
+    for ((i = 0; i < workers; i++)); do
+        ns="$prefix-w$i"
+        ip netns exec "$prefix-sw" tc qdisc replace dev "sw-w$i" root tbf "$@"
+        ip netns exec "$ns" tc qdisc replace dev eth0 root tbf "$@"
+        ip -n "$ns" link add ifb0 type ifb
+        ip -n "$ns" link set ifb0 up
+        ip netns exec "$ns" tc qdisc add dev eth0 handle ffff: ingress
+        if ! ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
+            matchall action mirred egress redirect dev ifb0 2>/dev/null; then
+            # No cls_matchall in this kernel: a u32 filter that matches all.
+            ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
+                u32 match u32 0 0 action mirred egress redirect dev ifb0
+        fi
+        ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf "$@"
+    done
+}
+
+# The project venv's python (scripts/setup.sh makes the venv).
+VENV_PYTHON="$REPO_ROOT/.venv/bin/python"
+export VENV_PYTHON
+
+# build_python_package: build the aggswitch package (python/, release) and
+# install it into the project venv, editable (maturin develop).
+build_python_package() {
+    [[ -x "$VENV_PYTHON" && -x "$REPO_ROOT/.venv/bin/maturin" ]] ||
+        die "no project venv with maturin in $REPO_ROOT/.venv: run scripts/setup.sh"
+    (cd "$REPO_ROOT/python" &&
+        VIRTUAL_ENV="$REPO_ROOT/.venv" PATH="$REPO_ROOT/.venv/bin:$PATH" \
+            maturin develop --release --quiet) ||
+        die "building the aggswitch package failed (maturin develop --release in python/)"
+    "$VENV_PYTHON" -c "import aggswitch" ||
+        die "aggswitch does not import after building it"
 }

@@ -12,6 +12,11 @@
 #     `apt-get install -y --no-install-recommends` of the missing ones
 #   * the rustup components rustfmt and clippy
 #   * bpffs on /sys/fs/bpf (a failure to mount is only a warning)
+#   * the project venv .venv (git-ignored; the system Python is untouched)
+#     with python/requirements-dev.txt: maturin, numpy, pytest,
+#     scikit-learn, torch (PyPI's wheel pulls CUDA libraries: about 80 s and
+#     5 GB the first time, reused after), matplotlib. The aggswitch package
+#     itself is built into the venv by test.sh (build_python_package in lib.sh).
 # Prints what it installed; on failure prints the installer's output and
 # exits non-zero. Installing needs root (checking does not).
 
@@ -98,6 +103,29 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     fi
 fi
 # --- end cargo-fuzz ---
+
+# --- the project venv (python/) ------------------------------------------------
+readonly VENV="$REPO_ROOT/.venv"
+readonly PY_REQUIREMENTS="$REPO_ROOT/python/requirements-dev.txt"
+# Import names of what requirements-dev.txt installs (maturin is a command).
+readonly PY_MODULES="numpy, pytest, sklearn, torch, matplotlib"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "making the project venv $VENV"
+    if ! python3 -m venv "$VENV" >"$OUT" 2>&1; then
+        # Debian's own python3 needs python3-venv for this.
+        require_root "$@"
+        run_quiet "apt-get install python3-venv" apt-get install -y -q --no-install-recommends python3-venv
+        run_quiet "python3 -m venv" python3 -m venv "$VENV"
+    fi
+    INSTALLED+=("venv .venv")
+fi
+if ! "$VENV/bin/python" -c "import $PY_MODULES" >/dev/null 2>&1 || [[ ! -x "$VENV/bin/maturin" ]]; then
+    log "installing python/requirements-dev.txt into .venv (torch: about 80 s and 5 GB the first time)"
+    run_quiet "pip install" "$VENV/bin/pip" install -q -r "$PY_REQUIREMENTS"
+    "$VENV/bin/python" -c "import $PY_MODULES" ||
+        die "the venv still lacks one of: $PY_MODULES (see the pip output above)"
+    INSTALLED+=("python/requirements-dev.txt into .venv")
+fi
 
 # --- bpffs --------------------------------------------------------------------
 # (Check the type: /sys/fs/bpf may be a mount point of plain sysfs.)

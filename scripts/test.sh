@@ -13,11 +13,16 @@
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
 #   unit       cargo test --workspace --exclude agg-e2e
+#   python     build the aggswitch package into the project venv (maturin
+#              develop --release) and run its pytest suite (python/tests,
+#              on the loopback stand-in switch: no root needed)
 #   e2e        cargo test --release -p agg-e2e --no-fail-fast -- --test-threads=1
 #              (needs root: the tests make veth/netns testbeds with
 #              scripts/testbed.sh and run target/release/{switchd,worker})
 #   fuzz       each cargo-fuzz target of fuzz/ for 30 s, when cargo-fuzz is
 #              installed and fuzz/ exists
+# The e2e stage includes the PyTorch DDP runs (tests/tests/torch_ddp.rs),
+# which use the venv's python and the package the python stage built.
 # --quick skips e2e and fuzz. Without root, e2e is skipped with a message,
 # except under CI=true, where not being root is an error. A failing stage
 # does not stop the later ones (but build failing skips e2e and setup failing
@@ -54,6 +59,7 @@ RAN=()
 SKIPPED=()
 FAILED=()
 TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-test.XXXXXX")"
+PY_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-pytest.XXXXXX")"
 
 summary() {
     local passed=0 failed=0 ignored=0 p f i
@@ -61,6 +67,17 @@ summary() {
     while read -r p f i; do
         passed=$((passed + p)); failed=$((failed + f)); ignored=$((ignored + i))
     done < <(sed -n 's/.*test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' "$TEST_LOG")
+    # pytest's last line: "== 3 failed, 34 passed, 1 skipped in 9.1s ==".
+    local last word
+    last="$(tail -n 1 "$PY_LOG")"
+    for word in passed failed skipped; do
+        [[ "$last" =~ ([0-9]+)\ $word ]] || continue
+        case "$word" in
+            passed) passed=$((passed + BASH_REMATCH[1])) ;;
+            failed) failed=$((failed + BASH_REMATCH[1])) ;;
+            skipped) ignored=$((ignored + BASH_REMATCH[1])) ;;
+        esac
+    done
     echo
     echo "tests: $passed passed, $failed failed, $ignored skipped"
     local ran="${RAN[*]:-none}" skipped="none" failedst="${FAILED[*]:-none}"
@@ -74,7 +91,7 @@ summary() {
 cleanup() {
     local rc=$?
     summary
-    rm -f -- "$TEST_LOG"
+    rm -f -- "$TEST_LOG" "$PY_LOG"
     if ((${#FAILED[@]} > 0)) && [[ "$rc" -eq 0 ]]; then
         rc=1
     fi
@@ -109,6 +126,13 @@ skip() {
 cargo_test() {
     cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
 }
+
+# python_tests: build the package into the venv, then pytest python/tests.
+# (A subshell: build_python_package's die must fail the stage, not test.sh.)
+python_tests() (
+    build_python_package
+    "$VENV_PYTHON" -m pytest -q -rs "$REPO_ROOT/python/tests" 2>&1 | tee "$PY_LOG"
+)
 
 run_fuzz() {
     local -a cargo_fuzz=(cargo fuzz) targets=()
@@ -148,6 +172,7 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
 BUILD_OK=1
 stage build cargo build --release --workspace --bins || BUILD_OK=0
 stage unit cargo_test --workspace --exclude agg-e2e || true
+stage python python_tests || true
 
 # --- end-to-end tests ---------------------------------------------------------------
 if [[ "$QUICK" -eq 1 ]]; then
@@ -161,6 +186,7 @@ else
     export AGG_TESTBED="$REPO_ROOT/scripts/testbed.sh"
     export AGG_SWITCHD="$REPO_ROOT/target/release/switchd"
     export AGG_WORKER="$REPO_ROOT/target/release/worker"
+    export AGG_PYTHON="$VENV_PYTHON"
     stage e2e cargo_test --release -p agg-e2e --no-fail-fast -- --test-threads=1 || true
 fi
 

@@ -187,7 +187,9 @@ impl PyWorker {
                 PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
             })?),
         };
-        let w = py.detach(|| Worker::join(cfg)).map_err(|e| map_err(py, e))?;
+        let w = py
+            .detach(|| Worker::join(cfg))
+            .map_err(|e| map_err(py, e))?;
         Ok(PyWorker {
             last_stats: Mutex::new(w.stats()),
             switch: sw,
@@ -282,7 +284,12 @@ impl PyWorker {
 
     #[getter]
     fn closed(&self, py: Python<'_>) -> bool {
-        py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none())
+        py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none()
+        })
     }
     #[getter]
     fn switch(&self) -> String {
@@ -369,7 +376,12 @@ impl PyLoopbackSwitch {
     /// Loses all job state and starts a new generation, as a switchd
     /// restart does; workers re-join and resend by themselves.
     fn restart(&self) -> PyResult<()> {
-        match self.inner.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        match self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             Some(sw) => {
                 sw.restart();
                 Ok(())

@@ -1,0 +1,64 @@
+"""Type stubs of the PyO3 extension (python/src/lib.rs)."""
+
+from typing import Any
+
+DEFAULT_PORT: int
+
+class Worker:
+    """A joined member of a job; see aggswitch.Worker."""
+
+    def __new__(
+        cls,
+        switch: str,
+        job: int,
+        rank: int,
+        world_size: int,
+        secret: str,
+        *,
+        join_timeout: float = 30.0,
+        stall_timeout: float = 5.0,
+        congestion_control: bool = True,
+        bind: str | None = None,
+    ) -> "Worker": ...
+    def all_reduce(self, buf: Any) -> None:
+        """Sums a writable C-contiguous float32 buffer over all ranks, in place."""
+    def stats(self) -> dict[str, int | float]:
+        """Counters as of the last completed collective."""
+    def close(self) -> None:
+        """Leaves the job; idempotent."""
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def switch(self) -> str: ...
+    @property
+    def job(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def elems_per_chunk(self) -> int: ...
+
+class LoopbackSwitch:
+    """A userspace stand-in for the switch on 127.0.0.1 (one job), for trying
+    the package without root or XDP. Not for production."""
+
+    def __new__(
+        cls,
+        job: int,
+        world_size: int,
+        secret: str,
+        *,
+        port: int = 0,
+        pool_slots: int = 64,
+        elems_per_chunk: int = 362,
+        drop_every: int = 0,
+    ) -> "LoopbackSwitch": ...
+    @property
+    def address(self) -> str:
+        """"127.0.0.1:PORT", to pass as Worker(switch=...)."""
+    def restart(self) -> None:
+        """Loses all job state (a new generation), as a switchd restart does."""
+    def close(self) -> None: ...
+    def __enter__(self) -> "LoopbackSwitch": ...
+    def __exit__(self, *exc: object) -> None: ...

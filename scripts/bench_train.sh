@@ -1,0 +1,367 @@
+#!/usr/bin/env bash
+#
+# bench_train.sh: DDP training step time through the switch against DDP's
+# default gloo all-reduce, on the same veth testbed, in the same run, on
+# unlimited links and on links limited to 1 Gbit/s each way.
+#
+# Usage:
+#   sudo scripts/bench_train.sh [--steps 20] [--warmup 3] [--batch 32]
+#                               [--hidden 5000] [--timeout 600] [--no-docs]
+#
+#   --steps N     timed steps per configuration (default 20)
+#   --warmup N    steps run first and left out of the statistics (default 3:
+#                 the first step joins the switch's job and DDP rebuilds its
+#                 buckets after it)
+#   --batch B     samples per rank and step (default 32)
+#   --hidden H    width of the 2 hidden layers (default 5000: 64*H + H*H +
+#                 10*H + biases = 25.38 M float32 parameters, 101.5 MB of
+#                 gradient per step)
+#   --timeout T   seconds one configuration (4 ranks) may take (default 600)
+#   --no-docs     write results/ only, leave docs/bench-train.{json,png} alone
+#   -h, --help    this text
+#
+# The model is examples/train_ddp.py's MLP on scikit-learn's digits (2 hidden
+# layers, SGD with momentum, seed 0, each rank its own samples), run as 4
+# ranks, one process per worker namespace (`ip netns exec btr-wI
+# .venv/bin/python examples/train_ddp.py`, RANK/WORLD_SIZE/MASTER_ADDR
+# 198.18.0.10/MASTER_PORT from the environment, GLOO_SOCKET_IFNAME=eth0,
+# OMP_NUM_THREADS=1), in 4 configurations:
+#   link unlimited | 1gbit  x  comm gloo (DDP's default all-reduce over the
+#   gloo process group, TCP between the workers through the bridge) | switch
+#   (aggswitch.torch's DDP hook: every bucket summed in switchd).
+# The 1 Gbit/s setting shapes every worker link both ways as bench.sh does
+# (shape_worker_links in lib.sh: tbf rate 1gbit burst 256kb latency 50ms on
+# worker eth0 egress, switch port egress and worker eth0 ingress via ifb0).
+# switchd (job 1 of 4 workers, pool_slots 256, a fresh random secret) runs
+# only during the switch configurations.
+#
+# What it needs: the project venv .venv with torch, scikit-learn and
+# aggswitch (scripts/setup.sh makes it); matplotlib is installed into the
+# venv with pip when missing (the plot is skipped if that fails). It builds
+# switchd with `cargo build --release --workspace --bins` and installs the
+# build dependencies with apt-get when missing.
+#
+# Statistic: train_ddp.py times every step on every rank (sample, forward,
+# backward with the gradient all-reduce, optimizer step). The warm-up steps
+# are dropped; a configuration's step time is the slowest rank's median over
+# the timed steps (the ranks are held in lock-step by the all-reduce, so
+# their medians differ little; the slowest is the conservative one and what
+# bench.sh reports for the all-reduce). samples/s = 4 x batch / step time.
+# The ratio switch / gloo is taken per link setting (goal at 1 Gbit/s:
+# <= 0.67). Sanity: the final loss over all 1797 samples of the switch run
+# must be within 2 % of the gloo run's, every rank must end with the same
+# weights, and the two switch runs (same seed) with bit-identical weights.
+#
+# Output: the table on stdout, results/bench-train-STAMP.json and .png with
+# every rank's JSON and log in results/bench-train-STAMP/, and unless
+# --no-docs, docs/bench-train.json and docs/bench-train.png
+# (scripts/bench_train_report.py makes the JSON, table and plot).
+#
+# Everything runs in the namespaces btr-sw, btr-w0..3 (scripts/testbed.sh up
+# --workers 4 --prefix btr); every process started is stopped by PID and the
+# testbed removed on exit, also on failure.
+
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+readonly PREFIX=btr
+readonly WORKERS=4
+readonly LAYERS=2
+readonly SEED=0
+readonly SWITCH_ADDR=198.18.0.1
+readonly MASTER_IP=198.18.0.10
+readonly MASTER_PORT_BASE=29500
+readonly AGG_PORT=48879
+readonly JOB_ID=1
+readonly POOL_SLOTS=256
+readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
+readonly READY_TIMEOUT=30
+readonly STOP_TIMEOUT=15
+readonly PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
+readonly VENV="$REPO_ROOT/.venv"
+readonly PY="$VENV/bin/python"
+
+STEPS=20
+WARMUP=3
+BATCH=32
+HIDDEN=5000
+TIMEOUT=600
+DOCS=1
+
+usage() {
+    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --steps|--warmup|--batch|--hidden|--timeout)
+            [[ $# -ge 2 ]] || die "$1 needs a value"
+            case "$1" in
+                --steps) STEPS="$2" ;;
+                --warmup) WARMUP="$2" ;;
+                --batch) BATCH="$2" ;;
+                --hidden) HIDDEN="$2" ;;
+                --timeout) TIMEOUT="$2" ;;
+            esac
+            shift 2 ;;
+        --steps=*) STEPS="${1#*=}"; shift ;;
+        --warmup=*) WARMUP="${1#*=}"; shift ;;
+        --batch=*) BATCH="${1#*=}"; shift ;;
+        --hidden=*) HIDDEN="${1#*=}"; shift ;;
+        --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        --no-docs) DOCS=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+uint_in_range "$STEPS" 1 10000 || die "--steps must be 1..10000, got '$STEPS'"
+uint_in_range "$WARMUP" 0 1000 || die "--warmup must be 0..1000, got '$WARMUP'"
+uint_in_range "$BATCH" 1 1797 || die "--batch must be 1..1797 (the digits data set), got '$BATCH'"
+uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'"
+uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
+STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
+HIDDEN=$((10#$HIDDEN)); TIMEOUT=$((10#$TIMEOUT))
+readonly STEPS WARMUP BATCH HIDDEN TIMEOUT DOCS
+
+require_root "$@"
+BENCH_T0=$SECONDS
+
+# --- what it needs -------------------------------------------------------------------
+[[ -x "$PY" ]] || die "no project venv at $VENV: run scripts/setup.sh"
+"$PY" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
+    die "the venv $VENV lacks torch, scikit-learn or aggswitch ($PY -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
+if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+    log "installing matplotlib into $VENV (for the plot)"
+    "$VENV/bin/pip" install -q matplotlib >/dev/null ||
+        warn "pip install matplotlib failed; the plot will be skipped"
+fi
+missing=()
+for p in "${PACKAGES[@]}"; do
+    pkg_installed "$p" || missing+=("$p")
+done
+if ((${#missing[@]} > 0)); then
+    command -v apt-get >/dev/null 2>&1 || die "missing packages (${missing[*]}) and no apt-get"
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null || die "apt-get update failed"
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+        die "apt-get install ${missing[*]} failed"
+fi
+for c in tc ip timeout /usr/bin/time; do
+    command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
+done
+
+build_release
+
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+readonly STAMP
+RUN="$REPO_ROOT/results/bench-train-$STAMP"
+readonly RUN
+mkdir -p "$RUN/bin"
+# A private copy, so that a rebuild meanwhile cannot change what is measured.
+cp "$REPO_ROOT/target/release/switchd" "$RUN/bin/"
+readonly SWITCHD="$RUN/bin/switchd"
+
+# --- clean-up ----------------------------------------------------------------------
+TESTBED_MADE=0
+SWITCHD_PID=""
+RANK_PIDS=()
+
+# stop_ns_leftovers: stop, by PID, anything still running inside this run's
+# namespaces (a rank whose `timeout` wrapper was stopped).
+stop_ns_leftovers() {
+    local ns pid sig
+    local -a spaces=("$PREFIX-sw")
+    for ((pid = 0; pid < WORKERS; pid++)); do spaces+=("$PREFIX-w$pid"); done
+    for sig in TERM KILL; do
+        for ns in "${spaces[@]}"; do
+            netns_exists "$ns" || continue
+            for pid in $(ip netns pids "$ns" 2>/dev/null); do
+                kill -"$sig" "$pid" 2>/dev/null || true
+            done
+        done
+        [[ "$sig" == KILL ]] || sleep 0.5
+    done
+}
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    for pid in "${RANK_PIDS[@]}"; do
+        stop_pid "$pid" 5
+    done
+    stop_pid "$SWITCHD_PID"
+    if [[ "$TESTBED_MADE" -eq 1 ]]; then
+        stop_ns_leftovers
+        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
+            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
+    fi
+    rm -rf -- "${RUN:?}/bin"
+    [[ "$rc" -eq 0 ]] || log "failed (status $rc); logs in $RUN"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- testbed, switchd config ---------------------------------------------------------
+MEASURE_T0=$SECONDS
+log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration; logs in $RUN"
+TESTBED_MADE=1
+bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" >"$RUN/testbed.log" 2>&1 ||
+    die "scripts/testbed.sh up failed; see $RUN/testbed.log"
+
+SECRET="$(random_secret)"
+readonly SECRET
+CFG="$RUN/switchd.toml"
+{
+    echo "# Written by scripts/bench_train.sh for testbed '$PREFIX'."
+    echo "[switch]"
+    printf 'ports = ['
+    for ((i = 0; i < WORKERS; i++)); do
+        printf '%s"sw-w%d"' "$( ((i > 0)) && echo ', ')" "$i"
+    done
+    echo "]"
+    echo "addresses = [\"$SWITCH_ADDR\"]"
+    echo "agg_port = $AGG_PORT"
+    echo
+    echo "[[job]]"
+    echo "id = $JOB_ID"
+    echo "n_workers = $WORKERS"
+    echo 'allowed_sources = ["198.18.0.0/24"]'
+    echo "secret = \"$SECRET\""
+    echo "pool_slots = $POOL_SLOTS"
+} >"$CFG"
+chmod 600 "$CFG"
+
+# --- measurements ------------------------------------------------------------------
+# snapshot FILE: /proc/stat's cpu line, the load average and every shaper's
+# counters (tc -s -j), as JSON lines; the report takes the differences.
+snapshot() {
+    local i
+    {
+        printf '{"t": %s, "stat": "%s", "loadavg": "%s"}\n' "$(date +%s.%N)" \
+            "$(head -n 1 /proc/stat)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+        for ((i = 0; i < WORKERS; i++)); do
+            printf '{"kind": "worker_egress", "rank": %d, "tc": %s}\n' "$i" \
+                "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev eth0)"
+            printf '{"kind": "switch_port_egress", "rank": %d, "tc": %s}\n' "$i" \
+                "$(ip netns exec "$PREFIX-sw" tc -s -j qdisc show dev "sw-w$i")"
+            if ip -n "$PREFIX-w$i" link show ifb0 >/dev/null 2>&1; then
+                printf '{"kind": "worker_ingress_ifb", "rank": %d, "tc": %s}\n' "$i" \
+                    "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev ifb0)"
+            fi
+        done
+    } >"$1"
+}
+
+# wait_ranks: wait for RANK_PIDS; when one fails, stop the others (they
+# would wait on it until the timeout). Returns 0 when all exited with 0.
+wait_ranks() {
+    local i rc left failed=0
+    local -a done_=()
+    left=${#RANK_PIDS[@]}
+    while ((left > 0)); do
+        for i in "${!RANK_PIDS[@]}"; do
+            [[ -z "${done_[i]:-}" ]] || continue
+            kill -0 "${RANK_PIDS[i]}" 2>/dev/null && continue
+            rc=0
+            wait "${RANK_PIDS[i]}" || rc=$?
+            done_[i]=$rc
+            left=$((left - 1))
+            if [[ "$rc" -ne 0 ]]; then
+                warn "rank $i exited with status $rc$( [[ "$rc" -eq 124 ]] && echo " (timeout after $TIMEOUT s)")"
+                failed=1
+            fi
+        done
+        if ((failed && left > 0)); then
+            for i in "${!RANK_PIDS[@]}"; do
+                [[ -n "${done_[i]:-}" ]] || stop_pid "${RANK_PIDS[i]}" 5
+            done
+            break
+        fi
+        ((left > 0)) && sleep 0.2
+    done
+    RANK_PIDS=()
+    return "$failed"
+}
+
+# run_config LINK COMM: the 4 ranks of one configuration; results in
+# $RUN/LINK-COMM/.
+CONFIG_NO=0
+run_config() {
+    local link="$1" comm="$2" out="$RUN/$1-$2" r port
+    mkdir -p "$out"
+    port=$((MASTER_PORT_BASE + CONFIG_NO))
+    CONFIG_NO=$((CONFIG_NO + 1))
+    if [[ "$comm" == switch ]]; then
+        start_switchd "$PREFIX-sw" "$SWITCHD" "$out/switchd.log" run --config "$CFG"
+    fi
+    log "[$link] $comm: $((WARMUP + STEPS)) steps on 4 ranks"
+    snapshot "$out/before.jsonl"
+    for ((r = 0; r < WORKERS; r++)); do
+        (
+            export RANK="$r" WORLD_SIZE="$WORKERS" MASTER_ADDR="$MASTER_IP" MASTER_PORT="$port"
+            export GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1
+            export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
+            cd "$REPO_ROOT"
+            exec timeout -k 10 "$TIMEOUT" ip netns exec "$PREFIX-w$r" \
+                /usr/bin/time -f '%M %e %U %S' -o "$out/rank$r.time" \
+                "$PY" examples/train_ddp.py --comm "$comm" --steps $((WARMUP + STEPS)) \
+                --batch "$BATCH" --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
+                --out "$out/rank$r.json"
+        ) >"$out/rank$r.log" 2>&1 &
+        RANK_PIDS+=("$!")
+    done
+    if ! wait_ranks; then
+        for ((r = 0; r < WORKERS; r++)); do
+            echo "---- rank $r ($out/rank$r.log) ----" >&2
+            tail -n 5 "$out/rank$r.log" >&2
+        done
+        die "[$link] $comm: training failed; see $out"
+    fi
+    snapshot "$out/after.jsonl"
+    if [[ "$comm" == switch ]]; then
+        stop_pid "$SWITCHD_PID"
+        SWITCHD_PID=""
+    fi
+    log "[$link] $comm: $(tail -n 1 "$out/rank0.log")"
+}
+
+LOAD_START="$(cut -d' ' -f1 /proc/loadavg)"
+if awk -v l="$LOAD_START" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
+    warn "1-min load average is $LOAD_START on $(nproc) cores before starting: other work shares the CPUs, expect noisy times"
+fi
+for comm in gloo switch; do run_config unlimited "$comm"; done
+shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
+for comm in gloo switch; do run_config 1gbit "$comm"; done
+
+# --- report ------------------------------------------------------------------------
+OUT_JSON="$REPO_ROOT/results/bench-train-$STAMP.json"
+OUT_PNG="$REPO_ROOT/results/bench-train-$STAMP.png"
+report_rc=0
+"$PY" "$REPO_ROOT/scripts/bench_train_report.py" "$RUN" \
+    --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
+    --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
+    --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
+    --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
+    report_rc=$?
+[[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"
+echo
+echo "=== bench_train $STAMP: DDP step time, 4 ranks, batch $BATCH per rank, hidden $HIDDEN, $STEPS timed steps ==="
+cat "$RUN/table.md"
+echo
+[[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "scripts/bench_train_report.py failed (status $report_rc)"
+if [[ "$report_rc" -eq 3 ]]; then
+    die "sanity check failed (see the table): docs/ left alone; $OUT_JSON"
+fi
+if [[ "$DOCS" -eq 1 ]]; then
+    cp "$OUT_JSON" "$REPO_ROOT/docs/bench-train.json"
+    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/docs/bench-train.png"
+    log "wrote docs/bench-train.json, docs/bench-train.png, $OUT_JSON and $OUT_PNG"
+else
+    log "wrote $OUT_JSON and $OUT_PNG (docs/ left alone)"
+fi
+log "bench took $((SECONDS - BENCH_T0)) s"

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""bench_train_report.py: the JSON, table and plot of scripts/bench_train.sh.
+
+Usage: scripts/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
+           [--png OUT.png] --stamp STAMP --warmup W --steps N --batch B
+           --hidden H --layers L --seed S --tbf "TBF ARGS"
+           [--bench-seconds T] [--measure-seconds T]
+
+RUN_DIR holds one folder per configuration, LINK-COMM (LINK unlimited or
+1gbit, COMM gloo or switch), each with rankI.json (examples/train_ddp.py
+--out), rankI.time (GNU time: max RSS KiB, elapsed, user, system seconds)
+and before.jsonl / after.jsonl (bench_train.sh's snapshot: /proc/stat's cpu
+line, load average, tc -s -j counters of every shaper).
+
+Per configuration: the first W step times of every rank are dropped; the
+step time is the slowest rank's median over the N timed steps (rank 0's and
+every rank's medians are kept beside it); samples/s = world x B / step
+time. Ratios switch / gloo per link setting; goal at 1 Gbit/s <= 0.67.
+
+Sanity (exit status 3 when one fails, after writing everything): the switch
+run's final loss within 2 % of the gloo run's on the same links; every rank
+of a run ends with the same weights; the two switch runs (same seed, the
+switch sums in rank order) end with bit-identical weights.
+
+The plot (matplotlib, Agg) is skipped with a warning when matplotlib is
+missing.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+LINKS = ["unlimited", "1gbit"]
+COMMS = ["gloo", "switch"]
+LINK_LABEL = {"unlimited": "unlimited links", "1gbit": "1 Gbit/s links"}
+GOAL_1GBIT = 0.67
+LOSS_TOLERANCE = 0.02  # relative
+
+
+def quantile(xs, q):
+    """Linear-interpolation quantile (as numpy's default)."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def cpu_busy(before, after):
+    """Busy fraction of all CPUs between two /proc/stat 'cpu' lines."""
+    a = [int(x) for x in before.split()[1:]]
+    b = [int(x) for x in after.split()[1:]]
+    d = [y - x for x, y in zip(a, b)]
+    total = sum(d)
+    idle = d[3] + d[4]  # idle + iowait
+    return (total - idle) / total if total > 0 else None
+
+
+def shaper_delta(before, after):
+    """Counters of every root tbf summed per kind, after - before."""
+    def sums(lines):
+        out = {}
+        for line in lines:
+            if "kind" not in line or line["kind"] not in (
+                    "worker_egress", "worker_ingress_ifb", "switch_port_egress"):
+                continue
+            for q in line["tc"]:
+                if q.get("kind") != "tbf" or not q.get("root"):
+                    continue
+                k = out.setdefault(line["kind"], {"bytes": 0, "packets": 0, "drops": 0, "overlimits": 0})
+                for c in k:
+                    k[c] += q.get(c, 0)
+        return out
+    a, b = sums(before), sums(after)
+    if not b:
+        return None
+    return {kind: {c: v - a.get(kind, {}).get(c, 0) for c, v in cnt.items()} for kind, cnt in b.items()}
+
+
+def load_config(run_dir, link, comm, warmup):
+    d = os.path.join(run_dir, f"{link}-{comm}")
+    ranks = []
+    r = 0
+    while os.path.exists(os.path.join(d, f"rank{r}.json")):
+        with open(os.path.join(d, f"rank{r}.json")) as f:
+            j = json.load(f)
+        timed = j["step_times"][warmup:]
+        if not timed:
+            raise SystemExit(f"{d}/rank{r}.json: no step left after {warmup} warm-up steps")
+        rss = wall = None
+        try:
+            with open(os.path.join(d, f"rank{r}.time")) as f:
+                fields = f.read().split()
+            rss, wall = int(fields[-4]), float(fields[-3])
+        except (OSError, ValueError, IndexError):
+            pass
+        ranks.append({
+            "rank": j["rank"], "median_s": statistics.median(timed), "mean_s": statistics.fmean(timed),
+            "p25_s": quantile(timed, 0.25), "p75_s": quantile(timed, 0.75),
+            "min_s": min(timed), "max_s": max(timed),
+            "loss": j["loss"], "digest": j["digest"], "params": j["params"], "world": j["world"],
+            "warmup_step_times_s": j["step_times"][:warmup], "timed_step_times_s": timed,
+            "max_rss_kib": rss, "process_wall_s": wall,
+        })
+        r += 1
+    if not ranks:
+        raise SystemExit(f"{d}: no rank*.json")
+    slowest = max(ranks, key=lambda x: x["median_s"])
+    # Per step, the slowest rank's time: what the job as a whole paid.
+    per_step_max = [max(x["timed_step_times_s"][k] for x in ranks)
+                    for k in range(min(len(x["timed_step_times_s"]) for x in ranks))]
+    before = read_jsonl(os.path.join(d, "before.jsonl"))
+    after = read_jsonl(os.path.join(d, "after.jsonl"))
+    world = ranks[0]["world"]
+    return {
+        "link": link, "comm": comm,
+        "step_s": slowest["median_s"],
+        "step_rank": slowest["rank"],
+        "step_p25_s": slowest["p25_s"], "step_p75_s": slowest["p75_s"],
+        "rank0_median_s": ranks[0]["median_s"],
+        "median_of_per_step_max_s": statistics.median(per_step_max),
+        "mean_of_per_step_max_s": statistics.fmean(per_step_max),
+        "per_step_max_s": per_step_max,
+        "loss": ranks[0]["loss"],
+        "digest": ranks[0]["digest"],
+        "digests_equal_across_ranks": len({x["digest"] for x in ranks}) == 1,
+        "max_rss_mib_per_rank": (max(x["max_rss_kib"] for x in ranks) / 1024
+                                 if all(x["max_rss_kib"] for x in ranks) else None),
+        "wall_s": after[0]["t"] - before[0]["t"],
+        "cpu_busy_fraction": cpu_busy(before[0]["stat"], after[0]["stat"]),
+        "loadavg": {"before": before[0]["loadavg"], "after": after[0]["loadavg"]},
+        "shapers": shaper_delta(before, after),
+        "world": world, "params": ranks[0]["params"],
+        "ranks": ranks,
+    }
+
+
+def machine():
+    def cpu_model():
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        return "unknown"
+    with open("/proc/meminfo") as f:
+        mem = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "mem_total_kib": mem,
+            "kernel": os.uname().release}
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def versions():
+    out = {}
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def f(x, d=3):
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def table(res):
+    s = res["setup"]
+    rows = [
+        "| link | comm | step s (slowest rank's median) | p25–p75 s | rank 0 median s | samples/s | final loss | peak RSS / rank MiB | CPU busy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in res["configs"]:
+        rows.append(
+            f"| {LINK_LABEL[c['link']]} | {'**switch**' if c['comm'] == 'switch' else 'gloo (DDP default)'} "
+            f"| **{f(c['step_s'])}** | {f(c['step_p25_s'])}–{f(c['step_p75_s'])} | {f(c['rank0_median_s'])} "
+            f"| {f(c['samples_per_s'], 1)} | {f(c['loss'], 4)} "
+            f"| {f(c['max_rss_mib_per_rank'], 0)} | {c['cpu_busy_fraction'] * 100:.0f} % |")
+    h = res["headline"]
+    rows.append("")
+    for link in LINKS:
+        r = res["ratios"][link]
+        goal = ""
+        if link == "1gbit":
+            goal = f"; goal <= {GOAL_1GBIT}: {'met' if h['switch_over_gloo_1gbit_goal_met'] else 'NOT met'}"
+        rows.append(f"switch / gloo step time, {LINK_LABEL[link]}: **{f(r['step'], 2)}** "
+                    f"(rank 0's medians {f(r['rank0_median'], 2)}, medians of per-step slowest "
+                    f"{f(r['per_step_max_median'], 2)}){goal}")
+    for link in LINKS:
+        chk = res["checks"]["loss"][link]
+        rows.append(f"loss, {LINK_LABEL[link]}: switch {chk['switch']:.4f}, gloo {chk['gloo']:.4f} "
+                    f"(relative difference {chk['relative_difference']:.1e}, within {LOSS_TOLERANCE:.0%}: "
+                    f"{'ok' if chk['ok'] else 'NOT ok'})")
+    ch = res["checks"]
+    rows.append("same weights on every rank: " + ", ".join(
+        f"{c['link']} {c['comm']} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
+        + f"; switch runs bit-identical across link settings: {'yes' if ch['switch_runs_identical'] else 'NO'}")
+    for c in res["configs"]:
+        sh = c["shapers"]
+        if c["link"] == "1gbit" and sh:
+            rows.append(
+                f"1 Gbit/s shapers, {c['comm']}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
+                f"({sh['worker_egress']['overlimits']} overlimits), worker ingress (ifb) "
+                f"{sh['worker_ingress_ifb']['bytes'] / 1e9:.2f} GB ({sh['worker_ingress_ifb']['overlimits']} overlimits), "
+                f"switch ports {sh['switch_port_egress']['bytes'] / 1e9:.2f} GB")
+    m = res["machine"]
+    rows.append(
+        f"model: {s['params'] / 1e6:.2f} M float32 parameters ({s['params'] * 4 / 1e6:.1f} MB of gradient a step), "
+        f"{s['world']} ranks x batch {s['batch_per_rank']}, {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps "
+        f"per configuration; measuring took {f(res['measure_seconds'], 0)} s "
+        f"(whole command {f(res['bench_seconds'], 0)} s before the report)")
+    rows.append(f"machine: {m['nproc']} cores ({m['cpu_model']}), {m['mem_total_kib'] / 1048576:.1f} GiB, "
+                f"kernel {m['kernel']}; 1-min load {res['configs'][0]['loadavg']['before'].split()[0]} before "
+                f"the first configuration")
+    return "\n".join(rows) + "\n"
+
+
+def plot(res, path):
+    try:
+        import matplotlib
+    except ImportError:
+        print("bench_train_report.py: warning: no matplotlib; plot skipped", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    colors = {"gloo": "#ff7f0e", "switch": "#1f77b4"}
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.4]})
+    by = {(c["link"], c["comm"]): c for c in res["configs"]}
+    w = 0.36
+    for i, comm in enumerate(COMMS):
+        xs = [k + (i - 0.5) * w for k in range(len(LINKS))]
+        cs = [by[(link, comm)] for link in LINKS]
+        ys = [c["step_s"] for c in cs]
+        err = [[c["step_s"] - c["step_p25_s"] for c in cs], [c["step_p75_s"] - c["step_s"] for c in cs]]
+        label = "switch (aggswitch.torch hook)" if comm == "switch" else "gloo (DDP default all-reduce)"
+        rects = ax.bar(xs, ys, w, color=colors[comm], label=label, yerr=err, capsize=4)
+        for r, c in zip(rects, cs):
+            ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f} s\n{c['samples_per_s']:.0f} samples/s",
+                        (r.get_x() + r.get_width() / 2, r.get_height()), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    for k, link in enumerate(LINKS):
+        ax.annotate(f"switch / gloo = {res['ratios'][link]['step']:.2f}", (k, 0), xytext=(0, -32),
+                    textcoords="offset points", ha="center", fontsize=9, fontweight="bold")
+    ax.set_xticks(range(len(LINKS)))
+    ax.set_xticklabels([LINK_LABEL[link] for link in LINKS])
+    ax.set_ylabel("seconds per training step (lower is better)")
+    ax.set_ylim(0, max(c["step_p75_s"] for c in res["configs"]) * 1.3)
+    ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+
+    styles = {"unlimited": "-", "1gbit": "--"}
+    for c in res["configs"]:
+        w0 = res["setup"]["warmup_steps"]
+        ax2.plot(range(w0, w0 + len(c["per_step_max_s"])), c["per_step_max_s"], styles[c["link"]],
+                 color=colors[c["comm"]], marker=".", label=f"{c['comm']}, {LINK_LABEL[c['link']]}")
+    ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax2.set_xlabel("step (warm-up steps left out)")
+    ax2.set_ylabel("seconds, slowest of the 4 ranks")
+    ax2.set_ylim(bottom=0)
+    ax2.set_title("every timed step", fontsize=10)
+    ax2.legend(fontsize=8)
+    s = res["setup"]
+    fig.suptitle(f"PyTorch DDP, MLP of {s['params'] / 1e6:.1f} M float32 parameters, "
+                 f"{s['world']} ranks x batch {s['batch_per_rank']}, on a veth testbed", fontsize=11)
+    m = res["machine"]
+    fig.text(0.99, 0.01, f"{m['nproc']} cores {m['cpu_model']}, kernel {m['kernel']}, {res['stamp']}",
+             ha="right", va="bottom", fontsize=7, color="#555555")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir")
+    p.add_argument("--json", required=True)
+    p.add_argument("--table", required=True)
+    p.add_argument("--png")
+    p.add_argument("--stamp", required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--tbf", required=True)
+    p.add_argument("--bench-seconds", type=float)
+    p.add_argument("--measure-seconds", type=float)
+    a = p.parse_args()
+
+    configs = [load_config(a.run_dir, link, comm, a.warmup) for link in LINKS for comm in COMMS]
+    for c in configs:
+        c["samples_per_s"] = c["world"] * a.batch / c["step_s"]
+    by = {(c["link"], c["comm"]): c for c in configs}
+    ratios, loss = {}, {}
+    for link in LINKS:
+        sw, gl = by[(link, "switch")], by[(link, "gloo")]
+        ratios[link] = {
+            "step": sw["step_s"] / gl["step_s"],
+            "rank0_median": sw["rank0_median_s"] / gl["rank0_median_s"],
+            "per_step_max_median": sw["median_of_per_step_max_s"] / gl["median_of_per_step_max_s"],
+            "per_step_max_mean": sw["mean_of_per_step_max_s"] / gl["mean_of_per_step_max_s"],
+            "samples_per_s_gain": sw["samples_per_s"] / gl["samples_per_s"],
+        }
+        rel = abs(sw["loss"] - gl["loss"]) / abs(gl["loss"])
+        loss[link] = {"switch": sw["loss"], "gloo": gl["loss"], "relative_difference": rel,
+                      "ok": rel <= LOSS_TOLERANCE}
+    switch_identical = by[("unlimited", "switch")]["digest"] == by[("1gbit", "switch")]["digest"]
+    gloo_identical = by[("unlimited", "gloo")]["digest"] == by[("1gbit", "gloo")]["digest"]
+    checks = {
+        "loss": loss,
+        "loss_tolerance_relative": LOSS_TOLERANCE,
+        "digests_equal_across_ranks": all(c["digests_equal_across_ranks"] for c in configs),
+        "switch_runs_identical": switch_identical,
+        "gloo_runs_identical": gloo_identical,
+    }
+    checks["ok"] = (all(x["ok"] for x in loss.values()) and checks["digests_equal_across_ranks"]
+                    and switch_identical)
+    world, params = configs[0]["world"], configs[0]["params"]
+    res = {
+        "stamp": a.stamp,
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_changes_in_tracked_files": len((git("status", "--porcelain", "--untracked-files=no") or "").splitlines()),
+        "machine": machine(),
+        "versions": versions(),
+        "setup": {
+            "world": world, "params": params, "gradient_bytes_per_step": params * 4,
+            "model": f"MLP 64-{'-'.join([str(a.hidden)] * a.layers)}-10, ReLU (examples/train_ddp.py)",
+            "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed,
+            "warmup_steps": a.warmup, "timed_steps": a.steps,
+            "optimizer": "SGD lr 0.05 momentum 0.9 (train_ddp.py defaults)",
+            "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0",
+            "comm": {"gloo": "DDP's default all-reduce hook over the gloo process group (TCP through the bridge)",
+                     "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256), mean over ranks"},
+            "step_time": "train_ddp.py's per-step time (sample, forward, backward incl. the all-reduce, optimizer step); "
+                         "warm-up steps dropped; a configuration's step time = the slowest rank's median over the timed steps",
+            "samples_per_s": "world x batch per rank / step time",
+            "shaping": f"tbf {a.tbf} on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0 (1gbit only)",
+        },
+        "configs": configs,
+        "ratios": ratios,
+        "checks": checks,
+        "headline": {
+            "switch_over_gloo_unlimited": ratios["unlimited"]["step"],
+            "switch_over_gloo_1gbit": ratios["1gbit"]["step"],
+            "switch_over_gloo_1gbit_goal": GOAL_1GBIT,
+            "switch_over_gloo_1gbit_goal_met": ratios["1gbit"]["step"] <= GOAL_1GBIT,
+            "sanity_ok": checks["ok"],
+        },
+        "bench_seconds": a.bench_seconds,
+        "measure_seconds": a.measure_seconds,
+    }
+    with open(a.json, "w") as fh:
+        json.dump(res, fh, indent=1)
+        fh.write("\n")
+    with open(a.table, "w") as fh:
+        fh.write(table(res))
+    if a.png:
+        plot(res, a.png)
+    return 0 if checks["ok"] else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
