@@ -175,8 +175,9 @@ def state_from_env(**worker_options: Any) -> AggSwitchState:
 def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the mean of the bucket over all ranks, summed
     in the switch. Returns at once; the all-reduce runs on the state's
-    background thread. A failure (a dead peer, a refusal) sets the future's
-    exception, which DDP raises from ``backward()``.
+    background thread. A failure (a dead peer, a refusal) fails the future,
+    and DDP's ``backward()`` raises a RuntimeError naming the aggswitch
+    exception and its message.
     """
     tensor = bucket.buffer()
     if tensor.dtype != torch.float32:
@@ -198,4 +199,13 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
             fut.set_exception(e)
 
     state._executor.submit(run)
-    return fut
+    # DDP's reducer reads the future's value in C++, past the Python unwrap
+    # that set_exception relies on: a failed bucket surfaced as "RuntimeError:
+    # Unable to cast <message> to Tensor". A then() callback that re-raises
+    # marks the returned future failed in C++, so backward() raises
+    # "RuntimeError: ... StalledError: <the library's message>".
+    return fut.then(_value)
+
+
+def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return fut.value()

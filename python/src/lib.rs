@@ -238,9 +238,7 @@ impl PyWorker {
         };
         let r = py.detach(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(w) = guard.as_mut() else {
-                return None;
-            };
+            let w = guard.as_mut()?;
             let r = w.all_reduce(data);
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
             Some(r)
