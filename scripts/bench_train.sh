@@ -8,7 +8,7 @@
 #   sudo scripts/bench_train.sh [--steps 20] [--warmup 3] [--batch 32]
 #                               [--hidden 5000] [--timeout 600] [--no-docs]
 #
-#   --steps N     timed steps per configuration (default 20)
+#   --steps N     timed steps per configuration (default 30)
 #   --warmup N    steps run first and left out of the statistics (default 3:
 #                 the first step joins the switch's job and DDP rebuilds its
 #                 buckets after it)
@@ -83,7 +83,7 @@ readonly PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc tim
 readonly VENV="$REPO_ROOT/.venv"
 readonly PY="$VENV/bin/python"
 
-STEPS=20
+STEPS=30
 WARMUP=3
 BATCH=32
 HIDDEN=5000
@@ -324,6 +324,9 @@ run_config() {
     fi
     snapshot "$out/after.jsonl"
     if [[ "$comm" == switch ]]; then
+        # switchd's CPU-seconds (user + system, all threads) for the report.
+        awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$SWITCHD_PID/stat" \
+            >"$out/switchd-cpu-seconds" 2>/dev/null || true
         stop_pid "$SWITCHD_PID"
         SWITCHD_PID=""
     fi

@@ -97,11 +97,11 @@ def load_config(run_dir, link, comm, warmup):
         timed = j["step_times"][warmup:]
         if not timed:
             raise SystemExit(f"{d}/rank{r}.json: no step left after {warmup} warm-up steps")
-        rss = wall = None
+        rss = wall = user = system = None
         try:
             with open(os.path.join(d, f"rank{r}.time")) as f:
                 fields = f.read().split()
-            rss, wall = int(fields[-4]), float(fields[-3])
+            rss, wall, user, system = int(fields[-4]), float(fields[-3]), float(fields[-2]), float(fields[-1])
         except (OSError, ValueError, IndexError):
             pass
         ranks.append({
@@ -110,7 +110,7 @@ def load_config(run_dir, link, comm, warmup):
             "min_s": min(timed), "max_s": max(timed),
             "loss": j["loss"], "digest": j["digest"], "params": j["params"], "world": j["world"],
             "warmup_step_times_s": j["step_times"][:warmup], "timed_step_times_s": timed,
-            "max_rss_kib": rss, "process_wall_s": wall,
+            "max_rss_kib": rss, "process_wall_s": wall, "process_user_s": user, "process_system_s": system,
         })
         r += 1
     if not ranks:
@@ -122,6 +122,12 @@ def load_config(run_dir, link, comm, warmup):
     before = read_jsonl(os.path.join(d, "before.jsonl"))
     after = read_jsonl(os.path.join(d, "after.jsonl"))
     world = ranks[0]["world"]
+    switchd_cpu = None
+    try:
+        with open(os.path.join(d, "switchd-cpu-seconds")) as f:
+            switchd_cpu = float(f.read())
+    except (OSError, ValueError):
+        pass
     return {
         "link": link, "comm": comm,
         "step_s": slowest["median_s"],
@@ -138,6 +144,9 @@ def load_config(run_dir, link, comm, warmup):
                                  if all(x["max_rss_kib"] for x in ranks) else None),
         "wall_s": after[0]["t"] - before[0]["t"],
         "cpu_busy_fraction": cpu_busy(before[0]["stat"], after[0]["stat"]),
+        "ranks_cpu_s": (sum(x["process_user_s"] + x["process_system_s"] for x in ranks)
+                        if all(x["process_user_s"] is not None for x in ranks) else None),
+        "switchd_cpu_s": switchd_cpu,
         "loadavg": {"before": before[0]["loadavg"], "after": after[0]["loadavg"]},
         "shapers": shaper_delta(before, after),
         "world": world, "params": ranks[0]["params"],
@@ -183,15 +192,16 @@ def f(x, d=3):
 def table(res):
     s = res["setup"]
     rows = [
-        "| link | comm | step s (slowest rank's median) | p25–p75 s | rank 0 median s | samples/s | final loss | peak RSS / rank MiB | CPU busy |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| link | comm | step s (slowest rank's median) | p25–p75 s | rank 0 median s | samples/s | final loss | peak RSS / rank MiB | CPU busy | CPU-s ranks / switchd |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in res["configs"]:
         rows.append(
             f"| {LINK_LABEL[c['link']]} | {'**switch**' if c['comm'] == 'switch' else 'gloo (DDP default)'} "
             f"| **{f(c['step_s'])}** | {f(c['step_p25_s'])}–{f(c['step_p75_s'])} | {f(c['rank0_median_s'])} "
             f"| {f(c['samples_per_s'], 1)} | {f(c['loss'], 4)} "
-            f"| {f(c['max_rss_mib_per_rank'], 0)} | {c['cpu_busy_fraction'] * 100:.0f} % |")
+            f"| {f(c['max_rss_mib_per_rank'], 0)} | {c['cpu_busy_fraction'] * 100:.0f} % "
+            f"| {f(c['ranks_cpu_s'], 0)} / {f(c['switchd_cpu_s'], 1) if c['comm'] == 'switch' else '-'} |")
     h = res["headline"]
     rows.append("")
     for link in LINKS:
