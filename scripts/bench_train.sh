@@ -5,8 +5,9 @@
 # unlimited links and on links limited to 1 Gbit/s each way.
 #
 # Usage:
-#   sudo scripts/bench_train.sh [--steps 20] [--warmup 3] [--batch 32]
-#                               [--hidden 5000] [--timeout 600] [--no-docs]
+#   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
+#                               [--hidden 5000] [--timeout 600] [--wait-idle SECS]
+#                               [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
 #   --warmup N    steps run first and left out of the statistics (default 3:
@@ -17,6 +18,9 @@
 #                 10*H + biases = 25.38 M float32 parameters, 101.5 MB of
 #                 gradient per step)
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
+#   --wait-idle W before measuring, wait up to W s for the 1-min load average
+#                 to fall below half the cores (step times are only meaningful
+#                 on a machine nothing else loads; default 0: no wait)
 #   --no-docs     write results/ only, leave docs/bench-train.{json,png} alone
 #   -h, --help    this text
 #
@@ -88,6 +92,7 @@ WARMUP=3
 BATCH=32
 HIDDEN=5000
 TIMEOUT=600
+WAIT_IDLE=0
 DOCS=1
 
 usage() {
@@ -96,7 +101,7 @@ usage() {
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--timeout)
+        --steps|--warmup|--batch|--hidden|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
@@ -104,6 +109,7 @@ while [[ $# -gt 0 ]]; do
                 --batch) BATCH="$2" ;;
                 --hidden) HIDDEN="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
+                --wait-idle) WAIT_IDLE="$2" ;;
             esac
             shift 2 ;;
         --steps=*) STEPS="${1#*=}"; shift ;;
@@ -111,6 +117,7 @@ while [[ $# -gt 0 ]]; do
         --batch=*) BATCH="${1#*=}"; shift ;;
         --hidden=*) HIDDEN="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -121,9 +128,10 @@ uint_in_range "$WARMUP" 0 1000 || die "--warmup must be 0..1000, got '$WARMUP'"
 uint_in_range "$BATCH" 1 1797 || die "--batch must be 1..1797 (the digits data set), got '$BATCH'"
 uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
+uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
-HIDDEN=$((10#$HIDDEN)); TIMEOUT=$((10#$TIMEOUT))
-readonly STEPS WARMUP BATCH HIDDEN TIMEOUT DOCS
+HIDDEN=$((10#$HIDDEN)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
+readonly STEPS WARMUP BATCH HIDDEN TIMEOUT WAIT_IDLE DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
@@ -333,9 +341,19 @@ run_config() {
     log "[$link] $comm: $(tail -n 1 "$out/rank0.log")"
 }
 
-LOAD_START="$(cut -d' ' -f1 /proc/loadavg)"
-if awk -v l="$LOAD_START" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
-    warn "1-min load average is $LOAD_START on $(nproc) cores before starting: other work shares the CPUs, expect noisy times"
+# busy_machine: true when the 1-min load average is above half the cores.
+busy_machine() {
+    awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'
+}
+if ((WAIT_IDLE > 0)) && busy_machine; then
+    log "waiting up to $WAIT_IDLE s for the 1-min load average ($(cut -d' ' -f1 /proc/loadavg)) to fall below $(nproc)/2"
+    idle_deadline=$((SECONDS + WAIT_IDLE))
+    while busy_machine && ((SECONDS < idle_deadline)); do
+        sleep 5
+    done
+fi
+if busy_machine; then
+    warn "1-min load average is $(cut -d' ' -f1 /proc/loadavg) on $(nproc) cores before starting: other work shares the CPUs, expect noisy times"
 fi
 for comm in gloo switch; do run_config unlimited "$comm"; done
 shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
