@@ -665,25 +665,8 @@ SECRET="$(random_secret)"
 readonly SECRET
 
 CFG="$RUN/switchd.toml"
-{
-    echo "# Written by scripts/bench.sh for testbed '$PREFIX'."
-    echo "[switch]"
-    printf 'ports = ['
-    for ((i = 0; i < WORKERS; i++)); do
-        printf '%s"sw-w%d"' "$( ((i > 0)) && echo ', ')" "$i"
-    done
-    echo "]"
-    echo "addresses = [\"$SWITCH_ADDR\"]"
-    echo "agg_port = $AGG_PORT"
-    echo
-    echo "[[job]]"
-    echo "id = $JOB_ID"
-    echo "n_workers = $WORKERS"
-    echo 'allowed_sources = ["198.18.0.0/24"]'
-    echo "secret = \"$SECRET\""
-    echo "pool_slots = $POOL_SLOTS"
-} >"$CFG"
-chmod 600 "$CFG"
+# (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
+write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
 
 HOSTFILE="$RUN/hostfile"
 RSH="$RUN/netns-ssh.sh"

@@ -79,7 +79,6 @@ readonly MASTER_IP=198.18.0.10
 readonly MASTER_PORT_BASE=29500
 readonly AGG_PORT=48879
 readonly JOB_ID=1
-readonly POOL_SLOTS=256
 readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
@@ -224,25 +223,8 @@ bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" 
 SECRET="$(random_secret)"
 readonly SECRET
 CFG="$RUN/switchd.toml"
-{
-    echo "# Written by scripts/bench_train.sh for testbed '$PREFIX'."
-    echo "[switch]"
-    printf 'ports = ['
-    for ((i = 0; i < WORKERS; i++)); do
-        printf '%s"sw-w%d"' "$( ((i > 0)) && echo ', ')" "$i"
-    done
-    echo "]"
-    echo "addresses = [\"$SWITCH_ADDR\"]"
-    echo "agg_port = $AGG_PORT"
-    echo
-    echo "[[job]]"
-    echo "id = $JOB_ID"
-    echo "n_workers = $WORKERS"
-    echo 'allowed_sources = ["198.18.0.0/24"]'
-    echo "secret = \"$SECRET\""
-    echo "pool_slots = $POOL_SLOTS"
-} >"$CFG"
-chmod 600 "$CFG"
+# (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
+write_testbed_switchd_config "$CFG" "scripts/bench_train.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
 
 # --- measurements ------------------------------------------------------------------
 # snapshot FILE: /proc/stat's cpu line, the load average and every shaper's

@@ -212,3 +212,38 @@ build_python_package() {
     "$VENV_PYTHON" -c "import aggswitch" ||
         die "aggswitch does not import after building it"
 }
+
+# write_testbed_switchd_config FILE WRITER WORKERS SECRET [SWITCH_LINE...]:
+# write a switchd config for a scripts/testbed.sh testbed: the worker ports
+# sw-w0..sw-w(WORKERS-1), switch address 198.18.0.1, aggregation port 48879,
+# and one job (id 1, WORKERS ranks from 198.18.0.0/24, SECRET, 256 slots).
+# SWITCH_LINEs (e.g. 'admin_socket = "/tmp/x.sock"') are added to [switch].
+# WRITER names the script in the file's first line. Mode 0600: it holds
+# the secret.
+write_testbed_switchd_config() {
+    local file="$1" writer="$2" workers="$3" secret="$4" i
+    shift 4
+    (
+        umask 077
+        {
+            echo "# Written by $writer."
+            echo "[switch]"
+            printf 'ports = ['
+            for ((i = 0; i < workers; i++)); do
+                printf '%s"sw-w%d"' "$( ((i > 0)) && echo ', ')" "$i"
+            done
+            echo "]"
+            echo 'addresses = ["198.18.0.1"]'
+            echo "agg_port = 48879"
+            if (($# > 0)); then printf '%s\n' "$@"; fi
+            echo
+            echo "[[job]]"
+            echo "id = 1"
+            echo "n_workers = $workers"
+            echo 'allowed_sources = ["198.18.0.0/24"]'
+            echo "secret = \"$secret\""
+            echo "pool_slots = 256"
+        } >"$file"
+    )
+    chmod 600 "$file"
+}

@@ -86,20 +86,8 @@ build_python_package
 bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS"
 
 SECRET="$(random_secret)"
-ports=()
-for ((i = 0; i < WORKERS; i++)); do ports+=("\"sw-w$i\""); done
-ports_toml="$(printf '%s, ' "${ports[@]}")"
-cat >"$WORK/switch.toml" <<EOF
-[switch]
-ports = [${ports_toml%, }]
-addresses = ["$SWITCH_ADDR"]
-admin_socket = "$WORK/admin.sock"
-[[job]]
-id = $JOB_ID
-n_workers = $WORKERS
-allowed_sources = ["198.18.0.0/24"]
-secret = "$SECRET"
-EOF
+write_testbed_switchd_config "$WORK/switch.toml" "scripts/train_ddp.sh for testbed '$PREFIX'" \
+    "$WORKERS" "$SECRET" "admin_socket = \"$WORK/admin.sock\""
 start_switchd "$PREFIX-sw" "$REPO_ROOT/target/release/switchd" "$WORK/switchd.log" \
     run --config "$WORK/switch.toml" --stats-file "$WORK/stats.json"
 log "switchd ready; training with --comm $COMM, $WORKERS ranks, $STEPS steps"
