@@ -598,3 +598,70 @@ pub fn impair_sh(ns: &str, args: &[&str]) -> Result<String, String> {
         ))
     }
 }
+
+/// What `scripts/impair.sh` injected, summed over all workers and both
+/// directions.
+#[derive(Default, Debug)]
+pub struct Injected {
+    /// Aggregation frames the BPF program saw.
+    pub frames: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub delayed: u64,
+}
+
+/// Loss, duplication and reordering of aggregation frames (UDP `AGG_PORT`)
+/// on eth0 of every worker namespace, both directions (`scripts/impair.sh`;
+/// faults.rs says why there and not on the switch's ports). They go with
+/// the namespaces.
+pub struct Impairment {
+    namespaces: Vec<String>,
+}
+
+impl Impairment {
+    /// Percentages of frames lost, duplicated and reordered, each direction.
+    pub fn apply(
+        tb: &Testbed,
+        loss_pct: f64,
+        dup_pct: f64,
+        reorder_pct: f64,
+    ) -> Result<Impairment, String> {
+        let args = format!(
+            "--udp-port {AGG_PORT} --loss {loss_pct} --dup {dup_pct} --reorder {reorder_pct} \
+             --reorder-rate 100"
+        );
+        let args: Vec<&str> = args.split_whitespace().collect();
+        let namespaces: Vec<String> = (0..tb.workers).map(|i| tb.worker_ns(i)).collect();
+        for ns in &namespaces {
+            impair_sh(ns, &args)?;
+            impair_sh(ns, &[&args[..], &["--ingress"]].concat())?;
+        }
+        Ok(Impairment { namespaces })
+    }
+
+    /// What was injected so far, from `impair.sh --stats`.
+    pub fn injected(&self) -> Injected {
+        let mut sum = Injected::default();
+        for ns in &self.namespaces {
+            for hook in [&[][..], &["--ingress"][..]] {
+                let line = impair_sh(ns, &[&["--stats"][..], hook].concat())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                // "dropped=N duplicated=N delayed=N seen=N marked=N"
+                for kv in line.split_whitespace() {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    let v: u64 = v
+                        .parse()
+                        .unwrap_or_else(|_| panic!("impair.sh --stats: {line}"));
+                    match k {
+                        "seen" => sum.frames += v,
+                        "dropped" => sum.dropped += v,
+                        "duplicated" => sum.duplicated += v,
+                        "delayed" => sum.delayed += v,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        sum
+    }
+}

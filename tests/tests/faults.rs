@@ -106,64 +106,6 @@ impl Faults {
     }
 }
 
-/// What the injection did, summed over all workers and both directions.
-#[derive(Default, Debug)]
-struct Injected {
-    /// Aggregation frames the BPF program saw.
-    frames: u64,
-    dropped: u64,
-    duplicated: u64,
-    delayed: u64,
-}
-
-/// The faults on eth0 of every worker namespace, both directions. They go
-/// with the namespaces.
-struct Impairment {
-    namespaces: Vec<String>,
-}
-
-impl Impairment {
-    fn apply(tb: &Testbed, f: Faults) -> Result<Impairment, String> {
-        let args = format!(
-            "--udp-port {AGG_PORT} --loss {} --dup {} --reorder {} --reorder-rate 100",
-            f.loss_pct, f.dup_pct, f.reorder_pct
-        );
-        let args: Vec<&str> = args.split_whitespace().collect();
-        let namespaces: Vec<String> = (0..tb.workers).map(|i| tb.worker_ns(i)).collect();
-        for ns in &namespaces {
-            impair_sh(ns, &args)?;
-            impair_sh(ns, &[&args[..], &["--ingress"]].concat())?;
-        }
-        Ok(Impairment { namespaces })
-    }
-
-    /// What was injected so far, from `impair.sh --stats`.
-    fn injected(&self) -> Injected {
-        let mut sum = Injected::default();
-        for ns in &self.namespaces {
-            for hook in [&[][..], &["--ingress"][..]] {
-                let line = impair_sh(ns, &[&["--stats"][..], hook].concat())
-                    .unwrap_or_else(|e| panic!("{e}"));
-                // "dropped=N duplicated=N delayed=N seen=N marked=N"
-                for kv in line.split_whitespace() {
-                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                    let v: u64 = v
-                        .parse()
-                        .unwrap_or_else(|_| panic!("impair.sh --stats: {line}"));
-                    match k {
-                        "seen" => sum.frames += v,
-                        "dropped" => sum.dropped += v,
-                        "duplicated" => sum.duplicated += v,
-                        "delayed" => sum.delayed += v,
-                        _ => {}
-                    }
-                }
-            }
-        }
-        sum
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The fault tests
 
@@ -176,7 +118,7 @@ fn fault_test(test: &str, prefix: &str, f: Faults) {
 
     let clean = run_job(&tb, WORKERS, ELEMENTS, ITERATIONS);
 
-    let imp = match Impairment::apply(&tb, f) {
+    let imp = match Impairment::apply(&tb, f.loss_pct, f.dup_pct, f.reorder_pct) {
         Ok(imp) => imp,
         Err(why) => return unavailable(test, &why),
     };

@@ -354,44 +354,6 @@ fn u(v: &serde_json::Value, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("counter {what} missing: {v}"))
 }
 
-/// 5 % loss and 25 % reordering of aggregation frames (UDP port 48879 only:
-/// gloo's TCP rendezvous stays clean) on every worker's eth0, both
-/// directions; see faults.rs for why there and how.
-fn impair_all(tb: &Testbed) -> Result<(), String> {
-    let args = format!("--udp-port {AGG_PORT} --loss 5 --reorder 25 --reorder-rate 100");
-    let args: Vec<&str> = args.split_whitespace().collect();
-    for i in 0..tb.workers {
-        let ns = tb.worker_ns(i);
-        impair_sh(&ns, &args)?;
-        impair_sh(&ns, &[&args[..], &["--ingress"]].concat())?;
-    }
-    Ok(())
-}
-
-/// (dropped, delayed, seen) summed over every worker and both directions.
-fn injected(tb: &Testbed) -> (u64, u64, u64) {
-    let (mut dropped, mut delayed, mut seen) = (0, 0, 0);
-    for i in 0..tb.workers {
-        for hook in [&[][..], &["--ingress"][..]] {
-            let line = impair_sh(&tb.worker_ns(i), &[&["--stats"][..], hook].concat())
-                .unwrap_or_else(|e| panic!("{e}"));
-            for kv in line.split_whitespace() {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                let v: u64 = v
-                    .parse()
-                    .unwrap_or_else(|_| panic!("impair.sh --stats: {line}"));
-                match k {
-                    "dropped" => dropped += v,
-                    "delayed" => delayed += v,
-                    "seen" => seen += v,
-                    _ => {}
-                }
-            }
-        }
-    }
-    (dropped, delayed, seen)
-}
-
 // ---------------------------------------------------------------------------
 // Tests
 
@@ -516,11 +478,19 @@ fn ddp_reproducible_under_loss_and_reordering() {
         "retransmits_served",
     );
 
-    if let Err(why) = impair_all(&tb) {
-        return unavailable(test, &why);
-    }
+    // 5 % loss and 25 % reordering of aggregation frames only (gloo's TCP
+    // rendezvous stays clean) on every worker's eth0, both directions.
+    let imp = match Impairment::apply(&tb, 5.0, 0.0, 25.0) {
+        Ok(imp) => imp,
+        Err(why) => return unavailable(test, &why),
+    };
     let (faulty, faulty_wall) = train(&tb, &py, &dir.0, &run("switch", "impaired", STEPS, 29522));
-    let (dropped, delayed, seen) = injected(&tb);
+    let Injected {
+        frames: seen,
+        dropped,
+        delayed,
+        ..
+    } = imp.injected();
     let stats = stop_clean(&tb, &mut sw);
     let j = job(&stats, u64::from(JOB));
     let retx = u(&j["retransmits_served"], "retransmits_served") - retx_before;
