@@ -1,7 +1,10 @@
-//! The aggregation protocol (version 1), with no I/O.
+//! The aggregation protocol (version 2, docs/PROTOCOL.md), with no I/O.
 //!
 //! * [`wire`]: header views and payload codecs for every message type.
-//! * [`switch`]: the switch's job table and slot pools, fed parsed messages.
+//! * [`switch`]: the switch's job table and slot pools, fed datagrams and
+//!   time; it queues the replies the I/O shells send.
+//! * [`auth`]: the HMAC-SHA256 of the JOIN handshake and the switch's nonces.
+//! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
@@ -10,6 +13,8 @@
 //! the system, so loss, duplication and reordering are tested without sockets.
 #![deny(unsafe_code)]
 
+pub mod auth;
+pub mod handshake;
 pub mod reference;
 pub mod seq;
 pub mod simd;

@@ -1,19 +1,23 @@
-//! Wire format of the aggregation protocol, version 1 (PROTOCOL.md).
+//! Wire format of the aggregation protocol, version 2 (docs/PROTOCOL.md).
 //!
 //! Owns: the 22-byte aggregation header as a view over a byte buffer
 //! ([`Header`]), its high-level form ([`HeaderRepr`]) with `parse`/`emit`,
-//! and the payloads of JOIN, JOIN_ACK and NACK.
+//! and the payloads of HELLO, CHALLENGE, JOIN, JOIN_ACK, NACK and LEAVE.
 //!
 //! Invariants: accessors of a [`Header`] made by [`Header::new_checked`] never
-//! panic; [`HeaderRepr::parse`] accepts only what version 1 allows (known type,
+//! panic; [`HeaderRepr::parse`] accepts only what version 2 allows (known type,
 //! no reserved flag bits, job ≠ 0, a payload length that matches the type), so
 //! everything after it may trust the fields. All integers are big-endian;
-//! float32 payloads are little-endian IEEE-754.
+//! float32 payloads are little-endian IEEE-754. Secrets and MACs never print.
 
 use core::fmt;
 
+// Float payloads are little-endian on the wire and copied as native bytes.
+#[cfg(not(target_endian = "little"))]
+compile_error!("aggswitch supports little-endian targets only (float payloads are copied as native bytes)");
+
 /// Protocol version carried in the high nibble of `ver_type`.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the aggregation header.
 pub const HEADER_LEN: usize = 22;
 /// Default UDP port of the switch's aggregation service (0xBEEF).
@@ -24,12 +28,27 @@ pub const L2_L4_LEN: usize = 14 + 20 + 8;
 pub const FRAME_PAYLOAD_OFFSET: usize = L2_L4_LEN + HEADER_LEN;
 /// Length of a job secret.
 pub const SECRET_LEN: usize = 32;
-/// Length of a JOIN payload: n_workers, dtype, op, secret.
-pub const JOIN_PAYLOAD_LEN: usize = 4 + SECRET_LEN;
+/// Length of a nonce (the switch's in CHALLENGE/JOIN, the worker's in HELLO).
+pub const NONCE_LEN: usize = 16;
+/// Length of a MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+/// Length of a CHALLENGE payload: hello nonce, switch nonce, observed
+/// source address and port, 2 reserved bytes.
+pub const CHALLENGE_PAYLOAD_LEN: usize = 2 * NONCE_LEN + 4 + 2 + 2;
+/// Length of a HELLO payload: the worker's nonce, then zero padding so that
+/// a HELLO is as long as the CHALLENGE it asks for (no amplification).
+pub const HELLO_PAYLOAD_LEN: usize = CHALLENGE_PAYLOAD_LEN;
+/// Length of a JOIN payload: n_workers, dtype, op, switch nonce, MAC.
+pub const JOIN_PAYLOAD_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
 /// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers.
 pub const JOIN_ACK_PAYLOAD_LEN: usize = 6;
-/// Length of a NACK payload: one u16 reason.
-pub const NACK_PAYLOAD_LEN: usize = 2;
+/// Length of a NACK payload: u16 reason, 2 reserved bytes, the nonce of the
+/// refused HELLO or JOIN (zero for other messages).
+pub const NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN;
+/// Length of a LEAVE payload: a MAC.
+pub const LEAVE_PAYLOAD_LEN: usize = MAC_LEN;
+/// Length of a version-1 NACK payload (sent to version-1 JOINs).
+pub const V1_NACK_PAYLOAD_LEN: usize = 2;
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
@@ -65,6 +84,8 @@ pub enum MsgType {
     Leave = 5,
     Nack = 6,
     Heartbeat = 7,
+    Hello = 8,
+    Challenge = 9,
 }
 
 impl MsgType {
@@ -77,6 +98,8 @@ impl MsgType {
             5 => MsgType::Leave,
             6 => MsgType::Nack,
             7 => MsgType::Heartbeat,
+            8 => MsgType::Hello,
+            9 => MsgType::Challenge,
             _ => return None,
         })
     }
@@ -99,6 +122,9 @@ pub enum NackReason {
     JobNotActive = 6,
     StaleGeneration = 7,
     Malformed = 8,
+    /// The JOIN's nonce is too old, or not one this switch issued to this
+    /// rank and address: ask for a new CHALLENGE.
+    StaleNonce = 9,
 }
 
 impl NackReason {
@@ -112,6 +138,7 @@ impl NackReason {
             6 => NackReason::JobNotActive,
             7 => NackReason::StaleGeneration,
             8 => NackReason::Malformed,
+            9 => NackReason::StaleNonce,
             _ => return None,
         })
     }
@@ -123,7 +150,9 @@ impl fmt::Display for NackReason {
             NackReason::UnknownJob => {
                 "unknown job: not declared on the switch, or removed (switchctl jobs)"
             }
-            NackReason::BadSecret => "bad secret (check --secret against the job's secret)",
+            NackReason::BadSecret => {
+                "bad secret: the JOIN's MAC does not verify (check --secret against the job's secret)"
+            }
             NackReason::SourceNotAllowed => {
                 "source address not allowed (add it to the job's allowed_sources)"
             }
@@ -134,16 +163,17 @@ impl fmt::Display for NackReason {
             NackReason::JobNotActive => "job not active (re-join)",
             NackReason::StaleGeneration => "stale generation (the switch restarted; re-join)",
             NackReason::Malformed => "malformed message",
+            NackReason::StaleNonce => "stale or unknown nonce (ask for a new CHALLENGE)",
         })
     }
 }
 
-/// Why bytes are not a valid version-1 message.
+/// Why bytes are not a valid version-2 message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     #[error("truncated: {len} bytes, need at least {need}")]
     Truncated { len: usize, need: usize },
-    #[error("unsupported protocol version {0} (this build speaks version 1)")]
+    #[error("unsupported protocol version {0} (this build speaks version 2)")]
     BadVersion(u8),
     #[error("unknown message type {0}")]
     UnknownType(u8),
@@ -349,14 +379,20 @@ impl HeaderRepr {
             MsgType::Join => len == JOIN_PAYLOAD_LEN,
             MsgType::JoinAck => len == JOIN_ACK_PAYLOAD_LEN,
             MsgType::Nack => len == NACK_PAYLOAD_LEN,
-            MsgType::Leave | MsgType::Heartbeat => true,
+            MsgType::Leave => len == LEAVE_PAYLOAD_LEN,
+            MsgType::Hello | MsgType::Challenge => len == HELLO_PAYLOAD_LEN,
+            // Worker → switch: empty; switch → worker: `count` u16 ranks.
+            MsgType::Heartbeat => len == h.count() as usize * 2,
         };
         if !ok {
             let what = match msg_type {
                 MsgType::Data | MsgType::Result => "count × 4 (count ≥ 1)",
-                MsgType::Join => "a JOIN payload (36 bytes)",
+                MsgType::Join => "a JOIN payload (52 bytes)",
                 MsgType::JoinAck => "a JOIN_ACK payload (6 bytes)",
-                _ => "a NACK payload (2 bytes)",
+                MsgType::Nack => "a NACK payload (20 bytes)",
+                MsgType::Leave => "a LEAVE payload (32 bytes)",
+                MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
+                MsgType::Heartbeat => "count × 2",
             };
             return Err(WireError::PayloadLength { len, what });
         }
@@ -399,56 +435,132 @@ impl HeaderRepr {
     }
 }
 
-/// JOIN payload.
-#[derive(Clone, PartialEq, Eq)]
+/// A nonce: 16 opaque bytes.
+pub type Nonce = [u8; NONCE_LEN];
+/// A message authentication code (HMAC-SHA256).
+pub type Mac = [u8; MAC_LEN];
+
+fn check_len(b: &[u8], need: usize, what: &'static str) -> Result<(), WireError> {
+    if b.len() != need {
+        return Err(WireError::PayloadLength { len: b.len(), what });
+    }
+    Ok(())
+}
+
+fn check_room(b: &[u8], need: usize) -> Result<(), WireError> {
+    if b.len() < need {
+        return Err(WireError::Truncated { len: b.len(), need });
+    }
+    Ok(())
+}
+
+fn array<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[..N]);
+    a
+}
+
+/// HELLO payload (worker → switch): asks for a CHALLENGE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloPayload {
+    /// Random per HELLO; echoed in the CHALLENGE or NACK that answers it,
+    /// so a worker takes only answers to its own HELLO.
+    pub nonce: Nonce,
+}
+
+impl HelloPayload {
+    pub fn parse(b: &[u8]) -> Result<HelloPayload, WireError> {
+        check_len(b, HELLO_PAYLOAD_LEN, "a HELLO payload (40 bytes)")?;
+        Ok(HelloPayload { nonce: array(b) })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, HELLO_PAYLOAD_LEN)?;
+        b[..NONCE_LEN].copy_from_slice(&self.nonce);
+        b[NONCE_LEN..HELLO_PAYLOAD_LEN].fill(0);
+        Ok(HELLO_PAYLOAD_LEN)
+    }
+}
+
+/// CHALLENGE payload (switch → worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChallengePayload {
+    /// The HELLO's nonce, echoed.
+    pub hello_nonce: Nonce,
+    /// The switch's nonce, to be proven in the JOIN.
+    pub nonce: Nonce,
+    /// The worker's source address and UDP port as the switch saw them
+    /// (for diagnostics: a worker behind NAT learns why its MAC fails).
+    pub observed_ip: [u8; 4],
+    pub observed_port: u16,
+}
+
+impl ChallengePayload {
+    pub fn parse(b: &[u8]) -> Result<ChallengePayload, WireError> {
+        check_len(b, CHALLENGE_PAYLOAD_LEN, "a CHALLENGE payload (40 bytes)")?;
+        Ok(ChallengePayload {
+            hello_nonce: array(b),
+            nonce: array(&b[NONCE_LEN..]),
+            observed_ip: array(&b[2 * NONCE_LEN..]),
+            observed_port: u16::from_be_bytes(array(&b[2 * NONCE_LEN + 4..])),
+        })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, CHALLENGE_PAYLOAD_LEN)?;
+        let n = NONCE_LEN;
+        b[..n].copy_from_slice(&self.hello_nonce);
+        b[n..2 * n].copy_from_slice(&self.nonce);
+        b[2 * n..2 * n + 4].copy_from_slice(&self.observed_ip);
+        b[2 * n + 4..2 * n + 6].copy_from_slice(&self.observed_port.to_be_bytes());
+        b[2 * n + 6..CHALLENGE_PAYLOAD_LEN].fill(0);
+        Ok(CHALLENGE_PAYLOAD_LEN)
+    }
+}
+
+/// JOIN payload: the job's parameters and the proof of the secret.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct JoinPayload {
     pub n_workers: u16,
     pub dtype: u8,
     pub op: u8,
-    pub secret: [u8; SECRET_LEN],
+    /// The switch's nonce from the CHALLENGE.
+    pub nonce: Nonce,
+    /// [`crate::auth::join_mac`] over the header, these fields and the
+    /// worker's address.
+    pub mac: Mac,
 }
 
 impl fmt::Debug for JoinPayload {
-    // Secrets are never printed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JoinPayload")
             .field("n_workers", &self.n_workers)
             .field("dtype", &self.dtype)
             .field("op", &self.op)
-            .field("secret", &"<redacted>")
-            .finish()
+            .field("mac", &"<redacted>")
+            .finish_non_exhaustive()
     }
 }
 
 impl JoinPayload {
     pub fn parse(b: &[u8]) -> Result<JoinPayload, WireError> {
-        if b.len() != JOIN_PAYLOAD_LEN {
-            return Err(WireError::PayloadLength {
-                len: b.len(),
-                what: "a JOIN payload (36 bytes)",
-            });
-        }
-        let mut secret = [0u8; SECRET_LEN];
-        secret.copy_from_slice(&b[4..]);
+        check_len(b, JOIN_PAYLOAD_LEN, "a JOIN payload (52 bytes)")?;
         Ok(JoinPayload {
             n_workers: u16::from_be_bytes([b[0], b[1]]),
             dtype: b[2],
             op: b[3],
-            secret,
+            nonce: array(&b[4..]),
+            mac: array(&b[4 + NONCE_LEN..]),
         })
     }
 
     pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
-        if b.len() < JOIN_PAYLOAD_LEN {
-            return Err(WireError::Truncated {
-                len: b.len(),
-                need: JOIN_PAYLOAD_LEN,
-            });
-        }
+        check_room(b, JOIN_PAYLOAD_LEN)?;
         b[0..2].copy_from_slice(&self.n_workers.to_be_bytes());
         b[2] = self.dtype;
         b[3] = self.op;
-        b[4..JOIN_PAYLOAD_LEN].copy_from_slice(&self.secret);
+        b[4..4 + NONCE_LEN].copy_from_slice(&self.nonce);
+        b[4 + NONCE_LEN..JOIN_PAYLOAD_LEN].copy_from_slice(&self.mac);
         Ok(JOIN_PAYLOAD_LEN)
     }
 }
@@ -490,28 +602,86 @@ impl JoinAckPayload {
     }
 }
 
-/// Parses a NACK payload.
-pub fn parse_nack(b: &[u8]) -> Result<NackReason, WireError> {
-    if b.len() != NACK_PAYLOAD_LEN {
-        return Err(WireError::PayloadLength {
-            len: b.len(),
-            what: "a NACK payload (2 bytes)",
-        });
-    }
-    let v = u16::from_be_bytes([b[0], b[1]]);
-    NackReason::from_u16(v).ok_or(WireError::UnknownNackReason(v))
+/// NACK payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NackPayload {
+    pub reason: NackReason,
+    /// The nonce of the refused HELLO or JOIN; zero for other messages.
+    pub echo: Nonce,
 }
 
-/// Writes a NACK payload.
-pub fn emit_nack(reason: NackReason, b: &mut [u8]) -> Result<usize, WireError> {
-    if b.len() < NACK_PAYLOAD_LEN {
-        return Err(WireError::Truncated {
-            len: b.len(),
-            need: NACK_PAYLOAD_LEN,
-        });
+impl NackPayload {
+    pub fn new(reason: NackReason) -> NackPayload {
+        NackPayload {
+            reason,
+            echo: [0; NONCE_LEN],
+        }
     }
-    b[..2].copy_from_slice(&(reason as u16).to_be_bytes());
-    Ok(NACK_PAYLOAD_LEN)
+
+    pub fn parse(b: &[u8]) -> Result<NackPayload, WireError> {
+        check_len(b, NACK_PAYLOAD_LEN, "a NACK payload (20 bytes)")?;
+        let v = u16::from_be_bytes([b[0], b[1]]);
+        let reason = NackReason::from_u16(v).ok_or(WireError::UnknownNackReason(v))?;
+        Ok(NackPayload {
+            reason,
+            echo: array(&b[4..]),
+        })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, NACK_PAYLOAD_LEN)?;
+        b[..2].copy_from_slice(&(self.reason as u16).to_be_bytes());
+        b[2..4].fill(0);
+        b[4..NACK_PAYLOAD_LEN].copy_from_slice(&self.echo);
+        Ok(NACK_PAYLOAD_LEN)
+    }
+}
+
+/// LEAVE payload: [`crate::auth::leave_mac`], so that nobody without the
+/// secret can make a member leave.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LeavePayload {
+    pub mac: Mac,
+}
+
+impl fmt::Debug for LeavePayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeavePayload { mac: <redacted> }")
+    }
+}
+
+impl LeavePayload {
+    pub fn parse(b: &[u8]) -> Result<LeavePayload, WireError> {
+        check_len(b, LEAVE_PAYLOAD_LEN, "a LEAVE payload (32 bytes)")?;
+        Ok(LeavePayload { mac: array(b) })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, LEAVE_PAYLOAD_LEN)?;
+        b[..MAC_LEN].copy_from_slice(&self.mac);
+        Ok(LEAVE_PAYLOAD_LEN)
+    }
+}
+
+/// A version-1 frame's header fields needed to refuse it: `(type, job,
+/// rank)`, or `None` if `b` is not a version-1 header.
+pub fn peek_v1(b: &[u8]) -> Option<(u8, u16, u16)> {
+    let h = Header::new_checked(b).ok()?;
+    (h.version() == 1).then(|| (h.msg_type_raw(), h.job(), h.rank()))
+}
+
+/// Writes a version-1 NACK (reason 8, "malformed message", the one refusal
+/// every version-1 worker reports) for a version-1 JOIN of `job`/`rank`;
+/// returns its length.
+pub fn emit_v1_refusal(job: u16, rank: u16, b: &mut [u8]) -> Result<usize, WireError> {
+    let len = HEADER_LEN + V1_NACK_PAYLOAD_LEN;
+    check_room(b, len)?;
+    let mut hdr = HeaderRepr::new(MsgType::Nack, job);
+    hdr.rank = rank;
+    hdr.emit_to(b)?;
+    b[0] = (1 << 4) | MsgType::Nack as u8;
+    b[HEADER_LEN..len].copy_from_slice(&(NackReason::Malformed as u16).to_be_bytes());
+    Ok(len)
 }
 
 /// Writes `values` as little-endian float32 into `out`; returns bytes written.
@@ -542,7 +712,7 @@ mod tests {
     // A DATA header: job 7, rank 3, count 2, seq 0x01020304, collective 9,
     // window 0, gen 0xdeadbeef, flags RETX|LAST, then 1.0f32 and -2.5f32.
     const DATA_FIXTURE: [u8; 30] = [
-        0x11, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
+        0x21, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
         0x09, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x20, 0xc0,
     ];
 
@@ -572,16 +742,16 @@ mod tests {
     }
 
     #[test]
-    fn rejects_what_version_1_forbids() {
+    fn rejects_what_version_2_forbids() {
         let mut b = DATA_FIXTURE;
-        b[0] = 0x21;
+        b[0] = 0x11;
         let h = Header::new_checked(&b[..]).unwrap();
-        assert_eq!(HeaderRepr::parse(&h), Err(WireError::BadVersion(2)));
+        assert_eq!(HeaderRepr::parse(&h), Err(WireError::BadVersion(1)));
 
         let mut b = DATA_FIXTURE;
-        b[0] = 0x19;
+        b[0] = 0x2a;
         let h = Header::new_checked(&b[..]).unwrap();
-        assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(9)));
+        assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(10)));
 
         let mut b = DATA_FIXTURE;
         b[1] = 0x08;
@@ -615,13 +785,16 @@ mod tests {
             n_workers: 64,
             dtype: DTYPE_F32,
             op: OP_SUM,
-            secret: [0xab; 32],
+            nonce: [0x11; NONCE_LEN],
+            mac: [0xab; MAC_LEN],
         };
         let mut b = [0u8; JOIN_PAYLOAD_LEN];
         j.emit(&mut b).unwrap();
-        assert_eq!(&b[..4], &[0, 64, 0, 0]);
+        assert_eq!(&b[..6], &[0, 64, 0, 0, 0x11, 0x11]);
+        assert_eq!(&b[20..22], &[0xab, 0xab]);
         assert_eq!(JoinPayload::parse(&b).unwrap(), j);
-        assert!(!format!("{j:?}").contains("171"), "secret must not print");
+        assert!(!format!("{j:?}").contains("171"), "the MAC must not print");
+        assert!(JoinPayload::parse(&b[..51]).is_err());
 
         let a = JoinAckPayload {
             pool_slots: 256,
@@ -634,13 +807,52 @@ mod tests {
         assert_eq!(JoinAckPayload::parse(&b).unwrap(), a);
     }
 
+    // A CHALLENGE payload: hello nonce 0x01.., switch nonce 0x02..,
+    // observed 198.18.0.2:40000, reserved.
+    #[test]
+    fn challenge_fixture() {
+        let mut f = [0u8; CHALLENGE_PAYLOAD_LEN];
+        f[..16].fill(1);
+        f[16..32].fill(2);
+        f[32..38].copy_from_slice(&[198, 18, 0, 2, 0x9c, 0x40]);
+        let c = ChallengePayload::parse(&f).unwrap();
+        assert_eq!(c.hello_nonce, [1; 16]);
+        assert_eq!(c.nonce, [2; 16]);
+        assert_eq!((c.observed_ip, c.observed_port), ([198, 18, 0, 2], 40000));
+        let mut out = [0xffu8; CHALLENGE_PAYLOAD_LEN];
+        c.emit(&mut out).unwrap();
+        assert_eq!(out, f);
+        let mut h = [0xffu8; HELLO_PAYLOAD_LEN];
+        HelloPayload { nonce: [1; 16] }.emit(&mut h).unwrap();
+        assert_eq!(&h[..16], &[1; 16]);
+        assert_eq!(&h[16..], &[0; 24], "padding is zero");
+    }
+
     #[test]
     fn nack_round_trip() {
-        let mut b = [0u8; 2];
-        emit_nack(NackReason::StaleGeneration, &mut b).unwrap();
-        assert_eq!(b, [0, 7]);
-        assert_eq!(parse_nack(&b), Ok(NackReason::StaleGeneration));
-        assert_eq!(parse_nack(&[0, 99]), Err(WireError::UnknownNackReason(99)));
+        let mut b = [0u8; NACK_PAYLOAD_LEN];
+        let n = NackPayload {
+            reason: NackReason::StaleNonce,
+            echo: [5; 16],
+        };
+        n.emit(&mut b).unwrap();
+        assert_eq!(&b[..4], &[0, 9, 0, 0]);
+        assert_eq!(&b[4..], &[5; 16]);
+        assert_eq!(NackPayload::parse(&b), Ok(n));
+        b[1] = 99;
+        assert_eq!(NackPayload::parse(&b), Err(WireError::UnknownNackReason(99)));
+        assert!(NackPayload::parse(&b[..2]).is_err(), "a version-1 NACK");
+    }
+
+    #[test]
+    fn v1_refusal_is_a_version_1_nack_8() {
+        let mut b = [0u8; 32];
+        let n = emit_v1_refusal(5, 3, &mut b).unwrap();
+        assert_eq!(n, 24);
+        assert_eq!(&b[..6], &[0x16, 0, 0, 5, 0, 3]);
+        assert_eq!(&b[22..24], &[0, 8]);
+        assert_eq!(peek_v1(&b[..n]), Some((6, 5, 3)));
+        assert_eq!(peek_v1(&DATA_FIXTURE), None);
     }
 
     #[test]

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::reference::rank_order_sum;
-use proto::switch::{DataOutcome, Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, Verdict};
-use proto::wire::{write_f32s, HeaderRepr, JoinPayload, MsgType};
+use proto::handshake::{Handshake, JoinParams};
+use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
 const GEN: u32 = 99;
@@ -45,12 +46,8 @@ enum Msg {
         collective: u32,
         values: Vec<f32>,
     },
-    Result {
-        rank: u16,
-        seq: u32,
-        values: Vec<f32>,
-        ece: bool,
-    },
+    /// What the switch sent to `rank`: an encoded message.
+    ToWorker { rank: u16, bytes: Vec<u8> },
 }
 
 struct Net {
@@ -81,6 +78,39 @@ impl Net {
             self.msgs.insert(self.next_id, make());
         }
     }
+}
+
+fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER_LEN + payload.len()];
+    h.emit_to(&mut b).unwrap();
+    b[HEADER_LEN..].copy_from_slice(payload);
+    b
+}
+
+/// Rank `rank` joins through the handshake (on a lossless path: loss
+/// during joining is the worker library's, tested end to end).
+fn join(table: &mut JobTable, rank: u16, n: u16, start_seq: u32, now: Instant) {
+    let from = endpoint(rank);
+    let params = JoinParams {
+        job: 1,
+        rank,
+        n_workers: n,
+        dtype: 0,
+        op: 0,
+        secret: [3; 32],
+        ip: from.source.ip,
+        port: from.source.port,
+    };
+    let mut hs = Handshake::new(params, [rank as u8; 16]);
+    let mut b = [0u8; 128];
+    let len = hs.emit_hello(&mut b).unwrap();
+    table.handle(&b[..len], from, false, now);
+    let r = table.poll_reply().expect("a CHALLENGE");
+    let e = table.encode(&r, &mut b).unwrap();
+    let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).unwrap()).unwrap();
+    hs.on_challenge(&h, &b[HEADER_LEN..e.len]).unwrap();
+    let len = hs.emit_join(0, start_seq, &mut b).unwrap();
+    table.handle(&b[..len], from, false, now);
 }
 
 fn endpoint(rank: u16) -> Endpoint {
@@ -127,7 +157,8 @@ fn run_from(
     faults: Faults,
     seed: u64,
 ) -> Duration {
-    let mut table = JobTable::new(GEN);
+    let base = Instant::now();
+    let mut table = JobTable::new(TableConfig::new(GEN, [5; 32]), base);
     table
         .add(
             JobConfig {
@@ -146,26 +177,14 @@ fn run_from(
         )
         .unwrap();
     for r in 0..n {
-        let mut h = HeaderRepr::new(MsgType::Join, 1);
-        h.rank = r;
-        h.seq = start_seq;
-        let mut p = [0u8; 36];
-        JoinPayload {
-            n_workers: n,
-            dtype: 0,
-            op: 0,
-            secret: [3; 32],
-        }
-        .emit(&mut p)
-        .unwrap();
-        table.handle(&h, &p, endpoint(r), false);
+        join(&mut table, r, n, start_seq, base);
     }
+    while table.poll_reply().is_some() {}
     let cfg = TransportConfig {
         initial_rto: Duration::from_millis(2),
         min_rto: Duration::from_micros(500),
         ..TransportConfig::default()
     };
-    let base = Instant::now();
     let mut net = Net {
         rng: Rng(seed | 1),
         faults,
@@ -247,41 +266,27 @@ fn run_from(
                         h.gen = GEN;
                         let mut p = vec![0u8; values.len() * 4];
                         write_f32s(&values, &mut p);
-                        let v = table.handle(&h, &p, endpoint(rank), false);
-                        let job = table.get(1).unwrap();
-                        match v {
-                            Verdict::Data(DataOutcome::Completed { seq }) => {
-                                let res = job.result(seq).unwrap();
-                                for dest in 0..n {
-                                    let vals = res.values.to_vec();
-                                    net.send(now, || Msg::Result {
-                                        rank: dest,
-                                        seq,
-                                        values: vals.clone(),
-                                        ece: res.ece,
-                                    });
-                                }
-                            }
-                            Verdict::Data(DataOutcome::Retransmit { seq }) => {
-                                let res = job.result(seq).unwrap();
-                                let vals = res.values.to_vec();
-                                net.send(now, || Msg::Result {
-                                    rank,
-                                    seq,
-                                    values: vals.clone(),
-                                    ece: res.ece,
-                                });
-                            }
-                            Verdict::Data(DataOutcome::Taken | DataOutcome::Dropped(_)) => {}
-                            other => panic!("unexpected verdict {other:?}"),
+                        table.handle(&frame(&h, &p), endpoint(rank), false, base + now);
+                        // The switch's replies, as its shells send them.
+                        while let Some(r) = table.poll_reply() {
+                            let mut buf = vec![0u8; 2048];
+                            let Some(e) = table.encode(&r, &mut buf) else {
+                                continue;
+                            };
+                            buf.truncate(e.len);
+                            net.send(now, || Msg::ToWorker {
+                                rank: r.rank,
+                                bytes: buf.clone(),
+                            });
                         }
                     }
-                    Msg::Result {
-                        rank,
-                        seq,
-                        values,
-                        ece,
-                    } => {
+                    Msg::ToWorker { rank, bytes } => {
+                        let h = HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap())
+                            .unwrap();
+                        assert_eq!(h.msg_type, MsgType::Result, "only RESULTs in this run");
+                        let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
+                        let mut values = vec![0f32; h.count as usize];
+                        read_f32s(&bytes[HEADER_LEN..], &mut values);
                         let w = &mut workers[rank as usize];
                         if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
                             seq,

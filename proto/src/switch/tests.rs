@@ -1,9 +1,23 @@
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
 use super::*;
+use crate::handshake::{Handshake, JoinParams};
 use crate::reference::rank_order_sum;
-use crate::wire::{write_f32s, HeaderRepr, JoinPayload, MsgType, NackReason};
+use crate::wire::{write_f32s, HeaderRepr, MsgType, NackPayload, NackReason};
 
 const SECRET: [u8; 32] = [7; 32];
 const GEN: u32 = 0x1234_5678;
+
+/// The tests' clock: one fixed start; later instants are offsets from it.
+fn t0() -> Instant {
+    static T0: OnceLock<Instant> = OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
+
+fn table() -> JobTable {
+    JobTable::new(TableConfig::new(GEN, [0x42; 32]), t0())
+}
 
 fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
     JobConfig {
@@ -31,22 +45,84 @@ fn endpoint(rank: u16) -> Endpoint {
     }
 }
 
-fn join(table: &mut JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Verdict {
-    let mut h = HeaderRepr::new(MsgType::Join, 5);
-    h.rank = rank;
-    let j = JoinPayload {
-        n_workers: table.get(5).map_or(0, |j| j.n_workers()),
+/// A message as bytes: `h` (count fixed up for DATA) then `payload`.
+fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER_LEN + payload.len()];
+    h.emit_to(&mut b).unwrap();
+    b[HEADER_LEN..].copy_from_slice(payload);
+    b
+}
+
+/// Every reply queued so far, encoded: (reply, header, payload).
+fn drain(t: &mut JobTable) -> Vec<(Reply, HeaderRepr, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(r) = t.poll_reply() {
+        let mut buf = [0u8; 2048];
+        let Some(e) = t.encode(&r, &mut buf) else {
+            continue;
+        };
+        let h = crate::wire::Header::new_checked(&buf[..e.len]).unwrap();
+        let hdr = HeaderRepr::parse(&h).unwrap();
+        out.push((r, hdr, buf[HEADER_LEN..e.len].to_vec()));
+    }
+    out
+}
+
+fn handshake(t: &JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Handshake {
+    let params = JoinParams {
+        job: 5,
+        rank,
+        n_workers: t.get(5).map_or(1, |j| j.n_workers()),
         dtype: 0,
         op: 0,
         secret,
+        ip: from.source.ip,
+        port: from.source.port,
     };
-    let mut p = [0u8; 36];
-    j.emit(&mut p).unwrap();
-    table.handle(&h, &p, from, false)
+    Handshake::new(params, [(rank as u8).wrapping_add(1); 16])
+}
+
+/// HELLO, and the CHALLENGE taken by `hs`; returns the HELLO's verdict.
+fn hello(t: &mut JobTable, hs: &mut Handshake, from: Endpoint, now: Instant) -> Verdict {
+    drain(t);
+    let mut b = [0u8; 128];
+    let n = hs.emit_hello(&mut b).unwrap();
+    let v = t.handle(&b[..n], from, false, now);
+    for (_, hdr, payload) in drain(t) {
+        if hdr.msg_type == MsgType::Challenge {
+            hs.on_challenge(&hdr, &payload).unwrap();
+        }
+    }
+    v
+}
+
+fn join_bytes(hs: &Handshake, resume: (u32, u32)) -> Vec<u8> {
+    let mut b = [0u8; 128];
+    let n = hs.emit_join(resume.0, resume.1, &mut b).unwrap();
+    b[..n].to_vec()
+}
+
+/// A whole handshake at `now`; returns the JOIN's verdict and the JOIN.
+fn join_full(
+    t: &mut JobTable,
+    rank: u16,
+    from: Endpoint,
+    secret: [u8; 32],
+    resume: (u32, u32),
+    now: Instant,
+) -> (Verdict, Vec<u8>) {
+    let mut hs = handshake(t, rank, from, secret);
+    hello(t, &mut hs, from, now);
+    let j = join_bytes(&hs, resume);
+    (t.handle(&j, from, false, now), j)
+}
+
+fn join(t: &mut JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Verdict {
+    join_full(t, rank, from, secret, (0, 0), t0()).0
 }
 
 fn active_table(n: u16, slots: u16, elems: u16) -> JobTable {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     t.add(config(n, slots, elems), 1000).unwrap();
     for r in 0..n {
         let v = join(&mut t, r, endpoint(r), SECRET);
@@ -57,6 +133,7 @@ fn active_table(n: u16, slots: u16, elems: u16) -> JobTable {
         };
         assert_eq!(v, Verdict::Join(want));
     }
+    drain(&mut t);
     t
 }
 
@@ -79,64 +156,272 @@ fn data_from(
     h.gen = gen;
     let mut p = vec![0u8; vals.len() * 4];
     write_f32s(vals, &mut p);
-    t.handle(&h, &p, from, false)
+    t.handle(&frame(&h, &p), from, false, t0())
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+fn nacks_in(replies: &[(Reply, HeaderRepr, Vec<u8>)]) -> Vec<NackPayload> {
+    replies
+        .iter()
+        .filter(|(_, h, _)| h.msg_type == MsgType::Nack)
+        .map(|(_, _, p)| NackPayload::parse(p).unwrap())
+        .collect()
+}
+
 #[test]
 fn join_refusals_name_their_reason_and_change_nothing() {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     t.add(config(2, 4, 8), 1000).unwrap();
+    // A stranger's HELLO is not answered at all.
     let mut stranger = endpoint(0);
     stranger.source.ip = [10, 9, 9, 9];
+    let mut hs = handshake(&t, 0, stranger, SECRET);
     assert_eq!(
-        join(&mut t, 0, stranger, SECRET),
-        Verdict::Join(JoinOutcome::Nack(NackReason::SourceNotAllowed))
+        hello(&mut t, &mut hs, stranger, t0()),
+        Verdict::Dropped(Some(DropReason::SourceNotAllowed))
     );
+    assert!(!hs.challenged());
+    // Wrong secret: the MAC does not verify; the NACK echoes the JOIN's nonce.
+    let (v, _) = join_full(&mut t, 0, endpoint(0), [1; 32], (0, 0), t0());
+    assert_eq!(v, Verdict::Join(JoinOutcome::Nack(NackReason::BadSecret)));
+    let nacks = nacks_in(&drain(&mut t));
+    assert_eq!(nacks.len(), 1);
+    assert_eq!(nacks[0].reason, NackReason::BadSecret);
+    assert_ne!(nacks[0].echo, [0; 16]);
+    // Rank out of range: refused at the HELLO already.
+    let mut hs = handshake(&t, 2, endpoint(2), SECRET);
     assert_eq!(
-        join(&mut t, 0, endpoint(0), [1; 32]),
-        Verdict::Join(JoinOutcome::Nack(NackReason::BadSecret))
-    );
-    assert_eq!(
-        join(&mut t, 2, endpoint(2), SECRET),
+        hello(&mut t, &mut hs, endpoint(2), t0()),
         Verdict::Join(JoinOutcome::Nack(NackReason::RankOutOfRange))
     );
-    let mut h = HeaderRepr::new(MsgType::Join, 9);
+    // Unknown job.
+    let mut h = HeaderRepr::new(MsgType::Hello, 9);
     h.rank = 0;
     assert_eq!(
-        t.handle(&h, &[0; 36], endpoint(0), false),
+        t.handle(&frame(&h, &[3; 40]), endpoint(0), false, t0()),
         Verdict::NackUnknownJob
     );
-    assert_eq!(t.get(5).unwrap().joined_ranks(), 0);
-    assert_eq!(t.get(5).unwrap().counters.nacks, 3);
+    let nacks = nacks_in(&drain(&mut t));
+    assert_eq!(nacks[nacks.len() - 1].echo, [3; 16], "echoes the HELLO nonce");
+    let job = t.get(5).unwrap();
+    assert_eq!(job.joined_ranks(), 0);
+    assert_eq!(job.counters.nacks, 2);
+    assert_eq!(job.counters.join_bad_mac, 1);
 }
 
 #[test]
 fn parameters_must_match() {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     t.add(config(2, 4, 8), 1000).unwrap();
-    let mut h = HeaderRepr::new(MsgType::Join, 5);
-    h.rank = 0;
-    let j = JoinPayload {
-        n_workers: 3,
-        dtype: 0,
-        op: 0,
-        secret: SECRET,
-    };
-    let mut p = [0u8; 36];
-    j.emit(&mut p).unwrap();
+    let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+    let mut params = hs.params().clone();
+    params.n_workers = 3;
+    hs = Handshake::new(params, [1; 16]);
+    hello(&mut t, &mut hs, endpoint(0), t0());
     assert_eq!(
-        t.handle(&h, &p, endpoint(0), false),
+        t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0()),
         Verdict::Join(JoinOutcome::Nack(NackReason::ParametersDiffer))
     );
 }
 
 #[test]
+fn forged_mac_stale_nonce_and_foreign_nonce_are_refused() {
+    let mut t = table();
+    t.add(config(2, 4, 8), 1000).unwrap();
+    let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+    hello(&mut t, &mut hs, endpoint(0), t0());
+    // One flipped MAC bit.
+    let mut j = join_bytes(&hs, (0, 0));
+    let last = j.len() - 1;
+    j[last] ^= 1;
+    assert_eq!(
+        t.handle(&j, endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Nack(NackReason::BadSecret))
+    );
+    // A changed resume point under the same MAC.
+    let mut j = join_bytes(&hs, (0, 0));
+    j[11] = 9;
+    assert_eq!(
+        t.handle(&j, endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Nack(NackReason::BadSecret))
+    );
+    // The right JOIN from another address: the nonce was issued to rank 0's.
+    let mut elsewhere = endpoint(0);
+    elsewhere.source.ip = [198, 18, 0, 99];
+    assert_eq!(
+        t.handle(&join_bytes(&hs, (0, 0)), elsewhere, false, t0()),
+        Verdict::Join(JoinOutcome::Nack(NackReason::StaleNonce))
+    );
+    // The right JOIN, after the nonce lifetime.
+    let late = t0() + DEFAULT_NONCE_LIFETIME + Duration::from_secs(1);
+    assert_eq!(
+        t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, late),
+        Verdict::Join(JoinOutcome::Nack(NackReason::StaleNonce))
+    );
+    // A JOIN made under another switch's nonce key.
+    let mut other = JobTable::new(TableConfig::new(GEN, [0x43; 32]), t0());
+    other.add(config(2, 4, 8), 1000).unwrap();
+    let mut hs2 = handshake(&other, 0, endpoint(0), SECRET);
+    hello(&mut other, &mut hs2, endpoint(0), t0());
+    assert_eq!(
+        t.handle(&join_bytes(&hs2, (0, 0)), endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Nack(NackReason::StaleNonce))
+    );
+    let job = t.get(5).unwrap();
+    assert_eq!(job.joined_ranks(), 0, "nothing was recorded");
+    assert_eq!(job.counters.join_bad_mac, 2);
+    assert_eq!(job.counters.join_bad_nonce, 2);
+    assert_eq!(job.counters.join_stale_nonce, 1);
+    // The legitimate JOIN still works afterwards.
+    assert_eq!(
+        t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Waiting)
+    );
+}
+
+#[test]
+fn replayed_joins_change_no_state_and_are_counted() {
+    let mut t = table();
+    t.add(config(2, 4, 8), 1000).unwrap();
+    // Rank 0 joins twice (a first nonce, then a fresh one): both captured.
+    let (_, old) = join_full(&mut t, 0, endpoint(0), SECRET, (0, 0), t0());
+    let (v, cur) = join_full(&mut t, 0, endpoint(0), SECRET, (0, 0), t0());
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    join(&mut t, 1, endpoint(1), SECRET);
+    drain(&mut t);
+    data(&mut t, 0, 0, &[1.0]);
+    // Replays from rank 0's address, while the job is active.
+    for _ in 0..20 {
+        assert_eq!(
+            t.handle(&old, endpoint(0), false, t0()),
+            Verdict::Join(JoinOutcome::Replayed)
+        );
+        assert_eq!(
+            t.handle(&cur, endpoint(0), false, t0()),
+            Verdict::Join(JoinOutcome::AckAgain)
+        );
+    }
+    let replies = drain(&mut t);
+    assert!(
+        replies
+            .iter()
+            .all(|(r, h, _)| h.msg_type == MsgType::JoinAck && r.to == endpoint(0)),
+        "a copy of the accepted JOIN gets only its JOIN_ACK, at the member's address"
+    );
+    let job = t.get(5).unwrap();
+    assert_eq!(job.state(), JobState::Active);
+    assert_eq!(job.counters.join_replays, 20);
+    assert_eq!(job.counters.join_repeats, 20);
+    assert_eq!(job.counters.resets, 0);
+    // The slot kept rank 0's contribution: the sum completes.
+    assert_eq!(
+        data(&mut t, 1, 0, &[2.0]),
+        Verdict::Data(DataOutcome::Completed { seq: 0 })
+    );
+    assert_eq!(t.get(5).unwrap().result(0).unwrap().values, &[3.0]);
+    // Even after the job went back to joining, the older nonce stays a replay.
+    let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (0, 9), t0());
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
+    assert_eq!(
+        t.handle(&old, endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Replayed)
+    );
+}
+
+#[test]
+fn a_job_declared_after_a_nonce_was_issued_refuses_it() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let (_, j) = join_full(&mut t, 0, endpoint(0), SECRET, (0, 0), t0());
+    t.remove(5);
+    t.add(config(1, 4, 8), 1000).unwrap();
+    assert_eq!(
+        t.handle(&j, endpoint(0), false, t0()),
+        Verdict::Join(JoinOutcome::Replayed)
+    );
+}
+
+#[test]
+fn version_1_join_gets_a_version_1_refusal() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    // A version-1 JOIN: ver_type 0x13, job 5, rank 0, then 36 payload bytes.
+    let mut v1 = vec![0u8; HEADER_LEN + 36];
+    v1[0] = 0x13;
+    v1[3] = 5;
+    assert_eq!(
+        t.handle(&v1, endpoint(0), false, t0()),
+        Verdict::Malformed(crate::wire::WireError::BadVersion(1))
+    );
+    let r = t.poll_reply().unwrap();
+    let mut buf = [0u8; 64];
+    let e = t.encode(&r, &mut buf).unwrap();
+    assert_eq!(&buf[..e.len], &[
+        0x16, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8
+    ][..e.len]);
+    assert_eq!(e.len, HEADER_LEN + 2);
+    assert_eq!(t.counters.version_refused, 1);
+    assert_eq!(t.malformed[1], 1);
+    assert!(matches!(
+        t.poll_event(),
+        Some(Event::Refused { why: Refusal::Version(1), .. })
+    ));
+    // A version-1 DATA is only counted.
+    v1[0] = 0x11;
+    t.handle(&v1, endpoint(0), false, t0());
+    assert!(t.poll_reply().is_none());
+    assert_eq!(t.malformed[1], 2);
+}
+
+#[test]
+fn leave_needs_the_mac_of_the_accepted_join() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+    hello(&mut t, &mut hs, endpoint(0), t0());
+    t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0());
+    let mut b = [0u8; 64];
+    let n = hs.emit_leave(&mut b).unwrap();
+    let mut forged = b[..n].to_vec();
+    forged[n - 1] ^= 1;
+    assert_eq!(
+        t.handle(&forged, endpoint(0), false, t0()),
+        Verdict::Dropped(Some(DropReason::Unauthenticated))
+    );
+    assert_eq!(t.get(5).unwrap().state(), JobState::Active);
+    assert_eq!(t.handle(&b[..n], endpoint(0), false, t0()), Verdict::Noted);
+    assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
+}
+
+#[test]
+fn memory_budget_refuses_with_numbers_and_frees_on_remove() {
+    let mut cfg = TableConfig::new(GEN, [1; 32]);
+    cfg.pool_budget = 64 << 20;
+    let mut t = JobTable::new(cfg, t0());
+    let mut huge = config(65535, 32768, 362);
+    huge.id = 9;
+    let err = t.add(huge, 1000).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, JobConfigError::OverBudget { id: 9, .. }), "{msg}");
+    assert!(msg.contains("64.0 MiB") && msg.contains("TiB"), "{msg}");
+    let small = config(4, 64, 362);
+    let need = small.pool_bytes();
+    t.add(small, 1000).unwrap();
+    assert_eq!(t.pool_memory(), (64 << 20, need));
+    t.remove(5);
+    assert_eq!(t.pool_memory().1, 0);
+    let mut bad = config(4, 65535, 362);
+    bad.window = 1;
+    assert!(matches!(t.add(bad, 1000), Err(JobConfigError::PoolSlots(5, 65535))));
+}
+
+#[test]
 fn data_before_activation_is_nacked_6_and_wrong_gen_7() {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     t.add(config(2, 4, 8), 1000).unwrap();
     join(&mut t, 0, endpoint(0), SECRET);
     assert_eq!(
@@ -148,6 +433,31 @@ fn data_before_activation_is_nacked_6_and_wrong_gen_7() {
         data_from(&mut t, 0, 0, &[1.0], endpoint(0), GEN + 1),
         Verdict::Data(DataOutcome::Nack(NackReason::StaleGeneration))
     );
+}
+
+#[test]
+fn a_completed_chunk_is_sent_to_every_member_once() {
+    let mut t = active_table(3, 4, 8);
+    data(&mut t, 2, 0, &[1.0, 2.0]);
+    data(&mut t, 0, 0, &[1.0, 2.0]);
+    assert!(drain(&mut t).is_empty());
+    data(&mut t, 1, 0, &[1.0, 2.0]);
+    let sent = drain(&mut t);
+    let ranks: Vec<u16> = sent.iter().map(|(r, _, _)| r.rank).collect();
+    assert_eq!(ranks, [0, 1, 2]);
+    for (r, h, p) in &sent {
+        assert_eq!(r.to, endpoint(r.rank));
+        assert_eq!((h.msg_type, h.rank, h.count, h.seq), (MsgType::Result, r.rank, 2, 0));
+        assert_eq!(&p[..], &[0, 0, 0x40, 0x40, 0, 0, 0xc0, 0x40]);
+    }
+    assert_eq!(t.counters.results_sent, 3);
+    assert_eq!(t.get(5).unwrap().counters.results_sent, 3);
+    // A lost RESULT is answered to its rank alone, flagged RETX.
+    data(&mut t, 1, 0, &[1.0, 2.0]);
+    let again = drain(&mut t);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0.rank, 1);
+    assert!(again[0].1.has_flag(crate::wire::flags::RETX));
 }
 
 #[test]
@@ -239,11 +549,12 @@ fn duplicates_stale_and_window_are_dropped_and_counted() {
         data(&mut t, 1, 0, &[2.0]),
         Verdict::Data(DataOutcome::Dropped(DropReason::Stale))
     );
-    let c = &t.get(5).unwrap().counters;
-    assert_eq!(c.drop_count(DropReason::Duplicate), 1);
-    assert_eq!(c.drop_count(DropReason::CountMismatch), 1);
-    assert_eq!(c.drop_count(DropReason::BeyondWindow), 2);
-    assert_eq!(c.drop_count(DropReason::Stale), 1);
+    let j = t.get(5).unwrap();
+    let (c, d) = (&j.counters, &j.drops);
+    assert_eq!(d.count(DropReason::Duplicate), 1);
+    assert_eq!(d.count(DropReason::CountMismatch), 1);
+    assert_eq!(d.count(DropReason::BeyondWindow), 2);
+    assert_eq!(d.count(DropReason::Stale), 1);
     assert_eq!(c.retransmits_served, 2);
     assert_eq!(c.chunks_completed, 5);
 }
@@ -299,22 +610,10 @@ fn repeated_join_gets_ack_again_and_restart_rejoins_everyone() {
 
 #[test]
 fn resume_point_is_the_lowest_reported() {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     t.add(config(3, 8, 8), 1000).unwrap();
-    for (r, (c, s)) in [(4u32, 90u32), (3, 80), (4, 95)].into_iter().enumerate() {
-        let mut h = HeaderRepr::new(MsgType::Join, 5);
-        h.rank = r as u16;
-        h.collective = c;
-        h.seq = s;
-        let j = JoinPayload {
-            n_workers: 3,
-            dtype: 0,
-            op: 0,
-            secret: SECRET,
-        };
-        let mut p = [0u8; 36];
-        j.emit(&mut p).unwrap();
-        t.handle(&h, &p, endpoint(r as u16), false);
+    for (r, resume) in [(4u32, 90u32), (3, 80), (4, 95)].into_iter().enumerate() {
+        join_full(&mut t, r as u16, endpoint(r as u16), SECRET, resume, t0());
     }
     let job = t.get(5).unwrap();
     assert_eq!(job.resume_point(), (3, 80));
@@ -330,9 +629,9 @@ fn ce_mark_on_any_contribution_sets_ece() {
     h.count = 1;
     h.gen = GEN;
     let p = 1.0f32.to_le_bytes();
-    t.handle(&h, &p, endpoint(0), true);
+    t.handle(&frame(&h, &p), endpoint(0), true, t0());
     h.rank = 1;
-    t.handle(&h, &p, endpoint(1), false);
+    t.handle(&frame(&h, &p), endpoint(1), false, t0());
     let hdr = t.get(5).unwrap().result_header(0, 1, false, GEN).unwrap();
     assert!(hdr.has_flag(crate::wire::flags::ECE));
     assert_eq!(t.get(5).unwrap().counters.ece_marked, 1);
@@ -350,7 +649,7 @@ fn wide_jobs_have_no_rank_ceiling() {
 }
 
 fn active_table_wide(n: u16) -> JobTable {
-    let mut t = JobTable::new(GEN);
+    let mut t = table();
     let mut c = config(n, 2, 4);
     c.allowed_sources = vec![Ipv4Prefix {
         addr: [0, 0, 0, 0],
@@ -384,13 +683,16 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
     h.rank = 2;
     h.gen = GEN;
     assert_eq!(
-        t.handle(&h, &[], endpoint(2), false),
+        t.handle(&frame(&h, &[]), endpoint(2), false, t0()),
         Verdict::Heartbeat { seq: 0 }
     );
+    let answer = drain(&mut t);
+    assert_eq!(answer.len(), 1);
+    assert_eq!((answer[0].1.msg_type, &answer[0].2[..]), (MsgType::Heartbeat, &[0u8, 1][..]));
     let mut stranger = endpoint(2);
     stranger.source.port += 1;
     assert_ne!(
-        t.handle(&h, &[], stranger, false),
+        t.handle(&frame(&h, &[]), stranger, false, t0()),
         Verdict::Heartbeat { seq: 0 }
     );
 

@@ -1,0 +1,192 @@
+//! What an operator declares: a job ([`JobConfig`], checked by
+//! [`JobConfig::validate`]), and where its workers are ([`Ipv4Prefix`],
+//! [`Source`], [`Endpoint`]).
+//!
+//! Invariants: a validated config has every size inside the limits of
+//! docs/PROTOCOL.md ("Limits"), and [`JobConfig::pool_bytes`] is the memory
+//! its slot pool takes, computed without overflow; a job whose pool would
+//! not fit the switch's budget is refused before anything is allocated.
+
+use std::fmt;
+
+use crate::wire::SECRET_LEN;
+
+/// An IPv4 prefix (address, prefix length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Prefix {
+    pub addr: [u8; 4],
+    pub len: u8,
+}
+
+impl Ipv4Prefix {
+    pub fn contains(&self, ip: [u8; 4]) -> bool {
+        if self.len == 0 {
+            return true;
+        }
+        let len = self.len.min(32) as u32;
+        let mask = u32::MAX << (32 - len);
+        (u32::from_be_bytes(self.addr) & mask) == (u32::from_be_bytes(ip) & mask)
+    }
+}
+
+/// Where a worker's packets come from (checked on every DATA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Source {
+    pub mac: [u8; 6],
+    pub ip: [u8; 4],
+    pub port: u16,
+}
+
+/// How to reach a worker: its source, plus which switch port and local
+/// addresses its JOIN arrived on. The engine only compares `source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    pub source: Source,
+    pub local_mac: [u8; 6],
+    pub local_ip: [u8; 4],
+    pub local_port: u16,
+    /// Index of the switch port (interface) the worker is behind.
+    pub port_idx: u32,
+    /// Queue of that port its JOIN arrived on.
+    pub queue: u32,
+}
+
+/// Most slots a job's pool may have (docs/PROTOCOL.md, "Limits").
+pub const MAX_POOL_SLOTS: u16 = 32768;
+/// Most allowed-source prefixes a job may list.
+pub const MAX_ALLOWED_SOURCES: usize = 256;
+
+/// A job as declared to the switch.
+#[derive(Clone)]
+pub struct JobConfig {
+    pub id: u16,
+    pub n_workers: u16,
+    pub allowed_sources: Vec<Ipv4Prefix>,
+    pub secret: [u8; SECRET_LEN],
+    /// Slots in the pool, a power of two.
+    pub pool_slots: u16,
+    pub elems_per_chunk: u16,
+    /// Chunks in flight the switch allows (≤ pool_slots).
+    pub window: u16,
+}
+
+impl fmt::Debug for JobConfig {
+    // Secrets are never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobConfig")
+            .field("id", &self.id)
+            .field("n_workers", &self.n_workers)
+            .field("allowed_sources", &self.allowed_sources)
+            .field("secret", &"<redacted>")
+            .field("pool_slots", &self.pool_slots)
+            .field("elems_per_chunk", &self.elems_per_chunk)
+            .field("window", &self.window)
+            .finish()
+    }
+}
+
+/// Formats a byte count for people: "3.1 TiB", "512 MiB".
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Why a job declaration is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobConfigError {
+    #[error("job id 0 is invalid (use 1..=65535)")]
+    ZeroId,
+    #[error("job {0}: n_workers must be at least 1")]
+    NoWorkers(u16),
+    #[error("job {0}: pool_slots {1} must be a power of two in 1..=32768")]
+    PoolSlots(u16, u16),
+    #[error("job {0}: elems_per_chunk must be 1..={2}, got {1}")]
+    ElemsPerChunk(u16, u16, u16),
+    #[error("job {0}: window must be 1..=pool_slots ({2}), got {1}")]
+    Window(u16, u16, u16),
+    #[error("job {0} is already declared")]
+    Duplicate(u16),
+    #[error("job {0}: allowed_sources is empty, no worker could join")]
+    NoSources(u16),
+    #[error("job {0}: {1} allowed_sources prefixes, at most 256")]
+    TooManySources(u16, usize),
+    #[error(
+        "job {id}: its slot pool needs {} ({need} bytes: pool_slots × (n_workers + 2) × \
+         elems_per_chunk × 4 plus bookkeeping), but the switch's pool memory budget is {} \
+         with {} in use; lower pool_slots or n_workers, remove a job, or raise \
+         [switch] pool_memory",
+        human_bytes(*need), human_bytes(*budget), human_bytes(*in_use)
+    )]
+    OverBudget {
+        id: u16,
+        need: u64,
+        budget: u64,
+        in_use: u64,
+    },
+    #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
+    OutOfMemory { id: u16, need: u64 },
+}
+
+impl JobConfig {
+    /// Checks the declaration; `max_elems` is what fits in the switch's frames.
+    pub fn validate(&self, max_elems: u16) -> Result<(), JobConfigError> {
+        if self.id == 0 {
+            return Err(JobConfigError::ZeroId);
+        }
+        if self.n_workers == 0 {
+            return Err(JobConfigError::NoWorkers(self.id));
+        }
+        if !self.pool_slots.is_power_of_two() || self.pool_slots > MAX_POOL_SLOTS {
+            return Err(JobConfigError::PoolSlots(self.id, self.pool_slots));
+        }
+        if self.elems_per_chunk == 0 || self.elems_per_chunk > max_elems {
+            return Err(JobConfigError::ElemsPerChunk(
+                self.id,
+                self.elems_per_chunk,
+                max_elems,
+            ));
+        }
+        if self.window == 0 || self.window > self.pool_slots {
+            return Err(JobConfigError::Window(
+                self.id,
+                self.window,
+                self.pool_slots,
+            ));
+        }
+        if self.allowed_sources.is_empty() {
+            return Err(JobConfigError::NoSources(self.id));
+        }
+        if self.allowed_sources.len() > MAX_ALLOWED_SOURCES {
+            return Err(JobConfigError::TooManySources(
+                self.id,
+                self.allowed_sources.len(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes the job's slot pool and membership take (what the budget
+    /// counts): per slot an accumulator, a result and one parked copy per
+    /// rank, each `elems_per_chunk` floats, plus two rank bitmaps; per rank
+    /// a member record. u64 arithmetic: at most 2^15 × 2^16 × 2^12, no
+    /// overflow.
+    pub fn pool_bytes(&self) -> u64 {
+        let slots = u64::from(self.pool_slots);
+        let n = u64::from(self.n_workers);
+        let e = u64::from(self.elems_per_chunk);
+        let floats = slots * (n + 2) * e;
+        let bitmaps = slots * 2 * n.div_ceil(64) * 8;
+        let members = n * 128;
+        floats * 4 + bitmaps + members + slots * 64
+    }
+}

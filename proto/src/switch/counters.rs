@@ -1,0 +1,200 @@
+//! Counters of the switch's protocol state, declared once with their help
+//! text ([`counter_schema!`]): switchctl, `/metrics` and the stats file are
+//! all rendered from [`CounterSchema::visit`], so a counter added here shows
+//! everywhere, under one name.
+//!
+//! Owns: [`DropReason`] (why a message that reached a job was dropped),
+//! [`JobCounters`] (per job) and [`TableCounters`] (the switch's, for
+//! messages that reached no job, and the handshake's replies).
+//!
+//! Invariants: counters only grow; a message is counted at most once per
+//! family (a dropped DATA is one drop, under one reason).
+
+/// Renders counters without knowing their names: `visit` calls `f(name,
+/// help, value)` for each, in declaration order.
+pub trait CounterSchema {
+    fn visit(&self, f: &mut dyn FnMut(&'static str, &'static str, u64));
+}
+
+/// Declares a struct of `u64` counters, each with its help text, and
+/// implements [`CounterSchema`] and `add` (sum of two snapshots) for it.
+#[macro_export]
+macro_rules! counter_schema {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[doc = $doc:literal])+ $field:ident,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[doc = $doc])+ pub $field: u64,)*
+        }
+        impl $name {
+            /// Adds `o`'s counts to these.
+            pub fn add(&mut self, o: &$name) {
+                $(self.$field += o.$field;)*
+            }
+        }
+        impl $crate::switch::counters::CounterSchema for $name {
+            fn visit(&self, f: &mut dyn FnMut(&'static str, &'static str, u64)) {
+                $(f(stringify!($field), concat!($($doc),+).trim_ascii(), self.$field);)*
+            }
+        }
+    };
+}
+
+/// Why a message that reached a job was dropped, one counter each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum DropReason {
+    /// This rank's contribution to this seq was already taken.
+    Duplicate = 0,
+    /// Older than the slot's shadow copy: nothing left to answer with.
+    Stale,
+    /// A newer seq for a slot that still aggregates an older one.
+    SlotBusy,
+    /// `count` differs from the slot's (or exceeds the job's chunk size).
+    CountMismatch,
+    /// `collective` differs from the slot's.
+    CollectiveMismatch,
+    /// seq − floor ≥ window.
+    BeyondWindow,
+    /// Source MAC/IP/port is not the rank's recorded one.
+    SourceMismatch,
+    /// rank ≥ n_workers.
+    RankOutOfRange,
+    /// Job is not active (answered with NACK 6 when the source is allowed).
+    NotActive,
+    /// `gen` is not the switch's (answered with NACK 7 when allowed).
+    StaleGeneration,
+    /// Source outside the job's prefixes, on a message that needs membership.
+    SourceNotAllowed,
+    /// A message type the switch does not take (RESULT, JOIN_ACK, NACK,
+    /// CHALLENGE).
+    UnexpectedType,
+    /// A LEAVE whose MAC does not verify.
+    Unauthenticated,
+}
+
+impl DropReason {
+    pub const COUNT: usize = 13;
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::Duplicate,
+        DropReason::Stale,
+        DropReason::SlotBusy,
+        DropReason::CountMismatch,
+        DropReason::CollectiveMismatch,
+        DropReason::BeyondWindow,
+        DropReason::SourceMismatch,
+        DropReason::RankOutOfRange,
+        DropReason::NotActive,
+        DropReason::StaleGeneration,
+        DropReason::SourceNotAllowed,
+        DropReason::UnexpectedType,
+        DropReason::Unauthenticated,
+    ];
+
+    /// Stable name, for counters and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Duplicate => "duplicate",
+            DropReason::Stale => "stale",
+            DropReason::SlotBusy => "slot_busy",
+            DropReason::CountMismatch => "count_mismatch",
+            DropReason::CollectiveMismatch => "collective_mismatch",
+            DropReason::BeyondWindow => "beyond_window",
+            DropReason::SourceMismatch => "source_mismatch",
+            DropReason::RankOutOfRange => "rank_out_of_range",
+            DropReason::NotActive => "not_active",
+            DropReason::StaleGeneration => "stale_generation",
+            DropReason::SourceNotAllowed => "source_not_allowed",
+            DropReason::UnexpectedType => "unexpected_type",
+            DropReason::Unauthenticated => "unauthenticated",
+        }
+    }
+}
+
+counter_schema! {
+    /// Counters of one job.
+    pub struct JobCounters {
+        /// Chunks whose sum completed.
+        chunks_completed,
+        /// Float32 payload bytes taken into sums.
+        bytes_aggregated,
+        /// DATA messages taken into a slot.
+        contributions,
+        /// RESULT messages handed to the transmit path.
+        results_sent,
+        /// RESULTs sent again from a shadow copy to a rank that lost one.
+        retransmits_served,
+        /// Chunks whose RESULT carried ECE.
+        ece_marked,
+        /// JOIN messages received (any outcome).
+        joins,
+        /// HELLOs answered with a CHALLENGE.
+        challenges,
+        /// JOINs whose MAC did not verify (wrong secret or forged).
+        join_bad_mac,
+        /// JOINs whose nonce this switch did not issue to that rank and address.
+        join_bad_nonce,
+        /// JOINs whose nonce was older than the nonce lifetime.
+        join_stale_nonce,
+        /// Copies of a rank's accepted JOIN (its own resends, or a replay): state unchanged.
+        join_repeats,
+        /// JOINs with a nonce older than the rank's accepted one (replays): dropped, unanswered.
+        join_replays,
+        /// NACKs sent for this job.
+        nacks,
+        /// Times the job became active (every rank joined).
+        activations,
+        /// Times an active job went back to joining because a rank re-joined.
+        resets,
+    }
+}
+
+/// Drops of one job, by reason (a labelled family beside [`JobCounters`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobDrops(pub [u64; DropReason::COUNT]);
+
+impl JobDrops {
+    pub fn count(&self, r: DropReason) -> u64 {
+        self.0[r as usize]
+    }
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    pub fn bump(&mut self, r: DropReason) {
+        self.0[r as usize] += 1;
+    }
+}
+
+/// Kinds of malformed aggregation messages, one counter each.
+pub const MALFORMED_KINDS: [&str; 6] = [
+    "truncated",
+    "bad_version",
+    "unknown_type",
+    "reserved_flags",
+    "zero_job",
+    "payload_length",
+];
+
+counter_schema! {
+    /// Counters of the job table: messages that reached no job, and replies.
+    pub struct TableCounters {
+        /// Messages for a job that is not declared (or was removed).
+        unknown_job,
+        /// Messages of a type the switch does not take.
+        unexpected_type,
+        /// JOINs of protocol version 1, refused with a version-1 NACK.
+        version_refused,
+        /// RESULTs handed to the transmit path.
+        results_sent,
+        /// JOIN_ACKs handed to the transmit path.
+        join_acks_sent,
+        /// CHALLENGEs handed to the transmit path.
+        challenges_sent,
+        /// NACKs handed to the transmit path.
+        nacks_sent,
+        /// Replies dropped because the reply queue was full (the worker resends).
+        reply_queue_full,
+        /// Log events dropped because the event queue was full (counters stay exact).
+        events_dropped,
+    }
+}

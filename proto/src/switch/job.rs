@@ -1,0 +1,601 @@
+//! One job's state machine: membership by authenticated JOIN, activation,
+//! the resume point, the window floor, and DATA into the slot pool.
+//!
+//! Owns: [`Job`] (its declaration, members, pool and counters) and the
+//! outcomes of its messages ([`JoinOutcome`], [`DataOutcome`]); the table
+//! turns outcomes into queued replies.
+//!
+//! Invariants:
+//! * A seq is taken only inside the window `[floor, floor + W)`, where
+//!   `floor` is the job's oldest incomplete seq and `W ≤ S`; seqs in the
+//!   window map to distinct slots, so a slot never holds two live seqs.
+//! * A rejected message changes nothing but a counter.
+//! * Membership changes only on a JOIN that proves the secret over a nonce
+//!   this switch issued to that rank and address, newer than any the rank
+//!   used before and younger than the nonce lifetime (docs/PROTOCOL.md,
+//!   "Joining"). A copy of the accepted JOIN changes nothing (an active job
+//!   answers it with the JOIN_ACK again, to the member's recorded address);
+//!   an older one is a replay: counted, unanswered.
+//! * DATA is bound to the member's source (MAC, IP, UDP port) recorded from
+//!   its JOIN; LEAVE carries a MAC over the accepted nonce.
+
+use std::time::Instant;
+
+use crate::auth::{self, JoinClaim, NonceIssuer};
+use crate::seq::{serial_lt, serial_offset};
+use crate::wire::{
+    flags, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason, Nonce,
+    DTYPE_F32, OP_SUM,
+};
+
+use super::config::{Endpoint, JobConfig, JobConfigError, Source};
+use super::counters::{DropReason, JobCounters, JobDrops};
+use super::slot_pool::{Aggregation, SlotPool, Taken};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for all ranks to JOIN under the current generation.
+    Joining,
+    /// All ranks joined; DATA is taken.
+    Active,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Joining => "joining",
+            JobState::Active => "active",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Member {
+    endpoint: Endpoint,
+    resume_collective: u32,
+    resume_seq: u32,
+    /// The nonce of the JOIN accepted for this membership (LEAVE's MAC
+    /// covers it).
+    nonce: Nonce,
+    left: bool,
+}
+
+/// What to do after a JOIN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinOutcome {
+    /// Refuse: send a NACK with this reason to the sender.
+    Nack(NackReason),
+    /// Recorded (or a copy of the recorded JOIN); waiting for the other
+    /// ranks. Send nothing.
+    Waiting,
+    /// The job just became active: send JOIN_ACK to every member.
+    Activated,
+    /// A copy of an active member's JOIN: send its JOIN_ACK again.
+    AckAgain,
+    /// A nonce older than the rank's accepted one: dropped, unanswered.
+    Replayed,
+}
+
+/// What to do after a DATA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataOutcome {
+    /// Taken into the slot; nothing to send yet.
+    Taken,
+    /// The slot completed: send its RESULT to every member.
+    Completed { seq: u32 },
+    /// The sender lost this RESULT: send the shadow copy to it, flagged RETX.
+    Retransmit { seq: u32 },
+    /// Refuse with a NACK to the sender (counted as a drop too).
+    Nack(NackReason),
+    /// Dropped and counted; send nothing.
+    Dropped(DropReason),
+}
+
+/// A completed or cached result, ready to be sent.
+#[derive(Debug, Clone, Copy)]
+pub struct ResultView<'a> {
+    pub seq: u32,
+    pub collective: u32,
+    pub ece: bool,
+    pub window: u16,
+    pub values: &'a [f32],
+}
+
+/// What the switch knows when it judges a JOIN.
+pub struct JoinContext<'a> {
+    pub gen: u32,
+    pub issuer: &'a NonceIssuer,
+    pub now: Instant,
+}
+
+/// One job: its declaration, members, slots and counters.
+#[derive(Debug)]
+pub struct Job {
+    pub config: JobConfig,
+    state: JobState,
+    members: Vec<Option<Member>>,
+    /// Per rank, the serial of the newest nonce accepted from it (never
+    /// reset while the job exists: replays stay replays).
+    accepted_serial: Vec<u64>,
+    /// Nonces issued before the job was declared are replays.
+    min_serial: u64,
+    joined: u16,
+    resume_collective: u32,
+    resume_seq: u32,
+    /// Oldest incomplete seq.
+    floor: u32,
+    window: u16,
+    pool: SlotPool,
+    pub counters: JobCounters,
+    pub drops: JobDrops,
+}
+
+impl Job {
+    /// Allocates the job (its pool is the bulk; see
+    /// [`JobConfig::pool_bytes`]); nonces below `min_serial` are replays.
+    pub fn try_new(config: JobConfig, min_serial: u64) -> Result<Job, JobConfigError> {
+        let oom = JobConfigError::OutOfMemory {
+            id: config.id,
+            need: config.pool_bytes(),
+        };
+        let pool = SlotPool::try_new(config.pool_slots, config.n_workers, config.elems_per_chunk)
+            .map_err(|_| oom.clone())?;
+        let n = config.n_workers as usize;
+        let mut members = Vec::new();
+        members.try_reserve_exact(n).map_err(|_| oom.clone())?;
+        members.resize(n, None);
+        let mut accepted_serial = Vec::new();
+        accepted_serial.try_reserve_exact(n).map_err(|_| oom)?;
+        accepted_serial.resize(n, 0);
+        Ok(Job {
+            members,
+            accepted_serial,
+            min_serial,
+            window: config.window.min(config.pool_slots),
+            state: JobState::Joining,
+            joined: 0,
+            resume_collective: 0,
+            resume_seq: 0,
+            floor: 0,
+            pool,
+            counters: JobCounters::default(),
+            drops: JobDrops::default(),
+            config,
+        })
+    }
+
+    pub fn id(&self) -> u16 {
+        self.config.id
+    }
+    pub fn state(&self) -> JobState {
+        self.state
+    }
+    pub fn n_workers(&self) -> u16 {
+        self.config.n_workers
+    }
+    pub fn window(&self) -> u16 {
+        self.window
+    }
+    /// Sets the window the switch allows (clamped to 1..=S).
+    pub fn set_window(&mut self, w: u16) {
+        self.window = w.clamp(1, self.config.pool_slots);
+    }
+    /// Oldest incomplete seq.
+    pub fn floor(&self) -> u32 {
+        self.floor
+    }
+    /// The resume point sent in JOIN_ACKs: (collective, seq).
+    pub fn resume_point(&self) -> (u32, u32) {
+        (self.resume_collective, self.resume_seq)
+    }
+    /// Ranks that have joined under the current generation.
+    pub fn joined_ranks(&self) -> u16 {
+        self.joined
+    }
+    /// Where rank `rank` is, if it has joined.
+    pub fn member(&self, rank: u16) -> Option<&Endpoint> {
+        self.members
+            .get(rank as usize)
+            .and_then(|m| m.as_ref())
+            .map(|m| &m.endpoint)
+    }
+    /// Endpoints of all joined members, with their rank.
+    pub fn members(&self) -> impl Iterator<Item = (u16, &Endpoint)> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(r, m)| m.as_ref().map(|m| (r as u16, &m.endpoint)))
+    }
+    /// The first joined member at rank ≥ `from`.
+    pub fn member_from(&self, from: u16) -> Option<(u16, Endpoint)> {
+        self.members
+            .iter()
+            .enumerate()
+            .skip(from as usize)
+            .find_map(|(r, m)| m.as_ref().map(|m| (r as u16, m.endpoint)))
+    }
+
+    pub fn source_allowed(&self, ip: [u8; 4]) -> bool {
+        self.config.allowed_sources.iter().any(|p| p.contains(ip))
+    }
+
+    /// Ranks that have not contributed to the oldest incomplete seq (empty
+    /// if that seq has not started aggregating, i.e. nobody sent it yet).
+    pub fn missing_on_floor(&self) -> Vec<u16> {
+        let slot = self.pool.slot(self.floor);
+        match slot.agg {
+            Some(a) if a.seq == self.floor => (0..self.config.n_workers)
+                .filter(|r| !slot.seen.contains(*r))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Writes, as big-endian u16s into `out`, the ranks whose contribution to
+    /// `seq` the switch has not taken (none if `seq` is complete; all if it
+    /// has not started). Returns how many were written (as many as fit).
+    pub fn write_missing_ranks(&self, seq: u32, out: &mut [u8]) -> usize {
+        let slot = self.pool.slot(seq);
+        if slot.shadow.is_some_and(|s| s.seq == seq) {
+            return 0;
+        }
+        let started = slot.agg.is_some_and(|a| a.seq == seq);
+        let mut n = 0;
+        for (r, o) in (0..self.config.n_workers)
+            .filter(|r| !(started && slot.seen.contains(*r)))
+            .zip(out.chunks_exact_mut(2))
+        {
+            o.copy_from_slice(&r.to_be_bytes());
+            n += 1;
+        }
+        n
+    }
+
+    /// The result of `seq`, if the slot still holds it.
+    pub fn result(&self, seq: u32) -> Option<ResultView<'_>> {
+        let slot = self.pool.slot(seq);
+        let sh = slot.shadow?;
+        (sh.seq == seq).then(|| ResultView {
+            seq,
+            collective: sh.collective,
+            ece: sh.ece,
+            window: self.window,
+            values: slot.result(),
+        })
+    }
+
+    fn reset_to_joining(&mut self) {
+        self.state = JobState::Joining;
+        self.members.iter_mut().for_each(|m| *m = None);
+        self.joined = 0;
+        self.pool.clear();
+    }
+
+    fn drop(&mut self, r: DropReason) -> DataOutcome {
+        self.drops.bump(r);
+        DataOutcome::Dropped(r)
+    }
+
+    fn nack(&mut self, r: DropReason, reason: NackReason) -> DataOutcome {
+        self.drops.bump(r);
+        self.counters.nacks += 1;
+        DataOutcome::Nack(reason)
+    }
+
+    /// Judges a JOIN (docs/PROTOCOL.md, "Joining").
+    pub fn on_join(
+        &mut self,
+        hdr: &HeaderRepr,
+        join: &JoinPayload,
+        from: Endpoint,
+        cx: &JoinContext<'_>,
+    ) -> JoinOutcome {
+        self.counters.joins += 1;
+        let outcome = self.judge_join(hdr, join, from, cx);
+        match outcome {
+            JoinOutcome::Nack(_) => self.counters.nacks += 1,
+            JoinOutcome::Replayed => self.counters.join_replays += 1,
+            _ => {}
+        }
+        outcome
+    }
+
+    fn judge_join(
+        &mut self,
+        hdr: &HeaderRepr,
+        join: &JoinPayload,
+        from: Endpoint,
+        cx: &JoinContext<'_>,
+    ) -> JoinOutcome {
+        let src = from.source;
+        if !self.source_allowed(src.ip) {
+            return JoinOutcome::Nack(NackReason::SourceNotAllowed);
+        }
+        if hdr.gen != cx.gen {
+            return JoinOutcome::Nack(NackReason::StaleGeneration);
+        }
+        if hdr.rank >= self.config.n_workers {
+            return JoinOutcome::Nack(NackReason::RankOutOfRange);
+        }
+        if join.n_workers != self.config.n_workers || join.dtype != DTYPE_F32 || join.op != OP_SUM {
+            return JoinOutcome::Nack(NackReason::ParametersDiffer);
+        }
+        let Some(serial) = cx
+            .issuer
+            .verify_tag(&join.nonce, hdr.job, hdr.rank, src.ip, src.port)
+        else {
+            self.counters.join_bad_nonce += 1;
+            return JoinOutcome::Nack(NackReason::StaleNonce);
+        };
+        let claim = JoinClaim {
+            job: hdr.job,
+            rank: hdr.rank,
+            gen: hdr.gen,
+            collective: hdr.collective,
+            seq: hdr.seq,
+            n_workers: join.n_workers,
+            dtype: join.dtype,
+            op: join.op,
+            ip: src.ip,
+            port: src.port,
+        };
+        if !auth::verify_join(&self.config.secret, &claim, &join.nonce, &join.mac) {
+            self.counters.join_bad_mac += 1;
+            return JoinOutcome::Nack(NackReason::BadSecret);
+        }
+        let rank = hdr.rank as usize;
+        let accepted = self.accepted_serial[rank];
+        if serial < accepted || serial < self.min_serial {
+            return JoinOutcome::Replayed;
+        }
+        let recorded = self.members[rank].filter(|m| m.nonce == join.nonce);
+        if serial == accepted && recorded.is_some() {
+            // The rank's own resend (its JOIN_ACK is late or lost), or a
+            // replay of it: the same answer, nothing changes.
+            self.counters.join_repeats += 1;
+            return match self.state {
+                JobState::Active => JoinOutcome::AckAgain,
+                JobState::Joining => JoinOutcome::Waiting,
+            };
+        }
+        // A nonce newer than the rank's last (or its last, after the job went
+        // back to joining without it): it must be young.
+        if cx.issuer.is_expired(serial, cx.now) {
+            self.counters.join_stale_nonce += 1;
+            return JoinOutcome::Nack(NackReason::StaleNonce);
+        }
+        self.accepted_serial[rank] = serial;
+        let member = Member {
+            endpoint: from,
+            resume_collective: hdr.collective,
+            resume_seq: hdr.seq,
+            nonce: join.nonce,
+            left: false,
+        };
+        if self.state == JobState::Active {
+            if let Some(m) = &mut self.members[rank] {
+                if m.endpoint.source == src
+                    && (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq)
+                    && !m.left
+                {
+                    // A fresh handshake asking for what it has: keep the
+                    // job, remember the newer nonce (LEAVE's MAC uses it).
+                    m.nonce = join.nonce;
+                    return JoinOutcome::AckAgain;
+                }
+            }
+            // That worker restarted: everyone joins again.
+            self.counters.resets += 1;
+            self.reset_to_joining();
+        }
+        if self.members[rank].is_none() {
+            self.joined += 1;
+        }
+        self.members[rank] = Some(member);
+        if self.joined < self.config.n_workers {
+            return JoinOutcome::Waiting;
+        }
+        self.activate();
+        JoinOutcome::Activated
+    }
+
+    fn activate(&mut self) {
+        // The resume point is the lowest (collective, seq) any rank reported.
+        let mut lowest: Option<(u32, u32)> = None;
+        for m in self.members.iter().flatten() {
+            let p = (m.resume_collective, m.resume_seq);
+            lowest = Some(match lowest {
+                None => p,
+                Some(l) if serial_lt(p.0, l.0) || (p.0 == l.0 && serial_lt(p.1, l.1)) => p,
+                Some(l) => l,
+            });
+        }
+        let (c, s) = lowest.unwrap_or((0, 0));
+        self.resume_collective = c;
+        self.resume_seq = s;
+        self.floor = s;
+        self.pool.clear();
+        self.state = JobState::Active;
+        self.counters.activations += 1;
+    }
+
+    /// A LEAVE: the member is marked gone when its MAC verifies; when every
+    /// rank has left, the job returns to joining with fresh slots (shadows
+    /// stay until then, so stragglers can still fetch lost RESULTs).
+    pub fn on_leave(
+        &mut self,
+        hdr: &HeaderRepr,
+        leave: &LeavePayload,
+        from: &Endpoint,
+        gen: u32,
+    ) -> Option<DropReason> {
+        let secret = self.config.secret;
+        let Some(Some(m)) = self.members.get_mut(hdr.rank as usize) else {
+            self.drops.bump(DropReason::RankOutOfRange);
+            return Some(DropReason::RankOutOfRange);
+        };
+        let why = if m.endpoint.source != from.source {
+            Some(DropReason::SourceMismatch)
+        } else if !auth::verify_leave(&secret, hdr.job, hdr.rank, gen, &m.nonce, &leave.mac) {
+            Some(DropReason::Unauthenticated)
+        } else {
+            m.left = true;
+            None
+        };
+        match why {
+            Some(r) => self.drops.bump(r),
+            None if self.members.iter().flatten().all(|m| m.left) => self.reset_to_joining(),
+            None => {}
+        }
+        why
+    }
+
+    /// Whether a HEARTBEAT from `from` for `rank` is from an active member.
+    pub fn heartbeat_from_member(&self, rank: u16, from: &Source) -> bool {
+        self.state == JobState::Active && self.member(rank).is_some_and(|e| e.source == *from)
+    }
+
+    /// Takes one DATA. `values` are the payload bytes (count × 4, checked by
+    /// [`HeaderRepr::parse`]); `ce` tells whether its IP header was CE-marked.
+    pub fn on_data(
+        &mut self,
+        hdr: &HeaderRepr,
+        values: &[u8],
+        from: &Source,
+        ce: bool,
+        gen: u32,
+    ) -> DataOutcome {
+        if hdr.gen != gen {
+            if self.source_allowed(from.ip) {
+                return self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration);
+            }
+            return self.drop(DropReason::SourceNotAllowed);
+        }
+        if self.state != JobState::Active {
+            if self.source_allowed(from.ip) {
+                return self.nack(DropReason::NotActive, NackReason::JobNotActive);
+            }
+            return self.drop(DropReason::SourceNotAllowed);
+        }
+        let Some(Some(member)) = self.members.get(hdr.rank as usize) else {
+            return self.drop(DropReason::RankOutOfRange);
+        };
+        if member.endpoint.source != *from {
+            return self.drop(DropReason::SourceMismatch);
+        }
+        if hdr.count > self.config.elems_per_chunk {
+            return self.drop(DropReason::CountMismatch);
+        }
+        let slot = self.pool.slot(hdr.seq);
+        if slot.shadow.is_some_and(|s| s.seq == hdr.seq) {
+            self.counters.retransmits_served += 1;
+            return DataOutcome::Retransmit { seq: hdr.seq };
+        }
+        let ahead = serial_offset(self.floor, hdr.seq);
+        if ahead < 0 {
+            return self.drop(DropReason::Stale);
+        }
+        if ahead >= self.window as i64 {
+            return self.drop(DropReason::BeyondWindow);
+        }
+        let agg = slot.agg;
+        let already_seen = slot.seen.contains(hdr.rank);
+        match agg {
+            Some(a) if a.seq != hdr.seq => return self.drop(DropReason::SlotBusy),
+            Some(_) if already_seen => return self.drop(DropReason::Duplicate),
+            Some(a) if a.count != hdr.count => return self.drop(DropReason::CountMismatch),
+            Some(a) if a.collective != hdr.collective => {
+                return self.drop(DropReason::CollectiveMismatch)
+            }
+            Some(_) => {}
+            None => {
+                self.pool.slot_mut(hdr.seq).agg = Some(Aggregation {
+                    seq: hdr.seq,
+                    collective: hdr.collective,
+                    count: hdr.count,
+                    next_rank: 0,
+                    ece: false,
+                });
+            }
+        }
+        if ce {
+            if let Some(a) = self.pool.slot_mut(hdr.seq).agg.as_mut() {
+                a.ece = true;
+            }
+        }
+        self.counters.contributions += 1;
+        self.counters.bytes_aggregated += values.len() as u64;
+        match self.pool.take(hdr.seq, hdr.rank, values) {
+            Taken::Pending => DataOutcome::Taken,
+            Taken::Completed => {
+                self.counters.chunks_completed += 1;
+                if self.pool.slot(hdr.seq).shadow.is_some_and(|s| s.ece) {
+                    self.counters.ece_marked += 1;
+                }
+                self.advance_floor();
+                DataOutcome::Completed { seq: hdr.seq }
+            }
+        }
+    }
+
+    fn advance_floor(&mut self) {
+        for _ in 0..self.pool.len() {
+            if self
+                .pool
+                .slot(self.floor)
+                .shadow
+                .is_some_and(|s| s.seq == self.floor)
+            {
+                self.floor = self.floor.wrapping_add(1);
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The header of a RESULT of `seq` for `rank`.
+    pub fn result_header(&self, seq: u32, rank: u16, retx: bool, gen: u32) -> Option<HeaderRepr> {
+        let r = self.result(seq)?;
+        let mut f = 0;
+        if r.ece {
+            f |= flags::ECE;
+        }
+        if retx {
+            f |= flags::RETX;
+        }
+        Some(HeaderRepr {
+            msg_type: MsgType::Result,
+            flags: f,
+            job: self.config.id,
+            rank,
+            count: r.values.len() as u16,
+            seq,
+            collective: r.collective,
+            window: self.window,
+            gen,
+        })
+    }
+
+    /// The header of a JOIN_ACK for `rank`.
+    pub fn join_ack_header(&self, rank: u16, gen: u32) -> HeaderRepr {
+        HeaderRepr {
+            msg_type: MsgType::JoinAck,
+            flags: 0,
+            job: self.config.id,
+            rank,
+            count: 0,
+            seq: self.resume_seq,
+            collective: self.resume_collective,
+            window: self.window,
+            gen,
+        }
+    }
+
+    pub fn join_ack_payload(&self) -> JoinAckPayload {
+        JoinAckPayload {
+            pool_slots: self.config.pool_slots,
+            elems_per_chunk: self.config.elems_per_chunk,
+            n_workers: self.config.n_workers,
+        }
+    }
+}

@@ -1,0 +1,648 @@
+//! The switch side of the protocol (docs/PROTOCOL.md, version 2), as a state
+//! machine fed datagrams and time, with no I/O.
+//!
+//! Owns: [`JobTable`] (jobs by id, the switch generation, the nonce issuer,
+//! the slot-pool memory budget, the queue of replies and the queue of
+//! events for the log). Its parts: [`config`] (what an operator declares),
+//! [`job`] (one job's membership and DATA), [`slot_pool`] (the sums),
+//! [`reply`] (what to send), [`counters`] (the counter schema).
+//!
+//! How a shell uses it: [`JobTable::handle`] each received datagram, then
+//! drain [`JobTable::poll_reply`] (encode each with [`JobTable::encode`]
+//! into a transmit buffer) and [`JobTable::poll_event`] (for the log). The
+//! table decides every reply and every fan-out; shells only move bytes.
+//!
+//! Invariants:
+//! * A rejected message changes nothing but counters, and is answered with
+//!   at most one reply no larger than itself (a HELLO is padded to the size
+//!   of its CHALLENGE), sent only to a source inside the job's prefixes.
+//! * Slot pools are charged against the budget before they are allocated;
+//!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
+//! * Messages that fail before membership (unknown job, malformed) get no
+//!   reply, except a JOIN/HELLO for an unknown job (NACK 1, so a typo in a
+//!   job id fails fast) and a version-1 JOIN (a version-1 NACK).
+
+pub mod config;
+pub mod counters;
+pub mod job;
+pub mod reply;
+pub mod slot_pool;
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+use crate::auth::NonceIssuer;
+use crate::wire::{
+    self, ChallengePayload, Header, HeaderRepr, HelloPayload, JoinPayload, LeavePayload, MsgType,
+    NackPayload, NackReason, Nonce, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN,
+    JOIN_ACK_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN,
+};
+
+pub use config::{
+    human_bytes, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, Source, MAX_ALLOWED_SOURCES,
+    MAX_POOL_SLOTS,
+};
+pub use counters::{
+    CounterSchema, DropReason, JobCounters, JobDrops, TableCounters, MALFORMED_KINDS,
+};
+pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
+pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
+
+use reply::{Pending, ReplyQueue};
+
+/// How long a CHALLENGE's nonce may be used in a JOIN.
+pub const DEFAULT_NONCE_LIFETIME: Duration = Duration::from_secs(10);
+/// Events kept for the log between two drains.
+pub const EVENT_QUEUE_CAPACITY: usize = 256;
+/// Most ranks one heartbeat answer lists (it stays small whatever n is).
+pub const MAX_MISSING_LISTED: usize = 512;
+
+/// How the table is set up.
+#[derive(Clone)]
+pub struct TableConfig {
+    /// The switch generation: random at start, never 0.
+    pub gen: u32,
+    /// Key of the nonce tags: random at start, never leaves the switch.
+    pub nonce_key: [u8; 32],
+    pub nonce_lifetime: Duration,
+    /// Bytes all slot pools together may take.
+    pub pool_budget: u64,
+}
+
+impl TableConfig {
+    /// Defaults: nonce lifetime [`DEFAULT_NONCE_LIFETIME`], no budget.
+    pub fn new(gen: u32, nonce_key: [u8; 32]) -> TableConfig {
+        TableConfig {
+            gen,
+            nonce_key,
+            nonce_lifetime: DEFAULT_NONCE_LIFETIME,
+            pool_budget: u64::MAX,
+        }
+    }
+}
+
+/// What the table did with one message (the replies are queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Join(JoinOutcome),
+    Data(DataOutcome),
+    /// A HELLO answered with a CHALLENGE.
+    Challenged,
+    /// LEAVE taken; nothing to send.
+    Noted,
+    /// HEARTBEAT from a member: answered with the ranks `seq` waits for.
+    Heartbeat { seq: u32 },
+    /// Dropped and counted (on the job, or on the table when the job is unknown).
+    Dropped(Option<DropReason>),
+    /// HELLO/JOIN for an unknown job, or DATA for a removed one: NACK 1.
+    NackUnknownJob,
+    /// Not a version-2 message; counted by kind.
+    Malformed(WireError),
+}
+
+/// Why a join attempt was refused (for the log; counters hold the totals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Nack(NackReason),
+    /// A JOIN with a nonce older than the rank's accepted one.
+    Replayed,
+    /// A JOIN of another protocol version.
+    Version(u8),
+}
+
+impl Refusal {
+    /// A small index per kind, for rate-limited logging.
+    pub fn index(self) -> usize {
+        match self {
+            Refusal::Nack(r) => r as usize,
+            Refusal::Replayed => 0,
+            Refusal::Version(_) => 15,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Nack(r) => write!(f, "{r}"),
+            Refusal::Replayed => f.write_str("replayed JOIN (nonce older than the rank's accepted one)"),
+            Refusal::Version(v) => write!(
+                f,
+                "protocol version {v}: this switch speaks version {} (upgrade the worker)",
+                wire::VERSION
+            ),
+        }
+    }
+}
+
+/// Something the log should say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    RankJoined { job: u16, rank: u16, joined: u16, of: u16 },
+    JobActive { job: u16, ranks: u16, resume: (u32, u32) },
+    /// An active job went back to joining: `rank` joined anew.
+    JobReset { job: u16, rank: u16 },
+    Refused { job: u16, rank: u16, ip: [u8; 4], why: Refusal },
+}
+
+/// A reply written by [`JobTable::encode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    /// Bytes of aggregation header and payload written.
+    pub len: usize,
+    /// Send with CE set in the IP header (a RESULT whose sum saw congestion).
+    pub ce: bool,
+}
+
+/// A job's memory, charged against the budget before it is allocated
+/// ([`JobTable::reserve`]).
+#[derive(Debug)]
+#[must_use = "insert or release the reservation"]
+pub struct Reservation {
+    id: u16,
+    bytes: u64,
+    min_serial: u64,
+}
+
+impl Reservation {
+    /// Allocates the job, outside any lock the caller holds on the table.
+    pub fn build(&self, config: JobConfig) -> Result<Job, JobConfigError> {
+        Job::try_new(config, self.min_serial)
+    }
+}
+
+/// Every job of the switch.
+#[derive(Debug)]
+pub struct JobTable {
+    gen: u32,
+    issuer: NonceIssuer,
+    jobs: FxHashMap<u16, Job>,
+    /// Ids of jobs removed while running: their workers' DATA gets NACK 1
+    /// (so they fail with a clear error instead of stalling).
+    removed: HashSet<u16>,
+    /// Ids reserved but not yet inserted.
+    reserved: HashSet<u16>,
+    pool_budget: u64,
+    pool_in_use: u64,
+    replies: ReplyQueue,
+    events: VecDeque<Event>,
+    pub counters: TableCounters,
+    /// Malformed messages by kind ([`MALFORMED_KINDS`]).
+    pub malformed: [u64; MALFORMED_KINDS.len()],
+}
+
+fn malformed_index(e: &WireError) -> usize {
+    match e {
+        WireError::Truncated { .. } => 0,
+        WireError::BadVersion(_) => 1,
+        WireError::UnknownType(_) => 2,
+        WireError::ReservedFlags(_) => 3,
+        WireError::ZeroJob => 4,
+        WireError::PayloadLength { .. } | WireError::UnknownNackReason(_) => 5,
+    }
+}
+
+const ZERO_NONCE: Nonce = [0; NONCE_LEN];
+
+impl JobTable {
+    pub fn new(cfg: TableConfig, now: Instant) -> JobTable {
+        JobTable {
+            gen: cfg.gen.max(1),
+            issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
+            jobs: FxHashMap::default(),
+            removed: HashSet::new(),
+            reserved: HashSet::new(),
+            pool_budget: cfg.pool_budget,
+            pool_in_use: 0,
+            replies: ReplyQueue::new(),
+            events: VecDeque::with_capacity(EVENT_QUEUE_CAPACITY),
+            counters: TableCounters::default(),
+            malformed: [0; MALFORMED_KINDS.len()],
+        }
+    }
+
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+
+    /// (budget, bytes in use) of slot-pool memory.
+    pub fn pool_memory(&self) -> (u64, u64) {
+        (self.pool_budget, self.pool_in_use)
+    }
+
+    /// Checks a declaration and charges its pool against the budget. Cheap:
+    /// call it under the table's lock, then [`Reservation::build`] outside
+    /// it, then [`JobTable::insert`] (or [`JobTable::release`]).
+    pub fn reserve(&mut self, config: &JobConfig, max_elems: u16) -> Result<Reservation, JobConfigError> {
+        config.validate(max_elems)?;
+        if self.jobs.contains_key(&config.id) || self.reserved.contains(&config.id) {
+            return Err(JobConfigError::Duplicate(config.id));
+        }
+        let need = config.pool_bytes();
+        if need > self.pool_budget.saturating_sub(self.pool_in_use) {
+            return Err(JobConfigError::OverBudget {
+                id: config.id,
+                need,
+                budget: self.pool_budget,
+                in_use: self.pool_in_use,
+            });
+        }
+        self.pool_in_use += need;
+        self.reserved.insert(config.id);
+        Ok(Reservation {
+            id: config.id,
+            bytes: need,
+            min_serial: self.issuer.next_serial(),
+        })
+    }
+
+    /// Gives back a reservation whose job was not built.
+    pub fn release(&mut self, r: Reservation) {
+        self.pool_in_use -= r.bytes;
+        self.reserved.remove(&r.id);
+    }
+
+    /// Declares a job built from `r`.
+    pub fn insert(&mut self, r: Reservation, job: Job) {
+        self.reserved.remove(&r.id);
+        self.removed.remove(&r.id);
+        self.jobs.insert(r.id, job);
+    }
+
+    /// Declares a job: reserve, build and insert in one (for callers with
+    /// no lock to keep short).
+    pub fn add(&mut self, config: JobConfig, max_elems: u16) -> Result<(), JobConfigError> {
+        let r = self.reserve(&config, max_elems)?;
+        match r.build(config) {
+            Ok(job) => {
+                self.insert(r, job);
+                Ok(())
+            }
+            Err(e) => {
+                self.release(r);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes a job and frees its memory; its workers then get NACK 1.
+    pub fn remove(&mut self, id: u16) -> Option<Job> {
+        let job = self.jobs.remove(&id)?;
+        self.pool_in_use -= job.config.pool_bytes();
+        self.removed.insert(id);
+        Some(job)
+    }
+
+    pub fn get(&self, id: u16) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: u16) -> Option<&mut Job> {
+        self.jobs.get_mut(&id)
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    fn queue(&mut self, p: Pending) {
+        if !self.replies.push(p) {
+            self.counters.reply_queue_full += 1;
+        }
+    }
+
+    fn reply(&mut self, to: Endpoint, job: u16, rank: u16, msg: ReplyMsg) {
+        self.queue(Pending::One(Reply { to, job, rank, msg }));
+    }
+
+    fn nack(&mut self, to: Endpoint, job: u16, rank: u16, reason: NackReason, echo: Nonce) {
+        self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
+    }
+
+    fn event(&mut self, e: Event) {
+        if self.events.len() >= EVENT_QUEUE_CAPACITY {
+            self.counters.events_dropped += 1;
+        } else {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Feeds one datagram (the UDP payload) from `from`; `ce` is whether its
+    /// IP header carried CE (or the switch's own queues were congested).
+    pub fn handle(&mut self, datagram: &[u8], from: Endpoint, ce: bool, now: Instant) -> Verdict {
+        let hdr = match Header::new_checked(datagram).and_then(|h| HeaderRepr::parse(&h)) {
+            Ok(h) => h,
+            Err(e) => {
+                self.malformed[malformed_index(&e)] += 1;
+                if let Some((ty, job, rank)) = wire::peek_v1(datagram) {
+                    if ty == MsgType::Join as u8 && job != 0 {
+                        self.counters.version_refused += 1;
+                        self.reply(from, job, rank, ReplyMsg::VersionRefusal);
+                        let why = Refusal::Version(1);
+                        let ip = from.source.ip;
+                        self.event(Event::Refused { job, rank, ip, why });
+                    }
+                }
+                return Verdict::Malformed(e);
+            }
+        };
+        let payload = &datagram[HEADER_LEN..];
+        let gen = self.gen;
+        let Some(job) = self.jobs.get_mut(&hdr.job) else {
+            self.counters.unknown_job += 1;
+            let echo = match hdr.msg_type {
+                MsgType::Hello => HelloPayload::parse(payload).map(|h| h.nonce).ok(),
+                MsgType::Join => JoinPayload::parse(payload).map(|j| j.nonce).ok(),
+                MsgType::Data | MsgType::Heartbeat if self.removed.contains(&hdr.job) => {
+                    Some(ZERO_NONCE)
+                }
+                _ => None,
+            };
+            let Some(echo) = echo else {
+                return Verdict::Dropped(None);
+            };
+            self.nack(from, hdr.job, hdr.rank, NackReason::UnknownJob, echo);
+            return Verdict::NackUnknownJob;
+        };
+        let (job_id, rank) = (hdr.job, hdr.rank);
+        match hdr.msg_type {
+            MsgType::Data => {
+                let out = job.on_data(&hdr, payload, &from.source, ce, gen);
+                match out {
+                    DataOutcome::Completed { seq } => self.queue(Pending::ResultToAll {
+                        job: job_id,
+                        seq,
+                        next_rank: 0,
+                    }),
+                    DataOutcome::Retransmit { seq } => {
+                        let msg = ReplyMsg::Result { seq, retx: true };
+                        self.reply(from, job_id, rank, msg);
+                    }
+                    DataOutcome::Nack(reason) => self.nack(from, job_id, rank, reason, ZERO_NONCE),
+                    DataOutcome::Taken | DataOutcome::Dropped(_) => {}
+                }
+                Verdict::Data(out)
+            }
+            MsgType::Hello => self.on_hello(&hdr, payload, from, now),
+            MsgType::Join => self.on_join(&hdr, payload, from, now),
+            MsgType::Leave => {
+                let Ok(leave) = LeavePayload::parse(payload) else {
+                    return Verdict::Dropped(None);
+                };
+                match job.on_leave(&hdr, &leave, &from, gen) {
+                    None => Verdict::Noted,
+                    Some(r) => Verdict::Dropped(Some(r)),
+                }
+            }
+            MsgType::Heartbeat => {
+                if job.heartbeat_from_member(rank, &from.source) {
+                    self.reply(from, job_id, rank, ReplyMsg::Missing { seq: hdr.seq });
+                    return Verdict::Heartbeat { seq: hdr.seq };
+                }
+                if !job.source_allowed(from.source.ip) {
+                    job.drops.bump(DropReason::SourceNotAllowed);
+                    return Verdict::Dropped(Some(DropReason::SourceNotAllowed));
+                }
+                job.counters.nacks += 1;
+                let reason = if hdr.gen != gen {
+                    NackReason::StaleGeneration
+                } else {
+                    NackReason::JobNotActive
+                };
+                self.nack(from, job_id, rank, reason, ZERO_NONCE);
+                Verdict::Data(DataOutcome::Nack(reason))
+            }
+            MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
+                job.drops.bump(DropReason::UnexpectedType);
+                self.counters.unexpected_type += 1;
+                Verdict::Dropped(Some(DropReason::UnexpectedType))
+            }
+        }
+    }
+
+    fn on_hello(&mut self, hdr: &HeaderRepr, payload: &[u8], from: Endpoint, now: Instant) -> Verdict {
+        let Ok(hello) = HelloPayload::parse(payload) else {
+            return Verdict::Dropped(None);
+        };
+        let Some(job) = self.jobs.get_mut(&hdr.job) else {
+            return Verdict::Dropped(None);
+        };
+        let src = from.source;
+        let refusal = if !job.source_allowed(src.ip) {
+            // A stranger gets no answer (no reflection off the switch).
+            job.drops.bump(DropReason::SourceNotAllowed);
+            return Verdict::Dropped(Some(DropReason::SourceNotAllowed));
+        } else if hdr.rank >= job.n_workers() {
+            Some(NackReason::RankOutOfRange)
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            job.counters.nacks += 1;
+            self.nack(from, hdr.job, hdr.rank, reason, hello.nonce);
+            let why = Refusal::Nack(reason);
+            let (job, rank, ip) = (hdr.job, hdr.rank, src.ip);
+            self.event(Event::Refused { job, rank, ip, why });
+            return Verdict::Join(JoinOutcome::Nack(reason));
+        }
+        job.counters.challenges += 1;
+        let nonce = self.issuer.issue(now, hdr.job, hdr.rank, src.ip, src.port);
+        let msg = ReplyMsg::Challenge {
+            hello_nonce: hello.nonce,
+            nonce,
+        };
+        self.reply(from, hdr.job, hdr.rank, msg);
+        Verdict::Challenged
+    }
+
+    fn on_join(&mut self, hdr: &HeaderRepr, payload: &[u8], from: Endpoint, now: Instant) -> Verdict {
+        let Ok(join) = JoinPayload::parse(payload) else {
+            return Verdict::Dropped(None);
+        };
+        let cx = JoinContext {
+            gen: self.gen,
+            issuer: &self.issuer,
+            now,
+        };
+        let Some(job) = self.jobs.get_mut(&hdr.job) else {
+            return Verdict::Dropped(None);
+        };
+        let resets = job.counters.resets;
+        let outcome = job.on_join(hdr, &join, from, &cx);
+        let reset = job.counters.resets != resets;
+        let (n, joined, resume) = (job.n_workers(), job.joined_ranks(), job.resume_point());
+        let (job_id, rank, ip) = (hdr.job, hdr.rank, from.source.ip);
+        if reset {
+            self.event(Event::JobReset { job: job_id, rank });
+        }
+        match outcome {
+            JoinOutcome::Nack(reason) => {
+                self.nack(from, job_id, rank, reason, join.nonce);
+                let why = Refusal::Nack(reason);
+                self.event(Event::Refused { job: job_id, rank, ip, why });
+            }
+            JoinOutcome::Replayed => {
+                let why = Refusal::Replayed;
+                self.event(Event::Refused { job: job_id, rank, ip, why });
+            }
+            JoinOutcome::Activated => {
+                self.queue(Pending::JoinAckToAll {
+                    job: job_id,
+                    next_rank: 0,
+                });
+                self.event(Event::JobActive {
+                    job: job_id,
+                    ranks: n,
+                    resume,
+                });
+            }
+            JoinOutcome::AckAgain => {
+                if let Some(to) = self.jobs.get(&job_id).and_then(|j| j.member(rank)).copied() {
+                    self.reply(to, job_id, rank, ReplyMsg::JoinAck);
+                }
+            }
+            JoinOutcome::Waiting => {
+                if !reset && joined > 0 {
+                    self.event(Event::RankJoined {
+                        job: job_id,
+                        rank,
+                        joined,
+                        of: n,
+                    });
+                }
+            }
+        }
+        Verdict::Join(outcome)
+    }
+
+    /// The next reply to send, if any. Replies to every member are expanded
+    /// here, one rank per call.
+    pub fn poll_reply(&mut self) -> Option<Reply> {
+        loop {
+            let (job, next_rank, msg) = match *self.replies.front_mut()? {
+                Pending::One(r) => {
+                    self.replies.pop();
+                    self.count_reply(&r);
+                    return Some(r);
+                }
+                Pending::ResultToAll {
+                    job,
+                    seq,
+                    next_rank,
+                } => (job, next_rank, ReplyMsg::Result { seq, retx: false }),
+                Pending::JoinAckToAll { job, next_rank } => (job, next_rank, ReplyMsg::JoinAck),
+            };
+            let Some((rank, to)) = self.jobs.get(&job).and_then(|j| j.member_from(next_rank))
+            else {
+                // Past the last member.
+                self.replies.pop();
+                continue;
+            };
+            match (self.replies.front_mut(), rank.checked_add(1)) {
+                (
+                    Some(
+                        Pending::ResultToAll { next_rank, .. }
+                        | Pending::JoinAckToAll { next_rank, .. },
+                    ),
+                    Some(next),
+                ) => *next_rank = next,
+                _ => self.replies.pop(),
+            }
+            let r = Reply { to, job, rank, msg };
+            self.count_reply(&r);
+            return Some(r);
+        }
+    }
+
+    fn count_reply(&mut self, r: &Reply) {
+        match r.msg {
+            ReplyMsg::Result { .. } => {
+                self.counters.results_sent += 1;
+                if let Some(j) = self.jobs.get_mut(&r.job) {
+                    j.counters.results_sent += 1;
+                }
+            }
+            ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
+            ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
+            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
+            ReplyMsg::Missing { .. } => {}
+        }
+    }
+
+    /// Whether replies are waiting.
+    pub fn has_replies(&self) -> bool {
+        !self.replies.is_empty()
+    }
+
+    /// The next event for the log, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Writes `r`'s aggregation header and payload into `buf`; `None` if it
+    /// does not fit or its result is gone (the worker's resend recovers).
+    pub fn encode(&self, r: &Reply, buf: &mut [u8]) -> Option<Encoded> {
+        let gen = self.gen;
+        let mut hdr = HeaderRepr::new(MsgType::Nack, r.job);
+        hdr.rank = r.rank;
+        hdr.gen = gen;
+        let body = buf.get_mut(HEADER_LEN..)?;
+        let (len, ce) = match r.msg {
+            ReplyMsg::Result { seq, retx } => {
+                let job = self.jobs.get(&r.job)?;
+                hdr = job.result_header(seq, r.rank, retx, gen)?;
+                let res = job.result(seq)?;
+                let bytes = bytemuck::cast_slice::<f32, u8>(res.values);
+                body.get_mut(..bytes.len())?.copy_from_slice(bytes);
+                (bytes.len(), res.ece)
+            }
+            ReplyMsg::JoinAck => {
+                let job = self.jobs.get(&r.job)?;
+                hdr = job.join_ack_header(r.rank, gen);
+                (job.join_ack_payload().emit(body).ok()?, false)
+            }
+            ReplyMsg::Nack { reason, echo } => {
+                let n = NackPayload { reason, echo }.emit(body).ok()?;
+                (n, false)
+            }
+            ReplyMsg::Challenge { hello_nonce, nonce } => {
+                hdr.msg_type = MsgType::Challenge;
+                let p = ChallengePayload {
+                    hello_nonce,
+                    nonce,
+                    observed_ip: r.to.source.ip,
+                    observed_port: r.to.source.port,
+                };
+                (p.emit(body).ok()?, false)
+            }
+            ReplyMsg::Missing { seq } => {
+                let job = self.jobs.get(&r.job)?;
+                hdr.msg_type = MsgType::Heartbeat;
+                hdr.seq = seq;
+                hdr.window = job.window();
+                let room = body.len().min(2 * MAX_MISSING_LISTED);
+                let n = job.write_missing_ranks(seq, &mut body[..room]);
+                hdr.count = n as u16;
+                (2 * n, false)
+            }
+            ReplyMsg::VersionRefusal => {
+                let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
+                return Some(Encoded { len: n, ce: false });
+            }
+        };
+        hdr.emit_to(buf).ok()?;
+        Some(Encoded {
+            len: HEADER_LEN + len,
+            ce,
+        })
+    }
+}
+
+// Compile-time checks of the sizes the encoder relies on.
+const _: () = assert!(NACK_PAYLOAD_LEN == 20 && CHALLENGE_PAYLOAD_LEN == 40);
+const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 6);
+
+#[cfg(test)]
+mod tests;

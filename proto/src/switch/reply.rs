@@ -1,0 +1,87 @@
+//! Replies the job table decided on, queued for the I/O shell to drain
+//! (quinn-proto's style): the table decides who gets what, the shells
+//! (switchd's dataplane, the loopback stand-in, the simulated network) only
+//! pick a socket and call [`JobTable::encode`](super::JobTable::encode).
+//!
+//! Owns: [`Reply`] (one message to one endpoint), [`ReplyMsg`] and the
+//! bounded queue of pending replies, where a RESULT or JOIN_ACK to every
+//! member is one entry expanded rank by rank as it is drained.
+//!
+//! Invariants: the queue never allocates after it is made (a full queue
+//! drops the reply and counts it; the worker's resend recovers it); a
+//! [`Reply`] is a small `Copy` value that another thread may encode later,
+//! since it names the result by job and seq, and the shadow copy stays
+//! until every rank has moved past that seq.
+
+use std::collections::VecDeque;
+
+use super::config::Endpoint;
+use crate::wire::{NackReason, Nonce};
+
+/// Replies that fit in the queue; the dataplane drains it after every
+/// frame, so a handful is the most it ever holds.
+pub const REPLY_QUEUE_CAPACITY: usize = 1024;
+
+/// One message for one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub to: Endpoint,
+    pub job: u16,
+    pub rank: u16,
+    pub msg: ReplyMsg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyMsg {
+    /// The RESULT of `seq`, from the slot's shadow copy.
+    Result { seq: u32, retx: bool },
+    JoinAck,
+    Nack { reason: NackReason, echo: Nonce },
+    Challenge { hello_nonce: Nonce, nonce: Nonce },
+    /// A HEARTBEAT answered with the ranks `seq` still waits for.
+    Missing { seq: u32 },
+    /// A version-1 NACK to a version-1 JOIN.
+    VersionRefusal,
+}
+
+/// A queue entry: one reply, or one to every member of a job.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Pending {
+    One(Reply),
+    ResultToAll { job: u16, seq: u32, next_rank: u16 },
+    JoinAckToAll { job: u16, next_rank: u16 },
+}
+
+#[derive(Debug)]
+pub(super) struct ReplyQueue {
+    q: VecDeque<Pending>,
+}
+
+impl ReplyQueue {
+    pub fn new() -> ReplyQueue {
+        ReplyQueue {
+            q: VecDeque::with_capacity(REPLY_QUEUE_CAPACITY),
+        }
+    }
+
+    /// Queues `p`; false (and nothing queued) when full.
+    pub fn push(&mut self, p: Pending) -> bool {
+        if self.q.len() >= REPLY_QUEUE_CAPACITY {
+            return false;
+        }
+        self.q.push_back(p);
+        true
+    }
+
+    pub fn front_mut(&mut self) -> Option<&mut Pending> {
+        self.q.front_mut()
+    }
+
+    pub fn pop(&mut self) {
+        self.q.pop_front();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+}

@@ -1,0 +1,219 @@
+//! The slot pool of one job: per slot an aggregation in progress (maybe) and
+//! the last result (the shadow copy, maybe), with every buffer allocated
+//! when the job is declared.
+//!
+//! Owns: [`SlotPool`], [`RankSet`].
+//!
+//! Invariants:
+//! * A slot's sum is taken in rank order: rank 0's values, plus rank 1's,
+//!   plus …; a contribution that arrives before all lower ranks is parked and
+//!   folded in when its turn comes. So a result is bit-identical whatever the
+//!   arrival order, retransmissions included.
+//! * The shadow copy is kept while the slot aggregates its next seq (as in
+//!   SwitchML): otherwise a worker that lost the RESULT of seq s could never
+//!   get it back once another rank opened seq s + S.
+//! * Allocation is fallible ([`SlotPool::try_new`]): a pool the machine
+//!   cannot hold is an error, never an abort.
+
+use std::collections::TryReserveError;
+
+/// A bitmap of ranks (no worker ceiling).
+#[derive(Debug, Clone, Default)]
+pub struct RankSet {
+    words: Vec<u64>,
+}
+
+impl RankSet {
+    fn try_with_ranks(n: u16) -> Result<RankSet, TryReserveError> {
+        Ok(RankSet {
+            words: try_vec(0u64, (n as usize).div_ceil(64))?,
+        })
+    }
+    pub fn contains(&self, r: u16) -> bool {
+        self.words
+            .get(r as usize / 64)
+            .is_some_and(|w| w & (1 << (r % 64)) != 0)
+    }
+    fn insert(&mut self, r: u16) {
+        if let Some(w) = self.words.get_mut(r as usize / 64) {
+            *w |= 1 << (r % 64);
+        }
+    }
+    fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+    }
+}
+
+/// `vec![v; len]` that reports an allocation failure instead of aborting.
+fn try_vec<T: Clone>(v: T, len: usize) -> Result<Vec<T>, TryReserveError> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)?;
+    out.resize(len, v);
+    Ok(out)
+}
+
+/// The last completed result of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shadow {
+    pub seq: u32,
+    pub collective: u32,
+    pub count: u16,
+    pub ece: bool,
+}
+
+/// An aggregation in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aggregation {
+    pub seq: u32,
+    pub collective: u32,
+    pub count: u16,
+    /// Ranks 0..next_rank are summed into `acc`.
+    pub next_rank: u16,
+    pub ece: bool,
+}
+
+/// One slot.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub agg: Option<Aggregation>,
+    pub shadow: Option<Shadow>,
+    pub seen: RankSet,
+    /// Contributions parked until their turn in rank order.
+    parked: RankSet,
+    acc: Vec<f32>,
+    result: Vec<f32>,
+}
+
+impl Slot {
+    /// The values of the shadow copy.
+    pub fn result(&self) -> &[f32] {
+        let n = self.shadow.map_or(0, |s| s.count as usize);
+        &self.result[..n.min(self.result.len())]
+    }
+}
+
+/// What the pool did with one contribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    Pending,
+    Completed,
+}
+
+/// The pool of slots of one job.
+#[derive(Debug, Clone)]
+pub struct SlotPool {
+    slots: Vec<Slot>,
+    /// Parked contributions: slot-major, then rank, then element.
+    parked_values: Vec<f32>,
+    n: u16,
+    elems: usize,
+}
+
+impl SlotPool {
+    /// Allocates a pool of `slots` slots (a power of two) for `n` ranks and
+    /// chunks of `elems` floats.
+    pub fn try_new(slots: u16, n: u16, elems: u16) -> Result<SlotPool, TryReserveError> {
+        let e = elems as usize;
+        let mut all = Vec::new();
+        all.try_reserve_exact(slots as usize)?;
+        for _ in 0..slots {
+            all.push(Slot {
+                agg: None,
+                shadow: None,
+                seen: RankSet::try_with_ranks(n)?,
+                parked: RankSet::try_with_ranks(n)?,
+                acc: try_vec(0.0, e)?,
+                result: try_vec(0.0, e)?,
+            });
+        }
+        Ok(SlotPool {
+            slots: all,
+            parked_values: try_vec(0.0, slots as usize * n as usize * e)?,
+            n,
+            elems: e,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The slot `seq` maps to.
+    pub fn index(&self, seq: u32) -> usize {
+        (seq as usize) & (self.slots.len() - 1)
+    }
+
+    pub fn slot(&self, seq: u32) -> &Slot {
+        &self.slots[self.index(seq)]
+    }
+
+    pub fn slot_mut(&mut self, seq: u32) -> &mut Slot {
+        let i = self.index(seq);
+        &mut self.slots[i]
+    }
+
+    pub fn clear(&mut self) {
+        for s in &mut self.slots {
+            s.agg = None;
+            s.shadow = None;
+            s.seen.clear();
+            s.parked.clear();
+        }
+    }
+
+    /// Folds `values` (little-endian f32 bytes) into the slot of `seq` as
+    /// rank `rank`'s contribution, in rank order. The caller has opened the
+    /// aggregation and checked that the rank is not yet seen.
+    pub fn take(&mut self, seq: u32, rank: u16, values: &[u8]) -> Taken {
+        let idx = self.index(seq);
+        let n = self.n as usize;
+        let e = self.elems;
+        let slot = &mut self.slots[idx];
+        let Some(agg) = slot.agg.as_mut() else {
+            return Taken::Pending;
+        };
+        let count = agg.count as usize;
+        slot.seen.insert(rank);
+        if rank != agg.next_rank {
+            let base = (idx * n + rank as usize) * e;
+            crate::simd::read_le_f32(values, &mut self.parked_values[base..base + count]);
+            slot.parked.insert(rank);
+            return Taken::Pending;
+        }
+        if rank == 0 {
+            crate::simd::read_le_f32(values, &mut slot.acc[..count]);
+        } else {
+            crate::simd::add_le_f32(&mut slot.acc[..count], values);
+        }
+        agg.next_rank += 1;
+        while agg.next_rank < self.n && slot.parked.contains(agg.next_rank) {
+            let base = (idx * n + agg.next_rank as usize) * e;
+            // The same kernel as a contribution folded on arrival, so the
+            // bits are the same whichever way a value came in.
+            crate::simd::add_f32(
+                &mut slot.acc[..count],
+                &self.parked_values[base..base + count],
+            );
+            agg.next_rank += 1;
+        }
+        if agg.next_rank < self.n {
+            return Taken::Pending;
+        }
+        let done = *agg;
+        core::mem::swap(&mut slot.acc, &mut slot.result);
+        slot.shadow = Some(Shadow {
+            seq: done.seq,
+            collective: done.collective,
+            count: done.count,
+            ece: done.ece,
+        });
+        slot.agg = None;
+        slot.seen.clear();
+        slot.parked.clear();
+        Taken::Completed
+    }
+}
