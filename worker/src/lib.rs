@@ -21,9 +21,10 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use proto::seq::serial_offset;
+use proto::handshake::{ChallengeError, Handshake, JoinParams};
 use proto::wire::{
-    flags, parse_nack, write_f32s, Header, HeaderRepr, JoinAckPayload, JoinPayload, MsgType,
-    NackReason, DTYPE_F32, HEADER_LEN, JOIN_PAYLOAD_LEN, OP_SUM, SECRET_LEN,
+    flags, write_f32s, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason,
+    DTYPE_F32, HEADER_LEN, OP_SUM, SECRET_LEN,
 };
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
@@ -139,6 +140,12 @@ pub enum WorkerError {
         resume_seq: u32,
         collective: u32,
     },
+    #[error("job {job} rank {rank}: joining failed: {source}")]
+    Handshake {
+        job: u16,
+        rank: u16,
+        source: ChallengeError,
+    },
     #[error("job {job}: the switch's chunk size {elems} or pool size {slots} is unusable")]
     BadJoinAck { job: u16, elems: u16, slots: u16 },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
@@ -181,6 +188,9 @@ enum Event {
 pub struct Worker {
     cfg: WorkerConfig,
     sock: UdpSocket,
+    /// The join handshake (docs/PROTOCOL.md, "Joining"); its last
+    /// CHALLENGE is what LEAVE's MAC covers.
+    hs: Handshake,
     gen: u32,
     pool_slots: u16,
     elems_per_chunk: u16,
@@ -236,7 +246,22 @@ impl Worker {
     pub fn join(cfg: WorkerConfig) -> Result<Worker, WorkerError> {
         let sw = cfg.switch;
         let sock = open_socket(&cfg).map_err(io_err("opening", sw))?;
+        let local = match sock.local_addr().map_err(io_err("getsockname", sw))? {
+            std::net::SocketAddr::V4(a) => a,
+            std::net::SocketAddr::V6(_) => SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0),
+        };
+        let params = JoinParams {
+            job: cfg.job,
+            rank: cfg.rank,
+            n_workers: cfg.n_workers,
+            dtype: DTYPE_F32,
+            op: OP_SUM,
+            secret: cfg.secret,
+            ip: local.ip().octets(),
+            port: local.port(),
+        };
         let mut w = Worker {
+            hs: Handshake::new(params, rand::random()),
             sock,
             gen: 0,
             pool_slots: 1,
@@ -350,28 +375,23 @@ impl Worker {
         }
     }
 
-    fn send_join(&mut self, collective: u32, seq: u32) -> Result<(), WorkerError> {
-        let mut h = HeaderRepr::new(MsgType::Join, self.cfg.job);
-        h.rank = self.cfg.rank;
-        h.collective = collective;
-        h.seq = seq;
-        h.gen = self.gen;
-        h.emit_to(&mut self.buf).expect("buffer holds a header");
-        JoinPayload {
-            n_workers: self.cfg.n_workers,
-            dtype: DTYPE_F32,
-            op: OP_SUM,
-            secret: self.cfg.secret,
-        }
-        .emit(&mut self.buf[HEADER_LEN..])
-        .expect("buffer holds a JOIN");
-        self.send(HEADER_LEN + JOIN_PAYLOAD_LEN)
+    /// Sends the handshake's next message: a HELLO until a CHALLENGE came,
+    /// then the JOIN for resume point (`collective`, `seq`).
+    fn send_join_step(&mut self, collective: u32, seq: u32) -> Result<(), WorkerError> {
+        let len = if self.hs.challenged() {
+            self.hs.emit_join(collective, seq, &mut self.buf)
+        } else {
+            self.hs.emit_hello(&mut self.buf).ok()
+        };
+        self.send(len.expect("buffer holds a HELLO or JOIN"))
     }
 
-    /// Sends JOIN (repeating it) until a JOIN_ACK; returns the resume point.
+    /// Joins (HELLO → CHALLENGE → JOIN, each repeated until answered) until
+    /// a JOIN_ACK; returns the resume point.
     fn join_round(&mut self, collective: u32, seq: u32) -> Result<(u32, u32), WorkerError> {
         let start = Instant::now();
-        let mut next_join = start;
+        let mut next_send = start;
+        self.hs.restart(rand::random());
         loop {
             let now = Instant::now();
             if now.duration_since(start) > self.cfg.join_timeout {
@@ -383,12 +403,12 @@ impl Worker {
                     waited: self.cfg.join_timeout,
                 });
             }
-            if now >= next_join {
-                self.send_join(collective, seq)?;
-                next_join = now + Duration::from_millis(200);
+            if now >= next_send {
+                self.send_join_step(collective, seq)?;
+                next_send = now + Duration::from_millis(200);
             }
             let Some(n) = self.recv()? else {
-                wait_readable(self.sock.as_raw_fd(), next_join - now);
+                wait_readable(self.sock.as_raw_fd(), next_send - now);
                 continue;
             };
             let Ok(h) = Header::new_checked(&self.rx[..n]) else {
@@ -397,11 +417,24 @@ impl Worker {
             let Ok(r) = HeaderRepr::parse(&h) else {
                 continue;
             };
-            if r.job != self.cfg.job {
+            if r.job != self.cfg.job || r.rank != self.cfg.rank {
                 continue;
             }
             match r.msg_type {
-                MsgType::JoinAck if r.rank == self.cfg.rank => {
+                MsgType::Challenge if !self.hs.challenged() => {
+                    match self.hs.on_challenge(&r, h.payload()) {
+                        Ok(()) => next_send = now,
+                        Err(e @ ChallengeError::AddressMismatch { .. }) => {
+                            return Err(WorkerError::Handshake {
+                                job: self.cfg.job,
+                                rank: self.cfg.rank,
+                                source: e,
+                            })
+                        }
+                        Err(_) => {}
+                    }
+                }
+                MsgType::JoinAck if self.hs.gen() == Some(r.gen) => {
                     let Ok(ack) = JoinAckPayload::parse(h.payload()) else {
                         continue;
                     };
@@ -437,10 +470,21 @@ impl Worker {
                 }
                 MsgType::Nack => {
                     self.stats.nacks += 1;
-                    match parse_nack(h.payload()) {
-                        // Not refusals of this JOIN: left over from before.
-                        Ok(NackReason::JobNotActive | NackReason::StaleGeneration) | Err(_) => {}
-                        Ok(reason) => {
+                    let Ok(nack) = NackPayload::parse(h.payload()) else {
+                        continue;
+                    };
+                    if !self.hs.nack_is_ours(&nack) {
+                        // Left over from before, or not for us.
+                        continue;
+                    }
+                    match nack.reason {
+                        // The switch restarted or our nonce aged: start over.
+                        NackReason::StaleNonce | NackReason::StaleGeneration => {
+                            self.hs.restart(rand::random());
+                            next_send = now;
+                        }
+                        NackReason::JobNotActive => {}
+                        reason => {
                             return Err(WorkerError::Refused {
                                 job: self.cfg.job,
                                 rank: self.cfg.rank,
@@ -702,8 +746,10 @@ impl Worker {
             }
             MsgType::Nack => {
                 self.stats.nacks += 1;
-                match parse_nack(h.payload()) {
+                match NackPayload::parse(h.payload()).map(|n| n.reason) {
                     Ok(NackReason::JobNotActive | NackReason::StaleGeneration) => true,
+                    // Answers to an earlier join attempt.
+                    Ok(NackReason::StaleNonce) | Err(_) => false,
                     Ok(reason) => {
                         return Err(WorkerError::Refused {
                             job: self.cfg.job,
@@ -711,7 +757,6 @@ impl Worker {
                             reason,
                         })
                     }
-                    Err(_) => false,
                 }
             }
             _ => false,
@@ -745,13 +790,13 @@ impl Worker {
         self.send(HEADER_LEN)
     }
 
-    /// Tells the switch this rank is done (best effort).
+    /// Tells the switch this rank is done (best effort; the LEAVE carries a
+    /// MAC over the accepted JOIN's nonce, so nobody else can send it).
     pub fn leave(mut self) -> Result<(), WorkerError> {
-        let mut h = HeaderRepr::new(MsgType::Leave, self.cfg.job);
-        h.rank = self.cfg.rank;
-        h.gen = self.gen;
-        h.emit_to(&mut self.buf).expect("buffer holds a header");
-        self.send(HEADER_LEN)
+        match self.hs.emit_leave(&mut self.buf) {
+            Some(len) => self.send(len),
+            None => Ok(()),
+        }
     }
 }
 

@@ -14,16 +14,10 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use proto::switch::{
-    DataOutcome, Endpoint, Ipv4Prefix, Job, JobConfig, JobConfigError, JobTable, JoinOutcome,
-    Source, Verdict,
-};
-use proto::wire::{
-    emit_nack, write_f32s, Header, HeaderRepr, MsgType, NackReason, HEADER_LEN,
-    JOIN_ACK_PAYLOAD_LEN, MAX_ELEMS_PER_CHUNK, NACK_PAYLOAD_LEN, SECRET_LEN,
-};
+use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig};
+use proto::wire::{MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.
 #[derive(Clone)]
@@ -51,7 +45,7 @@ impl LoopbackConfig {
     }
 
     fn table(&self, gen: u32) -> Result<JobTable, JobConfigError> {
-        let mut t = JobTable::new(gen);
+        let mut t = JobTable::new(TableConfig::new(gen, rand::random()), Instant::now());
         t.add(
             JobConfig {
                 id: self.job,
@@ -184,12 +178,6 @@ fn serve(
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;
         }
-        let Ok(h) = Header::new_checked(&buf[..len]) else {
-            continue;
-        };
-        let Ok(hdr) = HeaderRepr::parse(&h) else {
-            continue;
-        };
         let ep = Endpoint {
             source: Source {
                 mac: [0; 6],
@@ -198,109 +186,15 @@ fn serve(
             },
             ..Endpoint::default()
         };
-        let gen = table.gen();
-        let verdict = table.handle(&hdr, h.payload(), ep, false);
-        let Some(job) = table.get(cfg.job) else {
-            continue;
-        };
-        let tx = Replier {
-            sock: &sock,
-            job,
-            gen,
-        };
-        match verdict {
-            Verdict::Join(JoinOutcome::Activated) => {
-                for (rank, e) in job.members() {
-                    tx.join_ack(rank, addr_of(e), &mut out);
-                }
+        table.handle(&buf[..len], ep, false, Instant::now());
+        // The table decided every reply; a failed send is loss, which the
+        // workers' timers cover.
+        while let Some(r) = table.poll_reply() {
+            if let Some(e) = table.encode(&r, &mut out) {
+                let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
+                let _ = sock.send_to(&out[..e.len], to);
             }
-            Verdict::Join(JoinOutcome::AckAgain) => tx.join_ack(hdr.rank, from, &mut out),
-            Verdict::Data(DataOutcome::Completed { seq }) => {
-                for (rank, e) in job.members() {
-                    tx.result(seq, rank, addr_of(e), false, &mut out);
-                }
-            }
-            Verdict::Data(DataOutcome::Retransmit { seq }) => {
-                tx.result(seq, hdr.rank, from, true, &mut out)
-            }
-            Verdict::Join(JoinOutcome::Nack(reason)) | Verdict::Data(DataOutcome::Nack(reason)) => {
-                tx.nack(hdr.job, hdr.rank, reason, from, &mut out)
-            }
-            Verdict::Heartbeat { seq } => tx.heartbeat(hdr.rank, seq, from, &mut out),
-            Verdict::NackUnknownJob => {
-                tx.nack(hdr.job, hdr.rank, NackReason::UnknownJob, from, &mut out)
-            }
-            _ => {}
         }
-    }
-}
-
-fn addr_of(e: &Endpoint) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(e.source.ip), e.source.port)
-}
-
-/// Writes the replies a verdict implies; a failed send is loss, which the
-/// workers' timers cover.
-struct Replier<'a> {
-    sock: &'a UdpSocket,
-    job: &'a Job,
-    gen: u32,
-}
-
-impl Replier<'_> {
-    fn join_ack(&self, rank: u16, to: SocketAddrV4, out: &mut [u8]) {
-        let emitted = self
-            .job
-            .join_ack_header(rank, self.gen)
-            .emit_to(out)
-            .is_ok()
-            && self
-                .job
-                .join_ack_payload()
-                .emit(&mut out[HEADER_LEN..])
-                .is_ok();
-        if emitted {
-            let _ = self
-                .sock
-                .send_to(&out[..HEADER_LEN + JOIN_ACK_PAYLOAD_LEN], to);
-        }
-    }
-
-    fn result(&self, seq: u32, rank: u16, to: SocketAddrV4, retx: bool, out: &mut [u8]) {
-        let (Some(hdr), Some(res)) = (
-            self.job.result_header(seq, rank, retx, self.gen),
-            self.job.result(seq),
-        ) else {
-            return;
-        };
-        if hdr.emit_to(out).is_ok() {
-            let n = write_f32s(res.values, &mut out[HEADER_LEN..]);
-            let _ = self.sock.send_to(&out[..HEADER_LEN + n], to);
-        }
-    }
-
-    /// The ranks `seq` still waits for, as switchd answers (at most 512).
-    fn heartbeat(&self, rank: u16, seq: u32, to: SocketAddrV4, out: &mut [u8]) {
-        let mut h = HeaderRepr::new(MsgType::Heartbeat, self.job.id());
-        h.rank = rank;
-        h.seq = seq;
-        h.gen = self.gen;
-        h.window = self.job.window();
-        let n = self
-            .job
-            .write_missing_ranks(seq, &mut out[HEADER_LEN..HEADER_LEN + 1024]);
-        h.count = n as u16;
-        if h.emit_to(out).is_ok() {
-            let _ = self.sock.send_to(&out[..HEADER_LEN + 2 * n], to);
-        }
-    }
-
-    fn nack(&self, job: u16, rank: u16, reason: NackReason, to: SocketAddrV4, out: &mut [u8]) {
-        let mut h = HeaderRepr::new(MsgType::Nack, job);
-        h.rank = rank;
-        h.gen = self.gen;
-        if h.emit_to(out).is_ok() && emit_nack(reason, &mut out[HEADER_LEN..]).is_ok() {
-            let _ = self.sock.send_to(&out[..HEADER_LEN + NACK_PAYLOAD_LEN], to);
-        }
+        while table.poll_event().is_some() {}
     }
 }
