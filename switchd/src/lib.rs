@@ -9,6 +9,7 @@
 //! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
+//! * [`ratelog`]: rate-limited log lines for events the network drives.
 //! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
 
 pub mod admin;
@@ -17,6 +18,7 @@ pub mod dataplane;
 pub mod echo;
 pub mod frame;
 pub mod metrics;
+pub mod ratelog;
 pub mod stats;
 pub mod wake;
 pub mod xdp;
