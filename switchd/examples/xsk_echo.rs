@@ -8,6 +8,7 @@
 //!
 //!     xsk_echo --iface xt-sw0 --addr 198.18.99.1 --port 4791
 
+use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -106,6 +107,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     let mode = match args.mode.as_str() {

@@ -368,6 +368,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let r = match Cli::parse().cmd {
         Cmd::Run { config, stats_file } => run(&config, stats_file),

@@ -9,6 +9,7 @@
 //!   benchmarks (`worker::blast`): open loop, or every rank of one job
 //!   closed loop; prints one JSON object.
 
+use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -390,6 +391,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let r = match Cli::parse().cmd {
         Cmd::Allreduce(a) => allreduce(a),
