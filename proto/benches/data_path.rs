@@ -2,9 +2,10 @@
 //! only copying its payload (the limit any aggregation can approach), and
 //! the float kernels on their own.
 //!
-//! `data_packet/engine/E`: `Header::new_checked` + `HeaderRepr::parse` +
-//! `JobTable::handle` per DATA datagram of E floats, for a job of 4 ranks and
-//! 256 slots that was activated by 4 JOINs. The datagrams are built ahead,
+//! `data_packet/engine/E`: `JobTable::handle` (which parses) per DATA
+//! datagram of E floats, then draining and encoding its replies (every 4th
+//! packet completes a slot: 4 RESULTs), for a job of 4 ranks and 256 slots
+//! that was activated by 4 handshakes. The datagrams are built ahead,
 //! rank 0..3 of seq s then of s + 1 and so on, so every 4th packet completes
 //! a slot and the slots recycle; each lies in its own 4096-byte frame at the
 //! offset AF_XDP gives it (the payload at byte 64). When the ring of 256 seqs
@@ -19,6 +20,15 @@
 //! what parsing, the job lookup, membership, window, duplicate and
 //! rank-order checks and the counters cost per packet.
 //!
+//! `data_packet/hmac_tag/E`: HMAC-SHA256 over the same datagram, what an
+//! optional per-packet tag on DATA would add at the switch (and again at
+//! the worker), to weigh against `engine` (docs/PROTOCOL.md, "DATA
+//! authentication").
+//!
+//! `handshake/switch_side`: the switch's work for one join, a HELLO (one
+//! nonce issued) and a JOIN (nonce tag and MAC checked), for the handshake
+//! cost per worker.
+//!
 //! `add_le_f32/<backend>/362`: one payload of a 1500-byte MTU folded into a
 //! sum, by the scalar loop, each vector backend, and the dispatched choice.
 //!
@@ -29,14 +39,17 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use hmac::{Hmac, Mac};
+use proto::handshake::{Handshake, JoinParams};
 use proto::reference::fill_pattern;
 use proto::simd::{self, Backend};
 use proto::switch::{
-    DataOutcome, Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Source, Verdict,
+    DataOutcome, Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Source, TableConfig,
+    Verdict,
 };
 use proto::wire::{
-    write_f32s, Header, HeaderRepr, JoinPayload, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN,
-    MAX_ELEMS_PER_CHUNK, OP_SUM,
+    write_f32s, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN, MAX_ELEMS_PER_CHUNK,
+    OP_SUM,
 };
 
 const JOB: u16 = 5;
@@ -61,11 +74,8 @@ fn endpoint(rank: u16) -> Endpoint {
     }
 }
 
-/// A job of [`RANKS`] ranks, [`POOL`] slots and `elems` floats per chunk,
-/// activated by a JOIN from every rank.
-fn active_table(elems: u16) -> JobTable {
-    let mut t = JobTable::new(GEN);
-    let config = JobConfig {
+fn config(elems: u16) -> JobConfig {
+    JobConfig {
         id: JOB,
         n_workers: RANKS,
         allowed_sources: vec![Ipv4Prefix {
@@ -76,26 +86,55 @@ fn active_table(elems: u16) -> JobTable {
         pool_slots: POOL,
         elems_per_chunk: elems,
         window: POOL,
-    };
-    t.add(config, MAX_ELEMS_PER_CHUNK).expect("job config");
-    let join = JoinPayload {
+    }
+}
+
+fn handshake(rank: u16) -> Handshake {
+    let ep = endpoint(rank);
+    let params = JoinParams {
+        job: JOB,
+        rank,
         n_workers: RANKS,
         dtype: DTYPE_F32,
         op: OP_SUM,
         secret: SECRET,
+        ip: ep.source.ip,
+        port: ep.source.port,
     };
-    let mut payload = [0u8; 36];
-    join.emit(&mut payload).expect("join payload");
+    Handshake::new(params, [rank as u8 + 1; 16])
+}
+
+/// HELLO, CHALLENGE and JOIN of `rank` at `now`; returns the JOIN's verdict.
+fn join(t: &mut JobTable, rank: u16, now: Instant) -> Verdict {
+    let mut hs = handshake(rank);
+    let mut b = [0u8; 256];
+    let n = hs.emit_hello(&mut b).expect("hello");
+    t.handle(&b[..n], endpoint(rank), false, now);
+    let r = t.poll_reply().expect("challenge");
+    let e = t.encode(&r, &mut b).expect("encode");
+    let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("hdr")).expect("hdr");
+    hs.on_challenge(&h, &b[HEADER_LEN..e.len])
+        .expect("challenge");
+    let n = hs.emit_join(0, 0, &mut b).expect("join");
+    let v = t.handle(&b[..n], endpoint(rank), false, now);
+    while t.poll_reply().is_some() {}
+    v
+}
+
+/// A job of [`RANKS`] ranks, [`POOL`] slots and `elems` floats per chunk,
+/// activated by a handshake from every rank.
+fn active_table(elems: u16) -> JobTable {
+    let now = Instant::now();
+    let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), now);
+    t.add(config(elems), MAX_ELEMS_PER_CHUNK)
+        .expect("job config");
     for rank in 0..RANKS {
-        let mut h = HeaderRepr::new(MsgType::Join, JOB);
-        h.rank = rank;
-        let v = t.handle(&h, &payload, endpoint(rank), false);
         let want = if rank + 1 == RANKS {
             JoinOutcome::Activated
         } else {
             JoinOutcome::Waiting
         };
-        assert_eq!(v, Verdict::Join(want));
+        assert_eq!(join(&mut t, rank, now), Verdict::Join(want));
     }
     t
 }
@@ -181,23 +220,31 @@ impl Stream {
     }
 }
 
-/// What the switch does with one received datagram, up to the verdict.
+/// What the switch does with one received datagram: the verdict, and its
+/// replies encoded into a transmit buffer.
 #[inline]
-fn engine(table: &mut JobTable, from: &[Endpoint; RANKS as usize], dgram: &[u8]) -> Verdict {
-    let Ok(h) = Header::new_checked(dgram) else {
-        return Verdict::Dropped(None);
-    };
-    let Ok(repr) = HeaderRepr::parse(&h) else {
-        return Verdict::Dropped(None);
-    };
-    let from = from[repr.rank as usize % from.len()];
-    table.handle(&repr, h.payload(), from, false)
+fn engine(
+    table: &mut JobTable,
+    from: &[Endpoint; RANKS as usize],
+    dgram: &[u8],
+    now: Instant,
+    tx: &mut [u8],
+) -> Verdict {
+    let rank = Header::new_checked(dgram).map_or(0, |h| h.rank());
+    let from = from[rank as usize % from.len()];
+    let v = table.handle(dgram, from, false, now);
+    while let Some(r) = table.poll_reply() {
+        black_box(table.encode(&r, tx));
+    }
+    v
 }
 
 fn data_packet(c: &mut Criterion) {
     let mut g = c.benchmark_group("data_packet");
     g.throughput(Throughput::Elements(1));
     let from: [Endpoint; RANKS as usize] = std::array::from_fn(|r| endpoint(r as u16));
+    let now = Instant::now();
+    let mut tx = vec![0u8; FRAME];
     for elems in ELEMS {
         let mut table = active_table(elems);
         let mut stream = Stream::new(elems);
@@ -207,7 +254,7 @@ fn data_packet(c: &mut Criterion) {
             if stream.pos == stream.len() {
                 stream.restamp();
             }
-            let v = engine(&mut table, &from, stream.datagram(stream.pos));
+            let v = engine(&mut table, &from, stream.datagram(stream.pos), now, &mut tx);
             stream.pos += 1;
             match v {
                 Verdict::Data(DataOutcome::Taken) if i % 4 != 3 => {}
@@ -218,13 +265,24 @@ fn data_packet(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("engine", elems), &elems, |b, _| {
             b.iter_custom(|iters| {
                 stream.run(iters, |d| {
-                    black_box(engine(&mut table, &from, d));
+                    black_box(engine(&mut table, &from, d, now, &mut tx));
                 })
             })
         });
         let job = table.get(JOB).expect("job");
-        assert_eq!(job.counters.total_drops(), 0, "{:?}", job.counters);
+        assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
         assert_eq!(job.counters.retransmits_served, 0);
+
+        // An optional per-packet tag: HMAC-SHA256 of the whole datagram.
+        g.bench_with_input(BenchmarkId::new("hmac_tag", elems), &elems, |b, _| {
+            b.iter_custom(|iters| {
+                stream.run(iters, |d| {
+                    let mut m = <Hmac<sha2::Sha256>>::new_from_slice(&SECRET).expect("key");
+                    m.update(d);
+                    black_box(m.finalize().into_bytes());
+                })
+            })
+        });
 
         let mut out = vec![0f32; elems as usize];
         g.bench_with_input(BenchmarkId::new("copy", elems), &elems, |b, _| {
@@ -287,5 +345,41 @@ fn add_le_f32(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, data_packet, add_le_f32);
+fn handshake_cost(c: &mut Criterion) {
+    let mut g = c.benchmark_group("handshake");
+    g.throughput(Throughput::Elements(1));
+    let now = Instant::now();
+    let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), now);
+    let mut cfg = config(362);
+    cfg.n_workers = 1;
+    t.add(cfg, MAX_ELEMS_PER_CHUNK).expect("job config");
+    let mut hs = handshake(0);
+    let mut params = hs.params().clone();
+    params.n_workers = 1;
+    hs = Handshake::new(params, [1; 16]);
+    let mut b = [0u8; 256];
+    g.bench_function("switch_side", |bch| {
+        bch.iter(|| {
+            // The worker's half (one MAC) is inside the loop too; it is
+            // measured separately below and subtracted in the docs.
+            let n = hs.emit_hello(&mut b).expect("hello");
+            t.handle(&b[..n], endpoint(0), false, now);
+            let r = t.poll_reply().expect("challenge");
+            let e = t.encode(&r, &mut b).expect("encode");
+            let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("h")).expect("h");
+            hs.on_challenge(&h, &b[HEADER_LEN..e.len])
+                .expect("challenge");
+            let n = hs.emit_join(0, 0, &mut b).expect("join");
+            let v = t.handle(&b[..n], endpoint(0), false, now);
+            while t.poll_reply().is_some() {}
+            black_box(v)
+        })
+    });
+    g.bench_function("worker_mac", |bch| {
+        bch.iter(|| black_box(hs.emit_join(0, 0, &mut b)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, data_packet, add_le_f32, handshake_cost);
 criterion_main!(benches);

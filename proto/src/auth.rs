@@ -68,7 +68,10 @@ fn join_hmac(secret: &[u8; SECRET_LEN], c: &JoinClaim, nonce: &Nonce) -> HmacSha
 
 /// The MAC a worker puts in its JOIN.
 pub fn join_mac(secret: &[u8; SECRET_LEN], claim: &JoinClaim, nonce: &Nonce) -> Mac {
-    join_hmac(secret, claim, nonce).finalize().into_bytes().into()
+    join_hmac(secret, claim, nonce)
+        .finalize()
+        .into_bytes()
+        .into()
 }
 
 /// Checks a JOIN's MAC in constant time.
@@ -76,7 +79,13 @@ pub fn verify_join(secret: &[u8; SECRET_LEN], claim: &JoinClaim, nonce: &Nonce, 
     join_hmac(secret, claim, nonce).verify_slice(mac).is_ok()
 }
 
-fn leave_hmac(secret: &[u8; SECRET_LEN], job: u16, rank: u16, gen: u32, nonce: &Nonce) -> HmacSha256 {
+fn leave_hmac(
+    secret: &[u8; SECRET_LEN],
+    job: u16,
+    rank: u16,
+    gen: u32,
+    nonce: &Nonce,
+) -> HmacSha256 {
     let mut m = hmac(secret);
     m.update(LEAVE_LABEL);
     m.update(&job.to_be_bytes());

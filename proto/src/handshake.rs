@@ -196,9 +196,7 @@ impl Handshake {
         h.gen = gen;
         h.emit_to(buf).ok()?;
         let mac = auth::leave_mac(&p.secret, p.job, p.rank, gen, &nonce);
-        LeavePayload { mac }
-            .emit(buf.get_mut(HEADER_LEN..)?)
-            .ok()?;
+        LeavePayload { mac }.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
         Some(HEADER_LEN + LEAVE_PAYLOAD_LEN)
     }
 }

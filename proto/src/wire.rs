@@ -14,7 +14,9 @@ use core::fmt;
 
 // Float payloads are little-endian on the wire and copied as native bytes.
 #[cfg(not(target_endian = "little"))]
-compile_error!("aggswitch supports little-endian targets only (float payloads are copied as native bytes)");
+compile_error!(
+    "aggswitch supports little-endian targets only (float payloads are copied as native bytes)"
+);
 
 /// Protocol version carried in the high nibble of `ver_type`.
 pub const VERSION: u8 = 2;
@@ -840,7 +842,10 @@ mod tests {
         assert_eq!(&b[4..], &[5; 16]);
         assert_eq!(NackPayload::parse(&b), Ok(n));
         b[1] = 99;
-        assert_eq!(NackPayload::parse(&b), Err(WireError::UnknownNackReason(99)));
+        assert_eq!(
+            NackPayload::parse(&b),
+            Err(WireError::UnknownNackReason(99))
+        );
         assert!(NackPayload::parse(&b[..2]).is_err(), "a version-1 NACK");
     }
 

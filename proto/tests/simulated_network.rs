@@ -7,8 +7,8 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proto::reference::rank_order_sum;
 use proto::handshake::{Handshake, JoinParams};
+use proto::reference::rank_order_sum;
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
 use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
@@ -281,8 +281,8 @@ fn run_from(
                         }
                     }
                     Msg::ToWorker { rank, bytes } => {
-                        let h = HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap())
-                            .unwrap();
+                        let h =
+                            HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap()).unwrap();
                         assert_eq!(h.msg_type, MsgType::Result, "only RESULTs in this run");
                         let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
                         let mut values = vec![0f32; h.count as usize];

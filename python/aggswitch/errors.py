@@ -16,7 +16,7 @@ class RefusedError(AggSwitchError):
 
     ``reason`` is one of ``"unknown_job"``, ``"bad_secret"``,
     ``"source_not_allowed"``, ``"rank_out_of_range"``,
-    ``"parameters_differ"``, ``"malformed"``.
+    ``"parameters_differ"``, ``"malformed"``, ``"stale_nonce"``.
     """
 
     def __init__(self, message: str, reason: str) -> None:

@@ -44,6 +44,7 @@ fn reason_name(r: NackReason) -> &'static str {
         NackReason::JobNotActive => "job_not_active",
         NackReason::StaleGeneration => "stale_generation",
         NackReason::Malformed => "malformed",
+        NackReason::StaleNonce => "stale_nonce",
     }
 }
 
@@ -64,7 +65,9 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
             ..
         } => py_error(py, "StalledError", (msg, missing, collective, seq)),
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
-        WorkerError::BadJoinAck { .. } => py_error(py, "ProtocolError", (msg,)),
+        WorkerError::BadJoinAck { .. } | WorkerError::Handshake { .. } => {
+            py_error(py, "ProtocolError", (msg,))
+        }
         WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
     }
 }

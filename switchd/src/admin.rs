@@ -3,10 +3,12 @@
 //! its client.
 //!
 //! Owns: the listener thread and the request/reply types. It never touches
-//! the job table itself: each request travels over a channel to the
-//! dataplane thread, which answers between two receive rounds (a `try_recv`
-//! per round, no lock on the hot path), so jobs are added and removed while
-//! switchd runs without any sharing of the table.
+//! the job table itself: each request travels over a channel to the control
+//! thread ([`crate::control`]), which answers it; the dataplane threads never
+//! see admin work.
+//!
+//! Limits: a request line is at most [`MAX_REQUEST_BYTES`]; a longer one is
+//! refused and the connection closed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -19,6 +21,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::JobSection;
+
+/// Longest request line taken (a job declaration is a few hundred bytes).
+pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
 
 /// Default path of the admin socket.
 pub const DEFAULT_SOCKET: &str = "/run/aggswitch/switchd.sock";
@@ -175,7 +180,21 @@ fn serve_connection(stream: UnixStream, calls: &mpsc::Sender<AdminCall>) -> std:
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
     let mut line = String::new();
-    while reader.read_line(&mut line)? > 0 {
+    loop {
+        line.clear();
+        let n = std::io::Read::take(&mut reader, MAX_REQUEST_BYTES + 1).read_line(&mut line)?;
+        if n == 0 {
+            break;
+        }
+        if n as u64 > MAX_REQUEST_BYTES {
+            let reply = AdminReply::err(format!(
+                "request longer than {MAX_REQUEST_BYTES} bytes refused (one JSON request per line)"
+            ));
+            let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+            out.push(b'\n');
+            writer.write_all(&out)?;
+            break;
+        }
         let reply = match serde_json::from_str::<AdminRequest>(line.trim()) {
             Err(e) => AdminReply::err(format!("bad request: {e}")),
             Ok(request) => {
@@ -184,14 +203,13 @@ fn serve_connection(stream: UnixStream, calls: &mpsc::Sender<AdminCall>) -> std:
                     AdminReply::err("switchd is shutting down")
                 } else {
                     rx.recv_timeout(Duration::from_secs(5))
-                        .unwrap_or_else(|_| AdminReply::err("the dataplane did not answer in 5 s"))
+                        .unwrap_or_else(|_| AdminReply::err("switchd did not answer in 5 s"))
                 }
             }
         };
         let mut out = serde_json::to_vec(&reply).unwrap_or_default();
         out.push(b'\n');
         writer.write_all(&out)?;
-        line.clear();
     }
     Ok(())
 }

@@ -152,6 +152,35 @@ pub struct SwitchSection {
     /// Forwarding fast path in XDP (default) or everything via the bridge.
     #[serde(default)]
     pub forwarding: ForwardingSetting,
+    /// Memory all jobs' slot pools may take, in MiB (default: a quarter of
+    /// the machine's memory). A job that would not fit is refused.
+    #[serde(default)]
+    pub pool_memory_mib: Option<u64>,
+}
+
+/// Share of the machine's memory the slot pools may take by default.
+pub const DEFAULT_POOL_MEMORY_FRACTION: u64 = 4;
+/// The budget when /proc/meminfo cannot be read.
+pub const FALLBACK_POOL_MEMORY: u64 = 1 << 30;
+
+/// MemTotal of /proc/meminfo, in bytes.
+pub fn machine_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl SwitchSection {
+    /// The slot-pool memory budget in bytes.
+    pub fn pool_budget_bytes(&self) -> u64 {
+        match self.pool_memory_mib {
+            Some(mib) => mib.saturating_mul(1 << 20),
+            None => {
+                machine_memory().map_or(FALLBACK_POOL_MEMORY, |m| m / DEFAULT_POOL_MEMORY_FRACTION)
+            }
+        }
+    }
 }
 
 fn default_threads() -> u32 {
@@ -322,11 +351,25 @@ impl Config {
         }
         let default_elems = default_elems_per_chunk(&sw.ports, mtu_of);
         let mut jobs = Vec::new();
+        let budget = sw.pool_budget_bytes();
+        let mut in_use = 0u64;
         for j in &file.jobs {
             if jobs.iter().any(|c: &JobConfig| c.id == j.id) {
                 return Err(invalid(format!("job {} is declared twice", j.id)));
             }
-            jobs.push(j.to_job_config(default_elems).map_err(invalid)?);
+            let cfg = j.to_job_config(default_elems).map_err(invalid)?;
+            let need = cfg.pool_bytes();
+            if need > budget.saturating_sub(in_use) {
+                let e = JobConfigError::OverBudget {
+                    id: cfg.id,
+                    need,
+                    budget,
+                    in_use,
+                };
+                return Err(invalid(e.to_string()));
+            }
+            in_use += need;
+            jobs.push(cfg);
         }
         Ok(Config {
             switch: file.switch,

@@ -6,6 +6,8 @@
 //! * [`xdp`]: the XDP steering program (aya) and AF_XDP sockets (xdpilone).
 //! * [`frame`]: Ethernet/IPv4/UDP parsing and writing.
 //! * [`dataplane`]: the receive → job table → transmit loop.
+//! * [`control`]: the control thread (admin, summary, stats file, the log
+//!   of the table's events).
 //! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
@@ -14,6 +16,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod control;
 pub mod dataplane;
 pub mod echo;
 pub mod frame;

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use proto::switch::JobTable;
+use proto::switch::{human_bytes, JobTable, TableConfig};
 use switchd::config::{AttachModeSetting, Config, DataplaneMode, ForwardingSetting, FRAME_SIZE};
+use switchd::control::{self, ControlConfig, ControlPlane};
 use switchd::dataplane::{self, DataplaneConfig, Socket};
 use switchd::stats::{self, PortStats};
 use switchd::xdp::{self, AttachMode, ProgramOptions, SteeringProgram, XskConfig};
@@ -40,14 +41,6 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
-}
-
-fn write_stats(path: &Path, s: &stats::SwitchStats) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)
-        .with_context(|| format!("writing stats file {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
 }
 
 fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
@@ -93,12 +86,11 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             break g;
         }
     };
-    let mut table = JobTable::new(gen);
-    for j in &cfg.jobs {
-        table
-            .add(j.clone(), switchd::config::MAX_ELEMS_IN_FRAME)
-            .with_context(|| format!("declaring job {}", j.id))?;
-    }
+    let budget = cfg.switch.pool_budget_bytes();
+    let mut table_cfg = TableConfig::new(gen, rand::random());
+    table_cfg.pool_budget = budget;
+    let mut table = JobTable::new(table_cfg, Instant::now());
+    control::declare_jobs(&mut table, &cfg.jobs).context("declaring the configured jobs")?;
 
     let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
     let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
@@ -166,12 +158,11 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let default_elems =
         switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let threads = cfg.switch.dataplane_threads as usize;
-    let (shared, mut lanes) = dataplane::build(
+    let (shared, lanes) = dataplane::build(
         table,
         sockets,
         &DataplaneConfig {
             agg_port: cfg.switch.agg_port,
-            default_elems,
             ecn_ring_fraction: cfg.switch.ecn_ring_threshold,
             ring_size: xcfg.ring_size,
             threads,
@@ -180,7 +171,6 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     )
     .context("creating the dataplane threads' wake-up eventfds")?;
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
-    lanes[0].set_admin(admin_rx);
     let _metrics = match cfg.switch.metrics_listen {
         Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone()) {
             Ok(m) => Some(m),
@@ -207,6 +197,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         jobs = cfg.jobs.len(),
         mode = ?cfg.switch.mode,
         forwarding = ?cfg.switch.forwarding,
+        pool_memory = %human_bytes(budget),
         "switchd ready"
     );
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -236,16 +227,22 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         );
     }
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
-    let mut prev_bytes: std::collections::HashMap<u16, u64> = Default::default();
-    let mut last_tick = Instant::now();
-    let echo_mode = cfg.switch.mode == DataplaneMode::Echo;
-    let mut prev_echoed = 0u64;
-    let mut prev_dropped = 0u64;
     let ports = cfg.switch.ports.clone();
     let ports_of = || port_stats(&prog, &ports);
-    let mut lane0 = lanes.remove(0);
+    let mut control_plane = ControlPlane::new(
+        &shared,
+        ControlConfig {
+            summary_every: every,
+            stats_file: stats_file.clone(),
+            default_elems,
+            echo_mode: cfg.switch.mode == DataplaneMode::Echo,
+            xdp_drop,
+        },
+        admin_rx,
+        &ports_of,
+    );
     let result = std::thread::scope(|scope| {
-        let others: Vec<_> = lanes
+        let lanes: Vec<_> = lanes
             .into_iter()
             .map(|mut lane| {
                 let stop = &stop;
@@ -255,7 +252,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
                     .spawn_scoped(scope, move || {
                         pin(lane.index());
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            lane.run(stop, every, |_| {}, &Vec::new)
+                            lane.run(stop)
                         }));
                         // One thread down stops them all: detach and exit.
                         stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -264,58 +261,12 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
                     .expect("spawning a dataplane thread")
             })
             .collect();
-        pin(0);
-        let r0 = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            lane0.run(
-                &stop,
-                every,
-                |shared| {
-                    let secs = last_tick.elapsed().as_secs_f64();
-                    last_tick = Instant::now();
-                    let snap = shared.snapshot(port_stats(&prog, &ports));
-                    if echo_mode {
-                        let (rx, tx) = (snap.rx_frames, snap.echoed);
-                        tracing::info!(
-                            echoed = tx,
-                            tx_ring_full = snap.tx_ring_full,
-                            rx_frames = rx,
-                            "echo mode: {:.0} frames/s echoed",
-                            tx.saturating_sub(prev_echoed) as f64 / secs.max(1e-9)
-                        );
-                        prev_echoed = tx;
-                    }
-                    if xdp_drop {
-                        let dropped: u64 = snap.ports.iter().map(|p| p.xdp_dropped).sum();
-                        tracing::info!(
-                            dropped,
-                            "xdp-drop mode: {:.0} frames/s dropped",
-                            dropped.saturating_sub(prev_dropped) as f64 / secs.max(1e-9)
-                        );
-                        prev_dropped = dropped;
-                    }
-                    for j in &snap.jobs {
-                        let prev = prev_bytes.insert(j.id, j.bytes_aggregated).unwrap_or(0);
-                        tracing::info!("{}", stats::summary_line(j, prev, secs));
-                    }
-                    if snap.malformed_total > 0 || snap.unknown_job > 0 {
-                        tracing::info!(
-                            malformed = snap.malformed_total,
-                            unknown_job = snap.unknown_job,
-                            "dropped frames that belong to no job"
-                        );
-                    }
-                    if let Some(p) = &stats_file {
-                        if let Err(e) = write_stats(p, &snap) {
-                            tracing::warn!("{e:#}");
-                        }
-                    }
-                },
-                &ports_of,
-            )
-        }));
+        // This thread is the control plane (not pinned: it sleeps mostly).
+        let r0 =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| control_plane.run(&stop)));
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut result = r0;
-        for h in others {
+        for h in lanes {
             match h.join() {
                 Ok(Err(p)) | Err(p) => result = Err(p),
                 Ok(Ok(())) => {}
@@ -326,7 +277,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
 
     tracing::info!("stopping: detaching XDP programs");
     let detach = prog.detach_all();
-    let snap = shared.snapshot(port_stats(&prog, &ports));
+    let snap = control::snapshot(&shared, port_stats(&prog, &ports));
     for j in &snap.jobs {
         tracing::info!(
             "final: {}",
@@ -334,7 +285,8 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         );
     }
     if let Some(p) = &stats_file {
-        write_stats(p, &snap)?;
+        control::write_stats(p, &snap)
+            .with_context(|| format!("writing the stats file {}", p.display()))?;
     }
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
@@ -346,16 +298,22 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
 fn check_config(path: &Path) -> Result<()> {
     let cfg = Config::load(path)?;
     println!(
-        "{}: ok: {} ports, addresses {:?}, aggregation port {}",
+        "{}: ok: {} ports, addresses {:?}, aggregation port {}, slot-pool memory budget {}",
         path.display(),
         cfg.switch.ports.len(),
         cfg.switch.addresses,
-        cfg.switch.agg_port
+        cfg.switch.agg_port,
+        human_bytes(cfg.switch.pool_budget_bytes())
     );
     for j in &cfg.jobs {
         println!(
-            "  job {}: {} workers, {} slots, {} elements per chunk, window {}",
-            j.id, j.n_workers, j.pool_slots, j.elems_per_chunk, j.window
+            "  job {}: {} workers, {} slots, {} elements per chunk, window {}, pool {}",
+            j.id,
+            j.n_workers,
+            j.pool_slots,
+            j.elems_per_chunk,
+            j.window,
+            human_bytes(j.pool_bytes())
         );
     }
     Ok(())

@@ -1,13 +1,23 @@
 //! A point-in-time view of every counter of the switch, for the periodic
-//! log line, the `--stats-file` JSON and (later) the metrics endpoint.
-//! Reading it never touches the hot path's state beyond plain loads.
+//! log line, the `--stats-file` JSON, switchctl and the metrics endpoint.
+//! Counters come from their one schema ([`CounterSchema`]): a counter added
+//! there appears here, under its name, with no code in this file.
 
 use std::collections::BTreeMap;
 
-use proto::switch::{DropReason, JobState, JobTable};
+use proto::switch::{CounterSchema, DropReason, JobTable, MALFORMED_KINDS};
 use serde::Serialize;
 
-use crate::dataplane::{DataplaneCounters, MALFORMED_KINDS};
+use crate::dataplane::DataplaneCounters;
+
+/// Every counter of a schema, by name.
+pub fn counter_map(c: &dyn CounterSchema) -> BTreeMap<&'static str, u64> {
+    let mut m = BTreeMap::new();
+    c.visit(&mut |name, _, v| {
+        m.insert(name, v);
+    });
+    m
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct JobStats {
@@ -17,18 +27,20 @@ pub struct JobStats {
     pub ranks_joined: u16,
     pub window: u16,
     pub floor_seq: u32,
+    /// Slot-pool memory this job takes (charged against the budget).
+    pub pool_bytes: u64,
     /// Ranks that have not sent the oldest incomplete seq (while it aggregates).
     pub ranks_missing_on_floor: Vec<u16>,
-    pub chunks_completed: u64,
-    pub bytes_aggregated: u64,
-    pub contributions: u64,
-    pub results_sent: u64,
-    pub retransmits_served: u64,
-    pub ece_marked: u64,
-    pub joins: u64,
-    pub nacks: u64,
-    pub activations: u64,
+    /// [`proto::switch::JobCounters`], by name.
+    #[serde(flatten)]
+    pub counters: BTreeMap<&'static str, u64>,
     pub drops: BTreeMap<&'static str, u64>,
+}
+
+impl JobStats {
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -55,57 +67,44 @@ pub struct RingStats {
 pub struct SwitchStats {
     pub generation: u32,
     pub uptime_secs: f64,
-    pub rx_frames: u64,
-    pub tx_frames: u64,
-    pub tx_ring_full: u64,
-    pub results_sent: u64,
-    pub join_acks_sent: u64,
-    pub nacks_sent: u64,
-    pub ring_congested_frames: u64,
-    /// Replies one dataplane thread handed to another (the member's socket
-    /// belongs to it), and how many of those woke it from poll(2).
-    pub forwarded: u64,
-    pub thread_wakeups: u64,
-    /// Echo mode only: frames sent back (drops are in `tx_ring_full`).
-    pub echoed: u64,
-    pub unknown_job: u64,
+    /// [`DataplaneCounters`] summed over threads, then
+    /// [`proto::switch::TableCounters`], by name.
+    #[serde(flatten)]
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Malformed aggregation frames by kind.
     pub malformed: BTreeMap<&'static str, u64>,
     pub malformed_total: u64,
+    /// Slot-pool memory: the budget and what declared jobs take.
+    pub pool_budget_bytes: u64,
+    pub pool_in_use_bytes: u64,
     pub jobs: Vec<JobStats>,
     pub ports: Vec<PortStats>,
     pub rings: Vec<RingStats>,
 }
 
+impl SwitchStats {
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
+}
+
 pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
     let mut jobs: Vec<JobStats> = table
         .jobs()
-        .map(|j| {
-            let c = &j.counters;
-            JobStats {
-                id: j.id(),
-                state: match j.state() {
-                    JobState::Joining => "joining",
-                    JobState::Active => "active",
-                },
-                n_workers: j.n_workers(),
-                ranks_joined: j.joined_ranks(),
-                window: j.window(),
-                floor_seq: j.floor(),
-                ranks_missing_on_floor: j.missing_on_floor(),
-                chunks_completed: c.chunks_completed,
-                bytes_aggregated: c.bytes_aggregated,
-                contributions: c.contributions,
-                results_sent: c.results_sent,
-                retransmits_served: c.retransmits_served,
-                ece_marked: c.ece_marked,
-                joins: c.joins,
-                nacks: c.nacks,
-                activations: c.activations,
-                drops: DropReason::ALL
-                    .iter()
-                    .map(|r| (r.name(), c.drop_count(*r)))
-                    .collect(),
-            }
+        .map(|j| JobStats {
+            id: j.id(),
+            state: j.state().name(),
+            n_workers: j.n_workers(),
+            ranks_joined: j.joined_ranks(),
+            window: j.window(),
+            floor_seq: j.floor(),
+            pool_bytes: j.config.pool_bytes(),
+            ranks_missing_on_floor: j.missing_on_floor(),
+            counters: counter_map(&j.counters),
+            drops: DropReason::ALL
+                .iter()
+                .map(|r| (r.name(), j.drops.count(*r)))
+                .collect(),
         })
         .collect();
     jobs.sort_by_key(|j| j.id);
@@ -118,26 +117,24 @@ pub fn snapshot(
     ports: Vec<PortStats>,
     uptime_secs: f64,
 ) -> SwitchStats {
+    let mut counters = counter_map(dp);
+    counters.extend(counter_map(&table.counters));
+    let mut malformed: BTreeMap<&'static str, u64> = MALFORMED_KINDS
+        .iter()
+        .zip(table.malformed.iter())
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    malformed.insert("bad_frame", dp.bad_frame);
+    malformed.insert("wrong_port", dp.wrong_port);
+    let (budget, in_use) = table.pool_memory();
     SwitchStats {
         generation: table.gen(),
         uptime_secs,
-        rx_frames: dp.rx_frames,
-        tx_frames: dp.tx_frames,
-        tx_ring_full: dp.tx_ring_full,
-        results_sent: dp.results_sent,
-        join_acks_sent: dp.join_acks_sent,
-        nacks_sent: dp.nacks_sent,
-        ring_congested_frames: dp.ring_congested_frames,
-        forwarded: dp.forwarded,
-        thread_wakeups: dp.thread_wakeups,
-        echoed: dp.echoed,
-        unknown_job: table.counters.unknown_job,
-        malformed: MALFORMED_KINDS
-            .iter()
-            .zip(dp.malformed.iter())
-            .map(|(k, v)| (*k, *v))
-            .collect(),
-        malformed_total: dp.malformed_total(),
+        counters,
+        malformed_total: malformed.values().sum(),
+        malformed,
+        pool_budget_bytes: budget,
+        pool_in_use_bytes: in_use,
         jobs: job_stats(table),
         ports,
         rings: Vec::new(),
@@ -146,7 +143,8 @@ pub fn snapshot(
 
 /// One line per job for the log: state, progress and non-zero drops.
 pub fn summary_line(j: &JobStats, prev_bytes: u64, secs: f64) -> String {
-    let rate = (j.bytes_aggregated.saturating_sub(prev_bytes)) as f64 * 8.0 / secs.max(1e-9) / 1e9;
+    let bytes = j.counter("bytes_aggregated");
+    let rate = (bytes.saturating_sub(prev_bytes)) as f64 * 8.0 / secs.max(1e-9) / 1e9;
     let drops: Vec<String> = j
         .drops
         .iter()
@@ -159,9 +157,9 @@ pub fn summary_line(j: &JobStats, prev_bytes: u64, secs: f64) -> String {
         j.state,
         j.ranks_joined,
         j.n_workers,
-        j.chunks_completed,
+        j.counter("chunks_completed"),
         rate,
-        j.retransmits_served,
+        j.counter("retransmits_served"),
         j.window,
         drops.join(" "),
         if j.ranks_missing_on_floor.is_empty() {

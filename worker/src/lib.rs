@@ -20,8 +20,8 @@ use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use proto::seq::serial_offset;
 use proto::handshake::{ChallengeError, Handshake, JoinParams};
+use proto::seq::serial_offset;
 use proto::wire::{
     flags, write_f32s, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason,
     DTYPE_F32, HEADER_LEN, OP_SUM, SECRET_LEN,

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig};
+use proto::switch::{
+    Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig,
+};
 use proto::wire::{MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.

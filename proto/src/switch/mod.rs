@@ -93,7 +93,9 @@ pub enum Verdict {
     /// LEAVE taken; nothing to send.
     Noted,
     /// HEARTBEAT from a member: answered with the ranks `seq` waits for.
-    Heartbeat { seq: u32 },
+    Heartbeat {
+        seq: u32,
+    },
     /// Dropped and counted (on the job, or on the table when the job is unknown).
     Dropped(Option<DropReason>),
     /// HELLO/JOIN for an unknown job, or DATA for a removed one: NACK 1.
@@ -127,7 +129,9 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::Nack(r) => write!(f, "{r}"),
-            Refusal::Replayed => f.write_str("replayed JOIN (nonce older than the rank's accepted one)"),
+            Refusal::Replayed => {
+                f.write_str("replayed JOIN (nonce older than the rank's accepted one)")
+            }
             Refusal::Version(v) => write!(
                 f,
                 "protocol version {v}: this switch speaks version {} (upgrade the worker)",
@@ -140,11 +144,25 @@ impl std::fmt::Display for Refusal {
 /// Something the log should say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    RankJoined { job: u16, rank: u16, joined: u16, of: u16 },
-    JobActive { job: u16, ranks: u16, resume: (u32, u32) },
+    RankJoined {
+        job: u16,
+        rank: u16,
+        joined: u16,
+        of: u16,
+    },
+    JobActive {
+        job: u16,
+        ranks: u16,
+        resume: (u32, u32),
+    },
     /// An active job went back to joining: `rank` joined anew.
     JobReset { job: u16, rank: u16 },
-    Refused { job: u16, rank: u16, ip: [u8; 4], why: Refusal },
+    Refused {
+        job: u16,
+        rank: u16,
+        ip: [u8; 4],
+        why: Refusal,
+    },
 }
 
 /// A reply written by [`JobTable::encode`].
@@ -235,7 +253,11 @@ impl JobTable {
     /// Checks a declaration and charges its pool against the budget. Cheap:
     /// call it under the table's lock, then [`Reservation::build`] outside
     /// it, then [`JobTable::insert`] (or [`JobTable::release`]).
-    pub fn reserve(&mut self, config: &JobConfig, max_elems: u16) -> Result<Reservation, JobConfigError> {
+    pub fn reserve(
+        &mut self,
+        config: &JobConfig,
+        max_elems: u16,
+    ) -> Result<Reservation, JobConfigError> {
         config.validate(max_elems)?;
         if self.jobs.contains_key(&config.id) || self.reserved.contains(&config.id) {
             return Err(JobConfigError::Duplicate(config.id));
@@ -422,7 +444,13 @@ impl JobTable {
         }
     }
 
-    fn on_hello(&mut self, hdr: &HeaderRepr, payload: &[u8], from: Endpoint, now: Instant) -> Verdict {
+    fn on_hello(
+        &mut self,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        from: Endpoint,
+        now: Instant,
+    ) -> Verdict {
         let Ok(hello) = HelloPayload::parse(payload) else {
             return Verdict::Dropped(None);
         };
@@ -457,7 +485,13 @@ impl JobTable {
         Verdict::Challenged
     }
 
-    fn on_join(&mut self, hdr: &HeaderRepr, payload: &[u8], from: Endpoint, now: Instant) -> Verdict {
+    fn on_join(
+        &mut self,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        from: Endpoint,
+        now: Instant,
+    ) -> Verdict {
         let Ok(join) = JoinPayload::parse(payload) else {
             return Verdict::Dropped(None);
         };
@@ -481,11 +515,21 @@ impl JobTable {
             JoinOutcome::Nack(reason) => {
                 self.nack(from, job_id, rank, reason, join.nonce);
                 let why = Refusal::Nack(reason);
-                self.event(Event::Refused { job: job_id, rank, ip, why });
+                self.event(Event::Refused {
+                    job: job_id,
+                    rank,
+                    ip,
+                    why,
+                });
             }
             JoinOutcome::Replayed => {
                 let why = Refusal::Replayed;
-                self.event(Event::Refused { job: job_id, rank, ip, why });
+                self.event(Event::Refused {
+                    job: job_id,
+                    rank,
+                    ip,
+                    why,
+                });
             }
             JoinOutcome::Activated => {
                 self.queue(Pending::JoinAckToAll {

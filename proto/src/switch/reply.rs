@@ -34,12 +34,23 @@ pub struct Reply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyMsg {
     /// The RESULT of `seq`, from the slot's shadow copy.
-    Result { seq: u32, retx: bool },
+    Result {
+        seq: u32,
+        retx: bool,
+    },
     JoinAck,
-    Nack { reason: NackReason, echo: Nonce },
-    Challenge { hello_nonce: Nonce, nonce: Nonce },
+    Nack {
+        reason: NackReason,
+        echo: Nonce,
+    },
+    Challenge {
+        hello_nonce: Nonce,
+        nonce: Nonce,
+    },
     /// A HEARTBEAT answered with the ranks `seq` still waits for.
-    Missing { seq: u32 },
+    Missing {
+        seq: u32,
+    },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
 }

@@ -205,7 +205,11 @@ fn join_refusals_name_their_reason_and_change_nothing() {
         Verdict::NackUnknownJob
     );
     let nacks = nacks_in(&drain(&mut t));
-    assert_eq!(nacks[nacks.len() - 1].echo, [3; 16], "echoes the HELLO nonce");
+    assert_eq!(
+        nacks[nacks.len() - 1].echo,
+        [3; 16],
+        "echoes the HELLO nonce"
+    );
     let job = t.get(5).unwrap();
     assert_eq!(job.joined_ranks(), 0);
     assert_eq!(job.counters.nacks, 2);
@@ -360,15 +364,19 @@ fn version_1_join_gets_a_version_1_refusal() {
     let r = t.poll_reply().unwrap();
     let mut buf = [0u8; 64];
     let e = t.encode(&r, &mut buf).unwrap();
-    assert_eq!(&buf[..e.len], &[
-        0x16, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8
-    ][..e.len]);
+    assert_eq!(
+        &buf[..e.len],
+        &[0x16, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8][..e.len]
+    );
     assert_eq!(e.len, HEADER_LEN + 2);
     assert_eq!(t.counters.version_refused, 1);
     assert_eq!(t.malformed[1], 1);
     assert!(matches!(
         t.poll_event(),
-        Some(Event::Refused { why: Refusal::Version(1), .. })
+        Some(Event::Refused {
+            why: Refusal::Version(1),
+            ..
+        })
     ));
     // A version-1 DATA is only counted.
     v1[0] = 0x11;
@@ -406,7 +414,10 @@ fn memory_budget_refuses_with_numbers_and_frees_on_remove() {
     huge.id = 9;
     let err = t.add(huge, 1000).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, JobConfigError::OverBudget { id: 9, .. }), "{msg}");
+    assert!(
+        matches!(err, JobConfigError::OverBudget { id: 9, .. }),
+        "{msg}"
+    );
     assert!(msg.contains("64.0 MiB") && msg.contains("TiB"), "{msg}");
     let small = config(4, 64, 362);
     let need = small.pool_bytes();
@@ -416,7 +427,10 @@ fn memory_budget_refuses_with_numbers_and_frees_on_remove() {
     assert_eq!(t.pool_memory().1, 0);
     let mut bad = config(4, 65535, 362);
     bad.window = 1;
-    assert!(matches!(t.add(bad, 1000), Err(JobConfigError::PoolSlots(5, 65535))));
+    assert!(matches!(
+        t.add(bad, 1000),
+        Err(JobConfigError::PoolSlots(5, 65535))
+    ));
 }
 
 #[test]
@@ -447,7 +461,10 @@ fn a_completed_chunk_is_sent_to_every_member_once() {
     assert_eq!(ranks, [0, 1, 2]);
     for (r, h, p) in &sent {
         assert_eq!(r.to, endpoint(r.rank));
-        assert_eq!((h.msg_type, h.rank, h.count, h.seq), (MsgType::Result, r.rank, 2, 0));
+        assert_eq!(
+            (h.msg_type, h.rank, h.count, h.seq),
+            (MsgType::Result, r.rank, 2, 0)
+        );
         assert_eq!(&p[..], &[0, 0, 0x40, 0x40, 0, 0, 0xc0, 0x40]);
     }
     assert_eq!(t.counters.results_sent, 3);
@@ -688,7 +705,10 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
     );
     let answer = drain(&mut t);
     assert_eq!(answer.len(), 1);
-    assert_eq!((answer[0].1.msg_type, &answer[0].2[..]), (MsgType::Heartbeat, &[0u8, 1][..]));
+    assert_eq!(
+        (answer[0].1.msg_type, &answer[0].2[..]),
+        (MsgType::Heartbeat, &[0u8, 1][..])
+    );
     let mut stranger = endpoint(2);
     stranger.source.port += 1;
     assert_ne!(

@@ -1,0 +1,315 @@
+//! The control thread: everything switchd does that is not moving packets.
+//! Admin requests (switchctl, the metrics endpoint), the periodic summary
+//! and stats file, BPF map reads, and the log of the job table's events,
+//! rate-limited (at most one line per kind per second, with the count).
+//!
+//! Owns: [`ControlPlane`] (the admin channel's receiving end, the summary
+//! state, the log limiter).
+//!
+//! Invariants: the table lock is held only to copy counters or to apply a
+//! change; a job's slot pool is allocated with the lock released
+//! ([`proto::switch::JobTable::reserve`]); nothing here can abort switchd:
+//! an allocation failure is an error reply.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use proto::switch::{Event, JobConfig, JobConfigError, JobTable};
+
+use crate::admin::{AdminCall, AdminReply, AdminRequest};
+use crate::dataplane::Shared;
+use crate::ratelog::LogLimiter;
+use crate::stats::{self, PortStats, SwitchStats};
+
+/// How often the table's events are drained into the log.
+const EVENT_EVERY: Duration = Duration::from_millis(100);
+
+/// Kinds of rate-limited lines: refusals by NACK reason (1..=9), replays
+/// (0), protocol versions (15), and dropped-events notices (16).
+const LOG_KINDS: usize = 17;
+
+/// What the control thread needs from main.
+pub struct ControlConfig {
+    pub summary_every: Duration,
+    pub stats_file: Option<PathBuf>,
+    pub default_elems: u16,
+    pub echo_mode: bool,
+    pub xdp_drop: bool,
+}
+
+pub struct ControlPlane<'a> {
+    shared: &'a Shared,
+    cfg: ControlConfig,
+    calls: mpsc::Receiver<AdminCall>,
+    port_stats: &'a (dyn Fn() -> Vec<PortStats> + Sync),
+    limiter: LogLimiter<LOG_KINDS>,
+    prev_bytes: HashMap<u16, u64>,
+    prev_echoed: u64,
+    prev_dropped: u64,
+    prev_events_dropped: u64,
+    last_summary: Instant,
+}
+
+impl<'a> ControlPlane<'a> {
+    pub fn new(
+        shared: &'a Shared,
+        cfg: ControlConfig,
+        calls: mpsc::Receiver<AdminCall>,
+        port_stats: &'a (dyn Fn() -> Vec<PortStats> + Sync),
+    ) -> ControlPlane<'a> {
+        ControlPlane {
+            shared,
+            cfg,
+            calls,
+            port_stats,
+            limiter: LogLimiter::new(),
+            prev_bytes: HashMap::new(),
+            prev_echoed: 0,
+            prev_dropped: 0,
+            prev_events_dropped: 0,
+            last_summary: Instant::now(),
+        }
+    }
+
+    /// Serves until `stop` is set: admin requests as they come, the table's
+    /// events every [`EVENT_EVERY`], the summary every `summary_every`.
+    pub fn run(&mut self, stop: &AtomicBool) {
+        let mut next_summary = Instant::now() + self.cfg.summary_every;
+        while !stop.load(Ordering::Relaxed) {
+            match self.calls.recv_timeout(EVENT_EVERY) {
+                Ok(call) => {
+                    let reply = self.handle_admin(call.request);
+                    let _ = call.reply.send(reply);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // No admin socket or metrics endpoint left: keep ticking.
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(EVENT_EVERY),
+            }
+            self.log_events();
+            if Instant::now() >= next_summary {
+                self.summary();
+                next_summary = Instant::now() + self.cfg.summary_every;
+            }
+        }
+        self.log_events();
+    }
+
+    /// Every counter, now.
+    pub fn snapshot(&self) -> SwitchStats {
+        snapshot(self.shared, (self.port_stats)())
+    }
+
+    fn log_events(&mut self) {
+        let now = Instant::now();
+        let (events, dropped) = {
+            let mut t = self.shared.table();
+            let mut v = Vec::new();
+            while let Some(e) = t.poll_event() {
+                v.push(e);
+            }
+            (v, t.counters.events_dropped)
+        };
+        for e in events {
+            log_event(&mut self.limiter, e, now);
+        }
+        if dropped > self.prev_events_dropped {
+            if let Some(suppressed) = self.limiter.check(LOG_KINDS - 1, now) {
+                tracing::warn!(
+                    dropped = dropped - self.prev_events_dropped,
+                    suppressed,
+                    "events came faster than the log takes them; counters stay exact \
+                     (switchctl stats)"
+                );
+            }
+            self.prev_events_dropped = dropped;
+        }
+        self.limiter.flush(now, |kind, n| {
+            tracing::warn!(
+                kind,
+                suppressed = n,
+                "more of the same refusals were not logged"
+            );
+        });
+    }
+
+    fn summary(&mut self) {
+        let secs = self.last_summary.elapsed().as_secs_f64().max(1e-9);
+        self.last_summary = Instant::now();
+        let snap = self.snapshot();
+        if self.cfg.echo_mode {
+            let tx = snap.counter("echoed");
+            tracing::info!(
+                echoed = tx,
+                tx_ring_full = snap.counter("tx_ring_full"),
+                rx_frames = snap.counter("rx_frames"),
+                "echo mode: {:.0} frames/s echoed",
+                tx.saturating_sub(self.prev_echoed) as f64 / secs
+            );
+            self.prev_echoed = tx;
+        }
+        if self.cfg.xdp_drop {
+            let dropped: u64 = snap.ports.iter().map(|p| p.xdp_dropped).sum();
+            tracing::info!(
+                dropped,
+                "xdp-drop mode: {:.0} frames/s dropped",
+                dropped.saturating_sub(self.prev_dropped) as f64 / secs
+            );
+            self.prev_dropped = dropped;
+        }
+        for j in &snap.jobs {
+            let prev = self.prev_bytes.insert(j.id, j.counter("bytes_aggregated"));
+            tracing::info!("{}", stats::summary_line(j, prev.unwrap_or(0), secs));
+        }
+        if snap.malformed_total > 0 || snap.counter("unknown_job") > 0 {
+            tracing::info!(
+                malformed = snap.malformed_total,
+                unknown_job = snap.counter("unknown_job"),
+                "dropped frames that belong to no job"
+            );
+        }
+        if let Some(p) = &self.cfg.stats_file {
+            if let Err(e) = write_stats(p, &snap) {
+                tracing::warn!(path = %p.display(), "writing the stats file failed: {e}");
+            }
+        }
+    }
+
+    /// Answers one admin request.
+    pub fn handle_admin(&self, req: AdminRequest) -> AdminReply {
+        let to_json = |v: serde_json::Result<serde_json::Value>| match v {
+            Ok(v) => AdminReply::ok(v),
+            Err(e) => AdminReply::err(format!("encoding the reply: {e}")),
+        };
+        match req {
+            AdminRequest::Stats { job: None } => to_json(serde_json::to_value(self.snapshot())),
+            AdminRequest::Stats { job: Some(id) } => {
+                let jobs = stats::job_stats(&self.shared.table());
+                match jobs.into_iter().find(|j| j.id == id) {
+                    Some(j) => to_json(serde_json::to_value(j)),
+                    None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
+                }
+            }
+            AdminRequest::Jobs => {
+                let table = self.shared.table();
+                let mut jobs: Vec<serde_json::Value> = table
+                    .jobs()
+                    .map(|j| {
+                        serde_json::json!({
+                            "id": j.id(),
+                            "state": j.state().name(),
+                            "n_workers": j.n_workers(),
+                            "ranks_joined": j.joined_ranks(),
+                            "pool_slots": j.config.pool_slots,
+                            "elems_per_chunk": j.config.elems_per_chunk,
+                            "window": j.window(),
+                            "pool_bytes": j.config.pool_bytes(),
+                        })
+                    })
+                    .collect();
+                jobs.sort_by_key(|j| j["id"].as_u64());
+                AdminReply::ok(serde_json::Value::Array(jobs))
+            }
+            AdminRequest::AddJob { job } => match job.to_job_config(self.cfg.default_elems) {
+                Err(e) => AdminReply::err(e),
+                Ok(cfg) => match add_job(self.shared, cfg) {
+                    Ok(id) => AdminReply::ok(serde_json::json!({ "added": id })),
+                    Err(e) => AdminReply::err(e.to_string()),
+                },
+            },
+            AdminRequest::RemoveJob { id } => {
+                let removed = self.shared.table().remove(id);
+                match removed {
+                    Some(job) => {
+                        tracing::info!(
+                            job = id,
+                            chunks_completed = job.counters.chunks_completed,
+                            "job removed; its workers get NACK 1 (unknown job)"
+                        );
+                        // Its pool is freed here, with the lock released.
+                        drop(job);
+                        AdminReply::ok(serde_json::json!({ "removed": id }))
+                    }
+                    None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
+                }
+            }
+        }
+    }
+}
+
+/// Declares a job: checked and charged against the pool budget under the
+/// table lock, allocated without it, inserted under it.
+pub fn add_job(shared: &Shared, cfg: JobConfig) -> Result<u16, JobConfigError> {
+    let (id, n) = (cfg.id, cfg.n_workers);
+    let r = shared
+        .table()
+        .reserve(&cfg, crate::config::MAX_ELEMS_IN_FRAME)?;
+    match r.build(cfg) {
+        Ok(job) => {
+            shared.table().insert(r, job);
+            tracing::info!(job = id, n_workers = n, "job added");
+            Ok(id)
+        }
+        Err(e) => {
+            shared.table().release(r);
+            Err(e)
+        }
+    }
+}
+
+/// Declares the configured jobs into a table before the dataplane starts.
+pub fn declare_jobs(table: &mut JobTable, jobs: &[JobConfig]) -> Result<(), JobConfigError> {
+    for j in jobs {
+        table.add(j.clone(), crate::config::MAX_ELEMS_IN_FRAME)?;
+    }
+    Ok(())
+}
+
+fn log_event(limiter: &mut LogLimiter<LOG_KINDS>, e: Event, now: Instant) {
+    match e {
+        Event::RankJoined {
+            job,
+            rank,
+            joined,
+            of,
+        } => tracing::info!(job, rank, joined, of, "rank joined"),
+        Event::JobActive { job, ranks, resume } => tracing::info!(
+            job,
+            ranks,
+            resume_collective = resume.0,
+            resume_seq = resume.1,
+            "job active: every rank joined"
+        ),
+        Event::JobReset { job, rank } => tracing::info!(
+            job,
+            rank,
+            "rank joined anew (worker restarted): every rank joins again"
+        ),
+        Event::Refused { job, rank, ip, why } => {
+            let kind = why.index().min(LOG_KINDS - 2);
+            if let Some(suppressed) = limiter.check(kind, now) {
+                let source = std::net::Ipv4Addr::from(ip);
+                tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+            }
+        }
+    }
+}
+
+/// A full counter snapshot.
+pub fn snapshot(shared: &Shared, ports: Vec<PortStats>) -> SwitchStats {
+    let (dp, rings) = shared.dataplane_counters();
+    let table = shared.table();
+    let mut s = stats::snapshot(&table, &dp, ports, shared.uptime().as_secs_f64());
+    s.rings = rings;
+    s
+}
+
+/// Writes `s` as JSON to `path` (via a temporary file and a rename, so a
+/// reader never sees half a file).
+pub fn write_stats(path: &Path, s: &SwitchStats) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,395 @@
+//! The dataplane: receive aggregation frames from the AF_XDP sockets, feed
+//! them to the job table, and write the replies the table queued to the
+//! transmit rings of the ports the workers are behind.
+//!
+//! Owns: [`Shared`] (the job table, which thread owns which socket, the
+//! per-thread outboxes and published counters) and [`DataplaneThread`] (one
+//! per pinned core: the receive and transmit halves of the sockets it owns,
+//! its own counters). Its parts: [`rx`] (one frame in: L2–L4 checks, the
+//! table, its replies out) and [`tx`] (replies to a transmit ring, or to the
+//! outbox of the thread that owns the member's socket).
+//!
+//! Multi-core (DESIGN.md, "Multi-core"): a socket belongs to exactly one
+//! thread, and contributions to one slot arrive on different sockets, so
+//! the slot state is shared: one table mutex, taken once per receive batch
+//! (up to [`RX_BATCH`] frames), not per packet. A reply for a member whose
+//! socket another thread owns goes to that thread's lock-free outbox
+//! (crossbeam `ArrayQueue`, fixed capacity) as the table's small `Reply`
+//! value; that thread encodes it from the shadow copy, which stays valid
+//! until every rank has moved past the seq. A thread that hands work to a
+//! sleeping thread wakes it through that thread's eventfd ([`crate::wake`]).
+//! docs/BENCHMARKS.md has the measurements behind these choices.
+//!
+//! Invariants (the hot path): no allocation per packet (frames are parsed in
+//! place, replies written straight into UMEM frames), ring operations in
+//! batches, transmit rings flushed once per round, no syscall per packet: a
+//! thread sleeps in one `poll(2)` over its sockets only after many empty
+//! rounds. No control-plane work: admin requests, metrics, the stats file,
+//! BPF map reads and the log of the table's events run on the control
+//! thread ([`crate::control`]). Counters are per thread, plain integers,
+//! published under a per-thread lock at most every few milliseconds.
+//! Nothing a sender can put in a frame makes this code panic.
+//!
+//! Echo mode (`[switch] mode = "echo"`, a benchmark baseline) replaces the
+//! round by [`crate::echo`]: no table, no outbox, every frame straight back.
+
+pub mod rx;
+pub mod tx;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use proto::switch::{JobTable, Reply};
+
+use crate::stats::RingStats;
+use crate::wake::ThreadWaker;
+use crate::xdp::{XskRx, XskTx};
+
+/// Frames taken from one receive ring per round.
+pub const RX_BATCH: u32 = 64;
+/// Empty rounds before a thread sleeps in poll(2).
+const SPIN_ROUNDS: u32 = 64;
+/// Longest sleep in poll(2), so that stop requests are seen.
+const IDLE_WAIT_MS: i32 = 10;
+/// Replies waiting for another thread's transmit ring.
+const OUTBOX_CAPACITY: usize = 16 * 1024;
+/// How often a thread publishes its counters.
+const PUBLISH_EVERY: Duration = Duration::from_millis(20);
+
+proto::counter_schema! {
+    /// Counters of one dataplane thread (not of any one job).
+    pub struct DataplaneCounters {
+        /// Frames taken from the AF_XDP receive rings.
+        rx_frames,
+        /// Frames written to the AF_XDP transmit rings.
+        tx_frames,
+        /// Replies dropped because a transmit ring, its frames or an outbox were exhausted (the worker's resend recovers them).
+        tx_ring_full,
+        /// Steered frames that are not Ethernet/IPv4/UDP as the program promised.
+        bad_frame,
+        /// Steered frames to another UDP port than the aggregation port.
+        wrong_port,
+        /// Frames taken while an AF_XDP ring was over the ECN threshold (their slots' RESULTs carry ECE).
+        ring_congested_frames,
+        /// Replies handed to the thread that owns the member's socket.
+        forwarded,
+        /// Hand-offs that found the owning thread asleep and woke it.
+        thread_wakeups,
+        /// Echo mode: frames sent back.
+        echoed,
+    }
+}
+
+/// One receive half with the port and queue it serves.
+pub struct RxSocket {
+    pub port_idx: u32,
+    pub queue: u32,
+    pub rx: XskRx,
+}
+
+/// One socket (both halves) before it is given to a thread.
+pub struct Socket {
+    pub port_idx: u32,
+    pub queue: u32,
+    pub rx: XskRx,
+    pub tx: XskTx,
+}
+
+/// A thread's transmit halves, indexed `[port][queue]`; `None` where
+/// another thread owns the socket.
+pub type TxSockets = Vec<Vec<Option<XskTx>>>;
+
+#[derive(Default)]
+struct Published {
+    counters: DataplaneCounters,
+    rings: Vec<RingStats>,
+}
+
+/// State every dataplane thread (and the control thread) shares.
+pub struct Shared {
+    table: Mutex<JobTable>,
+    agg_port: u16,
+    /// Ring occupancy (entries) above which taken contributions count as
+    /// congestion-marked; u32::MAX turns it off.
+    ecn_ring_entries: u32,
+    started: Instant,
+    /// Thread that owns socket `[port][queue]`.
+    owner: Vec<Vec<usize>>,
+    outboxes: Vec<ArrayQueue<Reply>>,
+    /// Wakes thread `i` from its poll(2) when its outbox gets work.
+    wakers: Vec<ThreadWaker>,
+    published: Vec<Mutex<Published>>,
+    /// Echo mode (a benchmark baseline, [`crate::echo`]): no aggregation.
+    echo: bool,
+}
+
+/// How to build a dataplane.
+pub struct DataplaneConfig {
+    pub agg_port: u16,
+    /// Fraction of a ring's size above which RESULTs get ECE (≥ 1: never).
+    pub ecn_ring_fraction: f64,
+    pub ring_size: u32,
+    pub threads: usize,
+    /// Echo every steered frame instead of aggregating ([`crate::echo`]).
+    pub echo: bool,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking thread stops switchd (main re-raises it); the table it
+    // held is still consistent between two messages, so keep serving reads.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Builds the shared state and one [`DataplaneThread`] per thread; sockets
+/// are dealt round-robin in the order given. Fails only if a thread's
+/// wake-up eventfd cannot be made.
+pub fn build(
+    table: JobTable,
+    sockets: Vec<Socket>,
+    cfg: &DataplaneConfig,
+) -> std::io::Result<(Arc<Shared>, Vec<DataplaneThread>)> {
+    let threads = cfg.threads.max(1);
+    let wakers = (0..threads)
+        .map(|_| ThreadWaker::new())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let ports = sockets.iter().map(|s| s.port_idx as usize + 1).max();
+    let queues = sockets.iter().map(|s| s.queue as usize + 1).max();
+    let (ports, queues) = (ports.unwrap_or(0), queues.unwrap_or(0));
+    let mut owner = vec![vec![usize::MAX; queues]; ports];
+    let mut rxs: Vec<Vec<RxSocket>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut txs: Vec<TxSockets> = (0..threads)
+        .map(|_| {
+            (0..ports)
+                .map(|_| (0..queues).map(|_| None).collect())
+                .collect()
+        })
+        .collect();
+    for (k, s) in sockets.into_iter().enumerate() {
+        let t = k % threads;
+        let (p, q) = (s.port_idx as usize, s.queue as usize);
+        owner[p][q] = t;
+        txs[t][p][q] = Some(s.tx);
+        rxs[t].push(RxSocket {
+            port_idx: s.port_idx,
+            queue: s.queue,
+            rx: s.rx,
+        });
+    }
+    let ecn_ring_entries = if cfg.ecn_ring_fraction >= 1.0 {
+        u32::MAX
+    } else {
+        ((cfg.ring_size as f64 * cfg.ecn_ring_fraction) as u32).max(1)
+    };
+    let shared = Arc::new(Shared {
+        table: Mutex::new(table),
+        agg_port: cfg.agg_port,
+        ecn_ring_entries,
+        started: Instant::now(),
+        owner,
+        outboxes: (0..threads)
+            .map(|_| ArrayQueue::new(OUTBOX_CAPACITY))
+            .collect(),
+        wakers,
+        published: (0..threads).map(|_| Mutex::default()).collect(),
+        echo: cfg.echo,
+    });
+    let lanes = rxs
+        .into_iter()
+        .zip(txs)
+        .enumerate()
+        .map(|(idx, (rxs, txs))| DataplaneThread {
+            idx,
+            shared: shared.clone(),
+            rxs,
+            txs,
+            counters: DataplaneCounters::default(),
+            last_publish: Instant::now(),
+        })
+        .collect();
+    Ok((shared, lanes))
+}
+
+impl Shared {
+    /// The job table, locked (the control thread's reads and admin changes;
+    /// keep it short: the dataplane waits meanwhile).
+    pub fn table(&self) -> MutexGuard<'_, JobTable> {
+        lock(&self.table)
+    }
+
+    /// Dataplane counters summed over the threads' last publication, and
+    /// the ring gauges of every socket.
+    pub fn dataplane_counters(&self) -> (DataplaneCounters, Vec<RingStats>) {
+        let mut sum = DataplaneCounters::default();
+        let mut rings = Vec::new();
+        for p in &self.published {
+            let p = lock(p);
+            sum.add(&p.counters);
+            rings.extend(p.rings.iter().cloned());
+        }
+        rings.sort_by_key(|r| (r.port_idx, r.queue));
+        (sum, rings)
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+/// One dataplane thread: the sockets it owns and its counters.
+pub struct DataplaneThread {
+    idx: usize,
+    shared: Arc<Shared>,
+    rxs: Vec<RxSocket>,
+    txs: TxSockets,
+    counters: DataplaneCounters,
+    last_publish: Instant,
+}
+
+impl DataplaneThread {
+    pub fn index(&self) -> usize {
+        self.idx
+    }
+
+    /// Sockets this thread serves, as (port, queue).
+    pub fn sockets(&self) -> Vec<(u32, u32)> {
+        self.rxs.iter().map(|s| (s.port_idx, s.queue)).collect()
+    }
+
+    /// Runs until `stop` is set: rounds over the sockets, and a sleep in
+    /// poll(2) after [`SPIN_ROUNDS`] empty ones.
+    pub fn run(&mut self, stop: &AtomicBool) {
+        let mut fds = self.poll_fds();
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let got = if self.shared.echo {
+                self.echo_once()
+            } else {
+                self.poll_once()
+            };
+            idle = if got == 0 { idle + 1 } else { 0 };
+            if idle >= SPIN_ROUNDS {
+                self.sleep(&mut fds);
+            }
+            if self.last_publish.elapsed() >= PUBLISH_EVERY {
+                self.publish();
+            }
+        }
+        tx::drain_outbox(self);
+        self.flush_all();
+        self.publish();
+    }
+
+    /// One round over this thread's sockets; returns the frames received.
+    pub fn poll_once(&mut self) -> u32 {
+        tx::drain_outbox(self);
+        let shared = self.shared.clone();
+        let now = Instant::now();
+        let mut got = 0;
+        for i in 0..self.rxs.len() {
+            let (p, q) = (self.rxs[i].port_idx, self.rxs[i].queue);
+            let waiting = self.rxs[i].rx.rx_ring_occupancy();
+            if waiting == 0 {
+                continue;
+            }
+            let congested = self.congested(p, q, waiting);
+            let mut table = lock(&shared.table);
+            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+            got += self.rxs[i].rx.recv_batch(RX_BATCH, |frame| {
+                rx::handle_frame(frame, p, q, congested, now, &mut table, &mut out)
+            });
+        }
+        self.flush_all();
+        got
+    }
+
+    /// Congestion of the switch's own queues (PROTOCOL.md): frames waiting
+    /// in this receive ring, or replies waiting to go out on this port, above
+    /// the threshold. Loads only, no syscall.
+    fn congested(&self, port: u32, queue: u32, waiting: u32) -> bool {
+        let limit = self.shared.ecn_ring_entries;
+        limit != u32::MAX
+            && (waiting > limit
+                || tx::socket(&self.txs, port, queue)
+                    .is_some_and(|t| t.tx_ring_occupancy() > limit))
+    }
+
+    fn flush_all(&mut self) {
+        for port in &mut self.txs {
+            for tx in port.iter_mut().flatten() {
+                tx.flush();
+            }
+        }
+    }
+
+    /// Echo mode's round: every socket's frames back out of its own
+    /// transmit ring, swapped ([`crate::echo`]); returns the frames received.
+    fn echo_once(&mut self) -> u32 {
+        let mut got = 0;
+        for s in &mut self.rxs {
+            let Some(tx) = tx::socket_mut(&mut self.txs, s.port_idx, s.queue) else {
+                continue;
+            };
+            let o = crate::echo::echo_batch(&mut s.rx, tx, RX_BATCH);
+            got += o.received;
+            let c = &mut self.counters;
+            c.rx_frames += u64::from(o.received);
+            c.echoed += u64::from(o.echoed);
+            c.tx_frames += u64::from(o.echoed);
+            c.tx_ring_full += u64::from(o.tx_full);
+            c.bad_frame += u64::from(o.malformed);
+            // Also when nothing came: copy mode may have left frames in
+            // the ring (at most 32 leave per kick).
+            tx.flush();
+        }
+        got
+    }
+
+    fn poll_fds(&self) -> Vec<libc::pollfd> {
+        let fd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds: Vec<libc::pollfd> = self.rxs.iter().map(|s| fd(s.rx.fd())).collect();
+        // Last: the eventfd other threads write when they hand us work.
+        fds.push(fd(self.shared.wakers[self.idx].fd()));
+        fds
+    }
+
+    /// Sleeps in poll(2) until a frame or a hand-off comes (or a short
+    /// timeout). Replies from other threads must not wait for our sleep:
+    /// announce it, look at the outbox once more, and let a thread that
+    /// hands us work later write the eventfd ([`crate::wake`]).
+    fn sleep(&mut self, fds: &mut [libc::pollfd]) {
+        let waker = &self.shared.wakers[self.idx];
+        waker.prepare_sleep();
+        let mut handed_work = false;
+        if self.shared.outboxes[self.idx].is_empty() {
+            // SAFETY: `fds` is a live array of fds.len() pollfds.
+            let n =
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, IDLE_WAIT_MS) };
+            handed_work = n > 0 && fds.last().is_some_and(|p| p.revents & libc::POLLIN != 0);
+        }
+        waker.woke(handed_work);
+    }
+
+    fn publish(&mut self) {
+        let rings = self
+            .rxs
+            .iter()
+            .map(|s| RingStats {
+                port_idx: s.port_idx,
+                queue: s.queue,
+                rx_occupancy: s.rx.rx_ring_occupancy(),
+                tx_occupancy: tx::socket(&self.txs, s.port_idx, s.queue)
+                    .map_or(0, |t| t.tx_ring_occupancy()),
+            })
+            .collect();
+        let mut p = lock(&self.shared.published[self.idx]);
+        p.counters = self.counters.clone();
+        p.rings = rings;
+        self.last_publish = Instant::now();
+    }
+}
