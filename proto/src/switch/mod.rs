@@ -15,7 +15,8 @@
 //! Invariants:
 //! * A rejected message changes nothing but counters, and is answered with
 //!   at most one reply no larger than itself (a HELLO is padded to the size
-//!   of its CHALLENGE), sent only to a source inside the job's prefixes.
+//!   of its CHALLENGE); DATA and HEARTBEAT refusals go only to sources
+//!   inside the job's prefixes.
 //! * Slot pools are charged against the budget before they are allocated;
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * Messages that fail before membership (unknown job, malformed) get no
@@ -458,10 +459,10 @@ impl JobTable {
             return Verdict::Dropped(None);
         };
         let src = from.source;
+        // A refusal is no larger than the HELLO: no amplification, and an
+        // operator's typo in allowed_sources is named at once.
         let refusal = if !job.source_allowed(src.ip) {
-            // A stranger gets no answer (no reflection off the switch).
-            job.drops.bump(DropReason::SourceNotAllowed);
-            return Verdict::Dropped(Some(DropReason::SourceNotAllowed));
+            Some(NackReason::SourceNotAllowed)
         } else if hdr.rank >= job.n_workers() {
             Some(NackReason::RankOutOfRange)
         } else {

@@ -175,13 +175,13 @@ fn nacks_in(replies: &[(Reply, HeaderRepr, Vec<u8>)]) -> Vec<NackPayload> {
 fn join_refusals_name_their_reason_and_change_nothing() {
     let mut t = table();
     t.add(config(2, 4, 8), 1000).unwrap();
-    // A stranger's HELLO is not answered at all.
+    // A stranger's HELLO gets NACK 3, never a CHALLENGE.
     let mut stranger = endpoint(0);
     stranger.source.ip = [10, 9, 9, 9];
     let mut hs = handshake(&t, 0, stranger, SECRET);
     assert_eq!(
         hello(&mut t, &mut hs, stranger, t0()),
-        Verdict::Dropped(Some(DropReason::SourceNotAllowed))
+        Verdict::Join(JoinOutcome::Nack(NackReason::SourceNotAllowed))
     );
     assert!(!hs.challenged());
     // Wrong secret: the MAC does not verify; the NACK echoes the JOIN's nonce.
@@ -212,7 +212,7 @@ fn join_refusals_name_their_reason_and_change_nothing() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.joined_ranks(), 0);
-    assert_eq!(job.counters.nacks, 2);
+    assert_eq!(job.counters.nacks, 3);
     assert_eq!(job.counters.join_bad_mac, 1);
 }
 

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""What an attacker on the testbed does, for the end-to-end security tests.
+Run inside a testbed namespace; only testbed addresses are used.
+
+  attack.py capture IFACE SECS OUT      save every aggregation JOIN (v2) the
+                                        interface sends or sees, as hex lines
+  attack.py replay IFACE FILE COUNT SECS
+                                        send each saved frame COUNT times,
+                                        byte for byte (source addresses
+                                        included), spread over SECS
+  attack.py bad-joins ADDR PORT JOB RANK N
+                                        ask for a CHALLENGE, then send N JOINs
+                                        whose MAC is made with a wrong secret
+
+It builds frames from docs/PROTOCOL.md (version 2) directly: it plays a
+peer that does not know the secret, which the package never does.
+"""
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import sys
+import time
+
+ETH_P_ALL = 0x0003
+AGG_PORT = 48879
+HEADER = struct.Struct(">BBHHHIIHI")  # ver_type flags job rank count seq coll window gen
+
+
+def agg_payload(frame):
+    """The UDP payload of an Ethernet/IPv4/UDP frame to AGG_PORT, or None."""
+    if len(frame) < 14 + 20 + 8 or frame[12:14] != b"\x08\x00":
+        return None
+    ihl = (frame[14] & 0x0F) * 4
+    if frame[14 + 9] != 17:
+        return None
+    udp = 14 + ihl
+    if struct.unpack(">H", frame[udp + 2 : udp + 4])[0] != AGG_PORT:
+        return None
+    return frame[udp + 8 :]
+
+
+def capture(iface, secs, out):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((iface, 0))
+    s.settimeout(0.2)
+    frames = []
+    end = time.monotonic() + secs
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        try:
+            frame = s.recv(65535)
+        except socket.timeout:
+            continue
+        p = agg_payload(frame)
+        if p is not None and len(p) >= HEADER.size and p[0] == 0x23:
+            frames.append(frame.hex())
+    with open(out, "w") as f:
+        f.write("\n".join(frames) + "\n")
+    print(len(frames), flush=True)
+
+
+def replay(iface, path, count, secs):
+    frames = [bytes.fromhex(l) for l in open(path).read().split()]
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind((iface, 0))
+    sent = 0
+    gap = secs / max(count, 1)
+    for _ in range(count):
+        for f in frames:
+            s.send(f)
+            sent += 1
+        time.sleep(gap)
+    print(sent, flush=True)
+
+
+def bad_joins(addr, port, job, rank, n):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect((addr, port))
+    s.settimeout(2)
+    hello_nonce = os.urandom(16)
+    s.send(HEADER.pack(0x28, 0, job, rank, 0, 0, 0, 0, 0) + hello_nonce + bytes(24))
+    reply = s.recv(2048)
+    ver_type, _, _, _, _, _, _, _, gen = HEADER.unpack(reply[: HEADER.size])
+    assert ver_type == 0x29, "expected a CHALLENGE, got %#x" % ver_type
+    body = reply[HEADER.size :]
+    assert body[:16] == hello_nonce
+    nonce, ip, lport = body[16:32], body[32:36], body[36:38]
+    wrong_secret = os.urandom(32)
+    msg = (
+        b"aggswitch v2 join"
+        + struct.pack(">HHIIIHBB", job, rank, gen, 0, 0, 0, 0, 0)
+        + nonce
+        + ip
+        + lport
+    )
+    mac = hmac.new(wrong_secret, msg, hashlib.sha256).digest()
+    join = HEADER.pack(0x23, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", 0, 0, 0)
+    join += nonce + mac
+    s.setblocking(False)
+    sent = 0
+    for _ in range(n):
+        try:
+            s.send(join)
+            sent += 1
+        except BlockingIOError:
+            time.sleep(0.001)
+        try:
+            while s.recv(2048):
+                pass
+        except (BlockingIOError, ConnectionRefusedError):
+            pass
+    print(sent, flush=True)
+
+
+def main(argv):
+    cmd = argv[1]
+    if cmd == "capture":
+        capture(argv[2], float(argv[3]), argv[4])
+    elif cmd == "replay":
+        replay(argv[2], argv[3], int(argv[4]), float(argv[5]))
+    elif cmd == "bad-joins":
+        bad_joins(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), int(argv[6]))
+    else:
+        sys.exit("unknown command %r (see the docstring)" % cmd)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
