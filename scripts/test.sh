@@ -16,9 +16,12 @@
 #   python     build the aggswitch package into the project venv (maturin
 #              develop --release) and run its pytest suite (python/tests,
 #              on the loopback stand-in switch: no root needed)
-#   e2e        cargo test --release -p agg-e2e --no-fail-fast -- --test-threads=1
+#   e2e        cargo test --release -p agg-e2e --no-fail-fast --
+#              --include-ignored --test-threads=1
 #              (needs root: the tests make veth/netns testbeds with
-#              scripts/testbed.sh and run target/release/{switchd,worker})
+#              scripts/testbed.sh and run target/release/{switchd,worker};
+#              each is #[ignore = "needs root"], so a plain cargo test lists
+#              them as ignored and this stage includes them)
 #   fuzz       each cargo-fuzz target of fuzz/ for 30 s, when cargo-fuzz is
 #              installed and fuzz/ exists
 # The e2e stage includes the PyTorch DDP runs (tests/tests/torch_ddp.rs),
@@ -27,7 +30,9 @@
 # except under CI=true, where not being root is an error. A failing stage
 # does not stop the later ones (but build failing skips e2e and setup failing
 # stops everything); the exit status is non-zero if any stage failed. The
-# last lines are the summed cargo test counts and the stages that ran.
+# last lines are the summed cargo test and pytest counts (skipped = tests
+# cargo test ignored + tests pytest skipped, each also shown on its own) and
+# the stages that ran.
 
 set -euo pipefail
 
@@ -62,7 +67,7 @@ TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-test.XXXXXX")"
 PY_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-pytest.XXXXXX")"
 
 summary() {
-    local passed=0 failed=0 ignored=0 p f i
+    local passed=0 failed=0 ignored=0 py_skipped=0 p f i
     # Sum cargo test's "test result: ok. 3 passed; 0 failed; 1 ignored; ..." lines.
     while read -r p f i; do
         passed=$((passed + p)); failed=$((failed + f)); ignored=$((ignored + i))
@@ -75,11 +80,12 @@ summary() {
         case "$word" in
             passed) passed=$((passed + BASH_REMATCH[1])) ;;
             failed) failed=$((failed + BASH_REMATCH[1])) ;;
-            skipped) ignored=$((ignored + BASH_REMATCH[1])) ;;
+            skipped) py_skipped=$((py_skipped + BASH_REMATCH[1])) ;;
         esac
     done
     echo
-    echo "tests: $passed passed, $failed failed, $ignored skipped"
+    echo "of the skipped: $ignored ignored by cargo test, $py_skipped skipped by pytest"
+    echo "tests: $passed passed, $failed failed, $((ignored + py_skipped)) skipped"
     local ran="${RAN[*]:-none}" skipped="none" failedst="${FAILED[*]:-none}"
     if ((${#SKIPPED[@]} > 0)); then
         skipped="$(printf '%s, ' "${SKIPPED[@]}")"
@@ -187,7 +193,8 @@ else
     export AGG_SWITCHD="$REPO_ROOT/target/release/switchd"
     export AGG_WORKER="$REPO_ROOT/target/release/worker"
     export AGG_PYTHON="$VENV_PYTHON"
-    stage e2e cargo_test --release -p agg-e2e --no-fail-fast -- --test-threads=1 || true
+    # --include-ignored: every e2e test is #[ignore = "needs root"].
+    stage e2e cargo_test --release -p agg-e2e --no-fail-fast -- --include-ignored --test-threads=1 || true
 fi
 
 # --- fuzzing -----------------------------------------------------------------------

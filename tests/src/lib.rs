@@ -5,8 +5,17 @@
 //!
 //! Invariants: everything a test makes is removed when its guard drops, also
 //! when the test panics: processes are killed by PID, the testbed torn down
-//! by prefix. Without root the tests print a skip reason and return; under
-//! `CI=true` a missing capability is a failure.
+//! by prefix.
+//!
+//! Every test in `tests/tests/` needs root and is marked
+//! `#[ignore = "needs root"]` (checked by this crate's own unit test), so a
+//! plain `cargo test` lists them as ignored, never as passed. To run them:
+//! `sudo scripts/test.sh`, or as root
+//! `cargo test --release -p agg-e2e -- --include-ignored --test-threads=1`.
+//! A test run that way checks what it needs with [`can_run`] (and
+//! [`unavailable`] for further requirements): under `CI=true` a missing
+//! capability is a failure; otherwise the test prints `SKIPPED <test>: <why>`
+//! and returns.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -663,5 +672,45 @@ impl Impairment {
             }
         }
         sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every `#[test]` in `tests/tests/*.rs` needs root (a testbed, XDP), so
+    /// each must be `#[ignore = "needs root"]`: otherwise a `cargo test`
+    /// without root would count it as passed after its skip message.
+    #[test]
+    fn every_end_to_end_test_is_ignored_as_needing_root() {
+        let dir = super::repo_root().join("tests/tests");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        files.sort();
+        assert!(!files.is_empty(), "no test files in {}", dir.display());
+        let mut tests = 0;
+        let mut missing = Vec::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let lines: Vec<&str> = text.lines().map(str::trim).collect();
+            for (i, line) in lines.iter().enumerate() {
+                if *line != "#[test]" {
+                    continue;
+                }
+                tests += 1;
+                // The attributes between #[test] and the fn.
+                let attrs = lines[i + 1..].iter().take_while(|l| l.starts_with("#["));
+                if !attrs.clone().any(|l| *l == r#"#[ignore = "needs root"]"#) {
+                    missing.push(format!("{}:{}", f.display(), i + 1));
+                }
+            }
+        }
+        assert!(tests > 0, "no #[test] found in {}", dir.display());
+        assert!(
+            missing.is_empty(),
+            "tests without #[ignore = \"needs root\"]: {missing:?}"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::process::Child;
 use agg_e2e::*;
 
 #[test]
+#[ignore = "needs root"]
 fn ce_marked_data_yields_ece_results_and_the_window_shrinks() {
     if !can_run("ce_marking") {
         return;
@@ -62,6 +63,7 @@ fn ce_marked_data_yields_ece_results_and_the_window_shrinks() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ring_occupancy_marks_ece_when_over_the_threshold() {
     if !can_run("ring_marking") {
         return;
@@ -85,6 +87,7 @@ fn ring_occupancy_marks_ece_when_over_the_threshold() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_switch_advertises_its_window_and_drops_data_beyond_it() {
     if !can_run("window") {
         return;
@@ -141,6 +144,7 @@ fn the_switch_advertises_its_window_and_drops_data_beyond_it() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn metrics_endpoint_serves_the_same_counters() {
     if !can_run("metrics") {
         return;

@@ -34,6 +34,7 @@ fn run_sizes(tb: &Testbed, sizes: &[usize], iterations: u32) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
     if !can_run("allreduce_sizes") {
         return;
@@ -51,6 +52,7 @@ fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ordinary_traffic_crosses_unchanged() {
     if !can_run("ordinary_traffic") {
         return;
@@ -115,6 +117,7 @@ fn ordinary_traffic_crosses_unchanged() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn refused_joins_get_their_reason_and_the_job_still_completes() {
     if !can_run("refused_joins") {
         return;
@@ -189,6 +192,7 @@ fn agg_header(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
     if !can_run("malformed_frames") {
         return;
@@ -250,6 +254,7 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn no_xdp_program_is_left_after_switchd_stops() {
     if !can_run("no_xdp_left") {
         return;
@@ -267,6 +272,7 @@ fn no_xdp_program_is_left_after_switchd_stops() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn switchd_errors_say_what_to_do() {
     if !can_run("switchd_errors") {
         return;
@@ -308,6 +314,7 @@ fn switchd_errors_say_what_to_do() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     if !can_run("two_dataplane_threads") {
         return;

@@ -169,6 +169,7 @@ fn fault_test(test: &str, prefix: &str, f: Faults) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allreduce_survives_5_percent_loss() {
     fault_test(
         "faults_loss",
@@ -182,6 +183,7 @@ fn allreduce_survives_5_percent_loss() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allreduce_survives_1_percent_duplication() {
     fault_test(
         "faults_duplicate",
@@ -195,6 +197,7 @@ fn allreduce_survives_1_percent_duplication() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allreduce_survives_25_percent_reordering() {
     fault_test(
         "faults_reorder",
@@ -208,6 +211,7 @@ fn allreduce_survives_25_percent_reordering() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allreduce_survives_loss_duplication_and_reordering_at_once() {
     fault_test(
         "faults_all",
@@ -224,6 +228,7 @@ fn allreduce_survives_loss_duplication_and_reordering_at_once() {
 // One job of 64 workers
 
 #[test]
+#[ignore = "needs root"]
 fn one_job_of_64_workers_is_bit_exact() {
     const N: u16 = 64;
     const ELEMS: usize = 100_000;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use agg_e2e::*;
 
 #[test]
+#[ignore = "needs root"]
 fn fast_path_forwards_tcp_and_ping_while_an_allreduce_stays_bit_exact() {
     if !can_run("fast_path_forwards") {
         return;
@@ -50,6 +51,7 @@ fn fast_path_forwards_tcp_and_ping_while_an_allreduce_stays_bit_exact() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn bridge_forwarding_setting_keeps_every_frame_on_the_bridge() {
     if !can_run("bridge_forwarding") {
         return;
@@ -64,6 +66,7 @@ fn bridge_forwarding_setting_keeps_every_frame_on_the_bridge() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn xdp_drop_mode_counts_blasted_aggregation_frames_and_passes_the_rest() {
     if !can_run("xdp_drop_mode") {
         return;

@@ -36,6 +36,7 @@ fn wait_progress(sw: &Switchd, id: u64, chunks: u64) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn jobs_are_added_and_removed_while_switchd_runs() {
     if !can_run("jobs_add_remove") {
         return;
@@ -129,6 +130,7 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_dead_worker_is_named_others_fail_in_time_and_the_job_rejoins() {
     if !can_run("dead_worker") {
         return;
@@ -180,6 +182,7 @@ fn a_dead_worker_is_named_others_fail_in_time_and_the_job_rejoins() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn switchd_restart_mid_collective_completes_bit_exact() {
     if !can_run("switchd_restart") {
         return;
@@ -207,6 +210,7 @@ fn switchd_restart_mid_collective_completes_bit_exact() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn spoofed_data_from_an_allowed_host_changes_no_sum() {
     if !can_run("spoofed_data") {
         return;
