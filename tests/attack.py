@@ -8,9 +8,10 @@ Run inside a testbed namespace; only testbed addresses are used.
                                         send each saved frame COUNT times,
                                         byte for byte (source addresses
                                         included), spread over SECS
-  attack.py bad-joins ADDR PORT JOB RANK N
+  attack.py bad-joins ADDR PORT JOB RANK WORKERS N
                                         ask for a CHALLENGE, then send N JOINs
-                                        whose MAC is made with a wrong secret
+                                        (for a job of WORKERS ranks) whose MAC
+                                        is made with a wrong secret
 
 It builds frames from docs/PROTOCOL.md (version 2) directly: it plays a
 peer that does not know the secret, which the package never does.
@@ -75,7 +76,7 @@ def replay(iface, path, count, secs):
     print(sent, flush=True)
 
 
-def bad_joins(addr, port, job, rank, n):
+def bad_joins(addr, port, job, rank, workers, n):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.connect((addr, port))
     s.settimeout(2)
@@ -90,13 +91,13 @@ def bad_joins(addr, port, job, rank, n):
     wrong_secret = os.urandom(32)
     msg = (
         b"aggswitch v2 join"
-        + struct.pack(">HHIIIHBB", job, rank, gen, 0, 0, 0, 0, 0)
+        + struct.pack(">HHIIIHBB", job, rank, gen, 0, 0, workers, 0, 0)
         + nonce
         + ip
         + lport
     )
     mac = hmac.new(wrong_secret, msg, hashlib.sha256).digest()
-    join = HEADER.pack(0x23, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", 0, 0, 0)
+    join = HEADER.pack(0x23, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", workers, 0, 0)
     join += nonce + mac
     s.setblocking(False)
     sent = 0
@@ -121,7 +122,7 @@ def main(argv):
     elif cmd == "replay":
         replay(argv[2], argv[3], int(argv[4]), float(argv[5]))
     elif cmd == "bad-joins":
-        bad_joins(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), int(argv[6]))
+        bad_joins(*[argv[2]] + [int(a) for a in argv[3:8]])
     else:
         sys.exit("unknown command %r (see the docstring)" % cmd)
 

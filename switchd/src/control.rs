@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use proto::switch::{Event, JobConfig, JobConfigError, JobTable};
+use proto::switch::{Event, JobConfig, JobConfigError, JobTable, RefusalSample, REFUSAL_KINDS};
 
 use crate::admin::{AdminCall, AdminReply, AdminRequest};
 use crate::dataplane::Shared;
@@ -27,9 +27,9 @@ use crate::stats::{self, PortStats, SwitchStats};
 /// How often the table's events are drained into the log.
 const EVENT_EVERY: Duration = Duration::from_millis(100);
 
-/// Kinds of rate-limited lines: refusals by NACK reason (1..=9), replays
-/// (0), protocol versions (15), and dropped-events notices (16).
-const LOG_KINDS: usize = 17;
+/// Kinds of rate-limited lines: refusals by kind
+/// ([`proto::switch::Refusal::index`]), then dropped-events notices.
+const LOG_KINDS: usize = REFUSAL_KINDS + 1;
 
 /// What the control thread needs from main.
 pub struct ControlConfig {
@@ -50,6 +50,7 @@ pub struct ControlPlane<'a> {
     prev_echoed: u64,
     prev_dropped: u64,
     prev_events_dropped: u64,
+    prev_refusals: [u64; REFUSAL_KINDS],
     last_summary: Instant,
 }
 
@@ -70,6 +71,7 @@ impl<'a> ControlPlane<'a> {
             prev_echoed: 0,
             prev_dropped: 0,
             prev_events_dropped: 0,
+            prev_refusals: [0; REFUSAL_KINDS],
             last_summary: Instant::now(),
         }
     }
@@ -104,16 +106,34 @@ impl<'a> ControlPlane<'a> {
 
     fn log_events(&mut self) {
         let now = Instant::now();
-        let (events, dropped) = {
+        let (events, dropped, refusals, samples) = {
             let mut t = self.shared.table();
             let mut v = Vec::new();
             while let Some(e) = t.poll_event() {
                 v.push(e);
             }
-            (v, t.counters.events_dropped)
+            let samples: [Option<RefusalSample>; REFUSAL_KINDS] =
+                std::array::from_fn(|k| t.last_refusal(k));
+            (v, t.counters.events_dropped, *t.refusals(), samples)
         };
         for e in events {
-            log_event(&mut self.limiter, e, now);
+            log_event(e);
+        }
+        // Every refusal passes the limiter (exact counts in its lines); the
+        // line shows the last one of its kind.
+        for k in 0..REFUSAL_KINDS {
+            let new = refusals[k].saturating_sub(self.prev_refusals[k]);
+            self.prev_refusals[k] = refusals[k];
+            let Some(r) = samples[k] else {
+                continue;
+            };
+            for _ in 0..new {
+                if let Some(suppressed) = self.limiter.check(k, now) {
+                    let source = std::net::Ipv4Addr::from(r.ip);
+                    let (job, rank, why) = (r.job, r.rank, r.why);
+                    tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+                }
+            }
         }
         if dropped > self.prev_events_dropped {
             if let Some(suppressed) = self.limiter.check(LOG_KINDS - 1, now) {
@@ -127,11 +147,12 @@ impl<'a> ControlPlane<'a> {
             self.prev_events_dropped = dropped;
         }
         self.limiter.flush(now, |kind, n| {
-            tracing::warn!(
-                kind,
-                suppressed = n,
-                "more of the same refusals were not logged"
-            );
+            let what = samples
+                .get(kind)
+                .copied()
+                .flatten()
+                .map_or_else(|| "events".to_string(), |r| r.why.to_string());
+            tracing::warn!(suppressed = n, "{n} more refusals not logged: {what}");
         });
     }
 
@@ -267,7 +288,7 @@ pub fn declare_jobs(table: &mut JobTable, jobs: &[JobConfig]) -> Result<(), JobC
     Ok(())
 }
 
-fn log_event(limiter: &mut LogLimiter<LOG_KINDS>, e: Event, now: Instant) {
+fn log_event(e: Event) {
     match e {
         Event::RankJoined {
             job,
@@ -287,13 +308,6 @@ fn log_event(limiter: &mut LogLimiter<LOG_KINDS>, e: Event, now: Instant) {
             rank,
             "rank joined anew (worker restarted): every rank joins again"
         ),
-        Event::Refused { job, rank, ip, why } => {
-            let kind = why.index().min(LOG_KINDS - 2);
-            if let Some(suppressed) = limiter.check(kind, now) {
-                let source = std::net::Ipv4Addr::from(ip);
-                tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
-            }
-        }
     }
 }
 

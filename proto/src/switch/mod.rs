@@ -115,15 +115,27 @@ pub enum Refusal {
     Version(u8),
 }
 
+/// Kinds of [`Refusal`], for per-kind totals and rate-limited logging.
+pub const REFUSAL_KINDS: usize = 11;
+
 impl Refusal {
-    /// A small index per kind, for rate-limited logging.
+    /// A small index per kind: 0 replayed, 1..=9 the NACK reason, 10 version.
     pub fn index(self) -> usize {
         match self {
-            Refusal::Nack(r) => r as usize,
             Refusal::Replayed => 0,
-            Refusal::Version(_) => 15,
+            Refusal::Nack(r) => (r as usize).min(REFUSAL_KINDS - 2),
+            Refusal::Version(_) => REFUSAL_KINDS - 1,
         }
     }
+}
+
+/// The last refusal of one kind, as a sample for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalSample {
+    pub job: u16,
+    pub rank: u16,
+    pub ip: [u8; 4],
+    pub why: Refusal,
 }
 
 impl std::fmt::Display for Refusal {
@@ -142,7 +154,9 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// Something the log should say.
+/// Something the log should say. Only members' handshakes make events, so
+/// strangers cannot flood the queue; refusals are counted per kind instead
+/// ([`JobTable::refusals`]), with the last one kept as a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     RankJoined {
@@ -158,12 +172,6 @@ pub enum Event {
     },
     /// An active job went back to joining: `rank` joined anew.
     JobReset { job: u16, rank: u16 },
-    Refused {
-        job: u16,
-        rank: u16,
-        ip: [u8; 4],
-        why: Refusal,
-    },
 }
 
 /// A reply written by [`JobTable::encode`].
@@ -207,6 +215,9 @@ pub struct JobTable {
     pool_in_use: u64,
     replies: ReplyQueue,
     events: VecDeque<Event>,
+    /// Refused join attempts by kind ([`Refusal::index`]), and the last of each.
+    refusals: [u64; REFUSAL_KINDS],
+    last_refusal: [Option<RefusalSample>; REFUSAL_KINDS],
     pub counters: TableCounters,
     /// Malformed messages by kind ([`MALFORMED_KINDS`]).
     pub malformed: [u64; MALFORMED_KINDS.len()],
@@ -237,6 +248,8 @@ impl JobTable {
             pool_in_use: 0,
             replies: ReplyQueue::new(),
             events: VecDeque::with_capacity(EVENT_QUEUE_CAPACITY),
+            refusals: [0; REFUSAL_KINDS],
+            last_refusal: [None; REFUSAL_KINDS],
             counters: TableCounters::default(),
             malformed: [0; MALFORMED_KINDS.len()],
         }
@@ -344,6 +357,22 @@ impl JobTable {
         self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
     }
 
+    fn refused(&mut self, job: u16, rank: u16, ip: [u8; 4], why: Refusal) {
+        let k = why.index();
+        self.refusals[k] += 1;
+        self.last_refusal[k] = Some(RefusalSample { job, rank, ip, why });
+    }
+
+    /// Refused join attempts so far, by kind ([`Refusal::index`]).
+    pub fn refusals(&self) -> &[u64; REFUSAL_KINDS] {
+        &self.refusals
+    }
+
+    /// The last refusal of kind `k`, if any.
+    pub fn last_refusal(&self, k: usize) -> Option<RefusalSample> {
+        self.last_refusal.get(k).copied().flatten()
+    }
+
     fn event(&mut self, e: Event) {
         if self.events.len() >= EVENT_QUEUE_CAPACITY {
             self.counters.events_dropped += 1;
@@ -363,9 +392,7 @@ impl JobTable {
                     if ty == MsgType::Join as u8 && job != 0 {
                         self.counters.version_refused += 1;
                         self.reply(from, job, rank, ReplyMsg::VersionRefusal);
-                        let why = Refusal::Version(1);
-                        let ip = from.source.ip;
-                        self.event(Event::Refused { job, rank, ip, why });
+                        self.refused(job, rank, from.source.ip, Refusal::Version(1));
                     }
                 }
                 return Verdict::Malformed(e);
@@ -471,9 +498,7 @@ impl JobTable {
         if let Some(reason) = refusal {
             job.counters.nacks += 1;
             self.nack(from, hdr.job, hdr.rank, reason, hello.nonce);
-            let why = Refusal::Nack(reason);
-            let (job, rank, ip) = (hdr.job, hdr.rank, src.ip);
-            self.event(Event::Refused { job, rank, ip, why });
+            self.refused(hdr.job, hdr.rank, src.ip, Refusal::Nack(reason));
             return Verdict::Join(JoinOutcome::Nack(reason));
         }
         job.counters.challenges += 1;
@@ -515,23 +540,9 @@ impl JobTable {
         match outcome {
             JoinOutcome::Nack(reason) => {
                 self.nack(from, job_id, rank, reason, join.nonce);
-                let why = Refusal::Nack(reason);
-                self.event(Event::Refused {
-                    job: job_id,
-                    rank,
-                    ip,
-                    why,
-                });
+                self.refused(job_id, rank, ip, Refusal::Nack(reason));
             }
-            JoinOutcome::Replayed => {
-                let why = Refusal::Replayed;
-                self.event(Event::Refused {
-                    job: job_id,
-                    rank,
-                    ip,
-                    why,
-                });
-            }
+            JoinOutcome::Replayed => self.refused(job_id, rank, ip, Refusal::Replayed),
             JoinOutcome::Activated => {
                 self.queue(Pending::JoinAckToAll {
                     job: job_id,
