@@ -4,12 +4,15 @@
 # makes a testbed (scripts/testbed.sh, prefix "agg"), starts switchd in the
 # switch namespace, runs an all-reduce of float32 tensors across the workers
 # through it (verified), pings between two plain hosts meanwhile to show that
-# ordinary traffic crosses the same switch, then prints per-rank throughput,
-# the switch's counters and DEMO PASSED / DEMO FAILED.
+# ordinary traffic crosses the same switch, then prints a table of per-rank
+# time, throughput and verification, the switch's main counters
+# (scripts/demo_report.py), the path of the full JSON and DEMO PASSED /
+# DEMO FAILED.
 #
 # Usage:
 #   sudo scripts/demo.sh [--workers 4] [--hosts 2] [--mib 64] [--iterations 5]
 #                        [--queues 1] [--timeout 600] [--prefix agg] [--keep-logs]
+#                        [--json FILE]
 #
 #   --workers N     ranks in the job (1..64), each in namespace agg-wI
 #   --hosts M       plain hosts agg-hJ (the ping needs 2; 0 or 1 skips it)
@@ -20,6 +23,8 @@
 #   --timeout T     seconds the workers get before they are stopped
 #   --prefix P      testbed namespace prefix (default agg: agg-sw, agg-w0, ...)
 #   --keep-logs     keep the folder of logs and config also on success
+#   --json FILE     where the full JSON goes: every worker's report and the
+#                   switch's counters (default results/demo-STAMP.json)
 #
 # Exits 0 only if every worker exited 0 and reported "verified": true.
 # Everything it starts is stopped by PID, and the testbed removed, on exit.
@@ -44,6 +49,7 @@ ITERATIONS=5
 QUEUES=1
 TIMEOUT=600
 KEEP_LOGS=0
+JSON_OUT=""
 
 usage() {
     awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
@@ -51,7 +57,7 @@ usage() {
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --workers|--hosts|--mib|--iterations|--queues|--timeout|--prefix)
+        --workers|--hosts|--mib|--iterations|--queues|--timeout|--prefix|--json)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --workers) WORKERS="$2" ;;
@@ -61,6 +67,7 @@ while [[ $# -gt 0 ]]; do
                 --queues) QUEUES="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --prefix) PREFIX="$2" ;;
+                --json) JSON_OUT="$2" ;;
             esac
             shift 2 ;;
         --keep-logs) KEEP_LOGS=1; shift ;;
@@ -81,6 +88,12 @@ readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
 [[ "$PREFIX" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{0,30}$ ]] || die "bad --prefix '$PREFIX'"
 readonly PREFIX
 require_root "${ORIG_ARGS[@]}"
+if [[ -z "$JSON_OUT" ]]; then
+    JSON_OUT="$REPO_ROOT/results/demo-$(date -u +%Y%m%dT%H%M%SZ).json"
+elif [[ "$JSON_OUT" != /* ]]; then
+    JSON_OUT="$PWD/$JSON_OUT"
+fi
+readonly JSON_OUT
 cd "$REPO_ROOT"
 
 # --- cleanup --------------------------------------------------------------------
@@ -225,47 +238,16 @@ SWITCHD_RC=$STOP_RC
 SWITCHD_PID=""
 
 # --- summary ----------------------------------------------------------------------
-# last_json FILE: the last line of FILE that is a JSON object, or nothing.
-last_json() {
-    local line
-    line="$(grep -E '^[[:space:]]*\{' "$1" 2>/dev/null | tail -n 1 || true)"
-    if [[ -n "$line" ]]; then
-        jq -ce . <<<"$line" 2>/dev/null || true
-    fi
-}
-
+# The tables and the full JSON: scripts/demo_report.py (exit 0 = every rank
+# exited 0 and verified).
+statuses=()
+for ((i = 0; i < WORKERS; i++)); do statuses+=("${STATUS[$i]:-?}"); done
+status_csv="$(IFS=,; echo "${statuses[*]}")"
 ALL_OK=1
-echo
-echo "=== demo: $WORKERS workers, $MIB MiB float32 each, $ITERATIONS iterations, job $JOB_ID ==="
-printf '%-5s %-7s %12s %14s %10s %9s\n' rank exit gbit_per_s chunks_per_s seconds verified
-for ((i = 0; i < WORKERS; i++)); do
-    st="${STATUS[$i]:-?}"
-    json="$(last_json "$WORK/worker$i.json")"
-    if [[ -n "$json" ]]; then
-        read -r gbps cps secs verified < <(jq -r \
-            '[.gbit_per_s, .chunks_per_s, .seconds, .verified] | map(if . == null then "-" else tostring end) | join(" ")' \
-            <<<"$json")
-    else
-        gbps="-" cps="-" secs="-" verified="no-json"
-    fi
-    printf '%-5s %-7s %12s %14s %10s %9s\n' "$i" "$st" "$gbps" "$cps" "$secs" "$verified"
-    if [[ "$st" != 0 || "$verified" != true ]]; then
-        ALL_OK=0
-        if [[ -s "$WORK/worker$i.log" ]]; then
-            echo "  rank $i stderr (last lines):"
-            tail -n 5 "$WORK/worker$i.log" | sed 's/^/    /'
-        fi
-    fi
-done
-echo
-echo "switch exit status: $SWITCHD_RC"
-if [[ -s "$STATS" ]]; then
-    echo "switch counters: $(jq -c . "$STATS" 2>/dev/null || cat "$STATS")"
-else
-    echo "switch counters: none ($STATS was not written)"
-fi
-echo "ordinary traffic crossed the switch: $PING_RESULT"
-echo
+python3 "$REPO_ROOT/scripts/demo_report.py" "$WORK" --workers "$WORKERS" --stats "$STATS" \
+    --status "$status_csv" --switchd-status "$SWITCHD_RC" --ping "$PING_RESULT" \
+    --json "$JSON_OUT" --mib "$MIB" --iterations "$ITERATIONS" --job "$JOB_ID" ||
+    ALL_OK=0
 
 if [[ "$ALL_OK" -eq 1 ]]; then
     PASSED=1
