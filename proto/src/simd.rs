@@ -313,11 +313,7 @@ impl Backend {
 #[cfg(target_endian = "little")]
 #[inline]
 fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 is 4 bytes without padding, so the size_of_val(v) bytes
-    // from v.as_ptr() are initialised and inside v's allocation; u8 has no
-    // alignment requirement; the result borrows v, so v stays alive and
-    // unmodified for as long as the bytes are used.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    bytemuck::cast_slice(v)
 }
 
 // The scalar loops behind `Level::Scalar` and the AVX2 tails, never

@@ -230,14 +230,25 @@ impl PyWorker {
                 type_name(buf)
             )));
         }
-        let len = view.item_count();
-        // SAFETY: the view is writable, C-contiguous, holds `len` f32 items and
-        // stays alive (so the exporter keeps the memory) until this function
-        // returns, after the collective; no other reference is made here.
+        let len = view.len_bytes();
         let data: &mut [f32] = if len == 0 {
             &mut []
         } else {
-            unsafe { std::slice::from_raw_parts_mut(view.buf_ptr() as *mut f32, len) }
+            // SAFETY: the view is writable and C-contiguous, so its `len`
+            // bytes from buf_ptr() are one initialised block; it stays alive
+            // (so the exporter keeps the memory) until this function returns,
+            // after the collective; no other reference is made here.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), len) };
+            // PyBuffer::<f32>::get already checked the format, item size and
+            // alignment; bytemuck checks size and alignment again for the
+            // cast instead of trusting that.
+            bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
+                PyValueError::new_err(format!(
+                    "all_reduce: the {}'s memory is not a float32 array ({e}); pass a \
+                     contiguous copy (numpy.ascontiguousarray or tensor.contiguous())",
+                    type_name(buf)
+                ))
+            })?
         };
         let r = py.detach(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -157,6 +157,16 @@ def test_non_contiguous_buffer_is_refused(worker):
         worker.all_reduce(a)
 
 
+def test_unaligned_buffer_is_refused(worker):
+    raw = np.zeros(4 * 8 + 1, dtype=np.uint8)
+    a = raw[1:].view(np.float32)  # writable, C-contiguous, 1 byte off
+    assert a.ctypes.data % 4 != 0 and a.flags.writeable and not a.flags.aligned
+    # Refused by PyBuffer's checks (TypeError) or else by the bytemuck cast
+    # (ValueError); never summed through an unaligned &mut [f32].
+    with pytest.raises((TypeError, ValueError), match="(?i)aligned"):
+        worker.all_reduce(a)
+
+
 def test_torch_tensors_of_the_wrong_kind_are_refused(worker):
     torch = require_torch()
     with pytest.raises(TypeError, match="torch.float64"):
