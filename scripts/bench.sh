@@ -39,7 +39,7 @@
 #                 its JSON goes under "per_packet")
 #
 # Packet rates (first, unless --no-rates): on a testbed of its own (prefix
-# "rate": rate-sw, rate-w0; 2 queues per veth), `worker blast` (raw
+# "rate": rate-sw, rate-w0; 2 queues per veth), `aggblast` (bench/; raw
 # AF_PACKET frames, sendmmsg, through veth's noqueue qdisc so that the flow
 # hash spreads flows over both queues) pinned to the last CPU
 # and switchd's dataplane thread 0 pinned to CPU 0 measure: XDP_DROP
@@ -339,6 +339,8 @@ readonly SWITCHD="$RUN/bin/switchd"
 readonly WORKER="$RUN/bin/worker"
 cp "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
 readonly SWITCHCTL="$RUN/bin/switchctl"
+cp "$REPO_ROOT/target/release/aggblast" "$RUN/bin/"
+readonly AGGBLAST="$RUN/bin/aggblast"
 
 # --- per-packet cost (in memory), first, while nothing else of ours runs ------------
 if [[ "$DO_PER_PACKET" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
@@ -370,13 +372,13 @@ plot_and_publish() {
 # --- packet rates (before the all-reduce part) ------------------------------------------
 # A testbed of its own (prefix "rate", one generator namespace rate-w0 whose
 # veth to the switch has RATE_QUEUES queues), one switchd at a time with one
-# port sw-w0 and RATE_QUEUES sockets, and `worker blast` as the generator:
+# port sw-w0 and RATE_QUEUES sockets, and `aggblast` as the generator:
 #   xdp-drop   switchd mode "xdp-drop": the XDP program drops what it would
 #              steer; rate = its dropped counter's delta / blast seconds;
 #   echo       switchd mode "echo": frames back out, addresses swapped;
 #              rate = switchd's echoed counter's delta / blast seconds;
 #   aggregate  switchd as the switch, jobs of 2, 4 and 8 ranks, every rank
-#              played by one `worker blast aggregate` (closed loop); rate =
+#              played by one `aggblast aggregate` (closed loop); rate =
 #              DATA frames sent per second and chunks completed per second,
 #              with 1 and 2 dataplane threads.
 # The generator is pinned to the last CPU and switchd's dataplane thread 0
@@ -454,16 +456,16 @@ rate_cpu() {
     awk -v hz="$CLK_TCK" '{ print ($14 + $15) / hz }' "/proc/$RATE_SWITCHD_PID/stat"
 }
 
-# rate_gen OUT ARGS...: `worker blast ARGS` in the generator namespace,
+# rate_gen OUT ARGS...: `aggblast ARGS` in the generator namespace,
 # pinned; its JSON into OUT.
 rate_gen() {
     local out="$1" pin=()
     shift
     [[ -n "$GEN_CPU" ]] && pin=(taskset -c "$GEN_CPU")
-    timeout $((RATE_SECONDS + 60)) ip netns exec "$RATE_PREFIX-w0" "${pin[@]}" "$WORKER" blast "$@" --spread-queues \
+    timeout $((RATE_SECONDS + 60)) ip netns exec "$RATE_PREFIX-w0" "${pin[@]}" "$AGGBLAST" "$@" --spread-queues \
         >"$out" 2>"${out%.json}.log" || {
         tail -n 5 "${out%.json}.log" >&2
-        die "worker blast $* failed; see ${out%.json}.log"
+        die "aggblast $* failed; see ${out%.json}.log"
     }
 }
 
@@ -579,7 +581,7 @@ run_rates() {
         {
           setup: {testbed: "one generator namespace, veth with \($queues) queues to switch port sw-w0",
                   seconds_per_run: $secs, repeats: $reps, statistic: "median of the repeats",
-                  generator: "worker blast --spread-queues (AF_PACKET raw frames, sendmmsg, no PACKET_QDISC_BYPASS so that the flow hash picks the veth queue); \($flows) flows (source ports) in open loop, one per rank in aggregation",
+                  generator: "aggblast --spread-queues (AF_PACKET raw frames, sendmmsg, no PACKET_QDISC_BYPASS so that the flow hash picks the veth queue); \($flows) flows (source ports) in open loop, one per rank in aggregation",
                   pinning: "switchd dataplane thread 0 on CPU 0, generator on CPU \($gen_cpu); a 2nd dataplane thread is pinned to CPU 1 and shares it with the generator",
                   nproc: $nproc, loadavg_1min: {start: $load0, end: $load1},
                   closed_loop_window: "seqs in flight = min(switch window 256, \($inflight) / ranks): at most \($inflight) DATA frames in flight",

@@ -163,7 +163,7 @@ build_release() {
     ensure_cargo_path
     log "building (cargo build --release --workspace --bins)"
     (cd "$REPO_ROOT" && cargo build --release --workspace --bins)
-    for b in switchd worker switchctl; do
+    for b in switchd worker switchctl aggblast; do
         [[ -x "$REPO_ROOT/target/release/$b" ]] ||
             die "target/release/$b missing (build with: cargo build --release --workspace --bins)"
     done

@@ -11,7 +11,6 @@
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 
-pub mod blast;
 pub mod loopback;
 pub mod mmsg;
 

@@ -1,13 +1,11 @@
 //! `worker`: the command line over the worker library, for testbeds and
-//! benchmarks.
+//! benchmarks. (The raw-frame packet generator of the rate benchmarks is
+//! `aggblast`, in `bench/`.)
 //!
 //! * `worker allreduce …`: join a job and run K all-reduces of E float32
 //!   elements, optionally verifying every element against the rank-order sum.
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
-//! * `worker blast echo|aggregate …`: packet generator for the rate
-//!   benchmarks (`worker::blast`): open loop, or every rank of one job
-//!   closed loop; prints one JSON object.
 
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -36,78 +34,6 @@ enum Cmd {
     Allreduce(AllreduceArgs),
     /// Join a job once and print the switch's answer.
     Join(JobArgs),
-    /// Packet generator for rate benchmarks (raw AF_PACKET frames).
-    #[command(subcommand)]
-    Blast(BlastCmd),
-}
-
-#[derive(Subcommand)]
-enum BlastCmd {
-    /// Open loop: frames of one size to the switch's aggregation port as
-    /// fast as possible (for echo mode and XDP-drop baselines).
-    Echo(BlastEchoArgs),
-    /// Closed loop: all ranks of one job from this process, DATA as raw
-    /// frames, completion from rank 0's RESULTs.
-    Aggregate(BlastAggArgs),
-}
-
-#[derive(Args)]
-struct BlastCommon {
-    /// Interface to send raw frames on.
-    #[arg(long, default_value = "eth0")]
-    ifname: String,
-    /// The switch's MAC (default: from the neighbour table).
-    #[arg(long)]
-    dst_mac: Option<String>,
-    /// Seconds to send for.
-    #[arg(long, default_value_t = 5.0)]
-    seconds: f64,
-    /// Messages per sendmmsg.
-    #[arg(long, default_value_t = worker::blast::DEFAULT_BATCH)]
-    batch: usize,
-    /// Go through the interface's qdisc (no PACKET_QDISC_BYPASS), so that
-    /// the flow hash, not the sending CPU, picks the transmit queue: flows
-    /// then spread over the queues of a multi-queue link.
-    #[arg(long)]
-    spread_queues: bool,
-}
-
-#[derive(Args)]
-struct BlastEchoArgs {
-    #[command(flatten)]
-    common: BlastCommon,
-    /// The switch's IPv4 address.
-    #[arg(long)]
-    switch: Ipv4Addr,
-    #[arg(long, default_value_t = DEFAULT_AGG_PORT)]
-    port: u16,
-    /// Bytes per frame, Ethernet header included, FCS not (≥ 64).
-    #[arg(long, default_value_t = 1512)]
-    frame_bytes: usize,
-    /// Source ports to spread the frames over (queues of a multi-queue link).
-    #[arg(long, default_value_t = 1)]
-    flows: usize,
-}
-
-#[derive(Args)]
-struct BlastAggArgs {
-    #[command(flatten)]
-    common: BlastCommon,
-    /// Job options; --rank is ignored (every rank is played).
-    #[command(flatten)]
-    job: SwitchJobArgs,
-    /// Seqs in flight at most (default and cap: the switch's window).
-    #[arg(long)]
-    window: Option<u16>,
-    /// Resend a seq's DATA when its RESULT has not come within this.
-    #[arg(long, default_value_t = 50.0)]
-    rto_ms: f64,
-    /// Every element of every DATA payload.
-    #[arg(long, default_value_t = 1.0)]
-    value: f32,
-    /// Check the RESULT payload (= N × value) of every K-th completed chunk.
-    #[arg(long, default_value_t = 1024)]
-    verify_every: u64,
 }
 
 /// The switch and the job: what every subcommand that joins needs.
@@ -121,7 +47,7 @@ struct SwitchJobArgs {
     port: u16,
     #[arg(long)]
     job: u16,
-    /// Number of workers in the job (blast: all played by this process).
+    /// Number of workers in the job.
     #[arg(long)]
     workers: u16,
     /// The job's secret: 64 hex digits (32 bytes).
@@ -317,73 +243,6 @@ fn join(a: JobArgs) -> Result<ExitCode> {
     }
 }
 
-fn dst_mac(c: &BlastCommon) -> Result<Option<[u8; 6]>> {
-    c.dst_mac
-        .as_deref()
-        .map(|m| worker::blast::parse_mac(m).with_context(|| format!("bad --dst-mac {m}")))
-        .transpose()
-}
-
-fn blast(cmd: BlastCmd) -> Result<ExitCode> {
-    match cmd {
-        BlastCmd::Echo(a) => {
-            let to = SocketAddrV4::new(a.switch, a.port);
-            let mac = match dst_mac(&a.common)? {
-                Some(m) => m,
-                None => worker::blast::resolve_mac(a.switch, &a.common.ifname)?,
-            };
-            let r = worker::blast::blast_echo(&worker::blast::EchoConfig {
-                ifname: a.common.ifname.clone(),
-                to,
-                dst_mac: mac,
-                frame_bytes: a.frame_bytes,
-                flows: a.flows,
-                secs: a.common.seconds,
-                batch: a.common.batch,
-                qdisc_bypass: !a.common.spread_queues,
-            })
-            .context("blasting")?;
-            println!("{}", serde_json::to_string(&r)?);
-            Ok(ExitCode::SUCCESS)
-        }
-        BlastCmd::Aggregate(a) => {
-            if a.job.workers == 0 {
-                bail!("--workers must be at least 1");
-            }
-            let mut wc = WorkerConfig::new(
-                SocketAddrV4::new(a.job.switch, a.job.port),
-                a.job.job,
-                0,
-                a.job.workers,
-                parse_secret(&a.job.secret)?,
-            );
-            wc.join_timeout = Duration::from_secs_f64(a.job.join_timeout);
-            let cfg = worker::blast::AggConfig {
-                ifname: a.common.ifname.clone(),
-                dst_mac: dst_mac(&a.common)?,
-                worker: wc,
-                secs: a.common.seconds,
-                window: a.window,
-                rto: Duration::from_secs_f64(a.rto_ms.max(0.1) / 1e3),
-                value: a.value,
-                verify_every: a.verify_every,
-                batch: a.common.batch,
-                qdisc_bypass: !a.common.spread_queues,
-            };
-            let r = worker::blast::blast_aggregate(&cfg)?;
-            println!("{}", serde_json::to_string(&r)?);
-            if r.verify_failed > 0 {
-                eprintln!(
-                    "FAILED: {} sampled RESULTs differ from N × value",
-                    r.verify_failed
-                );
-                return Ok(ExitCode::from(2));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -396,7 +255,6 @@ fn main() -> ExitCode {
     let r = match Cli::parse().cmd {
         Cmd::Allreduce(a) => allreduce(a),
         Cmd::Join(a) => join(a),
-        Cmd::Blast(c) => blast(c),
     };
     match r {
         Ok(c) => c,

@@ -2,7 +2,7 @@
 //! one syscall moves a whole batch, where a `send`/`recv` per chunk cost two
 //! syscalls per chunk per worker (about 90 k syscalls per worker for a
 //! 64 MiB all-reduce). Used by the worker's transport (connected socket) and
-//! by `blast` for rank 0's RESULTs.
+//! by `aggblast` (bench/src/blast.rs) for rank 0's RESULTs.
 //!
 //! Owns: [`DatagramBatch`], `capacity` slots of `slot` bytes and their
 //! `iovec`/`mmsghdr`s, all allocated once in [`DatagramBatch::new`]; the

@@ -1,6 +1,7 @@
-//! `worker blast`: a packet generator for the switch's rate benchmarks
-//! (`scripts/bench.sh`, rate section), fast enough not to be what is
-//! measured.
+//! `aggblast`'s generators: a packet generator for the switch's rate
+//! benchmarks (`scripts/bench.sh`, rate section), fast enough not to be
+//! what is measured. (Moved out of the worker library: it builds its own
+//! frames and drives the protocol itself once the ranks have joined.)
 //!
 //! Why hand-written raw sockets: there is no pktgen in this kernel and
 //! Debian's xdp-tools do not load on it (DESIGN.md, "Toolchain facts"); a
@@ -8,7 +9,7 @@
 //! AF_PACKET socket with `PACKET_QDISC_BYPASS` and `sendmmsg` ≈ 0.7 Mpps.
 //! No crate in the workspace wraps AF_PACKET transmit, and the few calls
 //! needed (`socket`, `bind`, `setsockopt`, `sendmmsg`, `recvmmsg`) are
-//! plain `libc`, which the worker already uses.
+//! plain `libc`, which the worker library already uses.
 //!
 //! Two generators:
 //! * [`blast_echo`]: open loop. Prebuilt UDP frames of a given size to the
@@ -44,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use proto::wire::{flags, Header, HeaderRepr, MsgType, HEADER_LEN, L2_L4_LEN};
 
-use crate::mmsg::DatagramBatch;
-use crate::{wait_readable, Worker, WorkerConfig, WorkerError};
+use worker::mmsg::DatagramBatch;
+use worker::{Worker, WorkerConfig, WorkerError};
 
 /// Ethernet + IPv4 + UDP + aggregation header: the prebuilt part of a frame.
 pub const FRAME_HDR: usize = L2_L4_LEN + HEADER_LEN;
@@ -57,6 +58,21 @@ pub const DEFAULT_BATCH: usize = 64;
 /// Receive buffer per RESULT (a UDP payload of at most 22 + 4 × 362 B at
 /// MTU 1500; jumbo RESULTs are cut, which only the sample check notices).
 const RX_BUF: usize = 2048;
+
+/// Waits up to `timeout` (at most 1 s) for `fd` to become readable (the
+/// worker library keeps its own copy private).
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(0, 1000) as i32;
+    // SAFETY: one valid pollfd on the stack, count 1.
+    unsafe {
+        libc::poll(&mut p, 1, ms);
+    }
+}
 
 /// One direction of a UDP flow at Ethernet level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
