@@ -1,10 +1,10 @@
 //! Prometheus text-format metrics at `http://metrics_listen/metrics`.
 //!
 //! Owns: a small HTTP server thread (tiny_http). It reads counters the same
-//! way `switchctl stats` does: a request over the dataplane's admin channel,
-//! answered between two receive rounds. The dataplane's counters are plain
-//! integers owned by its thread (one set per dataplane thread, summed when
-//! read), so nothing on the hot path locks or shares a cache line.
+//! way `switchctl stats` does: a request over the admin channel, answered by
+//! the control thread. The dataplane's counters are plain integers owned by
+//! its thread (one set per dataplane thread, summed when read), so nothing
+//! on the hot path locks or shares a cache line.
 
 use std::fmt::Write;
 use std::net::SocketAddr;
@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use proto::switch::{CounterSchema, JobCounters, TableCounters};
+
 use crate::admin::{AdminCall, AdminRequest};
+use crate::dataplane::DataplaneCounters;
 
 #[derive(Debug, thiserror::Error)]
 #[error("metrics endpoint: listening on {addr} failed: {message} (is the port in use? change switch.metrics_listen)")]
@@ -104,69 +107,47 @@ fn num(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// Names and help texts of a counter schema.
+fn schema_of(c: &dyn CounterSchema) -> Vec<(&'static str, &'static str)> {
+    let mut v = Vec::new();
+    c.visit(&mut |name, help, _| v.push((name, help)));
+    v
+}
+
 /// Renders a switch stats snapshot (the JSON of `switchctl stats --json`)
-/// in the Prometheus text format.
+/// in the Prometheus text format. Counters come from their schemas
+/// ([`JobCounters`], [`DataplaneCounters`], [`TableCounters`]): each is
+/// `aggswitch_job_<name>_total{job}` or `aggswitch_<name>_total`, with the
+/// schema's help text; the gauges are listed here.
 pub fn render(s: &Value) -> String {
     let mut o = String::new();
     let jobs = s["jobs"].as_array().cloned().unwrap_or_default();
-    let per_job: [(&str, &str, &str, &str); 9] = [
-        (
-            "aggswitch_job_chunks_completed_total",
-            "counter",
-            "chunks_completed",
-            "Chunks summed and answered.",
-        ),
-        (
-            "aggswitch_job_bytes_aggregated_total",
-            "counter",
-            "bytes_aggregated",
-            "Float32 payload bytes taken into sums.",
-        ),
-        (
-            "aggswitch_job_results_sent_total",
-            "counter",
-            "results_sent",
-            "RESULT frames sent.",
-        ),
-        (
-            "aggswitch_job_retransmits_served_total",
-            "counter",
-            "retransmits_served",
-            "RESULTs resent from the shadow copy.",
-        ),
-        (
-            "aggswitch_job_ece_marked_total",
-            "counter",
-            "ece_marked",
-            "Completed chunks whose RESULT carried ECE.",
-        ),
-        (
-            "aggswitch_job_nacks_total",
-            "counter",
-            "nacks",
-            "NACKs sent for this job.",
-        ),
+    for (field, help) in schema_of(&JobCounters::default()) {
+        let name = format!("aggswitch_job_{field}_total");
+        family(&mut o, &name, "counter", help);
+        for j in &jobs {
+            let _ = writeln!(o, "{name}{{job=\"{}\"}} {}", j["id"], num(&j[field]));
+        }
+    }
+    for (name, field, help) in [
         (
             "aggswitch_job_window",
-            "gauge",
             "window",
             "Chunks in flight the switch allows.",
         ),
         (
             "aggswitch_job_ranks_joined",
-            "gauge",
             "ranks_joined",
             "Ranks joined under this generation.",
         ),
+        ("aggswitch_job_workers", "n_workers", "Ranks the job has."),
         (
-            "aggswitch_job_workers",
-            "gauge",
-            "n_workers",
-            "Ranks the job has.",
+            "aggswitch_job_pool_bytes",
+            "pool_bytes",
+            "Slot-pool memory of the job.",
         ),
-    ];
-    for (name, kind, field, help) in per_job {
-        family(&mut o, name, kind, help);
+    ] {
+        family(&mut o, name, "gauge", help);
         for j in &jobs {
             let _ = writeln!(o, "{name}{{job=\"{}\"}} {}", j["id"], num(&j[field]));
         }
@@ -189,7 +170,7 @@ pub fn render(s: &Value) -> String {
         &mut o,
         "aggswitch_job_drops_total",
         "counter",
-        "DATA dropped, by reason.",
+        "Messages of the job dropped, by reason.",
     );
     for j in &jobs {
         if let Some(d) = j["drops"].as_object() {
@@ -268,49 +249,12 @@ pub fn render(s: &Value) -> String {
             );
         }
     }
-    for (name, field, help) in [
-        (
-            "aggswitch_rx_frames_total",
-            "rx_frames",
-            "Frames received on AF_XDP sockets.",
-        ),
-        (
-            "aggswitch_tx_frames_total",
-            "tx_frames",
-            "Frames sent on AF_XDP sockets.",
-        ),
-        (
-            "aggswitch_tx_ring_full_total",
-            "tx_ring_full",
-            "Replies dropped: transmit ring or frames exhausted.",
-        ),
-        (
-            "aggswitch_ring_congested_frames_total",
-            "ring_congested_frames",
-            "Frames taken while a ring was over the ECN threshold.",
-        ),
-        (
-            "aggswitch_forwarded_replies_total",
-            "forwarded",
-            "Replies handed to the dataplane thread that owns the member's socket.",
-        ),
-        (
-            "aggswitch_thread_wakeups_total",
-            "thread_wakeups",
-            "Hand-offs that woke the owning dataplane thread from poll(2).",
-        ),
-        (
-            "aggswitch_unknown_job_total",
-            "unknown_job",
-            "Messages for a job the switch does not have.",
-        ),
-        (
-            "aggswitch_echoed_frames_total",
-            "echoed",
-            "Echo mode (benchmark baseline): frames sent back swapped.",
-        ),
-    ] {
-        family(&mut o, name, "counter", help);
+    let switch_counters = schema_of(&DataplaneCounters::default())
+        .into_iter()
+        .chain(schema_of(&TableCounters::default()));
+    for (field, help) in switch_counters {
+        let name = format!("aggswitch_{field}_total");
+        family(&mut o, &name, "counter", help);
         let _ = writeln!(o, "{name} {}", num(&s[field]));
     }
     family(
@@ -324,13 +268,26 @@ pub fn render(s: &Value) -> String {
             let _ = writeln!(o, "aggswitch_malformed_total{{kind=\"{kind}\"}} {}", num(v));
         }
     }
-    family(
-        &mut o,
-        "aggswitch_generation",
-        "gauge",
-        "Switch generation (random at start).",
-    );
-    let _ = writeln!(o, "aggswitch_generation {}", num(&s["generation"]));
+    for (name, field, help) in [
+        (
+            "aggswitch_generation",
+            "generation",
+            "Switch generation (random at start).",
+        ),
+        (
+            "aggswitch_pool_budget_bytes",
+            "pool_budget_bytes",
+            "Slot-pool memory budget.",
+        ),
+        (
+            "aggswitch_pool_in_use_bytes",
+            "pool_in_use_bytes",
+            "Slot-pool memory of declared jobs.",
+        ),
+    ] {
+        family(&mut o, name, "gauge", help);
+        let _ = writeln!(o, "{name} {}", num(&s[field]));
+    }
     o
 }
 
@@ -361,7 +318,8 @@ mod tests {
             "aggswitch_job_ece_marked_total{job=\"4\"} 2",
             "aggswitch_job_active{job=\"4\"} 1",
             "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
-            "aggswitch_forwarded_replies_total 11",
+            "aggswitch_forwarded_total 11",
+            "aggswitch_job_join_replays_total{job=\"4\"} 0",
             "aggswitch_thread_wakeups_total 4",
             "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",
             "aggswitch_port_xdp_forwarded_total{port=\"sw-w0\"} 6",

@@ -185,7 +185,7 @@ fn metrics_endpoint_serves_the_same_counters() {
     }
     let ctl = sw.switchctl(&["stats", "1"]);
     let ctl = String::from_utf8_lossy(&ctl.stdout).to_string();
-    assert!(ctl.contains("chunks completed 554"), "{ctl}");
+    assert!(ctl.contains("chunks_completed 554"), "{ctl}");
     let (ok, _) = sw.stop();
     assert!(ok);
 }

@@ -98,7 +98,7 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
     let stats = text(&sw.switchctl(&["stats", "2"]));
     assert!(stats.contains("job 2: joining"), "{stats}");
     assert!(
-        stats.contains("chunks completed 2764"),
+        stats.contains("chunks_completed 2764"),
         "4 × ⌈250000/362⌉ chunks: {stats}"
     );
 

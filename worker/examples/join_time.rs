@@ -9,9 +9,26 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Instant;
 
-use worker::blast::join_all;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::WorkerConfig;
+use worker::{Worker, WorkerConfig, WorkerError};
+
+/// Every rank joins at once, one thread each (a JOIN_ACK comes only when
+/// all have joined).
+fn join_all(cfg: &WorkerConfig) -> Result<Vec<Worker>, WorkerError> {
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (0..cfg.n_workers)
+            .map(|r| {
+                let mut c = cfg.clone();
+                c.rank = r;
+                s.spawn(move || Worker::join(c))
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|h| h.join().expect("join thread panicked"))
+            .collect()
+    })
+}
 
 fn main() -> anyhow::Result<()> {
     let n: u16 = std::env::args()

@@ -302,7 +302,7 @@ impl Worker {
         self.gen
     }
     /// The UDP socket to the switch (connected, nonblocking): for tools
-    /// that drive the protocol themselves after joining (`worker blast`).
+    /// that drive the protocol themselves after joining (`aggblast`, bench/).
     pub fn socket(&self) -> &UdpSocket {
         &self.sock
     }

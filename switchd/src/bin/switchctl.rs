@@ -12,8 +12,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
+use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
 use switchd::admin::{request, AdminRequest, DEFAULT_SOCKET};
 use switchd::config::JobSection;
+use switchd::dataplane::DataplaneCounters;
 
 #[derive(Parser)]
 #[command(version, about = "Control a running switchd")]
@@ -68,20 +70,38 @@ enum JobCmd {
     Rm { id: u16 },
 }
 
+/// `name value` for every counter of `schema` that is non-zero in `v`,
+/// wrapped at about 100 columns.
+fn print_counters(v: &serde_json::Value, schema: &dyn CounterSchema, indent: &str) {
+    let mut line = String::new();
+    schema.visit(&mut |name, _, _| {
+        let n = v[name].as_u64().unwrap_or(0);
+        if n == 0 {
+            return;
+        }
+        if line.len() > 100 {
+            println!("{indent}{}", line.trim_end());
+            line.clear();
+        }
+        line += &format!("{name} {n}  ");
+    });
+    if !line.is_empty() {
+        println!("{indent}{}", line.trim_end());
+    }
+}
+
 fn print_job(j: &serde_json::Value) {
     println!(
-        "job {}: {} ({}/{} ranks joined), window {}, oldest incomplete seq {}",
+        "job {}: {} ({}/{} ranks joined), window {}, oldest incomplete seq {}, pool {} bytes",
         j["id"],
         j["state"].as_str().unwrap_or("?"),
         j["ranks_joined"],
         j["n_workers"],
         j["window"],
-        j["floor_seq"]
+        j["floor_seq"],
+        j["pool_bytes"]
     );
-    println!(
-        "  chunks completed {}, bytes aggregated {}, results sent {}, retransmissions served {}, ECE marked {}",
-        j["chunks_completed"], j["bytes_aggregated"], j["results_sent"], j["retransmits_served"], j["ece_marked"]
-    );
+    print_counters(j, &JobCounters::default(), "  ");
     let missing = &j["ranks_missing_on_floor"];
     if missing.as_array().is_some_and(|a| !a.is_empty()) {
         println!("  seq {} waits for ranks {}", j["floor_seq"], missing);
@@ -178,13 +198,15 @@ fn run() -> Result<()> {
         AdminRequest::Stats { job: None } => {
             let d = &reply.data;
             println!(
-                "switch generation {:#010x}, up {:.0} s: rx {} frames, tx {} frames, tx ring full {}, malformed {}, unknown job {}",
-                d["generation"].as_u64().unwrap_or(0), d["uptime_secs"].as_f64().unwrap_or(0.0),
-                d["rx_frames"], d["tx_frames"], d["tx_ring_full"], d["malformed_total"], d["unknown_job"]
+                "switch generation {:#010x}, up {:.0} s, malformed {}, slot-pool memory {} of {}",
+                d["generation"].as_u64().unwrap_or(0),
+                d["uptime_secs"].as_f64().unwrap_or(0.0),
+                d["malformed_total"],
+                human_bytes(d["pool_in_use_bytes"].as_u64().unwrap_or(0)),
+                human_bytes(d["pool_budget_bytes"].as_u64().unwrap_or(0)),
             );
-            if d["echoed"].as_u64().unwrap_or(0) > 0 {
-                println!("echo mode: {} frames echoed", d["echoed"]);
-            }
+            print_counters(d, &DataplaneCounters::default(), "  ");
+            print_counters(d, &TableCounters::default(), "  ");
             for p in d["ports"].as_array().cloned().unwrap_or_default() {
                 println!(
                     "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}",
