@@ -689,21 +689,16 @@ pub fn emit_v1_refusal(job: u16, rank: u16, b: &mut [u8]) -> Result<usize, WireE
 /// Writes `values` as little-endian float32 into `out`; returns bytes written.
 /// `out` must hold `values.len() * 4` bytes (it is truncated otherwise).
 pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
-    let mut n = 0;
-    for (v, o) in values.iter().zip(out.chunks_exact_mut(4)) {
-        o.copy_from_slice(&v.to_le_bytes());
-        n += 4;
-    }
-    n
+    let n = values.len().min(out.len() / 4);
+    // The f32 side is cast (always aligned); payload bytes may not be.
+    out[..n * 4].copy_from_slice(bytemuck::cast_slice(&values[..n]));
+    n * 4
 }
 
 /// Reads little-endian float32 from `bytes` into `out` (as many as fit).
 pub fn read_f32s(bytes: &[u8], out: &mut [f32]) -> usize {
-    let mut n = 0;
-    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        n += 1;
-    }
+    let n = out.len().min(bytes.len() / 4);
+    bytemuck::cast_slice_mut::<f32, u8>(&mut out[..n]).copy_from_slice(&bytes[..n * 4]);
     n
 }
 
