@@ -1,7 +1,7 @@
 //! How long joining takes with the version-2 handshake (HELLO, CHALLENGE,
 //! JOIN with HMAC-SHA256): N workers (default 64) join the loopback
 //! stand-in switch at once, each on its own thread and socket, five times;
-//! prints the wall time of each round, and one all-reduce of 1 MiB by the
+//! prints the wall time of each round, and one all-reduce of one element by the
 //! same workers as the baseline measured in the same run.
 //!
 //! Run: `cargo run --release -p agg-worker --example join_time [N]`
@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
         std::thread::scope(|s| {
             for mut w in workers {
                 s.spawn(move || {
-                    let mut data = vec![1.0f32; 1 << 18];
+                    let mut data = vec![1.0f32; 1];
                     w.all_reduce(&mut data).expect("all-reduce");
                 });
             }
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     joins.sort_by(f64::total_cmp);
     reduces.sort_by(f64::total_cmp);
     println!(
-        "{n} workers: join {:.1} ms median (min {:.1}, max {:.1}); one 1 MiB all-reduce \
+        "{n} workers: join {:.1} ms median (min {:.1}, max {:.1}); one 1-element all-reduce (a round trip for every rank) \
          {:.1} ms median; join / all-reduce = {:.2}",
         joins[2] * 1e3,
         joins[0] * 1e3,
