@@ -4,7 +4,7 @@
 //! Owns: [`Collective`] (the chunks of one all-reduce, their send times,
 //! acknowledgements and resend deadlines), [`RttEstimator`] (RFC 6298
 //! smoothed RTT and RTO, Karn's rule: no samples from resent chunks) and
-//! [`Dctcp`] (PROTOCOL.md's DCTCP-style window on ECE marks).
+//! [`Dctcp`] (docs/PROTOCOL.md's DCTCP-style window on ECE marks).
 //!
 //! Invariants:
 //! * Chunk i of a tensor of `len` elements covers `[i·E, min((i+1)·E, len))`
@@ -106,10 +106,10 @@ impl RttEstimator {
     }
 }
 
-/// DCTCP-style window (PROTOCOL.md, congestion control): per window of
+/// DCTCP-style window (docs/PROTOCOL.md, congestion control): per window of
 /// RESULTs, α ← (1−g)·α + g·F; W ← W·(1−α/2) if F > 0, else W + 1;
 /// 1 ≤ W ≤ ceiling. Before the first mark the window doubles per round
-/// (slow start) from a small initial window: PROTOCOL.md does not say where
+/// (slow start) from a small initial window: docs/PROTOCOL.md does not say where
 /// W starts, and starting at S bursts a whole pool into the network at once.
 #[derive(Debug, Clone, Copy)]
 pub struct Dctcp {

@@ -130,7 +130,7 @@ pub struct SwitchSection {
     #[serde(default)]
     pub zero_copy: bool,
     /// Mark RESULTs with ECE when an AF_XDP ring is fuller than this
-    /// fraction while a slot aggregates (PROTOCOL.md congestion control);
+    /// fraction while a slot aggregates (docs/PROTOCOL.md congestion control);
     /// 1.0 or more turns ring-based marking off.
     #[serde(default = "default_ecn_threshold")]
     pub ecn_ring_threshold: f64,

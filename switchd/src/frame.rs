@@ -2,7 +2,7 @@
 //! hot path: parse a received frame into addresses and UDP payload, and
 //! write the headers of a reply in place. Uses etherparse's slice views and
 //! header types (no allocation); the UDP checksum is written as zero, which
-//! IPv4 allows and PROTOCOL.md permits.
+//! IPv4 allows and docs/PROTOCOL.md permits.
 
 use etherparse::{
     EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpEcn, IpNumber, Ipv4Header, Ipv4HeaderSlice,

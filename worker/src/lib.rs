@@ -837,7 +837,7 @@ fn size_buffers(s: &socket2::Socket, bytes: usize) {
 fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    // ECT(0): the switch ORs CE marks into its RESULTs (PROTOCOL.md).
+    // ECT(0): the switch ORs CE marks into its RESULTs (docs/PROTOCOL.md).
     s.set_tos(0x02)?;
     // Bursts of a whole window of RESULTs arrive at once: 256 RESULTs need
     // more than the default net.core.rmem_max (208 KiB) allows.

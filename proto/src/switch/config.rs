@@ -124,7 +124,7 @@ pub enum JobConfigError {
         "job {id}: its slot pool needs {} ({need} bytes: pool_slots × (n_workers + 2) × \
          elems_per_chunk × 4 plus bookkeeping), but the switch's pool memory budget is {} \
          with {} in use; lower pool_slots or n_workers, remove a job, or raise \
-         [switch] pool_memory",
+         [switch] pool_memory_mib",
         human_bytes(*need), human_bytes(*budget), human_bytes(*in_use)
     )]
     OverBudget {

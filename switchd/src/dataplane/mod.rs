@@ -304,7 +304,7 @@ impl DataplaneThread {
         got
     }
 
-    /// Congestion of the switch's own queues (PROTOCOL.md): frames waiting
+    /// Congestion of the switch's own queues (docs/PROTOCOL.md): frames waiting
     /// in this receive ring, or replies waiting to go out on this port, above
     /// the threshold. Loads only, no syscall.
     fn congested(&self, port: u32, queue: u32, waiting: u32) -> bool {
