@@ -34,7 +34,9 @@
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
  * counted as `malformed` and passed.
  *
- * The map layout is mirrored by switchd/src/xdp/loader.rs: keep them in sync.
+ * Sizes, counter kinds, flags and the map value structs live in maps.h,
+ * from which switchd/build.rs generates the Rust side and checks it (a
+ * drift fails the build).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -44,39 +46,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define MAX_PORTS 64
-#define MAX_QUEUES 64
-#define MAX_OWN_ADDRS 256
-#define MAX_FDB 4096
-/* A learned entry older than this is ignored (the bridge's default ageing). */
-#define FDB_AGE_NS (300ULL * 1000 * 1000 * 1000)
-/* Refresh an unchanged entry's timestamp at most this often. */
-#define FDB_REFRESH_NS (1000ULL * 1000 * 1000)
-#define MAX_LOCAL_MACS 256
-
-#define MODE_STEER 0
-#define MODE_XDP_DROP 1
-
-enum counter_kind {
-	CNT_STEERED = 0,
-	CNT_PASSED = 1,
-	CNT_MALFORMED = 2,
-	CNT_DROPPED = 3,
-	CNT_FORWARDED = 4,
-	CNT_PER_PORT = 8,
-};
-
-struct agg_config {
-	__u16 agg_port; /* network byte order */
-	__u8 mode;      /* MODE_STEER or MODE_XDP_DROP */
-	__u8 forward;   /* 1: forwarding fast path on */
-};
-
-struct fdb_entry {
-	__u32 port_idx; /* 0..MAX_PORTS-1 */
-	__u32 _pad;
-	__u64 seen_ns;  /* bpf_ktime_get_ns() when last seen as a source */
-};
+#include "maps.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
@@ -130,9 +100,12 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_PORTS * CNT_PER_PORT);
-	__type(key, __u32); /* port_idx * 8 + counter_kind */
+	__type(key, __u32); /* port_idx * CNT_PER_PORT + counter_kind */
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* Every counter kind must fit in a port's block of `counters`. */
+_Static_assert(CNT_FWD_ISOLATED < CNT_PER_PORT, "counter kinds overflow CNT_PER_PORT");
 
 static __always_inline void count(__u32 port_idx, __u32 kind)
 {

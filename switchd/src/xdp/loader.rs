@@ -55,20 +55,11 @@ use aya::programs::xdp::XdpLinkId;
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{include_bytes_aligned, Ebpf};
 
-/// Ports (interfaces) the program can serve; `port_idx` is `0..MAX_PORTS`.
-pub const MAX_PORTS: u32 = 64;
-/// Receive queues per port that have an XSKMAP slot; queue ids `0..MAX_QUEUES`.
-pub const MAX_QUEUES: u32 = 64;
-/// Counters per port in the `counters` map (5 used, 3 spare).
-const COUNTERS_PER_PORT: u32 = 8;
-const CNT_STEERED: u32 = 0;
-const CNT_PASSED: u32 = 1;
-const CNT_MALFORMED: u32 = 2;
-const CNT_DROPPED: u32 = 3;
-const CNT_FORWARDED: u32 = 4;
-/// `config.mode` values (`MODE_*` in the C program).
-const MODE_STEER: u8 = 0;
-const MODE_XDP_DROP: u8 = 1;
+use super::maps::{
+    AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT,
+    CNT_STEERED, MODE_STEER, MODE_XDP_DROP,
+};
+pub use super::maps::{MAX_PORTS, MAX_QUEUES};
 
 const PROGRAM_NAME: &str = "agg_xdp";
 
@@ -185,7 +176,7 @@ pub fn xsk_slot(port_idx: u32, queue: u32) -> Result<u32, XdpError> {
 
 /// The `counters` map key of counter `which` (`CNT_*`).
 fn counter_key(port_idx: u32, which: u32) -> u32 {
-    port_idx * COUNTERS_PER_PORT + which
+    port_idx * CNT_PER_PORT + which
 }
 
 /// `own_addrs` key: the address in network byte order, as the C program reads
@@ -240,47 +231,19 @@ pub fn local_macs() -> Vec<[u8; 6]> {
     macs
 }
 
-/// `config` value: `{ __u16 agg_port (network order); __u8 mode; __u8 forward }`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct AggConfig {
-    agg_port_be: u16,
-    mode: u8,
-    forward: u8,
-}
-
-// SAFETY: `AggConfig` is `repr(C)`, made of plain integers, has no padding
-// bytes and every bit pattern is valid, as `aya::Pod` requires.
-unsafe impl aya::Pod for AggConfig {}
-
-impl AggConfig {
-    fn new(o: &ProgramOptions) -> Self {
-        AggConfig {
-            // Stored so that its in-memory bytes are big-endian.
-            agg_port_be: o.agg_port.to_be(),
-            mode: if o.drop_steerable {
-                MODE_XDP_DROP
-            } else {
-                MODE_STEER
-            },
-            forward: o.forward as u8,
-        }
+/// The `config` value for `o`. `agg_port` is stored so that its in-memory
+/// bytes are big-endian, as the C program compares it with `udp->dest`.
+fn agg_config(o: &ProgramOptions) -> AggConfig {
+    AggConfig {
+        agg_port: o.agg_port.to_be(),
+        mode: if o.drop_steerable {
+            MODE_XDP_DROP as u8
+        } else {
+            MODE_STEER as u8
+        },
+        forward: o.forward as u8,
     }
 }
-
-/// `fdb` value: `{ __u32 port_idx; __u32 pad; __u64 seen_ns }`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FdbEntry {
-    pub port_idx: u32,
-    _pad: u32,
-    /// CLOCK_MONOTONIC (bpf_ktime_get_ns) when last seen as a source.
-    pub seen_ns: u64,
-}
-
-// SAFETY: `FdbEntry` is `repr(C)`, two u32 then a u64: no padding bytes, and
-// every bit pattern is valid.
-unsafe impl aya::Pod for FdbEntry {}
 
 struct Attached {
     port_idx: u32,
@@ -425,7 +388,7 @@ impl SteeringProgram {
         }
         let mut config: Array<MapData, AggConfig> = take(&mut ebpf, "config", Array::try_from)?;
         config
-            .set(0, AggConfig::new(opts), 0)
+            .set(0, agg_config(opts), 0)
             .map_err(|e| XdpError::Map {
                 map: "config",
                 detail: detail(&e),
@@ -716,50 +679,42 @@ mod tests {
     fn counter_keys() {
         assert_eq!(counter_key(0, CNT_STEERED), 0);
         assert_eq!(counter_key(0, CNT_MALFORMED), 2);
-        assert_eq!(counter_key(3, CNT_PASSED), 25);
-        assert_eq!(counter_key(1, CNT_DROPPED), 11);
-        assert_eq!(counter_key(2, CNT_FORWARDED), 20);
-        assert!(counter_key(MAX_PORTS - 1, COUNTERS_PER_PORT - 1) < MAX_PORTS * COUNTERS_PER_PORT);
+        assert_eq!(counter_key(3, CNT_PASSED), 49);
+        assert_eq!(counter_key(1, CNT_DROPPED), 19);
+        assert_eq!(counter_key(2, CNT_FORWARDED), 36);
+        assert!(counter_key(MAX_PORTS - 1, CNT_PER_PORT - 1) < MAX_PORTS * CNT_PER_PORT);
     }
 
     #[test]
     fn keys_are_network_byte_order_in_memory() {
         let k = addr_key(Ipv4Addr::new(198, 18, 99, 1));
         assert_eq!(k.to_ne_bytes(), [198, 18, 99, 1]);
-        let c = AggConfig::new(&ProgramOptions {
+        let c = agg_config(&ProgramOptions {
             agg_port: 0x1234,
             ..Default::default()
         });
-        assert_eq!(c.agg_port_be.to_ne_bytes(), [0x12, 0x34]);
+        assert_eq!(c.agg_port.to_ne_bytes(), [0x12, 0x34]);
     }
 
     #[test]
-    fn config_layout_matches_c_struct() {
-        // struct agg_config { __u16 agg_port; __u8 mode; __u8 forward; }
-        assert_eq!(std::mem::size_of::<AggConfig>(), 4);
-        assert_eq!(std::mem::align_of::<AggConfig>(), 2);
-        assert_eq!(std::mem::offset_of!(AggConfig, agg_port_be), 0);
-        assert_eq!(std::mem::offset_of!(AggConfig, mode), 2);
-        assert_eq!(std::mem::offset_of!(AggConfig, forward), 3);
-        let c = AggConfig::new(&ProgramOptions {
+    fn config_values() {
+        // The layout itself is asserted at compile time (maps.rs, generated
+        // from ebpf/maps.h and checked against it by clang in build.rs).
+        let c = agg_config(&ProgramOptions {
             agg_port: 48879,
             drop_steerable: true,
             forward: true,
         });
-        assert_eq!((c.mode, c.forward), (MODE_XDP_DROP, 1));
-        let c = AggConfig::new(&ProgramOptions::default());
-        assert_eq!((c.mode, c.forward), (MODE_STEER, 0));
+        assert_eq!((u32::from(c.mode), c.forward), (MODE_XDP_DROP, 1));
+        let c = agg_config(&ProgramOptions::default());
+        assert_eq!((u32::from(c.mode), c.forward), (MODE_STEER, 0));
     }
 
     #[test]
-    fn fdb_layout_matches_c_struct() {
-        // struct fdb_entry { __u32 port_idx; __u32 _pad; __u64 seen_ns; }
-        assert_eq!(std::mem::size_of::<FdbEntry>(), 16);
-        assert_eq!(std::mem::offset_of!(FdbEntry, port_idx), 0);
-        assert_eq!(std::mem::offset_of!(FdbEntry, seen_ns), 8);
-        // The key is the MAC's bytes in order, then two zero bytes.
+    fn fdb_key_is_the_mac_then_two_zero_bytes() {
         let k = mac_key([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
         assert_eq!(k.to_ne_bytes(), [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0, 0]);
+        let _: FdbEntry = FdbEntry::default();
     }
 
     #[test]

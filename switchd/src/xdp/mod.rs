@@ -14,12 +14,14 @@
 //! closes the socket, which the kernel also removes from the XSKMAP.
 
 pub mod loader;
+pub mod maps;
 pub mod xsk;
 
 pub use loader::{
-    is_unicast_mac, local_macs, mac_key, parse_mac, xsk_slot, AttachMode, FdbEntry, ProgramOptions,
+    is_unicast_mac, local_macs, mac_key, parse_mac, xsk_slot, AttachMode, ProgramOptions,
     SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
 };
+pub use maps::FdbEntry;
 pub use xsk::{
     open as open_xsk, BindMode, XskConfig, XskError, XskRx, XskStats, XskTx, RX_HEADROOM,
 };
