@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * agg_xdp: steers aggregation UDP frames to AF_XDP sockets; forwards plain
- * unicast between the switch's ports through a DEVMAP (the fast path); passes
- * everything else up the normal stack (the Linux bridge) untouched.
+ * unicast between ports of the same Linux bridge through a DEVMAP (the fast
+ * path) where the bridge would forward it too; passes everything else up the
+ * normal stack (the Linux bridge) untouched.
  *
  * A frame goes to the XSKMAP slot `port_idx * MAX_QUEUES + rx_queue_index`
  * only when ALL of these hold:
@@ -16,19 +17,34 @@
  * xdp-drop mode (config.mode == MODE_XDP_DROP, a benchmark baseline) such a
  * frame is dropped instead and counted as `dropped`.
  *
- * Forwarding fast path (config.forward != 0): the program learns
- * source MAC -> ingress port into `fdb` (an LRU hash; entries carry the time
- * last seen) from every frame on a port, and redirects a frame through the
- * DEVMAP `tx_ports` to the port its destination MAC was learned on when ALL
- * of these hold:
+ * Forwarding fast path (config.forward != 0). switchd describes every port
+ * in `port_info` (bridge ifindex, STP state, flags; see maps.h), read from
+ * sysfs/netlink/ethtool at attach and about once a second after. The program
+ * learns source MAC -> ingress port into `fdb` (an LRU hash; entries carry
+ * the time last seen) from frames on ports that are in a bridge in learning
+ * or forwarding state, and redirects a frame through the DEVMAP `tx_ports`
+ * to the port its destination MAC was learned on when ALL of these hold:
  *   - the frame is not steered (above),
- *   - it is Ethernet II with EtherType IPv4, IPv6 or ARP (no VLAN tag),
+ *   - it is Ethernet II with EtherType IPv4, IPv6 or ARP (no VLAN tag in
+ *     the frame),
  *   - the destination MAC is unicast, not in `local_macs` (the switch's own
  *     interfaces, filled by switchd) and learned less than FDB_AGE_NS ago,
- *   - the learned port is not the ingress port, and has a `tx_ports` entry.
+ *   - the learned port is not the ingress port, and has a `tx_ports` entry,
+ *   - and the bridge would forward it (otherwise a refusal, counted by
+ *     reason as `fwd_*` on the ingress port):
+ *       - both ports are enslaved to a bridge              (fwd_not_bridged)
+ *       - to the SAME bridge                              (fwd_other_bridge)
+ *       - both in STP state forwarding              (fwd_not_forwarding)
+ *       - that bridge has vlan_filtering off          (fwd_vlan_filtering)
+ *       - a VLAN tag on the ingress port cannot be hidden from the program
+ *         by offload (PORT_F_TAGS_VISIBLE: switchd checks the port's receive
+ *         VLAN offload, for a veth its peer's transmit VLAN offload)
+ *                                                       (fwd_vlan_hidden)
+ *       - not both ports isolated                          (fwd_isolated)
  * Anything else (broadcast, multicast, unknown or aged destinations, frames
- * for the switch itself, VLAN-tagged, malformed IPv4) is XDP_PASSed into the
- * bridge exactly as without the fast path.
+ * for the switch itself, VLAN-tagged, malformed IPv4, refusals) is XDP_PASSed
+ * into the bridge exactly as without the fast path; the bridge applies its
+ * own rules to it. What the program cannot judge goes to the bridge.
  *
  * It FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
@@ -98,6 +114,13 @@ struct {
 } local_macs SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, __u32); /* port index */
+	__type(value, struct port_info);
+} port_info SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_PORTS * CNT_PER_PORT);
 	__type(key, __u32); /* port_idx * CNT_PER_PORT + counter_kind */
@@ -116,13 +139,14 @@ static __always_inline void count(__u32 port_idx, __u32 kind)
 		*v += 1; /* per-CPU slot: no atomics needed */
 }
 
-/* `passed` counts every frame passed on a known port; `malformed` is the
- * subset of those that claimed IPv4/UDP but were truncated or had a bad IHL. */
+/* `passed` counts every frame passed on a known port; `kind`, when not
+ * CNT_PASSED, also counts the frame in a subset of `passed`: `malformed`
+ * (claimed IPv4/UDP but truncated or a bad IHL) or a fast-path refusal. */
 static __always_inline int pass(__u32 port_idx, __u32 kind)
 {
 	count(port_idx, CNT_PASSED);
-	if (kind == CNT_MALFORMED)
-		count(port_idx, CNT_MALFORMED);
+	if (kind != CNT_PASSED)
+		count(port_idx, kind);
 	return XDP_PASS;
 }
 
@@ -164,12 +188,39 @@ static __always_inline void learn(struct ethhdr *eth, __u32 port_idx, __u64 now)
 	bpf_map_update_elem(&fdb, &key, &fresh, BPF_ANY);
 }
 
-/* The fast path for a frame that is not steered: redirect to the learned
- * egress port, or pass into the bridge (counted as `passed`). */
-static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
-				   __u32 port_idx, int fwd, __u64 now)
+/* Whether the bridge would forward from port `in` to port `out` (both
+ * described by `port_info`): CNT_FORWARDED if so, else the refusal reason. */
+static __always_inline __u32 bridge_verdict(const struct port_info *in,
+					    const struct port_info *out)
 {
+	if (in->bridge_ifindex == 0 || out->bridge_ifindex == 0)
+		return CNT_FWD_NOT_BRIDGED;
+	if (in->bridge_ifindex != out->bridge_ifindex)
+		return CNT_FWD_OTHER_BRIDGE;
+	if ((in->flags | out->flags) & PORT_F_VLAN_FILTERING)
+		return CNT_FWD_VLAN_FILTERING;
+	if (in->stp_state != BR_STATE_FORWARDING ||
+	    out->stp_state != BR_STATE_FORWARDING)
+		return CNT_FWD_NOT_FORWARDING;
+	if (!(in->flags & PORT_F_TAGS_VISIBLE))
+		return CNT_FWD_VLAN_HIDDEN;
+	if (in->flags & out->flags & PORT_F_ISOLATED)
+		return CNT_FWD_ISOLATED;
+	return CNT_FORWARDED;
+}
+
+/* The fast path for a frame that is not steered: redirect to the learned
+ * egress port if the bridge would forward there, or pass into the bridge
+ * (counted as `passed`, and by reason when refused). `in` is a copy of the
+ * ingress port's `port_info`. */
+static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
+				   __u32 port_idx, int fwd, __u64 now,
+				   const struct port_info *in)
+{
+	struct port_info *out_info;
+	struct port_info out_copy;
 	struct fdb_entry *e;
+	__u32 verdict;
 	__u64 key;
 	__u32 out;
 	long ret;
@@ -193,6 +244,14 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
 		return pass(port_idx, CNT_PASSED);
 	if ((__s64)(now - e->seen_ns) > (__s64)FDB_AGE_NS) /* another CPU may be ahead */
 		return pass(port_idx, CNT_PASSED);
+	out_info = bpf_map_lookup_elem(&port_info, &out);
+	if (!out_info)
+		return pass(port_idx, CNT_PASSED);
+	/* One copy: switchd may rewrite the entry while we read it. */
+	out_copy = *out_info;
+	verdict = bridge_verdict(in, &out_copy);
+	if (verdict != CNT_FORWARDED)
+		return pass(port_idx, verdict); /* the bridge decides */
 	ret = bpf_redirect_map(&tx_ports, out, XDP_PASS);
 	count(port_idx, ret == XDP_REDIRECT ? CNT_FORWARDED : CNT_PASSED);
 	return ret;
@@ -213,6 +272,8 @@ int agg_xdp(struct xdp_md *ctx)
 	__u32 zero = 0;
 	__u32 daddr;
 	__u32 queue;
+	struct port_info *in_info;
+	struct port_info in = {}; /* all zeros: in no bridge */
 	__u64 now = 0;
 	int fwd;
 	long ret;
@@ -233,12 +294,19 @@ int agg_xdp(struct xdp_md *ctx)
 		return pass(port_idx, CNT_PASSED);
 	fwd = cfg->forward;
 	if (fwd) {
+		in_info = bpf_map_lookup_elem(&port_info, &port_idx);
+		if (in_info)
+			in = *in_info; /* one copy, see forward() */
 		now = bpf_ktime_get_ns();
-		learn(eth, port_idx, now);
+		/* The bridge learns in learning and forwarding state only. */
+		if (in.bridge_ifindex != 0 &&
+		    (in.stp_state == BR_STATE_LEARNING ||
+		     in.stp_state == BR_STATE_FORWARDING))
+			learn(eth, port_idx, now);
 	}
 
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return forward(ctx, eth, port_idx, fwd, now);
+		return forward(ctx, eth, port_idx, fwd, now, &in);
 
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)
@@ -246,11 +314,11 @@ int agg_xdp(struct xdp_md *ctx)
 	if (ip->version != 4 || ip->ihl < 5)
 		return pass(port_idx, CNT_MALFORMED);
 	if (ip->ihl != 5)
-		return forward(ctx, eth, port_idx, fwd, now); /* IP options */
+		return forward(ctx, eth, port_idx, fwd, now, &in); /* IP options */
 	if (ip->frag_off & bpf_htons(0x3fff))
-		return forward(ctx, eth, port_idx, fwd, now); /* fragment */
+		return forward(ctx, eth, port_idx, fwd, now, &in); /* fragment */
 	if (ip->protocol != IPPROTO_UDP)
-		return forward(ctx, eth, port_idx, fwd, now);
+		return forward(ctx, eth, port_idx, fwd, now, &in);
 
 	udp = (void *)(ip + 1);
 	if ((void *)(udp + 1) > data_end)
@@ -258,10 +326,10 @@ int agg_xdp(struct xdp_md *ctx)
 
 	daddr = ip->daddr;
 	if (!bpf_map_lookup_elem(&own_addrs, &daddr))
-		return forward(ctx, eth, port_idx, fwd, now);
+		return forward(ctx, eth, port_idx, fwd, now, &in);
 
 	if (cfg->agg_port == 0 || udp->dest != cfg->agg_port)
-		return forward(ctx, eth, port_idx, fwd, now);
+		return forward(ctx, eth, port_idx, fwd, now, &in);
 
 	if (cfg->mode == MODE_XDP_DROP) {
 		count(port_idx, CNT_DROPPED); /* benchmark baseline only */

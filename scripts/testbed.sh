@@ -22,7 +22,9 @@
 # veth, see DESIGN.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
 # reader sees the frame's bytes as they are; with offload on, it would see
-# only a partial pseudo-header sum).
+# only a partial pseudo-header sum), and transmit VLAN offload off (a tag
+# stays in the frame, where the XDP fast path sees it; switchd refuses the
+# fast path from a veth whose peer has it on).
 #
 # `up` first removes a testbed with the same prefix. It prints a summary; with
 # --print-env it prints the testbed as key=value lines on stdout instead (the
@@ -167,6 +169,10 @@ add_port() {
         in_ns "$ns" ethtool -K eth0 gro on >/dev/null 2>&1 || true
         # Complete checksums in the frames, as a NIC would put on the wire.
         in_ns "$ns" ethtool -K eth0 tx off >/dev/null 2>&1 || true
+        # VLAN tags in the frames' bytes, never in skb metadata, so that the
+        # XDP program on the switch port can see them: switchd gives the
+        # fast path only to veth ports whose peer has these off.
+        in_ns "$ns" ethtool -K eth0 txvlan off tx-vlan-stag-hw-insert off >/dev/null 2>&1 || true
     fi
 }
 

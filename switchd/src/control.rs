@@ -45,6 +45,7 @@ pub struct ControlPlane<'a> {
     cfg: ControlConfig,
     calls: mpsc::Receiver<AdminCall>,
     port_stats: &'a (dyn Fn() -> Vec<PortStats> + Sync),
+    refresh_ports: &'a (dyn Fn() + Sync),
     limiter: LogLimiter<LOG_KINDS>,
     prev_bytes: HashMap<u16, u64>,
     prev_echoed: u64,
@@ -60,12 +61,14 @@ impl<'a> ControlPlane<'a> {
         cfg: ControlConfig,
         calls: mpsc::Receiver<AdminCall>,
         port_stats: &'a (dyn Fn() -> Vec<PortStats> + Sync),
+        refresh_ports: &'a (dyn Fn() + Sync),
     ) -> ControlPlane<'a> {
         ControlPlane {
             shared,
             cfg,
             calls,
             port_stats,
+            refresh_ports,
             limiter: LogLimiter::new(),
             prev_bytes: HashMap::new(),
             prev_echoed: 0,
@@ -77,9 +80,12 @@ impl<'a> ControlPlane<'a> {
     }
 
     /// Serves until `stop` is set: admin requests as they come, the table's
-    /// events every [`EVENT_EVERY`], the summary every `summary_every`.
+    /// events every [`EVENT_EVERY`], the XDP program's view of the ports
+    /// every [`crate::xdp::PORT_REFRESH_EVERY`], the summary every
+    /// `summary_every`.
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut next_summary = Instant::now() + self.cfg.summary_every;
+        let mut next_refresh = Instant::now() + crate::xdp::PORT_REFRESH_EVERY;
         while !stop.load(Ordering::Relaxed) {
             match self.calls.recv_timeout(EVENT_EVERY) {
                 Ok(call) => {
@@ -91,6 +97,10 @@ impl<'a> ControlPlane<'a> {
                 Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(EVENT_EVERY),
             }
             self.log_events();
+            if Instant::now() >= next_refresh {
+                (self.refresh_ports)();
+                next_refresh = Instant::now() + crate::xdp::PORT_REFRESH_EVERY;
+            }
             if Instant::now() >= next_summary {
                 self.summary();
                 next_summary = Instant::now() + self.cfg.summary_every;

@@ -229,6 +229,13 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
     let ports = cfg.switch.ports.clone();
     let ports_of = || port_stats(&prog, &ports);
+    // The fast path's view of the bridges (port state, membership, VLAN
+    // settings) follows the kernel's within a second.
+    let refresh_ports = || {
+        if let Err(e) = prog.refresh_ports() {
+            tracing::warn!("refreshing the XDP fast path's view of the bridges: {e}");
+        }
+    };
     let mut control_plane = ControlPlane::new(
         &shared,
         ControlConfig {
@@ -240,6 +247,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         },
         admin_rx,
         &ports_of,
+        &refresh_ports,
     );
     let result = std::thread::scope(|scope| {
         let lanes: Vec<_> = lanes

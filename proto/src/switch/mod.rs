@@ -14,14 +14,17 @@
 //!
 //! Invariants:
 //! * A rejected message changes nothing but counters, and is answered with
-//!   at most one reply no larger than itself (a HELLO is padded to the size
-//!   of its CHALLENGE); DATA and HEARTBEAT refusals go only to sources
-//!   inside the job's prefixes.
+//!   at most one reply. Refusals of HELLO and JOIN (and the version-1
+//!   refusal) are no larger than what they answer (a HELLO is padded to the
+//!   size of its CHALLENGE); NACKs to DATA and HEARTBEAT (6, 7, and 1 for a
+//!   removed job) may be larger, so they go only to sources inside the
+//!   job's prefixes.
 //! * Slot pools are charged against the budget before they are allocated;
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * Messages that fail before membership (unknown job, malformed) get no
 //!   reply, except a JOIN/HELLO for an unknown job (NACK 1, so a typo in a
-//!   job id fails fast) and a version-1 JOIN (a version-1 NACK).
+//!   job id fails fast) and a version-1 JOIN from a job's prefixes (a
+//!   version-1 NACK).
 
 pub mod config;
 pub mod counters;
@@ -29,7 +32,7 @@ pub mod job;
 pub mod reply;
 pub mod slot_pool;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
@@ -206,9 +209,10 @@ pub struct JobTable {
     gen: u32,
     issuer: NonceIssuer,
     jobs: FxHashMap<u16, Job>,
-    /// Ids of jobs removed while running: their workers' DATA gets NACK 1
-    /// (so they fail with a clear error instead of stalling).
-    removed: HashSet<u16>,
+    /// Jobs removed while running, with their allowed prefixes: their
+    /// workers' DATA gets NACK 1 (so they fail with a clear error instead
+    /// of stalling), strangers' nothing.
+    removed: HashMap<u16, Vec<Ipv4Prefix>>,
     /// Ids reserved but not yet inserted.
     reserved: HashSet<u16>,
     pool_budget: u64,
@@ -242,7 +246,7 @@ impl JobTable {
             gen: cfg.gen.max(1),
             issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
             jobs: FxHashMap::default(),
-            removed: HashSet::new(),
+            removed: HashMap::new(),
             reserved: HashSet::new(),
             pool_budget: cfg.pool_budget,
             pool_in_use: 0,
@@ -327,7 +331,7 @@ impl JobTable {
     pub fn remove(&mut self, id: u16) -> Option<Job> {
         let job = self.jobs.remove(&id)?;
         self.pool_in_use -= job.config.pool_bytes();
-        self.removed.insert(id);
+        self.removed.insert(id, job.config.allowed_sources.clone());
         Some(job)
     }
 
@@ -388,8 +392,14 @@ impl JobTable {
             Ok(h) => h,
             Err(e) => {
                 self.malformed[malformed_index(&e)] += 1;
+                // Only a whole version-1 JOIN (36-byte payload) of a job
+                // this source may join: the refusal is smaller than it.
                 if let Some((ty, job, rank)) = wire::peek_v1(datagram) {
-                    if ty == MsgType::Join as u8 && job != 0 {
+                    let allowed = self
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.source_allowed(from.source.ip));
+                    if ty == MsgType::Join as u8 && datagram.len() == HEADER_LEN + 36 && allowed {
                         self.counters.version_refused += 1;
                         self.reply(from, job, rank, ReplyMsg::VersionRefusal);
                         self.refused(job, rank, from.source.ip, Refusal::Version(1));
@@ -405,9 +415,11 @@ impl JobTable {
             let echo = match hdr.msg_type {
                 MsgType::Hello => HelloPayload::parse(payload).map(|h| h.nonce).ok(),
                 MsgType::Join => JoinPayload::parse(payload).map(|j| j.nonce).ok(),
-                MsgType::Data | MsgType::Heartbeat if self.removed.contains(&hdr.job) => {
-                    Some(ZERO_NONCE)
-                }
+                MsgType::Data | MsgType::Heartbeat => self
+                    .removed
+                    .get(&hdr.job)
+                    .filter(|prefixes| prefixes.iter().any(|p| p.contains(from.source.ip)))
+                    .map(|_| ZERO_NONCE),
                 _ => None,
             };
             let Some(echo) = echo else {

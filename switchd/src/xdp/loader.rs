@@ -46,18 +46,22 @@
 //! any port, frames with complete checksums (a redirect loses the sender's
 //! checksum-offload state). testbed.sh sets up both (GRO on, `tx` off).
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{BTreeMap, HashMap as StdHashMap};
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use aya::maps::{Array, DevMapHash, HashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::xdp::XdpLinkId;
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{include_bytes_aligned, Ebpf};
 
+use super::bridge::{BridgeView, Refusals};
 use super::maps::{
-    AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT,
-    CNT_STEERED, MODE_STEER, MODE_XDP_DROP,
+    AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_FWD_ISOLATED, CNT_FWD_NOT_BRIDGED,
+    CNT_FWD_NOT_FORWARDING, CNT_FWD_OTHER_BRIDGE, CNT_FWD_VLAN_FILTERING, CNT_FWD_VLAN_HIDDEN,
+    CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT, CNT_STEERED, MODE_STEER, MODE_XDP_DROP,
 };
 pub use super::maps::{MAX_PORTS, MAX_QUEUES};
 
@@ -72,7 +76,12 @@ static AGG_XDP_OBJ: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ag
 /// `passed` that claimed IPv4/UDP but was truncated or had a bad IHL;
 /// `dropped` counts steerable frames dropped in xdp-drop mode; `forwarded`
 /// counts frames the fast path redirected to another port (counted on the
-/// ingress port).
+/// ingress port). The `fwd_*` refusals are subsets of `passed`: frames the
+/// fast path would have forwarded (unicast to a destination learned on
+/// another port) but left to the bridge, by reason (ebpf/maps.h,
+/// `CNT_FWD_*`): a port in no bridge, the two ports in different bridges,
+/// a port not forwarding, the bridge filtering VLANs, a VLAN tag the program
+/// might not see on the ingress port, both ports isolated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SteerCounters {
     pub steered: u64,
@@ -80,6 +89,26 @@ pub struct SteerCounters {
     pub malformed: u64,
     pub dropped: u64,
     pub forwarded: u64,
+    pub fwd_not_bridged: u64,
+    pub fwd_other_bridge: u64,
+    pub fwd_not_forwarding: u64,
+    pub fwd_vlan_filtering: u64,
+    pub fwd_vlan_hidden: u64,
+    pub fwd_isolated: u64,
+}
+
+impl SteerCounters {
+    /// The refusal counters in [`super::bridge::REFUSAL_NAMES`] order.
+    pub fn refusals(&self) -> Refusals {
+        [
+            self.fwd_not_bridged,
+            self.fwd_other_bridge,
+            self.fwd_not_forwarding,
+            self.fwd_vlan_filtering,
+            self.fwd_vlan_hidden,
+            self.fwd_isolated,
+        ]
+    }
 }
 
 /// What the program does besides steering, fixed at load.
@@ -264,6 +293,11 @@ pub struct SteeringProgram {
     // Kept for later updates; the program also holds references to them.
     _own_addrs: HashMap<MapData, u32, u8>,
     _config: Array<MapData, AggConfig>,
+    /// `port_info`: what the bridge would do, per port (bridge.rs). A mutex
+    /// so that `refresh_ports` takes `&self` (the stats closures share the
+    /// program); only the main thread uses it.
+    bridges: Mutex<BridgeView>,
+    forward: bool,
     attached: StdHashMap<String, Attached>,
     ebpf: Ebpf,
 }
@@ -399,6 +433,7 @@ impl SteeringProgram {
         let tx_ports = take(&mut ebpf, "tx_ports", DevMapHash::try_from)?;
         let local_macs = take(&mut ebpf, "local_macs", HashMap::try_from)?;
         let fdb = take(&mut ebpf, "fdb", HashMap::try_from)?;
+        let port_info = take(&mut ebpf, "port_info", Array::try_from)?;
         tracing::debug!(?own_addrs, ?opts, "XDP steering program loaded");
         Ok(SteeringProgram {
             xsks,
@@ -409,6 +444,8 @@ impl SteeringProgram {
             _fdb: fdb,
             _own_addrs: addrs,
             _config: config,
+            bridges: Mutex::new(BridgeView::new(port_info)),
+            forward: opts.forward,
             attached: StdHashMap::new(),
             ebpf,
         })
@@ -460,7 +497,17 @@ impl SteeringProgram {
         if let Some(mac) = mac.filter(|m| is_unicast_mac(*m)) {
             self.add_local_mac(mac)?;
         }
+        if self.forward {
+            // The port's bridge facts are in `port_info` before the program
+            // sees its first frame (until then: all zeros, no fast path).
+            let watched = self.bridges().watch(port_idx, ifindex, ifname);
+            if let Err(e) = watched {
+                let _ = self.tx_ports.remove(port_idx);
+                return Err(e);
+            }
+        }
         if let Err(e) = self.ports.insert(ifindex, port_idx, 0) {
+            self.bridges().unwatch(port_idx);
             let _ = self.tx_ports.remove(port_idx);
             return Err(XdpError::Map {
                 map: "ports",
@@ -483,6 +530,7 @@ impl SteeringProgram {
             }
             Err(e) => {
                 let _ = self.ports.remove(&ifindex);
+                self.bridges().unwatch(port_idx);
                 let _ = self.tx_ports.remove(port_idx);
                 Err(e)
             }
@@ -617,7 +665,45 @@ impl SteeringProgram {
             malformed: read(CNT_MALFORMED)?,
             dropped: read(CNT_DROPPED)?,
             forwarded: read(CNT_FORWARDED)?,
+            fwd_not_bridged: read(CNT_FWD_NOT_BRIDGED)?,
+            fwd_other_bridge: read(CNT_FWD_OTHER_BRIDGE)?,
+            fwd_not_forwarding: read(CNT_FWD_NOT_FORWARDING)?,
+            fwd_vlan_filtering: read(CNT_FWD_VLAN_FILTERING)?,
+            fwd_vlan_hidden: read(CNT_FWD_VLAN_HIDDEN)?,
+            fwd_isolated: read(CNT_FWD_ISOLATED)?,
         })
+    }
+
+    fn bridges(&self) -> MutexGuard<'_, BridgeView> {
+        // A panic while holding it leaves plain data behind: keep going.
+        self.bridges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Re-reads every attached port's bridge, STP state, VLAN filtering,
+    /// isolation and VLAN-offload facts and rewrites its `port_info` entry
+    /// where they changed (logged), so that the fast path follows the
+    /// bridge within one call. switchd calls it from its periodic tick, at
+    /// least once a second. Also logs the fast path's refusal counters when
+    /// they grew (at most every 10 s). A no-op without the fast path.
+    /// Returns how many entries changed.
+    pub fn refresh_ports(&self) -> Result<usize, XdpError> {
+        if !self.forward {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let mut view = self.bridges();
+        let changed = view.refresh()?;
+        tracing::debug!(
+            changed,
+            micros = started.elapsed().as_micros() as u64,
+            "port_info refreshed"
+        );
+        let counts: BTreeMap<u32, Refusals> = view
+            .ports()
+            .filter_map(|(i, _)| self.counters(i).ok().map(|c| (i, c.refusals())))
+            .collect();
+        view.log_refusals(Instant::now(), counts);
+        Ok(changed)
     }
 
     /// Interfaces currently attached, with their port index.
@@ -633,6 +719,7 @@ impl SteeringProgram {
         let attached: Vec<(String, Attached)> = self.attached.drain().collect();
         for (ifname, a) in attached {
             let _ = self.ports.remove(&a.ifindex);
+            self.bridges().unwatch(a.port_idx);
             let _ = self.tx_ports.remove(a.port_idx);
             let res = self.program().and_then(|p| {
                 p.detach(a.link).map_err(|e| XdpError::Detach {
@@ -682,6 +769,7 @@ mod tests {
         assert_eq!(counter_key(3, CNT_PASSED), 49);
         assert_eq!(counter_key(1, CNT_DROPPED), 19);
         assert_eq!(counter_key(2, CNT_FORWARDED), 36);
+        assert_eq!(counter_key(2, CNT_FWD_OTHER_BRIDGE), 38);
         assert!(counter_key(MAX_PORTS - 1, CNT_PER_PORT - 1) < MAX_PORTS * CNT_PER_PORT);
     }
 
@@ -715,6 +803,245 @@ mod tests {
         let k = mac_key([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
         assert_eq!(k.to_ne_bytes(), [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0, 0]);
         let _: FdbEntry = FdbEntry::default();
+    }
+
+    /// Runs the loaded program once on `frame` as if received on interface
+    /// `ifindex` queue 0 (BPF_PROG_TEST_RUN); returns its XDP action.
+    fn test_run(prog: &mut SteeringProgram, ifindex: u32, frame: &[u8]) -> u32 {
+        use std::os::fd::{AsFd, AsRawFd};
+        // struct xdp_md { data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex }
+        let ctx: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+        let fd = prog.program().unwrap().fd().unwrap().as_fd().as_raw_fd();
+        // union bpf_attr, the `test` member.
+        #[repr(C)]
+        #[derive(Default)]
+        struct TestAttr {
+            prog_fd: u32,
+            retval: u32,
+            data_size_in: u32,
+            data_size_out: u32,
+            data_in: u64,
+            data_out: u64,
+            repeat: u32,
+            duration: u32,
+            ctx_size_in: u32,
+            ctx_size_out: u32,
+            ctx_in: u64,
+            ctx_out: u64,
+            flags: u32,
+            cpu: u32,
+            batch_size: u32,
+            _pad: u32,
+        }
+        let mut attr = TestAttr {
+            prog_fd: fd as u32,
+            data_size_in: frame.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            repeat: 1,
+            ctx_size_in: std::mem::size_of_val(&ctx) as u32,
+            ctx_in: ctx.as_ptr() as u64,
+            ..Default::default()
+        };
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        // SAFETY: `attr` is a valid bpf_attr prefix for BPF_PROG_TEST_RUN and
+        // every pointer in it refers to live buffers of the sizes given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestAttr,
+                std::mem::size_of::<TestAttr>(),
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "BPF_PROG_TEST_RUN: {}",
+            std::io::Error::last_os_error()
+        );
+        attr.retval
+    }
+
+    /// The program's bridge rules, one situation at a time: the ingress and
+    /// egress ports' `port_info` decide between a redirect and a pass with
+    /// the right refusal counted. Runs the real program in the kernel, so it
+    /// needs root (skipped without, a failure under CI=true).
+    #[test]
+    fn program_forwards_only_where_the_bridge_would() {
+        use super::super::maps::{
+            PortInfo, BR_STATE_DISABLED, BR_STATE_FORWARDING, BR_STATE_LEARNING, PORT_F_ISOLATED,
+            PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING,
+        };
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "program_forwards_only_where_the_bridge_would needs root; under CI=true \
+                 that is a failure"
+            );
+            eprintln!("SKIPPED program_forwards_only_where_the_bridge_would: needs root");
+            return;
+        }
+        const XDP_PASS: u32 = 2;
+        const XDP_REDIRECT: u32 = 4;
+        const LO: u32 = 1; // ifindex of lo in every namespace
+        const IN: u32 = 1; // ingress port index (lo)
+        const OUT: u32 = 2; // egress port index, where `dst` was learned
+        let mut prog = SteeringProgram::load_with(
+            &[],
+            &ProgramOptions {
+                agg_port: 48879,
+                forward: true,
+                ..Default::default()
+            },
+        )
+        .expect("loading the program");
+        prog.ports.insert(LO, IN, 0).unwrap();
+        prog.tx_ports.insert(OUT, LO, None, 0).unwrap();
+        let (dst, src) = ([0x02, 0, 0, 0, 0, 0xd5], [0x02, 0, 0, 0, 0, 0x5c]);
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        prog._fdb
+            .insert(
+                mac_key(dst),
+                FdbEntry {
+                    port_idx: OUT,
+                    _pad: 0,
+                    seen_ns: now,
+                },
+                0,
+            )
+            .unwrap();
+        // An ARP frame (EtherType 0x0806) from `src` to `dst`.
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&dst);
+        frame.extend_from_slice(&src);
+        frame.extend_from_slice(&[0x08, 0x06]);
+        frame.resize(60, 0);
+
+        let port = |bridge: u32, state: u32, flags: u32| PortInfo {
+            bridge_ifindex: bridge,
+            stp_state: state as u8,
+            flags: flags as u8,
+            _pad: 0,
+        };
+        let fwd = BR_STATE_FORWARDING;
+        let ok = PORT_F_TAGS_VISIBLE;
+        let cases: &[(&str, PortInfo, PortInfo, Option<u32>)] = &[
+            (
+                "same bridge, both forwarding",
+                port(7, fwd, ok),
+                port(7, fwd, ok),
+                None,
+            ),
+            (
+                "egress tags need not be visible",
+                port(7, fwd, ok),
+                port(7, fwd, 0),
+                None,
+            ),
+            (
+                "one isolated port",
+                port(7, fwd, ok | PORT_F_ISOLATED),
+                port(7, fwd, ok),
+                None,
+            ),
+            (
+                "other bridge",
+                port(7, fwd, ok),
+                port(8, fwd, ok),
+                Some(CNT_FWD_OTHER_BRIDGE),
+            ),
+            (
+                "egress in no bridge",
+                port(7, fwd, ok),
+                PortInfo::default(),
+                Some(CNT_FWD_NOT_BRIDGED),
+            ),
+            (
+                "ingress in no bridge",
+                PortInfo::default(),
+                port(7, fwd, ok),
+                Some(CNT_FWD_NOT_BRIDGED),
+            ),
+            (
+                "egress disabled",
+                port(7, fwd, ok),
+                port(7, BR_STATE_DISABLED, ok),
+                Some(CNT_FWD_NOT_FORWARDING),
+            ),
+            (
+                "ingress learning",
+                port(7, BR_STATE_LEARNING, ok),
+                port(7, fwd, ok),
+                Some(CNT_FWD_NOT_FORWARDING),
+            ),
+            (
+                "vlan_filtering",
+                port(7, fwd, ok | PORT_F_VLAN_FILTERING),
+                port(7, fwd, ok | PORT_F_VLAN_FILTERING),
+                Some(CNT_FWD_VLAN_FILTERING),
+            ),
+            (
+                "ingress may hide VLAN tags",
+                port(7, fwd, 0),
+                port(7, fwd, ok),
+                Some(CNT_FWD_VLAN_HIDDEN),
+            ),
+            (
+                "both isolated",
+                port(7, fwd, ok | PORT_F_ISOLATED),
+                port(7, fwd, ok | PORT_F_ISOLATED),
+                Some(CNT_FWD_ISOLATED),
+            ),
+        ];
+        for (what, in_info, out_info, refusal) in cases {
+            {
+                let mut view = prog.bridges();
+                view.set(IN, *in_info).unwrap();
+                view.set(OUT, *out_info).unwrap();
+            }
+            let before = prog.counters(IN).unwrap();
+            let action = test_run(&mut prog, LO, &frame);
+            let after = prog.counters(IN).unwrap();
+            let grew = |k: u32| {
+                let pick = |c: &SteerCounters| match k {
+                    CNT_FORWARDED => c.forwarded,
+                    CNT_PASSED => c.passed,
+                    CNT_FWD_NOT_BRIDGED => c.fwd_not_bridged,
+                    CNT_FWD_OTHER_BRIDGE => c.fwd_other_bridge,
+                    CNT_FWD_NOT_FORWARDING => c.fwd_not_forwarding,
+                    CNT_FWD_VLAN_FILTERING => c.fwd_vlan_filtering,
+                    CNT_FWD_VLAN_HIDDEN => c.fwd_vlan_hidden,
+                    CNT_FWD_ISOLATED => c.fwd_isolated,
+                    _ => unreachable!(),
+                };
+                pick(&after) - pick(&before)
+            };
+            let refusals: u64 =
+                after.refusals().iter().sum::<u64>() - before.refusals().iter().sum::<u64>();
+            match refusal {
+                None => {
+                    assert_eq!(action, XDP_REDIRECT, "{what}: not forwarded");
+                    assert_eq!((grew(CNT_FORWARDED), refusals), (1, 0), "{what}");
+                }
+                Some(k) => {
+                    assert_eq!(action, XDP_PASS, "{what}: forwarded");
+                    assert_eq!(
+                        (grew(*k), grew(CNT_PASSED), refusals, grew(CNT_FORWARDED)),
+                        (1, 1, 1, 0),
+                        "{what}: counted wrong: {before:?} -> {after:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

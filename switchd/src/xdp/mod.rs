@@ -5,7 +5,11 @@
 //! 1. [`SteeringProgram::load`] (root; fills own addresses and the port),
 //! 2. [`xsk::open`] one socket per (interface, queue) and
 //!    [`SteeringProgram::register_socket`] its fd at (port, queue),
-//! 3. [`SteeringProgram::attach`] each interface as its port index.
+//! 3. [`SteeringProgram::attach`] each interface as its port index (with
+//!    the fast path on, this first writes the port's bridge facts into
+//!    `port_info`, see [`bridge`]),
+//! 4. with the fast path on, [`SteeringProgram::refresh_ports`] at least
+//!    once a second for as long as the program runs.
 //!
 //! 2 and 3 may be swapped: until a socket is registered for a queue the
 //! program passes that queue's aggregation frames to the stack (counted as
@@ -13,10 +17,12 @@
 //! Dropping the `SteeringProgram` detaches it; dropping both socket halves
 //! closes the socket, which the kernel also removes from the XSKMAP.
 
+pub mod bridge;
 pub mod loader;
 pub mod maps;
 pub mod xsk;
 
+pub use bridge::{BridgeView, PORT_REFRESH_EVERY, REFUSAL_NAMES};
 pub use loader::{
     is_unicast_mac, local_macs, mac_key, parse_mac, xsk_slot, AttachMode, ProgramOptions,
     SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
