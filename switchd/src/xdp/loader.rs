@@ -2,7 +2,8 @@
 //!
 //! Owns the program, its links and its maps (`xsks`, `ports`, `own_addrs`,
 //! `config`, `counters`, and for the forwarding fast path `tx_ports`, `fdb`,
-//! `local_macs`). Invariants:
+//! `local_macs`, `port_info`; their layout comes from `ebpf/maps.h` through
+//! [`super::maps`]). Invariants:
 //! * `load` refuses to run without root and fills `own_addrs` and `config`
 //!   before anything is attached, so the program never sees a half-set config.
 //! * Every successful `attach` is recorded; `detach_all` (and `Drop`) removes
@@ -15,7 +16,9 @@
 //! * XSKMAP slot for (port, queue) is `port * MAX_QUEUES + queue`
 //!   ([`xsk_slot`]), matching the C program.
 //! * `attach` also puts the port into the DEVMAP `tx_ports` (port index ->
-//!   ifindex) and its MAC into `local_macs`; `detach_all` removes both.
+//!   ifindex), its MAC into `local_macs` and, with the fast path on, its
+//!   bridge facts into `port_info` (before the program is attached to it);
+//!   `detach_all` removes the `tx_ports` and `port_info` entries.
 //!
 //! # Forwarding fast path: why the XDP program learns MACs itself
 //!
@@ -35,11 +38,21 @@
 //! or moved station would wait up to one polling period; (3) it needs a
 //! netlink dependency and a thread. Learning in XDP follows moves at once and
 //! costs one hash lookup per frame (the entry is rewritten only when its
-//! port changes or once a second). What it gives up is the bridge's policy
-//! for forwarded frames: STP port states, VLAN filtering, port isolation,
-//! static FDB entries and br_netfilter do not apply to them. VLAN-tagged
-//! frames, broadcast/multicast and unknown destinations still go through
-//! the bridge; use `forwarding = "bridge"` where that policy matters.
+//! port changes or once a second). (2) is not a concern for the port facts
+//! switchd does mirror (below): a port's bridge and state change rarely,
+//! and a stale fact only sends frames to the bridge.
+//!
+//! The bridge's rules that decide *whether* to forward are kept: the
+//! program forwards only between ports of the same bridge, both in
+//! forwarding state, on a bridge without VLAN filtering, from a port whose
+//! VLAN tags it can see, and not between two isolated ports, using the
+//! per-port facts in `port_info` that [`super::bridge::BridgeView`] reads
+//! at attach and on every [`SteeringProgram::refresh_ports`] (at least once
+//! a second); refusals are counted by reason. What it still gives up for
+//! forwarded frames: br_netfilter / ebtables / nftables bridge rules,
+//! static or locked FDB entries, `learning off`, `unicast_flood off`.
+//! VLAN-tagged frames, broadcast/multicast and unknown destinations always
+//! go through the bridge; use `forwarding = "bridge"` where that matters.
 //!
 //! Delivery needs, on a veth egress port, NAPI on its peer (GRO on or an XDP
 //! program there), else the kernel drops redirected frames silently; and on
