@@ -56,6 +56,7 @@ fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
                 xdp_malformed: c.malformed,
                 xdp_dropped: c.dropped,
                 xdp_forwarded: c.forwarded,
+                xdp_fwd_refused: xdp::REFUSAL_NAMES.into_iter().zip(c.refusals()).collect(),
             }
         })
         .collect()

@@ -222,6 +222,24 @@ pub fn render(s: &Value) -> String {
             );
         }
     }
+    family(
+        &mut o,
+        "aggswitch_port_xdp_fwd_refused_total",
+        "counter",
+        "Frames the fast path left to the bridge, by the first rule they failed (by ingress port).",
+    );
+    for p in &ports {
+        if let Some(r) = p["xdp_fwd_refused"].as_object() {
+            for (reason, v) in r {
+                let _ = writeln!(
+                    o,
+                    "aggswitch_port_xdp_fwd_refused_total{{port=\"{}\",reason=\"{reason}\"}} {}",
+                    p["name"].as_str().unwrap_or("?"),
+                    num(v)
+                );
+            }
+        }
+    }
     let rings = s["rings"].as_array().cloned().unwrap_or_default();
     for (name, field, help) in [
         (
@@ -307,7 +325,8 @@ mod tests {
                       "results_sent": 10, "retransmits_served": 1, "ece_marked": 2, "nacks": 0,
                       "drops": {"duplicate": 3}}],
             "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0,
-                       "xdp_dropped": 5, "xdp_forwarded": 6}],
+                       "xdp_dropped": 5, "xdp_forwarded": 6,
+                       "xdp_fwd_refused": {"fwd_other_bridge": 7}}],
             "rings": [{"port_idx": 0, "queue": 0, "rx_occupancy": 12, "tx_occupancy": 3}],
         });
         let t = render(&s);
@@ -323,6 +342,7 @@ mod tests {
             "aggswitch_thread_wakeups_total 4",
             "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",
             "aggswitch_port_xdp_forwarded_total{port=\"sw-w0\"} 6",
+            "aggswitch_port_xdp_fwd_refused_total{port=\"sw-w0\",reason=\"fwd_other_bridge\"} 7",
             "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",
             "aggswitch_malformed_total{kind=\"truncated\"} 3",
             "# TYPE aggswitch_job_window gauge",

@@ -53,6 +53,9 @@ pub struct PortStats {
     pub xdp_dropped: u64,
     /// Frames the forwarding fast path redirected to another port.
     pub xdp_forwarded: u64,
+    /// Frames the fast path left to the bridge, by the first rule they
+    /// failed ([`crate::xdp::REFUSAL_NAMES`]; docs/FASTPATH.md).
+    pub xdp_fwd_refused: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]

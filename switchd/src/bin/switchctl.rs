@@ -208,14 +208,28 @@ fn run() -> Result<()> {
             print_counters(d, &DataplaneCounters::default(), "  ");
             print_counters(d, &TableCounters::default(), "  ");
             for p in d["ports"].as_array().cloned().unwrap_or_default() {
+                let refused: Vec<String> = p["xdp_fwd_refused"]
+                    .as_object()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 println!(
-                    "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}",
+                    "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}{}",
                     p["name"].as_str().unwrap_or("?"),
                     p["xdp_steered"],
                     p["xdp_passed"],
                     p["xdp_malformed"],
                     p["xdp_dropped"],
-                    p["xdp_forwarded"]
+                    p["xdp_forwarded"],
+                    if refused.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", left to the bridge: {}", refused.join(" "))
+                    }
                 );
             }
             for j in d["jobs"].as_array().cloned().unwrap_or_default() {
