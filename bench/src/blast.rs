@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use proto::wire::{flags, Header, HeaderRepr, MsgType, HEADER_LEN, L2_L4_LEN};
 
 use worker::mmsg::DatagramBatch;
-use worker::{Worker, WorkerConfig, WorkerError};
+use worker::{wait_readable, Worker, WorkerConfig, WorkerError};
 
 /// Ethernet + IPv4 + UDP + aggregation header: the prebuilt part of a frame.
 pub const FRAME_HDR: usize = L2_L4_LEN + HEADER_LEN;
@@ -58,21 +58,6 @@ pub const DEFAULT_BATCH: usize = 64;
 /// Receive buffer per RESULT (a UDP payload of at most 22 + 4 × 362 B at
 /// MTU 1500; jumbo RESULTs are cut, which only the sample check notices).
 const RX_BUF: usize = 2048;
-
-/// Waits up to `timeout` (at most 1 s) for `fd` to become readable (the
-/// worker library keeps its own copy private).
-fn wait_readable(fd: i32, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().clamp(0, 1000) as i32;
-    // SAFETY: one valid pollfd on the stack, count 1.
-    unsafe {
-        libc::poll(&mut p, 1, ms);
-    }
-}
 
 /// One direction of a UDP flow at Ethernet level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -49,7 +49,7 @@
 //!   refused message logs no event (refusals are only counted).
 #![no_main]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -67,7 +67,7 @@ use proto::wire::{
     self, flags, write_f32s, ChallengePayload, Header, HeaderRepr, HelloPayload, JoinAckPayload,
     JoinPayload, LeavePayload, MsgType, NackPayload, NackReason, Nonce, WireError, DTYPE_F32,
     HEADER_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, MAC_LEN, MAX_ELEMS_PER_CHUNK,
-    NACK_PAYLOAD_LEN, NONCE_LEN, OP_SUM, SECRET_LEN, V1_NACK_PAYLOAD_LEN,
+    NACK_PAYLOAD_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 
 const JOB_A: u16 = 1;
@@ -520,7 +520,8 @@ struct Harness {
     n_issued: u64,
     models: BTreeMap<u16, JobModel>,
     epochs: HashMap<u16, u32>,
-    removed: HashSet<u16>,
+    /// Removed jobs and their configs (NACK 1 goes only to their prefixes).
+    removed: HashMap<u16, JobConfig>,
     contrib: HashMap<u16, Contributions>,
     /// The RESULT payload (f32 bits) each completed (job, seq) must carry.
     results: HashMap<(u16, u32), Vec<u32>>,
@@ -540,17 +541,15 @@ fn same_f32(a: u32, b: u32) -> bool {
     a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
 }
 
-/// The largest reply a refused message of `len` bytes may get. Handshake
-/// messages (HELLO, JOIN, LEAVE) get nothing larger than themselves. Proto
-/// makes two exceptions: a DATA with fewer than 5 elements or a HEARTBEAT
-/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 42-byte NACK,
-/// and a version-1 JOIN shorter than 24 bytes gets the 24-byte version-1
-/// refusal.
+/// The largest reply a refused message of `len` bytes may get beyond its
+/// own size. Handshake messages (HELLO, JOIN, LEAVE) and version-1 JOINs
+/// get nothing larger than themselves. Proto makes one exception, to the
+/// job's prefixes only: a DATA with fewer than 5 elements or a HEARTBEAT
+/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 42-byte NACK.
 fn reply_size_floor(req: Option<&HeaderRepr>) -> usize {
     match req.map(|h| h.msg_type) {
-        Some(MsgType::Hello | MsgType::Join | MsgType::Leave) => 0,
+        Some(MsgType::Hello | MsgType::Join | MsgType::Leave) | None => 0,
         Some(_) => HEADER_LEN + NACK_PAYLOAD_LEN,
-        None => HEADER_LEN + V1_NACK_PAYLOAD_LEN,
     }
 }
 
@@ -791,13 +790,31 @@ impl Harness {
         fresh(out, false)
     }
 
+    /// Whether `bytes` is a version-1 JOIN the switch answers: a whole one
+    /// (36-byte payload), for a declared job, from inside its prefixes.
+    fn v1_join_answered(&self, bytes: &[u8], from: &Endpoint) -> bool {
+        bytes.len() == HEADER_LEN + 36
+            && wire::peek_v1(bytes).is_some_and(|(ty, job, _)| {
+                ty == MsgType::Join as u8
+                    && self
+                        .models
+                        .get(&job)
+                        .is_some_and(|m| allowed(&m.config, from.source.ip))
+            })
+    }
+
     /// What a parsed message should get.
     fn expect(&self, hdr: &HeaderRepr, payload: &[u8], from: &Endpoint) -> Expect {
         let src = from.source;
         let Some(m) = self.models.get(&hdr.job) else {
             let v = match hdr.msg_type {
                 MsgType::Hello | MsgType::Join => Verdict::NackUnknownJob,
-                MsgType::Data | MsgType::Heartbeat if self.removed.contains(&hdr.job) => {
+                MsgType::Data | MsgType::Heartbeat
+                    if self
+                        .removed
+                        .get(&hdr.job)
+                        .is_some_and(|c| allowed(c, src.ip)) =>
+                {
                     Verdict::NackUnknownJob
                 }
                 _ => Verdict::Dropped(None),
@@ -1295,9 +1312,7 @@ impl Harness {
         };
         match v {
             Verdict::Malformed(_) => {
-                let v1_join = wire::peek_v1(bytes)
-                    .is_some_and(|(ty, job, _)| ty == MsgType::Join as u8 && job != 0);
-                if v1_join {
+                if self.v1_join_answered(bytes, from) {
                     assert_eq!(kinds, [ReplyMsg::VersionRefusal]);
                     assert_eq!(outs[0].reply.to, *from);
                 } else {
@@ -1418,9 +1433,9 @@ impl Harness {
                 let h = req.unwrap();
                 Some((h.job, h.rank, Refusal::Replayed))
             }
-            Verdict::Malformed(_) => wire::peek_v1(bytes)
-                .filter(|&(ty, job, _)| ty == MsgType::Join as u8 && job != 0)
-                .map(|(_, job, rank)| (job, rank, Refusal::Version(1))),
+            Verdict::Malformed(_) if self.v1_join_answered(bytes, from) => {
+                wire::peek_v1(bytes).map(|(_, job, rank)| (job, rank, Refusal::Version(1)))
+            }
             _ => None,
         };
         let mut want = *refusals_before;
@@ -1828,7 +1843,7 @@ fn run(input: Input) {
         n_issued: 0,
         models: BTreeMap::new(),
         epochs: HashMap::new(),
-        removed: HashSet::new(),
+        removed: HashMap::new(),
         contrib: HashMap::new(),
         results: HashMap::new(),
         handshakes: HashMap::new(),
@@ -1974,8 +1989,9 @@ fn run(input: Input) {
             Op::Redeclare { job, spec } => {
                 let id = job.id();
                 if h.table.remove(id).is_some() {
-                    h.models.remove(&id);
-                    h.removed.insert(id);
+                    if let Some(m) = h.models.remove(&id) {
+                        h.removed.insert(id, m.config.clone());
+                    }
                     h.forget_sums(id);
                 }
                 if let Some(spec) = spec {

@@ -227,7 +227,7 @@ fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) ->
 }
 
 /// Waits up to `timeout` for `fd` to become readable.
-pub(crate) fn wait_readable(fd: i32, timeout: Duration) {
+pub fn wait_readable(fd: i32, timeout: Duration) {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
