@@ -241,19 +241,39 @@ pub fn render(s: &Value) -> String {
         }
     }
     let rings = s["rings"].as_array().cloned().unwrap_or_default();
-    for (name, field, help) in [
+    for (name, kind, field, help) in [
         (
             "aggswitch_ring_rx_occupancy",
+            "gauge",
             "rx_occupancy",
             "Frames waiting in the AF_XDP receive ring.",
         ),
         (
             "aggswitch_ring_tx_occupancy",
+            "gauge",
             "tx_occupancy",
             "Frames waiting in the AF_XDP transmit ring.",
         ),
+        (
+            "aggswitch_ring_kernel_rx_dropped_total",
+            "counter",
+            "kernel_rx_dropped",
+            "Frames the kernel dropped for the socket (ring full, fill ring empty, bad descriptors).",
+        ),
+        (
+            "aggswitch_ring_kernel_rx_ring_full_total",
+            "counter",
+            "kernel_rx_ring_full",
+            "Frames the kernel dropped because the AF_XDP receive ring was full.",
+        ),
+        (
+            "aggswitch_ring_kernel_fill_ring_empty_total",
+            "counter",
+            "kernel_fill_ring_empty",
+            "Times the kernel found the fill ring empty.",
+        ),
     ] {
-        family(&mut o, name, "gauge", help);
+        family(&mut o, name, kind, help);
         for r in &rings {
             let port = ports
                 .get(num(&r["port_idx"]) as usize)
@@ -327,7 +347,8 @@ mod tests {
             "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0,
                        "xdp_dropped": 5, "xdp_forwarded": 6,
                        "xdp_fwd_refused": {"fwd_other_bridge": 7}}],
-            "rings": [{"port_idx": 0, "queue": 0, "rx_occupancy": 12, "tx_occupancy": 3}],
+            "rings": [{"port_idx": 0, "queue": 0, "rx_occupancy": 12, "tx_occupancy": 3,
+                       "kernel_rx_dropped": 2}],
         });
         let t = render(&s);
         for line in [
@@ -345,6 +366,8 @@ mod tests {
             "aggswitch_port_xdp_fwd_refused_total{port=\"sw-w0\",reason=\"fwd_other_bridge\"} 7",
             "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",
             "aggswitch_malformed_total{kind=\"truncated\"} 3",
+            "aggswitch_ring_kernel_rx_dropped_total{port=\"sw-w0\",queue=\"0\"} 2",
+            "# TYPE aggswitch_ring_kernel_rx_dropped_total counter",
             "# TYPE aggswitch_job_window gauge",
         ] {
             assert!(t.lines().any(|l| l == line), "missing `{line}` in:\n{t}");

@@ -64,6 +64,12 @@ pub struct RingStats {
     pub queue: u32,
     pub rx_occupancy: u32,
     pub tx_occupancy: u32,
+    /// The kernel's count of frames it dropped for this socket (receive
+    /// ring full, fill ring empty, bad descriptors): traffic that reached
+    /// the port but never the switch's counters. Read once a second.
+    pub kernel_rx_dropped: u64,
+    pub kernel_rx_ring_full: u64,
+    pub kernel_fill_ring_empty: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]

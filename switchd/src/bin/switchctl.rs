@@ -232,6 +232,23 @@ fn run() -> Result<()> {
                     }
                 );
             }
+            let ports = d["ports"].as_array().cloned().unwrap_or_default();
+            for r in d["rings"].as_array().cloned().unwrap_or_default() {
+                if r["kernel_rx_dropped"].as_u64().unwrap_or(0) > 0 {
+                    let port = ports
+                        .get(r["port_idx"].as_u64().unwrap_or(0) as usize)
+                        .and_then(|p| p["name"].as_str())
+                        .unwrap_or("?");
+                    println!(
+                        "socket {port}/{}: the kernel dropped {} frames before switchd saw them \
+                         ({} with the receive ring full, fill ring empty {} times)",
+                        r["queue"],
+                        r["kernel_rx_dropped"],
+                        r["kernel_rx_ring_full"],
+                        r["kernel_fill_ring_empty"]
+                    );
+                }
+            }
             for j in d["jobs"].as_array().cloned().unwrap_or_default() {
                 print_job(&j);
             }

@@ -57,6 +57,9 @@ const IDLE_WAIT_MS: i32 = 10;
 const OUTBOX_CAPACITY: usize = 16 * 1024;
 /// How often a thread publishes its counters.
 const PUBLISH_EVERY: Duration = Duration::from_millis(20);
+/// How often a thread reads its sockets' kernel statistics (a getsockopt
+/// each).
+const KERNEL_STATS_EVERY: Duration = Duration::from_secs(1);
 
 proto::counter_schema! {
     /// Counters of one dataplane thread (not of any one job).
@@ -206,6 +209,8 @@ pub fn build(
             txs,
             counters: DataplaneCounters::default(),
             last_publish: Instant::now(),
+            kernel_stats: Vec::new(),
+            last_kernel_stats: None,
         })
         .collect();
     Ok((shared, lanes))
@@ -245,6 +250,9 @@ pub struct DataplaneThread {
     txs: TxSockets,
     counters: DataplaneCounters,
     last_publish: Instant,
+    /// Each socket's kernel statistics, as last read, and when.
+    kernel_stats: Vec<crate::xdp::XskStats>,
+    last_kernel_stats: Option<Instant>,
 }
 
 impl DataplaneThread {
@@ -376,20 +384,36 @@ impl DataplaneThread {
     }
 
     fn publish(&mut self) {
+        let now = Instant::now();
+        if self
+            .last_kernel_stats
+            .is_none_or(|t| now.duration_since(t) >= KERNEL_STATS_EVERY)
+        {
+            self.kernel_stats = self
+                .rxs
+                .iter()
+                .map(|s| s.rx.stats().unwrap_or_default())
+                .collect();
+            self.last_kernel_stats = Some(now);
+        }
         let rings = self
             .rxs
             .iter()
-            .map(|s| RingStats {
+            .zip(self.kernel_stats.iter())
+            .map(|(s, k)| RingStats {
                 port_idx: s.port_idx,
                 queue: s.queue,
                 rx_occupancy: s.rx.rx_ring_occupancy(),
                 tx_occupancy: tx::socket(&self.txs, s.port_idx, s.queue)
                     .map_or(0, |t| t.tx_ring_occupancy()),
+                kernel_rx_dropped: k.rx_dropped,
+                kernel_rx_ring_full: k.rx_ring_full,
+                kernel_fill_ring_empty: k.rx_fill_ring_empty_descs,
             })
             .collect();
         let mut p = lock(&self.shared.published[self.idx]);
         p.counters = self.counters.clone();
         p.rings = rings;
-        self.last_publish = Instant::now();
+        self.last_publish = now;
     }
 }
