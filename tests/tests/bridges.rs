@@ -255,6 +255,7 @@ fn can_run_here(test: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn frames_never_cross_between_two_bridges_while_each_keeps_its_fast_path() {
     if !can_run_here("frames_never_cross_between_two_bridges") {
         return;
@@ -354,6 +355,7 @@ fn frames_never_cross_between_two_bridges_while_each_keeps_its_fast_path() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_port_that_stops_forwarding_or_changes_bridge_loses_the_fast_path_within_a_second() {
     if !can_run_here("a_port_that_stops_forwarding") {
         return;
@@ -417,6 +419,7 @@ fn a_port_that_stops_forwarding_or_changes_bridge_loses_the_fast_path_within_a_s
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_veth_whose_peer_may_hide_vlan_tags_is_not_forwarded_from() {
     if !can_run_here("a_veth_whose_peer_may_hide_vlan_tags") {
         return;
