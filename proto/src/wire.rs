@@ -71,7 +71,7 @@ pub mod flags {
     pub const RETX: u8 = 0x02;
     /// Last chunk of a collective.
     pub const LAST: u8 = 0x04;
-    /// Every bit version 1 defines; the others must be zero.
+    /// Every bit the protocol defines; the others must be zero.
     pub const DEFINED: u8 = ECE | RETX | LAST;
 }
 
