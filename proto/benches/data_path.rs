@@ -20,6 +20,10 @@
 //! what parsing, the job lookup, membership, window, duplicate and
 //! rank-order checks and the counters cost per packet.
 //!
+//! `data_packet/engine_no_encode/E`: the same without encoding the
+//! replies (drained only): the table's own work, comparable with the
+//! engine before the table queued replies.
+//!
 //! `data_packet/hmac_tag/E`: HMAC-SHA256 over the same datagram, what an
 //! optional per-packet tag on DATA would add at the switch (and again at
 //! the worker), to weigh against `engine` (docs/PROTOCOL.md, "DATA
@@ -266,6 +270,20 @@ fn data_packet(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 stream.run(iters, |d| {
                     black_box(engine(&mut table, &from, d, now, &mut tx));
+                })
+            })
+        });
+        // The table's work alone: replies drained but not encoded (what the
+        // engine measured before replies were queued by the table).
+        g.bench_with_input(BenchmarkId::new("engine_no_encode", elems), &elems, |b, _| {
+            b.iter_custom(|iters| {
+                stream.run(iters, |d| {
+                    let rank = Header::new_checked(d).map_or(0, |h| h.rank());
+                    let from = from[rank as usize % from.len()];
+                    black_box(table.handle(d, from, false, now));
+                    while let Some(r) = table.poll_reply() {
+                        black_box(r);
+                    }
                 })
             })
         });

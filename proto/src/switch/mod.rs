@@ -592,7 +592,7 @@ impl JobTable {
             let (job, next_rank, msg) = match *self.replies.front_mut()? {
                 Pending::One(r) => {
                     self.replies.pop();
-                    self.count_reply(&r);
+                    self.count_reply(&r, true);
                     return Some(r);
                 }
                 Pending::ResultToAll {
@@ -602,8 +602,15 @@ impl JobTable {
                 } => (job, next_rank, ReplyMsg::Result { seq, retx: false }),
                 Pending::JoinAckToAll { job, next_rank } => (job, next_rank, ReplyMsg::JoinAck),
             };
-            let Some((rank, to)) = self.jobs.get(&job).and_then(|j| j.member_from(next_rank))
-            else {
+            // One lookup per reply: the member, and the job's count.
+            let found = self.jobs.get_mut(&job).and_then(|j| {
+                let m = j.member_from(next_rank)?;
+                if matches!(msg, ReplyMsg::Result { .. }) {
+                    j.counters.results_sent += 1;
+                }
+                Some(m)
+            });
+            let Some((rank, to)) = found else {
                 // Past the last member.
                 self.replies.pop();
                 continue;
@@ -619,17 +626,21 @@ impl JobTable {
                 _ => self.replies.pop(),
             }
             let r = Reply { to, job, rank, msg };
-            self.count_reply(&r);
+            self.count_reply(&r, false);
             return Some(r);
         }
     }
 
-    fn count_reply(&mut self, r: &Reply) {
+    /// Counts `r` on the table (and on its job when `per_job`; a fan-out
+    /// counts its job where it looks the member up).
+    fn count_reply(&mut self, r: &Reply, per_job: bool) {
         match r.msg {
             ReplyMsg::Result { .. } => {
                 self.counters.results_sent += 1;
-                if let Some(j) = self.jobs.get_mut(&r.job) {
-                    j.counters.results_sent += 1;
+                if per_job {
+                    if let Some(j) = self.jobs.get_mut(&r.job) {
+                        j.counters.results_sent += 1;
+                    }
                 }
             }
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
