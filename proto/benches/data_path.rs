@@ -275,18 +275,22 @@ fn data_packet(c: &mut Criterion) {
         });
         // The table's work alone: replies drained but not encoded (what the
         // engine measured before replies were queued by the table).
-        g.bench_with_input(BenchmarkId::new("engine_no_encode", elems), &elems, |b, _| {
-            b.iter_custom(|iters| {
-                stream.run(iters, |d| {
-                    let rank = Header::new_checked(d).map_or(0, |h| h.rank());
-                    let from = from[rank as usize % from.len()];
-                    black_box(table.handle(d, from, false, now));
-                    while let Some(r) = table.poll_reply() {
-                        black_box(r);
-                    }
+        g.bench_with_input(
+            BenchmarkId::new("engine_no_encode", elems),
+            &elems,
+            |b, _| {
+                b.iter_custom(|iters| {
+                    stream.run(iters, |d| {
+                        let rank = Header::new_checked(d).map_or(0, |h| h.rank());
+                        let from = from[rank as usize % from.len()];
+                        black_box(table.handle(d, from, false, now));
+                        while let Some(r) = table.poll_reply() {
+                            black_box(r);
+                        }
+                    })
                 })
-            })
-        });
+            },
+        );
         let job = table.get(JOB).expect("job");
         assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
         assert_eq!(job.counters.retransmits_served, 0);
