@@ -5,10 +5,14 @@
 # Usage:
 #   scripts/testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q]
 #                         [--mtu BYTES] [--print-env]
+#   scripts/testbed.sh up --leaves L --spines K --workers-per-leaf W
+#                         [--hosts-per-leaf H] [--prefix P] [--queues Q]
+#                         [--mtu BYTES] [--print-env]
 #   scripts/testbed.sh down [--prefix P]
 #   scripts/testbed.sh --help
 #
-# `up` makes these network namespaces (P defaults to "agg"):
+# Single switch (`up --workers N`) makes these network namespaces (P
+# defaults to "agg"):
 #   P-sw          the switch: Linux bridge br0 (198.18.0.1/24, STP off,
 #                 forward delay 0) enslaving one port per worker and host
 #   P-wI          worker I (0 <= I < N):  eth0 198.18.0.(10+I)/24, its peer
@@ -26,12 +30,39 @@
 # stays in the frame, where the XDP fast path sees it; switchd refuses the
 # fast path from a veth whose peer has it on).
 #
+# Leaf-spine (`up --leaves L --spines K --workers-per-leaf W`): every switch
+# is its own namespace, as separate boxes would be. L is 1..254, K is
+# 1..127, W is 1..90, H is 0..155 (default 0). The fabric is routed (layer
+# 3), so it has no loops and needs no STP: bridging stays inside one leaf.
+#   P-leafI       leaf I (0 <= I < L): bridge br0 198.18.I.1/24 (the gateway
+#                 of its subnet 198.18.I.0/24) with ports sw-wJ, sw-hJ for its
+#                 workers and hosts, as the single switch; one uplink up-sJ
+#                 to every spine J, 198.19.I.(2J+1)/31
+#   P-spineJ      spine J (0 <= J < K): one downlink dn-lI to every leaf I,
+#                 198.19.I.(2J)/31; its own address 198.19.255.(J+1)/32 on
+#                 lo (the later aggregation address), reachable from every
+#                 leaf, worker and host
+#   P-lIwJ        worker J under leaf I: eth0 198.18.I.(10+J)/24, default
+#                 route via 198.18.I.1
+#   P-lIhJ        host J under leaf I: eth0 198.18.I.(100+J)/24, default
+#                 route via 198.18.I.1
+# Leaves and spines forward IPv4 (ip_forward=1, rp_filter=0: the two
+# directions of a flow may cross different spines). Each leaf routes every
+# other leaf's /24 over all spines at once (an ECMP route, one nexthop per
+# uplink) and each spine address over its own uplink; each spine routes
+# leaf I's /24 over dn-lI. Leaves hash flows by L4 ports too
+# (fib_multipath_hash_policy=1), so different TCP/UDP flows between the
+# same two hosts may take different spines; a flow stays on one. Both ends
+# of every leaf-spine veth face a switch and get the offload settings of
+# eth0 above.
+#
 # `up` first removes a testbed with the same prefix. It prints a summary; with
 # --print-env it prints the testbed as key=value lines on stdout instead (the
 # summary then goes to stderr).
 #
-# `down` deletes every namespace named P-sw, P-wI, P-hJ and succeeds when there
-# is none. It never kills processes; it warns about any still inside.
+# `down` deletes every namespace of the prefix (P-sw, P-wI, P-hJ, P-leafI,
+# P-spineJ, P-lIwJ, P-lIhJ) and succeeds when there is none. It never kills
+# processes; it warns about any still inside.
 #
 # Needs root, iproute2 and (optionally) ethtool.
 
@@ -48,7 +79,11 @@ readonly HOST_BASE=100    # host J: .100+J, at most .254
 readonly MAX_WORKERS=$((99 - WORKER_BASE + 1))
 readonly MAX_HOSTS=$((254 - HOST_BASE + 1))
 readonly BRIDGE=br0
-readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] | down [--prefix P] (see --help)"
+# Leaf-spine: the address plan is in the functions under "Leaf-spine
+# addresses" below.
+readonly MAX_LEAVES=254
+readonly MAX_SPINES=127
+readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
 
 usage() {
     awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
@@ -57,18 +92,35 @@ usage() {
 # ---------------------------------------------------------------------------
 # Names
 
-# is_testbed_ns PREFIX NAME: true when NAME is PREFIX-sw, PREFIX-wI or PREFIX-hJ.
+# is_testbed_ns PREFIX NAME: true when NAME is PREFIX-sw, PREFIX-wI or
+# PREFIX-hJ (single switch) or PREFIX-leafI, PREFIX-spineJ, PREFIX-lIwJ or
+# PREFIX-lIhJ (leaf-spine).
 is_testbed_ns() {
     local prefix="$1" name="$2" rest kind
     [[ "$name" == "$prefix-sw" ]] && return 0
-    for kind in w h; do
+    for kind in w h leaf spine; do
         if [[ "$name" == "$prefix-$kind"* ]]; then
             rest="${name#"$prefix-$kind"}"
             is_uint "$rest" && return 0
         fi
     done
+    if [[ "$name" == "$prefix-l"* ]]; then
+        rest="${name#"$prefix-l"}"
+        [[ "$rest" =~ ^[0-9]+[wh][0-9]+$ ]] && return 0
+    fi
     return 1
 }
+
+# ---------------------------------------------------------------------------
+# Leaf-spine addresses (I: leaf index, J: spine, worker or host index)
+
+leaf_net() { echo "198.18.$1"; }                    # leaf I's /24, without ".0"
+leaf_gw() { echo "198.18.$1.1"; }                   # leaf I's br0, the gateway
+leaf_worker_addr() { echo "198.18.$1.$((WORKER_BASE + $2))"; }
+leaf_host_addr() { echo "198.18.$1.$((HOST_BASE + $2))"; }
+link_spine_addr() { echo "198.19.$1.$((2 * $2))"; }    # /31, spine J's end to leaf I
+link_leaf_addr() { echo "198.19.$1.$((2 * $2 + 1))"; } # /31, leaf I's end to spine J
+spine_addr() { echo "198.19.255.$(($1 + 1))"; }     # /32 on spine J's lo
 
 # testbed_namespaces PREFIX: print the testbed's existing namespaces, one a line.
 testbed_namespaces() {
@@ -152,6 +204,31 @@ quiet_sysctls() {
         net.ipv6.conf.default.disable_ipv6=1 >/dev/null
 }
 
+# router_sysctls NS MULTIPATH_HASH_POLICY: forward IPv4 without reverse-path
+# filtering (ECMP: a flow's two directions may cross different spines).
+router_sysctls() {
+    in_ns "$1" sysctl -q -w \
+        net.ipv4.ip_forward=1 \
+        net.ipv4.conf.all.rp_filter=0 \
+        net.ipv4.conf.default.rp_filter=0 \
+        net.ipv4.fib_multipath_hash_policy="$2" >/dev/null
+}
+
+# switch_facing NS DEV: offload settings of a veth end whose peer is a switch
+# port (see the header).
+switch_facing() {
+    local ns="$1" dev="$2"
+    command -v ethtool >/dev/null 2>&1 || return 0
+    # GRO on the receiving side lets XDP_REDIRECT into this veth work.
+    in_ns "$ns" ethtool -K "$dev" gro on >/dev/null 2>&1 || true
+    # Complete checksums in the frames, as a NIC would put on the wire.
+    in_ns "$ns" ethtool -K "$dev" tx off >/dev/null 2>&1 || true
+    # VLAN tags in the frames' bytes, never in skb metadata, so that the
+    # XDP program on the switch port can see them: switchd gives the
+    # fast path only to veth ports whose peer has these off.
+    in_ns "$ns" ethtool -K "$dev" txvlan off tx-vlan-stag-hw-insert off >/dev/null 2>&1 || true
+}
+
 # add_port SWNS HOSTNS PORTNAME ADDR QUEUES MTU: a veth pair, PORTNAME in the
 # switch namespace enslaved to the bridge, eth0 with ADDR in HOSTNS.
 add_port() {
@@ -164,16 +241,17 @@ add_port() {
     ip -n "$swns" link set "$port" up
     ip -n "$ns" addr add "$addr/$SUBNET_LEN" dev eth0
     ip -n "$ns" link set eth0 up
-    if command -v ethtool >/dev/null 2>&1; then
-        # GRO on the receiving side lets XDP_REDIRECT into this veth work.
-        in_ns "$ns" ethtool -K eth0 gro on >/dev/null 2>&1 || true
-        # Complete checksums in the frames, as a NIC would put on the wire.
-        in_ns "$ns" ethtool -K eth0 tx off >/dev/null 2>&1 || true
-        # VLAN tags in the frames' bytes, never in skb metadata, so that the
-        # XDP program on the switch port can see them: switchd gives the
-        # fast path only to veth ports whose peer has these off.
-        in_ns "$ns" ethtool -K eth0 txvlan off tx-vlan-stag-hw-insert off >/dev/null 2>&1 || true
-    fi
+    switch_facing "$ns" eth0
+}
+
+# add_bridge NS ADDR MTU: the bridge br0 with ADDR/24, forwarding at once.
+add_bridge() {
+    local ns="$1" addr="$2" mtu="$3"
+    ip -n "$ns" link add "$BRIDGE" type bridge \
+        forward_delay 0 stp_state 0 ageing_time 30000
+    ip -n "$ns" link set "$BRIDGE" mtu "$mtu" 2>/dev/null || true
+    ip -n "$ns" addr add "$addr/$SUBNET_LEN" dev "$BRIDGE"
+    ip -n "$ns" link set "$BRIDGE" up
 }
 
 mac_of() {
@@ -192,10 +270,11 @@ on_exit() {
 }
 
 cmd_up() {
-    local prefix="agg" workers="" hosts=0 queues=1 mtu=1500 print_env=0
+    local prefix="agg" workers="" hosts="" queues=1 mtu=1500 print_env=0
+    local leaves="" spines="" wpl="" hpl=""
     while [[ $# -gt 0 ]]; do
         case "$1" in
-            --workers|--hosts|--prefix|--queues|--mtu)
+            --workers|--hosts|--prefix|--queues|--mtu|--leaves|--spines|--workers-per-leaf|--hosts-per-leaf)
                 [[ $# -ge 2 ]] || die "$1 needs a value"
                 case "$1" in
                     --workers) workers="$2" ;;
@@ -203,6 +282,10 @@ cmd_up() {
                     --prefix) prefix="$2" ;;
                     --queues) queues="$2" ;;
                     --mtu) mtu="$2" ;;
+                    --leaves) leaves="$2" ;;
+                    --spines) spines="$2" ;;
+                    --workers-per-leaf) wpl="$2" ;;
+                    --hosts-per-leaf) hpl="$2" ;;
                 esac
                 shift 2 ;;
             --workers=*) workers="${1#*=}"; shift ;;
@@ -210,20 +293,32 @@ cmd_up() {
             --prefix=*) prefix="${1#*=}"; shift ;;
             --queues=*) queues="${1#*=}"; shift ;;
             --mtu=*) mtu="${1#*=}"; shift ;;
+            --leaves=*) leaves="${1#*=}"; shift ;;
+            --spines=*) spines="${1#*=}"; shift ;;
+            --workers-per-leaf=*) wpl="${1#*=}"; shift ;;
+            --hosts-per-leaf=*) hpl="${1#*=}"; shift ;;
             --print-env) print_env=1; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "up: unknown argument '$1' (see --help)" ;;
         esac
     done
-    [[ -n "$workers" ]] || die "up: --workers N is required"
-    uint_in_range "$workers" 1 "$MAX_WORKERS" ||
-        die "--workers must be 1..$MAX_WORKERS (worker I gets $SUBNET_BASE.$WORKER_BASE+I), got '$workers'"
-    uint_in_range "$hosts" 0 "$MAX_HOSTS" ||
-        die "--hosts must be 0..$MAX_HOSTS (host J gets $SUBNET_BASE.$HOST_BASE+J), got '$hosts'"
     uint_in_range "$queues" 1 256 ||
         die "--queues must be 1..256, got '$queues'"
     uint_in_range "$mtu" 68 65535 ||
         die "--mtu must be 68..65535, got '$mtu'"
+    if [[ -n "$leaves$spines$wpl$hpl" ]]; then
+        [[ -z "$workers$hosts" ]] ||
+            die "up: --workers/--hosts (one switch) and --leaves/--spines/--workers-per-leaf/--hosts-per-leaf (leaf-spine) do not mix"
+        up_leafspine "$prefix" "$leaves" "$spines" "$wpl" "${hpl:-0}" \
+            "$((10#$queues))" "$((10#$mtu))" "$print_env"
+        return
+    fi
+    hosts="${hosts:-0}"
+    [[ -n "$workers" ]] || die "up: --workers N (or --leaves L --spines K --workers-per-leaf W) is required"
+    uint_in_range "$workers" 1 "$MAX_WORKERS" ||
+        die "--workers must be 1..$MAX_WORKERS (worker I gets $SUBNET_BASE.$WORKER_BASE+I), got '$workers'"
+    uint_in_range "$hosts" 0 "$MAX_HOSTS" ||
+        die "--hosts must be 0..$MAX_HOSTS (host J gets $SUBNET_BASE.$HOST_BASE+J), got '$hosts'"
     workers=$((10#$workers)); hosts=$((10#$hosts)); queues=$((10#$queues)); mtu=$((10#$mtu))
     check_prefix "$prefix"
     require_root up --workers "$workers" --hosts "$hosts" --prefix "$prefix"
@@ -250,11 +345,7 @@ cmd_up() {
     done
 
     # The switch: a plain learning bridge, forwarding at once.
-    ip -n "$swns" link add "$BRIDGE" type bridge \
-        forward_delay 0 stp_state 0 ageing_time 30000
-    ip -n "$swns" link set "$BRIDGE" mtu "$mtu" 2>/dev/null || true
-    ip -n "$swns" addr add "$SWITCH_ADDR/$SUBNET_LEN" dev "$BRIDGE"
-    ip -n "$swns" link set "$BRIDGE" up
+    add_bridge "$swns" "$SWITCH_ADDR" "$mtu"
 
     for ((i = 0; i < workers; i++)); do
         add_port "$swns" "${wns[i]}" "sw-w$i" "$SUBNET_BASE.$((WORKER_BASE + i))" "$queues" "$mtu"
@@ -313,6 +404,196 @@ print_env() {
         echo "host_${i}_mac=$(mac_of "$ns" eth0)"
     done
     echo "ports=${ports[*]}"
+}
+
+# ---------------------------------------------------------------------------
+# up, leaf-spine
+
+# add_uplink LEAFNS SPINENS I J QUEUES MTU: the veth between leaf I (up-sJ)
+# and spine J (dn-lI), a /31 on it.
+add_uplink() {
+    local lns="$1" sns="$2" i="$3" j="$4" queues="$5" mtu="$6"
+    ip -n "$lns" link add "up-s$j" mtu "$mtu" \
+        numrxqueues "$queues" numtxqueues "$queues" \
+        type veth peer name "dn-l$i" netns "$sns" mtu "$mtu" \
+        numrxqueues "$queues" numtxqueues "$queues"
+    ip -n "$lns" addr add "$(link_leaf_addr "$i" "$j")/31" dev "up-s$j"
+    ip -n "$sns" addr add "$(link_spine_addr "$i" "$j")/31" dev "dn-l$i"
+    ip -n "$lns" link set "up-s$j" up
+    ip -n "$sns" link set "dn-l$i" up
+    switch_facing "$lns" "up-s$j"
+    switch_facing "$sns" "dn-l$i"
+}
+
+up_leafspine() {
+    local prefix="$1" leaves="$2" spines="$3" wpl="$4" hpl="$5" queues="$6" mtu="$7" print_env="$8"
+    [[ -n "$leaves" && -n "$spines" && -n "$wpl" ]] ||
+        die "up: leaf-spine needs --leaves L --spines K --workers-per-leaf W"
+    uint_in_range "$leaves" 1 "$MAX_LEAVES" ||
+        die "--leaves must be 1..$MAX_LEAVES (leaf I gets 198.18.I.0/24), got '$leaves'"
+    uint_in_range "$spines" 1 "$MAX_SPINES" ||
+        die "--spines must be 1..$MAX_SPINES (link I-J gets 198.19.I.(2J)/31), got '$spines'"
+    uint_in_range "$wpl" 1 "$MAX_WORKERS" ||
+        die "--workers-per-leaf must be 1..$MAX_WORKERS, got '$wpl'"
+    uint_in_range "$hpl" 0 "$MAX_HOSTS" ||
+        die "--hosts-per-leaf must be 0..$MAX_HOSTS, got '$hpl'"
+    leaves=$((10#$leaves)); spines=$((10#$spines)); wpl=$((10#$wpl)); hpl=$((10#$hpl))
+    check_prefix "$prefix"
+    require_root up --leaves "$leaves" --spines "$spines" --workers-per-leaf "$wpl" \
+        --hosts-per-leaf "$hpl" --prefix "$prefix"
+    command -v ip >/dev/null 2>&1 || die "ip (iproute2) not found: run scripts/setup.sh"
+
+    take_lock "$prefix"
+    local removed
+    removed="$(teardown "$prefix")"
+    [[ "$removed" -eq 0 ]] || log "removed the earlier testbed '$prefix' ($removed namespaces)"
+
+    UP_PREFIX="$prefix"
+    trap on_exit EXIT
+
+    local i j k ns lns sns
+    local -a nexthops
+
+    # Namespaces first, with IPv6 off before any device exists in them.
+    for ((j = 0; j < spines; j++)); do
+        ns="$prefix-spine$j"
+        ip netns add "$ns"
+        quiet_sysctls "$ns"
+        router_sysctls "$ns" 1
+        ip -n "$ns" link set lo up
+        ip -n "$ns" addr add "$(spine_addr "$j")/32" dev lo
+    done
+    for ((i = 0; i < leaves; i++)); do
+        lns="$prefix-leaf$i"
+        ip netns add "$lns"
+        quiet_sysctls "$lns"
+        router_sysctls "$lns" 1
+        ip -n "$lns" link set lo up
+        add_bridge "$lns" "$(leaf_gw "$i")" "$mtu"
+        for ((k = 0; k < wpl + hpl; k++)); do
+            if ((k < wpl)); then ns="$prefix-l${i}w$k"; else ns="$prefix-l${i}h$((k - wpl))"; fi
+            ip netns add "$ns"
+            quiet_sysctls "$ns"
+            ip -n "$ns" link set lo up
+        done
+        for ((k = 0; k < wpl; k++)); do
+            ns="$prefix-l${i}w$k"
+            add_port "$lns" "$ns" "sw-w$k" "$(leaf_worker_addr "$i" "$k")" "$queues" "$mtu"
+            ip -n "$ns" route add default via "$(leaf_gw "$i")" dev eth0
+        done
+        for ((k = 0; k < hpl; k++)); do
+            ns="$prefix-l${i}h$k"
+            add_port "$lns" "$ns" "sw-h$k" "$(leaf_host_addr "$i" "$k")" "$queues" "$mtu"
+            ip -n "$ns" route add default via "$(leaf_gw "$i")" dev eth0
+        done
+        for ((j = 0; j < spines; j++)); do
+            add_uplink "$lns" "$prefix-spine$j" "$i" "$j" "$queues" "$mtu"
+        done
+    done
+
+    # Routes: each leaf reaches every spine's own address over its uplink to
+    # that spine, and every other leaf's /24 over all spines (ECMP); each
+    # spine reaches leaf I's /24 over dn-lI.
+    for ((i = 0; i < leaves; i++)); do
+        lns="$prefix-leaf$i"
+        nexthops=()
+        for ((j = 0; j < spines; j++)); do
+            ip -n "$lns" route add "$(spine_addr "$j")/32" \
+                via "$(link_spine_addr "$i" "$j")" dev "up-s$j"
+            nexthops+=(nexthop via "$(link_spine_addr "$i" "$j")" dev "up-s$j")
+        done
+        for ((k = 0; k < leaves; k++)); do
+            ((k != i)) || continue
+            ip -n "$lns" route add "$(leaf_net "$k").0/$SUBNET_LEN" "${nexthops[@]}"
+        done
+    done
+    for ((j = 0; j < spines; j++)); do
+        sns="$prefix-spine$j"
+        for ((i = 0; i < leaves; i++)); do
+            ip -n "$sns" route add "$(leaf_net "$i").0/$SUBNET_LEN" \
+                via "$(link_leaf_addr "$i" "$j")" dev "dn-l$i"
+        done
+    done
+
+    UP_DONE=1
+
+    local summary_fd=1
+    if [[ "$print_env" -eq 1 ]]; then
+        summary_fd=2
+        print_env_leafspine "$prefix" "$leaves" "$spines" "$wpl" "$hpl" "$queues" "$mtu"
+    fi
+    {
+        echo "testbed '$prefix' up (leaf-spine, routed, ECMP over the spines):"
+        for ((i = 0; i < leaves; i++)); do
+            echo "  leaf    $prefix-leaf$i: $BRIDGE $(leaf_gw "$i")/$SUBNET_LEN, uplinks up-s0..up-s$((spines - 1)) ($(link_leaf_addr "$i" 0)/31..)"
+            echo "    workers $prefix-l${i}w0..$prefix-l${i}w$((wpl - 1)): eth0 $(leaf_worker_addr "$i" 0)..$(leaf_worker_addr "$i" $((wpl - 1)))"
+            if ((hpl > 0)); then
+                echo "    hosts   $prefix-l${i}h0..$prefix-l${i}h$((hpl - 1)): eth0 $(leaf_host_addr "$i" 0)..$(leaf_host_addr "$i" $((hpl - 1)))"
+            fi
+        done
+        for ((j = 0; j < spines; j++)); do
+            echo "  spine   $prefix-spine$j: lo $(spine_addr "$j")/32, downlinks dn-l0..dn-l$((leaves - 1))"
+        done
+        echo "  queues per veth: $queues, mtu $mtu; remove with: scripts/testbed.sh down --prefix $prefix"
+    } >&"$summary_fd"
+}
+
+print_env_leafspine() {
+    local prefix="$1" leaves="$2" spines="$3" wpl="$4" hpl="$5" queues="$6" mtu="$7"
+    local i j k ns lns ports uplinks downlinks
+    echo "prefix=$prefix"
+    echo "topology=leafspine"
+    echo "leaves=$leaves"
+    echo "spines=$spines"
+    echo "workers_per_leaf=$wpl"
+    echo "hosts_per_leaf=$hpl"
+    echo "queues=$queues"
+    echo "mtu=$mtu"
+    for ((i = 0; i < leaves; i++)); do
+        lns="$prefix-leaf$i"
+        ports=""
+        uplinks=""
+        echo "leaf_${i}_ns=$lns"
+        echo "leaf_${i}_gateway=$(leaf_gw "$i")"
+        echo "leaf_${i}_subnet=$(leaf_net "$i").0/$SUBNET_LEN"
+        echo "leaf_${i}_bridge=$BRIDGE"
+        echo "leaf_${i}_mac=$(mac_of "$lns" "$BRIDGE")"
+        for ((k = 0; k < wpl; k++)); do
+            ns="$prefix-l${i}w$k"
+            ports+="${ports:+ }sw-w$k"
+            echo "leaf_${i}_worker_${k}_ns=$ns"
+            echo "leaf_${i}_worker_${k}_addr=$(leaf_worker_addr "$i" "$k")"
+            echo "leaf_${i}_worker_${k}_port=sw-w$k"
+            echo "leaf_${i}_worker_${k}_mac=$(mac_of "$ns" eth0)"
+        done
+        for ((k = 0; k < hpl; k++)); do
+            ns="$prefix-l${i}h$k"
+            ports+="${ports:+ }sw-h$k"
+            echo "leaf_${i}_host_${k}_ns=$ns"
+            echo "leaf_${i}_host_${k}_addr=$(leaf_host_addr "$i" "$k")"
+            echo "leaf_${i}_host_${k}_port=sw-h$k"
+            echo "leaf_${i}_host_${k}_mac=$(mac_of "$ns" eth0)"
+        done
+        echo "leaf_${i}_ports=$ports"
+        for ((j = 0; j < spines; j++)); do
+            uplinks+="${uplinks:+ }up-s$j"
+            echo "leaf_${i}_uplink_${j}_port=up-s$j"
+            echo "leaf_${i}_uplink_${j}_addr=$(link_leaf_addr "$i" "$j")"
+            echo "leaf_${i}_uplink_${j}_peer=$(link_spine_addr "$i" "$j")"
+        done
+        echo "leaf_${i}_uplinks=$uplinks"
+    done
+    for ((j = 0; j < spines; j++)); do
+        downlinks=""
+        echo "spine_${j}_ns=$prefix-spine$j"
+        echo "spine_${j}_addr=$(spine_addr "$j")"
+        for ((i = 0; i < leaves; i++)); do
+            downlinks+="${downlinks:+ }dn-l$i"
+            echo "spine_${j}_downlink_${i}_port=dn-l$i"
+            echo "spine_${j}_downlink_${i}_addr=$(link_spine_addr "$i" "$j")"
+        done
+        echo "spine_${j}_ports=$downlinks"
+    done
 }
 
 # ---------------------------------------------------------------------------

@@ -193,6 +193,138 @@ impl Drop for Testbed {
     }
 }
 
+/// A leaf-spine fabric (`scripts/testbed.sh up --leaves L --spines K
+/// --workers-per-leaf W --hosts-per-leaf H --print-env`): names and
+/// addresses come from the script's key=value lines. Torn down by prefix on
+/// drop, also when the test panics; `dir` (scratch files) is removed too.
+pub struct LeafSpine {
+    pub prefix: String,
+    pub leaves: u16,
+    pub spines: u16,
+    pub workers_per_leaf: u16,
+    pub hosts_per_leaf: u16,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub dir: PathBuf,
+}
+
+impl Netns for LeafSpine {}
+
+impl LeafSpine {
+    pub fn up(prefix: &str, leaves: u16, spines: u16, wpl: u16, hpl: u16) -> LeafSpine {
+        // The guard exists before the script runs: a failed `up` is removed too.
+        let dir = std::env::temp_dir().join(format!("agg-e2e-{prefix}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut fabric = LeafSpine {
+            prefix: prefix.to_owned(),
+            leaves,
+            spines,
+            workers_per_leaf: wpl,
+            hosts_per_leaf: hpl,
+            env: Default::default(),
+            dir,
+        };
+        let out = Command::new("bash")
+            .arg(testbed_script())
+            .args(["up", "--leaves", &leaves.to_string()])
+            .args(["--spines", &spines.to_string()])
+            .args(["--workers-per-leaf", &wpl.to_string()])
+            .args(["--hosts-per-leaf", &hpl.to_string()])
+            .args(["--prefix", prefix, "--print-env"])
+            .output()
+            .expect("running scripts/testbed.sh");
+        assert!(
+            out.status.success(),
+            "testbed.sh up (leaf-spine) failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fabric.env = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        fabric
+    }
+
+    /// The value of `key` in the script's --print-env output.
+    pub fn get(&self, key: &str) -> &str {
+        self.env
+            .get(key)
+            .unwrap_or_else(|| panic!("testbed.sh --print-env has no {key}: {:?}", self.env))
+    }
+
+    pub fn leaf_ns(&self, i: u16) -> String {
+        self.get(&format!("leaf_{i}_ns")).to_owned()
+    }
+    pub fn leaf_gateway(&self, i: u16) -> String {
+        self.get(&format!("leaf_{i}_gateway")).to_owned()
+    }
+    pub fn spine_ns(&self, j: u16) -> String {
+        self.get(&format!("spine_{j}_ns")).to_owned()
+    }
+    /// Spine `j`'s own address (on its lo).
+    pub fn spine_addr(&self, j: u16) -> String {
+        self.get(&format!("spine_{j}_addr")).to_owned()
+    }
+    /// Worker `k` under leaf `i`.
+    pub fn worker_ns(&self, i: u16, k: u16) -> String {
+        self.get(&format!("leaf_{i}_worker_{k}_ns")).to_owned()
+    }
+    pub fn worker_addr(&self, i: u16, k: u16) -> String {
+        self.get(&format!("leaf_{i}_worker_{k}_addr")).to_owned()
+    }
+    /// Host `k` under leaf `i`.
+    pub fn host_ns(&self, i: u16, k: u16) -> String {
+        self.get(&format!("leaf_{i}_host_{k}_ns")).to_owned()
+    }
+    pub fn host_addr(&self, i: u16, k: u16) -> String {
+        self.get(&format!("leaf_{i}_host_{k}_addr")).to_owned()
+    }
+
+    /// Counter `stat` (e.g. "tx_packets") of interface `dev` in `ns`.
+    pub fn if_counter(&self, ns: &str, dev: &str, stat: &str) -> u64 {
+        let path = format!("/sys/class/net/{dev}/statistics/{stat}");
+        let out = self.cmd_in(ns, "cat").arg(&path).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("reading {path} in {ns}: {out:?}"))
+    }
+
+    /// Runs `testbed.sh down --prefix P`; the script's output.
+    pub fn down(&self) -> Output {
+        Command::new("bash")
+            .arg(testbed_script())
+            .args(["down", "--prefix", &self.prefix])
+            .output()
+            .expect("running scripts/testbed.sh down")
+    }
+}
+
+impl Drop for LeafSpine {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(testbed_script())
+            .args(["down", "--prefix", &self.prefix])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The network namespaces that exist now (`ip netns list`), by name.
+pub fn netns_names() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A job in a switchd config.
 pub struct JobSpec {
     pub id: u16,
@@ -480,8 +612,21 @@ pub fn wait_with_timeout(mut c: Child, limit: Duration) -> Output {
     c.wait_with_output().expect("collecting child output")
 }
 
+/// Anything with named network namespaces to run commands in: a
+/// single-switch [`Testbed`] or a [`LeafSpine`] fabric.
+pub trait Netns {
+    /// A command run inside namespace `ns`.
+    fn cmd_in(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns]).arg(program);
+        c
+    }
+}
+
+impl Netns for Testbed {}
+
 /// Runs `probe.py ARGS` in `ns` to completion.
-pub fn probe(tb: &Testbed, ns: &str, args: &[&str]) -> Output {
+pub fn probe(tb: &impl Netns, ns: &str, args: &[&str]) -> Output {
     tb.cmd_in(ns, "python3")
         .arg(probe_script())
         .args(args)
@@ -491,7 +636,7 @@ pub fn probe(tb: &Testbed, ns: &str, args: &[&str]) -> Output {
 
 /// Starts `probe.py ARGS` in `ns` and waits for its "ready" line.
 pub fn probe_listener(
-    tb: &Testbed,
+    tb: &impl Netns,
     ns: &str,
     args: &[&str],
 ) -> (Child, BufReader<std::process::ChildStdout>) {
@@ -525,7 +670,7 @@ pub fn port_sum(stats: &serde_json::Value, prefix: &str, field: &str) -> u64 {
 }
 
 /// Three pings from `ns` to `addr` must be answered.
-pub fn ping(tb: &Testbed, ns: &str, addr: &str) {
+pub fn ping(tb: &impl Netns, ns: &str, addr: &str) {
     let out = tb
         .cmd_in(ns, "ping")
         .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
@@ -555,8 +700,23 @@ pub fn sha256_of(path: &std::path::Path) -> String {
 /// that the same bytes arrived (SHA-256 and length).
 pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    let h1_addr = Testbed::host_addr(1);
-    let file = sw.dir.join("random.bin");
+    tcp_transfer_between(tb, &sw.dir, &h0, &h1, &Testbed::host_addr(1), 5001, len);
+}
+
+/// Sends `len` pseudo-random bytes over TCP from namespace `from` to
+/// `to_addr:port` in namespace `to` (the file is written in `dir`) and
+/// checks that the same bytes arrived (SHA-256 and length).
+pub fn tcp_transfer_between(
+    tb: &impl Netns,
+    dir: &Path,
+    from: &str,
+    to: &str,
+    to_addr: &str,
+    port: u16,
+    len: usize,
+) {
+    let port = port.to_string();
+    let file = dir.join(format!("random-{port}.bin"));
     let data: Vec<u8> = {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         (0..len)
@@ -570,11 +730,11 @@ pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
     };
     std::fs::write(&file, &data).unwrap();
     let want = sha256_of(&file);
-    let (rx, mut lines) = probe_listener(tb, &h1, &["tcp-recv", &h1_addr, "5001", "60"]);
+    let (rx, mut lines) = probe_listener(tb, to, &["tcp-recv", to_addr, &port, "60"]);
     let send = probe(
         tb,
-        &h0,
-        &["tcp-send", &h1_addr, "5001", file.to_str().unwrap()],
+        from,
+        &["tcp-send", to_addr, &port, file.to_str().unwrap()],
     );
     assert!(send.status.success(), "tcp-send failed: {send:?}");
     let mut line = String::new();
@@ -584,7 +744,7 @@ pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
     assert_eq!(
         line.trim(),
         format!("{want} {len}"),
-        "TCP payload changed crossing the switch"
+        "TCP payload changed from {from} to {to_addr}"
     );
 }
 
