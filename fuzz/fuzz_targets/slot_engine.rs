@@ -149,6 +149,8 @@ impl JobSpec {
             pool_slots,
             elems_per_chunk: 1 + (self.elems % 8) as u16,
             window: 1 + (self.window as u16 % pool_slots),
+            // Trees are covered by proto/tests/simulated_tree.rs.
+            upstream: None,
         }
     }
 }
@@ -1265,6 +1267,9 @@ impl Harness {
                 assert!(ranks.iter().all(|&x| x < job.n_workers()), "{ranks:?}");
             }
             ReplyMsg::VersionRefusal => unreachable!(),
+            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. } => {
+                unreachable!("no job of this target has an upstream: {r:?}")
+            }
         }
     }
 
@@ -1364,6 +1369,7 @@ impl Harness {
             }
             Verdict::Join(JoinOutcome::Waiting | JoinOutcome::Replayed)
             | Verdict::Data(DataOutcome::Taken | DataOutcome::Dropped(_))
+            | Verdict::Data(DataOutcome::PartialReady { .. })
             | Verdict::Dropped(_)
             | Verdict::Noted => assert!(outs.is_empty(), "{v:?} answered with {kinds:?}"),
         }

@@ -90,6 +90,7 @@ fn config(elems: u16) -> JobConfig {
         pool_slots: POOL,
         elems_per_chunk: elems,
         window: POOL,
+        upstream: None,
     }
 }
 

@@ -172,6 +172,7 @@ fn run_from(
                 pool_slots: slots,
                 elems_per_chunk: elems,
                 window: slots,
+                upstream: None,
             },
             elems,
         )

@@ -68,6 +68,9 @@ pub struct JobConfig {
     pub elems_per_chunk: u16,
     /// Chunks in flight the switch allows (≤ pool_slots).
     pub window: u16,
+    /// On a leaf of an aggregation tree: where partial sums go
+    /// ([`super::uplink`]); `None` on a single switch or a spine.
+    pub upstream: Option<super::uplink::Upstream>,
 }
 
 impl fmt::Debug for JobConfig {
@@ -81,6 +84,7 @@ impl fmt::Debug for JobConfig {
             .field("pool_slots", &self.pool_slots)
             .field("elems_per_chunk", &self.elems_per_chunk)
             .field("window", &self.window)
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
@@ -133,6 +137,8 @@ pub enum JobConfigError {
         budget: u64,
         in_use: u64,
     },
+    #[error("job {0}: upstream: {1}")]
+    Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
     OutOfMemory { id: u16, need: u64 },
 }
@@ -172,6 +178,18 @@ impl JobConfig {
                 self.allowed_sources.len(),
             ));
         }
+        if let Some(u) = &self.upstream {
+            let bad = |why| Err(JobConfigError::Upstream(self.id, why));
+            if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
+                return bad("list 1 to 64 spines");
+            }
+            if u.n_leaves == 0 || u.leaf_index >= u.n_leaves {
+                return bad("leaf_index must be below n_leaves");
+            }
+            if u.local_port == 0 {
+                return bad("the uplink's local UDP port must not be 0");
+            }
+        }
         Ok(())
     }
 
@@ -184,7 +202,13 @@ impl JobConfig {
         let slots = u64::from(self.pool_slots);
         let n = u64::from(self.n_workers);
         let e = u64::from(self.elems_per_chunk);
-        let floats = slots * (n + 2) * e;
+        // A leaf keeps one partial per slot besides the shadow.
+        let per_slot = if self.upstream.is_some() {
+            n + 3
+        } else {
+            n + 2
+        };
+        let floats = slots * per_slot * e;
         let bitmaps = slots * 2 * n.div_ceil(64) * 8;
         let members = n * 128;
         floats * 4 + bitmaps + members + slots * 64

@@ -146,6 +146,10 @@ counter_schema! {
         activations,
         /// Times an active job went back to joining because a rank re-joined.
         resets,
+        /// A leaf's partial sums sent up to their spine (first sends).
+        partials_sent,
+        /// A leaf's partial sums sent again (their spine's RESULT was late).
+        partials_resent,
     }
 }
 

@@ -31,6 +31,7 @@ pub mod counters;
 pub mod job;
 pub mod reply;
 pub mod slot_pool;
+pub mod uplink;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -51,8 +52,9 @@ pub use config::{
 pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, TableCounters, MALFORMED_KINDS,
 };
-pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
-pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
+pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView, UpSend};
+pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
+pub use uplink::{SpineAddr, Upstream};
 
 use reply::{Pending, ReplyQueue};
 
@@ -194,12 +196,13 @@ pub struct Reservation {
     id: u16,
     bytes: u64,
     min_serial: u64,
+    nonce_key: [u8; 32],
 }
 
 impl Reservation {
     /// Allocates the job, outside any lock the caller holds on the table.
     pub fn build(&self, config: JobConfig) -> Result<Job, JobConfigError> {
-        Job::try_new(config, self.min_serial)
+        Job::try_new(config, self.min_serial, self.nonce_key)
     }
 }
 
@@ -208,6 +211,8 @@ impl Reservation {
 pub struct JobTable {
     gen: u32,
     issuer: NonceIssuer,
+    /// The key leaves derive their uplink hello nonces from.
+    uplink_key: [u8; 32],
     jobs: FxHashMap<u16, Job>,
     /// Jobs removed while running, with their allowed prefixes: their
     /// workers' DATA gets NACK 1 (so they fail with a clear error instead
@@ -245,6 +250,7 @@ impl JobTable {
         JobTable {
             gen: cfg.gen.max(1),
             issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
+            uplink_key: cfg.nonce_key,
             jobs: FxHashMap::default(),
             removed: HashMap::new(),
             reserved: HashSet::new(),
@@ -295,6 +301,7 @@ impl JobTable {
             id: config.id,
             bytes: need,
             min_serial: self.issuer.next_serial(),
+            nonce_key: self.uplink_key,
         })
     }
 
@@ -443,6 +450,16 @@ impl JobTable {
                         self.reply(from, job_id, rank, msg);
                     }
                     DataOutcome::Nack(reason) => self.nack(from, job_id, rank, reason, ZERO_NONCE),
+                    DataOutcome::PartialReady { seq } => {
+                        if let Some(spine) = job.partial_ready(seq, now) {
+                            let msg = ReplyMsg::UpData {
+                                spine: spine as u16,
+                                seq,
+                                retx: false,
+                            };
+                            self.up(job_id, spine, msg);
+                        }
+                    }
                     DataOutcome::Taken | DataOutcome::Dropped(_) => {}
                 }
                 Verdict::Data(out)
@@ -475,6 +492,14 @@ impl JobTable {
                 };
                 self.nack(from, job_id, rank, reason, ZERO_NONCE);
                 Verdict::Data(DataOutcome::Nack(reason))
+            }
+            MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge
+                if job
+                    .uplink()
+                    .and_then(|u| u.cfg.spine_at(from.source.ip, from.source.port))
+                    .is_some() =>
+            {
+                self.on_spine_message(&hdr, payload, from, now)
             }
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
                 job.drops.bump(DropReason::UnexpectedType);
@@ -560,6 +585,10 @@ impl JobTable {
                     job: job_id,
                     next_rank: 0,
                 });
+                if let Some(job) = self.jobs.get_mut(&job_id) {
+                    job.start_uplink(now);
+                }
+                self.handle_timeout(now);
                 self.event(Event::JobActive {
                     job: job_id,
                     ranks: n,
@@ -583,6 +612,147 @@ impl JobTable {
             }
         }
         Verdict::Join(outcome)
+    }
+
+    /// Queues `msg` up to spine `spine` of job `job`.
+    fn up(&mut self, job: u16, spine: usize, msg: ReplyMsg) {
+        let Some(addr) = self
+            .jobs
+            .get(&job)
+            .and_then(|j| j.uplink())
+            .and_then(|u| u.cfg.spines.get(spine).copied())
+        else {
+            return;
+        };
+        let to = Endpoint {
+            source: Source {
+                mac: [0; 6],
+                ip: addr.ip,
+                port: addr.port,
+            },
+            port_idx: UPSTREAM,
+            ..Endpoint::default()
+        };
+        let rank = self
+            .jobs
+            .get(&job)
+            .and_then(|j| j.uplink())
+            .map_or(0, |u| u.cfg.leaf_index);
+        self.reply(to, job, rank, msg);
+    }
+
+    /// A message from one of a leaf job's spines.
+    fn on_spine_message(
+        &mut self,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        from: Endpoint,
+        now: Instant,
+    ) -> Verdict {
+        let job_id = hdr.job;
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Verdict::Dropped(None);
+        };
+        let Some(spine) = job
+            .uplink()
+            .and_then(|u| u.cfg.spine_at(from.source.ip, from.source.port))
+        else {
+            return Verdict::Dropped(None);
+        };
+        match hdr.msg_type {
+            MsgType::Challenge => {
+                if job.on_spine_challenge(spine, hdr, payload, now) {
+                    self.up(
+                        job_id,
+                        spine,
+                        ReplyMsg::UpJoin {
+                            spine: spine as u16,
+                        },
+                    );
+                }
+                Verdict::Noted
+            }
+            MsgType::JoinAck => {
+                job.on_spine_join_ack(spine, hdr, now);
+                self.handle_timeout(now);
+                Verdict::Noted
+            }
+            MsgType::Nack => {
+                if let Ok(n) = NackPayload::parse(payload) {
+                    if job.on_spine_nack(spine, &n, now) {
+                        self.handle_timeout(now);
+                    }
+                }
+                Verdict::Noted
+            }
+            _ => match job.on_spine_result(spine, hdr, payload, now) {
+                Some(seq) => {
+                    self.queue(Pending::ResultToAll {
+                        job: job_id,
+                        seq,
+                        next_rank: 0,
+                    });
+                    Verdict::Data(DataOutcome::Completed { seq })
+                }
+                None => Verdict::Dropped(Some(DropReason::Duplicate)),
+            },
+        }
+    }
+
+    /// Sends what is due by `now` on every leaf's uplink: HELLOs and JOINs to
+    /// spines not joined, partials their spine has not answered in time.
+    /// Shells call it every few milliseconds (cheap when nothing is due).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let replies = &mut self.replies;
+        let counters = &mut self.counters;
+        for job in self.jobs.values_mut() {
+            let Some(u) = job.uplink() else {
+                continue;
+            };
+            let (id, rank) = (job.id(), u.cfg.leaf_index);
+            let spines = u.cfg.spines.clone();
+            job.up_timeout(now, &mut |send| {
+                let (spine, msg) = match send {
+                    UpSend::Hello { spine } => (
+                        spine,
+                        ReplyMsg::UpHello {
+                            spine: spine as u16,
+                        },
+                    ),
+                    UpSend::Join { spine } => (
+                        spine,
+                        ReplyMsg::UpJoin {
+                            spine: spine as u16,
+                        },
+                    ),
+                    UpSend::Data { spine, seq, retx } => (
+                        spine,
+                        ReplyMsg::UpData {
+                            spine: spine as u16,
+                            seq,
+                            retx,
+                        },
+                    ),
+                };
+                let to = Endpoint {
+                    source: Source {
+                        mac: [0; 6],
+                        ip: spines[spine].ip,
+                        port: spines[spine].port,
+                    },
+                    port_idx: UPSTREAM,
+                    ..Endpoint::default()
+                };
+                if !replies.push(Pending::One(Reply {
+                    to,
+                    job: id,
+                    rank,
+                    msg,
+                })) {
+                    counters.reply_queue_full += 1;
+                }
+            });
+        }
     }
 
     /// The next reply to send, if any. Replies to every member are expanded
@@ -647,6 +817,7 @@ impl JobTable {
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
             ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
             ReplyMsg::Missing { .. } => {}
+            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. } => {}
         }
     }
 
@@ -709,6 +880,35 @@ impl JobTable {
             ReplyMsg::VersionRefusal => {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::UpHello { spine } | ReplyMsg::UpJoin { spine } => {
+                let job = self.jobs.get(&r.job)?;
+                let s = job.uplink()?.spines.get(spine as usize)?;
+                let n = if matches!(r.msg, ReplyMsg::UpHello { .. }) {
+                    s.hs.emit_hello(buf).ok()?
+                } else {
+                    let (c, seq) = job.spine_resume(spine as usize);
+                    s.hs.emit_join(c, seq, buf)?
+                };
+                return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::UpData { spine, seq, retx } => {
+                let job = self.jobs.get(&r.job)?;
+                let u = job.uplink()?;
+                let gen = u.spines.get(spine as usize)?.joined_gen?;
+                let (p, values) = job.partial(seq)?;
+                hdr = HeaderRepr::new(MsgType::Data, r.job);
+                hdr.rank = u.cfg.leaf_index;
+                hdr.seq = u.cfg.route(seq).1;
+                hdr.collective = p.collective;
+                hdr.count = p.count;
+                hdr.gen = gen;
+                if retx {
+                    hdr.flags |= wire::flags::RETX;
+                }
+                let bytes = bytemuck::cast_slice::<f32, u8>(values);
+                body.get_mut(..bytes.len())?.copy_from_slice(bytes);
+                (bytes.len(), p.ece)
             }
         };
         hdr.emit_to(buf).ok()?;

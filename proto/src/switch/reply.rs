@@ -53,6 +53,33 @@ pub enum ReplyMsg {
     },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
+    /// A leaf's messages to spine `spine` (docs/PROTOCOL.md, "Aggregation
+    /// trees"): its HELLO, its JOIN, and the partial sum of leaf seq `seq`.
+    UpHello {
+        spine: u16,
+    },
+    UpJoin {
+        spine: u16,
+    },
+    UpData {
+        spine: u16,
+        seq: u32,
+        retx: bool,
+    },
+}
+
+/// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends
+/// it through its uplink socket to `to.source`, not out of a switch port.
+pub const UPSTREAM: u32 = u32::MAX;
+
+impl Reply {
+    /// Whether this goes up to a spine (through the uplink).
+    pub fn is_upstream(&self) -> bool {
+        matches!(
+            self.msg,
+            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. }
+        )
+    }
 }
 
 /// A queue entry: one reply, or one to every member of a job.

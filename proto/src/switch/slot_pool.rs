@@ -72,19 +72,40 @@ pub struct Aggregation {
     pub ece: bool,
 }
 
+/// A leaf's local sum of one seq, sent up to its spine and kept until the
+/// spine's RESULT comes back (docs/PROTOCOL.md, "Aggregation trees").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partial {
+    pub seq: u32,
+    pub collective: u32,
+    pub count: u16,
+    pub ece: bool,
+}
+
 /// One slot.
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub agg: Option<Aggregation>,
     pub shadow: Option<Shadow>,
+    /// A leaf's partial sum awaiting its spine (kept apart from the shadow,
+    /// which ranks may still need).
+    pub partial: Option<Partial>,
     pub seen: RankSet,
     /// Contributions parked until their turn in rank order.
     parked: RankSet,
     acc: Vec<f32>,
     result: Vec<f32>,
+    /// A leaf's partial values (empty on a switch without upstream).
+    partial_values: Vec<f32>,
 }
 
 impl Slot {
+    /// The values of the partial sum awaiting the spine.
+    pub fn partial_values(&self) -> &[f32] {
+        let n = self.partial.map_or(0, |p| p.count as usize);
+        &self.partial_values[..n.min(self.partial_values.len())]
+    }
+
     /// The values of the shadow copy.
     pub fn result(&self) -> &[f32] {
         let n = self.shadow.map_or(0, |s| s.count as usize);
@@ -112,7 +133,13 @@ pub struct SlotPool {
 impl SlotPool {
     /// Allocates a pool of `slots` slots (a power of two) for `n` ranks and
     /// chunks of `elems` floats.
-    pub fn try_new(slots: u16, n: u16, elems: u16) -> Result<SlotPool, TryReserveError> {
+    /// With `partials`, each slot also keeps a leaf's partial sum.
+    pub fn try_new(
+        slots: u16,
+        n: u16,
+        elems: u16,
+        partials: bool,
+    ) -> Result<SlotPool, TryReserveError> {
         let e = elems as usize;
         let mut all = Vec::new();
         all.try_reserve_exact(slots as usize)?;
@@ -120,10 +147,12 @@ impl SlotPool {
             all.push(Slot {
                 agg: None,
                 shadow: None,
+                partial: None,
                 seen: RankSet::try_with_ranks(n)?,
                 parked: RankSet::try_with_ranks(n)?,
                 acc: try_vec(0.0, e)?,
                 result: try_vec(0.0, e)?,
+                partial_values: try_vec(0.0, if partials { e } else { 0 })?,
             });
         }
         Ok(SlotPool {
@@ -151,6 +180,11 @@ impl SlotPool {
         &self.slots[self.index(seq)]
     }
 
+    /// The slot at index `idx` (`seq mod S`).
+    pub fn slots_at(&self, idx: usize) -> &Slot {
+        &self.slots[idx]
+    }
+
     pub fn slot_mut(&mut self, seq: u32) -> &mut Slot {
         let i = self.index(seq);
         &mut self.slots[i]
@@ -160,6 +194,7 @@ impl SlotPool {
         for s in &mut self.slots {
             s.agg = None;
             s.shadow = None;
+            s.partial = None;
             s.seen.clear();
             s.parked.clear();
         }
@@ -167,8 +202,9 @@ impl SlotPool {
 
     /// Folds `values` (little-endian f32 bytes) into the slot of `seq` as
     /// rank `rank`'s contribution, in rank order. The caller has opened the
-    /// aggregation and checked that the rank is not yet seen.
-    pub fn take(&mut self, seq: u32, rank: u16, values: &[u8]) -> Taken {
+    /// aggregation and checked that the rank is not yet seen. With `hold`
+    /// (a leaf), a completed sum becomes the slot's partial, not its shadow.
+    pub fn take(&mut self, seq: u32, rank: u16, values: &[u8], hold: bool) -> Taken {
         let idx = self.index(seq);
         let n = self.n as usize;
         let e = self.elems;
@@ -204,6 +240,19 @@ impl SlotPool {
             return Taken::Pending;
         }
         let done = *agg;
+        slot.agg = None;
+        slot.seen.clear();
+        slot.parked.clear();
+        if hold && slot.partial_values.len() == slot.acc.len() {
+            core::mem::swap(&mut slot.acc, &mut slot.partial_values);
+            slot.partial = Some(Partial {
+                seq: done.seq,
+                collective: done.collective,
+                count: done.count,
+                ece: done.ece,
+            });
+            return Taken::Completed;
+        }
         core::mem::swap(&mut slot.acc, &mut slot.result);
         slot.shadow = Some(Shadow {
             seq: done.seq,
@@ -211,9 +260,29 @@ impl SlotPool {
             count: done.count,
             ece: done.ece,
         });
-        slot.agg = None;
-        slot.seen.clear();
-        slot.parked.clear();
         Taken::Completed
+    }
+
+    /// The spine's RESULT for the partial of `seq`: it becomes the slot's
+    /// shadow (the final sum, `ece` OR-ed along the tree). False if the slot
+    /// holds no partial of `seq` or `values` has another length.
+    pub fn finish_partial(&mut self, seq: u32, values: &[u8], ece: bool) -> bool {
+        let slot = self.slot_mut(seq);
+        let Some(p) = slot.partial.filter(|p| p.seq == seq) else {
+            return false;
+        };
+        let count = p.count as usize;
+        if values.len() != count * 4 || slot.result.len() < count {
+            return false;
+        }
+        crate::simd::read_le_f32(values, &mut slot.result[..count]);
+        slot.partial = None;
+        slot.shadow = Some(Shadow {
+            seq,
+            collective: p.collective,
+            count: p.count,
+            ece: p.ece || ece,
+        });
+        true
     }
 }

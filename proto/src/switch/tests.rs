@@ -31,6 +31,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         pool_slots: slots,
         elems_per_chunk: elems,
         window: slots,
+        upstream: None,
     }
 }
 

@@ -1,0 +1,568 @@
+//! A two-level aggregation tree over a simulated network, in virtual time:
+//! L leaves of W workers each, K spines, loss, duplication and reordering on
+//! every link (worker–leaf and leaf–spine, both ways). Every worker must get
+//! the tree-order sum (ranks in order within a leaf, leaves in order at the
+//! spine), bit for bit, without hanging; chunks must spread over the spines
+//! as seq mod K.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use proto::handshake::{Handshake, JoinParams};
+use proto::reference::{pattern, rank_order_sum};
+use proto::switch::{
+    Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
+};
+use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+
+const JOB: u16 = 3;
+const SECRET: [u8; 32] = [9; 32];
+const SPINE_PORT: u16 = 48879;
+const UPLINK_PORT: u16 = 40000;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    loss: f64,
+    dup: f64,
+    reorder: f64,
+}
+
+const CLEAN: Faults = Faults {
+    loss: 0.0,
+    dup: 0.0,
+    reorder: 0.0,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Node {
+    Worker { leaf: usize, rank: u16 },
+    Leaf(usize),
+    Spine(usize),
+}
+
+/// A datagram on its way: to a node, from an address.
+struct Msg {
+    to: Node,
+    from: Endpoint,
+    bytes: Vec<u8>,
+}
+
+struct Net {
+    rng: Rng,
+    /// Faults on worker–leaf links, and on leaf–spine links.
+    edge: Faults,
+    fabric: Faults,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    msgs: HashMap<u64, Msg>,
+    next_id: u64,
+}
+
+impl Net {
+    fn send(&mut self, now: Duration, msg: Msg) {
+        let f = match msg.to {
+            Node::Spine(_) => self.fabric,
+            Node::Leaf(_) if msg.from.source.port == SPINE_PORT => self.fabric,
+            _ => self.edge,
+        };
+        if self.rng.chance(f.loss) {
+            return;
+        }
+        let copies = if self.rng.chance(f.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let mut delay = Duration::from_micros(100 + self.rng.below(50));
+            if self.rng.chance(f.reorder) {
+                delay += Duration::from_micros(self.rng.below(3000));
+            }
+            self.next_id += 1;
+            self.queue.push(Reverse((now + delay, self.next_id)));
+            self.msgs.insert(
+                self.next_id,
+                Msg {
+                    to: msg.to,
+                    from: msg.from,
+                    bytes: msg.bytes.clone(),
+                },
+            );
+        }
+    }
+}
+
+fn ep(ip: [u8; 4], port: u16) -> Endpoint {
+    Endpoint {
+        source: Source {
+            mac: [0; 6],
+            ip,
+            port,
+        },
+        ..Endpoint::default()
+    }
+}
+
+fn worker_ep(leaf: usize, rank: u16) -> Endpoint {
+    ep([198, 18, leaf as u8, 10 + rank as u8], 1000)
+}
+fn uplink_ep(leaf: usize) -> Endpoint {
+    ep([198, 19, leaf as u8, 1], UPLINK_PORT)
+}
+fn spine_ep(k: usize) -> Endpoint {
+    ep([198, 19, 255, k as u8 + 1], SPINE_PORT)
+}
+
+fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER_LEN + payload.len()];
+    h.emit_to(&mut b).unwrap();
+    b[HEADER_LEN..].copy_from_slice(payload);
+    b
+}
+
+fn parse(b: &[u8]) -> HeaderRepr {
+    HeaderRepr::parse(&Header::new_checked(b).unwrap()).unwrap()
+}
+
+struct Worker {
+    input: Vec<f32>,
+    output: Vec<f32>,
+    coll: Collective,
+    rtt: RttEstimator,
+    cc: Dctcp,
+}
+
+/// The tree: leaf tables, spine tables, and where each node is.
+struct Tree {
+    leaves: Vec<JobTable>,
+    spines: Vec<JobTable>,
+}
+
+impl Tree {
+    fn new(l: usize, w: u16, k: usize, slots: u16, elems: u16, base: Instant) -> Tree {
+        let spines = (0..k)
+            .map(|s| {
+                let mut t = JobTable::new(TableConfig::new(100 + s as u32, [s as u8; 32]), base);
+                t.add(
+                    JobConfig {
+                        id: JOB,
+                        n_workers: l as u16,
+                        allowed_sources: vec![Ipv4Prefix {
+                            addr: [198, 19, 0, 0],
+                            len: 16,
+                        }],
+                        secret: SECRET,
+                        pool_slots: slots,
+                        elems_per_chunk: elems,
+                        window: slots,
+                        upstream: None,
+                    },
+                    elems,
+                )
+                .unwrap();
+                t
+            })
+            .collect();
+        let leaves = (0..l)
+            .map(|i| {
+                let mut t = JobTable::new(TableConfig::new(1 + i as u32, [50 + i as u8; 32]), base);
+                t.add(
+                    JobConfig {
+                        id: JOB,
+                        n_workers: w,
+                        allowed_sources: vec![Ipv4Prefix {
+                            addr: [198, 18, i as u8, 0],
+                            len: 24,
+                        }],
+                        secret: SECRET,
+                        pool_slots: slots,
+                        elems_per_chunk: elems,
+                        window: slots,
+                        upstream: Some(Upstream {
+                            leaf_index: i as u16,
+                            n_leaves: l as u16,
+                            spines: (0..k)
+                                .map(|s| SpineAddr {
+                                    ip: spine_ep(s).source.ip,
+                                    port: SPINE_PORT,
+                                })
+                                .collect(),
+                            local_ip: uplink_ep(i).source.ip,
+                            local_port: UPLINK_PORT,
+                        }),
+                    },
+                    elems,
+                )
+                .unwrap();
+                t
+            })
+            .collect();
+        Tree { leaves, spines }
+    }
+
+    /// Drains a node's replies into the network.
+    fn flush(&mut self, node: Node, net: &mut Net, now: Duration) {
+        let (table, from_ep) = match node {
+            Node::Leaf(i) => (&mut self.leaves[i], None),
+            Node::Spine(k) => (&mut self.spines[k], Some(spine_ep(k))),
+            Node::Worker { .. } => return,
+        };
+        while let Some(r) = table.poll_reply() {
+            let mut buf = vec![0u8; 4096];
+            let Some(e) = table.encode(&r, &mut buf) else {
+                continue;
+            };
+            buf.truncate(e.len);
+            let ip = r.to.source.ip;
+            let (to, from) = match (node, r.is_upstream()) {
+                (Node::Leaf(i), true) => (Node::Spine(ip[3] as usize - 1), uplink_ep(i)),
+                (Node::Leaf(i), false) => (
+                    Node::Worker {
+                        leaf: i,
+                        rank: (ip[3] - 10) as u16,
+                    },
+                    from_ep.unwrap_or_else(|| ep([198, 18, i as u8, 1], SPINE_PORT + 1)),
+                ),
+                (Node::Spine(_), _) => (Node::Leaf(ip[2] as usize), from_ep.unwrap()),
+                (Node::Worker { .. }, _) => unreachable!(),
+            };
+            net.send(
+                now,
+                Msg {
+                    to,
+                    from,
+                    bytes: buf,
+                },
+            );
+        }
+    }
+}
+
+/// Runs `iterations` all-reduces of `len` elements over `l` leaves × `w`
+/// workers and `k` spines. Returns the per-spine chunk counts.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    l: usize,
+    w: u16,
+    k: usize,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    edge: Faults,
+    fabric: Faults,
+    seed: u64,
+) -> Vec<u64> {
+    let base = Instant::now();
+    let mut tree = Tree::new(l, w, k, slots, elems, base);
+    let cfg = TransportConfig {
+        initial_rto: Duration::from_millis(2),
+        min_rto: Duration::from_micros(500),
+        ..TransportConfig::default()
+    };
+    let mut net = Net {
+        rng: Rng(seed | 1),
+        edge,
+        fabric,
+        queue: BinaryHeap::new(),
+        msgs: HashMap::new(),
+        next_id: 0,
+    };
+    let mut now = Duration::ZERO;
+    // Workers join their leaf (lossless: the library's join is tested end
+    // to end); the leaves then join the spines over the lossy fabric.
+    for (i, leaf) in tree.leaves.iter_mut().enumerate() {
+        for r in 0..w {
+            let from = worker_ep(i, r);
+            let mut hs = Handshake::new(
+                JoinParams {
+                    job: JOB,
+                    rank: r,
+                    n_workers: w,
+                    dtype: 0,
+                    op: 0,
+                    secret: SECRET,
+                    ip: from.source.ip,
+                    port: from.source.port,
+                },
+                [r as u8 + 1; 16],
+            );
+            let mut b = [0u8; 128];
+            let n = hs.emit_hello(&mut b).unwrap();
+            leaf.handle(&b[..n], from, false, base);
+            let rep = leaf.poll_reply().unwrap();
+            let e = leaf.encode(&rep, &mut b).unwrap();
+            hs.on_challenge(&parse(&b[..e.len]), &b[HEADER_LEN..e.len])
+                .unwrap();
+            let n = hs.emit_join(0, 0, &mut b).unwrap();
+            leaf.handle(&b[..n], from, false, base);
+        }
+    }
+    for i in 0..l {
+        // JOIN_ACKs to the workers are not needed here (they start at 0);
+        // the uplink HELLOs are.
+        let t = &mut tree.leaves[i];
+        let mut kept = Vec::new();
+        while let Some(r) = t.poll_reply() {
+            if r.is_upstream() {
+                kept.push(r);
+            }
+        }
+        for r in kept {
+            let mut buf = vec![0u8; 4096];
+            let e = t.encode(&r, &mut buf).unwrap();
+            buf.truncate(e.len);
+            let s = r.to.source.ip[3] as usize - 1;
+            net.send(
+                now,
+                Msg {
+                    to: Node::Spine(s),
+                    from: uplink_ep(i),
+                    bytes: buf,
+                },
+            );
+        }
+    }
+    let mut workers: Vec<Vec<Worker>> = (0..l)
+        .map(|_| {
+            (0..w)
+                .map(|_| Worker {
+                    input: vec![],
+                    output: vec![],
+                    coll: Collective::new(0, 0, 0, elems),
+                    rtt: RttEstimator::new(&cfg),
+                    cc: Dctcp::new(&cfg, slots),
+                })
+                .collect()
+        })
+        .collect();
+    let mut seq = 0u32;
+    let tick = Duration::from_micros(500);
+    for it in 0..iterations {
+        let mut partials = Vec::new();
+        for (i, ws) in workers.iter_mut().enumerate() {
+            for (r, wk) in ws.iter_mut().enumerate() {
+                let global = (i * w as usize + r) as u16;
+                wk.input = (0..len).map(|x| pattern(global, it, x)).collect();
+                wk.output = vec![f32::NAN; len];
+                wk.coll = Collective::new(it, seq, len, elems);
+            }
+            let inputs: Vec<&[f32]> = ws.iter().map(|x| &x.input[..]).collect();
+            partials.push(rank_order_sum(&inputs));
+        }
+        let refs: Vec<&[f32]> = partials.iter().map(|p| &p[..]).collect();
+        let want = rank_order_sum(&refs);
+        let mut steps = 0u64;
+        while !workers.iter().flatten().all(|x| x.coll.is_complete()) {
+            steps += 1;
+            if steps >= 3_000_000 {
+                // What each node was waiting for, then fail.
+                for (i, t) in tree.leaves.iter().enumerate() {
+                    let j = t.get(JOB).unwrap();
+                    let u = j.uplink().unwrap();
+                    let sessions: Vec<_> = u
+                        .spines
+                        .iter()
+                        .map(|s| {
+                            (
+                                s.joined_gen,
+                                s.hs.challenged(),
+                                s.join_due.map(|d| d - base),
+                            )
+                        })
+                        .collect();
+                    eprintln!("leaf {i}: floor {} state {:?} sessions {sessions:?} partials {:?} counters {:?}", j.floor(), j.state(), (0..64u32).filter_map(|q| j.partial(q).map(|p| p.0.seq)).collect::<Vec<_>>(), j.counters);
+                }
+                for (k, t) in tree.spines.iter().enumerate() {
+                    let j = t.get(JOB).unwrap();
+                    eprintln!(
+                        "spine {k}: floor {} state {:?} counters {:?} drops {:?}",
+                        j.floor(),
+                        j.state(),
+                        j.counters,
+                        j.drops
+                    );
+                }
+                for (i, ws) in workers.iter().enumerate() {
+                    for (r, wk) in ws.iter().enumerate() {
+                        eprintln!(
+                            "worker {i}/{r}: oldest {} complete {}",
+                            wk.coll.oldest_unacked_seq(),
+                            wk.coll.is_complete()
+                        );
+                    }
+                }
+                panic!("hang: iteration {it} at {now:?}");
+            }
+            for (i, ws) in workers.iter_mut().enumerate() {
+                for (r, wk) in ws.iter_mut().enumerate() {
+                    while let Some(t) =
+                        wk.coll
+                            .poll_transmit(base + now, wk.cc.window(), &wk.rtt, &cfg)
+                    {
+                        let mut h = HeaderRepr::new(MsgType::Data, JOB);
+                        h.rank = r as u16;
+                        h.seq = t.seq;
+                        h.collective = wk.coll.collective();
+                        h.count = t.count;
+                        h.gen = 1 + i as u32;
+                        let mut p = vec![0u8; t.count as usize * 4];
+                        write_f32s(&wk.input[t.offset..t.offset + t.count as usize], &mut p);
+                        net.send(
+                            now,
+                            Msg {
+                                to: Node::Leaf(i),
+                                from: worker_ep(i, r as u16),
+                                bytes: frame(&h, &p),
+                            },
+                        );
+                    }
+                }
+            }
+            // Next event: a delivery, a worker timeout, or the leaves' tick.
+            let next_delivery = net.queue.peek().map(|Reverse((t, _))| *t);
+            let next_timer = workers
+                .iter()
+                .flatten()
+                .filter_map(|x| x.coll.next_timeout())
+                .min()
+                .map(|t| t - base);
+            let mut next = now + tick;
+            for t in [next_delivery, next_timer].into_iter().flatten() {
+                next = next.min(t.max(now));
+            }
+            now = next;
+            for i in 0..l {
+                tree.leaves[i].handle_timeout(base + now);
+                tree.flush(Node::Leaf(i), &mut net, now);
+            }
+            while let Some(Reverse((t, id))) = net.queue.peek().copied() {
+                if t > now {
+                    break;
+                }
+                net.queue.pop();
+                let m = net.msgs.remove(&id).unwrap();
+                match m.to {
+                    Node::Leaf(i) => {
+                        tree.leaves[i].handle(&m.bytes, m.from, false, base + now);
+                        tree.flush(m.to, &mut net, now);
+                    }
+                    Node::Spine(s) => {
+                        tree.spines[s].handle(&m.bytes, m.from, false, base + now);
+                        tree.flush(m.to, &mut net, now);
+                    }
+                    Node::Worker { leaf, rank } => {
+                        let h = parse(&m.bytes);
+                        if h.msg_type != MsgType::Result {
+                            continue;
+                        }
+                        let mut values = vec![0f32; h.count as usize];
+                        read_f32s(&m.bytes[HEADER_LEN..], &mut values);
+                        let wk = &mut workers[leaf][rank as usize];
+                        if let ResultOutcome::Fresh { offset, count, .. } = wk.coll.on_result(
+                            h.seq,
+                            h.count,
+                            h.has_flag(flags::ECE),
+                            base + now,
+                            &mut wk.rtt,
+                            &mut wk.cc,
+                        ) {
+                            wk.output[offset..offset + count as usize].copy_from_slice(&values);
+                        }
+                    }
+                }
+            }
+        }
+        let exp: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+        for (i, ws) in workers.iter().enumerate() {
+            for (r, wk) in ws.iter().enumerate() {
+                let got: Vec<u32> = wk.output.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(
+                    got, exp,
+                    "leaf {i} rank {r} iteration {it}: not the tree-order sum"
+                );
+            }
+        }
+        seq = workers[0][0].coll.end_seq();
+    }
+    tree.spines
+        .iter()
+        .map(|t| t.get(JOB).unwrap().counters.chunks_completed)
+        .collect()
+}
+
+#[test]
+fn two_leaves_two_spines_clean_split_evenly() {
+    for len in [1usize, 9, 8, 1000] {
+        let per_spine = run(2, 2, 2, len, 8, 16, 2, CLEAN, CLEAN, 1);
+        let chunks = 2 * len.div_ceil(8) as u64;
+        assert_eq!(per_spine.iter().sum::<u64>(), chunks, "{per_spine:?}");
+        assert!(
+            per_spine.iter().all(|c| c.abs_diff(chunks / 2) <= 1),
+            "seq mod K spreads chunks evenly: {per_spine:?}"
+        );
+    }
+}
+
+/// Found by the proptest below: a copy of the leaf's HELLO got a second
+/// CHALLENGE; the leaf took it after its JOIN had gone out, and every
+/// resend then carried an older nonce than the one accepted (a replay).
+#[test]
+fn a_second_challenge_does_not_switch_the_leafs_nonce() {
+    let f = Faults {
+        loss: 0.118,
+        dup: 0.099,
+        reorder: 0.226,
+    };
+    run(1, 3, 3, 29, 1, 4, 2, f, f, 17493320196885777294);
+}
+
+#[test]
+fn one_spine_is_a_two_level_tree_too() {
+    run(3, 2, 1, 500, 8, 8, 2, CLEAN, CLEAN, 2);
+}
+
+#[test]
+fn loss_duplication_and_reordering_at_both_levels() {
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.02,
+        reorder: 0.25,
+    };
+    run(2, 3, 2, 3000, 16, 16, 3, f, f, 42);
+    run(3, 2, 3, 2000, 16, 32, 2, CLEAN, f, 43);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+    #[test]
+    fn any_tree_and_schedule_gives_the_tree_order_sum(
+        seed in any::<u64>(),
+        l in 1usize..4,
+        w in 1u16..4,
+        k in 1usize..4,
+        len in 1usize..300,
+        elems in 1u16..20,
+        slots_log in 2u32..5,
+        loss in 0.0f64..0.15,
+        dup in 0.0f64..0.1,
+        reorder in 0.0f64..0.4,
+    ) {
+        let f = Faults { loss, dup, reorder };
+        run(l, w, k, len, elems, 1 << slots_log, 2, f, f, seed);
+    }
+}
