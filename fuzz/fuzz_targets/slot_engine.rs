@@ -1267,7 +1267,10 @@ impl Harness {
                 assert!(ranks.iter().all(|&x| x < job.n_workers()), "{ranks:?}");
             }
             ReplyMsg::VersionRefusal => unreachable!(),
-            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. } => {
+            ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpJoin { .. }
+            | ReplyMsg::UpData { .. }
+            | ReplyMsg::UpLeave { .. } => {
                 unreachable!("no job of this target has an upstream: {r:?}")
             }
         }

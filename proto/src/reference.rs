@@ -1,6 +1,12 @@
 //! The reference all-reduce: the sum of every rank's tensor in rank order
 //! (rank 0 + rank 1 + …), exactly as the switch sums a slot. Workers use it to
 //! verify results bit for bit, and tests to check the switch.
+//!
+//! An aggregation tree (PROTOCOL.md, "Aggregation trees") sums in tree order
+//! instead: each leaf sums its own ranks in rank order (its *partial*), then
+//! the partials are summed in leaf order. Its workers are numbered by a
+//! *global rank*, the sizes of the earlier leaves plus the local rank
+//! ([`tree_global_rank`]); the patterns they contribute use the global rank.
 
 /// The pattern rank `rank` contributes at `iteration`, element `index`:
 /// deterministic, varied in sign and magnitude, so that rounding order shows.
@@ -31,11 +37,43 @@ pub fn fill_pattern(rank: u16, iteration: u32, out: &mut [f32]) {
 
 /// The expected result at `index`: Σ over ranks in rank order.
 pub fn expected_sum(n_workers: u16, iteration: u32, index: usize) -> f32 {
-    let mut s = pattern(0, iteration, index);
-    for r in 1..n_workers {
-        s += pattern(r, iteration, index);
+    ranks_sum(0, n_workers, iteration, index)
+}
+
+/// Σ in rank order of the patterns of ranks `first..first + n` (rank `first`
+/// alone if `n` is 0, as `expected_sum(0, …)` always was).
+fn ranks_sum(first: u16, n: u16, iteration: u32, index: usize) -> f32 {
+    let mut s = pattern(first, iteration, index);
+    for r in 1..n {
+        s += pattern(first + r, iteration, index);
     }
     s
+}
+
+/// The expected result at `index` of an aggregation tree whose leaves have
+/// `leaf_sizes` workers (in leaf order), every worker contributing the
+/// pattern of its global rank: each leaf's partial (its ranks in order), then
+/// the partials in leaf order. `leaf_sizes` must be a tree [`check_tree`]
+/// accepts; a one-leaf tree gives [`expected_sum`].
+///
+/// # Panics
+/// If the sizes sum to more than 65535 workers.
+pub fn expected_tree_sum(leaf_sizes: &[u16], iteration: u32, index: usize) -> f32 {
+    assert!(
+        leaf_sizes.iter().map(|&n| u32::from(n)).sum::<u32>() <= u32::from(u16::MAX),
+        "a tree of more than 65535 workers"
+    );
+    let mut total: Option<f32> = None;
+    let mut first = 0u16;
+    for &size in leaf_sizes.iter().filter(|&&n| n > 0) {
+        let partial = ranks_sum(first, size, iteration, index);
+        total = Some(match total {
+            None => partial,
+            Some(t) => t + partial,
+        });
+        first += size;
+    }
+    total.unwrap_or(0.0)
 }
 
 /// Sums `inputs` (one slice per rank, in rank order) element-wise, rank order.
@@ -50,6 +88,78 @@ pub fn rank_order_sum(inputs: &[&[f32]]) -> Vec<f32> {
         }
     }
     out
+}
+
+/// Sums a tree's inputs in tree order: `leaves[i]` holds leaf `i`'s inputs,
+/// one slice per local rank in rank order. Each leaf's partial is the
+/// [`rank_order_sum`] of its inputs, and the result the [`rank_order_sum`] of
+/// the partials in leaf order: `(l0r0 + l0r1 + …) + (l1r0 + l1r1 + …) + …`.
+/// A leaf without inputs contributes nothing.
+pub fn tree_order_sum(leaves: &[Vec<&[f32]>]) -> Vec<f32> {
+    let partials: Vec<Vec<f32>> = leaves
+        .iter()
+        .filter(|l| !l.is_empty())
+        .map(|l| rank_order_sum(l))
+        .collect();
+    let partials: Vec<&[f32]> = partials.iter().map(Vec::as_slice).collect();
+    rank_order_sum(&partials)
+}
+
+/// What is wrong with a tree's shape or a place in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("the tree has no leaves")]
+    NoLeaves,
+    #[error("leaf {leaf} has no workers (every leaf needs at least one)")]
+    EmptyLeaf { leaf: usize },
+    #[error("the leaves have {total} workers in all, more than 65535 (global ranks are 16 bits)")]
+    TooManyWorkers { total: u64 },
+    #[error("there is no leaf {leaf}: the tree has {n_leaves} leaves, numbered from 0")]
+    NoSuchLeaf { leaf: usize, n_leaves: usize },
+    #[error("there is no local rank {rank} in leaf {leaf}: it has {size} workers, ranks 0 to {}", .size - 1)]
+    NoSuchRank { leaf: usize, rank: u16, size: u16 },
+}
+
+/// Checks a tree's shape (`leaf_sizes`: workers per leaf, in leaf order): at
+/// least one leaf, at least one worker per leaf, at most 65535 workers in
+/// all. Returns the number of workers in all.
+pub fn check_tree(leaf_sizes: &[u16]) -> Result<u16, TreeError> {
+    if leaf_sizes.is_empty() {
+        return Err(TreeError::NoLeaves);
+    }
+    if let Some(leaf) = leaf_sizes.iter().position(|&n| n == 0) {
+        return Err(TreeError::EmptyLeaf { leaf });
+    }
+    let total: u64 = leaf_sizes.iter().map(|&n| u64::from(n)).sum();
+    u16::try_from(total).map_err(|_| TreeError::TooManyWorkers { total })
+}
+
+/// The global rank of local rank `local_rank` of leaf `leaf` in a tree whose
+/// leaves have `leaf_sizes` workers: the sizes of leaves `0..leaf` plus
+/// `local_rank`. It is the rank whose [`pattern`] that worker contributes,
+/// and its place in the tree-order sum. Checks the tree ([`check_tree`]),
+/// that `leaf` is one of its leaves and `local_rank` one of that leaf's ranks.
+pub fn tree_global_rank(
+    leaf_sizes: &[u16],
+    leaf: usize,
+    local_rank: u16,
+) -> Result<u16, TreeError> {
+    check_tree(leaf_sizes)?;
+    let Some(&size) = leaf_sizes.get(leaf) else {
+        return Err(TreeError::NoSuchLeaf {
+            leaf,
+            n_leaves: leaf_sizes.len(),
+        });
+    };
+    if local_rank >= size {
+        return Err(TreeError::NoSuchRank {
+            leaf,
+            rank: local_rank,
+            size,
+        });
+    }
+    // Cannot overflow: the whole tree fits in u16 (checked above).
+    Ok(leaf_sizes[..leaf].iter().sum::<u16>() + local_rank)
 }
 
 #[cfg(test)]
@@ -82,5 +192,132 @@ mod tests {
         assert!(v.iter().all(|x| x.is_finite() && *x != 0.0));
         assert_ne!(pattern(0, 0, 5), pattern(1, 0, 5));
         assert_ne!(pattern(0, 0, 5), pattern(0, 1, 5));
+    }
+
+    #[test]
+    fn a_one_leaf_tree_is_the_rank_order_sum() {
+        let inputs: Vec<Vec<f32>> = (0..5u16)
+            .map(|r| (0..300).map(|i| pattern(r, 2, i)).collect())
+            .collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let flat: Vec<u32> = rank_order_sum(&refs).iter().map(|x| x.to_bits()).collect();
+        let tree: Vec<u32> = tree_order_sum(&[refs])
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(tree, flat);
+        for i in 0..300 {
+            assert_eq!(
+                expected_tree_sum(&[5], 2, i).to_bits(),
+                expected_sum(5, 2, i).to_bits()
+            );
+        }
+    }
+
+    #[test]
+    fn tree_order_groups_by_leaf_not_by_rank() {
+        let (a, b, c) = (1.0f32, 1e8f32, -1e8f32);
+        // Flat rank order: (1 + 1e8) - 1e8 = 0 (1 is lost in 1e8's rounding).
+        assert_eq!(rank_order_sum(&[&[a], &[b], &[c]]), vec![0.0]);
+        // Leaves [1.0] and [1e8, -1e8]: 1 + (1e8 - 1e8) = 1.
+        let t = tree_order_sum(&[vec![&[a][..]], vec![&[b][..], &[c][..]]]);
+        assert_eq!(t, vec![1.0]);
+        // Leaves [1e8] and [-1e8, 1.0]: 1e8 + (-1e8 + 1) = 0, where flat
+        // rank order (1e8 - 1e8) + 1 gives 1.
+        assert_eq!(rank_order_sum(&[&[b], &[c], &[a]]), vec![1.0]);
+        let t = tree_order_sum(&[vec![&[b][..]], vec![&[c][..], &[a][..]]]);
+        assert_eq!(t, vec![0.0]);
+        // Element-wise, and over three leaves: ((a) + (b + c)) + (a).
+        let t = tree_order_sum(&[
+            vec![&[a, b][..]],
+            vec![&[b, c][..], &[c, a][..]],
+            vec![&[a, a][..]],
+        ]);
+        assert_eq!(t, vec![(a + (b + c)) + a, (b + (c + a)) + a]);
+        assert_eq!(tree_order_sum(&[]), Vec::<f32>::new());
+    }
+
+    #[test]
+    fn expected_tree_sum_is_tree_order_sum_of_global_rank_patterns() {
+        let sizes = [2u16, 3, 1];
+        let (it, len) = (4, 2000);
+        let leaves: Vec<Vec<Vec<f32>>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(leaf, &n)| {
+                (0..n)
+                    .map(|r| {
+                        let g = tree_global_rank(&sizes, leaf, r).unwrap();
+                        (0..len).map(|i| pattern(g, it, i)).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<Vec<&[f32]>> = leaves
+            .iter()
+            .map(|l| l.iter().map(Vec::as_slice).collect())
+            .collect();
+        let want = tree_order_sum(&refs);
+        let mut differs_from_flat = 0;
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(expected_tree_sum(&sizes, it, i).to_bits(), w.to_bits());
+            differs_from_flat += usize::from(expected_sum(6, it, i).to_bits() != w.to_bits());
+        }
+        // The patterns are varied enough for the grouping to show.
+        assert!(differs_from_flat > 0);
+    }
+
+    #[test]
+    fn global_rank_is_earlier_leaves_plus_local_rank() {
+        let sizes = [2u16, 3, 1];
+        let all: Vec<u16> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(l, &n)| (0..n).map(move |r| tree_global_rank(&sizes, l, r).unwrap()))
+            .collect();
+        assert_eq!(all, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(tree_global_rank(&[7], 0, 6), Ok(6));
+        assert_eq!(tree_global_rank(&[65534, 1], 1, 0), Ok(65534));
+        assert_eq!(check_tree(&[65534, 1]), Ok(65535));
+    }
+
+    #[test]
+    fn bad_trees_and_places_are_refused() {
+        use TreeError::*;
+        assert_eq!(check_tree(&[]), Err(NoLeaves));
+        assert_eq!(check_tree(&[2, 0, 1]), Err(EmptyLeaf { leaf: 1 }));
+        assert_eq!(
+            check_tree(&[65535, 1]),
+            Err(TooManyWorkers { total: 65536 })
+        );
+        assert_eq!(
+            tree_global_rank(&[2, 2], 2, 0),
+            Err(NoSuchLeaf {
+                leaf: 2,
+                n_leaves: 2
+            })
+        );
+        assert_eq!(
+            tree_global_rank(&[2, 3], 1, 3),
+            Err(NoSuchRank {
+                leaf: 1,
+                rank: 3,
+                size: 3
+            })
+        );
+        // The tree is checked even when the place itself would be fine.
+        assert_eq!(
+            tree_global_rank(&[1, 65535], 0, 0),
+            Err(TooManyWorkers { total: 65536 })
+        );
+        assert_eq!(
+            NoSuchRank {
+                leaf: 1,
+                rank: 3,
+                size: 3
+            }
+            .to_string(),
+            "there is no local rank 3 in leaf 1: it has 3 workers, ranks 0 to 2"
+        );
     }
 }

@@ -36,7 +36,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
-use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError};
+use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
 use proto::wire::{elems_per_chunk_for_mtu, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN};
 use serde::Deserialize;
 
@@ -156,6 +156,12 @@ pub struct SwitchSection {
     /// the machine's memory). A job that would not fit is refused.
     #[serde(default)]
     pub pool_memory_mib: Option<u64>,
+    /// On a leaf of an aggregation tree: the address and UDP port partial
+    /// sums go up from and spines answer to (one of this switch's own
+    /// addresses that every spine routes back to; docs/PROTOCOL.md,
+    /// "Aggregation trees").
+    #[serde(default)]
+    pub uplink: Option<std::net::SocketAddrV4>,
 }
 
 /// Share of the machine's memory the slot pools may take by default.
@@ -210,6 +216,21 @@ pub struct JobSection {
     pub pool_slots: u16,
     pub elems_per_chunk: Option<u16>,
     pub window: Option<u16>,
+    /// On a leaf: this job's place in its trees.
+    #[serde(default)]
+    pub upstream: Option<UpstreamSection>,
+}
+
+/// `[job.upstream]`: a leaf's place in a job's aggregation trees.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// This leaf's rank at the spines (leaves are summed in this order).
+    pub leaf_index: u16,
+    pub n_leaves: u16,
+    /// The spines' aggregation addresses, in tree order: chunk seq s goes
+    /// through spines[s mod K].
+    pub spines: Vec<std::net::SocketAddrV4>,
 }
 
 #[derive(Clone, Deserialize)]
@@ -241,7 +262,12 @@ pub fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN], String> {
 impl JobSection {
     /// Turns the section into a job declaration; `default_elems` comes from
     /// the ports' MTU.
-    pub fn to_job_config(&self, default_elems: u16) -> Result<JobConfig, String> {
+    /// `uplink` is `[switch] uplink`, which a job with `upstream` needs.
+    pub fn to_job_config(
+        &self,
+        default_elems: u16,
+        uplink: Option<std::net::SocketAddrV4>,
+    ) -> Result<JobConfig, String> {
         let secret = parse_secret(&self.secret).map_err(|e| format!("job {}: {e}", self.id))?;
         let cfg = JobConfig {
             id: self.id,
@@ -258,6 +284,30 @@ impl JobSection {
             pool_slots: self.pool_slots,
             elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             window: self.window.unwrap_or(self.pool_slots),
+            upstream: match (&self.upstream, uplink) {
+                (None, _) => None,
+                (Some(_), None) => {
+                    return Err(format!(
+                        "job {}: [job.upstream] needs [switch] uplink = \"ADDR:PORT\", the \
+                         address partial sums go up from",
+                        self.id
+                    ))
+                }
+                (Some(u), Some(local)) => Some(Upstream {
+                    leaf_index: u.leaf_index,
+                    n_leaves: u.n_leaves,
+                    spines: u
+                        .spines
+                        .iter()
+                        .map(|a| SpineAddr {
+                            ip: a.ip().octets(),
+                            port: a.port(),
+                        })
+                        .collect(),
+                    local_ip: local.ip().octets(),
+                    local_port: local.port(),
+                }),
+            },
         };
         cfg.validate(MAX_ELEMS_IN_FRAME)
             .map_err(|e: JobConfigError| e.to_string())?;
@@ -357,7 +407,7 @@ impl Config {
             if jobs.iter().any(|c: &JobConfig| c.id == j.id) {
                 return Err(invalid(format!("job {} is declared twice", j.id)));
             }
-            let cfg = j.to_job_config(default_elems).map_err(invalid)?;
+            let cfg = j.to_job_config(default_elems, sw.uplink).map_err(invalid)?;
             let need = cfg.pool_bytes();
             if need > budget.saturating_sub(in_use) {
                 let e = JobConfigError::OverBudget {

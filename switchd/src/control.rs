@@ -36,6 +36,8 @@ pub struct ControlConfig {
     pub summary_every: Duration,
     pub stats_file: Option<PathBuf>,
     pub default_elems: u16,
+    /// `[switch] uplink` (jobs added with an upstream need it).
+    pub uplink: Option<std::net::SocketAddrV4>,
     pub echo_mode: bool,
     pub xdp_drop: bool,
 }
@@ -243,13 +245,15 @@ impl<'a> ControlPlane<'a> {
                 jobs.sort_by_key(|j| j["id"].as_u64());
                 AdminReply::ok(serde_json::Value::Array(jobs))
             }
-            AdminRequest::AddJob { job } => match job.to_job_config(self.cfg.default_elems) {
-                Err(e) => AdminReply::err(e),
-                Ok(cfg) => match add_job(self.shared, cfg) {
-                    Ok(id) => AdminReply::ok(serde_json::json!({ "added": id })),
-                    Err(e) => AdminReply::err(e.to_string()),
-                },
-            },
+            AdminRequest::AddJob { job } => {
+                match job.to_job_config(self.cfg.default_elems, self.cfg.uplink) {
+                    Err(e) => AdminReply::err(e),
+                    Ok(cfg) => match add_job(self.shared, cfg) {
+                        Ok(id) => AdminReply::ok(serde_json::json!({ "added": id })),
+                        Err(e) => AdminReply::err(e.to_string()),
+                    },
+                }
+            }
             AdminRequest::RemoveJob { id } => {
                 let removed = self.shared.table().remove(id);
                 match removed {

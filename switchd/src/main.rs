@@ -159,15 +159,30 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let default_elems =
         switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let threads = cfg.switch.dataplane_threads as usize;
+    let uplink = match cfg.switch.uplink {
+        None => None,
+        Some(addr) => {
+            let sock = std::net::UdpSocket::bind(addr).with_context(|| {
+                format!(
+                    "binding the uplink socket to {addr} ([switch] uplink must be one of this \
+                     switch's own addresses, with a free UDP port)"
+                )
+            })?;
+            sock.set_nonblocking(true)
+                .context("making the uplink socket nonblocking")?;
+            Some(sock)
+        }
+    };
     let (shared, lanes) = dataplane::build(
         table,
         sockets,
-        &DataplaneConfig {
+        DataplaneConfig {
             agg_port: cfg.switch.agg_port,
             ecn_ring_fraction: cfg.switch.ecn_ring_threshold,
             ring_size: xcfg.ring_size,
             threads,
             echo: cfg.switch.mode == DataplaneMode::Echo,
+            uplink,
         },
     )
     .context("creating the dataplane threads' wake-up eventfds")?;
@@ -243,6 +258,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             summary_every: every,
             stats_file: stats_file.clone(),
             default_elems,
+            uplink: cfg.switch.uplink,
             echo_mode: cfg.switch.mode == DataplaneMode::Echo,
             xdp_drop,
         },

@@ -358,6 +358,33 @@ pub struct Switchd {
 }
 
 impl Switchd {
+    /// Starts switchd in namespace `ns` with `config` (a whole TOML file
+    /// without `admin_socket`, which is added here), its files under a
+    /// directory named after `tag`.
+    pub fn start_in(ns: &str, tag: &str, config: &str) -> Switchd {
+        let dir = std::env::temp_dir().join(format!("agg-e2e-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let admin = dir.join("admin.sock");
+        let text = config.replacen(
+            "[switch]\n",
+            &format!("[switch]\nadmin_socket = \"{}\"\n", admin.display()),
+            1,
+        );
+        let cfg_path = dir.join("switchd.toml");
+        std::fs::write(&cfg_path, text).unwrap();
+        let mut sw = Switchd {
+            child: None,
+            log: dir.join("switchd.log"),
+            stats: dir.join("stats.json"),
+            admin,
+            config: cfg_path,
+            ns: ns.to_owned(),
+            dir,
+        };
+        sw.launch();
+        sw
+    }
+
     pub fn start(tb: &Testbed, jobs: &[JobSpec]) -> Switchd {
         Switchd::start_with(tb, jobs, "")
     }

@@ -60,6 +60,7 @@ impl LoopbackConfig {
                 pool_slots: self.pool_slots,
                 elems_per_chunk: self.elems_per_chunk,
                 window: self.pool_slots,
+                upstream: None,
             },
             MAX_ELEMS_PER_CHUNK,
         )?;

@@ -3,7 +3,9 @@
 //! `aggblast`, in `bench/`.)
 //!
 //! * `worker allreduce …`: join a job and run K all-reduces of E float32
-//!   elements, optionally verifying every element against the rank-order sum.
+//!   elements, optionally verifying every element against the rank-order sum
+//!   (or, for one leaf of an aggregation tree, `--tree-leaves` and `--leaf`,
+//!   against the tree-order sum over all leaves).
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
 
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use proto::reference::{expected_sum, fill_pattern};
+use proto::reference::{expected_sum, expected_tree_sum, fill_pattern, tree_global_rank};
 use proto::wire::{DEFAULT_AGG_PORT, SECRET_LEN};
 use worker::{Worker, WorkerConfig, WorkerError};
 
@@ -85,6 +87,16 @@ struct AllreduceArgs {
     /// reduces the same input (iteration 0's pattern), copied in.
     #[arg(long)]
     verify: bool,
+    /// Aggregation tree: workers per leaf, in leaf order (`2,2`: two leaves
+    /// of two). With `--leaf`, this worker is local rank `--rank` of that
+    /// leaf's job (`--workers` is that leaf's size); its pattern is that of
+    /// its global rank (the earlier leaves' sizes plus `--rank`), and
+    /// `--verify` checks against the tree-order sum over all leaves.
+    #[arg(long, value_delimiter = ',', value_name = "W0,W1,...")]
+    tree_leaves: Option<Vec<u16>>,
+    /// This worker's leaf in `--tree-leaves`, from 0.
+    #[arg(long, value_name = "I")]
+    leaf: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -105,6 +117,51 @@ fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN]> {
             v.len()
         )
     })
+}
+
+/// Where a worker sits in an aggregation tree (`--tree-leaves`, `--leaf`).
+#[derive(Debug, PartialEq)]
+struct TreePlace {
+    /// Workers per leaf, in leaf order.
+    sizes: Vec<u16>,
+    leaf: usize,
+    /// The earlier leaves' sizes plus the local rank.
+    global_rank: u16,
+}
+
+/// Checks `--tree-leaves` and `--leaf` (both or neither) against the local
+/// `--rank` and `--workers`; `None` without them.
+fn tree_place(
+    sizes: Option<&[u16]>,
+    leaf: Option<usize>,
+    rank: u16,
+    workers: u16,
+) -> Result<Option<TreePlace>> {
+    let (sizes, leaf) = match (sizes, leaf) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => bail!("--tree-leaves needs --leaf (this worker's leaf, from 0)"),
+        (None, Some(_)) => bail!("--leaf needs --tree-leaves (workers per leaf, in leaf order)"),
+        (Some(s), Some(l)) => (s, l),
+    };
+    let list = sizes
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let global_rank = tree_global_rank(sizes, leaf, rank)
+        .with_context(|| format!("--tree-leaves {list} --leaf {leaf} --rank {rank}"))?;
+    if workers != sizes[leaf] {
+        bail!(
+            "--workers {workers} is not the size of leaf {leaf} in --tree-leaves {list} ({}): \
+             --workers is the number of ranks of this worker's leaf",
+            sizes[leaf]
+        );
+    }
+    Ok(Some(TreePlace {
+        sizes: sizes.to_vec(),
+        leaf,
+        global_rank,
+    }))
 }
 
 fn config(a: &JobArgs) -> Result<WorkerConfig> {
@@ -136,16 +193,47 @@ struct Report {
     chunks_per_s: f64,
     verified: bool,
     mismatches: u64,
+    /// With `--tree-leaves`: workers per leaf, this worker's leaf and its
+    /// global rank (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tree_leaves: Option<Vec<u16>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leaf: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global_rank: Option<u16>,
     elems_per_chunk: u16,
     pool_slots: u16,
     stats: worker::WorkerStats,
 }
 
 fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
+    let tree = tree_place(
+        a.tree_leaves.as_deref(),
+        a.leaf,
+        a.job.rank,
+        a.job.target.workers,
+    )?;
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
     cfg.transport.window_override = a.window_override;
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
+    // In a tree the pattern is the global rank's, and the reference the
+    // tree-order sum over every leaf; otherwise the rank-order sum.
+    let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
+    let expected = |it: u32, i: usize| match &tree {
+        Some(t) => expected_tree_sum(&t.sizes, it, i),
+        None => expected_sum(n, it, i),
+    };
+    let (who, reference) = match &tree {
+        Some(t) => (
+            format!(
+                "leaf {} rank {rank} (global rank {})",
+                t.leaf, t.global_rank
+            ),
+            "tree-order sum",
+        ),
+        None => (format!("rank {rank}"), "rank-order sum"),
+    };
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let mut data = vec![0f32; a.elements];
     // Without --verify every iteration reduces the same input, copied in
@@ -155,27 +243,27 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let mut template = Vec::new();
     if !a.verify {
         template = vec![0f32; a.elements];
-        fill_pattern(rank, 0, &mut template);
+        fill_pattern(pattern_rank, 0, &mut template);
     }
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
     for it in 0..a.iterations {
         if a.verify {
-            fill_pattern(rank, it, &mut data);
+            fill_pattern(pattern_rank, it, &mut data);
         } else {
             data.copy_from_slice(&template);
         }
         let t = Instant::now();
         w.all_reduce(&mut data)
-            .with_context(|| format!("all-reduce {it} of job {job} (rank {rank})"))?;
+            .with_context(|| format!("all-reduce {it} of job {job} ({who})"))?;
         busy += t.elapsed();
         if a.verify {
             for (i, v) in data.iter().enumerate() {
-                let want = expected_sum(n, it, i);
+                let want = expected(it, i);
                 if v.to_bits() != want.to_bits() {
                     if mismatches < 10 {
                         eprintln!(
-                            "MISMATCH job {job} rank {rank} iteration {it} element {i}: got {v:e} ({:#010x}), expected {want:e} ({:#010x})",
+                            "MISMATCH job {job} {who} iteration {it} element {i}: got {v:e} ({:#010x}), expected {want:e} ({:#010x})",
                             v.to_bits(),
                             want.to_bits()
                         );
@@ -199,6 +287,9 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         chunks_per_s: chunks_per_coll * a.iterations as f64 / secs,
         verified: a.verify && mismatches == 0,
         mismatches,
+        tree_leaves: tree.as_ref().map(|t| t.sizes.clone()),
+        leaf: tree.as_ref().map(|t| t.leaf),
+        global_rank: tree.as_ref().map(|t| t.global_rank),
         elems_per_chunk: w.elems_per_chunk(),
         pool_slots: w.pool_slots(),
         stats,
@@ -208,14 +299,14 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "job {job} rank {rank}: {} x {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, resent {}, verified: {}",
+            "job {job} {who}: {} x {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, resent {}, verified: {}",
             a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s,
             stats.chunks_resent,
             if a.verify { if mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
         );
     }
     if mismatches > 0 {
-        eprintln!("FAILED: {mismatches} elements differ from the rank-order sum");
+        eprintln!("FAILED: {mismatches} elements differ from the {reference}");
         return Ok(ExitCode::from(2));
     }
     Ok(ExitCode::SUCCESS)
@@ -262,5 +353,128 @@ fn main() -> ExitCode {
             eprintln!("worker: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    fn allreduce_args(extra: &[&str]) -> Result<AllreduceArgs, clap::Error> {
+        let mut argv = vec![
+            "worker",
+            "allreduce",
+            "--switch",
+            "198.18.0.1",
+            "--job",
+            "1",
+            "--rank",
+            "1",
+            "--workers",
+            "3",
+            "--secret",
+            "00",
+            "--elements",
+            "8",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.cmd {
+            Cmd::Allreduce(a) => Ok(a),
+            Cmd::Join(_) => unreachable!(),
+        }
+    }
+
+    fn place_of(a: &AllreduceArgs) -> Result<Option<TreePlace>> {
+        tree_place(
+            a.tree_leaves.as_deref(),
+            a.leaf,
+            a.job.rank,
+            a.job.target.workers,
+        )
+    }
+
+    #[test]
+    fn without_the_tree_options_nothing_changes() {
+        let a = allreduce_args(&["--verify"]).unwrap();
+        assert_eq!((a.tree_leaves.as_ref(), a.leaf), (None, None));
+        assert_eq!(place_of(&a).unwrap(), None);
+    }
+
+    #[test]
+    fn tree_leaves_parse_as_a_comma_list_and_map_to_the_global_rank() {
+        // Rank 1 of leaf 1 of leaves 2, 3, 1: global rank 2 + 1.
+        let a = allreduce_args(&["--tree-leaves", "2,3,1", "--leaf", "1"]).unwrap();
+        assert_eq!(a.tree_leaves.as_deref(), Some(&[2u16, 3, 1][..]));
+        assert_eq!(
+            place_of(&a).unwrap(),
+            Some(TreePlace {
+                sizes: vec![2, 3, 1],
+                leaf: 1,
+                global_rank: 3
+            })
+        );
+        // Leaf 0: the global rank is the local rank.
+        let p = tree_place(Some(&[3, 3]), Some(0), 2, 3).unwrap().unwrap();
+        assert_eq!(p.global_rank, 2);
+        let p = tree_place(Some(&[3, 3]), Some(1), 2, 3).unwrap().unwrap();
+        assert_eq!(p.global_rank, 5);
+    }
+
+    #[test]
+    fn tree_leaves_that_are_not_numbers_are_refused_by_the_parser() {
+        for bad in ["2,x", "2,70000", "-1"] {
+            assert!(
+                allreduce_args(&["--tree-leaves", bad, "--leaf", "0"]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    fn err(sizes: Option<&[u16]>, leaf: Option<usize>, rank: u16, workers: u16) -> String {
+        format!("{:#}", tree_place(sizes, leaf, rank, workers).unwrap_err())
+    }
+
+    #[test]
+    fn bad_tree_options_say_what_is_wrong() {
+        assert_eq!(
+            err(Some(&[2, 2]), None, 0, 2),
+            "--tree-leaves needs --leaf (this worker's leaf, from 0)"
+        );
+        assert_eq!(
+            err(None, Some(0), 0, 2),
+            "--leaf needs --tree-leaves (workers per leaf, in leaf order)"
+        );
+        assert_eq!(
+            err(Some(&[2, 2]), Some(2), 0, 2),
+            "--tree-leaves 2,2 --leaf 2 --rank 0: there is no leaf 2: the tree has 2 leaves, numbered from 0"
+        );
+        assert_eq!(
+            err(Some(&[2, 3]), Some(0), 2, 3),
+            "--tree-leaves 2,3 --leaf 0 --rank 2: there is no local rank 2 in leaf 0: it has 2 workers, ranks 0 to 1"
+        );
+        assert_eq!(
+            err(Some(&[65535, 1]), Some(1), 0, 1),
+            "--tree-leaves 65535,1 --leaf 1 --rank 0: the leaves have 65536 workers in all, more than 65535 (global ranks are 16 bits)"
+        );
+        assert_eq!(
+            err(Some(&[2, 0]), Some(0), 0, 2),
+            "--tree-leaves 2,0 --leaf 0 --rank 0: leaf 1 has no workers (every leaf needs at least one)"
+        );
+        assert_eq!(
+            err(Some(&[2, 3]), Some(1), 1, 2),
+            "--workers 2 is not the size of leaf 1 in --tree-leaves 2,3 (3): \
+             --workers is the number of ranks of this worker's leaf"
+        );
+        // The largest tree there may be is accepted.
+        let p = tree_place(Some(&[65534, 1]), Some(1), 0, 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.global_rank, 65534);
     }
 }

@@ -682,6 +682,19 @@ impl Job {
         (self.resume_collective, seq)
     }
 
+    /// Every local rank left: leave every joined spine (the spine starts
+    /// afresh once all its leaves have). Returns those spines.
+    pub(super) fn leave_uplink(&mut self) -> impl Iterator<Item = usize> + use<> {
+        let mut left = [false; super::uplink::MAX_SPINES];
+        if let Some(u) = &mut self.uplink {
+            for (k, s) in u.spines.iter_mut().enumerate() {
+                left[k] = s.joined_gen.take().is_some();
+                s.join_due = None;
+            }
+        }
+        (0..super::uplink::MAX_SPINES).filter(move |k| left[*k])
+    }
+
     /// Starts joining every spine that has not answered (on activation).
     pub(super) fn start_uplink(&mut self, now: Instant) {
         let id = self.config.id;

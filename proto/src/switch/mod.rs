@@ -471,7 +471,22 @@ impl JobTable {
                     return Verdict::Dropped(None);
                 };
                 match job.on_leave(&hdr, &leave, &from, gen) {
-                    None => Verdict::Noted,
+                    None => {
+                        // A leaf whose ranks all left leaves its spines too,
+                        // so their slots start afresh with its next ranks.
+                        if job.state() == JobState::Joining {
+                            for spine in job.leave_uplink() {
+                                self.up(
+                                    job_id,
+                                    spine,
+                                    ReplyMsg::UpLeave {
+                                        spine: spine as u16,
+                                    },
+                                );
+                            }
+                        }
+                        Verdict::Noted
+                    }
                     Some(r) => Verdict::Dropped(Some(r)),
                 }
             }
@@ -817,7 +832,10 @@ impl JobTable {
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
             ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
             ReplyMsg::Missing { .. } => {}
-            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. } => {}
+            ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpJoin { .. }
+            | ReplyMsg::UpData { .. }
+            | ReplyMsg::UpLeave { .. } => {}
         }
     }
 
@@ -881,11 +899,15 @@ impl JobTable {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
             }
-            ReplyMsg::UpHello { spine } | ReplyMsg::UpJoin { spine } => {
+            ReplyMsg::UpHello { spine }
+            | ReplyMsg::UpJoin { spine }
+            | ReplyMsg::UpLeave { spine } => {
                 let job = self.jobs.get(&r.job)?;
                 let s = job.uplink()?.spines.get(spine as usize)?;
                 let n = if matches!(r.msg, ReplyMsg::UpHello { .. }) {
                     s.hs.emit_hello(buf).ok()?
+                } else if matches!(r.msg, ReplyMsg::UpLeave { .. }) {
+                    s.hs.emit_leave(buf)?
                 } else {
                     let (c, seq) = job.spine_resume(spine as usize);
                     s.hs.emit_join(c, seq, buf)?

@@ -66,6 +66,10 @@ pub enum ReplyMsg {
         seq: u32,
         retx: bool,
     },
+    /// Every local rank of the leaf left: it leaves the spine too.
+    UpLeave {
+        spine: u16,
+    },
 }
 
 /// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends
@@ -77,7 +81,10 @@ impl Reply {
     pub fn is_upstream(&self) -> bool {
         matches!(
             self.msg,
-            ReplyMsg::UpHello { .. } | ReplyMsg::UpJoin { .. } | ReplyMsg::UpData { .. }
+            ReplyMsg::UpHello { .. }
+                | ReplyMsg::UpJoin { .. }
+                | ReplyMsg::UpData { .. }
+                | ReplyMsg::UpLeave { .. }
         )
     }
 }

@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
 use switchd::admin::{request, AdminRequest, DEFAULT_SOCKET};
-use switchd::config::JobSection;
+use switchd::config::{JobSection, UpstreamSection};
 use switchd::dataplane::DataplaneCounters;
 
 #[derive(Parser)]
@@ -65,6 +65,16 @@ enum JobCmd {
         elems: Option<u16>,
         #[arg(long)]
         window: Option<u16>,
+        /// On a leaf of a tree: this leaf's rank at the spines (with
+        /// --leaves and --spine; needs `[switch] uplink`).
+        #[arg(long, requires_all = ["leaves", "spines"])]
+        leaf_index: Option<u16>,
+        /// On a leaf: how many leaves the job has.
+        #[arg(long, requires = "leaf_index")]
+        leaves: Option<u16>,
+        /// On a leaf: a spine's ADDR:PORT, in tree order (repeat for each).
+        #[arg(long = "spine", requires = "leaf_index")]
+        spines: Vec<std::net::SocketAddrV4>,
     },
     /// Remove a job: frees its memory; its workers fail with "unknown job".
     Rm { id: u16 },
@@ -151,6 +161,9 @@ fn run() -> Result<()> {
                     slots,
                     elems,
                     window,
+                    leaf_index,
+                    leaves,
+                    spines,
                 },
         } => AdminRequest::AddJob {
             job: JobSection {
@@ -161,6 +174,11 @@ fn run() -> Result<()> {
                 pool_slots: slots,
                 elems_per_chunk: elems,
                 window,
+                upstream: leaf_index.map(|leaf_index| UpstreamSection {
+                    leaf_index,
+                    n_leaves: leaves.unwrap_or(0),
+                    spines,
+                }),
             },
         },
     };

@@ -82,8 +82,20 @@ proto::counter_schema! {
         thread_wakeups,
         /// Echo mode: frames sent back.
         echoed,
+        /// A leaf's datagrams to its spines (HELLO, JOIN, partial sums).
+        uplink_sent,
+        /// Of those, not sent: the uplink socket's buffer was full or the
+        /// route failed (the timers resend them).
+        uplink_send_failed,
+        /// Datagrams from the spines (CHALLENGE, JOIN_ACK, RESULT, NACK).
+        uplink_received,
     }
 }
+
+/// How often thread 0 runs the table's timers (a leaf's resends to spines).
+const TIMER_EVERY: Duration = Duration::from_millis(1);
+/// Room for the largest datagram on the uplink.
+const UPLINK_DATAGRAM_MAX: usize = 9216;
 
 /// One receive half with the port and queue it serves.
 pub struct RxSocket {
@@ -126,6 +138,9 @@ pub struct Shared {
     published: Vec<Mutex<Published>>,
     /// Echo mode (a benchmark baseline, [`crate::echo`]): no aggregation.
     echo: bool,
+    /// A leaf's socket towards its spines (`[switch] uplink`): any thread
+    /// sends on it, thread 0 receives.
+    uplink: Option<std::net::UdpSocket>,
 }
 
 /// How to build a dataplane.
@@ -137,6 +152,8 @@ pub struct DataplaneConfig {
     pub threads: usize,
     /// Echo every steered frame instead of aggregating ([`crate::echo`]).
     pub echo: bool,
+    /// A leaf's uplink socket, bound and nonblocking.
+    pub uplink: Option<std::net::UdpSocket>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,7 +168,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn build(
     table: JobTable,
     sockets: Vec<Socket>,
-    cfg: &DataplaneConfig,
+    cfg: DataplaneConfig,
 ) -> std::io::Result<(Arc<Shared>, Vec<DataplaneThread>)> {
     let threads = cfg.threads.max(1);
     let wakers = (0..threads)
@@ -197,6 +214,7 @@ pub fn build(
         wakers,
         published: (0..threads).map(|_| Mutex::default()).collect(),
         echo: cfg.echo,
+        uplink: cfg.uplink,
     });
     let lanes = rxs
         .into_iter()
@@ -211,6 +229,8 @@ pub fn build(
             last_publish: Instant::now(),
             kernel_stats: Vec::new(),
             last_kernel_stats: None,
+            scratch: vec![0u8; UPLINK_DATAGRAM_MAX],
+            last_timers: Instant::now(),
         })
         .collect();
     Ok((shared, lanes))
@@ -253,6 +273,9 @@ pub struct DataplaneThread {
     /// Each socket's kernel statistics, as last read, and when.
     kernel_stats: Vec<crate::xdp::XskStats>,
     last_kernel_stats: Option<Instant>,
+    /// A datagram to or from the uplink (allocated once).
+    scratch: Vec<u8>,
+    last_timers: Instant,
 }
 
 impl DataplaneThread {
@@ -295,6 +318,9 @@ impl DataplaneThread {
         let shared = self.shared.clone();
         let now = Instant::now();
         let mut got = 0;
+        if self.idx == 0 && shared.uplink.is_some() {
+            got += self.uplink_round(now);
+        }
         for i in 0..self.rxs.len() {
             let (p, q) = (self.rxs[i].port_idx, self.rxs[i].queue);
             let waiting = self.rxs[i].rx.rx_ring_occupancy();
@@ -309,6 +335,48 @@ impl DataplaneThread {
             });
         }
         self.flush_all();
+        got
+    }
+
+    /// Thread 0 on a leaf: datagrams from the spines into the table, and
+    /// the table's timers (resends up) every [`TIMER_EVERY`].
+    fn uplink_round(&mut self, now: Instant) -> u32 {
+        let shared = self.shared.clone();
+        let Some(sock) = shared.uplink.as_ref() else {
+            return 0;
+        };
+        let timers_due = now.duration_since(self.last_timers) >= TIMER_EVERY;
+        let mut table = lock(&shared.table);
+        let mut got = 0;
+        while got < RX_BATCH {
+            let Ok((n, std::net::SocketAddr::V4(from))) = sock.recv_from(&mut self.scratch) else {
+                break;
+            };
+            got += 1;
+            self.counters.uplink_received += 1;
+            let from = proto::switch::Endpoint {
+                source: proto::switch::Source {
+                    mac: [0; 6],
+                    ip: from.ip().octets(),
+                    port: from.port(),
+                },
+                port_idx: proto::switch::UPSTREAM,
+                ..Default::default()
+            };
+            table.handle(&self.scratch[..n], from, false, now);
+            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+            while let Some(r) = table.poll_reply() {
+                out.send(&table, &r);
+            }
+        }
+        if timers_due {
+            self.last_timers = now;
+            table.handle_timeout(now);
+            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+            while let Some(r) = table.poll_reply() {
+                out.send(&table, &r);
+            }
+        }
         got
     }
 
@@ -361,6 +429,11 @@ impl DataplaneThread {
             revents: 0,
         };
         let mut fds: Vec<libc::pollfd> = self.rxs.iter().map(|s| fd(s.rx.fd())).collect();
+        if self.idx == 0 {
+            if let Some(u) = &self.shared.uplink {
+                fds.push(fd(std::os::fd::AsRawFd::as_raw_fd(u)));
+            }
+        }
         // Last: the eventfd other threads write when they hand us work.
         fds.push(fd(self.shared.wakers[self.idx].fd()));
         fds

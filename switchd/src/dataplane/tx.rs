@@ -55,8 +55,12 @@ impl<'a> Out<'a> {
         self.shared.agg_port
     }
 
-    /// Sends `r`: here, or via the owning thread's outbox.
+    /// Sends `r`: up to a spine, here, or via the owning thread's outbox.
     pub fn send(&mut self, table: &JobTable, r: &Reply) {
+        if r.is_upstream() {
+            self.send_up(table, r);
+            return;
+        }
         let owner = self
             .shared
             .owner
@@ -67,6 +71,25 @@ impl<'a> Out<'a> {
         match owner {
             Some(t) if t != self.idx => self.hand_off(t, *r),
             _ => self.transmit(table, r),
+        }
+    }
+
+    /// A leaf's datagram to a spine, through the uplink socket (one
+    /// sendto: a partial per chunk, not per worker packet).
+    fn send_up(&mut self, table: &JobTable, r: &Reply) {
+        let Some(sock) = self.shared.uplink.as_ref() else {
+            self.counters.uplink_send_failed += 1;
+            return;
+        };
+        let mut buf = [0u8; 9216];
+        let Some(e) = table.encode(r, &mut buf) else {
+            self.counters.uplink_send_failed += 1;
+            return;
+        };
+        let to = std::net::SocketAddrV4::new(r.to.source.ip.into(), r.to.source.port);
+        match sock.send_to(&buf[..e.len], to) {
+            Ok(_) => self.counters.uplink_sent += 1,
+            Err(_) => self.counters.uplink_send_failed += 1,
         }
     }
 

@@ -1,0 +1,247 @@
+//! End-to-end tests of issue 12's aggregation trees: a job over 2 leaves of
+//! 2 workers each and 2 spines, every switch a switchd in its own namespace
+//! on the leaf–spine testbed (scripts/testbed.sh --leaves), every result
+//! checked bit for bit against the tree-order sum, chunks split between the
+//! spines as seq mod K.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use agg_e2e::*;
+
+const LEAVES: u16 = 2;
+const SPINES: u16 = 2;
+const WPL: u16 = 2;
+
+fn spine_config(fabric: &LeafSpine, j: u16) -> String {
+    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
+         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
+         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
+        ports.join(", "),
+        fabric.spine_addr(j)
+    )
+}
+
+fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
+    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
+    let spines: Vec<String> = (0..SPINES)
+        .map(|j| format!("\"{}:{AGG_PORT}\"", fabric.spine_addr(j)))
+        .collect();
+    let gw = fabric.leaf_gateway(i);
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
+         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
+         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\n\
+         [job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [{}]\n",
+        ports.join(", "),
+        spines.join(", ")
+    )
+}
+
+/// Worker `k` under leaf `i`: `iterations` all-reduces of `elements`,
+/// verified against the tree-order sum.
+fn spawn_tree_worker(
+    fabric: &LeafSpine,
+    i: u16,
+    k: u16,
+    elements: usize,
+    iterations: u32,
+) -> Child {
+    let sizes = vec![WPL.to_string(); LEAVES as usize].join(",");
+    fabric
+        .cmd_in(&fabric.worker_ns(i, k), worker_bin())
+        .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+        .args(["--job", "1", "--rank", &k.to_string()])
+        .args(["--workers", &WPL.to_string(), "--secret", SECRET])
+        .args(["--tree-leaves", &sizes, "--leaf", &i.to_string()])
+        .args(["--elements", &elements.to_string()])
+        .args(["--iterations", &iterations.to_string()])
+        .args(["--verify", "--json", "--stall-timeout", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting worker")
+}
+
+/// Every spine's and leaf's switchd, started on `fabric`.
+fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
+    let spines = (0..SPINES)
+        .map(|j| {
+            let cfg = spine_config(fabric, j);
+            Switchd::start_in(&fabric.spine_ns(j), &format!("{tag}-s{j}"), &cfg)
+        })
+        .collect();
+    let leaves = (0..LEAVES)
+        .map(|i| {
+            let cfg = leaf_config(fabric, i);
+            Switchd::start_in(&fabric.leaf_ns(i), &format!("{tag}-l{i}"), &cfg)
+        })
+        .collect();
+    (spines, leaves)
+}
+
+/// `scripts/impair.sh NS DEV ARGS…`; its stdout.
+fn impair(ns: &str, dev: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("bash")
+        .arg(repo_root().join("scripts/impair.sh"))
+        .args([ns, dev])
+        .args(args)
+        .output()
+        .expect("running scripts/impair.sh");
+    assert!(
+        out.status.success(),
+        "impair.sh {ns} {dev} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn spine_chunks(sw: &Switchd) -> u64 {
+    job(&sw.stats(), 1)["chunks_completed"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
+    if !can_run("trees") {
+        return;
+    }
+    let fabric = LeafSpine::up("tre", LEAVES, SPINES, WPL, 0);
+    let mut spines: Vec<Switchd> = (0..SPINES)
+        .map(|j| {
+            Switchd::start_in(
+                &fabric.spine_ns(j),
+                &format!("tre-s{j}"),
+                &spine_config(&fabric, j),
+            )
+        })
+        .collect();
+    let mut leaves: Vec<Switchd> = (0..LEAVES)
+        .map(|i| {
+            Switchd::start_in(
+                &fabric.leaf_ns(i),
+                &format!("tre-l{i}"),
+                &leaf_config(&fabric, i),
+            )
+        })
+        .collect();
+    let mut total_chunks = 0u64;
+    for elements in [1usize, 363, 10 << 18] {
+        let workers: Vec<Child> = (0..LEAVES)
+            .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+            .map(|(i, k)| spawn_tree_worker(&fabric, i, k, elements, 1))
+            .collect();
+        expect_verified(workers);
+        total_chunks += elements.div_ceil(362) as u64;
+        // The switches' stats files are written once a second.
+        std::thread::sleep(Duration::from_millis(1500));
+        let per_spine: Vec<u64> = spines.iter().map(spine_chunks).collect();
+        assert_eq!(
+            per_spine.iter().sum::<u64>(),
+            total_chunks,
+            "every chunk summed at exactly one spine: {per_spine:?}"
+        );
+        assert!(
+            per_spine
+                .iter()
+                .all(|c| c.abs_diff(total_chunks / SPINES as u64) <= 2),
+            "seq mod K splits chunks evenly: {per_spine:?} of {total_chunks}"
+        );
+    }
+    for (i, sw) in leaves.iter_mut().enumerate() {
+        let (ok, stats) = sw.stop();
+        assert!(
+            ok,
+            "leaf {i} switchd did not stop cleanly:\n{}",
+            sw.log_text()
+        );
+        let j = job(&stats, 1);
+        assert_eq!(
+            j["chunks_completed"].as_u64(),
+            Some(total_chunks),
+            "leaf {i}: {stats}"
+        );
+        assert!(
+            j["partials_sent"].as_u64().unwrap_or(0) >= total_chunks,
+            "{stats}"
+        );
+    }
+    for (j, sw) in spines.iter_mut().enumerate() {
+        let (ok, _) = sw.stop();
+        assert!(
+            ok,
+            "spine {j} switchd did not stop cleanly:\n{}",
+            sw.log_text()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn loss_and_reordering_on_the_leaf_spine_links_stay_bit_exact() {
+    if !can_run("trees_lossy") {
+        return;
+    }
+    let fabric = LeafSpine::up("trl", LEAVES, SPINES, WPL, 0);
+    let (mut spines, mut leaves) = start_tree(&fabric, "trl");
+    // Both directions of every leaf–spine link: what the leaf sends up
+    // (egress of its uplink) and what the spine answers (the leaf's
+    // ingress: switchd's AF_XDP transmit skips the spine's egress hooks).
+    let args = ["--udp-port", "48879", "--loss", "5", "--reorder", "25"];
+    for i in 0..LEAVES {
+        for j in 0..SPINES {
+            let dev = format!("up-s{j}");
+            impair(&fabric.leaf_ns(i), &dev, &args);
+            let mut ingress = args.to_vec();
+            ingress.push("--ingress");
+            impair(&fabric.leaf_ns(i), &dev, &ingress);
+        }
+    }
+    let workers: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 1 << 20, 3))
+        .collect();
+    expect_verified(workers);
+    let mut dropped = 0u64;
+    for i in 0..LEAVES {
+        for j in 0..SPINES {
+            let dev = format!("up-s{j}");
+            for extra in [&[][..], &["--ingress"][..]] {
+                let mut a = vec!["--stats"];
+                a.extend_from_slice(extra);
+                let line = impair(&fabric.leaf_ns(i), &dev, &a);
+                dropped += line
+                    .split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("dropped="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    assert!(dropped > 0, "the impairment dropped nothing");
+    let mut resent = 0;
+    for (i, sw) in leaves.iter_mut().enumerate() {
+        let (ok, stats) = sw.stop();
+        assert!(
+            ok,
+            "leaf {i} switchd did not stop cleanly:\n{}",
+            sw.log_text()
+        );
+        resent += job(&stats, 1)["partials_resent"].as_u64().unwrap_or(0);
+    }
+    assert!(
+        resent > 0,
+        "losses on the fabric were recovered by resent partials"
+    );
+    for sw in spines.iter_mut() {
+        assert!(
+            sw.stop().0,
+            "spine switchd did not stop cleanly:\n{}",
+            sw.log_text()
+        );
+    }
+}
