@@ -13,6 +13,8 @@
 #   sudo scripts/demo.sh [--workers 4] [--hosts 2] [--mib 64] [--iterations 5]
 #                        [--queues 1] [--timeout 600] [--prefix agg] [--keep-logs]
 #                        [--json FILE]
+#   sudo scripts/demo.sh --leaves L --spines K [--workers W per leaf] ...
+#                        the demo over an aggregation tree: scripts/demo_tree.sh
 #
 #   --workers N     ranks in the job (1..64), each in namespace agg-wI
 #   --hosts M       plain hosts agg-hJ (the ping needs 2; 0 or 1 skips it)
@@ -41,6 +43,12 @@ readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
 
 ORIG_ARGS=("$@")
+# An aggregation tree is its own demo.
+for arg in "$@"; do
+    if [[ "$arg" == --leaves || "$arg" == --spines ]]; then
+        exec bash "$(dirname "${BASH_SOURCE[0]}")/demo_tree.sh" "$@"
+    fi
+done
 PREFIX=agg
 WORKERS=4
 HOSTS=2

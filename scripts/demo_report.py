@@ -203,6 +203,25 @@ def switch_lines(stats, job_id):
     return ["  " + line for line in table(rows, right={1})]
 
 
+def print_spines(spines, job_id):
+    """One row per spine: chunks it summed and their share."""
+    chunks = []
+    for st in spines:
+        jobs = st.get("jobs") if isinstance(st, dict) else None
+        job = next((j for j in jobs or [] if j.get("id") == job_id), None)
+        chunks.append(job.get("chunks_completed") if isinstance(job, dict) else None)
+    total = sum(c for c in chunks if isinstance(c, int))
+    rows = []
+    for k, c in enumerate(chunks):
+        if isinstance(c, int):
+            share = f"{100 * c / total:.1f} %" if total else "-"
+            rows.append([f"spine {k}", count(c), share])
+        else:
+            rows.append([f"spine {k}", "-", "no stats file"])
+    for line in table(rows, right={1, 2}):
+        print("  " + line)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("work")
@@ -215,6 +234,12 @@ def main():
     p.add_argument("--mib", type=int)
     p.add_argument("--iterations", type=int)
     p.add_argument("--job", type=int, default=1)
+    p.add_argument(
+        "--spine-stats",
+        action="append",
+        default=[],
+        help="a spine's stats file, in tree order (repeat; aggregation trees)",
+    )
     args = p.parse_args()
     if args.workers < 1:
         p.error("--workers must be >= 1")
@@ -258,6 +283,19 @@ def main():
     print(head)
     for line in switch_lines(stats, args.job):
         print(line)
+    spines = []
+    for path in args.spine_stats:
+        try:
+            with open(path, encoding="utf-8") as f:
+                spines.append(json.load(f))
+        except (OSError, ValueError):
+            spines.append(None)
+    if spines:
+        print()
+        print("spines (chunks summed at each: seq mod K)")
+        print_spines(spines, args.job)
+        if any(s is None for s in spines):
+            all_ok = False
     print()
     print(f"ordinary traffic crossed the switch: {args.ping}")
 
@@ -270,6 +308,7 @@ def main():
         "worker_reports": reports,
         "switchd_status": args.switchd_status,
         "switch_stats": stats,
+        "spine_stats": spines,
         "ping": args.ping,
         "passed": all_ok,
     }

@@ -239,6 +239,20 @@ impl<'a> ControlPlane<'a> {
                             "elems_per_chunk": j.config.elems_per_chunk,
                             "window": j.window(),
                             "pool_bytes": j.config.pool_bytes(),
+                            "upstream": j.uplink().map(|u| serde_json::json!({
+                                "leaf_index": u.cfg.leaf_index,
+                                "n_leaves": u.cfg.n_leaves,
+                                "spines": u.cfg.spines.iter().zip(&u.spines).map(|(a, s)| {
+                                    serde_json::json!({
+                                        "addr": format!(
+                                            "{}:{}",
+                                            std::net::Ipv4Addr::from(a.ip),
+                                            a.port
+                                        ),
+                                        "joined": s.joined_gen.is_some(),
+                                    })
+                                }).collect::<Vec<_>>(),
+                            })),
                         })
                     })
                     .collect();

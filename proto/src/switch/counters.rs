@@ -1,5 +1,5 @@
 //! Counters of the switch's protocol state, declared once with their help
-//! text ([`counter_schema!`]): switchctl, `/metrics` and the stats file are
+//! text ([`crate::counter_schema!`]): switchctl, `/metrics` and the stats file are
 //! all rendered from [`CounterSchema::visit`], so a counter added here shows
 //! everywhere, under one name.
 //!

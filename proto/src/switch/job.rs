@@ -24,13 +24,14 @@ use std::time::Instant;
 use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::{serial_lt, serial_offset};
 use crate::wire::{
-    flags, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackPayload, NackReason,
-    Nonce, DTYPE_F32, OP_SUM,
+    flags, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason, Nonce,
+    DTYPE_F32, OP_SUM,
 };
 
 use super::config::{Endpoint, JobConfig, JobConfigError, Source};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::slot_pool::{Aggregation, SlotPool, Taken};
+pub use super::uplink::UpSend;
 use super::uplink::Uplink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,25 +124,25 @@ pub struct Job {
     /// Nonces issued before the job was declared are replays.
     min_serial: u64,
     joined: u16,
-    resume_collective: u32,
-    resume_seq: u32,
+    pub(super) resume_collective: u32,
+    pub(super) resume_seq: u32,
     /// Oldest incomplete seq.
     floor: u32,
     window: u16,
-    pool: SlotPool,
+    pub(super) pool: SlotPool,
     /// A leaf's spine sessions, and per slot its partial's resend timer.
-    uplink: Option<Uplink>,
-    up_timers: Vec<UpTimer>,
+    pub(super) uplink: Option<Uplink>,
+    pub(super) up_timers: Vec<UpTimer>,
     pub counters: JobCounters,
     pub drops: JobDrops,
 }
 
 /// When a leaf's partial went up, and when it goes again.
 #[derive(Debug, Clone, Copy, Default)]
-struct UpTimer {
-    sent_at: Option<Instant>,
-    deadline: Option<Instant>,
-    resends: u32,
+pub(super) struct UpTimer {
+    pub(super) sent_at: Option<Instant>,
+    pub(super) deadline: Option<Instant>,
+    pub(super) resends: u32,
 }
 
 impl Job {
@@ -587,7 +588,7 @@ impl Job {
         }
     }
 
-    fn advance_floor(&mut self) {
+    pub(super) fn advance_floor(&mut self) {
         for _ in 0..self.pool.len() {
             if self
                 .pool
@@ -645,227 +646,6 @@ impl Job {
             pool_slots: self.config.pool_slots,
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
-        }
-    }
-}
-
-/// What a leaf sends up, decided by its job ([`Job::up_timeout`] and the
-/// spine handlers); the table queues it as a reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpSend {
-    Hello { spine: usize },
-    Join { spine: usize },
-    Data { spine: usize, seq: u32, retx: bool },
-}
-
-// A leaf's side of the aggregation trees: the partials of its slots and its
-// sessions with the spines (docs/PROTOCOL.md, "Aggregation trees").
-impl Job {
-    /// The leaf's spine sessions, if this job is a leaf of a tree.
-    pub fn uplink(&self) -> Option<&Uplink> {
-        self.uplink.as_ref()
-    }
-
-    /// The partial of `seq` awaiting its spine, with its values.
-    pub fn partial(&self, seq: u32) -> Option<(super::slot_pool::Partial, &[f32])> {
-        let slot = self.pool.slot(seq);
-        let p = slot.partial.filter(|p| p.seq == seq)?;
-        Some((p, slot.partial_values()))
-    }
-
-    /// The resume point to announce to spine `spine`: (collective, its seq).
-    pub fn spine_resume(&self, spine: usize) -> (u32, u32) {
-        let seq = self
-            .uplink
-            .as_ref()
-            .map_or(0, |u| u.cfg.spine_seq_from(spine, self.resume_seq));
-        (self.resume_collective, seq)
-    }
-
-    /// Every local rank left: leave every joined spine (the spine starts
-    /// afresh once all its leaves have). Returns those spines.
-    pub(super) fn leave_uplink(&mut self) -> impl Iterator<Item = usize> + use<> {
-        let mut left = [false; super::uplink::MAX_SPINES];
-        if let Some(u) = &mut self.uplink {
-            for (k, s) in u.spines.iter_mut().enumerate() {
-                left[k] = s.joined_gen.take().is_some();
-                s.join_due = None;
-            }
-        }
-        (0..super::uplink::MAX_SPINES).filter(move |k| left[*k])
-    }
-
-    /// Starts joining every spine that has not answered (on activation).
-    pub(super) fn start_uplink(&mut self, now: Instant) {
-        let id = self.config.id;
-        if let Some(u) = &mut self.uplink {
-            for k in 0..u.spines.len() {
-                if u.spines[k].joined_gen.is_none() {
-                    u.start_join(id, k, now);
-                }
-            }
-        }
-    }
-
-    /// A partial is ready: it goes up now if its spine has joined (else
-    /// when it does). Returns the spine to send it to now.
-    pub(super) fn partial_ready(&mut self, seq: u32, now: Instant) -> Option<usize> {
-        let idx = self.pool.index(seq);
-        let u = self.uplink.as_ref()?;
-        let (spine, _) = u.cfg.route(seq);
-        let joined = u.spines[spine].joined_gen.is_some();
-        let rto = u.rto(spine, 0);
-        self.counters.partials_sent += 1;
-        self.up_timers[idx] = UpTimer {
-            sent_at: joined.then_some(now),
-            deadline: Some(if joined { now + rto } else { now }),
-            resends: 0,
-        };
-        joined.then_some(spine)
-    }
-
-    /// A CHALLENGE from spine `spine`: true when the JOIN should go now.
-    pub(super) fn on_spine_challenge(
-        &mut self,
-        spine: usize,
-        hdr: &HeaderRepr,
-        payload: &[u8],
-        now: Instant,
-    ) -> bool {
-        let Some(s) = self.uplink.as_mut().map(|u| &mut u.spines[spine]) else {
-            return false;
-        };
-        // Only the first CHALLENGE of an attempt: a copy of the HELLO gets a
-        // second one with an older or newer nonce, and switching nonces after
-        // the JOIN went out would make every resend a replay.
-        if s.joined_gen.is_some() || s.hs.challenged() || s.hs.on_challenge(hdr, payload).is_err() {
-            return false;
-        }
-        s.join_due = Some(now + super::uplink::UPLINK_JOIN_RESEND);
-        true
-    }
-
-    /// A JOIN_ACK from spine `spine`: the session is up; every partial
-    /// waiting for it becomes due.
-    pub(super) fn on_spine_join_ack(&mut self, spine: usize, hdr: &HeaderRepr, now: Instant) {
-        let Some(u) = self.uplink.as_mut() else {
-            return;
-        };
-        let s = &mut u.spines[spine];
-        if s.hs.gen() != Some(hdr.gen) {
-            return;
-        }
-        s.joined_gen = Some(hdr.gen);
-        s.window = hdr.window.max(1);
-        s.join_due = None;
-        let k = u.cfg.k().max(1) as usize;
-        for (i, t) in self.up_timers.iter_mut().enumerate() {
-            if i % k == spine && t.deadline.is_some() {
-                t.deadline = Some(now);
-            }
-        }
-    }
-
-    /// A NACK from spine `spine` that answers us: join it again (it
-    /// restarted, went back to joining, or our nonce aged). True if it was ours.
-    pub(super) fn on_spine_nack(&mut self, spine: usize, nack: &NackPayload, now: Instant) -> bool {
-        let id = self.config.id;
-        let Some(u) = self.uplink.as_mut() else {
-            return false;
-        };
-        let s = &u.spines[spine];
-        let ours = s.hs.nack_is_ours(nack)
-            || (s.joined_gen.is_some() && nack.echo == [0; crate::wire::NONCE_LEN]);
-        if ours {
-            u.start_join(id, spine, now);
-        }
-        ours
-    }
-
-    /// The spine's RESULT for spine seq `hdr.seq`: the partial becomes the
-    /// final sum. Returns the leaf seq to answer the local ranks with.
-    pub(super) fn on_spine_result(
-        &mut self,
-        spine: usize,
-        hdr: &HeaderRepr,
-        payload: &[u8],
-        now: Instant,
-    ) -> Option<u32> {
-        let u = self.uplink.as_mut()?;
-        if u.spines[spine].joined_gen != Some(hdr.gen) {
-            self.drops.bump(DropReason::StaleGeneration);
-            return None;
-        }
-        let seq = u.cfg.leaf_seq(spine, hdr.seq);
-        if !self
-            .pool
-            .finish_partial(seq, payload, hdr.has_flag(flags::ECE))
-        {
-            // A copy, or the RESULT of a partial already answered.
-            self.drops.bump(DropReason::Duplicate);
-            return None;
-        }
-        let idx = self.pool.index(seq);
-        let t = std::mem::take(&mut self.up_timers[idx]);
-        if let (Some(sent), 0) = (t.sent_at, t.resends) {
-            // Karn: no samples from resent partials.
-            u.spines[spine]
-                .rtt
-                .on_sample(now.saturating_duration_since(sent));
-        }
-        self.counters.chunks_completed += 1;
-        if self.pool.slot(seq).shadow.is_some_and(|s| s.ece) {
-            self.counters.ece_marked += 1;
-        }
-        self.advance_floor();
-        Some(seq)
-    }
-
-    /// Everything due by `now`: HELLOs and JOINs to spines not joined,
-    /// partials whose spine has not answered in time.
-    pub(super) fn up_timeout(&mut self, now: Instant, send: &mut dyn FnMut(UpSend)) {
-        let Some(u) = self.uplink.as_mut() else {
-            return;
-        };
-        for (spine, s) in u.spines.iter_mut().enumerate() {
-            if s.join_due.is_some_and(|d| d <= now) {
-                send(if s.hs.challenged() {
-                    UpSend::Join { spine }
-                } else {
-                    UpSend::Hello { spine }
-                });
-                s.join_due = Some(now + super::uplink::UPLINK_JOIN_RESEND);
-            }
-        }
-        for idx in 0..self.up_timers.len() {
-            let t = self.up_timers[idx];
-            if t.deadline.is_none_or(|d| d > now) {
-                continue;
-            }
-            let slot = &self.pool.slots_at(idx);
-            let Some(p) = slot.partial else {
-                self.up_timers[idx] = UpTimer::default();
-                continue;
-            };
-            let (spine, _) = u.cfg.route(p.seq);
-            if u.spines[spine].joined_gen.is_none() {
-                continue;
-            }
-            let first = t.sent_at.is_none();
-            let resends = if first { 0 } else { t.resends + 1 };
-            self.up_timers[idx] = UpTimer {
-                sent_at: t.sent_at.or(Some(now)),
-                deadline: Some(now + u.rto(spine, resends)),
-                resends,
-            };
-            if !first {
-                self.counters.partials_resent += 1;
-            }
-            send(UpSend::Data {
-                spine,
-                seq: p.seq,
-                retx: !first,
-            });
         }
     }
 }

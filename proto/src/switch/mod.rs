@@ -62,6 +62,8 @@ use reply::{Pending, ReplyQueue};
 pub const DEFAULT_NONCE_LIFETIME: Duration = Duration::from_secs(10);
 /// Events kept for the log between two drains.
 pub const EVENT_QUEUE_CAPACITY: usize = 256;
+/// Copies of a leaf's LEAVE to each spine.
+const LEAVE_COPIES: usize = 3;
 /// Most ranks one heartbeat answer lists (it stays small whatever n is).
 pub const MAX_MISSING_LISTED: usize = 512;
 
@@ -475,14 +477,15 @@ impl JobTable {
                         // A leaf whose ranks all left leaves its spines too,
                         // so their slots start afresh with its next ranks.
                         if job.state() == JobState::Joining {
+                            // LEAVE is not acknowledged: a few copies make
+                            // its loss rare (docs/PROTOCOL.md, "Leaving").
                             for spine in job.leave_uplink() {
-                                self.up(
-                                    job_id,
-                                    spine,
-                                    ReplyMsg::UpLeave {
-                                        spine: spine as u16,
-                                    },
-                                );
+                                let msg = ReplyMsg::UpLeave {
+                                    spine: spine as u16,
+                                };
+                                for _ in 0..LEAVE_COPIES {
+                                    self.up(job_id, spine, msg);
+                                }
                             }
                         }
                         Verdict::Noted

@@ -210,6 +210,29 @@ fn run() -> Result<()> {
                     j["pool_slots"],
                     j["window"]
                 );
+                let up = &j["upstream"];
+                if let Some(spines) = up["spines"].as_array() {
+                    let list: Vec<String> = spines
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "{} ({})",
+                                s["addr"].as_str().unwrap_or("?"),
+                                if s["joined"] == true {
+                                    "joined"
+                                } else {
+                                    "joining"
+                                }
+                            )
+                        })
+                        .collect();
+                    println!(
+                        "        leaf {} of {}, spines in tree order: {}",
+                        up["leaf_index"],
+                        up["n_leaves"],
+                        list.join(", ")
+                    );
+                }
             }
         }
         AdminRequest::Stats { job: Some(_) } => print_job(&reply.data),

@@ -346,27 +346,34 @@ impl DataplaneThread {
             return 0;
         };
         let timers_due = now.duration_since(self.last_timers) >= TIMER_EVERY;
+        // The table is locked only when a datagram came or timers are due.
+        let mut first = sock.recv_from(&mut self.scratch).ok();
+        if first.is_none() && !timers_due {
+            return 0;
+        }
         let mut table = lock(&shared.table);
         let mut got = 0;
-        while got < RX_BATCH {
-            let Ok((n, std::net::SocketAddr::V4(from))) = sock.recv_from(&mut self.scratch) else {
-                break;
-            };
+        while let Some((n, from)) = first.take() {
             got += 1;
             self.counters.uplink_received += 1;
-            let from = proto::switch::Endpoint {
-                source: proto::switch::Source {
-                    mac: [0; 6],
-                    ip: from.ip().octets(),
-                    port: from.port(),
-                },
-                port_idx: proto::switch::UPSTREAM,
-                ..Default::default()
-            };
-            table.handle(&self.scratch[..n], from, false, now);
-            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
-            while let Some(r) = table.poll_reply() {
-                out.send(&table, &r);
+            if let std::net::SocketAddr::V4(from) = from {
+                let from = proto::switch::Endpoint {
+                    source: proto::switch::Source {
+                        mac: [0; 6],
+                        ip: from.ip().octets(),
+                        port: from.port(),
+                    },
+                    port_idx: proto::switch::UPSTREAM,
+                    ..Default::default()
+                };
+                table.handle(&self.scratch[..n], from, false, now);
+                let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+                while let Some(r) = table.poll_reply() {
+                    out.send(&table, &r);
+                }
+            }
+            if got < RX_BATCH {
+                first = sock.recv_from(&mut self.scratch).ok();
             }
         }
         if timers_due {
