@@ -199,33 +199,7 @@ fi
 
 # Wait for every worker, up to the timeout; collect each exit status.
 declare -A STATUS=()
-deadline=$((SECONDS + TIMEOUT))
-remaining=$WORKERS
-while ((remaining > 0)); do
-    for ((i = 0; i < WORKERS; i++)); do
-        [[ -z "${STATUS[$i]:-}" ]] || continue
-        if ! kill -0 "${WORKER_PIDS[i]}" 2>/dev/null; then
-            rc=0
-            wait "${WORKER_PIDS[i]}" || rc=$?
-            STATUS[$i]=$rc
-            unset 'WORKER_PIDS[i]'
-            remaining=$((remaining - 1))
-        fi
-    done
-    ((remaining > 0)) || break
-    if ((SECONDS >= deadline)); then
-        warn "workers still running after $TIMEOUT s; stopping them"
-        for ((i = 0; i < WORKERS; i++)); do
-            if [[ -z "${STATUS[$i]:-}" ]]; then
-                stop_pid "${WORKER_PIDS[i]}"
-                STATUS[$i]="timeout"
-            fi
-        done
-        break
-    fi
-    sleep 0.1
-done
-WORKER_PIDS=()
+wait_workers "$WORKERS" "$TIMEOUT"
 
 if [[ -n "$PING_PID" ]]; then
     rc=0

@@ -231,33 +231,7 @@ ip netns exec "$(env_of "leaf_0_host_0_ns")" ping -c 5 -i 0.2 -W 2 "$far_host" \
 PING_PID=$!
 
 declare -A STATUS=()
-deadline=$((SECONDS + TIMEOUT))
-remaining=$WORKERS
-while ((remaining > 0)); do
-    for ((g = 0; g < WORKERS; g++)); do
-        [[ -z "${STATUS[$g]:-}" ]] || continue
-        if ! kill -0 "${WORKER_PIDS[g]}" 2>/dev/null; then
-            rc=0
-            wait "${WORKER_PIDS[g]}" || rc=$?
-            STATUS[$g]=$rc
-            unset 'WORKER_PIDS[g]'
-            remaining=$((remaining - 1))
-        fi
-    done
-    ((remaining > 0)) || break
-    if ((SECONDS >= deadline)); then
-        warn "workers still running after $TIMEOUT s; stopping them"
-        for ((g = 0; g < WORKERS; g++)); do
-            if [[ -z "${STATUS[$g]:-}" ]]; then
-                stop_pid "${WORKER_PIDS[g]}"
-                STATUS[$g]="timeout"
-            fi
-        done
-        break
-    fi
-    sleep 0.1
-done
-WORKER_PIDS=()
+wait_workers "$WORKERS" "$TIMEOUT"
 
 rc=0
 wait "$PING_PID" || rc=$?

@@ -113,6 +113,41 @@ stop_pid() {
     wait "$pid" 2>/dev/null || STOP_RC=$?
 }
 
+# wait_workers N TIMEOUT: waits for the N background workers whose PIDs are
+# WORKER_PIDS[0..N-1], recording each exit status (or "timeout") in the
+# caller's associative array STATUS; stops, by PID, those still running after
+# TIMEOUT seconds. Empties WORKER_PIDS.
+wait_workers() {
+    local n="$1" timeout="$2" deadline remaining i rc
+    deadline=$((SECONDS + timeout))
+    remaining=$n
+    while ((remaining > 0)); do
+        for ((i = 0; i < n; i++)); do
+            [[ -z "${STATUS[$i]:-}" ]] || continue
+            if ! kill -0 "${WORKER_PIDS[i]}" 2>/dev/null; then
+                rc=0
+                wait "${WORKER_PIDS[i]}" || rc=$?
+                STATUS[$i]=$rc
+                unset 'WORKER_PIDS[i]'
+                remaining=$((remaining - 1))
+            fi
+        done
+        ((remaining > 0)) || break
+        if ((SECONDS >= deadline)); then
+            warn "workers still running after $timeout s; stopping them"
+            for ((i = 0; i < n; i++)); do
+                if [[ -z "${STATUS[$i]:-}" ]]; then
+                    stop_pid "${WORKER_PIDS[i]}"
+                    STATUS[$i]="timeout"
+                fi
+            done
+            break
+        fi
+        sleep 0.1
+    done
+    WORKER_PIDS=()
+}
+
 # random_secret: print a fresh job secret (32 random bytes as 64 hex digits).
 random_secret() {
     local s

@@ -13,31 +13,10 @@ use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConf
 use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
+mod common;
+use common::{frame, Faults, Rng, CLEAN};
+
 const GEN: u32 = 99;
-
-/// xorshift64*: a tiny deterministic generator, enough for schedules.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Faults {
-    loss: f64,
-    dup: f64,
-    reorder: f64,
-}
 
 enum Msg {
     Data {
@@ -60,31 +39,12 @@ struct Net {
 
 impl Net {
     fn send(&mut self, now: Duration, make: impl Fn() -> Msg) {
-        if self.rng.chance(self.faults.loss) {
-            return;
-        }
-        let copies = if self.rng.chance(self.faults.dup) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let mut delay = Duration::from_micros(100 + self.rng.below(50));
-            if self.rng.chance(self.faults.reorder) {
-                delay += Duration::from_micros(self.rng.below(3000));
-            }
+        for at in self.faults.deliveries(&mut self.rng, now) {
             self.next_id += 1;
-            self.queue.push(Reverse((now + delay, self.next_id)));
+            self.queue.push(Reverse((at, self.next_id)));
             self.msgs.insert(self.next_id, make());
         }
     }
-}
-
-fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; HEADER_LEN + payload.len()];
-    h.emit_to(&mut b).unwrap();
-    b[HEADER_LEN..].copy_from_slice(payload);
-    b
 }
 
 /// Rank `rank` joins through the handshake (on a lossless path: loss
@@ -315,12 +275,6 @@ fn run_from(
     }
     now
 }
-
-const CLEAN: Faults = Faults {
-    loss: 0.0,
-    dup: 0.0,
-    reorder: 0.0,
-};
 
 #[test]
 fn clean_network_small_and_partial_chunks() {

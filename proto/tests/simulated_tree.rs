@@ -18,39 +18,13 @@ use proto::switch::{
 use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
+mod common;
+use common::{frame, Faults, Rng, CLEAN};
+
 const JOB: u16 = 3;
 const SECRET: [u8; 32] = [9; 32];
 const SPINE_PORT: u16 = 48879;
 const UPLINK_PORT: u16 = 40000;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Faults {
-    loss: f64,
-    dup: f64,
-    reorder: f64,
-}
-
-const CLEAN: Faults = Faults {
-    loss: 0.0,
-    dup: 0.0,
-    reorder: 0.0,
-};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Node {
@@ -83,17 +57,9 @@ impl Net {
             Node::Leaf(_) if msg.from.source.port == SPINE_PORT => self.fabric,
             _ => self.edge,
         };
-        if self.rng.chance(f.loss) {
-            return;
-        }
-        let copies = if self.rng.chance(f.dup) { 2 } else { 1 };
-        for _ in 0..copies {
-            let mut delay = Duration::from_micros(100 + self.rng.below(50));
-            if self.rng.chance(f.reorder) {
-                delay += Duration::from_micros(self.rng.below(3000));
-            }
+        for at in f.deliveries(&mut self.rng, now) {
             self.next_id += 1;
-            self.queue.push(Reverse((now + delay, self.next_id)));
+            self.queue.push(Reverse((at, self.next_id)));
             self.msgs.insert(
                 self.next_id,
                 Msg {
@@ -125,13 +91,6 @@ fn uplink_ep(leaf: usize) -> Endpoint {
 }
 fn spine_ep(k: usize) -> Endpoint {
     ep([198, 19, 255, k as u8 + 1], SPINE_PORT)
-}
-
-fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; HEADER_LEN + payload.len()];
-    h.emit_to(&mut b).unwrap();
-    b[HEADER_LEN..].copy_from_slice(payload);
-    b
 }
 
 fn parse(b: &[u8]) -> HeaderRepr {
