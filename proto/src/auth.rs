@@ -123,15 +123,6 @@ pub fn verify_leave(
 /// 2^20 nonces per millisecond keep their order.
 const SERIAL_SUB_MS_BITS: u32 = 20;
 
-/// Why a nonce is not acceptable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NonceError {
-    /// Not issued by this switch for this job, rank and address.
-    Unknown,
-    /// Issued longer ago than the lifetime.
-    Expired,
-}
-
 /// The switch's nonces. A nonce is `serial (u64) ‖ tag (8 bytes)`: the serial
 /// grows strictly (milliseconds since the issuer started, shifted, plus a
 /// count), and the tag is HMAC(key, serial, job, rank, address, port)
@@ -226,25 +217,6 @@ impl NonceIssuer {
         self.millis(now).saturating_sub(issued_ms) > self.lifetime.as_millis() as u64
     }
 
-    /// [`NonceIssuer::verify_tag`] and [`NonceIssuer::is_expired`] in one.
-    pub fn check(
-        &self,
-        nonce: &Nonce,
-        now: Instant,
-        job: u16,
-        rank: u16,
-        ip: [u8; 4],
-        port: u16,
-    ) -> Result<u64, NonceError> {
-        let serial = self
-            .verify_tag(nonce, job, rank, ip, port)
-            .ok_or(NonceError::Unknown)?;
-        if self.is_expired(serial, now) {
-            return Err(NonceError::Expired);
-        }
-        Ok(serial)
-    }
-
     /// The serial inside a nonce (unchecked).
     pub fn serial_of(nonce: &Nonce) -> u64 {
         let mut s = [0u8; 8];
@@ -309,34 +281,35 @@ mod tests {
     fn nonces_are_ordered_bound_and_expire() {
         let t0 = Instant::now();
         let mut iss = NonceIssuer::new([1; 32], t0, Duration::from_secs(10));
-        let a = iss.issue(t0, 7, 2, [198, 18, 0, 2], 40000);
-        let b = iss.issue(t0, 7, 2, [198, 18, 0, 2], 40000);
-        let sa = iss.check(&a, t0, 7, 2, [198, 18, 0, 2], 40000).unwrap();
-        let sb = iss.check(&b, t0, 7, 2, [198, 18, 0, 2], 40000).unwrap();
+        let w = [198, 18, 0, 2];
+        let a = iss.issue(t0, 7, 2, w, 40000);
+        let b = iss.issue(t0, 7, 2, w, 40000);
+        let sa = iss.verify_tag(&a, 7, 2, w, 40000).unwrap();
+        let sb = iss.verify_tag(&b, 7, 2, w, 40000).unwrap();
         assert!(sb > sa, "serials grow within one millisecond");
+        assert!(!iss.is_expired(sa, t0));
         assert_eq!(
-            iss.check(&a, t0, 7, 3, [198, 18, 0, 2], 40000),
-            Err(NonceError::Unknown),
+            iss.verify_tag(&a, 7, 3, w, 40000),
+            None,
             "bound to the rank"
         );
         assert_eq!(
-            iss.check(&a, t0, 7, 2, [198, 18, 0, 9], 40000),
-            Err(NonceError::Unknown),
+            iss.verify_tag(&a, 7, 2, [198, 18, 0, 9], 40000),
+            None,
             "bound to the address"
         );
         let other = NonceIssuer::new([2; 32], t0, Duration::from_secs(10));
         assert_eq!(
-            other.check(&a, t0, 7, 2, [198, 18, 0, 2], 40000),
-            Err(NonceError::Unknown),
+            other.verify_tag(&a, 7, 2, w, 40000),
+            None,
             "another switch's nonce"
         );
         let later = t0 + Duration::from_secs(11);
-        assert_eq!(
-            iss.check(&a, later, 7, 2, [198, 18, 0, 2], 40000),
-            Err(NonceError::Expired)
-        );
-        let c = iss.issue(later, 7, 2, [198, 18, 0, 2], 40000);
-        assert!(iss.check(&c, later, 7, 2, [198, 18, 0, 2], 40000).unwrap() > sb);
+        assert_eq!(iss.verify_tag(&a, 7, 2, w, 40000), Some(sa));
+        assert!(iss.is_expired(sa, later), "older than the lifetime");
+        let c = iss.issue(later, 7, 2, w, 40000);
+        let sc = iss.verify_tag(&c, 7, 2, w, 40000).unwrap();
+        assert!(sc > sb && !iss.is_expired(sc, later));
         assert!(iss.serial_floor(later) > sb);
     }
 }

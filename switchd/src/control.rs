@@ -139,12 +139,10 @@ impl<'a> ControlPlane<'a> {
             let Some(r) = samples[k] else {
                 continue;
             };
-            for _ in 0..new {
-                if let Some(suppressed) = self.limiter.check(k, now) {
-                    let source = std::net::Ipv4Addr::from(r.ip);
-                    let (job, rank, why) = (r.job, r.rank, r.why);
-                    tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
-                }
+            if let Some(suppressed) = self.limiter.check_many(k, new, now) {
+                let source = std::net::Ipv4Addr::from(r.ip);
+                let (job, rank, why) = (r.job, r.rank, r.why);
+                tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
             }
         }
         if dropped > self.prev_events_dropped {

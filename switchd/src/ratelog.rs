@@ -18,6 +18,8 @@
 //!     being the events of `reason` not logged since its previous line, or
 //!     `None` when this one is counted and not logged. The first event of a
 //!     reason is always logged.
+//!   * [`LogLimiter::check_many`]`(reason, n, now)`: `n` events at once (a
+//!     count read from a counter), as one `check` plus `n - 1` suppressed.
 //!   * [`LogLimiter::flush`]`(now, f)` calls `f(reason, suppressed)` for every
 //!     reason whose interval has passed with suppressed events still
 //!     unreported, for a periodic tick, so that the last burst's count is not
@@ -129,6 +131,20 @@ impl<const N: usize> LogLimiter<N> {
         }
     }
 
+    /// Records `n` events of `reason` that happened together at `now`: the
+    /// first as [`LogLimiter::check`] does, the others counted as
+    /// suppressed (an interval has not passed since the first). `None` when
+    /// `n` is 0.
+    pub fn check_many(&mut self, reason: usize, n: u64, now: Instant) -> Option<u64> {
+        if n == 0 {
+            return None;
+        }
+        let logged = self.check(reason, now);
+        let slot = self.slot(reason);
+        slot.suppressed = slot.suppressed.saturating_add(n - 1);
+        logged
+    }
+
     /// Suppressed events of `reason` not yet reported in a line.
     pub fn pending(&self, reason: usize) -> u64 {
         debug_assert!(reason < N, "reason index {reason} >= {N}");
@@ -189,6 +205,24 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn many_events_at_once_count_like_one_call_each() {
+        let t0 = Instant::now();
+        let (mut one, mut many) = (LogLimiter::<1>::new(), LogLimiter::<1>::new());
+        let mut lines_one = Vec::new();
+        for _ in 0..5 {
+            lines_one.extend(one.check(0, t0));
+        }
+        assert_eq!(many.check_many(0, 5, t0), Some(0));
+        assert_eq!(lines_one, [0]);
+        assert_eq!(many.pending(0), one.pending(0));
+        assert_eq!(many.pending(0), 4);
+        assert_eq!(many.check_many(0, 0, t0), None);
+        let t1 = t0 + DEFAULT_INTERVAL;
+        assert_eq!(many.check_many(0, 3, t1), Some(4));
+        assert_eq!(many.pending(0), 2);
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -31,7 +31,6 @@ use crate::wire::{
 use super::config::{Endpoint, JobConfig, JobConfigError, Source};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::slot_pool::{Aggregation, SlotPool, Taken};
-pub use super::uplink::UpSend;
 use super::uplink::Uplink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,7 +52,7 @@ pub use config::{
 pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, TableCounters, MALFORMED_KINDS,
 };
-pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView, UpSend};
+pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
 pub use uplink::{SpineAddr, Upstream};
 
@@ -511,15 +511,11 @@ impl JobTable {
                 self.nack(from, job_id, rank, reason, ZERO_NONCE);
                 Verdict::Data(DataOutcome::Nack(reason))
             }
-            MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge
-                if job
-                    .uplink()
-                    .and_then(|u| u.cfg.spine_at(from.source.ip, from.source.port))
-                    .is_some() =>
-            {
-                self.on_spine_message(&hdr, payload, from, now)
-            }
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
+                let src = from.source;
+                if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
+                    return self.on_spine_message(&hdr, payload, spine, now);
+                }
                 job.drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
@@ -634,47 +630,26 @@ impl JobTable {
 
     /// Queues `msg` up to spine `spine` of job `job`.
     fn up(&mut self, job: u16, spine: usize, msg: ReplyMsg) {
-        let Some(addr) = self
-            .jobs
-            .get(&job)
-            .and_then(|j| j.uplink())
-            .and_then(|u| u.cfg.spines.get(spine).copied())
-        else {
+        let Some(u) = self.jobs.get(&job).and_then(|j| j.uplink()) else {
             return;
         };
-        let to = Endpoint {
-            source: Source {
-                mac: [0; 6],
-                ip: addr.ip,
-                port: addr.port,
-            },
-            port_idx: UPSTREAM,
-            ..Endpoint::default()
+        let Some(addr) = u.cfg.spines.get(spine).copied() else {
+            return;
         };
-        let rank = self
-            .jobs
-            .get(&job)
-            .and_then(|j| j.uplink())
-            .map_or(0, |u| u.cfg.leaf_index);
-        self.reply(to, job, rank, msg);
+        let rank = u.cfg.leaf_index;
+        self.reply(addr.endpoint(), job, rank, msg);
     }
 
-    /// A message from one of a leaf job's spines.
+    /// A message from spine `spine` of a leaf job.
     fn on_spine_message(
         &mut self,
         hdr: &HeaderRepr,
         payload: &[u8],
-        from: Endpoint,
+        spine: usize,
         now: Instant,
     ) -> Verdict {
         let job_id = hdr.job;
         let Some(job) = self.jobs.get_mut(&job_id) else {
-            return Verdict::Dropped(None);
-        };
-        let Some(spine) = job
-            .uplink()
-            .and_then(|u| u.cfg.spine_at(from.source.ip, from.source.port))
-        else {
             return Verdict::Dropped(None);
         };
         match hdr.msg_type {
@@ -728,39 +703,8 @@ impl JobTable {
                 continue;
             };
             let (id, rank) = (job.id(), u.cfg.leaf_index);
-            let spines = u.cfg.spines.clone();
-            job.up_timeout(now, &mut |send| {
-                let (spine, msg) = match send {
-                    UpSend::Hello { spine } => (
-                        spine,
-                        ReplyMsg::UpHello {
-                            spine: spine as u16,
-                        },
-                    ),
-                    UpSend::Join { spine } => (
-                        spine,
-                        ReplyMsg::UpJoin {
-                            spine: spine as u16,
-                        },
-                    ),
-                    UpSend::Data { spine, seq, retx } => (
-                        spine,
-                        ReplyMsg::UpData {
-                            spine: spine as u16,
-                            seq,
-                            retx,
-                        },
-                    ),
-                };
-                let to = Endpoint {
-                    source: Source {
-                        mac: [0; 6],
-                        ip: spines[spine].ip,
-                        port: spines[spine].port,
-                    },
-                    port_idx: UPSTREAM,
-                    ..Endpoint::default()
-                };
+            job.up_timeout(now, &mut |addr, msg| {
+                let to = addr.endpoint();
                 if !replies.push(Pending::One(Reply {
                     to,
                     job: id,

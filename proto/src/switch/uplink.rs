@@ -32,8 +32,10 @@ use crate::wire::{
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
+use super::config::{Endpoint, Source};
 use super::counters::DropReason;
 use super::job::{Job, UpTimer};
+use super::reply::{ReplyMsg, UPSTREAM};
 
 /// Most spines a job may have.
 pub const MAX_SPINES: usize = 64;
@@ -60,6 +62,21 @@ pub struct Upstream {
     /// covers it; the spine must see the same).
     pub local_ip: [u8; 4],
     pub local_port: u16,
+}
+
+impl SpineAddr {
+    /// Where a reply to this spine goes: the leaf's uplink, not a port.
+    pub fn endpoint(self) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [0; 6],
+                ip: self.ip,
+                port: self.port,
+            },
+            port_idx: UPSTREAM,
+            ..Endpoint::default()
+        }
+    }
 }
 
 impl Upstream {
@@ -193,15 +210,6 @@ impl Uplink {
         let doublings = resends.min(self.transport.max_backoff_doublings);
         (base * 2u32.pow(doublings)).min(self.transport.max_rto)
     }
-}
-
-/// What a leaf sends up, decided by its job (its timers and the spine
-/// handlers); the table queues it as a reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpSend {
-    Hello { spine: usize },
-    Join { spine: usize },
-    Data { spine: usize, seq: u32, retx: bool },
 }
 
 // A leaf's side of the aggregation trees: the partials of its slots and its
@@ -369,17 +377,22 @@ impl Job {
 
     /// Everything due by `now`: HELLOs and JOINs to spines not joined,
     /// partials whose spine has not answered in time.
-    pub(super) fn up_timeout(&mut self, now: Instant, send: &mut dyn FnMut(UpSend)) {
+    /// Calls `send(spine address, message)` for each.
+    pub(super) fn up_timeout(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) {
         let Some(u) = self.uplink.as_mut() else {
             return;
         };
         for (spine, s) in u.spines.iter_mut().enumerate() {
             if s.join_due.is_some_and(|d| d <= now) {
-                send(if s.hs.challenged() {
-                    UpSend::Join { spine }
-                } else {
-                    UpSend::Hello { spine }
-                });
+                let spine = spine as u16;
+                send(
+                    u.cfg.spines[spine as usize],
+                    if s.hs.challenged() {
+                        ReplyMsg::UpJoin { spine }
+                    } else {
+                        ReplyMsg::UpHello { spine }
+                    },
+                );
                 s.join_due = Some(now + super::uplink::UPLINK_JOIN_RESEND);
             }
         }
@@ -407,11 +420,14 @@ impl Job {
             if !first {
                 self.counters.partials_resent += 1;
             }
-            send(UpSend::Data {
-                spine,
-                seq: p.seq,
-                retx: !first,
-            });
+            send(
+                u.cfg.spines[spine],
+                ReplyMsg::UpData {
+                    spine: spine as u16,
+                    seq: p.seq,
+                    retx: !first,
+                },
+            );
         }
     }
 }

@@ -367,10 +367,8 @@ impl DataplaneThread {
                     ..Default::default()
                 };
                 table.handle(&self.scratch[..n], from, false, now);
-                let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
-                while let Some(r) = table.poll_reply() {
-                    out.send(&table, &r);
-                }
+                tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters)
+                    .send_queued(&mut table);
             }
             if got < RX_BATCH {
                 first = sock.recv_from(&mut self.scratch).ok();
@@ -379,10 +377,8 @@ impl DataplaneThread {
         if timers_due {
             self.last_timers = now;
             table.handle_timeout(now);
-            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
-            while let Some(r) = table.poll_reply() {
-                out.send(&table, &r);
-            }
+            tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters)
+                .send_queued(&mut table);
         }
         got
     }

@@ -36,7 +36,5 @@ pub fn handle_frame(
     }
     let from = reply_endpoint(&f, port_idx, queue);
     table.handle(f.payload, from, f.ce || congested, now);
-    while let Some(r) = table.poll_reply() {
-        out.send(table, &r);
-    }
+    out.send_queued(table);
 }

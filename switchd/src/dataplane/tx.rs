@@ -55,6 +55,13 @@ impl<'a> Out<'a> {
         self.shared.agg_port
     }
 
+    /// Sends every reply the table has queued.
+    pub fn send_queued(&mut self, table: &mut JobTable) {
+        while let Some(r) = table.poll_reply() {
+            self.send(table, &r);
+        }
+    }
+
     /// Sends `r`: up to a spine, here, or via the owning thread's outbox.
     pub fn send(&mut self, table: &JobTable, r: &Reply) {
         if r.is_upstream() {
