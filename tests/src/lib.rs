@@ -777,9 +777,14 @@ pub fn tcp_transfer_between(
 
 /// Runs `scripts/impair.sh NS eth0 ARGS…`; Ok(stdout) or Err(what it said).
 pub fn impair_sh(ns: &str, args: &[&str]) -> Result<String, String> {
+    impair_dev(ns, "eth0", args)
+}
+
+/// Runs `scripts/impair.sh NS DEV ARGS…`; Ok(stdout) or Err(what it said).
+pub fn impair_dev(ns: &str, dev: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new("bash")
         .arg(repo_root().join("scripts/impair.sh"))
-        .args([ns, "eth0"])
+        .args([ns, dev])
         .args(args)
         .output()
         .map_err(|e| format!("running scripts/impair.sh: {e}"))?;
@@ -787,7 +792,7 @@ pub fn impair_sh(ns: &str, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
-            "`scripts/impair.sh {ns} eth0 {}` failed ({}): {}",
+            "`scripts/impair.sh {ns} {dev} {}` failed ({}): {}",
             args.join(" "),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
@@ -795,8 +800,8 @@ pub fn impair_sh(ns: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// What `scripts/impair.sh` injected, summed over all workers and both
-/// directions.
+/// What `scripts/impair.sh` injected, summed over all impaired links and
+/// both directions.
 #[derive(Default, Debug)]
 pub struct Injected {
     /// Aggregation frames the BPF program saw.
@@ -807,17 +812,33 @@ pub struct Injected {
 }
 
 /// Loss, duplication and reordering of aggregation frames (UDP `AGG_PORT`)
-/// on eth0 of every worker namespace, both directions (`scripts/impair.sh`;
-/// faults.rs says why there and not on the switch's ports). They go with
-/// the namespaces.
+/// on a set of links, both directions (`scripts/impair.sh`): eth0 of every
+/// worker namespace (faults.rs says why there and not on the switch's
+/// ports), or a fabric's leaf–spine links. They go with the namespaces.
 pub struct Impairment {
-    namespaces: Vec<String>,
+    /// (namespace, interface) of every impaired link.
+    links: Vec<(String, String)>,
 }
 
 impl Impairment {
-    /// Percentages of frames lost, duplicated and reordered, each direction.
+    /// Percentages of frames lost, duplicated and reordered, each direction,
+    /// on eth0 of every worker.
     pub fn apply(
         tb: &Testbed,
+        loss_pct: f64,
+        dup_pct: f64,
+        reorder_pct: f64,
+    ) -> Result<Impairment, String> {
+        let links = (0..tb.workers)
+            .map(|i| (tb.worker_ns(i), "eth0".to_owned()))
+            .collect();
+        Impairment::apply_on(links, loss_pct, dup_pct, reorder_pct)
+    }
+
+    /// The same on each (namespace, interface) of `links`, both directions:
+    /// what the interface sends (egress) and what it receives (ingress).
+    pub fn apply_on(
+        links: Vec<(String, String)>,
         loss_pct: f64,
         dup_pct: f64,
         reorder_pct: f64,
@@ -827,20 +848,19 @@ impl Impairment {
              --reorder-rate 100"
         );
         let args: Vec<&str> = args.split_whitespace().collect();
-        let namespaces: Vec<String> = (0..tb.workers).map(|i| tb.worker_ns(i)).collect();
-        for ns in &namespaces {
-            impair_sh(ns, &args)?;
-            impair_sh(ns, &[&args[..], &["--ingress"]].concat())?;
+        for (ns, dev) in &links {
+            impair_dev(ns, dev, &args)?;
+            impair_dev(ns, dev, &[&args[..], &["--ingress"]].concat())?;
         }
-        Ok(Impairment { namespaces })
+        Ok(Impairment { links })
     }
 
     /// What was injected so far, from `impair.sh --stats`.
     pub fn injected(&self) -> Injected {
         let mut sum = Injected::default();
-        for ns in &self.namespaces {
+        for (ns, dev) in &self.links {
             for hook in [&[][..], &["--ingress"][..]] {
-                let line = impair_sh(ns, &[&["--stats"][..], hook].concat())
+                let line = impair_dev(ns, dev, &[&["--stats"][..], hook].concat())
                     .unwrap_or_else(|e| panic!("{e}"));
                 // "dropped=N duplicated=N delayed=N seen=N marked=N"
                 for kv in line.split_whitespace() {

@@ -82,22 +82,6 @@ fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
     (spines, leaves)
 }
 
-/// `scripts/impair.sh NS DEV ARGS…`; its stdout.
-fn impair(ns: &str, dev: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new("bash")
-        .arg(repo_root().join("scripts/impair.sh"))
-        .args([ns, dev])
-        .args(args)
-        .output()
-        .expect("running scripts/impair.sh");
-    assert!(
-        out.status.success(),
-        "impair.sh {ns} {dev} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn spine_chunks(sw: &Switchd) -> u64 {
     job(&sw.stats(), 1)["chunks_completed"]
         .as_u64()
@@ -188,41 +172,25 @@ fn loss_and_reordering_on_the_leaf_spine_links_stay_bit_exact() {
     }
     let fabric = LeafSpine::up("trl", LEAVES, SPINES, WPL, 0);
     let (mut spines, mut leaves) = start_tree(&fabric, "trl");
-    // Both directions of every leaf–spine link: what the leaf sends up
-    // (egress of its uplink) and what the spine answers (the leaf's
-    // ingress: switchd's AF_XDP transmit skips the spine's egress hooks).
-    let args = ["--udp-port", "48879", "--loss", "5", "--reorder", "25"];
-    for i in 0..LEAVES {
-        for j in 0..SPINES {
-            let dev = format!("up-s{j}");
-            impair(&fabric.leaf_ns(i), &dev, &args);
-            let mut ingress = args.to_vec();
-            ingress.push("--ingress");
-            impair(&fabric.leaf_ns(i), &dev, &ingress);
-        }
-    }
+    // Both directions of every leaf–spine link, on the leaf's end: what
+    // the leaf sends up (egress of its uplink) and what the spine answers
+    // (the leaf's ingress: switchd's AF_XDP transmit skips the spine's
+    // egress hooks).
+    let links = (0..LEAVES)
+        .flat_map(|i| (0..SPINES).map(move |j| (i, j)))
+        .map(|(i, j)| (fabric.leaf_ns(i), format!("up-s{j}")))
+        .collect();
+    let imp = Impairment::apply_on(links, 5.0, 0.0, 25.0).unwrap_or_else(|e| panic!("{e}"));
     let workers: Vec<Child> = (0..LEAVES)
         .flat_map(|i| (0..WPL).map(move |k| (i, k)))
         .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 1 << 20, 3))
         .collect();
     expect_verified(workers);
-    let mut dropped = 0u64;
-    for i in 0..LEAVES {
-        for j in 0..SPINES {
-            let dev = format!("up-s{j}");
-            for extra in [&[][..], &["--ingress"][..]] {
-                let mut a = vec!["--stats"];
-                a.extend_from_slice(extra);
-                let line = impair(&fabric.leaf_ns(i), &dev, &a);
-                dropped += line
-                    .split_whitespace()
-                    .find_map(|kv| kv.strip_prefix("dropped="))
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    assert!(dropped > 0, "the impairment dropped nothing");
+    let injected = imp.injected();
+    assert!(
+        injected.dropped > 0,
+        "the impairment dropped nothing: {injected:?}"
+    );
     let mut resent = 0;
     for (i, sw) in leaves.iter_mut().enumerate() {
         let (ok, stats) = sw.stop();
