@@ -161,27 +161,12 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let threads = cfg.switch.dataplane_threads as usize;
     let uplink = match cfg.switch.uplink {
         None => None,
-        Some(addr) => {
-            use socket2::{Domain, Protocol, Socket, Type};
-            let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
-                .context("opening the uplink socket")?;
-            // A window of partials answered at once by the spines: the
-            // default receive buffer (about 200 KiB) holds fewer RESULTs.
-            // root may exceed net.core.rmem_max (SO_RCVBUFFORCE).
-            let _ = sock.set_recv_buffer_size(UPLINK_BUFFER);
-            let _ = sock.set_send_buffer_size(UPLINK_BUFFER);
-            force_buffer(&sock, libc::SO_RCVBUFFORCE);
-            force_buffer(&sock, libc::SO_SNDBUFFORCE);
-            sock.bind(&addr.into()).with_context(|| {
-                format!(
-                    "binding the uplink socket to {addr} ([switch] uplink must be one of this \
-                     switch's own addresses, with a free UDP port)"
-                )
-            })?;
-            sock.set_nonblocking(true)
-                .context("making the uplink socket nonblocking")?;
-            Some(std::net::UdpSocket::from(sock))
-        }
+        Some(addr) => Some(dataplane::uplink::open(addr).with_context(|| {
+            format!(
+                "opening the uplink socket on {addr} ([switch] uplink must be one of this \
+                 switch's own addresses, with a free UDP port)"
+            )
+        })?),
     };
     let (shared, lanes) = dataplane::build(
         table,
@@ -328,26 +313,6 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     }
     detach.context("detaching XDP programs")?;
     Ok(())
-}
-
-/// Receive and send buffer of a leaf's uplink socket.
-const UPLINK_BUFFER: usize = 8 << 20;
-
-/// Sets a socket buffer with SO_RCVBUFFORCE/SO_SNDBUFFORCE (root only;
-/// ignored when not allowed: the plain size stays).
-fn force_buffer(sock: &socket2::Socket, opt: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    let v = UPLINK_BUFFER as libc::c_int;
-    // SAFETY: setsockopt on a live fd with a c_int value of the right size.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
 }
 
 fn check_config(path: &Path) -> Result<()> {

@@ -514,7 +514,7 @@ impl JobTable {
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
                 let src = from.source;
                 if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
-                    return self.on_spine_message(&hdr, payload, spine, now);
+                    return self.on_spine_message(&hdr, payload, spine, ce, now);
                 }
                 job.drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
@@ -646,6 +646,7 @@ impl JobTable {
         hdr: &HeaderRepr,
         payload: &[u8],
         spine: usize,
+        ce: bool,
         now: Instant,
     ) -> Verdict {
         let job_id = hdr.job;
@@ -678,7 +679,7 @@ impl JobTable {
                 }
                 Verdict::Noted
             }
-            _ => match job.on_spine_result(spine, hdr, payload, now) {
+            _ => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
                     self.queue(Pending::ResultToAll {
                         job: job_id,

@@ -336,13 +336,14 @@ impl Job {
         ours
     }
 
-    /// The spine's RESULT for spine seq `hdr.seq`: the partial becomes the
-    /// final sum. Returns the leaf seq to answer the local ranks with.
+    /// The spine's RESULT for spine seq `hdr.seq` (`ce`: its IP header said
+    /// CE on the way down): the partial becomes the final sum. Returns the leaf seq to answer the local ranks with.
     pub(super) fn on_spine_result(
         &mut self,
         spine: usize,
         hdr: &HeaderRepr,
         payload: &[u8],
+        ce: bool,
         now: Instant,
     ) -> Option<u32> {
         let u = self.uplink.as_mut()?;
@@ -353,7 +354,7 @@ impl Job {
         let seq = u.cfg.leaf_seq(spine, hdr.seq);
         if !self
             .pool
-            .finish_partial(seq, payload, hdr.has_flag(flags::ECE))
+            .finish_partial(seq, payload, hdr.has_flag(flags::ECE) || ce)
         {
             // A copy, or the RESULT of a partial already answered.
             self.drops.bump(DropReason::Duplicate);

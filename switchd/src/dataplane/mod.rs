@@ -35,6 +35,7 @@
 
 pub mod rx;
 pub mod tx;
+pub mod uplink;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -347,13 +348,13 @@ impl DataplaneThread {
         };
         let timers_due = now.duration_since(self.last_timers) >= TIMER_EVERY;
         // The table is locked only when a datagram came or timers are due.
-        let mut first = sock.recv_from(&mut self.scratch).ok();
+        let mut first = uplink::recv(sock, &mut self.scratch);
         if first.is_none() && !timers_due {
             return 0;
         }
         let mut table = lock(&shared.table);
         let mut got = 0;
-        while let Some((n, from)) = first.take() {
+        while let Some((n, from, ce)) = first.take() {
             got += 1;
             self.counters.uplink_received += 1;
             if let std::net::SocketAddr::V4(from) = from {
@@ -366,12 +367,12 @@ impl DataplaneThread {
                     port_idx: proto::switch::UPSTREAM,
                     ..Default::default()
                 };
-                table.handle(&self.scratch[..n], from, false, now);
+                table.handle(&self.scratch[..n], from, ce, now);
                 tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters)
                     .send_queued(&mut table);
             }
             if got < RX_BATCH {
-                first = sock.recv_from(&mut self.scratch).ok();
+                first = uplink::recv(sock, &mut self.scratch);
             }
         }
         if timers_due {
