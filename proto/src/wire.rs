@@ -51,6 +51,9 @@ pub const NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN;
 pub const LEAVE_PAYLOAD_LEN: usize = MAC_LEN;
 /// Length of a version-1 NACK payload (sent to version-1 JOINs).
 pub const V1_NACK_PAYLOAD_LEN: usize = 2;
+/// Bytes of the spine block at the start of a leaf's HEARTBEAT answer
+/// ([`flags::UPSTREAM`]); `count` u16 leaf indices follow it.
+pub const UPSTREAM_WAIT_LEN: usize = 12;
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
@@ -71,8 +74,11 @@ pub mod flags {
     pub const RETX: u8 = 0x02;
     /// Last chunk of a collective.
     pub const LAST: u8 = 0x04;
+    /// HEARTBEAT answer of a leaf: the seq waits for a spine, and the payload
+    /// starts with an [`UpstreamWaitPayload`](super::UpstreamWaitPayload).
+    pub const UPSTREAM: u8 = 0x08;
     /// Every bit the protocol defines; the others must be zero.
-    pub const DEFINED: u8 = ECE | RETX | LAST;
+    pub const DEFINED: u8 = ECE | RETX | LAST | UPSTREAM;
 }
 
 /// Message types (low nibble of `ver_type`).
@@ -383,7 +389,11 @@ impl HeaderRepr {
             MsgType::Nack => len == NACK_PAYLOAD_LEN,
             MsgType::Leave => len == LEAVE_PAYLOAD_LEN,
             MsgType::Hello | MsgType::Challenge => len == HELLO_PAYLOAD_LEN,
-            // Worker → switch: empty; switch → worker: `count` u16 ranks.
+            // Worker → switch: empty; switch → worker: `count` u16 ranks,
+            // after a spine block when a leaf says the seq waits upstream.
+            MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => {
+                len == UPSTREAM_WAIT_LEN + h.count() as usize * 2
+            }
             MsgType::Heartbeat => len == h.count() as usize * 2,
         };
         if !ok {
@@ -394,6 +404,7 @@ impl HeaderRepr {
                 MsgType::Nack => "a NACK payload (20 bytes)",
                 MsgType::Leave => "a LEAVE payload (32 bytes)",
                 MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
+                MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => "12 + count × 2",
                 MsgType::Heartbeat => "count × 2",
             };
             return Err(WireError::PayloadLength { len, what });
@@ -639,6 +650,45 @@ impl NackPayload {
     }
 }
 
+/// The start of a leaf's HEARTBEAT answer when the seq has all its local
+/// contributions and waits for its spine (docs/PROTOCOL.md, "Aggregation
+/// trees"): which spine, and how long it has been silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamWaitPayload {
+    /// The spine's aggregation address.
+    pub spine_ip: [u8; 4],
+    pub spine_port: u16,
+    /// Its index in the job's spine list (the tree).
+    pub tree: u16,
+    /// Milliseconds since the leaf last heard from that spine while the
+    /// partial waited; [`UpstreamWaitPayload::NEVER`] if it never did.
+    pub silent_ms: u32,
+}
+
+impl UpstreamWaitPayload {
+    /// `silent_ms` of a spine the leaf has not heard from at all.
+    pub const NEVER: u32 = u32::MAX;
+
+    pub fn parse(b: &[u8]) -> Result<UpstreamWaitPayload, WireError> {
+        check_room(b, UPSTREAM_WAIT_LEN)?;
+        Ok(UpstreamWaitPayload {
+            spine_ip: array(b),
+            spine_port: u16::from_be_bytes([b[4], b[5]]),
+            tree: u16::from_be_bytes([b[6], b[7]]),
+            silent_ms: u32::from_be_bytes(array(&b[8..])),
+        })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, UPSTREAM_WAIT_LEN)?;
+        b[..4].copy_from_slice(&self.spine_ip);
+        b[4..6].copy_from_slice(&self.spine_port.to_be_bytes());
+        b[6..8].copy_from_slice(&self.tree.to_be_bytes());
+        b[8..12].copy_from_slice(&self.silent_ms.to_be_bytes());
+        Ok(UPSTREAM_WAIT_LEN)
+    }
+}
+
 /// LEAVE payload: [`crate::auth::leave_mac`], so that nobody without the
 /// secret can make a member leave.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -751,9 +801,9 @@ mod tests {
         assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(10)));
 
         let mut b = DATA_FIXTURE;
-        b[1] = 0x08;
+        b[1] = 0x10;
         let h = Header::new_checked(&b[..]).unwrap();
-        assert_eq!(HeaderRepr::parse(&h), Err(WireError::ReservedFlags(8)));
+        assert_eq!(HeaderRepr::parse(&h), Err(WireError::ReservedFlags(0x10)));
 
         let mut b = DATA_FIXTURE;
         b[2] = 0;
@@ -859,5 +909,49 @@ mod tests {
     fn elems_per_chunk_matches_protocol() {
         assert_eq!(elems_per_chunk_for_mtu(1500), 362);
         assert_eq!(FRAME_PAYLOAD_OFFSET, 64);
+    }
+
+    // A leaf's HEARTBEAT answer: job 7 to rank 1, seq 5, window 64, gen 9,
+    // UPSTREAM; spine 198.19.255.2:48879, tree 1, silent 4200 ms; waiting
+    // for leaf 3.
+    const UPSTREAM_WAIT_FIXTURE: [u8; 36] = [
+        0x27, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x09, 198, 19, 255, 2, 0xbe, 0xef, 0x00, 0x01, 0x00,
+        0x00, 0x10, 0x68, 0x00, 0x03,
+    ];
+
+    #[test]
+    fn upstream_wait_fixture_round_trips() {
+        let h = Header::new_checked(&UPSTREAM_WAIT_FIXTURE[..]).unwrap();
+        let r = HeaderRepr::parse(&h).unwrap();
+        assert_eq!(r.msg_type, MsgType::Heartbeat);
+        assert!(r.has_flag(flags::UPSTREAM));
+        assert_eq!((r.seq, r.count, r.window, r.gen), (5, 1, 64, 9));
+        let w = UpstreamWaitPayload::parse(h.payload()).unwrap();
+        let want = UpstreamWaitPayload {
+            spine_ip: [198, 19, 255, 2],
+            spine_port: 48879,
+            tree: 1,
+            silent_ms: 4200,
+        };
+        assert_eq!(w, want);
+        assert_eq!(&h.payload()[UPSTREAM_WAIT_LEN..], &[0, 3]);
+        let mut buf = [0u8; 36];
+        r.emit_to(&mut buf).unwrap();
+        want.emit(&mut buf[HEADER_LEN..]).unwrap();
+        buf[34..].copy_from_slice(&3u16.to_be_bytes());
+        assert_eq!(buf, UPSTREAM_WAIT_FIXTURE);
+        // Without its spine block, the length is wrong.
+        let mut short = UPSTREAM_WAIT_FIXTURE;
+        short[7] = 7;
+        let h = Header::new_checked(&short[..]).unwrap();
+        assert!(matches!(
+            HeaderRepr::parse(&h),
+            Err(WireError::PayloadLength {
+                what: "12 + count × 2",
+                ..
+            })
+        ));
+        assert!(UpstreamWaitPayload::parse(&[0; 11]).is_err());
     }
 }

@@ -211,6 +211,63 @@ impl Tree {
     }
 }
 
+/// Workers join their leaf (lossless: the library's join is tested end to
+/// end); the leaves' HELLOs to the spines go into `net`.
+fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, base: Instant) {
+    for (i, leaf) in tree.leaves.iter_mut().enumerate() {
+        for r in 0..w {
+            let from = worker_ep(i, r);
+            let mut hs = Handshake::new(
+                JoinParams {
+                    job: JOB,
+                    rank: r,
+                    n_workers: w,
+                    dtype: 0,
+                    op: 0,
+                    secret: SECRET,
+                    ip: from.source.ip,
+                    port: from.source.port,
+                },
+                [r as u8 + 1; 16],
+            );
+            let mut b = [0u8; 128];
+            let n = hs.emit_hello(&mut b).unwrap();
+            leaf.handle(&b[..n], from, false, base);
+            let rep = leaf.poll_reply().unwrap();
+            let e = leaf.encode(&rep, &mut b).unwrap();
+            hs.on_challenge(&parse(&b[..e.len]), &b[HEADER_LEN..e.len])
+                .unwrap();
+            let n = hs.emit_join(0, 0, &mut b).unwrap();
+            leaf.handle(&b[..n], from, false, base);
+        }
+    }
+    for i in 0..tree.leaves.len() {
+        // JOIN_ACKs to the workers are not needed here (they start at 0);
+        // the uplink HELLOs are.
+        let t = &mut tree.leaves[i];
+        let mut kept = Vec::new();
+        while let Some(r) = t.poll_reply() {
+            if r.is_upstream() {
+                kept.push(r);
+            }
+        }
+        for r in kept {
+            let mut buf = vec![0u8; 4096];
+            let e = t.encode(&r, &mut buf).unwrap();
+            buf.truncate(e.len);
+            let s = r.to.source.ip[3] as usize - 1;
+            net.send(
+                Duration::ZERO,
+                Msg {
+                    to: Node::Spine(s),
+                    from: uplink_ep(i),
+                    bytes: buf,
+                },
+            );
+        }
+    }
+}
+
 /// Runs `iterations` all-reduces of `len` elements over `l` leaves × `w`
 /// workers and `k` spines. Returns the per-spine chunk counts.
 #[allow(clippy::too_many_arguments)]
@@ -242,60 +299,7 @@ fn run(
         next_id: 0,
     };
     let mut now = Duration::ZERO;
-    // Workers join their leaf (lossless: the library's join is tested end
-    // to end); the leaves then join the spines over the lossy fabric.
-    for (i, leaf) in tree.leaves.iter_mut().enumerate() {
-        for r in 0..w {
-            let from = worker_ep(i, r);
-            let mut hs = Handshake::new(
-                JoinParams {
-                    job: JOB,
-                    rank: r,
-                    n_workers: w,
-                    dtype: 0,
-                    op: 0,
-                    secret: SECRET,
-                    ip: from.source.ip,
-                    port: from.source.port,
-                },
-                [r as u8 + 1; 16],
-            );
-            let mut b = [0u8; 128];
-            let n = hs.emit_hello(&mut b).unwrap();
-            leaf.handle(&b[..n], from, false, base);
-            let rep = leaf.poll_reply().unwrap();
-            let e = leaf.encode(&rep, &mut b).unwrap();
-            hs.on_challenge(&parse(&b[..e.len]), &b[HEADER_LEN..e.len])
-                .unwrap();
-            let n = hs.emit_join(0, 0, &mut b).unwrap();
-            leaf.handle(&b[..n], from, false, base);
-        }
-    }
-    for i in 0..l {
-        // JOIN_ACKs to the workers are not needed here (they start at 0);
-        // the uplink HELLOs are.
-        let t = &mut tree.leaves[i];
-        let mut kept = Vec::new();
-        while let Some(r) = t.poll_reply() {
-            if r.is_upstream() {
-                kept.push(r);
-            }
-        }
-        for r in kept {
-            let mut buf = vec![0u8; 4096];
-            let e = t.encode(&r, &mut buf).unwrap();
-            buf.truncate(e.len);
-            let s = r.to.source.ip[3] as usize - 1;
-            net.send(
-                now,
-                Msg {
-                    to: Node::Spine(s),
-                    from: uplink_ep(i),
-                    bytes: buf,
-                },
-            );
-        }
-    }
+    join_workers(&mut tree, &mut net, w, base);
     let mut workers: Vec<Vec<Worker>> = (0..l)
         .map(|_| {
             (0..w)
@@ -524,4 +528,198 @@ proptest! {
         let f = Faults { loss, dup, reorder };
         run(l, w, k, len, elems, 1 << slots_log, 2, f, f, seed);
     }
+}
+
+/// A fabric stepped by hand, for failure cases: datagrams to a dead spine
+/// vanish; what reaches a worker is kept for the test to read.
+struct Fabric {
+    tree: Tree,
+    net: Net,
+    base: Instant,
+    now: Duration,
+    dead: Vec<bool>,
+    to_workers: Vec<(Node, Vec<u8>)>,
+}
+
+impl Fabric {
+    fn new(l: usize, w: u16, k: usize) -> Fabric {
+        let base = Instant::now();
+        let mut tree = Tree::new(l, w, k, 16, 8, base);
+        let mut net = Net {
+            rng: Rng(1),
+            edge: CLEAN,
+            fabric: CLEAN,
+            queue: BinaryHeap::new(),
+            msgs: HashMap::new(),
+            next_id: 0,
+        };
+        join_workers(&mut tree, &mut net, w, base);
+        Fabric {
+            tree,
+            net,
+            base,
+            now: Duration::ZERO,
+            dead: vec![false; k],
+            to_workers: Vec::new(),
+        }
+    }
+
+    /// Advances virtual time by `d`: deliveries, and the leaves' timers
+    /// every millisecond.
+    fn run_for(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.now += Duration::from_millis(1);
+            let at = self.base + self.now;
+            for i in 0..self.tree.leaves.len() {
+                self.tree.leaves[i].handle_timeout(at);
+                self.tree.flush(Node::Leaf(i), &mut self.net, self.now);
+            }
+            while let Some(Reverse((t, id))) = self.net.queue.peek().copied() {
+                if t > self.now {
+                    break;
+                }
+                self.net.queue.pop();
+                let m = self.net.msgs.remove(&id).unwrap();
+                match m.to {
+                    Node::Leaf(i) => self.tree.leaves[i].handle(&m.bytes, m.from, false, at),
+                    Node::Spine(k) if self.dead[k] => continue,
+                    Node::Spine(k) => self.tree.spines[k].handle(&m.bytes, m.from, false, at),
+                    Node::Worker { .. } => {
+                        self.to_workers.push((m.to, m.bytes));
+                        continue;
+                    }
+                };
+                self.tree.flush(m.to, &mut self.net, self.now);
+            }
+        }
+    }
+
+    /// Worker `rank` under `leaf` sends `ty` about `seq` (DATA: 8 ones).
+    fn worker_sends(&mut self, leaf: usize, rank: u16, ty: MsgType, seq: u32) {
+        let mut h = HeaderRepr::new(ty, JOB);
+        h.rank = rank;
+        h.seq = seq;
+        h.gen = 1 + leaf as u32;
+        let payload = if ty == MsgType::Data {
+            h.count = 8;
+            let mut p = vec![0u8; 32];
+            write_f32s(&[1.0; 8], &mut p);
+            p
+        } else {
+            Vec::new()
+        };
+        self.net.send(
+            self.now,
+            Msg {
+                to: Node::Leaf(leaf),
+                from: worker_ep(leaf, rank),
+                bytes: frame(&h, &payload),
+            },
+        );
+    }
+
+    /// The last HEARTBEAT answer worker `rank` under `leaf` got about `seq`.
+    fn heartbeat_answer(&mut self, leaf: usize, rank: u16, seq: u32) -> (HeaderRepr, Vec<u8>) {
+        self.to_workers.clear();
+        self.worker_sends(leaf, rank, MsgType::Heartbeat, seq);
+        self.run_for(Duration::from_millis(5));
+        self.to_workers
+            .iter()
+            .rev()
+            .find_map(|(to, b)| {
+                let h = parse(b);
+                (*to == Node::Worker { leaf, rank }
+                    && h.msg_type == MsgType::Heartbeat
+                    && h.seq == seq)
+                    .then(|| (h, b[HEADER_LEN..].to_vec()))
+            })
+            .expect("the leaf answers a member's HEARTBEAT")
+    }
+}
+
+/// A spine that dies mid-collective: the chunks of its tree stall, and the
+/// leaf's HEARTBEAT answer names it and how long it has been silent (what
+/// the worker library turns into its error); chunks waiting on a live
+/// spine name the leaves it waits for instead. The leaf logs the silence
+/// once.
+#[test]
+fn a_dead_spine_is_named_by_the_leaf() {
+    use proto::switch::Event;
+    use proto::wire::{UpstreamWaitPayload, UPSTREAM_WAIT_LEN};
+    let mut f = Fabric::new(2, 1, 2);
+    f.run_for(Duration::from_millis(50));
+    // Chunks 0 and 1 (one per tree) complete while both spines live.
+    for seq in [0, 1] {
+        for leaf in [0, 1] {
+            f.worker_sends(leaf, 0, MsgType::Data, seq);
+        }
+    }
+    f.run_for(Duration::from_millis(50));
+    let results = |f: &Fabric| {
+        f.to_workers
+            .iter()
+            .filter(|(_, b)| parse(b).msg_type == MsgType::Result)
+            .count()
+    };
+    assert_eq!(results(&f), 4, "both chunks reach both workers");
+
+    // Spine 1 dies; chunk 3 goes through it, chunk 2 through spine 0.
+    f.dead[1] = true;
+    for seq in [2, 3] {
+        for leaf in [0, 1] {
+            f.worker_sends(leaf, 0, MsgType::Data, seq);
+        }
+    }
+    f.run_for(Duration::from_secs(3));
+
+    let (h, p) = f.heartbeat_answer(0, 0, 3);
+    assert!(h.has_flag(flags::UPSTREAM), "chunk 3 waits upstream: {h:?}");
+    let w = UpstreamWaitPayload::parse(&p).unwrap();
+    assert_eq!(
+        (w.spine_ip, w.spine_port, w.tree),
+        ([198, 19, 255, 2], SPINE_PORT, 1)
+    );
+    assert!(
+        (2900..=3100).contains(&w.silent_ms),
+        "silent since chunk 3 went up, 3 s ago: {} ms",
+        w.silent_ms
+    );
+    assert_eq!(h.count, 0, "a dead spine named no leaves");
+    assert_eq!(p.len(), UPSTREAM_WAIT_LEN);
+
+    // Chunk 2 completed through the live spine: an ordinary answer.
+    let (h, p) = f.heartbeat_answer(0, 0, 2);
+    assert!(!h.has_flag(flags::UPSTREAM));
+    assert_eq!((h.count, p.len()), (0, 0));
+
+    let silent: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+        .filter_map(|e| match e {
+            Event::SpineSilent {
+                tree,
+                spine,
+                silent,
+                ..
+            } => Some((tree, spine, silent)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(silent.len(), 1, "logged once: {silent:?}");
+    assert_eq!(silent[0].0, 1);
+    assert_eq!(silent[0].1.to_string(), "198.19.255.2:48879");
+
+    // A live spine waiting for another leaf: chunk 4 (spine 0) from leaf 0
+    // only. The spine answers the leaf's HEARTBEATs: leaf 1 is missing.
+    f.worker_sends(0, 0, MsgType::Data, 4);
+    f.run_for(Duration::from_millis(1500));
+    let (h, p) = f.heartbeat_answer(0, 0, 4);
+    assert!(h.has_flag(flags::UPSTREAM));
+    let w = UpstreamWaitPayload::parse(&p).unwrap();
+    assert_eq!(w.tree, 0);
+    assert!(w.silent_ms < 1000, "spine 0 answers: {} ms", w.silent_ms);
+    assert_eq!(
+        &p[UPSTREAM_WAIT_LEN..],
+        &1u16.to_be_bytes(),
+        "it waits for leaf 1"
+    );
 }

@@ -35,6 +35,13 @@ class StalledError(AggSwitchError, TimeoutError):
     ``missing_ranks`` lists the ranks the switch is still waiting for (a dead
     or stuck peer), ``[]`` when the switch has everything (RESULTs are being
     lost), or ``None`` when the switch did not answer at all.
+
+    In an aggregation tree, the worker's leaf switch may instead say the chunk
+    waits for a spine: ``spine`` is that switch's ``"ip:port"``,
+    ``spine_silent_for`` how many seconds it had been silent (``None`` if the
+    leaf never heard from it; a dead spine shows several seconds), and
+    ``missing_leaves`` the leaves the spine said it waits for. All three are
+    ``None`` when the stall is not at a spine.
     """
 
     def __init__(
@@ -43,11 +50,17 @@ class StalledError(AggSwitchError, TimeoutError):
         missing_ranks: list[int] | None,
         collective: int,
         seq: int,
+        spine: str | None = None,
+        spine_silent_for: float | None = None,
+        missing_leaves: list[int] | None = None,
     ) -> None:
         super().__init__(message)
         self.missing_ranks = missing_ranks
         self.collective = collective
         self.seq = seq
+        self.spine = spine
+        self.spine_silent_for = spine_silent_for
+        self.missing_leaves = missing_leaves
 
 
 class SwitchRestartedError(AggSwitchError):

@@ -62,8 +62,21 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
             collective,
             seq,
             missing,
+            upstream,
             ..
-        } => py_error(py, "StalledError", (msg, missing, collective, seq)),
+        } => {
+            let spine = upstream.as_ref().map(|w| w.spine.to_string());
+            let silent = upstream
+                .as_ref()
+                .and_then(|w| w.silent_for)
+                .map(|d| d.as_secs_f64());
+            let leaves = upstream.map(|w| w.leaves);
+            py_error(
+                py,
+                "StalledError",
+                (msg, missing, collective, seq, spine, silent, leaves),
+            )
+        }
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
         WorkerError::BadJoinAck { .. } | WorkerError::Handshake { .. } => {
             py_error(py, "ProtocolError", (msg,))

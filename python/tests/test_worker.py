@@ -261,6 +261,8 @@ def test_stall_names_the_rank_the_switch_waits_for(switch):
     assert isinstance(err, TimeoutError)
     assert err.missing_ranks == [1]
     assert "waiting for ranks [1]" in str(err)
+    # Not a tree: nothing about spines.
+    assert (err.spine, err.spine_silent_for, err.missing_leaves) == (None, None, None)
 
 
 def test_unreachable_switch_times_out_with_advice():

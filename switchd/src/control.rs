@@ -334,6 +334,23 @@ fn log_event(e: Event) {
             rank,
             "rank joined anew (worker restarted): every rank joins again"
         ),
+        Event::SpineSilent {
+            job,
+            tree,
+            spine,
+            silent,
+        } => tracing::warn!(
+            job,
+            tree,
+            %spine,
+            silent_s = silent.as_secs_f64(),
+            "spine silent while partials wait for it: the job's chunks of this tree stall; \
+             check that switch is running and reachable from this leaf (ranks get an error \
+             naming it after their stall timeout)"
+        ),
+        Event::SpineAnswering { job, tree, spine } => {
+            tracing::info!(job, tree, %spine, "spine answers again")
+        }
     }
 }
 

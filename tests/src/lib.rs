@@ -500,6 +500,14 @@ impl Switchd {
         panic!("timed out waiting for {what}; stats: {}", self.stats());
     }
 
+    /// SIGKILL, as a crash: no cleanup, no last stats. Returns once it exited.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// SIGTERM, wait for exit; returns the exit status success and the final stats.
     pub fn stop(&mut self) -> (bool, serde_json::Value) {
         let Some(mut child) = self.child.take() else {

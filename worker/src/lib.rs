@@ -80,6 +80,96 @@ impl WorkerConfig {
     }
 }
 
+/// A leaf switch's answer to a stalled chunk: it has every local
+/// contribution and waits for its spine (docs/PROTOCOL.md, "Aggregation
+/// trees").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpineWait {
+    /// The spine's aggregation address.
+    pub spine: SocketAddrV4,
+    /// Its index in the job's spines (the tree).
+    pub tree: u16,
+    /// How long the spine had been silent towards the leaf (None: never
+    /// heard from).
+    pub silent_for: Option<Duration>,
+    /// The leaves the spine said the chunk waits for.
+    pub leaves: Vec<u16>,
+}
+
+/// A spine silent this long is reported as dead or unreachable: an alive
+/// one answers its leaf's HEARTBEATs, sent every 0.5 s while it waits.
+pub const SPINE_SILENT: Duration = Duration::from_millis(1500);
+
+/// A HEARTBEAT answer: what a stalled seq waits for.
+#[derive(Debug, Clone)]
+enum Waiting {
+    /// These ranks' contributions (none: the switch has them all).
+    Ranks(Vec<u16>),
+    /// A spine, says the leaf switch.
+    Spine(SpineWait),
+}
+
+impl Waiting {
+    fn parse(r: &HeaderRepr, payload: &[u8]) -> Waiting {
+        let u16s = |b: &[u8]| {
+            b.chunks_exact(2)
+                .take(r.count as usize)
+                .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                .collect()
+        };
+        if !r.has_flag(flags::UPSTREAM) {
+            return Waiting::Ranks(u16s(payload));
+        }
+        // The header's length check guarantees the block.
+        let Ok(w) = proto::wire::UpstreamWaitPayload::parse(payload) else {
+            return Waiting::Ranks(Vec::new());
+        };
+        Waiting::Spine(SpineWait {
+            spine: SocketAddrV4::new(w.spine_ip.into(), w.spine_port),
+            tree: w.tree,
+            silent_for: (w.silent_ms != proto::wire::UpstreamWaitPayload::NEVER)
+                .then(|| Duration::from_millis(w.silent_ms.into())),
+            leaves: u16s(&payload[proto::wire::UPSTREAM_WAIT_LEN..]),
+        })
+    }
+}
+
+/// The end of a stall error: what the switch said the chunk waits for.
+fn stall_reason(missing: Option<&[u16]>, upstream: Option<&SpineWait>) -> String {
+    if let Some(w) = upstream {
+        let (spine, tree) = (w.spine, w.tree);
+        return match w.silent_for {
+            Some(d) if d < SPINE_SILENT && !w.leaves.is_empty() => format!(
+                "the leaf switch waits for spine {spine} (tree {tree}), which waits for leaves \
+                 {:?} (are those leaf switches and their ranks running?)",
+                w.leaves
+            ),
+            Some(d) if d < SPINE_SILENT => format!(
+                "the leaf switch waits for spine {spine} (tree {tree}), which answers but sent \
+                 no RESULT (RESULTs are being lost between spine and leaf)"
+            ),
+            Some(d) => format!(
+                "the leaf switch waits for spine {spine} (tree {tree}), silent for {:.1} s: \
+                 that switch is dead or unreachable from the leaf; restart it (or take it out \
+                 of the job's spines on every leaf) and restart the job",
+                d.as_secs_f64()
+            ),
+            None => format!(
+                "the leaf switch waits for spine {spine} (tree {tree}), which it has never \
+                 heard from: that switch is dead or unreachable from the leaf; restart it (or \
+                 take it out of the job's spines on every leaf) and restart the job"
+            ),
+        };
+    }
+    match missing {
+        Some(m) if !m.is_empty() => {
+            format!("the switch is waiting for ranks {m:?} (did they die? restart them to rejoin)")
+        }
+        Some(_) => "the switch reports nothing missing (RESULTs are being lost)".to_string(),
+        None => "the switch did not answer heartbeats (is it running and reachable?)".to_string(),
+    }
+}
+
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -109,14 +199,7 @@ pub enum WorkerError {
     #[error(
         "job {job} rank {rank}: collective {collective} stalled at seq {seq}: no RESULT for \
          {waited:?}; {}",
-        match missing {
-            Some(m) if !m.is_empty() => format!(
-                "the switch is waiting for ranks {m:?} (did they die? restart them to rejoin)"
-            ),
-            Some(_) => "the switch reports nothing missing (RESULTs are being lost)".to_string(),
-            None => "the switch did not answer heartbeats (is it running and reachable?)"
-                .to_string(),
-        }
+        stall_reason(missing.as_deref(), upstream.as_ref())
     )]
     Stalled {
         job: u16,
@@ -126,6 +209,8 @@ pub enum WorkerError {
         waited: Duration,
         /// What the switch last said the seq waits for (None: no answer).
         missing: Option<Vec<u16>>,
+        /// A leaf's answer instead: the seq waits for this spine.
+        upstream: Option<SpineWait>,
     },
     #[error(
         "job {job} rank {rank}: the switch resumes at collective {resume_collective} seq \
@@ -210,8 +295,8 @@ pub struct Worker {
     txb: DatagramBatch,
     rxb: DatagramBatch,
     stats: WorkerStats,
-    /// Ranks the switch said the stalled seq waits for (HEARTBEAT reply).
-    missing: Option<(u32, Vec<u16>)>,
+    /// What the switch said the stalled seq waits for (HEARTBEAT reply).
+    missing: Option<(u32, Waiting)>,
 }
 
 /// After this long without progress a worker asks the switch (HEARTBEAT)
@@ -659,11 +744,14 @@ impl Worker {
                     collective: coll.collective(),
                     seq,
                     waited: self.cfg.stall_timeout,
-                    missing: self
-                        .missing
-                        .as_ref()
-                        .filter(|(s, _)| *s == seq)
-                        .map(|(_, m)| m.clone()),
+                    missing: match self.missing.as_ref().filter(|(s, _)| *s == seq) {
+                        Some((_, Waiting::Ranks(r))) => Some(r.clone()),
+                        _ => None,
+                    },
+                    upstream: match self.missing.as_ref().filter(|(s, _)| *s == seq) {
+                        Some((_, Waiting::Spine(w))) => Some(w.clone()),
+                        _ => None,
+                    },
                 });
             }
             if now.duration_since(since) > HEARTBEAT_EVERY
@@ -734,13 +822,7 @@ impl Worker {
                 false
             }
             MsgType::Heartbeat if r.gen == self.gen => {
-                let ranks = h
-                    .payload()
-                    .chunks_exact(2)
-                    .take(r.count as usize)
-                    .map(|b| u16::from_be_bytes([b[0], b[1]]))
-                    .collect();
-                self.missing = Some((r.seq, ranks));
+                self.missing = Some((r.seq, Waiting::parse(&r, h.payload())));
                 false
             }
             MsgType::Nack => {
@@ -849,4 +931,54 @@ fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     s.connect(&cfg.switch.into())?;
     s.set_nonblocking(true)?;
     Ok(s.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(flags: u8, count: u16, payload: &[u8]) -> Waiting {
+        let mut h = HeaderRepr::new(MsgType::Heartbeat, 1);
+        h.flags = flags;
+        h.count = count;
+        Waiting::parse(&h, payload)
+    }
+
+    /// A leaf's HEARTBEAT answer becomes an error that names the spine and
+    /// says what to do; an ordinary answer names the ranks.
+    #[test]
+    fn stall_errors_name_what_the_chunk_waits_for() {
+        let spine = |silent_ms: u32, leaves: &[u16]| {
+            let mut p = vec![0u8; proto::wire::UPSTREAM_WAIT_LEN];
+            proto::wire::UpstreamWaitPayload {
+                spine_ip: [198, 19, 255, 2],
+                spine_port: 48879,
+                tree: 1,
+                silent_ms,
+            }
+            .emit(&mut p)
+            .unwrap();
+            p.extend(leaves.iter().flat_map(|l| l.to_be_bytes()));
+            let Waiting::Spine(w) = answer(flags::UPSTREAM, leaves.len() as u16, &p) else {
+                panic!("a spine answer")
+            };
+            stall_reason(None, Some(&w))
+        };
+        let dead = spine(4200, &[]);
+        assert!(dead.contains("spine 198.19.255.2:48879 (tree 1), silent for 4.2 s"));
+        assert!(dead.contains("dead or unreachable"));
+        let never = spine(proto::wire::UpstreamWaitPayload::NEVER, &[]);
+        assert!(never.contains("never heard from"), "{never}");
+        let waits = spine(100, &[0, 3]);
+        assert!(waits.contains("waits for leaves [0, 3]"), "{waits}");
+        let lost = spine(100, &[]);
+        assert!(lost.contains("RESULTs are being lost"), "{lost}");
+
+        let Waiting::Ranks(r) = answer(0, 2, &[0, 1, 0, 4]) else {
+            panic!("ranks")
+        };
+        assert_eq!(r, [1, 4]);
+        assert!(stall_reason(Some(&r), None).contains("waiting for ranks [1, 4]"));
+        assert!(stall_reason(None, None).contains("did not answer heartbeats"));
+    }
 }

@@ -179,6 +179,20 @@ pub enum Event {
     },
     /// An active job went back to joining: `rank` joined anew.
     JobReset { job: u16, rank: u16 },
+    /// A leaf's partial has waited for spine `spine` (tree `tree`), which
+    /// has said nothing for `silent`: dead or unreachable.
+    SpineSilent {
+        job: u16,
+        tree: u16,
+        spine: SpineAddr,
+        silent: Duration,
+    },
+    /// A spine reported silent answers again.
+    SpineAnswering {
+        job: u16,
+        tree: u16,
+        spine: SpineAddr,
+    },
 }
 
 /// A reply written by [`JobTable::encode`].
@@ -438,6 +452,20 @@ impl JobTable {
             return Verdict::NackUnknownJob;
         };
         let (job_id, rank) = (hdr.job, hdr.rank);
+        // What a switch sends, from one of this leaf's spines.
+        if matches!(
+            hdr.msg_type,
+            MsgType::Result
+                | MsgType::JoinAck
+                | MsgType::Nack
+                | MsgType::Challenge
+                | MsgType::Heartbeat
+        ) {
+            let src = from.source;
+            if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
+                return self.on_spine_message(&hdr, payload, spine, ce, now);
+            }
+        }
         match hdr.msg_type {
             MsgType::Data => {
                 let out = job.on_data(&hdr, payload, &from.source, ce, gen);
@@ -495,7 +523,10 @@ impl JobTable {
             }
             MsgType::Heartbeat => {
                 if job.heartbeat_from_member(rank, &from.source) {
-                    self.reply(from, job_id, rank, ReplyMsg::Missing { seq: hdr.seq });
+                    let answer = job
+                        .upstream_wait(hdr.seq, now)
+                        .unwrap_or(ReplyMsg::Missing { seq: hdr.seq });
+                    self.reply(from, job_id, rank, answer);
                     return Verdict::Heartbeat { seq: hdr.seq };
                 }
                 if !job.source_allowed(from.source.ip) {
@@ -512,10 +543,6 @@ impl JobTable {
                 Verdict::Data(DataOutcome::Nack(reason))
             }
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
-                let src = from.source;
-                if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
-                    return self.on_spine_message(&hdr, payload, spine, ce, now);
-                }
                 job.drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
@@ -653,7 +680,24 @@ impl JobTable {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Verdict::Dropped(None);
         };
+        // Anything from the spine proves it alive.
+        if job.heard_from_spine(spine, now) {
+            if let Some(addr) = job.uplink().map(|u| u.cfg.spines[spine]) {
+                self.event(Event::SpineAnswering {
+                    job: job_id,
+                    tree: spine as u16,
+                    spine: addr,
+                });
+            }
+        }
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Verdict::Dropped(None);
+        };
         match hdr.msg_type {
+            MsgType::Heartbeat => {
+                job.on_spine_heartbeat(spine, hdr, payload);
+                Verdict::Noted
+            }
             MsgType::Challenge => {
                 if job.on_spine_challenge(spine, hdr, payload, now) {
                     self.up(
@@ -679,7 +723,7 @@ impl JobTable {
                 }
                 Verdict::Noted
             }
-            _ => match job.on_spine_result(spine, hdr, payload, ce, now) {
+            MsgType::Result => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
                     self.queue(Pending::ResultToAll {
                         job: job_id,
@@ -690,6 +734,10 @@ impl JobTable {
                 }
                 None => Verdict::Dropped(Some(DropReason::Duplicate)),
             },
+            // What only a worker sends (the caller passes none of these).
+            MsgType::Data | MsgType::Join | MsgType::Leave | MsgType::Hello => {
+                Verdict::Dropped(Some(DropReason::UnexpectedType))
+            }
         }
     }
 
@@ -699,12 +747,13 @@ impl JobTable {
     pub fn handle_timeout(&mut self, now: Instant) {
         let replies = &mut self.replies;
         let counters = &mut self.counters;
+        let events = &mut self.events;
         for job in self.jobs.values_mut() {
             let Some(u) = job.uplink() else {
                 continue;
             };
             let (id, rank) = (job.id(), u.cfg.leaf_index);
-            job.up_timeout(now, &mut |addr, msg| {
+            let silent = job.up_timeout(now, &mut |addr, msg| {
                 let to = addr.endpoint();
                 if !replies.push(Pending::One(Reply {
                     to,
@@ -715,6 +764,22 @@ impl JobTable {
                     counters.reply_queue_full += 1;
                 }
             });
+            let Some(u) = job.uplink() else {
+                continue;
+            };
+            for (tree, s) in u.spines.iter().enumerate() {
+                if silent & (1 << tree) != 0 && events.len() < EVENT_QUEUE_CAPACITY {
+                    let since = s.last_heard.map_or(uplink::SPINE_SILENT_AFTER, |h| {
+                        now.saturating_duration_since(h)
+                    });
+                    events.push_back(Event::SpineSilent {
+                        job: id,
+                        tree: tree as u16,
+                        spine: u.cfg.spines[tree],
+                        silent: since.max(uplink::SPINE_SILENT_AFTER),
+                    });
+                }
+            }
         }
     }
 
@@ -779,11 +844,12 @@ impl JobTable {
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
             ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
-            ReplyMsg::Missing { .. } => {}
+            ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
             ReplyMsg::UpHello { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
-            | ReplyMsg::UpLeave { .. } => {}
+            | ReplyMsg::UpLeave { .. }
+            | ReplyMsg::UpHeartbeat { .. } => {}
         }
     }
 
@@ -842,6 +908,55 @@ impl JobTable {
                 let n = job.write_missing_ranks(seq, &mut body[..room]);
                 hdr.count = n as u16;
                 (2 * n, false)
+            }
+            ReplyMsg::UpstreamWait {
+                seq,
+                spine,
+                silent_ms,
+            } => {
+                let job = self.jobs.get(&r.job)?;
+                let u = job.uplink()?;
+                let addr = u.cfg.spines.get(spine as usize)?;
+                hdr.msg_type = MsgType::Heartbeat;
+                hdr.flags = wire::flags::UPSTREAM;
+                hdr.seq = seq;
+                hdr.window = job.window();
+                let block = wire::UpstreamWaitPayload {
+                    spine_ip: addr.ip,
+                    spine_port: addr.port,
+                    tree: spine,
+                    silent_ms,
+                };
+                let mut len = block.emit(body).ok()?;
+                // The leaves the spine said this chunk waits for, if it
+                // answered about this very chunk.
+                let spine_seq = u.cfg.route(seq).1;
+                let leaves = u.spines[spine as usize]
+                    .waiting_for
+                    .as_ref()
+                    .filter(|(s, _)| *s == spine_seq)
+                    .map_or(&[][..], |(_, l)| &l[..]);
+                let mut n = 0;
+                for (leaf, o) in leaves
+                    .iter()
+                    .take(MAX_MISSING_LISTED)
+                    .zip(body.get_mut(len..)?.chunks_exact_mut(2))
+                {
+                    o.copy_from_slice(&leaf.to_be_bytes());
+                    n += 1;
+                }
+                len += 2 * n;
+                hdr.count = n as u16;
+                (len, false)
+            }
+            ReplyMsg::UpHeartbeat { spine, seq } => {
+                let job = self.jobs.get(&r.job)?;
+                let u = job.uplink()?;
+                hdr = HeaderRepr::new(MsgType::Heartbeat, r.job);
+                hdr.rank = u.cfg.leaf_index;
+                hdr.gen = u.spines.get(spine as usize)?.joined_gen?;
+                hdr.seq = seq;
+                (0, false)
             }
             ReplyMsg::VersionRefusal => {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;

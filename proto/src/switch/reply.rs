@@ -51,6 +51,14 @@ pub enum ReplyMsg {
     Missing {
         seq: u32,
     },
+    /// A leaf's HEARTBEAT answer: `seq` has every local contribution and
+    /// waits for spine `spine`, silent for `silent_ms`
+    /// ([`crate::wire::UpstreamWaitPayload`]).
+    UpstreamWait {
+        seq: u32,
+        spine: u16,
+        silent_ms: u32,
+    },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
     /// A leaf's messages to spine `spine` (docs/PROTOCOL.md, "Aggregation
@@ -70,6 +78,12 @@ pub enum ReplyMsg {
     UpLeave {
         spine: u16,
     },
+    /// A partial waits long for spine `spine`: what is its spine seq `seq`
+    /// waiting for? (Also proves the spine alive.)
+    UpHeartbeat {
+        spine: u16,
+        seq: u32,
+    },
 }
 
 /// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends
@@ -85,6 +99,7 @@ impl Reply {
                 | ReplyMsg::UpJoin { .. }
                 | ReplyMsg::UpData { .. }
                 | ReplyMsg::UpLeave { .. }
+                | ReplyMsg::UpHeartbeat { .. }
         )
     }
 }

@@ -28,7 +28,8 @@ use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams};
 use crate::wire::{
-    flags, HeaderRepr, NackPayload, Nonce, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
+    flags, HeaderRepr, NackPayload, Nonce, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM,
+    SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
@@ -41,6 +42,13 @@ use super::reply::{ReplyMsg, UPSTREAM};
 pub const MAX_SPINES: usize = 64;
 /// How often an unanswered HELLO or JOIN to a spine is sent again.
 pub const UPLINK_JOIN_RESEND: Duration = Duration::from_millis(200);
+/// A partial unanswered this long makes the leaf ask its spine what the
+/// chunk waits for (a HEARTBEAT), and again as often while it waits: an
+/// alive spine answers, so a silent one is known within about this long.
+pub const UP_HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
+/// A spine silent this long while a partial waits for it is logged
+/// ([`super::Event::SpineSilent`]).
+pub const SPINE_SILENT_AFTER: Duration = Duration::from_secs(2);
 
 /// A spine's address: its aggregation address and UDP port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +70,13 @@ pub struct Upstream {
     /// covers it; the spine must see the same).
     pub local_ip: [u8; 4],
     pub local_port: u16,
+}
+
+impl std::fmt::Display for SpineAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d] = self.ip;
+        write!(f, "{a}.{b}.{c}.{d}:{}", self.port)
+    }
 }
 
 impl SpineAddr {
@@ -127,6 +142,15 @@ pub struct SpineSession {
     pub join_due: Option<Instant>,
     /// Attempts so far (a counter in the hello nonce).
     attempts: u64,
+    /// When the leaf last heard anything from this spine.
+    pub last_heard: Option<Instant>,
+    /// When it last sent the spine a HEARTBEAT.
+    last_heartbeat: Option<Instant>,
+    /// The spine's last HEARTBEAT answer: its seq and the leaves that seq
+    /// waits for.
+    pub waiting_for: Option<(u32, Vec<u16>)>,
+    /// Logged as silent, and not heard from since.
+    silent_reported: bool,
 }
 
 /// Every spine session of one leaf job, and the transport tunables.
@@ -137,6 +161,8 @@ pub struct Uplink {
     pub transport: TransportConfig,
     /// Key of the hello nonces (derived from the switch's nonce key).
     nonce_key: [u8; 32],
+    /// When `heartbeat_spines` next walks the partials.
+    heartbeat_pass_due: Option<Instant>,
 }
 
 impl Uplink {
@@ -162,6 +188,10 @@ impl Uplink {
                 rtt: RttEstimator::new(&transport),
                 join_due: None,
                 attempts: 0,
+                last_heard: None,
+                last_heartbeat: None,
+                waiting_for: None,
+                silent_reported: false,
             })
             .collect();
         Uplink {
@@ -169,6 +199,7 @@ impl Uplink {
             spines,
             transport,
             nonce_key,
+            heartbeat_pass_due: None,
         }
     }
 
@@ -376,12 +407,112 @@ impl Job {
         Some(seq)
     }
 
+    /// Anything came from spine `spine`: it is alive. True if it had been
+    /// reported silent (the table logs that it answers again).
+    pub(super) fn heard_from_spine(&mut self, spine: usize, now: Instant) -> bool {
+        let Some(s) = self.uplink.as_mut().and_then(|u| u.spines.get_mut(spine)) else {
+            return false;
+        };
+        s.last_heard = Some(now);
+        std::mem::take(&mut s.silent_reported)
+    }
+
+    /// The spine's answer to our HEARTBEAT: the leaves its seq waits for.
+    pub(super) fn on_spine_heartbeat(&mut self, spine: usize, hdr: &HeaderRepr, payload: &[u8]) {
+        let Some(s) = self.uplink.as_mut().and_then(|u| u.spines.get_mut(spine)) else {
+            return;
+        };
+        if s.joined_gen != Some(hdr.gen) {
+            return;
+        }
+        let leaves = payload
+            .chunks_exact(2)
+            .take(hdr.count as usize)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .collect();
+        s.waiting_for = Some((hdr.seq, leaves));
+    }
+
+    /// The answer to a local rank's HEARTBEAT about `seq` when `seq` has
+    /// every local contribution and waits for its spine: which spine, and
+    /// how long it has been silent since the partial went up.
+    pub(super) fn upstream_wait(&self, seq: u32, now: Instant) -> Option<ReplyMsg> {
+        let u = self.uplink.as_ref()?;
+        self.pool.slot(seq).partial.filter(|p| p.seq == seq)?;
+        let (spine, _) = u.cfg.route(seq);
+        let sent = self.up_timers[self.pool.index(seq)].sent_at;
+        let since = sent.max(u.spines[spine].last_heard);
+        let silent_ms = since.map_or(UpstreamWaitPayload::NEVER, |t| {
+            let ms = now.saturating_duration_since(t).as_millis();
+            u32::try_from(ms).unwrap_or(UpstreamWaitPayload::NEVER - 1)
+        });
+        Some(ReplyMsg::UpstreamWait {
+            seq,
+            spine: spine as u16,
+            silent_ms,
+        })
+    }
+
+    /// HEARTBEATs to spines whose oldest partial has waited
+    /// [`UP_HEARTBEAT_EVERY`], at most one per spine that often. Returns the
+    /// spines found silent for [`SPINE_SILENT_AFTER`] and not yet reported,
+    /// as a bit set.
+    fn heartbeat_spines(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) -> u64 {
+        let Some(u) = self.uplink.as_mut() else {
+            return 0;
+        };
+        // The oldest partial in flight to each spine: (sent at, spine seq).
+        let mut oldest = [None::<(Instant, u32)>; MAX_SPINES];
+        for (idx, t) in self.up_timers.iter().enumerate() {
+            let (Some(sent), Some(p)) = (t.sent_at, self.pool.slots_at(idx).partial) else {
+                continue;
+            };
+            let (spine, spine_seq) = u.cfg.route(p.seq);
+            if oldest[spine].is_none_or(|(o, _)| sent < o) {
+                oldest[spine] = Some((sent, spine_seq));
+            }
+        }
+        let mut silent = 0u64;
+        for (spine, s) in u.spines.iter_mut().enumerate() {
+            let Some((sent, spine_seq)) = oldest[spine] else {
+                continue;
+            };
+            if now.saturating_duration_since(sent) < UP_HEARTBEAT_EVERY
+                || s.last_heartbeat
+                    .is_some_and(|t| now.saturating_duration_since(t) < UP_HEARTBEAT_EVERY)
+            {
+                continue;
+            }
+            s.last_heartbeat = Some(now);
+            send(
+                u.cfg.spines[spine],
+                ReplyMsg::UpHeartbeat {
+                    spine: spine as u16,
+                    seq: spine_seq,
+                },
+            );
+            let quiet_since = s.last_heard.map_or(sent, |h| h.max(sent));
+            if !s.silent_reported
+                && now.saturating_duration_since(quiet_since) >= SPINE_SILENT_AFTER
+            {
+                s.silent_reported = true;
+                silent |= 1 << spine;
+            }
+        }
+        silent
+    }
+
     /// Everything due by `now`: HELLOs and JOINs to spines not joined,
     /// partials whose spine has not answered in time.
-    /// Calls `send(spine address, message)` for each.
-    pub(super) fn up_timeout(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) {
+    /// Calls `send(spine address, message)` for each. Returns the spines
+    /// newly found silent (a bit set, see `heartbeat_spines`).
+    pub(super) fn up_timeout(
+        &mut self,
+        now: Instant,
+        send: &mut dyn FnMut(SpineAddr, ReplyMsg),
+    ) -> u64 {
         let Some(u) = self.uplink.as_mut() else {
-            return;
+            return 0;
         };
         for (spine, s) in u.spines.iter_mut().enumerate() {
             if s.join_due.is_some_and(|d| d <= now) {
@@ -430,5 +561,11 @@ impl Job {
                 },
             );
         }
+        // The walk over every partial, a tenth as often as it may send.
+        if u.heartbeat_pass_due.is_some_and(|d| d > now) {
+            return 0;
+        }
+        u.heartbeat_pass_due = Some(now + UP_HEARTBEAT_EVERY / 10);
+        self.heartbeat_spines(now, send)
     }
 }
