@@ -272,3 +272,49 @@ fn a_spine_killed_mid_collective_fails_every_worker_naming_it() {
     let (ok, _) = spines[0].stop();
     assert!(ok, "spine 0 survives:\n{}", spines[0].log_text());
 }
+
+/// Issue 12, item 4: a leaf restarted mid-collective behaves as a restarted
+/// single switch does for its ranks: they join it again and the collective
+/// completes bit-exact.
+#[test]
+#[ignore = "needs root"]
+fn a_leaf_restarted_mid_collective_completes_bit_exact() {
+    if !can_run("trees_leaf_restart") {
+        return;
+    }
+    let fabric = LeafSpine::up("trr", LEAVES, SPINES, WPL, 0);
+    let (mut spines, mut leaves) = start_tree(&fabric, "trr");
+    let workers: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 4 << 20, 3))
+        .collect();
+    leaves[0].wait_stats(30, "leaf 0 half way through a collective", |s| {
+        s["jobs"].as_array().is_some_and(|jobs| {
+            jobs.iter()
+                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(5000))
+        })
+    });
+    leaves[0].restart();
+    let results = expect_verified(workers);
+    // Leaf 0's ranks joined it again; leaf 1's went on untouched.
+    let rejoins: Vec<u64> = results
+        .iter()
+        .map(|r| r["stats"]["rejoins"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    assert_eq!(rejoins, [1, 1, 0, 0], "rank rejoins by global rank");
+    for sw in leaves.iter_mut() {
+        let (ok, _) = sw.stop();
+        assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    }
+    // Each spine kept the restarted leaf's place: no reset of its job.
+    for (j, sw) in spines.iter_mut().enumerate() {
+        let (ok, stats) = sw.stop();
+        assert!(ok, "spine {j} did not stop cleanly:\n{}", sw.log_text());
+        let job = job(&stats, 1);
+        assert_eq!(
+            (job["rejoins_in_place"].as_u64(), job["resets"].as_u64()),
+            (Some(1), Some(0)),
+            "spine {j}: {job}"
+        );
+    }
+}

@@ -146,6 +146,8 @@ counter_schema! {
         activations,
         /// Times an active job went back to joining because a rank re-joined.
         resets,
+        /// A restarted leaf switch re-joined keeping its place (no reset).
+        rejoins_in_place,
         /// A leaf's partial sums sent up to their spine (first sends).
         partials_sent,
         /// A leaf's partial sums sent again (their spine's RESULT was late).

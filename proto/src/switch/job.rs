@@ -301,6 +301,14 @@ impl Job {
         })
     }
 
+    /// Whether every chunk from `seq` up to the floor still has its result
+    /// in the pool (a member resuming at `seq` can be answered from it).
+    fn serves_from(&self, seq: u32) -> bool {
+        let behind = self.floor.wrapping_sub(seq);
+        behind <= u32::from(self.config.pool_slots)
+            && (0..behind).all(|i| self.result(seq.wrapping_add(i)).is_some())
+    }
+
     fn reset_to_joining(&mut self) {
         self.state = JobState::Joining;
         self.members.iter_mut().for_each(|m| *m = None);
@@ -414,15 +422,25 @@ impl Job {
         };
         if self.state == JobState::Active {
             if let Some(m) = &mut self.members[rank] {
-                if m.endpoint.source == src
-                    && (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq)
-                    && !m.left
-                {
+                let same_place = (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq);
+                if m.endpoint.source == src && !m.left && same_place {
                     // A fresh handshake asking for what it has: keep the
                     // job, remember the newer nonce (LEAVE's MAC uses it).
                     m.nonce = join.nonce;
                     return JoinOutcome::AckAgain;
                 }
+            }
+            // A restarted leaf switch: its partials are a function of its
+            // ranks' inputs, which did not change, so what its previous
+            // incarnation contributed stands. It keeps its place when every
+            // chunk from its resume point is still answerable.
+            if hdr.has_flag(flags::UPSTREAM)
+                && self.members[rank].is_some_and(|m| m.endpoint.source == src && !m.left)
+                && self.serves_from(hdr.seq)
+            {
+                self.counters.rejoins_in_place += 1;
+                self.members[rank] = Some(member);
+                return JoinOutcome::AckAgain;
             }
             // That worker restarted: everyone joins again.
             self.counters.resets += 1;

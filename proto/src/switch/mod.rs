@@ -973,7 +973,11 @@ impl JobTable {
                     s.hs.emit_leave(buf)?
                 } else {
                     let (c, seq) = job.spine_resume(spine as usize);
-                    s.hs.emit_join(c, seq, buf)?
+                    let n = s.hs.emit_join(c, seq, buf)?;
+                    // A leaf's JOIN: a restart keeps its place at the spine.
+                    let mut h = Header::new_checked(&mut buf[..n]).ok()?;
+                    h.set_flags(h.flags() | wire::flags::UPSTREAM);
+                    n
                 };
                 return Some(Encoded { len: n, ce: false });
             }

@@ -623,6 +623,61 @@ fn repeated_join_gets_ack_again_and_restart_rejoins_everyone() {
     );
 }
 
+/// A leaf switch's fresh JOIN (flag UPSTREAM) after it restarted: if the
+/// spine still holds every result from its resume point, it keeps its place
+/// (no reset, the other leaves go on) and its resends are answered from the
+/// shadows; if not, the job goes back to joining as for a restarted worker.
+#[test]
+fn a_restarted_leaf_keeps_its_place_while_its_results_are_held() {
+    let mut t = active_table(2, 4, 8);
+    for seq in 0..3 {
+        data(&mut t, 0, seq, &[1.0]);
+        data(&mut t, 1, seq, &[2.0]);
+    }
+    drain(&mut t);
+    let leaf_join = |t: &mut JobTable, resume: (u32, u32)| {
+        let from = endpoint(1);
+        let mut hs = handshake(t, 1, from, SECRET);
+        hello(t, &mut hs, from, t0());
+        let mut j = join_bytes(&hs, resume);
+        j[1] |= crate::wire::flags::UPSTREAM;
+        t.handle(&j, from, false, t0())
+    };
+    assert_eq!(
+        leaf_join(&mut t, (0, 1)),
+        Verdict::Join(JoinOutcome::AckAgain)
+    );
+    let job = t.get(5).unwrap();
+    assert_eq!(job.state(), JobState::Active);
+    assert_eq!((job.counters.rejoins_in_place, job.counters.resets), (1, 0));
+    // Its resend of seq 1 is answered from the shadow, with the sum.
+    assert_eq!(
+        data(&mut t, 1, 1, &[2.0]),
+        Verdict::Data(DataOutcome::Retransmit { seq: 1 })
+    );
+    let replies = drain(&mut t);
+    let (_, h, p) = replies.last().unwrap();
+    assert_eq!((h.msg_type, h.seq), (MsgType::Result, 1));
+    assert_eq!(
+        bits(&[f32::from_le_bytes(p[..4].try_into().unwrap())]),
+        bits(&[3.0])
+    );
+
+    // Four more chunks: seq 0's slot now holds seq 4. Resuming at 0 cannot
+    // be served: everyone joins again.
+    for seq in 3..7 {
+        data(&mut t, 0, seq, &[1.0]);
+        data(&mut t, 1, seq, &[2.0]);
+    }
+    assert_eq!(
+        leaf_join(&mut t, (0, 0)),
+        Verdict::Join(JoinOutcome::Waiting)
+    );
+    let job = t.get(5).unwrap();
+    assert_eq!(job.state(), JobState::Joining);
+    assert_eq!((job.counters.rejoins_in_place, job.counters.resets), (1, 1));
+}
+
 #[test]
 fn resume_point_is_the_lowest_reported() {
     let mut t = table();
