@@ -318,3 +318,36 @@ fn a_leaf_restarted_mid_collective_completes_bit_exact() {
         );
     }
 }
+
+/// A spine restarted mid-collective (a new generation: its state is gone):
+/// the leaves join it again at their floors and the job resumes there,
+/// bit-exact. (A RESULT that reached one leaf but not another before the
+/// restart cannot be recomputed: that case ends in the stall error naming
+/// the leaf the spine waits for; docs/PROTOCOL.md, "Aggregation trees".
+/// switchd sends a RESULT's copies to all leaves in one round and stops
+/// between rounds, so a clean restart does not split one.)
+#[test]
+#[ignore = "needs root"]
+fn a_spine_restarted_mid_collective_resumes_bit_exact() {
+    if !can_run("trees_spine_restart") {
+        return;
+    }
+    let fabric = LeafSpine::up("trs", LEAVES, SPINES, WPL, 0);
+    let (mut spines, mut leaves) = start_tree(&fabric, "trs");
+    let workers: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 4 << 20, 3))
+        .collect();
+    spines[1].wait_stats(30, "spine 1 half way through a collective", |s| {
+        s["jobs"].as_array().is_some_and(|jobs| {
+            jobs.iter()
+                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(2000))
+        })
+    });
+    spines[1].restart();
+    expect_verified(workers);
+    for sw in leaves.iter_mut().chain(spines.iter_mut()) {
+        let (ok, _) = sw.stop();
+        assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    }
+}

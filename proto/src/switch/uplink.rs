@@ -258,13 +258,32 @@ impl Job {
         Some((p, slot.partial_values()))
     }
 
-    /// The resume point to announce to spine `spine`: (collective, its seq).
+    /// The resume point to announce to spine `spine`: (collective, its
+    /// seq) of the leaf's floor, the oldest chunk it still needs the spine
+    /// for (after a spine restart, the spine resumes there, not at the
+    /// job's start).
     pub fn spine_resume(&self, spine: usize) -> (u32, u32) {
         let seq = self
             .uplink
             .as_ref()
-            .map_or(0, |u| u.cfg.spine_seq_from(spine, self.resume_seq));
-        (self.resume_collective, seq)
+            .map_or(0, |u| u.cfg.spine_seq_from(spine, self.floor()));
+        (self.floor_collective(), seq)
+    }
+
+    /// The collective of the chunk at the floor, as far as the pool knows.
+    fn floor_collective(&self) -> u32 {
+        let floor = self.floor();
+        let at = self.pool.slot(floor);
+        let before = self.pool.slot(floor.wrapping_sub(1));
+        at.partial
+            .filter(|p| p.seq == floor)
+            .map(|p| p.collective)
+            .or(at.agg.filter(|a| a.seq == floor).map(|a| a.collective))
+            .or(before
+                .shadow
+                .filter(|s| s.seq == floor.wrapping_sub(1))
+                .map(|s| s.collective))
+            .unwrap_or(self.resume_collective)
     }
 
     /// Every local rank left: leave every joined spine (the spine starts
