@@ -53,7 +53,7 @@ pub const LEAVE_PAYLOAD_LEN: usize = MAC_LEN;
 pub const V1_NACK_PAYLOAD_LEN: usize = 2;
 /// Bytes of the spine block at the start of a leaf's HEARTBEAT answer
 /// ([`flags::UPSTREAM`]); `count` u16 leaf indices follow it.
-pub const UPSTREAM_WAIT_LEN: usize = 12;
+pub const UPSTREAM_WAIT_LEN: usize = 16;
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
@@ -404,7 +404,7 @@ impl HeaderRepr {
                 MsgType::Nack => "a NACK payload (20 bytes)",
                 MsgType::Leave => "a LEAVE payload (32 bytes)",
                 MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
-                MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => "12 + count × 2",
+                MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => "16 + count × 2",
                 MsgType::Heartbeat => "count × 2",
             };
             return Err(WireError::PayloadLength { len, what });
@@ -663,6 +663,91 @@ pub struct UpstreamWaitPayload {
     /// Milliseconds since the leaf last heard from that spine while the
     /// partial waited; [`UpstreamWaitPayload::NEVER`] if it never did.
     pub silent_ms: u32,
+    /// The leaf's session with that spine.
+    pub session: SpineSessionState,
+}
+
+/// A leaf's session with one spine, as its HEARTBEAT answers and
+/// `switchctl jobs` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpineSessionState {
+    Joined,
+    Joining,
+    /// The spine refused the leaf's JOIN, or answered it with a job the
+    /// leaf's does not match: the tree is declared inconsistently.
+    Refused(SpineRefusal),
+}
+
+/// Why a leaf cannot join a spine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpineRefusal {
+    /// The spine's NACK.
+    Nack(NackReason),
+    /// The spine's JOIN_ACK names another chunk size (`spine` elements)
+    /// than the leaf's job.
+    ElemsDiffer { spine: u16 },
+}
+
+impl fmt::Display for SpineRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpineRefusal::Nack(NackReason::UnknownJob) => {
+                f.write_str("the spine has no such job (declare it there too)")
+            }
+            SpineRefusal::Nack(NackReason::BadSecret) => {
+                f.write_str("bad secret: the job's secret differs between leaf and spine")
+            }
+            SpineRefusal::Nack(NackReason::SourceNotAllowed) => {
+                f.write_str("the spine's allowed_sources do not include the leaf's uplink address")
+            }
+            SpineRefusal::Nack(NackReason::RankOutOfRange) => {
+                f.write_str("the leaf's leaf_index is not below the spine job's n_workers")
+            }
+            SpineRefusal::Nack(NackReason::ParametersDiffer) => f.write_str(
+                "the spine job's n_workers differs from the leaves' n_leaves (or dtype/op differ)",
+            ),
+            SpineRefusal::Nack(r) => write!(f, "{r}"),
+            SpineRefusal::ElemsDiffer { spine } => write!(
+                f,
+                "the spine's job has {spine} elements per chunk, not the leaf's (give both \
+                 jobs the same elems_per_chunk)"
+            ),
+        }
+    }
+}
+
+/// `reason` of a refusal for differing chunk sizes: this bit, or-ed with
+/// the spine's elements per chunk.
+const ELEMS_DIFFER: u16 = 0x8000;
+
+impl SpineSessionState {
+    /// (state, reason) as on the wire: state 0 joined, 1 joining, 2
+    /// refused; reason a NACK reason, or [`ELEMS_DIFFER`] | elements.
+    fn codes(self) -> (u16, u16) {
+        match self {
+            SpineSessionState::Joined => (0, 0),
+            SpineSessionState::Joining => (1, 0),
+            SpineSessionState::Refused(SpineRefusal::Nack(r)) => (2, r as u16),
+            SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine }) => {
+                (2, ELEMS_DIFFER | spine)
+            }
+        }
+    }
+
+    fn from_codes(state: u16, reason: u16) -> SpineSessionState {
+        let refused = if reason & ELEMS_DIFFER != 0 {
+            Some(SpineRefusal::ElemsDiffer {
+                spine: reason & !ELEMS_DIFFER,
+            })
+        } else {
+            NackReason::from_u16(reason).map(SpineRefusal::Nack)
+        };
+        match (state, refused) {
+            (0, _) => SpineSessionState::Joined,
+            (2, Some(r)) => SpineSessionState::Refused(r),
+            _ => SpineSessionState::Joining,
+        }
+    }
 }
 
 impl UpstreamWaitPayload {
@@ -676,6 +761,10 @@ impl UpstreamWaitPayload {
             spine_port: u16::from_be_bytes([b[4], b[5]]),
             tree: u16::from_be_bytes([b[6], b[7]]),
             silent_ms: u32::from_be_bytes(array(&b[8..])),
+            session: SpineSessionState::from_codes(
+                u16::from_be_bytes([b[12], b[13]]),
+                u16::from_be_bytes([b[14], b[15]]),
+            ),
         })
     }
 
@@ -685,6 +774,9 @@ impl UpstreamWaitPayload {
         b[4..6].copy_from_slice(&self.spine_port.to_be_bytes());
         b[6..8].copy_from_slice(&self.tree.to_be_bytes());
         b[8..12].copy_from_slice(&self.silent_ms.to_be_bytes());
+        let (state, reason) = self.session.codes();
+        b[12..14].copy_from_slice(&state.to_be_bytes());
+        b[14..16].copy_from_slice(&reason.to_be_bytes());
         Ok(UPSTREAM_WAIT_LEN)
     }
 }
@@ -912,12 +1004,12 @@ mod tests {
     }
 
     // A leaf's HEARTBEAT answer: job 7 to rank 1, seq 5, window 64, gen 9,
-    // UPSTREAM; spine 198.19.255.2:48879, tree 1, silent 4200 ms; waiting
-    // for leaf 3.
-    const UPSTREAM_WAIT_FIXTURE: [u8; 36] = [
+    // UPSTREAM; spine 198.19.255.2:48879, tree 1, silent 4200 ms, session
+    // refused with reason 2 (bad secret); waiting for leaf 3.
+    const UPSTREAM_WAIT_FIXTURE: [u8; 40] = [
         0x27, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,
         0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x09, 198, 19, 255, 2, 0xbe, 0xef, 0x00, 0x01, 0x00,
-        0x00, 0x10, 0x68, 0x00, 0x03,
+        0x00, 0x10, 0x68, 0x00, 0x02, 0x00, 0x02, 0x00, 0x03,
     ];
 
     #[test]
@@ -933,13 +1025,29 @@ mod tests {
             spine_port: 48879,
             tree: 1,
             silent_ms: 4200,
+            session: SpineSessionState::Refused(SpineRefusal::Nack(NackReason::BadSecret)),
         };
         assert_eq!(w, want);
         assert_eq!(&h.payload()[UPSTREAM_WAIT_LEN..], &[0, 3]);
-        let mut buf = [0u8; 36];
+        let mut buf = [0u8; 40];
         r.emit_to(&mut buf).unwrap();
         want.emit(&mut buf[HEADER_LEN..]).unwrap();
-        buf[34..].copy_from_slice(&3u16.to_be_bytes());
+        buf[38..].copy_from_slice(&3u16.to_be_bytes());
+        // Every state survives the round trip.
+        for st in [
+            SpineSessionState::Joined,
+            SpineSessionState::Joining,
+            SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine: 362 }),
+        ] {
+            let mut b = [0u8; UPSTREAM_WAIT_LEN];
+            UpstreamWaitPayload {
+                session: st,
+                ..want
+            }
+            .emit(&mut b)
+            .unwrap();
+            assert_eq!(UpstreamWaitPayload::parse(&b).unwrap().session, st);
+        }
         assert_eq!(buf, UPSTREAM_WAIT_FIXTURE);
         // Without its spine block, the length is wrong.
         let mut short = UPSTREAM_WAIT_FIXTURE;
@@ -948,10 +1056,10 @@ mod tests {
         assert!(matches!(
             HeaderRepr::parse(&h),
             Err(WireError::PayloadLength {
-                what: "12 + count × 2",
+                what: "16 + count × 2",
                 ..
             })
         ));
-        assert!(UpstreamWaitPayload::parse(&[0; 11]).is_err());
+        assert!(UpstreamWaitPayload::parse(&[0; 15]).is_err());
     }
 }

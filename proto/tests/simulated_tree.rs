@@ -723,3 +723,89 @@ fn a_dead_spine_is_named_by_the_leaf() {
         "it waits for leaf 1"
     );
 }
+
+/// A tree declared inconsistently: spine 1's job has another secret, then
+/// another chunk size. The leaf logs each refusal once (not per retry),
+/// asks again about once a second (no refusal loop), and a stalled worker's
+/// HEARTBEAT answer says why the spine refuses; once the spine's job is
+/// fixed, the leaf joins it and the chunk completes.
+#[test]
+fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
+    use proto::switch::Event;
+    use proto::wire::{NackReason, SpineRefusal, SpineSessionState, UpstreamWaitPayload};
+    let spine_job = |secret: [u8; 32], elems: u16| JobConfig {
+        id: JOB,
+        n_workers: 1,
+        allowed_sources: vec![Ipv4Prefix {
+            addr: [198, 19, 0, 0],
+            len: 16,
+        }],
+        secret,
+        pool_slots: 16,
+        elems_per_chunk: elems,
+        window: 16,
+        upstream: None,
+    };
+    let mut f = Fabric::new(1, 1, 2);
+    f.tree.spines[1].remove(JOB);
+    f.tree.spines[1].add(spine_job([7; 32], 8), 8).unwrap();
+    f.worker_sends(0, 0, MsgType::Data, 1);
+    f.run_for(Duration::from_millis(3500));
+    let refusals: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+        .filter_map(|e| match e {
+            Event::SpineRefused { tree, why, .. } => Some((tree, why)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refusals,
+        [(1, SpineRefusal::Nack(NackReason::BadSecret))],
+        "one event for one refusal"
+    );
+    let c = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[1].counters;
+    assert!(
+        (3..=5).contains(&c.refusals),
+        "asked again about once a second in 3.5 s: {c:?}"
+    );
+    let (h, p) = f.heartbeat_answer(0, 0, 1);
+    assert!(h.has_flag(flags::UPSTREAM));
+    let w = UpstreamWaitPayload::parse(&p).unwrap();
+    assert_eq!(
+        (w.tree, w.session),
+        (
+            1,
+            SpineSessionState::Refused(SpineRefusal::Nack(NackReason::BadSecret))
+        )
+    );
+
+    // The right secret, the wrong chunk size: the JOIN_ACK gives it away.
+    f.tree.spines[1].remove(JOB);
+    f.tree.spines[1].add(spine_job(SECRET, 16), 16).unwrap();
+    f.run_for(Duration::from_millis(1500));
+    let (_, p) = f.heartbeat_answer(0, 0, 1);
+    assert_eq!(
+        UpstreamWaitPayload::parse(&p).unwrap().session,
+        SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine: 16 })
+    );
+    assert!(
+        std::iter::from_fn(|| f.tree.leaves[0].poll_event()).any(|e| matches!(
+            e,
+            Event::SpineRefused {
+                why: SpineRefusal::ElemsDiffer { spine: 16 },
+                ..
+            }
+        ))
+    );
+
+    // Fixed: the leaf joins within its retry, and chunk 1 completes.
+    f.tree.spines[1].remove(JOB);
+    f.tree.spines[1].add(spine_job(SECRET, 8), 8).unwrap();
+    f.to_workers.clear();
+    f.run_for(Duration::from_millis(1500));
+    assert!(
+        f.to_workers
+            .iter()
+            .any(|(_, b)| { parse(b).msg_type == MsgType::Result && parse(b).seq == 1 }),
+        "chunk 1 completes once the spine's job matches"
+    );
+}

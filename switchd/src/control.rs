@@ -240,16 +240,7 @@ impl<'a> ControlPlane<'a> {
                             "upstream": j.uplink().map(|u| serde_json::json!({
                                 "leaf_index": u.cfg.leaf_index,
                                 "n_leaves": u.cfg.n_leaves,
-                                "spines": u.cfg.spines.iter().zip(&u.spines).map(|(a, s)| {
-                                    serde_json::json!({
-                                        "addr": format!(
-                                            "{}:{}",
-                                            std::net::Ipv4Addr::from(a.ip),
-                                            a.port
-                                        ),
-                                        "joined": s.joined_gen.is_some(),
-                                    })
-                                }).collect::<Vec<_>>(),
+                                "spines": crate::stats::spine_stats(j, std::time::Instant::now()),
                             })),
                         })
                     })
@@ -351,6 +342,18 @@ fn log_event(e: Event) {
         Event::SpineAnswering { job, tree, spine } => {
             tracing::info!(job, tree, %spine, "spine answers again")
         }
+        Event::SpineRefused {
+            job,
+            tree,
+            spine,
+            why,
+        } => tracing::warn!(
+            job,
+            tree,
+            %spine,
+            "spine refuses this leaf: {why}; fix the job's declaration on the leaf or the \
+             spine (this leaf asks again every second)"
+        ),
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use proto::switch::{CounterSchema, JobCounters, TableCounters};
+use proto::switch::{CounterSchema, JobCounters, SpineCounters, TableCounters};
 
 use crate::admin::{AdminCall, AdminRequest};
 use crate::dataplane::DataplaneCounters;
@@ -184,6 +184,41 @@ pub fn render(s: &Value) -> String {
             }
         }
     }
+    // A leaf's trees: one series per spine.
+    for (field, help) in schema_of(&SpineCounters::default()) {
+        let name = format!("aggswitch_spine_{field}_total");
+        family(&mut o, &name, "counter", help);
+        for j in &jobs {
+            for sp in j["spines"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    o,
+                    "{name}{{job=\"{}\",tree=\"{}\",spine=\"{}\"}} {}",
+                    j["id"],
+                    sp["tree"],
+                    sp["addr"].as_str().unwrap_or("?"),
+                    num(&sp[field])
+                );
+            }
+        }
+    }
+    family(
+        &mut o,
+        "aggswitch_spine_joined",
+        "gauge",
+        "1 when the leaf's session with the spine is up.",
+    );
+    for j in &jobs {
+        for sp in j["spines"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                o,
+                "aggswitch_spine_joined{{job=\"{}\",tree=\"{}\",spine=\"{}\"}} {}",
+                j["id"],
+                sp["tree"],
+                sp["addr"].as_str().unwrap_or("?"),
+                (sp["state"] == "joined") as u8
+            );
+        }
+    }
     let ports = s["ports"].as_array().cloned().unwrap_or_default();
     for (name, field, help) in [
         (
@@ -343,7 +378,10 @@ mod tests {
             "jobs": [{"id": 4, "state": "active", "n_workers": 2, "ranks_joined": 2,
                       "window": 64, "chunks_completed": 5, "bytes_aggregated": 40,
                       "results_sent": 10, "retransmits_served": 1, "ece_marked": 2, "nacks": 0,
-                      "drops": {"duplicate": 3}}],
+                      "drops": {"duplicate": 3},
+                      "spines": [{"tree": 1, "addr": "198.19.255.2:48879", "state": "joined",
+                                  "partials_sent": 12, "partials_resent": 1, "results": 12,
+                                  "heartbeats_sent": 0, "refusals": 0}]}],
             "ports": [{"name": "sw-w0", "xdp_steered": 8, "xdp_passed": 1, "xdp_malformed": 0,
                        "xdp_dropped": 5, "xdp_forwarded": 6,
                        "xdp_fwd_refused": {"fwd_other_bridge": 7}}],
@@ -369,6 +407,9 @@ mod tests {
             "aggswitch_ring_kernel_rx_dropped_total{port=\"sw-w0\",queue=\"0\"} 2",
             "# TYPE aggswitch_ring_kernel_rx_dropped_total counter",
             "# TYPE aggswitch_job_window gauge",
+            "aggswitch_spine_partials_sent_total{job=\"4\",tree=\"1\",spine=\"198.19.255.2:48879\"} 12",
+            "aggswitch_spine_partials_resent_total{job=\"4\",tree=\"1\",spine=\"198.19.255.2:48879\"} 1",
+            "aggswitch_spine_joined{job=\"4\",tree=\"1\",spine=\"198.19.255.2:48879\"} 1",
         ] {
             assert!(t.lines().any(|l| l == line), "missing `{line}` in:\n{t}");
         }

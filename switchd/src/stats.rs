@@ -35,6 +35,60 @@ pub struct JobStats {
     #[serde(flatten)]
     pub counters: BTreeMap<&'static str, u64>,
     pub drops: BTreeMap<&'static str, u64>,
+    /// On a leaf: its trees, one entry per spine in tree order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub spines: Vec<SpineStats>,
+}
+
+/// A leaf's session with one spine (one tree of a job).
+#[derive(Debug, Clone, Serialize)]
+pub struct SpineStats {
+    pub tree: u16,
+    pub addr: String,
+    /// "joined", "joining" or "refused".
+    pub state: &'static str,
+    /// Why the spine refuses the leaf (state "refused").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Seconds since anything came from the spine (None: never).
+    pub last_heard_secs: Option<f64>,
+    /// [`proto::switch::SpineCounters`], by name.
+    #[serde(flatten)]
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+/// A leaf job's spines as [`SpineStats`] (empty for other jobs).
+pub fn spine_stats(j: &proto::switch::Job, now: std::time::Instant) -> Vec<SpineStats> {
+    use proto::wire::SpineSessionState;
+    let Some(u) = j.uplink() else {
+        return Vec::new();
+    };
+    u.cfg
+        .spines
+        .iter()
+        .zip(&u.spines)
+        .enumerate()
+        .map(|(tree, (addr, s))| {
+            let state = s.state();
+            SpineStats {
+                tree: tree as u16,
+                addr: addr.to_string(),
+                state: match state {
+                    SpineSessionState::Joined => "joined",
+                    SpineSessionState::Joining => "joining",
+                    SpineSessionState::Refused(_) => "refused",
+                },
+                refused: match state {
+                    SpineSessionState::Refused(why) => Some(why.to_string()),
+                    _ => None,
+                },
+                last_heard_secs: s
+                    .last_heard
+                    .map(|t| now.saturating_duration_since(t).as_secs_f64()),
+                counters: counter_map(&s.counters),
+            }
+        })
+        .collect()
 }
 
 impl JobStats {
@@ -98,6 +152,7 @@ impl SwitchStats {
 }
 
 pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
+    let now = std::time::Instant::now();
     let mut jobs: Vec<JobStats> = table
         .jobs()
         .map(|j| JobStats {
@@ -114,6 +169,7 @@ pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
                 .iter()
                 .map(|r| (r.name(), j.drops.count(*r)))
                 .collect(),
+            spines: spine_stats(j, now),
         })
         .collect();
     jobs.sort_by_key(|j| j.id);

@@ -132,6 +132,17 @@ fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
         );
     }
     for (i, sw) in leaves.iter_mut().enumerate() {
+        // `switchctl jobs` shows the trees in order with their traffic (the
+        // sessions are "joining" again: the ranks left, so the leaf did).
+        let out = sw.switchctl(&["jobs"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let at: Vec<Option<usize>> = (0..SPINES)
+            .map(|t| text.find(&format!("tree {t} {}:{AGG_PORT} ", fabric.spine_addr(t))))
+            .collect();
+        assert!(
+            at.iter().all(Option::is_some) && at.is_sorted(),
+            "leaf {i}: trees missing or out of order in:\n{text}"
+        );
         let (ok, stats) = sw.stop();
         assert!(
             ok,
@@ -143,6 +154,23 @@ fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
             j["chunks_completed"].as_u64(),
             Some(total_chunks),
             "leaf {i}: {stats}"
+        );
+        // Per tree: every chunk's RESULT came from its spine, split evenly.
+        let per_tree: Vec<u64> = j["spines"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| s["results"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(per_tree.len(), SPINES as usize, "leaf {i}: {j}");
+        assert_eq!(per_tree.iter().sum::<u64>(), total_chunks, "leaf {i}: {j}");
+        assert!(
+            per_tree
+                .iter()
+                .all(|c| c.abs_diff(total_chunks / SPINES as u64) <= 2),
+            "leaf {i}: {per_tree:?}"
         );
         assert!(
             j["partials_sent"].as_u64().unwrap_or(0) >= total_chunks,

@@ -94,6 +94,8 @@ pub struct SpineWait {
     pub silent_for: Option<Duration>,
     /// The leaves the spine said the chunk waits for.
     pub leaves: Vec<u16>,
+    /// The spine refuses the leaf: the tree is declared inconsistently.
+    pub refused: Option<proto::wire::SpineRefusal>,
 }
 
 /// A spine silent this long is reported as dead or unreachable: an alive
@@ -130,6 +132,10 @@ impl Waiting {
             silent_for: (w.silent_ms != proto::wire::UpstreamWaitPayload::NEVER)
                 .then(|| Duration::from_millis(w.silent_ms.into())),
             leaves: u16s(&payload[proto::wire::UPSTREAM_WAIT_LEN..]),
+            refused: match w.session {
+                proto::wire::SpineSessionState::Refused(r) => Some(r),
+                _ => None,
+            },
         })
     }
 }
@@ -138,6 +144,12 @@ impl Waiting {
 fn stall_reason(missing: Option<&[u16]>, upstream: Option<&SpineWait>) -> String {
     if let Some(w) = upstream {
         let (spine, tree) = (w.spine, w.tree);
+        if let Some(why) = w.refused {
+            return format!(
+                "the leaf switch cannot join spine {spine} (tree {tree}): {why}; see the leaf's \
+                 log and fix the job's declaration"
+            );
+        }
         return match w.silent_for {
             Some(d) if d < SPINE_SILENT && !w.leaves.is_empty() => format!(
                 "the leaf switch waits for spine {spine} (tree {tree}), which waits for leaves \
@@ -955,6 +967,7 @@ mod tests {
                 spine_port: 48879,
                 tree: 1,
                 silent_ms,
+                session: proto::wire::SpineSessionState::Joined,
             }
             .emit(&mut p)
             .unwrap();
@@ -973,6 +986,20 @@ mod tests {
         assert!(waits.contains("waits for leaves [0, 3]"), "{waits}");
         let lost = spine(100, &[]);
         assert!(lost.contains("RESULTs are being lost"), "{lost}");
+        let refused = stall_reason(
+            None,
+            Some(&SpineWait {
+                spine: "198.19.255.1:48879".parse().unwrap(),
+                tree: 0,
+                silent_for: Some(Duration::ZERO),
+                leaves: vec![],
+                refused: Some(proto::wire::SpineRefusal::Nack(NackReason::BadSecret)),
+            }),
+        );
+        assert!(
+            refused.contains("cannot join spine 198.19.255.1:48879 (tree 0): bad secret"),
+            "{refused}"
+        );
 
         let Waiting::Ranks(r) = answer(0, 2, &[0, 1, 0, 4]) else {
             panic!("ranks")

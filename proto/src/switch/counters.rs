@@ -40,6 +40,22 @@ macro_rules! counter_schema {
     };
 }
 
+counter_schema! {
+    /// A leaf's traffic with one spine (one tree of its job).
+    pub struct SpineCounters {
+        /// Partial sums sent to this spine (first sends).
+        partials_sent,
+        /// Partial sums sent again (the spine's RESULT was late).
+        partials_resent,
+        /// RESULTs taken from this spine.
+        results,
+        /// HEARTBEATs sent to it about a partial that waited.
+        heartbeats_sent,
+        /// JOINs it refused (or answered with a job unlike ours).
+        refusals,
+    }
+}
+
 /// Why a message that reached a job was dropped, one counter each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(usize)]

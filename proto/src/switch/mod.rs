@@ -50,7 +50,7 @@ pub use config::{
     MAX_POOL_SLOTS,
 };
 pub use counters::{
-    CounterSchema, DropReason, JobCounters, JobDrops, TableCounters, MALFORMED_KINDS,
+    CounterSchema, DropReason, JobCounters, JobDrops, SpineCounters, TableCounters, MALFORMED_KINDS,
 };
 pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
@@ -192,6 +192,14 @@ pub enum Event {
         job: u16,
         tree: u16,
         spine: SpineAddr,
+    },
+    /// A spine refused a leaf job's JOIN: the tree is declared
+    /// inconsistently (`why` says how). The leaf asks again every second.
+    SpineRefused {
+        job: u16,
+        tree: u16,
+        spine: SpineAddr,
+        why: wire::SpineRefusal,
     },
 }
 
@@ -711,13 +719,16 @@ impl JobTable {
                 Verdict::Noted
             }
             MsgType::JoinAck => {
-                job.on_spine_join_ack(spine, hdr, now);
+                let refused = job.on_spine_join_ack(spine, hdr, payload, now);
+                self.spine_refused(job_id, spine, refused);
                 self.handle_timeout(now);
                 Verdict::Noted
             }
             MsgType::Nack => {
                 if let Ok(n) = NackPayload::parse(payload) {
-                    if job.on_spine_nack(spine, &n, now) {
+                    let (ours, refused) = job.on_spine_nack(spine, &n, now);
+                    self.spine_refused(job_id, spine, refused);
+                    if ours {
                         self.handle_timeout(now);
                     }
                 }
@@ -738,6 +749,26 @@ impl JobTable {
             MsgType::Data | MsgType::Join | MsgType::Leave | MsgType::Hello => {
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
             }
+        }
+    }
+
+    /// Logs a spine's new refusal of a leaf job (once per reason).
+    fn spine_refused(&mut self, job: u16, tree: usize, why: Option<wire::SpineRefusal>) {
+        let Some(why) = why else {
+            return;
+        };
+        let addr = self
+            .jobs
+            .get(&job)
+            .and_then(|j| j.uplink())
+            .map(|u| u.cfg.spines[tree]);
+        if let Some(spine) = addr {
+            self.event(Event::SpineRefused {
+                job,
+                tree: tree as u16,
+                spine,
+                why,
+            });
         }
     }
 
@@ -926,6 +957,7 @@ impl JobTable {
                     spine_port: addr.port,
                     tree: spine,
                     silent_ms,
+                    session: u.spines.get(spine as usize)?.state(),
                 };
                 let mut len = block.emit(body).ok()?;
                 // The leaves the spine said this chunk waits for, if it

@@ -28,13 +28,13 @@ use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams};
 use crate::wire::{
-    flags, HeaderRepr, NackPayload, Nonce, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM,
-    SECRET_LEN,
+    flags, HeaderRepr, JoinAckPayload, NackPayload, NackReason, Nonce, SpineRefusal,
+    SpineSessionState, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
 use super::config::{Endpoint, Source};
-use super::counters::DropReason;
+use super::counters::{DropReason, SpineCounters};
 use super::job::{Job, UpTimer};
 use super::reply::{ReplyMsg, UPSTREAM};
 
@@ -49,6 +49,9 @@ pub const UP_HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 /// A spine silent this long while a partial waits for it is logged
 /// ([`super::Event::SpineSilent`]).
 pub const SPINE_SILENT_AFTER: Duration = Duration::from_secs(2);
+/// How long a leaf waits before asking a spine that refused it again (the
+/// operator may fix the declaration meanwhile; no tight refusal loop).
+pub const REFUSED_RETRY: Duration = Duration::from_secs(1);
 
 /// A spine's address: its aggregation address and UDP port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +154,22 @@ pub struct SpineSession {
     pub waiting_for: Option<(u32, Vec<u16>)>,
     /// Logged as silent, and not heard from since.
     silent_reported: bool,
+    /// The spine refused our last JOIN (or its job does not match ours):
+    /// why. Cleared when it accepts one.
+    pub refused: Option<SpineRefusal>,
+    /// What went to and came from this spine.
+    pub counters: SpineCounters,
+}
+
+impl SpineSession {
+    /// Joined, joining, or refused (and why).
+    pub fn state(&self) -> SpineSessionState {
+        match (self.joined_gen, self.refused) {
+            (Some(_), _) => SpineSessionState::Joined,
+            (None, Some(r)) => SpineSessionState::Refused(r),
+            (None, None) => SpineSessionState::Joining,
+        }
+    }
 }
 
 /// Every spine session of one leaf job, and the transport tunables.
@@ -192,6 +211,8 @@ impl Uplink {
                 last_heartbeat: None,
                 waiting_for: None,
                 silent_reported: false,
+                refused: None,
+                counters: SpineCounters::default(),
             })
             .collect();
         Uplink {
@@ -228,6 +249,22 @@ impl Uplink {
         s.hs.restart(nonce);
         s.joined_gen = None;
         s.join_due = Some(now);
+    }
+
+    /// Spine `spine` refused us for `why`: ask again in [`REFUSED_RETRY`].
+    /// Returns `why` if it is news (not the refusal already recorded).
+    fn refused_by(
+        &mut self,
+        job: u16,
+        spine: usize,
+        why: SpineRefusal,
+        now: Instant,
+    ) -> Option<SpineRefusal> {
+        self.start_join(job, spine, now);
+        let s = &mut self.spines[spine];
+        s.join_due = Some(now + REFUSED_RETRY);
+        s.counters.refusals += 1;
+        (s.refused.replace(why) != Some(why)).then_some(why)
     }
 
     /// Whether every spine has answered our JOIN.
@@ -320,6 +357,11 @@ impl Job {
         let joined = u.spines[spine].joined_gen.is_some();
         let rto = u.rto(spine, 0);
         self.counters.partials_sent += 1;
+        if joined {
+            if let Some(u) = self.uplink.as_mut() {
+                u.spines[spine].counters.partials_sent += 1;
+            }
+        }
         self.up_timers[idx] = UpTimer {
             sent_at: joined.then_some(now),
             deadline: Some(if joined { now + rto } else { now }),
@@ -350,15 +392,31 @@ impl Job {
     }
 
     /// A JOIN_ACK from spine `spine`: the session is up; every partial
-    /// waiting for it becomes due.
-    pub(super) fn on_spine_join_ack(&mut self, spine: usize, hdr: &HeaderRepr, now: Instant) {
-        let Some(u) = self.uplink.as_mut() else {
-            return;
-        };
+    /// waiting for it becomes due. Unless the spine's job has another chunk
+    /// size: then it is refused (returned, to be logged once).
+    pub(super) fn on_spine_join_ack(
+        &mut self,
+        spine: usize,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        now: Instant,
+    ) -> Option<SpineRefusal> {
+        let elems = self.config.elems_per_chunk;
+        let id = self.config.id;
+        let u = self.uplink.as_mut()?;
         let s = &mut u.spines[spine];
-        if s.hs.gen() != Some(hdr.gen) {
-            return;
+        if s.hs.gen() != Some(hdr.gen) || s.joined_gen.is_some() {
+            return None;
         }
+        let ack = JoinAckPayload::parse(payload).ok()?;
+        if ack.elems_per_chunk != elems {
+            let why = SpineRefusal::ElemsDiffer {
+                spine: ack.elems_per_chunk,
+            };
+            return u.refused_by(id, spine, why, now);
+        }
+        let s = &mut u.spines[spine];
+        s.refused = None;
         s.joined_gen = Some(hdr.gen);
         s.window = hdr.window.max(1);
         s.join_due = None;
@@ -368,22 +426,43 @@ impl Job {
                 t.deadline = Some(now);
             }
         }
+        None
     }
 
-    /// A NACK from spine `spine` that answers us: join it again (it
-    /// restarted, went back to joining, or our nonce aged). True if it was ours.
-    pub(super) fn on_spine_nack(&mut self, spine: usize, nack: &NackPayload, now: Instant) -> bool {
+    /// A NACK from spine `spine` that answers us: join it again now (it
+    /// restarted, went back to joining, or our nonce aged), or, when it
+    /// refuses the leaf, in [`REFUSED_RETRY`]. Returns whether it was ours,
+    /// and a refusal not seen before (to be logged).
+    pub(super) fn on_spine_nack(
+        &mut self,
+        spine: usize,
+        nack: &NackPayload,
+        now: Instant,
+    ) -> (bool, Option<SpineRefusal>) {
         let id = self.config.id;
         let Some(u) = self.uplink.as_mut() else {
-            return false;
+            return (false, None);
         };
         let s = &u.spines[spine];
         let ours = s.hs.nack_is_ours(nack)
             || (s.joined_gen.is_some() && nack.echo == [0; crate::wire::NONCE_LEN]);
-        if ours {
-            u.start_join(id, spine, now);
+        if !ours {
+            return (false, None);
         }
-        ours
+        match nack.reason {
+            NackReason::UnknownJob
+            | NackReason::BadSecret
+            | NackReason::SourceNotAllowed
+            | NackReason::RankOutOfRange
+            | NackReason::ParametersDiffer => (
+                true,
+                u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now),
+            ),
+            _ => {
+                u.start_join(id, spine, now);
+                (true, None)
+            }
+        }
     }
 
     /// The spine's RESULT for spine seq `hdr.seq` (`ce`: its IP header said
@@ -418,6 +497,7 @@ impl Job {
                 .rtt
                 .on_sample(now.saturating_duration_since(sent));
         }
+        u.spines[spine].counters.results += 1;
         self.counters.chunks_completed += 1;
         if self.pool.slot(seq).shadow.is_some_and(|s| s.ece) {
             self.counters.ece_marked += 1;
@@ -503,6 +583,7 @@ impl Job {
                 continue;
             }
             s.last_heartbeat = Some(now);
+            s.counters.heartbeats_sent += 1;
             send(
                 u.cfg.spines[spine],
                 ReplyMsg::UpHeartbeat {
@@ -568,8 +649,11 @@ impl Job {
                 deadline: Some(now + u.rto(spine, resends)),
                 resends,
             };
-            if !first {
+            if first {
+                u.spines[spine].counters.partials_sent += 1;
+            } else {
                 self.counters.partials_resent += 1;
+                u.spines[spine].counters.partials_resent += 1;
             }
             send(
                 u.cfg.spines[spine],

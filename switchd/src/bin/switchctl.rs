@@ -100,6 +100,28 @@ fn print_counters(v: &serde_json::Value, schema: &dyn CounterSchema, indent: &st
     }
 }
 
+/// One line per tree of a leaf job: the spine, its session, its traffic.
+fn print_spines(spines: &[serde_json::Value], indent: &str) {
+    for s in spines {
+        let state = match s["refused"].as_str() {
+            Some(why) => format!("REFUSED: {why}"),
+            None => s["state"].as_str().unwrap_or("?").to_string(),
+        };
+        let heard = s["last_heard_secs"]
+            .as_f64()
+            .map_or("never heard".to_string(), |t| format!("heard {t:.1} s ago"));
+        println!(
+            "{indent}tree {} {} {state}, {heard}: partials {} sent {} resent, {} results, {} heartbeats",
+            s["tree"],
+            s["addr"].as_str().unwrap_or("?"),
+            s["partials_sent"],
+            s["partials_resent"],
+            s["results"],
+            s["heartbeats_sent"],
+        );
+    }
+}
+
 fn print_job(j: &serde_json::Value) {
     println!(
         "job {}: {} ({}/{} ranks joined), window {}, oldest incomplete seq {}, pool {} bytes",
@@ -112,6 +134,10 @@ fn print_job(j: &serde_json::Value) {
         j["pool_bytes"]
     );
     print_counters(j, &JobCounters::default(), "  ");
+    if let Some(spines) = j["spines"].as_array() {
+        println!("  trees:");
+        print_spines(spines, "    ");
+    }
     let missing = &j["ranks_missing_on_floor"];
     if missing.as_array().is_some_and(|a| !a.is_empty()) {
         println!("  seq {} waits for ranks {}", j["floor_seq"], missing);
@@ -203,35 +229,21 @@ fn run() -> Result<()> {
             for j in jobs {
                 println!(
                     "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6}",
-                    j["id"],
+                    // Numbers, not JSON values: Value's Display ignores widths.
+                    j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
-                    j["n_workers"],
-                    j["ranks_joined"],
-                    j["pool_slots"],
-                    j["window"]
+                    j["n_workers"].as_u64().unwrap_or(0),
+                    j["ranks_joined"].as_u64().unwrap_or(0),
+                    j["pool_slots"].as_u64().unwrap_or(0),
+                    j["window"].as_u64().unwrap_or(0)
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {
-                    let list: Vec<String> = spines
-                        .iter()
-                        .map(|s| {
-                            format!(
-                                "{} ({})",
-                                s["addr"].as_str().unwrap_or("?"),
-                                if s["joined"] == true {
-                                    "joined"
-                                } else {
-                                    "joining"
-                                }
-                            )
-                        })
-                        .collect();
                     println!(
-                        "        leaf {} of {}, spines in tree order: {}",
-                        up["leaf_index"],
-                        up["n_leaves"],
-                        list.join(", ")
+                        "        leaf {} of {}, spines in tree order:",
+                        up["leaf_index"], up["n_leaves"]
                     );
+                    print_spines(spines, "          ");
                 }
             }
         }
