@@ -144,66 +144,28 @@ env_of() {
 
 SECRET="$(random_secret)"
 
-# toml_list ITEM...: ["a", "b"].
-toml_list() {
-    local out="" x
-    for x in "$@"; do out+="\"$x\", "; done
-    echo "[${out%, }]"
-}
-
 # --- spines, then leaves -------------------------------------------------------------
 spine_addrs=()
 for ((j = 0; j < SPINES; j++)); do
     addr="$(env_of "spine_${j}_addr")"
     spine_addrs+=("$addr:$AGG_PORT")
-    downlinks=()
-    for ((i = 0; i < LEAVES; i++)); do downlinks+=("dn-l$i"); done
-    cat >"$WORK/spine$j.toml" <<EOF
-# Written by scripts/demo_tree.sh: spine $j of testbed '$PREFIX'.
-[switch]
-ports = $(toml_list "${downlinks[@]}")
-addresses = ["$addr"]
-forwarding = "bridge"
-admin_socket = "$WORK/spine$j.sock"
-
-[[job]]
-id = $JOB_ID
-n_workers = $LEAVES
-allowed_sources = ["198.18.0.0/16"]
-secret = "$SECRET"
-pool_slots = 256
-EOF
+    write_spine_config "$WORK/spine$j.toml" "scripts/demo_tree.sh: spine $j of testbed '$PREFIX'" \
+        "$addr" "$WORK/spine$j.sock" "$LEAVES" "$JOB_ID:$SECRET"
     log "starting switchd in $(env_of "spine_${j}_ns") (spine $j, $addr)"
     start_switchd "$(env_of "spine_${j}_ns")" "$SWITCHD" "$WORK/spine$j.log" \
         run --config "$WORK/spine$j.toml" --stats-file "$WORK/spine$j-stats.json"
     SWITCHD_PIDS+=("$SWITCHD_PID")
 done
+spines_csv="$(IFS=,; echo "${spine_addrs[*]}")"
 
 for ((i = 0; i < LEAVES; i++)); do
     gw="$(env_of "leaf_${i}_gateway")"
     ports=()
     for ((k = 0; k < WPL; k++)); do ports+=("sw-w$k"); done
     ports+=("sw-h0")
-    cat >"$WORK/leaf$i.toml" <<EOF
-# Written by scripts/demo_tree.sh: leaf $i of testbed '$PREFIX'.
-[switch]
-ports = $(toml_list "${ports[@]}")
-addresses = ["$gw"]
-uplink = "$gw:$UPLINK_PORT"
-admin_socket = "$WORK/leaf$i.sock"
-
-[[job]]
-id = $JOB_ID
-n_workers = $WPL
-allowed_sources = ["$(env_of "leaf_${i}_subnet")"]
-secret = "$SECRET"
-pool_slots = 256
-
-[job.upstream]
-leaf_index = $i
-n_leaves = $LEAVES
-spines = $(toml_list "${spine_addrs[@]}")
-EOF
+    write_leaf_config "$WORK/leaf$i.toml" "scripts/demo_tree.sh: leaf $i of testbed '$PREFIX'" \
+        "$gw" "$UPLINK_PORT" "$WORK/leaf$i.sock" "$i" "$LEAVES" "$spines_csv" \
+        "$(IFS=,; echo "${ports[*]}")" "$JOB_ID:$WPL:$(env_of "leaf_${i}_subnet"):$SECRET"
     log "starting switchd in $(env_of "leaf_${i}_ns") (leaf $i, $gw)"
     start_switchd "$(env_of "leaf_${i}_ns")" "$SWITCHD" "$WORK/leaf$i.log" \
         run --config "$WORK/leaf$i.toml" --stats-file "$WORK/leaf$i-stats.json"

@@ -7,7 +7,11 @@
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
 # is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
-# start_switchd, pkg_installed, build_release, shape_worker_links.
+# start_switchd, pkg_installed, find_python, ensure_debian_packages,
+# build_release, shape_worker_links,
+# redirect_ingress_to_ifb, toml_list, write_spine_config, write_leaf_config,
+# write_ecn_marker_source, build_ecn_marker, shape_htb, shape_ecn_bpf,
+# shape_ecn_red, setup_ecn_bottleneck, ecn_marker_map_id.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -191,6 +195,50 @@ pkg_installed() {
     [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
 }
 
+# find_python: set PYTHON to an interpreter that imports matplotlib
+# (Debian's python3-matplotlib installs into /usr/bin/python3's path, which
+# may not be the first python3 on PATH); false when there is none.
+PYTHON=""
+export PYTHON  # read by the sourcing scripts
+find_python() {
+    local p
+    for p in python3 /usr/bin/python3; do
+        if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import matplotlib' >/dev/null 2>&1; then
+            PYTHON="$(command -v "$p")"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# ensure_debian_packages INSTALL PACKAGE...: apt-get install the PACKAGEs
+# not installed (one apt-get update first), or die naming them when INSTALL
+# is 0. python3-matplotlib counts as installed when find_python finds one;
+# PYTHON is set on return.
+ensure_debian_packages() {
+    local install="$1" p
+    local -a missing=()
+    shift
+    for p in "$@"; do
+        if [[ "$p" == python3-matplotlib ]]; then
+            find_python || missing+=("$p")
+        elif ! pkg_installed "$p"; then
+            missing+=("$p")
+        fi
+    done
+    if ((${#missing[@]} > 0)); then
+        ((install == 1)) || die "missing packages: ${missing[*]} (run without --no-install, or apt-get install them)"
+        log "installing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null || die "apt-get update failed"
+        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+            die "apt-get install ${missing[*]} failed"
+    fi
+    if [[ " $* " == *" python3-matplotlib "* ]]; then
+        find_python || die "no python3 with matplotlib (apt-get install python3-matplotlib)"
+    fi
+}
+
 # build_release: `cargo build --release --workspace --bins` in the repository
 # and check that target/release/{switchd,worker,switchctl} are there.
 build_release() {
@@ -202,6 +250,23 @@ build_release() {
         [[ -x "$REPO_ROOT/target/release/$b" ]] ||
             die "target/release/$b missing (build with: cargo build --release --workspace --bins)"
     done
+}
+
+# redirect_ingress_to_ifb NS DEV IFB: make the ifb device IFB in NS and
+# send everything DEV receives through IFB's egress first, so that a qdisc on
+# IFB shapes DEV's ingress (also frames an AF_XDP socket sent from the other
+# end, which no egress qdisc there sees).
+redirect_ingress_to_ifb() {
+    local ns="$1" dev="$2" ifb="$3"
+    ip -n "$ns" link add "$ifb" type ifb
+    ip -n "$ns" link set "$ifb" up
+    ip netns exec "$ns" tc qdisc add dev "$dev" handle ffff: ingress
+    if ! ip netns exec "$ns" tc filter add dev "$dev" parent ffff: protocol all prio 1 \
+        matchall action mirred egress redirect dev "$ifb" 2>/dev/null; then
+        # No cls_matchall in this kernel: a u32 filter that matches all.
+        ip netns exec "$ns" tc filter add dev "$dev" parent ffff: protocol all prio 1 \
+            u32 match u32 0 0 action mirred egress redirect dev "$ifb"
+    fi
 }
 
 # shape_worker_links PREFIX WORKERS TBF_ARGS...: limit every worker link of
@@ -218,15 +283,7 @@ shape_worker_links() {
         ns="$prefix-w$i"
         ip netns exec "$prefix-sw" tc qdisc replace dev "sw-w$i" root tbf "$@"
         ip netns exec "$ns" tc qdisc replace dev eth0 root tbf "$@"
-        ip -n "$ns" link add ifb0 type ifb
-        ip -n "$ns" link set ifb0 up
-        ip netns exec "$ns" tc qdisc add dev eth0 handle ffff: ingress
-        if ! ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
-            matchall action mirred egress redirect dev ifb0 2>/dev/null; then
-            # No cls_matchall in this kernel: a u32 filter that matches all.
-            ip netns exec "$ns" tc filter add dev eth0 parent ffff: protocol all prio 1 \
-                u32 match u32 0 0 action mirred egress redirect dev ifb0
-        fi
+        redirect_ingress_to_ifb "$ns" eth0 ifb0
         ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf "$@"
     done
 }
@@ -281,4 +338,281 @@ write_testbed_switchd_config() {
         } >"$file"
     )
     chmod 600 "$file"
+}
+
+# --- aggregation trees (scripts/demo_tree.sh, bench_tree.sh) ------------------------
+
+# toml_list ITEM...: print the TOML list ["a", "b"].
+toml_list() {
+    local out="" x
+    for x in "$@"; do out+="\"$x\", "; done
+    echo "[${out%, }]"
+}
+
+# write_spine_config FILE WRITER ADDR ADMIN_SOCK N_LEAVES ID:SECRET...: a
+# switchd config for a spine of a scripts/testbed.sh leaf-spine testbed:
+# ports dn-l0..dn-l(N_LEAVES-1), address ADDR (spine J's 198.19.255.(J+1)),
+# and one job per ID:SECRET whose N_LEAVES ranks are the leaves (from
+# 198.18.0.0/16), 256 slots. WRITER names the script in the first line.
+# Mode 0600: it holds secrets.
+write_spine_config() {
+    local file="$1" writer="$2" addr="$3" sock="$4" n_leaves="$5" i spec
+    local -a downlinks=()
+    shift 5
+    for ((i = 0; i < n_leaves; i++)); do downlinks+=("dn-l$i"); done
+    (
+        umask 077
+        {
+            echo "# Written by $writer."
+            echo "[switch]"
+            echo "ports = $(toml_list "${downlinks[@]}")"
+            echo "addresses = [\"$addr\"]"
+            echo 'forwarding = "bridge"'
+            echo "admin_socket = \"$sock\""
+            for spec in "$@"; do
+                echo
+                echo "[[job]]"
+                echo "id = ${spec%%:*}"
+                echo "n_workers = $n_leaves"
+                echo 'allowed_sources = ["198.18.0.0/16"]'
+                echo "secret = \"${spec#*:}\""
+                echo "pool_slots = 256"
+            done
+        } >"$file"
+    )
+    chmod 600 "$file"
+}
+
+# write_leaf_config FILE WRITER GATEWAY UPLINK_PORT ADMIN_SOCK LEAF_INDEX
+#                   N_LEAVES SPINES PORTS JOB...: a switchd config for leaf
+# LEAF_INDEX of a scripts/testbed.sh leaf-spine testbed: the comma-separated
+# PORTS (sw-w0,sw-h0,...), address and uplink GATEWAY (198.18.I.1, uplink on
+# UPLINK_PORT), and one job per JOB = ID:N_WORKERS:ALLOWED:SECRET (ALLOWED a
+# comma-separated list of prefixes) with 256 slots, whose partials go to the
+# comma-separated SPINES (ADDR:PORT, in tree order). Mode 0600.
+write_leaf_config() {
+    local file="$1" writer="$2" gw="$3" uplink_port="$4" sock="$5" leaf="$6"
+    local n_leaves="$7" spines_csv="$8" ports_csv="$9" spec id nw allowed secret
+    local -a spine_list port_list allowed_list
+    shift 9
+    IFS=, read -r -a spine_list <<<"$spines_csv"
+    IFS=, read -r -a port_list <<<"$ports_csv"
+    (
+        umask 077
+        {
+            echo "# Written by $writer."
+            echo "[switch]"
+            echo "ports = $(toml_list "${port_list[@]}")"
+            echo "addresses = [\"$gw\"]"
+            echo "uplink = \"$gw:$uplink_port\""
+            echo "admin_socket = \"$sock\""
+            for spec in "$@"; do
+                IFS=: read -r id nw allowed secret <<<"$spec"
+                IFS=, read -r -a allowed_list <<<"$allowed"
+                echo
+                echo "[[job]]"
+                echo "id = $id"
+                echo "n_workers = $nw"
+                echo "allowed_sources = $(toml_list "${allowed_list[@]}")"
+                echo "secret = \"$secret\""
+                echo "pool_slots = 256"
+                echo
+                echo "[job.upstream]"
+                echo "leaf_index = $leaf"
+                echo "n_leaves = $n_leaves"
+                echo "spines = $(toml_list "${spine_list[@]}")"
+            done
+        } >"$file"
+    )
+    chmod 600 "$file"
+}
+
+# --- a shaped, CE-marking bottleneck (scripts/fairness.sh, bench_tree.sh) ----------
+
+# write_ecn_marker_source FILE: the C source of a tc-BPF program for a
+# device's clsact egress hook. It marks CE on ECT(0)/ECT(1) IPv4 packets
+# about to enter the device's root qdisc when that qdisc already holds more
+# than MIN_BYTES (a -D at build time): with probability (backlog - MIN) /
+# (MAX - MIN), always at MAX_BYTES or more. It counts what it saw in the
+# array map ecn_counters (each load of the program has its own map): 0 ECT
+# packets, 1 marked, 2 non-ECT packets, 3 sum of the backlog ECT packets
+# found, 4 the same for non-ECT packets, 5 largest backlog seen.
+write_ecn_marker_source() {
+    cat >"$1" <<'EOF'
+// Written by scripts/lib.sh (write_ecn_marker_source): ECN marking on the
+// depth of the device's root qdisc.
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+// Just the fields used; CO-RE finds them in the running kernel's BTF.
+struct gnet_stats_queue { __u32 backlog; } __attribute__((preserve_access_index));
+struct Qdisc { struct gnet_stats_queue qstats; } __attribute__((preserve_access_index));
+struct net_device { struct Qdisc *qdisc; } __attribute__((preserve_access_index));
+struct sk_buff { struct net_device *dev; } __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+enum { C_ECT, C_MARKED, C_OTHER, C_BACKLOG_ECT, C_BACKLOG_OTHER, C_BACKLOG_MAX, C_N };
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, C_N);
+    __type(key, __u32);
+    __type(value, __u64);
+} ecn_counters SEC(".maps");
+
+static __always_inline void add(__u32 k, __u64 v)
+{
+    __u64 *c = bpf_map_lookup_elem(&ecn_counters, &k);
+    if (c)
+        __sync_fetch_and_add(c, v);
+}
+
+SEC("tc")
+int fair_ecn_mark(struct __sk_buff *ctx)
+{
+    void *data = (void *)(long)ctx->data;
+    void *data_end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = (void *)(eth + 1);
+    if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+        return TC_ACT_OK;
+
+    struct sk_buff *kskb = bpf_cast_to_kern_ctx(ctx);
+    struct net_device *dev = kskb->dev;
+    if (!dev)
+        return TC_ACT_OK;
+    struct Qdisc *q = dev->qdisc;
+    if (!q)
+        return TC_ACT_OK;
+    __u32 backlog = q->qstats.backlog;
+
+    __u32 k = C_BACKLOG_MAX;
+    __u64 *mx = bpf_map_lookup_elem(&ecn_counters, &k);
+    if (mx && *mx < backlog)
+        *mx = backlog;
+
+    __u8 tos = ip->tos;
+    __u8 ecn = tos & 3;
+    if (ecn == 0 || ecn == 3) {
+        // Not ECN-capable (or already CE): never marked, never dropped here.
+        if (ecn == 0) {
+            add(C_OTHER, 1);
+            add(C_BACKLOG_OTHER, backlog);
+        }
+        return TC_ACT_OK;
+    }
+    add(C_ECT, 1);
+    add(C_BACKLOG_ECT, backlog);
+    if (backlog <= MIN_BYTES)
+        return TC_ACT_OK;
+    if (backlog < MAX_BYTES &&
+        bpf_get_prandom_u32() % (MAX_BYTES - MIN_BYTES) >= backlog - MIN_BYTES)
+        return TC_ACT_OK;
+
+    // CE, and the IPv4 header checksum's first word (version/IHL, TOS).
+    __u16 hi = (__u16)(*(__u8 *)ip) << 8;
+    __be16 from = bpf_htons(hi | tos);
+    __be16 to = bpf_htons(hi | (tos | 3));
+    ip->tos = tos | 3;
+    bpf_l3_csum_replace(ctx, ETH_HLEN + __builtin_offsetof(struct iphdr, check), from, to, 2);
+    add(C_MARKED, 1);
+    return TC_ACT_OK;
+}
+
+char _license[] SEC("license") = "GPL";
+EOF
+}
+
+# build_ecn_marker DIR MIN_BYTES MAX_BYTES: compile the marker into
+# DIR/ecn_mark.o (source DIR/ecn_mark.c, compiler output in
+# DIR/ecn_mark.build.log). Fails when clang or the headers are missing.
+build_ecn_marker() {
+    local dir="$1" min="$2" max="$3"
+    write_ecn_marker_source "$dir/ecn_mark.c"
+    clang -O2 -g -target bpf -I"/usr/include/$(uname -m)-linux-gnu" \
+        -DMIN_BYTES="${min}U" -DMAX_BYTES="${max}U" \
+        -c "$dir/ecn_mark.c" -o "$dir/ecn_mark.o" >"$dir/ecn_mark.build.log" 2>&1
+}
+
+# shape_htb NS DEV RATE_MBIT: DEV's egress in NS limited to RATE_MBIT by an
+# HTB class with a plain FIFO (10000 packets) under it.
+shape_htb() {
+    local ns="$1" dev="$2" rate="$3"
+    tc -n "$ns" qdisc replace dev "$dev" root handle 1: htb default 1 r2q 100
+    tc -n "$ns" class replace dev "$dev" parent 1: classid 1:1 htb \
+        rate "${rate}mbit" ceil "${rate}mbit" quantum 60000
+    tc -n "$ns" qdisc replace dev "$dev" parent 1:1 handle 10: pfifo limit 10000
+}
+
+# shape_ecn_bpf NS DEV RATE_MBIT OBJ LOG: shape_htb, and the marker OBJ
+# (build_ecn_marker) on DEV's clsact egress hook, before the HTB.
+shape_ecn_bpf() {
+    local ns="$1" dev="$2" rate="$3" obj="$4" logfile="$5"
+    shape_htb "$ns" "$dev" "$rate"
+    tc -n "$ns" qdisc replace dev "$dev" clsact
+    tc -n "$ns" filter replace dev "$dev" egress pref 1 handle 1 bpf da \
+        obj "$obj" sec tc >"$logfile" 2>&1
+}
+
+# shape_ecn_red NS DEV RATE_MBIT MIN_BYTES MAX_BYTES LOG: HTB at RATE_MBIT
+# with RED and ecn under it (the kernel's own marker, on the average queue).
+shape_ecn_red() {
+    local ns="$1" dev="$2" rate="$3" min="$4" max="$5" logfile="$6"
+    local burst=$(((2 * min + max) / (3 * 1514) + 1))
+    tc -n "$ns" qdisc del dev "$dev" clsact 2>/dev/null || true
+    tc -n "$ns" qdisc replace dev "$dev" root handle 1: htb default 1 r2q 100
+    tc -n "$ns" class replace dev "$dev" parent 1: classid 1:1 htb \
+        rate "${rate}mbit" ceil "${rate}mbit" quantum 60000
+    tc -n "$ns" qdisc replace dev "$dev" parent 1:1 handle 10: red limit 16000000 \
+        min "$min" max "$max" avpkt 1514 burst "$burst" \
+        bandwidth "${rate}mbit" probability 1.0 ecn 2>"$logfile"
+}
+
+# setup_ecn_bottleneck DIR RATE_MBIT MIN_BYTES MAX_BYTES NS:DEV...: make the
+# egress of every NS:DEV a RATE_MBIT shaper whose FIFO marks CE from MIN to
+# MAX bytes of queue: the tc-BPF marker (kernel 6.2+ with BTF and
+# bpf_cast_to_kern_ctx) on every device or, when it does not build or load
+# on one, RED with ecn on every device. Sets ECN_MARKER to bpf or red; build
+# and tc logs go to DIR. Dies when neither works.
+ECN_MARKER=""
+export ECN_MARKER  # read by the sourcing scripts
+setup_ecn_bottleneck() {
+    local dir="$1" rate="$2" min="$3" max="$4" nd ns dev
+    shift 4
+    ECN_MARKER=""
+    if build_ecn_marker "$dir" "$min" "$max"; then
+        ECN_MARKER=bpf
+        for nd in "$@"; do
+            ns="${nd%%:*}" dev="${nd#*:}"
+            if ! shape_ecn_bpf "$ns" "$dev" "$rate" "$dir/ecn_mark.o" "$dir/tc-bpf-$ns-$dev.log"; then
+                warn "the tc-BPF marker did not load on $ns $dev ($(tail -n 3 "$dir/tc-bpf-$ns-$dev.log" | tr '\n' ' ')); trying RED"
+                ECN_MARKER=""
+                break
+            fi
+        done
+    else
+        warn "the tc-BPF marker did not build (see $dir/ecn_mark.build.log); trying RED"
+    fi
+    if [[ -z "$ECN_MARKER" ]]; then
+        ECN_MARKER=red
+        for nd in "$@"; do
+            ns="${nd%%:*}" dev="${nd#*:}"
+            shape_ecn_red "$ns" "$dev" "$rate" "$min" "$max" "$dir/tc-red-$ns-$dev.log" ||
+                die "neither the tc-BPF marker (kernel 6.2+ with BTF) nor sch_red (tc qdisc red on $ns $dev: $(cat "$dir/tc-red-$ns-$dev.log")) is available: no ECN-marking bottleneck"
+        done
+    fi
+}
+
+# ecn_marker_map_id NS DEV: the id of the ecn_counters map of the marker on
+# DEV's egress in NS (dump it with `bpftool map dump id ID -j`).
+ecn_marker_map_id() {
+    local ns="$1" dev="$2" prog
+    prog="$(tc -n "$ns" filter show dev "$dev" egress | sed -n 's/.* id \([0-9]*\) .*/\1/p' | head -n 1)"
+    [[ -n "$prog" ]] || return 1
+    bpftool prog show id "$prog" -j | python3 -c 'import json, sys; print(json.load(sys.stdin)["map_ids"][0])'
 }
