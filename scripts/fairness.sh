@@ -55,7 +55,8 @@
 # cannot be loaded, the FIFO is a RED qdisc with `ecn` and the same
 # thresholds instead (needs sch_red). The JSON's "marker" says which was used.
 #
-# Needs root. Everything it starts is stopped by PID, the testbed removed, on
+# FAIRNESS_PREFIX in the environment changes the testbed prefix (default
+# fair). Needs root. Everything it starts is stopped by PID, the testbed removed, on
 # exit (also on failure or Ctrl-C).
 
 set -euo pipefail
@@ -63,7 +64,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-readonly PREFIX=fair
+readonly PREFIX="${FAIRNESS_PREFIX:-fair}"
 readonly SWITCH_ADDR=198.18.0.1
 readonly AGG_PORT=48879
 readonly HOST_ADDR=198.18.0.100
@@ -178,43 +179,13 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # --- tools ----------------------------------------------------------------------
-# PYTHON: an interpreter that imports matplotlib (Debian's python3-matplotlib
-# installs into /usr/bin/python3's path, which may not be the first python3).
-PYTHON=""
-find_python() {
-    local p
-    for p in python3 /usr/bin/python3; do
-        if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import matplotlib' >/dev/null 2>&1; then
-            PYTHON="$(command -v "$p")"
-            return 0
-        fi
-    done
-    return 1
-}
-
 ensure_tools() {
-    local -a want=(sockperf python3-matplotlib clang llvm libbpf-dev linux-libc-dev bpftool iproute2 jq)
-    local -a missing=()
+    ensure_debian_packages "$INSTALL" sockperf python3-matplotlib clang llvm libbpf-dev \
+        linux-libc-dev bpftool iproute2 jq
     local p
-    for p in "${want[@]}"; do
-        if [[ "$p" == python3-matplotlib ]]; then
-            find_python || missing+=("$p")
-        elif ! pkg_installed "$p"; then
-            missing+=("$p")
-        fi
-    done
-    if ((${#missing[@]} > 0)); then
-        ((INSTALL == 1)) || die "missing packages: ${missing[*]} (run without --no-install, or apt-get install them)"
-        log "installing Debian packages: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null || die "apt-get update failed"
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-            die "apt-get install ${missing[*]} failed"
-    fi
     for p in sockperf jq tc clang bpftool; do
         command -v "$p" >/dev/null 2>&1 || die "$p not found after installing packages"
     done
-    find_python || die "no python3 with matplotlib (apt-get install python3-matplotlib)"
 }
 
 ensure_tools
@@ -240,158 +211,13 @@ CFG="$RESULTS_DIR/switchd.toml"
 SWITCHD_LOG="$RESULTS_DIR/switchd.log"
 ADMIN_SOCK="$RESULTS_DIR/switchd.sock"
 
-# --- the CE marker (tc-BPF) -------------------------------------------------------
-# Marks CE on ECT(0)/ECT(1) IPv4 packets about to enter eth0's root qdisc
-# when that qdisc already holds more than MIN_BYTES: with probability
-# (backlog - MIN) / (MAX - MIN), always at MAX or more. Counts what it saw in
-# a map, per worker (each load of the program has its own map).
-write_marker_source() {
-    cat >"$1" <<'EOF'
-// Written by scripts/fairness.sh: ECN marking on the depth of the root qdisc.
-#include <linux/bpf.h>
-#include <linux/pkt_cls.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
-
-// Just the fields used; CO-RE finds them in the running kernel's BTF.
-struct gnet_stats_queue { __u32 backlog; } __attribute__((preserve_access_index));
-struct Qdisc { struct gnet_stats_queue qstats; } __attribute__((preserve_access_index));
-struct net_device { struct Qdisc *qdisc; } __attribute__((preserve_access_index));
-struct sk_buff { struct net_device *dev; } __attribute__((preserve_access_index));
-
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
-
-enum { C_ECT, C_MARKED, C_OTHER, C_BACKLOG_ECT, C_BACKLOG_OTHER, C_BACKLOG_MAX, C_N };
-
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, C_N);
-    __type(key, __u32);
-    __type(value, __u64);
-} fair_counters SEC(".maps");
-
-static __always_inline void add(__u32 k, __u64 v)
-{
-    __u64 *c = bpf_map_lookup_elem(&fair_counters, &k);
-    if (c)
-        __sync_fetch_and_add(c, v);
-}
-
-SEC("tc")
-int fair_ecn_mark(struct __sk_buff *ctx)
-{
-    void *data = (void *)(long)ctx->data;
-    void *data_end = (void *)(long)ctx->data_end;
-    struct ethhdr *eth = data;
-    struct iphdr *ip = (void *)(eth + 1);
-    if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-        return TC_ACT_OK;
-
-    struct sk_buff *kskb = bpf_cast_to_kern_ctx(ctx);
-    struct net_device *dev = kskb->dev;
-    if (!dev)
-        return TC_ACT_OK;
-    struct Qdisc *q = dev->qdisc;
-    if (!q)
-        return TC_ACT_OK;
-    __u32 backlog = q->qstats.backlog;
-
-    __u32 k = C_BACKLOG_MAX;
-    __u64 *mx = bpf_map_lookup_elem(&fair_counters, &k);
-    if (mx && *mx < backlog)
-        *mx = backlog;
-
-    __u8 tos = ip->tos;
-    __u8 ecn = tos & 3;
-    if (ecn == 0 || ecn == 3) {
-        // Not ECN-capable (or already CE): never marked, never dropped here.
-        if (ecn == 0) {
-            add(C_OTHER, 1);
-            add(C_BACKLOG_OTHER, backlog);
-        }
-        return TC_ACT_OK;
-    }
-    add(C_ECT, 1);
-    add(C_BACKLOG_ECT, backlog);
-    if (backlog <= MIN_BYTES)
-        return TC_ACT_OK;
-    if (backlog < MAX_BYTES &&
-        bpf_get_prandom_u32() % (MAX_BYTES - MIN_BYTES) >= backlog - MIN_BYTES)
-        return TC_ACT_OK;
-
-    // CE, and the IPv4 header checksum's first word (version/IHL, TOS).
-    __u16 hi = (__u16)(*(__u8 *)ip) << 8;
-    __be16 from = bpf_htons(hi | tos);
-    __be16 to = bpf_htons(hi | (tos | 3));
-    ip->tos = tos | 3;
-    bpf_l3_csum_replace(ctx, ETH_HLEN + __builtin_offsetof(struct iphdr, check), from, to, 2);
-    add(C_MARKED, 1);
-    return TC_ACT_OK;
-}
-
-char _license[] SEC("license") = "GPL";
-EOF
-}
-
+# --- the bottleneck: shaper + CE marker (setup_ecn_bottleneck in lib.sh) ----------
 MARKER=""
-MARKER_OBJ="$RESULTS_DIR/ecn_mark.o"
-build_marker() {
-    local src="$RESULTS_DIR/ecn_mark.c"
-    write_marker_source "$src"
-    clang -O2 -g -target bpf -I"/usr/include/$(uname -m)-linux-gnu" \
-        -DMIN_BYTES="${MARK_MIN}U" -DMAX_BYTES="${MARK_MAX}U" \
-        -c "$src" -o "$MARKER_OBJ" >"$RESULTS_DIR/ecn_mark.build.log" 2>&1
-}
-
-# --- bottleneck: shaper + CE-marking FIFO on every worker's eth0 --------------------
-# shape_bpf NS: HTB at RATE, a plain FIFO under it, the BPF marker before it.
-shape_bpf() {
-    local ns="$1"
-    tc -n "$ns" qdisc replace dev eth0 root handle 1: htb default 1 r2q 100
-    tc -n "$ns" class replace dev eth0 parent 1: classid 1:1 htb \
-        rate "${RATE_MBIT}mbit" ceil "${RATE_MBIT}mbit" quantum 60000
-    tc -n "$ns" qdisc replace dev eth0 parent 1:1 handle 10: pfifo limit 10000
-    tc -n "$ns" qdisc replace dev eth0 clsact
-    tc -n "$ns" filter replace dev eth0 egress pref 1 handle 1 bpf da \
-        obj "$MARKER_OBJ" sec tc >"$RESULTS_DIR/tc-bpf-$ns.log" 2>&1
-}
-
-# shape_red NS: HTB at RATE, RED with ecn under it (the kernel's own marker).
-shape_red() {
-    local ns="$1" burst=$(((2 * MARK_MIN + MARK_MAX) / (3 * 1514) + 1))
-    tc -n "$ns" qdisc del dev eth0 clsact 2>/dev/null || true
-    tc -n "$ns" qdisc replace dev eth0 root handle 1: htb default 1 r2q 100
-    tc -n "$ns" class replace dev eth0 parent 1: classid 1:1 htb \
-        rate "${RATE_MBIT}mbit" ceil "${RATE_MBIT}mbit" quantum 60000
-    tc -n "$ns" qdisc replace dev eth0 parent 1:1 handle 10: red limit 16000000 \
-        min "$MARK_MIN" max "$MARK_MAX" avpkt 1514 burst "$burst" \
-        bandwidth "${RATE_MBIT}mbit" probability 1.0 ecn 2>"$RESULTS_DIR/tc-red-$ns.log"
-}
-
 setup_bottleneck() {
-    local i ns
-    if build_marker; then
-        MARKER=bpf
-        for ((i = 0; i < 4; i++)); do
-            if ! shape_bpf "$PREFIX-w$i"; then
-                warn "the tc-BPF marker did not load ($(tail -n 3 "$RESULTS_DIR/tc-bpf-$PREFIX-w$i.log" | tr '\n' ' ')); trying RED"
-                MARKER=""
-                break
-            fi
-        done
-    else
-        warn "the tc-BPF marker did not build (see ${RESULTS_DIR#"$REPO_ROOT"/}/ecn_mark.build.log); trying RED"
-    fi
-    if [[ -z "$MARKER" ]]; then
-        MARKER=red
-        for ((i = 0; i < 4; i++)); do
-            ns="$PREFIX-w$i"
-            shape_red "$ns" ||
-                die "neither the tc-BPF marker (kernel 6.2+ with BTF) nor sch_red (tc qdisc red: $(cat "$RESULTS_DIR/tc-red-$ns.log")) is available: no ECN-marking bottleneck"
-        done
-    fi
+    local i devs=()
+    for ((i = 0; i < 4; i++)); do devs+=("$PREFIX-w$i:eth0"); done
+    setup_ecn_bottleneck "$RESULTS_DIR" "$RATE_MBIT" "$MARK_MIN" "$MARK_MAX" "${devs[@]}"
+    MARKER="$ECN_MARKER"
     log "bottleneck: every worker's eth0 egress at $RATE_MBIT Mbit/s, CE marks from $MARK_MIN to $MARK_MAX bytes of queue ($MARKER)"
 }
 
@@ -401,9 +227,8 @@ marker_counters() {
     qd="$(tc -n "$ns" -s -j qdisc show dev eth0)"
     read -r sent pkts drops < <(jq -r '[.[] | select(.kind == "htb")][0] | "\(.bytes // 0) \(.packets // 0) \(.drops // 0)"' <<<"$qd")
     if [[ "$MARKER" == bpf ]]; then
-        local prog map
-        prog="$(tc -n "$ns" filter show dev eth0 egress | sed -n 's/.* id \([0-9]*\) .*/\1/p' | head -n 1)"
-        map="$(bpftool prog show id "$prog" -j | jq -r '.map_ids[0]')"
+        local map
+        map="$(ecn_marker_map_id "$ns" eth0)"
         bpftool map dump id "$map" -j | jq -c --argjson sent "$sent" --argjson pkts "$pkts" --argjson drops "$drops" '
             [.[] | (.formatted // .) | {(.key | tostring): .value}] | add
             | {ect: .["0"], marked: .["1"], other: .["2"], backlog_sum_ect: .["3"],
