@@ -260,11 +260,13 @@ redirect_ingress_to_ifb() {
     local ns="$1" dev="$2" ifb="$3"
     ip -n "$ns" link add "$ifb" type ifb
     ip -n "$ns" link set "$ifb" up
-    ip netns exec "$ns" tc qdisc add dev "$dev" handle ffff: ingress
-    if ! ip netns exec "$ns" tc filter add dev "$dev" parent ffff: protocol all prio 1 \
+    # clsact rather than ingress, so that an egress filter (shape_ecn_bpf)
+    # can share the device.
+    ip netns exec "$ns" tc qdisc replace dev "$dev" clsact
+    if ! ip netns exec "$ns" tc filter add dev "$dev" ingress protocol all prio 1 \
         matchall action mirred egress redirect dev "$ifb" 2>/dev/null; then
         # No cls_matchall in this kernel: a u32 filter that matches all.
-        ip netns exec "$ns" tc filter add dev "$dev" parent ffff: protocol all prio 1 \
+        ip netns exec "$ns" tc filter add dev "$dev" ingress protocol all prio 1 \
             u32 match u32 0 0 action mirred egress redirect dev "$ifb"
     fi
 }
@@ -564,7 +566,7 @@ shape_ecn_bpf() {
 shape_ecn_red() {
     local ns="$1" dev="$2" rate="$3" min="$4" max="$5" logfile="$6"
     local burst=$(((2 * min + max) / (3 * 1514) + 1))
-    tc -n "$ns" qdisc del dev "$dev" clsact 2>/dev/null || true
+    tc -n "$ns" filter del dev "$dev" egress 2>/dev/null || true
     tc -n "$ns" qdisc replace dev "$dev" root handle 1: htb default 1 r2q 100
     tc -n "$ns" class replace dev "$dev" parent 1: classid 1:1 htb \
         rate "${rate}mbit" ceil "${rate}mbit" quantum 60000
