@@ -38,6 +38,11 @@
 #                 the payload, pinned to one CPU, before anything else runs;
 #                 its JSON goes under "per_packet")
 #
+# Aggregation trees (several switches: leaves and spines) are measured by
+# scripts/bench_tree.sh on the leaf-spine testbed: 1 tree against 2 on
+# rate-limited leaf-spine links, and the fairness experiment on a shared
+# spine link (docs/BENCHMARKS.md, "Aggregation trees").
+#
 # Packet rates (first, unless --no-rates): on a testbed of its own (prefix
 # "rate": rate-sw, rate-w0; 2 queues per veth), `aggblast` (bench/; raw
 # AF_PACKET frames, sendmmsg, through veth's noqueue qdisc so that the flow

@@ -511,7 +511,8 @@ def print_tables(doc):
     if t:
         print(
             f"\n=== trees: 2 leaves x 2 workers, {s['mib']} MiB x {s['iterations']}, "
-            f"leaf-spine links {s['rate_mbit']} Mbit/s each way, median of {s['repeat']} ==="
+            f"leaf-spine links {s['rate_mbit']} Mbit/s each way"
+            f"{', CE-marking' if s['trees_ce_marking'] else ', plain FIFOs (no CE marks)'}, median of {s['repeat']} ==="
         )
         rows = [["links", "trees", "runs", "s/all-reduce", "each", "spine split", "worker resent", "leaf partials resent", "CPU busy", "verified"]]
         for key in ("unshaped", "shaped"):
@@ -625,7 +626,8 @@ def plot(doc, path):
         ax.set_ylabel("seconds per all-reduce (slowest rank)")
         ratio = t["summary"].get("shaped", {}).get("ratio_2_over_1")
         ax.set_title(
-            f"{doc['settings']['mib']} MiB, links {doc['settings']['rate_mbit']} Mbit/s\n"
+            f"{doc['settings']['mib']} MiB, links {doc['settings']['rate_mbit']} Mbit/s"
+            f"{' CE-marking' if doc['settings']['trees_ce_marking'] else ' no CE marks'}\n"
             f"2 trees / 1 tree = {f(ratio, 3)} (goal <= {GOAL})",
             fontsize=10,
         )
@@ -648,12 +650,13 @@ def plot(doc, path):
         ax.legend(fontsize=8)
         ax = axes[k]
         loaded = [r for r in runs if r["jobs"]]
+        bound = doc["settings"]["rate_mbit"] * 1448 / 1512 / 2
         for i, r in enumerate(loaded):
             ys = [(j["gbit_per_s_during_probe"] or 0) * 1000 for j in r["jobs"]]
             ax.bar([i - 0.2, i + 0.2], ys, 0.4, color=[colors.get(r["name"]), "#ff9896" if r["name"] == "no_cc" else "#aec7e8"], edgecolor="black")
-            ax.text(i, max(ys + [0]) * 1.02, f"Jain {f(r['jain_during_probe'], 3)}", ha="center", fontsize=8)
-        bound = doc["settings"]["rate_mbit"] * 1448 / 1512 / 2
+            ax.text(i, max(ys + [0]) + bound * 0.03, f"Jain {f(r['jain_during_probe'], 3)}", ha="center", fontsize=8)
         ax.axhline(bound, ls="--", color="black", lw=1, label="fair share of the link's payload")
+        ax.set_ylim(0, bound * 1.25)
         ax.set_xticks(range(len(loaded)))
         ax.set_xticklabels([f"{r['name']}\njob 1 | job 2" for r in loaded], fontsize=8)
         ax.set_ylabel("all-reduce rate per rank during the probe (Mbit/s)")
