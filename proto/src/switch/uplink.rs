@@ -491,8 +491,13 @@ impl Job {
         }
         let idx = self.pool.index(seq);
         let t = std::mem::take(&mut self.up_timers[idx]);
-        if let (Some(sent), 0) = (t.sent_at, t.resends) {
-            // Karn: no samples from resent partials.
+        if let Some(sent) = t.sent_at {
+            // Timed from the first send, resent or not. Karn's rule (no
+            // samples from resent partials) left the estimate blind to a
+            // queue: under one, every partial timed out, none gave a
+            // sample, and the leaf resent each partial several times into
+            // the very queue. From the first send a sample never
+            // underestimates: it is the RTT, or the RTO plus the RTT.
             u.spines[spine]
                 .rtt
                 .on_sample(now.saturating_duration_since(sent));
