@@ -1270,7 +1270,9 @@ impl Harness {
             ReplyMsg::UpHello { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
-            | ReplyMsg::UpLeave { .. } => {
+            | ReplyMsg::UpLeave { .. }
+            | ReplyMsg::UpHeartbeat { .. }
+            | ReplyMsg::UpstreamWait { .. } => {
                 unreachable!("no job of this target has an upstream: {r:?}")
             }
         }
