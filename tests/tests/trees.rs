@@ -41,18 +41,9 @@ fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
 }
 
 /// Worker `k` under leaf `i`: `iterations` all-reduces of `elements`,
-/// verified against the tree-order sum.
+/// verified against the tree-order sum; it fails after `stall_timeout` s
+/// without progress.
 fn spawn_tree_worker(
-    fabric: &LeafSpine,
-    i: u16,
-    k: u16,
-    elements: usize,
-    iterations: u32,
-) -> Child {
-    spawn_tree_worker_with(fabric, i, k, elements, iterations, 20.0)
-}
-
-fn spawn_tree_worker_with(
     fabric: &LeafSpine,
     i: u16,
     k: u16,
@@ -94,6 +85,25 @@ fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
     (spines, leaves)
 }
 
+/// Every worker of the tree: `iterations` all-reduces of `elements`.
+fn spawn_all(fabric: &LeafSpine, elements: usize, iterations: u32, stall: f64) -> Vec<Child> {
+    (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| spawn_tree_worker(fabric, i, k, elements, iterations, stall))
+        .collect()
+}
+
+/// Waits until switch `sw` has completed more than `n` chunks of job 1:
+/// the collective is well under way.
+fn wait_chunks(sw: &Switchd, n: u64, what: &str) {
+    sw.wait_stats(30, what, |s| {
+        s["jobs"].as_array().is_some_and(|jobs| {
+            jobs.iter()
+                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(n))
+        })
+    });
+}
+
 fn spine_chunks(sw: &Switchd) -> u64 {
     job(&sw.stats(), 1)["chunks_completed"]
         .as_u64()
@@ -110,10 +120,7 @@ fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
     let (mut spines, mut leaves) = start_tree(&fabric, "tre");
     let mut total_chunks = 0u64;
     for elements in [1usize, 363, 10 << 18] {
-        let workers: Vec<Child> = (0..LEAVES)
-            .flat_map(|i| (0..WPL).map(move |k| (i, k)))
-            .map(|(i, k)| spawn_tree_worker(&fabric, i, k, elements, 1))
-            .collect();
+        let workers = spawn_all(&fabric, elements, 1, 20.0);
         expect_verified(workers);
         total_chunks += elements.div_ceil(362) as u64;
         // The switches' stats files are written once a second.
@@ -204,10 +211,7 @@ fn loss_and_reordering_on_the_leaf_spine_links_stay_bit_exact() {
         .map(|(i, j)| (fabric.leaf_ns(i), format!("up-s{j}")))
         .collect();
     let imp = Impairment::apply_on(links, 5.0, 0.0, 25.0).unwrap_or_else(|e| panic!("{e}"));
-    let workers: Vec<Child> = (0..LEAVES)
-        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
-        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 1 << 20, 3))
-        .collect();
+    let workers = spawn_all(&fabric, 1 << 20, 3, 20.0);
     expect_verified(workers);
     let injected = imp.injected();
     assert!(
@@ -253,17 +257,9 @@ fn a_spine_killed_mid_collective_fails_every_worker_naming_it() {
     const STALL: f64 = 3.0;
     let fabric = LeafSpine::up("trk", LEAVES, SPINES, WPL, 0);
     let (mut spines, mut leaves) = start_tree(&fabric, "trk");
-    let workers: Vec<Child> = (0..LEAVES)
-        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
-        .map(|(i, k)| spawn_tree_worker_with(&fabric, i, k, 4 << 20, 1000, STALL))
-        .collect();
+    let workers = spawn_all(&fabric, 4 << 20, 1000, STALL);
     // Mid-collective: every leaf has sent partials to spine 1.
-    spines[1].wait_stats(30, "spine 1 summing chunks", |s| {
-        s["jobs"].as_array().is_some_and(|jobs| {
-            jobs.iter()
-                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(1000))
-        })
-    });
+    wait_chunks(&spines[1], 1000, "spine 1 summing chunks");
     let killed_at = std::time::Instant::now();
     spines[1].kill();
     let dead = format!("{}:{AGG_PORT}", fabric.spine_addr(1));
@@ -312,16 +308,8 @@ fn a_leaf_restarted_mid_collective_completes_bit_exact() {
     }
     let fabric = LeafSpine::up("trr", LEAVES, SPINES, WPL, 0);
     let (mut spines, mut leaves) = start_tree(&fabric, "trr");
-    let workers: Vec<Child> = (0..LEAVES)
-        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
-        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 4 << 20, 3))
-        .collect();
-    leaves[0].wait_stats(30, "leaf 0 half way through a collective", |s| {
-        s["jobs"].as_array().is_some_and(|jobs| {
-            jobs.iter()
-                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(5000))
-        })
-    });
+    let workers = spawn_all(&fabric, 4 << 20, 3, 20.0);
+    wait_chunks(&leaves[0], 5000, "leaf 0 half way through a collective");
     leaves[0].restart();
     let results = expect_verified(workers);
     // Leaf 0's ranks joined it again; leaf 1's went on untouched.
@@ -362,16 +350,8 @@ fn a_spine_restarted_mid_collective_resumes_bit_exact() {
     }
     let fabric = LeafSpine::up("trs", LEAVES, SPINES, WPL, 0);
     let (mut spines, mut leaves) = start_tree(&fabric, "trs");
-    let workers: Vec<Child> = (0..LEAVES)
-        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
-        .map(|(i, k)| spawn_tree_worker(&fabric, i, k, 4 << 20, 3))
-        .collect();
-    spines[1].wait_stats(30, "spine 1 half way through a collective", |s| {
-        s["jobs"].as_array().is_some_and(|jobs| {
-            jobs.iter()
-                .any(|j| j["id"] == 1 && j["chunks_completed"].as_u64() > Some(2000))
-        })
-    });
+    let workers = spawn_all(&fabric, 4 << 20, 3, 20.0);
+    wait_chunks(&spines[1], 2000, "spine 1 half way through a collective");
     spines[1].restart();
     expect_verified(workers);
     for sw in leaves.iter_mut().chain(spines.iter_mut()) {
