@@ -14,10 +14,11 @@
 use libfuzzer_sys::fuzz_target;
 use proto::handshake::{ChallengeError, Handshake, JoinParams};
 use proto::wire::{
-    emit_v1_refusal, peek_v1, read_f32s, write_f32s, ChallengePayload, Header, HeaderRepr,
+    emit_v1_refusal, flags, peek_v1, read_f32s, write_f32s, ChallengePayload, Header, HeaderRepr,
     HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackPayload, NackReason,
-    WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_PAYLOAD_LEN,
-    JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN, V1_NACK_PAYLOAD_LEN,
+    UpstreamWaitPayload, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN, HELLO_PAYLOAD_LEN,
+    JOIN_ACK_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN,
+    UPSTREAM_WAIT_LEN, V1_NACK_PAYLOAD_LEN,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -117,6 +118,21 @@ fuzz_target!(|data: &[u8]| {
         MsgType::Leave => {
             assert_eq!(payload.len(), LEAVE_PAYLOAD_LEN);
             assert!(LeavePayload::parse(payload).is_ok());
+        }
+        MsgType::Heartbeat if repr.has_flag(flags::UPSTREAM) => {
+            // A leaf's answer: the spine block, then `count` u16 leaves; the
+            // block parses whatever its bytes, and re-emits them exactly
+            // when its state/reason codes are canonical.
+            assert_eq!(payload.len(), UPSTREAM_WAIT_LEN + repr.count as usize * 2);
+            let w = UpstreamWaitPayload::parse(payload).expect("the header vouched for the block");
+            let mut out = [0u8; UPSTREAM_WAIT_LEN];
+            w.emit(&mut out).unwrap();
+            assert_eq!(
+                out[..12],
+                payload[..12],
+                "spine address, tree and silence round-trip"
+            );
+            assert_eq!(UpstreamWaitPayload::parse(&out).unwrap(), w);
         }
         MsgType::Heartbeat => {
             // Worker → switch: empty; switch → worker: `count` u16 ranks.
