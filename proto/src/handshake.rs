@@ -75,6 +75,8 @@ pub struct Handshake {
     challenge: Option<(Nonce, u32)>,
     /// The address the MAC covers (ours, or the observed one when unbound).
     ip: [u8; 4],
+    /// Header flags of the JOIN (a leaf switch's: `UPSTREAM`).
+    join_flags: u8,
 }
 
 impl Handshake {
@@ -85,7 +87,16 @@ impl Handshake {
             params,
             hello_nonce,
             challenge: None,
+            join_flags: 0,
         }
+    }
+
+    /// This joiner is a leaf switch joining a spine: its JOINs carry
+    /// `UPSTREAM` (docs/PROTOCOL.md, "Aggregation trees": a restarted leaf
+    /// keeps its place).
+    pub fn as_leaf(mut self) -> Handshake {
+        self.join_flags |= crate::wire::flags::UPSTREAM;
+        self
     }
 
     pub fn params(&self) -> &JoinParams {
@@ -158,6 +169,7 @@ impl Handshake {
         let (nonce, gen) = self.challenge?;
         let p = &self.params;
         let mut h = HeaderRepr::new(MsgType::Join, p.job);
+        h.flags = self.join_flags;
         h.rank = p.rank;
         h.gen = gen;
         h.collective = collective;

@@ -837,6 +837,25 @@ pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
     n * 4
 }
 
+/// The first `n` big-endian u16s of `b` (as many as it holds): the ranks or
+/// leaves of a HEARTBEAT answer.
+pub fn read_u16s(b: &[u8], n: usize) -> impl Iterator<Item = u16> + '_ {
+    b.chunks_exact(2)
+        .take(n)
+        .map(|x| u16::from_be_bytes([x[0], x[1]]))
+}
+
+/// Writes `values` into `out` as big-endian u16s, as many as fit; returns
+/// how many were written.
+pub fn write_u16s(values: impl IntoIterator<Item = u16>, out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for (v, o) in values.into_iter().zip(out.chunks_exact_mut(2)) {
+        o.copy_from_slice(&v.to_be_bytes());
+        n += 1;
+    }
+    n
+}
+
 /// Reads little-endian float32 from `bytes` into `out` (as many as fit).
 pub fn read_f32s(bytes: &[u8], out: &mut [f32]) -> usize {
     let n = out.len().min(bytes.len() / 4);

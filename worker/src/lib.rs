@@ -113,12 +113,7 @@ enum Waiting {
 
 impl Waiting {
     fn parse(r: &HeaderRepr, payload: &[u8]) -> Waiting {
-        let u16s = |b: &[u8]| {
-            b.chunks_exact(2)
-                .take(r.count as usize)
-                .map(|b| u16::from_be_bytes([b[0], b[1]]))
-                .collect()
-        };
+        let u16s = |b: &[u8]| proto::wire::read_u16s(b, r.count.into()).collect();
         if !r.has_flag(flags::UPSTREAM) {
             return Waiting::Ranks(u16s(payload));
         }

@@ -277,15 +277,10 @@ impl Job {
             return 0;
         }
         let started = slot.agg.is_some_and(|a| a.seq == seq);
-        let mut n = 0;
-        for (r, o) in (0..self.config.n_workers)
-            .filter(|r| !(started && slot.seen.contains(*r)))
-            .zip(out.chunks_exact_mut(2))
-        {
-            o.copy_from_slice(&r.to_be_bytes());
-            n += 1;
-        }
-        n
+        crate::wire::write_u16s(
+            (0..self.config.n_workers).filter(|r| !(started && slot.seen.contains(*r))),
+            out,
+        )
     }
 
     /// The result of `seq`, if the slot still holds it.

@@ -799,15 +799,15 @@ impl JobTable {
                 continue;
             };
             for (tree, s) in u.spines.iter().enumerate() {
-                if silent & (1 << tree) != 0 && events.len() < EVENT_QUEUE_CAPACITY {
-                    let since = s.last_heard.map_or(uplink::SPINE_SILENT_AFTER, |h| {
-                        now.saturating_duration_since(h)
-                    });
+                let Some(silent) = s.silent_for(now).filter(|_| silent & (1 << tree) != 0) else {
+                    continue;
+                };
+                if events.len() < EVENT_QUEUE_CAPACITY {
                     events.push_back(Event::SpineSilent {
                         job: id,
                         tree: tree as u16,
                         spine: u.cfg.spines[tree],
-                        silent: since.max(uplink::SPINE_SILENT_AFTER),
+                        silent,
                     });
                 }
             }
@@ -968,15 +968,10 @@ impl JobTable {
                     .as_ref()
                     .filter(|(s, _)| *s == spine_seq)
                     .map_or(&[][..], |(_, l)| &l[..]);
-                let mut n = 0;
-                for (leaf, o) in leaves
-                    .iter()
-                    .take(MAX_MISSING_LISTED)
-                    .zip(body.get_mut(len..)?.chunks_exact_mut(2))
-                {
-                    o.copy_from_slice(&leaf.to_be_bytes());
-                    n += 1;
-                }
+                let n = wire::write_u16s(
+                    leaves.iter().copied().take(MAX_MISSING_LISTED),
+                    body.get_mut(len..)?,
+                );
                 len += 2 * n;
                 hdr.count = n as u16;
                 (len, false)
@@ -1005,11 +1000,7 @@ impl JobTable {
                     s.hs.emit_leave(buf)?
                 } else {
                     let (c, seq) = job.spine_resume(spine as usize);
-                    let n = s.hs.emit_join(c, seq, buf)?;
-                    // A leaf's JOIN: a restart keeps its place at the spine.
-                    let mut h = Header::new_checked(&mut buf[..n]).ok()?;
-                    h.set_flags(h.flags() | wire::flags::UPSTREAM);
-                    n
+                    s.hs.emit_join(c, seq, buf)?
                 };
                 return Some(Encoded { len: n, ce: false });
             }

@@ -637,11 +637,9 @@ fn a_restarted_leaf_keeps_its_place_while_its_results_are_held() {
     drain(&mut t);
     let leaf_join = |t: &mut JobTable, resume: (u32, u32)| {
         let from = endpoint(1);
-        let mut hs = handshake(t, 1, from, SECRET);
+        let mut hs = handshake(t, 1, from, SECRET).as_leaf();
         hello(t, &mut hs, from, t0());
-        let mut j = join_bytes(&hs, resume);
-        j[1] |= crate::wire::flags::UPSTREAM;
-        t.handle(&j, from, false, t0())
+        t.handle(&join_bytes(&hs, resume), from, false, t0())
     };
     assert_eq!(
         leaf_join(&mut t, (0, 1)),

@@ -152,8 +152,8 @@ pub struct SpineSession {
     /// The spine's last HEARTBEAT answer: its seq and the leaves that seq
     /// waits for.
     pub waiting_for: Option<(u32, Vec<u16>)>,
-    /// Logged as silent, and not heard from since.
-    silent_reported: bool,
+    /// Logged as silent since then, and not heard from since.
+    silent_since: Option<Instant>,
     /// The spine refused our last JOIN (or its job does not match ours):
     /// why. Cleared when it accepts one.
     pub refused: Option<SpineRefusal>,
@@ -162,6 +162,17 @@ pub struct SpineSession {
 }
 
 impl SpineSession {
+    /// Since when the spine has said nothing while a partial sent at
+    /// `sent` waited for it (None: neither happened).
+    fn quiet_since(&self, sent: Option<Instant>) -> Option<Instant> {
+        sent.max(self.last_heard)
+    }
+
+    /// How long a spine reported silent has been (None: not reported).
+    pub fn silent_for(&self, now: Instant) -> Option<Duration> {
+        self.silent_since.map(|t| now.saturating_duration_since(t))
+    }
+
     /// Joined, joining, or refused (and why).
     pub fn state(&self) -> SpineSessionState {
         match (self.joined_gen, self.refused) {
@@ -201,7 +212,8 @@ impl Uplink {
                         port: cfg.local_port,
                     },
                     [0; NONCE_LEN],
-                ),
+                )
+                .as_leaf(),
                 joined_gen: None,
                 window: 1,
                 rtt: RttEstimator::new(&transport),
@@ -210,7 +222,7 @@ impl Uplink {
                 last_heard: None,
                 last_heartbeat: None,
                 waiting_for: None,
-                silent_reported: false,
+                silent_since: None,
                 refused: None,
                 counters: SpineCounters::default(),
             })
@@ -352,15 +364,13 @@ impl Job {
     /// when it does). Returns the spine to send it to now.
     pub(super) fn partial_ready(&mut self, seq: u32, now: Instant) -> Option<usize> {
         let idx = self.pool.index(seq);
-        let u = self.uplink.as_ref()?;
+        let u = self.uplink.as_mut()?;
         let (spine, _) = u.cfg.route(seq);
         let joined = u.spines[spine].joined_gen.is_some();
         let rto = u.rto(spine, 0);
         self.counters.partials_sent += 1;
         if joined {
-            if let Some(u) = self.uplink.as_mut() {
-                u.spines[spine].counters.partials_sent += 1;
-            }
+            u.spines[spine].counters.partials_sent += 1;
         }
         self.up_timers[idx] = UpTimer {
             sent_at: joined.then_some(now),
@@ -518,7 +528,7 @@ impl Job {
             return false;
         };
         s.last_heard = Some(now);
-        std::mem::take(&mut s.silent_reported)
+        s.silent_since.take().is_some()
     }
 
     /// The spine's answer to our HEARTBEAT: the leaves its seq waits for.
@@ -529,11 +539,7 @@ impl Job {
         if s.joined_gen != Some(hdr.gen) {
             return;
         }
-        let leaves = payload
-            .chunks_exact(2)
-            .take(hdr.count as usize)
-            .map(|b| u16::from_be_bytes([b[0], b[1]]))
-            .collect();
+        let leaves = crate::wire::read_u16s(payload, hdr.count.into()).collect();
         s.waiting_for = Some((hdr.seq, leaves));
     }
 
@@ -545,7 +551,7 @@ impl Job {
         self.pool.slot(seq).partial.filter(|p| p.seq == seq)?;
         let (spine, _) = u.cfg.route(seq);
         let sent = self.up_timers[self.pool.index(seq)].sent_at;
-        let since = sent.max(u.spines[spine].last_heard);
+        let since = u.spines[spine].quiet_since(sent);
         let silent_ms = since.map_or(UpstreamWaitPayload::NEVER, |t| {
             let ms = now.saturating_duration_since(t).as_millis();
             u32::try_from(ms).unwrap_or(UpstreamWaitPayload::NEVER - 1)
@@ -560,7 +566,7 @@ impl Job {
     /// HEARTBEATs to spines whose oldest partial has waited
     /// [`UP_HEARTBEAT_EVERY`], at most one per spine that often. Returns the
     /// spines found silent for [`SPINE_SILENT_AFTER`] and not yet reported,
-    /// as a bit set.
+    /// as a bit set ([`SpineSession::silent_for`] says how long).
     fn heartbeat_spines(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) -> u64 {
         let Some(u) = self.uplink.as_mut() else {
             return 0;
@@ -596,11 +602,11 @@ impl Job {
                     seq: spine_seq,
                 },
             );
-            let quiet_since = s.last_heard.map_or(sent, |h| h.max(sent));
-            if !s.silent_reported
+            let quiet_since = s.quiet_since(Some(sent)).unwrap_or(sent);
+            if s.silent_since.is_none()
                 && now.saturating_duration_since(quiet_since) >= SPINE_SILENT_AFTER
             {
-                s.silent_reported = true;
+                s.silent_since = Some(quiet_since);
                 silent |= 1 << spine;
             }
         }
