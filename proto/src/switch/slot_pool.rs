@@ -52,7 +52,8 @@ fn try_vec<T: Clone>(v: T, len: usize) -> Result<Vec<T>, TryReserveError> {
     Ok(out)
 }
 
-/// The last completed result of a slot.
+/// A summed chunk: the last completed result of a slot (its shadow), or a
+/// leaf's partial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shadow {
     pub seq: u32,
@@ -73,14 +74,9 @@ pub struct Aggregation {
 }
 
 /// A leaf's local sum of one seq, sent up to its spine and kept until the
-/// spine's RESULT comes back (docs/PROTOCOL.md, "Aggregation trees").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Partial {
-    pub seq: u32,
-    pub collective: u32,
-    pub count: u16,
-    pub ece: bool,
-}
+/// spine's RESULT comes back (docs/PROTOCOL.md, "Aggregation trees"): what
+/// a shadow records, for a sum that is not final yet.
+pub type Partial = Shadow;
 
 /// One slot.
 #[derive(Debug, Clone)]
@@ -239,27 +235,22 @@ impl SlotPool {
         if agg.next_rank < self.n {
             return Taken::Pending;
         }
-        let done = *agg;
+        let done = Shadow {
+            seq: agg.seq,
+            collective: agg.collective,
+            count: agg.count,
+            ece: agg.ece,
+        };
         slot.agg = None;
         slot.seen.clear();
         slot.parked.clear();
         if hold && slot.partial_values.len() == slot.acc.len() {
             core::mem::swap(&mut slot.acc, &mut slot.partial_values);
-            slot.partial = Some(Partial {
-                seq: done.seq,
-                collective: done.collective,
-                count: done.count,
-                ece: done.ece,
-            });
-            return Taken::Completed;
+            slot.partial = Some(done);
+        } else {
+            core::mem::swap(&mut slot.acc, &mut slot.result);
+            slot.shadow = Some(done);
         }
-        core::mem::swap(&mut slot.acc, &mut slot.result);
-        slot.shadow = Some(Shadow {
-            seq: done.seq,
-            collective: done.collective,
-            count: done.count,
-            ece: done.ece,
-        });
         Taken::Completed
     }
 
@@ -278,10 +269,8 @@ impl SlotPool {
         crate::simd::read_le_f32(values, &mut slot.result[..count]);
         slot.partial = None;
         slot.shadow = Some(Shadow {
-            seq,
-            collective: p.collective,
-            count: p.count,
             ece: p.ece || ece,
+            ..p
         });
         true
     }
