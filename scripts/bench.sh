@@ -135,10 +135,6 @@ TIMEOUT=900
 WAIT_IDLE=0
 DOCS=1
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats|--mtu)

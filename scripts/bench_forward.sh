@@ -57,10 +57,6 @@ export READY_TIMEOUT=30  # read by start_switchd (lib.sh)
 readonly STOP_TIMEOUT=15
 readonly SETUPS=(bridge xdp-pass xdp-fwd)
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 ARGS=("$@")
 JSON_OUT=""
 SECS=3

@@ -32,10 +32,6 @@ JSON=""
 SECS=3
 CPU=$(($(nproc) - 1))
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --json) [[ $# -ge 2 ]] || die "--json needs a file"; JSON="$2"; shift 2 ;;

@@ -94,10 +94,6 @@ TIMEOUT=600
 WAIT_IDLE=0
 DOCS=1
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --steps|--warmup|--batch|--hidden|--timeout|--wait-idle)

@@ -101,10 +101,6 @@ WRITE_DOCS=1
 INSTALL=1
 BUILD=1
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --parts|--rate|--mib|--iterations|--repeat|--seconds|--fair-mib|--mps|--mark-min|--mark-max|--prefix)

@@ -59,10 +59,6 @@ TIMEOUT=600
 KEEP_LOGS=0
 JSON_OUT=""
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --workers|--hosts|--mib|--iterations|--queues|--timeout|--prefix|--json)

@@ -49,10 +49,6 @@ TIMEOUT=600
 KEEP_LOGS=0
 JSON_OUT=""
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --leaves|--spines|--workers|--mib|--iterations|--timeout|--prefix|--json)

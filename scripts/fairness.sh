@@ -92,10 +92,6 @@ WRITE_DOCS=1
 INSTALL=1
 BUILD=1
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seconds|--repeat|--rate|--mark-min|--mark-max|--elements|--probe|--mps|--runs)

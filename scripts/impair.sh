@@ -43,10 +43,6 @@ set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 [[ $# -ge 2 ]] || { usage >&2; exit 2; }
 NS="$1"
 DEV="$2"

@@ -618,3 +618,9 @@ ecn_marker_map_id() {
     [[ -n "$prog" ]] || return 1
     bpftool prog show id "$prog" -j | python3 -c 'import json, sys; print(json.load(sys.stdin)["map_ids"][0])'
 }
+
+# usage: prints the calling script's header comment (its --help), from the
+# third line to the first line that is not a comment.
+usage() {
+    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}

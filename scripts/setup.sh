@@ -33,7 +33,7 @@ readonly COMPONENTS=(rustfmt clippy)
 
 case "${1:-}" in
     -h|--help)
-        awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+        usage
         exit 0 ;;
     "") ;;
     *) die "unknown argument '$1' (see --help)" ;;

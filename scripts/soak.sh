@@ -47,10 +47,6 @@ readonly ROUND_TIMEOUT=300
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 case "${1:-}" in
     -h|--help) usage; exit 0 ;;
 esac

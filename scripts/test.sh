@@ -46,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) QUICK=1; shift ;;
         -h|--help)
-            awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+            usage
             exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac

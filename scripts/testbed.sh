@@ -85,10 +85,6 @@ readonly MAX_LEAVES=254
 readonly MAX_SPINES=127
 readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
 
-usage() {
-    awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
 # ---------------------------------------------------------------------------
 # Names
 

@@ -52,7 +52,7 @@ while [[ $# -gt 0 ]]; do
             shift 2 ;;
         --) shift; TRAIN_ARGS=("$@"); break ;;
         -h|--help)
-            awk 'NR < 3 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+            usage
             exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
