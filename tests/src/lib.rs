@@ -182,11 +182,17 @@ impl Testbed {
     }
 }
 
+/// `scripts/testbed.sh down --prefix PREFIX`: removes exactly that
+/// testbed's namespaces and links.
+fn testbed_down(prefix: &str) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(testbed_script()).args(["down", "--prefix", prefix]);
+    c
+}
+
 impl Drop for Testbed {
     fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(testbed_script())
-            .args(["down", "--prefix", &self.prefix])
+        let _ = testbed_down(&self.prefix)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
@@ -292,9 +298,7 @@ impl LeafSpine {
 
     /// Runs `testbed.sh down --prefix P`; the script's output.
     pub fn down(&self) -> Output {
-        Command::new("bash")
-            .arg(testbed_script())
-            .args(["down", "--prefix", &self.prefix])
+        testbed_down(&self.prefix)
             .output()
             .expect("running scripts/testbed.sh down")
     }
@@ -302,9 +306,7 @@ impl LeafSpine {
 
 impl Drop for LeafSpine {
     fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(testbed_script())
-            .args(["down", "--prefix", &self.prefix])
+        let _ = testbed_down(&self.prefix)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
