@@ -745,20 +745,20 @@ impl Worker {
             let since = coll.last_progress().unwrap_or(now);
             let seq = coll.oldest_unacked_seq();
             if now.duration_since(since) > self.cfg.stall_timeout {
+                // What the switch last said about this very seq.
+                let (missing, upstream) = match self.missing.take().filter(|(s, _)| *s == seq) {
+                    Some((_, Waiting::Ranks(r))) => (Some(r), None),
+                    Some((_, Waiting::Spine(w))) => (None, Some(w)),
+                    None => (None, None),
+                };
                 return Err(WorkerError::Stalled {
                     job: self.cfg.job,
                     rank: self.cfg.rank,
                     collective: coll.collective(),
                     seq,
                     waited: self.cfg.stall_timeout,
-                    missing: match self.missing.as_ref().filter(|(s, _)| *s == seq) {
-                        Some((_, Waiting::Ranks(r))) => Some(r.clone()),
-                        _ => None,
-                    },
-                    upstream: match self.missing.as_ref().filter(|(s, _)| *s == seq) {
-                        Some((_, Waiting::Spine(w))) => Some(w.clone()),
-                        _ => None,
-                    },
+                    missing,
+                    upstream,
                 });
             }
             if now.duration_since(since) > HEARTBEAT_EVERY
