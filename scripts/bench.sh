@@ -9,6 +9,7 @@
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
 #                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
+#                         [--no-efficiency]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -37,6 +38,13 @@
 #                 (scripts/bench_per_packet.sh: criterion's engine vs copy of
 #                 the payload, pinned to one CPU, before anything else runs;
 #                 its JSON goes under "per_packet")
+#   --no-efficiency  skip the per-byte efficiency section
+#                 (scripts/bench_efficiency.sh: time and whole-machine
+#                 CPU-seconds per GiB for the switch in float32 with each
+#                 worker transport and in bfloat16, OpenMPI with TSO and
+#                 gloo, at MTU 1500 and 9000, unlimited and 1 Gbit/s links;
+#                 runs last, its ratios and goals go under "efficiency" and
+#                 are printed; docs/bench-efficiency.{json,png})
 #
 # Aggregation trees (several switches: leaves and spines) are measured by
 # scripts/bench_tree.sh on the leaf-spine testbed: 1 tree against 2 on
@@ -128,6 +136,7 @@ QUICK=0
 DO_RATES=1
 DO_FORWARD=1
 DO_PER_PACKET=1
+DO_EFFICIENCY=1
 RATES_ONLY=0
 RATE_SECONDS=""
 RATE_REPEATS=""
@@ -161,6 +170,7 @@ while [[ $# -gt 0 ]]; do
         --no-rates) DO_RATES=0; shift ;;
         --no-forward) DO_FORWARD=0; shift ;;
         --no-per-packet) DO_PER_PACKET=0; shift ;;
+        --no-efficiency) DO_EFFICIENCY=0; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -673,41 +683,8 @@ write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX'" "$W
 
 HOSTFILE="$RUN/hostfile"
 RSH="$RUN/netns-ssh.sh"
-: >"$HOSTFILE"
-cases=""
-for ((i = 0; i < WORKERS; i++)); do
-    cases+="    198.18.0.$((WORKER_BASE + i))) ns=$PREFIX-w$i ;;"$'\n'
-    echo "198.18.0.$((WORKER_BASE + i)) slots=1" >>"$HOSTFILE"
-done
-# Every namespace has the same hostname, so OpenMPI's session directories
-# (TMPDIR/ompi.HOSTNAME.UID/...) would collide and race: each "host" gets its
-# own TMPDIR (short paths: PMIx puts Unix sockets in there).
 MPI_TMP="$(mktemp -d /tmp/bench-mpi.XXXXXX)"
-mkdir -p "$MPI_TMP/mpirun"
-cat >"$RSH" <<EOF
-#!/bin/sh
-# ssh stand-in for mpirun (--mca plm_rsh_agent), written by scripts/bench.sh:
-# skip ssh options, map the host address to its network namespace, run the
-# command there with a TMPDIR of its own.
-while [ \$# -gt 0 ]; do
-    case "\$1" in
-        -[BbcDEeFIiJLlmOopQRSWw]) shift 2 ;;
-        -*) shift ;;
-        *) break ;;
-    esac
-done
-[ \$# -ge 2 ] || { echo "netns-ssh: usage: [OPTIONS] HOST COMMAND..." >&2; exit 255; }
-host="\$1"
-shift
-case "\$host" in
-${cases}    *) echo "netns-ssh: unknown host \$host" >&2; exit 255 ;;
-esac
-TMPDIR="$MPI_TMP/\$ns"
-export TMPDIR
-mkdir -p "\$TMPDIR" || exit 255
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
-EOF
-chmod 755 "$RSH"
+write_mpi_hosts "$PREFIX" "$WORKERS" "$WORKER_BASE" "$HOSTFILE" "$RSH" "$MPI_TMP"
 
 # --- measurements -------------------------------------------------------------------
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
@@ -818,16 +795,7 @@ run_mpi() {
     log "[$LINK] OpenMPI MPI_Allreduce ($tag): $WORKERS ranks x $MIB MiB, 1 warm-up + $REPEATS timed"
     (
         cd "$OUT"
-        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-        # Every "host" has the same hostname here: keep PMIx off shared memory.
-        export PMIX_MCA_gds=hash
-        export TMPDIR="$MPI_TMP/mpirun"
-        exec ip netns exec "$PREFIX-w0" mpirun --allow-run-as-root \
-            -np "$WORKERS" --hostfile "$HOSTFILE" \
-            --mca plm_rsh_agent "$RSH" \
-            --mca btl tcp,self --mca btl_tcp_if_include eth0 \
-            --mca oob_tcp_if_include eth0 --bind-to none \
-            "$MPI_BIN" "$ELEMENTS" "$REPEATS"
+        run_mpirun "$PREFIX" "$WORKERS" "$HOSTFILE" "$RSH" "$MPI_TMP" "$MPI_BIN" "$ELEMENTS" "$REPEATS"
     ) >"$OUT/$tag.json" 2>"$OUT/$tag.log" &
     pid=$!
     BG_PIDS+=("$pid")
@@ -981,6 +949,17 @@ measure unlimited
 shape_links
 measure 1gbit
 
+# --- per-byte efficiency (its own testbed, prefix "eff") ------------------------------
+if [[ "$DO_EFFICIENCY" -eq 1 ]]; then
+    eff_args=(--mib "$MIB" --repeats "$REPEATS" --json "$RUN/efficiency.json" --png "$RUN/efficiency.png")
+    [[ "$QUICK" -eq 1 ]] && eff_args+=(--quick)
+    [[ "$DOCS" -eq 1 ]] || eff_args+=(--no-docs)
+    log "per-byte efficiency (scripts/bench_efficiency.sh ${eff_args[*]})"
+    bash "$REPO_ROOT/scripts/bench_efficiency.sh" "${eff_args[@]}" >"$RUN/efficiency.log" 2>&1 ||
+        { tail -n 30 "$RUN/efficiency.log" >&2; die "scripts/bench_efficiency.sh failed; see $RUN/efficiency.log"; }
+    sed -n '/^| MTU/,$p' "$RUN/efficiency.log" >"$RUN/efficiency-table.md"
+fi
+
 # --- report -------------------------------------------------------------------------
 EPC="$(jq -r '.switch.elems_per_chunk' "$RUN/1gbit/link.json")"
 uint_in_range "$EPC" 1 1000 || die "no elems_per_chunk in the worker's report"
@@ -1011,6 +990,7 @@ jq -n \
     --slurpfile rates <(if [[ "$DO_RATES" -eq 1 ]]; then cat "$RATES/rates.json"; else echo null; fi) \
     --slurpfile fwd <(if [[ -s "$RUN/forward.json" ]]; then cat "$RUN/forward.json"; else echo null; fi) \
     --slurpfile pp <(if [[ -s "$RUN/per-packet.json" ]]; then cat "$RUN/per-packet.json"; else echo null; fi) \
+    --slurpfile eff <(if [[ -s "$RUN/efficiency.json" ]]; then jq 'del(.runs)' "$RUN/efficiency.json"; else echo null; fi) \
     '($l2 * 8 / $bps) as $bound_l2
      | ($l1 * 8 / $bps) as $bound_l1
      | {
@@ -1031,6 +1011,7 @@ jq -n \
         rates: $rates[0],
         forwarding: $fwd[0],
         per_packet: $pp[0],
+        efficiency: $eff[0],
         links: [$unl[0], $lim[0]
                 | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
                 | .switch.shapers.worker_egress.over_expected =
@@ -1090,6 +1071,11 @@ if [[ "$DO_RATES" -eq 1 ]]; then
     echo
     echo "packet rates (see above; also under \"rates\" in the JSON):"
     cat "$RUN/rates-table.md"
+fi
+if [[ -s "$RUN/efficiency-table.md" ]]; then
+    echo
+    echo "per-byte efficiency (scripts/bench_efficiency.sh; under \"efficiency\" in the JSON, every run in docs/bench-efficiency.json):"
+    cat "$RUN/efficiency-table.md"
 fi
 if [[ -s "$RUN/per-packet-table.md" ]]; then
     echo

@@ -290,6 +290,68 @@ shape_worker_links() {
     done
 }
 
+# write_mpi_hosts PREFIX WORKERS WORKER_BASE HOSTFILE RSH MPI_TMP: let mpirun,
+# started in PREFIX-w0, run one rank in each worker namespace PREFIX-wI
+# (address 198.18.0.(WORKER_BASE+I)) as if they were remote hosts: write a
+# HOSTFILE of the worker addresses and RSH, an ssh stand-in for
+# `--mca plm_rsh_agent RSH` that skips ssh options, maps the host address to
+# its namespace and runs the command there. Every namespace has the same
+# hostname, so OpenMPI's session directories (TMPDIR/ompi.HOSTNAME.UID/...)
+# would collide and race: each "host" gets its own TMPDIR under MPI_TMP
+# (short paths: PMIx puts Unix sockets in there), mpirun itself
+# MPI_TMP/mpirun. The caller removes MPI_TMP.
+write_mpi_hosts() {
+    local prefix="$1" workers="$2" base="$3" hostfile="$4" rsh="$5" mpi_tmp="$6" i cases=""
+    : >"$hostfile"
+    for ((i = 0; i < workers; i++)); do
+        cases+="    198.18.0.$((base + i))) ns=$prefix-w$i ;;"$'\n'
+        echo "198.18.0.$((base + i)) slots=1" >>"$hostfile"
+    done
+    mkdir -p "$mpi_tmp/mpirun"
+    cat >"$rsh" <<EOF
+#!/bin/sh
+# ssh stand-in for mpirun (--mca plm_rsh_agent), written by scripts/lib.sh
+# write_mpi_hosts: skip ssh options, map the host address to its network
+# namespace, run the command there with a TMPDIR of its own.
+while [ \$# -gt 0 ]; do
+    case "\$1" in
+        -[BbcDEeFIiJLlmOopQRSWw]) shift 2 ;;
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+[ \$# -ge 2 ] || { echo "netns-ssh: usage: [OPTIONS] HOST COMMAND..." >&2; exit 255; }
+host="\$1"
+shift
+case "\$host" in
+${cases}    *) echo "netns-ssh: unknown host \$host" >&2; exit 255 ;;
+esac
+TMPDIR="$mpi_tmp/\$ns"
+export TMPDIR
+mkdir -p "\$TMPDIR" || exit 255
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+EOF
+    chmod 755 "$rsh"
+}
+
+# run_mpirun PREFIX WORKERS HOSTFILE RSH MPI_TMP PROGRAM ARGS...: exec mpirun
+# PROGRAM over the worker namespaces of write_mpi_hosts, TCP BTL on eth0
+# (call it in a subshell, in the background to bound its time).
+run_mpirun() {
+    local prefix="$1" workers="$2" hostfile="$3" rsh="$4" mpi_tmp="$5"
+    shift 5
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    # Every "host" has the same hostname here: keep PMIx off shared memory.
+    export PMIX_MCA_gds=hash
+    export TMPDIR="$mpi_tmp/mpirun"
+    exec ip netns exec "$prefix-w0" mpirun --allow-run-as-root \
+        -np "$workers" --hostfile "$hostfile" \
+        --mca plm_rsh_agent "$rsh" \
+        --mca btl tcp,self --mca btl_tcp_if_include eth0 \
+        --mca oob_tcp_if_include eth0 --bind-to none \
+        "$@"
+}
+
 # The project venv's python (scripts/setup.sh makes the venv).
 VENV_PYTHON="$REPO_ROOT/.venv/bin/python"
 export VENV_PYTHON

@@ -100,6 +100,13 @@ struct AllreduceArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// For benchmarks: report the whole machine's busy CPU time (every CPU,
+    /// kernel and softirq included, from /proc/stat) when the first
+    /// all-reduce starts and when the last one ends, so that a script can
+    /// charge all the processes' CPU to the all-reduces alone (the earliest
+    /// start and the latest end over the ranks).
+    #[arg(long)]
+    machine_cpu: bool,
     /// Disable the DCTCP window reaction to ECE.
     #[arg(long)]
     no_congestion_control: bool,
@@ -164,6 +171,33 @@ fn tree_place(
     }))
 }
 
+/// The machine's busy CPU time so far, in seconds summed over every CPU:
+/// user, nice, system, irq, softirq and steal of /proc/stat's "cpu" line
+/// (idle and iowait are not busy; guest time is already in user).
+fn machine_busy_cpu_seconds() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    parse_machine_busy_ticks(&stat)
+        .map(|ticks| ticks as f64 / USER_HZ)
+        .context("/proc/stat has no well-formed \"cpu\" line")
+}
+
+/// /proc/stat counts in USER_HZ ticks, which Linux fixes at 100 for user
+/// space whatever the kernel's HZ.
+const USER_HZ: f64 = 100.0;
+
+fn parse_machine_busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice]
+    let at = |i: usize| f.get(i).copied();
+    Some(at(0)? + at(1)? + at(2)? + at(5)? + at(6)? + at(7)?)
+}
+
 fn config(a: &JobArgs) -> Result<WorkerConfig> {
     let t = &a.target;
     if a.rank >= t.workers {
@@ -204,6 +238,11 @@ struct Report {
     elems_per_chunk: u16,
     pool_slots: u16,
     stats: worker::WorkerStats,
+    /// With `--machine-cpu`: the machine's busy CPU seconds (summed over
+    /// CPUs, since boot) at the start of the first all-reduce and at the
+    /// end of the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    machine_busy_cpu_s: Option<[f64; 2]>,
 }
 
 fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
@@ -247,16 +286,23 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     }
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
+    let mut machine_cpu = [0.0f64; 2];
     for it in 0..a.iterations {
         if a.verify {
             fill_pattern(pattern_rank, it, &mut data);
         } else {
             data.copy_from_slice(&template);
         }
+        if a.machine_cpu && it == 0 {
+            machine_cpu[0] = machine_busy_cpu_seconds()?;
+        }
         let t = Instant::now();
         w.all_reduce(&mut data)
             .with_context(|| format!("all-reduce {it} of job {job} ({who})"))?;
         busy += t.elapsed();
+        if a.machine_cpu && it + 1 == a.iterations {
+            machine_cpu[1] = machine_busy_cpu_seconds()?;
+        }
         if a.verify {
             for (i, v) in data.iter().enumerate() {
                 let want = expected(it, i);
@@ -293,6 +339,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         elems_per_chunk: w.elems_per_chunk(),
         pool_slots: w.pool_slots(),
         stats,
+        machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
     };
     let _ = w.leave();
     if a.json {
@@ -438,6 +485,18 @@ mod tests {
 
     fn err(sizes: Option<&[u16]>, leaf: Option<usize>, rank: u16, workers: u16) -> String {
         format!("{:#}", tree_place(sizes, leaf, rank, workers).unwrap_err())
+    }
+
+    #[test]
+    fn machine_busy_ticks_leave_out_idle_and_iowait() {
+        let stat = "cpu  10 2 30 4000 50 6 7 8 9 0\ncpu0 5 1 15 2000 25 3 3 4 0 0\nintr 1\n";
+        assert_eq!(
+            parse_machine_busy_ticks(stat),
+            Some(10 + 2 + 30 + 6 + 7 + 8)
+        );
+        assert_eq!(parse_machine_busy_ticks("cpu0 1 2 3\n"), None);
+        assert_eq!(parse_machine_busy_ticks("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(parse_machine_busy_ticks("cpu  1 2 3 4 5\n"), None);
     }
 
     #[test]
