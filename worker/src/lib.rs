@@ -11,6 +11,7 @@
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 
+pub mod gso;
 pub mod loopback;
 pub mod mmsg;
 

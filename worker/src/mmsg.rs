@@ -5,8 +5,14 @@
 //! by `aggblast` (bench/src/blast.rs) for rank 0's RESULTs.
 //!
 //! Owns: [`DatagramBatch`], `capacity` slots of `slot` bytes and their
-//! `iovec`/`mmsghdr`s, all allocated once in [`DatagramBatch::new`]; the
-//! headers point into the slots' heap buffer, which never moves or grows.
+//! `iovec`/`mmsghdr`s, all allocated once in [`DatagramBatch::new`] (or
+//! [`new_gso`](DatagramBatch::new_gso) / [`new_gro`](DatagramBatch::new_gro)
+//! for the `udp-gso` transport, with their control-message buffers); the
+//! headers point into the batch's heap buffers, which never move or grow.
+//! A GSO batch sends runs of its slots as `UDP_SEGMENT` super-datagrams (one
+//! `mmsghdr` over several `iovec`s, no copy); a GRO batch receives whole
+//! coalesced buffers and indexes the datagrams inside them, so `len`/`get`
+//! always count datagrams, whatever the mode.
 //!
 //! Hand-written on `libc` because std and socket2 have no `sendmmsg` /
 //! `recvmmsg`, and the calls are two: a wrapper crate would add more surface
@@ -14,6 +20,8 @@
 
 use std::io;
 use std::os::fd::RawFd;
+
+use crate::gso::{self, Cmsg};
 
 /// Datagrams per syscall on the worker's transport.
 pub const BATCH: usize = 32;
@@ -27,6 +35,26 @@ pub struct DatagramBatch {
     count: usize,
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    mode: Mode,
+}
+
+/// What the batch does beyond one datagram per `mmsghdr`.
+enum Mode {
+    Plain,
+    /// Sends: `hdrs` are the super-datagrams of the last send, each over a
+    /// run of `iov`, with its `UDP_SEGMENT` message in `ctrl`.
+    Gso {
+        ctrl: Vec<Cmsg>,
+        coalesced: u64,
+    },
+    /// Receives: one coalesced buffer per slot, its `UDP_GRO` message in
+    /// `ctrl`; `segs` are the datagrams of the last receive as (offset in
+    /// `data`, length), at most [`gso::MAX_GRO_SEGMENTS`] per slot.
+    Gro {
+        ctrl: Vec<Cmsg>,
+        segs: Vec<(u32, u32)>,
+        coalesced: u64,
+    },
 }
 
 // SAFETY: the raw pointers in `iov` and `hdrs` point only into this batch's
@@ -48,6 +76,7 @@ impl DatagramBatch {
             hdrs: (0..capacity)
                 .map(|_| unsafe { std::mem::zeroed() })
                 .collect(),
+            mode: Mode::Plain,
         };
         let base = b.data.as_mut_ptr();
         let iov = b.iov.as_mut_ptr();
@@ -59,6 +88,43 @@ impl DatagramBatch {
             b.hdrs[i].msg_hdr.msg_iovlen = 1;
         }
         b
+    }
+
+    /// A batch that sends runs of equal-length datagrams as one
+    /// `UDP_SEGMENT` super-datagram each (see [`gso::plan_gso`]).
+    pub fn new_gso(capacity: usize, slot: usize) -> Self {
+        let mut b = DatagramBatch::new(capacity, slot);
+        b.mode = Mode::Gso {
+            ctrl: vec![Cmsg::ZERO; b.capacity()],
+            coalesced: 0,
+        };
+        b
+    }
+
+    /// A batch of `capacity` slots of [`gso::GRO_SLOT`] bytes for a socket
+    /// with `UDP_GRO` on: each slot takes a whole coalesced buffer.
+    pub fn new_gro(capacity: usize) -> Self {
+        let mut b = DatagramBatch::new(capacity, gso::GRO_SLOT);
+        let n = b.capacity();
+        let mut ctrl = vec![Cmsg::ZERO; n];
+        for (h, c) in b.hdrs.iter_mut().zip(ctrl.iter_mut()) {
+            h.msg_hdr.msg_control = c.0.as_mut_ptr().cast();
+        }
+        b.mode = Mode::Gro {
+            ctrl,
+            segs: Vec::with_capacity(n * gso::MAX_GRO_SEGMENTS),
+            coalesced: 0,
+        };
+        b
+    }
+
+    /// Datagrams that went out inside a super-datagram of several (GSO), or
+    /// arrived in a buffer holding several (GRO), since the batch was made.
+    pub fn coalesced(&self) -> u64 {
+        match self.mode {
+            Mode::Plain => 0,
+            Mode::Gso { coalesced, .. } | Mode::Gro { coalesced, .. } => coalesced,
+        }
     }
 
     /// Slots in the batch.
@@ -98,8 +164,45 @@ impl DatagramBatch {
 
     /// Datagram `i` of the batch.
     pub fn get(&self, i: usize) -> &[u8] {
+        if let Mode::Gro { segs, .. } = &self.mode {
+            let (at, len) = segs[i];
+            return &self.data[at as usize..(at + len) as usize];
+        }
         let at = i * self.slot;
         &self.data[at..at + self.iov[i].iov_len.min(self.slot)]
+    }
+
+    /// Points `hdrs[..]` at the super-datagrams of the queued `n` datagrams;
+    /// returns how many there are.
+    fn plan_groups(&mut self, n: usize) -> usize {
+        let Mode::Gso { ctrl, coalesced } = &mut self.mode else {
+            return n;
+        };
+        let (iov, hdrs) = (&mut self.iov, &mut self.hdrs);
+        let lens: &[libc::iovec] = iov;
+        let base = lens.as_ptr() as *mut libc::iovec;
+        let mut groups = 0;
+        gso::plan_gso(
+            n,
+            |i| lens[i].iov_len,
+            |g| {
+                let h = &mut hdrs[groups].msg_hdr;
+                // SAFETY: g.start < n ≤ capacity: inside `iov`.
+                h.msg_iov = unsafe { base.add(g.start) };
+                h.msg_iovlen = g.count as _;
+                if g.count > 1 {
+                    let clen = gso::write_segment_cmsg(&mut ctrl[groups], g.segment as u16);
+                    h.msg_control = ctrl[groups].0.as_mut_ptr().cast();
+                    h.msg_controllen = clen as _;
+                    *coalesced += g.count as u64;
+                } else {
+                    h.msg_control = std::ptr::null_mut();
+                    h.msg_controllen = 0;
+                }
+                groups += 1;
+            },
+        );
+        groups
     }
 
     /// Sends every queued datagram on the connected socket `fd` and empties
@@ -107,7 +210,7 @@ impl DatagramBatch {
     /// the datagrams not yet sent (the resend timer covers them), as with a
     /// plain `send`; any other error is returned.
     pub fn send_all(&mut self, fd: RawFd) -> io::Result<()> {
-        let n = self.count;
+        let n = self.plan_groups(self.count);
         self.count = 0;
         let mut sent = 0;
         while sent < n {
@@ -135,13 +238,46 @@ impl DatagramBatch {
         Ok(())
     }
 
-    /// Receives up to `capacity` datagrams from `fd` without blocking;
-    /// returns how many arrived (0 when none was waiting). Read them with
+    /// In GRO mode, indexes the datagrams inside the `n` buffers received
+    /// and sets `count` to how many there are.
+    fn split_received(&mut self, n: usize) {
+        let Mode::Gro {
+            segs, coalesced, ..
+        } = &mut self.mode
+        else {
+            return;
+        };
+        segs.clear();
+        for i in 0..n {
+            // SAFETY: the kernel wrote this header's control data.
+            let gso_size = unsafe { gso::gro_segment(&self.hdrs[i].msg_hdr) };
+            let len = self.iov[i].iov_len;
+            let base = i * self.slot;
+            let before = segs.len();
+            for (at, l) in gso::split_gro(len, gso_size).take(gso::MAX_GRO_SEGMENTS) {
+                segs.push(((base + at) as u32, l as u32));
+            }
+            let got = segs.len() - before;
+            if got > 1 {
+                *coalesced += got as u64;
+            }
+        }
+        self.count = segs.len();
+    }
+
+    /// Receives up to `capacity` datagrams (GRO mode: buffers, each holding
+    /// one or more datagrams) from `fd` without blocking; returns how many
+    /// datagrams arrived (0 when none was waiting). Read them with
     /// [`get`](Self::get).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.count = 0;
         for v in &mut self.iov {
             v.iov_len = self.slot;
+        }
+        if let Mode::Gro { ctrl, .. } = &self.mode {
+            for (h, c) in self.hdrs.iter_mut().zip(ctrl) {
+                h.msg_hdr.msg_controllen = std::mem::size_of_val(c) as _;
+            }
         }
         loop {
             // SAFETY: `capacity` valid mmsghdrs whose iovecs point into
@@ -161,7 +297,8 @@ impl DatagramBatch {
                     self.iov[i].iov_len = (self.hdrs[i].msg_len as usize).min(self.slot);
                 }
                 self.count = n;
-                return Ok(n);
+                self.split_received(n);
+                return Ok(self.count);
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
@@ -223,5 +360,68 @@ mod tests {
         }
         assert_eq!(n, 1);
         assert_eq!(rx.get(0), &[7u8; 64][..]);
+    }
+
+    /// Payloads of `lens` bytes, each distinct.
+    fn payloads(lens: &[usize]) -> Vec<Vec<u8>> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &l)| (0..l).map(|k| (k * 13 + i * 7) as u8).collect())
+            .collect()
+    }
+
+    fn send_gso(a: &UdpSocket, want: &[Vec<u8>]) -> DatagramBatch {
+        let mut tx = DatagramBatch::new_gso(BATCH, SLOT);
+        for p in want {
+            tx.next_slot().unwrap()[..p.len()].copy_from_slice(p);
+            tx.commit(p.len());
+        }
+        tx.send_all(a.as_raw_fd()).unwrap();
+        tx
+    }
+
+    fn recv_until(rx: &mut DatagramBatch, fd: RawFd, n: usize) -> Vec<Vec<u8>> {
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < n && std::time::Instant::now() < deadline {
+            let k = rx.recv(fd).unwrap();
+            got.extend((0..k).map(|i| rx.get(i).to_vec()));
+        }
+        got
+    }
+
+    /// Loopback hands a GSO send whole to a socket with UDP_GRO on: one
+    /// buffer, which the batch splits back into the datagrams sent.
+    #[test]
+    fn a_gso_send_arrives_whole_at_a_gro_socket_and_splits_into_its_datagrams() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.connect(b.local_addr().unwrap()).unwrap();
+        b.connect(a.local_addr().unwrap()).unwrap();
+        gso::set_gro(b.as_raw_fd(), true).unwrap();
+        let mut lens = vec![1000; 20];
+        lens.push(300);
+        lens.extend([700; 5]);
+        let want = payloads(&lens);
+        let tx = send_gso(&a, &want);
+        assert_eq!(tx.coalesced(), 26, "two super-datagrams of 21 and 5");
+
+        let mut rx = DatagramBatch::new_gro(4);
+        let got = recv_until(&mut rx, b.as_raw_fd(), want.len());
+        assert_eq!(got, want);
+        assert_eq!(rx.coalesced(), 26, "both arrived whole, not segmented");
+    }
+
+    /// A socket without UDP_GRO gets a GSO send as separate datagrams.
+    #[test]
+    fn a_gso_send_reaches_a_plain_socket_as_separate_datagrams() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.connect(b.local_addr().unwrap()).unwrap();
+        b.connect(a.local_addr().unwrap()).unwrap();
+        let want = payloads(&[1470, 1470, 1470, 90]);
+        send_gso(&a, &want);
+        let mut rx = DatagramBatch::new(BATCH, SLOT);
+        assert_eq!(recv_until(&mut rx, b.as_raw_fd(), want.len()), want);
     }
 }
