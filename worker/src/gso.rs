@@ -247,6 +247,37 @@ pub fn send_probe(fd: RawFd, datagram: &[u8]) -> io::Result<()> {
     }
 }
 
+/// Receives one datagram from `fd` into `buf` without blocking, cutting a
+/// `UDP_GRO` buffer at its first datagram; returns its length.
+pub fn recv_first(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    let mut ctrl = Cmsg::ZERO;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all-zero is valid (no name).
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctrl.0.as_mut_ptr().cast();
+    m.msg_controllen = std::mem::size_of_val(&ctrl) as _;
+    loop {
+        // SAFETY: `m` points at `iov` (over `buf`) and `ctrl`, alive for
+        // the call.
+        let r = unsafe { libc::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            let n = (r as usize).min(buf.len());
+            // SAFETY: the kernel wrote `m`'s control data.
+            let seg = unsafe { gro_segment(&m) };
+            return Ok(split_gro(n, seg).next().map_or(0, |(_, l)| l));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
 /// What to tell an operator whose kernel refused GSO or GRO with `e`.
 pub fn unavailable_hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {

@@ -10,6 +10,16 @@
 //! I/O shell around it: build datagrams, send, poll, receive, feed results.
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
+//!
+//! Transports ([`TransportKind`], `WorkerConfig::transport_kind`): `mmsg`
+//! moves one datagram per `mmsghdr` with `sendmmsg`/`recvmmsg`; `udp-gso`
+//! also coalesces consecutive DATA into `UDP_SEGMENT` super-datagrams and
+//! receives RESULTs with `UDP_GRO` (several per buffer, split here), so the
+//! kernel walks its UDP/IP send and receive paths once per super-datagram
+//! instead of once per chunk. `auto` (the default) turns `UDP_GRO` on and
+//! sends the join's first HELLO with a one-segment `UDP_SEGMENT` message: if
+//! the kernel takes both, `udp-gso`, else `mmsg` with one warning saying why
+//! (see [`gso`] for the kernel facts). The wire is the same either way.
 
 pub mod gso;
 pub mod loopback;
@@ -28,6 +38,7 @@ use proto::wire::{
 };
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
+pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
 
 /// How to reach the switch and which job to join.
@@ -41,6 +52,8 @@ pub struct WorkerConfig {
     pub n_workers: u16,
     pub secret: [u8; SECRET_LEN],
     pub transport: TransportConfig,
+    /// How datagrams move to and from the switch (default: auto).
+    pub transport_kind: TransportKind,
     /// How long to wait for all ranks to join.
     pub join_timeout: Duration,
     /// Fail a collective when no RESULT made progress for this long.
@@ -75,6 +88,7 @@ impl WorkerConfig {
             n_workers,
             secret,
             transport: TransportConfig::default(),
+            transport_kind: TransportKind::Auto,
             join_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(5),
         }
@@ -240,6 +254,16 @@ pub enum WorkerError {
     },
     #[error("job {job}: the switch's chunk size {elems} or pool size {slots} is unusable")]
     BadJoinAck { job: u16, elems: u16, slots: u16 },
+    #[error(
+        "{call} failed on the UDP socket to switch {switch}: {source}: transport \"udp-gso\" \
+         cannot work here; {hint}"
+    )]
+    TransportUnavailable {
+        call: &'static str,
+        switch: SocketAddrV4,
+        source: io::Error,
+        hint: &'static str,
+    },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
 }
@@ -265,6 +289,10 @@ pub struct WorkerStats {
     pub srtt_us: u64,
     /// Current retransmission timeout in microseconds.
     pub rto_us: u64,
+    /// DATA sent inside `UDP_SEGMENT` super-datagrams of several (udp-gso).
+    pub tx_coalesced: u64,
+    /// Datagrams received in `UDP_GRO` buffers holding several (udp-gso).
+    pub rx_coalesced: u64,
 }
 
 /// What the receive loop learned.
@@ -302,6 +330,12 @@ pub struct Worker {
     /// DATA queued for one `sendmmsg`, RESULTs from one `recvmmsg`.
     txb: DatagramBatch,
     rxb: DatagramBatch,
+    /// The transport in use: `Mmsg` until the GSO probe succeeded.
+    kind: TransportKind,
+    /// `UDP_GRO` is on: single receives must cut at the first datagram.
+    gro: bool,
+    /// The next HELLO is the GSO probe (auto or udp-gso, not yet decided).
+    probe_gso: bool,
     stats: WorkerStats,
     /// What the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Waiting)>,
@@ -338,6 +372,15 @@ impl Worker {
     pub fn join(cfg: WorkerConfig) -> Result<Worker, WorkerError> {
         let sw = cfg.switch;
         let sock = open_socket(&cfg).map_err(io_err("opening", sw))?;
+        let wants_gso = cfg.transport_kind != TransportKind::Mmsg;
+        let gro = wants_gso
+            && match gso::set_gro(sock.as_raw_fd(), true) {
+                Ok(()) => true,
+                Err(e) => {
+                    Self::gso_refused(&cfg, "setsockopt(UDP_GRO)", e)?;
+                    false
+                }
+            };
         let local = match sock.local_addr().map_err(io_err("getsockname", sw))? {
             std::net::SocketAddr::V4(a) => a,
             std::net::SocketAddr::V6(_) => SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0),
@@ -371,6 +414,9 @@ impl Worker {
             rx: vec![0u8; 9216],
             txb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
             rxb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
+            kind: TransportKind::Mmsg,
+            gro,
+            probe_gso: gro,
             stats: WorkerStats::default(),
             missing: None,
             cfg,
@@ -383,6 +429,57 @@ impl Worker {
 
     pub fn rank(&self) -> u16 {
         self.cfg.rank
+    }
+    /// The transport in use (`Mmsg` or `UdpGso`, never `Auto`).
+    pub fn transport(&self) -> TransportKind {
+        self.kind
+    }
+
+    /// A kernel refused `call` of the udp-gso transport with `e`: an error
+    /// when it was asked for, else one warning and `Ok` (mmsg it is).
+    fn gso_refused(
+        cfg: &WorkerConfig,
+        call: &'static str,
+        e: io::Error,
+    ) -> Result<(), WorkerError> {
+        let hint = gso::unavailable_hint(&e);
+        if cfg.transport_kind == TransportKind::UdpGso {
+            return Err(WorkerError::TransportUnavailable {
+                call,
+                switch: cfg.switch,
+                source: e,
+                hint,
+            });
+        }
+        tracing::warn!(
+            job = cfg.job,
+            rank = cfg.rank,
+            "transport auto: using mmsg, not udp-gso: {call} failed: {e} ({hint})"
+        );
+        Ok(())
+    }
+
+    /// Sends the HELLO in `buf[..len]` as the GSO probe and settles the
+    /// transport: udp-gso with its batches when the kernel took it, else
+    /// mmsg (UDP_GRO off again) and the HELLO sent plainly.
+    fn probe_gso(&mut self, len: usize) -> Result<(), WorkerError> {
+        self.probe_gso = false;
+        let fd = self.sock.as_raw_fd();
+        match gso::send_probe(fd, &self.buf[..len]) {
+            Ok(()) => {
+                self.kind = TransportKind::UdpGso;
+                self.txb = DatagramBatch::new_gso(mmsg::GSO_BATCH, mmsg::SLOT);
+                self.rxb = DatagramBatch::new_gro(mmsg::GRO_BATCH);
+                Ok(())
+            }
+            Err(e) => {
+                Self::gso_refused(&self.cfg, "sendmsg(UDP_SEGMENT)", e)?;
+                gso::set_gro(fd, false)
+                    .map_err(io_err("setsockopt(UDP_GRO off)", self.cfg.switch))?;
+                self.gro = false;
+                self.send(len)
+            }
+        }
     }
     pub fn elems_per_chunk(&self) -> u16 {
         self.elems_per_chunk
@@ -413,6 +510,8 @@ impl Worker {
         s.alpha = self.cc.alpha();
         s.srtt_us = self.rtt.srtt().map_or(0, |d| d.as_micros() as u64);
         s.rto_us = self.rtt.rto().as_micros() as u64;
+        s.tx_coalesced = self.txb.coalesced();
+        s.rx_coalesced = self.rxb.coalesced();
         s
     }
 
@@ -451,9 +550,16 @@ impl Worker {
             .map_err(io_err("sendmmsg", self.cfg.switch))
     }
 
-    /// Receives one datagram into `self.rx`; None when nothing is waiting.
+    /// Receives one datagram into `self.rx` (with UDP_GRO on: the first of
+    /// a coalesced buffer, the rest are dropped like lost datagrams); None
+    /// when nothing is waiting.
     fn recv(&mut self) -> Result<Option<usize>, WorkerError> {
-        match self.sock.recv(&mut self.rx) {
+        let got = if self.gro {
+            gso::recv_first(self.sock.as_raw_fd(), &mut self.rx)
+        } else {
+            self.sock.recv(&mut self.rx)
+        };
+        match got {
             Ok(n) => Ok(Some(n)),
             Err(e)
                 if matches!(
@@ -475,7 +581,11 @@ impl Worker {
         } else {
             self.hs.emit_hello(&mut self.buf).ok()
         };
-        self.send(len.expect("buffer holds a HELLO or JOIN"))
+        let len = len.expect("buffer holds a HELLO or JOIN");
+        if self.probe_gso {
+            return self.probe_gso(len);
+        }
+        self.send(len)
     }
 
     /// Joins (HELLO → CHALLENGE → JOIN, each repeated until answered) until

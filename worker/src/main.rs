@@ -6,6 +6,8 @@
 //!   elements, optionally verifying every element against the rank-order sum
 //!   (or, for one leaf of an aggregation tree, `--tree-leaves` and `--leaf`,
 //!   against the tree-order sum over all leaves).
+//!   `--transport auto|mmsg|udp-gso` picks the UDP data path (see the
+//!   library's docs); the report says which one ran.
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
 
@@ -18,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use proto::reference::{expected_sum, expected_tree_sum, fill_pattern, tree_global_rank};
 use proto::wire::{DEFAULT_AGG_PORT, SECRET_LEN};
-use worker::{Worker, WorkerConfig, WorkerError};
+use worker::{TransportKind, Worker, WorkerConfig, WorkerError};
 
 #[derive(Parser)]
 #[command(
@@ -107,6 +109,11 @@ struct AllreduceArgs {
     /// start and the latest end over the ranks).
     #[arg(long)]
     machine_cpu: bool,
+    /// The UDP data path: `udp-gso` (DATA coalesced with UDP_SEGMENT,
+    /// RESULTs with UDP_GRO), `mmsg` (one datagram per message), or `auto`
+    /// (udp-gso when the kernel takes it, else mmsg).
+    #[arg(long, default_value = "auto", value_name = "auto|mmsg|udp-gso")]
+    transport: TransportKind,
     /// Disable the DCTCP window reaction to ECE.
     #[arg(long)]
     no_congestion_control: bool,
@@ -237,6 +244,8 @@ struct Report {
     global_rank: Option<u16>,
     elems_per_chunk: u16,
     pool_slots: u16,
+    /// The transport that ran: "mmsg" or "udp-gso".
+    transport: &'static str,
     stats: worker::WorkerStats,
     /// With `--machine-cpu`: the machine's busy CPU seconds (summed over
     /// CPUs, since boot) at the start of the first all-reduce and at the
@@ -255,6 +264,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
     cfg.transport.window_override = a.window_override;
+    cfg.transport_kind = a.transport;
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
     // In a tree the pattern is the global rank's, and the reference the
     // tree-order sum over every leaf; otherwise the rank-order sum.
@@ -338,6 +348,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         global_rank: tree.as_ref().map(|t| t.global_rank),
         elems_per_chunk: w.elems_per_chunk(),
         pool_slots: w.pool_slots(),
+        transport: w.transport().name(),
         stats,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
     };
@@ -346,8 +357,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "job {job} {who}: {} x {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, resent {}, verified: {}",
-            a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s,
+            "job {job} {who}: {} x {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, resent {}, verified: {}",
+            a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport,
             stats.chunks_resent,
             if a.verify { if mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
         );
@@ -364,12 +375,14 @@ fn join(a: JobArgs) -> Result<ExitCode> {
     match Worker::join(cfg) {
         Ok(w) => {
             println!(
-                "joined job {} as rank {}: gen {:#010x}, {} slots, {} elements per chunk",
+                "joined job {} as rank {}: gen {:#010x}, {} slots, {} elements per chunk, \
+                 transport {}",
                 a.target.job,
                 a.rank,
                 w.generation(),
                 w.pool_slots(),
-                w.elems_per_chunk()
+                w.elems_per_chunk(),
+                w.transport()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -435,6 +448,25 @@ mod tests {
             Cmd::Allreduce(a) => Ok(a),
             Cmd::Join(_) => unreachable!(),
         }
+    }
+
+    #[test]
+    fn transport_flag_takes_the_three_names_and_defaults_to_auto() {
+        assert_eq!(allreduce_args(&[]).unwrap().transport, TransportKind::Auto);
+        for (name, kind) in [
+            ("mmsg", TransportKind::Mmsg),
+            ("udp-gso", TransportKind::UdpGso),
+        ] {
+            assert_eq!(
+                allreduce_args(&["--transport", name]).unwrap().transport,
+                kind
+            );
+        }
+        let e = allreduce_args(&["--transport", "gso"])
+            .err()
+            .expect("an unknown transport is refused")
+            .to_string();
+        assert!(e.contains("udp-gso"), "{e}");
     }
 
     fn place_of(a: &AllreduceArgs) -> Result<Option<TreePlace>> {

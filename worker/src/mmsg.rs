@@ -27,6 +27,12 @@ use crate::gso::{self, Cmsg};
 pub const BATCH: usize = 32;
 /// Bytes per slot on the worker's transport: a jumbo-frame datagram fits.
 pub const SLOT: usize = 9216;
+/// Datagrams per `sendmmsg` of the udp-gso transport: a few whole
+/// super-datagrams of standard-MTU DATA.
+pub const GSO_BATCH: usize = 128;
+/// Buffers per `recvmmsg` of the udp-gso transport; each slot is
+/// [`crate::gso::GRO_SLOT`] bytes, so this many times that is its memory.
+pub const GRO_BATCH: usize = 16;
 
 /// Datagram buffers with their lengths and the syscall headers over them.
 pub struct DatagramBatch {
