@@ -79,10 +79,15 @@ class Worker(_native.Worker):
     """A member of a job on the switch.
 
     ``Worker(switch, job, rank, world_size, secret, *, join_timeout=30.0,
-    stall_timeout=5.0, congestion_control=True, bind=None)`` joins and
-    returns once every rank has joined (the GIL is released while it waits).
-    ``switch`` is ``"address[:port]"`` (port 48879 by default), ``secret``
-    the job's 64 hex digits. A context manager: leaving the block closes it.
+    stall_timeout=5.0, congestion_control=True, bind=None, transport="auto")``
+    joins and returns once every rank has joined (the GIL is released while
+    it waits). ``switch`` is ``"address[:port]"`` (port 48879 by default),
+    ``secret`` the job's 64 hex digits. ``transport`` picks the UDP data
+    path: ``"udp-gso"`` (DATA coalesced with UDP_SEGMENT, RESULTs received
+    with UDP_GRO), ``"mmsg"`` (one datagram per message) or ``"auto"``
+    (udp-gso when the kernel takes it, else mmsg); ``.transport`` says which
+    one runs. A forced transport the kernel refuses raises
+    ``TransportError``. A context manager: leaving the block closes it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

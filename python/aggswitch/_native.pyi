@@ -1,6 +1,6 @@
 """Type stubs of the PyO3 extension (python/src/lib.rs)."""
 
-from typing import Any
+from typing import Any, Literal
 
 DEFAULT_PORT: int
 
@@ -19,6 +19,7 @@ class Worker:
         stall_timeout: float = 5.0,
         congestion_control: bool = True,
         bind: str | None = None,
+        transport: Literal["auto", "mmsg", "udp-gso"] = "auto",
     ) -> "Worker": ...
     def all_reduce(self, buf: Any) -> None:
         """Sums a writable C-contiguous float32 buffer over all ranks, in place."""
@@ -38,6 +39,9 @@ class Worker:
     def world_size(self) -> int: ...
     @property
     def elems_per_chunk(self) -> int: ...
+    @property
+    def transport(self) -> Literal["mmsg", "udp-gso"]:
+        """The UDP data path the worker settled on."""
 
 class LoopbackSwitch:
     """A userspace stand-in for the switch on 127.0.0.1 (one job), for trying

@@ -19,7 +19,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{Worker, WorkerConfig, WorkerError, WorkerStats};
+use worker::{TransportKind, Worker, WorkerConfig, WorkerError, WorkerStats};
 
 /// Builds an exception of `aggswitch.errors.NAME` from its constructor args.
 fn py_error<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
@@ -51,7 +51,7 @@ fn reason_name(r: NackReason) -> &'static str {
 fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
     let msg = e.to_string();
     match e {
-        WorkerError::Io { source, .. } => {
+        WorkerError::Io { source, .. } | WorkerError::TransportUnavailable { source, .. } => {
             py_error(py, "TransportError", (msg, source.raw_os_error()))
         }
         WorkerError::Refused { reason, .. } => {
@@ -151,6 +151,8 @@ struct PyWorker {
     rank: u16,
     world_size: u16,
     elems_per_chunk: u16,
+    /// The transport the worker settled on: "mmsg" or "udp-gso".
+    transport: &'static str,
 }
 
 impl PyWorker {
@@ -170,7 +172,8 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
-                        stall_timeout = 5.0, congestion_control = true, bind = None))]
+                        stall_timeout = 5.0, congestion_control = true, bind = None,
+                        transport = "auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -183,7 +186,11 @@ impl PyWorker {
         stall_timeout: f64,
         congestion_control: bool,
         bind: Option<&str>,
+        transport: &str,
     ) -> PyResult<Self> {
+        let kind = transport
+            .parse::<TransportKind>()
+            .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
         let sw = parse_switch(switch)?;
         let job = u16_arg("job", job, 1)?;
         let world = u16_arg("world_size", world_size, 1)?;
@@ -197,6 +204,7 @@ impl PyWorker {
         cfg.join_timeout = secs("join_timeout", join_timeout)?;
         cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
         cfg.transport.congestion_control = congestion_control;
+        cfg.transport_kind = kind;
         cfg.bind = match bind {
             None => None,
             Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
@@ -213,6 +221,7 @@ impl PyWorker {
             rank,
             world_size: world,
             elems_per_chunk: w.elems_per_chunk(),
+            transport: w.transport().name(),
             inner: Mutex::new(Some(w)),
         })
     }
@@ -294,6 +303,8 @@ impl PyWorker {
         d.set_item("alpha", s.alpha)?;
         d.set_item("srtt_us", s.srtt_us)?;
         d.set_item("rto_us", s.rto_us)?;
+        d.set_item("tx_coalesced", s.tx_coalesced)?;
+        d.set_item("rx_coalesced", s.rx_coalesced)?;
         Ok(d)
     }
 
@@ -336,6 +347,11 @@ impl PyWorker {
     #[getter]
     fn elems_per_chunk(&self) -> u16 {
         self.elems_per_chunk
+    }
+    /// The UDP data path in use: "mmsg" or "udp-gso" (never "auto").
+    #[getter]
+    fn transport(&self) -> &'static str {
+        self.transport
     }
 
     fn __repr__(&self) -> String {
