@@ -28,7 +28,10 @@
 # reader sees the frame's bytes as they are; with offload on, it would see
 # only a partial pseudo-header sum), and transmit VLAN offload off (a tag
 # stays in the frame, where the XDP fast path sees it; switchd refuses the
-# fast path from a veth whose peer has it on).
+# fast path from a veth whose peer has it on). The workers' udp-gso transport
+# works with transmit checksum offload off on recent kernels (checked: 6.18;
+# the kernel segments and sums in software); older kernels refuse UDP GSO
+# there (EIO) and the workers' `auto` transport falls back to mmsg.
 #
 # Leaf-spine (`up --leaves L --spines K --workers-per-leaf W`): every switch
 # is its own namespace, as separate boxes would be. L is 1..254, K is

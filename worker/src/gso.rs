@@ -12,11 +12,16 @@
 //!
 //! Kernel facts this relies on (checked on Linux 6.18): GSO sends work on a
 //! device with transmit checksum offload off (the kernel segments and sums
-//! in software before the device; kernels before 6.11 refused the send with
-//! `EIO` there instead); veth drops its GSO features while the peer runs an
-//! XDP program, so DATA reaches the switch's XDP program as ordinary frames;
-//! loopback delivers a GSO send whole to a socket with `UDP_GRO` on. Hand-
-//! written on `libc` because std and socket2 have no `UDP_SEGMENT`/`UDP_GRO`.
+//! in software before the device; older kernels refuse the send with `EIO`
+//! there instead, which `auto` takes as "use mmsg"); veth drops its GSO
+//! features while the peer runs an XDP program, so DATA reaches the
+//! switch's XDP program as ordinary frames; loopback delivers a GSO send
+//! whole to a socket with `UDP_GRO` on. UDP GRO merges only datagrams with
+//! a nonzero UDP checksum that reach one NAPI poll together: switchd's
+//! RESULTs carry a zero checksum, so on the veth testbed nothing coalesces
+//! (measured) and the GRO side only costs its larger buffers until the
+//! switch fills in RESULT checksums. Hand-written on `libc`
+//! because std and socket2 have no `UDP_SEGMENT`/`UDP_GRO`.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -283,7 +288,7 @@ pub fn unavailable_hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(libc::EIO) => {
             "the kernel refuses UDP GSO on an interface with transmit checksum offload off \
-             (kernels before 6.11): turn it on toward the switch (ethtool -K DEV tx on) or use \
+             (older kernels): turn it on toward the switch (ethtool -K DEV tx on) or use \
              transport \"mmsg\" or \"auto\""
         }
         Some(libc::ENOPROTOOPT | libc::EINVAL | libc::EOPNOTSUPP) => {

@@ -30,9 +30,11 @@ pub const SLOT: usize = 9216;
 /// Datagrams per `sendmmsg` of the udp-gso transport: a few whole
 /// super-datagrams of standard-MTU DATA.
 pub const GSO_BATCH: usize = 128;
-/// Buffers per `recvmmsg` of the udp-gso transport; each slot is
-/// [`crate::gso::GRO_SLOT`] bytes, so this many times that is its memory.
-pub const GRO_BATCH: usize = 16;
+/// Buffers per `recvmmsg` of the udp-gso transport: as many as the mmsg
+/// transport's datagrams, so that a receive moves no fewer datagrams when
+/// nothing was coalesced. Each slot is [`crate::gso::GRO_SLOT`] bytes, so
+/// this many times that is its memory.
+pub const GRO_BATCH: usize = BATCH;
 
 /// Datagram buffers with their lengths and the syscall headers over them.
 pub struct DatagramBatch {
