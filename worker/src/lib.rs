@@ -1062,6 +1062,37 @@ mod tests {
         Waiting::parse(&h, payload)
     }
 
+    /// A kernel that refuses UDP GSO: a forced udp-gso is an error naming
+    /// the call and the fix; auto goes on (with mmsg).
+    #[test]
+    fn a_refused_gso_fails_a_forced_udp_gso_and_lets_auto_fall_back() {
+        let mut cfg = WorkerConfig::new("198.18.0.1:48879".parse().unwrap(), 1, 0, 2, [0; 32]);
+        let eio = || io::Error::from_raw_os_error(libc::EIO);
+        cfg.transport_kind = TransportKind::UdpGso;
+        let e = Worker::gso_refused(&cfg, "sendmsg(UDP_SEGMENT)", eio())
+            .expect_err("forced udp-gso cannot fall back")
+            .to_string();
+        for want in [
+            "sendmsg(UDP_SEGMENT) failed",
+            "198.18.0.1:48879",
+            "transport \"udp-gso\" cannot work here",
+            "transmit checksum offload off",
+            "ethtool -K DEV tx on",
+        ] {
+            assert!(e.contains(want), "{want:?} missing from: {e}");
+        }
+        let old = Worker::gso_refused(
+            &cfg,
+            "setsockopt(UDP_GRO)",
+            io::Error::from_raw_os_error(libc::ENOPROTOOPT),
+        )
+        .expect_err("forced udp-gso cannot fall back")
+        .to_string();
+        assert!(old.contains("lacks UDP GSO/GRO"), "{old}");
+        cfg.transport_kind = TransportKind::Auto;
+        assert!(Worker::gso_refused(&cfg, "sendmsg(UDP_SEGMENT)", eio()).is_ok());
+    }
+
     /// A leaf's HEARTBEAT answer becomes an error that names the spine and
     /// says what to do; an ordinary answer names the ranks.
     #[test]
