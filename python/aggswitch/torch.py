@@ -40,7 +40,7 @@ class AggSwitchState:
 
     ``rank`` and ``world_size`` default to ``torch.distributed``'s. Extra
     keyword arguments go to ``aggswitch.Worker`` (``join_timeout``,
-    ``stall_timeout``, ``congestion_control``, ``bind``).
+    ``stall_timeout``, ``congestion_control``, ``bind``, ``transport``).
     """
 
     def __init__(
