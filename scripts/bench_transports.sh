@@ -79,7 +79,9 @@ for ((r = 0; r < WORKERS; r++)); do
         die "ethtool -K eth0 tx $WORKER_TX failed in $PREFIX-w$r"
 done
 SECRET="$(random_secret)"
-write_testbed_switchd_config "$OUT/switchd.toml" "$SCRIPT_NAME" "$WORKERS" "$SECRET"
+# Its own admin socket: another switchd may hold the default one.
+write_testbed_switchd_config "$OUT/switchd.toml" "$SCRIPT_NAME" "$WORKERS" "$SECRET" \
+    "admin_socket = \"$OUT/switchd.sock\""
 start_switchd "$PREFIX-sw" "$SWITCHD" "$OUT/switchd.log" run --config "$OUT/switchd.toml"
 
 # busy_jiffies: user+nice+system+irq+softirq+steal over all CPUs.
