@@ -283,19 +283,22 @@ pub fn recv_first(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// What to tell an operator whose kernel refused GSO or GRO with `e`.
-pub fn unavailable_hint(e: &io::Error) -> &'static str {
+/// Why a kernel refused GSO or GRO with `e`, and what an operator can do
+/// about it: (reason, fix).
+pub fn unavailable_hint(e: &io::Error) -> (&'static str, &'static str) {
+    const OTHER: &str = "use transport \"mmsg\" or \"auto\"";
     match e.raw_os_error() {
-        Some(libc::EIO) => {
+        Some(libc::EIO) => (
             "the kernel refuses UDP GSO on an interface with transmit checksum offload off \
-             (older kernels): turn it on toward the switch (ethtool -K DEV tx on) or use \
-             transport \"mmsg\" or \"auto\""
-        }
-        Some(libc::ENOPROTOOPT | libc::EINVAL | libc::EOPNOTSUPP) => {
-            "this kernel lacks UDP GSO/GRO (needs Linux 5.0 or later): use transport \"mmsg\" \
-             or \"auto\""
-        }
-        _ => "use transport \"mmsg\" or \"auto\"",
+             (older kernels do)",
+            "turn it on toward the switch (ethtool -K DEV tx on) or use transport \"mmsg\" or \
+             \"auto\"",
+        ),
+        Some(libc::ENOPROTOOPT | libc::EINVAL | libc::EOPNOTSUPP) => (
+            "this kernel lacks UDP GSO/GRO (it needs Linux 5.0 or later)",
+            OTHER,
+        ),
+        _ => ("the kernel refused it", OTHER),
     }
 }
 

@@ -256,13 +256,14 @@ pub enum WorkerError {
     BadJoinAck { job: u16, elems: u16, slots: u16 },
     #[error(
         "{call} failed on the UDP socket to switch {switch}: {source}: transport \"udp-gso\" \
-         cannot work here; {hint}"
+         cannot work here: {reason}; {fix}"
     )]
     TransportUnavailable {
         call: &'static str,
         switch: SocketAddrV4,
         source: io::Error,
-        hint: &'static str,
+        reason: &'static str,
+        fix: &'static str,
     },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
@@ -442,19 +443,20 @@ impl Worker {
         call: &'static str,
         e: io::Error,
     ) -> Result<(), WorkerError> {
-        let hint = gso::unavailable_hint(&e);
+        let (reason, fix) = gso::unavailable_hint(&e);
         if cfg.transport_kind == TransportKind::UdpGso {
             return Err(WorkerError::TransportUnavailable {
                 call,
                 switch: cfg.switch,
                 source: e,
-                hint,
+                reason,
+                fix,
             });
         }
         tracing::warn!(
             job = cfg.job,
             rank = cfg.rank,
-            "transport auto: using mmsg, not udp-gso: {call} failed: {e} ({hint})"
+            "transport auto: using mmsg, not udp-gso: {call} failed: {e}: {reason}"
         );
         Ok(())
     }
