@@ -165,6 +165,9 @@ fn aggregate(a: AggArgs) -> Result<ExitCode> {
         parse_secret(&a.secret)?,
     );
     wc.join_timeout = Duration::from_secs_f64(a.join_timeout);
+    // aggblast reads RESULTs from the sockets itself, one datagram per
+    // message: no UDP_GRO buffers.
+    wc.transport_kind = worker::TransportKind::Mmsg;
     let cfg = blast::AggConfig {
         ifname: a.common.ifname.clone(),
         dst_mac: dst_mac(&a.common)?,

@@ -495,6 +495,8 @@ impl Worker {
     }
     /// The UDP socket to the switch (connected, nonblocking): for tools
     /// that drive the protocol themselves after joining (`aggblast`, bench/).
+    /// With the udp-gso transport it has `UDP_GRO` on (a receive may hold
+    /// several datagrams): such tools join with [`TransportKind::Mmsg`].
     pub fn socket(&self) -> &UdpSocket {
         &self.sock
     }
