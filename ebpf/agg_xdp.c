@@ -46,6 +46,12 @@
  * into the bridge exactly as without the fast path; the bridge applies its
  * own rules to it. What the program cannot judge goes to the bridge.
  *
+ * Multi-buffer frames (jumbo frames on veth, see the SEC comment below) are
+ * judged on their first buffer, which holds every header read here: the
+ * XSKMAP takes them whole (switchd binds with XDP_USE_SG when the port MTU
+ * needs it), and so does the DEVMAP (a driver that cannot transmit them
+ * drops them at redirect time, see docs/FASTPATH.md).
+ *
  * It FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
  * counted as `malformed` and passed.
@@ -257,7 +263,12 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
 	return ret;
 }
 
-SEC("xdp")
+/* "xdp.frags": loaded with BPF_F_XDP_HAS_FRAGS, so a driver may hand it a
+ * frame in several buffers (veth then allows an MTU above one page). Every
+ * header the program reads lies in the first buffer (data..data_end); the
+ * rest of a frame is never touched, so a frame in several buffers is
+ * judged like any other. */
+SEC("xdp.frags")
 int agg_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

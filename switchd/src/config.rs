@@ -40,12 +40,40 @@ use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
 use proto::wire::{elems_per_chunk_for_mtu, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN};
 use serde::Deserialize;
 
-/// Bytes of one UMEM frame; a chunk and its headers must fit in one.
+/// Bytes of one UMEM frame.
 pub const FRAME_SIZE: usize = 4096;
 /// Largest chunk that fits in one received frame: AF_XDP puts received
-/// data [`crate::xdp::RX_HEADROOM`] bytes into the frame.
+/// data [`crate::xdp::RX_HEADROOM`] bytes into the frame. Without
+/// multi-buffer, a chunk and its headers must fit in one.
 pub const MAX_ELEMS_IN_FRAME: u16 =
     ((FRAME_SIZE - crate::xdp::RX_HEADROOM - FRAME_PAYLOAD_OFFSET) / 4) as u16;
+/// Largest port MTU whose frames reach the XDP program and the AF_XDP
+/// socket in one buffer: veth builds an XDP buffer in one 4 KiB page less
+/// headroom and `skb_shared_info`. Above it switchd binds its sockets with
+/// multi-buffer (`XDP_USE_SG`).
+pub const SINGLE_BUFFER_MTU: u16 = 3500;
+/// Largest port MTU switchd serves: a chunk of
+/// [`proto::wire::MAX_ELEMS_PER_CHUNK`] floats, gathered from several
+/// buffers into [`crate::xdp::MAX_PACKET`] bytes.
+pub const MAX_PORT_MTU: u16 = 9000;
+
+/// Whether ports with these MTUs need multi-buffer AF_XDP sockets.
+pub fn needs_multi_buffer(ports: &[String], mtu_of: impl Fn(&str) -> Option<u16>) -> bool {
+    ports
+        .iter()
+        .filter_map(|p| mtu_of(p))
+        .any(|m| m > SINGLE_BUFFER_MTU)
+}
+
+/// Largest chunk a job may have: one frame's worth without multi-buffer,
+/// the protocol's largest (a 9000-byte MTU) with it.
+pub fn max_elems_per_chunk(multi_buffer: bool) -> u16 {
+    if multi_buffer {
+        proto::wire::MAX_ELEMS_PER_CHUNK
+    } else {
+        MAX_ELEMS_IN_FRAME
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -246,6 +274,9 @@ struct ConfigFile {
 pub struct Config {
     pub switch: SwitchSection,
     pub jobs: Vec<JobConfig>,
+    /// Some port's MTU is above [`SINGLE_BUFFER_MTU`]: sockets are bound
+    /// with multi-buffer and chunks may be up to a 9000-byte MTU's.
+    pub multi_buffer: bool,
 }
 
 /// Parses a secret of 64 hex digits.
@@ -263,9 +294,11 @@ impl JobSection {
     /// Turns the section into a job declaration; `default_elems` comes from
     /// the ports' MTU.
     /// `uplink` is `[switch] uplink`, which a job with `upstream` needs.
+    /// `max_elems` is [`max_elems_per_chunk`] for the ports' MTU.
     pub fn to_job_config(
         &self,
         default_elems: u16,
+        max_elems: u16,
         uplink: Option<std::net::SocketAddrV4>,
     ) -> Result<JobConfig, String> {
         let secret = parse_secret(&self.secret).map_err(|e| format!("job {}: {e}", self.id))?;
@@ -309,17 +342,19 @@ impl JobSection {
                 }),
             },
         };
-        cfg.validate(MAX_ELEMS_IN_FRAME)
+        cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;
         Ok(cfg)
     }
 }
 
 /// Elements per chunk that fit every port: from the smallest MTU, capped by
-/// the frame size. `mtu_of` reads an interface's MTU (None if unknown).
+/// what the sockets take (see [`max_elems_per_chunk`]). `mtu_of` reads an
+/// interface's MTU (None if unknown).
 pub fn default_elems_per_chunk(ports: &[String], mtu_of: impl Fn(&str) -> Option<u16>) -> u16 {
     let mtu = ports.iter().filter_map(|p| mtu_of(p)).min().unwrap_or(1500);
-    elems_per_chunk_for_mtu(mtu).clamp(1, MAX_ELEMS_IN_FRAME)
+    let max = max_elems_per_chunk(needs_multi_buffer(ports, &mtu_of));
+    elems_per_chunk_for_mtu(mtu).clamp(1, max)
 }
 
 /// Reads an interface's MTU from sysfs.
@@ -399,7 +434,20 @@ impl Config {
                 sw.frames_per_socket
             )));
         }
-        let default_elems = default_elems_per_chunk(&sw.ports, mtu_of);
+        for p in &sw.ports {
+            match mtu_of(p) {
+                Some(m) if m > MAX_PORT_MTU => {
+                    return Err(invalid(format!(
+                        "switch.ports: {p} has MTU {m}; switchd serves ports up to MTU \
+                         {MAX_PORT_MTU} (ip link set {p} mtu {MAX_PORT_MTU})"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        let multi_buffer = needs_multi_buffer(&sw.ports, &mtu_of);
+        let max_elems = max_elems_per_chunk(multi_buffer);
+        let default_elems = default_elems_per_chunk(&sw.ports, &mtu_of);
         let mut jobs = Vec::new();
         let budget = sw.pool_budget_bytes();
         let mut in_use = 0u64;
@@ -407,7 +455,9 @@ impl Config {
             if jobs.iter().any(|c: &JobConfig| c.id == j.id) {
                 return Err(invalid(format!("job {} is declared twice", j.id)));
             }
-            let cfg = j.to_job_config(default_elems, sw.uplink).map_err(invalid)?;
+            let cfg = j
+                .to_job_config(default_elems, max_elems, sw.uplink)
+                .map_err(invalid)?;
             let need = cfg.pool_bytes();
             if need > budget.saturating_sub(in_use) {
                 let e = JobConfigError::OverBudget {
@@ -424,6 +474,7 @@ impl Config {
         Ok(Config {
             switch: file.switch,
             jobs,
+            multi_buffer,
         })
     }
 }
@@ -503,12 +554,35 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
 
     #[test]
     fn mtu_sets_chunk_size_and_frames_cap_it() {
-        let c = Config::parse(GOOD, Path::new("t"), |_| Some(9000)).unwrap();
-        assert_eq!(c.jobs[0].elems_per_chunk, MAX_ELEMS_IN_FRAME);
+        let c = Config::parse(GOOD, Path::new("t"), |_| Some(3500)).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3500));
+        assert!(!c.multi_buffer);
+        let c = Config::parse(GOOD, Path::new("t"), |_| Some(3826)).unwrap();
+        assert!(c.multi_buffer, "above one page needs multi-buffer");
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3826));
         let c = Config::parse(GOOD, Path::new("t"), |p| {
             Some(if p == "sw-w1" { 1000 } else { 1500 })
         })
         .unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(1000));
+    }
+
+    #[test]
+    fn jumbo_mtu_grants_the_9000_byte_chunk_and_refuses_larger_mtus() {
+        let c = Config::parse(GOOD, Path::new("t"), |_| Some(9000)).unwrap();
+        assert!(c.multi_buffer);
+        assert_eq!(c.jobs[0].elems_per_chunk, 2237);
+        let e = Config::parse(GOOD, Path::new("t"), |p| {
+            Some(if p == "sw-w1" { 9216 } else { 9000 })
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("sw-w1 has MTU 9216"), "{e}");
+        assert!(e.contains("ip link set sw-w1 mtu 9000"), "{e}");
+        // Without multi-buffer a chunk must fit one frame.
+        let big = GOOD.replace("[[job]]\n", "[[job]]\nelems_per_chunk = 2000\n");
+        assert!(Config::parse(&big, Path::new("t"), |_| Some(1500)).is_err());
+        let c = Config::parse(&big, Path::new("t"), |_| Some(9000)).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 2000);
     }
 }

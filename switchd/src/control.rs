@@ -36,6 +36,8 @@ pub struct ControlConfig {
     pub summary_every: Duration,
     pub stats_file: Option<PathBuf>,
     pub default_elems: u16,
+    /// Largest chunk the sockets take ([`crate::config::max_elems_per_chunk`]).
+    pub max_elems: u16,
     /// `[switch] uplink` (jobs added with an upstream need it).
     pub uplink: Option<std::net::SocketAddrV4>,
     pub echo_mode: bool,
@@ -249,9 +251,10 @@ impl<'a> ControlPlane<'a> {
                 AdminReply::ok(serde_json::Value::Array(jobs))
             }
             AdminRequest::AddJob { job } => {
-                match job.to_job_config(self.cfg.default_elems, self.cfg.uplink) {
+                match job.to_job_config(self.cfg.default_elems, self.cfg.max_elems, self.cfg.uplink)
+                {
                     Err(e) => AdminReply::err(e),
-                    Ok(cfg) => match add_job(self.shared, cfg) {
+                    Ok(cfg) => match add_job(self.shared, cfg, self.cfg.max_elems) {
                         Ok(id) => AdminReply::ok(serde_json::json!({ "added": id })),
                         Err(e) => AdminReply::err(e.to_string()),
                     },
@@ -278,12 +281,11 @@ impl<'a> ControlPlane<'a> {
 }
 
 /// Declares a job: checked and charged against the pool budget under the
-/// table lock, allocated without it, inserted under it.
-pub fn add_job(shared: &Shared, cfg: JobConfig) -> Result<u16, JobConfigError> {
+/// table lock, allocated without it, inserted under it. `max_elems` is
+/// the largest chunk the sockets take.
+pub fn add_job(shared: &Shared, cfg: JobConfig, max_elems: u16) -> Result<u16, JobConfigError> {
     let (id, n) = (cfg.id, cfg.n_workers);
-    let r = shared
-        .table()
-        .reserve(&cfg, crate::config::MAX_ELEMS_IN_FRAME)?;
+    let r = shared.table().reserve(&cfg, max_elems)?;
     match r.build(cfg) {
         Ok(job) => {
             shared.table().insert(r, job);
@@ -298,9 +300,13 @@ pub fn add_job(shared: &Shared, cfg: JobConfig) -> Result<u16, JobConfigError> {
 }
 
 /// Declares the configured jobs into a table before the dataplane starts.
-pub fn declare_jobs(table: &mut JobTable, jobs: &[JobConfig]) -> Result<(), JobConfigError> {
+pub fn declare_jobs(
+    table: &mut JobTable,
+    jobs: &[JobConfig],
+    max_elems: u16,
+) -> Result<(), JobConfigError> {
     for j in jobs {
-        table.add(j.clone(), crate::config::MAX_ELEMS_IN_FRAME)?;
+        table.add(j.clone(), max_elems)?;
     }
     Ok(())
 }

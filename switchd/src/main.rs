@@ -91,7 +91,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let mut table_cfg = TableConfig::new(gen, rand::random());
     table_cfg.pool_budget = budget;
     let mut table = JobTable::new(table_cfg, Instant::now());
-    control::declare_jobs(&mut table, &cfg.jobs).context("declaring the configured jobs")?;
+    let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
+    control::declare_jobs(&mut table, &cfg.jobs, max_elems)
+        .context("declaring the configured jobs")?;
 
     let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
     let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
@@ -120,7 +122,18 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         ring_size: (cfg.switch.frames_per_socket / 2).min(4096),
         zero_copy: cfg.switch.zero_copy,
         frame_size: FRAME_SIZE as u32,
+        multi_buffer: cfg.multi_buffer,
     };
+    tracing::info!(
+        multi_buffer = cfg.multi_buffer,
+        max_elems_per_chunk = max_elems,
+        "AF_XDP sockets {}",
+        if cfg.multi_buffer {
+            "bound with XDP_USE_SG: a port MTU above one page, packets may span several frames"
+        } else {
+            "one frame per packet (every port MTU fits one page)"
+        }
+    );
     let mut sockets = Vec::new();
     // In xdp-drop mode the program drops what it would steer: no sockets.
     let socket_ports: &[String] = if xdp_drop { &[] } else { &cfg.switch.ports };
@@ -253,6 +266,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             summary_every: every,
             stats_file: stats_file.clone(),
             default_elems,
+            max_elems,
             uplink: cfg.switch.uplink,
             echo_mode: cfg.switch.mode == DataplaneMode::Echo,
             xdp_drop,

@@ -90,6 +90,12 @@ proto::counter_schema! {
         uplink_send_failed,
         /// Datagrams from the spines (CHALLENGE, JOIN_ACK, RESULT, NACK).
         uplink_received,
+        /// Frames received in several AF_XDP buffers and gathered into one (jumbo frames).
+        rx_multi_buffer,
+        /// Frames dropped because they came in more buffers than the gather buffer holds.
+        rx_too_many_buffers,
+        /// Frames sent in several AF_XDP buffers (jumbo frames).
+        tx_multi_buffer,
     }
 }
 
@@ -462,6 +468,20 @@ impl DataplaneThread {
 
     fn publish(&mut self) {
         let now = Instant::now();
+        // The sockets count these themselves; this thread owns the sums.
+        let (gathered, too_many) = self.rxs.iter().fold((0, 0), |(g, d), s| {
+            let (sg, sd) = s.rx.gather_stats();
+            (g + sg, d + sd)
+        });
+        self.counters.rx_multi_buffer = gathered;
+        self.counters.rx_too_many_buffers = too_many;
+        self.counters.tx_multi_buffer = self
+            .txs
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|t| t.multi_buffer_sent())
+            .sum();
         if self
             .last_kernel_stats
             .is_none_or(|t| now.duration_since(t) >= KERNEL_STATS_EVERY)

@@ -19,8 +19,18 @@
 //!   kernel: when `needs_wakeup` says so, and in copy mode for TX (the kernel
 //!   transmits copy-mode frames only inside `sendto`, at most 32 per call).
 //! * RX frame data starts `XDP_PACKET_HEADROOM` (256 B) into its frame, so a
-//!   received frame is at most `frame_size - 256` bytes; TX frames are written
+//!   received buffer is at most `frame_size - 256` bytes; TX frames are written
 //!   from offset 0 of the frame.
+//! * Multi-buffer (`XskConfig::multi_buffer`, bound with `XDP_USE_SG`): a
+//!   packet larger than one buffer comes as several RX descriptors, all but
+//!   the last with `XDP_PKT_CONTD`. [`Gather`] copies them into a buffer of
+//!   [`MAX_PACKET`] bytes allocated once per socket and hands the caller one
+//!   contiguous packet; a packet that does not fit is dropped and counted.
+//!   A packet may span two `recv_batch` calls: the gather state lives in
+//!   the socket. On TX, a packet is written into a buffer of the same size
+//!   and copied across as many TX frames as it needs, sent as descriptors
+//!   chained with `XDP_PKT_CONTD`. Without multi-buffer, one packet is one
+//!   frame, written in place.
 
 use std::ffi::CString;
 use std::num::NonZeroU32;
@@ -37,6 +47,17 @@ use xdpilone::{
 
 /// Bytes the kernel reserves before RX data in each frame (XDP_PACKET_HEADROOM).
 pub const RX_HEADROOM: usize = 256;
+
+/// Largest packet (Ethernet frame without FCS) a multi-buffer socket
+/// gathers or sends: a 9000-byte MTU frame with a VLAN tag fits.
+pub const MAX_PACKET: usize = 9216;
+
+/// `bind` flag: accept packets in several buffers (linux/if_xdp.h
+/// XDP_USE_SG; xdpilone has no name for it).
+const XDP_USE_SG: u16 = 1 << 4;
+/// Descriptor option: the packet continues in the next descriptor
+/// (linux/if_xdp.h XDP_PKT_CONTD).
+pub const XDP_PKT_CONTD: u32 = 1;
 
 /// How long `open` retries a bind that fails with EBUSY (a previous socket on
 /// the same queue is still being torn down).
@@ -55,6 +76,10 @@ pub struct XskConfig {
     pub zero_copy: bool,
     /// Bytes per frame: 2048 or 4096 (default).
     pub frame_size: u32,
+    /// Bind with `XDP_USE_SG` so that packets larger than one frame pass
+    /// (jumbo frames); `open` fails with a clear error if the kernel or
+    /// driver cannot.
+    pub multi_buffer: bool,
 }
 
 impl Default for XskConfig {
@@ -64,6 +89,7 @@ impl Default for XskConfig {
             ring_size: 2048,
             zero_copy: false,
             frame_size: 4096,
+            multi_buffer: false,
         }
     }
 }
@@ -114,6 +140,18 @@ pub enum XskError {
         call: &'static str,
         ifname: String,
         queue: u32,
+        source: std::io::Error,
+    },
+    #[error(
+        "binding AF_XDP socket to {ifname} queue {queue} with XDP_USE_SG (multi-buffer, needed \
+         for packets larger than one {frame_size}-byte frame) failed: {source}: the kernel \
+         (copy mode needs Linux 6.6 or later) or the driver (zero-copy) lacks AF_XDP \
+         multi-buffer; set the ports' MTU to 3500 or less"
+    )]
+    MultiBuffer {
+        ifname: String,
+        queue: u32,
+        frame_size: u32,
         source: std::io::Error,
     },
     #[error("binding AF_XDP socket to {ifname} queue {queue} failed: {source} ({hint})")]
@@ -285,6 +323,7 @@ pub struct XskRx {
     user: User,
     layout: Layout,
     fill_kicks: u64,
+    gather: Gather,
     // Last: the memory outlives the rings above.
     shared: Arc<Shared>,
 }
@@ -298,6 +337,11 @@ pub struct XskTx {
     /// Descriptors written by `send_with`, not yet in the TX ring;
     /// capacity = ring size, never grows.
     queued: Vec<XdpDesc>,
+    /// Multi-buffer: where `send_with` has a packet written before it is
+    /// copied across TX frames ([`MAX_PACKET`] bytes, allocated once).
+    scatter: Option<Box<[u8]>>,
+    /// Packets sent in more than one TX frame.
+    tx_multi_buffer: u64,
     layout: Layout,
     kicks: u64,
     kick_errors: u64,
@@ -426,7 +470,9 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
     };
     let started = Instant::now();
     let built = loop {
+        let sg = if cfg.multi_buffer { XDP_USE_SG } else { 0 };
         let flags = SocketConfig::XDP_BIND_NEED_WAKEUP
+            | sg
             | match mode {
                 BindMode::Copy => SocketConfig::XDP_BIND_COPY,
                 BindMode::ZeroCopy => SocketConfig::XDP_BIND_ZEROCOPY,
@@ -464,6 +510,14 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
                     std::thread::sleep(BIND_RETRY_STEP);
                     continue;
                 }
+                if cfg.multi_buffer && matches!(code, libc::EINVAL | libc::EOPNOTSUPP) {
+                    return Err(XskError::MultiBuffer {
+                        ifname: ifname.to_string(),
+                        queue,
+                        frame_size: cfg.frame_size,
+                        source: io_err(e),
+                    });
+                }
                 let queues = queue_count(ifname).map_or_else(
                     || "queue count unknown".to_string(),
                     |n| format!("interface {ifname} has {n} queues"),
@@ -500,6 +554,7 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
         ifname,
         queue,
         mode = %mode,
+        multi_buffer = cfg.multi_buffer,
         frames = layout.frame_count,
         frame_size = layout.frame_size,
         ring = layout.ring_size,
@@ -513,6 +568,7 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
         user,
         layout,
         fill_kicks: 0,
+        gather: Gather::new(if cfg.multi_buffer { MAX_PACKET } else { 0 }),
         shared: shared.clone(),
     };
     // Give the kernel every RX frame.
@@ -539,6 +595,10 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
         comp,
         free,
         queued: Vec::with_capacity(layout.ring_size as usize),
+        scatter: cfg
+            .multi_buffer
+            .then(|| vec![0u8; MAX_PACKET].into_boxed_slice()),
+        tx_multi_buffer: 0,
         layout,
         kicks: 0,
         kick_errors: 0,
@@ -567,9 +627,11 @@ impl XskRx {
         self.shared.queue
     }
 
-    /// Reads up to `max` received frames, calls `f(frame_bytes)` for each,
-    /// then recycles all of them into the fill ring (one batched ring op each
-    /// way), kicking only if `needs_wakeup`. Returns the number received.
+    /// Reads up to `max` received descriptors, calls `f(packet_bytes)` for
+    /// each complete packet (a multi-buffer packet gathered into one slice,
+    /// possibly finished by a later call), then recycles every descriptor's
+    /// frame into the fill ring (one batched ring op each way), kicking only
+    /// if `needs_wakeup`. Returns the number of descriptors received.
     pub fn recv_batch(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> u32 {
         let XskRx {
             rx,
@@ -577,6 +639,7 @@ impl XskRx {
             layout,
             shared,
             fill_kicks,
+            gather,
             ..
         } = self;
         let layout = *layout;
@@ -600,7 +663,12 @@ impl XskRx {
                     // inside one RX frame of the live mapping (checked above),
                     // and the TX half never touches RX frames.
                     let bytes = unsafe { std::slice::from_raw_parts(area.at(addr), len as usize) };
-                    f(bytes);
+                    let more = desc.options & XDP_PKT_CONTD != 0;
+                    if !more && !gather.in_packet() {
+                        f(bytes); // one buffer: read in place
+                    } else if let GatherStep::Complete(n) = gather.push(bytes, more) {
+                        f(gather.packet(n));
+                    }
                 } else {
                     debug_assert!(
                         false,
@@ -653,6 +721,13 @@ impl XskRx {
         }
     }
 
+    /// Packets gathered from several descriptors, and packets dropped
+    /// because they did not fit [`MAX_PACKET`] (or came on a socket bound
+    /// without multi-buffer).
+    pub fn gather_stats(&self) -> (u64, u64) {
+        (self.gather.gathered, self.gather.dropped)
+    }
+
     /// How often `recv_batch` had to kick the fill ring.
     pub fn fill_kicks(&self) -> u64 {
         self.fill_kicks
@@ -692,9 +767,15 @@ impl XskTx {
     /// 0 cancels. Queued, not yet committed: call [`flush`](Self::flush).
     /// Returns false if there is no free frame or the TX ring is full (the
     /// caller counts a drop) and also when `f` cancelled.
+    ///
+    /// Multi-buffer: the slice is [`MAX_PACKET`] bytes of a scratch buffer,
+    /// copied across as many TX frames as the packet needs.
     pub fn send_with(&mut self, f: impl FnOnce(&mut [u8]) -> usize) -> bool {
         if self.queued.len() == self.queued.capacity() {
             return false;
+        }
+        if self.scatter.is_some() {
+            return self.send_scattered(f);
         }
         if self.free.is_empty() {
             self.reap();
@@ -725,12 +806,74 @@ impl XskTx {
         true
     }
 
+    fn send_scattered(&mut self, f: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        // Taken out for the call (a move, no allocation) so that `reap` and
+        // the free list can be used while it is read.
+        let Some(mut buf) = self.scatter.take() else {
+            return false;
+        };
+        let len = f(&mut buf);
+        let sent = self.queue_scattered(&buf, len);
+        self.scatter = Some(buf);
+        sent
+    }
+
+    /// Copies `buf[..len]` across free TX frames and queues their chained
+    /// descriptors; false (nothing queued) if frames or queue room lack.
+    fn queue_scattered(&mut self, buf: &[u8], len: usize) -> bool {
+        let size = self.layout.frame_size as usize;
+        if len == 0 || len > buf.len() {
+            debug_assert!(
+                len <= buf.len(),
+                "send_with closure returned {len} > {MAX_PACKET}"
+            );
+            return false;
+        }
+        let frames = len.div_ceil(size);
+        if frames > self.queued.capacity() - self.queued.len() {
+            return false;
+        }
+        if self.free.len() < frames {
+            self.reap();
+            if self.free.len() < frames {
+                return false;
+            }
+        }
+        for piece in scatter_pieces(len, size) {
+            let Some(addr) = self.free.pop() else {
+                return false; // checked above: cannot happen
+            };
+            // SAFETY: as in `send_with`: a free TX frame, owned by user space
+            // until queued, inside the live mapping; `piece.len <= size`.
+            let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
+            frame[..piece.len].copy_from_slice(&buf[piece.offset..piece.offset + piece.len]);
+            self.queued.push(XdpDesc {
+                addr,
+                len: piece.len as u32,
+                options: piece.options,
+            });
+        }
+        if frames > 1 {
+            self.tx_multi_buffer += 1;
+        }
+        true
+    }
+
+    /// Packets sent in more than one TX frame.
+    pub fn multi_buffer_sent(&self) -> u64 {
+        self.tx_multi_buffer
+    }
+
     /// Commits queued descriptors to the TX ring in one batch, kicks the
     /// kernel if it needs it (always in copy mode while frames are pending,
     /// else when `needs_wakeup`), and reaps the completion ring back into the
     /// free list. Descriptors that did not fit the TX ring stay queued.
     pub fn flush(&mut self) {
         if !self.queued.is_empty() {
+            // A multi-buffer packet may be split over two commits: the
+            // kernel keeps the part it has read until the rest comes. (The
+            // ring's free count is refreshed only when it reads 0, so
+            // waiting for room for a whole packet could wait forever.)
             let mut w = self.tx.transmit(self.queued.len() as u32);
             let n = w.insert(self.queued.iter().copied());
             w.commit();
@@ -828,6 +971,104 @@ impl XskTx {
     }
 }
 
+/// One TX descriptor of a packet written across frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    offset: usize,
+    len: usize,
+    options: u32,
+}
+
+/// How a packet of `len` bytes is split over frames of `frame_size` bytes:
+/// full frames, the rest in the last, every piece but the last marked
+/// `XDP_PKT_CONTD`.
+fn scatter_pieces(len: usize, frame_size: usize) -> impl Iterator<Item = Piece> {
+    (0..len).step_by(frame_size).map(move |offset| {
+        let piece = frame_size.min(len - offset);
+        Piece {
+            offset,
+            len: piece,
+            options: if offset + piece < len {
+                XDP_PKT_CONTD
+            } else {
+                0
+            },
+        }
+    })
+}
+
+/// What [`Gather::push`] made of one buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatherStep {
+    /// More buffers of this packet follow.
+    Incomplete,
+    /// The packet is complete: its first `n` bytes are in [`Gather::packet`].
+    Complete(usize),
+    /// The packet's last buffer came but the packet did not fit: dropped.
+    Dropped,
+}
+
+/// Reassembles a packet the kernel split over several RX descriptors into
+/// one buffer allocated once; counts gathered and dropped packets.
+struct Gather {
+    buf: Box<[u8]>,
+    len: usize,
+    /// A buffer of the current packet came that did not fit: skip its rest.
+    overflow: bool,
+    active: bool,
+    gathered: u64,
+    dropped: u64,
+}
+
+impl Gather {
+    fn new(capacity: usize) -> Gather {
+        Gather {
+            buf: vec![0u8; capacity].into_boxed_slice(),
+            len: 0,
+            overflow: false,
+            active: false,
+            gathered: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Whether earlier buffers of an unfinished packet are held.
+    #[inline]
+    fn in_packet(&self) -> bool {
+        self.active
+    }
+
+    /// Adds one buffer; `more` is its `XDP_PKT_CONTD`.
+    fn push(&mut self, bytes: &[u8], more: bool) -> GatherStep {
+        self.active = more;
+        if !self.overflow {
+            match self.buf.get_mut(self.len..self.len + bytes.len()) {
+                Some(dst) => {
+                    dst.copy_from_slice(bytes);
+                    self.len += bytes.len();
+                }
+                None => self.overflow = true,
+            }
+        }
+        if more {
+            return GatherStep::Incomplete;
+        }
+        let n = std::mem::take(&mut self.len);
+        if std::mem::take(&mut self.overflow) {
+            self.dropped += 1;
+            GatherStep::Dropped
+        } else {
+            self.gathered += 1;
+            GatherStep::Complete(n)
+        }
+    }
+
+    /// The packet `push` reported complete with `n` bytes.
+    fn packet(&self, n: usize) -> &[u8] {
+        &self.buf[..n]
+    }
+}
+
 impl std::fmt::Debug for XskRx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XskRx")
@@ -853,6 +1094,9 @@ impl std::fmt::Debug for XskTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes of one RX buffer with 4 KiB frames.
+    const RX_FRAME: usize = 4096 - RX_HEADROOM;
 
     #[test]
     fn default_layout() {
@@ -927,6 +1171,96 @@ mod tests {
         assert!(!l.in_frame(hi, 10, lo, hi), "outside RX half");
         let (tlo, thi) = l.tx_range();
         assert_eq!((tlo, thi), (4 * 2048, 8 * 2048));
+    }
+
+    #[test]
+    fn scatter_splits_into_full_frames_chained_with_contd() {
+        let p: Vec<Piece> = scatter_pieces(9012, 4096).collect();
+        assert_eq!(
+            p,
+            [
+                Piece {
+                    offset: 0,
+                    len: 4096,
+                    options: XDP_PKT_CONTD
+                },
+                Piece {
+                    offset: 4096,
+                    len: 4096,
+                    options: XDP_PKT_CONTD
+                },
+                Piece {
+                    offset: 8192,
+                    len: 820,
+                    options: 0
+                },
+            ]
+        );
+        let one: Vec<Piece> = scatter_pieces(4096, 4096).collect();
+        assert_eq!(
+            one,
+            [Piece {
+                offset: 0,
+                len: 4096,
+                options: 0
+            }]
+        );
+        let small: Vec<Piece> = scatter_pieces(60, 4096).collect();
+        assert_eq!(
+            small,
+            [Piece {
+                offset: 0,
+                len: 60,
+                options: 0
+            }]
+        );
+    }
+
+    /// A packet split like `scatter_pieces` splits it comes back whole and
+    /// unchanged, also across pushes of two recv batches.
+    #[test]
+    fn gather_reassembles_what_scatter_split() {
+        let packet: Vec<u8> = (0..9012u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut g = Gather::new(MAX_PACKET);
+        let mut out = None;
+        for p in scatter_pieces(packet.len(), RX_FRAME) {
+            let more = p.options & XDP_PKT_CONTD != 0;
+            assert!(out.is_none(), "completed before the last buffer");
+            match g.push(&packet[p.offset..p.offset + p.len], more) {
+                GatherStep::Incomplete => assert!(more && g.in_packet()),
+                GatherStep::Complete(n) => out = Some(g.packet(n).to_vec()),
+                GatherStep::Dropped => panic!("dropped a packet that fits"),
+            }
+        }
+        assert_eq!(out.as_deref(), Some(&packet[..]));
+        assert!(!g.in_packet());
+        assert_eq!(g.gathered, 1);
+        // The next packet starts from an empty buffer.
+        assert_eq!(g.push(&[1, 2], true), GatherStep::Incomplete);
+        assert_eq!(g.push(&[3], false), GatherStep::Complete(3));
+        assert_eq!(g.packet(3), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn gather_drops_a_packet_that_does_not_fit_and_recovers() {
+        let mut g = Gather::new(MAX_PACKET);
+        let buf = [0xabu8; RX_FRAME];
+        // Three full RX buffers fit (3 × 3840 > 9216 does not).
+        assert_eq!(g.push(&buf, true), GatherStep::Incomplete);
+        assert_eq!(g.push(&buf, true), GatherStep::Incomplete);
+        assert_eq!(g.push(&buf, true), GatherStep::Incomplete);
+        assert_eq!(g.push(&buf, false), GatherStep::Dropped);
+        assert_eq!((g.gathered, g.dropped), (0, 1));
+        assert!(!g.in_packet());
+        assert_eq!(g.push(&[9; 10], true), GatherStep::Incomplete);
+        assert_eq!(g.push(&[8; 5], false), GatherStep::Complete(15));
+        assert_eq!(&g.packet(15)[9..11], &[9, 8]);
+        assert_eq!((g.gathered, g.dropped), (1, 1));
+        // A socket without multi-buffer has no room: every split packet drops.
+        let mut none = Gather::new(0);
+        assert_eq!(none.push(&[1], true), GatherStep::Incomplete);
+        assert_eq!(none.push(&[1], false), GatherStep::Dropped);
+        assert_eq!(none.dropped, 1);
     }
 
     #[test]
