@@ -114,10 +114,16 @@ pub struct Testbed {
 
 impl Testbed {
     pub fn up(prefix: &str, workers: u16, hosts: u16) -> Testbed {
+        Testbed::up_with_mtu(prefix, workers, hosts, 1500)
+    }
+
+    /// As [`Testbed::up`], with every link (veth ends and bridge) at `mtu`.
+    pub fn up_with_mtu(prefix: &str, workers: u16, hosts: u16, mtu: u16) -> Testbed {
         let out = Command::new("bash")
             .arg(testbed_script())
             .args(["up", "--workers", &workers.to_string()])
             .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
+            .args(["--mtu", &mtu.to_string()])
             .output()
             .expect("running scripts/testbed.sh");
         assert!(
