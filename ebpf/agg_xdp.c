@@ -41,16 +41,19 @@
  *         VLAN offload, for a veth its peer's transmit VLAN offload)
  *                                                       (fwd_vlan_hidden)
  *       - not both ports isolated                          (fwd_isolated)
+ *   - and the frame, if it is in several buffers (a jumbo frame), goes to
+ *     a port whose driver transmits such frames (PORT_F_XMIT_SG: veth)
+ *                                                   (fwd_multi_buffer)
  * Anything else (broadcast, multicast, unknown or aged destinations, frames
  * for the switch itself, VLAN-tagged, malformed IPv4, refusals) is XDP_PASSed
  * into the bridge exactly as without the fast path; the bridge applies its
  * own rules to it. What the program cannot judge goes to the bridge.
  *
  * Multi-buffer frames (jumbo frames on veth, see the SEC comment below) are
- * judged on their first buffer, which holds every header read here: the
+ * judged on their first buffer, which holds every header read here. The
  * XSKMAP takes them whole (switchd binds with XDP_USE_SG when the port MTU
- * needs it), and so does the DEVMAP (a driver that cannot transmit them
- * drops them at redirect time, see docs/FASTPATH.md).
+ * needs it); the DEVMAP only to a port with PORT_F_XMIT_SG, as a driver
+ * without it would drop them at redirect time.
  *
  * It FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
@@ -134,7 +137,7 @@ struct {
 } counters SEC(".maps");
 
 /* Every counter kind must fit in a port's block of `counters`. */
-_Static_assert(CNT_FWD_ISOLATED < CNT_PER_PORT, "counter kinds overflow CNT_PER_PORT");
+_Static_assert(CNT_FWD_MULTI_BUFFER < CNT_PER_PORT, "counter kinds overflow CNT_PER_PORT");
 
 static __always_inline void count(__u32 port_idx, __u32 kind)
 {
@@ -195,9 +198,11 @@ static __always_inline void learn(struct ethhdr *eth, __u32 port_idx, __u64 now)
 }
 
 /* Whether the bridge would forward from port `in` to port `out` (both
- * described by `port_info`): CNT_FORWARDED if so, else the refusal reason. */
+ * described by `port_info`) and the redirect can carry the frame (`multi`:
+ * it is in several buffers): CNT_FORWARDED if so, else the refusal reason. */
 static __always_inline __u32 bridge_verdict(const struct port_info *in,
-					    const struct port_info *out)
+					    const struct port_info *out,
+					    int multi)
 {
 	if (in->bridge_ifindex == 0 || out->bridge_ifindex == 0)
 		return CNT_FWD_NOT_BRIDGED;
@@ -212,6 +217,8 @@ static __always_inline __u32 bridge_verdict(const struct port_info *in,
 		return CNT_FWD_VLAN_HIDDEN;
 	if (in->flags & out->flags & PORT_F_ISOLATED)
 		return CNT_FWD_ISOLATED;
+	if (multi && !(out->flags & PORT_F_XMIT_SG))
+		return CNT_FWD_MULTI_BUFFER;
 	return CNT_FORWARDED;
 }
 
@@ -230,6 +237,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
 	__u64 key;
 	__u32 out;
 	long ret;
+	int multi;
 
 	if (!fwd)
 		return pass(port_idx, CNT_PASSED);
@@ -255,7 +263,10 @@ static __always_inline int forward(struct xdp_md *ctx, struct ethhdr *eth,
 		return pass(port_idx, CNT_PASSED);
 	/* One copy: switchd may rewrite the entry while we read it. */
 	out_copy = *out_info;
-	verdict = bridge_verdict(in, &out_copy);
+	/* The whole frame is longer than its first buffer: a jumbo frame. */
+	multi = bpf_xdp_get_buff_len(ctx) >
+		(__u64)((long)ctx->data_end - (long)ctx->data);
+	verdict = bridge_verdict(in, &out_copy, multi);
 	if (verdict != CNT_FORWARDED)
 		return pass(port_idx, verdict); /* the bridge decides */
 	ret = bpf_redirect_map(&tx_ports, out, XDP_PASS);

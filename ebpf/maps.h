@@ -61,6 +61,12 @@
 #define PORT_F_VLAN_FILTERING 2
 /* brport/isolated: the bridge forwards nothing between two isolated ports. */
 #define PORT_F_ISOLATED 4
+/* A DEVMAP redirect to this port carries a frame in several buffers (a
+ * jumbo frame on veth): the driver has NETDEV_XDP_ACT_NDO_XMIT_SG. switchd
+ * sets it for veth, which has it whenever it can take redirects at all.
+ * Without it such a frame to this port goes to the bridge: the redirect
+ * would drop it. */
+#define PORT_F_XMIT_SG 8
 
 /* Counters per port in `counters`: key port_idx * CNT_PER_PORT + kind.
  * `passed` counts every passed frame on a known port; `malformed` and the
@@ -86,6 +92,8 @@ enum counter_kind {
 	CNT_FWD_VLAN_HIDDEN = 9,
 	/* both ports are isolated */
 	CNT_FWD_ISOLATED = 10,
+	/* a frame in several buffers to a port not known to transmit one */
+	CNT_FWD_MULTI_BUFFER = 11,
 	CNT_PER_PORT = 16,
 };
 

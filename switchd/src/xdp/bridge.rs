@@ -63,6 +63,7 @@ use aya::maps::{Array, MapData};
 use super::maps::{
     PortInfo, BR_STATE_BLOCKING, BR_STATE_DISABLED, BR_STATE_FORWARDING, BR_STATE_LEARNING,
     BR_STATE_LISTENING, PORT_F_ISOLATED, PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING,
+    PORT_F_XMIT_SG,
 };
 use super::XdpError;
 
@@ -105,6 +106,9 @@ pub struct PortFacts {
     /// `Ok(None)`: in no bridge. `Err`: could not be read.
     pub bridge: Result<Option<BridgeFacts>, String>,
     pub tags: TagVisibility,
+    /// A redirect to the port carries a frame in several buffers
+    /// ([`PORT_F_XMIT_SG`]): known for veth only.
+    pub xmit_multi_buffer: bool,
 }
 
 fn state_name(state: u8) -> &'static str {
@@ -133,6 +137,9 @@ impl PortFacts {
         }
         if self.tags == TagVisibility::Visible {
             flags |= PORT_F_TAGS_VISIBLE;
+        }
+        if self.xmit_multi_buffer {
+            flags |= PORT_F_XMIT_SG;
         }
         PortInfo {
             bridge_ifindex: b.bridge_ifindex,
@@ -675,6 +682,15 @@ fn tag_visibility(
     }
 }
 
+/// Whether a DEVMAP redirect to `ifindex` carries a frame in several
+/// buffers. veth sets NETDEV_XDP_ACT_NDO_XMIT_SG together with
+/// NDO_XMIT; other drivers would need their `xdp_features` read (netdev
+/// generic netlink), which switchd does not do: not assumed.
+fn transmits_multi_buffer(rtnl: &mut Rtnl, ifindex: u32) -> bool {
+    rtnl.link(ifindex)
+        .is_ok_and(|l| l.kind.as_deref() == Some("veth"))
+}
+
 // ---------------------------------------------------------------------------
 
 struct Watched {
@@ -686,15 +702,16 @@ struct Watched {
 }
 
 /// Refusal counters of one port, in [`REFUSAL_NAMES`] order.
-pub type Refusals = [u64; 6];
+pub type Refusals = [u64; REFUSAL_NAMES.len()];
 /// Names of the refusal counters (as in `SteerCounters` and the log).
-pub const REFUSAL_NAMES: [&str; 6] = [
+pub const REFUSAL_NAMES: [&str; 7] = [
     "fwd_not_bridged",
     "fwd_other_bridge",
     "fwd_not_forwarding",
     "fwd_vlan_filtering",
     "fwd_vlan_hidden",
     "fwd_isolated",
+    "fwd_multi_buffer",
 ];
 
 /// The program's `port_info` map and the ports it describes.
@@ -757,6 +774,7 @@ impl BridgeView {
                 None => PortFacts {
                     bridge: Err(format!("ifindex {ifindex} is gone")),
                     tags: TagVisibility::Unknown("interface gone".into()),
+                    xmit_multi_buffer: false,
                 },
                 Some(name) => PortFacts {
                     bridge: read_bridge_facts(&self.sysfs, &name),
@@ -764,6 +782,9 @@ impl BridgeView {
                         Ok(r) => tag_visibility(r, &mut ns, ifindex, &name),
                         Err(e) => TagVisibility::Unknown(e.to_string()),
                     },
+                    xmit_multi_buffer: rtnl
+                        .as_mut()
+                        .is_ok_and(|r| transmits_multi_buffer(r, ifindex)),
                 },
             };
             let info = facts.port_info();
@@ -835,10 +856,12 @@ impl BridgeView {
         {
             return;
         }
-        if counts
-            .iter()
-            .all(|(i, c)| self.logged_refusals.get(i).unwrap_or(&[0; 6]) == c)
-        {
+        if counts.iter().all(|(i, c)| {
+            self.logged_refusals
+                .get(i)
+                .unwrap_or(&[0; REFUSAL_NAMES.len()])
+                == c
+        }) {
             return;
         }
         let parts: Vec<String> = counts
@@ -914,6 +937,7 @@ mod tests {
         PortFacts {
             bridge: Ok(b),
             tags,
+            xmit_multi_buffer: false,
         }
     }
 
@@ -1011,8 +1035,20 @@ mod tests {
         ] {
             assert!(d.contains(want), "{want} missing from {d}");
         }
-        let f = facts(Some(b), TagVisibility::Unknown("a bond device".into()));
+        let f = facts(
+            Some(b.clone()),
+            TagVisibility::Unknown("a bond device".into()),
+        );
         assert_eq!(f.port_info().flags, 0);
+        // A veth takes redirected jumbo frames.
+        let f = PortFacts {
+            xmit_multi_buffer: true,
+            ..facts(Some(b), TagVisibility::Visible)
+        };
+        assert_eq!(
+            u32::from(f.port_info().flags),
+            PORT_F_TAGS_VISIBLE | PORT_F_XMIT_SG
+        );
 
         // Not in a bridge, or unreadable: all zeros, which the program
         // treats as "in no bridge".
@@ -1023,6 +1059,7 @@ mod tests {
         let err = PortFacts {
             bridge: Err("gone".into()),
             tags: TagVisibility::Visible,
+            xmit_multi_buffer: true,
         };
         assert_eq!(err.port_info(), PortInfo::default());
         assert!(err.describe().contains("unreadable"));
@@ -1118,6 +1155,7 @@ mod tests {
             CNT_FWD_VLAN_FILTERING,
             CNT_FWD_VLAN_HIDDEN,
             CNT_FWD_ISOLATED,
+            CNT_FWD_MULTI_BUFFER,
         ];
         // Consecutive, in REFUSAL_NAMES order, inside a port's block.
         for (i, k) in kinds.iter().enumerate() {

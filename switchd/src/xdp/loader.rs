@@ -72,9 +72,10 @@ use aya::{include_bytes_aligned, Ebpf};
 
 use super::bridge::{BridgeView, Refusals};
 use super::maps::{
-    AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_FWD_ISOLATED, CNT_FWD_NOT_BRIDGED,
-    CNT_FWD_NOT_FORWARDING, CNT_FWD_OTHER_BRIDGE, CNT_FWD_VLAN_FILTERING, CNT_FWD_VLAN_HIDDEN,
-    CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT, CNT_STEERED, MODE_STEER, MODE_XDP_DROP,
+    AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_FWD_ISOLATED, CNT_FWD_MULTI_BUFFER,
+    CNT_FWD_NOT_BRIDGED, CNT_FWD_NOT_FORWARDING, CNT_FWD_OTHER_BRIDGE, CNT_FWD_VLAN_FILTERING,
+    CNT_FWD_VLAN_HIDDEN, CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT, CNT_STEERED, MODE_STEER,
+    MODE_XDP_DROP,
 };
 pub use super::maps::{MAX_PORTS, MAX_QUEUES};
 
@@ -94,7 +95,8 @@ static AGG_XDP_OBJ: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ag
 /// another port) but left to the bridge, by reason (ebpf/maps.h,
 /// `CNT_FWD_*`): a port in no bridge, the two ports in different bridges,
 /// a port not forwarding, the bridge filtering VLANs, a VLAN tag the program
-/// might not see on the ingress port, both ports isolated.
+/// might not see on the ingress port, both ports isolated, a frame in
+/// several buffers to a port whose redirect may not carry one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SteerCounters {
     pub steered: u64,
@@ -108,6 +110,7 @@ pub struct SteerCounters {
     pub fwd_vlan_filtering: u64,
     pub fwd_vlan_hidden: u64,
     pub fwd_isolated: u64,
+    pub fwd_multi_buffer: u64,
 }
 
 impl SteerCounters {
@@ -120,6 +123,7 @@ impl SteerCounters {
             self.fwd_vlan_filtering,
             self.fwd_vlan_hidden,
             self.fwd_isolated,
+            self.fwd_multi_buffer,
         ]
     }
 }
@@ -684,6 +688,7 @@ impl SteeringProgram {
             fwd_vlan_filtering: read(CNT_FWD_VLAN_FILTERING)?,
             fwd_vlan_hidden: read(CNT_FWD_VLAN_HIDDEN)?,
             fwd_isolated: read(CNT_FWD_ISOLATED)?,
+            fwd_multi_buffer: read(CNT_FWD_MULTI_BUFFER)?,
         })
     }
 
@@ -884,7 +889,7 @@ mod tests {
     fn program_forwards_only_where_the_bridge_would() {
         use super::super::maps::{
             PortInfo, BR_STATE_DISABLED, BR_STATE_FORWARDING, BR_STATE_LEARNING, PORT_F_ISOLATED,
-            PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING,
+            PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING, PORT_F_XMIT_SG,
         };
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -1015,14 +1020,36 @@ mod tests {
                 Some(CNT_FWD_ISOLATED),
             ),
         ];
-        for (what, in_info, out_info, refusal) in cases {
+        // A jumbo frame, in several buffers here as on veth at MTU 9000,
+        // goes only to a port whose redirect carries such frames.
+        let mut jumbo = frame.clone();
+        jumbo.resize(9000, 0);
+        let jumbo_cases: &[(&str, PortInfo, PortInfo, Option<u32>)] = &[
+            (
+                "jumbo to a veth",
+                port(7, fwd, ok),
+                port(7, fwd, PORT_F_XMIT_SG),
+                None,
+            ),
+            (
+                "jumbo to a port without multi-buffer redirect",
+                port(7, fwd, ok | PORT_F_XMIT_SG),
+                port(7, fwd, ok),
+                Some(CNT_FWD_MULTI_BUFFER),
+            ),
+        ];
+        let all = cases
+            .iter()
+            .map(|c| (c, &frame))
+            .chain(jumbo_cases.iter().map(|c| (c, &jumbo)));
+        for ((what, in_info, out_info, refusal), frame) in all {
             {
                 let mut view = prog.bridges();
                 view.set(IN, *in_info).unwrap();
                 view.set(OUT, *out_info).unwrap();
             }
             let before = prog.counters(IN).unwrap();
-            let action = test_run(&mut prog, LO, &frame);
+            let action = test_run(&mut prog, LO, frame);
             let after = prog.counters(IN).unwrap();
             let grew = |k: u32| {
                 let pick = |c: &SteerCounters| match k {
@@ -1034,6 +1061,7 @@ mod tests {
                     CNT_FWD_VLAN_FILTERING => c.fwd_vlan_filtering,
                     CNT_FWD_VLAN_HIDDEN => c.fwd_vlan_hidden,
                     CNT_FWD_ISOLATED => c.fwd_isolated,
+                    CNT_FWD_MULTI_BUFFER => c.fwd_multi_buffer,
                     _ => unreachable!(),
                 };
                 pick(&after) - pick(&before)
