@@ -11,8 +11,8 @@
 #
 # Usage:
 #   sudo scripts/demo.sh [--workers 4] [--hosts 2] [--mib 64] [--iterations 5]
-#                        [--queues 1] [--timeout 600] [--prefix agg] [--keep-logs]
-#                        [--json FILE]
+#                        [--queues 1] [--mtu 1500] [--timeout 600] [--prefix agg]
+#                        [--keep-logs] [--json FILE]
 #   sudo scripts/demo.sh --leaves L --spines K [--workers W per leaf] ...
 #                        the demo over an aggregation tree: scripts/demo_tree.sh
 #
@@ -22,6 +22,8 @@
 #                   elements)
 #   --iterations K  all-reduce rounds per worker
 #   --queues Q      veth queues (testbed.sh --queues)
+#   --mtu M         MTU of every testbed link, 576..9000 (testbed.sh --mtu);
+#                   switchd sizes its chunks from it (2237 floats at 9000)
 #   --timeout T     seconds the workers get before they are stopped
 #   --prefix P      testbed namespace prefix (default agg: agg-sw, agg-w0, ...)
 #   --keep-logs     keep the folder of logs and config also on success
@@ -55,13 +57,14 @@ HOSTS=2
 MIB=64
 ITERATIONS=5
 QUEUES=1
+MTU=1500
 TIMEOUT=600
 KEEP_LOGS=0
 JSON_OUT=""
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --workers|--hosts|--mib|--iterations|--queues|--timeout|--prefix|--json)
+        --workers|--hosts|--mib|--iterations|--queues|--mtu|--timeout|--prefix|--json)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --workers) WORKERS="$2" ;;
@@ -69,6 +72,7 @@ while [[ $# -gt 0 ]]; do
                 --mib) MIB="$2" ;;
                 --iterations) ITERATIONS="$2" ;;
                 --queues) QUEUES="$2" ;;
+                --mtu) MTU="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --prefix) PREFIX="$2" ;;
                 --json) JSON_OUT="$2" ;;
@@ -84,9 +88,11 @@ uint_in_range "$HOSTS" 0 155 || die "--hosts must be 0..155, got '$HOSTS'"
 uint_in_range "$MIB" 1 4096 || die "--mib must be 1..4096, got '$MIB'"
 uint_in_range "$ITERATIONS" 1 1000000 || die "--iterations must be >= 1, got '$ITERATIONS'"
 uint_in_range "$QUEUES" 1 256 || die "--queues must be 1..256, got '$QUEUES'"
+uint_in_range "$MTU" 576 9000 || die "--mtu must be 576..9000, got '$MTU'"
 uint_in_range "$TIMEOUT" 1 86400 || die "--timeout must be 1..86400 s, got '$TIMEOUT'"
 WORKERS=$((10#$WORKERS)); HOSTS=$((10#$HOSTS)); MIB=$((10#$MIB))
 ITERATIONS=$((10#$ITERATIONS)); QUEUES=$((10#$QUEUES)); TIMEOUT=$((10#$TIMEOUT))
+MTU=$((10#$MTU))
 readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
 
 [[ "$PREFIX" =~ ^[A-Za-z0-9_][A-Za-z0-9_-]{0,30}$ ]] || die "bad --prefix '$PREFIX'"
@@ -145,7 +151,7 @@ SWITCHD_LOG="$WORK/switchd.log"
 
 TESTBED_MADE=1
 bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
-    --hosts "$HOSTS" --queues "$QUEUES"
+    --hosts "$HOSTS" --queues "$QUEUES" --mtu "$MTU"
 
 # --- switchd config -------------------------------------------------------------
 # A fresh random job secret (32 bytes, hex) for this run.

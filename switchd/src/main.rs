@@ -339,6 +339,16 @@ fn check_config(path: &Path) -> Result<()> {
         cfg.switch.agg_port,
         human_bytes(cfg.switch.pool_budget_bytes())
     );
+    println!(
+        "  AF_XDP sockets: {} (chunks up to {} elements)",
+        if cfg.multi_buffer {
+            "multi-buffer (XDP_USE_SG): a port MTU is above 3500; needs AF_XDP multi-buffer \
+             (Linux 6.6 or later in copy mode)"
+        } else {
+            "one frame per packet: every port MTU is 3500 or less"
+        },
+        switchd::config::max_elems_per_chunk(cfg.multi_buffer)
+    );
     for j in &cfg.jobs {
         println!(
             "  job {}: {} workers, {} slots, {} elements per chunk, window {}, pool {}",
