@@ -14,7 +14,9 @@
 //! from where it lies: the xsk layer gives each half of a socket its own
 //! frames (RX frames are recycled into the fill ring inside
 //! `recv_batch`), and on veth, copy mode copies every frame into an skb
-//! anyway, so the extra memcpy of ≤ 1.5 KB is small next to that. Batched
+//! anyway, so the extra memcpy of one frame is small next to that (a jumbo
+//! frame on a multi-buffer socket is gathered and scattered by
+//! [`crate::xdp::xsk`] like any other: echo sees one contiguous frame). Batched
 //! like the aggregation path: up to [`crate::dataplane::RX_BATCH`] frames per
 //! ring operation, one flush (and at most the copy-mode kicks) per round, no
 //! allocation.

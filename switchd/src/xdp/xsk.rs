@@ -1285,4 +1285,18 @@ mod tests {
         );
         assert!(m.contains("has 1 queues"), "{m}");
     }
+
+    #[test]
+    fn multi_buffer_error_says_what_the_kernel_lacks_and_what_to_do() {
+        let e = XskError::MultiBuffer {
+            ifname: "sw-w0".into(),
+            queue: 0,
+            frame_size: 4096,
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        let m = e.to_string();
+        for want in ["sw-w0 queue 0", "XDP_USE_SG", "4096", "6.6", "MTU to 3500"] {
+            assert!(m.contains(want), "{want} missing from: {m}");
+        }
+    }
 }
