@@ -148,6 +148,7 @@ impl JobSpec {
             secret: secret(id),
             pool_slots,
             elems_per_chunk: 1 + (self.elems % 8) as u16,
+            dtype: Default::default(),
             window: 1 + (self.window as u16 % pool_slots),
             // Trees are covered by proto/tests/simulated_tree.rs.
             upstream: None,

@@ -89,6 +89,7 @@ fn config(elems: u16) -> JobConfig {
         secret: SECRET,
         pool_slots: POOL,
         elems_per_chunk: elems,
+        dtype: Default::default(),
         window: POOL,
         upstream: None,
     }

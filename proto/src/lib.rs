@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 
 pub mod auth;
+pub mod elements;
 pub mod handshake;
 pub mod reference;
 pub mod seq;

@@ -7,6 +7,14 @@
 //! the partials are summed in leaf order. Its workers are numbered by a
 //! *global rank*, the sizes of the earlier leaves plus the local rank
 //! ([`tree_global_rank`]); the patterns they contribute use the global rank.
+//!
+//! A half-precision job (bf16, f16) sums the same way in float32, each
+//! input widened exactly, and rounds the sum once to its dtype
+//! ([`rank_order_sum_half`], [`expected_sum_dtype`]); its workers contribute
+//! the pattern rounded to the dtype ([`pattern_dtype`]).
+
+use crate::elements::round_f32;
+use crate::wire::Dtype;
 
 /// The pattern rank `rank` contributes at `iteration`, element `index`:
 /// deterministic, varied in sign and magnitude, so that rounding order shows.
@@ -33,6 +41,55 @@ pub fn fill_pattern(rank: u16, iteration: u32, out: &mut [f32]) {
     for (i, v) in out.iter_mut().enumerate() {
         *v = pattern(rank, iteration, i);
     }
+}
+
+/// The pattern rounded to `dtype` (widened back to float32): what a worker
+/// of a `dtype` job contributes. Its values span several binades, so sums of
+/// them need rounding in bf16 and f16 too.
+pub fn pattern_dtype(dtype: Dtype, rank: u16, iteration: u32, index: usize) -> f32 {
+    round_f32(dtype, pattern(rank, iteration, index))
+}
+
+/// The expected result of a `dtype` job at `index`: the ranks'
+/// [`pattern_dtype`] values summed in rank order in float32, rounded once to
+/// `dtype` (for f32, [`expected_sum`]).
+pub fn expected_sum_dtype(dtype: Dtype, n_workers: u16, iteration: u32, index: usize) -> f32 {
+    let mut s = pattern_dtype(dtype, 0, iteration, index);
+    for r in 1..n_workers {
+        s += pattern_dtype(dtype, r, iteration, index);
+    }
+    round_f32(dtype, s)
+}
+
+/// Sums half-precision inputs (`dtype` bits, one slice per rank in rank
+/// order) as the switch does: each widened to float32, summed in rank order
+/// in float32, the sum rounded once to `dtype`. Returns `dtype` bits.
+///
+/// # Panics
+/// If `dtype` is f32 (use [`rank_order_sum`]).
+pub fn rank_order_sum_half(dtype: Dtype, inputs: &[&[u16]]) -> Vec<u16> {
+    assert!(dtype != Dtype::F32, "rank_order_sum_half of f32 inputs");
+    let widen = |b: u16| -> f32 {
+        match dtype {
+            Dtype::Bf16 => half::bf16::from_bits(b).to_f32(),
+            _ => half::f16::from_bits(b).to_f32(),
+        }
+    };
+    let Some(first) = inputs.first() else {
+        return Vec::new();
+    };
+    let mut acc: Vec<f32> = first.iter().map(|&b| widen(b)).collect();
+    for r in &inputs[1..] {
+        for (a, &b) in acc.iter_mut().zip(r.iter()) {
+            *a += widen(b);
+        }
+    }
+    acc.iter()
+        .map(|&v| match dtype {
+            Dtype::Bf16 => half::bf16::from_f32(v).to_bits(),
+            _ => half::f16::from_f32(v).to_bits(),
+        })
+        .collect()
 }
 
 /// The expected result at `index`: Σ over ranks in rank order.

@@ -7,8 +7,12 @@
 //! Invariants: accessors of a [`Header`] made by [`Header::new_checked`] never
 //! panic; [`HeaderRepr::parse`] accepts only what version 2 allows (known type,
 //! no reserved flag bits, job ≠ 0, a payload length that matches the type), so
-//! everything after it may trust the fields. All integers are big-endian;
-//! float32 payloads are little-endian IEEE-754. Secrets and MACs never print.
+//! everything after it may trust the fields, except one: the header does not
+//! name a DATA/RESULT's element type, so `parse` accepts `count` elements of
+//! either size (2 or 4 bytes) and the receiver, which knows its job's
+//! [`Dtype`], checks `count × size` exactly ([`Dtype::payload_len`]). All
+//! integers are big-endian; element payloads are little-endian IEEE-754
+//! (float32, or a u16 per bf16/f16 element). Secrets and MACs never print.
 
 use core::fmt;
 
@@ -57,7 +61,14 @@ pub const UPSTREAM_WAIT_LEN: usize = 16;
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
-/// Elements per chunk for a port MTU: (MTU − 20 − 8 − 22) / 4 (362 at 1500).
+/// Elements per chunk of a job of `dtype` for a port MTU: the float32 chunk
+/// scaled by 4 / element size, so a half-precision chunk is twice as many
+/// elements in the same bytes.
+pub const fn elems_per_chunk_for(mtu: u16, dtype: Dtype) -> u16 {
+    dtype.scale_f32_elems(elems_per_chunk_for_mtu(mtu))
+}
+
+/// Float32 elements per chunk for a port MTU: (MTU − 20 − 8 − 22) / 4 (362 at 1500).
 pub const fn elems_per_chunk_for_mtu(mtu: u16) -> u16 {
     if mtu < 54 {
         0
@@ -115,6 +126,100 @@ impl MsgType {
 
 /// Data types a job may aggregate (JOIN `dtype`).
 pub const DTYPE_F32: u8 = 0;
+/// bfloat16, a little-endian u16 per element.
+pub const DTYPE_BF16: u8 = 1;
+/// IEEE binary16, a little-endian u16 per element.
+pub const DTYPE_F16: u8 = 2;
+
+/// The element type of a job's DATA and RESULT payloads. The switch sums
+/// every type in float32 (half-precision values widen exactly) and rounds a
+/// half-precision sum once, to nearest even, when its slot completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Dtype {
+    #[default]
+    F32 = DTYPE_F32,
+    Bf16 = DTYPE_BF16,
+    F16 = DTYPE_F16,
+}
+
+/// A dtype name that is not `f32`, `bf16` or `f16`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown dtype {0:?} (expected f32, bf16 or f16)")]
+pub struct UnknownDtype(pub String);
+
+impl Dtype {
+    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
+
+    /// The dtype a JOIN's `dtype` byte names, if any.
+    pub const fn from_u8(v: u8) -> Option<Dtype> {
+        match v {
+            DTYPE_F32 => Some(Dtype::F32),
+            DTYPE_BF16 => Some(Dtype::Bf16),
+            DTYPE_F16 => Some(Dtype::F16),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element on the wire.
+    pub const fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+
+    /// The name used in configs, CLIs and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+
+    /// Bytes of a DATA/RESULT payload of `count` elements.
+    pub const fn payload_len(self, count: u16) -> usize {
+        count as usize * self.size()
+    }
+
+    /// Elements of this type in the bytes of `f32_elems` float32 elements
+    /// (saturating at u16::MAX).
+    pub const fn scale_f32_elems(self, f32_elems: u16) -> u16 {
+        let v = f32_elems as usize * 4 / self.size();
+        if v > u16::MAX as usize {
+            u16::MAX
+        } else {
+            v as u16
+        }
+    }
+
+    /// Names a JOIN's `dtype` byte for a log or an error: the type's name,
+    /// or the unknown number.
+    pub fn describe(v: u8) -> String {
+        match Dtype::from_u8(v) {
+            Some(d) => d.name().to_string(),
+            None => format!("unknown dtype {v}"),
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl core::str::FromStr for Dtype {
+    type Err = UnknownDtype;
+    fn from_str(s: &str) -> Result<Dtype, UnknownDtype> {
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| UnknownDtype(s.to_string()))
+    }
+}
+
 /// Reduction operations (JOIN `op`).
 pub const OP_SUM: u8 = 0;
 
@@ -383,7 +488,10 @@ impl HeaderRepr {
         }
         let len = h.payload().len();
         let ok = match msg_type {
-            MsgType::Data | MsgType::Result => len == h.count() as usize * 4 && h.count() > 0,
+            // Either element size; the job's dtype decides which is right.
+            MsgType::Data | MsgType::Result => {
+                h.count() > 0 && (len == h.count() as usize * 4 || len == h.count() as usize * 2)
+            }
             MsgType::Join => len == JOIN_PAYLOAD_LEN,
             MsgType::JoinAck => len == JOIN_ACK_PAYLOAD_LEN,
             MsgType::Nack => len == NACK_PAYLOAD_LEN,
@@ -398,7 +506,7 @@ impl HeaderRepr {
         };
         if !ok {
             let what = match msg_type {
-                MsgType::Data | MsgType::Result => "count × 4 (count ≥ 1)",
+                MsgType::Data | MsgType::Result => "count × 2 or count × 4 (count ≥ 1)",
                 MsgType::Join => "a JOIN payload (52 bytes)",
                 MsgType::JoinAck => "a JOIN_ACK payload (6 bytes)",
                 MsgType::Nack => "a NACK payload (20 bytes)",
@@ -887,6 +995,47 @@ mod tests {
         let mut vals = [0f32; 2];
         assert_eq!(read_f32s(h.payload(), &mut vals), 2);
         assert_eq!(vals, [1.0, -2.5]);
+    }
+
+    // The same DATA from a bf16 job: 1.0 and -2.5 as little-endian bf16
+    // (0x3f80, 0xc020); an f16 job's would be 0x3c00, 0xc100.
+    const BF16_DATA_FIXTURE: [u8; 26] = [
+        0x21, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
+        0x09, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x80, 0x3f, 0x20, 0xc0,
+    ];
+
+    #[test]
+    fn half_precision_payloads_are_two_bytes_per_element() {
+        let h = Header::new_checked(&BF16_DATA_FIXTURE[..]).unwrap();
+        let r = HeaderRepr::parse(&h).unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(h.payload().len(), Dtype::Bf16.payload_len(r.count));
+        assert_ne!(h.payload().len(), Dtype::F32.payload_len(r.count));
+        let mut vals = [0f32; 2];
+        crate::elements::read_le(Dtype::Bf16, h.payload(), &mut vals);
+        assert_eq!(vals, [1.0, -2.5]);
+        let mut f16_bytes = [0u8; 4];
+        crate::elements::round_to_le(Dtype::F16, &[1.0, -2.5], &mut f16_bytes);
+        assert_eq!(f16_bytes, [0x00, 0x3c, 0x00, 0xc1]);
+        // Three bytes for two elements fit no element size.
+        let h = Header::new_checked(&BF16_DATA_FIXTURE[..25]).unwrap();
+        assert!(matches!(
+            HeaderRepr::parse(&h),
+            Err(WireError::PayloadLength { len: 3, .. })
+        ));
+        // Dtype codes, names and chunk sizes.
+        assert_eq!(Dtype::from_u8(1), Some(Dtype::Bf16));
+        assert_eq!(Dtype::from_u8(2), Some(Dtype::F16));
+        assert_eq!(Dtype::from_u8(3), None);
+        assert_eq!("bf16".parse::<Dtype>(), Ok(Dtype::Bf16));
+        assert!("float16"
+            .parse::<Dtype>()
+            .unwrap_err()
+            .to_string()
+            .contains("f32, bf16 or f16"));
+        assert_eq!(elems_per_chunk_for(1500, Dtype::Bf16), 724);
+        assert_eq!(elems_per_chunk_for(1500, Dtype::F32), 362);
+        assert_eq!(Dtype::Bf16.scale_f32_elems(MAX_ELEMS_PER_CHUNK), 4474);
     }
 
     #[test]

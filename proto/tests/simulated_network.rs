@@ -131,6 +131,7 @@ fn run_from(
                 secret: [3; 32],
                 pool_slots: slots,
                 elems_per_chunk: elems,
+                dtype: Default::default(),
                 window: slots,
                 upstream: None,
             },

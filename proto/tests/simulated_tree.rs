@@ -127,6 +127,7 @@ impl Tree {
                         secret: SECRET,
                         pool_slots: slots,
                         elems_per_chunk: elems,
+                        dtype: Default::default(),
                         window: slots,
                         upstream: None,
                     },
@@ -150,6 +151,7 @@ impl Tree {
                         secret: SECRET,
                         pool_slots: slots,
                         elems_per_chunk: elems,
+                        dtype: Default::default(),
                         window: slots,
                         upstream: Some(Upstream {
                             leaf_index: i as u16,
@@ -743,6 +745,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         secret,
         pool_slots: 16,
         elems_per_chunk: elems,
+        dtype: Default::default(),
         window: 16,
         upstream: None,
     };

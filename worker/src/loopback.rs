@@ -42,6 +42,7 @@ impl LoopbackConfig {
             secret,
             pool_slots: 64,
             elems_per_chunk: 362,
+            dtype: Default::default(),
             drop_every: 0,
         }
     }
@@ -59,6 +60,7 @@ impl LoopbackConfig {
                 secret: self.secret,
                 pool_slots: self.pool_slots,
                 elems_per_chunk: self.elems_per_chunk,
+                dtype: Default::default(),
                 window: self.pool_slots,
                 upstream: None,
             },

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::wire::SECRET_LEN;
+use crate::wire::{Dtype, SECRET_LEN};
 
 /// An IPv4 prefix (address, prefix length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,8 @@ pub struct JobConfig {
     /// Slots in the pool, a power of two.
     pub pool_slots: u16,
     pub elems_per_chunk: u16,
+    /// Element type of DATA/RESULT payloads; JOINs must name it.
+    pub dtype: Dtype,
     /// Chunks in flight the switch allows (≤ pool_slots).
     pub window: u16,
     /// On a leaf of an aggregation tree: where partial sums go
@@ -83,6 +85,7 @@ impl fmt::Debug for JobConfig {
             .field("secret", &"<redacted>")
             .field("pool_slots", &self.pool_slots)
             .field("elems_per_chunk", &self.elems_per_chunk)
+            .field("dtype", &self.dtype)
             .field("window", &self.window)
             .field("upstream", &self.upstream)
             .finish()
@@ -137,6 +140,12 @@ pub enum JobConfigError {
         budget: u64,
         in_use: u64,
     },
+    #[error(
+        "job {0}: a {1} job cannot be a leaf of an aggregation tree: a leaf would round its \
+         partial sum to {1} before the spine adds it (rounding twice); declare the job on a \
+         single switch, or as f32"
+    )]
+    HalfLeaf(u16, Dtype),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
@@ -144,8 +153,10 @@ pub enum JobConfigError {
 }
 
 impl JobConfig {
-    /// Checks the declaration; `max_elems` is what fits in the switch's frames.
-    pub fn validate(&self, max_elems: u16) -> Result<(), JobConfigError> {
+    /// Checks the declaration; `max_f32_elems` is how many float32 elements
+    /// fit in the switch's frames (a half-precision job fits twice as many).
+    pub fn validate(&self, max_f32_elems: u16) -> Result<(), JobConfigError> {
+        let max_elems = self.dtype.scale_f32_elems(max_f32_elems);
         if self.id == 0 {
             return Err(JobConfigError::ZeroId);
         }
@@ -179,6 +190,9 @@ impl JobConfig {
             ));
         }
         if let Some(u) = &self.upstream {
+            if self.dtype != Dtype::F32 {
+                return Err(JobConfigError::HalfLeaf(self.id, self.dtype));
+            }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
             if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
                 return bad("list 1 to 64 spines");

@@ -87,10 +87,13 @@ pub enum DropReason {
     UnexpectedType,
     /// A LEAVE whose MAC does not verify.
     Unauthenticated,
+    /// A DATA payload that is not `count` elements of the job's dtype (a
+    /// worker of another element size).
+    PayloadLength,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::Duplicate,
         DropReason::Stale,
@@ -105,6 +108,7 @@ impl DropReason {
         DropReason::SourceNotAllowed,
         DropReason::UnexpectedType,
         DropReason::Unauthenticated,
+        DropReason::PayloadLength,
     ];
 
     /// Stable name, for counters and metrics.
@@ -123,6 +127,7 @@ impl DropReason {
             DropReason::SourceNotAllowed => "source_not_allowed",
             DropReason::UnexpectedType => "unexpected_type",
             DropReason::Unauthenticated => "unauthenticated",
+            DropReason::PayloadLength => "payload_length",
         }
     }
 }
@@ -132,7 +137,7 @@ counter_schema! {
     pub struct JobCounters {
         /// Chunks whose sum completed.
         chunks_completed,
-        /// Float32 payload bytes taken into sums.
+        /// Payload bytes (of the job's dtype) taken into sums.
         bytes_aggregated,
         /// DATA messages taken into a slot.
         contributions,

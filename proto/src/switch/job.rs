@@ -24,8 +24,8 @@ use std::time::Instant;
 use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::{serial_lt, serial_offset};
 use crate::wire::{
-    flags, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason, Nonce,
-    DTYPE_F32, OP_SUM,
+    flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason,
+    Nonce, OP_SUM,
 };
 
 use super::config::{Endpoint, JobConfig, JobConfigError, Source};
@@ -101,7 +101,19 @@ pub struct ResultView<'a> {
     pub collective: u32,
     pub ece: bool,
     pub window: u16,
-    pub values: &'a [f32],
+    pub count: u16,
+    pub dtype: Dtype,
+    /// The RESULT payload: `count` little-endian elements of `dtype`.
+    pub payload: &'a [u8],
+}
+
+impl ResultView<'_> {
+    /// The result's values, widened to float32 (for tests and tools).
+    pub fn values(&self) -> Vec<f32> {
+        let mut v = vec![0f32; self.count as usize];
+        crate::elements::read_le(self.dtype, self.payload, &mut v);
+        v
+    }
 }
 
 /// What the switch knows when it judges a JOIN.
@@ -161,6 +173,7 @@ impl Job {
             config.pool_slots,
             config.n_workers,
             config.elems_per_chunk,
+            config.dtype,
             leaf,
         )
         .map_err(|_| oom.clone())?;
@@ -292,7 +305,9 @@ impl Job {
             collective: sh.collective,
             ece: sh.ece,
             window: self.window,
-            values: slot.result(),
+            count: sh.count,
+            dtype: self.config.dtype,
+            payload: slot.result_bytes(self.config.dtype),
         })
     }
 
@@ -360,7 +375,10 @@ impl Job {
         if hdr.rank >= self.config.n_workers {
             return JoinOutcome::Nack(NackReason::RankOutOfRange);
         }
-        if join.n_workers != self.config.n_workers || join.dtype != DTYPE_F32 || join.op != OP_SUM {
+        if join.n_workers != self.config.n_workers
+            || join.dtype != self.config.dtype as u8
+            || join.op != OP_SUM
+        {
             return JoinOutcome::Nack(NackReason::ParametersDiffer);
         }
         let Some(serial) = cx
@@ -511,8 +529,9 @@ impl Job {
         self.state == JobState::Active && self.member(rank).is_some_and(|e| e.source == *from)
     }
 
-    /// Takes one DATA. `values` are the payload bytes (count × 4, checked by
-    /// [`HeaderRepr::parse`]); `ce` tells whether its IP header was CE-marked.
+    /// Takes one DATA. `values` are the payload bytes ([`HeaderRepr::parse`]
+    /// allows either element size; this checks count × the job's element
+    /// size); `ce` tells whether its IP header was CE-marked.
     pub fn on_data(
         &mut self,
         hdr: &HeaderRepr,
@@ -541,6 +560,9 @@ impl Job {
         }
         if hdr.count > self.config.elems_per_chunk {
             return self.drop(DropReason::CountMismatch);
+        }
+        if values.len() != self.config.dtype.payload_len(hdr.count) {
+            return self.drop(DropReason::PayloadLength);
         }
         let slot = self.pool.slot(hdr.seq);
         if slot.shadow.is_some_and(|s| s.seq == hdr.seq) {
@@ -630,7 +652,7 @@ impl Job {
             flags: f,
             job: self.config.id,
             rank,
-            count: r.values.len() as u16,
+            count: r.count,
             seq,
             collective: r.collective,
             window: self.window,

@@ -116,6 +116,11 @@ pub enum Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     Nack(NackReason),
+    /// NACK 5 because the JOIN's dtype is not the job's.
+    DtypeDiffers {
+        job: wire::Dtype,
+        join: u8,
+    },
     /// A JOIN with a nonce older than the rank's accepted one.
     Replayed,
     /// A JOIN of another protocol version.
@@ -131,6 +136,7 @@ impl Refusal {
         match self {
             Refusal::Replayed => 0,
             Refusal::Nack(r) => (r as usize).min(REFUSAL_KINDS - 2),
+            Refusal::DtypeDiffers { .. } => NackReason::ParametersDiffer as usize,
             Refusal::Version(_) => REFUSAL_KINDS - 1,
         }
     }
@@ -149,6 +155,12 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::Nack(r) => write!(f, "{r}"),
+            Refusal::DtypeDiffers { job, join } => write!(
+                f,
+                "{}: the JOIN asks for dtype {}, the job is declared {job}",
+                NackReason::ParametersDiffer,
+                wire::Dtype::describe(*join)
+            ),
             Refusal::Replayed => {
                 f.write_str("replayed JOIN (nonce older than the rank's accepted one)")
             }
@@ -616,6 +628,7 @@ impl JobTable {
             return Verdict::Dropped(None);
         };
         let resets = job.counters.resets;
+        let job_dtype = job.config.dtype;
         let outcome = job.on_join(hdr, &join, from, &cx);
         let reset = job.counters.resets != resets;
         let (n, joined, resume) = (job.n_workers(), job.joined_ranks(), job.resume_point());
@@ -626,7 +639,16 @@ impl JobTable {
         match outcome {
             JoinOutcome::Nack(reason) => {
                 self.nack(from, job_id, rank, reason, join.nonce);
-                self.refused(job_id, rank, ip, Refusal::Nack(reason));
+                let why = match reason {
+                    NackReason::ParametersDiffer if join.dtype != job_dtype as u8 => {
+                        Refusal::DtypeDiffers {
+                            job: job_dtype,
+                            join: join.dtype,
+                        }
+                    }
+                    _ => Refusal::Nack(reason),
+                };
+                self.refused(job_id, rank, ip, why);
             }
             JoinOutcome::Replayed => self.refused(job_id, rank, ip, Refusal::Replayed),
             JoinOutcome::Activated => {
@@ -907,9 +929,9 @@ impl JobTable {
                 let job = self.jobs.get(&r.job)?;
                 hdr = job.result_header(seq, r.rank, retx, gen)?;
                 let res = job.result(seq)?;
-                let bytes = bytemuck::cast_slice::<f32, u8>(res.values);
-                body.get_mut(..bytes.len())?.copy_from_slice(bytes);
-                (bytes.len(), res.ece)
+                body.get_mut(..res.payload.len())?
+                    .copy_from_slice(res.payload);
+                (res.payload.len(), res.ece)
             }
             ReplyMsg::JoinAck => {
                 let job = self.jobs.get(&r.job)?;

@@ -12,10 +12,17 @@
 //! * The shadow copy is kept while the slot aggregates its next seq (as in
 //!   SwitchML): otherwise a worker that lost the RESULT of seq s could never
 //!   get it back once another rank opened seq s + S.
+//! * A half-precision job's contributions are widened to float32 (exactly)
+//!   and summed in float32; the sum is rounded once to the dtype when the
+//!   slot completes, and the shadow holds the rounded payload bytes, so
+//!   resends carry the very bits the first RESULT did.
 //! * Allocation is fallible ([`SlotPool::try_new`]): a pool the machine
 //!   cannot hold is an error, never an abort.
 
 use std::collections::TryReserveError;
+
+use crate::elements;
+use crate::wire::Dtype;
 
 /// A bitmap of ranks (no worker ceiling).
 #[derive(Debug, Clone, Default)]
@@ -102,10 +109,12 @@ impl Slot {
         &self.partial_values[..n.min(self.partial_values.len())]
     }
 
-    /// The values of the shadow copy.
-    pub fn result(&self) -> &[f32] {
-        let n = self.shadow.map_or(0, |s| s.count as usize);
-        &self.result[..n.min(self.result.len())]
+    /// The payload bytes of the shadow copy: `count` elements of `dtype`
+    /// (a half-precision sum is stored rounded, in its wire encoding).
+    pub fn result_bytes(&self, dtype: Dtype) -> &[u8] {
+        let n = self.shadow.map_or(0, |s| dtype.payload_len(s.count));
+        let bytes: &[u8] = bytemuck::cast_slice(&self.result);
+        &bytes[..n.min(bytes.len())]
     }
 }
 
@@ -124,16 +133,18 @@ pub struct SlotPool {
     parked_values: Vec<f32>,
     n: u16,
     elems: usize,
+    dtype: Dtype,
 }
 
 impl SlotPool {
     /// Allocates a pool of `slots` slots (a power of two) for `n` ranks and
-    /// chunks of `elems` floats.
+    /// chunks of `elems` elements of `dtype` (summed as floats).
     /// With `partials`, each slot also keeps a leaf's partial sum.
     pub fn try_new(
         slots: u16,
         n: u16,
         elems: u16,
+        dtype: Dtype,
         partials: bool,
     ) -> Result<SlotPool, TryReserveError> {
         let e = elems as usize;
@@ -156,6 +167,7 @@ impl SlotPool {
             parked_values: try_vec(0.0, slots as usize * n as usize * e)?,
             n,
             elems: e,
+            dtype,
         })
     }
 
@@ -196,7 +208,7 @@ impl SlotPool {
         }
     }
 
-    /// Folds `values` (little-endian f32 bytes) into the slot of `seq` as
+    /// Folds `values` (little-endian elements of the pool's dtype) into the slot of `seq` as
     /// rank `rank`'s contribution, in rank order. The caller has opened the
     /// aggregation and checked that the rank is not yet seen. With `hold`
     /// (a leaf), a completed sum becomes the slot's partial, not its shadow.
@@ -212,14 +224,18 @@ impl SlotPool {
         slot.seen.insert(rank);
         if rank != agg.next_rank {
             let base = (idx * n + rank as usize) * e;
-            crate::simd::read_le_f32(values, &mut self.parked_values[base..base + count]);
+            elements::read_le(
+                self.dtype,
+                values,
+                &mut self.parked_values[base..base + count],
+            );
             slot.parked.insert(rank);
             return Taken::Pending;
         }
         if rank == 0 {
-            crate::simd::read_le_f32(values, &mut slot.acc[..count]);
+            elements::read_le(self.dtype, values, &mut slot.acc[..count]);
         } else {
-            crate::simd::add_le_f32(&mut slot.acc[..count], values);
+            elements::add_le(self.dtype, &mut slot.acc[..count], values);
         }
         agg.next_rank += 1;
         while agg.next_rank < self.n && slot.parked.contains(agg.next_rank) {
@@ -247,6 +263,11 @@ impl SlotPool {
         if hold && slot.partial_values.len() == slot.acc.len() {
             core::mem::swap(&mut slot.acc, &mut slot.partial_values);
             slot.partial = Some(done);
+        } else if self.dtype != Dtype::F32 {
+            // The one rounding: the float32 sum into the dtype's bytes.
+            let out: &mut [u8] = bytemuck::cast_slice_mut(&mut slot.result);
+            elements::round_to_le(self.dtype, &slot.acc[..count], out);
+            slot.shadow = Some(done);
         } else {
             core::mem::swap(&mut slot.acc, &mut slot.result);
             slot.shadow = Some(done);

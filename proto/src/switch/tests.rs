@@ -30,6 +30,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         secret: SECRET,
         pool_slots: slots,
         elems_per_chunk: elems,
+        dtype: Default::default(),
         window: slots,
         upstream: None,
     }
@@ -74,7 +75,7 @@ fn handshake(t: &JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Hands
         job: 5,
         rank,
         n_workers: t.get(5).map_or(1, |j| j.n_workers()),
-        dtype: 0,
+        dtype: t.get(5).map_or(0, |j| j.config.dtype as u8),
         op: 0,
         secret,
         ip: from.source.ip,
@@ -123,8 +124,14 @@ fn join(t: &mut JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Verdic
 }
 
 fn active_table(n: u16, slots: u16, elems: u16) -> JobTable {
+    active_table_of(config(n, slots, elems))
+}
+
+/// A table with job `cfg` declared and every rank joined.
+fn active_table_of(cfg: JobConfig) -> JobTable {
+    let n = cfg.n_workers;
     let mut t = table();
-    t.add(config(n, slots, elems), 1000).unwrap();
+    t.add(cfg, 1000).unwrap();
     for r in 0..n {
         let v = join(&mut t, r, endpoint(r), SECRET);
         let want = if r + 1 == n {
@@ -326,7 +333,7 @@ fn replayed_joins_change_no_state_and_are_counted() {
         data(&mut t, 1, 0, &[2.0]),
         Verdict::Data(DataOutcome::Completed { seq: 0 })
     );
-    assert_eq!(t.get(5).unwrap().result(0).unwrap().values, &[3.0]);
+    assert_eq!(t.get(5).unwrap().result(0).unwrap().values(), &[3.0]);
     // Even after the job went back to joining, the older nonce stays a replay.
     let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (0, 9), t0());
     assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
@@ -503,7 +510,7 @@ fn sum_is_rank_order_whatever_the_arrival_order() {
                 assert_eq!(v, Verdict::Data(DataOutcome::Taken));
             }
         }
-        let got = t.get(5).unwrap().result(0).unwrap().values.to_vec();
+        let got = t.get(5).unwrap().result(0).unwrap().values();
         assert_eq!(bits(&got), bits(&want), "order {order:?}");
     }
 }
@@ -585,7 +592,7 @@ fn spoofed_source_changes_no_sum() {
     );
     data(&mut t, 0, 0, &[1.0]);
     data(&mut t, 1, 0, &[2.0]);
-    assert_eq!(t.get(5).unwrap().result(0).unwrap().values, &[3.0]);
+    assert_eq!(t.get(5).unwrap().result(0).unwrap().values(), &[3.0]);
 }
 
 #[test]
@@ -713,7 +720,7 @@ fn wide_jobs_have_no_rank_ceiling() {
         data_from(&mut t, r, 0, &[r as f32], wide_endpoint(r), GEN);
     }
     let want: f32 = (0..n).map(|r| r as f32).fold(0.0, |a, b| a + b);
-    assert_eq!(t.get(5).unwrap().result(0).unwrap().values, &[want]);
+    assert_eq!(t.get(5).unwrap().result(0).unwrap().values(), &[want]);
 }
 
 fn active_table_wide(n: u16) -> JobTable {
@@ -774,3 +781,5 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
     t.add(config(3, 4, 8), 1000).unwrap();
     assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
 }
+
+mod dtypes;
