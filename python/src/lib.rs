@@ -82,6 +82,7 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
             py_error(py, "ProtocolError", (msg,))
         }
         WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
+        WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }
 }
 

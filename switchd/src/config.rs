@@ -24,8 +24,9 @@
 //! allowed_sources = ["198.18.0.0/24"]
 //! secret = "<64 hex digits>"        # 32 bytes
 //! pool_slots = 256                  # power of two
-//! elems_per_chunk = 362             # default: from the ports' MTU
+//! elems_per_chunk = 362             # default: from the ports' MTU (×2 for bf16/f16)
 //! window = 256                      # default: pool_slots
+//! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -37,7 +38,9 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
-use proto::wire::{elems_per_chunk_for_mtu, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN};
+use proto::wire::{
+    elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
+};
 use serde::Deserialize;
 
 /// Bytes of one UMEM frame.
@@ -244,6 +247,9 @@ pub struct JobSection {
     pub pool_slots: u16,
     pub elems_per_chunk: Option<u16>,
     pub window: Option<u16>,
+    /// Element type: "f32" (when absent), "bf16" or "f16".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
     /// On a leaf: this job's place in its trees.
     #[serde(default)]
     pub upstream: Option<UpstreamSection>,
@@ -291,8 +297,8 @@ pub fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN], String> {
 }
 
 impl JobSection {
-    /// Turns the section into a job declaration; `default_elems` comes from
-    /// the ports' MTU.
+    /// Turns the section into a job declaration; `default_elems` (float32
+    /// elements, scaled for a half-precision dtype) comes from the ports' MTU.
     /// `uplink` is `[switch] uplink`, which a job with `upstream` needs.
     /// `max_elems` is [`max_elems_per_chunk`] for the ports' MTU.
     pub fn to_job_config(
@@ -302,6 +308,12 @@ impl JobSection {
         uplink: Option<std::net::SocketAddrV4>,
     ) -> Result<JobConfig, String> {
         let secret = parse_secret(&self.secret).map_err(|e| format!("job {}: {e}", self.id))?;
+        let dtype: Dtype = match &self.dtype {
+            None => Dtype::F32,
+            Some(d) => d
+                .parse()
+                .map_err(|e| format!("job {}: dtype: {e}", self.id))?,
+        };
         let cfg = JobConfig {
             id: self.id,
             n_workers: self.n_workers,
@@ -315,7 +327,10 @@ impl JobSection {
                 .collect(),
             secret,
             pool_slots: self.pool_slots,
-            elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
+            elems_per_chunk: self
+                .elems_per_chunk
+                .unwrap_or(dtype.scale_f32_elems(default_elems)),
+            dtype,
             window: self.window.unwrap_or(self.pool_slots),
             upstream: match (&self.upstream, uplink) {
                 (None, _) => None,
@@ -584,5 +599,34 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(Config::parse(&big, Path::new("t"), |_| Some(1500)).is_err());
         let c = Config::parse(&big, Path::new("t"), |_| Some(9000)).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, 2000);
+    }
+
+    #[test]
+    fn dtype_is_declared_with_the_job_and_doubles_the_chunk() {
+        assert_eq!(parse(GOOD).unwrap().jobs[0].dtype, Dtype::F32);
+        for (name, dtype) in [("bf16", Dtype::Bf16), ("f16", Dtype::F16)] {
+            let c = parse(&format!("{GOOD}dtype = \"{name}\"\n")).unwrap();
+            assert_eq!(c.jobs[0].dtype, dtype);
+            assert_eq!(
+                c.jobs[0].elems_per_chunk, 724,
+                "twice the f32 chunk at MTU 1500"
+            );
+            // So does the jumbo chunk (multi-buffer sockets).
+            let c = Config::parse(
+                &format!("{GOOD}dtype = \"{name}\"\n"),
+                Path::new("t"),
+                |_| Some(9000),
+            )
+            .unwrap();
+            assert_eq!(c.jobs[0].elems_per_chunk, 2 * 2237);
+        }
+        let e = parse(&format!("{GOOD}dtype = \"fp8\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("job 1") && e.contains("f32, bf16 or f16"), "{e}");
+        let e = parse(&format!("{GOOD}dtype = \"bf16\"\nelems_per_chunk = 2000\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elems_per_chunk must be 1..=1888"), "{e}");
     }
 }

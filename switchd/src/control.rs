@@ -237,6 +237,7 @@ impl<'a> ControlPlane<'a> {
                             "ranks_joined": j.joined_ranks(),
                             "pool_slots": j.config.pool_slots,
                             "elems_per_chunk": j.config.elems_per_chunk,
+                            "dtype": j.config.dtype.name(),
                             "window": j.window(),
                             "pool_bytes": j.config.pool_bytes(),
                             "upstream": j.uplink().map(|u| serde_json::json!({

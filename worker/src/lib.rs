@@ -1,10 +1,14 @@
 //! The worker library: join a job on the aggregation switch, then
-//! `all_reduce(&mut [f32])` as many times as the training loop needs.
+//! `all_reduce(&mut [T])` as many times as the training loop needs, `T` the
+//! job's element type ([`Element`]: f32, bf16 or f16).
 //!
 //! Owns: one UDP socket connected to the switch, the job session (switch
 //! generation, pool size, chunk size, next seq and collective id) and the
 //! inputs of the current and previous collective, kept so that a re-join
 //! after a switch or worker restart can resend from any resume point.
+//! Inputs are kept as wire bytes (little-endian elements of the job's
+//! dtype), so one drive loop serves every element type: DATA payloads are
+//! slices of them and RESULT payloads are copied back as they came.
 //!
 //! The protocol logic lives in `proto::worker` (sans-IO); this is the thin
 //! I/O shell around it: build datagrams, send, poll, receive, feed results.
@@ -33,8 +37,8 @@ use std::time::{Duration, Instant};
 use proto::handshake::{ChallengeError, Handshake, JoinParams};
 use proto::seq::serial_offset;
 use proto::wire::{
-    flags, write_f32s, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason,
-    DTYPE_F32, HEADER_LEN, OP_SUM, SECRET_LEN,
+    flags, Dtype, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason, HEADER_LEN,
+    OP_SUM, SECRET_LEN,
 };
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
@@ -51,6 +55,9 @@ pub struct WorkerConfig {
     pub rank: u16,
     pub n_workers: u16,
     pub secret: [u8; SECRET_LEN],
+    /// Element type of the job (its JOIN names it; the switch refuses
+    /// another).
+    pub dtype: Dtype,
     pub transport: TransportConfig,
     /// How datagrams move to and from the switch (default: auto).
     pub transport_kind: TransportKind,
@@ -67,6 +74,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("job", &self.job)
             .field("rank", &self.rank)
             .field("n_workers", &self.n_workers)
+            .field("dtype", &self.dtype)
             .field("secret", &"<redacted>")
             .finish_non_exhaustive()
     }
@@ -87,6 +95,7 @@ impl WorkerConfig {
             rank,
             n_workers,
             secret,
+            dtype: Dtype::F32,
             transport: TransportConfig::default(),
             transport_kind: TransportKind::Auto,
             join_timeout: Duration::from_secs(30),
@@ -192,6 +201,35 @@ fn stall_reason(missing: Option<&[u16]>, upstream: Option<&SpineWait>) -> String
     }
 }
 
+/// An element type a job can all-reduce: its wire encoding is its
+/// little-endian memory (the crate supports little-endian targets only).
+pub trait Element: bytemuck::Pod {
+    const DTYPE: Dtype;
+}
+
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+}
+
+/// What the worker asked for, named in a refusal for differing parameters.
+fn refusal_hint(reason: &NackReason, n_workers: u16, dtype: Dtype) -> String {
+    match reason {
+        NackReason::ParametersDiffer => format!(
+            "; this worker joined with n_workers {n_workers}, dtype {dtype}, op sum: match the \
+             job's declaration (switchctl jobs shows its dtype)"
+        ),
+        _ => String::new(),
+    }
+}
+
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -201,11 +239,26 @@ pub enum WorkerError {
         switch: SocketAddrV4,
         source: io::Error,
     },
-    #[error("job {job} rank {rank}: the switch refused: {reason}")]
+    #[error(
+        "job {job} rank {rank}: the switch refused: {reason}{}",
+        refusal_hint(reason, *n_workers, *dtype)
+    )]
     Refused {
         job: u16,
         rank: u16,
         reason: NackReason,
+        n_workers: u16,
+        dtype: Dtype,
+    },
+    #[error(
+        "job {job} rank {rank}: all_reduce of {tensor} elements, but the worker joined the job \
+         as {joined} (pass a tensor of {joined}, or join with dtype {tensor})"
+    )]
+    WrongDtype {
+        job: u16,
+        rank: u16,
+        tensor: Dtype,
+        joined: Dtype,
     },
     #[error(
         "job {job} rank {rank}: no JOIN_ACK from switch {switch} within {waited:?}: \
@@ -282,6 +335,9 @@ pub struct WorkerStats {
     pub ece_results: u64,
     pub rejoins: u64,
     pub nacks: u64,
+    /// RESULTs whose payload was not `count` elements of the job's dtype
+    /// (ignored).
+    pub bad_length_results: u64,
     /// Current congestion window (chunks).
     pub window: u16,
     /// DCTCP α.
@@ -320,10 +376,11 @@ pub struct Worker {
     next_collective: u32,
     rtt: RttEstimator,
     cc: Dctcp,
-    /// Input of the current collective (resends read from here).
-    input: Vec<f32>,
+    /// Input of the current collective as wire bytes (resends read from
+    /// here).
+    input: Vec<u8>,
     /// Input of the previous collective, kept until the current completes.
-    prev_input: Vec<f32>,
+    prev_input: Vec<u8>,
     prev_first_seq: u32,
     prev_collective: Option<u32>,
     buf: Vec<u8>,
@@ -390,7 +447,7 @@ impl Worker {
             job: cfg.job,
             rank: cfg.rank,
             n_workers: cfg.n_workers,
-            dtype: DTYPE_F32,
+            dtype: cfg.dtype as u8,
             op: OP_SUM,
             secret: cfg.secret,
             ip: local.ip().octets(),
@@ -690,13 +747,7 @@ impl Worker {
                             next_send = now;
                         }
                         NackReason::JobNotActive => {}
-                        reason => {
-                            return Err(WorkerError::Refused {
-                                job: self.cfg.job,
-                                rank: self.cfg.rank,
-                                reason,
-                            })
-                        }
+                        reason => return Err(self.refused(reason)),
                     }
                 }
                 _ => {}
@@ -704,23 +755,52 @@ impl Worker {
         }
     }
 
+    fn refused(&self, reason: NackReason) -> WorkerError {
+        WorkerError::Refused {
+            job: self.cfg.job,
+            rank: self.cfg.rank,
+            reason,
+            n_workers: self.cfg.n_workers,
+            dtype: self.cfg.dtype,
+        }
+    }
+
+    /// The job's element type (what this worker joined with).
+    pub fn dtype(&self) -> Dtype {
+        self.cfg.dtype
+    }
+
     /// Sums `data` element-wise across every rank of the job, in place.
     /// Every rank calls it with a tensor of the same length; the result is
-    /// the rank-order sum, bit-identical on every rank.
-    pub fn all_reduce(&mut self, data: &mut [f32]) -> Result<(), WorkerError> {
-        let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
-        if data.len() > max {
-            return Err(WorkerError::TensorTooLong {
-                len: data.len(),
-                max,
+    /// the rank-order sum, bit-identical on every rank (for bf16 and f16,
+    /// summed in float32 and rounded once by the switch). `T` must be the
+    /// dtype the worker joined with.
+    pub fn all_reduce<T: Element>(&mut self, data: &mut [T]) -> Result<(), WorkerError> {
+        if T::DTYPE != self.cfg.dtype {
+            return Err(WorkerError::WrongDtype {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+                tensor: T::DTYPE,
+                joined: self.cfg.dtype,
             });
+        }
+        let len = data.len();
+        self.all_reduce_bytes(bytemuck::cast_slice_mut(data), len)
+    }
+
+    /// [`Worker::all_reduce`] of `len` elements of the job's dtype, given as
+    /// their little-endian bytes.
+    fn all_reduce_bytes(&mut self, data: &mut [u8], len: usize) -> Result<(), WorkerError> {
+        let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
+        if len > max {
+            return Err(WorkerError::TensorTooLong { len, max });
         }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
         let mut input = std::mem::take(&mut self.input);
         input.clear();
         input.extend_from_slice(data);
-        let mut cur = Collective::new(collective, first_seq, data.len(), self.elems_per_chunk);
+        let mut cur = Collective::new(collective, first_seq, len, self.elems_per_chunk);
         let result = self.run_collective(&mut cur, &input, data);
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
@@ -737,8 +817,8 @@ impl Worker {
     fn run_collective(
         &mut self,
         cur: &mut Collective,
-        input: &[f32],
-        out: &mut [f32],
+        input: &[u8],
+        out: &mut [u8],
     ) -> Result<(), WorkerError> {
         loop {
             match self.drive(cur, input, Some(out))? {
@@ -770,7 +850,8 @@ impl Worker {
     fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
         let prev = std::mem::take(&mut self.prev_input);
         let c = self.prev_collective.unwrap_or(0);
-        let mut coll = Collective::new(c, self.prev_first_seq, prev.len(), self.elems_per_chunk);
+        let elems = prev.len() / self.cfg.dtype.size();
+        let mut coll = Collective::new(c, self.prev_first_seq, elems, self.elems_per_chunk);
         coll.restart_from(seq);
         let r = loop {
             match self.drive(&mut coll, &prev, None) {
@@ -797,9 +878,10 @@ impl Worker {
     fn drive(
         &mut self,
         coll: &mut Collective,
-        input: &[f32],
-        mut out: Option<&mut [f32]>,
+        input: &[u8],
+        mut out: Option<&mut [u8]>,
     ) -> Result<Event, WorkerError> {
+        let size = self.cfg.dtype.size();
         let tcfg = self.cfg.transport;
         let mut last_heartbeat: Option<Instant> = None;
         self.missing = None;
@@ -845,11 +927,9 @@ impl Worker {
                 }
                 let slot = self.txb.next_slot().expect("flushed when full");
                 h.emit_to(slot).expect("slot holds a header");
-                let n = write_f32s(
-                    &input[t.offset..t.offset + t.count as usize],
-                    &mut slot[HEADER_LEN..],
-                );
-                self.txb.commit(HEADER_LEN + n);
+                let bytes = &input[t.offset * size..(t.offset + t.count as usize) * size];
+                slot[HEADER_LEN..HEADER_LEN + bytes.len()].copy_from_slice(bytes);
+                self.txb.commit(HEADER_LEN + bytes.len());
                 progressed = true;
             }
             self.flush_tx()?;
@@ -910,7 +990,7 @@ impl Worker {
         &mut self,
         i: usize,
         coll: &mut Collective,
-        out: Option<&mut [f32]>,
+        out: Option<&mut [u8]>,
     ) -> Result<Option<Event>, WorkerError> {
         let Ok(h) = Header::new_checked(self.rxb.get(i)) else {
             return Ok(None);
@@ -923,6 +1003,10 @@ impl Worker {
         }
         let rejoin = match r.msg_type {
             MsgType::Result if r.gen != self.gen => true,
+            MsgType::Result if h.payload().len() != self.cfg.dtype.payload_len(r.count) => {
+                self.stats.bad_length_results += 1;
+                false
+            }
             MsgType::Result => {
                 if r.window != 0 {
                     self.advertised_window = r.window.clamp(1, self.pool_slots);
@@ -939,7 +1023,9 @@ impl Worker {
                     &mut self.cc,
                 );
                 if let (ResultOutcome::Fresh { offset, count, .. }, Some(out)) = (outcome, out) {
-                    proto::wire::read_f32s(h.payload(), &mut out[offset..offset + count as usize]);
+                    let size = self.cfg.dtype.size();
+                    out[offset * size..(offset + count as usize) * size]
+                        .copy_from_slice(h.payload());
                 }
                 false
             }
@@ -953,13 +1039,7 @@ impl Worker {
                     Ok(NackReason::JobNotActive | NackReason::StaleGeneration) => true,
                     // Answers to an earlier join attempt.
                     Ok(NackReason::StaleNonce) | Err(_) => false,
-                    Ok(reason) => {
-                        return Err(WorkerError::Refused {
-                            job: self.cfg.job,
-                            rank: self.cfg.rank,
-                            reason,
-                        })
-                    }
+                    Ok(reason) => return Err(self.refused(reason)),
                 }
             }
             _ => false,

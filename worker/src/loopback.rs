@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig,
 };
-use proto::wire::{MAX_ELEMS_PER_CHUNK, SECRET_LEN};
+use proto::wire::{Dtype, MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.
 #[derive(Clone)]
@@ -30,6 +30,9 @@ pub struct LoopbackConfig {
     /// Slots in the pool, a power of two.
     pub pool_slots: u16,
     pub elems_per_chunk: u16,
+    /// Element type of the job (summed as the switch sums it: the same
+    /// `proto` job table).
+    pub dtype: Dtype,
     /// Drop every n-th datagram received (0: none), to exercise resends.
     pub drop_every: u64,
 }
@@ -60,7 +63,7 @@ impl LoopbackConfig {
                 secret: self.secret,
                 pool_slots: self.pool_slots,
                 elems_per_chunk: self.elems_per_chunk,
-                dtype: Default::default(),
+                dtype: self.dtype,
                 window: self.pool_slots,
                 upstream: None,
             },

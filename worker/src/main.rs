@@ -2,8 +2,10 @@
 //! benchmarks. (The raw-frame packet generator of the rate benchmarks is
 //! `aggblast`, in `bench/`.)
 //!
-//! * `worker allreduce …`: join a job and run K all-reduces of E float32
-//!   elements, optionally verifying every element against the rank-order sum
+//! * `worker allreduce …`: join a job and run K all-reduces of E elements
+//!   (`--dtype` f32, bf16 or f16), optionally verifying every element bit for
+//!   bit against the rank-order sum (for bf16/f16: the float32 sum of the
+//!   inputs, rounded once)
 //!   (or, for one leaf of an aggregation tree, `--tree-leaves` and `--leaf`,
 //!   against the tree-order sum over all leaves).
 //!   `--transport auto|mmsg|udp-gso` picks the UDP data path (see the
@@ -18,14 +20,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use proto::reference::{expected_sum, expected_tree_sum, fill_pattern, tree_global_rank};
-use proto::wire::{DEFAULT_AGG_PORT, SECRET_LEN};
-use worker::{TransportKind, Worker, WorkerConfig, WorkerError};
+use proto::reference::{expected_sum_dtype, expected_tree_sum, pattern, tree_global_rank};
+use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
+use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError};
 
 #[derive(Parser)]
 #[command(
     version,
-    about = "Aggregation-switch worker: all-reduce float32 tensors through the switch"
+    about = "Aggregation-switch worker: all-reduce f32, bf16 or f16 tensors through the switch"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +62,10 @@ struct SwitchJobArgs {
     /// Seconds to wait for every rank to join.
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
+    /// Element type of the job: f32, bf16 or f16 (the job's declaration
+    /// must name the same).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
 }
 
 /// One rank of a job.
@@ -78,7 +84,7 @@ struct JobArgs {
 struct AllreduceArgs {
     #[command(flatten)]
     job: JobArgs,
-    /// Elements (float32) per tensor.
+    /// Elements (of --dtype) per tensor.
     #[arg(long)]
     elements: usize,
     /// Number of all-reduces in a row.
@@ -217,6 +223,7 @@ fn config(a: &JobArgs) -> Result<WorkerConfig> {
         t.workers,
         parse_secret(&t.secret)?,
     );
+    c.dtype = t.dtype;
     c.join_timeout = Duration::from_secs_f64(t.join_timeout);
     c.stall_timeout = Duration::from_secs_f64(a.stall_timeout);
     Ok(c)
@@ -227,6 +234,7 @@ struct Report {
     job: u16,
     rank: u16,
     workers: u16,
+    dtype: &'static str,
     elements: usize,
     iterations: u32,
     seconds: f64,
@@ -254,6 +262,116 @@ struct Report {
     machine_busy_cpu_s: Option<[f64; 2]>,
 }
 
+/// An element the CLI fills and verifies: converted from the float32
+/// pattern (rounded to nearest even) and widened back to compare.
+trait CliElement: Element {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl CliElement for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl CliElement for half::bf16 {
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+impl CliElement for half::f16 {
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+/// What the iterations measured.
+struct Outcome {
+    busy: Duration,
+    mismatches: u64,
+    /// With `--machine-cpu`: the machine's busy CPU seconds when the first
+    /// all-reduce started and when the last one ended.
+    machine_cpu: [f64; 2],
+}
+
+/// Runs the all-reduces on a tensor of `T`: `pattern_rank`'s pattern
+/// (rounded to `T`), checked against `expected` with `--verify`.
+fn iterate<T: CliElement>(
+    w: &mut Worker,
+    a: &AllreduceArgs,
+    pattern_rank: u16,
+    expected: &dyn Fn(u32, usize) -> f32,
+    what: &str,
+) -> Result<Outcome> {
+    let fill = |it: u32, out: &mut [T]| {
+        for (i, v) in out.iter_mut().enumerate() {
+            *v = T::from_f32(pattern(pattern_rank, it, i));
+        }
+    };
+    let zero = T::from_f32(0.0);
+    let mut data = vec![zero; a.elements];
+    // Without --verify every iteration reduces the same input, copied in
+    // from here: generating a fresh pattern costs CPU between the timed
+    // all-reduces, which on a shared machine slows the other ranks' timed
+    // all-reduces and skews their start.
+    let mut template = Vec::new();
+    if !a.verify {
+        template = vec![zero; a.elements];
+        fill(0, &mut template);
+    }
+    let mut busy = Duration::ZERO;
+    let mut mismatches = 0u64;
+    let mut machine_cpu = [0.0f64; 2];
+    for it in 0..a.iterations {
+        if a.verify {
+            fill(it, &mut data);
+        } else {
+            data.copy_from_slice(&template);
+        }
+        if a.machine_cpu && it == 0 {
+            machine_cpu[0] = machine_busy_cpu_seconds()?;
+        }
+        let t = Instant::now();
+        w.all_reduce(&mut data)
+            .with_context(|| format!("all-reduce {it} of {what}"))?;
+        busy += t.elapsed();
+        if a.machine_cpu && it + 1 == a.iterations {
+            machine_cpu[1] = machine_busy_cpu_seconds()?;
+        }
+        if a.verify {
+            for (i, v) in data.iter().enumerate() {
+                let (got, want) = (v.to_f32(), expected(it, i));
+                if got.to_bits() != want.to_bits() {
+                    if mismatches < 10 {
+                        eprintln!(
+                            "MISMATCH {what} iteration {it} element {i}: got {got:e} ({:#010x}), expected {want:e} ({:#010x})",
+                            got.to_bits(),
+                            want.to_bits()
+                        );
+                    }
+                    mismatches += 1;
+                }
+            }
+        }
+    }
+    Ok(Outcome {
+        busy,
+        mismatches,
+        machine_cpu,
+    })
+}
+
 fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let tree = tree_place(
         a.tree_leaves.as_deref(),
@@ -261,6 +379,13 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         a.job.rank,
         a.job.target.workers,
     )?;
+    let dtype = a.job.target.dtype;
+    if tree.is_some() && dtype != Dtype::F32 {
+        bail!(
+            "--dtype {dtype} with --tree-leaves: a {dtype} job cannot be a leaf of an \
+             aggregation tree (the leaf would round its partial sum twice); use a single switch"
+        );
+    }
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
     cfg.transport.window_override = a.window_override;
@@ -271,7 +396,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
     let expected = |it: u32, i: usize| match &tree {
         Some(t) => expected_tree_sum(&t.sizes, it, i),
-        None => expected_sum(n, it, i),
+        None => expected_sum_dtype(dtype, n, it, i),
     };
     let (who, reference) = match &tree {
         Some(t) => (
@@ -284,51 +409,16 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         None => (format!("rank {rank}"), "rank-order sum"),
     };
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
-    let mut data = vec![0f32; a.elements];
-    // Without --verify every iteration reduces the same input, copied in
-    // from here: generating a fresh pattern costs CPU between the timed
-    // all-reduces, which on a shared machine slows the other ranks' timed
-    // all-reduces and skews their start.
-    let mut template = Vec::new();
-    if !a.verify {
-        template = vec![0f32; a.elements];
-        fill_pattern(pattern_rank, 0, &mut template);
-    }
-    let mut busy = Duration::ZERO;
-    let mut mismatches = 0u64;
-    let mut machine_cpu = [0.0f64; 2];
-    for it in 0..a.iterations {
-        if a.verify {
-            fill_pattern(pattern_rank, it, &mut data);
-        } else {
-            data.copy_from_slice(&template);
-        }
-        if a.machine_cpu && it == 0 {
-            machine_cpu[0] = machine_busy_cpu_seconds()?;
-        }
-        let t = Instant::now();
-        w.all_reduce(&mut data)
-            .with_context(|| format!("all-reduce {it} of job {job} ({who})"))?;
-        busy += t.elapsed();
-        if a.machine_cpu && it + 1 == a.iterations {
-            machine_cpu[1] = machine_busy_cpu_seconds()?;
-        }
-        if a.verify {
-            for (i, v) in data.iter().enumerate() {
-                let want = expected(it, i);
-                if v.to_bits() != want.to_bits() {
-                    if mismatches < 10 {
-                        eprintln!(
-                            "MISMATCH job {job} {who} iteration {it} element {i}: got {v:e} ({:#010x}), expected {want:e} ({:#010x})",
-                            v.to_bits(),
-                            want.to_bits()
-                        );
-                    }
-                    mismatches += 1;
-                }
-            }
-        }
-    }
+    let what = format!("job {job} ({who})");
+    let Outcome {
+        busy,
+        mismatches,
+        machine_cpu,
+    } = match dtype {
+        Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &what)?,
+        Dtype::Bf16 => iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &what)?,
+        Dtype::F16 => iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &what)?,
+    };
     let stats = w.stats();
     let chunks_per_coll = a.elements.div_ceil(w.elems_per_chunk() as usize) as f64;
     let secs = busy.as_secs_f64().max(1e-9);
@@ -336,10 +426,13 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         job,
         rank,
         workers: n,
+        dtype: dtype.name(),
         elements: a.elements,
         iterations: a.iterations,
         seconds: secs,
-        gbit_per_s: (a.elements as f64 * 4.0 * 8.0 * a.iterations as f64) / secs / 1e9,
+        gbit_per_s: (a.elements as f64 * dtype.size() as f64 * 8.0 * a.iterations as f64)
+            / secs
+            / 1e9,
         chunks_per_s: chunks_per_coll * a.iterations as f64 / secs,
         verified: a.verify && mismatches == 0,
         mismatches,
@@ -375,13 +468,14 @@ fn join(a: JobArgs) -> Result<ExitCode> {
     match Worker::join(cfg) {
         Ok(w) => {
             println!(
-                "joined job {} as rank {}: gen {:#010x}, {} slots, {} elements per chunk, \
+                "joined job {} as rank {}: gen {:#010x}, {} slots, {} {} elements per chunk, \
                  transport {}",
                 a.target.job,
                 a.rank,
                 w.generation(),
                 w.pool_slots(),
                 w.elems_per_chunk(),
+                w.dtype(),
                 w.transport()
             );
             Ok(ExitCode::SUCCESS)
@@ -476,6 +570,27 @@ mod tests {
             a.job.rank,
             a.job.target.workers,
         )
+    }
+
+    #[test]
+    fn dtype_defaults_to_f32_and_names_the_choices() {
+        assert_eq!(allreduce_args(&[]).unwrap().job.target.dtype, Dtype::F32);
+        let a = allreduce_args(&["--dtype", "bf16"]).unwrap();
+        assert_eq!(a.job.target.dtype, Dtype::Bf16);
+        let Err(e) = allreduce_args(&["--dtype", "fp16"]) else {
+            panic!("--dtype fp16 was taken");
+        };
+        let e = e.to_string();
+        assert!(e.contains("f32, bf16 or f16"), "{e}");
+        // And the reference it verifies against rounds once: some sums of
+        // the pattern in bf16 are not the f32 sum.
+        let rounds = (0..1000).any(|i| {
+            expected_sum_dtype(Dtype::Bf16, 4, 0, i)
+                != (0..4)
+                    .map(|r| proto::reference::pattern_dtype(Dtype::Bf16, r, 0, i))
+                    .sum::<f32>()
+        });
+        assert!(rounds, "the verify pattern must make bf16 sums round");
     }
 
     #[test]

@@ -85,3 +85,97 @@ fn wrong_secret_is_refused_with_its_reason() {
     let err = Worker::join(cfg).err().expect("must be refused");
     assert!(err.to_string().contains("bad secret"), "{err}");
 }
+
+/// A stand-in serving a `dtype` job; `n` workers of that dtype reduce the
+/// rounded pattern with loss, every result checked bit for bit against the
+/// float32 rank-order sum rounded once.
+fn half_run<T: worker::Element + Send>(
+    dtype: proto::wire::Dtype,
+    conv: fn(f32) -> T,
+    widen: fn(T) -> f32,
+) {
+    use proto::reference::{expected_sum_dtype, pattern};
+    let n = 4;
+    let mut cfg = LoopbackConfig::new(1, n, SECRET);
+    cfg.elems_per_chunk = 200;
+    cfg.dtype = dtype;
+    cfg.drop_every = 13;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let len = 4_001;
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let addr = sw.addr();
+            s.spawn(move || {
+                let mut cfg = WorkerConfig::new(addr, 1, rank, n, SECRET);
+                cfg.dtype = dtype;
+                cfg.join_timeout = Duration::from_secs(20);
+                let mut w = Worker::join(cfg).expect("join");
+                assert_eq!(w.elems_per_chunk(), 200);
+                for it in 0..2 {
+                    let mut data: Vec<T> = (0..len).map(|i| conv(pattern(rank, it, i))).collect();
+                    w.all_reduce(&mut data).expect("all_reduce");
+                    for (i, v) in data.iter().enumerate() {
+                        let want = expected_sum_dtype(dtype, n, it, i);
+                        assert_eq!(
+                            widen(*v).to_bits(),
+                            want.to_bits(),
+                            "{dtype} rank {rank} it {it} elem {i}"
+                        );
+                    }
+                }
+                // The stand-in lost datagrams, so resends were served.
+                assert!(w.stats().chunks_resent > 0);
+            });
+        }
+    });
+}
+
+#[test]
+fn bf16_workers_bit_exact_over_a_lossy_stand_in() {
+    half_run(
+        proto::wire::Dtype::Bf16,
+        half::bf16::from_f32,
+        half::bf16::to_f32,
+    );
+}
+
+#[test]
+fn f16_workers_bit_exact_over_a_lossy_stand_in() {
+    half_run(
+        proto::wire::Dtype::F16,
+        half::f16::from_f32,
+        half::f16::to_f32,
+    );
+}
+
+#[test]
+fn a_worker_of_another_dtype_is_refused_naming_its_dtype() {
+    let mut cfg = LoopbackConfig::new(1, 2, SECRET);
+    cfg.dtype = proto::wire::Dtype::Bf16;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let cfg = WorkerConfig::new(sw.addr(), 1, 0, 2, SECRET);
+    let err = Worker::join(cfg).err().expect("must be refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("parameters differ") && msg.contains("dtype f32"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_tensor_of_another_dtype_is_an_error_not_a_send() {
+    let sw = stand_in(1, 0);
+    let cfg = WorkerConfig::new(sw.addr(), 1, 0, 1, SECRET);
+    let mut w = Worker::join(cfg).expect("join");
+    let mut t = vec![half::bf16::ONE; 8];
+    let msg = w.all_reduce(&mut t).unwrap_err().to_string();
+    assert!(
+        msg.contains("bf16 elements") && msg.contains("joined the job as f32"),
+        "{msg}"
+    );
+    assert_eq!(w.stats().chunks_sent, 0);
+    // The worker still works with its own dtype.
+    let mut f = vec![1.5f32; 8];
+    w.all_reduce(&mut f).unwrap();
+    assert_eq!(f, vec![1.5f32; 8]);
+}

@@ -65,6 +65,10 @@ enum JobCmd {
         elems: Option<u16>,
         #[arg(long)]
         window: Option<u16>,
+        /// Element type the workers send: f32, bf16 or f16 (their JOINs
+        /// must name the same).
+        #[arg(long, default_value = "f32")]
+        dtype: String,
         /// On a leaf of a tree: this leaf's rank at the spines (with
         /// --leaves and --spine; needs `[switch] uplink`).
         #[arg(long, requires_all = ["leaves", "spines"])]
@@ -187,6 +191,7 @@ fn run() -> Result<()> {
                     slots,
                     elems,
                     window,
+                    dtype,
                     leaf_index,
                     leaves,
                     spines,
@@ -200,6 +205,7 @@ fn run() -> Result<()> {
                 pool_slots: slots,
                 elems_per_chunk: elems,
                 window,
+                dtype: Some(dtype),
                 upstream: leaf_index.map(|leaf_index| UpstreamSection {
                     leaf_index,
                     n_leaves: leaves.unwrap_or(0),
@@ -223,19 +229,21 @@ fn run() -> Result<()> {
                 println!("no jobs");
             }
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6}",
-                "job", "state", "ranks", "joined", "slots", "window"
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6}",
+                "job", "state", "ranks", "joined", "slots", "window", "dtype", "elems"
             );
             for j in jobs {
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
                     j["n_workers"].as_u64().unwrap_or(0),
                     j["ranks_joined"].as_u64().unwrap_or(0),
                     j["pool_slots"].as_u64().unwrap_or(0),
-                    j["window"].as_u64().unwrap_or(0)
+                    j["window"].as_u64().unwrap_or(0),
+                    j["dtype"].as_str().unwrap_or("?"),
+                    j["elems_per_chunk"].as_u64().unwrap_or(0)
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {
