@@ -12,13 +12,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use proto::elements;
 use proto::handshake::{ChallengeError, Handshake, JoinParams};
 use proto::wire::{
-    emit_v1_refusal, flags, peek_v1, read_f32s, write_f32s, ChallengePayload, Header, HeaderRepr,
-    HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackPayload, NackReason,
-    UpstreamWaitPayload, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN, HELLO_PAYLOAD_LEN,
-    JOIN_ACK_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN,
-    UPSTREAM_WAIT_LEN, V1_NACK_PAYLOAD_LEN,
+    emit_v1_refusal, flags, peek_v1, read_f32s, write_f32s, ChallengePayload, Dtype, Header,
+    HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackPayload,
+    NackReason, UpstreamWaitPayload, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN,
+    HELLO_PAYLOAD_LEN, JOIN_ACK_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN,
+    NONCE_LEN, UPSTREAM_WAIT_LEN, V1_NACK_PAYLOAD_LEN,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -91,12 +92,34 @@ fuzz_target!(|data: &[u8]| {
     match repr.msg_type {
         MsgType::Data | MsgType::Result => {
             assert!(repr.count > 0);
-            assert_eq!(payload.len(), repr.count as usize * 4);
-            let mut vals = vec![0f32; repr.count as usize];
-            assert_eq!(read_f32s(payload, &mut vals), repr.count as usize);
-            let mut out = vec![0u8; payload.len()];
-            assert_eq!(write_f32s(&vals, &mut out), payload.len());
-            assert_eq!(out, payload, "f32 payload does not round-trip bit for bit");
+            // Either element size; the job's dtype picks one.
+            let n = repr.count as usize;
+            if payload.len() == n * 4 {
+                let mut vals = vec![0f32; n];
+                assert_eq!(read_f32s(payload, &mut vals), n);
+                let mut out = vec![0u8; payload.len()];
+                assert_eq!(write_f32s(&vals, &mut out), payload.len());
+                assert_eq!(out, payload, "f32 payload does not round-trip bit for bit");
+            } else {
+                assert_eq!(payload.len(), n * 2);
+                // Widening is exact, so rounding back gives every non-NaN
+                // element's bits again.
+                for dtype in [Dtype::Bf16, Dtype::F16] {
+                    let mut vals = vec![0f32; n];
+                    elements::read_le(dtype, payload, &mut vals);
+                    let mut out = vec![0u8; payload.len()];
+                    assert_eq!(elements::round_to_le(dtype, &vals, &mut out), payload.len());
+                    for (i, v) in vals.iter().enumerate() {
+                        if !v.is_nan() {
+                            assert_eq!(
+                                out[2 * i..2 * i + 2],
+                                payload[2 * i..2 * i + 2],
+                                "{dtype} element {i} does not round-trip"
+                            );
+                        }
+                    }
+                }
+            }
         }
         MsgType::Join => {
             assert_eq!(payload.len(), JOIN_PAYLOAD_LEN);

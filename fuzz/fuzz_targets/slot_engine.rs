@@ -678,7 +678,7 @@ impl Harness {
                 .map(|i| {
                     let seq = f.wrapping_sub(2 * s).wrapping_add(i);
                     let res = job.result(seq).map(|r| {
-                        let bits = r.values.iter().map(|v| v.to_bits()).collect();
+                        let bits = r.values().iter().map(|v| v.to_bits()).collect();
                         (r.collective, r.ece, bits)
                     });
                     let mut missing = [0u8; 16];
@@ -1141,7 +1141,7 @@ impl Harness {
             .result(seq)
             .unwrap_or_else(|| panic!("seq {seq} completed but job.result(seq) is None"));
         assert_eq!(result.seq, seq);
-        check_sum(seq, result.values.iter().map(|v| v.to_bits()), &expected);
+        check_sum(seq, result.values().iter().map(|v| v.to_bits()), &expected);
         let rh = job
             .result_header(seq, 0, false, self.gen())
             .expect("result_header of a completed seq");
