@@ -1,11 +1,17 @@
-"""aggswitch: all-reduce float32 tensors through an in-network aggregation
-switch.
+"""aggswitch: all-reduce float32, bfloat16 or float16 tensors through an
+in-network aggregation switch.
 
     import aggswitch
     with aggswitch.Worker("198.18.0.1:48879", job=1, rank=0, world_size=4,
                           secret=HEX) as w:
         w.all_reduce(grad)             # in place: the sum over all ranks
         fut = w.all_reduce_async(g2)   # completes in issue order
+
+A job of half-precision gradients is declared with ``dtype = "bf16"`` (or
+``"f16"``) on the switch and joined with ``Worker(..., dtype="bf16")``; its
+tensors are CPU ``torch.bfloat16``/``torch.float16`` tensors, numpy
+``float16`` arrays, or numpy ``uint16`` arrays holding bf16 bits (numpy has no
+bfloat16). The switch sums them in float32 and rounds once.
 
 The protocol is the Rust worker library's (``aggswitch._native``); this
 module adds torch tensors, futures and the context manager. The DDP hook is
@@ -32,61 +38,89 @@ from .errors import (
 DEFAULT_PORT: int = _native.DEFAULT_PORT
 LoopbackSwitch = _native.LoopbackSwitch
 
-_EXPECTED = "a writable C-contiguous float32 buffer (numpy.float32 array or CPU torch.float32 tensor)"
+_EXPECTED = {
+    "f32": "a writable C-contiguous float32 buffer (numpy.float32 array or CPU torch.float32 tensor)",
+    "bf16": "a writable C-contiguous buffer of bf16 bits (numpy.uint16 array or CPU torch.bfloat16 tensor)",
+    "f16": "a writable C-contiguous float16 buffer (numpy.float16 array or CPU torch.float16 tensor)",
+}
+# torch dtype a tensor must have, and buffer formats (struct syntax, any
+# byte-order prefix of native little-endian) taken, per job dtype.
+_TORCH_DTYPE = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16"}
+_FORMATS = {"f32": ("f",), "bf16": ("H",), "f16": ("e",)}
 
 
-def _writable_view(buf: Any) -> Any:
-    """What the native layer writes into: ``buf`` itself, or the numpy view
-    of a CPU torch tensor (which shares its memory). Raises TypeError or
-    ValueError saying what was expected."""
+def _writable_view(buf: Any, dtype: str = "f32") -> Any:
+    """What the native layer writes into: ``buf`` itself for float32, a
+    uint16 memoryview of the same memory for bf16/f16, or the view of a CPU
+    torch tensor's memory. Raises TypeError (wrong element type) or
+    ValueError (wrong device, read-only, not contiguous) saying what was
+    expected."""
+    expected = _EXPECTED[dtype]
     if type(buf).__module__.startswith("torch") and hasattr(buf, "is_contiguous"):
         if buf.device.type != "cpu":
             raise ValueError(
-                f"all_reduce: tensor is on {buf.device}; expected {_EXPECTED} "
+                f"all_reduce: tensor is on {buf.device}; expected {expected} "
                 "(copy it to the CPU first; aggswitch.torch's hook does that for you)"
             )
-        if str(buf.dtype) != "torch.float32":
-            raise TypeError(f"all_reduce: tensor has dtype {buf.dtype}; expected {_EXPECTED}")
+        if str(buf.dtype) != _TORCH_DTYPE[dtype]:
+            raise TypeError(
+                f"all_reduce: tensor has dtype {buf.dtype}, but this worker's job is "
+                f"{dtype}; expected {expected}"
+            )
         if not buf.is_contiguous():
             raise ValueError(
                 "all_reduce: tensor is not contiguous; pass tensor.contiguous() "
                 "and copy the result back"
             )
-        return buf.detach().numpy()
+        if dtype == "f32":
+            return buf.detach().numpy()
+        # numpy cannot hold bfloat16: hand over the bits, same memory.
+        import torch
+
+        buf = buf.detach().view(torch.int16).numpy()
+        return memoryview(buf).cast("B").cast("H")
     try:
         view = memoryview(buf)
     except TypeError:
+        raise TypeError(f"all_reduce: expected {expected}, got {type(buf).__name__}") from None
+    fmt, itemsize = view.format, view.itemsize
+    readonly, contiguous = view.readonly, view.c_contiguous
+    base = fmt.lstrip("<=@")
+    ok = base in _FORMATS[dtype] and itemsize == (4 if dtype == "f32" else 2)
+    if not ok or readonly or not contiguous or dtype == "f32" or base == "H":
+        view.release()
+    if not ok:
         raise TypeError(
-            f"all_reduce: expected {_EXPECTED}, got {type(buf).__name__}"
-        ) from None
-    with view:
-        if view.format not in ("f", "<f", "=f") or view.itemsize != 4:
-            raise TypeError(
-                f"all_reduce: buffer holds items of format {view.format!r} "
-                f"({view.itemsize} bytes); expected {_EXPECTED}"
-            )
-        if view.readonly:
-            raise ValueError("all_reduce: buffer is read-only; the sum is written in place")
-        if not view.c_contiguous:
-            raise ValueError(
-                "all_reduce: buffer is not C-contiguous; pass numpy.ascontiguousarray(x) "
-                "and copy the result back"
-            )
-    return buf
+            f"all_reduce: buffer holds items of format {fmt!r} ({itemsize} bytes), "
+            f"but this worker's job is {dtype}; expected {expected}"
+        )
+    if readonly:
+        raise ValueError("all_reduce: buffer is read-only; the sum is written in place")
+    if not contiguous:
+        raise ValueError(
+            "all_reduce: buffer is not C-contiguous; pass numpy.ascontiguousarray(x) "
+            "and copy the result back"
+        )
+    if dtype == "f32" or base == "H":
+        return buf
+    # float16 items: the same memory as uint16 bits.
+    return view.cast("B").cast("H")
 
 
 class Worker(_native.Worker):
     """A member of a job on the switch.
 
     ``Worker(switch, job, rank, world_size, secret, *, join_timeout=30.0,
-    stall_timeout=5.0, congestion_control=True, bind=None, transport="auto")``
-    joins and returns once every rank has joined (the GIL is released while
-    it waits). ``switch`` is ``"address[:port]"`` (port 48879 by default),
-    ``secret`` the job's 64 hex digits. ``transport`` picks the UDP data
-    path: ``"udp-gso"`` (DATA coalesced with UDP_SEGMENT, RESULTs received
-    with UDP_GRO), ``"mmsg"`` (one datagram per message) or ``"auto"``
-    (udp-gso when the kernel takes it, else mmsg); ``.transport`` says which
-    one runs. A forced transport the kernel refuses raises
+    stall_timeout=5.0, congestion_control=True, bind=None, dtype="f32",
+    transport="auto")`` joins and returns once every rank has joined (the GIL
+    is released while it waits). ``dtype`` is the job's element type:
+    ``"f32"``, ``"bf16"`` or ``"f16"``; the switch refuses a worker whose
+    dtype is not the job's. ``switch`` is ``"address[:port]"`` (port 48879 by
+    default), ``secret`` the job's 64 hex digits. ``transport`` picks the UDP
+    data path: ``"udp-gso"`` (DATA coalesced with UDP_SEGMENT, RESULTs
+    received with UDP_GRO), ``"mmsg"`` (one datagram per message) or
+    ``"auto"`` (udp-gso when the kernel takes it, else mmsg); ``.transport``
+    says which one runs. A forced transport the kernel refuses raises
     ``TransportError``. A context manager: leaving the block closes it.
     """
 
@@ -98,11 +132,14 @@ class Worker(_native.Worker):
     def all_reduce(self, buf: Any) -> Any:
         """Sums ``buf`` over every rank of the job, in place, and returns it.
 
-        ``buf`` is a writable C-contiguous float32 buffer: a numpy array or a
-        CPU torch tensor. Every rank must call with the same length, in the
+        ``buf`` is a writable C-contiguous buffer of the job's dtype: for f32
+        a numpy float32 array or CPU torch.float32 tensor; for bf16 a numpy
+        uint16 array of bf16 bits or a CPU torch.bfloat16 tensor; for f16 a
+        numpy float16 array or CPU torch.float16 tensor. Another element type
+        raises TypeError. Every rank must call with the same length, in the
         same order. Blocks with the GIL released.
         """
-        super().all_reduce(_writable_view(buf))
+        super().all_reduce(_writable_view(buf, self.dtype))
         return buf
 
     def all_reduce_async(self, buf: Any) -> concurrent.futures.Future:
@@ -113,7 +150,7 @@ class Worker(_native.Worker):
         several may be in flight while the caller computes. ``buf`` must not
         be touched until the future is done.
         """
-        view = _writable_view(buf)  # refuse bad buffers now, not in the future
+        view = _writable_view(buf, self.dtype)  # refuse bad buffers now, not in the future
         with self._lock:
             if self.closed:
                 raise AggSwitchError(f"{self!r} is closed; make a new Worker to rejoin")

@@ -19,10 +19,13 @@ class Worker:
         stall_timeout: float = 5.0,
         congestion_control: bool = True,
         bind: str | None = None,
+        dtype: Literal["f32", "bf16", "f16"] = "f32",
         transport: Literal["auto", "mmsg", "udp-gso"] = "auto",
     ) -> "Worker": ...
     def all_reduce(self, buf: Any) -> None:
-        """Sums a writable C-contiguous float32 buffer over all ranks, in place."""
+        """Sums a writable C-contiguous buffer over all ranks, in place:
+        float32 items for an f32 job, uint16 (the elements' bits) for bf16
+        and f16 jobs. Another item type raises TypeError."""
     def stats(self) -> dict[str, int | float]:
         """Counters as of the last completed collective."""
     def close(self) -> None:
@@ -42,6 +45,8 @@ class Worker:
     @property
     def transport(self) -> Literal["mmsg", "udp-gso"]:
         """The UDP data path the worker settled on."""
+    @property
+    def dtype(self) -> Literal["f32", "bf16", "f16"]: ...
 
 class LoopbackSwitch:
     """A userspace stand-in for the switch on 127.0.0.1 (one job), for trying
@@ -57,6 +62,7 @@ class LoopbackSwitch:
         pool_slots: int = 64,
         elems_per_chunk: int = 362,
         drop_every: int = 0,
+        dtype: Literal["f32", "bf16", "f16"] = "f32",
     ) -> "LoopbackSwitch": ...
     @property
     def address(self) -> str:

@@ -12,6 +12,13 @@ all-reduced on one background thread, in the order DDP hands them over
 (the same on every rank), while backward goes on. The result is the mean
 over ranks, as DDP's default hook gives, bit-identical on every rank.
 
+``bf16_compress_hook`` (and ``fp16_compress_hook``) send half the bytes: like
+PyTorch's hooks of the same names, each bucket is cast to bfloat16 (float16)
+and divided by the world size, summed in the switch (in float32, rounded
+once), and cast back into the bucket. The job is declared with
+``dtype = "bf16"`` (``"f16"``) on the switch and the state made with
+``AggSwitchState(..., dtype="bf16")`` (or ``AGGSWITCH_DTYPE=bf16``).
+
 The process group (gloo) stays in charge of everything else DDP does:
 parameter broadcast at construction, barriers, ``find_unused_parameters``
 bookkeeping.
@@ -31,7 +38,13 @@ import torch.distributed as dist
 from . import Worker
 from .errors import AggSwitchError
 
-__all__ = ["AggSwitchState", "state_from_env", "allreduce_hook"]
+__all__ = [
+    "AggSwitchState",
+    "state_from_env",
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "fp16_compress_hook",
+]
 
 
 class AggSwitchState:
@@ -40,7 +53,10 @@ class AggSwitchState:
 
     ``rank`` and ``world_size`` default to ``torch.distributed``'s. Extra
     keyword arguments go to ``aggswitch.Worker`` (``join_timeout``,
-    ``stall_timeout``, ``congestion_control``, ``bind``, ``transport``).
+    ``stall_timeout``, ``congestion_control``, ``bind``, ``transport``,
+    ``dtype``: the job's element type, which picks the hook: ``"f32"`` for
+    ``allreduce_hook``, ``"bf16"`` for ``bf16_compress_hook``, ``"f16"`` for
+    ``fp16_compress_hook``).
     """
 
     def __init__(
@@ -66,6 +82,7 @@ class AggSwitchState:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self._secret = secret
+        self.dtype = str(worker_options.get("dtype", "f32"))
         self._options = worker_options
         self._worker: Worker | None = None
         self._failure: BaseException | None = None
@@ -77,7 +94,7 @@ class AggSwitchState:
     def __repr__(self) -> str:
         return (
             f"AggSwitchState(switch={self.switch!r}, job={self.job}, rank={self.rank}, "
-            f"world_size={self.world_size}, joined={self._worker is not None})"
+            f"world_size={self.world_size}, dtype={self.dtype!r}, joined={self._worker is not None})"
         )
 
     def __getstate__(self) -> dict:
@@ -99,6 +116,11 @@ class AggSwitchState:
 
     def _reduce_mean(self, host: torch.Tensor) -> None:
         """On the background thread: join if needed, sum, divide."""
+        self._reduce_sum(host)
+        host.div_(self.world_size)
+
+    def _reduce_sum(self, host: torch.Tensor) -> None:
+        """On the background thread: join if needed, sum in place."""
         if self._failure is not None:
             raise AggSwitchError(
                 f"job {self.job} rank {self.rank}: an earlier bucket failed "
@@ -119,7 +141,6 @@ class AggSwitchState:
         except BaseException as e:
             self._failure = e
             raise
-        host.div_(self.world_size)
 
 
 def _check_secret(secret: str, what: str) -> None:
@@ -162,6 +183,11 @@ def state_from_env(**worker_options: Any) -> AggSwitchState:
         _check_secret(secret, f"AGGSWITCH_SECRET_FILE={path!r}")
     else:
         _check_secret(secret, "AGGSWITCH_SECRET")
+    dtype = os.environ.get("AGGSWITCH_DTYPE", "").strip()
+    if dtype and "dtype" not in worker_options:
+        if dtype not in ("f32", "bf16", "f16"):
+            raise ValueError(f"AGGSWITCH_DTYPE={dtype!r}: expected f32, bf16 or f16")
+        worker_options["dtype"] = dtype
     for var, key in (("AGGSWITCH_STALL_TIMEOUT", "stall_timeout"), ("AGGSWITCH_JOIN_TIMEOUT", "join_timeout")):
         text = os.environ.get(var, "").strip()
         if text and key not in worker_options:
@@ -183,8 +209,9 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
     if tensor.dtype != torch.float32:
         raise TypeError(
             f"aggswitch allreduce_hook: bucket {bucket.index()} holds {tensor.dtype}; "
-            "the switch sums float32 only (cast the model with model.float())"
+            "this hook sums float32 only (cast the model with model.float())"
         )
+    _check_state_dtype(state, "f32", "allreduce_hook")
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     # A CUDA bucket is staged through host memory (untested without a GPU).
     host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
@@ -209,3 +236,49 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
 
 def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     return fut.value()
+
+
+def _check_state_dtype(state: AggSwitchState, want: str, hook: str) -> None:
+    if state.dtype != want:
+        raise ValueError(
+            f"aggswitch {hook}: the state's job is {state.dtype}; this hook sends {want} "
+            f"(make the state with dtype={want!r} and declare the job with dtype = \"{want}\")"
+        )
+
+
+def _compress_hook(
+    state: AggSwitchState, bucket: dist.GradBucket, wire: torch.dtype, name: str, hook: str
+) -> torch.futures.Future[torch.Tensor]:
+    """Casts the bucket to ``wire`` and divides by the world size (before the
+    sum, so float16 does not overflow), sums in the switch, casts back."""
+    _check_state_dtype(state, name, hook)
+    tensor = bucket.buffer()
+    if not tensor.dtype.is_floating_point:
+        raise TypeError(f"aggswitch {hook}: bucket {bucket.index()} holds {tensor.dtype}, not floats")
+    compressed = tensor.to(device="cpu", dtype=wire).div_(state.world_size)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def run() -> None:
+        try:
+            state._reduce_sum(compressed)
+            tensor.copy_(compressed)
+            fut.set_result(tensor)
+        except BaseException as e:  # handed to DDP, which raises it in backward()
+            fut.set_exception(e)
+
+    state._executor.submit(run)
+    return fut.then(_value)
+
+
+def bf16_compress_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket cast to bfloat16 and divided by
+    the world size, summed in the switch (float32, rounded once to
+    bfloat16), then cast back into the bucket. Half the bytes of
+    ``allreduce_hook``; the state's job must be ``dtype="bf16"``."""
+    return _compress_hook(state, bucket, torch.bfloat16, "bf16", "bf16_compress_hook")
+
+
+def fp16_compress_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """``bf16_compress_hook`` with IEEE float16; the state's job must be
+    ``dtype="f16"``."""
+    return _compress_hook(state, bucket, torch.float16, "f16", "fp16_compress_hook")

@@ -13,13 +13,13 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use proto::wire::{NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
+use proto::wire::{Dtype, NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{TransportKind, Worker, WorkerConfig, WorkerError, WorkerStats};
+use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError, WorkerStats};
 
 /// Builds an exception of `aggswitch.errors.NAME` from its constructor args.
 fn py_error<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
@@ -152,90 +152,39 @@ struct PyWorker {
     rank: u16,
     world_size: u16,
     elems_per_chunk: u16,
+    dtype: Dtype,
     /// The transport the worker settled on: "mmsg" or "udp-gso".
     transport: &'static str,
 }
 
-impl PyWorker {
-    fn closed_error(&self, py: Python<'_>) -> PyErr {
-        py_error(
-            py,
-            "AggSwitchError",
-            (format!(
-                "job {} rank {}: this Worker is closed; make a new one to rejoin",
-                self.job, self.rank
-            ),),
-        )
+/// `dtype=` of a Worker or LoopbackSwitch.
+fn parse_dtype(s: &str) -> PyResult<Dtype> {
+    s.parse::<Dtype>()
+        .map_err(|e| PyValueError::new_err(format!("dtype: {e}")))
+}
+
+/// What `all_reduce` takes for a dtype, for error messages.
+fn expected_buffer(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "a writable C-contiguous float32 buffer (a numpy float32 array or a CPU torch.float32 tensor)",
+        Dtype::Bf16 => "a writable C-contiguous uint16 buffer of bf16 bits (a numpy uint16 array, or a CPU torch.bfloat16 tensor through aggswitch.Worker)",
+        Dtype::F16 => "a writable C-contiguous uint16 buffer of float16 bits (a numpy float16 array or CPU torch.float16 tensor through aggswitch.Worker)",
     }
 }
 
-#[pymethods]
 impl PyWorker {
-    #[new]
-    #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
-                        stall_timeout = 5.0, congestion_control = true, bind = None,
-                        transport = "auto"))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
+    /// `all_reduce` of a buffer whose items are `B` (what Python exports:
+    /// float32, or uint16 for half-precision bits), reduced as `T`.
+    fn reduce_as<B: pyo3::buffer::Element, T: Element + Send>(
+        &self,
         py: Python<'_>,
-        switch: &str,
-        job: i64,
-        rank: i64,
-        world_size: i64,
-        secret: &str,
-        join_timeout: f64,
-        stall_timeout: f64,
-        congestion_control: bool,
-        bind: Option<&str>,
-        transport: &str,
-    ) -> PyResult<Self> {
-        let kind = transport
-            .parse::<TransportKind>()
-            .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
-        let sw = parse_switch(switch)?;
-        let job = u16_arg("job", job, 1)?;
-        let world = u16_arg("world_size", world_size, 1)?;
-        let rank = u16_arg("rank", rank, 0)?;
-        if rank >= world {
-            return Err(PyValueError::new_err(format!(
-                "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
-            )));
-        }
-        let mut cfg = WorkerConfig::new(sw, job, rank, world, parse_secret(secret)?);
-        cfg.join_timeout = secs("join_timeout", join_timeout)?;
-        cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
-        cfg.transport.congestion_control = congestion_control;
-        cfg.transport_kind = kind;
-        cfg.bind = match bind {
-            None => None,
-            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
-                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
-            })?),
-        };
-        let w = py
-            .detach(|| Worker::join(cfg))
-            .map_err(|e| map_err(py, e))?;
-        Ok(PyWorker {
-            last_stats: Mutex::new(w.stats()),
-            switch: sw,
-            job,
-            rank,
-            world_size: world,
-            elems_per_chunk: w.elems_per_chunk(),
-            transport: w.transport().name(),
-            inner: Mutex::new(Some(w)),
-        })
-    }
-
-    /// Sums `buf` element-wise over every rank of the job, in place.
-    ///
-    /// `buf` must support the buffer protocol, hold float32, be writable and
-    /// C-contiguous. Blocks (with the GIL released) until the result is in.
-    fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
-        let view = PyBuffer::<f32>::get(buf).map_err(|e| {
+        buf: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let want = expected_buffer(self.dtype);
+        let view = PyBuffer::<B>::get(buf).map_err(|e| {
             PyTypeError::new_err(format!(
-                "all_reduce: expected a writable C-contiguous float32 buffer (a numpy \
-                 float32 array or a CPU torch.float32 tensor), got {}: {e}",
+                "all_reduce: this worker's job is {}: expected {want}, got {}: {e}",
+                self.dtype,
                 type_name(buf)
             ))
         })?;
@@ -254,7 +203,7 @@ impl PyWorker {
             )));
         }
         let len = view.len_bytes();
-        let data: &mut [f32] = if len == 0 {
+        let data: &mut [T] = if len == 0 {
             &mut []
         } else {
             // SAFETY: the view is writable and C-contiguous, so its `len`
@@ -262,13 +211,12 @@ impl PyWorker {
             // (so the exporter keeps the memory) until this function returns,
             // after the collective; no other reference is made here.
             let bytes = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), len) };
-            // PyBuffer::<f32>::get already checked the format, item size and
+            // PyBuffer::get already checked the format, item size and
             // alignment; bytemuck checks size and alignment again for the
             // cast instead of trusting that.
             bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
                 PyValueError::new_err(format!(
-                    "all_reduce: the {}'s memory is not a float32 array ({e}); pass a \
-                     contiguous copy (numpy.ascontiguousarray or tensor.contiguous())",
+                    "all_reduce: the {}'s memory is not {want} ({e}); pass a contiguous copy",
                     type_name(buf)
                 ))
             })?
@@ -287,6 +235,93 @@ impl PyWorker {
         }
     }
 
+    fn closed_error(&self, py: Python<'_>) -> PyErr {
+        py_error(
+            py,
+            "AggSwitchError",
+            (format!(
+                "job {} rank {}: this Worker is closed; make a new one to rejoin",
+                self.job, self.rank
+            ),),
+        )
+    }
+}
+
+#[pymethods]
+impl PyWorker {
+    #[new]
+    #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
+                        stall_timeout = 5.0, congestion_control = true, bind = None,
+                        dtype = "f32", transport = "auto"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        switch: &str,
+        job: i64,
+        rank: i64,
+        world_size: i64,
+        secret: &str,
+        join_timeout: f64,
+        stall_timeout: f64,
+        congestion_control: bool,
+        bind: Option<&str>,
+        dtype: &str,
+        transport: &str,
+    ) -> PyResult<Self> {
+        let kind = transport
+            .parse::<TransportKind>()
+            .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
+        let sw = parse_switch(switch)?;
+        let dtype = parse_dtype(dtype)?;
+        let job = u16_arg("job", job, 1)?;
+        let world = u16_arg("world_size", world_size, 1)?;
+        let rank = u16_arg("rank", rank, 0)?;
+        if rank >= world {
+            return Err(PyValueError::new_err(format!(
+                "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
+            )));
+        }
+        let mut cfg = WorkerConfig::new(sw, job, rank, world, parse_secret(secret)?);
+        cfg.join_timeout = secs("join_timeout", join_timeout)?;
+        cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
+        cfg.transport.congestion_control = congestion_control;
+        cfg.dtype = dtype;
+        cfg.transport_kind = kind;
+        cfg.bind = match bind {
+            None => None,
+            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
+                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
+            })?),
+        };
+        let w = py
+            .detach(|| Worker::join(cfg))
+            .map_err(|e| map_err(py, e))?;
+        Ok(PyWorker {
+            last_stats: Mutex::new(w.stats()),
+            switch: sw,
+            job,
+            rank,
+            world_size: world,
+            elems_per_chunk: w.elems_per_chunk(),
+            dtype,
+            transport: w.transport().name(),
+            inner: Mutex::new(Some(w)),
+        })
+    }
+
+    /// Sums `buf` element-wise over every rank of the job, in place.
+    ///
+    /// `buf` must support the buffer protocol, be writable and C-contiguous,
+    /// and hold float32 for an f32 job, uint16 (the elements' bits) for a
+    /// bf16 or f16 job. Blocks (with the GIL released) until the result is in.
+    fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
+        match self.dtype {
+            Dtype::F32 => self.reduce_as::<f32, f32>(py, buf),
+            Dtype::Bf16 => self.reduce_as::<u16, half::bf16>(py, buf),
+            Dtype::F16 => self.reduce_as::<u16, half::f16>(py, buf),
+        }
+    }
+
     /// The worker library's counters as of the last completed collective.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = *self.last_stats.lock().unwrap_or_else(|p| p.into_inner());
@@ -300,6 +335,7 @@ impl PyWorker {
         d.set_item("ece_results", s.ece_results)?;
         d.set_item("rejoins", s.rejoins)?;
         d.set_item("nacks", s.nacks)?;
+        d.set_item("bad_length_results", s.bad_length_results)?;
         d.set_item("window", s.window)?;
         d.set_item("alpha", s.alpha)?;
         d.set_item("srtt_us", s.srtt_us)?;
@@ -344,7 +380,7 @@ impl PyWorker {
     fn world_size(&self) -> u16 {
         self.world_size
     }
-    /// Float32 elements per chunk, as the switch's JOIN_ACK set it.
+    /// Elements per chunk, as the switch's JOIN_ACK set it.
     #[getter]
     fn elems_per_chunk(&self) -> u16 {
         self.elems_per_chunk
@@ -355,10 +391,16 @@ impl PyWorker {
         self.transport
     }
 
+    /// The job's element type: "f32", "bf16" or "f16".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype.name()
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "Worker(switch=\"{}\", job={}, rank={}, world_size={})",
-            self.switch, self.job, self.rank, self.world_size
+            "Worker(switch=\"{}\", job={}, rank={}, world_size={}, dtype=\"{}\")",
+            self.switch, self.job, self.rank, self.world_size, self.dtype
         )
     }
 }
@@ -383,7 +425,8 @@ struct PyLoopbackSwitch {
 impl PyLoopbackSwitch {
     #[new]
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
-                        elems_per_chunk = 362, drop_every = 0))]
+                        elems_per_chunk = 362, drop_every = 0, dtype = "f32"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
         world_size: i64,
@@ -392,6 +435,7 @@ impl PyLoopbackSwitch {
         pool_slots: i64,
         elems_per_chunk: i64,
         drop_every: u64,
+        dtype: &str,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -401,6 +445,7 @@ impl PyLoopbackSwitch {
         cfg.pool_slots = u16_arg("pool_slots", pool_slots, 1)?;
         cfg.elems_per_chunk = u16_arg("elems_per_chunk", elems_per_chunk, 1)?;
         cfg.drop_every = drop_every;
+        cfg.dtype = parse_dtype(dtype)?;
         let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PyLoopbackSwitch {

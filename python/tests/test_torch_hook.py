@@ -115,3 +115,83 @@ def test_state_needs_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="init_process_group"):
         agt.AggSwitchState("127.0.0.1:48879", job=1, secret=SECRET)
+
+
+class _Bucket:
+    """What the hooks read of a dist.GradBucket."""
+
+    def __init__(self, tensor):
+        self._t = tensor
+
+    def buffer(self):
+        return self._t
+
+    def index(self):
+        return 0
+
+
+@pytest.mark.parametrize("dtype, wire", [("bf16", "bfloat16"), ("f16", "float16")])
+def test_compress_hooks_return_what_the_reference_says(switch, dtype, wire):
+    import threading
+
+    world, n = 3, 2000
+    wire = getattr(torch, wire)
+    hook = agt.bf16_compress_hook if dtype == "bf16" else agt.fp16_compress_hook
+    sw = switch(world, elems_per_chunk=500, dtype=dtype)
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(r)) * 3.0 for r in range(world)]
+    # Reference: each rank's bucket cast and divided in the wire dtype, the
+    # casts widened to float32 and summed in rank order, rounded once.
+    sent = [g.to(wire).div_(world) for g in grads]
+    acc = sent[0].float()
+    for s in sent[1:]:
+        acc = acc + s.float()
+    want = acc.to(wire).float()
+    assert not torch.equal(want, sum(g for g in grads) / world), "the reference must differ from float32"
+    out, errors = {}, []
+
+    def rank(r):
+        try:
+            state = agt.AggSwitchState(sw.address, job=1, secret=SECRET, rank=r, world_size=world,
+                                       dtype=dtype, join_timeout=10.0)
+            bucket = _Bucket(grads[r].clone())
+            out[r] = hook(state, bucket).wait()
+            state.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    for r in range(world):
+        assert out[r].dtype == torch.float32
+        assert torch.equal(out[r], want), f"rank {r}"
+
+
+def test_bf16_hook_runs_under_ddp(switch, process_group):
+    sw = switch(1, dtype="bf16")
+    ref, x, y = model_and_batch(0)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    model, _, _ = model_and_batch(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState(sw.address, job=1, secret=SECRET, dtype="bf16")
+    ddp.register_comm_hook(state, agt.bf16_compress_hook)
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        # World 1: the gradient rounded to bf16 and back.
+        assert torch.equal(p.grad, q.grad.to(torch.bfloat16).float()), name
+    assert state.stats()["collectives"] >= 1
+    state.close()
+
+
+def test_a_hook_of_another_dtype_than_the_state_says_so(switch, process_group):
+    sw = switch(1)
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState(sw.address, job=1, secret=SECRET)
+    ddp.register_comm_hook(state, agt.bf16_compress_hook)
+    with pytest.raises(ValueError, match="state's job is f32; this hook sends bf16"):
+        ddp(torch.zeros(3, 4)).sum().backward()
+    state.close()

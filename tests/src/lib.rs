@@ -340,6 +340,8 @@ pub struct JobSpec {
     pub allowed: Vec<&'static str>,
     pub pool_slots: u16,
     pub window: Option<u16>,
+    /// `dtype` of the job ("bf16", "f16"); f32 when absent.
+    pub dtype: Option<&'static str>,
 }
 
 impl JobSpec {
@@ -350,6 +352,7 @@ impl JobSpec {
             allowed: vec!["198.18.0.0/26"],
             pool_slots: 256,
             window: None,
+            dtype: None,
         }
     }
 }
@@ -421,6 +424,9 @@ impl Switchd {
             );
             if let Some(w) = j.window {
                 cfg += &format!("window = {w}\n");
+            }
+            if let Some(d) = j.dtype {
+                cfg += &format!("dtype = \"{d}\"\n");
             }
         }
         let cfg_path = dir.join("switchd.toml");

@@ -1,0 +1,107 @@
+//! End-to-end tests of half-precision jobs: switchd with bf16 and f16 jobs
+//! declared in its config, four `worker allreduce --dtype … --verify`
+//! processes per job (bit-exact against the float32 rank-order sum rounded
+//! once), chunks of twice the float32 element count, and a JOIN of the
+//! wrong dtype refused with both dtypes named. Needs root.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use agg_e2e::*;
+
+/// `worker allreduce --dtype DTYPE --verify --json` for rank `rank` of job
+/// `job` (4 ranks), in the rank's namespace.
+fn spawn_typed(tb: &Testbed, job: u16, dtype: &str, rank: u16, elements: usize) -> Child {
+    tb.cmd_in(&tb.worker_ns(rank), worker_bin())
+        .args(["allreduce", "--switch", SWITCH_ADDR])
+        .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
+        .args(["--workers", "4", "--secret", SECRET, "--dtype", dtype])
+        .args(["--elements", &elements.to_string(), "--iterations", "2"])
+        .args(["--verify", "--json", "--stall-timeout", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting worker")
+}
+
+#[test]
+#[ignore = "needs root"]
+fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
+    if !can_run("dtypes") {
+        return;
+    }
+    let tb = Testbed::up("e2h", 4, 0);
+    let mut f32_job = JobSpec::new(1, 4);
+    f32_job.pool_slots = 64;
+    let mut bf16_job = JobSpec::new(2, 4);
+    bf16_job.dtype = Some("bf16");
+    let mut f16_job = JobSpec::new(3, 4);
+    f16_job.dtype = Some("f16");
+    let mut sw = Switchd::start(&tb, &[f32_job, bf16_job, f16_job]);
+
+    // A chunk and a bit more than 100 chunks, and a short last chunk.
+    let elements = 100 * 724 + 5;
+    let mut per_chunk = Vec::new();
+    for (job, dtype) in [(1u16, "f32"), (2, "bf16"), (3, "f16")] {
+        let children: Vec<Child> = (0..4)
+            .map(|r| spawn_typed(&tb, job, dtype, r, elements))
+            .collect();
+        let reports = expect_verified(children);
+        for r in &reports {
+            assert_eq!(r["dtype"], dtype, "{r}");
+            assert_eq!(r["mismatches"], 0, "{r}");
+        }
+        per_chunk.push(reports[0]["elems_per_chunk"].as_u64().unwrap());
+    }
+    // MTU 1500: 362 float32 elements, 724 half-precision ones (same bytes).
+    assert_eq!(per_chunk, vec![362, 724, 724]);
+
+    // A worker joining the bf16 job as f32 is refused, both sides naming
+    // the dtypes.
+    let out = tb
+        .cmd_in(&tb.worker_ns(0), worker_bin())
+        .args(["join", "--switch", SWITCH_ADDR, "--job", "2", "--rank", "0"])
+        .args(["--workers", "4", "--secret", SECRET, "--join-timeout", "5"])
+        .args(["--dtype", "f32"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("parameters differ") && text.contains("dtype f32"),
+        "{text}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let want = "the JOIN asks for dtype f32, the job is declared bf16";
+    while !sw.log_text().contains(want) {
+        assert!(
+            Instant::now() < deadline,
+            "switchd did not log the dtype refusal:\n{}",
+            sw.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let jobs = sw.switchctl(&["--json", "jobs"]);
+    let jobs: serde_json::Value = serde_json::from_slice(&jobs.stdout).unwrap();
+    let dtypes: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["dtype"].as_str().unwrap())
+        .collect();
+    assert_eq!(dtypes, ["f32", "bf16", "f16"]);
+
+    let stats = stop_clean(&tb, &mut sw);
+    for (id, per) in [(1, 362u64), (2, 724), (3, 724)] {
+        let j = job(&stats, id);
+        let chunks = 2 * (elements as u64).div_ceil(per);
+        assert_eq!(j["chunks_completed"].as_u64().unwrap(), chunks, "{j}");
+    }
+    // Every DATA had the job's element size.
+    assert_eq!(stats["malformed_total"], 0);
+    for id in 1..=3 {
+        let drops = &job(&stats, id)["drops"];
+        assert_eq!(drops["payload_length"].as_u64().unwrap_or(0), 0, "{drops}");
+    }
+}
