@@ -1,16 +1,18 @@
 //! Workers and a switch exchanging messages over a simulated network that
 //! loses, duplicates and reorders, in virtual time: every schedule must give
-//! every worker the rank-order sum, bit for bit, without hanging.
+//! every worker the rank-order sum, bit for bit, without hanging. Float32
+//! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use proto::elements::{read_le, round_f32, round_to_le};
 use proto::handshake::{Handshake, JoinParams};
 use proto::reference::rank_order_sum;
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
-use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
+use proto::wire::{flags, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
 mod common;
@@ -49,13 +51,13 @@ impl Net {
 
 /// Rank `rank` joins through the handshake (on a lossless path: loss
 /// during joining is the worker library's, tested end to end).
-fn join(table: &mut JobTable, rank: u16, n: u16, start_seq: u32, now: Instant) {
+fn join(table: &mut JobTable, rank: u16, n: u16, start_seq: u32, dtype: Dtype, now: Instant) {
     let from = endpoint(rank);
     let params = JoinParams {
         job: 1,
         rank,
         n_workers: n,
-        dtype: 0,
+        dtype: dtype as u8,
         op: 0,
         secret: [3; 32],
         ip: from.source.ip,
@@ -103,7 +105,17 @@ fn run(
     faults: Faults,
     seed: u64,
 ) -> Duration {
-    run_from(0, n, len, elems, slots, iterations, faults, seed)
+    run_from(
+        0,
+        n,
+        len,
+        elems,
+        slots,
+        iterations,
+        faults,
+        seed,
+        Dtype::F32,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -116,6 +128,7 @@ fn run_from(
     iterations: u32,
     faults: Faults,
     seed: u64,
+    dtype: Dtype,
 ) -> Duration {
     let base = Instant::now();
     let mut table = JobTable::new(TableConfig::new(GEN, [5; 32]), base);
@@ -131,7 +144,7 @@ fn run_from(
                 secret: [3; 32],
                 pool_slots: slots,
                 elems_per_chunk: elems,
-                dtype: Default::default(),
+                dtype,
                 window: slots,
                 upstream: None,
             },
@@ -139,7 +152,7 @@ fn run_from(
         )
         .unwrap();
     for r in 0..n {
-        join(&mut table, r, n, start_seq, base);
+        join(&mut table, r, n, start_seq, dtype, base);
     }
     while table.poll_reply().is_some() {}
     let cfg = TransportConfig {
@@ -168,13 +181,18 @@ fn run_from(
     for it in 0..iterations {
         for (r, w) in workers.iter_mut().enumerate() {
             w.input = (0..len)
-                .map(|i| proto::reference::pattern(r as u16, it, i))
+                .map(|i| proto::reference::pattern_dtype(dtype, r as u16, it, i))
                 .collect();
             w.output = vec![f32::NAN; len];
             w.coll = Collective::new(it, seq, len, elems);
         }
         let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
-        let want = rank_order_sum(&inputs);
+        // Half-precision inputs widen exactly; the switch rounds the float32
+        // rank-order sum once.
+        let want: Vec<f32> = rank_order_sum(&inputs)
+            .into_iter()
+            .map(|v| round_f32(dtype, v))
+            .collect();
         let mut steps = 0u64;
         while !workers.iter().all(|w| w.coll.is_complete()) {
             steps += 1;
@@ -226,8 +244,8 @@ fn run_from(
                         h.collective = collective;
                         h.count = values.len() as u16;
                         h.gen = GEN;
-                        let mut p = vec![0u8; values.len() * 4];
-                        write_f32s(&values, &mut p);
+                        let mut p = vec![0u8; dtype.payload_len(values.len() as u16)];
+                        round_to_le(dtype, &values, &mut p);
                         table.handle(&frame(&h, &p), endpoint(rank), false, base + now);
                         // The switch's replies, as its shells send them.
                         while let Some(r) = table.poll_reply() {
@@ -247,8 +265,9 @@ fn run_from(
                             HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap()).unwrap();
                         assert_eq!(h.msg_type, MsgType::Result, "only RESULTs in this run");
                         let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
+                        assert_eq!(bytes.len() - HEADER_LEN, dtype.payload_len(h.count));
                         let mut values = vec![0f32; h.count as usize];
-                        read_f32s(&bytes[HEADER_LEN..], &mut values);
+                        read_le(dtype, &bytes[HEADER_LEN..], &mut values);
                         let w = &mut workers[rank as usize];
                         if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
                             seq,
@@ -295,6 +314,18 @@ fn all_faults_at_once() {
 }
 
 #[test]
+fn half_precision_jobs_under_all_faults() {
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.01,
+        reorder: 0.25,
+    };
+    for (dtype, seed) in [(Dtype::Bf16, 7), (Dtype::F16, 8)] {
+        run_from(0, 4, 2000, 32, 16, 3, f, seed, dtype);
+    }
+}
+
+#[test]
 fn seq_numbers_wrap() {
     // Workers join at a resume point just below 2^32: chunks cross the wrap.
     run_from(
@@ -310,6 +341,7 @@ fn seq_numbers_wrap() {
             reorder: 0.3,
         },
         7,
+        Dtype::F32,
     );
 }
 
@@ -345,7 +377,10 @@ proptest! {
         loss in 0.0f64..0.2,
         dup in 0.0f64..0.1,
         reorder in 0.0f64..0.5,
+        dtype in 0u8..3,
     ) {
-        run(n, len, elems, 1 << slots_log, 2, Faults { loss, dup, reorder }, seed);
+        let dtype = Dtype::from_u8(dtype).unwrap();
+        let faults = Faults { loss, dup, reorder };
+        run_from(0, n, len, elems, 1 << slots_log, 2, faults, seed, dtype);
     }
 }
