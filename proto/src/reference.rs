@@ -94,15 +94,16 @@ pub fn rank_order_sum_half(dtype: Dtype, inputs: &[&[u16]]) -> Vec<u16> {
 
 /// The expected result at `index`: Σ over ranks in rank order.
 pub fn expected_sum(n_workers: u16, iteration: u32, index: usize) -> f32 {
-    ranks_sum(0, n_workers, iteration, index)
+    ranks_sum(Dtype::F32, 0, n_workers, iteration, index)
 }
 
-/// Σ in rank order of the patterns of ranks `first..first + n` (rank `first`
-/// alone if `n` is 0, as `expected_sum(0, …)` always was).
-fn ranks_sum(first: u16, n: u16, iteration: u32, index: usize) -> f32 {
-    let mut s = pattern(first, iteration, index);
+/// Σ in rank order, in float32, of the [`pattern_dtype`] values of ranks
+/// `first..first + n` (rank `first` alone if `n` is 0, as
+/// `expected_sum(0, …)` always was).
+fn ranks_sum(dtype: Dtype, first: u16, n: u16, iteration: u32, index: usize) -> f32 {
+    let mut s = pattern_dtype(dtype, first, iteration, index);
     for r in 1..n {
-        s += pattern(first + r, iteration, index);
+        s += pattern_dtype(dtype, first + r, iteration, index);
     }
     s
 }
@@ -116,6 +117,21 @@ fn ranks_sum(first: u16, n: u16, iteration: u32, index: usize) -> f32 {
 /// # Panics
 /// If the sizes sum to more than 65535 workers.
 pub fn expected_tree_sum(leaf_sizes: &[u16], iteration: u32, index: usize) -> f32 {
+    expected_tree_sum_dtype(Dtype::F32, leaf_sizes, iteration, index)
+}
+
+/// [`expected_tree_sum`] of a `dtype` job: every worker contributes its
+/// [`pattern_dtype`]; the leaves' partials and the spines' sums stay
+/// float32, and the leaf rounds the final sum once to `dtype`.
+///
+/// # Panics
+/// If the sizes sum to more than 65535 workers.
+pub fn expected_tree_sum_dtype(
+    dtype: Dtype,
+    leaf_sizes: &[u16],
+    iteration: u32,
+    index: usize,
+) -> f32 {
     assert!(
         leaf_sizes.iter().map(|&n| u32::from(n)).sum::<u32>() <= u32::from(u16::MAX),
         "a tree of more than 65535 workers"
@@ -123,14 +139,14 @@ pub fn expected_tree_sum(leaf_sizes: &[u16], iteration: u32, index: usize) -> f3
     let mut total: Option<f32> = None;
     let mut first = 0u16;
     for &size in leaf_sizes.iter().filter(|&&n| n > 0) {
-        let partial = ranks_sum(first, size, iteration, index);
+        let partial = ranks_sum(dtype, first, size, iteration, index);
         total = Some(match total {
             None => partial,
             Some(t) => t + partial,
         });
         first += size;
     }
-    total.unwrap_or(0.0)
+    round_f32(dtype, total.unwrap_or(0.0))
 }
 
 /// Sums `inputs` (one slice per rank, in rank order) element-wise, rank order.

@@ -10,12 +10,13 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use proto::elements::{read_le, round_f32, round_to_le};
 use proto::handshake::{Handshake, JoinParams};
 use proto::reference::{pattern, rank_order_sum};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
-use proto::wire::{flags, read_f32s, write_f32s, Header, HeaderRepr, MsgType, HEADER_LEN};
+use proto::wire::{flags, write_f32s, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
 mod common;
@@ -112,7 +113,17 @@ struct Tree {
 }
 
 impl Tree {
-    fn new(l: usize, w: u16, k: usize, slots: u16, elems: u16, base: Instant) -> Tree {
+    /// Leaves of `dtype` jobs (their ranks send `dtype`), spines of float32
+    /// jobs (the leaves' partials are float32).
+    fn new(
+        l: usize,
+        w: u16,
+        k: usize,
+        slots: u16,
+        elems: u16,
+        dtype: Dtype,
+        base: Instant,
+    ) -> Tree {
         let spines = (0..k)
             .map(|s| {
                 let mut t = JobTable::new(TableConfig::new(100 + s as u32, [s as u8; 32]), base);
@@ -151,7 +162,7 @@ impl Tree {
                         secret: SECRET,
                         pool_slots: slots,
                         elems_per_chunk: elems,
-                        dtype: Default::default(),
+                        dtype,
                         window: slots,
                         upstream: Some(Upstream {
                             leaf_index: i as u16,
@@ -215,7 +226,7 @@ impl Tree {
 
 /// Workers join their leaf (lossless: the library's join is tested end to
 /// end); the leaves' HELLOs to the spines go into `net`.
-fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, base: Instant) {
+fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, dtype: Dtype, base: Instant) {
     for (i, leaf) in tree.leaves.iter_mut().enumerate() {
         for r in 0..w {
             let from = worker_ep(i, r);
@@ -224,7 +235,7 @@ fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, base: Instant) {
                     job: JOB,
                     rank: r,
                     n_workers: w,
-                    dtype: 0,
+                    dtype: dtype as u8,
                     op: 0,
                     secret: SECRET,
                     ip: from.source.ip,
@@ -285,8 +296,39 @@ fn run(
     fabric: Faults,
     seed: u64,
 ) -> Vec<u64> {
+    run_typed(
+        l,
+        w,
+        k,
+        len,
+        elems,
+        slots,
+        iterations,
+        edge,
+        fabric,
+        seed,
+        Dtype::F32,
+    )
+}
+
+/// [`run`] with `dtype` workers: inputs in `dtype`, the result the
+/// float32 tree-order sum rounded once.
+#[allow(clippy::too_many_arguments)]
+fn run_typed(
+    l: usize,
+    w: u16,
+    k: usize,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    edge: Faults,
+    fabric: Faults,
+    seed: u64,
+    dtype: Dtype,
+) -> Vec<u64> {
     let base = Instant::now();
-    let mut tree = Tree::new(l, w, k, slots, elems, base);
+    let mut tree = Tree::new(l, w, k, slots, elems, dtype, base);
     let cfg = TransportConfig {
         initial_rto: Duration::from_millis(2),
         min_rto: Duration::from_micros(500),
@@ -301,7 +343,7 @@ fn run(
         next_id: 0,
     };
     let mut now = Duration::ZERO;
-    join_workers(&mut tree, &mut net, w, base);
+    join_workers(&mut tree, &mut net, w, dtype, base);
     let mut workers: Vec<Vec<Worker>> = (0..l)
         .map(|_| {
             (0..w)
@@ -322,7 +364,9 @@ fn run(
         for (i, ws) in workers.iter_mut().enumerate() {
             for (r, wk) in ws.iter_mut().enumerate() {
                 let global = (i * w as usize + r) as u16;
-                wk.input = (0..len).map(|x| pattern(global, it, x)).collect();
+                wk.input = (0..len)
+                    .map(|x| round_f32(dtype, pattern(global, it, x)))
+                    .collect();
                 wk.output = vec![f32::NAN; len];
                 wk.coll = Collective::new(it, seq, len, elems);
             }
@@ -330,7 +374,10 @@ fn run(
             partials.push(rank_order_sum(&inputs));
         }
         let refs: Vec<&[f32]> = partials.iter().map(|p| &p[..]).collect();
-        let want = rank_order_sum(&refs);
+        let want: Vec<f32> = rank_order_sum(&refs)
+            .into_iter()
+            .map(|v| round_f32(dtype, v))
+            .collect();
         let mut steps = 0u64;
         while !workers.iter().flatten().all(|x| x.coll.is_complete()) {
             steps += 1;
@@ -385,8 +432,9 @@ fn run(
                         h.collective = wk.coll.collective();
                         h.count = t.count;
                         h.gen = 1 + i as u32;
-                        let mut p = vec![0u8; t.count as usize * 4];
-                        write_f32s(&wk.input[t.offset..t.offset + t.count as usize], &mut p);
+                        let mut p = vec![0u8; dtype.payload_len(t.count)];
+                        let vals = &wk.input[t.offset..t.offset + t.count as usize];
+                        round_to_le(dtype, vals, &mut p);
                         net.send(
                             now,
                             Msg {
@@ -435,8 +483,9 @@ fn run(
                         if h.msg_type != MsgType::Result {
                             continue;
                         }
+                        assert_eq!(m.bytes.len() - HEADER_LEN, dtype.payload_len(h.count));
                         let mut values = vec![0f32; h.count as usize];
-                        read_f32s(&m.bytes[HEADER_LEN..], &mut values);
+                        read_le(dtype, &m.bytes[HEADER_LEN..], &mut values);
                         let wk = &mut workers[leaf][rank as usize];
                         if let ResultOutcome::Fresh { offset, count, .. } = wk.coll.on_result(
                             h.seq,
@@ -512,6 +561,19 @@ fn loss_duplication_and_reordering_at_both_levels() {
     run(3, 2, 3, 2000, 16, 32, 2, CLEAN, f, 43);
 }
 
+#[test]
+fn half_precision_leaves_send_float32_partials_and_round_once() {
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.02,
+        reorder: 0.25,
+    };
+    for (dtype, seed) in [(Dtype::Bf16, 44), (Dtype::F16, 45)] {
+        run_typed(2, 3, 2, 3000, 16, 16, 2, f, f, seed, dtype);
+        run_typed(3, 2, 1, 500, 8, 8, 2, CLEAN, CLEAN, seed, dtype);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
     #[test]
@@ -546,7 +608,7 @@ struct Fabric {
 impl Fabric {
     fn new(l: usize, w: u16, k: usize) -> Fabric {
         let base = Instant::now();
-        let mut tree = Tree::new(l, w, k, 16, 8, base);
+        let mut tree = Tree::new(l, w, k, 16, 8, Dtype::F32, base);
         let mut net = Net {
             rng: Rng(1),
             edge: CLEAN,
@@ -555,7 +617,7 @@ impl Fabric {
             msgs: HashMap::new(),
             next_id: 0,
         };
-        join_workers(&mut tree, &mut net, w, base);
+        join_workers(&mut tree, &mut net, w, Dtype::F32, base);
         Fabric {
             tree,
             net,

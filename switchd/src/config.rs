@@ -314,7 +314,7 @@ impl JobSection {
                 .parse()
                 .map_err(|e| format!("job {}: dtype: {e}", self.id))?,
         };
-        let cfg = JobConfig {
+        let mut cfg = JobConfig {
             id: self.id,
             n_workers: self.n_workers,
             allowed_sources: self
@@ -327,9 +327,7 @@ impl JobSection {
                 .collect(),
             secret,
             pool_slots: self.pool_slots,
-            elems_per_chunk: self
-                .elems_per_chunk
-                .unwrap_or(dtype.scale_f32_elems(default_elems)),
+            elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             dtype,
             window: self.window.unwrap_or(self.pool_slots),
             upstream: match (&self.upstream, uplink) {
@@ -357,6 +355,10 @@ impl JobSection {
                 }),
             },
         };
+        // A leaf's chunks are float32 towards its spines, whatever the dtype.
+        if self.elems_per_chunk.is_none() {
+            cfg.elems_per_chunk = cfg.chunk_dtype().scale_f32_elems(default_elems);
+        }
         cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;
         Ok(cfg)
@@ -620,6 +622,17 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             .unwrap();
             assert_eq!(c.jobs[0].elems_per_chunk, 2 * 2237);
         }
+        // A leaf's partials go up as float32: its default chunk is float32's.
+        let leaf = GOOD.replace("[switch]\n", "[switch]\nuplink = \"198.19.0.2:48880\"\n");
+        let leaf = format!(
+            "{leaf}dtype = \"bf16\"\n[job.upstream]\nleaf_index = 0\nn_leaves = 2\n\
+             spines = [\"198.19.0.1:48879\"]\n"
+        );
+        let c = parse(&leaf).unwrap();
+        assert_eq!(
+            (c.jobs[0].dtype, c.jobs[0].elems_per_chunk),
+            (Dtype::Bf16, 362)
+        );
         let e = parse(&format!("{GOOD}dtype = \"fp8\"\n"))
             .unwrap_err()
             .to_string();

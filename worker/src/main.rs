@@ -5,7 +5,8 @@
 //! * `worker allreduce …`: join a job and run K all-reduces of E elements
 //!   (`--dtype` f32, bf16 or f16), optionally verifying every element bit for
 //!   bit against the rank-order sum (for bf16/f16: the float32 sum of the
-//!   inputs, rounded once)
+//!   inputs, rounded once; in a tree, the float32 tree-order sum rounded
+//!   once)
 //!   (or, for one leaf of an aggregation tree, `--tree-leaves` and `--leaf`,
 //!   against the tree-order sum over all leaves).
 //!   `--transport auto|mmsg|udp-gso` picks the UDP data path (see the
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use proto::reference::{expected_sum_dtype, expected_tree_sum, pattern, tree_global_rank};
+use proto::reference::{expected_sum_dtype, expected_tree_sum_dtype, pattern, tree_global_rank};
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
 use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError};
 
@@ -380,12 +381,6 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         a.job.target.workers,
     )?;
     let dtype = a.job.target.dtype;
-    if tree.is_some() && dtype != Dtype::F32 {
-        bail!(
-            "--dtype {dtype} with --tree-leaves: a {dtype} job cannot be a leaf of an \
-             aggregation tree (the leaf would round its partial sum twice); use a single switch"
-        );
-    }
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
     cfg.transport.window_override = a.window_override;
@@ -395,7 +390,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     // tree-order sum over every leaf; otherwise the rank-order sum.
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
     let expected = |it: u32, i: usize| match &tree {
-        Some(t) => expected_tree_sum(&t.sizes, it, i),
+        Some(t) => expected_tree_sum_dtype(dtype, &t.sizes, it, i),
         None => expected_sum_dtype(dtype, n, it, i),
     };
     let (who, reference) = match &tree {

@@ -140,12 +140,6 @@ pub enum JobConfigError {
         budget: u64,
         in_use: u64,
     },
-    #[error(
-        "job {0}: a {1} job cannot be a leaf of an aggregation tree: a leaf would round its \
-         partial sum to {1} before the spine adds it (rounding twice); declare the job on a \
-         single switch, or as f32"
-    )]
-    HalfLeaf(u16, Dtype),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
@@ -154,9 +148,10 @@ pub enum JobConfigError {
 
 impl JobConfig {
     /// Checks the declaration; `max_f32_elems` is how many float32 elements
-    /// fit in the switch's frames (a half-precision job fits twice as many).
+    /// fit in the switch's frames (a half-precision job fits twice as many,
+    /// except on a leaf, whose partials go up as float32).
     pub fn validate(&self, max_f32_elems: u16) -> Result<(), JobConfigError> {
-        let max_elems = self.dtype.scale_f32_elems(max_f32_elems);
+        let max_elems = self.chunk_dtype().scale_f32_elems(max_f32_elems);
         if self.id == 0 {
             return Err(JobConfigError::ZeroId);
         }
@@ -190,9 +185,6 @@ impl JobConfig {
             ));
         }
         if let Some(u) = &self.upstream {
-            if self.dtype != Dtype::F32 {
-                return Err(JobConfigError::HalfLeaf(self.id, self.dtype));
-            }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
             if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
                 return bad("list 1 to 64 spines");
@@ -205,6 +197,18 @@ impl JobConfig {
             }
         }
         Ok(())
+    }
+
+    /// The element type whose size bounds the job's chunks: its dtype, but
+    /// float32 on a leaf (its partials and its spine's results are float32,
+    /// so that a half-precision sum is rounded once, at the leaf, after the
+    /// spine).
+    pub fn chunk_dtype(&self) -> Dtype {
+        if self.upstream.is_some() {
+            Dtype::F32
+        } else {
+            self.dtype
+        }
     }
 
     /// Bytes the job's slot pool and membership take (what the budget

@@ -15,7 +15,9 @@
 //! * A half-precision job's contributions are widened to float32 (exactly)
 //!   and summed in float32; the sum is rounded once to the dtype when the
 //!   slot completes, and the shadow holds the rounded payload bytes, so
-//!   resends carry the very bits the first RESULT did.
+//!   resends carry the very bits the first RESULT did. A leaf does not round
+//!   its partial (it goes up as float32): it rounds the spine's float32
+//!   result, once.
 //! * Allocation is fallible ([`SlotPool::try_new`]): a pool the machine
 //!   cannot hold is an error, never an abort.
 
@@ -275,10 +277,12 @@ impl SlotPool {
         Taken::Completed
     }
 
-    /// The spine's RESULT for the partial of `seq`: it becomes the slot's
-    /// shadow (the final sum, `ece` OR-ed along the tree). False if the slot
-    /// holds no partial of `seq` or `values` has another length.
+    /// The spine's RESULT for the partial of `seq` (float32, whatever the
+    /// job's dtype): it becomes the slot's shadow (the final sum, rounded
+    /// once to a half-precision dtype, `ece` OR-ed along the tree). False if
+    /// the slot holds no partial of `seq` or `values` has another length.
     pub fn finish_partial(&mut self, seq: u32, values: &[u8], ece: bool) -> bool {
+        let dtype = self.dtype;
         let slot = self.slot_mut(seq);
         let Some(p) = slot.partial.filter(|p| p.seq == seq) else {
             return false;
@@ -287,7 +291,18 @@ impl SlotPool {
         if values.len() != count * 4 || slot.result.len() < count {
             return false;
         }
-        crate::simd::read_le_f32(values, &mut slot.result[..count]);
+        if dtype == Dtype::F32 {
+            crate::simd::read_le_f32(values, &mut slot.result[..count]);
+        } else {
+            let mut sum = [0f32; 256];
+            let out: &mut [u8] = bytemuck::cast_slice_mut(&mut slot.result);
+            for (i, part) in values.chunks(sum.len() * 4).enumerate() {
+                let n = part.len() / 4;
+                crate::simd::read_le_f32(part, &mut sum[..n]);
+                let at = i * sum.len() * dtype.size();
+                elements::round_to_le(dtype, &sum[..n], &mut out[at..at + n * dtype.size()]);
+            }
+        }
         slot.partial = None;
         slot.shadow = Some(Shadow {
             ece: p.ece || ece,

@@ -207,14 +207,14 @@ fn a_join_of_another_dtype_is_refused_naming_both() {
 }
 
 #[test]
-fn half_jobs_carry_twice_the_elements_and_cannot_be_leaves() {
+fn half_jobs_carry_twice_the_elements_but_a_leaf_only_float32_many() {
     let max_f32 = 1000;
     let mut c = half_config(Dtype::F16);
     c.elems_per_chunk = 2000;
     assert_eq!(c.validate(max_f32), Ok(()));
     c.elems_per_chunk = 2001;
     assert!(c.validate(max_f32).is_err());
-    c.elems_per_chunk = 8;
+    // A leaf sends float32 partials up: its chunk must fit them.
     c.upstream = Some(Upstream {
         leaf_index: 0,
         n_leaves: 2,
@@ -225,7 +225,13 @@ fn half_jobs_carry_twice_the_elements_and_cannot_be_leaves() {
         local_ip: [198, 19, 0, 2],
         local_port: 48880,
     });
+    assert_eq!(c.chunk_dtype(), Dtype::F32);
+    c.elems_per_chunk = 1000;
+    assert_eq!(c.validate(max_f32), Ok(()));
+    c.elems_per_chunk = 1001;
     let e = c.validate(max_f32).unwrap_err();
-    assert_eq!(e, JobConfigError::HalfLeaf(5, Dtype::F16));
-    assert!(e.to_string().contains("rounding twice"), "{e}");
+    assert!(
+        e.to_string().contains("elems_per_chunk must be 1..=1000"),
+        "{e}"
+    );
 }
