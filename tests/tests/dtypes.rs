@@ -2,7 +2,9 @@
 //! declared in its config, four `worker allreduce --dtype … --verify`
 //! processes per job (bit-exact against the float32 rank-order sum rounded
 //! once), chunks of twice the float32 element count, and a JOIN of the
-//! wrong dtype refused with both dtypes named. Needs root.
+//! wrong dtype refused with both dtypes named; and a bf16 job over a tree
+//! of two leaves and a spine (float32 partials, rounded once at the leaf).
+//! Needs root.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -104,4 +106,100 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
         let drops = &job(&stats, id)["drops"];
         assert_eq!(drops["payload_length"].as_u64().unwrap_or(0), 0, "{drops}");
     }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_bf16_tree_is_the_float32_tree_order_sum_rounded_once() {
+    if !can_run("dtypes_tree") {
+        return;
+    }
+    const LEAVES: u16 = 2;
+    const WPL: u16 = 2;
+    let fabric = LeafSpine::up("e2ht", LEAVES, 1, WPL, 0);
+    // The spine's job is float32: it sums the leaves' float32 partials.
+    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
+    let spine_cfg = format!(
+        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
+         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
+         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
+        ports.join(", "),
+        fabric.spine_addr(0)
+    );
+    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "e2ht-s0", &spine_cfg);
+    let mut leaves: Vec<Switchd> = (0..LEAVES)
+        .map(|i| {
+            let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
+            let gw = fabric.leaf_gateway(i);
+            let cfg = format!(
+                "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
+                 summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
+                 allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\n\
+                 pool_slots = 256\ndtype = \"bf16\"\n\n[job.upstream]\nleaf_index = {i}\n\
+                 n_leaves = {LEAVES}\nspines = [\"{}:{AGG_PORT}\"]\n",
+                ports.join(", "),
+                fabric.spine_addr(0)
+            );
+            Switchd::start_in(&fabric.leaf_ns(i), &format!("e2ht-l{i}"), &cfg)
+        })
+        .collect();
+    let elements = 50_000;
+    let sizes = vec![WPL.to_string(); LEAVES as usize].join(",");
+    let workers: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| {
+            fabric
+                .cmd_in(&fabric.worker_ns(i, k), worker_bin())
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["--job", "1", "--rank", &k.to_string()])
+                .args(["--workers", &WPL.to_string(), "--secret", SECRET])
+                .args(["--dtype", "bf16", "--tree-leaves", &sizes])
+                .args([
+                    "--leaf",
+                    &i.to_string(),
+                    "--elements",
+                    &elements.to_string(),
+                ])
+                .args([
+                    "--iterations",
+                    "2",
+                    "--verify",
+                    "--json",
+                    "--stall-timeout",
+                    "20",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting worker")
+        })
+        .collect();
+    let reports = expect_verified(workers);
+    for r in &reports {
+        assert_eq!(r["dtype"], "bf16", "{r}");
+        // A leaf's chunk is bounded by its float32 partials.
+        assert_eq!(r["elems_per_chunk"], 362, "{r}");
+    }
+    let chunks = 2 * (elements as u64).div_ceil(362);
+    for (i, sw) in leaves.iter_mut().enumerate() {
+        let (ok, stats) = sw.stop();
+        assert!(ok, "leaf {i} did not stop cleanly:\n{}", sw.log_text());
+        let j = job(&stats, 1);
+        assert_eq!(
+            j["chunks_completed"].as_u64(),
+            Some(chunks),
+            "leaf {i}: {j}"
+        );
+        assert_eq!(j["drops"]["payload_length"].as_u64().unwrap_or(0), 0, "{j}");
+    }
+    let (ok, stats) = spine.stop();
+    assert!(ok, "the spine did not stop cleanly:\n{}", spine.log_text());
+    let j = job(&stats, 1);
+    assert_eq!(j["chunks_completed"].as_u64(), Some(chunks), "spine: {j}");
+    // The partials were float32: four bytes per element.
+    assert_eq!(
+        j["bytes_aggregated"].as_u64(),
+        Some(u64::from(LEAVES) * 2 * elements as u64 * 4),
+        "spine: {j}"
+    );
 }
