@@ -234,10 +234,12 @@ impl SlotPool {
             slot.parked.insert(rank);
             return Taken::Pending;
         }
-        if rank == 0 {
-            elements::read_le(self.dtype, values, &mut slot.acc[..count]);
-        } else {
-            elements::add_le(self.dtype, &mut slot.acc[..count], values);
+        // Float32 calls its kernels directly: its hot path is as it was.
+        match (self.dtype, rank) {
+            (Dtype::F32, 0) => crate::simd::read_le_f32(values, &mut slot.acc[..count]),
+            (Dtype::F32, _) => crate::simd::add_le_f32(&mut slot.acc[..count], values),
+            (d, 0) => elements::read_le(d, values, &mut slot.acc[..count]),
+            (d, _) => elements::add_le(d, &mut slot.acc[..count], values),
         }
         agg.next_rank += 1;
         while agg.next_rank < self.n && slot.parked.contains(agg.next_rank) {
