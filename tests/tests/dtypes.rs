@@ -84,6 +84,34 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // Declared at run time: switchctl job add --dtype.
+    let add = |dtype: &str| {
+        sw.switchctl(&[
+            "job",
+            "add",
+            "--id",
+            "4",
+            "--workers",
+            "4",
+            "--allow",
+            "198.18.0.0/24",
+            "--secret",
+            SECRET,
+            "--dtype",
+            dtype,
+        ])
+    };
+    let out = add("fp16");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("f32, bf16 or f16"), "{err}");
+    let out = add("f16");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let jobs = sw.switchctl(&["--json", "jobs"]);
     let jobs: serde_json::Value = serde_json::from_slice(&jobs.stdout).unwrap();
     let dtypes: Vec<&str> = jobs
@@ -92,7 +120,8 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
         .iter()
         .map(|j| j["dtype"].as_str().unwrap())
         .collect();
-    assert_eq!(dtypes, ["f32", "bf16", "f16"]);
+    assert_eq!(dtypes, ["f32", "bf16", "f16", "f16"]);
+    assert_eq!(jobs[3]["elems_per_chunk"], 724, "{jobs}");
 
     let stats = stop_clean(&tb, &mut sw);
     for (id, per) in [(1, 362u64), (2, 724), (3, 724)] {
