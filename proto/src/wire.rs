@@ -9,7 +9,7 @@
 //! no reserved flag bits, job ≠ 0, a payload length that matches the type), so
 //! everything after it may trust the fields, except one: the header does not
 //! name a DATA/RESULT's element type, so `parse` accepts `count` elements of
-//! either size (2 or 4 bytes) and the receiver, which knows its job's
+//! either size (half or single precision) and the receiver, which knows its job's
 //! [`Dtype`], checks `count × size` exactly ([`Dtype::payload_len`]). All
 //! integers are big-endian; element payloads are little-endian IEEE-754
 //! (float32, or a u16 per bf16/f16 element). Secrets and MACs never print.
@@ -62,8 +62,7 @@ pub const UPSTREAM_WAIT_LEN: usize = 16;
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
 /// Elements per chunk of a job of `dtype` for a port MTU: the float32 chunk
-/// scaled by 4 / element size, so a half-precision chunk is twice as many
-/// elements in the same bytes.
+/// in the same bytes, so a half-precision chunk holds twice the elements.
 pub const fn elems_per_chunk_for(mtu: u16, dtype: Dtype) -> u16 {
     dtype.scale_f32_elems(elems_per_chunk_for_mtu(mtu))
 }
