@@ -8,7 +8,7 @@
 # Usage:
 #   sudo scripts/bench_efficiency.sh [--mib 64] [--repeats 5] [--mtus 1500,9000]
 #                                    [--dtypes f32,bf16] [--transports mmsg,udp-gso]
-#                                    [--no-gloo] [--quick] [--timeout 600]
+#                                    [--no-gloo] [--profile] [--quick] [--timeout 600]
 #                                    [--json FILE] [--png FILE] [--no-docs]
 #
 #   --mib S          tensor per worker in MiB of float32 (default 64)
@@ -17,10 +17,17 @@
 #                    1500,9000)
 #   --dtypes LIST    the switch's element types (default f32,bf16); bf16
 #                    reduces the same number of elements in half the bytes
-#   --transports LIST  worker transports for the float32 runs (default: the
-#                    worker's own choice, "auto"; e.g. mmsg,udp-gso)
+#   --transports LIST  worker transports for the float32 runs (default
+#                    auto,mmsg: the worker's own choice, then the plain
+#                    sendmmsg/recvmmsg path as the baseline); the narrower
+#                    dtypes run with the first
 #   --no-gloo        skip gloo (it needs torch in the project venv:
 #                    scripts/setup.sh)
+#   --profile        also record a system-wide profile (perf record -a -g,
+#                    Debian's linux-perf) of one more float32 switch run
+#                    (first transport) at the largest MTU on unlimited links,
+#                    not counted in the results; the summaries by process
+#                    and by symbol go to RUN/profile-*.txt
 #   --quick          8 MiB, 2 repeats, MTU 1500 only; docs/ left alone
 #   --timeout T      seconds any one measurement may take (default 600)
 #   --json FILE, --png FILE  where to write the results (default
@@ -63,8 +70,8 @@ readonly PACKAGES=(
 )
 
 ORIG_ARGS=("$@")
-MIB="" REPEATS="" MTUS="" QUICK=0 DOCS=1 GLOO=1 TIMEOUT=600
-DTYPES="f32,bf16" TRANSPORTS="auto" OUT_JSON="" OUT_PNG=""
+MIB="" REPEATS="" MTUS="" QUICK=0 DOCS=1 GLOO=1 PROFILE=0 TIMEOUT=600
+DTYPES="f32,bf16" TRANSPORTS="auto,mmsg" OUT_JSON="" OUT_PNG=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --mib|--repeats|--mtus|--dtypes|--transports|--timeout|--json|--png)
@@ -82,6 +89,7 @@ while [[ $# -gt 0 ]]; do
             shift 2 ;;
         --quick) QUICK=1; shift ;;
         --no-gloo) GLOO=0; shift ;;
+        --profile) PROFILE=1; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -109,7 +117,7 @@ for t in "${TRANSPORT_LIST[@]}"; do
         die "--transports: each must be auto, mmsg or udp-gso, got '$t'"
 done
 MIB=$((10#$MIB)); REPEATS=$((10#$REPEATS)); TIMEOUT=$((10#$TIMEOUT))
-readonly MIB REPEATS TIMEOUT QUICK GLOO MTU_LIST DTYPE_LIST TRANSPORT_LIST
+readonly MIB REPEATS TIMEOUT QUICK GLOO PROFILE MTU_LIST DTYPE_LIST TRANSPORT_LIST
 readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
 
 require_root "${ORIG_ARGS[@]}"
@@ -185,6 +193,7 @@ wait_bg() {
 
 # --- install, build -----------------------------------------------------------------
 ensure_debian_packages 1 "${PACKAGES[@]}"
+[[ "$PROFILE" -eq 0 ]] || command -v perf >/dev/null 2>&1 || ensure_debian_packages 1 linux-perf
 build_release
 if [[ "$GLOO" -eq 1 ]] && ! "$VENV_PYTHON" -c "import torch" 2>/dev/null; then
     die "gloo needs torch in the project venv: run scripts/setup.sh (or pass --no-gloo)"
@@ -295,6 +304,25 @@ run_peer() {
     [[ "$(jq -r .verified "$dir/peer.json")" == true ]] || die "$kind gave a wrong sum; see $dir"
 }
 
+# profiled CMD...: CMD under a system-wide perf record; summaries by process
+# (comm) and by process and symbol into RUN/profile-{comm,sym}.txt.
+profiled() {
+    local pid data="$RUN/perf.data"
+    perf record -a -g -q -o "$data" >"$RUN/perf-record.log" 2>&1 &
+    pid=$!
+    BG_PIDS+=("$pid")
+    sleep 0.5
+    "$@"
+    kill -INT "$pid" 2>/dev/null || true
+    wait_bg 60 "$pid" || warn "perf record did not end cleanly; see $RUN/perf-record.log"
+    perf report -i "$data" --no-children --sort comm --stdio >"$RUN/profile-comm.txt" 2>/dev/null ||
+        warn "perf report failed"
+    perf report -i "$data" --no-children --sort comm,sym --stdio -g none \
+        --percent-limit 0.7 >"$RUN/profile-sym.txt" 2>/dev/null || warn "perf report failed"
+    rm -f -- "$data"
+    log "profile: $RUN/profile-comm.txt, $RUN/profile-sym.txt"
+}
+
 # measure MTU LINK: every method on the testbed as it is now.
 measure() {
     local mtu="$1" link="$2" base="$RUN/mtu$1/$2" d t
@@ -318,10 +346,17 @@ measure() {
             record "$base/switch-$d-$t" "$mtu" "$link" switch "$d" "$t"
         done
     done
+    if [[ "$PROFILE" -eq 1 && "$mtu" == "$PROFILED_MTU" && "$link" == unlimited ]]; then
+        # An extra run: perf's own cost must not reach the measured ones.
+        log "[MTU $mtu, $link] switch, f32, transport ${TRANSPORT_LIST[0]}, under perf record"
+        profiled run_switch "$base/profile-run" f32 "${TRANSPORT_LIST[0]}"
+    fi
     stop_pid "$SWITCHD_PID"
     SWITCHD_PID=""
 }
 
+PROFILED_MTU="$(printf '%s\n' "${MTU_LIST[@]}" | sort -n | tail -n 1)"
+readonly PROFILED_MTU
 write_config "$RUN/switchd.toml"
 log "run $STAMP: $WORKERS workers, $MIB MiB, $REPEATS all-reduces per measurement; MTUs ${MTU_LIST[*]}; logs in $RUN"
 for mtu in "${MTU_LIST[@]}"; do

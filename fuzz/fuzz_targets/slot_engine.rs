@@ -1439,7 +1439,21 @@ impl Harness {
         let refusal = match v {
             Verdict::Join(JoinOutcome::Nack(r)) => {
                 let h = req.unwrap();
-                Some((h.job, h.rank, Refusal::Nack(r)))
+                // A JOIN whose dtype (payload byte 2) is not the job's (every
+                // job here is f32) is logged as that, not as NACK 5 alone.
+                let join_dtype = (h.msg_type == MsgType::Join)
+                    .then(|| bytes.get(HEADER_LEN + 2).copied())
+                    .flatten();
+                let why = match join_dtype {
+                    Some(d) if r == NackReason::ParametersDiffer && d != DTYPE_F32 => {
+                        Refusal::DtypeDiffers {
+                            job: wire::Dtype::F32,
+                            join: d,
+                        }
+                    }
+                    _ => Refusal::Nack(r),
+                };
+                Some((h.job, h.rank, why))
             }
             Verdict::Join(JoinOutcome::Replayed) => {
                 let h = req.unwrap();
