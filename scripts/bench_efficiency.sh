@@ -21,8 +21,8 @@
 #                    auto,mmsg: the worker's own choice, then the plain
 #                    sendmmsg/recvmmsg path as the baseline); the narrower
 #                    dtypes run with the first
-#   --no-gloo        skip gloo (it needs torch in the project venv:
-#                    scripts/setup.sh)
+#   --no-gloo        skip gloo (it needs torch in the project venv, which
+#                    scripts/setup.sh makes; run here when it is missing)
 #   --profile        also record a system-wide profile (perf record -a -g,
 #                    Debian's linux-perf) of one more float32 switch run
 #                    (first transport) at the largest MTU on unlimited links,
@@ -35,8 +35,9 @@
 #                    --no-docs also docs/bench-efficiency.{json,png}
 #
 # Every measurement is K all-reduces of the tensor by 4 workers on the
-# veth testbed of scripts/testbed.sh (prefix "eff"). Time: the slowest
-# rank's, per all-reduce. CPU: the whole machine's busy CPU time (every
+# veth testbed of scripts/testbed.sh (prefix "eff"), after one untimed
+# warm-up all-reduce (as the peers do). Time: the slowest rank's, per
+# all-reduce. CPU: the whole machine's busy CPU time (every
 # process, the kernel and softirq: /proc/stat) over the all-reduces only,
 # start-up excluded (the worker's --machine-cpu; rank 0 of
 # bench/mpi_allreduce.c and bench/gloo_allreduce.py around each timed
@@ -196,7 +197,10 @@ ensure_debian_packages 1 "${PACKAGES[@]}"
 [[ "$PROFILE" -eq 0 ]] || command -v perf >/dev/null 2>&1 || ensure_debian_packages 1 linux-perf
 build_release
 if [[ "$GLOO" -eq 1 ]] && ! "$VENV_PYTHON" -c "import torch" 2>/dev/null; then
-    die "gloo needs torch in the project venv: run scripts/setup.sh (or pass --no-gloo)"
+    log "gloo needs torch in the project venv: running scripts/setup.sh (torch: about 80 s and 5 GB the first time)"
+    bash "$REPO_ROOT/scripts/setup.sh" ||
+        die "scripts/setup.sh failed; fix what it says, or pass --no-gloo"
+    "$VENV_PYTHON" -c "import torch" || die "still no torch in $REPO_ROOT/.venv after scripts/setup.sh"
 fi
 
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -264,7 +268,7 @@ run_switch() {
     for ((r = 0; r < WORKERS; r++)); do
         ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
             --switch "$SWITCH_ADDR" --job "$(job_of "$dtype")" --rank "$r" --workers "$WORKERS" \
-            --secret "$SECRET" --elements "$ELEMENTS" --iterations "$REPEATS" --json --machine-cpu \
+            --secret "$SECRET" --elements "$ELEMENTS" --warmup 1 --iterations "$REPEATS" --json --machine-cpu \
             "${extra[@]}" >"$dir/rank$r.json" 2>"$dir/rank$r.log" &
         pids+=("$!")
         BG_PIDS+=("$!")

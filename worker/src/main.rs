@@ -91,9 +91,14 @@ struct AllreduceArgs {
     /// Number of all-reduces in a row.
     #[arg(long, default_value_t = 1)]
     iterations: u32,
+    /// Untimed all-reduces before the timed ones (not in the report's
+    /// seconds, nor in --machine-cpu).
+    #[arg(long, default_value_t = 0)]
+    warmup: u32,
     /// Fill each iteration's deterministic pattern and check every element
-    /// bit for bit against the rank-order sum. Without it, every iteration
-    /// reduces the same input (iteration 0's pattern), copied in.
+    /// bit for bit against the rank-order sum. Without it, the first
+    /// iteration reduces iteration 0's pattern and every later one the
+    /// previous result (so nothing runs between the timed all-reduces).
     #[arg(long)]
     verify: bool,
     /// Aggregation tree: workers per leaf, in leaf order (`2,2`: two leaves
@@ -320,25 +325,24 @@ fn iterate<T: CliElement>(
             *v = T::from_f32(pattern(pattern_rank, it, i));
         }
     };
-    let zero = T::from_f32(0.0);
-    let mut data = vec![zero; a.elements];
-    // Without --verify every iteration reduces the same input, copied in
-    // from here: generating a fresh pattern costs CPU between the timed
-    // all-reduces, which on a shared machine slows the other ranks' timed
-    // all-reduces and skews their start.
-    let mut template = Vec::new();
-    if !a.verify {
-        template = vec![zero; a.elements];
-        fill(0, &mut template);
+    let mut data = vec![T::from_f32(0.0); a.elements];
+    fill(0, &mut data);
+    // Untimed, as MPI benchmarks warm up: the first all-reduces pay for
+    // page faults on the library's buffers and the window's slow start.
+    for it in 0..a.warmup {
+        w.all_reduce(&mut data)
+            .with_context(|| format!("warm-up all-reduce {it} of {what}"))?;
     }
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
     for it in 0..a.iterations {
+        // Without --verify every iteration reduces the previous result:
+        // nothing is generated or copied between the timed all-reduces,
+        // which on a shared machine would slow the other ranks' and count
+        // in --machine-cpu.
         if a.verify {
             fill(it, &mut data);
-        } else {
-            data.copy_from_slice(&template);
         }
         if a.machine_cpu && it == 0 {
             machine_cpu[0] = machine_busy_cpu_seconds()?;
