@@ -29,8 +29,9 @@ model = nn.Sequential(*[m for i, o in zip(dims, dims[1:]) for m in (nn.Linear(i,
 ddp = nn.parallel.DistributedDataParallel(model)
 if a.comm == "switch":
     import aggswitch.torch as agt
-    state = agt.state_from_env()
-    ddp.register_comm_hook(state, agt.allreduce_hook)
+    state = agt.state_from_env()  # AGGSWITCH_DTYPE=bf16 sends bf16 gradients
+    hooks = {"f32": agt.allreduce_hook, "bf16": agt.bf16_compress_hook, "f16": agt.fp16_compress_hook}
+    ddp.register_comm_hook(state, hooks[state.dtype])
 opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
 batches = torch.Generator().manual_seed(a.seed * 1000 + rank)  # each rank its own samples
 step_times = []

@@ -452,6 +452,57 @@ fn ddp_through_switch_bit_identical_and_learns_then_gloo_reaches_same_loss() {
     assert_eq!(stats["malformed_total"], 0, "{stats}");
 }
 
+/// bfloat16 gradients through the switch (`bf16_compress_hook`, a job
+/// declared `dtype = "bf16"`): every rank ends with the same weights, the
+/// model learns, and the switch summed exactly half the bytes of the float32
+/// gradients, every chunk from all ranks.
+#[test]
+#[ignore = "needs root"]
+fn ddp_bf16_hook_through_switch_bit_identical_and_learns() {
+    let test = "ddp_bf16";
+    if !can_run(test) {
+        return;
+    }
+    let Some(py) = venv_python(test) else {
+        return;
+    };
+    let tb = Testbed::up("ddp4", WORLD, 0);
+    let spec = JobSpec {
+        dtype: Some("bf16"),
+        ..JobSpec::new(JOB, WORLD)
+    };
+    let mut sw = Switchd::start(&tb, &[spec]);
+    let dir = WorkDir::new("ddp4");
+    const STEPS: u32 = 100;
+    let mut r = run("switch", "bf16", STEPS, 29514);
+    r.env.push(("AGGSWITCH_DTYPE", "bf16".to_string()));
+    let (reports, _) = train(&tb, &py, &dir.0, &r);
+    let loss = reports[0].loss;
+    assert!(
+        loss < LEARNED_LOSS,
+        "with bf16 gradients through the switch, loss after {STEPS} steps is {loss:.4} \
+         (untrained {UNTRAINED_LOSS:.2}); expected < {LEARNED_LOSS}"
+    );
+    let stats = stop_clean(&tb, &mut sw);
+    let j = job(&stats, u64::from(JOB));
+    let chunks = u(&j["chunks_completed"], "chunks_completed");
+    let bytes = u(&j["bytes_aggregated"], "bytes_aggregated");
+    let grad_bytes = u64::from(WORLD) * u64::from(STEPS) * reports[0].params * 2;
+    assert!(
+        bytes == grad_bytes && chunks >= u64::from(STEPS),
+        "the switch aggregated {bytes} bytes in {chunks} chunks; {WORLD} ranks x {STEPS} \
+         steps x {} bf16 gradients are {grad_bytes} bytes: the bf16 hook did not send every \
+         gradient through the switch exactly once, in 2 bytes each\n{j}",
+        reports[0].params
+    );
+    assert_eq!(
+        u(&j["contributions"], "contributions"),
+        u64::from(WORLD) * chunks,
+        "a chunk completed without all {WORLD} ranks: {j}"
+    );
+    assert_eq!(stats["malformed_total"], 0, "{stats}");
+}
+
 /// Two runs through the switch from the same seed, the second with 5 % loss
 /// and 25 % reordering of aggregation frames on every worker link, end with
 /// bit-identical weights: the switch sums in rank order whatever arrives
