@@ -1,14 +1,15 @@
 //! The worker library against `worker::loopback`, the userspace stand-in
 //! for the switch on loopback (the same `proto` job table behind a plain UDP
 //! socket, with optional loss). Tests the worker's I/O shell (join, windows,
-//! resends, re-join after a switch restart) without XDP or root.
+//! resends, re-join after a switch restart) and each of its transports
+//! without XDP or root.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use proto::reference::{expected_sum, fill_pattern};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{Worker, WorkerConfig};
+use worker::{TransportKind, Worker, WorkerConfig, WorkerStats};
 
 const SECRET: [u8; 32] = [0x5a; 32];
 
@@ -19,7 +20,17 @@ fn stand_in(n: u16, drop_every: u64) -> LoopbackSwitch {
     LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap()
 }
 
-fn run_workers(sw: &LoopbackSwitch, n: u16, len: usize, iterations: u32, mid: impl Fn(u32) + Sync) {
+/// `n` ranks all-reduce `iterations` tensors of `len` over `sw` with
+/// transport `kind`, checking every element bit for bit; `mid(it)` runs on
+/// rank 0 before iteration `it`. Returns each rank's transport and stats.
+fn run_workers(
+    sw: &LoopbackSwitch,
+    kind: TransportKind,
+    n: u16,
+    len: usize,
+    iterations: u32,
+    mid: impl Fn(u32) + Sync,
+) -> Vec<(TransportKind, WorkerStats)> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|rank| {
@@ -28,6 +39,7 @@ fn run_workers(sw: &LoopbackSwitch, n: u16, len: usize, iterations: u32, mid: im
                 s.spawn(move || {
                     let mut cfg = WorkerConfig::new(addr, 1, rank, n, SECRET);
                     cfg.join_timeout = Duration::from_secs(20);
+                    cfg.transport_kind = kind;
                     let mut w = Worker::join(cfg).expect("join");
                     let mut data = vec![0f32; len];
                     for it in 0..iterations {
@@ -40,37 +52,35 @@ fn run_workers(sw: &LoopbackSwitch, n: u16, len: usize, iterations: u32, mid: im
                             assert_eq!(
                                 v.to_bits(),
                                 expected_sum(n, it, i).to_bits(),
-                                "rank {rank} it {it} elem {i}"
+                                "{kind} rank {rank} it {it} elem {i}"
                             );
                         }
                     }
-                    w.stats()
+                    (w.transport(), w.stats())
                 })
             })
             .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-    });
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 #[test]
 fn four_workers_bit_exact_over_loopback() {
     let sw = stand_in(4, 0);
-    run_workers(&sw, 4, 10_001, 3, |_| {});
+    run_workers(&sw, TransportKind::Auto, 4, 10_001, 3, |_| {});
 }
 
 #[test]
 fn lossy_stand_in_still_exact() {
     let sw = stand_in(3, 17);
-    run_workers(&sw, 3, 5_000, 3, |_| {});
+    run_workers(&sw, TransportKind::Auto, 3, 5_000, 3, |_| {});
 }
 
 #[test]
 fn switch_restart_between_collectives_rejoins() {
     let sw = stand_in(2, 0);
     let restart = sw.restarter();
-    run_workers(&sw, 2, 3_000, 4, move |it| {
+    run_workers(&sw, TransportKind::Auto, 2, 3_000, 4, move |it| {
         if it == 2 {
             restart();
             std::thread::sleep(Duration::from_millis(50));
@@ -178,4 +188,54 @@ fn a_tensor_of_another_dtype_is_an_error_not_a_send() {
     let mut f = vec![1.5f32; 8];
     w.all_reduce(&mut f).unwrap();
     assert_eq!(f, vec![1.5f32; 8]);
+}
+
+// The transports (`mmsg`, `udp-gso`, `auto`): each all-reduces bit-exactly,
+// with loss and across a switch restart, and reports which transport ran.
+// Loopback keeps checksum offload on, so `udp-gso` works here and `auto`
+// must pick it.
+
+#[test]
+fn mmsg_is_bit_exact_and_sends_no_super_datagrams() {
+    let sw = stand_in(3, 0);
+    for (kind, stats) in run_workers(&sw, TransportKind::Mmsg, 3, 50_000, 2, |_| {}) {
+        assert_eq!(kind, TransportKind::Mmsg);
+        assert_eq!((stats.tx_coalesced, stats.rx_coalesced), (0, 0));
+    }
+}
+
+#[test]
+fn udp_gso_is_bit_exact_and_coalesces_its_data() {
+    let sw = stand_in(3, 0);
+    for (kind, stats) in run_workers(&sw, TransportKind::UdpGso, 3, 50_000, 2, |_| {}) {
+        assert_eq!(kind, TransportKind::UdpGso);
+        assert!(
+            stats.tx_coalesced > stats.chunks_sent / 2,
+            "most DATA leaves in super-datagrams: {stats:?}"
+        );
+    }
+}
+
+#[test]
+fn auto_picks_udp_gso_on_loopback() {
+    let sw = stand_in(2, 0);
+    for (kind, _) in run_workers(&sw, TransportKind::Auto, 2, 5_000, 1, |_| {}) {
+        assert_eq!(kind, TransportKind::UdpGso);
+    }
+}
+
+#[test]
+fn udp_gso_survives_loss_and_a_switch_restart() {
+    let sw = stand_in(2, 13);
+    let restart = sw.restarter();
+    let got = run_workers(&sw, TransportKind::UdpGso, 2, 20_000, 4, move |it| {
+        if it == 2 {
+            restart();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    for (kind, stats) in got {
+        assert_eq!(kind, TransportKind::UdpGso);
+        assert!(stats.chunks_resent > 0 && stats.rejoins > 0, "{stats:?}");
+    }
 }
