@@ -30,7 +30,7 @@ bookkeeping.
 import concurrent.futures
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -212,15 +212,27 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
             "this hook sums float32 only (cast the model with model.float())"
         )
     _check_state_dtype(state, "f32", "allreduce_hook")
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     # A CUDA bucket is staged through host memory (untested without a GPU).
     host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
 
+    def work() -> None:
+        state._reduce_mean(host)
+        if host is not tensor:
+            tensor.copy_(host)
+
+    return _on_state_thread(state, work, tensor)
+
+
+def _on_state_thread(
+    state: AggSwitchState, work: Callable[[], None], tensor: torch.Tensor
+) -> torch.futures.Future[torch.Tensor]:
+    """Runs ``work`` on the state's background thread; the returned future
+    holds ``tensor`` once it is done, or its exception."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
     def run() -> None:
         try:
-            state._reduce_mean(host)
-            if host is not tensor:
-                tensor.copy_(host)
+            work()
             fut.set_result(tensor)
         except BaseException as e:  # handed to DDP, which raises it in backward()
             fut.set_exception(e)
@@ -256,18 +268,12 @@ def _compress_hook(
     if not tensor.dtype.is_floating_point:
         raise TypeError(f"aggswitch {hook}: bucket {bucket.index()} holds {tensor.dtype}, not floats")
     compressed = tensor.to(device="cpu", dtype=wire).div_(state.world_size)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-    def run() -> None:
-        try:
-            state._reduce_sum(compressed)
-            tensor.copy_(compressed)
-            fut.set_result(tensor)
-        except BaseException as e:  # handed to DDP, which raises it in backward()
-            fut.set_exception(e)
+    def work() -> None:
+        state._reduce_sum(compressed)
+        tensor.copy_(compressed)
 
-    state._executor.submit(run)
-    return fut.then(_value)
+    return _on_state_thread(state, work, tensor)
 
 
 def bf16_compress_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
