@@ -91,12 +91,27 @@ pub fn write_udp_headers(
     if buf.len() < total {
         return None;
     }
+    write_l2_l4_headers(buf, to, ce, payload_len)?;
+    Some(total)
+}
+
+/// Writes the Ethernet, IPv4 and UDP headers of a datagram of
+/// `payload_len` bytes to `to` into `buf[..42]` only: for a frame whose
+/// payload is written elsewhere (a multi-buffer frame's later buffers).
+/// None if `buf` is shorter than the headers or the datagram too long.
+pub fn write_l2_l4_headers(
+    buf: &mut [u8],
+    to: &Endpoint,
+    ce: bool,
+    payload_len: usize,
+) -> Option<()> {
+    let buf = buf.get_mut(..L2_L4_LEN)?;
     let eth = Ethernet2Header {
         source: to.local_mac,
         destination: to.source.mac,
         ether_type: EtherType::IPV4,
     };
-    let udp_len = (UdpHeader::LEN + payload_len) as u16;
+    let udp_len = u16::try_from(UdpHeader::LEN + payload_len).ok()?;
     let mut ip = Ipv4Header::new(udp_len, 64, IpNumber::UDP, to.local_ip, to.source.ip).ok()?;
     ip.ecn = if ce {
         IpEcn::CongestionExperienced
@@ -113,7 +128,7 @@ pub fn write_udp_headers(
     buf[..14].copy_from_slice(&eth.to_bytes());
     buf[14..34].copy_from_slice(&ip.to_bytes());
     buf[34..42].copy_from_slice(&udp.to_bytes());
-    Some(total)
+    Some(())
 }
 
 /// The endpoint a reply to `f` (received on `port_idx`/`queue`) goes to.

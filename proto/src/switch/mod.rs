@@ -916,6 +916,28 @@ impl JobTable {
         self.events.pop_front()
     }
 
+    /// For a RESULT: writes only its aggregation header into `buf` and
+    /// returns the payload that follows it (the shadow's bytes), so that a
+    /// shell can copy the payload once, straight to where it is sent;
+    /// `Encoded::len` counts both. `None` for any other reply, if the
+    /// header does not fit, or if the result is gone (as [`encode`]).
+    ///
+    /// [`encode`]: JobTable::encode
+    pub fn encode_result_head(&self, r: &Reply, buf: &mut [u8]) -> Option<(Encoded, &[u8])> {
+        let ReplyMsg::Result { seq, retx } = r.msg else {
+            return None;
+        };
+        let job = self.jobs.get(&r.job)?;
+        let hdr = job.result_header(seq, r.rank, retx, self.gen)?;
+        let res = job.result(seq)?;
+        hdr.emit_to(buf).ok()?;
+        let e = Encoded {
+            len: HEADER_LEN + res.payload.len(),
+            ce: res.ece,
+        };
+        Some((e, res.payload))
+    }
+
     /// Writes `r`'s aggregation header and payload into `buf`; `None` if it
     /// does not fit or its result is gone (the worker's resend recovers).
     pub fn encode(&self, r: &Reply, buf: &mut [u8]) -> Option<Encoded> {

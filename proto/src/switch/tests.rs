@@ -483,6 +483,34 @@ fn a_completed_chunk_is_sent_to_every_member_once() {
 }
 
 #[test]
+fn a_result_head_and_its_payload_are_the_whole_encoded_result() {
+    let mut t = active_table(2, 4, 8);
+    data(&mut t, 0, 0, &[1.0, 2.0, 3.0]);
+    data(&mut t, 1, 0, &[0.5, 0.25, -3.0]);
+    let mut seen = 0;
+    while let Some(r) = t.poll_reply() {
+        let mut whole = [0u8; 256];
+        let e = t.encode(&r, &mut whole).unwrap();
+        let mut head = [0u8; HEADER_LEN];
+        let (h, payload) = t.encode_result_head(&r, &mut head).unwrap();
+        assert_eq!((h.len, h.ce), (e.len, e.ce));
+        assert_eq!(&whole[..HEADER_LEN], &head[..]);
+        assert_eq!(&whole[HEADER_LEN..e.len], payload);
+        assert_eq!(payload, bytemuck::cast_slice::<f32, u8>(&[1.5, 2.25, 0.0]));
+        seen += 1;
+    }
+    assert_eq!(seen, 2);
+    // Not a RESULT: no head-only form.
+    let r = Reply {
+        to: endpoint(0),
+        job: 5,
+        rank: 0,
+        msg: ReplyMsg::JoinAck,
+    };
+    assert!(t.encode_result_head(&r, &mut [0u8; 64]).is_none());
+}
+
+#[test]
 fn sum_is_rank_order_whatever_the_arrival_order() {
     // Values chosen so that float addition order changes the bits.
     let inputs: [[f32; 3]; 4] = [

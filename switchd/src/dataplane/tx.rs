@@ -9,11 +9,11 @@
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
 //! counted in `tx_ring_full` (the worker's resend recovers it).
 
-use proto::switch::{JobTable, Reply};
+use proto::switch::{JobTable, Reply, ReplyMsg};
 use proto::wire::L2_L4_LEN;
 
 use super::{lock, DataplaneCounters, DataplaneThread, Shared, TxSockets};
-use crate::frame::write_udp_headers;
+use crate::frame::{write_l2_l4_headers, write_udp_headers};
 use crate::xdp::XskTx;
 
 pub(super) fn socket(txs: &TxSockets, port: u32, queue: u32) -> Option<&XskTx> {
@@ -118,12 +118,24 @@ impl<'a> Out<'a> {
             self.counters.tx_ring_full += 1;
             return;
         };
-        let sent = tx.send_with(|buf| {
-            let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(|b| table.encode(r, b)) else {
-                return 0;
-            };
-            write_udp_headers(buf, &to, e.ce, e.len).unwrap_or(0)
-        });
+        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) {
+            // The payload goes from the job's shadow straight into the TX
+            // frames, the headers in front of it: one copy, also when a
+            // jumbo RESULT spans several frames.
+            tx.send_head_tail(|buf| {
+                let head = buf.get_mut(L2_L4_LEN..)?;
+                let (e, payload) = table.encode_result_head(r, head)?;
+                write_l2_l4_headers(buf, &to, e.ce, e.len)?;
+                Some((L2_L4_LEN + e.len - payload.len(), payload))
+            })
+        } else {
+            tx.send_with(|buf| {
+                let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(|b| table.encode(r, b)) else {
+                    return 0;
+                };
+                write_udp_headers(buf, &to, e.ce, e.len).unwrap_or(0)
+            })
+        };
         if sent {
             self.counters.tx_frames += 1;
         } else {

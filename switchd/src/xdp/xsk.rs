@@ -27,10 +27,13 @@
 //!   [`MAX_PACKET`] bytes allocated once per socket and hands the caller one
 //!   contiguous packet; a packet that does not fit is dropped and counted.
 //!   A packet may span two `recv_batch` calls: the gather state lives in
-//!   the socket. On TX, a packet is written into a buffer of the same size
-//!   and copied across as many TX frames as it needs, sent as descriptors
-//!   chained with `XDP_PKT_CONTD`. Without multi-buffer, one packet is one
-//!   frame, written in place.
+//!   the socket. On TX, a packet is sent as descriptors chained with
+//!   `XDP_PKT_CONTD`: a RESULT by [`XskTx::send_head_tail`], its headers
+//!   written into the first frame and its payload copied once from where
+//!   the job keeps it across as many frames as it needs; any other packet
+//!   by `send_with`, written into a buffer of [`MAX_PACKET`] bytes and
+//!   copied across. Without multi-buffer, one packet is one frame, written
+//!   in place.
 
 use std::ffi::CString;
 use std::num::NonZeroU32;
@@ -859,6 +862,76 @@ impl XskTx {
         true
     }
 
+    /// Sends one packet from its two parts with no scratch copy: `f` writes
+    /// the head (the link to aggregation headers) into a free TX frame and
+    /// returns its length and the tail that follows it (a RESULT's payload,
+    /// read where the job keeps it), or None to cancel. The tail is copied
+    /// once, after the head and, on a multi-buffer socket, on into as many
+    /// chained frames as it needs. False, with nothing queued, if frames or
+    /// ring room lack, if the packet needs several frames on a socket
+    /// without multi-buffer, or if `f` cancelled.
+    pub fn send_head_tail<'t>(
+        &mut self,
+        f: impl FnOnce(&mut [u8]) -> Option<(usize, &'t [u8])>,
+    ) -> bool {
+        if self.queued.len() == self.queued.capacity() {
+            return false;
+        }
+        if self.free.is_empty() {
+            self.reap();
+        }
+        let Some(head_addr) = self.free.pop() else {
+            return false;
+        };
+        let size = self.layout.frame_size as usize;
+        // SAFETY: as in `send_with`: a free TX frame, owned by user space
+        // until queued, inside the live mapping, with no other slice to it.
+        let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(head_addr), size) };
+        let parts = f(frame).filter(|(head, _)| (1..=size).contains(head));
+        let Some((head, tail)) = parts else {
+            self.free.push(head_addr);
+            return false;
+        };
+        let len = head + tail.len();
+        let frames = len.div_ceil(size);
+        if (frames > 1 && self.scatter.is_none())
+            || frames > self.queued.capacity() - self.queued.len()
+        {
+            self.free.push(head_addr);
+            return false;
+        }
+        if self.free.len() < frames - 1 {
+            self.reap();
+            if self.free.len() < frames - 1 {
+                self.free.push(head_addr);
+                return false;
+            }
+        }
+        for (i, piece) in scatter_pieces(len, size).enumerate() {
+            let addr = if i == 0 {
+                Some(head_addr)
+            } else {
+                self.free.pop()
+            };
+            let Some(addr) = addr else {
+                return false; // checked above: cannot happen
+            };
+            // SAFETY: as above; `piece.len <= size`.
+            let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
+            let (at, part) = tail_part(&piece, head);
+            frame[at..piece.len].copy_from_slice(&tail[part]);
+            self.queued.push(XdpDesc {
+                addr,
+                len: piece.len as u32,
+                options: piece.options,
+            });
+        }
+        if frames > 1 {
+            self.tx_multi_buffer += 1;
+        }
+        true
+    }
+
     /// Packets sent in more than one TX frame.
     pub fn multi_buffer_sent(&self) -> u64 {
         self.tx_multi_buffer
@@ -995,6 +1068,17 @@ fn scatter_pieces(len: usize, frame_size: usize) -> impl Iterator<Item = Piece> 
             },
         }
     })
+}
+
+/// Where in a piece's frame the tail's bytes go and which of them: the
+/// packet is a head of `head` bytes (already in the first frame) and then
+/// the tail, split as [`scatter_pieces`] splits it.
+fn tail_part(piece: &Piece, head: usize) -> (usize, std::ops::Range<usize>) {
+    let start = piece.offset.max(head);
+    (
+        start - piece.offset,
+        start - head..piece.offset + piece.len - head,
+    )
 }
 
 /// What [`Gather::push`] made of one buffer.
@@ -1214,6 +1298,25 @@ mod tests {
                 options: 0
             }]
         );
+    }
+
+    #[test]
+    fn a_head_and_tail_fill_the_frames_in_order_without_gaps() {
+        // A 9012-byte RESULT: 64 bytes of headers, 8948 of payload.
+        let parts: Vec<_> = scatter_pieces(64 + 8948, 4096)
+            .map(|p| tail_part(&p, 64))
+            .collect();
+        assert_eq!(parts, [(64, 0..4032), (0, 4032..8128), (0, 8128..8948)]);
+        // One frame: the tail right after the head.
+        let one: Vec<_> = scatter_pieces(64 + 100, 4096)
+            .map(|p| tail_part(&p, 64))
+            .collect();
+        assert_eq!(one, [(64, 0..100)]);
+        // Nothing but a head.
+        let bare: Vec<_> = scatter_pieces(64, 4096)
+            .map(|p| tail_part(&p, 64))
+            .collect();
+        assert_eq!(bare, [(64, 0..0)]);
     }
 
     /// A packet split like `scatter_pieces` splits it comes back whole and
