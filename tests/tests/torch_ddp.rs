@@ -452,14 +452,15 @@ fn ddp_through_switch_bit_identical_and_learns_then_gloo_reaches_same_loss() {
     assert_eq!(stats["malformed_total"], 0, "{stats}");
 }
 
-/// bfloat16 gradients through the switch (`bf16_compress_hook`, a job
-/// declared `dtype = "bf16"`): every rank ends with the same weights, the
-/// model learns, and the switch summed exactly half the bytes of the float32
-/// gradients, every chunk from all ranks.
+/// Half-precision gradients through the switch: `bf16_compress_hook` into a
+/// job declared `dtype = "bf16"`, then `fp16_compress_hook` into one
+/// declared `"f16"`: every rank ends with the same weights, the model
+/// learns, and the switch summed exactly 2 bytes per gradient, every chunk
+/// from all ranks.
 #[test]
 #[ignore = "needs root"]
-fn ddp_bf16_hook_through_switch_bit_identical_and_learns() {
-    let test = "ddp_bf16";
+fn ddp_half_precision_hooks_through_switch_bit_identical_and_learn() {
+    let test = "ddp_half";
     if !can_run(test) {
         return;
     }
@@ -467,39 +468,49 @@ fn ddp_bf16_hook_through_switch_bit_identical_and_learns() {
         return;
     };
     let tb = Testbed::up("ddp4", WORLD, 0);
-    let spec = JobSpec {
-        dtype: Some("bf16"),
-        ..JobSpec::new(JOB, WORLD)
-    };
-    let mut sw = Switchd::start(&tb, &[spec]);
+    const RUNS: [(u16, &str, u16); 2] = [(1, "bf16", 29514), (2, "f16", 29515)];
+    let specs: Vec<JobSpec> = RUNS
+        .iter()
+        .map(|&(id, dtype, _)| JobSpec {
+            dtype: Some(dtype),
+            ..JobSpec::new(id, WORLD)
+        })
+        .collect();
+    let mut sw = Switchd::start(&tb, &specs);
     let dir = WorkDir::new("ddp4");
     const STEPS: u32 = 100;
-    let mut r = run("switch", "bf16", STEPS, 29514);
-    r.env.push(("AGGSWITCH_DTYPE", "bf16".to_string()));
-    let (reports, _) = train(&tb, &py, &dir.0, &r);
-    let loss = reports[0].loss;
-    assert!(
-        loss < LEARNED_LOSS,
-        "with bf16 gradients through the switch, loss after {STEPS} steps is {loss:.4} \
-         (untrained {UNTRAINED_LOSS:.2}); expected < {LEARNED_LOSS}"
-    );
+    let mut params = Vec::new();
+    for (id, dtype, port) in RUNS {
+        let mut r = run("switch", dtype, STEPS, port);
+        r.env.push(("AGGSWITCH_JOB", id.to_string()));
+        r.env.push(("AGGSWITCH_DTYPE", dtype.to_string()));
+        let (reports, _) = train(&tb, &py, &dir.0, &r);
+        let loss = reports[0].loss;
+        assert!(
+            loss < LEARNED_LOSS,
+            "with {dtype} gradients through the switch, loss after {STEPS} steps is {loss:.4} \
+             (untrained {UNTRAINED_LOSS:.2}); expected < {LEARNED_LOSS}"
+        );
+        params.push(reports[0].params);
+    }
     let stats = stop_clean(&tb, &mut sw);
-    let j = job(&stats, u64::from(JOB));
-    let chunks = u(&j["chunks_completed"], "chunks_completed");
-    let bytes = u(&j["bytes_aggregated"], "bytes_aggregated");
-    let grad_bytes = u64::from(WORLD) * u64::from(STEPS) * reports[0].params * 2;
-    assert!(
-        bytes == grad_bytes && chunks >= u64::from(STEPS),
-        "the switch aggregated {bytes} bytes in {chunks} chunks; {WORLD} ranks x {STEPS} \
-         steps x {} bf16 gradients are {grad_bytes} bytes: the bf16 hook did not send every \
-         gradient through the switch exactly once, in 2 bytes each\n{j}",
-        reports[0].params
-    );
-    assert_eq!(
-        u(&j["contributions"], "contributions"),
-        u64::from(WORLD) * chunks,
-        "a chunk completed without all {WORLD} ranks: {j}"
-    );
+    for ((id, dtype, _), params) in RUNS.into_iter().zip(params) {
+        let j = job(&stats, u64::from(id));
+        let chunks = u(&j["chunks_completed"], "chunks_completed");
+        let bytes = u(&j["bytes_aggregated"], "bytes_aggregated");
+        let grad_bytes = u64::from(WORLD) * u64::from(STEPS) * params * 2;
+        assert!(
+            bytes == grad_bytes && chunks >= u64::from(STEPS),
+            "job {id} ({dtype}) aggregated {bytes} bytes in {chunks} chunks; {WORLD} ranks x \
+             {STEPS} steps x {params} {dtype} gradients are {grad_bytes} bytes: the hook did \
+             not send every gradient through the switch exactly once, in 2 bytes each\n{j}"
+        );
+        assert_eq!(
+            u(&j["contributions"], "contributions"),
+            u64::from(WORLD) * chunks,
+            "job {id}: a chunk completed without all {WORLD} ranks: {j}"
+        );
+    }
     assert_eq!(stats["malformed_total"], 0, "{stats}");
 }
 
