@@ -824,7 +824,6 @@ impl XskTx {
     /// Copies `buf[..len]` across free TX frames and queues their chained
     /// descriptors; false (nothing queued) if frames or queue room lack.
     fn queue_scattered(&mut self, buf: &[u8], len: usize) -> bool {
-        let size = self.layout.frame_size as usize;
         if len == 0 || len > buf.len() {
             debug_assert!(
                 len <= buf.len(),
@@ -832,34 +831,13 @@ impl XskTx {
             );
             return false;
         }
-        let frames = len.div_ceil(size);
-        if frames > self.queued.capacity() - self.queued.len() {
-            return false;
-        }
-        if self.free.len() < frames {
+        if self.free.is_empty() {
             self.reap();
-            if self.free.len() < frames {
-                return false;
-            }
         }
-        for piece in scatter_pieces(len, size) {
-            let Some(addr) = self.free.pop() else {
-                return false; // checked above: cannot happen
-            };
-            // SAFETY: as in `send_with`: a free TX frame, owned by user space
-            // until queued, inside the live mapping; `piece.len <= size`.
-            let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
-            frame[..piece.len].copy_from_slice(&buf[piece.offset..piece.offset + piece.len]);
-            self.queued.push(XdpDesc {
-                addr,
-                len: piece.len as u32,
-                options: piece.options,
-            });
-        }
-        if frames > 1 {
-            self.tx_multi_buffer += 1;
-        }
-        true
+        let Some(first) = self.free.pop() else {
+            return false;
+        };
+        self.queue_chained(first, 0, &buf[..len])
     }
 
     /// Sends one packet from its two parts with no scratch copy: `f` writes
@@ -880,43 +858,48 @@ impl XskTx {
         if self.free.is_empty() {
             self.reap();
         }
-        let Some(head_addr) = self.free.pop() else {
+        let Some(first) = self.free.pop() else {
             return false;
         };
         let size = self.layout.frame_size as usize;
         // SAFETY: as in `send_with`: a free TX frame, owned by user space
         // until queued, inside the live mapping, with no other slice to it.
-        let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(head_addr), size) };
-        let parts = f(frame).filter(|(head, _)| (1..=size).contains(head));
-        let Some((head, tail)) = parts else {
-            self.free.push(head_addr);
-            return false;
-        };
-        let len = head + tail.len();
-        let frames = len.div_ceil(size);
-        if (frames > 1 && self.scatter.is_none())
-            || frames > self.queued.capacity() - self.queued.len()
-        {
-            self.free.push(head_addr);
-            return false;
-        }
-        if self.free.len() < frames - 1 {
-            self.reap();
-            if self.free.len() < frames - 1 {
-                self.free.push(head_addr);
-                return false;
+        let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(first), size) };
+        match f(frame).filter(|(head, _)| (1..=size).contains(head)) {
+            Some((head, tail)) => self.queue_chained(first, head, tail),
+            None => {
+                self.free.push(first);
+                false
             }
         }
+    }
+
+    /// Queues one packet: `head` bytes already in the free TX frame `first`,
+    /// then `tail`, copied after the head and on across as many further free
+    /// frames as it needs, chained with `XDP_PKT_CONTD` (several frames only
+    /// on a multi-buffer socket). False, with `first` back on the free list
+    /// and nothing queued, if frames or queue room lack.
+    fn queue_chained(&mut self, first: u64, head: usize, tail: &[u8]) -> bool {
+        let size = self.layout.frame_size as usize;
+        let len = head + tail.len();
+        let frames = len.div_ceil(size);
+        let mut room = (frames == 1 || self.scatter.is_some())
+            && frames <= self.queued.capacity() - self.queued.len();
+        if room && self.free.len() < frames - 1 {
+            self.reap();
+            room = self.free.len() >= frames - 1;
+        }
+        if !room {
+            self.free.push(first);
+            return false;
+        }
         for (i, piece) in scatter_pieces(len, size).enumerate() {
-            let addr = if i == 0 {
-                Some(head_addr)
-            } else {
-                self.free.pop()
-            };
+            let addr = if i == 0 { Some(first) } else { self.free.pop() };
             let Some(addr) = addr else {
                 return false; // checked above: cannot happen
             };
-            // SAFETY: as above; `piece.len <= size`.
+            // SAFETY: as in `send_with`: a free TX frame, owned by user space
+            // until queued, inside the live mapping; `piece.len <= size`.
             let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
             let (at, part) = tail_part(&piece, head);
             frame[at..piece.len].copy_from_slice(&tail[part]);
