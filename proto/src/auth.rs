@@ -119,6 +119,30 @@ pub fn verify_leave(
         .is_ok()
 }
 
+const SESSION_LABEL: &[u8] = b"aggswitch v3 session";
+
+/// A member's session key: what both ends of an accepted JOIN can derive and
+/// nobody without the job secret can (docs/PROTOCOL.md, "Sessions"). It is
+/// bound to the job, the rank, the switch generation and the switch nonce of
+/// the accepted JOIN, so every join (and every switch restart) makes a new
+/// one. The MACs that authenticate what the switch sends a member are keyed
+/// by it, never by the secret itself.
+pub fn session_key(
+    secret: &[u8; SECRET_LEN],
+    job: u16,
+    rank: u16,
+    gen: u32,
+    nonce: &Nonce,
+) -> [u8; 32] {
+    let mut m = hmac(secret);
+    m.update(SESSION_LABEL);
+    m.update(&job.to_be_bytes());
+    m.update(&rank.to_be_bytes());
+    m.update(&gen.to_be_bytes());
+    m.update(nonce);
+    m.finalize().into_bytes().into()
+}
+
 /// Bits of a nonce's serial below the millisecond it was issued in: up to
 /// 2^20 nonces per millisecond keep their order.
 const SERIAL_SUB_MS_BITS: u32 = 20;
@@ -241,6 +265,25 @@ mod tests {
             op: 0,
             ip: [198, 18, 0, 2],
             port: 40000,
+        }
+    }
+
+    #[test]
+    fn session_keys_differ_per_job_rank_gen_nonce_and_secret() {
+        let secret = [0x5a; SECRET_LEN];
+        let nonce = [9u8; NONCE_LEN];
+        let k = session_key(&secret, 1, 2, 3, &nonce);
+        assert_eq!(k, session_key(&secret, 1, 2, 3, &nonce));
+        let mut other_nonce = nonce;
+        other_nonce[15] ^= 1;
+        for other in [
+            session_key(&[0x5b; SECRET_LEN], 1, 2, 3, &nonce),
+            session_key(&secret, 2, 2, 3, &nonce),
+            session_key(&secret, 1, 3, 3, &nonce),
+            session_key(&secret, 1, 2, 4, &nonce),
+            session_key(&secret, 1, 2, 3, &other_nonce),
+        ] {
+            assert_ne!(k, other);
         }
     }
 
