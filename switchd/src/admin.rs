@@ -8,22 +8,45 @@
 //! see admin work.
 //!
 //! Limits: a request line is at most [`MAX_REQUEST_BYTES`]; a longer one is
-//! refused and the connection closed.
+//! refused and the connection closed. Each connection is served on a thread
+//! of its own, so an idle or slow client never holds up another; at most
+//! [`MAX_CONNECTIONS`] are open at once (one more is told so and closed), a
+//! read waits at most [`READ_TIMEOUT`] and a connection lives at most
+//! [`CONNECTION_DEADLINE`], so those threads are bounded in number and in
+//! life.
+//!
+//! Supervision ([`crate::supervise`]): a panic or an unexpected return of
+//! the accept loop is logged and the loop restarted on the same listener,
+//! with backoff; after too many failures switchd stops and exits non-zero
+//! rather than run on without its admin socket. A panic while serving one
+//! connection ends only that connection's thread.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::JobSection;
+use crate::ratelog::LogLimiter;
+use crate::stats::SwitchStats;
+use crate::supervise::{self, Health, Policy};
 
 /// Longest request line taken (a job declaration is a few hundred bytes).
 pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+
+/// Admin connections served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// Longest wait for the next bytes of a request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest an admin connection stays open.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Default path of the admin socket.
 pub const DEFAULT_SOCKET: &str = "/run/aggswitch/switchd.sock";
@@ -67,10 +90,17 @@ impl AdminReply {
     }
 }
 
-/// A request on its way to the dataplane, with where to send the reply.
-pub struct AdminCall {
-    pub request: AdminRequest,
-    pub reply: mpsc::Sender<AdminReply>,
+/// Work for the control thread ([`crate::control`]), with where to send
+/// the answer.
+pub enum AdminCall {
+    /// A switchctl request, answered as JSON.
+    Request {
+        request: AdminRequest,
+        reply: mpsc::Sender<AdminReply>,
+    },
+    /// Every counter, typed, for `/metrics` ([`crate::metrics`]): the
+    /// control thread calls this with a fresh snapshot.
+    Snapshot(Box<dyn FnOnce(SwitchStats) + Send>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +140,15 @@ pub struct AdminServer {
     path: PathBuf,
     handle: Option<std::thread::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    health: Arc<Health>,
+}
+
+impl AdminServer {
+    /// Why its supervisor gave up on it (switchd is then stopping and
+    /// exits non-zero), or `None`.
+    pub fn failed(&self) -> Option<String> {
+        self.health.failed()
+    }
 }
 
 impl Drop for AdminServer {
@@ -145,39 +184,127 @@ pub fn serve(path: &Path, calls: mpsc::Sender<AdminCall>) -> Result<AdminServer,
         .map_err(io_err(path, "set_nonblocking"))?;
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = stop.clone();
+    let health = supervise::health();
+    let thread_health = health.clone();
+    let calls = Arc::new(calls);
+    let open = Arc::new(AtomicUsize::new(0));
     let handle = std::thread::Builder::new()
         .name("admin".into())
         .spawn(move || {
-            while !thread_stop.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if let Err(e) = serve_connection(stream, &calls) {
-                            tracing::debug!("admin connection: {e}");
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    Err(e) => {
-                        tracing::warn!("admin socket accept failed: {e}");
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                }
-            }
+            supervise::supervise(
+                "admin",
+                Policy::default(),
+                &thread_stop,
+                &thread_health,
+                || accept_loop(&listener, &calls, &open, &thread_stop),
+                supervise::stop_switchd,
+            )
         })
         .map_err(io_err(path, "spawning the admin thread"))?;
     Ok(AdminServer {
         path: path.to_owned(),
         handle: Some(handle),
         stop,
+        health,
     })
+}
+
+/// Accepts until `stop`, handing each connection to a thread of its own.
+fn accept_loop(
+    listener: &UnixListener,
+    calls: &Arc<mpsc::Sender<AdminCall>>,
+    open: &Arc<AtomicUsize>,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let mut accept_log = LogLimiter::<1>::new();
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(e) => {
+                if let Some(suppressed) = accept_log.check(0, Instant::now()) {
+                    tracing::warn!(suppressed, "admin socket accept failed: {e}; retrying");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            refuse_busy(stream);
+            continue;
+        }
+        open.fetch_add(1, Ordering::SeqCst);
+        let guard = OpenGuard(open.clone());
+        let conn_calls = calls.clone();
+        let spawned = std::thread::Builder::new()
+            .name("admin-conn".into())
+            .spawn(move || {
+                let _guard = guard;
+                if let Err(e) = serve_connection(stream, &conn_calls) {
+                    tracing::debug!("admin connection: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            // The closure (and its guard) was dropped: the place is free.
+            if let Some(suppressed) = accept_log.check(0, Instant::now()) {
+                tracing::warn!(suppressed, "admin connection dropped: spawning its thread: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Releases a connection's place in [`MAX_CONNECTIONS`].
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Tells a client beyond [`MAX_CONNECTIONS`] why it is closed.
+fn refuse_busy(stream: UnixStream) {
+    let _ = stream.set_nonblocking(true);
+    let reply = AdminReply::err(format!(
+        "switchd is serving {MAX_CONNECTIONS} admin connections already; try again shortly"
+    ));
+    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+    out.push(b'\n');
+    let _ = (&stream).write_all(&out);
+}
+
+/// Reads up to `buf`'s worth, waiting at most [`READ_TIMEOUT`] and never
+/// past the connection's deadline.
+struct DeadlineReader {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl std::io::Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("admin connection open longer than {CONNECTION_DEADLINE:?}"),
+            ));
+        }
+        self.stream.set_read_timeout(Some(left.min(READ_TIMEOUT)))?;
+        self.stream.read(buf)
+    }
 }
 
 fn serve_connection(stream: UnixStream, calls: &mpsc::Sender<AdminCall>) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
+    stream.set_write_timeout(Some(READ_TIMEOUT))?;
+    let mut reader = BufReader::new(DeadlineReader {
+        stream: stream.try_clone()?,
+        deadline: Instant::now() + CONNECTION_DEADLINE,
+    });
     let mut writer = stream;
     let mut line = String::new();
     loop {
@@ -199,7 +326,10 @@ fn serve_connection(stream: UnixStream, calls: &mpsc::Sender<AdminCall>) -> std:
             Err(e) => AdminReply::err(format!("bad request: {e}")),
             Ok(request) => {
                 let (tx, rx) = mpsc::channel();
-                if calls.send(AdminCall { request, reply: tx }).is_err() {
+                if calls
+                    .send(AdminCall::Request { request, reply: tx })
+                    .is_err()
+                {
                     AdminReply::err("switchd is shutting down")
                 } else {
                     rx.recv_timeout(Duration::from_secs(5))

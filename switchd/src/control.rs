@@ -92,10 +92,10 @@ impl<'a> ControlPlane<'a> {
         let mut next_refresh = Instant::now() + crate::xdp::PORT_REFRESH_EVERY;
         while !stop.load(Ordering::Relaxed) {
             match self.calls.recv_timeout(EVENT_EVERY) {
-                Ok(call) => {
-                    let reply = self.handle_admin(call.request);
-                    let _ = call.reply.send(reply);
+                Ok(AdminCall::Request { request, reply }) => {
+                    let _ = reply.send(self.handle_admin(request));
                 }
+                Ok(AdminCall::Snapshot(reply)) => reply(self.snapshot()),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 // No admin socket or metrics endpoint left: keep ticking.
                 Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(EVENT_EVERY),
@@ -373,10 +373,8 @@ pub fn snapshot(shared: &Shared, ports: Vec<PortStats>) -> SwitchStats {
     s
 }
 
-/// Writes `s` as JSON to `path` (via a temporary file and a rename, so a
-/// reader never sees half a file).
+/// Writes `s` as JSON to `path` ([`stats::write_stats_file`]: atomic, never
+/// through a symlink, mode 0640).
 pub fn write_stats(path: &Path, s: &SwitchStats) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(s)?)?;
-    std::fs::rename(&tmp, path)
+    stats::write_stats_file(path, s)
 }

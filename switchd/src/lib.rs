@@ -11,6 +11,7 @@
 //! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
+//! * [`supervise`]: restarting the admin and metrics threads.
 //! * [`ratelog`]: rate-limited log lines for events the network drives.
 //! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
 
@@ -23,5 +24,6 @@ pub mod frame;
 pub mod metrics;
 pub mod ratelog;
 pub mod stats;
+pub mod supervise;
 pub mod wake;
 pub mod xdp;

@@ -325,6 +325,13 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+    // A management thread its supervisor gave up on stopped switchd: exit
+    // non-zero so that switchd's own supervisor restarts it.
+    let gave_up = _metrics.as_ref().and_then(|m| m.failed());
+    if let Some(why) = gave_up.or_else(|| _admin.as_ref().and_then(|a| a.failed())) {
+        detach.context("detaching XDP programs")?;
+        bail!("{why}");
+    }
     detach.context("detaching XDP programs")?;
     Ok(())
 }

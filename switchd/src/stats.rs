@@ -2,10 +2,17 @@
 //! log line, the `--stats-file` JSON, switchctl and the metrics endpoint.
 //! Counters come from their one schema ([`CounterSchema`]): a counter added
 //! there appears here, under its name, with no code in this file.
+//!
+//! Owns: the stats file's writing ([`write_stats_file`]): atomic, never
+//! through a symlink, mode [`STATS_FILE_MODE`].
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use proto::switch::{CounterSchema, DropReason, JobTable, MALFORMED_KINDS};
+use proto::switch::{
+    CounterSchema, DropReason, JobCounters, JobDrops, JobState, JobTable, SpineCounters,
+    TableCounters, MALFORMED_KINDS,
+};
 use serde::Serialize;
 
 use crate::dataplane::DataplaneCounters;
@@ -35,6 +42,15 @@ pub struct JobStats {
     #[serde(flatten)]
     pub counters: BTreeMap<&'static str, u64>,
     pub drops: BTreeMap<&'static str, u64>,
+    /// The typed counters behind `counters` and `drops` (what `/metrics`
+    /// renders, so a renamed counter cannot read as a silent 0).
+    #[serde(skip)]
+    pub job_counters: JobCounters,
+    #[serde(skip)]
+    pub drop_counts: JobDrops,
+    /// Every rank has joined (`state` is its name).
+    #[serde(skip)]
+    pub active: bool,
     /// On a leaf: its trees, one entry per spine in tree order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub spines: Vec<SpineStats>,
@@ -55,6 +71,12 @@ pub struct SpineStats {
     /// [`proto::switch::SpineCounters`], by name.
     #[serde(flatten)]
     pub counters: BTreeMap<&'static str, u64>,
+    /// The typed counters behind `counters`, for `/metrics`.
+    #[serde(skip)]
+    pub spine_counters: SpineCounters,
+    /// The session is up (`state` is "joined").
+    #[serde(skip)]
+    pub joined: bool,
 }
 
 /// A leaf job's spines as [`SpineStats`] (empty for other jobs).
@@ -86,6 +108,8 @@ pub fn spine_stats(j: &proto::switch::Job, now: std::time::Instant) -> Vec<Spine
                     .last_heard
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
                 counters: counter_map(&s.counters),
+                spine_counters: s.counters.clone(),
+                joined: matches!(state, SpineSessionState::Joined),
             }
         })
         .collect()
@@ -134,6 +158,11 @@ pub struct SwitchStats {
     /// [`proto::switch::TableCounters`], by name.
     #[serde(flatten)]
     pub counters: BTreeMap<&'static str, u64>,
+    /// The typed counters behind `counters`, for `/metrics`.
+    #[serde(skip)]
+    pub dataplane: DataplaneCounters,
+    #[serde(skip)]
+    pub table: TableCounters,
     /// Malformed aggregation frames by kind.
     pub malformed: BTreeMap<&'static str, u64>,
     pub malformed_total: u64,
@@ -170,6 +199,9 @@ pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
                 .map(|r| (r.name(), j.drops.count(*r)))
                 .collect(),
             spines: spine_stats(j, now),
+            job_counters: j.counters.clone(),
+            drop_counts: j.drops.clone(),
+            active: j.state() == JobState::Active,
         })
         .collect();
     jobs.sort_by_key(|j| j.id);
@@ -196,6 +228,8 @@ pub fn snapshot(
         generation: table.gen(),
         uptime_secs,
         counters,
+        dataplane: dp.clone(),
+        table: table.counters.clone(),
         malformed_total: malformed.values().sum(),
         malformed,
         pool_budget_bytes: budget,
@@ -236,4 +270,155 @@ pub fn summary_line(j: &JobStats, prev_bytes: u64, secs: f64) -> String {
             )
         }
     )
+}
+
+/// Mode of the stats file: owner read-write, group read, others nothing
+/// (the counters name jobs and addresses of a shared cluster).
+pub const STATS_FILE_MODE: u32 = 0o640;
+
+/// Writes `s` as JSON to `path` atomically and without following links: a
+/// new file with a random name is created exclusively (`O_CREAT|O_EXCL|
+/// O_NOFOLLOW`, mode [`STATS_FILE_MODE`]) in `path`'s directory, written,
+/// then renamed over `path`. A reader sees the old file or the new one,
+/// never half of one; a symlink planted at `path` or at any temporary name
+/// is replaced (rename) or refused (exclusive create), never written
+/// through, so a user who can write the directory cannot make switchd
+/// overwrite another file.
+pub fn write_stats_file(path: &Path, s: &SwitchStats) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(s)?;
+    write_atomic(path, &json)
+}
+
+/// [`write_stats_file`]'s mechanism, for any bytes.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let base = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("stats file {} names no file", path.display()),
+        )
+    })?;
+    // A few tries: a name taken (by chance or planted) is skipped.
+    let mut last_err = None;
+    for _ in 0..8 {
+        let mut name = std::ffi::OsString::from(".");
+        name.push(base);
+        name.push(format!(".{:016x}.tmp", rand::random::<u64>()));
+        let tmp = dir.join(name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(STATS_FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp);
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last_err = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = (|| {
+            // The umask may only make it stricter; set it exactly.
+            file.set_permissions(std::fs::Permissions::from_mode(STATS_FILE_MODE))?;
+            file.write_all(bytes)?;
+            drop(file);
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return written;
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn tempdir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "switchd-stats-{tag}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir(&d).unwrap();
+        d
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn writes_the_file_with_mode_0640_or_stricter() {
+        let d = tempdir("mode");
+        let target = d.join("stats.json");
+        write_atomic(&target, b"{\"a\":1}").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"{\"a\":1}");
+        let m = mode(&target);
+        assert_eq!(m & !0o640, 0, "stats file mode {m:o} is looser than 0640");
+        // Replacing an existing, looser file leaves the strict mode.
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o666)).unwrap();
+        write_atomic(&target, b"{\"a\":2}").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"{\"a\":2}");
+        assert_eq!(mode(&target) & !0o640, 0);
+        // Nothing but the target is left in the directory.
+        let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+        assert_eq!(left.len(), 1, "temporary files left behind: {left:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn symlink_at_the_old_tmp_name_is_not_followed() {
+        let d = tempdir("tmp");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"root only").unwrap();
+        let target = d.join("stats.json");
+        // The name the old code wrote through.
+        symlink(&victim, target.with_extension("tmp")).unwrap();
+        write_atomic(&target, b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root only");
+        assert_eq!(std::fs::read(&target).unwrap(), b"{}");
+        assert!(!std::fs::symlink_metadata(&target)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn symlink_at_the_target_is_replaced_not_written_through() {
+        let d = tempdir("target");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"root only").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let target = d.join("stats.json");
+        symlink(&victim, &target).unwrap();
+        write_atomic(&target, b"{\"x\":3}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root only");
+        assert_eq!(mode(&victim), 0o600);
+        let meta = std::fs::symlink_metadata(&target).unwrap();
+        assert!(meta.file_type().is_file(), "target is still a symlink");
+        assert_eq!(std::fs::read(&target).unwrap(), b"{\"x\":3}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_error_not_a_panic() {
+        let d = tempdir("missing");
+        let target = d.join("no/such/dir/stats.json");
+        let e = write_atomic(&target, b"{}").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

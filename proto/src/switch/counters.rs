@@ -31,6 +31,11 @@ macro_rules! counter_schema {
             pub fn add(&mut self, o: &$name) {
                 $(self.$field += o.$field;)*
             }
+            /// Calls `f(name, counter)` for each counter, in declaration
+            /// order (tests set every counter without naming them).
+            pub fn visit_mut(&mut self, f: &mut dyn FnMut(&'static str, &mut u64)) {
+                $(f(stringify!($field), &mut self.$field);)*
+            }
         }
         impl $crate::switch::counters::CounterSchema for $name {
             fn visit(&self, f: &mut dyn FnMut(&'static str, &'static str, u64)) {
