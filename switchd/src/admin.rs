@@ -250,7 +250,10 @@ fn accept_loop(
         if let Err(e) = spawned {
             // The closure (and its guard) was dropped: the place is free.
             if let Some(suppressed) = accept_log.check(0, Instant::now()) {
-                tracing::warn!(suppressed, "admin connection dropped: spawning its thread: {e}");
+                tracing::warn!(
+                    suppressed,
+                    "admin connection dropped: spawning its thread: {e}"
+                );
             }
         }
     }
@@ -362,4 +365,88 @@ pub fn request(path: &Path, req: &AdminRequest) -> Result<AdminReply, AdminError
         .read_line(&mut reply)
         .map_err(io_err(path, "read"))?;
     serde_json::from_str(reply.trim()).map_err(|e| AdminError::BadReply(format!("{e}: {reply}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A control thread stand-in that answers every request with its name.
+    fn fake_control() -> mpsc::Sender<AdminCall> {
+        let (tx, rx) = mpsc::channel::<AdminCall>();
+        std::thread::spawn(move || {
+            while let Ok(call) = rx.recv() {
+                if let AdminCall::Request { request, reply } = call {
+                    let _ = reply.send(AdminReply::ok(serde_json::json!({
+                        "answered": format!("{request:?}"),
+                    })));
+                }
+            }
+        });
+        tx
+    }
+
+    fn socket_path(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "switchd-admin-{tag}-{}-{:x}.sock",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+    }
+
+    #[test]
+    fn an_idle_client_does_not_block_another() {
+        let path = socket_path("idle");
+        let server = serve(&path, fake_control()).unwrap();
+        // Connected and silent, and one that sent half a line.
+        let idle = UnixStream::connect(&path).unwrap();
+        let mut half = UnixStream::connect(&path).unwrap();
+        half.write_all(b"{\"cmd\":").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let reply = request(&path, &AdminRequest::Jobs).unwrap();
+        let took = t0.elapsed();
+        assert!(reply.ok, "{reply:?}");
+        assert_eq!(reply.data["answered"], "Jobs");
+        assert!(took < Duration::from_secs(1), "answered after {took:?}");
+        // The idle clients are still open (not closed to make room).
+        idle.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let r = (&idle).read(&mut b);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "idle client was closed or answered: {r:?}"
+        );
+        drop(server);
+        assert!(!path.exists(), "socket left behind");
+    }
+
+    #[test]
+    fn clients_beyond_the_limit_are_told_and_the_rest_still_served() {
+        let path = socket_path("limit");
+        let _server = serve(&path, fake_control()).unwrap();
+        let idle: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let busy = request(&path, &AdminRequest::Jobs).unwrap();
+        assert!(!busy.ok);
+        let why = busy.error.unwrap_or_default();
+        assert!(why.contains("try again"), "{why}");
+        drop(idle);
+        // Places free up as the idle clients' threads see them close.
+        let t0 = Instant::now();
+        loop {
+            let r = request(&path, &AdminRequest::Stats { job: Some(3) }).unwrap();
+            if r.ok {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "still refused: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

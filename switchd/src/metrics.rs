@@ -391,8 +391,11 @@ fn sample(out: &mut String, name: &str, labels: &str, v: impl std::fmt::Display)
     }
 }
 
-/// `(name, help, value)` of every counter of a schema, in its order.
-fn values(c: &dyn CounterSchema) -> Vec<(&'static str, &'static str, u64)> {
+/// `(name, help, value)` of one counter.
+type Counter = (&'static str, &'static str, u64);
+
+/// Every counter of a schema, in its order.
+fn values(c: &dyn CounterSchema) -> Vec<Counter> {
     let mut v = Vec::new();
     c.visit(&mut |name, help, value| v.push((name, help, value)));
     v
@@ -405,7 +408,7 @@ fn schema_families<T: CounterSchema + Default>(
     prefix: &str,
     rows: &[(String, &T)],
 ) {
-    let rows: Vec<(&str, Vec<(&'static str, &'static str, u64)>)> = rows
+    let rows: Vec<(&str, Vec<Counter>)> = rows
         .iter()
         .map(|(labels, c)| (labels.as_str(), values(*c)))
         .collect();
@@ -763,7 +766,10 @@ mod tests {
         let t = render(&s, &ep);
         for j in &s.jobs {
             j.job_counters.visit(&mut |name, help, v| {
-                has(&t, &format!("aggswitch_job_{name}_total{{job=\"{}\"}} {v}", j.id));
+                has(
+                    &t,
+                    &format!("aggswitch_job_{name}_total{{job=\"{}\"}} {v}", j.id),
+                );
                 has(&t, &format!("# HELP aggswitch_job_{name}_total {help}"));
                 has(&t, &format!("# TYPE aggswitch_job_{name}_total counter"));
             });
@@ -909,7 +915,10 @@ mod tests {
             b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         );
         assert!(na.starts_with("HTTP/1.1 405"), "{na}");
-        assert_eq!(metric(m.local_addr(), "aggswitch_metrics_requests_refused_total"), 2);
+        assert_eq!(
+            metric(m.local_addr(), "aggswitch_metrics_requests_refused_total"),
+            2
+        );
     }
 
     #[test]
@@ -936,7 +945,10 @@ mod tests {
             out.is_empty() || out.starts_with("HTTP/1.1 431"),
             "unexpected answer: {out}"
         );
-        assert_eq!(metric(m.local_addr(), "aggswitch_metrics_heads_too_large_total"), 1);
+        assert_eq!(
+            metric(m.local_addr(), "aggswitch_metrics_heads_too_large_total"),
+            1
+        );
     }
 
     #[test]
@@ -959,7 +971,19 @@ mod tests {
         }
         assert_eq!(closed, 10);
         assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
-        assert_eq!(metric(m.local_addr(), "aggswitch_metrics_connections_rejected_total"), 6);
-        assert_eq!(metric(m.local_addr(), "aggswitch_metrics_connections_timed_out_total"), 4);
+        assert_eq!(
+            metric(
+                m.local_addr(),
+                "aggswitch_metrics_connections_rejected_total"
+            ),
+            6
+        );
+        assert_eq!(
+            metric(
+                m.local_addr(),
+                "aggswitch_metrics_connections_timed_out_total"
+            ),
+            4
+        );
     }
 }

@@ -52,7 +52,10 @@ pub struct Health {
 
 impl Health {
     pub fn failed(&self) -> Option<String> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
