@@ -1,0 +1,385 @@
+//! End-to-end tests of issue 20's management-plane findings: `/metrics`
+//! attacked from a host on another port of the switch (an endless header,
+//! 1 500 slow connections, and switchd under a 1 024 open-file limit) stays
+//! bounded in memory, threads and fds, and answers afterwards.
+//!
+//! The attacks run from host namespace h0 with `tests/mgmt_attack.py`;
+//! switchd's side is read from `/proc/PID` while they run. Each test prints
+//! its measurements (`MEASURED ...`) for docs and reports.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agg_e2e::*;
+
+/// The metrics endpoint on the switch's bridge address, reachable from h0.
+const METRICS_ADDR: &str = "198.18.0.1:9188";
+
+fn start(prefix: &str) -> (Testbed, Switchd) {
+    let tb = Testbed::up(prefix, 2, 1);
+    let sw = Switchd::start_with(
+        &tb,
+        &[JobSpec::new(1, 2)],
+        &format!("metrics_listen = \"{METRICS_ADDR}\"\n"),
+    );
+    (tb, sw)
+}
+
+/// switchd's PID: the process running `switchd` with this test's config.
+fn switchd_pid(sw: &Switchd) -> u32 {
+    let config = sw.dir.join("switchd.toml");
+    let config = config.to_string_lossy();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().is_some_and(|a| a.ends_with("/switchd"))
+            && args.iter().any(|a| a == config.as_ref())
+        {
+            return pid;
+        }
+    }
+    panic!("no switchd process with config {config}");
+}
+
+/// What the attacks are measured by.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    rss_kb: u64,
+    threads: usize,
+    fds: usize,
+}
+
+fn usage(pid: u32) -> Usage {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let count = |d: &str| {
+        std::fs::read_dir(format!("/proc/{pid}/{d}"))
+            .map(|r| r.count())
+            .unwrap_or(0)
+    };
+    Usage {
+        rss_kb,
+        threads: count("task"),
+        fds: count("fd"),
+    }
+}
+
+fn max(a: Usage, b: Usage) -> Usage {
+    Usage {
+        rss_kb: a.rss_kb.max(b.rss_kb),
+        threads: a.threads.max(b.threads),
+        fds: a.fds.max(b.fds),
+    }
+}
+
+fn attack_script() -> std::path::PathBuf {
+    repo_root().join("tests/mgmt_attack.py")
+}
+
+/// Runs the attack helper in h0 and samples switchd every 50 ms until it
+/// exits. Returns the helper's JSON lines and the peak usage.
+fn attack(
+    tb: &Testbed,
+    pid: u32,
+    args: &[&str],
+    limit: Duration,
+) -> (Vec<serde_json::Value>, Usage) {
+    let child: Child = tb
+        .cmd_in(&tb.host_ns(0), "python3")
+        .arg(attack_script())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting tests/mgmt_attack.py");
+    let mut peak = usage(pid);
+    let t0 = Instant::now();
+    let mut child = child;
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < limit,
+            "mgmt_attack.py {args:?} still running after {limit:?}"
+        );
+        peak = max(peak, usage(pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "mgmt_attack.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (lines, peak)
+}
+
+/// GET /metrics from h0: (status, body).
+fn get_metrics(tb: &Testbed) -> (u64, String) {
+    let out = tb
+        .cmd_in(&tb.host_ns(0), "python3")
+        .arg(attack_script())
+        .args(["get", &format!("http://{METRICS_ADDR}/metrics")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "GET /metrics from h0 failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["status"].as_u64().unwrap(),
+        v["body"].as_str().unwrap().to_string(),
+    )
+}
+
+fn metric(body: &str, name: &str) -> u64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in /metrics:\n{body}"))
+}
+
+/// /metrics answers 200 with the switch's counters and its own.
+fn assert_answers(tb: &Testbed, when: &str) -> String {
+    let (status, body) = get_metrics(tb);
+    assert_eq!(status, 200, "/metrics {when}: {body}");
+    for line in [
+        "aggswitch_job_window{job=\"1\"} ",
+        "aggswitch_job_chunks_completed_total{job=\"1\"} 0",
+        "aggswitch_rx_frames_total ",
+        "aggswitch_metrics_connections_rejected_total ",
+    ] {
+        assert!(
+            body.contains(line),
+            "/metrics {when} lacks `{line}`:\n{body}"
+        );
+    }
+    body
+}
+
+fn last_event<'a>(lines: &'a [serde_json::Value], event: &str) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .rev()
+        .find(|l| l["event"] == event)
+        .unwrap_or_else(|| panic!("no `{event}` line from mgmt_attack.py: {lines:?}"))
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_endless_header_keeps_memory_bounded() {
+    if !can_run("metrics_endless_header") {
+        return;
+    }
+    let (tb, mut sw) = start("mg1");
+    let pid = switchd_pid(&sw);
+    assert_answers(&tb, "before");
+    let before = usage(pid);
+    let (lines, peak) = attack(
+        &tb,
+        pid,
+        &["endless", METRICS_ADDR, &(4 << 20).to_string()],
+        Duration::from_secs(60),
+    );
+    let r = &lines[0];
+    println!(
+        "MEASURED endless header: sent {} bytes, closed by server {}, answer `{}` after {} s; \
+         switchd VmRSS {} kB before, {} kB peak (+{} kB)",
+        r["sent"],
+        r["closed_by_server"],
+        r["status"].as_str().unwrap_or(""),
+        r["secs"],
+        before.rss_kb,
+        peak.rss_kb,
+        peak.rss_kb.saturating_sub(before.rss_kb)
+    );
+    assert_eq!(
+        r["closed_by_server"], true,
+        "the server kept the connection: {r}"
+    );
+    assert!(
+        peak.rss_kb < before.rss_kb + 32 * 1024,
+        "switchd grew from {} kB to {} kB on an endless header",
+        before.rss_kb,
+        peak.rss_kb
+    );
+    let body = assert_answers(&tb, "after an endless header");
+    assert!(metric(&body, "aggswitch_metrics_heads_too_large_total") >= 1);
+    let (ok, _) = sw.stop();
+    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_slow_connections_keep_threads_and_fds_bounded() {
+    if !can_run("metrics_slow_connections") {
+        return;
+    }
+    let (tb, mut sw) = start("mg2");
+    let pid = switchd_pid(&sw);
+    assert_answers(&tb, "before");
+    let before = usage(pid);
+    // Held past the 5 s header timeout: the server closes every one.
+    let (lines, peak) = attack(
+        &tb,
+        pid,
+        &["slow", METRICS_ADDR, "1500", "8"],
+        Duration::from_secs(120),
+    );
+    let done = last_event(&lines, "done");
+    println!(
+        "MEASURED 1500 slow connections: {} connected ({} failed) in {} s, {} closed at once, \
+         {} still open after 8 s; switchd threads {} before, {} peak; fds {} before, {} peak; \
+         VmRSS {} kB before, {} kB peak",
+        done["connected"],
+        done["failed"],
+        done["connect_secs"],
+        done["closed_at_once"],
+        done["still_open_after_hold"],
+        before.threads,
+        peak.threads,
+        before.fds,
+        peak.fds,
+        before.rss_kb,
+        peak.rss_kb
+    );
+    assert!(
+        peak.threads <= before.threads + 2,
+        "threads rose from {} to {}",
+        before.threads,
+        peak.threads
+    );
+    // The connection limit (64) and some slack for the stats file and
+    // the admin socket.
+    assert!(
+        peak.fds <= before.fds + 64 + 16,
+        "fds rose from {} to {}",
+        before.fds,
+        peak.fds
+    );
+    assert_eq!(
+        done["still_open_after_hold"], 0,
+        "slow connections outlived the header timeout: {done}"
+    );
+    let body = assert_answers(&tb, "after 1500 slow connections");
+    let rejected = metric(&body, "aggswitch_metrics_connections_rejected_total");
+    let timed_out = metric(&body, "aggswitch_metrics_connections_timed_out_total");
+    println!("MEASURED /metrics counted {rejected} connections rejected, {timed_out} timed out");
+    assert!(
+        rejected >= 1000,
+        "only {rejected} connections counted as rejected"
+    );
+    assert!(timed_out >= 1, "no connection counted as timed out");
+    let (ok, _) = sw.stop();
+    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+}
+
+/// Sets switchd's soft open-file limit to `n`, its hard limit to 1024 (a
+/// hard limit, once lowered, cannot be raised again here).
+fn prlimit_nofile(pid: u32, n: usize) {
+    let st = Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={n}:1024")])
+        .status()
+        .expect("running prlimit");
+    assert!(st.success(), "prlimit --nofile={n} on switchd failed");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_survives_the_open_file_limit() {
+    if !can_run("metrics_open_file_limit") {
+        return;
+    }
+    let (tb, mut sw) = start("mg3");
+    let pid = switchd_pid(&sw);
+    // systemd's default soft limit.
+    prlimit_nofile(pid, 1024);
+    assert_answers(&tb, "before");
+    let before = usage(pid);
+    let (lines, peak) = attack(
+        &tb,
+        pid,
+        &["slow", METRICS_ADDR, "1500", "2"],
+        Duration::from_secs(120),
+    );
+    let done = last_event(&lines, "done");
+    println!(
+        "MEASURED ulimit -n 1024, 1500 connections: {} connected, fds {} before, {} peak; \
+         threads {} before, {} peak",
+        done["connected"], before.fds, peak.fds, before.threads, peak.threads
+    );
+    assert!(!sw.log_text().contains("panicked"), "{}", sw.log_text());
+    assert_answers(&tb, "after 1500 connections under ulimit -n 1024");
+
+    // Now a limit the connections do reach: accept fails with EMFILE, which
+    // is counted and waited out, never fatal.
+    let now = usage(pid).fds;
+    prlimit_nofile(pid, now + 8);
+    let (lines, _) = attack(
+        &tb,
+        pid,
+        &["slow", METRICS_ADDR, "100", "2"],
+        Duration::from_secs(120),
+    );
+    let done = last_event(&lines, "done");
+    prlimit_nofile(pid, 1024);
+    let body = assert_answers(&tb, "after running out of file descriptors");
+    let accept_errors = metric(&body, "aggswitch_metrics_accept_errors_total");
+    println!(
+        "MEASURED fd limit at {} (open fds + 8), 100 connections ({} connected): \
+         {accept_errors} accept errors counted",
+        now + 8,
+        done["connected"]
+    );
+    assert!(
+        accept_errors >= 1,
+        "EMFILE never hit: the test did not test it"
+    );
+    let log = sw.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+    // Logged at most once a second, however many accepts fail.
+    let stamps: Vec<f64> = log
+        .lines()
+        .filter(|l| l.contains("metrics endpoint: accept failed"))
+        .filter_map(|l| seconds_of_day(l.split_whitespace().next()?))
+        .collect();
+    let span = stamps.last().unwrap_or(&0.0) - stamps.first().unwrap_or(&0.0);
+    println!(
+        "MEASURED {} accept-failure lines logged over {span:.1} s for {accept_errors} failures",
+        stamps.len()
+    );
+    assert!(!stamps.is_empty(), "EMFILE was not logged:\n{log}");
+    assert!(
+        stamps.len() as f64 <= span + 2.0,
+        "{} accept-failure lines in {span:.1} s: not rate-limited:\n{log}",
+        stamps.len()
+    );
+    let (ok, _) = sw.stop();
+    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+}
+
+/// Seconds since midnight of a log line's RFC 3339 timestamp
+/// (`2026-11-25T18:25:11.164671Z`).
+fn seconds_of_day(stamp: &str) -> Option<f64> {
+    let time = stamp.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
