@@ -11,9 +11,12 @@ switchd's side: memory, threads, fds, and that /metrics still answers).
   slow ADDR:PORT N HOLD     opens N connections (sending nothing), then
                             every second sends one byte on each still open,
                             for HOLD seconds; then closes them all.
+  flood ADDR:PORT SECS      GET /metrics as fast as one keep-alive
+                            connection allows, for SECS seconds.
   get URL                   GET URL; prints the status and the body.
 """
 
+import http.client
 import json
 import resource
 import socket
@@ -129,6 +132,32 @@ def slow(addr, n, hold):
     }), flush=True)
 
 
+def flood(addr, secs):
+    host, port = addr
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    ok = other = reconnects = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < secs:
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            r.read()
+            if r.status == 200:
+                ok += 1
+            else:
+                other += 1
+        except (OSError, http.client.HTTPException):
+            # The server ends a connection at its deadline: open another.
+            conn.close()
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+            reconnects += 1
+    elapsed = time.monotonic() - t0
+    conn.close()
+    print(json.dumps({"mode": "flood", "ok": ok, "other": other,
+                      "reconnects": reconnects, "secs": round(elapsed, 3),
+                      "per_sec": round(ok / elapsed, 1)}), flush=True)
+
+
 def get(url):
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -143,6 +172,8 @@ def main(argv):
         endless(parse_addr(argv[1]), int(argv[2]))
     elif len(argv) >= 4 and argv[0] == "slow":
         slow(parse_addr(argv[1]), int(argv[2]), float(argv[3]))
+    elif len(argv) >= 3 and argv[0] == "flood":
+        flood(parse_addr(argv[1]), float(argv[2]))
     elif len(argv) >= 2 and argv[0] == "get":
         get(argv[1])
     else:

@@ -62,6 +62,10 @@ pub struct Limits {
     pub accept_backoff: Duration,
     /// Time the control thread has to answer a snapshot request.
     pub snapshot_timeout: Duration,
+    /// A rendered snapshot younger than this answers further requests
+    /// (the dataplane publishes its counters every 20 ms anyway), so a
+    /// flood of requests costs the control thread nothing.
+    pub snapshot_reuse: Duration,
 }
 
 impl Default for Limits {
@@ -73,6 +77,7 @@ impl Default for Limits {
             connection_deadline: Duration::from_secs(30),
             accept_backoff: Duration::from_millis(100),
             snapshot_timeout: Duration::from_secs(5),
+            snapshot_reuse: Duration::from_millis(100),
         }
     }
 }
@@ -144,6 +149,8 @@ struct Endpoint {
     counters: Mutex<EndpointCounters>,
     health: Arc<Health>,
     open: AtomicUsize,
+    /// The switch's counters as last rendered, and when they were taken.
+    rendered: Mutex<Option<(Instant, Arc<String>)>>,
 }
 
 impl Endpoint {
@@ -201,6 +208,7 @@ pub fn serve_with(
         counters: Mutex::new(EndpointCounters::default()),
         health: health.clone(),
         open: AtomicUsize::new(0),
+        rendered: Mutex::new(None),
     });
     let thread_stop = stop.clone();
     let handle = std::thread::Builder::new()
@@ -339,27 +347,48 @@ async fn handle(
         );
         return Ok(r);
     }
+    match switch_text(&ep).await {
+        Ok(switch) => {
+            ep.count(|c| c.requests_served += 1);
+            let mut body = String::with_capacity(switch.len() + 2048);
+            body.push_str(&switch);
+            render_endpoint(&mut body, &ep.counters());
+            Ok(text(StatusCode::OK, body))
+        }
+        Err(why) => Ok(text(StatusCode::SERVICE_UNAVAILABLE, why)),
+    }
+}
+
+/// The switch's counters rendered: reused while younger than
+/// [`Limits::snapshot_reuse`], else a fresh snapshot from the control
+/// thread.
+async fn switch_text(ep: &Endpoint) -> Result<Arc<String>, String> {
+    let fresh = |cached: &Option<(Instant, Arc<String>)>| {
+        cached
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < ep.limits.snapshot_reuse)
+            .map(|(_, t)| t.clone())
+    };
+    if let Some(t) = fresh(&ep.rendered.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(t);
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let call = AdminCall::Snapshot(Box::new(move |s| {
         let _ = tx.send(s);
     }));
     if ep.calls.send(call).is_err() {
-        return Ok(text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "switchd is stopping\n",
-        ));
+        return Err("switchd is stopping\n".into());
     }
+    let taken = Instant::now();
     match tokio::time::timeout(ep.limits.snapshot_timeout, rx).await {
         Ok(Ok(stats)) => {
-            ep.count(|c| c.requests_served += 1);
-            Ok(text(StatusCode::OK, render(&stats, &ep.counters())))
+            let t = Arc::new(render_switch(&stats));
+            *ep.rendered.lock().unwrap_or_else(|e| e.into_inner()) = Some((taken, t.clone()));
+            Ok(t)
         }
-        _ => Ok(text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "switchd's control thread did not answer in {:?}\n",
-                ep.limits.snapshot_timeout
-            ),
+        _ => Err(format!(
+            "switchd's control thread did not answer in {:?}\n",
+            ep.limits.snapshot_timeout
         )),
     }
 }
@@ -429,6 +458,18 @@ fn schema_families<T: CounterSchema + Default>(
 /// or `aggswitch_metrics_<name>_total`, with the schema's help text; the
 /// gauges and labelled families are the fields of [`SwitchStats`].
 pub fn render(s: &SwitchStats, endpoint: &EndpointCounters) -> String {
+    let mut o = render_switch(s);
+    render_endpoint(&mut o, endpoint);
+    o
+}
+
+/// The endpoint's own counters ([`EndpointCounters`]).
+fn render_endpoint(o: &mut String, endpoint: &EndpointCounters) {
+    schema_families(o, "aggswitch_metrics_", &[(String::new(), endpoint)]);
+}
+
+/// Everything of [`render`] but the endpoint's own counters.
+fn render_switch(s: &SwitchStats) -> String {
     let mut o = String::new();
     let job_label = |id: u16| format!("job=\"{id}\"");
     let job_rows: Vec<(String, &JobCounters)> = s
@@ -650,7 +691,6 @@ pub fn render(s: &SwitchStats, endpoint: &EndpointCounters) -> String {
         "Seconds since switchd started.",
     );
     sample(&mut o, "aggswitch_uptime_seconds", "", s.uptime_secs);
-    schema_families(&mut o, "aggswitch_metrics_", &[(String::new(), endpoint)]);
     o
 }
 
@@ -854,17 +894,50 @@ mod tests {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 
-    /// A control thread stand-in: answers snapshot calls with `stats()`.
-    fn fake_control() -> (mpsc::Sender<AdminCall>, std::thread::JoinHandle<()>) {
+    /// A control thread stand-in: answers snapshot calls with `stats()`,
+    /// counting them.
+    fn fake_control() -> (mpsc::Sender<AdminCall>, Arc<AtomicUsize>) {
         let (tx, rx) = mpsc::channel::<AdminCall>();
-        let h = std::thread::spawn(move || {
+        let snapshots = Arc::new(AtomicUsize::new(0));
+        let n = snapshots.clone();
+        std::thread::spawn(move || {
             while let Ok(call) = rx.recv() {
                 if let AdminCall::Snapshot(reply) = call {
+                    n.fetch_add(1, Ordering::SeqCst);
                     reply(stats());
                 }
             }
         });
-        (tx, h)
+        (tx, snapshots)
+    }
+
+    #[test]
+    fn a_request_flood_takes_one_snapshot_per_reuse_interval() {
+        let (calls, snapshots) = fake_control();
+        let lim = Limits {
+            snapshot_reuse: Duration::from_millis(300),
+            ..limits()
+        };
+        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, lim).unwrap();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(
+                metric(m.local_addr(), "aggswitch_job_window{job=\"4\"}"),
+                64
+            );
+        }
+        let served = metric(m.local_addr(), "aggswitch_metrics_requests_served_total");
+        // The endpoint's own counters are fresh in every answer.
+        assert_eq!(served, 6);
+        if t0.elapsed() < Duration::from_millis(300) {
+            assert_eq!(snapshots.load(Ordering::SeqCst), 1);
+        }
+        std::thread::sleep(Duration::from_millis(350));
+        metric(m.local_addr(), "aggswitch_generation");
+        assert!(
+            snapshots.load(Ordering::SeqCst) >= 2,
+            "a stale snapshot was served"
+        );
     }
 
     fn http(addr: SocketAddr, req: &[u8]) -> String {

@@ -383,3 +383,62 @@ fn seconds_of_day(stamp: &str) -> Option<f64> {
     let s: f64 = parts.next()?.parse().ok()?;
     Some(h * 3600.0 + m * 60.0 + s)
 }
+
+/// switchd's CPU time so far (user + system), in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces): utime is the
+    // 12th, stime the 13th of them.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / hz
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_request_flood_costs_little_cpu() {
+    if !can_run("metrics_request_flood") {
+        return;
+    }
+    let (tb, mut sw) = start("mg4");
+    let pid = switchd_pid(&sw);
+    assert_answers(&tb, "before");
+    // switchd's idle cost (the dataplane threads poll) over the same time.
+    let c0 = cpu_secs(pid);
+    std::thread::sleep(Duration::from_secs(5));
+    let idle = cpu_secs(pid) - c0;
+    let c1 = cpu_secs(pid);
+    let (lines, peak) = attack(
+        &tb,
+        pid,
+        &["flood", METRICS_ADDR, "5"],
+        Duration::from_secs(60),
+    );
+    let busy = cpu_secs(pid) - c1;
+    let r = &lines[0];
+    let served = r["ok"].as_f64().unwrap();
+    let secs = r["secs"].as_f64().unwrap();
+    let per_request_us = (busy - idle).max(0.0) / served * 1e6;
+    println!(
+        "MEASURED request flood: {served} requests in {secs} s ({} /s, {} refused, {} reconnects); \
+         switchd CPU {busy:.2} s busy against {idle:.2} s idle over 5 s: {:.2} of a core for \
+         /metrics, {per_request_us:.0} us per request; threads {}",
+        r["per_sec"],
+        r["other"],
+        r["reconnects"],
+        (busy - idle).max(0.0) / secs,
+        peak.threads
+    );
+    assert!(served > 100.0, "only {served} requests answered: {r}");
+    assert_eq!(r["other"], 0, "requests refused: {r}");
+    // Generous (tiny_http and string lookups took 280 us a request); the
+    // point is that a scrape flood cannot take whole cores.
+    assert!(
+        per_request_us < 500.0,
+        "{per_request_us:.0} us of switchd CPU per /metrics request"
+    );
+    let (ok, _) = sw.stop();
+    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+}
