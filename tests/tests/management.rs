@@ -76,6 +76,19 @@ fn usage(pid: u32) -> Usage {
     }
 }
 
+/// switchd's threads by name, for the log of a test.
+fn thread_names(pid: u32) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    names.sort();
+    names.join(", ")
+}
+
 fn max(a: Usage, b: Usage) -> Usage {
     Usage {
         rss_kb: a.rss_kb.max(b.rss_kb),
@@ -112,7 +125,15 @@ fn attack(
             t0.elapsed() < limit,
             "mgmt_attack.py {args:?} still running after {limit:?}"
         );
-        peak = max(peak, usage(pid));
+        let now = usage(pid);
+        if now.threads > peak.threads {
+            println!(
+                "switchd threads at {:?}: {}",
+                t0.elapsed(),
+                thread_names(pid)
+            );
+        }
+        peak = max(peak, now);
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = child.wait_with_output().unwrap();
