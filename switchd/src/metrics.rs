@@ -118,6 +118,8 @@ pub struct MetricsServer {
     stop: Arc<AtomicBool>,
     health: Arc<Health>,
     handle: Option<std::thread::JoinHandle<()>>,
+    #[cfg(test)]
+    endpoint: Arc<Endpoint>,
 }
 
 impl MetricsServer {
@@ -151,6 +153,9 @@ struct Endpoint {
     open: AtomicUsize,
     /// The switch's counters as last rendered, and when they were taken.
     rendered: Mutex<Option<(Instant, Arc<String>)>>,
+    /// Tests: make the accept loop panic at its next connection.
+    #[cfg(test)]
+    panic_on_accept: AtomicBool,
 }
 
 impl Endpoint {
@@ -209,8 +214,12 @@ pub fn serve_with(
         health: health.clone(),
         open: AtomicUsize::new(0),
         rendered: Mutex::new(None),
+        #[cfg(test)]
+        panic_on_accept: AtomicBool::new(false),
     });
     let thread_stop = stop.clone();
+    #[cfg(test)]
+    let test_endpoint = endpoint.clone();
     let handle = std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
@@ -229,6 +238,8 @@ pub fn serve_with(
         stop,
         health,
         handle: Some(handle),
+        #[cfg(test)]
+        endpoint: test_endpoint,
     })
 }
 
@@ -289,6 +300,10 @@ async fn accept_loop(
                 continue;
             }
         };
+        #[cfg(test)]
+        if ep.panic_on_accept.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in the metrics accept loop");
+        }
         if ep.open.load(Ordering::SeqCst) >= limits.max_connections {
             ep.count(|c| c.connections_rejected += 1);
             drop(stream);
@@ -909,6 +924,25 @@ mod tests {
             }
         });
         (tx, snapshots)
+    }
+
+    #[test]
+    fn a_panic_in_the_server_is_counted_and_it_is_restarted() {
+        let (calls, _snapshots) = fake_control();
+        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        m.endpoint.panic_on_accept.store(true, Ordering::SeqCst);
+        // This connection meets the panic: closed unanswered.
+        let lost = http(
+            m.local_addr(),
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(lost.is_empty(), "{lost}");
+        // The restarted server answers on the same socket, and says so.
+        assert_eq!(
+            metric(m.local_addr(), "aggswitch_metrics_restarts_total"),
+            1
+        );
+        assert!(m.failed().is_none());
     }
 
     #[test]
