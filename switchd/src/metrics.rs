@@ -946,6 +946,44 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_keep_alive_connection_ends_at_its_deadline() {
+        let (calls, _snapshots) = fake_control();
+        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let mut s = std::net::TcpStream::connect(m.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let t0 = Instant::now();
+        let mut answered = 0;
+        // Requests well within the header timeout, one after another.
+        let closed_at = loop {
+            if s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .is_err()
+            {
+                break t0.elapsed();
+            }
+            let mut buf = vec![0u8; 1 << 20];
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break t0.elapsed(),
+                Ok(_) => answered += 1,
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "never closed");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(answered >= 5, "only {answered} answers before the close");
+        // limits(): a 2 s deadline.
+        assert!(
+            closed_at >= Duration::from_millis(1900) && closed_at < Duration::from_secs(4),
+            "closed after {closed_at:?}"
+        );
+        assert_eq!(
+            metric(
+                m.local_addr(),
+                "aggswitch_metrics_connections_timed_out_total"
+            ),
+            1
+        );
+    }
+
+    #[test]
     fn a_request_flood_takes_one_snapshot_per_reuse_interval() {
         let (calls, snapshots) = fake_control();
         let lim = Limits {
