@@ -1,4 +1,4 @@
-//! The switch side of the protocol (docs/PROTOCOL.md, version 2), as a state
+//! The switch side of the protocol (docs/PROTOCOL.md, version 3), as a state
 //! machine fed datagrams and time, with no I/O.
 //!
 //! Owns: [`JobTable`] (jobs by id, the switch generation, the nonce issuer,
@@ -483,7 +483,10 @@ impl JobTable {
         ) {
             let src = from.source;
             if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
-                return self.on_spine_message(&hdr, payload, spine, ce, now);
+                let head = datagram
+                    .first_chunk::<HEADER_LEN>()
+                    .unwrap_or(&[0; HEADER_LEN]);
+                return self.on_spine_message(&hdr, head, payload, spine, ce, now);
             }
         }
         match hdr.msg_type {
@@ -701,6 +704,7 @@ impl JobTable {
     fn on_spine_message(
         &mut self,
         hdr: &HeaderRepr,
+        head: &[u8; HEADER_LEN],
         payload: &[u8],
         spine: usize,
         ce: bool,
@@ -748,13 +752,22 @@ impl JobTable {
             }
             MsgType::Nack => {
                 if let Ok(n) = NackPayload::parse(payload) {
-                    let (ours, refused) = job.on_spine_nack(spine, &n, now);
-                    self.spine_refused(job_id, spine, refused);
-                    if ours {
+                    let out = job.on_spine_nack(spine, head, &n, now);
+                    self.spine_refused(job_id, spine, out.refused);
+                    if out.probe {
+                        self.up_probe(job_id, spine);
+                    }
+                    if out.ours {
                         self.handle_timeout(now);
                     }
                 }
                 Verdict::Noted
+            }
+            MsgType::Result if job.spine_gen(spine) != Some(hdr.gen) => {
+                if job.on_foreign_spine_result(spine, now) {
+                    self.up_probe(job_id, spine);
+                }
+                Verdict::Dropped(Some(DropReason::StaleGeneration))
             }
             MsgType::Result => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
@@ -772,6 +785,14 @@ impl JobTable {
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
             }
         }
+    }
+
+    /// Queues a probe (a HELLO with its guard's probe nonce) to spine `spine`.
+    fn up_probe(&mut self, job: u16, spine: usize) {
+        let msg = ReplyMsg::UpProbe {
+            spine: spine as u16,
+        };
+        self.up(job, spine, msg);
     }
 
     /// Logs a spine's new refusal of a leaf job (once per reason).
@@ -899,6 +920,7 @@ impl JobTable {
             ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
             ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
             ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpProbe { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
@@ -961,8 +983,21 @@ impl JobTable {
                 (job.join_ack_payload().emit(body).ok()?, false)
             }
             ReplyMsg::Nack { reason, echo } => {
-                let n = NackPayload { reason, echo }.emit(body).ok()?;
-                (n, false)
+                // The tag covers the header as sent: write it first.
+                hdr.emit_to(buf).ok()?;
+                let mut nack = NackPayload::echoing(reason, echo);
+                let key = self
+                    .jobs
+                    .get(&r.job)
+                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                if let (Some(key), Some(h)) = (key, buf.first_chunk::<HEADER_LEN>()) {
+                    nack.tag = crate::auth::nack_tag(key, h, reason as u16, &echo);
+                }
+                let n = nack.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
+                return Some(Encoded {
+                    len: HEADER_LEN + n,
+                    ce: false,
+                });
             }
             ReplyMsg::Challenge { hello_nonce, nonce } => {
                 hdr.msg_type = MsgType::Challenge;
@@ -1034,11 +1069,15 @@ impl JobTable {
                 return Some(Encoded { len: n, ce: false });
             }
             ReplyMsg::UpHello { spine }
+            | ReplyMsg::UpProbe { spine }
             | ReplyMsg::UpJoin { spine }
             | ReplyMsg::UpLeave { spine } => {
                 let job = self.jobs.get(&r.job)?;
                 let s = job.uplink()?.spines.get(spine as usize)?;
-                let n = if matches!(r.msg, ReplyMsg::UpHello { .. }) {
+                let n = if matches!(r.msg, ReplyMsg::UpProbe { .. }) {
+                    let nonce = s.guard.as_ref()?.probe_nonce()?;
+                    s.hs.emit_hello_with(nonce, buf).ok()?
+                } else if matches!(r.msg, ReplyMsg::UpHello { .. }) {
                     s.hs.emit_hello(buf).ok()?
                 } else if matches!(r.msg, ReplyMsg::UpLeave { .. }) {
                     s.hs.emit_leave(buf)?
@@ -1076,7 +1115,7 @@ impl JobTable {
 }
 
 // Compile-time checks of the sizes the encoder relies on.
-const _: () = assert!(NACK_PAYLOAD_LEN == 20 && CHALLENGE_PAYLOAD_LEN == 40);
+const _: () = assert!(NACK_PAYLOAD_LEN == 36 && CHALLENGE_PAYLOAD_LEN == 40);
 const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 6);
 
 #[cfg(test)]

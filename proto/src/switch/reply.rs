@@ -74,6 +74,10 @@ pub enum ReplyMsg {
         seq: u32,
         retx: bool,
     },
+    /// A HELLO with the probe's nonce: did spine `spine` restart?
+    UpProbe {
+        spine: u16,
+    },
     /// Every local rank of the leaf left: it leaves the spine too.
     UpLeave {
         spine: u16,
@@ -96,6 +100,7 @@ impl Reply {
         matches!(
             self.msg,
             ReplyMsg::UpHello { .. }
+                | ReplyMsg::UpProbe { .. }
                 | ReplyMsg::UpJoin { .. }
                 | ReplyMsg::UpData { .. }
                 | ReplyMsg::UpLeave { .. }
