@@ -356,6 +356,16 @@ impl<T: AsRef<[u8]>> Header<T> {
         Ok(Header { buffer })
     }
 
+    /// The header's bytes as received (what a NACK's tag covers). All zero
+    /// on a buffer too short for a header (only [`Header::new_unchecked`]
+    /// makes one), which no tag verifies.
+    pub fn header_bytes(&self) -> &[u8; HEADER_LEN] {
+        self.buffer
+            .as_ref()
+            .first_chunk::<HEADER_LEN>()
+            .unwrap_or(&[0; HEADER_LEN])
+    }
+
     pub fn into_inner(self) -> T {
         self.buffer
     }
