@@ -36,18 +36,22 @@ fn mac_of(ns: &str, dev: &str) -> String {
 /// the attacker found by scanning, in 0.6–2.6 s).
 fn worker_port(tb: &Testbed, ns: &str) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let switch = format!("{SWITCH_ADDR}:48879");
     loop {
         let out = tb
             .cmd_in(ns, "ss")
-            .args(["-Hunp", "dst", &format!("{SWITCH_ADDR}:48879")])
+            .args(["-Hunp", "dst", &switch])
             .output()
             .expect("ss");
         let found = String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter(|l| l.contains("\"worker\""))
             .find_map(|l| {
-                let local = l.split_whitespace().nth(3)?;
-                local.rsplit(':').next()?.parse().ok()
+                // The local address is the column before the switch's (ss
+                // prints a State column or not, by version and filter).
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                let peer = cols.iter().position(|c| *c == switch)?;
+                cols.get(peer.checked_sub(1)?)?.rsplit(':').next()?.parse().ok()
             });
         if let Some(p) = found {
             return p;
@@ -99,6 +103,7 @@ fn spoofed_nacks_and_results_to_a_worker_are_ignored() {
         assert_eq!(r["stats"]["rejoins"], 0, "rank {rank} rejoined: {r}");
     }
     let victim = &reports[1]["stats"];
+    eprintln!("{sent} forged frames sent; rank 1's stats: {victim}");
     let dropped = victim["unauthenticated_dropped"].as_u64().unwrap_or(0);
     assert!(
         dropped > 0 && dropped <= sent,
