@@ -1,4 +1,4 @@
-//! The switch's job table (protocol version 2) as a state machine under
+//! The switch's job table (protocol version 3) as a state machine under
 //! arbitrary message sequences, driven as a shell drives it: datagram bytes
 //! into `JobTable::handle`, replies drained with `poll_reply` and `encode`.
 //! One or two small jobs (1..=5 workers, 1..=8 slots, 1..=8 elements per
@@ -548,7 +548,7 @@ fn same_f32(a: u32, b: u32) -> bool {
 /// own size. Handshake messages (HELLO, JOIN, LEAVE) and version-1 JOINs
 /// get nothing larger than themselves. Proto makes one exception, to the
 /// job's prefixes only: a DATA with fewer than 5 elements or a HEARTBEAT
-/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 42-byte NACK.
+/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 58-byte NACK.
 fn reply_size_floor(req: Option<&HeaderRepr>) -> usize {
     match req.map(|h| h.msg_type) {
         Some(MsgType::Hello | MsgType::Join | MsgType::Leave) | None => 0,
@@ -1225,10 +1225,27 @@ impl Harness {
             }
             ReplyMsg::Nack { reason, echo } => {
                 assert_eq!(h.msg_type, MsgType::Nack);
-                assert_eq!(
-                    NackPayload::parse(o.payload()),
-                    Ok(NackPayload { reason, echo })
-                );
+                let n = NackPayload::parse(o.payload()).unwrap();
+                assert_eq!((n.reason, n.echo), (reason, echo));
+                // Tagged exactly when the switch has a session with that
+                // rank at that source (always for a current member), and
+                // then the tag verifies under it (docs/PROTOCOL.md,
+                // "Sessions").
+                let key = self
+                    .table
+                    .get(r.job)
+                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                let head = o.bytes.first_chunk::<HEADER_LEN>().unwrap();
+                match key {
+                    Some(k) => assert!(
+                        proto::auth::verify_nack(k, head, reason as u16, &echo, &n.tag),
+                        "a NACK to a session's source whose tag does not verify"
+                    ),
+                    None => assert_eq!(n.tag, [0; 16], "a tag without a session"),
+                }
+                if Some(r.to) == member_ep {
+                    assert!(key.is_some(), "a NACK to a member without its session");
+                }
             }
             ReplyMsg::Challenge { hello_nonce, nonce } => {
                 assert_eq!(h.msg_type, MsgType::Challenge);

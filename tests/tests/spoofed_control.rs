@@ -51,7 +51,11 @@ fn worker_port(tb: &Testbed, ns: &str) -> u16 {
                 // prints a State column or not, by version and filter).
                 let cols: Vec<&str> = l.split_whitespace().collect();
                 let peer = cols.iter().position(|c| *c == switch)?;
-                cols.get(peer.checked_sub(1)?)?.rsplit(':').next()?.parse().ok()
+                cols.get(peer.checked_sub(1)?)?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
             });
         if let Some(p) = found {
             return p;
