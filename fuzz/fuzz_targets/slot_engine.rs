@@ -1286,6 +1286,7 @@ impl Harness {
             }
             ReplyMsg::VersionRefusal => unreachable!(),
             ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpProbe { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
