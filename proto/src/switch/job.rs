@@ -82,6 +82,14 @@ impl std::fmt::Debug for LastSession {
     }
 }
 
+/// Bytes a job keeps per rank besides its pool (see [`JobConfig::pool_bytes`]).
+#[cfg(test)]
+pub(super) fn per_rank_bytes() -> usize {
+    std::mem::size_of::<Option<Member>>()
+        + std::mem::size_of::<Option<LastSession>>()
+        + std::mem::size_of::<u64>()
+}
+
 /// What to do after a JOIN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoinOutcome {
@@ -151,6 +159,8 @@ pub struct Job {
     state: JobState,
     members: Vec<Option<Member>>,
     /// Per rank, its last session (kept when the job goes back to joining).
+    /// With `members` and `accepted_serial`, under the n × 128 bytes per job
+    /// that [`JobConfig::pool_bytes`] charges for its ranks.
     sessions: Vec<Option<LastSession>>,
     /// Per rank, the serial of the newest nonce accepted from it (never
     /// reset while the job exists: replays stay replays).

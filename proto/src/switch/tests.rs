@@ -937,3 +937,11 @@ fn probes_tell_a_restart_from_a_spoofed_trigger() {
     assert_eq!(nack.tag, [0; 16]);
     assert!(g.nack_is_authentic(&out[0].0, &nack));
 }
+
+/// What a job keeps per rank (membership, last session, accepted serial)
+/// fits the n × 128 bytes `JobConfig::pool_bytes` charges for it.
+#[test]
+fn per_rank_state_fits_what_the_budget_charges() {
+    let per_rank = super::job::per_rank_bytes();
+    assert!(per_rank <= 128, "{per_rank} bytes per rank");
+}
