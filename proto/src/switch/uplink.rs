@@ -505,8 +505,7 @@ impl Job {
     /// spine) makes us join it again now (it restarted, went back to
     /// joining, or our nonce aged), or, when it refuses the leaf, in
     /// [`REFUSED_RETRY`]. Any other is ignored and counted; once joined, it
-    /// makes us probe. Returns whether it was ours, and a refusal not seen
-    /// before (to be logged).
+    /// makes us probe. Returns what it did ([`SpineNack`]).
     pub(super) fn on_spine_nack(
         &mut self,
         spine: usize,
