@@ -970,6 +970,41 @@ pub fn emit_v1_refusal(job: u16, rank: u16, b: &mut [u8]) -> Result<usize, WireE
     Ok(len)
 }
 
+/// The job, rank and hello nonce of a whole version-2 HELLO (the one
+/// version-2 message a version-3 switch answers: a version-2 worker's first
+/// message), or `None`.
+pub fn peek_v2_hello(b: &[u8]) -> Option<(u16, u16, Nonce)> {
+    let h = Header::new_checked(b).ok()?;
+    let whole = b.len() == HEADER_LEN + HELLO_PAYLOAD_LEN;
+    (h.version() == 2 && h.msg_type_raw() == MsgType::Hello as u8 && whole)
+        .then(|| (h.job(), h.rank(), array(&b[HEADER_LEN..])))
+}
+
+/// Length of a version-2 NACK payload: reason, 2 reserved bytes, echo.
+pub const V2_NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN;
+
+/// Writes a version-2 NACK 8 ("malformed message") echoing a version-2
+/// HELLO's nonce, which a version-2 worker reports as a refusal of its join
+/// instead of waiting for its join timeout; returns its length (42 bytes,
+/// less than the HELLO).
+pub fn emit_v2_refusal(
+    job: u16,
+    rank: u16,
+    echo: &Nonce,
+    b: &mut [u8],
+) -> Result<usize, WireError> {
+    let len = HEADER_LEN + V2_NACK_PAYLOAD_LEN;
+    check_room(b, len)?;
+    let mut hdr = HeaderRepr::new(MsgType::Nack, job);
+    hdr.rank = rank;
+    hdr.emit_to(b)?;
+    b[0] = (2 << 4) | MsgType::Nack as u8;
+    b[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&(NackReason::Malformed as u16).to_be_bytes());
+    b[HEADER_LEN + 2..HEADER_LEN + 4].fill(0);
+    b[HEADER_LEN + 4..len].copy_from_slice(echo);
+    Ok(len)
+}
+
 /// Writes `values` as little-endian float32 into `out`; returns bytes written.
 /// `out` must hold `values.len() * 4` bytes (it is truncated otherwise).
 pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
@@ -1202,6 +1237,27 @@ mod tests {
         assert_eq!(&b[22..24], &[0, 8]);
         assert_eq!(peek_v1(&b[..n]), Some((6, 5, 3)));
         assert_eq!(peek_v1(&DATA_FIXTURE), None);
+    }
+
+    #[test]
+    fn v2_hello_gets_a_version_2_nack_8_echoing_it() {
+        let mut hello = [0u8; HEADER_LEN + HELLO_PAYLOAD_LEN];
+        let mut h = HeaderRepr::new(MsgType::Hello, 5);
+        h.rank = 3;
+        h.emit_to(&mut hello).unwrap();
+        hello[0] = 0x28;
+        hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[7; 16]);
+        assert_eq!(peek_v2_hello(&hello), Some((5, 3, [7; 16])));
+        assert_eq!(peek_v2_hello(&hello[..50]), None, "only a whole HELLO");
+        let mut b = [0u8; 64];
+        let n = emit_v2_refusal(5, 3, &[7; 16], &mut b).unwrap();
+        assert_eq!(n, 42);
+        assert!(n < hello.len(), "smaller than the HELLO it answers");
+        assert_eq!(&b[..6], &[0x26, 0, 0, 5, 0, 3]);
+        assert_eq!(&b[22..26], &[0, 8, 0, 0]);
+        assert_eq!(&b[26..42], &[7; 16]);
+        hello[0] = 0x38;
+        assert_eq!(peek_v2_hello(&hello), None, "a version-3 HELLO");
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //!
 //! Invariants:
 //! * A rejected message changes nothing but counters, and is answered with
-//!   at most one reply. Refusals of HELLO and JOIN (and the version-1
-//!   refusal) are no larger than what they answer (a HELLO is padded to the
+//!   at most one reply. Refusals of HELLO and JOIN (and the version-1 and
+//!   version-2 refusals) are no larger than what they answer (a HELLO is padded to the
 //!   size of its CHALLENGE); NACKs to DATA and HEARTBEAT (6, 7, and 1 for a
 //!   removed job) may be larger, so they go only to sources inside the
 //!   job's prefixes.
@@ -23,8 +23,9 @@
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * Messages that fail before membership (unknown job, malformed) get no
 //!   reply, except a JOIN/HELLO for an unknown job (NACK 1, so a typo in a
-//!   job id fails fast) and a version-1 JOIN from a job's prefixes (a
-//!   version-1 NACK).
+//!   job id fails fast), a version-1 JOIN from a job's prefixes (a
+//!   version-1 NACK) and a version-2 HELLO from them (a version-2 NACK 8
+//!   echoing its nonce).
 
 pub mod config;
 pub mod counters;
@@ -446,6 +447,19 @@ impl JobTable {
                         self.counters.version_refused += 1;
                         self.reply(from, job, rank, ReplyMsg::VersionRefusal);
                         self.refused(job, rank, from.source.ip, Refusal::Version(1));
+                    }
+                }
+                // A version-2 worker's HELLO: refused in its own version, so
+                // that it names the problem instead of timing out.
+                if let Some((job, rank, echo)) = wire::peek_v2_hello(datagram) {
+                    let allowed = self
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.source_allowed(from.source.ip));
+                    if allowed {
+                        self.counters.version_refused += 1;
+                        self.reply(from, job, rank, ReplyMsg::V2Refusal { echo });
+                        self.refused(job, rank, from.source.ip, Refusal::Version(2));
                     }
                 }
                 return Verdict::Malformed(e);
@@ -917,7 +931,9 @@ impl JobTable {
             }
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
-            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
+            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => {
+                self.counters.nacks_sent += 1
+            }
             ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
             ReplyMsg::UpHello { .. }
             | ReplyMsg::UpProbe { .. }
@@ -1066,6 +1082,10 @@ impl JobTable {
             }
             ReplyMsg::VersionRefusal => {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
+                return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::V2Refusal { echo } => {
+                let n = wire::emit_v2_refusal(r.job, r.rank, &echo, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
             }
             ReplyMsg::UpHello { spine }

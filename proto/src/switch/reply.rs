@@ -61,6 +61,10 @@ pub enum ReplyMsg {
     },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
+    /// A version-2 NACK 8 to a version-2 HELLO, echoing its nonce.
+    V2Refusal {
+        echo: Nonce,
+    },
     /// A leaf's messages to spine `spine` (docs/PROTOCOL.md, "Aggregation
     /// trees"): its HELLO, its JOIN, and the partial sum of leaf seq `seq`.
     UpHello {

@@ -390,6 +390,41 @@ fn version_1_join_gets_a_version_1_refusal() {
     assert_eq!(t.malformed[1], 2);
 }
 
+/// A version-2 worker's HELLO from the job's prefixes gets a version-2
+/// NACK 8 echoing its nonce (the worker reports "malformed message" at
+/// once, and the switch's refusal sample says to upgrade it); from outside
+/// the prefixes, nothing.
+#[test]
+fn version_2_hello_gets_a_version_2_refusal_it_takes_as_its_own() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let mut hello = vec![0u8; HEADER_LEN + 40];
+    hello[0] = 0x28;
+    hello[3] = 5;
+    hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[0x77; 16]);
+    assert_eq!(
+        t.handle(&hello, endpoint(0), false, t0()),
+        Verdict::Malformed(crate::wire::WireError::BadVersion(2))
+    );
+    let r = t.poll_reply().unwrap();
+    let mut buf = [0u8; 64];
+    let e = t.encode(&r, &mut buf).unwrap();
+    assert_eq!(e.len, 42);
+    assert_eq!(&buf[..6], &[0x26, 0, 0, 5, 0, 0]);
+    assert_eq!(&buf[22..26], &[0, 8, 0, 0]);
+    assert_eq!(&buf[26..42], &[0x77; 16]);
+    assert_eq!(t.counters.version_refused, 1);
+    let k = Refusal::Version(2).index();
+    assert_eq!(t.last_refusal(k).map(|r| r.why), Some(Refusal::Version(2)));
+    assert!(Refusal::Version(2)
+        .to_string()
+        .contains("protocol version 2: this switch speaks version 3"));
+    let mut stranger = endpoint(0);
+    stranger.source.ip = [10, 9, 9, 9];
+    t.handle(&hello, stranger, false, t0());
+    assert!(t.poll_reply().is_none(), "nothing outside the prefixes");
+}
+
 #[test]
 fn leave_needs_the_mac_of_the_accepted_join() {
     let mut t = table();
