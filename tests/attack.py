@@ -2,7 +2,7 @@
 """What an attacker on the testbed does, for the end-to-end security tests.
 Run inside a testbed namespace; only testbed addresses are used.
 
-  attack.py capture IFACE SECS OUT      save every aggregation JOIN (v2) the
+  attack.py capture IFACE SECS OUT      save every aggregation JOIN (v3) the
                                         interface sends or sees, as hex lines
   attack.py replay IFACE FILE COUNT SECS
                                         send each saved frame COUNT times,
@@ -12,8 +12,16 @@ Run inside a testbed namespace; only testbed addresses are used.
                                         ask for a CHALLENGE, then send N JOINs
                                         (for a job of WORKERS ranks) whose MAC
                                         is made with a wrong secret
+  attack.py spoof-control IFACE SRC_MAC SRC_IP SRC_PORT DST_MAC DST_IP
+                          DST_PORT JOB RANK GEN SECS
+                                        for SECS seconds, send DST (a
+                                        member) what would end or reset its
+                                        collective, claiming to be SRC (the
+                                        switch): NACK 1, 6 and 7 with a zero
+                                        and a made-up tag, and a RESULT of
+                                        generation GEN ^ 1
 
-It builds frames from docs/PROTOCOL.md (version 2) directly: it plays a
+It builds frames from docs/PROTOCOL.md (version 3) directly: it plays a
 peer that does not know the secret, which the package never does.
 """
 import hashlib
@@ -55,7 +63,7 @@ def capture(iface, secs, out):
         except socket.timeout:
             continue
         p = agg_payload(frame)
-        if p is not None and len(p) >= HEADER.size and p[0] == 0x23:
+        if p is not None and len(p) >= HEADER.size and p[0] == 0x33:
             frames.append(frame.hex())
     with open(out, "w") as f:
         f.write("\n".join(frames) + "\n")
@@ -81,10 +89,10 @@ def bad_joins(addr, port, job, rank, workers, n):
     s.connect((addr, port))
     s.settimeout(2)
     hello_nonce = os.urandom(16)
-    s.send(HEADER.pack(0x28, 0, job, rank, 0, 0, 0, 0, 0) + hello_nonce + bytes(24))
+    s.send(HEADER.pack(0x38, 0, job, rank, 0, 0, 0, 0, 0) + hello_nonce + bytes(24))
     reply = s.recv(2048)
     ver_type, _, _, _, _, _, _, _, gen = HEADER.unpack(reply[: HEADER.size])
-    assert ver_type == 0x29, "expected a CHALLENGE, got %#x" % ver_type
+    assert ver_type == 0x39, "expected a CHALLENGE, got %#x" % ver_type
     body = reply[HEADER.size :]
     assert body[:16] == hello_nonce
     nonce, ip, lport = body[16:32], body[32:36], body[36:38]
@@ -97,7 +105,7 @@ def bad_joins(addr, port, job, rank, workers, n):
         + lport
     )
     mac = hmac.new(wrong_secret, msg, hashlib.sha256).digest()
-    join = HEADER.pack(0x23, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", workers, 0, 0)
+    join = HEADER.pack(0x33, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", workers, 0, 0)
     join += nonce + mac
     s.setblocking(False)
     sent = 0
@@ -119,6 +127,52 @@ def bad_joins(addr, port, job, rank, workers, n):
     print(sent, flush=True)
 
 
+def checksum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def udp_frame(src_mac, src_ip, sport, dst_mac, dst_ip, dport, payload):
+    """An Ethernet/IPv4/UDP frame with correct checksums."""
+    src, dst = socket.inet_aton(src_ip), socket.inet_aton(dst_ip)
+    ulen = 8 + len(payload)
+    pseudo = src + dst + struct.pack("!BBH", 0, 17, ulen)
+    udp = struct.pack("!HHHH", sport, dport, ulen, 0) + payload
+    csum = checksum(pseudo + udp) or 0xFFFF
+    udp = udp[:6] + struct.pack("!H", csum) + udp[8:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + ulen, 0, 0x4000, 64, 17, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
+    eth = bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", ""))
+    return eth + b"\x08\x00" + ip + udp
+
+
+def spoof_control(iface, src_mac, src_ip, sport, dst_mac, dst_ip, dport, job, rank, gen, secs):
+    payloads = []
+    for reason in (1, 6, 7):
+        for tag in (bytes(16), os.urandom(16)):
+            nack = struct.pack(">HH", reason, 0) + bytes(16) + tag
+            payloads.append(HEADER.pack(0x36, 0, job, rank, 0, 0, 0, 0, gen) + nack)
+    # A RESULT of another generation: one element, 1e30.
+    payloads.append(
+        HEADER.pack(0x32, 0, job, rank, 1, 0, 0, 0, gen ^ 1) + struct.pack("<f", 1e30)
+    )
+    frames = [udp_frame(src_mac, src_ip, sport, dst_mac, dst_ip, dport, p) for p in payloads]
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind((iface, 0))
+    sent = 0
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        for f in frames:
+            s.send(f)
+            sent += 1
+        time.sleep(0.005)
+    print(sent, flush=True)
+
+
 def main(argv):
     cmd = argv[1]
     if cmd == "capture":
@@ -127,6 +181,12 @@ def main(argv):
         replay(argv[2], argv[3], int(argv[4]), float(argv[5]))
     elif cmd == "bad-joins":
         bad_joins(*[argv[2]] + [int(a) for a in argv[3:8]])
+    elif cmd == "spoof-control":
+        a = argv[2:]
+        spoof_control(
+            a[0], a[1], a[2], int(a[3]), a[4], a[5], int(a[6]),
+            int(a[7]), int(a[8]), int(a[9]), float(a[10]),
+        )
     else:
         sys.exit("unknown command %r (see the docstring)" % cmd)
 

@@ -1,4 +1,4 @@
-//! The switch's job table (protocol version 2) as a state machine under
+//! The switch's job table (protocol version 3) as a state machine under
 //! arbitrary message sequences, driven as a shell drives it: datagram bytes
 //! into `JobTable::handle`, replies drained with `poll_reply` and `encode`.
 //! One or two small jobs (1..=5 workers, 1..=8 slots, 1..=8 elements per
@@ -10,7 +10,8 @@
 //! replays of earlier JOINs and LEAVEs. Then DATA with arbitrary rank, seq,
 //! count, collective, generation, values and source, whole rounds of DATA in
 //! a random rank order, LEAVEs (with their MAC, forged or replayed),
-//! HEARTBEATs, window changes, version-1 JOINs, raw bytes, and time passing.
+//! HEARTBEATs, window changes, version-1 JOINs, version-2 HELLOs, raw bytes,
+//! and time passing.
 //! Time is a fixed base `Instant` plus fuzz-chosen whole milliseconds, so a
 //! run is deterministic.
 //!
@@ -355,6 +356,14 @@ enum Op {
         src: u8,
         payload_len: u8,
     },
+    /// A version-2 HELLO (40-byte payload when `payload_len` % 64 is 40).
+    V2Hello {
+        job: u16,
+        rank: u16,
+        src: u8,
+        payload_len: u8,
+        nonce: [u8; 16],
+    },
     Raw {
         src: u8,
         ce: bool,
@@ -548,7 +557,7 @@ fn same_f32(a: u32, b: u32) -> bool {
 /// own size. Handshake messages (HELLO, JOIN, LEAVE) and version-1 JOINs
 /// get nothing larger than themselves. Proto makes one exception, to the
 /// job's prefixes only: a DATA with fewer than 5 elements or a HEARTBEAT
-/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 42-byte NACK.
+/// refused with NACK 6/7 (or NACK 1 for a removed job) gets a 58-byte NACK.
 fn reply_size_floor(req: Option<&HeaderRepr>) -> usize {
     match req.map(|h| h.msg_type) {
         Some(MsgType::Hello | MsgType::Join | MsgType::Leave) | None => 0,
@@ -804,6 +813,16 @@ impl Harness {
                         .get(&job)
                         .is_some_and(|m| allowed(&m.config, from.source.ip))
             })
+    }
+
+    /// Whether `bytes` is a whole version-2 HELLO the switch answers (for a
+    /// declared job, from inside its prefixes).
+    fn v2_hello_answered(&self, bytes: &[u8], from: &Endpoint) -> bool {
+        wire::peek_v2_hello(bytes).is_some_and(|(job, _, _)| {
+            self.models
+                .get(&job)
+                .is_some_and(|m| allowed(&m.config, from.source.ip))
+        })
     }
 
     /// What a parsed message should get.
@@ -1167,7 +1186,7 @@ impl Harness {
             }
             let bytes = buf[..e.len].to_vec();
             let hdr = match r.msg {
-                ReplyMsg::VersionRefusal => None,
+                ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => None,
                 _ => Some(parse(&bytes).unwrap_or_else(|err| {
                     panic!("the switch sent an invalid message ({err}) for {r:?}: {bytes:?}")
                 })),
@@ -1188,8 +1207,13 @@ impl Harness {
         let r = &o.reply;
         let Some(h) = o.hdr else {
             let mut want = [0u8; 64];
-            let n = wire::emit_v1_refusal(r.job, r.rank, &mut want).unwrap();
-            assert_eq!(&o.bytes[..], &want[..n], "version-1 refusal");
+            let n = match r.msg {
+                ReplyMsg::V2Refusal { echo } => {
+                    wire::emit_v2_refusal(r.job, r.rank, &echo, &mut want).unwrap()
+                }
+                _ => wire::emit_v1_refusal(r.job, r.rank, &mut want).unwrap(),
+            };
+            assert_eq!(&o.bytes[..], &want[..n], "version-1 or -2 refusal");
             return;
         };
         assert_eq!((h.job, h.rank, h.gen), (r.job, r.rank, self.gen()), "{r:?}");
@@ -1225,10 +1249,27 @@ impl Harness {
             }
             ReplyMsg::Nack { reason, echo } => {
                 assert_eq!(h.msg_type, MsgType::Nack);
-                assert_eq!(
-                    NackPayload::parse(o.payload()),
-                    Ok(NackPayload { reason, echo })
-                );
+                let n = NackPayload::parse(o.payload()).unwrap();
+                assert_eq!((n.reason, n.echo), (reason, echo));
+                // Tagged exactly when the switch has a session with that
+                // rank at that source (always for a current member), and
+                // then the tag verifies under it (docs/PROTOCOL.md,
+                // "Sessions").
+                let key = self
+                    .table
+                    .get(r.job)
+                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                let head = o.bytes.first_chunk::<HEADER_LEN>().unwrap();
+                match key {
+                    Some(k) => assert!(
+                        proto::auth::verify_nack(k, head, reason as u16, &echo, &n.tag),
+                        "a NACK to a session's source whose tag does not verify"
+                    ),
+                    None => assert_eq!(n.tag, [0; 16], "a tag without a session"),
+                }
+                if Some(r.to) == member_ep {
+                    assert!(key.is_some(), "a NACK to a member without its session");
+                }
             }
             ReplyMsg::Challenge { hello_nonce, nonce } => {
                 assert_eq!(h.msg_type, MsgType::Challenge);
@@ -1267,8 +1308,9 @@ impl Harness {
                 assert!(ranks.windows(2).all(|w| w[0] < w[1]), "{ranks:?}");
                 assert!(ranks.iter().all(|&x| x < job.n_workers()), "{ranks:?}");
             }
-            ReplyMsg::VersionRefusal => unreachable!(),
+            ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => unreachable!(),
             ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpProbe { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
@@ -1325,6 +1367,10 @@ impl Harness {
             Verdict::Malformed(_) => {
                 if self.v1_join_answered(bytes, from) {
                     assert_eq!(kinds, [ReplyMsg::VersionRefusal]);
+                    assert_eq!(outs[0].reply.to, *from);
+                } else if self.v2_hello_answered(bytes, from) {
+                    let (_, _, echo) = wire::peek_v2_hello(bytes).unwrap();
+                    assert_eq!(kinds, [ReplyMsg::V2Refusal { echo }]);
                     assert_eq!(outs[0].reply.to, *from);
                 } else {
                     assert!(outs.is_empty(), "{kinds:?}");
@@ -1416,7 +1462,10 @@ impl Harness {
                         ..
                     }
                 );
-            let v1 = o.reply.msg == ReplyMsg::VersionRefusal;
+            let v1 = matches!(
+                o.reply.msg,
+                ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. }
+            );
             assert!(
                 allowed(&m.config, o.reply.to.source.ip) || join_nack_3 || v1,
                 "{:?} sent outside the job's prefixes",
@@ -1461,6 +1510,9 @@ impl Harness {
             }
             Verdict::Malformed(_) if self.v1_join_answered(bytes, from) => {
                 wire::peek_v1(bytes).map(|(_, job, rank)| (job, rank, Refusal::Version(1)))
+            }
+            Verdict::Malformed(_) if self.v2_hello_answered(bytes, from) => {
+                wire::peek_v2_hello(bytes).map(|(job, rank, _)| (job, rank, Refusal::Version(2)))
             }
             _ => None,
         };
@@ -2037,6 +2089,23 @@ fn run(input: Input) {
                 b[4..6].copy_from_slice(&rank.to_be_bytes());
                 let (v, _) = h.feed(&b, src % (N_SOURCES + 1), false);
                 assert_eq!(v, Verdict::Malformed(WireError::BadVersion(1)));
+            }
+            Op::V2Hello {
+                job,
+                rank,
+                src,
+                payload_len,
+                nonce,
+            } => {
+                let len = payload_len as usize % 64;
+                let mut b = vec![0u8; HEADER_LEN + len];
+                b[0] = 0x20 | MsgType::Hello as u8;
+                b[2..4].copy_from_slice(&job.to_be_bytes());
+                b[4..6].copy_from_slice(&rank.to_be_bytes());
+                let n = len.min(16);
+                b[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&nonce[..n]);
+                let (v, _) = h.feed(&b, src % (N_SOURCES + 1), false);
+                assert_eq!(v, Verdict::Malformed(WireError::BadVersion(2)));
             }
             Op::Raw { src, ce, bytes } => {
                 h.feed(&bytes, src % (N_SOURCES + 1), ce);

@@ -33,6 +33,14 @@
 //! nonce issued) and a JOIN (nonce tag and MAC checked), for the handshake
 //! cost per worker.
 //!
+//! `nack/switch_tag`: what an authenticated NACK costs the switch: the
+//! NACK 6 to a member (its session key looked up, the header written, the
+//! tag computed) encoded from the reply queue. `nack/switch_untagged`: the
+//! same NACK to an address without a session (zero tag), the encode without
+//! the HMAC. `nack/worker_verify`: the member's check of the tag
+//! (`SessionGuard::nack_is_authentic`); `nack/worker_reject`: the same on a
+//! forged, non-zero tag (what a spoofer makes a worker spend).
+//!
 //! `add_le_f32/<backend>/362`: one payload of a 1500-byte MTU folded into a
 //! sum, by the scalar loop, each vector backend, and the dispatched choice.
 //!
@@ -405,5 +413,65 @@ fn handshake_cost(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, data_packet, add_le_f32, handshake_cost);
+fn nack_cost(c: &mut Criterion) {
+    use proto::wire::{NackPayload, NACK_PAYLOAD_LEN};
+    let mut g = c.benchmark_group("nack");
+    g.throughput(Throughput::Elements(1));
+    let now = Instant::now();
+    let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), now);
+    let mut cfg = config(362);
+    cfg.n_workers = 2;
+    t.add(cfg, MAX_ELEMS_PER_CHUNK).expect("job config");
+    // Rank 0 joins (the job stays joining, waiting for rank 1): its DATA
+    // gets NACK 6, tagged under its session.
+    let mut params = handshake(0).params().clone();
+    params.n_workers = 2;
+    let mut hs = Handshake::new(params, [1; 16]);
+    let mut b = [0u8; 256];
+    let n = hs.emit_hello(&mut b).expect("hello");
+    t.handle(&b[..n], endpoint(0), false, now);
+    let r = t.poll_reply().expect("challenge");
+    let e = t.encode(&r, &mut b).expect("encode");
+    let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("h")).expect("h");
+    hs.on_challenge(&h, &b[HEADER_LEN..e.len])
+        .expect("challenge");
+    let n = hs.emit_join(0, 0, &mut b).expect("join");
+    t.handle(&b[..n], endpoint(0), false, now);
+    while t.poll_reply().is_some() {}
+    let guard = hs.session().expect("session");
+    let mut d = HeaderRepr::new(MsgType::Data, JOB);
+    d.gen = GEN;
+    d.count = 1;
+    let mut data = [0u8; HEADER_LEN + 4];
+    d.emit_to(&mut data).expect("data");
+    t.handle(&data, endpoint(0), false, now);
+    let member = t.poll_reply().expect("NACK 6");
+    let mut stranger = member;
+    stranger.to.source.port ^= 1;
+    let mut out = [0u8; 256];
+    g.bench_function("switch_tag", |bch| {
+        bch.iter(|| black_box(t.encode(black_box(&member), &mut out)))
+    });
+    g.bench_function("switch_untagged", |bch| {
+        bch.iter(|| black_box(t.encode(black_box(&stranger), &mut out)))
+    });
+    let e = t.encode(&member, &mut out).expect("encode");
+    assert_eq!(e.len, HEADER_LEN + NACK_PAYLOAD_LEN);
+    let head = *out.first_chunk::<HEADER_LEN>().expect("header");
+    let nack = NackPayload::parse(&out[HEADER_LEN..e.len]).expect("nack");
+    assert!(guard.nack_is_authentic(&head, &nack), "the tag verifies");
+    g.bench_function("worker_verify", |bch| {
+        bch.iter(|| black_box(guard.nack_is_authentic(black_box(&head), black_box(&nack))))
+    });
+    let forged = NackPayload {
+        tag: [0x3c; 16],
+        ..nack
+    };
+    g.bench_function("worker_reject", |bch| {
+        bch.iter(|| black_box(guard.nack_is_authentic(black_box(&head), black_box(&forged))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, data_packet, add_le_f32, handshake_cost, nack_cost);
 criterion_main!(benches);

@@ -2,7 +2,9 @@
 //! HMAC-SHA256 (RustCrypto's `hmac` and `sha2`) over fixed byte layouts.
 //!
 //! Owns: [`join_mac`] and [`leave_mac`] (keyed by the job secret; a worker
-//! computes them, the switch checks them) and [`NonceIssuer`] (the switch's
+//! computes them, the switch checks them), [`session_key`] and the NACK tag
+//! under it ([`nack_tag`], [`verify_nack`]: the switch computes it, a worker
+//! or leaf checks it), and [`NonceIssuer`] (the switch's
 //! nonces: unique, ordered, bound to a job, rank and address by a tag under
 //! a key that never leaves the switch, and carrying the time they were
 //! issued, so the switch keeps no state per CHALLENGE).
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
-use crate::wire::{Mac, Nonce, NONCE_LEN, SECRET_LEN};
+use crate::wire::{Mac, NackTag, Nonce, HEADER_LEN, NACK_TAG_LEN, NONCE_LEN, SECRET_LEN};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -141,6 +143,45 @@ pub fn session_key(
     m.update(&gen.to_be_bytes());
     m.update(nonce);
     m.finalize().into_bytes().into()
+}
+
+const NACK_LABEL: &[u8] = b"aggswitch v3 nack";
+
+fn nack_hmac(key: &[u8; 32], header: &[u8; HEADER_LEN], reason: u16, echo: &Nonce) -> HmacSha256 {
+    let mut m = hmac(key);
+    m.update(NACK_LABEL);
+    m.update(header);
+    m.update(&reason.to_be_bytes());
+    m.update(echo);
+    m
+}
+
+/// The tag of a NACK to a member (docs/PROTOCOL.md, "Sessions"): the first
+/// 16 bytes of HMAC-SHA256(session key, "aggswitch v3 nack" ‖ the 22 header
+/// bytes as sent ‖ reason u16 ‖ echo nonce). It binds the whole header (job,
+/// rank, generation, ...), so a tag cannot be moved to another NACK.
+pub fn nack_tag(key: &[u8; 32], header: &[u8; HEADER_LEN], reason: u16, echo: &Nonce) -> NackTag {
+    let full = nack_hmac(key, header, reason, echo).finalize().into_bytes();
+    let mut t = [0u8; NACK_TAG_LEN];
+    t.copy_from_slice(&full[..NACK_TAG_LEN]);
+    t
+}
+
+/// Checks a NACK's tag in constant time. A zero tag (what the switch sends
+/// when it has no session with the recipient) never verifies.
+pub fn verify_nack(
+    key: &[u8; 32],
+    header: &[u8; HEADER_LEN],
+    reason: u16,
+    echo: &Nonce,
+    tag: &NackTag,
+) -> bool {
+    if *tag == [0; NACK_TAG_LEN] {
+        return false;
+    }
+    nack_hmac(key, header, reason, echo)
+        .verify_truncated_left(tag)
+        .is_ok()
 }
 
 /// Bits of a nonce's serial below the millisecond it was issued in: up to
@@ -285,6 +326,71 @@ mod tests {
         ] {
             assert_ne!(k, other);
         }
+    }
+
+    fn nack_header() -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        crate::wire::HeaderRepr {
+            msg_type: crate::wire::MsgType::Nack,
+            flags: 0,
+            job: 7,
+            rank: 2,
+            count: 0,
+            seq: 0,
+            collective: 0,
+            window: 0,
+            gen: 0x1234_5678,
+        }
+        .emit_to(&mut h)
+        .unwrap();
+        h
+    }
+
+    #[test]
+    fn nack_tag_binds_every_header_byte_reason_and_echo() {
+        let key = session_key(&[0x5a; SECRET_LEN], 7, 2, 0x1234_5678, &[9; NONCE_LEN]);
+        let h = nack_header();
+        let echo = [3u8; NONCE_LEN];
+        let tag = nack_tag(&key, &h, 6, &echo);
+        assert!(verify_nack(&key, &h, 6, &echo, &tag));
+        for i in 0..HEADER_LEN {
+            let mut other = h;
+            other[i] ^= 1;
+            assert!(
+                !verify_nack(&key, &other, 6, &echo, &tag),
+                "header byte {i}"
+            );
+        }
+        assert!(!verify_nack(&key, &h, 7, &echo, &tag), "reason");
+        for i in 0..NONCE_LEN {
+            let mut other = echo;
+            other[i] ^= 0x80;
+            assert!(!verify_nack(&key, &h, 6, &other, &tag), "echo byte {i}");
+        }
+        for i in 0..NACK_TAG_LEN {
+            let mut other = tag;
+            other[i] ^= 1;
+            assert!(!verify_nack(&key, &h, 6, &echo, &other), "tag byte {i}");
+        }
+    }
+
+    #[test]
+    fn nack_tag_fails_under_another_session_and_when_zero() {
+        let secret = [0x5a; SECRET_LEN];
+        let key = session_key(&secret, 7, 2, 0x1234_5678, &[9; NONCE_LEN]);
+        let h = nack_header();
+        let echo = [0u8; NONCE_LEN];
+        let tag = nack_tag(&key, &h, 1, &echo);
+        // Another join of the same rank (a new switch nonce), another rank,
+        // another secret: none verifies.
+        for other in [
+            session_key(&secret, 7, 2, 0x1234_5678, &[8; NONCE_LEN]),
+            session_key(&secret, 7, 3, 0x1234_5678, &[9; NONCE_LEN]),
+            session_key(&[0x5b; SECRET_LEN], 7, 2, 0x1234_5678, &[9; NONCE_LEN]),
+        ] {
+            assert!(!verify_nack(&other, &h, 1, &echo, &tag));
+        }
+        assert!(!verify_nack(&key, &h, 1, &echo, &[0; NACK_TAG_LEN]));
     }
 
     #[test]

@@ -4,11 +4,18 @@
 //! simulated workers) joins through this one type.
 //!
 //! Owns: [`Handshake`] (the job's parameters, the secret, the nonces of the
-//! current attempt and the generation the switch announced).
+//! current attempt and the generation the switch announced) and
+//! [`SessionGuard`] (after the JOIN_ACK: the session key that NACKs to us
+//! must be tagged under, and the probe that tells a restarted switch from a
+//! spoofed trigger; docs/PROTOCOL.md, "Sessions").
 //!
-//! Invariants: the secret never leaves this type except inside a MAC; a
-//! CHALLENGE or NACK counts only if it echoes this attempt's nonce, so a
-//! stranger who cannot see our traffic cannot steer or abort our join.
+//! Invariants: the secret never leaves this type except inside a MAC or the
+//! session key; a CHALLENGE or NACK counts only if it echoes this attempt's
+//! nonce (or, once joined, the probe's nonce, or its tag verifies under the
+//! session key), so a stranger who cannot see our traffic cannot steer or
+//! abort our join nor end or reset our collective.
+
+use std::time::{Duration, Instant};
 
 use crate::auth::{self, JoinClaim};
 use crate::wire::{
@@ -16,6 +23,10 @@ use crate::wire::{
     Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN,
     SECRET_LEN,
 };
+
+/// At most one probe (a HELLO asking "did you restart?") this often, however
+/// many unauthenticated triggers arrive.
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 
 /// What a worker joins with.
 #[derive(Clone)]
@@ -123,14 +134,32 @@ impl Handshake {
 
     /// Writes a HELLO into `buf`; returns its length.
     pub fn emit_hello(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_hello_with(self.hello_nonce, buf)
+    }
+
+    /// Writes a HELLO with `nonce` (a probe's) into `buf`; returns its length.
+    pub fn emit_hello_with(&self, nonce: Nonce, buf: &mut [u8]) -> Result<usize, WireError> {
         let mut h = HeaderRepr::new(MsgType::Hello, self.params.job);
         h.rank = self.params.rank;
         h.emit_to(buf)?;
-        HelloPayload {
-            nonce: self.hello_nonce,
-        }
-        .emit(&mut buf[HEADER_LEN..])?;
+        HelloPayload { nonce }.emit(buf.get_mut(HEADER_LEN..).unwrap_or_default())?;
         Ok(HEADER_LEN + HELLO_PAYLOAD_LEN)
+    }
+
+    /// The guard of the membership this attempt's JOIN made, once its
+    /// JOIN_ACK came: keyed by [`auth::session_key`] over the switch's
+    /// nonce and generation from the CHALLENGE. `None` before a CHALLENGE.
+    pub fn session(&self) -> Option<SessionGuard> {
+        let (nonce, gen) = self.challenge?;
+        let p = &self.params;
+        Some(SessionGuard {
+            key: auth::session_key(&p.secret, p.job, p.rank, gen, &nonce),
+            gen,
+            job: p.job,
+            rank: p.rank,
+            probe: None,
+            last_probe: None,
+        })
     }
 
     /// Takes a CHALLENGE (header already parsed).
@@ -210,5 +239,102 @@ impl Handshake {
         let mac = auth::leave_mac(&p.secret, p.job, p.rank, gen, &nonce);
         LeavePayload { mac }.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
         Some(HEADER_LEN + LEAVE_PAYLOAD_LEN)
+    }
+}
+
+/// What a joined member (worker, or a leaf towards a spine) trusts during a
+/// collective (docs/PROTOCOL.md, "Sessions"): a NACK whose tag verifies
+/// under the session key, or one that echoes the nonce of its latest probe.
+/// Anything else that would end or reset the collective (an unauthenticated
+/// NACK, a RESULT of another generation) only makes it probe: a HELLO with
+/// a fresh nonce, whose CHALLENGE proves that whoever answers sees our
+/// traffic and tells whether the switch's generation changed.
+#[derive(Clone)]
+pub struct SessionGuard {
+    key: [u8; 32],
+    gen: u32,
+    job: u16,
+    rank: u16,
+    /// The nonce of the latest probe, and when it went.
+    probe: Option<Nonce>,
+    last_probe: Option<Instant>,
+}
+
+impl std::fmt::Debug for SessionGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionGuard")
+            .field("key", &"<redacted>")
+            .field("gen", &self.gen)
+            .field("probe", &self.probe.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a CHALLENGE says to a joined member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// Not an answer to our latest probe: ignore it.
+    NotOurs,
+    /// The switch answers under another generation: it restarted; join again.
+    Restarted { gen: u32 },
+    /// The switch answers under our generation: what made us probe was
+    /// spoofed; go on.
+    SameGeneration,
+}
+
+impl SessionGuard {
+    /// The generation the session was made under.
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+
+    /// Whether `nack`, which arrived with header bytes `header`, is from the
+    /// switch: its tag verifies under the session key, or it echoes our
+    /// latest probe's nonce (a refusal of the probe: the job is gone, or we
+    /// are no longer allowed).
+    pub fn nack_is_authentic(&self, header: &[u8; HEADER_LEN], nack: &NackPayload) -> bool {
+        let echoes_probe = self
+            .probe
+            .is_some_and(|p| bool::from(subtle::ConstantTimeEq::ct_eq(&p[..], &nack.echo[..])));
+        echoes_probe
+            || auth::verify_nack(&self.key, header, nack.reason as u16, &nack.echo, &nack.tag)
+    }
+
+    /// Something unauthenticated asked us to end or reset the collective:
+    /// returns the nonce of a probe to send now, or `None` if one went less
+    /// than [`PROBE_EVERY`] ago. `fresh` must be random (or otherwise
+    /// unguessable by others).
+    pub fn probe(&mut self, now: Instant, fresh: Nonce) -> Option<Nonce> {
+        if self
+            .last_probe
+            .is_some_and(|t| now.saturating_duration_since(t) < PROBE_EVERY)
+        {
+            return None;
+        }
+        self.last_probe = Some(now);
+        self.probe = Some(fresh);
+        Some(fresh)
+    }
+
+    /// The nonce of the latest probe still unanswered.
+    pub fn probe_nonce(&self) -> Option<Nonce> {
+        self.probe
+    }
+
+    /// Judges a CHALLENGE (header already parsed) against our latest probe.
+    pub fn on_challenge(&mut self, hdr: &HeaderRepr, payload: &[u8]) -> ProbeAnswer {
+        let Ok(c) = ChallengePayload::parse(payload) else {
+            return ProbeAnswer::NotOurs;
+        };
+        if self.probe != Some(c.hello_nonce) || hdr.job != self.job || hdr.rank != self.rank {
+            return ProbeAnswer::NotOurs;
+        }
+        // One answer per probe: a copy of the CHALLENGE counts once.
+        self.probe = None;
+        if hdr.gen != self.gen {
+            ProbeAnswer::Restarted { gen: hdr.gen }
+        } else {
+            ProbeAnswer::SameGeneration
+        }
     }
 }

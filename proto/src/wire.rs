@@ -1,11 +1,11 @@
-//! Wire format of the aggregation protocol, version 2 (docs/PROTOCOL.md).
+//! Wire format of the aggregation protocol, version 3 (docs/PROTOCOL.md).
 //!
 //! Owns: the 22-byte aggregation header as a view over a byte buffer
 //! ([`Header`]), its high-level form ([`HeaderRepr`]) with `parse`/`emit`,
 //! and the payloads of HELLO, CHALLENGE, JOIN, JOIN_ACK, NACK and LEAVE.
 //!
 //! Invariants: accessors of a [`Header`] made by [`Header::new_checked`] never
-//! panic; [`HeaderRepr::parse`] accepts only what version 2 allows (known type,
+//! panic; [`HeaderRepr::parse`] accepts only what version 3 allows (known type,
 //! no reserved flag bits, job ≠ 0, a payload length that matches the type), so
 //! everything after it may trust the fields, except one: the header does not
 //! name a DATA/RESULT's element type, so `parse` accepts `count` elements of
@@ -23,7 +23,7 @@ compile_error!(
 );
 
 /// Protocol version carried in the high nibble of `ver_type`.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Length of the aggregation header.
 pub const HEADER_LEN: usize = 22;
 /// Default UDP port of the switch's aggregation service (0xBEEF).
@@ -48,9 +48,13 @@ pub const HELLO_PAYLOAD_LEN: usize = CHALLENGE_PAYLOAD_LEN;
 pub const JOIN_PAYLOAD_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
 /// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers.
 pub const JOIN_ACK_PAYLOAD_LEN: usize = 6;
+/// Length of a NACK's tag: the first 16 bytes of an HMAC-SHA256 under the
+/// recipient's session key ([`crate::auth::nack_tag`]).
+pub const NACK_TAG_LEN: usize = 16;
 /// Length of a NACK payload: u16 reason, 2 reserved bytes, the nonce of the
-/// refused HELLO or JOIN (zero for other messages).
-pub const NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN;
+/// refused HELLO or JOIN (zero for other messages), the tag (zero when the
+/// switch has no session with the recipient).
+pub const NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN + NACK_TAG_LEN;
 /// Length of a LEAVE payload: a MAC.
 pub const LEAVE_PAYLOAD_LEN: usize = MAC_LEN;
 /// Length of a version-1 NACK payload (sent to version-1 JOINs).
@@ -280,12 +284,12 @@ impl fmt::Display for NackReason {
     }
 }
 
-/// Why bytes are not a valid version-2 message.
+/// Why bytes are not a valid version-3 message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     #[error("truncated: {len} bytes, need at least {need}")]
     Truncated { len: usize, need: usize },
-    #[error("unsupported protocol version {0} (this build speaks version 2)")]
+    #[error("unsupported protocol version {0} (this build speaks version 3)")]
     BadVersion(u8),
     #[error("unknown message type {0}")]
     UnknownType(u8),
@@ -350,6 +354,16 @@ impl<T: AsRef<[u8]>> Header<T> {
             });
         }
         Ok(Header { buffer })
+    }
+
+    /// The header's bytes as received (what a NACK's tag covers). All zero
+    /// on a buffer too short for a header (only [`Header::new_unchecked`]
+    /// makes one), which no tag verifies.
+    pub fn header_bytes(&self) -> &[u8; HEADER_LEN] {
+        self.buffer
+            .as_ref()
+            .first_chunk::<HEADER_LEN>()
+            .unwrap_or(&[0; HEADER_LEN])
     }
 
     pub fn into_inner(self) -> T {
@@ -508,7 +522,7 @@ impl HeaderRepr {
                 MsgType::Data | MsgType::Result => "count × 2 or count × 4 (count ≥ 1)",
                 MsgType::Join => "a JOIN payload (52 bytes)",
                 MsgType::JoinAck => "a JOIN_ACK payload (6 bytes)",
-                MsgType::Nack => "a NACK payload (20 bytes)",
+                MsgType::Nack => "a NACK payload (36 bytes)",
                 MsgType::Leave => "a LEAVE payload (32 bytes)",
                 MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
                 MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => "16 + count × 2",
@@ -722,29 +736,49 @@ impl JoinAckPayload {
     }
 }
 
+/// A NACK's tag ([`NACK_TAG_LEN`] bytes; zero: unauthenticated).
+pub type NackTag = [u8; NACK_TAG_LEN];
+
 /// NACK payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NackPayload {
     pub reason: NackReason,
     /// The nonce of the refused HELLO or JOIN; zero for other messages.
     pub echo: Nonce,
+    /// HMAC under the recipient's session key over the header as sent, the
+    /// reason and the echo ([`crate::auth::nack_tag`]); zero when the switch
+    /// has no session with the recipient (docs/PROTOCOL.md, "Sessions").
+    pub tag: NackTag,
 }
+
+/// Offset of the tag in a NACK payload.
+pub const NACK_TAG_OFFSET: usize = 4 + NONCE_LEN;
 
 impl NackPayload {
     pub fn new(reason: NackReason) -> NackPayload {
         NackPayload {
             reason,
             echo: [0; NONCE_LEN],
+            tag: [0; NACK_TAG_LEN],
+        }
+    }
+
+    /// A NACK echoing `echo`, with a zero tag.
+    pub fn echoing(reason: NackReason, echo: Nonce) -> NackPayload {
+        NackPayload {
+            echo,
+            ..NackPayload::new(reason)
         }
     }
 
     pub fn parse(b: &[u8]) -> Result<NackPayload, WireError> {
-        check_len(b, NACK_PAYLOAD_LEN, "a NACK payload (20 bytes)")?;
+        check_len(b, NACK_PAYLOAD_LEN, "a NACK payload (36 bytes)")?;
         let v = u16::from_be_bytes([b[0], b[1]]);
         let reason = NackReason::from_u16(v).ok_or(WireError::UnknownNackReason(v))?;
         Ok(NackPayload {
             reason,
-            echo: array(&b[4..]),
+            echo: array(&b[4..NACK_TAG_OFFSET]),
+            tag: array(&b[NACK_TAG_OFFSET..]),
         })
     }
 
@@ -752,7 +786,8 @@ impl NackPayload {
         check_room(b, NACK_PAYLOAD_LEN)?;
         b[..2].copy_from_slice(&(self.reason as u16).to_be_bytes());
         b[2..4].fill(0);
-        b[4..NACK_PAYLOAD_LEN].copy_from_slice(&self.echo);
+        b[4..NACK_TAG_OFFSET].copy_from_slice(&self.echo);
+        b[NACK_TAG_OFFSET..NACK_PAYLOAD_LEN].copy_from_slice(&self.tag);
         Ok(NACK_PAYLOAD_LEN)
     }
 }
@@ -935,6 +970,41 @@ pub fn emit_v1_refusal(job: u16, rank: u16, b: &mut [u8]) -> Result<usize, WireE
     Ok(len)
 }
 
+/// The job, rank and hello nonce of a whole version-2 HELLO (the one
+/// version-2 message a version-3 switch answers: a version-2 worker's first
+/// message), or `None`.
+pub fn peek_v2_hello(b: &[u8]) -> Option<(u16, u16, Nonce)> {
+    let h = Header::new_checked(b).ok()?;
+    let whole = b.len() == HEADER_LEN + HELLO_PAYLOAD_LEN;
+    (h.version() == 2 && h.msg_type_raw() == MsgType::Hello as u8 && whole)
+        .then(|| (h.job(), h.rank(), array(&b[HEADER_LEN..])))
+}
+
+/// Length of a version-2 NACK payload: reason, 2 reserved bytes, echo.
+pub const V2_NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN;
+
+/// Writes a version-2 NACK 8 ("malformed message") echoing a version-2
+/// HELLO's nonce, which a version-2 worker reports as a refusal of its join
+/// instead of waiting for its join timeout; returns its length (42 bytes,
+/// less than the HELLO).
+pub fn emit_v2_refusal(
+    job: u16,
+    rank: u16,
+    echo: &Nonce,
+    b: &mut [u8],
+) -> Result<usize, WireError> {
+    let len = HEADER_LEN + V2_NACK_PAYLOAD_LEN;
+    check_room(b, len)?;
+    let mut hdr = HeaderRepr::new(MsgType::Nack, job);
+    hdr.rank = rank;
+    hdr.emit_to(b)?;
+    b[0] = (2 << 4) | MsgType::Nack as u8;
+    b[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&(NackReason::Malformed as u16).to_be_bytes());
+    b[HEADER_LEN + 2..HEADER_LEN + 4].fill(0);
+    b[HEADER_LEN + 4..len].copy_from_slice(echo);
+    Ok(len)
+}
+
 /// Writes `values` as little-endian float32 into `out`; returns bytes written.
 /// `out` must hold `values.len() * 4` bytes (it is truncated otherwise).
 pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
@@ -977,7 +1047,7 @@ mod tests {
     // A DATA header: job 7, rank 3, count 2, seq 0x01020304, collective 9,
     // window 0, gen 0xdeadbeef, flags RETX|LAST, then 1.0f32 and -2.5f32.
     const DATA_FIXTURE: [u8; 30] = [
-        0x21, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
+        0x31, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
         0x09, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x20, 0xc0,
     ];
 
@@ -999,7 +1069,7 @@ mod tests {
     // The same DATA from a bf16 job: 1.0 and -2.5 as little-endian bf16
     // (0x3f80, 0xc020); an f16 job's would be 0x3c00, 0xc100.
     const BF16_DATA_FIXTURE: [u8; 26] = [
-        0x21, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
+        0x31, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00,
         0x09, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x80, 0x3f, 0x20, 0xc0,
     ];
 
@@ -1048,14 +1118,16 @@ mod tests {
     }
 
     #[test]
-    fn rejects_what_version_2_forbids() {
-        let mut b = DATA_FIXTURE;
-        b[0] = 0x11;
-        let h = Header::new_checked(&b[..]).unwrap();
-        assert_eq!(HeaderRepr::parse(&h), Err(WireError::BadVersion(1)));
+    fn rejects_what_version_3_forbids() {
+        for (v, b0) in [(1, 0x11), (2, 0x21)] {
+            let mut b = DATA_FIXTURE;
+            b[0] = b0;
+            let h = Header::new_checked(&b[..]).unwrap();
+            assert_eq!(HeaderRepr::parse(&h), Err(WireError::BadVersion(v)));
+        }
 
         let mut b = DATA_FIXTURE;
-        b[0] = 0x2a;
+        b[0] = 0x3a;
         let h = Header::new_checked(&b[..]).unwrap();
         assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(10)));
 
@@ -1140,10 +1212,12 @@ mod tests {
         let n = NackPayload {
             reason: NackReason::StaleNonce,
             echo: [5; 16],
+            tag: [7; 16],
         };
         n.emit(&mut b).unwrap();
         assert_eq!(&b[..4], &[0, 9, 0, 0]);
-        assert_eq!(&b[4..], &[5; 16]);
+        assert_eq!(&b[4..20], &[5; 16]);
+        assert_eq!(&b[20..36], &[7; 16]);
         assert_eq!(NackPayload::parse(&b), Ok(n));
         b[1] = 99;
         assert_eq!(
@@ -1151,6 +1225,7 @@ mod tests {
             Err(WireError::UnknownNackReason(99))
         );
         assert!(NackPayload::parse(&b[..2]).is_err(), "a version-1 NACK");
+        assert!(NackPayload::parse(&b[..20]).is_err(), "a version-2 NACK");
     }
 
     #[test]
@@ -1165,6 +1240,27 @@ mod tests {
     }
 
     #[test]
+    fn v2_hello_gets_a_version_2_nack_8_echoing_it() {
+        let mut hello = [0u8; HEADER_LEN + HELLO_PAYLOAD_LEN];
+        let mut h = HeaderRepr::new(MsgType::Hello, 5);
+        h.rank = 3;
+        h.emit_to(&mut hello).unwrap();
+        hello[0] = 0x28;
+        hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[7; 16]);
+        assert_eq!(peek_v2_hello(&hello), Some((5, 3, [7; 16])));
+        assert_eq!(peek_v2_hello(&hello[..50]), None, "only a whole HELLO");
+        let mut b = [0u8; 64];
+        let n = emit_v2_refusal(5, 3, &[7; 16], &mut b).unwrap();
+        assert_eq!(n, 42);
+        assert!(n < hello.len(), "smaller than the HELLO it answers");
+        assert_eq!(&b[..6], &[0x26, 0, 0, 5, 0, 3]);
+        assert_eq!(&b[22..26], &[0, 8, 0, 0]);
+        assert_eq!(&b[26..42], &[7; 16]);
+        hello[0] = 0x38;
+        assert_eq!(peek_v2_hello(&hello), None, "a version-3 HELLO");
+    }
+
+    #[test]
     fn elems_per_chunk_matches_protocol() {
         assert_eq!(elems_per_chunk_for_mtu(1500), 362);
         assert_eq!(FRAME_PAYLOAD_OFFSET, 64);
@@ -1174,7 +1270,7 @@ mod tests {
     // UPSTREAM; spine 198.19.255.2:48879, tree 1, silent 4200 ms, session
     // refused with reason 2 (bad secret); waiting for leaf 3.
     const UPSTREAM_WAIT_FIXTURE: [u8; 40] = [
-        0x27, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,
+        0x37, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,
         0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x09, 198, 19, 255, 2, 0xbe, 0xef, 0x00, 0x01, 0x00,
         0x00, 0x10, 0x68, 0x00, 0x02, 0x00, 0x02, 0x00, 0x03,
     ];

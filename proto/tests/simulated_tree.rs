@@ -874,3 +874,103 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         "chunk 1 completes once the spine's job matches"
     );
 }
+
+/// Issue 20, finding 2, at a leaf: NACKs (1, 6, 7; zero and made-up tags)
+/// and a RESULT of another generation forged with a spine's address reset
+/// nothing: the leaf stays joined under the same generation, counts them,
+/// probes the spine (which answers under the same generation: spoofed), and
+/// the next chunk completes. A real restart of that spine (a new
+/// generation) is found by the probe its untagged NACK 7 triggers, and the
+/// leaf joins it again.
+#[test]
+fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
+    use proto::wire::{NackPayload, NackReason, NACK_PAYLOAD_LEN};
+    let mut f = Fabric::new(1, 1, 1);
+    f.run_for(Duration::from_millis(50));
+    let session = |f: &Fabric| {
+        let s = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0];
+        (s.joined_gen, s.counters.clone())
+    };
+    let (gen, _) = session(&f);
+    assert_eq!(gen, Some(100), "joined spine 0");
+    let forge = |f: &mut Fabric, bytes: Vec<u8>| {
+        let now = f.now;
+        f.net.send(
+            now,
+            Msg {
+                to: Node::Leaf(0),
+                from: spine_ep(0),
+                bytes,
+            },
+        );
+    };
+    for reason in [
+        NackReason::UnknownJob,
+        NackReason::JobNotActive,
+        NackReason::StaleGeneration,
+    ] {
+        for tag in [[0u8; 16], [0x3c; 16]] {
+            let mut h = HeaderRepr::new(MsgType::Nack, JOB);
+            h.gen = 100;
+            let mut p = [0u8; NACK_PAYLOAD_LEN];
+            NackPayload {
+                tag,
+                ..NackPayload::new(reason)
+            }
+            .emit(&mut p)
+            .unwrap();
+            forge(&mut f, frame(&h, &p));
+        }
+    }
+    let mut h = HeaderRepr::new(MsgType::Result, JOB);
+    h.gen = 0x0bad;
+    h.count = 8;
+    forge(&mut f, frame(&h, &[0u8; 32]));
+    f.run_for(Duration::from_millis(20));
+    let (gen, c) = session(&f);
+    assert_eq!(gen, Some(100), "still joined under the same generation");
+    assert_eq!(c.unauthenticated, 7, "{c:?}");
+    assert_eq!(c.probes_sent, 1, "one probe for a burst: {c:?}");
+    assert_eq!(c.spoofed_triggers, 1, "{c:?}");
+    assert_eq!(c.probed_restarts, 0, "{c:?}");
+    f.worker_sends(0, 0, MsgType::Data, 0);
+    f.run_for(Duration::from_millis(20));
+    let done = |f: &Fabric, seq: u32| {
+        f.to_workers.iter().any(|(_, b)| {
+            let h = parse(b);
+            h.msg_type == MsgType::Result && h.seq == seq
+        })
+    };
+    assert!(done(&f, 0), "chunk 0 completes through the same session");
+
+    // The spine restarts (a new generation, no sessions): the leaf's
+    // partial gets an untagged NACK 7, the probe's CHALLENGE shows the new
+    // generation, and the leaf joins again; chunk 1 completes.
+    let mut restarted = JobTable::new(TableConfig::new(200, [9; 32]), f.base);
+    restarted
+        .add(
+            JobConfig {
+                id: JOB,
+                n_workers: 1,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 19, 0, 0],
+                    len: 16,
+                }],
+                secret: SECRET,
+                pool_slots: 16,
+                elems_per_chunk: 8,
+                dtype: Default::default(),
+                window: 16,
+                upstream: None,
+            },
+            8,
+        )
+        .unwrap();
+    f.tree.spines[0] = restarted;
+    f.worker_sends(0, 0, MsgType::Data, 1);
+    f.run_for(Duration::from_secs(2));
+    let (gen, c) = session(&f);
+    assert_eq!(gen, Some(200), "rejoined the restarted spine: {c:?}");
+    assert_eq!(c.probed_restarts, 1, "{c:?}");
+    assert!(done(&f, 1), "chunk 1 completes after the rejoin");
+}

@@ -335,6 +335,9 @@ impl PyWorker {
         d.set_item("ece_results", s.ece_results)?;
         d.set_item("rejoins", s.rejoins)?;
         d.set_item("nacks", s.nacks)?;
+        d.set_item("unauthenticated_dropped", s.unauthenticated_dropped)?;
+        d.set_item("probes_sent", s.probes_sent)?;
+        d.set_item("spoofed_triggers", s.spoofed_triggers)?;
         d.set_item("bad_length_results", s.bad_length_results)?;
         d.set_item("window", s.window)?;
         d.set_item("alpha", s.alpha)?;

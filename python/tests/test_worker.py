@@ -122,6 +122,8 @@ def test_stats_has_the_library_counters(switch):
     assert s["collectives"] == 1
     assert s["chunks_sent"] >= 1 and s["results"] == s["chunks_sent"] - s["chunks_resent"] or s["results"] >= 1
     assert {"chunks_resent", "rejoins", "nacks", "window", "alpha", "srtt_us", "rto_us"} <= s.keys()
+    # Nothing forged reached this worker: nothing ignored, nothing probed.
+    assert (s["unauthenticated_dropped"], s["probes_sent"], s["spoofed_triggers"]) == (0, 0, 0)
 
 
 # --- buffer rules ------------------------------------------------------------

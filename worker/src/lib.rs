@@ -34,7 +34,7 @@ use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use proto::handshake::{ChallengeError, Handshake, JoinParams};
+use proto::handshake::{ChallengeError, Handshake, JoinParams, ProbeAnswer, SessionGuard};
 use proto::seq::serial_offset;
 use proto::wire::{
     flags, Dtype, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason, HEADER_LEN,
@@ -335,6 +335,15 @@ pub struct WorkerStats {
     pub ece_results: u64,
     pub rejoins: u64,
     pub nacks: u64,
+    /// NACKs whose tag did not verify under the session key, and RESULTs
+    /// of another generation, during a collective: ignored (each may make
+    /// the worker probe; docs/PROTOCOL.md, "Sessions").
+    pub unauthenticated_dropped: u64,
+    /// HELLOs sent to ask the switch whether it restarted.
+    pub probes_sent: u64,
+    /// Probes the switch answered under the session's generation: what
+    /// triggered them was spoofed.
+    pub spoofed_triggers: u64,
     /// RESULTs whose payload was not `count` elements of the job's dtype
     /// (ignored).
     pub bad_length_results: u64,
@@ -356,8 +365,8 @@ pub struct WorkerStats {
 enum Event {
     /// The collective finished.
     Completed,
-    /// The switch asked us to re-join (NACK 6/7 or a new gen); done, at this
-    /// resume point.
+    /// The switch asked us to re-join (an authenticated NACK 6/7, or a probe
+    /// answered under a new gen); done, at this resume point.
     Resumed { collective: u32, seq: u32 },
 }
 
@@ -368,6 +377,9 @@ pub struct Worker {
     /// The join handshake (docs/PROTOCOL.md, "Joining"); its last
     /// CHALLENGE is what LEAVE's MAC covers.
     hs: Handshake,
+    /// The session of the last JOIN_ACK: what a NACK must verify under to
+    /// end or reset a collective, and the probe.
+    guard: Option<SessionGuard>,
     gen: u32,
     pool_slots: u16,
     elems_per_chunk: u16,
@@ -455,6 +467,7 @@ impl Worker {
         };
         let mut w = Worker {
             hs: Handshake::new(params, rand::random()),
+            guard: None,
             sock,
             gen: 0,
             pool_slots: 1,
@@ -710,6 +723,7 @@ impl Worker {
                     }
                     let first = self.gen == 0;
                     self.gen = r.gen;
+                    self.guard = self.hs.session();
                     self.pool_slots = ack.pool_slots;
                     self.elems_per_chunk = ack.elems_per_chunk;
                     self.advertised_window = r.window.clamp(1, ack.pool_slots);
@@ -1002,7 +1016,12 @@ impl Worker {
             return Ok(None);
         }
         let rejoin = match r.msg_type {
-            MsgType::Result if r.gen != self.gen => true,
+            // Not from this session's switch (a restarted switch sends no
+            // RESULT to a non-member): ask whether it restarted.
+            MsgType::Result if r.gen != self.gen => {
+                self.unauthenticated()?;
+                false
+            }
             MsgType::Result if h.payload().len() != self.cfg.dtype.payload_len(r.count) => {
                 self.stats.bad_length_results += 1;
                 false
@@ -1035,11 +1054,37 @@ impl Worker {
             }
             MsgType::Nack => {
                 self.stats.nacks += 1;
-                match NackPayload::parse(h.payload()).map(|n| n.reason) {
-                    Ok(NackReason::JobNotActive | NackReason::StaleGeneration) => true,
+                let Ok(nack) = NackPayload::parse(h.payload()) else {
+                    return Ok(None);
+                };
+                let authentic = self
+                    .guard
+                    .as_ref()
+                    .is_some_and(|g| g.nack_is_authentic(h.header_bytes(), &nack));
+                if !authentic {
+                    // Anyone on the path could have sent it: ask the switch.
+                    self.unauthenticated()?;
+                    return Ok(None);
+                }
+                match nack.reason {
+                    NackReason::JobNotActive | NackReason::StaleGeneration => true,
                     // Answers to an earlier join attempt.
-                    Ok(NackReason::StaleNonce) | Err(_) => false,
-                    Ok(reason) => return Err(self.refused(reason)),
+                    NackReason::StaleNonce => false,
+                    reason => return Err(self.refused(reason)),
+                }
+            }
+            MsgType::Challenge if r.rank == self.cfg.rank => {
+                let answer = self
+                    .guard
+                    .as_mut()
+                    .map_or(ProbeAnswer::NotOurs, |g| g.on_challenge(&r, h.payload()));
+                match answer {
+                    ProbeAnswer::Restarted { .. } => true,
+                    ProbeAnswer::SameGeneration => {
+                        self.stats.spoofed_triggers += 1;
+                        false
+                    }
+                    ProbeAnswer::NotOurs => false,
                 }
             }
             _ => false,
@@ -1062,6 +1107,26 @@ impl Worker {
             collective: c,
             seq: s,
         }))
+    }
+
+    /// An unauthenticated NACK or a RESULT of another generation arrived:
+    /// count it and probe (at most one per `PROBE_EVERY`), so that a real
+    /// switch restart is still noticed.
+    fn unauthenticated(&mut self) -> Result<(), WorkerError> {
+        self.stats.unauthenticated_dropped += 1;
+        let Some(nonce) = self
+            .guard
+            .as_mut()
+            .and_then(|g| g.probe(Instant::now(), rand::random()))
+        else {
+            return Ok(());
+        };
+        self.stats.probes_sent += 1;
+        let len = self
+            .hs
+            .emit_hello_with(nonce, &mut self.buf)
+            .expect("buffer holds a HELLO");
+        self.send(len)
     }
 
     fn send_heartbeat(&mut self, seq: u32) -> Result<(), WorkerError> {

@@ -93,6 +93,8 @@ pub enum LoopbackError {
 /// A running stand-in; stopped when dropped.
 pub struct LoopbackSwitch {
     addr: SocketAddrV4,
+    /// The serving socket, shared: [`LoopbackSwitch::forge`] sends from it.
+    tx: UdpSocket,
     stop: Arc<AtomicBool>,
     restarts: Arc<AtomicU32>,
     handle: Option<std::thread::JoinHandle<()>>,
@@ -114,6 +116,7 @@ impl LoopbackSwitch {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(_) => unreachable!("bound to an IPv4 address"),
         };
+        let tx = sock.try_clone().map_err(bind_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU32::new(0));
         let (st, rs) = (stop.clone(), restarts.clone());
@@ -123,6 +126,7 @@ impl LoopbackSwitch {
             .map_err(bind_err)?;
         Ok(LoopbackSwitch {
             addr,
+            tx,
             stop,
             restarts,
             handle: Some(handle),
@@ -138,6 +142,13 @@ impl LoopbackSwitch {
     /// restart does.
     pub fn restart(&self) {
         self.restarts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Sends `datagram` to `to` from the switch's own address and port, as
+    /// an attacker spoofing the switch would: for tests of what a worker
+    /// trusts (docs/PROTOCOL.md, "Sessions").
+    pub fn forge(&self, to: SocketAddrV4, datagram: &[u8]) -> io::Result<()> {
+        self.tx.send_to(datagram, to).map(|_| ())
     }
 
     /// A handle that restarts the switch from another thread.

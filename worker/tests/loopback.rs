@@ -239,3 +239,138 @@ fn udp_gso_survives_loss_and_a_switch_restart() {
         assert!(stats.chunks_resent > 0 && stats.rejoins > 0, "{stats:?}");
     }
 }
+
+/// Forged control messages from the switch's own address and port: NACK 1
+/// (what used to make a worker give up), NACK 6 and 7 (which used to make it
+/// rejoin), each with a zero and with a made-up tag, and RESULTs of another
+/// generation.
+fn forgeries() -> Vec<Vec<u8>> {
+    use proto::wire::{HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN};
+    let mut out = Vec::new();
+    for reason in [
+        NackReason::UnknownJob,
+        NackReason::JobNotActive,
+        NackReason::StaleGeneration,
+    ] {
+        for tag in [[0u8; 16], [0x3c; 16]] {
+            let mut h = HeaderRepr::new(MsgType::Nack, 1);
+            h.rank = 1;
+            h.gen = 1;
+            let mut b = vec![0u8; HEADER_LEN + proto::wire::NACK_PAYLOAD_LEN];
+            h.emit_to(&mut b).unwrap();
+            NackPayload {
+                tag,
+                ..NackPayload::new(reason)
+            }
+            .emit(&mut b[HEADER_LEN..])
+            .unwrap();
+            out.push(b);
+        }
+    }
+    let mut h = HeaderRepr::new(MsgType::Result, 1);
+    h.rank = 1;
+    h.gen = 0x0bad_0bad;
+    h.count = 1;
+    let mut b = vec![0u8; HEADER_LEN + 4];
+    h.emit_to(&mut b).unwrap();
+    out.push(b);
+    out
+}
+
+/// Issue 20, finding 2: forged NACKs and RESULTs of another generation sent
+/// to rank 1 during its all-reduces, from the switch's own address, neither
+/// end nor reset anything: every result is bit-exact, nobody rejoins, and
+/// rank 1 counts what it ignored and found by probing that the switch did
+/// not restart.
+#[test]
+fn forged_nacks_and_results_mid_all_reduce_are_ignored_and_counted() {
+    let n = 3;
+    let sw = stand_in(n, 0);
+    let (len, iterations) = (200_000, 6);
+    let forged = forgeries();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel::<SocketAddrV4>();
+    let stats: Vec<WorkerStats> = std::thread::scope(|s| {
+        let sw = &sw;
+        let done = &done;
+        let forged = &forged;
+        s.spawn(move || {
+            let Ok(victim) = rx.recv() else { return };
+            let mut sent = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for f in forged {
+                    sw.forge(victim, f).unwrap();
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert!(sent > 0);
+        });
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let addr = sw.addr();
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, n, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    let mut w = Worker::join(cfg).expect("join");
+                    if rank == 1 {
+                        let std::net::SocketAddr::V4(a) = w.socket().local_addr().unwrap() else {
+                            panic!("an IPv4 socket")
+                        };
+                        tx.send(a).unwrap();
+                    }
+                    let mut data = vec![0f32; len];
+                    for it in 0..iterations {
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data)
+                            .unwrap_or_else(|e| panic!("rank {rank} it {it}: {e}"));
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(
+                                v.to_bits(),
+                                expected_sum(n, it, i).to_bits(),
+                                "rank {rank} it {it} elem {i}"
+                            );
+                        }
+                    }
+                    w.stats()
+                })
+            })
+            .collect();
+        drop(tx);
+        let stats = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        stats
+    });
+    for (rank, s) in stats.iter().enumerate() {
+        assert_eq!(s.rejoins, 0, "rank {rank} rejoined: {s:?}");
+    }
+    let victim = &stats[1];
+    assert!(victim.unauthenticated_dropped > 0, "{victim:?}");
+    assert!(victim.probes_sent > 0, "{victim:?}");
+    assert!(victim.spoofed_triggers > 0, "{victim:?}");
+    assert!(
+        victim.probes_sent <= victim.unauthenticated_dropped,
+        "at most one probe per trigger: {victim:?}"
+    );
+}
+
+/// A switch restart in the middle of all-reduces: the switch's NACK 7 has
+/// no session to be tagged under, so each worker probes, learns the new
+/// generation from the CHALLENGE, rejoins and resumes bit-exact.
+#[test]
+fn switch_restart_mid_collective_is_found_by_a_probe_and_rejoined() {
+    let sw = stand_in(2, 0);
+    let restart = sw.restarter();
+    let stats = std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            restart();
+        });
+        run_workers(&sw, TransportKind::Auto, 2, 100_000, 30, |_| {})
+    });
+    for (_, s) in &stats {
+        assert!(s.rejoins >= 1, "{s:?}");
+        assert!(s.probes_sent >= 1, "{s:?}");
+    }
+}

@@ -58,6 +58,16 @@ counter_schema! {
         heartbeats_sent,
         /// JOINs it refused (or answered with a job unlike ours).
         refusals,
+        /// NACKs and RESULTs of another generation from its address that
+        /// were not authenticated (ignored: docs/PROTOCOL.md, "Sessions").
+        unauthenticated,
+        /// HELLOs sent to ask whether it restarted, after those.
+        probes_sent,
+        /// Probes answered under the session's generation: the trigger was
+        /// spoofed.
+        spoofed_triggers,
+        /// Probes answered under a new generation: it restarted; rejoined.
+        probed_restarts,
     }
 }
 

@@ -18,6 +18,10 @@
 //!   an older one is a replay: counted, unanswered.
 //! * DATA is bound to the member's source (MAC, IP, UDP port) recorded from
 //!   its JOIN; LEAVE carries a MAC over the accepted nonce.
+//! * Each rank's last session (source and session key of its last accepted
+//!   JOIN) outlives its membership, so a NACK 6 to a member of a job that
+//!   went back to joining is still authenticated (docs/PROTOCOL.md,
+//!   "Sessions").
 
 use std::time::Instant;
 
@@ -59,6 +63,31 @@ struct Member {
     /// covers it).
     nonce: Nonce,
     left: bool,
+}
+
+/// A rank's last accepted JOIN, as far as the NACKs to it are concerned:
+/// where it came from and the session key it made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LastSession {
+    source: Source,
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for LastSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastSession")
+            .field("source", &self.source)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Bytes a job keeps per rank besides its pool (see [`JobConfig::pool_bytes`]).
+#[cfg(test)]
+pub(super) fn per_rank_bytes() -> usize {
+    std::mem::size_of::<Option<Member>>()
+        + std::mem::size_of::<Option<LastSession>>()
+        + std::mem::size_of::<u64>()
 }
 
 /// What to do after a JOIN.
@@ -129,6 +158,10 @@ pub struct Job {
     pub config: JobConfig,
     state: JobState,
     members: Vec<Option<Member>>,
+    /// Per rank, its last session (kept when the job goes back to joining).
+    /// With `members` and `accepted_serial`, under the n × 128 bytes per job
+    /// that [`JobConfig::pool_bytes`] charges for its ranks.
+    sessions: Vec<Option<LastSession>>,
     /// Per rank, the serial of the newest nonce accepted from it (never
     /// reset while the job exists: replays stay replays).
     accepted_serial: Vec<u64>,
@@ -192,11 +225,15 @@ impl Job {
         let mut members = Vec::new();
         members.try_reserve_exact(n).map_err(|_| oom.clone())?;
         members.resize(n, None);
+        let mut sessions = Vec::new();
+        sessions.try_reserve_exact(n).map_err(|_| oom.clone())?;
+        sessions.resize(n, None);
         let mut accepted_serial = Vec::new();
         accepted_serial.try_reserve_exact(n).map_err(|_| oom)?;
         accepted_serial.resize(n, 0);
         Ok(Job {
             members,
+            sessions,
             accepted_serial,
             min_serial,
             window: config.window.min(config.pool_slots),
@@ -263,6 +300,25 @@ impl Job {
             .enumerate()
             .skip(from as usize)
             .find_map(|(r, m)| m.as_ref().map(|m| (r as u16, m.endpoint)))
+    }
+
+    /// The session key of `rank`'s last accepted JOIN, if `to` is exactly
+    /// the source that JOIN came from: what a NACK to `to` is tagged with
+    /// (docs/PROTOCOL.md, "Sessions"). Kept after the job went back to
+    /// joining, so a NACK 6 to a former member is authenticated too.
+    pub fn session_key_for(&self, rank: u16, to: &Source) -> Option<&[u8; 32]> {
+        self.sessions
+            .get(rank as usize)?
+            .as_ref()
+            .filter(|s| s.source == *to)
+            .map(|s| &s.key)
+    }
+
+    fn record_session(&mut self, rank: u16, source: Source, gen: u32, nonce: &Nonce) {
+        let key = auth::session_key(&self.config.secret, self.config.id, rank, gen, nonce);
+        if let Some(s) = self.sessions.get_mut(rank as usize) {
+            *s = Some(LastSession { source, key });
+        }
     }
 
     pub fn source_allowed(&self, ip: [u8; 4]) -> bool {
@@ -426,6 +482,7 @@ impl Job {
             return JoinOutcome::Nack(NackReason::StaleNonce);
         }
         self.accepted_serial[rank] = serial;
+        self.record_session(hdr.rank, src, cx.gen, &join.nonce);
         let member = Member {
             endpoint: from,
             resume_collective: hdr.collective,

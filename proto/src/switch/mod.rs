@@ -1,4 +1,4 @@
-//! The switch side of the protocol (docs/PROTOCOL.md, version 2), as a state
+//! The switch side of the protocol (docs/PROTOCOL.md, version 3), as a state
 //! machine fed datagrams and time, with no I/O.
 //!
 //! Owns: [`JobTable`] (jobs by id, the switch generation, the nonce issuer,
@@ -14,8 +14,8 @@
 //!
 //! Invariants:
 //! * A rejected message changes nothing but counters, and is answered with
-//!   at most one reply. Refusals of HELLO and JOIN (and the version-1
-//!   refusal) are no larger than what they answer (a HELLO is padded to the
+//!   at most one reply. Refusals of HELLO and JOIN (and the version-1 and
+//!   version-2 refusals) are no larger than what they answer (a HELLO is padded to the
 //!   size of its CHALLENGE); NACKs to DATA and HEARTBEAT (6, 7, and 1 for a
 //!   removed job) may be larger, so they go only to sources inside the
 //!   job's prefixes.
@@ -23,8 +23,9 @@
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * Messages that fail before membership (unknown job, malformed) get no
 //!   reply, except a JOIN/HELLO for an unknown job (NACK 1, so a typo in a
-//!   job id fails fast) and a version-1 JOIN from a job's prefixes (a
-//!   version-1 NACK).
+//!   job id fails fast), a version-1 JOIN from a job's prefixes (a
+//!   version-1 NACK) and a version-2 HELLO from them (a version-2 NACK 8
+//!   echoing its nonce).
 
 pub mod config;
 pub mod counters;
@@ -448,6 +449,19 @@ impl JobTable {
                         self.refused(job, rank, from.source.ip, Refusal::Version(1));
                     }
                 }
+                // A version-2 worker's HELLO: refused in its own version, so
+                // that it names the problem instead of timing out.
+                if let Some((job, rank, echo)) = wire::peek_v2_hello(datagram) {
+                    let allowed = self
+                        .jobs
+                        .get(&job)
+                        .is_some_and(|j| j.source_allowed(from.source.ip));
+                    if allowed {
+                        self.counters.version_refused += 1;
+                        self.reply(from, job, rank, ReplyMsg::V2Refusal { echo });
+                        self.refused(job, rank, from.source.ip, Refusal::Version(2));
+                    }
+                }
                 return Verdict::Malformed(e);
             }
         };
@@ -483,7 +497,10 @@ impl JobTable {
         ) {
             let src = from.source;
             if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
-                return self.on_spine_message(&hdr, payload, spine, ce, now);
+                let head = datagram
+                    .first_chunk::<HEADER_LEN>()
+                    .unwrap_or(&[0; HEADER_LEN]);
+                return self.on_spine_message(&hdr, head, payload, spine, ce, now);
             }
         }
         match hdr.msg_type {
@@ -701,6 +718,7 @@ impl JobTable {
     fn on_spine_message(
         &mut self,
         hdr: &HeaderRepr,
+        head: &[u8; HEADER_LEN],
         payload: &[u8],
         spine: usize,
         ce: bool,
@@ -748,13 +766,22 @@ impl JobTable {
             }
             MsgType::Nack => {
                 if let Ok(n) = NackPayload::parse(payload) {
-                    let (ours, refused) = job.on_spine_nack(spine, &n, now);
-                    self.spine_refused(job_id, spine, refused);
-                    if ours {
+                    let out = job.on_spine_nack(spine, head, &n, now);
+                    self.spine_refused(job_id, spine, out.refused);
+                    if out.probe {
+                        self.up_probe(job_id, spine);
+                    }
+                    if out.ours {
                         self.handle_timeout(now);
                     }
                 }
                 Verdict::Noted
+            }
+            MsgType::Result if job.spine_gen(spine) != Some(hdr.gen) => {
+                if job.on_foreign_spine_result(spine, now) {
+                    self.up_probe(job_id, spine);
+                }
+                Verdict::Dropped(Some(DropReason::StaleGeneration))
             }
             MsgType::Result => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
@@ -772,6 +799,14 @@ impl JobTable {
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
             }
         }
+    }
+
+    /// Queues a probe (a HELLO with its guard's probe nonce) to spine `spine`.
+    fn up_probe(&mut self, job: u16, spine: usize) {
+        let msg = ReplyMsg::UpProbe {
+            spine: spine as u16,
+        };
+        self.up(job, spine, msg);
     }
 
     /// Logs a spine's new refusal of a leaf job (once per reason).
@@ -896,9 +931,12 @@ impl JobTable {
             }
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
-            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal => self.counters.nacks_sent += 1,
+            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => {
+                self.counters.nacks_sent += 1
+            }
             ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
             ReplyMsg::UpHello { .. }
+            | ReplyMsg::UpProbe { .. }
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
@@ -961,8 +999,21 @@ impl JobTable {
                 (job.join_ack_payload().emit(body).ok()?, false)
             }
             ReplyMsg::Nack { reason, echo } => {
-                let n = NackPayload { reason, echo }.emit(body).ok()?;
-                (n, false)
+                // The tag covers the header as sent: write it first.
+                hdr.emit_to(buf).ok()?;
+                let mut nack = NackPayload::echoing(reason, echo);
+                let key = self
+                    .jobs
+                    .get(&r.job)
+                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                if let (Some(key), Some(h)) = (key, buf.first_chunk::<HEADER_LEN>()) {
+                    nack.tag = crate::auth::nack_tag(key, h, reason as u16, &echo);
+                }
+                let n = nack.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
+                return Some(Encoded {
+                    len: HEADER_LEN + n,
+                    ce: false,
+                });
             }
             ReplyMsg::Challenge { hello_nonce, nonce } => {
                 hdr.msg_type = MsgType::Challenge;
@@ -1033,12 +1084,20 @@ impl JobTable {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
             }
+            ReplyMsg::V2Refusal { echo } => {
+                let n = wire::emit_v2_refusal(r.job, r.rank, &echo, buf).ok()?;
+                return Some(Encoded { len: n, ce: false });
+            }
             ReplyMsg::UpHello { spine }
+            | ReplyMsg::UpProbe { spine }
             | ReplyMsg::UpJoin { spine }
             | ReplyMsg::UpLeave { spine } => {
                 let job = self.jobs.get(&r.job)?;
                 let s = job.uplink()?.spines.get(spine as usize)?;
-                let n = if matches!(r.msg, ReplyMsg::UpHello { .. }) {
+                let n = if matches!(r.msg, ReplyMsg::UpProbe { .. }) {
+                    let nonce = s.guard.as_ref()?.probe_nonce()?;
+                    s.hs.emit_hello_with(nonce, buf).ok()?
+                } else if matches!(r.msg, ReplyMsg::UpHello { .. }) {
                     s.hs.emit_hello(buf).ok()?
                 } else if matches!(r.msg, ReplyMsg::UpLeave { .. }) {
                     s.hs.emit_leave(buf)?
@@ -1076,7 +1135,7 @@ impl JobTable {
 }
 
 // Compile-time checks of the sizes the encoder relies on.
-const _: () = assert!(NACK_PAYLOAD_LEN == 20 && CHALLENGE_PAYLOAD_LEN == 40);
+const _: () = assert!(NACK_PAYLOAD_LEN == 36 && CHALLENGE_PAYLOAD_LEN == 40);
 const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 6);
 
 #[cfg(test)]

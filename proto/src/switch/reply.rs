@@ -61,6 +61,10 @@ pub enum ReplyMsg {
     },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
+    /// A version-2 NACK 8 to a version-2 HELLO, echoing its nonce.
+    V2Refusal {
+        echo: Nonce,
+    },
     /// A leaf's messages to spine `spine` (docs/PROTOCOL.md, "Aggregation
     /// trees"): its HELLO, its JOIN, and the partial sum of leaf seq `seq`.
     UpHello {
@@ -73,6 +77,10 @@ pub enum ReplyMsg {
         spine: u16,
         seq: u32,
         retx: bool,
+    },
+    /// A HELLO with the probe's nonce: did spine `spine` restart?
+    UpProbe {
+        spine: u16,
     },
     /// Every local rank of the leaf left: it leaves the spine too.
     UpLeave {
@@ -96,6 +104,7 @@ impl Reply {
         matches!(
             self.msg,
             ReplyMsg::UpHello { .. }
+                | ReplyMsg::UpProbe { .. }
                 | ReplyMsg::UpJoin { .. }
                 | ReplyMsg::UpData { .. }
                 | ReplyMsg::UpLeave { .. }

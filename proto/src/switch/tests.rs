@@ -2,7 +2,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::handshake::{Handshake, JoinParams};
+use crate::handshake::{Handshake, JoinParams, ProbeAnswer};
 use crate::reference::rank_order_sum;
 use crate::wire::{write_f32s, HeaderRepr, MsgType, NackPayload, NackReason};
 
@@ -388,6 +388,41 @@ fn version_1_join_gets_a_version_1_refusal() {
     t.handle(&v1, endpoint(0), false, t0());
     assert!(t.poll_reply().is_none());
     assert_eq!(t.malformed[1], 2);
+}
+
+/// A version-2 worker's HELLO from the job's prefixes gets a version-2
+/// NACK 8 echoing its nonce (the worker reports "malformed message" at
+/// once, and the switch's refusal sample says to upgrade it); from outside
+/// the prefixes, nothing.
+#[test]
+fn version_2_hello_gets_a_version_2_refusal_it_takes_as_its_own() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let mut hello = vec![0u8; HEADER_LEN + 40];
+    hello[0] = 0x28;
+    hello[3] = 5;
+    hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[0x77; 16]);
+    assert_eq!(
+        t.handle(&hello, endpoint(0), false, t0()),
+        Verdict::Malformed(crate::wire::WireError::BadVersion(2))
+    );
+    let r = t.poll_reply().unwrap();
+    let mut buf = [0u8; 64];
+    let e = t.encode(&r, &mut buf).unwrap();
+    assert_eq!(e.len, 42);
+    assert_eq!(&buf[..6], &[0x26, 0, 0, 5, 0, 0]);
+    assert_eq!(&buf[22..26], &[0, 8, 0, 0]);
+    assert_eq!(&buf[26..42], &[0x77; 16]);
+    assert_eq!(t.counters.version_refused, 1);
+    let k = Refusal::Version(2).index();
+    assert_eq!(t.last_refusal(k).map(|r| r.why), Some(Refusal::Version(2)));
+    assert!(Refusal::Version(2)
+        .to_string()
+        .contains("protocol version 2: this switch speaks version 3"));
+    let mut stranger = endpoint(0);
+    stranger.source.ip = [10, 9, 9, 9];
+    t.handle(&hello, stranger, false, t0());
+    assert!(t.poll_reply().is_none(), "nothing outside the prefixes");
 }
 
 #[test]
@@ -811,3 +846,137 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
 }
 
 mod dtypes;
+
+/// Encodes every queued reply: (header bytes as sent, parsed header, payload).
+fn drain_raw(t: &mut JobTable) -> Vec<([u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(r) = t.poll_reply() {
+        let mut buf = [0u8; 2048];
+        let Some(e) = t.encode(&r, &mut buf) else {
+            continue;
+        };
+        let h = crate::wire::Header::new_checked(&buf[..e.len]).unwrap();
+        let hdr = HeaderRepr::parse(&h).unwrap();
+        let head = *buf.first_chunk::<HEADER_LEN>().unwrap();
+        out.push((head, hdr, buf[HEADER_LEN..e.len].to_vec()));
+    }
+    out
+}
+
+/// A NACK to a member's recorded source carries a tag under the session its
+/// accepted JOIN made, also after the job went back to joining (a NACK 6 to
+/// a former member); a stranger's NACK has a zero tag; a guard of another
+/// session refuses the tag.
+#[test]
+fn nacks_to_members_are_tagged_under_their_session() {
+    let mut t = table();
+    t.add(config(2, 4, 8), 1000).unwrap();
+    let mut guards = Vec::new();
+    for r in 0..2 {
+        let mut hs = handshake(&t, r, endpoint(r), SECRET);
+        hello(&mut t, &mut hs, endpoint(r), t0());
+        t.handle(&join_bytes(&hs, (0, 0)), endpoint(r), false, t0());
+        guards.push(hs.session().expect("challenged"));
+    }
+    drain(&mut t);
+    assert_eq!(t.get(5).unwrap().state(), JobState::Active);
+    // Rank 1 restarts (a new handshake, a new resume point): back to joining.
+    let later = t0() + Duration::from_millis(5);
+    let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (1, 9), later);
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    drain(&mut t);
+    // Rank 0's DATA now gets NACK 6, tagged under rank 0's session.
+    data(&mut t, 0, 0, &[1.0; 8]);
+    let out = drain_raw(&mut t);
+    assert_eq!(out.len(), 1);
+    let (head, hdr, payload) = &out[0];
+    assert_eq!(hdr.msg_type, MsgType::Nack);
+    let nack = NackPayload::parse(payload).unwrap();
+    assert_eq!(nack.reason, NackReason::JobNotActive);
+    assert_ne!(nack.tag, [0; 16]);
+    assert!(guards[0].nack_is_authentic(head, &nack));
+    // Another session's guard (rank 1's old one) refuses it.
+    assert!(!guards[1].nack_is_authentic(head, &nack));
+    // The same NACK to another address in the prefixes: no session, zero tag.
+    let mut other = endpoint(0);
+    other.source.port += 1;
+    data_from(&mut t, 0, 0, &[1.0; 8], other, GEN);
+    let out = drain_raw(&mut t);
+    let nack = NackPayload::parse(&out[0].2).unwrap();
+    assert_eq!(nack.reason, NackReason::JobNotActive);
+    assert_eq!(nack.tag, [0; 16]);
+    assert!(!guards[0].nack_is_authentic(&out[0].0, &nack));
+    // A stale generation from the member's source is tagged too (the
+    // switch did not restart: the worker must not think it did).
+    data_from(&mut t, 0, 0, &[1.0; 8], endpoint(0), GEN ^ 1);
+    let out = drain_raw(&mut t);
+    let nack = NackPayload::parse(&out[0].2).unwrap();
+    assert_eq!(nack.reason, NackReason::StaleGeneration);
+    assert!(guards[0].nack_is_authentic(&out[0].0, &nack));
+}
+
+/// A probe is sent at most once per PROBE_EVERY; the switch's CHALLENGE to
+/// it says "same generation" (the trigger was spoofed) or, from a restarted
+/// switch, "restarted"; a CHALLENGE to another nonce is not an answer; a
+/// NACK echoing the probe (the job is gone) is authentic.
+#[test]
+fn probes_tell_a_restart_from_a_spoofed_trigger() {
+    let t = active_table(1, 4, 8);
+    let mut t = t;
+    let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+    hello(&mut t, &mut hs, endpoint(0), t0());
+    t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0());
+    drain(&mut t);
+    let mut g = hs.session().unwrap();
+    let now = t0() + Duration::from_secs(1);
+    let nonce = g.probe(now, [0xa5; 16]).expect("first probe goes");
+    assert_eq!(g.probe(now + Duration::from_millis(100), [0xa6; 16]), None);
+    let mut b = [0u8; 128];
+    let n = hs.emit_hello_with(nonce, &mut b).unwrap();
+    let ask = |t: &mut JobTable| {
+        t.handle(&b[..n], endpoint(0), false, now);
+        drain(t)
+            .into_iter()
+            .find(|(_, h, _)| h.msg_type == MsgType::Challenge)
+            .map(|(_, h, p)| (h, p))
+            .unwrap()
+    };
+    let (h, p) = ask(&mut t);
+    // An answer to someone else's HELLO is not ours.
+    let mut other = p.clone();
+    other[0] ^= 1;
+    assert_eq!(g.on_challenge(&h, &other), ProbeAnswer::NotOurs);
+    assert_eq!(g.on_challenge(&h, &p), ProbeAnswer::SameGeneration);
+    assert_eq!(
+        g.on_challenge(&h, &p),
+        ProbeAnswer::NotOurs,
+        "answered once"
+    );
+    // A restarted switch (another generation) answers the next probe.
+    let mut restarted = JobTable::new(TableConfig::new(GEN ^ 0xff, [0x43; 32]), t0());
+    restarted.add(config(1, 4, 8), 1000).unwrap();
+    let later = now + Duration::from_millis(250);
+    assert_eq!(g.probe(later, nonce), Some(nonce));
+    let (h, p) = ask(&mut restarted);
+    assert_eq!(
+        g.on_challenge(&h, &p),
+        ProbeAnswer::Restarted { gen: GEN ^ 0xff }
+    );
+    // A switch without the job refuses the probe: NACK 1 echoing its nonce.
+    let mut empty = table();
+    g.probe(later + Duration::from_millis(250), nonce);
+    empty.handle(&b[..n], endpoint(0), false, now);
+    let out = drain_raw(&mut empty);
+    let nack = NackPayload::parse(&out[0].2).unwrap();
+    assert_eq!(nack.reason, NackReason::UnknownJob);
+    assert_eq!(nack.tag, [0; 16]);
+    assert!(g.nack_is_authentic(&out[0].0, &nack));
+}
+
+/// What a job keeps per rank (membership, last session, accepted serial)
+/// fits the n × 128 bytes `JobConfig::pool_bytes` charges for it.
+#[test]
+fn per_rank_state_fits_what_the_budget_charges() {
+    let per_rank = super::job::per_rank_bytes();
+    assert!(per_rank <= 128, "{per_rank} bytes per rank");
+}

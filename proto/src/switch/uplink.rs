@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::handshake::{Handshake, JoinParams};
+use crate::handshake::{Handshake, JoinParams, ProbeAnswer, SessionGuard};
 use crate::wire::{
     flags, HeaderRepr, JoinAckPayload, NackPayload, NackReason, Nonce, SpineRefusal,
-    SpineSessionState, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
+    SpineSessionState, UpstreamWaitPayload, DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
@@ -52,6 +52,17 @@ pub const SPINE_SILENT_AFTER: Duration = Duration::from_secs(2);
 /// How long a leaf waits before asking a spine that refused it again (the
 /// operator may fix the declaration meanwhile; no tight refusal loop).
 pub const REFUSED_RETRY: Duration = Duration::from_secs(1);
+
+/// What a spine's NACK did to the leaf.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct SpineNack {
+    /// It answered us: the session changed (rejoin or refused).
+    pub ours: bool,
+    /// A refusal not seen before (to be logged).
+    pub refused: Option<SpineRefusal>,
+    /// Unauthenticated: send the spine a probe now.
+    pub probe: bool,
+}
 
 /// A spine's address: its aggregation address and UDP port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +149,12 @@ pub struct SpineSession {
     pub hs: Handshake,
     /// Generation the spine announced in its JOIN_ACK (None: not joined).
     pub joined_gen: Option<u32>,
+    /// The session the accepted JOIN made (set with `joined_gen`): what the
+    /// spine's NACKs must be tagged under, and the probe after an
+    /// unauthenticated one (docs/PROTOCOL.md, "Sessions").
+    pub guard: Option<SessionGuard>,
+    /// Probes so far (a counter in the probe's nonce).
+    probes: u64,
     /// Window the spine allows, and the RTT to it.
     pub window: u16,
     pub rtt: RttEstimator,
@@ -215,6 +232,8 @@ impl Uplink {
                 )
                 .as_leaf(),
                 joined_gen: None,
+                guard: None,
+                probes: 0,
                 window: 1,
                 rtt: RttEstimator::new(&transport),
                 join_due: None,
@@ -260,6 +279,7 @@ impl Uplink {
         s.attempts = attempt;
         s.hs.restart(nonce);
         s.joined_gen = None;
+        s.guard = None;
         s.join_due = Some(now);
     }
 
@@ -277,6 +297,25 @@ impl Uplink {
         s.join_due = Some(now + REFUSED_RETRY);
         s.counters.refusals += 1;
         (s.refused.replace(why) != Some(why)).then_some(why)
+    }
+
+    /// Whether to probe spine `spine` now (at most one per
+    /// [`crate::handshake::PROBE_EVERY`]); if so its guard holds the probe's
+    /// nonce, which [`ReplyMsg::UpProbe`] sends.
+    fn want_probe(&mut self, job: u16, spine: usize, now: Instant) -> bool {
+        let n = self.spines[spine].probes + 1;
+        // Apart from the hello nonces' counter space (top bit set).
+        let nonce = self.hello_nonce(job, spine, n | 1 << 63);
+        let s = &mut self.spines[spine];
+        let Some(g) = s.guard.as_mut() else {
+            return false;
+        };
+        if g.probe(now, nonce).is_none() {
+            return false;
+        }
+        s.probes = n;
+        s.counters.probes_sent += 1;
+        true
     }
 
     /// Whether every spine has answered our JOIN.
@@ -298,6 +337,12 @@ impl Job {
     /// The leaf's spine sessions, if this job is a leaf of a tree.
     pub fn uplink(&self) -> Option<&Uplink> {
         self.uplink.as_ref()
+    }
+
+    /// The generation of the leaf's session with spine `spine` (None: not
+    /// joined).
+    pub fn spine_gen(&self, spine: usize) -> Option<u32> {
+        self.uplink.as_ref()?.spines.get(spine)?.joined_gen
     }
 
     /// The partial of `seq` awaiting its spine, with its values.
@@ -388,9 +433,23 @@ impl Job {
         payload: &[u8],
         now: Instant,
     ) -> bool {
-        let Some(s) = self.uplink.as_mut().map(|u| &mut u.spines[spine]) else {
+        let id = self.config.id;
+        let Some(u) = self.uplink.as_mut() else {
             return false;
         };
+        let s = &mut u.spines[spine];
+        if let (Some(_), Some(g)) = (s.joined_gen, s.guard.as_mut()) {
+            // An answer to our probe, perhaps (docs/PROTOCOL.md, "Sessions").
+            match g.on_challenge(hdr, payload) {
+                ProbeAnswer::NotOurs => {}
+                ProbeAnswer::SameGeneration => s.counters.spoofed_triggers += 1,
+                ProbeAnswer::Restarted { .. } => {
+                    s.counters.probed_restarts += 1;
+                    u.start_join(id, spine, now);
+                }
+            }
+            return false;
+        }
         // Only the first CHALLENGE of an attempt: a copy of the HELLO gets a
         // second one with an older or newer nonce, and switching nonces after
         // the JOIN went out would make every resend a replay.
@@ -428,6 +487,7 @@ impl Job {
         let s = &mut u.spines[spine];
         s.refused = None;
         s.joined_gen = Some(hdr.gen);
+        s.guard = s.hs.session();
         s.window = hdr.window.max(1);
         s.join_due = None;
         let k = u.cfg.k().max(1) as usize;
@@ -439,40 +499,70 @@ impl Job {
         None
     }
 
-    /// A NACK from spine `spine` that answers us: join it again now (it
-    /// restarted, went back to joining, or our nonce aged), or, when it
-    /// refuses the leaf, in [`REFUSED_RETRY`]. Returns whether it was ours,
-    /// and a refusal not seen before (to be logged).
+    /// A NACK from spine `spine` (`header`: its header bytes as received).
+    /// One that answers us (it echoes our HELLO's or JOIN's nonce, or, once
+    /// joined, the probe's, or its tag verifies under our session with the
+    /// spine) makes us join it again now (it restarted, went back to
+    /// joining, or our nonce aged), or, when it refuses the leaf, in
+    /// [`REFUSED_RETRY`]. Any other is ignored and counted; once joined, it
+    /// makes us probe. Returns what it did ([`SpineNack`]).
     pub(super) fn on_spine_nack(
         &mut self,
         spine: usize,
+        header: &[u8; HEADER_LEN],
         nack: &NackPayload,
         now: Instant,
-    ) -> (bool, Option<SpineRefusal>) {
+    ) -> SpineNack {
         let id = self.config.id;
         let Some(u) = self.uplink.as_mut() else {
-            return (false, None);
+            return SpineNack::default();
         };
-        let s = &u.spines[spine];
+        let s = &mut u.spines[spine];
+        let joined = s.joined_gen.is_some();
         let ours = s.hs.nack_is_ours(nack)
-            || (s.joined_gen.is_some() && nack.echo == [0; crate::wire::NONCE_LEN]);
+            || (joined
+                && s.guard
+                    .as_ref()
+                    .is_some_and(|g| g.nack_is_authentic(header, nack)));
         if !ours {
-            return (false, None);
+            s.counters.unauthenticated += 1;
+            return SpineNack {
+                probe: joined && u.want_probe(id, spine, now),
+                ..SpineNack::default()
+            };
         }
-        match nack.reason {
+        let refused = match nack.reason {
             NackReason::UnknownJob
             | NackReason::BadSecret
             | NackReason::SourceNotAllowed
             | NackReason::RankOutOfRange
-            | NackReason::ParametersDiffer => (
-                true,
-                u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now),
-            ),
+            | NackReason::ParametersDiffer => {
+                u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now)
+            }
             _ => {
                 u.start_join(id, spine, now);
-                (true, None)
+                None
             }
+        };
+        SpineNack {
+            ours: true,
+            refused,
+            probe: false,
         }
+    }
+
+    /// A RESULT from spine `spine` under a generation that is not our
+    /// session's: not trusted to reset anything; counted, and, once joined,
+    /// a probe. Returns whether to send the probe now.
+    pub(super) fn on_foreign_spine_result(&mut self, spine: usize, now: Instant) -> bool {
+        let id = self.config.id;
+        self.drops.bump(DropReason::StaleGeneration);
+        let Some(u) = self.uplink.as_mut() else {
+            return false;
+        };
+        let s = &mut u.spines[spine];
+        s.counters.unauthenticated += 1;
+        s.joined_gen.is_some() && u.want_probe(id, spine, now)
     }
 
     /// The spine's RESULT for spine seq `hdr.seq` (`ce`: its IP header said
@@ -487,6 +577,7 @@ impl Job {
     ) -> Option<u32> {
         let u = self.uplink.as_mut()?;
         if u.spines[spine].joined_gen != Some(hdr.gen) {
+            // The caller checked: only a RESULT of an unjoined spine.
             self.drops.bump(DropReason::StaleGeneration);
             return None;
         }
