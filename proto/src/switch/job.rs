@@ -16,8 +16,21 @@
 //!   "Joining"). A copy of the accepted JOIN changes nothing (an active job
 //!   answers it with the JOIN_ACK again, to the member's recorded address);
 //!   an older one is a replay: counted, unanswered.
-//! * DATA is bound to the member's source (MAC, IP, UDP port) recorded from
-//!   its JOIN; LEAVE carries a MAC over the accepted nonce.
+//! * A member is bound by its accepted JOIN to its source (MAC, IP, UDP
+//!   port) and to the switch port the JOIN arrived on. DATA, HEARTBEAT and
+//!   LEAVE for its rank from anything else are dropped and counted
+//!   (`source_mismatch`, or `wrong_port` when only the switch port differs:
+//!   a spoofed frame from another host), never summed, never answered.
+//!   LEAVE carries a MAC over the accepted nonce.
+//! * The binding outlives a reset to joining (the rank's last accepted JOIN
+//!   under this generation), so that only the member itself hears NACK 6.
+//!   A LEAVE spends the accepted nonce: a copy of that JOIN afterwards is a
+//!   replay, not a new membership.
+//! * Answers at the current generation never tell a member's address from
+//!   a stranger's: only the bound member (its source on its switch port)
+//!   is answered (HEARTBEAT, RESULT resend, NACK 6); everyone else gets
+//!   nothing. A wrong generation is answered the same way (NACK 7) for any
+//!   source inside the prefixes, member or not.
 
 use std::time::Instant;
 
@@ -28,7 +41,7 @@ use crate::wire::{
     Nonce, OP_SUM,
 };
 
-use super::config::{Endpoint, JobConfig, JobConfigError, Source};
+use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::slot_pool::{Aggregation, SlotPool, Taken};
 use super::uplink::Uplink;
@@ -58,6 +71,14 @@ struct Member {
     /// The nonce of the JOIN accepted for this membership (LEAVE's MAC
     /// covers it).
     nonce: Nonce,
+    left: bool,
+}
+
+/// The rank's last accepted JOIN under this generation: where it is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Bound {
+    endpoint: Endpoint,
+    /// Its LEAVE verified: the accepted nonce is spent.
     left: bool,
 }
 
@@ -132,6 +153,8 @@ pub struct Job {
     /// Per rank, the serial of the newest nonce accepted from it (never
     /// reset while the job exists: replays stay replays).
     accepted_serial: Vec<u64>,
+    /// Per rank, where its last accepted JOIN bound it (kept across resets).
+    bound: Vec<Option<Bound>>,
     /// Nonces issued before the job was declared are replays.
     min_serial: u64,
     joined: u16,
@@ -193,11 +216,15 @@ impl Job {
         members.try_reserve_exact(n).map_err(|_| oom.clone())?;
         members.resize(n, None);
         let mut accepted_serial = Vec::new();
-        accepted_serial.try_reserve_exact(n).map_err(|_| oom)?;
+        accepted_serial.try_reserve_exact(n).map_err(|_| oom.clone())?;
         accepted_serial.resize(n, 0);
+        let mut bound = Vec::new();
+        bound.try_reserve_exact(n).map_err(|_| oom)?;
+        bound.resize(n, None);
         Ok(Job {
             members,
             accepted_serial,
+            bound,
             min_serial,
             window: config.window.min(config.pool_slots),
             state: JobState::Joining,
@@ -406,7 +433,12 @@ impl Job {
         }
         let rank = hdr.rank as usize;
         let accepted = self.accepted_serial[rank];
-        if serial < accepted || serial < self.min_serial {
+        // A nonce older than the rank's accepted one, or its accepted one
+        // after a LEAVE ended that membership (without this, a copy replayed
+        // within the nonce lifetime after every rank left would make a
+        // member nobody is behind).
+        let spent = serial == accepted && self.bound[rank].is_some_and(|b| b.left);
+        if serial < accepted || serial < self.min_serial || spent {
             return JoinOutcome::Replayed;
         }
         let recorded = self.members[rank].filter(|m| m.nonce == join.nonce);
@@ -426,6 +458,10 @@ impl Job {
             return JoinOutcome::Nack(NackReason::StaleNonce);
         }
         self.accepted_serial[rank] = serial;
+        self.bound[rank] = Some(Bound {
+            endpoint: from,
+            left: false,
+        });
         let member = Member {
             endpoint: from,
             resume_collective: hdr.collective,
@@ -436,10 +472,11 @@ impl Job {
         if self.state == JobState::Active {
             if let Some(m) = &mut self.members[rank] {
                 let same_place = (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq);
-                if m.endpoint.source == src && !m.left && same_place {
+                if same_binding(&m.endpoint, &from) && !m.left && same_place {
                     // A fresh handshake asking for what it has: keep the
                     // job, remember the newer nonce (LEAVE's MAC uses it).
                     m.nonce = join.nonce;
+                    m.endpoint = from;
                     return JoinOutcome::AckAgain;
                 }
             }
@@ -448,7 +485,7 @@ impl Job {
             // incarnation contributed stands. It keeps its place when every
             // chunk from its resume point is still answerable.
             if hdr.has_flag(flags::UPSTREAM)
-                && self.members[rank].is_some_and(|m| m.endpoint.source == src && !m.left)
+                && self.members[rank].is_some_and(|m| same_binding(&m.endpoint, &from) && !m.left)
                 && self.serves_from(hdr.seq)
             {
                 self.counters.rejoins_in_place += 1;
@@ -508,12 +545,15 @@ impl Job {
             self.drops.bump(DropReason::RankOutOfRange);
             return Some(DropReason::RankOutOfRange);
         };
-        let why = if m.endpoint.source != from.source {
-            Some(DropReason::SourceMismatch)
+        let why = if let Some(r) = binding_mismatch(&m.endpoint, from) {
+            Some(r)
         } else if !auth::verify_leave(&secret, hdr.job, hdr.rank, gen, &m.nonce, &leave.mac) {
             Some(DropReason::Unauthenticated)
         } else {
             m.left = true;
+            if let Some(b) = &mut self.bound[hdr.rank as usize] {
+                b.left = true;
+            }
             None
         };
         match why {
@@ -524,9 +564,36 @@ impl Job {
         why
     }
 
-    /// Whether a HEARTBEAT from `from` for `rank` is from an active member.
-    pub fn heartbeat_from_member(&self, rank: u16, from: &Source) -> bool {
-        self.state == JobState::Active && self.member(rank).is_some_and(|e| e.source == *from)
+    /// The stranger rule for DATA and HEARTBEAT (module docs): `None` when
+    /// the message is from the rank's bound member at the switch's
+    /// generation and the job is active (go on); else what to do, counted.
+    /// Only the bound member hears NACK 6; NACK 7 goes to any source inside
+    /// the prefixes, so its answer tells nothing about membership.
+    pub fn admit(&mut self, hdr: &HeaderRepr, from: &Endpoint, gen: u32) -> Option<DataOutcome> {
+        let allowed = self.source_allowed(from.source.ip);
+        if hdr.gen != gen {
+            return Some(if allowed {
+                self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration)
+            } else {
+                self.drop(DropReason::SourceNotAllowed)
+            });
+        }
+        let Some(bound) = self.bound.get(hdr.rank as usize) else {
+            return Some(self.drop(DropReason::RankOutOfRange));
+        };
+        let mismatch = match bound {
+            Some(b) => binding_mismatch(&b.endpoint, from),
+            None if !allowed => Some(DropReason::SourceNotAllowed),
+            None if self.state == JobState::Active => Some(DropReason::SourceMismatch),
+            None => Some(DropReason::NotActive),
+        };
+        if let Some(r) = mismatch {
+            return Some(self.drop(r));
+        }
+        if self.state != JobState::Active {
+            return Some(self.nack(DropReason::NotActive, NackReason::JobNotActive));
+        }
+        None
     }
 
     /// Takes one DATA. `values` are the payload bytes ([`HeaderRepr::parse`]
@@ -536,27 +603,12 @@ impl Job {
         &mut self,
         hdr: &HeaderRepr,
         values: &[u8],
-        from: &Source,
+        from: &Endpoint,
         ce: bool,
         gen: u32,
     ) -> DataOutcome {
-        if hdr.gen != gen {
-            if self.source_allowed(from.ip) {
-                return self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration);
-            }
-            return self.drop(DropReason::SourceNotAllowed);
-        }
-        if self.state != JobState::Active {
-            if self.source_allowed(from.ip) {
-                return self.nack(DropReason::NotActive, NackReason::JobNotActive);
-            }
-            return self.drop(DropReason::SourceNotAllowed);
-        }
-        let Some(Some(member)) = self.members.get(hdr.rank as usize) else {
-            return self.drop(DropReason::RankOutOfRange);
-        };
-        if member.endpoint.source != *from {
-            return self.drop(DropReason::SourceMismatch);
+        if let Some(out) = self.admit(hdr, from, gen) {
+            return out;
         }
         if hdr.count > self.config.elems_per_chunk {
             return self.drop(DropReason::CountMismatch);
@@ -681,5 +733,22 @@ impl Job {
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
         }
+    }
+}
+
+/// Whether `from` is where `bound` was bound: the same source on the same
+/// switch port.
+fn same_binding(bound: &Endpoint, from: &Endpoint) -> bool {
+    bound.source == from.source && bound.port_idx == from.port_idx
+}
+
+/// Why a message from `from` is not from the member bound at `bound`.
+fn binding_mismatch(bound: &Endpoint, from: &Endpoint) -> Option<DropReason> {
+    if bound.source != from.source {
+        Some(DropReason::SourceMismatch)
+    } else if bound.port_idx != from.port_idx {
+        Some(DropReason::WrongPort)
+    } else {
+        None
     }
 }
