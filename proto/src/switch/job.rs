@@ -216,7 +216,9 @@ impl Job {
         members.try_reserve_exact(n).map_err(|_| oom.clone())?;
         members.resize(n, None);
         let mut accepted_serial = Vec::new();
-        accepted_serial.try_reserve_exact(n).map_err(|_| oom.clone())?;
+        accepted_serial
+            .try_reserve_exact(n)
+            .map_err(|_| oom.clone())?;
         accepted_serial.resize(n, 0);
         let mut bound = Vec::new();
         bound.try_reserve_exact(n).map_err(|_| oom)?;

@@ -46,8 +46,8 @@
 pub mod config;
 pub mod counters;
 pub mod job;
-pub mod reply;
 pub mod ratelimit;
+pub mod reply;
 pub mod slot_pool;
 pub mod uplink;
 

@@ -811,3 +811,4 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
 }
 
 mod dtypes;
+mod portbind;
