@@ -27,7 +27,11 @@ fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("running tests/attack_port.py");
-    assert!(out.status.success(), "attack_port.py {args:?}: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "attack_port.py {args:?}: {}",
+        text(&out)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .last()
@@ -51,11 +55,7 @@ fn mac_of(ns: &str, dev: &str) -> String {
 /// local port of its one UDP socket.
 fn worker_source(tb: &Testbed, rank: u16) -> String {
     let ns = tb.worker_ns(rank);
-    let out = tb
-        .cmd_in(&ns, "ss")
-        .args(["-Huan"])
-        .output()
-        .expect("ss");
+    let out = tb.cmd_in(&ns, "ss").args(["-Huan"]).output().expect("ss");
     let ss = String::from_utf8_lossy(&out.stdout);
     let port = ss
         .lines()
@@ -67,7 +67,10 @@ fn worker_source(tb: &Testbed, rank: u16) -> String {
 }
 
 fn switch_dest(tb: &Testbed) -> String {
-    format!("{},{SWITCH_ADDR},{AGG_PORT}", mac_of(&tb.switch_ns(), "br0"))
+    format!(
+        "{},{SWITCH_ADDR},{AGG_PORT}",
+        mac_of(&tb.switch_ns(), "br0")
+    )
 }
 
 fn hex(b: &[u8]) -> String {
@@ -103,7 +106,7 @@ fn port_spoofed_data_is_never_summed() {
     let workers: Vec<Child> = (0..4)
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 4_000_000, 40))
         .collect();
-    sw.wait_stats(30, "job active", |s| job(s, 1)["state"] == "active");
+    sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     let before = sw.stats();
     let gen = before["generation"].as_u64().unwrap() as u32;
     let floor = job(&before, 1)["floor_seq"].as_u64().unwrap() as u32;
@@ -148,6 +151,7 @@ fn port_spoofed_data_is_never_summed() {
     let shown = text(&sw.switchctl(&["stats", "1"]));
     let after = stop_clean(&tb, &mut sw);
     let rose = drop_count(&after, "wrong_port") - drop_count(&before, "wrong_port");
+    eprintln!("spoofed DATA: {sent} sent, wrong_port rose by {rose}");
     assert!(
         rose > 0 && rose <= sent,
         "wrong_port rose by {rose} for {sent} spoofed DATA: {after}"
@@ -170,7 +174,7 @@ fn probing_heartbeats_tell_members_from_strangers_nothing() {
     let workers: Vec<Child> = (0..4)
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 4_000_000, 60))
         .collect();
-    sw.wait_stats(30, "job active", |s| job(s, 1)["state"] == "active");
+    sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     let gen = sw.stats()["generation"].as_u64().unwrap() as u32;
     let member = worker_source(&tb, 1);
     // Inside the job's prefixes, no member.
@@ -225,6 +229,7 @@ fn probing_heartbeats_tell_members_from_strangers_nothing() {
     let answered = probe(&stranger, wrong, flood).len() as u64;
     std::thread::sleep(Duration::from_millis(1200));
     let limited = sw.stats()["nack_rate_limited"].as_u64().unwrap_or(0) - limited_before;
+    eprintln!("{flood} probing HEARTBEATs: {answered} NACKs came back, {limited} rate-limited");
     assert!(
         answered < 400 && limited > 0 && answered + limited <= flood as u64,
         "{answered} NACKs sent and {limited} limited for {flood} HEARTBEATs"
