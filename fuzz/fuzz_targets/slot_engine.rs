@@ -22,13 +22,19 @@
 //!   not fix NaN payloads through arithmetic). A completed seq's RESULT goes
 //!   to every member once, in rank order; a `Retransmit` goes to the sender
 //!   alone, flagged RETX.
-//! * DATA is taken (`Taken`/`Completed`) only from the source recorded for
-//!   its rank, for a rank below n_workers, while the job is active.
+//! * DATA is taken (`Taken`/`Completed`) only from the source and switch
+//!   port recorded for its rank, for a rank below n_workers, while the job
+//!   is active. DATA and HEARTBEAT follow the stranger rule: a wrong
+//!   generation gets NACK 7 from any source in the prefixes; at the current
+//!   generation only the rank's bound member (kept across resets) is
+//!   answered (NACK 6 while joining), anyone else is dropped unanswered.
+//! * A HELLO or a NACK over its per-source rate is not answered and is
+//!   counted once (`hello_rate_limited`, `nack_rate_limited`).
 //! * JOIN verdicts match a model of the handshake (docs/PROTOCOL.md,
 //!   "Joining"): every check in order (source, generation, rank, parameters,
 //!   nonce issued to that job, rank and address, MAC), then replay (a nonce
-//!   older than the rank's accepted one, or issued before the job was
-//!   declared, is `Replayed`), repeat (a copy of the accepted JOIN), nonce
+//!   older than the rank's accepted one, its accepted one after the rank's
+//!   LEAVE, or one issued before the job was declared, is `Replayed`), repeat (a copy of the accepted JOIN), nonce
 //!   lifetime. So a flipped MAC bit, a tampered resume point or a wrong
 //!   secret is NACK 2, another rank's nonce, a spoofed source, a never-issued
 //!   or an expired nonce is NACK 9, a replay of an older nonce is `Replayed`,
