@@ -572,9 +572,10 @@ impl Job {
     /// Only the bound member hears NACK 6; NACK 7 goes to any source inside
     /// the prefixes, so its answer tells nothing about membership.
     pub fn admit(&mut self, hdr: &HeaderRepr, from: &Endpoint, gen: u32) -> Option<DataOutcome> {
-        let allowed = self.source_allowed(from.source.ip);
+        // The prefixes are looked at only off the fast path (a job may
+        // list 256 of them).
         if hdr.gen != gen {
-            return Some(if allowed {
+            return Some(if self.source_allowed(from.source.ip) {
                 self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration)
             } else {
                 self.drop(DropReason::SourceNotAllowed)
@@ -585,7 +586,7 @@ impl Job {
         };
         let mismatch = match bound {
             Some(b) => binding_mismatch(&b.endpoint, from),
-            None if !allowed => Some(DropReason::SourceNotAllowed),
+            None if !self.source_allowed(from.source.ip) => Some(DropReason::SourceNotAllowed),
             None if self.state == JobState::Active => Some(DropReason::SourceMismatch),
             None => Some(DropReason::NotActive),
         };
