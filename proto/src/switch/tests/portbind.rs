@@ -413,3 +413,23 @@ fn an_unended_join_still_counts_after_a_reset() {
         Verdict::Join(JoinOutcome::Activated)
     );
 }
+
+#[test]
+fn version_1_refusals_are_limited_like_nacks() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let mut v1 = vec![0u8; HEADER_LEN + 36];
+    v1[0] = 0x13;
+    v1[3] = 5;
+    let burst = NACK_LIMIT.burst as usize;
+    for _ in 0..burst + 7 {
+        t.handle(&v1, endpoint(0), false, t0());
+    }
+    let mut sent = 0;
+    while t.poll_reply().is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, burst);
+    assert_eq!(t.counters.version_refused, (burst + 7) as u64);
+    assert_eq!(t.counters.nack_rate_limited, 7);
+}
