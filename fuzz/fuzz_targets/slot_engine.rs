@@ -23,13 +23,19 @@
 //!   not fix NaN payloads through arithmetic). A completed seq's RESULT goes
 //!   to every member once, in rank order; a `Retransmit` goes to the sender
 //!   alone, flagged RETX.
-//! * DATA is taken (`Taken`/`Completed`) only from the source recorded for
-//!   its rank, for a rank below n_workers, while the job is active.
+//! * DATA is taken (`Taken`/`Completed`) only from the source and switch
+//!   port recorded for its rank, for a rank below n_workers, while the job
+//!   is active. DATA and HEARTBEAT follow the stranger rule: a wrong
+//!   generation gets NACK 7 from any source in the prefixes; at the current
+//!   generation only the rank's bound member (kept across resets) is
+//!   answered (NACK 6 while joining), anyone else is dropped unanswered.
+//! * A HELLO or a NACK over its per-source rate is not answered and is
+//!   counted once (`hello_rate_limited`, `nack_rate_limited`).
 //! * JOIN verdicts match a model of the handshake (docs/PROTOCOL.md,
 //!   "Joining"): every check in order (source, generation, rank, parameters,
 //!   nonce issued to that job, rank and address, MAC), then replay (a nonce
-//!   older than the rank's accepted one, or issued before the job was
-//!   declared, is `Replayed`), repeat (a copy of the accepted JOIN), nonce
+//!   older than the rank's accepted one, its accepted one after the rank's
+//!   LEAVE, or one issued before the job was declared, is `Replayed`), repeat (a copy of the accepted JOIN), nonce
 //!   lifetime. So a flipped MAC bit, a tampered resume point or a wrong
 //!   secret is NACK 2, another rank's nonce, a spoofed source, a never-issued
 //!   or an expired nonce is NACK 9, a replay of an older nonce is `Replayed`,
@@ -413,6 +419,9 @@ struct JobModel {
     members: Vec<Option<MemberModel>>,
     /// Per rank, the issue index of the newest nonce accepted.
     accepted: Vec<Option<u64>>,
+    /// Per rank, the source its last accepted JOIN bound it to, and whether
+    /// its LEAVE spent that JOIN's nonce (kept across resets).
+    bound: Vec<Option<(u8, bool)>>,
 }
 
 impl JobModel {
@@ -425,6 +434,7 @@ impl JobModel {
             active: false,
             members: vec![None; n],
             accepted: vec![None; n],
+            bound: vec![None; n],
         }
     }
 
@@ -758,7 +768,8 @@ impl Harness {
             return nack(NackReason::BadSecret);
         }
         let r = hdr.rank as usize;
-        if m.accepted[r].is_some_and(|a| iss.index < a) || iss.index < m.declared_at {
+        let spent = m.accepted[r] == Some(iss.index) && m.bound[r].is_some_and(|b| b.1);
+        if m.accepted[r].is_some_and(|a| iss.index < a) || iss.index < m.declared_at || spent {
             return Expect::exact(Verdict::Join(JoinOutcome::Replayed));
         }
         let recorded = m.members[r]
@@ -825,6 +836,36 @@ impl Harness {
         })
     }
 
+    /// The stranger rule for DATA and HEARTBEAT: `None` when the message
+    /// is from the rank's bound member at the switch's generation and the
+    /// job is active; else its NACK (7 to any source in the prefixes, 6
+    /// only to the bound member) or its drop.
+    fn admit(&self, m: &JobModel, hdr: &HeaderRepr, from: &Endpoint) -> Option<DataOutcome> {
+        let ok = allowed(&m.config, from.source.ip);
+        if hdr.gen != self.gen() {
+            return Some(if ok {
+                DataOutcome::Nack(NackReason::StaleGeneration)
+            } else {
+                DataOutcome::Dropped(DropReason::SourceNotAllowed)
+            });
+        }
+        let Some(bound) = m.bound.get(hdr.rank as usize) else {
+            return Some(DataOutcome::Dropped(DropReason::RankOutOfRange));
+        };
+        let mismatch = match bound {
+            Some((b, _)) if source(*b) != from.source => Some(DropReason::SourceMismatch),
+            Some((b, _)) if endpoint(*b).port_idx != from.port_idx => Some(DropReason::WrongPort),
+            Some(_) => None,
+            None if !ok => Some(DropReason::SourceNotAllowed),
+            None if m.active => Some(DropReason::SourceMismatch),
+            None => Some(DropReason::NotActive),
+        };
+        if let Some(d) = mismatch {
+            return Some(DataOutcome::Dropped(d));
+        }
+        (!m.active).then_some(DataOutcome::Nack(NackReason::JobNotActive))
+    }
+
     /// What a parsed message should get.
     fn expect(&self, hdr: &HeaderRepr, payload: &[u8], from: &Endpoint) -> Expect {
         let src = from.source;
@@ -878,35 +919,15 @@ impl Harness {
                     },
                 }
             }
-            MsgType::Heartbeat => Expect::exact(
-                if m.active && member.is_some_and(|mm| source(mm.src) == src) {
-                    Verdict::Heartbeat { seq: hdr.seq }
-                } else if !allowed(c, src.ip) {
-                    Verdict::Dropped(Some(DropReason::SourceNotAllowed))
-                } else if hdr.gen != self.gen() {
-                    Verdict::Data(DataOutcome::Nack(NackReason::StaleGeneration))
-                } else {
-                    Verdict::Data(DataOutcome::Nack(NackReason::JobNotActive))
-                },
-            ),
+            MsgType::Heartbeat => Expect::exact(match self.admit(m, hdr, from) {
+                None => Verdict::Heartbeat { seq: hdr.seq },
+                Some(DataOutcome::Dropped(d)) => Verdict::Dropped(Some(d)),
+                Some(out) => Verdict::Data(out),
+            }),
             MsgType::Data => {
-                let ok = allowed(c, src.ip);
-                let refused = |d, n| {
-                    Verdict::Data(if ok {
-                        DataOutcome::Nack(n)
-                    } else {
-                        DataOutcome::Dropped(d)
-                    })
-                };
                 let drop = |d| Verdict::Data(DataOutcome::Dropped(d));
-                let v = if hdr.gen != self.gen() {
-                    refused(DropReason::SourceNotAllowed, NackReason::StaleGeneration)
-                } else if !m.active {
-                    refused(DropReason::SourceNotAllowed, NackReason::JobNotActive)
-                } else if member.is_none() {
-                    drop(DropReason::RankOutOfRange)
-                } else if member.is_some_and(|mm| source(mm.src) != src) {
-                    drop(DropReason::SourceMismatch)
+                let v = if let Some(out) = self.admit(m, hdr, from) {
+                    Verdict::Data(out)
                 } else if hdr.count > c.elems_per_chunk {
                     drop(DropReason::CountMismatch)
                 } else {
@@ -935,13 +956,33 @@ impl Harness {
             .jobs()
             .map(|j| (j.id(), j.counters.clone()))
             .collect();
-        let expect = match &parsed {
+        let mut expect = match &parsed {
             Ok(h) => self.expect(h, &bytes[HEADER_LEN..], &from),
             Err(e) => Expect::exact(Verdict::Malformed(*e)),
         };
         let now = self.now();
         let refusals_before = *self.table.refusals();
+        let limited_before = (
+            self.table.counters.hello_rate_limited,
+            self.table.counters.nack_rate_limited,
+        );
         let v = self.table.handle(bytes, from, ce, now);
+        // Rate limits (per address and switch port, keyed buckets the
+        // model cannot see): a HELLO of a declared job may be dropped, and
+        // any NACK may go unsent, each counted once.
+        let hello_limited = self.table.counters.hello_rate_limited - limited_before.0;
+        let nack_limited = self.table.counters.nack_rate_limited - limited_before.1;
+        assert!(hello_limited <= 1 && nack_limited <= 1);
+        if v == Verdict::RateLimited {
+            assert_eq!(hello_limited, 1, "RateLimited not counted");
+            assert!(
+                matches!(&parsed, Ok(h) if h.msg_type == MsgType::Hello && self.models.contains_key(&h.job)),
+                "{parsed:?} rate-limited"
+            );
+            expect = Expect::exact(Verdict::RateLimited);
+        } else {
+            assert_eq!(hello_limited, 0, "{v:?} counted as a rate-limited HELLO");
+        }
         if let Some(want) = expect.verdict {
             assert_eq!(
                 v, want,
@@ -955,7 +996,7 @@ impl Harness {
             self.check_counters(h, v, expect, cb);
         }
         let outs = self.drain();
-        self.check_replies(hdr.as_ref(), bytes, &from, v, &outs);
+        self.check_replies(hdr.as_ref(), bytes, &from, v, &outs, nack_limited == 1);
         self.check_log(hdr.as_ref(), bytes, &from, v, &refusals_before);
         self.check_model();
         (v, outs)
@@ -981,6 +1022,7 @@ impl Harness {
                 let m = self.models.get_mut(&h.job).unwrap();
                 let r = h.rank as usize;
                 m.accepted[r] = Some(index);
+                m.bound[r] = Some((src_idx, false));
                 if out == JoinOutcome::AckAgain {
                     // Same source and resume point: only the nonce changes.
                     m.members[r].as_mut().unwrap().nonce = join.nonce;
@@ -1015,6 +1057,9 @@ impl Harness {
                 let h = hdr.unwrap();
                 let m = self.models.get_mut(&h.job).unwrap();
                 m.members[h.rank as usize].as_mut().unwrap().left = true;
+                if let Some(b) = &mut m.bound[h.rank as usize] {
+                    b.1 = true;
+                }
                 if m.members.iter().flatten().all(|mm| mm.left) {
                     m.reset();
                 } else {
@@ -1038,9 +1083,9 @@ impl Harness {
                     h.rank
                 );
                 assert_eq!(
-                    snap.members[h.rank as usize].map(|e| e.source),
-                    Some(src),
-                    "DATA for rank {} taken from a source that is not its recorded one",
+                    snap.members[h.rank as usize].map(|e| (e.source, e.port_idx)),
+                    Some((src, from.port_idx)),
+                    "DATA for rank {} taken from a source or switch port that is not its recorded one",
                     h.rank
                 );
                 let job = self.table.get(h.job).unwrap();
@@ -1330,9 +1375,25 @@ impl Harness {
         from: &Endpoint,
         v: Verdict,
         outs: &[Out],
+        nack_limited: bool,
     ) {
         for o in outs {
             self.check_reply(o);
+        }
+        if nack_limited {
+            // The NACK its verdict calls for was over its rate: nothing sent.
+            assert!(
+                matches!(
+                    v,
+                    Verdict::Malformed(_)
+                        | Verdict::NackUnknownJob
+                        | Verdict::Join(JoinOutcome::Nack(_))
+                        | Verdict::Data(DataOutcome::Nack(_))
+                ),
+                "{v:?} counted a rate-limited NACK"
+            );
+            assert!(outs.is_empty(), "a rate-limited NACK was sent");
+            return;
         }
         let kinds: Vec<ReplyMsg> = outs.iter().map(|o| o.reply.msg).collect();
         let one_to_sender = |what: &str| {
@@ -1423,12 +1484,14 @@ impl Harness {
             | Verdict::Data(DataOutcome::Taken | DataOutcome::Dropped(_))
             | Verdict::Data(DataOutcome::PartialReady { .. })
             | Verdict::Dropped(_)
+            | Verdict::RateLimited
             | Verdict::Noted => assert!(outs.is_empty(), "{v:?} answered with {kinds:?}"),
         }
         let refused = matches!(
             v,
             Verdict::Malformed(_)
                 | Verdict::Dropped(_)
+                | Verdict::RateLimited
                 | Verdict::NackUnknownJob
                 | Verdict::Join(JoinOutcome::Nack(_) | JoinOutcome::Replayed)
                 | Verdict::Data(DataOutcome::Nack(_) | DataOutcome::Dropped(_))

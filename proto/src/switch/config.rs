@@ -228,7 +228,7 @@ impl JobConfig {
         };
         let floats = slots * per_slot * e;
         let bitmaps = slots * 2 * n.div_ceil(64) * 8;
-        let members = n * 128;
+        let members = n * 192;
         floats * 4 + bitmaps + members + slots * 64
     }
 }

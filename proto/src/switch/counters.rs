@@ -91,7 +91,8 @@ pub enum DropReason {
     SourceMismatch,
     /// rank ≥ n_workers.
     RankOutOfRange,
-    /// Job is not active (answered with NACK 6 when the source is allowed).
+    /// Job is not active (answered with NACK 6 only at the rank's bound
+    /// member: its source and switch port).
     NotActive,
     /// `gen` is not the switch's (answered with NACK 7 when allowed).
     StaleGeneration,
@@ -105,10 +106,13 @@ pub enum DropReason {
     /// A DATA payload that is not `count` elements of the job's dtype (a
     /// worker of another element size).
     PayloadLength,
+    /// DATA, HEARTBEAT or LEAVE with a member's source (MAC, IP, UDP port)
+    /// that arrived on another switch port than its JOIN: spoofed.
+    WrongPort,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::Duplicate,
         DropReason::Stale,
@@ -124,6 +128,7 @@ impl DropReason {
         DropReason::UnexpectedType,
         DropReason::Unauthenticated,
         DropReason::PayloadLength,
+        DropReason::WrongPort,
     ];
 
     /// Stable name, for counters and metrics.
@@ -143,6 +148,7 @@ impl DropReason {
             DropReason::UnexpectedType => "unexpected_type",
             DropReason::Unauthenticated => "unauthenticated",
             DropReason::PayloadLength => "payload_length",
+            DropReason::WrongPort => "wrong_port",
         }
     }
 }
@@ -238,5 +244,11 @@ counter_schema! {
         reply_queue_full,
         /// Log events dropped because the event queue was full (counters stay exact).
         events_dropped,
+        /// HELLOs dropped unanswered: their source (address and switch port)
+        /// sent more than its rate allows.
+        hello_rate_limited,
+        /// NACKs not sent: their destination (address and switch port) was
+        /// sent more than its rate allows.
+        nack_rate_limited,
     }
 }

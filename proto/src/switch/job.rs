@@ -16,8 +16,21 @@
 //!   "Joining"). A copy of the accepted JOIN changes nothing (an active job
 //!   answers it with the JOIN_ACK again, to the member's recorded address);
 //!   an older one is a replay: counted, unanswered.
-//! * DATA is bound to the member's source (MAC, IP, UDP port) recorded from
-//!   its JOIN; LEAVE carries a MAC over the accepted nonce.
+//! * A member is bound by its accepted JOIN to its source (MAC, IP, UDP
+//!   port) and to the switch port the JOIN arrived on. DATA, HEARTBEAT and
+//!   LEAVE for its rank from anything else are dropped and counted
+//!   (`source_mismatch`, or `wrong_port` when only the switch port differs:
+//!   a spoofed frame from another host), never summed, never answered.
+//!   LEAVE carries a MAC over the accepted nonce.
+//! * The binding outlives a reset to joining (the rank's last accepted JOIN
+//!   under this generation), so that only the member itself hears NACK 6.
+//!   A LEAVE spends the accepted nonce: a copy of that JOIN afterwards is a
+//!   replay, not a new membership.
+//! * Answers at the current generation never tell a member's address from
+//!   a stranger's: only the bound member (its source on its switch port)
+//!   is answered (HEARTBEAT, RESULT resend, NACK 6); everyone else gets
+//!   nothing. A wrong generation is answered the same way (NACK 7) for any
+//!   source inside the prefixes, member or not.
 //! * Each rank's last session (source and session key of its last accepted
 //!   JOIN) outlives its membership, so a NACK 6 to a member of a job that
 //!   went back to joining is still authenticated (docs/PROTOCOL.md,
@@ -32,7 +45,7 @@ use crate::wire::{
     Nonce, OP_SUM,
 };
 
-use super::config::{Endpoint, JobConfig, JobConfigError, Source};
+use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::slot_pool::{Aggregation, SlotPool, Taken};
 use super::uplink::Uplink;
@@ -65,29 +78,34 @@ struct Member {
     left: bool,
 }
 
-/// A rank's last accepted JOIN, as far as the NACKs to it are concerned:
-/// where it came from and the session key it made.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct LastSession {
-    source: Source,
-    key: [u8; 32],
-}
-
-impl std::fmt::Debug for LastSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LastSession")
-            .field("source", &self.source)
-            .field("key", &"<redacted>")
-            .finish()
-    }
-}
-
 /// Bytes a job keeps per rank besides its pool (see [`JobConfig::pool_bytes`]).
 #[cfg(test)]
 pub(super) fn per_rank_bytes() -> usize {
     std::mem::size_of::<Option<Member>>()
-        + std::mem::size_of::<Option<LastSession>>()
         + std::mem::size_of::<u64>()
+        + std::mem::size_of::<Option<Bound>>()
+}
+
+/// The rank's last accepted JOIN under this generation: where it is bound
+/// (its source and the switch port the JOIN came in on) and the session key
+/// it made (docs/PROTOCOL.md, "Sessions"). Kept when the job goes back to
+/// joining, so only the member itself hears NACK 6, authenticated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Bound {
+    endpoint: Endpoint,
+    key: [u8; 32],
+    /// Its LEAVE verified: the accepted nonce is spent.
+    left: bool,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound")
+            .field("endpoint", &self.endpoint)
+            .field("key", &"<redacted>")
+            .field("left", &self.left)
+            .finish()
+    }
 }
 
 /// What to do after a JOIN.
@@ -158,13 +176,14 @@ pub struct Job {
     pub config: JobConfig,
     state: JobState,
     members: Vec<Option<Member>>,
-    /// Per rank, its last session (kept when the job goes back to joining).
-    /// With `members` and `accepted_serial`, under the n × 128 bytes per job
-    /// that [`JobConfig::pool_bytes`] charges for its ranks.
-    sessions: Vec<Option<LastSession>>,
     /// Per rank, the serial of the newest nonce accepted from it (never
     /// reset while the job exists: replays stay replays).
     accepted_serial: Vec<u64>,
+    /// Per rank, where its last accepted JOIN bound it and its session key
+    /// (kept across resets). With `members` and `accepted_serial`, under the
+    /// n × 192 bytes per job that [`JobConfig::pool_bytes`] charges for its
+    /// ranks.
+    bound: Vec<Option<Bound>>,
     /// Nonces issued before the job was declared are replays.
     min_serial: u64,
     joined: u16,
@@ -225,16 +244,18 @@ impl Job {
         let mut members = Vec::new();
         members.try_reserve_exact(n).map_err(|_| oom.clone())?;
         members.resize(n, None);
-        let mut sessions = Vec::new();
-        sessions.try_reserve_exact(n).map_err(|_| oom.clone())?;
-        sessions.resize(n, None);
         let mut accepted_serial = Vec::new();
-        accepted_serial.try_reserve_exact(n).map_err(|_| oom)?;
+        accepted_serial
+            .try_reserve_exact(n)
+            .map_err(|_| oom.clone())?;
         accepted_serial.resize(n, 0);
+        let mut bound = Vec::new();
+        bound.try_reserve_exact(n).map_err(|_| oom)?;
+        bound.resize(n, None);
         Ok(Job {
             members,
-            sessions,
             accepted_serial,
+            bound,
             min_serial,
             window: config.window.min(config.pool_slots),
             state: JobState::Joining,
@@ -303,22 +324,17 @@ impl Job {
     }
 
     /// The session key of `rank`'s last accepted JOIN, if `to` is exactly
-    /// the source that JOIN came from: what a NACK to `to` is tagged with
-    /// (docs/PROTOCOL.md, "Sessions"). Kept after the job went back to
-    /// joining, so a NACK 6 to a former member is authenticated too.
-    pub fn session_key_for(&self, rank: u16, to: &Source) -> Option<&[u8; 32]> {
-        self.sessions
+    /// the source and switch port that JOIN came from: what a NACK to `to`
+    /// is tagged with (docs/PROTOCOL.md, "Sessions"). Kept after the job
+    /// went back to joining, so a NACK 6 to a former member is authenticated
+    /// too; a host forging the member's address on another port gets the
+    /// untagged NACK a stranger gets.
+    pub fn session_key_for(&self, rank: u16, to: &Endpoint) -> Option<&[u8; 32]> {
+        self.bound
             .get(rank as usize)?
             .as_ref()
-            .filter(|s| s.source == *to)
-            .map(|s| &s.key)
-    }
-
-    fn record_session(&mut self, rank: u16, source: Source, gen: u32, nonce: &Nonce) {
-        let key = auth::session_key(&self.config.secret, self.config.id, rank, gen, nonce);
-        if let Some(s) = self.sessions.get_mut(rank as usize) {
-            *s = Some(LastSession { source, key });
-        }
+            .filter(|b| same_binding(&b.endpoint, to))
+            .map(|b| &b.key)
     }
 
     pub fn source_allowed(&self, ip: [u8; 4]) -> bool {
@@ -462,7 +478,12 @@ impl Job {
         }
         let rank = hdr.rank as usize;
         let accepted = self.accepted_serial[rank];
-        if serial < accepted || serial < self.min_serial {
+        // A nonce older than the rank's accepted one, or its accepted one
+        // after a LEAVE ended that membership (without this, a copy replayed
+        // within the nonce lifetime after every rank left would make a
+        // member nobody is behind).
+        let spent = serial == accepted && self.bound[rank].is_some_and(|b| b.left);
+        if serial < accepted || serial < self.min_serial || spent {
             return JoinOutcome::Replayed;
         }
         let recorded = self.members[rank].filter(|m| m.nonce == join.nonce);
@@ -482,7 +503,17 @@ impl Job {
             return JoinOutcome::Nack(NackReason::StaleNonce);
         }
         self.accepted_serial[rank] = serial;
-        self.record_session(hdr.rank, src, cx.gen, &join.nonce);
+        self.bound[rank] = Some(Bound {
+            endpoint: from,
+            key: auth::session_key(
+                &self.config.secret,
+                self.config.id,
+                hdr.rank,
+                cx.gen,
+                &join.nonce,
+            ),
+            left: false,
+        });
         let member = Member {
             endpoint: from,
             resume_collective: hdr.collective,
@@ -493,10 +524,11 @@ impl Job {
         if self.state == JobState::Active {
             if let Some(m) = &mut self.members[rank] {
                 let same_place = (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq);
-                if m.endpoint.source == src && !m.left && same_place {
+                if same_binding(&m.endpoint, &from) && !m.left && same_place {
                     // A fresh handshake asking for what it has: keep the
                     // job, remember the newer nonce (LEAVE's MAC uses it).
                     m.nonce = join.nonce;
+                    m.endpoint = from;
                     return JoinOutcome::AckAgain;
                 }
             }
@@ -505,7 +537,7 @@ impl Job {
             // incarnation contributed stands. It keeps its place when every
             // chunk from its resume point is still answerable.
             if hdr.has_flag(flags::UPSTREAM)
-                && self.members[rank].is_some_and(|m| m.endpoint.source == src && !m.left)
+                && self.members[rank].is_some_and(|m| same_binding(&m.endpoint, &from) && !m.left)
                 && self.serves_from(hdr.seq)
             {
                 self.counters.rejoins_in_place += 1;
@@ -565,12 +597,15 @@ impl Job {
             self.drops.bump(DropReason::RankOutOfRange);
             return Some(DropReason::RankOutOfRange);
         };
-        let why = if m.endpoint.source != from.source {
-            Some(DropReason::SourceMismatch)
+        let why = if let Some(r) = binding_mismatch(&m.endpoint, from) {
+            Some(r)
         } else if !auth::verify_leave(&secret, hdr.job, hdr.rank, gen, &m.nonce, &leave.mac) {
             Some(DropReason::Unauthenticated)
         } else {
             m.left = true;
+            if let Some(b) = &mut self.bound[hdr.rank as usize] {
+                b.left = true;
+            }
             None
         };
         match why {
@@ -581,9 +616,37 @@ impl Job {
         why
     }
 
-    /// Whether a HEARTBEAT from `from` for `rank` is from an active member.
-    pub fn heartbeat_from_member(&self, rank: u16, from: &Source) -> bool {
-        self.state == JobState::Active && self.member(rank).is_some_and(|e| e.source == *from)
+    /// The stranger rule for DATA and HEARTBEAT (module docs): `None` when
+    /// the message is from the rank's bound member at the switch's
+    /// generation and the job is active (go on); else what to do, counted.
+    /// Only the bound member hears NACK 6; NACK 7 goes to any source inside
+    /// the prefixes, so its answer tells nothing about membership.
+    pub fn admit(&mut self, hdr: &HeaderRepr, from: &Endpoint, gen: u32) -> Option<DataOutcome> {
+        // The prefixes are looked at only off the fast path (a job may
+        // list 256 of them).
+        if hdr.gen != gen {
+            return Some(if self.source_allowed(from.source.ip) {
+                self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration)
+            } else {
+                self.drop(DropReason::SourceNotAllowed)
+            });
+        }
+        let Some(bound) = self.bound.get(hdr.rank as usize) else {
+            return Some(self.drop(DropReason::RankOutOfRange));
+        };
+        let mismatch = match bound {
+            Some(b) => binding_mismatch(&b.endpoint, from),
+            None if !self.source_allowed(from.source.ip) => Some(DropReason::SourceNotAllowed),
+            None if self.state == JobState::Active => Some(DropReason::SourceMismatch),
+            None => Some(DropReason::NotActive),
+        };
+        if let Some(r) = mismatch {
+            return Some(self.drop(r));
+        }
+        if self.state != JobState::Active {
+            return Some(self.nack(DropReason::NotActive, NackReason::JobNotActive));
+        }
+        None
     }
 
     /// Takes one DATA. `values` are the payload bytes ([`HeaderRepr::parse`]
@@ -593,27 +656,12 @@ impl Job {
         &mut self,
         hdr: &HeaderRepr,
         values: &[u8],
-        from: &Source,
+        from: &Endpoint,
         ce: bool,
         gen: u32,
     ) -> DataOutcome {
-        if hdr.gen != gen {
-            if self.source_allowed(from.ip) {
-                return self.nack(DropReason::StaleGeneration, NackReason::StaleGeneration);
-            }
-            return self.drop(DropReason::SourceNotAllowed);
-        }
-        if self.state != JobState::Active {
-            if self.source_allowed(from.ip) {
-                return self.nack(DropReason::NotActive, NackReason::JobNotActive);
-            }
-            return self.drop(DropReason::SourceNotAllowed);
-        }
-        let Some(Some(member)) = self.members.get(hdr.rank as usize) else {
-            return self.drop(DropReason::RankOutOfRange);
-        };
-        if member.endpoint.source != *from {
-            return self.drop(DropReason::SourceMismatch);
+        if let Some(out) = self.admit(hdr, from, gen) {
+            return out;
         }
         if hdr.count > self.config.elems_per_chunk {
             return self.drop(DropReason::CountMismatch);
@@ -738,5 +786,22 @@ impl Job {
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
         }
+    }
+}
+
+/// Whether `from` is where `bound` was bound: the same source on the same
+/// switch port.
+fn same_binding(bound: &Endpoint, from: &Endpoint) -> bool {
+    bound.source == from.source && bound.port_idx == from.port_idx
+}
+
+/// Why a message from `from` is not from the member bound at `bound`.
+fn binding_mismatch(bound: &Endpoint, from: &Endpoint) -> Option<DropReason> {
+    if bound.source != from.source {
+        Some(DropReason::SourceMismatch)
+    } else if bound.port_idx != from.port_idx {
+        Some(DropReason::WrongPort)
+    } else {
+        None
     }
 }

@@ -19,6 +19,23 @@
 //!   size of its CHALLENGE); NACKs to DATA and HEARTBEAT (6, 7, and 1 for a
 //!   removed job) may be larger, so they go only to sources inside the
 //!   job's prefixes.
+//! * Every NACK (and the version-1 refusal) is rate-limited per destination
+//!   address and switch port, and so is every HELLO per source
+//!   ([`ratelimit`]); what is over the limit is dropped and counted.
+//! * No reply tells a member from a stranger. The replies that exist:
+//!   - to HELLO: CHALLENGE (inside the prefixes, rank in range) or NACK 1,
+//!     3 or 4; JOIN: NACK 1..=9 echoing its nonce, or JOIN_ACK. These
+//!     depend only on the job's declaration and on the message itself
+//!     (proving the secret), not on who is a member;
+//!   - to DATA/HEARTBEAT of a wrong generation: NACK 7, identical for
+//!     every source inside the prefixes (a worker learns that the switch
+//!     restarted), and NACK 1 for a removed job, likewise;
+//!   - to DATA/HEARTBEAT of the current generation: the RESULT resend, the
+//!     HEARTBEAT answer and NACK 6 only to the rank's bound member (its
+//!     MAC, IP and UDP port, on its switch port); a frame from anything
+//!     else, a member's spoofed address on another port included, is
+//!     dropped and counted and gets nothing, as from any stranger;
+//!   - LEAVE is never answered.
 //! * Slot pools are charged against the budget before they are allocated;
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * Messages that fail before membership (unknown job, malformed) get no
@@ -30,6 +47,7 @@
 pub mod config;
 pub mod counters;
 pub mod job;
+pub mod ratelimit;
 pub mod reply;
 pub mod slot_pool;
 pub mod uplink;
@@ -57,6 +75,7 @@ pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
 pub use uplink::{SpineAddr, Upstream};
 
+use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};
 
 /// How long a CHALLENGE's nonce may be used in a JOIN.
@@ -111,6 +130,9 @@ pub enum Verdict {
     NackUnknownJob,
     /// Not a version-2 message; counted by kind.
     Malformed(WireError),
+    /// A HELLO over its source's rate ([`ratelimit::HELLO_LIMIT`]):
+    /// dropped unanswered, counted on the table.
+    RateLimited,
 }
 
 /// Why a join attempt was refused (for the log; counters hold the totals).
@@ -260,6 +282,9 @@ pub struct JobTable {
     pool_budget: u64,
     pool_in_use: u64,
     replies: ReplyQueue,
+    /// Per-source limits on HELLOs taken and NACKs sent.
+    hello_limit: RateLimiter,
+    nack_limit: RateLimiter,
     events: VecDeque<Event>,
     /// Refused join attempts by kind ([`Refusal::index`]), and the last of each.
     refusals: [u64; REFUSAL_KINDS],
@@ -294,6 +319,8 @@ impl JobTable {
             pool_budget: cfg.pool_budget,
             pool_in_use: 0,
             replies: ReplyQueue::new(),
+            hello_limit: RateLimiter::new(HELLO_LIMIT, &cfg.nonce_key, b"hello", now),
+            nack_limit: RateLimiter::new(NACK_LIMIT, &cfg.nonce_key, b"nack", now),
             events: VecDeque::with_capacity(EVENT_QUEUE_CAPACITY),
             refusals: [0; REFUSAL_KINDS],
             last_refusal: [None; REFUSAL_KINDS],
@@ -401,8 +428,28 @@ impl JobTable {
         self.queue(Pending::One(Reply { to, job, rank, msg }));
     }
 
-    fn nack(&mut self, to: Endpoint, job: u16, rank: u16, reason: NackReason, echo: Nonce) {
-        self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
+    /// Queues a NACK unless its destination's rate is spent (then counts
+    /// it): every NACK goes through here, whatever it answers.
+    fn nack(
+        &mut self,
+        to: Endpoint,
+        job: u16,
+        rank: u16,
+        reason: NackReason,
+        echo: Nonce,
+        now: Instant,
+    ) {
+        if self.nack_allowed(&to, now) {
+            self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
+        }
+    }
+
+    fn nack_allowed(&mut self, to: &Endpoint, now: Instant) -> bool {
+        let ok = self.nack_limit.allow(to.source.ip, to.port_idx, now);
+        if !ok {
+            self.counters.nack_rate_limited += 1;
+        }
+        ok
     }
 
     fn refused(&mut self, job: u16, rank: u16, ip: [u8; 4], why: Refusal) {
@@ -445,7 +492,9 @@ impl JobTable {
                         .is_some_and(|j| j.source_allowed(from.source.ip));
                     if ty == MsgType::Join as u8 && datagram.len() == HEADER_LEN + 36 && allowed {
                         self.counters.version_refused += 1;
-                        self.reply(from, job, rank, ReplyMsg::VersionRefusal);
+                        if self.nack_allowed(&from, now) {
+                            self.reply(from, job, rank, ReplyMsg::VersionRefusal);
+                        }
                         self.refused(job, rank, from.source.ip, Refusal::Version(1));
                     }
                 }
@@ -482,7 +531,7 @@ impl JobTable {
             let Some(echo) = echo else {
                 return Verdict::Dropped(None);
             };
-            self.nack(from, hdr.job, hdr.rank, NackReason::UnknownJob, echo);
+            self.nack(from, hdr.job, hdr.rank, NackReason::UnknownJob, echo, now);
             return Verdict::NackUnknownJob;
         };
         let (job_id, rank) = (hdr.job, hdr.rank);
@@ -505,7 +554,7 @@ impl JobTable {
         }
         match hdr.msg_type {
             MsgType::Data => {
-                let out = job.on_data(&hdr, payload, &from.source, ce, gen);
+                let out = job.on_data(&hdr, payload, &from, ce, gen);
                 match out {
                     DataOutcome::Completed { seq } => self.queue(Pending::ResultToAll {
                         job: job_id,
@@ -516,7 +565,9 @@ impl JobTable {
                         let msg = ReplyMsg::Result { seq, retx: true };
                         self.reply(from, job_id, rank, msg);
                     }
-                    DataOutcome::Nack(reason) => self.nack(from, job_id, rank, reason, ZERO_NONCE),
+                    DataOutcome::Nack(reason) => {
+                        self.nack(from, job_id, rank, reason, ZERO_NONCE, now)
+                    }
                     DataOutcome::PartialReady { seq } => {
                         if let Some(spine) = job.partial_ready(seq, now) {
                             let msg = ReplyMsg::UpData {
@@ -558,27 +609,21 @@ impl JobTable {
                     Some(r) => Verdict::Dropped(Some(r)),
                 }
             }
-            MsgType::Heartbeat => {
-                if job.heartbeat_from_member(rank, &from.source) {
+            MsgType::Heartbeat => match job.admit(&hdr, &from, gen) {
+                None => {
                     let answer = job
                         .upstream_wait(hdr.seq, now)
                         .unwrap_or(ReplyMsg::Missing { seq: hdr.seq });
                     self.reply(from, job_id, rank, answer);
-                    return Verdict::Heartbeat { seq: hdr.seq };
+                    Verdict::Heartbeat { seq: hdr.seq }
                 }
-                if !job.source_allowed(from.source.ip) {
-                    job.drops.bump(DropReason::SourceNotAllowed);
-                    return Verdict::Dropped(Some(DropReason::SourceNotAllowed));
+                Some(DataOutcome::Nack(reason)) => {
+                    self.nack(from, job_id, rank, reason, ZERO_NONCE, now);
+                    Verdict::Data(DataOutcome::Nack(reason))
                 }
-                job.counters.nacks += 1;
-                let reason = if hdr.gen != gen {
-                    NackReason::StaleGeneration
-                } else {
-                    NackReason::JobNotActive
-                };
-                self.nack(from, job_id, rank, reason, ZERO_NONCE);
-                Verdict::Data(DataOutcome::Nack(reason))
-            }
+                Some(DataOutcome::Dropped(r)) => Verdict::Dropped(Some(r)),
+                Some(other) => Verdict::Data(other),
+            },
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
                 job.drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
@@ -597,6 +642,11 @@ impl JobTable {
         let Ok(hello) = HelloPayload::parse(payload) else {
             return Verdict::Dropped(None);
         };
+        // Before any work: each CHALLENGE costs HMACs.
+        if !self.hello_limit.allow(from.source.ip, from.port_idx, now) {
+            self.counters.hello_rate_limited += 1;
+            return Verdict::RateLimited;
+        }
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
             return Verdict::Dropped(None);
         };
@@ -612,7 +662,7 @@ impl JobTable {
         };
         if let Some(reason) = refusal {
             job.counters.nacks += 1;
-            self.nack(from, hdr.job, hdr.rank, reason, hello.nonce);
+            self.nack(from, hdr.job, hdr.rank, reason, hello.nonce, now);
             self.refused(hdr.job, hdr.rank, src.ip, Refusal::Nack(reason));
             return Verdict::Join(JoinOutcome::Nack(reason));
         }
@@ -655,7 +705,7 @@ impl JobTable {
         }
         match outcome {
             JoinOutcome::Nack(reason) => {
-                self.nack(from, job_id, rank, reason, join.nonce);
+                self.nack(from, job_id, rank, reason, join.nonce, now);
                 let why = match reason {
                     NackReason::ParametersDiffer if join.dtype != job_dtype as u8 => {
                         Refusal::DtypeDiffers {
@@ -1005,7 +1055,7 @@ impl JobTable {
                 let key = self
                     .jobs
                     .get(&r.job)
-                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                    .and_then(|j| j.session_key_for(r.rank, &r.to));
                 if let (Some(key), Some(h)) = (key, buf.first_chunk::<HEADER_LEN>()) {
                     nack.tag = crate::auth::nack_tag(key, h, reason as u16, &echo);
                 }

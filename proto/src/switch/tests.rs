@@ -897,13 +897,16 @@ fn nacks_to_members_are_tagged_under_their_session() {
     assert!(guards[0].nack_is_authentic(head, &nack));
     // Another session's guard (rank 1's old one) refuses it.
     assert!(!guards[1].nack_is_authentic(head, &nack));
-    // The same NACK to another address in the prefixes: no session, zero tag.
+    // Another address in the prefixes gets no NACK 6 at all (the stranger
+    // rule), and a stale generation from it an untagged NACK 7.
     let mut other = endpoint(0);
     other.source.port += 1;
     data_from(&mut t, 0, 0, &[1.0; 8], other, GEN);
+    assert!(drain_raw(&mut t).is_empty());
+    data_from(&mut t, 0, 0, &[1.0; 8], other, GEN ^ 1);
     let out = drain_raw(&mut t);
     let nack = NackPayload::parse(&out[0].2).unwrap();
-    assert_eq!(nack.reason, NackReason::JobNotActive);
+    assert_eq!(nack.reason, NackReason::StaleGeneration);
     assert_eq!(nack.tag, [0; 16]);
     assert!(!guards[0].nack_is_authentic(&out[0].0, &nack));
     // A stale generation from the member's source is tagged too (the
@@ -974,9 +977,10 @@ fn probes_tell_a_restart_from_a_spoofed_trigger() {
 }
 
 /// What a job keeps per rank (membership, last session, accepted serial)
-/// fits the n × 128 bytes `JobConfig::pool_bytes` charges for it.
+/// fits the n × 192 bytes `JobConfig::pool_bytes` charges for it.
 #[test]
 fn per_rank_state_fits_what_the_budget_charges() {
     let per_rank = super::job::per_rank_bytes();
-    assert!(per_rank <= 128, "{per_rank} bytes per rank");
+    assert!(per_rank <= 192, "{per_rank} bytes per rank");
 }
+mod portbind;
