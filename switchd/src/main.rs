@@ -64,6 +64,9 @@ fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
 
 fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let cfg = Config::load(config_path)?;
+    if let Some(w) = switchd::config::secrets_exposure(config_path, &cfg) {
+        tracing::warn!("{w}");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -331,6 +334,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
 
 fn check_config(path: &Path) -> Result<()> {
     let cfg = Config::load(path)?;
+    if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
+        tracing::warn!("{w}");
+    }
     println!(
         "{}: ok: {} ports, addresses {:?}, aggregation port {}, slot-pool memory budget {}",
         path.display(),
