@@ -259,7 +259,9 @@ mod tests {
         assert_eq!(r.secret[2], 0x22);
         let w = &r.warnings[0];
         assert!(
-            w.contains("/proc/PID/cmdline") && w.contains("--secret-file") && w.contains(SECRET_ENV),
+            w.contains("/proc/PID/cmdline")
+                && w.contains("--secret-file")
+                && w.contains(SECRET_ENV),
             "{w}"
         );
     }

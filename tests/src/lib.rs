@@ -26,6 +26,27 @@ pub const SWITCH_ADDR: &str = "198.18.0.1";
 pub const AGG_PORT: u16 = 48879;
 pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
 
+/// A mode-0600 file holding [`SECRET`], for `switchctl job add
+/// --secret-file` (a secret on the command line draws a warning). Written
+/// once per test process, in the system's temporary directory.
+pub fn secret_file() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = std::env::temp_dir().join(format!("agg-e2e-secret-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+            .expect("creating the test secret file");
+        writeln!(f, "{SECRET}").expect("writing the test secret file");
+        p.display().to_string()
+    })
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -604,7 +625,9 @@ pub fn spawn_allreduce_with(
     tb.cmd_in(ns, worker_bin())
         .args(["allreduce", "--switch", SWITCH_ADDR])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
-        .args(["--workers", &n.to_string(), "--secret", SECRET])
+        .args(["--workers", &n.to_string()])
+        // Not --secret: that one warns that /proc/PID/cmdline shows it.
+        .env(proto::secret::SECRET_ENV, SECRET)
         .args(["--elements", &elements.to_string()])
         .args(["--iterations", &iterations.to_string()])
         .args([
