@@ -116,7 +116,7 @@ fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
             .ok_or_else(|| format!("character {} is not a hex digit", at + 1))
     };
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return Err(format!("{} digits, an odd number", b.len()));
     }
     b.chunks(2)

@@ -17,6 +17,7 @@
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
+//! watchdog_secs = 5                 # a stuck dataplane thread ends switchd (0: off)
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -193,6 +194,11 @@ pub struct SwitchSection {
     /// "Aggregation trees").
     #[serde(default)]
     pub uplink: Option<std::net::SocketAddrV4>,
+    /// Seconds a dataplane thread may go without progress while it has
+    /// work before switchd logs it and exits (status 70) for its supervisor
+    /// to restart it; 0 turns the watchdog off.
+    #[serde(default = "default_watchdog_secs")]
+    pub watchdog_secs: f64,
 }
 
 /// Share of the machine's memory the slot pools may take by default.
@@ -218,6 +224,10 @@ impl SwitchSection {
             }
         }
     }
+}
+
+fn default_watchdog_secs() -> f64 {
+    5.0
 }
 
 fn default_threads() -> u32 {
@@ -467,6 +477,12 @@ impl Config {
                 sw.dataplane_threads
             )));
         }
+        if !sw.watchdog_secs.is_finite() || sw.watchdog_secs < 0.0 {
+            return Err(invalid(format!(
+                "switch.watchdog_secs must be 0 (off) or more seconds, got {}",
+                sw.watchdog_secs
+            )));
+        }
         if sw.agg_port == 0 {
             return Err(invalid("switch.agg_port must not be 0".into()));
         }
@@ -640,6 +656,18 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(group.is_some(), "group-readable warns");
         assert_eq!(private, None);
         assert_eq!(no_jobs, None, "a file without jobs holds no secret");
+    }
+
+    #[test]
+    fn watchdog_defaults_to_5_s_takes_0_for_off_and_refuses_negatives() {
+        assert_eq!(parse(GOOD).unwrap().switch.watchdog_secs, 5.0);
+        let with = |v: &str| {
+            parse(&GOOD.replace("[switch]\n", &format!("[switch]\nwatchdog_secs = {v}\n")))
+        };
+        assert_eq!(with("0").unwrap().switch.watchdog_secs, 0.0);
+        assert_eq!(with("2.5").unwrap().switch.watchdog_secs, 2.5);
+        let e = with("-1").unwrap_err().to_string();
+        assert!(e.contains("watchdog_secs"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! * [`metrics`]: the Prometheus text endpoint.
 //! * [`ratelog`]: rate-limited log lines for events the network drives.
 //! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
+//! * [`watchdog`]: noticing a stuck dataplane thread and exiting for a restart.
 
 pub mod admin;
 pub mod config;
@@ -24,4 +25,5 @@ pub mod metrics;
 pub mod ratelog;
 pub mod stats;
 pub mod wake;
+pub mod watchdog;
 pub mod xdp;
