@@ -27,7 +27,10 @@
 //! rounds. No control-plane work: admin requests, metrics, the stats file,
 //! BPF map reads and the log of the table's events run on the control
 //! thread ([`crate::control`]). Counters are per thread, plain integers,
-//! published under a per-thread lock at most every few milliseconds.
+//! published under a per-thread lock at most every few milliseconds. For
+//! the watchdog ([`crate::watchdog`]) a thread stores its iteration count
+//! and whether it has work in hand once per iteration and before taking a
+//! batch (Relaxed stores, never per packet).
 //! Nothing a sender can put in a frame makes this code panic.
 //!
 //! Echo mode (`[switch] mode = "echo"`, a benchmark baseline) replaces the
@@ -467,10 +470,14 @@ impl DataplaneThread {
     /// transmit ring, swapped ([`crate::echo`]); returns the frames received.
     fn echo_once(&mut self) -> u32 {
         let mut got = 0;
+        let heartbeat = &self.shared.heartbeats[self.idx];
         for s in &mut self.rxs {
             let Some(tx) = tx::socket_mut(&mut self.txs, s.port_idx, s.queue) else {
                 continue;
             };
+            if s.rx.rx_ring_occupancy() > 0 {
+                heartbeat.taking_work();
+            }
             let o = crate::echo::echo_batch(&mut s.rx, tx, RX_BATCH);
             got += o.received;
             let c = &mut self.counters;
