@@ -13,6 +13,10 @@
 //!   library's docs); the report says which one ran.
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
+//!
+//! The job secret comes from `--secret-file PATH` or `AGGSWITCH_SECRET`;
+//! `--secret HEX` still works but warns (other users see it in
+//! /proc/PID/cmdline). [`proto::secret`] holds the rules.
 
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4};
