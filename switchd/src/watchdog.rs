@@ -122,9 +122,10 @@ pub struct WatchdogConfig {
     pub sockets: Vec<Vec<String>>,
 }
 
-/// Starts the watchdog thread (none when the limit is zero). On a stall it
-/// logs the thread and its sockets, counts it, asks everything to stop, and
-/// if main has not ended the process within [`EXIT_GRACE`], ends it.
+/// Starts the watchdog thread (none when the limit is zero); it runs until
+/// the process ends. On a stall it logs the thread and its sockets, counts
+/// it, asks everything to stop, and if main has not ended the process
+/// within [`EXIT_GRACE`], ends it.
 pub fn spawn(
     shared: Arc<Shared>,
     cfg: WatchdogConfig,
@@ -139,7 +140,9 @@ pub fn spawn(
         .spawn(move || {
             let mut dog = Watchdog::new(cfg.sockets.len(), cfg.limit, Instant::now());
             let mut samples = Vec::with_capacity(cfg.sockets.len());
-            while !stop.load(Ordering::Relaxed) {
+            // It keeps watching while switchd stops (a thread stuck then
+            // would hang the shutdown); a thread that returned is idle.
+            loop {
                 std::thread::sleep(CHECK_EVERY);
                 samples.clear();
                 samples.extend(shared.heartbeats().iter().map(Heartbeat::sample));

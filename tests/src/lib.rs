@@ -574,6 +574,11 @@ impl Switchd {
         panic!("timed out waiting for {what}; stats: {}", self.stats());
     }
 
+    /// The process id of the running switchd (`ip netns exec` execs it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Waits up to `limit` for switchd to exit on its own; its exit status,
     /// or `None` if it still runs.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {

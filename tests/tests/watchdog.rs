@@ -52,7 +52,9 @@ fn fault_switchd() -> PathBuf {
 
 /// Runs a 2-worker all-reduce through a switchd whose thread 0 stops after
 /// [`STALL_AFTER`] frames; returns the switchd (exited) and its log.
-fn stall_run(prefix: &str, holding_table: bool) -> (Testbed, Switchd) {
+/// With `sigterm`, switchd is asked to stop right after the thread stops
+/// (before the watchdog fires): the shutdown must not hang on the thread.
+fn stall_run(prefix: &str, holding_table: bool, sigterm: bool) -> (Testbed, Switchd) {
     let bin = fault_switchd();
     let tb = Testbed::up(prefix, 2, 0);
     let mut env = vec![("AGGSWITCH_FAULT_STALL_AFTER_PACKETS", STALL_AFTER)];
@@ -85,6 +87,10 @@ fn stall_run(prefix: &str, holding_table: bool) -> (Testbed, Switchd) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let stopped = Instant::now();
+    if sigterm {
+        let pid = sw.pid().expect("switchd runs").to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    }
     let status = sw.wait_exit(Duration::from_secs(WATCHDOG_SECS) + EXIT_SLACK);
     let took = stopped.elapsed();
     for w in workers {
@@ -122,7 +128,7 @@ fn a_stuck_dataplane_thread_ends_switchd_with_status_70_and_counts_the_stall() {
     if !can_run("watchdog_stall") {
         return;
     }
-    let (_tb, sw) = stall_run("op1", false);
+    let (_tb, sw) = stall_run("op1", false, false);
     // The table was free: main wrote the final counters before exiting.
     let stats = sw.stats();
     assert_eq!(stats["dataplane_stalls"], 1, "final stats: {stats}");
@@ -143,13 +149,24 @@ fn a_thread_stuck_holding_the_job_table_still_ends_switchd() {
     }
     // The control thread blocks on the table too: the watchdog thread must
     // end the process itself.
-    let (_tb, sw) = stall_run("op2", true);
+    let (_tb, sw) = stall_run("op2", true, false);
     assert!(
         sw.log_text()
             .contains("the final counters could not be written"),
         "{}",
         sw.log_text()
     );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_stop_request_while_a_thread_is_stuck_does_not_hang() {
+    if !can_run("watchdog_stall_then_sigterm") {
+        return;
+    }
+    // SIGTERM stops the healthy threads; main would wait for the stuck one
+    // forever, so the watchdog still has to end switchd.
+    stall_run("op5", false, true);
 }
 
 #[test]

@@ -360,6 +360,8 @@ impl DataplaneThread {
         tx::drain_outbox(self);
         self.flush_all();
         self.publish();
+        // Returned: idle for good, never a stall.
+        heartbeat.beat(iterations + 1, false);
     }
 
     /// One round over this thread's sockets; returns the frames received.
