@@ -832,9 +832,9 @@ run_workers() {
     local iters="$1" tag="$2" r
     local -a pids=()
     for ((r = 0; r < WORKERS; r++)); do
-        ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
+        AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
             --switch "$SWITCH_ADDR" --job "$JOB_ID" --rank "$r" --workers "$WORKERS" \
-            --secret "$SECRET" --elements "$ELEMENTS" --iterations "$iters" --json \
+            --elements "$ELEMENTS" --iterations "$iters" --json \
             >"$OUT/$tag-rank$r.json" 2>"$OUT/$tag-rank$r.log" &
         pids+=("$!")
         BG_PIDS+=("$!")

@@ -266,9 +266,9 @@ run_switch() {
     [[ "$transport" == auto ]] || extra+=(--transport "$transport")
     mkdir -p "$dir"
     for ((r = 0; r < WORKERS; r++)); do
-        ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
+        AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
             --switch "$SWITCH_ADDR" --job "$(job_of "$dtype")" --rank "$r" --workers "$WORKERS" \
-            --secret "$SECRET" --elements "$ELEMENTS" --warmup 1 --iterations "$REPEATS" --json --machine-cpu \
+            --elements "$ELEMENTS" --warmup 1 --iterations "$REPEATS" --json --machine-cpu \
             "${extra[@]}" >"$dir/rank$r.json" 2>"$dir/rank$r.log" &
         pids+=("$!")
         BG_PIDS+=("$!")

@@ -116,8 +116,8 @@ one_run() {
     b0="$(busy_jiffies)"
     WORKER_PIDS=()
     for ((r = 0; r < WORKERS; r++)); do
-        ip netns exec "$PREFIX-w$r" "$WORKER" allreduce --switch 198.18.0.1 --job 1 \
-            --rank "$r" --workers "$WORKERS" --secret "$SECRET" --elements "$ELEMENTS" \
+        AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce --switch 198.18.0.1 --job 1 \
+            --rank "$r" --workers "$WORKERS" --elements "$ELEMENTS" \
             --iterations "$ITERATIONS" --transport "$t" --json \
             >"$OUT/$t-$run-rank$r.json" 2>"$OUT/$t-$run-rank$r.log" &
         WORKER_PIDS+=("$!")

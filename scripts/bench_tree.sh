@@ -345,9 +345,9 @@ run_worker() {
     local dir="$1" name="$2" leaf="$3" k="$4" job="$5" secret="$6" rank="$7"
     local nlocal="$8" tree="$9" elements="${10}" iters="${11}"
     shift 11
-    ip netns exec "$(env_of "leaf_${leaf}_worker_${k}_ns")" "$WORKER" allreduce \
+    AGGSWITCH_SECRET="$secret" ip netns exec "$(env_of "leaf_${leaf}_worker_${k}_ns")" "$WORKER" allreduce \
         --switch "$(env_of "leaf_${leaf}_gateway")" --job "$job" --rank "$rank" \
-        --workers "$nlocal" --tree-leaves "$tree" --leaf "$leaf" --secret "$secret" \
+        --workers "$nlocal" --tree-leaves "$tree" --leaf "$leaf" \
         --elements "$elements" --iterations "$iters" --json "$@" \
         >"$dir/$name.json" 2>"$dir/$name.log" &
     WORKER_PIDS+=($!)

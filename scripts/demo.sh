@@ -163,6 +163,8 @@ for ((i = 0; i < HOSTS; i++)); do ports+=("\"sw-h$i\""); done
 ports_toml="$(printf '%s, ' "${ports[@]}")"
 ports_toml="${ports_toml%, }"
 
+# Mode 0600 before the secret goes in (switchd warns about a config others can read).
+install -m 600 /dev/null "$CFG"
 cat >"$CFG" <<EOF
 # Written by scripts/demo.sh for testbed '$PREFIX'.
 [switch]
@@ -186,9 +188,9 @@ log "switchd ready (pid $SWITCHD_PID)"
 # --- workers, and a ping alongside ----------------------------------------------
 log "all-reduce: $WORKERS workers x $ELEMENTS float32 ($MIB MiB) x $ITERATIONS iterations"
 for ((i = 0; i < WORKERS; i++)); do
-    ip netns exec "$PREFIX-w$i" "$WORKER" allreduce \
+    AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$i" "$WORKER" allreduce \
         --switch "$SWITCH_ADDR" --job "$JOB_ID" --rank "$i" --workers "$WORKERS" \
-        --secret "$SECRET" --elements "$ELEMENTS" --iterations "$ITERATIONS" \
+        --elements "$ELEMENTS" --iterations "$ITERATIONS" \
         --verify --json >"$WORK/worker$i.json" 2>"$WORK/worker$i.log" &
     WORKER_PIDS[i]=$!
 done

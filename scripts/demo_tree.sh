@@ -175,9 +175,9 @@ sizes="${sizes%,}"
 for ((i = 0; i < LEAVES; i++)); do
     for ((k = 0; k < WPL; k++)); do
         g=$((i * WPL + k))
-        ip netns exec "$(env_of "leaf_${i}_worker_${k}_ns")" "$WORKER" allreduce \
+        AGGSWITCH_SECRET="$SECRET" ip netns exec "$(env_of "leaf_${i}_worker_${k}_ns")" "$WORKER" allreduce \
             --switch "$(env_of "leaf_${i}_gateway")" --job "$JOB_ID" --rank "$k" \
-            --workers "$WPL" --tree-leaves "$sizes" --leaf "$i" --secret "$SECRET" \
+            --workers "$WPL" --tree-leaves "$sizes" --leaf "$i" \
             --elements "$ELEMENTS" --iterations "$ITERATIONS" --verify --json \
             >"$WORK/worker$g.json" 2>"$WORK/worker$g.log" &
         WORKER_PIDS[g]=$!

@@ -247,6 +247,8 @@ setup_bottleneck
 SECRET1="$(random_secret)"
 SECRET2="$(random_secret)"
 
+# Mode 0600 before the secret goes in (switchd warns about a config others can read).
+install -m 600 /dev/null "$CFG"
 cat >"$CFG" <<EOF
 # Written by scripts/fairness.sh for testbed '$PREFIX'.
 [switch]
@@ -370,8 +372,8 @@ run_one() {
             j=$((i / 2 + 1)); rank=$((i % 2)); secret="$SECRET1"
             ((j == 2)) && secret="$SECRET2"
             # shellcheck disable=SC2086  # cc_flag is empty or one word
-            ip netns exec "$PREFIX-w$i" "$WORKER" allreduce --switch "$SWITCH_ADDR" \
-                --job "$j" --rank "$rank" --workers 2 --secret "$secret" \
+            AGGSWITCH_SECRET="$secret" ip netns exec "$PREFIX-w$i" "$WORKER" allreduce --switch "$SWITCH_ADDR" \
+                --job "$j" --rank "$rank" --workers 2 \
                 --elements "$ELEMENTS" --iterations "$ITERATIONS" --json $cc_flag \
                 >"$dir/worker-w$i.json" 2>"$dir/worker-w$i.log" &
             WORKER_PIDS[i]=$!

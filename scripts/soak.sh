@@ -137,6 +137,8 @@ dropped_frames() {
 
 # --- switchd ----------------------------------------------------------------------
 SECRETS=()
+# Mode 0600 before the secret goes in (switchd warns about a config others can read).
+install -m 600 /dev/null "$CFG"
 {
     echo "# Written by scripts/soak.sh for testbed '$PREFIX'."
     echo "[switch]"
@@ -190,9 +192,9 @@ while ((SECONDS < END)); do
     WORKER_PIDS=()
     for ((i = 0; i < WORKERS; i++)); do
         j=$((i / 2 + 1))
-        ip netns exec "$PREFIX-w$i" "$WORKER" allreduce \
+        AGGSWITCH_SECRET="${SECRETS[j]}" ip netns exec "$PREFIX-w$i" "$WORKER" allreduce \
             --switch "$SWITCH_ADDR" --job "$j" --rank "$((i % 2))" --workers 2 \
-            --secret "${SECRETS[j]}" --elements "$ELEMENTS" --iterations "$ITERATIONS" \
+            --elements "$ELEMENTS" --iterations "$ITERATIONS" \
             --verify --json --stall-timeout 20 \
             >"$WORK/w$i.json" 2>"$WORK/w$i.log" &
         WORKER_PIDS[i]=$!

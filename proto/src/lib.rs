@@ -8,6 +8,8 @@
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
+//! * [`secret`]: a job secret from a file, the environment or an argument,
+//!   and the weak-secret rule.
 //!
 //! Everything here is deterministic: time is passed in, nothing is read from
 //! the system, so loss, duplication and reordering are tested without sockets.
@@ -17,6 +19,7 @@ pub mod auth;
 pub mod elements;
 pub mod handshake;
 pub mod reference;
+pub mod secret;
 pub mod seq;
 pub mod simd;
 pub mod switch;

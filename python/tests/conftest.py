@@ -8,7 +8,8 @@ import pytest
 
 import aggswitch
 
-SECRET = "5a" * 32
+# Not a repeated byte: switchd refuses those (the loopback switch does not check).
+SECRET = "f8d62ed1d1c316f8e2e3117ac0506fa4cc16a8cbb5810625d69f1dc586d27f3c"
 
 
 @pytest.fixture

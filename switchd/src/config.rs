@@ -17,6 +17,7 @@
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
+//! watchdog_secs = 5                 # a stuck dataplane thread ends switchd (0: off)
 //!
 //! [[job]]
 //! id = 1                            # 1..=65535
@@ -193,6 +194,11 @@ pub struct SwitchSection {
     /// "Aggregation trees").
     #[serde(default)]
     pub uplink: Option<std::net::SocketAddrV4>,
+    /// Seconds a dataplane thread may go without progress while it has
+    /// work before switchd logs it and exits (status 70) for its supervisor
+    /// to restart it; 0 turns the watchdog off.
+    #[serde(default = "default_watchdog_secs")]
+    pub watchdog_secs: f64,
 }
 
 /// Share of the machine's memory the slot pools may take by default.
@@ -218,6 +224,10 @@ impl SwitchSection {
             }
         }
     }
+}
+
+fn default_watchdog_secs() -> f64 {
+    5.0
 }
 
 fn default_threads() -> u32 {
@@ -285,15 +295,40 @@ pub struct Config {
     pub multi_buffer: bool,
 }
 
-/// Parses a secret of 64 hex digits.
+/// Parses a job's secret of 64 hex digits and refuses a weak one (every
+/// byte the same, all zeros included): anyone guesses it at once.
 pub fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN], String> {
-    let v = hex::decode(s.trim()).map_err(|e| format!("secret is not hex: {e}"))?;
-    v.try_into().map_err(|v: Vec<u8>| {
-        format!(
-            "secret must be {SECRET_LEN} bytes (64 hex digits), got {} bytes",
-            v.len()
-        )
-    })
+    let from = proto::secret::SecretSource::Arg;
+    let secret = proto::secret::parse_secret(s, &from).map_err(|e| match e {
+        proto::secret::SecretError::NotHex { detail, .. } => {
+            format!("secret is not hex: {detail}")
+        }
+        proto::secret::SecretError::Length { got, .. } => format!(
+            "secret must be {SECRET_LEN} bytes (64 hex digits), got {got} bytes; {}",
+            proto::secret::HOW_TO_MAKE
+        ),
+        e => e.to_string(),
+    })?;
+    if proto::secret::is_weak(&secret) {
+        return Err(format!(
+            "secret is weak (every byte is {:#04x}) and is refused; {}",
+            secret[0],
+            proto::secret::HOW_TO_MAKE
+        ));
+    }
+    Ok(secret)
+}
+
+/// The warning for a configuration file that declares jobs (so holds their
+/// secrets) and that group or others can read; `None` when only its owner
+/// can, when it declares no job, or when its mode cannot be read.
+pub fn secrets_exposure(path: &Path, cfg: &Config) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if cfg.jobs.is_empty() {
+        return None;
+    }
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    proto::secret::exposure_warning(path, mode)
 }
 
 impl JobSection {
@@ -442,6 +477,12 @@ impl Config {
                 sw.dataplane_threads
             )));
         }
+        if !sw.watchdog_secs.is_finite() || sw.watchdog_secs < 0.0 {
+            return Err(invalid(format!(
+                "switch.watchdog_secs must be 0 (off) or more seconds, got {}",
+                sw.watchdog_secs
+            )));
+        }
         if sw.agg_port == 0 {
             return Err(invalid("switch.agg_port must not be 0".into()));
         }
@@ -551,6 +592,82 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         .unwrap_err()
         .to_string();
         assert!(e.contains("allowed_sources"), "{e}");
+    }
+
+    #[test]
+    fn weak_secrets_are_refused_naming_the_job_and_how_to_make_one() {
+        for weak in ["00".repeat(32), "ab".repeat(32), "FF".repeat(32)] {
+            let e = parse(&GOOD.replace(
+                "0000000000000000000000000000000000000000000000000000000000000001",
+                &weak,
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("job 1") && e.contains("weak"), "{e}");
+            assert!(
+                e.contains("openssl rand -hex 32") && e.contains("head -c32 /dev/urandom"),
+                "{e}"
+            );
+        }
+        // The admin path (switchctl job add) goes through the same check.
+        let mut j = JobSection {
+            id: 7,
+            n_workers: 2,
+            allowed_sources: vec!["198.18.0.0/24".parse().unwrap()],
+            secret: "00".repeat(32),
+            pool_slots: 16,
+            elems_per_chunk: None,
+            window: None,
+            dtype: None,
+            upstream: None,
+        };
+        let e = j.to_job_config(362, 362, None).unwrap_err();
+        assert!(e.contains("job 7") && e.contains("weak"), "{e}");
+        j.secret = format!("{}01", "00".repeat(31));
+        assert!(j.to_job_config(362, 362, None).is_ok());
+    }
+
+    #[test]
+    fn a_config_with_secrets_that_others_can_read_gets_a_chmod_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("switchd-cfg-{}.toml", std::process::id()));
+        std::fs::write(&path, GOOD).unwrap();
+        let check = |mode: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let cfg = Config::parse(GOOD, &path, |_| Some(1500)).unwrap();
+            let no_jobs = Config {
+                jobs: Vec::new(),
+                ..cfg.clone()
+            };
+            (
+                secrets_exposure(&path, &cfg),
+                secrets_exposure(&path, &no_jobs),
+            )
+        };
+        let (open, no_jobs) = check(0o644);
+        let (group, _) = check(0o640);
+        let (private, _) = check(0o600);
+        std::fs::remove_file(&path).unwrap();
+        let w = open.expect("0644 with secrets warns");
+        assert!(
+            w.contains(&format!("chmod 600 {}", path.display())) && w.contains("0644"),
+            "{w}"
+        );
+        assert!(group.is_some(), "group-readable warns");
+        assert_eq!(private, None);
+        assert_eq!(no_jobs, None, "a file without jobs holds no secret");
+    }
+
+    #[test]
+    fn watchdog_defaults_to_5_s_takes_0_for_off_and_refuses_negatives() {
+        assert_eq!(parse(GOOD).unwrap().switch.watchdog_secs, 5.0);
+        let with = |v: &str| {
+            parse(&GOOD.replace("[switch]\n", &format!("[switch]\nwatchdog_secs = {v}\n")))
+        };
+        assert_eq!(with("0").unwrap().switch.watchdog_secs, 0.0);
+        assert_eq!(with("2.5").unwrap().switch.watchdog_secs, 2.5);
+        let e = with("-1").unwrap_err().to_string();
+        assert!(e.contains("watchdog_secs"), "{e}");
     }
 
     #[test]

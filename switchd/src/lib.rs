@@ -14,6 +14,7 @@
 //! * [`supervise`]: restarting the admin and metrics threads.
 //! * [`ratelog`]: rate-limited log lines for events the network drives.
 //! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
+//! * [`watchdog`]: noticing a stuck dataplane thread and exiting for a restart.
 
 pub mod admin;
 pub mod config;
@@ -26,4 +27,5 @@ pub mod ratelog;
 pub mod stats;
 pub mod supervise;
 pub mod wake;
+pub mod watchdog;
 pub mod xdp;

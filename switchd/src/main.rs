@@ -4,6 +4,9 @@
 //!   serve the jobs, log a summary per job every few seconds, and on
 //!   SIGINT/SIGTERM detach everything and write the final counters.
 //! * `switchd check-config --config FILE`: validate a configuration.
+//!
+//! A dataplane thread stuck with work pending ([`switchd::watchdog`]) ends
+//! the process with status 70, for its supervisor to restart it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -17,6 +20,7 @@ use switchd::config::{AttachModeSetting, Config, DataplaneMode, ForwardingSettin
 use switchd::control::{self, ControlConfig, ControlPlane};
 use switchd::dataplane::{self, DataplaneConfig, Socket};
 use switchd::stats::{self, PortStats};
+use switchd::watchdog;
 use switchd::xdp::{self, AttachMode, ProgramOptions, SteeringProgram, XskConfig};
 
 #[derive(Parser)]
@@ -64,6 +68,9 @@ fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
 
 fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let cfg = Config::load(config_path)?;
+    if let Some(w) = switchd::config::secrets_exposure(config_path, &cfg) {
+        tracing::warn!("{w}");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -237,6 +244,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             }
         }
     };
+    let mut lane_sockets = Vec::new();
     for lane in &lanes {
         let names: Vec<String> = lane
             .sockets()
@@ -249,7 +257,17 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             sockets = ?names,
             "dataplane thread"
         );
+        lane_sockets.push(names);
     }
+    let _watchdog = watchdog::spawn(
+        shared.clone(),
+        watchdog::WatchdogConfig {
+            limit: Duration::from_secs_f64(cfg.switch.watchdog_secs),
+            sockets: lane_sockets,
+        },
+        stop.clone(),
+    )
+    .context("starting the dataplane watchdog thread")?;
     let every = Duration::from_secs_f64(cfg.switch.summary_interval_secs.max(0.1));
     let ports = cfg.switch.ports.clone();
     let ports_of = || port_stats(&prog, &ports);
@@ -299,6 +317,13 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         let r0 =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| control_plane.run(&stop)));
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if shared.stalled() {
+            // The stuck thread never returns, so it cannot be joined: write
+            // what can be written and exit (the kernel releases the XDP
+            // links and sockets with the process).
+            final_counters(&shared, &prog, &ports, stats_file.as_deref(), started);
+            watchdog::exit_for_restart();
+        }
         let mut result = r0;
         for h in lanes {
             match h.join() {
@@ -311,16 +336,8 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
 
     tracing::info!("stopping: detaching XDP programs");
     let detach = prog.detach_all();
-    let snap = control::snapshot(&shared, port_stats(&prog, &ports));
-    for j in &snap.jobs {
-        tracing::info!(
-            "final: {}",
-            stats::summary_line(j, 0, started.elapsed().as_secs_f64())
-        );
-    }
-    if let Some(p) = &stats_file {
-        control::write_stats(p, &snap)
-            .with_context(|| format!("writing the stats file {}", p.display()))?;
+    if let Some((p, e)) = final_counters(&shared, &prog, &ports, stats_file.as_deref(), started) {
+        return Err(e).with_context(|| format!("writing the stats file {}", p.display()));
     }
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
@@ -336,8 +353,31 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// Logs every job's final summary and writes the stats file; returns the
+/// path and error if that write failed.
+fn final_counters<'a>(
+    shared: &switchd::dataplane::Shared,
+    prog: &SteeringProgram,
+    ports: &[String],
+    stats_file: Option<&'a Path>,
+    started: Instant,
+) -> Option<(&'a Path, std::io::Error)> {
+    let snap = control::snapshot(shared, port_stats(prog, ports));
+    for j in &snap.jobs {
+        tracing::info!(
+            "final: {}",
+            stats::summary_line(j, 0, started.elapsed().as_secs_f64())
+        );
+    }
+    let p = stats_file?;
+    control::write_stats(p, &snap).err().map(|e| (p, e))
+}
+
 fn check_config(path: &Path) -> Result<()> {
     let cfg = Config::load(path)?;
+    if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
+        tracing::warn!("{w}");
+    }
     println!(
         "{}: ok: {} ports, addresses {:?}, aggregation port {}, slot-pool memory budget {}",
         path.display(),

@@ -26,6 +26,27 @@ pub const SWITCH_ADDR: &str = "198.18.0.1";
 pub const AGG_PORT: u16 = 48879;
 pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
 
+/// A mode-0600 file holding [`SECRET`], for `switchctl job add
+/// --secret-file` (a secret on the command line draws a warning). Written
+/// once per test process, in the system's temporary directory.
+pub fn secret_file() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = std::env::temp_dir().join(format!("agg-e2e-secret-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+            .expect("creating the test secret file");
+        writeln!(f, "{SECRET}").expect("writing the test secret file");
+        p.display().to_string()
+    })
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -366,6 +387,25 @@ pub struct Switchd {
     pub admin: PathBuf,
     config: PathBuf,
     ns: String,
+    /// The switchd binary ([`switchd_bin`] unless a test built another).
+    bin: PathBuf,
+    /// Extra environment for switchd.
+    env: Vec<(String, String)>,
+}
+
+/// Writes a file only its owner can read (switchd warns about a config
+/// holding secrets that others can read).
+fn write_private(path: &Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 impl Switchd {
@@ -382,7 +422,7 @@ impl Switchd {
             1,
         );
         let cfg_path = dir.join("switchd.toml");
-        std::fs::write(&cfg_path, text).unwrap();
+        write_private(&cfg_path, &text);
         let mut sw = Switchd {
             child: None,
             log: dir.join("switchd.log"),
@@ -391,6 +431,8 @@ impl Switchd {
             config: cfg_path,
             ns: ns.to_owned(),
             dir,
+            bin: switchd_bin(),
+            env: Vec::new(),
         };
         sw.launch();
         sw
@@ -402,6 +444,18 @@ impl Switchd {
 
     /// As [`Switchd::start`], with extra `[switch]` keys (TOML lines).
     pub fn start_with(tb: &Testbed, jobs: &[JobSpec], switch_extra: &str) -> Switchd {
+        Switchd::start_custom(tb, jobs, switch_extra, &switchd_bin(), &[])
+    }
+
+    /// As [`Switchd::start_with`], running binary `bin` with extra
+    /// environment variables `env`.
+    pub fn start_custom(
+        tb: &Testbed,
+        jobs: &[JobSpec],
+        switch_extra: &str,
+        bin: &Path,
+        env: &[(&str, &str)],
+    ) -> Switchd {
         let dir =
             std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -430,7 +484,7 @@ impl Switchd {
             }
         }
         let cfg_path = dir.join("switchd.toml");
-        std::fs::write(&cfg_path, cfg).unwrap();
+        write_private(&cfg_path, &cfg);
         let mut sw = Switchd {
             child: None,
             log: dir.join("switchd.log"),
@@ -439,6 +493,11 @@ impl Switchd {
             config: cfg_path,
             ns: tb.switch_ns(),
             dir,
+            bin: bin.to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         sw.launch();
         sw
@@ -448,7 +507,8 @@ impl Switchd {
         let _ = std::fs::remove_file(&self.stats);
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
-            .arg(switchd_bin())
+            .arg(&self.bin)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(["run", "--config"])
             .arg(&self.config)
             .arg("--stats-file")
@@ -512,6 +572,28 @@ impl Switchd {
             std::thread::sleep(Duration::from_millis(200));
         }
         panic!("timed out waiting for {what}; stats: {}", self.stats());
+    }
+
+    /// The process id of the running switchd (`ip netns exec` execs it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits up to `limit` for switchd to exit on its own; its exit status,
+    /// or `None` if it still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                self.child = None;
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL, as a crash: no cleanup, no last stats. Returns once it exited.
@@ -604,7 +686,9 @@ pub fn spawn_allreduce_with(
     tb.cmd_in(ns, worker_bin())
         .args(["allreduce", "--switch", SWITCH_ADDR])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
-        .args(["--workers", &n.to_string(), "--secret", SECRET])
+        .args(["--workers", &n.to_string()])
+        // Not --secret: that one warns that /proc/PID/cmdline shows it.
+        .env(proto::secret::SECRET_ENV, SECRET)
         .args(["--elements", &elements.to_string()])
         .args(["--iterations", &iterations.to_string()])
         .args([

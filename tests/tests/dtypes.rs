@@ -17,7 +17,8 @@ fn spawn_typed(tb: &Testbed, job: u16, dtype: &str, rank: u16, elements: usize) 
     tb.cmd_in(&tb.worker_ns(rank), worker_bin())
         .args(["allreduce", "--switch", SWITCH_ADDR])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
-        .args(["--workers", "4", "--secret", SECRET, "--dtype", dtype])
+        .args(["--workers", "4", "--dtype", dtype])
+        .env(proto::secret::SECRET_ENV, SECRET)
         .args(["--elements", &elements.to_string(), "--iterations", "2"])
         .args(["--verify", "--json", "--stall-timeout", "20"])
         .stdout(std::process::Stdio::piped())
@@ -63,7 +64,8 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
     let out = tb
         .cmd_in(&tb.worker_ns(0), worker_bin())
         .args(["join", "--switch", SWITCH_ADDR, "--job", "2", "--rank", "0"])
-        .args(["--workers", "4", "--secret", SECRET, "--join-timeout", "5"])
+        .args(["--workers", "4", "--join-timeout", "5"])
+        .env(proto::secret::SECRET_ENV, SECRET)
         .args(["--dtype", "f32"])
         .output()
         .unwrap();
@@ -95,8 +97,8 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
             "4",
             "--allow",
             "198.18.0.0/24",
-            "--secret",
-            SECRET,
+            "--secret-file",
+            secret_file(),
             "--dtype",
             dtype,
         ])
@@ -181,7 +183,8 @@ fn a_bf16_tree_is_the_float32_tree_order_sum_rounded_once() {
                 .cmd_in(&fabric.worker_ns(i, k), worker_bin())
                 .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
                 .args(["--job", "1", "--rank", &k.to_string()])
-                .args(["--workers", &WPL.to_string(), "--secret", SECRET])
+                .args(["--workers", &WPL.to_string()])
+                .env(proto::secret::SECRET_ENV, SECRET)
                 .args(["--dtype", "bf16", "--tree-leaves", &sizes])
                 .args([
                     "--leaf",

@@ -139,7 +139,8 @@ fn refused_joins_get_their_reason_and_the_job_still_completes() {
                 "--rank",
                 rank,
             ])
-            .args(["--workers", "4", "--secret", secret, "--join-timeout", "5"])
+            .args(["--workers", "4", "--join-timeout", "5"])
+            .env(proto::secret::SECRET_ENV, secret)
             .output()
             .unwrap()
     };

@@ -52,8 +52,8 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
         "2",
         "--allow",
         "198.18.0.12/31",
-        "--secret",
-        SECRET,
+        "--secret-file",
+        secret_file(),
         "--slots",
         "128",
     ]);
@@ -69,8 +69,8 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
         "2",
         "--allow",
         "198.18.0.0/24",
-        "--secret",
-        SECRET,
+        "--secret-file",
+        secret_file(),
     ]);
     assert!(!bad.status.success());
     assert!(

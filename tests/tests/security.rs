@@ -119,8 +119,8 @@ fn a_job_beyond_the_memory_budget_is_refused_with_the_numbers() {
         "65535",
         "--allow",
         "198.18.0.0/24",
-        "--secret",
-        SECRET,
+        "--secret-file",
+        secret_file(),
         "--slots",
         "32768",
     ]);

@@ -13,15 +13,21 @@
 //!   library's docs); the report says which one ran.
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
+//!
+//! The job secret comes from `--secret-file PATH` or `AGGSWITCH_SECRET`;
+//! `--secret HEX` still works but warns (other users see it in
+//! /proc/PID/cmdline). [`proto::secret`] holds the rules.
 
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use proto::reference::{expected_sum_dtype, expected_tree_sum_dtype, pattern, tree_global_rank};
+use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
 use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError};
 
@@ -57,9 +63,14 @@ struct SwitchJobArgs {
     /// Number of workers in the job.
     #[arg(long)]
     workers: u16,
-    /// The job's secret: 64 hex digits (32 bytes).
-    #[arg(long)]
-    secret: String,
+    /// File holding the job's secret: 64 hex digits (32 bytes), mode 0600.
+    /// Or set AGGSWITCH_SECRET.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+    /// The job's secret as 64 hex digits. Every user of this machine can read
+    /// it in /proc/PID/cmdline: prefer --secret-file or AGGSWITCH_SECRET.
+    #[arg(long, value_name = "HEX")]
+    secret: Option<String>,
     /// Seconds to wait for every rank to join.
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
@@ -135,14 +146,30 @@ struct AllreduceArgs {
     window_override: Option<u16>,
 }
 
-fn parse_secret(s: &str) -> Result<[u8; SECRET_LEN]> {
-    let v = hex::decode(s.trim()).context("--secret must be hex digits")?;
-    v.try_into().map_err(|v: Vec<u8>| {
-        anyhow::anyhow!(
-            "--secret must be 32 bytes (64 hex digits), got {} bytes",
-            v.len()
-        )
-    })
+/// The job secret from exactly one of --secret-file, AGGSWITCH_SECRET and
+/// --secret; warns (once, on stderr) about a command-line secret or a file
+/// others can read.
+fn job_secret(t: &SwitchJobArgs) -> Result<[u8; SECRET_LEN]> {
+    let r = secret::resolve(secret::SecretInputs {
+        arg: t.secret.clone(),
+        file: t
+            .secret_file
+            .as_ref()
+            .map(|p| (p.clone(), read_secret_file(p))),
+        env: std::env::var(secret::SECRET_ENV).ok(),
+    })?;
+    for w in &r.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(r.secret)
+}
+
+/// A secret file's text and permission bits.
+fn read_secret_file(path: &Path) -> std::io::Result<(String, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::open(path)?;
+    let mode = f.metadata()?.permissions().mode();
+    Ok((std::io::read_to_string(f)?, mode))
 }
 
 /// Where a worker sits in an aggregation tree (`--tree-leaves`, `--leaf`).
@@ -227,7 +254,7 @@ fn config(a: &JobArgs) -> Result<WorkerConfig> {
         t.job,
         a.rank,
         t.workers,
-        parse_secret(&t.secret)?,
+        job_secret(t)?,
     );
     c.dtype = t.dtype;
     c.join_timeout = Duration::from_secs_f64(t.join_timeout);
@@ -517,6 +544,29 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn secret_file_is_read_with_its_newline_and_a_missing_one_names_path_and_errno() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("worker-secret-{}", std::process::id()));
+        let hex = "0123456789abcdef".repeat(4);
+        std::fs::write(&path, format!("{hex}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let args = |p: &Path| {
+            let mut a = allreduce_args(&[]).unwrap().job.target;
+            a.secret = None;
+            a.secret_file = Some(p.to_owned());
+            a
+        };
+        let got = job_secret(&args(&path));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(got.unwrap()[..2], [0x01, 0x23]);
+        let e = format!("{:#}", job_secret(&args(&path)).unwrap_err());
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("os error 2"),
+            "{e}"
+        );
     }
 
     fn allreduce_args(extra: &[&str]) -> Result<AllreduceArgs, clap::Error> {

@@ -2,16 +2,18 @@
 //! socket (`switch.admin_socket` in the config).
 //!
 //!   switchctl jobs
-//!   switchctl job add --id 2 --workers 4 --allow 198.18.0.0/24 --secret HEX
+//!   switchctl job add --id 2 --workers 4 --allow 198.18.0.0/24 --secret-file PATH
+//!     (or the secret in AGGSWITCH_SECRET)
 //!   switchctl job rm 2
 //!   switchctl stats [ID] [--json]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
+use proto::secret;
 use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
 use switchd::admin::{request, AdminRequest, DEFAULT_SOCKET};
 use switchd::config::{JobSection, UpstreamSection};
@@ -56,9 +58,15 @@ enum JobCmd {
         /// Source prefixes allowed to join (repeat for several).
         #[arg(long = "allow", required = true)]
         allowed: Vec<Ipv4Net>,
-        /// 64 hex digits.
-        #[arg(long)]
-        secret: String,
+        /// File holding the job's secret, 64 hex digits (mode 0600). Or set
+        /// AGGSWITCH_SECRET.
+        #[arg(long, value_name = "PATH")]
+        secret_file: Option<PathBuf>,
+        /// The job's secret as 64 hex digits. Every user of this machine can
+        /// read it in /proc/PID/cmdline: prefer --secret-file or
+        /// AGGSWITCH_SECRET.
+        #[arg(long, value_name = "HEX")]
+        secret: Option<String>,
         #[arg(long, default_value_t = 256)]
         slots: u16,
         #[arg(long)]
@@ -173,6 +181,32 @@ fn main() -> ExitCode {
     }
 }
 
+/// The job secret from exactly one of --secret-file, AGGSWITCH_SECRET and
+/// --secret, with a warning on stderr for a command-line secret or a file
+/// others can read. (switchd checks it again and refuses a weak one.)
+fn job_secret(arg: Option<String>, file: Option<PathBuf>) -> Result<secret::Secret> {
+    let r = secret::resolve(secret::SecretInputs {
+        arg,
+        file: file.map(|p| {
+            let read = read_secret_file(&p);
+            (p, read)
+        }),
+        env: std::env::var(secret::SECRET_ENV).ok(),
+    })?;
+    for w in &r.warnings {
+        eprintln!("switchctl: warning: {w}");
+    }
+    Ok(r.secret)
+}
+
+/// A secret file's text and permission bits.
+fn read_secret_file(path: &Path) -> std::io::Result<(String, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::open(path)?;
+    let mode = f.metadata()?.permissions().mode();
+    Ok((std::io::read_to_string(f)?, mode))
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     let req = match cli.cmd {
@@ -187,6 +221,7 @@ fn run() -> Result<()> {
                     id,
                     workers,
                     allowed,
+                    secret_file,
                     secret,
                     slots,
                     elems,
@@ -201,7 +236,7 @@ fn run() -> Result<()> {
                 id,
                 n_workers: workers,
                 allowed_sources: allowed,
-                secret,
+                secret: hex::encode(job_secret(secret, secret_file)?),
                 pool_slots: slots,
                 elems_per_chunk: elems,
                 window,

@@ -27,17 +27,21 @@
 //! rounds. No control-plane work: admin requests, metrics, the stats file,
 //! BPF map reads and the log of the table's events run on the control
 //! thread ([`crate::control`]). Counters are per thread, plain integers,
-//! published under a per-thread lock at most every few milliseconds.
+//! published under a per-thread lock at most every few milliseconds. For
+//! the watchdog ([`crate::watchdog`]) a thread stores its iteration count
+//! and whether it has work in hand once per iteration and before taking a
+//! batch (Relaxed stores, never per packet).
 //! Nothing a sender can put in a frame makes this code panic.
 //!
 //! Echo mode (`[switch] mode = "echo"`, a benchmark baseline) replaces the
 //! round by [`crate::echo`]: no table, no outbox, every frame straight back.
 
+pub mod fault;
 pub mod rx;
 pub mod tx;
 pub mod uplink;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,6 +50,7 @@ use proto::switch::{JobTable, Reply};
 
 use crate::stats::RingStats;
 use crate::wake::ThreadWaker;
+use crate::watchdog::Heartbeat;
 use crate::xdp::{XskRx, XskTx};
 
 /// Frames taken from one receive ring per round.
@@ -96,6 +101,8 @@ proto::counter_schema! {
         rx_too_many_buffers,
         /// Frames sent in several AF_XDP buffers (jumbo frames).
         tx_multi_buffer,
+        /// Dataplane threads the watchdog found stuck with work pending (switchd then exits for its supervisor to restart it).
+        dataplane_stalls,
     }
 }
 
@@ -148,6 +155,11 @@ pub struct Shared {
     /// A leaf's socket towards its spines (`[switch] uplink`): any thread
     /// sends on it, thread 0 receives.
     uplink: Option<std::net::UdpSocket>,
+    /// Thread `i`'s progress, for the watchdog ([`crate::watchdog`]).
+    heartbeats: Vec<Heartbeat>,
+    /// Stalls the watchdog found (not a thread's: the stuck one cannot
+    /// publish).
+    stalls: AtomicU64,
 }
 
 /// How to build a dataplane.
@@ -222,6 +234,8 @@ pub fn build(
         published: (0..threads).map(|_| Mutex::default()).collect(),
         echo: cfg.echo,
         uplink: cfg.uplink,
+        heartbeats: (0..threads).map(|_| Heartbeat::default()).collect(),
+        stalls: AtomicU64::new(0),
     });
     let lanes = rxs
         .into_iter()
@@ -238,6 +252,8 @@ pub fn build(
             last_kernel_stats: None,
             scratch: vec![0u8; UPLINK_DATAGRAM_MAX],
             last_timers: Instant::now(),
+            #[cfg(feature = "fault-injection")]
+            fault: fault::Plan::for_thread(idx, |k| std::env::var(k).ok()),
         })
         .collect();
     Ok((shared, lanes))
@@ -261,7 +277,24 @@ impl Shared {
             rings.extend(p.rings.iter().cloned());
         }
         rings.sort_by_key(|r| (r.port_idx, r.queue));
+        sum.dataplane_stalls = self.stalls.load(Ordering::Relaxed);
         (sum, rings)
+    }
+
+    /// Every dataplane thread's heartbeat, in thread order.
+    pub fn heartbeats(&self) -> &[Heartbeat] {
+        &self.heartbeats
+    }
+
+    /// The watchdog found a thread stuck.
+    pub fn count_stall(&self) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the watchdog found a thread stuck (switchd must then exit
+    /// through [`crate::watchdog::exit_for_restart`]).
+    pub fn stalled(&self) -> bool {
+        self.stalls.load(Ordering::Relaxed) > 0
     }
 
     pub fn uptime(&self) -> Duration {
@@ -283,6 +316,9 @@ pub struct DataplaneThread {
     /// A datagram to or from the uplink (allocated once).
     scratch: Vec<u8>,
     last_timers: Instant,
+    /// Test-only: when this thread stops making progress on purpose.
+    #[cfg(feature = "fault-injection")]
+    fault: fault::Plan,
 }
 
 impl DataplaneThread {
@@ -300,12 +336,19 @@ impl DataplaneThread {
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut fds = self.poll_fds();
         let mut idle = 0u32;
+        let mut iterations = 0u64;
+        let shared = self.shared.clone();
+        let heartbeat = &shared.heartbeats[self.idx];
         while !stop.load(Ordering::Relaxed) {
             let got = if self.shared.echo {
                 self.echo_once()
             } else {
                 self.poll_once()
             };
+            // The watchdog's view: one beat per iteration, whether it slept
+            // in poll(2) or not (the sleep is bounded by IDLE_WAIT_MS).
+            iterations += 1;
+            heartbeat.beat(iterations, got > 0);
             idle = if got == 0 { idle + 1 } else { 0 };
             if idle >= SPIN_ROUNDS {
                 self.sleep(&mut fds);
@@ -317,12 +360,18 @@ impl DataplaneThread {
         tx::drain_outbox(self);
         self.flush_all();
         self.publish();
+        // Returned: idle for good, never a stall.
+        heartbeat.beat(iterations + 1, false);
     }
 
     /// One round over this thread's sockets; returns the frames received.
     pub fn poll_once(&mut self) -> u32 {
-        tx::drain_outbox(self);
         let shared = self.shared.clone();
+        let heartbeat = &shared.heartbeats[self.idx];
+        if !shared.outboxes[self.idx].is_empty() {
+            heartbeat.taking_work();
+        }
+        tx::drain_outbox(self);
         let now = Instant::now();
         let mut got = 0;
         if self.idx == 0 && shared.uplink.is_some() {
@@ -335,12 +384,19 @@ impl DataplaneThread {
                 continue;
             }
             let congested = self.congested(p, q, waiting);
+            heartbeat.taking_work();
             let mut table = lock(&shared.table);
             let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+            #[cfg(feature = "fault-injection")]
+            let fault = &self.fault;
             got += self.rxs[i].rx.recv_batch(RX_BATCH, |frame| {
-                rx::handle_frame(frame, p, q, congested, now, &mut table, &mut out)
+                rx::handle_frame(frame, p, q, congested, now, &mut table, &mut out);
+                #[cfg(feature = "fault-injection")]
+                fault.after_frame(out.counters.rx_frames, true);
             });
         }
+        #[cfg(feature = "fault-injection")]
+        self.fault.after_frame(self.counters.rx_frames, false);
         self.flush_all();
         got
     }
@@ -357,6 +413,9 @@ impl DataplaneThread {
         let mut first = uplink::recv(sock, &mut self.scratch);
         if first.is_none() && !timers_due {
             return 0;
+        }
+        if first.is_some() {
+            shared.heartbeats[self.idx].taking_work();
         }
         let mut table = lock(&shared.table);
         let mut got = 0;
@@ -413,10 +472,14 @@ impl DataplaneThread {
     /// transmit ring, swapped ([`crate::echo`]); returns the frames received.
     fn echo_once(&mut self) -> u32 {
         let mut got = 0;
+        let heartbeat = &self.shared.heartbeats[self.idx];
         for s in &mut self.rxs {
             let Some(tx) = tx::socket_mut(&mut self.txs, s.port_idx, s.queue) else {
                 continue;
             };
+            if s.rx.rx_ring_occupancy() > 0 {
+                heartbeat.taking_work();
+            }
             let o = crate::echo::echo_batch(&mut s.rx, tx, RX_BATCH);
             got += o.received;
             let c = &mut self.counters;
