@@ -105,6 +105,9 @@ pub struct ResultView<'a> {
     pub dtype: Dtype,
     /// The RESULT payload: `count` little-endian elements of `dtype`.
     pub payload: &'a [u8],
+    /// The payload's folded Internet checksum sum, made once per result
+    /// ([`crate::checksum`]).
+    pub payload_sum: u16,
 }
 
 impl ResultView<'_> {
@@ -308,6 +311,7 @@ impl Job {
             count: sh.count,
             dtype: self.config.dtype,
             payload: slot.result_bytes(self.config.dtype),
+            payload_sum: sh.payload_sum,
         })
     }
 

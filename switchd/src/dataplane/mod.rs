@@ -96,6 +96,12 @@ proto::counter_schema! {
         rx_too_many_buffers,
         /// Frames sent in several AF_XDP buffers (jumbo frames).
         tx_multi_buffer,
+        /// Steered frames dropped for a wrong IPv4 header checksum (corrupted on the way: never summed).
+        bad_ip_checksum,
+        /// Steered frames dropped for a wrong UDP checksum (corrupted on the way: never summed; a checksum of 0 means none and is taken).
+        bad_udp_checksum,
+        /// Steered frames dropped because their source IPv4 or MAC address is one of the switch's own (spoofed: the switch never sends to itself).
+        own_source,
     }
 }
 
@@ -148,6 +154,38 @@ pub struct Shared {
     /// A leaf's socket towards its spines (`[switch] uplink`): any thread
     /// sends on it, thread 0 receives.
     uplink: Option<std::net::UdpSocket>,
+    /// The switch's own addresses: a frame that claims one as its source
+    /// is dropped at ingress ([`rx`]).
+    own: OwnAddresses,
+}
+
+/// The switch's own IPv4 and MAC addresses, for the ingress check: a few
+/// IPs (scanned) and one MAC per interface (sorted, searched), so the
+/// check is a handful of compares per frame.
+#[derive(Debug, Clone, Default)]
+pub struct OwnAddresses {
+    ips: Vec<[u8; 4]>,
+    macs: Vec<[u8; 6]>,
+}
+
+impl OwnAddresses {
+    pub fn new(
+        ips: impl IntoIterator<Item = [u8; 4]>,
+        macs: impl IntoIterator<Item = [u8; 6]>,
+    ) -> Self {
+        let mut ips: Vec<[u8; 4]> = ips.into_iter().collect();
+        let mut macs: Vec<[u8; 6]> = macs.into_iter().collect();
+        ips.sort_unstable();
+        ips.dedup();
+        macs.sort_unstable();
+        macs.dedup();
+        OwnAddresses { ips, macs }
+    }
+
+    /// Whether `ip` or `mac` is one of the switch's own.
+    pub fn claims(&self, ip: [u8; 4], mac: [u8; 6]) -> bool {
+        self.ips.contains(&ip) || self.macs.binary_search(&mac).is_ok()
+    }
 }
 
 /// How to build a dataplane.
@@ -161,6 +199,8 @@ pub struct DataplaneConfig {
     pub echo: bool,
     /// A leaf's uplink socket, bound and nonblocking.
     pub uplink: Option<std::net::UdpSocket>,
+    /// The switch's own addresses (frames claiming them are dropped).
+    pub own: OwnAddresses,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -222,6 +262,7 @@ pub fn build(
         published: (0..threads).map(|_| Mutex::default()).collect(),
         echo: cfg.echo,
         uplink: cfg.uplink,
+        own: cfg.own,
     });
     let lanes = rxs
         .into_iter()
