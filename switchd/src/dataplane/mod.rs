@@ -555,3 +555,25 @@ impl DataplaneThread {
         self.last_publish = now;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OwnAddresses;
+
+    /// Any one of the switch's IPs or MACs is claimed, whatever the other
+    /// address; a host's own pair is not.
+    #[test]
+    fn own_addresses_are_recognised_by_ip_or_mac() {
+        let macs = (1..=90u8).map(|i| [2, 0, 0, 0, 1, i]).rev();
+        let own = OwnAddresses::new([[198, 18, 0, 1], [198, 19, 255, 1]], macs);
+        let host = ([198, 18, 0, 100], [2, 0, 0, 0, 9, 9]);
+        assert!(!own.claims(host.0, host.1));
+        assert!(own.claims([198, 18, 0, 1], host.1));
+        assert!(own.claims([198, 19, 255, 1], host.1));
+        for i in [1u8, 45, 90] {
+            assert!(own.claims(host.0, [2, 0, 0, 0, 1, i]), "port MAC {i}");
+        }
+        assert!(!own.claims(host.0, [2, 0, 0, 0, 1, 91]));
+        assert!(!OwnAddresses::default().claims(host.0, host.1));
+    }
+}
