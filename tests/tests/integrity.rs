@@ -104,6 +104,11 @@ fn corrupted_data_is_not_summed_and_results_verify_at_the_worker() {
     assert_eq!(counter(&stats, "own_source"), 0, "{stats}");
     let j = job(&stats, 1);
     assert_eq!(j["resets"], 0, "{j}");
+    let log = sw.log_text();
+    assert!(
+        log.contains("frames with a wrong checksum dropped") && log.contains("tx off"),
+        "the log says what the drops mean:\n{log}"
+    );
 }
 
 /// A host on another port sends HEARTBEATs that claim the switch's own IP
@@ -173,4 +178,9 @@ fn frames_claiming_the_switchs_own_address_are_dropped_at_ingress() {
     let nacks = |s: &serde_json::Value| job(s, 1)["nacks"].as_u64().unwrap_or(0);
     assert_eq!(nacks(&after), nacks(&before), "{after}");
     assert_eq!(counter(&after, "bad_udp_checksum"), 0, "{after}");
+    let log = sw.log_text();
+    assert!(
+        log.contains("claiming one of this switch's own addresses"),
+        "the log says what the drops mean:\n{log}"
+    );
 }
