@@ -16,10 +16,9 @@
 #   --runs R        runs per transport, interleaved (default 3)
 #   --transports T  the transports to compare, space-separated
 #   --worker-tx X   transmit checksum offload of the workers' eth0 (default
-#                   off, as testbed.sh leaves it; "on" shows what software
-#                   checksums cost: switchd ignores the UDP checksum of the
-#                   DATA it takes, but the XDP fast path then forwards the
-#                   workers' other TCP/UDP with bad checksums)
+#                   off, as testbed.sh leaves it; with "on" a veth puts
+#                   partial checksums in the frames, which switchd drops as
+#                   bad_udp_checksum: the all-reduces stall)
 #
 # Per run it prints one JSON line: the transport, the slowest rank's seconds
 # for the K all-reduces, the CPU-seconds of the whole machine from the

@@ -4,6 +4,7 @@
 //! * [`switch`]: the switch's job table and slot pools, fed datagrams and
 //!   time; it queues the replies the I/O shells send.
 //! * [`auth`]: the HMAC-SHA256 of the JOIN handshake and the switch's nonces.
+//! * [`checksum`]: the Internet checksum of IPv4 headers and UDP datagrams.
 //! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
@@ -16,6 +17,7 @@
 #![deny(unsafe_code)]
 
 pub mod auth;
+pub mod checksum;
 pub mod elements;
 pub mod handshake;
 pub mod reference;

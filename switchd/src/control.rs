@@ -56,6 +56,8 @@ pub struct ControlPlane<'a> {
     prev_dropped: u64,
     prev_events_dropped: u64,
     prev_refusals: [u64; REFUSAL_KINDS],
+    /// bad_ip_checksum, bad_udp_checksum, own_source at the last summary.
+    prev_integrity: [u64; 3],
     last_summary: Instant,
 }
 
@@ -79,6 +81,7 @@ impl<'a> ControlPlane<'a> {
             prev_dropped: 0,
             prev_events_dropped: 0,
             prev_refusals: [0; REFUSAL_KINDS],
+            prev_integrity: [0; 3],
             last_summary: Instant::now(),
         }
     }
@@ -203,10 +206,41 @@ impl<'a> ControlPlane<'a> {
                 "dropped frames that belong to no job"
             );
         }
+        self.log_integrity(&snap);
         if let Some(p) = &self.cfg.stats_file {
             if let Err(e) = write_stats(p, &snap) {
                 tracing::warn!(path = %p.display(), "writing the stats file failed: {e}");
             }
+        }
+    }
+
+    /// One line per summary at most, when frames were dropped for a wrong
+    /// checksum or a spoofed source since the last one: what it likely
+    /// means and what to do.
+    fn log_integrity(&mut self, snap: &SwitchStats) {
+        let now = ["bad_ip_checksum", "bad_udp_checksum", "own_source"].map(|k| snap.counter(k));
+        let new: Vec<u64> = now
+            .iter()
+            .zip(self.prev_integrity)
+            .map(|(n, p)| n.saturating_sub(p))
+            .collect();
+        self.prev_integrity = now;
+        if new[0] + new[1] > 0 {
+            tracing::warn!(
+                bad_ip_checksum = new[0],
+                bad_udp_checksum = new[1],
+                "frames with a wrong checksum dropped since the last summary: a sender \
+                 that leaves checksums to offload on a veth (run `ethtool -K IFACE tx off` \
+                 on the sender's interface) or corruption on the path"
+            );
+        }
+        if new[2] > 0 {
+            tracing::warn!(
+                own_source = new[2],
+                "frames claiming one of this switch's own addresses as their source dropped \
+                 since the last summary: a host on a switch port is spoofing, or a loop \
+                 returns the switch's frames"
+            );
         }
     }
 

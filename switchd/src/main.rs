@@ -198,6 +198,14 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
             threads,
             echo: cfg.switch.mode == DataplaneMode::Echo,
             uplink,
+            own: dataplane::OwnAddresses::new(
+                cfg.switch
+                    .addresses
+                    .iter()
+                    .map(|a| a.octets())
+                    .chain(cfg.switch.uplink.map(|u| u.ip().octets())),
+                xdp::local_macs(),
+            ),
         },
     )
     .context("creating the dataplane threads' wake-up eventfds")?;

@@ -18,9 +18,9 @@
 //! switch's XDP program as ordinary frames; loopback delivers a GSO send
 //! whole to a socket with `UDP_GRO` on. UDP GRO merges only datagrams with
 //! a nonzero UDP checksum that reach one NAPI poll together: switchd's
-//! RESULTs carry a zero checksum and, sent by AF_XDP on veth, reach the
-//! worker's namespace through the per-CPU backlog one at a time, so on the
-//! veth testbed nothing coalesces (measured) and the GRO side only costs its
+//! RESULTs carry one, but, sent by AF_XDP on veth, reach the worker's
+//! namespace through the per-CPU backlog one at a time, so on the veth
+//! testbed nothing coalesces (measured) and the GRO side only costs its
 //! larger buffers. Hand-written on `libc`
 //! because std and socket2 have no `UDP_SEGMENT`/`UDP_GRO`.
 

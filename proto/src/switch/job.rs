@@ -152,6 +152,9 @@ pub struct ResultView<'a> {
     pub dtype: Dtype,
     /// The RESULT payload: `count` little-endian elements of `dtype`.
     pub payload: &'a [u8],
+    /// The payload's folded Internet checksum sum, made once per result
+    /// ([`crate::checksum`]).
+    pub payload_sum: u16,
 }
 
 impl ResultView<'_> {
@@ -380,6 +383,7 @@ impl Job {
             count: sh.count,
             dtype: self.config.dtype,
             payload: slot.result_bytes(self.config.dtype),
+            payload_sum: sh.payload_sum,
         })
     }
 

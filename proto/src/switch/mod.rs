@@ -247,6 +247,19 @@ pub struct Encoded {
     pub ce: bool,
 }
 
+/// A RESULT's aggregation header, written by
+/// [`JobTable::encode_result_head`], and what follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct ResultHead<'a> {
+    /// The header's and the payload's bytes together.
+    pub encoded: Encoded,
+    /// The payload (the shadow's bytes), sent after the header.
+    pub payload: &'a [u8],
+    /// The payload's folded Internet checksum sum ([`crate::checksum`]),
+    /// made when the result was.
+    pub payload_sum: u16,
+}
+
 /// A job's memory, charged against the budget before it is allocated
 /// ([`JobTable::reserve`]).
 #[derive(Debug)]
@@ -1007,11 +1020,13 @@ impl JobTable {
     /// For a RESULT: writes only its aggregation header into `buf` and
     /// returns the payload that follows it (the shadow's bytes), so that a
     /// shell can copy the payload once, straight to where it is sent;
-    /// `Encoded::len` counts both. `None` for any other reply, if the
-    /// header does not fit, or if the result is gone (as [`encode`]).
+    /// `Encoded::len` counts both. With it comes the payload's checksum sum,
+    /// made once per result, so that a shell sums only the headers per
+    /// destination. `None` for any other reply, if the header does not fit,
+    /// or if the result is gone (as [`encode`]).
     ///
     /// [`encode`]: JobTable::encode
-    pub fn encode_result_head(&self, r: &Reply, buf: &mut [u8]) -> Option<(Encoded, &[u8])> {
+    pub fn encode_result_head(&self, r: &Reply, buf: &mut [u8]) -> Option<ResultHead<'_>> {
         let ReplyMsg::Result { seq, retx } = r.msg else {
             return None;
         };
@@ -1019,11 +1034,14 @@ impl JobTable {
         let hdr = job.result_header(seq, r.rank, retx, self.gen)?;
         let res = job.result(seq)?;
         hdr.emit_to(buf).ok()?;
-        let e = Encoded {
-            len: HEADER_LEN + res.payload.len(),
-            ce: res.ece,
-        };
-        Some((e, res.payload))
+        Some(ResultHead {
+            encoded: Encoded {
+                len: HEADER_LEN + res.payload.len(),
+                ce: res.ece,
+            },
+            payload: res.payload,
+            payload_sum: res.payload_sum,
+        })
     }
 
     /// Writes `r`'s aggregation header and payload into `buf`; `None` if it

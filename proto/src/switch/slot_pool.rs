@@ -69,6 +69,10 @@ pub struct Shadow {
     pub collective: u32,
     pub count: u16,
     pub ece: bool,
+    /// The folded Internet checksum sum of the result's payload bytes
+    /// (0 in a leaf's partial): summed once when the result is made, so
+    /// that each RESULT's UDP checksum only adds its own headers.
+    pub payload_sum: u16,
 }
 
 /// An aggregation in progress.
@@ -117,6 +121,16 @@ impl Slot {
         let n = self.shadow.map_or(0, |s| dtype.payload_len(s.count));
         let bytes: &[u8] = bytemuck::cast_slice(&self.result);
         &bytes[..n.min(bytes.len())]
+    }
+
+    /// Records the checksum sum of the shadow's payload, once per result.
+    fn seal_shadow(&mut self, dtype: Dtype) {
+        let sum = crate::checksum::Sum::ZERO
+            .add_bytes(self.result_bytes(dtype))
+            .fold();
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.payload_sum = sum;
+        }
     }
 }
 
@@ -260,6 +274,7 @@ impl SlotPool {
             collective: agg.collective,
             count: agg.count,
             ece: agg.ece,
+            payload_sum: 0,
         };
         slot.agg = None;
         slot.seen.clear();
@@ -272,9 +287,11 @@ impl SlotPool {
             let out: &mut [u8] = bytemuck::cast_slice_mut(&mut slot.result);
             elements::round_to_le(self.dtype, &slot.acc[..count], out);
             slot.shadow = Some(done);
+            slot.seal_shadow(self.dtype);
         } else {
             core::mem::swap(&mut slot.acc, &mut slot.result);
             slot.shadow = Some(done);
+            slot.seal_shadow(self.dtype);
         }
         Taken::Completed
     }
@@ -310,6 +327,57 @@ impl SlotPool {
             ece: p.ece || ece,
             ..p
         });
+        slot.seal_shadow(dtype);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checksum::Sum;
+
+    fn open(pool: &mut SlotPool, seq: u32, count: u16) {
+        pool.slot_mut(seq).agg = Some(Aggregation {
+            seq,
+            collective: 0,
+            count,
+            next_rank: 0,
+            ece: false,
+        });
+    }
+
+    /// The checksum sum recorded with a result is its payload's, whether
+    /// the result was summed here (float32, bf16) or came from a spine.
+    #[test]
+    fn a_result_records_its_payloads_checksum_sum() {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for leaf in [false, true] {
+                let mut pool = SlotPool::try_new(4, 2, 8, dtype, leaf).unwrap();
+                let count = 5u16;
+                let size = dtype.payload_len(count);
+                let vals: Vec<u8> = (0..size).map(|i| (i * 29 + 3) as u8 & 0x3f).collect();
+                for seq in 0..6u32 {
+                    open(&mut pool, seq, count);
+                    assert_eq!(pool.take(seq, 1, &vals, leaf), Taken::Pending);
+                    assert_eq!(pool.take(seq, 0, &vals, leaf), Taken::Completed);
+                    if leaf {
+                        let spine: Vec<u8> =
+                            (0..count * 4).map(|i| (i as u8) ^ seq as u8).collect();
+                        assert!(pool.finish_partial(seq, &spine, false));
+                    }
+                    let slot = pool.slot(seq);
+                    let sh = slot.shadow.unwrap();
+                    assert_eq!(sh.seq, seq);
+                    let payload = slot.result_bytes(dtype);
+                    assert_eq!(payload.len(), size);
+                    assert_eq!(
+                        sh.payload_sum,
+                        Sum::ZERO.add_bytes(payload).fold(),
+                        "{dtype:?} leaf {leaf} seq {seq}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -527,11 +527,17 @@ fn a_result_head_and_its_payload_are_the_whole_encoded_result() {
         let mut whole = [0u8; 256];
         let e = t.encode(&r, &mut whole).unwrap();
         let mut head = [0u8; HEADER_LEN];
-        let (h, payload) = t.encode_result_head(&r, &mut head).unwrap();
-        assert_eq!((h.len, h.ce), (e.len, e.ce));
+        let rh = t.encode_result_head(&r, &mut head).unwrap();
+        let payload = rh.payload;
+        assert_eq!((rh.encoded.len, rh.encoded.ce), (e.len, e.ce));
         assert_eq!(&whole[..HEADER_LEN], &head[..]);
         assert_eq!(&whole[HEADER_LEN..e.len], payload);
         assert_eq!(payload, bytemuck::cast_slice::<f32, u8>(&[1.5, 2.25, 0.0]));
+        // The sum made once per result is the payload's.
+        assert_eq!(
+            rh.payload_sum,
+            crate::checksum::Sum::ZERO.add_bytes(payload).fold()
+        );
         seen += 1;
     }
     assert_eq!(seen, 2);

@@ -103,6 +103,12 @@ proto::counter_schema! {
         tx_multi_buffer,
         /// Dataplane threads the watchdog found stuck with work pending (switchd then exits for its supervisor to restart it).
         dataplane_stalls,
+        /// Steered frames dropped for a wrong IPv4 header checksum (corrupted on the way: never summed).
+        bad_ip_checksum,
+        /// Steered frames dropped for a wrong UDP checksum (corrupted on the way: never summed; a checksum of 0 means none and is taken).
+        bad_udp_checksum,
+        /// Steered frames dropped because their source IPv4 or MAC address is one of the switch's own (spoofed: the switch never sends to itself).
+        own_source,
     }
 }
 
@@ -160,6 +166,38 @@ pub struct Shared {
     /// Stalls the watchdog found (not a thread's: the stuck one cannot
     /// publish).
     stalls: AtomicU64,
+    /// The switch's own addresses: a frame that claims one as its source
+    /// is dropped at ingress ([`rx`]).
+    own: OwnAddresses,
+}
+
+/// The switch's own IPv4 and MAC addresses, for the ingress check: a few
+/// IPs (scanned) and one MAC per interface (sorted, searched), so the
+/// check is a handful of compares per frame.
+#[derive(Debug, Clone, Default)]
+pub struct OwnAddresses {
+    ips: Vec<[u8; 4]>,
+    macs: Vec<[u8; 6]>,
+}
+
+impl OwnAddresses {
+    pub fn new(
+        ips: impl IntoIterator<Item = [u8; 4]>,
+        macs: impl IntoIterator<Item = [u8; 6]>,
+    ) -> Self {
+        let mut ips: Vec<[u8; 4]> = ips.into_iter().collect();
+        let mut macs: Vec<[u8; 6]> = macs.into_iter().collect();
+        ips.sort_unstable();
+        ips.dedup();
+        macs.sort_unstable();
+        macs.dedup();
+        OwnAddresses { ips, macs }
+    }
+
+    /// Whether `ip` or `mac` is one of the switch's own.
+    pub fn claims(&self, ip: [u8; 4], mac: [u8; 6]) -> bool {
+        self.ips.contains(&ip) || self.macs.binary_search(&mac).is_ok()
+    }
 }
 
 /// How to build a dataplane.
@@ -173,6 +211,8 @@ pub struct DataplaneConfig {
     pub echo: bool,
     /// A leaf's uplink socket, bound and nonblocking.
     pub uplink: Option<std::net::UdpSocket>,
+    /// The switch's own addresses (frames claiming them are dropped).
+    pub own: OwnAddresses,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -236,6 +276,7 @@ pub fn build(
         uplink: cfg.uplink,
         heartbeats: (0..threads).map(|_| Heartbeat::default()).collect(),
         stalls: AtomicU64::new(0),
+        own: cfg.own,
     });
     let lanes = rxs
         .into_iter()
@@ -575,5 +616,27 @@ impl DataplaneThread {
         p.counters = self.counters.clone();
         p.rings = rings;
         self.last_publish = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnAddresses;
+
+    /// Any one of the switch's IPs or MACs is claimed, whatever the other
+    /// address; a host's own pair is not.
+    #[test]
+    fn own_addresses_are_recognised_by_ip_or_mac() {
+        let macs = (1..=90u8).map(|i| [2, 0, 0, 0, 1, i]).rev();
+        let own = OwnAddresses::new([[198, 18, 0, 1], [198, 19, 255, 1]], macs);
+        let host = ([198, 18, 0, 100], [2, 0, 0, 0, 9, 9]);
+        assert!(!own.claims(host.0, host.1));
+        assert!(own.claims([198, 18, 0, 1], host.1));
+        assert!(own.claims([198, 19, 255, 1], host.1));
+        for i in [1u8, 45, 90] {
+            assert!(own.claims(host.0, [2, 0, 0, 0, 1, i]), "port MAC {i}");
+        }
+        assert!(!own.claims(host.0, [2, 0, 0, 0, 1, 91]));
+        assert!(!OwnAddresses::default().claims(host.0, host.1));
     }
 }

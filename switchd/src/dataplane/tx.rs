@@ -9,6 +9,7 @@
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
 //! counted in `tx_ring_full` (the worker's resend recovers it).
 
+use proto::checksum::Sum;
 use proto::switch::{JobTable, Reply, ReplyMsg};
 use proto::wire::L2_L4_LEN;
 
@@ -53,6 +54,11 @@ impl<'a> Out<'a> {
 
     pub fn agg_port(&self) -> u16 {
         self.shared.agg_port
+    }
+
+    /// The switch's own addresses (the ingress check).
+    pub fn own(&self) -> &super::OwnAddresses {
+        &self.shared.own
     }
 
     /// Sends every reply the table has queued.
@@ -122,19 +128,9 @@ impl<'a> Out<'a> {
             // The payload goes from the job's shadow straight into the TX
             // frames, the headers in front of it: one copy, also when a
             // jumbo RESULT spans several frames.
-            tx.send_head_tail(|buf| {
-                let head = buf.get_mut(L2_L4_LEN..)?;
-                let (e, payload) = table.encode_result_head(r, head)?;
-                write_l2_l4_headers(buf, &to, e.ce, e.len)?;
-                Some((L2_L4_LEN + e.len - payload.len(), payload))
-            })
+            tx.send_head_tail(|buf| result_frame_head(table, r, buf))
         } else {
-            tx.send_with(|buf| {
-                let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(|b| table.encode(r, b)) else {
-                    return 0;
-                };
-                write_udp_headers(buf, &to, e.ce, e.len).unwrap_or(0)
-            })
+            tx.send_with(|buf| reply_frame(table, r, buf))
         };
         if sent {
             self.counters.tx_frames += 1;
@@ -142,6 +138,34 @@ impl<'a> Out<'a> {
             self.counters.tx_ring_full += 1;
         }
     }
+}
+
+/// Writes a RESULT's Ethernet, IPv4, UDP and aggregation headers into
+/// `buf` and returns their length and the payload that follows them. The
+/// UDP checksum adds the payload's sum, made once per result by the table,
+/// to the sum of this destination's headers: no pass over the payload per
+/// destination.
+pub fn result_frame_head<'t>(
+    table: &'t JobTable,
+    r: &Reply,
+    buf: &mut [u8],
+) -> Option<(usize, &'t [u8])> {
+    let rh = table.encode_result_head(r, buf.get_mut(L2_L4_LEN..)?)?;
+    let head = rh.encoded.len - rh.payload.len();
+    let sum = Sum::ZERO
+        .add_bytes(buf.get(L2_L4_LEN..L2_L4_LEN + head)?)
+        .add_folded_at(rh.payload_sum, head);
+    write_l2_l4_headers(buf, &r.to, rh.encoded.ce, rh.encoded.len, sum)?;
+    Some((L2_L4_LEN + head, rh.payload))
+}
+
+/// Writes any other reply whole into `buf` (its UDP checksum summed over
+/// it: these are small); returns the frame length, 0 if it cannot be sent.
+pub fn reply_frame(table: &JobTable, r: &Reply, buf: &mut [u8]) -> usize {
+    let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(|b| table.encode(r, b)) else {
+        return 0;
+    };
+    write_udp_headers(buf, &r.to, e.ce, e.len).unwrap_or(0)
 }
 
 /// Writes the replies other threads handed to this one.
@@ -155,5 +179,191 @@ pub(super) fn drain_outbox(t: &mut DataplaneThread) {
     let mut out = Out::new(t.idx, &shared, &mut t.txs, &mut t.counters);
     while let Some(r) = outbox.pop() {
         out.transmit(&table, &r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use proto::handshake::{Handshake, JoinParams};
+    use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, Source, TableConfig};
+    use proto::wire::{
+        write_f32s, Dtype, Header, HeaderRepr, MsgType, DTYPE_BF16, HEADER_LEN, OP_SUM,
+    };
+
+    use super::*;
+    use crate::frame::{parse_udp_frame, FrameError};
+
+    const JOB: u16 = 5;
+    const SECRET: [u8; 32] = [7; 32];
+    const GEN: u32 = 0x1234_5678;
+
+    fn endpoint(rank: u16) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [2, 0, 0, 0, 0, 10 + rank as u8],
+                ip: [198, 18, 0, 10 + rank as u8],
+                port: 40001 + 2 * rank,
+            },
+            local_mac: [2, 0, 0, 0, 0, 1],
+            local_ip: [198, 18, 0, 1],
+            local_port: 48879,
+            port_idx: 0,
+            queue: 0,
+        }
+    }
+
+    /// Frames the table's replies as the dataplane does (a RESULT from its
+    /// head and payload), checks that each parses with its UDP checksum
+    /// verified, and returns them with their aggregation headers.
+    fn drain(t: &mut JobTable) -> Vec<(HeaderRepr, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(r) = t.poll_reply() {
+            let mut buf = [0u8; 4096];
+            let frame = if matches!(r.msg, ReplyMsg::Result { .. }) {
+                let (head, payload) = result_frame_head(t, &r, &mut buf).expect("RESULT head");
+                let mut f = buf[..head].to_vec();
+                f.extend_from_slice(payload);
+                f
+            } else {
+                let n = reply_frame(t, &r, &mut buf);
+                assert!(n > 0, "{r:?} was framed");
+                buf[..n].to_vec()
+            };
+            assert_ne!(u16::from_be_bytes([frame[40], frame[41]]), 0, "{r:?}");
+            let f = parse_udp_frame(&frame).unwrap_or_else(|e| panic!("{r:?}: {e}"));
+            assert_eq!(f.dst_ip, r.to.source.ip);
+            // A single bit flipped anywhere in the datagram is caught.
+            let mut bad = frame.clone();
+            *bad.last_mut().unwrap() ^= 0x40;
+            assert_eq!(parse_udp_frame(&bad).unwrap_err(), FrameError::UdpChecksum);
+            let h = HeaderRepr::parse(&Header::new_checked(f.payload).unwrap()).unwrap();
+            out.push((h, f.payload.to_vec()));
+        }
+        out
+    }
+
+    fn table(dtype: Dtype, n: u16) -> JobTable {
+        let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), Instant::now());
+        t.add(
+            JobConfig {
+                id: JOB,
+                n_workers: n,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: SECRET,
+                pool_slots: 4,
+                elems_per_chunk: 64,
+                dtype,
+                window: 4,
+                upstream: None,
+            },
+            1000,
+        )
+        .unwrap();
+        t
+    }
+
+    /// Every kind of reply the switch sends to a worker leaves with a
+    /// correct, non-zero UDP checksum: CHALLENGE, JOIN_ACK, RESULT (float32
+    /// and bf16, odd element counts, first sends and resends), the
+    /// HEARTBEAT answer, and NACK.
+    #[test]
+    fn every_reply_frame_carries_a_udp_checksum_that_verifies() {
+        for (dtype, wire_dtype) in [
+            (Dtype::F32, proto::wire::DTYPE_F32),
+            (Dtype::Bf16, DTYPE_BF16),
+        ] {
+            let now = Instant::now();
+            let mut t = table(dtype, 2);
+            let mut kinds = Vec::new();
+            for rank in 0..2u16 {
+                let ep = endpoint(rank);
+                let mut hs = Handshake::new(
+                    JoinParams {
+                        job: JOB,
+                        rank,
+                        n_workers: 2,
+                        dtype: wire_dtype,
+                        op: OP_SUM,
+                        secret: SECRET,
+                        ip: ep.source.ip,
+                        port: ep.source.port,
+                    },
+                    [rank as u8 + 1; 16],
+                );
+                let mut b = [0u8; 256];
+                let n = hs.emit_hello(&mut b).unwrap();
+                t.handle(&b[..n], ep, false, now);
+                let replies = drain(&mut t);
+                let (h, p) = &replies[0];
+                hs.on_challenge(h, &p[HEADER_LEN..]).unwrap();
+                let n = hs.emit_join(0, 0, &mut b).unwrap();
+                t.handle(&b[..n], ep, false, now);
+                kinds.extend(
+                    replies
+                        .into_iter()
+                        .chain(drain(&mut t))
+                        .map(|(h, _)| h.msg_type),
+                );
+            }
+            for (seq, count) in [1u16, 3, 64].into_iter().enumerate() {
+                for rank in 0..2u16 {
+                    let mut h = HeaderRepr::new(MsgType::Data, JOB);
+                    h.rank = rank;
+                    h.seq = seq as u32;
+                    h.count = count;
+                    h.gen = GEN;
+                    let vals: Vec<f32> =
+                        (0..count).map(|i| i as f32 * 0.37 - rank as f32).collect();
+                    let mut p = vec![0u8; HEADER_LEN + dtype.payload_len(count)];
+                    h.emit_to(&mut p).unwrap();
+                    if dtype == Dtype::F32 {
+                        write_f32s(&vals, &mut p[HEADER_LEN..]);
+                    } else {
+                        for (i, v) in vals.iter().enumerate() {
+                            // bf16: the upper half of the float32 (truncated).
+                            let b = ((v.to_bits() >> 16) as u16).to_le_bytes();
+                            p[HEADER_LEN + 2 * i..HEADER_LEN + 2 * i + 2].copy_from_slice(&b);
+                        }
+                    }
+                    t.handle(&p, endpoint(rank), false, now);
+                    // Sent again after completion: the RESULT is resent (RETX).
+                    if rank == 1 {
+                        t.handle(&p, endpoint(rank), false, now);
+                    }
+                    kinds.extend(drain(&mut t).into_iter().map(|(h, _)| h.msg_type));
+                }
+            }
+            // A member's HEARTBEAT, and one of a stale generation from a
+            // stranger inside the prefix (a NACK).
+            let mut h = HeaderRepr::new(MsgType::Heartbeat, JOB);
+            h.gen = GEN;
+            h.seq = 9;
+            let mut p = [0u8; HEADER_LEN];
+            h.emit_to(&mut p).unwrap();
+            t.handle(&p, endpoint(0), false, now);
+            h.gen = GEN ^ 1;
+            h.emit_to(&mut p).unwrap();
+            t.handle(&p, endpoint(7), false, now);
+            kinds.extend(drain(&mut t).into_iter().map(|(h, _)| h.msg_type));
+            for want in [
+                MsgType::Challenge,
+                MsgType::JoinAck,
+                MsgType::Result,
+                MsgType::Heartbeat,
+                MsgType::Nack,
+            ] {
+                assert!(kinds.contains(&want), "{dtype:?}: no {want:?} in {kinds:?}");
+            }
+            assert_eq!(
+                kinds.iter().filter(|k| **k == MsgType::Result).count(),
+                3 * 3,
+                "{dtype:?}: 2 RESULTs and a resend per chunk"
+            );
+        }
     }
 }
