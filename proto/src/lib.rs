@@ -4,6 +4,7 @@
 //! * [`switch`]: the switch's job table and slot pools, fed datagrams and
 //!   time; it queues the replies the I/O shells send.
 //! * [`auth`]: the HMAC-SHA256 of the JOIN handshake and the switch's nonces.
+//! * [`tag`]: per-packet tags of `auth = "mac"` jobs (AES-GMAC) and of JOIN_ACKs.
 //! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
@@ -20,5 +21,6 @@ pub mod reference;
 pub mod seq;
 pub mod simd;
 pub mod switch;
+pub mod tag;
 pub mod wire;
 pub mod worker;
