@@ -151,6 +151,7 @@ impl JobSpec {
             dtype: Default::default(),
             window: 1 + (self.window as u16 % pool_slots),
             // Trees are covered by proto/tests/simulated_tree.rs.
+            auth: Default::default(),
             upstream: None,
         }
     }

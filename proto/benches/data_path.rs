@@ -91,6 +91,7 @@ fn config(elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: POOL,
+        auth: Default::default(),
         upstream: None,
     }
 }

@@ -26,7 +26,7 @@ use aes_gcm::{Aes128Gcm, KeyInit};
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
-use crate::wire::{flags, Header, HEADER_LEN, SECRET_LEN};
+use crate::wire::{flags, HeaderRepr, HEADER_LEN, SECRET_LEN, VERSION};
 
 /// Bytes of the tag after an `auth = "mac"` DATA or RESULT payload, and at
 /// the end of a JOIN_ACK.
@@ -158,23 +158,20 @@ impl PacketKey {
         PacketKey::from_prk(m.finalize().into_bytes().into())
     }
 
-    /// The GCM nonce of a DATA or RESULT with header `hdr`.
-    fn nonce(hdr: &[u8]) -> aes_gcm::Nonce<aes_gcm::aead::consts::U12> {
-        let h = Header::new_unchecked(hdr);
+    /// The GCM nonce of a DATA or RESULT with header `hdr`: `ver_type`,
+    /// flags without `RETX`, `window`, `seq`, `collective`.
+    fn nonce(hdr: &HeaderRepr) -> aes_gcm::Nonce<aes_gcm::aead::consts::U12> {
         let mut n = [0u8; 12];
-        n[0] = hdr[0];
-        n[1] = h.flags() & !flags::RETX;
-        n[2..4].copy_from_slice(&h.window().to_be_bytes());
-        n[4..8].copy_from_slice(&h.seq().to_be_bytes());
-        n[8..12].copy_from_slice(&h.collective().to_be_bytes());
+        n[0] = (VERSION << 4) | hdr.msg_type as u8;
+        n[1] = hdr.flags & !flags::RETX;
+        n[2..4].copy_from_slice(&hdr.window.to_be_bytes());
+        n[4..8].copy_from_slice(&hdr.seq.to_be_bytes());
+        n[8..12].copy_from_slice(&hdr.collective.to_be_bytes());
         n.into()
     }
 
-    /// The tag of a DATA or RESULT: `hdr` is its aggregation header (at
-    /// least [`HEADER_LEN`] bytes; only the first are read), `payload` its
-    /// elements.
-    pub fn tag(&self, hdr: &[u8], payload: &[u8]) -> Tag {
-        debug_assert!(hdr.len() >= HEADER_LEN);
+    /// The tag of a DATA or RESULT with header `hdr` and elements `payload`.
+    pub fn tag(&self, hdr: &HeaderRepr, payload: &[u8]) -> Tag {
         match self
             .cipher
             .encrypt_in_place_detached(&Self::nonce(hdr), payload, &mut [])
@@ -186,8 +183,8 @@ impl PacketKey {
     }
 
     /// Whether `tag` is the tag of this header and payload (constant time).
-    pub fn verify(&self, hdr: &[u8], payload: &[u8], tag: &[u8]) -> bool {
-        if hdr.len() < HEADER_LEN || tag.len() != TAG_LEN {
+    pub fn verify(&self, hdr: &HeaderRepr, payload: &[u8], tag: &[u8]) -> bool {
+        if tag.len() != TAG_LEN {
             return false;
         }
         let tag = aes_gcm::Tag::<aes_gcm::aead::consts::U16>::from_slice(tag);
@@ -201,10 +198,14 @@ impl PacketKey {
 /// "aggswitch v3 join ack" ‖ header (22 B) ‖ payload before the tag)`, first
 /// 16 bytes. HMAC, not GMAC: a JOIN_ACK may be sent again with another
 /// window, and HMAC needs no nonce.
-pub fn join_ack_tag(session_key: &[u8; 32], hdr: &[u8], body: &[u8]) -> Tag {
+pub fn join_ack_tag(session_key: &[u8; 32], hdr: &HeaderRepr, body: &[u8]) -> Tag {
+    let mut h = [0u8; HEADER_LEN];
+    if hdr.emit_to(&mut h).is_err() {
+        unreachable!("a header fits its length");
+    }
     let mut m = hmac(session_key);
     m.update(JOIN_ACK_LABEL);
-    m.update(&hdr[..HEADER_LEN.min(hdr.len())]);
+    m.update(&h);
     m.update(body);
     let full = m.finalize().into_bytes();
     let mut t = [0u8; TAG_LEN];
@@ -213,7 +214,7 @@ pub fn join_ack_tag(session_key: &[u8; 32], hdr: &[u8], body: &[u8]) -> Tag {
 }
 
 /// Checks a JOIN_ACK's tag in constant time.
-pub fn verify_join_ack(session_key: &[u8; 32], hdr: &[u8], body: &[u8], tag: &[u8]) -> bool {
+pub fn verify_join_ack(session_key: &[u8; 32], hdr: &HeaderRepr, body: &[u8], tag: &[u8]) -> bool {
     let want = join_ack_tag(session_key, hdr, body);
     tag.len() == TAG_LEN && bool::from(subtle::ConstantTimeEq::ct_eq(&want[..], tag))
 }
@@ -236,7 +237,11 @@ pub fn epoch(key: &[u8; 32], counter: u64) -> [u8; EPOCH_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{HeaderRepr, MsgType};
+    use crate::wire::{Header, MsgType};
+
+    fn hr(f: &[u8]) -> HeaderRepr {
+        HeaderRepr::parse(&Header::new_checked(f).unwrap()).unwrap()
+    }
 
     fn frame(ty: MsgType, rank: u16, flags: u8) -> Vec<u8> {
         let mut h = HeaderRepr::new(ty, 7);
@@ -263,32 +268,44 @@ mod tests {
     fn tag_binds_header_and_payload() {
         let k = key();
         let f = frame(MsgType::Data, 1, flags::LAST);
-        let (h, p) = f.split_at(HEADER_LEN);
-        let t = k.tag(h, p);
-        assert!(k.verify(h, p, &t));
+        let (h, p) = (hr(&f), &f[HEADER_LEN..]);
+        let t = k.tag(&h, p);
+        assert!(k.verify(&h, p, &t));
         // Every payload byte, and every covered header field.
         for i in 0..p.len() {
             let mut q = p.to_vec();
             q[i] ^= 0x01;
-            assert!(!k.verify(h, &q, &t), "payload byte {i}");
+            assert!(!k.verify(&h, &q, &t), "payload byte {i}");
         }
-        let covered = [0usize, 1, 8, 11, 12, 15, 16, 17];
-        for i in covered {
-            let mut g = h.to_vec();
-            g[i] ^= 0x04;
-            assert!(!k.verify(&g, p, &t), "header byte {i}");
+        let changes: [fn(&mut HeaderRepr); 7] = [
+            |h| h.msg_type = MsgType::Result,
+            |h| h.flags ^= flags::LAST,
+            |h| h.flags ^= flags::ECE,
+            |h| h.seq += 1,
+            |h| h.collective += 1,
+            |h| h.window += 1,
+            |h| h.seq ^= 1 << 31,
+        ];
+        for change in changes {
+            let mut g = h;
+            change(&mut g);
+            assert!(!k.verify(&g, p, &t), "{g:?}");
         }
+        // RETX is not covered: a resend is the same DATA.
+        let mut g = h;
+        g.flags |= flags::RETX;
+        assert!(k.verify(&g, p, &t));
         // A shorter payload (another count) fails too.
-        assert!(!k.verify(h, &p[..12], &t));
+        assert!(!k.verify(&h, &p[..12], &t));
         let mut bad = t;
         bad[15] ^= 0x80;
-        assert!(!k.verify(h, p, &bad));
+        assert!(!k.verify(&h, p, &bad));
     }
 
     #[test]
     fn wrong_key_fails() {
         let f = frame(MsgType::Data, 1, 0);
-        let (h, p) = f.split_at(HEADER_LEN);
+        let (h, p) = (&hr(&f), &f[HEADER_LEN..]);
         let t = key().tag(h, p);
         assert!(!PacketKey::data(&[0x43; 32]).verify(h, p, &t));
         let r = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
@@ -306,13 +323,13 @@ mod tests {
         let k = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
         let a = frame(MsgType::Result, 0, flags::ECE);
         let b = frame(MsgType::Result, 3, flags::ECE | flags::RETX);
-        let ta = k.tag(&a[..HEADER_LEN], &a[HEADER_LEN..]);
-        assert_eq!(ta, k.tag(&b[..HEADER_LEN], &b[HEADER_LEN..]));
+        let ta = k.tag(&hr(&a), &a[HEADER_LEN..]);
+        assert_eq!(ta, k.tag(&hr(&b), &b[HEADER_LEN..]));
         let c = frame(MsgType::Result, 0, 0);
-        assert!(!k.verify(&c[..HEADER_LEN], &c[HEADER_LEN..], &ta), "ECE is covered");
+        assert!(!k.verify(&hr(&c), &c[HEADER_LEN..], &ta), "ECE is covered");
         // A DATA tag never verifies as a RESULT's.
         let d = frame(MsgType::Data, 0, flags::ECE);
-        assert!(!k.verify(&d[..HEADER_LEN], &d[HEADER_LEN..], &ta));
+        assert!(!k.verify(&hr(&d), &d[HEADER_LEN..], &ta));
     }
 
     #[test]
@@ -337,21 +354,24 @@ mod tests {
             .encrypt_in_place_detached(&nonce.into(), &f[HEADER_LEN..], &mut [])
             .unwrap();
         let t: Tag = t.into();
-        assert_eq!(t, key().tag(&f[..HEADER_LEN], &f[HEADER_LEN..]));
+        assert_eq!(t, key().tag(&hr(&f), &f[HEADER_LEN..]));
     }
 
     #[test]
     fn join_ack_tag_binds_header_body_and_key() {
-        let f = frame(MsgType::JoinAck, 2, 0);
-        let t = join_ack_tag(&[1; 32], &f[..HEADER_LEN], &f[HEADER_LEN..]);
-        assert!(verify_join_ack(&[1; 32], &f[..HEADER_LEN], &f[HEADER_LEN..], &t));
-        assert!(!verify_join_ack(&[2; 32], &f[..HEADER_LEN], &f[HEADER_LEN..], &t));
-        let mut g = f.clone();
-        g[HEADER_LEN + 3] ^= 1;
-        assert!(!verify_join_ack(&[1; 32], &g[..HEADER_LEN], &g[HEADER_LEN..], &t));
-        g = f.clone();
-        g[4] ^= 1;
-        assert!(!verify_join_ack(&[1; 32], &g[..HEADER_LEN], &g[HEADER_LEN..], &t));
+        let mut h = HeaderRepr::new(MsgType::JoinAck, 7);
+        h.rank = 2;
+        h.window = 16;
+        let body = [3u8; 16];
+        let t = join_ack_tag(&[1; 32], &h, &body);
+        assert!(verify_join_ack(&[1; 32], &h, &body, &t));
+        assert!(!verify_join_ack(&[2; 32], &h, &body, &t));
+        let mut b = body;
+        b[3] ^= 1;
+        assert!(!verify_join_ack(&[1; 32], &h, &b, &t));
+        let mut g = h;
+        g.window = 1;
+        assert!(!verify_join_ack(&[1; 32], &g, &body, &t));
     }
 
     #[test]

@@ -146,6 +146,7 @@ fn run_from(
                 elems_per_chunk: elems,
                 dtype,
                 window: slots,
+                auth: Default::default(),
                 upstream: None,
             },
             elems,

@@ -27,6 +27,7 @@
 //! elems_per_chunk = 362             # default: from the ports' MTU (×2 for bf16/f16)
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
+//! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -37,7 +38,9 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
+use proto::switch::config::max_elems_for;
 use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
+use proto::tag::AuthMode;
 use proto::wire::{
     elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
 };
@@ -250,6 +253,9 @@ pub struct JobSection {
     /// Element type: "f32" (when absent), "bf16" or "f16".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
+    /// DATA/RESULT authentication: "port" (when absent) or "mac".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
     /// On a leaf: this job's place in its trees.
     #[serde(default)]
     pub upstream: Option<UpstreamSection>,
@@ -314,6 +320,18 @@ impl JobSection {
                 .parse()
                 .map_err(|e| format!("job {}: dtype: {e}", self.id))?,
         };
+        let auth: AuthMode = match &self.auth {
+            None => AuthMode::Port,
+            Some(a) => a
+                .parse()
+                .map_err(|e| format!("job {}: auth: {e}", self.id))?,
+        };
+        // switchd sends a tagged RESULT from one TX frame (the tag follows
+        // the payload), so an auth = "mac" job's chunk fits one frame.
+        let max_elems = match auth {
+            AuthMode::Port => max_elems,
+            AuthMode::Mac => max_elems.min(MAX_ELEMS_IN_FRAME),
+        };
         let mut cfg = JobConfig {
             id: self.id,
             n_workers: self.n_workers,
@@ -330,6 +348,7 @@ impl JobSection {
             elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             dtype,
             window: self.window.unwrap_or(self.pool_slots),
+            auth,
             upstream: match (&self.upstream, uplink) {
                 (None, _) => None,
                 (Some(_), None) => {
@@ -355,9 +374,11 @@ impl JobSection {
                 }),
             },
         };
-        // A leaf's chunks are float32 towards its spines, whatever the dtype.
+        // A leaf's chunks are float32 towards its spines, whatever the
+        // dtype; a mac job's leave room for the tag.
         if self.elems_per_chunk.is_none() {
-            cfg.elems_per_chunk = cfg.chunk_dtype().scale_f32_elems(default_elems);
+            let f32_elems = default_elems.min(max_elems);
+            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth);
         }
         cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;

@@ -65,6 +65,7 @@ impl LoopbackConfig {
                 elems_per_chunk: self.elems_per_chunk,
                 dtype: self.dtype,
                 window: self.pool_slots,
+                auth: Default::default(),
                 upstream: None,
             },
             MAX_ELEMS_PER_CHUNK,

@@ -88,12 +88,16 @@ pub enum DropReason {
     /// A LEAVE whose MAC does not verify.
     Unauthenticated,
     /// A DATA payload that is not `count` elements of the job's dtype (a
-    /// worker of another element size).
+    /// worker of another element size, or, in an `auth = "mac"` job, a
+    /// payload without its tag).
     PayloadLength,
+    /// An `auth = "mac"` job's DATA whose tag does not verify under the
+    /// member's DATA key: never summed.
+    BadTag,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::Duplicate,
         DropReason::Stale,
@@ -109,6 +113,7 @@ impl DropReason {
         DropReason::UnexpectedType,
         DropReason::Unauthenticated,
         DropReason::PayloadLength,
+        DropReason::BadTag,
     ];
 
     /// Stable name, for counters and metrics.
@@ -128,6 +133,7 @@ impl DropReason {
             DropReason::UnexpectedType => "unexpected_type",
             DropReason::Unauthenticated => "unauthenticated",
             DropReason::PayloadLength => "payload_length",
+            DropReason::BadTag => "bad_tag",
         }
     }
 }

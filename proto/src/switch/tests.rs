@@ -32,6 +32,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: slots,
+        auth: Default::default(),
         upstream: None,
     }
 }

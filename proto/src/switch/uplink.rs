@@ -27,8 +27,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams};
+use crate::tag::AuthMode;
 use crate::wire::{
-    flags, HeaderRepr, JoinAckPayload, NackPayload, NackReason, Nonce, SpineRefusal,
+    flags, HeaderRepr, NackPayload, NackReason, Nonce, SpineRefusal,
     SpineSessionState, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
@@ -418,7 +419,12 @@ impl Job {
         if s.hs.gen() != Some(hdr.gen) || s.joined_gen.is_some() {
             return None;
         }
-        let ack = JoinAckPayload::parse(payload).ok()?;
+        // Only a JOIN_ACK whose tag verifies under this join's session key.
+        let ack = s.hs.on_join_ack(hdr, payload).ok()?;
+        if ack.auth != AuthMode::Port {
+            return u.refused_by(id, spine, SpineRefusal::AuthDiffers, now);
+        }
+        let ack = ack.payload;
         if ack.elems_per_chunk != elems {
             let why = SpineRefusal::ElemsDiffer {
                 spine: ack.elems_per_chunk,

@@ -118,7 +118,9 @@ impl<'a> Out<'a> {
             self.counters.tx_ring_full += 1;
             return;
         };
-        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) {
+        // A tagged RESULT (auth = "mac") is header, payload and tag: it is
+        // encoded whole into one frame (its chunk size is bounded so).
+        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) && !table.is_tagged(r.job) {
             // The payload goes from the job's shadow straight into the TX
             // frames, the headers in front of it: one copy, also when a
             // jumbo RESULT spans several frames.
