@@ -78,7 +78,9 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
             )
         }
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
-        WorkerError::BadJoinAck { .. } | WorkerError::Handshake { .. } => {
+        WorkerError::BadJoinAck { .. }
+        | WorkerError::Handshake { .. }
+        | WorkerError::JoinAck { .. } => {
             py_error(py, "ProtocolError", (msg,))
         }
         WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
