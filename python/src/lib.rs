@@ -157,6 +157,8 @@ struct PyWorker {
     dtype: Dtype,
     /// The transport the worker settled on: "mmsg" or "udp-gso".
     transport: &'static str,
+    /// The job's auth mode from the JOIN_ACK: "port" or "mac".
+    auth: &'static str,
 }
 
 /// `dtype=` of a Worker or LoopbackSwitch.
@@ -307,6 +309,7 @@ impl PyWorker {
             elems_per_chunk: w.elems_per_chunk(),
             dtype,
             transport: w.transport().name(),
+            auth: w.auth().name(),
             inner: Mutex::new(Some(w)),
         })
     }
@@ -391,6 +394,12 @@ impl PyWorker {
     #[getter]
     fn transport(&self) -> &'static str {
         self.transport
+    }
+    /// How the job authenticates DATA and RESULT: "port" or "mac" (the
+    /// switch's authenticated JOIN_ACK says).
+    #[getter]
+    fn auth(&self) -> &'static str {
+        self.auth
     }
 
     /// The job's element type: "f32", "bf16" or "f16".
