@@ -13,8 +13,8 @@
 use crate::auth::{self, JoinClaim};
 use crate::tag::{self, AuthMode, PacketKey};
 use crate::wire::{
-    ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload,
-    MsgType, NackPayload, Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_TAGGED_LEN,
+    ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType,
+    NackPayload, Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_TAGGED_LEN,
     JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, SECRET_LEN,
 };
 

@@ -361,7 +361,6 @@ fn check_config(path: &Path) -> Result<()> {
             j.window,
             human_bytes(j.pool_bytes()),
             j.auth
-
         );
     }
     Ok(())

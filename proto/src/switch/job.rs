@@ -221,7 +221,9 @@ impl Job {
         members.try_reserve_exact(n).map_err(|_| oom.clone())?;
         members.resize(n, None);
         let mut accepted_serial = Vec::new();
-        accepted_serial.try_reserve_exact(n).map_err(|_| oom.clone())?;
+        accepted_serial
+            .try_reserve_exact(n)
+            .map_err(|_| oom.clone())?;
         accepted_serial.resize(n, 0);
         let mac = match config.auth {
             AuthMode::Port => None,

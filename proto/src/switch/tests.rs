@@ -811,4 +811,5 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
     assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
 }
 
+mod auth_mac;
 mod dtypes;

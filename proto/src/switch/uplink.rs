@@ -29,8 +29,8 @@ use sha2::Sha256;
 use crate::handshake::{Handshake, JoinParams};
 use crate::tag::AuthMode;
 use crate::wire::{
-    flags, HeaderRepr, NackPayload, NackReason, Nonce, SpineRefusal,
-    SpineSessionState, UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
+    flags, HeaderRepr, NackPayload, NackReason, Nonce, SpineRefusal, SpineSessionState,
+    UpstreamWaitPayload, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
