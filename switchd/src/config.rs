@@ -625,6 +625,39 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
     }
 
     #[test]
+    fn auth_mac_leaves_room_for_the_tag_and_a_wrong_value_names_the_choices() {
+        assert_eq!(parse(GOOD).unwrap().jobs[0].auth, AuthMode::Port);
+        let mac = format!("{GOOD}auth = \"mac\"\n");
+        let c = parse(&mac).unwrap();
+        assert_eq!(c.jobs[0].auth, AuthMode::Mac);
+        // 16 bytes less payload: 362 - 4 floats at MTU 1500, 724 - 8 bf16.
+        assert_eq!(c.jobs[0].elems_per_chunk, 358);
+        let c = parse(&format!("{mac}dtype = \"bf16\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 716);
+        // A tagged RESULT is sent from one frame, jumbo ports or not.
+        let c = Config::parse(&mac, Path::new("t"), |_| Some(9000)).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, MAX_ELEMS_IN_FRAME - 4);
+        let e = parse(&format!("{mac}elems_per_chunk = 941\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elems_per_chunk must be 1..=940"), "{e}");
+        let e = parse(&format!("{GOOD}auth = \"hmac\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("job 1: auth") && e.contains("\"port\" or \"mac\""),
+            "{e}"
+        );
+        let leaf = GOOD.replace("[switch]\n", "[switch]\nuplink = \"198.19.0.2:48880\"\n");
+        let leaf = format!(
+            "{leaf}auth = \"mac\"\n[job.upstream]\nleaf_index = 0\nn_leaves = 2\n\
+             spines = [\"198.19.0.1:48879\"]\n"
+        );
+        let e = parse(&leaf).unwrap_err().to_string();
+        assert!(e.contains("not supported on a leaf"), "{e}");
+    }
+
+    #[test]
     fn dtype_is_declared_with_the_job_and_doubles_the_chunk() {
         assert_eq!(parse(GOOD).unwrap().jobs[0].dtype, Dtype::F32);
         for (name, dtype) in [("bf16", Dtype::Bf16), ("f16", Dtype::F16)] {
