@@ -4,7 +4,6 @@
 //! as `bad_tag` and never summed.
 
 use std::process::{Child, Stdio};
-use std::time::Duration;
 
 use agg_e2e::*;
 
