@@ -1220,8 +1220,8 @@ impl Harness {
                 let job = self.table.get(r.job).unwrap();
                 assert_eq!((h.collective, h.seq), job.resume_point());
                 assert_eq!(
-                    JoinAckPayload::parse(o.payload()),
-                    Ok(job.join_ack_payload())
+                    JoinAckPayload::parse(o.payload()).ok(),
+                    job.join_ack_payload(r.rank, &h)
                 );
             }
             ReplyMsg::Nack { reason, echo } => {
@@ -1544,7 +1544,7 @@ impl Harness {
             let _ = job.members().count();
             let _ = (job.resume_point(), job.window(), job.drops.total());
             let _ = job.join_ack_header(0, gen);
-            let _ = job.join_ack_payload();
+            let _ = job.join_ack_payload(0, &job.join_ack_header(0, gen));
             let f = job.floor();
             for s in [f.wrapping_sub(1), f, f.wrapping_add(1)] {
                 let _ = job.result_header(s, 0, false, gen);
