@@ -339,6 +339,8 @@ impl PyWorker {
         d.set_item("rejoins", s.rejoins)?;
         d.set_item("nacks", s.nacks)?;
         d.set_item("bad_length_results", s.bad_length_results)?;
+        d.set_item("bad_tag_results", s.bad_tag_results)?;
+        d.set_item("bad_tag_join_acks", s.bad_tag_join_acks)?;
         d.set_item("window", s.window)?;
         d.set_item("alpha", s.alpha)?;
         d.set_item("srtt_us", s.srtt_us)?;
