@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proto::reference::{expected_sum, fill_pattern};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{TransportKind, Worker, WorkerConfig, WorkerStats};
+use worker::{AuthMode, TransportKind, Worker, WorkerConfig, WorkerStats};
 
 const SECRET: [u8; 32] = [0x5a; 32];
 
@@ -238,4 +238,43 @@ fn udp_gso_survives_loss_and_a_switch_restart() {
         assert_eq!(kind, TransportKind::UdpGso);
         assert!(stats.chunks_resent > 0 && stats.rejoins > 0, "{stats:?}");
     }
+}
+
+#[test]
+fn tagged_job_is_bit_exact_over_a_lossy_loopback() {
+    // auth = "mac": the workers learn it from the JOIN_ACK, tag every DATA
+    // and check every RESULT (resends after the stand-in's losses too).
+    let mut cfg = LoopbackConfig::new(1, 3, SECRET);
+    cfg.elems_per_chunk = 100;
+    cfg.drop_every = 13;
+    cfg.auth = AuthMode::Mac;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3u16)
+            .map(|rank| {
+                let addr = sw.addr();
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, 3, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    let mut w = Worker::join(cfg).expect("join");
+                    assert_eq!(w.auth(), AuthMode::Mac);
+                    let mut data = vec![0f32; 5_000];
+                    for it in 0..3 {
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data).expect("all_reduce");
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(v.to_bits(), expected_sum(3, it, i).to_bits());
+                        }
+                    }
+                    let st = w.stats();
+                    assert_eq!(st.bad_tag_results, 0, "{st:?}");
+                    assert_eq!(st.bad_tag_join_acks, 0, "{st:?}");
+                    assert!(st.chunks_resent > 0, "the losses were resent: {st:?}");
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
 }
