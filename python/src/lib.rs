@@ -80,7 +80,8 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
         WorkerError::BadJoinAck { .. }
         | WorkerError::Handshake { .. }
-        | WorkerError::JoinAck { .. } => py_error(py, "ProtocolError", (msg,)),
+        | WorkerError::JoinAck { .. }
+        | WorkerError::MacNeedsNewJoin { .. } => py_error(py, "ProtocolError", (msg,)),
         WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
         WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }

@@ -327,6 +327,12 @@ pub enum WorkerError {
         reason: &'static str,
         fix: &'static str,
     },
+    #[error(
+        "job {job} rank {rank}: an all-reduce of this auth = \"mac\" job failed, and its chunks \
+         may not be tagged again with other data under this join's key; make a new Worker (a \
+         new join) to go on"
+    )]
+    MacNeedsNewJoin { job: u16, rank: u16 },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
 }
@@ -417,6 +423,10 @@ pub struct Worker {
     auth: AuthMode,
     data_key: Option<PacketKey>,
     result_key: Option<PacketKey>,
+    /// A collective of an `auth = "mac"` job failed: its (seq, collective)
+    /// pairs were tagged under this membership's DATA key and must not tag
+    /// other data, so this worker sends no more DATA.
+    data_key_spent: bool,
 }
 
 /// After this long without progress a worker asks the switch (HEARTBEAT)
@@ -500,6 +510,7 @@ impl Worker {
             auth: AuthMode::Port,
             data_key: None,
             result_key: None,
+            data_key_spent: false,
             cfg,
         };
         let (c, s) = w.join_round(0, 0)?;
@@ -841,6 +852,12 @@ impl Worker {
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
         }
+        if self.data_key_spent {
+            return Err(WorkerError::MacNeedsNewJoin {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+            });
+        }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
         let mut input = std::mem::take(&mut self.input);
@@ -851,6 +868,13 @@ impl Worker {
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
         self.input = std::mem::replace(&mut self.prev_input, input);
+        if result.is_err() && self.auth == AuthMode::Mac {
+            // The next call would tag other data under the same (seq,
+            // collective) and key: a GMAC nonce used twice gives its key
+            // away. Only a new join (a new DATA key) may send again.
+            self.data_key = None;
+            self.data_key_spent = true;
+        }
         result?;
         self.prev_first_seq = first_seq;
         self.prev_collective = Some(collective);

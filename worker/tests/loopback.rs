@@ -278,3 +278,36 @@ fn tagged_job_is_bit_exact_over_a_lossy_loopback() {
         }
     });
 }
+
+#[test]
+fn a_failed_tagged_collective_is_not_retried_under_the_same_key() {
+    // A stalled all-reduce of a mac job has tagged its chunks under this
+    // join's DATA key; tagging other data under the same (seq, collective)
+    // would reuse a GMAC nonce, so the worker refuses until a new join.
+    let mut cfg = LoopbackConfig::new(1, 2, SECRET);
+    cfg.auth = AuthMode::Mac;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = sw.addr();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        // Rank 1 joins and then never sends.
+        s.spawn(move || {
+            let w = Worker::join(WorkerConfig::new(addr, 1, 1, 2, SECRET)).expect("join");
+            let _ = rx.recv();
+            drop(w);
+        });
+        let mut cfg = WorkerConfig::new(addr, 1, 0, 2, SECRET);
+        cfg.stall_timeout = Duration::from_millis(300);
+        let mut w = Worker::join(cfg).expect("join");
+        let mut data = vec![1f32; 1000];
+        let e = w.all_reduce(&mut data).unwrap_err();
+        assert!(matches!(e, worker::WorkerError::Stalled { .. }), "{e}");
+        let e = w.all_reduce(&mut vec![2f32; 1000]).unwrap_err();
+        assert!(
+            matches!(e, worker::WorkerError::MacNeedsNewJoin { .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("make a new Worker"), "{e}");
+        tx.send(()).unwrap();
+    });
+}
