@@ -21,7 +21,7 @@
 //!   length.
 //! * Tags are compared in constant time; keys never print.
 
-use aes_gcm::aead::AeadInPlace;
+use aes_gcm::aead::AeadInOut;
 use aes_gcm::{Aes128Gcm, KeyInit};
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
@@ -129,9 +129,10 @@ impl core::fmt::Debug for PacketKey {
 
 impl PacketKey {
     fn from_prk(prk: [u8; 32]) -> PacketKey {
-        let key = aes_gcm::Key::<Aes128Gcm>::from_slice(&prk[..16]);
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&prk[..16]);
         PacketKey {
-            cipher: Aes128Gcm::new(key),
+            cipher: Aes128Gcm::new(&key.into()),
         }
     }
 
@@ -176,7 +177,7 @@ impl PacketKey {
     pub fn tag(&self, hdr: &HeaderRepr, payload: &[u8]) -> Tag {
         match self
             .cipher
-            .encrypt_in_place_detached(&Self::nonce(hdr), payload, &mut [])
+            .encrypt_inout_detached(&Self::nonce(hdr), payload, (&mut [][..]).into())
         {
             Ok(t) => t.into(),
             // Only a plaintext over 2^36 bytes fails; ours is empty.
@@ -186,12 +187,16 @@ impl PacketKey {
 
     /// Whether `tag` is the tag of this header and payload (constant time).
     pub fn verify(&self, hdr: &HeaderRepr, payload: &[u8], tag: &[u8]) -> bool {
-        if tag.len() != TAG_LEN {
+        let Ok(tag) = <[u8; TAG_LEN]>::try_from(tag) else {
             return false;
-        }
-        let tag = aes_gcm::Tag::<aes_gcm::aead::consts::U16>::from_slice(tag);
+        };
         self.cipher
-            .decrypt_in_place_detached(&Self::nonce(hdr), payload, &mut [], tag)
+            .decrypt_inout_detached(
+                &Self::nonce(hdr),
+                payload,
+                (&mut [][..]).into(),
+                &tag.into(),
+            )
             .is_ok()
     }
 }
@@ -344,7 +349,9 @@ mod tests {
             let b: [u8; 32] = m.finalize().into_bytes().into();
             b
         };
-        let c = Aes128Gcm::new(aes_gcm::Key::<Aes128Gcm>::from_slice(&prk[..16]));
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&prk[..16]);
+        let c = Aes128Gcm::new(&k.into());
         let f = frame(MsgType::Data, 1, flags::RETX | flags::LAST);
         let mut nonce = [0u8; 12];
         nonce[0] = f[0];
@@ -353,7 +360,7 @@ mod tests {
         nonce[4..8].copy_from_slice(&1000u32.to_be_bytes());
         nonce[8..12].copy_from_slice(&3u32.to_be_bytes());
         let t = c
-            .encrypt_in_place_detached(&nonce.into(), &f[HEADER_LEN..], &mut [])
+            .encrypt_inout_detached(&nonce.into(), &f[HEADER_LEN..], (&mut [][..]).into())
             .unwrap();
         let t: Tag = t.into();
         assert_eq!(t, key().tag(&hr(&f), &f[HEADER_LEN..]));
