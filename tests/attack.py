@@ -8,6 +8,12 @@ Run inside a testbed namespace; only testbed addresses are used.
                                         send each saved frame COUNT times,
                                         byte for byte (source addresses
                                         included), spread over SECS
+  attack.py flip-data IFACE SECS COUNT
+                                        take up to COUNT aggregation DATA
+                                        frames the interface sends within SECS,
+                                        flip one payload bit in each, fix the
+                                        UDP checksum, and send them again with
+                                        their own (the member's) addresses
   attack.py bad-joins ADDR PORT JOB RANK WORKERS N
                                         ask for a CHALLENGE, then send N JOINs
                                         (for a job of WORKERS ranks) whose MAC
@@ -67,6 +73,53 @@ def capture(iface, secs, out):
             frames.append(frame.hex())
     with open(out, "w") as f:
         f.write("\n".join(frames) + "\n")
+    print(len(frames), flush=True)
+
+
+def udp_checksum(frame):
+    """The UDP checksum of an Ethernet/IPv4/UDP frame (RFC 768), over the
+    pseudo header and the datagram with its checksum field zeroed."""
+    ihl = (frame[14] & 0x0F) * 4
+    udp = 14 + ihl
+    dgram = bytearray(frame[udp:])
+    dgram[6:8] = b"\x00\x00"
+    pseudo = frame[14 + 12 : 14 + 20] + struct.pack(">BBH", 0, 17, len(dgram))
+    data = pseudo + bytes(dgram) + (b"\x00" if len(dgram) % 2 else b"")
+    total = sum(struct.unpack(">%dH" % (len(data) // 2), data))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    c = ~total & 0xFFFF
+    return c or 0xFFFF
+
+
+def flip_data(iface, secs, count):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((iface, 0))
+    s.settimeout(0.2)
+    frames = []
+    end = time.monotonic() + secs
+    while time.monotonic() < end and len(frames) < count:
+        try:
+            frame, addr = s.recvfrom(65535)
+        except socket.timeout:
+            continue
+        p = agg_payload(frame)
+        # Outgoing (PACKET_OUTGOING = 4) DATA (version 3, type 1) of one
+        # datagram: count elements plus a 16-byte tag.
+        if addr[2] != 4 or p is None or len(p) < HEADER.size + 1 or p[0] != 0x31:
+            continue
+        f = bytearray(frame)
+        ihl = (f[14] & 0x0F) * 4
+        udp = 14 + ihl
+        if struct.unpack(">H", f[udp + 4 : udp + 6])[0] != len(f) - udp:
+            continue  # a GSO super-frame, not one datagram
+        f[udp + 8 + HEADER.size] ^= 0x01  # the first payload byte
+        f[udp + 6 : udp + 8] = struct.pack(">H", udp_checksum(f))
+        frames.append(bytes(f))
+    out = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    out.bind((iface, 0))
+    for f in frames:
+        out.send(f)
     print(len(frames), flush=True)
 
 
@@ -179,6 +232,8 @@ def main(argv):
         capture(argv[2], float(argv[3]), argv[4])
     elif cmd == "replay":
         replay(argv[2], argv[3], int(argv[4]), float(argv[5]))
+    elif cmd == "flip-data":
+        flip_data(argv[2], float(argv[3]), int(argv[4]))
     elif cmd == "bad-joins":
         bad_joins(*[argv[2]] + [int(a) for a in argv[3:8]])
     elif cmd == "spoof-control":

@@ -158,6 +158,7 @@ impl JobSpec {
             dtype: Default::default(),
             window: 1 + (self.window as u16 % pool_slots),
             // Trees are covered by proto/tests/simulated_tree.rs.
+            auth: Default::default(),
             upstream: None,
         }
     }
@@ -1288,8 +1289,8 @@ impl Harness {
                 let job = self.table.get(r.job).unwrap();
                 assert_eq!((h.collective, h.seq), job.resume_point());
                 assert_eq!(
-                    JoinAckPayload::parse(o.payload()),
-                    Ok(job.join_ack_payload())
+                    JoinAckPayload::parse(o.payload()).ok(),
+                    job.join_ack_payload(r.rank, &h)
                 );
             }
             ReplyMsg::Nack { reason, echo } => {
@@ -1658,7 +1659,7 @@ impl Harness {
             let _ = job.members().count();
             let _ = (job.resume_point(), job.window(), job.drops.total());
             let _ = job.join_ack_header(0, gen);
-            let _ = job.join_ack_payload();
+            let _ = job.join_ack_payload(0, &job.join_ack_header(0, gen));
             let f = job.floor();
             for s in [f.wrapping_sub(1), f, f.wrapping_add(1)] {
                 let _ = job.result_header(s, 0, false, gen);

@@ -29,6 +29,14 @@
 //! the worker), to weigh against `engine` (docs/PROTOCOL.md, "DATA
 //! authentication").
 //!
+//! `auth/engine_port/870` and `auth/engine_mac/870`: `engine` (as above)
+//! for DATA of 870 float32 elements in a job of `auth = "port"` and one of
+//! `auth = "mac"` (each DATA's AES-GMAC tag checked before summing, each
+//! completed slot's RESULT tagged once): the ratio is what per-packet
+//! authentication costs the switch. `auth/gmac_tag/870`,
+//! `auth/poly1305_tag/870` and `auth/hmac_sha256/870`: one tag over the
+//! same payload, alone (a worker pays one per DATA and one per RESULT).
+//!
 //! `handshake/switch_side`: the switch's work for one join, a HELLO (one
 //! nonce issued) and a JOIN (nonce tag and MAC checked), for the handshake
 //! cost per worker.
@@ -59,6 +67,7 @@ use proto::switch::{
     DataOutcome, Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Source, TableConfig,
     Verdict,
 };
+use proto::tag::{AuthMode, PacketKey, TAG_LEN};
 use proto::wire::{
     write_f32s, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN, MAX_ELEMS_PER_CHUNK,
     OP_SUM,
@@ -99,6 +108,7 @@ fn config(elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: POOL,
+        auth: Default::default(),
         upstream: None,
     }
 }
@@ -158,6 +168,8 @@ fn active_table(elems: u16) -> JobTable {
 struct Stream {
     umem: Vec<u8>,
     elems: usize,
+    /// Per rank, the DATA key of an `auth = "mac"` job (empty: untagged).
+    keys: Vec<PacketKey>,
     /// Next datagram to feed.
     pos: usize,
     /// Seq of frame 0..4 in the current pass.
@@ -166,10 +178,16 @@ struct Stream {
 
 impl Stream {
     fn new(elems: u16) -> Stream {
+        Stream::tagged(elems, Vec::new())
+    }
+
+    /// DATA tagged with rank r's key `keys[r]` (none if `keys` is empty).
+    fn tagged(elems: u16, keys: Vec<PacketKey>) -> Stream {
         let count = RING_SEQS as usize * RANKS as usize;
         let mut s = Stream {
             umem: vec![0; count * FRAME],
             elems: elems as usize,
+            keys,
             pos: 0,
             base: 0,
         };
@@ -185,8 +203,29 @@ impl Stream {
             h.emit_to(d).expect("header");
             fill_pattern(rank, seq, &mut values);
             write_f32s(&values, &mut d[HEADER_LEN..]);
+            s.tag(i);
         }
         s
+    }
+
+    fn tag_len(&self) -> usize {
+        if self.keys.is_empty() {
+            0
+        } else {
+            TAG_LEN
+        }
+    }
+
+    /// Writes datagram `i`'s tag after its payload (mac streams only).
+    fn tag(&mut self, i: usize) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let n = 4 * self.elems;
+        let d = self.datagram(i);
+        let h = HeaderRepr::parse(&Header::new_checked(d).expect("hdr")).expect("hdr");
+        let t = self.keys[h.rank as usize].tag(&h, &d[HEADER_LEN..HEADER_LEN + n]);
+        self.datagram_mut(i)[HEADER_LEN + n..].copy_from_slice(&t);
     }
 
     fn len(&self) -> usize {
@@ -195,12 +234,13 @@ impl Stream {
 
     fn datagram_mut(&mut self, i: usize) -> &mut [u8] {
         let start = i * FRAME + L2_L4_LEN;
-        &mut self.umem[start..start + HEADER_LEN + 4 * self.elems]
+        let len = HEADER_LEN + 4 * self.elems + self.tag_len();
+        &mut self.umem[start..start + len]
     }
 
     fn datagram(&self, i: usize) -> &[u8] {
         let start = i * FRAME + L2_L4_LEN;
-        &self.umem[start..start + HEADER_LEN + 4 * self.elems]
+        &self.umem[start..start + HEADER_LEN + 4 * self.elems + self.tag_len()]
     }
 
     /// Moves the ring to the next [`RING_SEQS`] seqs.
@@ -209,6 +249,7 @@ impl Stream {
         for i in 0..self.len() {
             let seq = self.base.wrapping_add((i / RANKS as usize) as u32);
             Header::new_unchecked(self.datagram_mut(i)).set_seq(seq);
+            self.tag(i);
         }
         self.pos = 0;
     }
@@ -473,5 +514,117 @@ fn nack_cost(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, data_packet, add_le_f32, handshake_cost, nack_cost);
+/// A job like [`active_table`]'s of `auth`, and each rank's DATA key (from
+/// its authenticated JOIN_ACK) when it is `mac`.
+fn active_table_auth(elems: u16, auth: AuthMode) -> (JobTable, Vec<PacketKey>) {
+    let now = Instant::now();
+    let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), now);
+    let mut cfg = config(elems);
+    cfg.auth = auth;
+    t.add(cfg, MAX_ELEMS_PER_CHUNK).expect("job config");
+    let mut b = [0u8; 256];
+    let mut hss = Vec::new();
+    for rank in 0..RANKS {
+        let mut hs = handshake(rank);
+        let n = hs.emit_hello(&mut b).expect("hello");
+        t.handle(&b[..n], endpoint(rank), false, now);
+        let r = t.poll_reply().expect("challenge");
+        let e = t.encode(&r, &mut b).expect("encode");
+        let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("hdr")).expect("hdr");
+        hs.on_challenge(&h, &b[HEADER_LEN..e.len])
+            .expect("challenge");
+        let n = hs.emit_join(0, 0, &mut b).expect("join");
+        t.handle(&b[..n], endpoint(rank), false, now);
+        hss.push(hs);
+    }
+    let mut keys: Vec<Option<PacketKey>> = vec![None; RANKS as usize];
+    while let Some(r) = t.poll_reply() {
+        let e = t.encode(&r, &mut b).expect("encode");
+        let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("hdr")).expect("hdr");
+        let ack = hss[r.rank as usize]
+            .on_join_ack(&h, &b[HEADER_LEN..e.len])
+            .expect("join ack");
+        assert_eq!(ack.auth, auth);
+        keys[r.rank as usize] = ack.data_key;
+    }
+    let keys = match auth {
+        AuthMode::Port => Vec::new(),
+        AuthMode::Mac => keys.into_iter().map(|k| k.expect("mac key")).collect(),
+    };
+    (t, keys)
+}
+
+fn auth_cost(c: &mut Criterion) {
+    const E: u16 = 870;
+    let mut g = c.benchmark_group("auth");
+    g.throughput(Throughput::Elements(1));
+    let from: [Endpoint; RANKS as usize] = std::array::from_fn(|r| endpoint(r as u16));
+    let now = Instant::now();
+    let mut tx = vec![0u8; FRAME];
+    for auth in [AuthMode::Port, AuthMode::Mac] {
+        let (mut table, keys) = active_table_auth(E, auth);
+        let mut stream = Stream::tagged(E, keys);
+        for i in 0..2 * stream.len() {
+            if stream.pos == stream.len() {
+                stream.restamp();
+            }
+            let v = engine(&mut table, &from, stream.datagram(stream.pos), now, &mut tx);
+            stream.pos += 1;
+            match v {
+                Verdict::Data(DataOutcome::Taken) if i % 4 != 3 => {}
+                Verdict::Data(DataOutcome::Completed { .. }) if i % 4 == 3 => {}
+                v => panic!("{auth} packet {i}: {v:?}"),
+            }
+        }
+        let name = format!("engine_{auth}");
+        g.bench_with_input(BenchmarkId::new(name, E), &E, |b, _| {
+            b.iter_custom(|iters| {
+                stream.run(iters, |d| {
+                    black_box(engine(&mut table, &from, d, now, &mut tx));
+                })
+            })
+        });
+        let job = table.get(JOB).expect("job");
+        assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
+    }
+    // One tag over the same 870-float payload, by each candidate MAC.
+    let stream = Stream::new(E);
+    let d = stream.datagram(0);
+    let h = HeaderRepr::parse(&Header::new_checked(d).expect("hdr")).expect("hdr");
+    let payload = &d[HEADER_LEN..];
+    let gmac = PacketKey::data(&[3; 32]);
+    g.bench_with_input(BenchmarkId::new("gmac_tag", E), &E, |b, _| {
+        b.iter(|| black_box(gmac.tag(black_box(&h), black_box(payload))))
+    });
+    {
+        use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+        let c = chacha20poly1305::ChaCha20Poly1305::new(&[3u8; 32].into());
+        let nonce = [1u8; 12];
+        g.bench_with_input(BenchmarkId::new("poly1305_tag", E), &E, |b, _| {
+            b.iter(|| {
+                black_box(
+                    c.encrypt_in_place_detached(&nonce.into(), black_box(payload), &mut [])
+                        .expect("tag"),
+                )
+            })
+        });
+    }
+    g.bench_with_input(BenchmarkId::new("hmac_sha256", E), &E, |b, _| {
+        b.iter(|| {
+            let mut m = <Hmac<sha2::Sha256>>::new_from_slice(&SECRET).expect("key");
+            m.update(black_box(payload));
+            black_box(m.finalize().into_bytes())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    data_packet,
+    add_le_f32,
+    handshake_cost,
+    nack_cost,
+    auth_cost
+);
 criterion_main!(benches);

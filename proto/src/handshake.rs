@@ -18,10 +18,11 @@
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JoinClaim};
+use crate::tag::{self, AuthMode, PacketKey};
 use crate::wire::{
-    ChallengePayload, HeaderRepr, HelloPayload, JoinPayload, LeavePayload, MsgType, NackPayload,
-    Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN,
-    SECRET_LEN,
+    ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType,
+    NackPayload, Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_TAGGED_LEN,
+    JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, SECRET_LEN,
 };
 
 /// At most one probe (a HELLO asking "did you restart?") this often, however
@@ -75,6 +76,36 @@ pub enum ChallengeError {
     },
     #[error("bad CHALLENGE: {0}")]
     Wire(#[from] WireError),
+}
+
+/// Why a JOIN_ACK was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum JoinAckError {
+    #[error("not an answer to this JOIN")]
+    NotOurs,
+    #[error("JOIN_ACK tag does not verify under this join's session key")]
+    BadTag,
+    #[error(
+        "the switch names auth mode {0}, which this worker does not know (upgrade the worker)"
+    )]
+    UnknownAuth(u8),
+    #[error("bad JOIN_ACK: {0}")]
+    Wire(#[from] WireError),
+}
+
+/// An authenticated JOIN_ACK: the job's parameters and, in an
+/// `auth = "mac"` job, the keys of this membership's DATA and RESULTs.
+#[derive(Debug, Clone)]
+pub struct JoinAck {
+    pub payload: JoinAckPayload,
+    pub auth: AuthMode,
+    /// Tags our DATA.
+    pub data_key: Option<PacketKey>,
+    /// Checks the switch's RESULTs during this activation.
+    pub result_key: Option<PacketKey>,
+    /// Authenticates the switch's NACKs to this membership: keyed by the
+    /// same session key that the JOIN_ACK tag verified under.
+    pub session: SessionGuard,
 }
 
 /// One worker's join attempts.
@@ -150,16 +181,18 @@ impl Handshake {
     /// JOIN_ACK came: keyed by [`auth::session_key`] over the switch's
     /// nonce and generation from the CHALLENGE. `None` before a CHALLENGE.
     pub fn session(&self) -> Option<SessionGuard> {
-        let (nonce, gen) = self.challenge?;
-        let p = &self.params;
-        Some(SessionGuard {
-            key: auth::session_key(&p.secret, p.job, p.rank, gen, &nonce),
+        Some(self.guard(self.session_key()?, self.gen()?))
+    }
+
+    fn guard(&self, key: [u8; 32], gen: u32) -> SessionGuard {
+        SessionGuard {
+            key,
             gen,
-            job: p.job,
-            rank: p.rank,
+            job: self.params.job,
+            rank: self.params.rank,
             probe: None,
             last_probe: None,
-        })
+        }
     }
 
     /// Takes a CHALLENGE (header already parsed).
@@ -225,6 +258,49 @@ impl Handshake {
         h.emit_to(buf).ok()?;
         payload.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
         Some(HEADER_LEN + JOIN_PAYLOAD_LEN)
+    }
+
+    /// The session key of this attempt's JOIN ([`auth::session_key`]), once
+    /// a CHALLENGE came: what the switch's JOIN_ACK tag and, in an
+    /// `auth = "mac"` job, the DATA key derive from.
+    pub fn session_key(&self) -> Option<[u8; 32]> {
+        let (nonce, gen) = self.challenge?;
+        let p = &self.params;
+        Some(auth::session_key(&p.secret, p.job, p.rank, gen, &nonce))
+    }
+
+    /// Takes a JOIN_ACK (header already parsed) if it answers this
+    /// attempt's JOIN: its generation and its tag under our session key.
+    pub fn on_join_ack(&self, hdr: &HeaderRepr, payload: &[u8]) -> Result<JoinAck, JoinAckError> {
+        let ack = JoinAckPayload::parse(payload)?;
+        let session = self.session_key().ok_or(JoinAckError::NotOurs)?;
+        if self.gen() != Some(hdr.gen) || hdr.job != self.params.job || hdr.rank != self.params.rank
+        {
+            return Err(JoinAckError::NotOurs);
+        }
+        if !tag::verify_join_ack(&session, hdr, &payload[..JOIN_ACK_TAGGED_LEN], &ack.tag) {
+            return Err(JoinAckError::BadTag);
+        }
+        let auth = AuthMode::from_u8(ack.auth).ok_or(JoinAckError::UnknownAuth(ack.auth))?;
+        let (data_key, result_key) = match auth {
+            AuthMode::Port => (None, None),
+            AuthMode::Mac => (
+                Some(PacketKey::data(&session)),
+                Some(PacketKey::result(
+                    &self.params.secret,
+                    hdr.job,
+                    hdr.gen,
+                    &ack.epoch,
+                )),
+            ),
+        };
+        Ok(JoinAck {
+            payload: ack,
+            auth,
+            data_key,
+            result_key,
+            session: self.guard(session, hdr.gen),
+        })
     }
 
     /// Writes a LEAVE for the membership this attempt's JOIN made; `None`

@@ -5,6 +5,7 @@
 //!   time; it queues the replies the I/O shells send.
 //! * [`auth`]: the HMAC-SHA256 of the JOIN handshake and the switch's nonces.
 //! * [`checksum`]: the Internet checksum of IPv4 headers and UDP datagrams.
+//! * [`tag`]: per-packet tags of `auth = "mac"` jobs (AES-GMAC) and of JOIN_ACKs.
 //! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
@@ -25,5 +26,6 @@ pub mod secret;
 pub mod seq;
 pub mod simd;
 pub mod switch;
+pub mod tag;
 pub mod wire;
 pub mod worker;

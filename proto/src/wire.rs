@@ -46,8 +46,10 @@ pub const CHALLENGE_PAYLOAD_LEN: usize = 2 * NONCE_LEN + 4 + 2 + 2;
 pub const HELLO_PAYLOAD_LEN: usize = CHALLENGE_PAYLOAD_LEN;
 /// Length of a JOIN payload: n_workers, dtype, op, switch nonce, MAC.
 pub const JOIN_PAYLOAD_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
-/// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers.
-pub const JOIN_ACK_PAYLOAD_LEN: usize = 6;
+/// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers,
+/// auth, a reserved byte, the RESULT epoch (8 B) and a tag (16 B) under the
+/// member's session key.
+pub const JOIN_ACK_PAYLOAD_LEN: usize = 6 + 2 + crate::tag::EPOCH_LEN + crate::tag::TAG_LEN;
 /// Length of a NACK's tag: the first 16 bytes of an HMAC-SHA256 under the
 /// recipient's session key ([`crate::auth::nack_tag`]).
 pub const NACK_TAG_LEN: usize = 16;
@@ -501,9 +503,12 @@ impl HeaderRepr {
         }
         let len = h.payload().len();
         let ok = match msg_type {
-            // Either element size; the job's dtype decides which is right.
+            // Either element size, with or without a tag; the job's dtype
+            // and auth mode decide which is right.
             MsgType::Data | MsgType::Result => {
-                h.count() > 0 && (len == h.count() as usize * 4 || len == h.count() as usize * 2)
+                let n = h.count() as usize;
+                let tag = crate::tag::TAG_LEN;
+                n > 0 && [n * 4, n * 2, n * 4 + tag, n * 2 + tag].contains(&len)
             }
             MsgType::Join => len == JOIN_PAYLOAD_LEN,
             MsgType::JoinAck => len == JOIN_ACK_PAYLOAD_LEN,
@@ -519,9 +524,11 @@ impl HeaderRepr {
         };
         if !ok {
             let what = match msg_type {
-                MsgType::Data | MsgType::Result => "count × 2 or count × 4 (count ≥ 1)",
+                MsgType::Data | MsgType::Result => {
+                    "count × 2 or count × 4 (count ≥ 1), plus 16 with a tag"
+                }
                 MsgType::Join => "a JOIN payload (52 bytes)",
-                MsgType::JoinAck => "a JOIN_ACK payload (6 bytes)",
+                MsgType::JoinAck => "a JOIN_ACK payload (32 bytes)",
                 MsgType::Nack => "a NACK payload (36 bytes)",
                 MsgType::Leave => "a LEAVE payload (32 bytes)",
                 MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
@@ -705,20 +712,34 @@ pub struct JoinAckPayload {
     pub pool_slots: u16,
     pub elems_per_chunk: u16,
     pub n_workers: u16,
+    /// The job's [`crate::tag::AuthMode`] as its byte (an unknown value is
+    /// the receiver's to refuse).
+    pub auth: u8,
+    /// The RESULT epoch of this activation ([`crate::tag::PacketKey::result`]).
+    pub epoch: [u8; crate::tag::EPOCH_LEN],
+    /// [`crate::tag::join_ack_tag`] under the member's session key, over the
+    /// header and the payload before it.
+    pub tag: crate::tag::Tag,
 }
+
+/// Bytes of a JOIN_ACK payload before its tag (what the tag covers).
+pub const JOIN_ACK_TAGGED_LEN: usize = JOIN_ACK_PAYLOAD_LEN - crate::tag::TAG_LEN;
 
 impl JoinAckPayload {
     pub fn parse(b: &[u8]) -> Result<JoinAckPayload, WireError> {
         if b.len() != JOIN_ACK_PAYLOAD_LEN {
             return Err(WireError::PayloadLength {
                 len: b.len(),
-                what: "a JOIN_ACK payload (6 bytes)",
+                what: "a JOIN_ACK payload (32 bytes)",
             });
         }
         Ok(JoinAckPayload {
             pool_slots: u16::from_be_bytes([b[0], b[1]]),
             elems_per_chunk: u16::from_be_bytes([b[2], b[3]]),
             n_workers: u16::from_be_bytes([b[4], b[5]]),
+            auth: b[6],
+            epoch: array(&b[8..]),
+            tag: array(&b[JOIN_ACK_TAGGED_LEN..]),
         })
     }
 
@@ -732,6 +753,10 @@ impl JoinAckPayload {
         b[0..2].copy_from_slice(&self.pool_slots.to_be_bytes());
         b[2..4].copy_from_slice(&self.elems_per_chunk.to_be_bytes());
         b[4..6].copy_from_slice(&self.n_workers.to_be_bytes());
+        b[6] = self.auth;
+        b[7] = 0;
+        b[8..JOIN_ACK_TAGGED_LEN].copy_from_slice(&self.epoch);
+        b[JOIN_ACK_TAGGED_LEN..JOIN_ACK_PAYLOAD_LEN].copy_from_slice(&self.tag);
         Ok(JOIN_ACK_PAYLOAD_LEN)
     }
 }
@@ -828,6 +853,9 @@ pub enum SpineRefusal {
     /// The spine's JOIN_ACK names another chunk size (`spine` elements)
     /// than the leaf's job.
     ElemsDiffer { spine: u16 },
+    /// The spine's job is declared `auth = "mac"`: trees aggregate with
+    /// `auth = "port"` only.
+    AuthDiffers,
 }
 
 impl fmt::Display for SpineRefusal {
@@ -849,6 +877,10 @@ impl fmt::Display for SpineRefusal {
                 "the spine job's n_workers differs from the leaves' n_leaves (or dtype/op differ)",
             ),
             SpineRefusal::Nack(r) => write!(f, "{r}"),
+            SpineRefusal::AuthDiffers => f.write_str(
+                "the spine's job is declared auth = \"mac\"; aggregation trees support auth = \
+                 \"port\" only (declare the spine's job with auth = \"port\")",
+            ),
             SpineRefusal::ElemsDiffer { spine } => write!(
                 f,
                 "the spine's job has {spine} elements per chunk, not the leaf's (give both \
@@ -861,6 +893,9 @@ impl fmt::Display for SpineRefusal {
 /// `reason` of a refusal for differing chunk sizes: this bit, or-ed with
 /// the spine's elements per chunk.
 const ELEMS_DIFFER: u16 = 0x8000;
+/// `reason` of a refusal for a spine job of `auth = "mac"` (below any
+/// chunk size, which is at most 2 × 2237).
+const AUTH_DIFFERS: u16 = 0x4000;
 
 impl SpineSessionState {
     /// (state, reason) as on the wire: state 0 joined, 1 joining, 2
@@ -873,11 +908,14 @@ impl SpineSessionState {
             SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine }) => {
                 (2, ELEMS_DIFFER | spine)
             }
+            SpineSessionState::Refused(SpineRefusal::AuthDiffers) => (2, AUTH_DIFFERS),
         }
     }
 
     fn from_codes(state: u16, reason: u16) -> SpineSessionState {
-        let refused = if reason & ELEMS_DIFFER != 0 {
+        let refused = if reason == AUTH_DIFFERS {
+            Some(SpineRefusal::AuthDiffers)
+        } else if reason & ELEMS_DIFFER != 0 {
             Some(SpineRefusal::ElemsDiffer {
                 spine: reason & !ELEMS_DIFFER,
             })
@@ -1178,11 +1216,17 @@ mod tests {
             pool_slots: 256,
             elems_per_chunk: 362,
             n_workers: 4,
+            auth: 1,
+            epoch: [0x5e; 8],
+            tag: [0x7a; 16],
         };
-        let mut b = [0u8; 6];
+        let mut b = [0u8; JOIN_ACK_PAYLOAD_LEN];
         a.emit(&mut b).unwrap();
-        assert_eq!(b, [0x01, 0x00, 0x01, 0x6a, 0x00, 0x04]);
+        assert_eq!(b[..8], [0x01, 0x00, 0x01, 0x6a, 0x00, 0x04, 1, 0]);
+        assert_eq!(b[8..16], [0x5e; 8]);
+        assert_eq!(b[16..], [0x7a; 16]);
         assert_eq!(JoinAckPayload::parse(&b).unwrap(), a);
+        assert!(JoinAckPayload::parse(&b[..31]).is_err());
     }
 
     // A CHALLENGE payload: hello nonce 0x01.., switch nonce 0x02..,

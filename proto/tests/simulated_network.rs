@@ -1,7 +1,9 @@
 //! Workers and a switch exchanging messages over a simulated network that
 //! loses, duplicates and reorders, in virtual time: every schedule must give
 //! every worker the rank-order sum, bit for bit, without hanging. Float32
-//! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once).
+//! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once), with
+//! and without per-packet tags (`auth = "mac"`: every DATA tagged, every
+//! RESULT's tag checked).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -12,6 +14,7 @@ use proto::elements::{read_le, round_f32, round_to_le};
 use proto::handshake::{Handshake, JoinParams};
 use proto::reference::rank_order_sum;
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+use proto::tag::{AuthMode, PacketKey, TAG_LEN};
 use proto::wire::{flags, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
@@ -51,7 +54,14 @@ impl Net {
 
 /// Rank `rank` joins through the handshake (on a lossless path: loss
 /// during joining is the worker library's, tested end to end).
-fn join(table: &mut JobTable, rank: u16, n: u16, start_seq: u32, dtype: Dtype, now: Instant) {
+fn join(
+    table: &mut JobTable,
+    rank: u16,
+    n: u16,
+    start_seq: u32,
+    dtype: Dtype,
+    now: Instant,
+) -> Handshake {
     let from = endpoint(rank);
     let params = JoinParams {
         job: 1,
@@ -73,6 +83,7 @@ fn join(table: &mut JobTable, rank: u16, n: u16, start_seq: u32, dtype: Dtype, n
     hs.on_challenge(&h, &b[HEADER_LEN..e.len]).unwrap();
     let len = hs.emit_join(0, start_seq, &mut b).unwrap();
     table.handle(&b[..len], from, false, now);
+    hs
 }
 
 fn endpoint(rank: u16) -> Endpoint {
@@ -87,6 +98,8 @@ fn endpoint(rank: u16) -> Endpoint {
 }
 
 struct Worker {
+    /// Its DATA key and the RESULT key, in an `auth = "mac"` job.
+    keys: Option<(PacketKey, PacketKey)>,
     input: Vec<f32>,
     output: Vec<f32>,
     coll: Collective,
@@ -130,6 +143,34 @@ fn run_from(
     seed: u64,
     dtype: Dtype,
 ) -> Duration {
+    run_auth(
+        start_seq,
+        n,
+        len,
+        elems,
+        slots,
+        iterations,
+        faults,
+        seed,
+        dtype,
+        AuthMode::Port,
+    )
+}
+
+/// As [`run_from`], for a job of `auth`.
+#[allow(clippy::too_many_arguments)]
+fn run_auth(
+    start_seq: u32,
+    n: u16,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    faults: Faults,
+    seed: u64,
+    dtype: Dtype,
+    auth: AuthMode,
+) -> Duration {
     let base = Instant::now();
     let mut table = JobTable::new(TableConfig::new(GEN, [5; 32]), base);
     table
@@ -146,15 +187,27 @@ fn run_from(
                 elems_per_chunk: elems,
                 dtype,
                 window: slots,
+                auth,
                 upstream: None,
             },
-            elems,
+            elems + 8,
         )
         .unwrap();
-    for r in 0..n {
-        join(&mut table, r, n, start_seq, dtype, base);
+    let hss: Vec<Handshake> = (0..n)
+        .map(|r| join(&mut table, r, n, start_seq, dtype, base))
+        .collect();
+    // Every rank's JOIN_ACK, its tag checked: the keys of a mac job.
+    let mut keys: Vec<Option<(PacketKey, PacketKey)>> = vec![None; n as usize];
+    while let Some(r) = table.poll_reply() {
+        let mut b = [0u8; 128];
+        let e = table.encode(&r, &mut b).unwrap();
+        let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).unwrap()).unwrap();
+        let ack = hss[r.rank as usize]
+            .on_join_ack(&h, &b[HEADER_LEN..e.len])
+            .unwrap();
+        assert_eq!(ack.auth, auth);
+        keys[r.rank as usize] = ack.data_key.zip(ack.result_key);
     }
-    while table.poll_reply().is_some() {}
     let cfg = TransportConfig {
         initial_rto: Duration::from_millis(2),
         min_rto: Duration::from_micros(500),
@@ -169,8 +222,10 @@ fn run_from(
     };
     let mut now = Duration::ZERO;
     let mut seq = start_seq;
-    let mut workers: Vec<Worker> = (0..n)
-        .map(|_| Worker {
+    let mut workers: Vec<Worker> = keys
+        .into_iter()
+        .map(|keys| Worker {
+            keys,
             input: vec![],
             output: vec![],
             coll: Collective::new(0, 0, 0, elems),
@@ -246,6 +301,10 @@ fn run_from(
                         h.gen = GEN;
                         let mut p = vec![0u8; dtype.payload_len(values.len() as u16)];
                         round_to_le(dtype, &values, &mut p);
+                        if let Some((data_key, _)) = &workers[rank as usize].keys {
+                            let tag = data_key.tag(&h, &p);
+                            p.extend_from_slice(&tag);
+                        }
                         table.handle(&frame(&h, &p), endpoint(rank), false, base + now);
                         // The switch's replies, as its shells send them.
                         while let Some(r) = table.poll_reply() {
@@ -265,10 +324,19 @@ fn run_from(
                             HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap()).unwrap();
                         assert_eq!(h.msg_type, MsgType::Result, "only RESULTs in this run");
                         let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
-                        assert_eq!(bytes.len() - HEADER_LEN, dtype.payload_len(h.count));
-                        let mut values = vec![0f32; h.count as usize];
-                        read_le(dtype, &bytes[HEADER_LEN..], &mut values);
                         let w = &mut workers[rank as usize];
+                        let n = dtype.payload_len(h.count);
+                        let payload = &bytes[HEADER_LEN..HEADER_LEN + n];
+                        match &w.keys {
+                            Some((_, result_key)) => {
+                                assert_eq!(bytes.len() - HEADER_LEN, n + TAG_LEN);
+                                let tag = &bytes[HEADER_LEN + n..];
+                                assert!(result_key.verify(&h, payload, tag), "RESULT tag {h:?}");
+                            }
+                            None => assert_eq!(bytes.len() - HEADER_LEN, n),
+                        }
+                        let mut values = vec![0f32; h.count as usize];
+                        read_le(dtype, payload, &mut values);
                         if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
                             seq,
                             values.len() as u16,
@@ -322,6 +390,20 @@ fn half_precision_jobs_under_all_faults() {
     };
     for (dtype, seed) in [(Dtype::Bf16, 7), (Dtype::F16, 8)] {
         run_from(0, 4, 2000, 32, 16, 3, f, seed, dtype);
+    }
+}
+
+#[test]
+fn tagged_jobs_under_all_faults() {
+    // auth = "mac": every DATA tagged, every RESULT (resends included,
+    // with RETX and each member's rank) verified under the one RESULT key.
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.01,
+        reorder: 0.25,
+    };
+    for (dtype, seed) in [(Dtype::F32, 11), (Dtype::Bf16, 12)] {
+        run_auth(0, 4, 2000, 16, 16, 3, f, seed, dtype, AuthMode::Mac);
     }
 }
 

@@ -140,6 +140,7 @@ impl Tree {
                         elems_per_chunk: elems,
                         dtype: Default::default(),
                         window: slots,
+                        auth: Default::default(),
                         upstream: None,
                     },
                     elems,
@@ -164,6 +165,7 @@ impl Tree {
                         elems_per_chunk: elems,
                         dtype,
                         window: slots,
+                        auth: Default::default(),
                         upstream: Some(Upstream {
                             leaf_index: i as u16,
                             n_leaves: l as u16,
@@ -809,6 +811,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: 16,
+        auth: Default::default(),
         upstream: None,
     };
     let mut f = Fabric::new(1, 1, 2);
@@ -962,6 +965,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
                 dtype: Default::default(),
                 window: 16,
                 upstream: None,
+                auth: Default::default(),
             },
             8,
         )

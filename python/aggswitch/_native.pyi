@@ -46,6 +46,9 @@ class Worker:
     def transport(self) -> Literal["mmsg", "udp-gso"]:
         """The UDP data path the worker settled on."""
     @property
+    def auth(self) -> Literal["port", "mac"]:
+        """How the job authenticates DATA and RESULT (from the switch's JOIN_ACK)."""
+    @property
     def dtype(self) -> Literal["f32", "bf16", "f16"]: ...
 
 class LoopbackSwitch:

@@ -78,9 +78,10 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
             )
         }
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
-        WorkerError::BadJoinAck { .. } | WorkerError::Handshake { .. } => {
-            py_error(py, "ProtocolError", (msg,))
-        }
+        WorkerError::BadJoinAck { .. }
+        | WorkerError::Handshake { .. }
+        | WorkerError::JoinAck { .. }
+        | WorkerError::MacNeedsNewJoin { .. } => py_error(py, "ProtocolError", (msg,)),
         WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
         WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }
@@ -155,6 +156,8 @@ struct PyWorker {
     dtype: Dtype,
     /// The transport the worker settled on: "mmsg" or "udp-gso".
     transport: &'static str,
+    /// The job's auth mode from the JOIN_ACK: "port" or "mac".
+    auth: &'static str,
 }
 
 /// `dtype=` of a Worker or LoopbackSwitch.
@@ -305,6 +308,7 @@ impl PyWorker {
             elems_per_chunk: w.elems_per_chunk(),
             dtype,
             transport: w.transport().name(),
+            auth: w.auth().name(),
             inner: Mutex::new(Some(w)),
         })
     }
@@ -339,6 +343,8 @@ impl PyWorker {
         d.set_item("probes_sent", s.probes_sent)?;
         d.set_item("spoofed_triggers", s.spoofed_triggers)?;
         d.set_item("bad_length_results", s.bad_length_results)?;
+        d.set_item("bad_tag_results", s.bad_tag_results)?;
+        d.set_item("bad_tag_join_acks", s.bad_tag_join_acks)?;
         d.set_item("window", s.window)?;
         d.set_item("alpha", s.alpha)?;
         d.set_item("srtt_us", s.srtt_us)?;
@@ -392,6 +398,12 @@ impl PyWorker {
     #[getter]
     fn transport(&self) -> &'static str {
         self.transport
+    }
+    /// How the job authenticates DATA and RESULT: "port" or "mac" (the
+    /// switch's authenticated JOIN_ACK says).
+    #[getter]
+    fn auth(&self) -> &'static str {
+        self.auth
     }
 
     /// The job's element type: "f32", "bf16" or "f16".

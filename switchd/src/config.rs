@@ -28,6 +28,7 @@
 //! elems_per_chunk = 362             # default: from the ports' MTU (×2 for bf16/f16)
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
+//! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -38,7 +39,9 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
+use proto::switch::config::max_elems_for;
 use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
+use proto::tag::AuthMode;
 use proto::wire::{
     elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
 };
@@ -260,6 +263,9 @@ pub struct JobSection {
     /// Element type: "f32" (when absent), "bf16" or "f16".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
+    /// DATA/RESULT authentication: "port" (when absent) or "mac".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
     /// On a leaf: this job's place in its trees.
     #[serde(default)]
     pub upstream: Option<UpstreamSection>,
@@ -349,6 +355,18 @@ impl JobSection {
                 .parse()
                 .map_err(|e| format!("job {}: dtype: {e}", self.id))?,
         };
+        let auth: AuthMode = match &self.auth {
+            None => AuthMode::Port,
+            Some(a) => a
+                .parse()
+                .map_err(|e| format!("job {}: auth: {e}", self.id))?,
+        };
+        // switchd sends a tagged RESULT from one TX frame (the tag follows
+        // the payload), so an auth = "mac" job's chunk fits one frame.
+        let max_elems = match auth {
+            AuthMode::Port => max_elems,
+            AuthMode::Mac => max_elems.min(MAX_ELEMS_IN_FRAME),
+        };
         let mut cfg = JobConfig {
             id: self.id,
             n_workers: self.n_workers,
@@ -365,6 +383,7 @@ impl JobSection {
             elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             dtype,
             window: self.window.unwrap_or(self.pool_slots),
+            auth,
             upstream: match (&self.upstream, uplink) {
                 (None, _) => None,
                 (Some(_), None) => {
@@ -390,9 +409,11 @@ impl JobSection {
                 }),
             },
         };
-        // A leaf's chunks are float32 towards its spines, whatever the dtype.
+        // A leaf's chunks are float32 towards its spines, whatever the
+        // dtype; a mac job's leave room for the tag.
         if self.elems_per_chunk.is_none() {
-            cfg.elems_per_chunk = cfg.chunk_dtype().scale_f32_elems(default_elems);
+            let f32_elems = default_elems.min(max_elems);
+            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth);
         }
         cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;
@@ -620,6 +641,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             window: None,
             dtype: None,
             upstream: None,
+            auth: None,
         };
         let e = j.to_job_config(362, 362, None).unwrap_err();
         assert!(e.contains("job 7") && e.contains("weak"), "{e}");
@@ -718,6 +740,39 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(Config::parse(&big, Path::new("t"), |_| Some(1500)).is_err());
         let c = Config::parse(&big, Path::new("t"), |_| Some(9000)).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, 2000);
+    }
+
+    #[test]
+    fn auth_mac_leaves_room_for_the_tag_and_a_wrong_value_names_the_choices() {
+        assert_eq!(parse(GOOD).unwrap().jobs[0].auth, AuthMode::Port);
+        let mac = format!("{GOOD}auth = \"mac\"\n");
+        let c = parse(&mac).unwrap();
+        assert_eq!(c.jobs[0].auth, AuthMode::Mac);
+        // 16 bytes less payload: 362 - 4 floats at MTU 1500, 724 - 8 bf16.
+        assert_eq!(c.jobs[0].elems_per_chunk, 358);
+        let c = parse(&format!("{mac}dtype = \"bf16\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 716);
+        // A tagged RESULT is sent from one frame, jumbo ports or not.
+        let c = Config::parse(&mac, Path::new("t"), |_| Some(9000)).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, MAX_ELEMS_IN_FRAME - 4);
+        let e = parse(&format!("{mac}elems_per_chunk = 941\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elems_per_chunk must be 1..=940"), "{e}");
+        let e = parse(&format!("{GOOD}auth = \"hmac\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("job 1: auth") && e.contains("\"port\" or \"mac\""),
+            "{e}"
+        );
+        let leaf = GOOD.replace("[switch]\n", "[switch]\nuplink = \"198.19.0.2:48880\"\n");
+        let leaf = format!(
+            "{leaf}auth = \"mac\"\n[job.upstream]\nleaf_index = 0\nn_leaves = 2\n\
+             spines = [\"198.19.0.1:48879\"]\n"
+        );
+        let e = parse(&leaf).unwrap_err().to_string();
+        assert!(e.contains("not supported on a leaf"), "{e}");
     }
 
     #[test]

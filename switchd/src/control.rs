@@ -272,6 +272,7 @@ impl<'a> ControlPlane<'a> {
                             "pool_slots": j.config.pool_slots,
                             "elems_per_chunk": j.config.elems_per_chunk,
                             "dtype": j.config.dtype.name(),
+                            "auth": j.auth().name(),
                             "window": j.window(),
                             "pool_bytes": j.config.pool_bytes(),
                             "upstream": j.uplink().map(|u| serde_json::json!({

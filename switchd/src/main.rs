@@ -406,14 +406,16 @@ fn check_config(path: &Path) -> Result<()> {
     );
     for j in &cfg.jobs {
         println!(
-            "  job {}: {} workers, {} slots, {} {} elements per chunk, window {}, pool {}",
+            "  job {}: {} workers, {} slots, {} {} elements per chunk, window {}, pool {}, \
+             auth {}",
             j.id,
             j.n_workers,
             j.pool_slots,
             j.elems_per_chunk,
             j.dtype,
             j.window,
-            human_bytes(j.pool_bytes())
+            human_bytes(j.pool_bytes()),
+            j.auth
         );
     }
     Ok(())

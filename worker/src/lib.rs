@@ -34,11 +34,14 @@ use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, Handshake, JoinParams, ProbeAnswer, SessionGuard};
 use proto::seq::serial_offset;
+pub use proto::tag::AuthMode;
+use proto::tag::{PacketKey, TAG_LEN};
 use proto::wire::{
-    flags, Dtype, Header, HeaderRepr, JoinAckPayload, MsgType, NackPayload, NackReason, HEADER_LEN,
-    OP_SUM, SECRET_LEN,
+    flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN, OP_SUM,
+    SECRET_LEN,
 };
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
@@ -305,6 +308,12 @@ pub enum WorkerError {
         rank: u16,
         source: ChallengeError,
     },
+    #[error("job {job} rank {rank}: {source}")]
+    JoinAck {
+        job: u16,
+        rank: u16,
+        source: JoinAckError,
+    },
     #[error("job {job}: the switch's chunk size {elems} or pool size {slots} is unusable")]
     BadJoinAck { job: u16, elems: u16, slots: u16 },
     #[error(
@@ -318,6 +327,12 @@ pub enum WorkerError {
         reason: &'static str,
         fix: &'static str,
     },
+    #[error(
+        "job {job} rank {rank}: an all-reduce of this auth = \"mac\" job failed, and its chunks \
+         may not be tagged again with other data under this join's key; make a new Worker (a \
+         new join) to go on"
+    )]
+    MacNeedsNewJoin { job: u16, rank: u16 },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
 }
@@ -347,6 +362,12 @@ pub struct WorkerStats {
     /// RESULTs whose payload was not `count` elements of the job's dtype
     /// (ignored).
     pub bad_length_results: u64,
+    /// In an `auth = "mac"` job: RESULTs whose tag did not verify under the
+    /// activation's RESULT key (ignored, never written to the tensor).
+    pub bad_tag_results: u64,
+    /// JOIN_ACKs whose tag did not verify under this join's session key
+    /// (ignored).
+    pub bad_tag_join_acks: u64,
     /// Current congestion window (chunks).
     pub window: u16,
     /// DCTCP α.
@@ -409,6 +430,15 @@ pub struct Worker {
     stats: WorkerStats,
     /// What the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Waiting)>,
+    /// The job's auth mode and, in an `auth = "mac"` job, the keys of this
+    /// membership (from the last authenticated JOIN_ACK).
+    auth: AuthMode,
+    data_key: Option<PacketKey>,
+    result_key: Option<PacketKey>,
+    /// A collective of an `auth = "mac"` job failed: its (seq, collective)
+    /// pairs were tagged under this membership's DATA key and must not tag
+    /// other data, so this worker sends no more DATA.
+    data_key_spent: bool,
 }
 
 /// After this long without progress a worker asks the switch (HEARTBEAT)
@@ -490,6 +520,10 @@ impl Worker {
             probe_gso: gro,
             stats: WorkerStats::default(),
             missing: None,
+            auth: AuthMode::Port,
+            data_key: None,
+            result_key: None,
+            data_key_spent: false,
             cfg,
         };
         let (c, s) = w.join_round(0, 0)?;
@@ -711,9 +745,26 @@ impl Worker {
                     }
                 }
                 MsgType::JoinAck if self.hs.gen() == Some(r.gen) => {
-                    let Ok(ack) = JoinAckPayload::parse(h.payload()) else {
-                        continue;
+                    let ack = match self.hs.on_join_ack(&r, h.payload()) {
+                        Ok(a) => a,
+                        Err(JoinAckError::BadTag) => {
+                            self.stats.bad_tag_join_acks += 1;
+                            continue;
+                        }
+                        Err(e @ JoinAckError::UnknownAuth(_)) => {
+                            return Err(WorkerError::JoinAck {
+                                job: self.cfg.job,
+                                rank: self.cfg.rank,
+                                source: e,
+                            })
+                        }
+                        Err(_) => continue,
                     };
+                    self.auth = ack.auth;
+                    self.data_key = ack.data_key;
+                    self.result_key = ack.result_key;
+                    let guard = ack.session;
+                    let ack = ack.payload;
                     if ack.elems_per_chunk == 0 || !ack.pool_slots.is_power_of_two() {
                         return Err(WorkerError::BadJoinAck {
                             job: self.cfg.job,
@@ -723,7 +774,7 @@ impl Worker {
                     }
                     let first = self.gen == 0;
                     self.gen = r.gen;
-                    self.guard = self.hs.session();
+                    self.guard = Some(guard);
                     self.pool_slots = ack.pool_slots;
                     self.elems_per_chunk = ack.elems_per_chunk;
                     self.advertised_window = r.window.clamp(1, ack.pool_slots);
@@ -779,6 +830,13 @@ impl Worker {
         }
     }
 
+    /// How the job authenticates DATA and RESULT (from the switch's
+    /// JOIN_ACK, whose tag proves it came from the switch that took our
+    /// JOIN).
+    pub fn auth(&self) -> AuthMode {
+        self.auth
+    }
+
     /// The job's element type (what this worker joined with).
     pub fn dtype(&self) -> Dtype {
         self.cfg.dtype
@@ -809,6 +867,12 @@ impl Worker {
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
         }
+        if self.data_key_spent {
+            return Err(WorkerError::MacNeedsNewJoin {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+            });
+        }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
         let mut input = std::mem::take(&mut self.input);
@@ -819,6 +883,13 @@ impl Worker {
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
         self.input = std::mem::replace(&mut self.prev_input, input);
+        if result.is_err() && self.auth == AuthMode::Mac {
+            // The next call would tag other data under the same (seq,
+            // collective) and key: a GMAC nonce used twice gives its key
+            // away. Only a new join (a new DATA key) may send again.
+            self.data_key = None;
+            self.data_key_spent = true;
+        }
         result?;
         self.prev_first_seq = first_seq;
         self.prev_collective = Some(collective);
@@ -942,8 +1013,16 @@ impl Worker {
                 let slot = self.txb.next_slot().expect("flushed when full");
                 h.emit_to(slot).expect("slot holds a header");
                 let bytes = &input[t.offset * size..(t.offset + t.count as usize) * size];
-                slot[HEADER_LEN..HEADER_LEN + bytes.len()].copy_from_slice(bytes);
-                self.txb.commit(HEADER_LEN + bytes.len());
+                let end = HEADER_LEN + bytes.len();
+                slot[HEADER_LEN..end].copy_from_slice(bytes);
+                let len = match &self.data_key {
+                    Some(k) => {
+                        slot[end..end + TAG_LEN].copy_from_slice(&k.tag(&h, bytes));
+                        end + TAG_LEN
+                    }
+                    None => end,
+                };
+                self.txb.commit(len);
                 progressed = true;
             }
             self.flush_tx()?;
@@ -1022,8 +1101,20 @@ impl Worker {
                 self.unauthenticated()?;
                 false
             }
-            MsgType::Result if h.payload().len() != self.cfg.dtype.payload_len(r.count) => {
+            MsgType::Result
+                if h.payload().len()
+                    != self.cfg.dtype.payload_len(r.count) + self.auth.tag_len() =>
+            {
                 self.stats.bad_length_results += 1;
+                false
+            }
+            MsgType::Result
+                if self.result_key.as_ref().is_some_and(|k| {
+                    let (values, tag) = h.payload().split_at(self.cfg.dtype.payload_len(r.count));
+                    !k.verify(&r, values, tag)
+                }) =>
+            {
+                self.stats.bad_tag_results += 1;
                 false
             }
             MsgType::Result => {
@@ -1043,8 +1134,8 @@ impl Worker {
                 );
                 if let (ResultOutcome::Fresh { offset, count, .. }, Some(out)) = (outcome, out) {
                     let size = self.cfg.dtype.size();
-                    out[offset * size..(offset + count as usize) * size]
-                        .copy_from_slice(h.payload());
+                    let n = count as usize * size;
+                    out[offset * size..offset * size + n].copy_from_slice(&h.payload()[..n]);
                 }
                 false
             }

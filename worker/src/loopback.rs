@@ -35,6 +35,8 @@ pub struct LoopbackConfig {
     pub dtype: Dtype,
     /// Drop every n-th datagram received (0: none), to exercise resends.
     pub drop_every: u64,
+    /// How the job authenticates DATA and RESULT.
+    pub auth: proto::tag::AuthMode,
 }
 
 impl LoopbackConfig {
@@ -47,6 +49,7 @@ impl LoopbackConfig {
             elems_per_chunk: 362,
             dtype: Default::default(),
             drop_every: 0,
+            auth: Default::default(),
         }
     }
 
@@ -65,6 +68,7 @@ impl LoopbackConfig {
                 elems_per_chunk: self.elems_per_chunk,
                 dtype: self.dtype,
                 window: self.pool_slots,
+                auth: self.auth,
                 upstream: None,
             },
             MAX_ELEMS_PER_CHUNK,

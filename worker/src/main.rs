@@ -287,6 +287,8 @@ struct Report {
     pool_slots: u16,
     /// The transport that ran: "mmsg" or "udp-gso".
     transport: &'static str,
+    /// How the job authenticates DATA/RESULT: "port" or "mac".
+    auth: &'static str,
     stats: worker::WorkerStats,
     /// With `--machine-cpu`: the machine's busy CPU seconds (summed over
     /// CPUs, since boot) at the start of the first all-reduce and at the
@@ -468,6 +470,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         elems_per_chunk: w.elems_per_chunk(),
         pool_slots: w.pool_slots(),
         transport: w.transport().name(),
+        auth: w.auth().name(),
         stats,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
     };
@@ -495,14 +498,15 @@ fn join(a: JobArgs) -> Result<ExitCode> {
         Ok(w) => {
             println!(
                 "joined job {} as rank {}: gen {:#010x}, {} slots, {} {} elements per chunk, \
-                 transport {}",
+                 transport {}, auth {}",
                 a.target.job,
                 a.rank,
                 w.generation(),
                 w.pool_slots(),
                 w.elems_per_chunk(),
                 w.dtype(),
-                w.transport()
+                w.transport(),
+                w.auth()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proto::reference::{expected_sum, fill_pattern};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{TransportKind, Worker, WorkerConfig, WorkerStats};
+use worker::{AuthMode, TransportKind, Worker, WorkerConfig, WorkerStats};
 
 const SECRET: [u8; 32] = [0x5a; 32];
 
@@ -373,4 +373,76 @@ fn switch_restart_mid_collective_is_found_by_a_probe_and_rejoined() {
         assert!(s.rejoins >= 1, "{s:?}");
         assert!(s.probes_sent >= 1, "{s:?}");
     }
+}
+
+#[test]
+fn tagged_job_is_bit_exact_over_a_lossy_loopback() {
+    // auth = "mac": the workers learn it from the JOIN_ACK, tag every DATA
+    // and check every RESULT (resends after the stand-in's losses too).
+    let mut cfg = LoopbackConfig::new(1, 3, SECRET);
+    cfg.elems_per_chunk = 100;
+    cfg.drop_every = 13;
+    cfg.auth = AuthMode::Mac;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3u16)
+            .map(|rank| {
+                let addr = sw.addr();
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, 3, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    let mut w = Worker::join(cfg).expect("join");
+                    assert_eq!(w.auth(), AuthMode::Mac);
+                    let mut data = vec![0f32; 5_000];
+                    for it in 0..3 {
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data).expect("all_reduce");
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(v.to_bits(), expected_sum(3, it, i).to_bits());
+                        }
+                    }
+                    let st = w.stats();
+                    assert_eq!(st.bad_tag_results, 0, "{st:?}");
+                    assert_eq!(st.bad_tag_join_acks, 0, "{st:?}");
+                    assert!(st.chunks_resent > 0, "the losses were resent: {st:?}");
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_failed_tagged_collective_is_not_retried_under_the_same_key() {
+    // A stalled all-reduce of a mac job has tagged its chunks under this
+    // join's DATA key; tagging other data under the same (seq, collective)
+    // would reuse a GMAC nonce, so the worker refuses until a new join.
+    let mut cfg = LoopbackConfig::new(1, 2, SECRET);
+    cfg.auth = AuthMode::Mac;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = sw.addr();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        // Rank 1 joins and then never sends.
+        s.spawn(move || {
+            let w = Worker::join(WorkerConfig::new(addr, 1, 1, 2, SECRET)).expect("join");
+            let _ = rx.recv();
+            drop(w);
+        });
+        let mut cfg = WorkerConfig::new(addr, 1, 0, 2, SECRET);
+        cfg.stall_timeout = Duration::from_millis(300);
+        let mut w = Worker::join(cfg).expect("join");
+        let mut data = vec![1f32; 1000];
+        let e = w.all_reduce(&mut data).unwrap_err();
+        assert!(matches!(e, worker::WorkerError::Stalled { .. }), "{e}");
+        let e = w.all_reduce(&mut vec![2f32; 1000]).unwrap_err();
+        assert!(
+            matches!(e, worker::WorkerError::MacNeedsNewJoin { .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("make a new Worker"), "{e}");
+        tx.send(()).unwrap();
+    });
 }

@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use crate::tag::AuthMode;
 use crate::wire::{Dtype, SECRET_LEN};
 
 /// An IPv4 prefix (address, prefix length).
@@ -70,6 +71,10 @@ pub struct JobConfig {
     pub dtype: Dtype,
     /// Chunks in flight the switch allows (≤ pool_slots).
     pub window: u16,
+    /// How DATA and RESULT are authenticated: by the member's source only,
+    /// or by a tag after every payload (docs/PROTOCOL.md, "Per-packet
+    /// authentication").
+    pub auth: AuthMode,
     /// On a leaf of an aggregation tree: where partial sums go
     /// ([`super::uplink`]); `None` on a single switch or a spine.
     pub upstream: Option<super::uplink::Upstream>,
@@ -87,6 +92,7 @@ impl fmt::Debug for JobConfig {
             .field("elems_per_chunk", &self.elems_per_chunk)
             .field("dtype", &self.dtype)
             .field("window", &self.window)
+            .field("auth", &self.auth)
             .field("upstream", &self.upstream)
             .finish()
     }
@@ -140,6 +146,12 @@ pub enum JobConfigError {
         budget: u64,
         in_use: u64,
     },
+    #[error(
+        "job {0}: auth = \"mac\" is not supported on a leaf of an aggregation tree (its \
+         partials to the spines would go untagged); declare the tree's jobs with auth = \"port\" \
+         and enforce sources in the fabric"
+    )]
+    MacOnLeaf(u16),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
@@ -151,7 +163,7 @@ impl JobConfig {
     /// fit in the switch's frames (a half-precision job fits twice as many,
     /// except on a leaf, whose partials go up as float32).
     pub fn validate(&self, max_f32_elems: u16) -> Result<(), JobConfigError> {
-        let max_elems = self.chunk_dtype().scale_f32_elems(max_f32_elems);
+        let max_elems = self.max_elems(max_f32_elems);
         if self.id == 0 {
             return Err(JobConfigError::ZeroId);
         }
@@ -185,6 +197,9 @@ impl JobConfig {
             ));
         }
         if let Some(u) = &self.upstream {
+            if self.auth == AuthMode::Mac {
+                return Err(JobConfigError::MacOnLeaf(self.id));
+            }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
             if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
                 return bad("list 1 to 64 spines");
@@ -197,6 +212,13 @@ impl JobConfig {
             }
         }
         Ok(())
+    }
+
+    /// Most elements per chunk when `max_f32_elems` float32 elements fill a
+    /// frame: the same bytes in the job's chunk dtype, less the tag of an
+    /// `auth = "mac"` job.
+    pub fn max_elems(&self, max_f32_elems: u16) -> u16 {
+        max_elems_for(max_f32_elems, self.chunk_dtype(), self.auth)
     }
 
     /// The element type whose size bounds the job's chunks: its dtype, but
@@ -230,5 +252,22 @@ impl JobConfig {
         let bitmaps = slots * 2 * n.div_ceil(64) * 8;
         let members = n * 192;
         floats * 4 + bitmaps + members + slots * 64
+    }
+}
+
+/// Most elements of `dtype` in the payload bytes of `f32_elems` float32
+/// elements, less the tag of `auth` (the default and the limit of an
+/// `auth = "mac"` job's chunk size: 16 bytes less payload).
+pub const fn max_elems_for(f32_elems: u16, dtype: Dtype, auth: AuthMode) -> u16 {
+    let bytes = f32_elems as usize * 4;
+    let tag = auth.tag_len();
+    if bytes <= tag {
+        return 0;
+    }
+    let v = (bytes - tag) / dtype.size();
+    if v > u16::MAX as usize {
+        u16::MAX
+    } else {
+        v as u16
     }
 }

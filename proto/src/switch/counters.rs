@@ -104,15 +104,19 @@ pub enum DropReason {
     /// A LEAVE whose MAC does not verify.
     Unauthenticated,
     /// A DATA payload that is not `count` elements of the job's dtype (a
-    /// worker of another element size).
+    /// worker of another element size, or, in an `auth = "mac"` job, a
+    /// payload without its tag).
     PayloadLength,
     /// DATA, HEARTBEAT or LEAVE with a member's source (MAC, IP, UDP port)
     /// that arrived on another switch port than its JOIN: spoofed.
     WrongPort,
+    /// An `auth = "mac"` job's DATA whose tag does not verify under the
+    /// member's DATA key: never summed.
+    BadTag,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::Duplicate,
         DropReason::Stale,
@@ -129,6 +133,7 @@ impl DropReason {
         DropReason::Unauthenticated,
         DropReason::PayloadLength,
         DropReason::WrongPort,
+        DropReason::BadTag,
     ];
 
     /// Stable name, for counters and metrics.
@@ -149,6 +154,7 @@ impl DropReason {
             DropReason::Unauthenticated => "unauthenticated",
             DropReason::PayloadLength => "payload_length",
             DropReason::WrongPort => "wrong_port",
+            DropReason::BadTag => "bad_tag",
         }
     }
 }

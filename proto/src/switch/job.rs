@@ -35,11 +35,18 @@
 //!   JOIN) outlives its membership, so a NACK 6 to a member of a job that
 //!   went back to joining is still authenticated (docs/PROTOCOL.md,
 //!   "Sessions").
+//! * In an `auth = "mac"` job a DATA is summed only if, after the source
+//!   binding above admits it, its tag verifies under the member's DATA key
+//!   (derived from the session key of its latest accepted JOIN); a slot's
+//!   RESULT tag is computed once, when it completes, under the activation's
+//!   RESULT key, and kept with the shadow, so every member and every resend
+//!   gets the same bytes (docs/PROTOCOL.md, "Per-packet authentication").
 
 use std::time::Instant;
 
 use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::{serial_lt, serial_offset};
+use crate::tag::{self, AuthMode, PacketKey, Tag, EPOCH_LEN, TAG_LEN};
 use crate::wire::{
     flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason,
     Nonce, OP_SUM,
@@ -155,6 +162,8 @@ pub struct ResultView<'a> {
     /// The payload's folded Internet checksum sum, made once per result
     /// ([`crate::checksum`]).
     pub payload_sum: u16,
+    /// In an `auth = "mac"` job: the tag that follows the payload.
+    pub tag: Option<Tag>,
 }
 
 impl ResultView<'_> {
@@ -171,6 +180,20 @@ pub struct JoinContext<'a> {
     pub gen: u32,
     pub issuer: &'a NonceIssuer,
     pub now: Instant,
+    /// The epoch this JOIN's activation would use ([`tag::epoch`]): never
+    /// the same twice within a generation.
+    pub epoch: [u8; EPOCH_LEN],
+}
+
+/// An `auth = "mac"` job's keys and RESULT tags.
+#[derive(Debug)]
+struct MacState {
+    /// Per rank, the DATA key of its accepted JOIN.
+    data_keys: Vec<Option<PacketKey>>,
+    /// The RESULT key of the current activation.
+    result_key: Option<PacketKey>,
+    /// Per slot: the seq, window and tag of its shadow's RESULT.
+    result_tags: Vec<Option<(u32, u16, Tag)>>,
 }
 
 /// One job: its declaration, members, slots and counters.
@@ -199,6 +222,9 @@ pub struct Job {
     /// A leaf's spine sessions, and per slot its partial's resend timer.
     pub(super) uplink: Option<Uplink>,
     pub(super) up_timers: Vec<UpTimer>,
+    /// The RESULT epoch of the current (or last) activation.
+    epoch: [u8; EPOCH_LEN],
+    mac: Option<MacState>,
     pub counters: JobCounters,
     pub drops: JobDrops,
 }
@@ -253,8 +279,25 @@ impl Job {
             .map_err(|_| oom.clone())?;
         accepted_serial.resize(n, 0);
         let mut bound = Vec::new();
-        bound.try_reserve_exact(n).map_err(|_| oom)?;
+        bound.try_reserve_exact(n).map_err(|_| oom.clone())?;
         bound.resize(n, None);
+        let mac = match config.auth {
+            AuthMode::Port => None,
+            AuthMode::Mac => {
+                let mut data_keys = Vec::new();
+                data_keys.try_reserve_exact(n).map_err(|_| oom.clone())?;
+                data_keys.resize(n, None);
+                let mut result_tags = Vec::new();
+                let slots = config.pool_slots as usize;
+                result_tags.try_reserve_exact(slots).map_err(|_| oom)?;
+                result_tags.resize(slots, None);
+                Some(MacState {
+                    data_keys,
+                    result_key: None,
+                    result_tags,
+                })
+            }
+        };
         Ok(Job {
             members,
             accepted_serial,
@@ -269,6 +312,8 @@ impl Job {
             pool,
             uplink,
             up_timers,
+            epoch: [0; EPOCH_LEN],
+            mac,
             counters: JobCounters::default(),
             drops: JobDrops::default(),
             config,
@@ -371,20 +416,89 @@ impl Job {
         )
     }
 
-    /// The result of `seq`, if the slot still holds it.
+    /// The result of `seq`, if the slot still holds it (and, in an
+    /// `auth = "mac"` job, its tag).
     pub fn result(&self, seq: u32) -> Option<ResultView<'_>> {
         let slot = self.pool.slot(seq);
         let sh = slot.shadow?;
-        (sh.seq == seq).then(|| ResultView {
+        if sh.seq != seq {
+            return None;
+        }
+        let (window, tag) = match &self.mac {
+            None => (self.window, None),
+            Some(m) => {
+                let i = self.pool.index(seq);
+                let (s, w, t) = m.result_tags.get(i).copied().flatten()?;
+                if s != seq {
+                    return None;
+                }
+                (w, Some(t))
+            }
+        };
+        Some(ResultView {
             seq,
             collective: sh.collective,
             ece: sh.ece,
-            window: self.window,
+            window,
             count: sh.count,
             dtype: self.config.dtype,
             payload: slot.result_bytes(self.config.dtype),
             payload_sum: sh.payload_sum,
+            tag,
         })
+    }
+
+    /// The job's auth mode.
+    pub fn auth(&self) -> AuthMode {
+        self.config.auth
+    }
+
+    /// The RESULT epoch of the current activation (JOIN_ACK).
+    pub fn epoch(&self) -> [u8; EPOCH_LEN] {
+        self.epoch
+    }
+
+    /// The session key of rank `rank`'s accepted JOIN (its JOIN_ACK's tag
+    /// is keyed by it).
+    pub fn session_key(&self, rank: u16) -> Option<&[u8; 32]> {
+        self.members.get(rank as usize)?.as_ref()?;
+        self.bound.get(rank as usize)?.as_ref().map(|b| &b.key)
+    }
+
+    /// Binds rank `rank` to `from` with the session key of its newly
+    /// accepted JOIN (the one key its JOIN_ACK and NACK tags and, in a mac
+    /// job, its DATA key derive from; docs/PROTOCOL.md, "Sessions").
+    fn set_session(&mut self, rank: usize, from: Endpoint, nonce: &Nonce, gen: u32) {
+        let key = auth::session_key(&self.config.secret, self.config.id, rank as u16, gen, nonce);
+        if let Some(m) = &mut self.mac {
+            m.data_keys[rank] = Some(PacketKey::data(&key));
+        }
+        self.bound[rank] = Some(Bound {
+            endpoint: from,
+            key,
+            left: false,
+        });
+    }
+
+    /// Tags the RESULT of `seq` that just completed (a mac job's), once for
+    /// every member and every resend.
+    fn tag_result(&mut self, seq: u32) {
+        let Some(hdr) = self.result_header(seq, 0, false, 0) else {
+            return;
+        };
+        let i = self.pool.index(seq);
+        let payload = self.pool.slot(seq).result_bytes(self.config.dtype);
+        let Some(m) = &mut self.mac else {
+            return;
+        };
+        let Some(key) = &m.result_key else {
+            return;
+        };
+        // The header as sent, but `window` as of now: resends carry it.
+        let mut h = hdr;
+        h.window = self.window;
+        let t = key.tag(&h, payload);
+        m.result_tags[i] = Some((seq, self.window, t));
     }
 
     /// Whether every chunk from `seq` up to the floor still has its result
@@ -507,17 +621,7 @@ impl Job {
             return JoinOutcome::Nack(NackReason::StaleNonce);
         }
         self.accepted_serial[rank] = serial;
-        self.bound[rank] = Some(Bound {
-            endpoint: from,
-            key: auth::session_key(
-                &self.config.secret,
-                self.config.id,
-                hdr.rank,
-                cx.gen,
-                &join.nonce,
-            ),
-            left: false,
-        });
+        self.set_session(rank, from, &join.nonce, cx.gen);
         let member = Member {
             endpoint: from,
             resume_collective: hdr.collective,
@@ -530,7 +634,8 @@ impl Job {
                 let same_place = (m.resume_collective, m.resume_seq) == (hdr.collective, hdr.seq);
                 if same_binding(&m.endpoint, &from) && !m.left && same_place {
                     // A fresh handshake asking for what it has: keep the
-                    // job, remember the newer nonce (LEAVE's MAC uses it).
+                    // job, remember the newer nonce (LEAVE's MAC and the
+                    // session keys use it).
                     m.nonce = join.nonce;
                     m.endpoint = from;
                     return JoinOutcome::AckAgain;
@@ -559,11 +664,21 @@ impl Job {
         if self.joined < self.config.n_workers {
             return JoinOutcome::Waiting;
         }
-        self.activate();
+        self.activate(cx);
         JoinOutcome::Activated
     }
 
-    fn activate(&mut self) {
+    fn activate(&mut self, cx: &JoinContext<'_>) {
+        self.epoch = cx.epoch;
+        if let Some(m) = &mut self.mac {
+            m.result_key = Some(PacketKey::result(
+                &self.config.secret,
+                self.config.id,
+                cx.gen,
+                &cx.epoch,
+            ));
+            m.result_tags.iter_mut().for_each(|t| *t = None);
+        }
         // The resume point is the lowest (collective, seq) any rank reported.
         let mut lowest: Option<(u32, u32)> = None;
         for m in self.members.iter().flatten() {
@@ -670,8 +785,18 @@ impl Job {
         if hdr.count > self.config.elems_per_chunk {
             return self.drop(DropReason::CountMismatch);
         }
-        if values.len() != self.config.dtype.payload_len(hdr.count) {
+        let len = self.config.dtype.payload_len(hdr.count);
+        if values.len() != len + self.config.auth.tag_len() {
             return self.drop(DropReason::PayloadLength);
+        }
+        let (values, tag) = values.split_at(len);
+        if let Some(m) = &self.mac {
+            let ok = m.data_keys[hdr.rank as usize]
+                .as_ref()
+                .is_some_and(|k| k.verify(hdr, values, tag));
+            if !ok {
+                return self.drop(DropReason::BadTag);
+            }
         }
         let slot = self.pool.slot(hdr.seq);
         if slot.shadow.is_some_and(|s| s.seq == hdr.seq) {
@@ -725,6 +850,9 @@ impl Job {
                 if self.pool.slot(hdr.seq).shadow.is_some_and(|s| s.ece) {
                     self.counters.ece_marked += 1;
                 }
+                if self.mac.is_some() {
+                    self.tag_result(hdr.seq);
+                }
                 self.advance_floor();
                 DataOutcome::Completed { seq: hdr.seq }
             }
@@ -748,9 +876,17 @@ impl Job {
 
     /// The header of a RESULT of `seq` for `rank`.
     pub fn result_header(&self, seq: u32, rank: u16, retx: bool, gen: u32) -> Option<HeaderRepr> {
-        let r = self.result(seq)?;
+        let slot = self.pool.slot(seq);
+        let sh = slot.shadow.filter(|s| s.seq == seq)?;
+        // A mac job's RESULT carries the window its tag covers.
+        let window = match &self.mac {
+            None => self.window,
+            Some(m) => m.result_tags[self.pool.index(seq)]
+                .filter(|t| t.0 == seq)
+                .map_or(self.window, |t| t.1),
+        };
         let mut f = 0;
-        if r.ece {
+        if sh.ece {
             f |= flags::ECE;
         }
         if retx {
@@ -761,10 +897,10 @@ impl Job {
             flags: f,
             job: self.config.id,
             rank,
-            count: r.count,
+            count: sh.count,
             seq,
-            collective: r.collective,
-            window: self.window,
+            collective: sh.collective,
+            window,
             gen,
         })
     }
@@ -784,12 +920,23 @@ impl Job {
         }
     }
 
-    pub fn join_ack_payload(&self) -> JoinAckPayload {
-        JoinAckPayload {
+    /// The JOIN_ACK payload for `rank` under header `hdr`
+    /// ([`Job::join_ack_header`]), tagged with the rank's session key;
+    /// `None` if the rank has not joined.
+    pub fn join_ack_payload(&self, rank: u16, hdr: &HeaderRepr) -> Option<JoinAckPayload> {
+        let session = self.session_key(rank)?;
+        let mut p = JoinAckPayload {
             pool_slots: self.config.pool_slots,
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
-        }
+            auth: self.config.auth as u8,
+            epoch: self.epoch,
+            tag: [0; TAG_LEN],
+        };
+        let mut body = [0u8; crate::wire::JOIN_ACK_PAYLOAD_LEN];
+        p.emit(&mut body).ok()?;
+        p.tag = tag::join_ack_tag(session, hdr, &body[..crate::wire::JOIN_ACK_TAGGED_LEN]);
+        Some(p)
     }
 }
 

@@ -283,8 +283,12 @@ impl Reservation {
 pub struct JobTable {
     gen: u32,
     issuer: NonceIssuer,
-    /// The key leaves derive their uplink hello nonces from.
+    /// The key leaves derive their uplink hello nonces from (and RESULT
+    /// epochs: [`crate::tag::epoch`]).
     uplink_key: [u8; 32],
+    /// JOINs judged so far: each gets its own epoch, so no two activations
+    /// within this generation share one.
+    joins_judged: u64,
     jobs: FxHashMap<u16, Job>,
     /// Jobs removed while running, with their allowed prefixes: their
     /// workers' DATA gets NACK 1 (so they fail with a clear error instead
@@ -326,6 +330,7 @@ impl JobTable {
             gen: cfg.gen.max(1),
             issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
             uplink_key: cfg.nonce_key,
+            joins_judged: 0,
             jobs: FxHashMap::default(),
             removed: HashMap::new(),
             reserved: HashSet::new(),
@@ -699,10 +704,12 @@ impl JobTable {
         let Ok(join) = JoinPayload::parse(payload) else {
             return Verdict::Dropped(None);
         };
+        self.joins_judged += 1;
         let cx = JoinContext {
             gen: self.gen,
             issuer: &self.issuer,
             now,
+            epoch: crate::tag::epoch(&self.uplink_key, self.joins_judged),
         };
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
             return Verdict::Dropped(None);
@@ -1017,6 +1024,15 @@ impl JobTable {
         self.events.pop_front()
     }
 
+    /// Whether job `job`'s RESULTs carry a tag (`auth = "mac"`): they are
+    /// encoded whole by [`JobTable::encode`], not by
+    /// [`JobTable::encode_result_head`].
+    pub fn is_tagged(&self, job: u16) -> bool {
+        self.jobs
+            .get(&job)
+            .is_some_and(|j| j.auth() == crate::tag::AuthMode::Mac)
+    }
+
     /// For a RESULT: writes only its aggregation header into `buf` and
     /// returns the payload that follows it (the shadow's bytes), so that a
     /// shell can copy the payload once, straight to where it is sent;
@@ -1033,6 +1049,11 @@ impl JobTable {
         let job = self.jobs.get(&r.job)?;
         let hdr = job.result_header(seq, r.rank, retx, self.gen)?;
         let res = job.result(seq)?;
+        if res.tag.is_some() {
+            // The shell copies one slice; a tagged RESULT goes through
+            // `encode`.
+            return None;
+        }
         hdr.emit_to(buf).ok()?;
         Some(ResultHead {
             encoded: Encoded {
@@ -1057,14 +1078,20 @@ impl JobTable {
                 let job = self.jobs.get(&r.job)?;
                 hdr = job.result_header(seq, r.rank, retx, gen)?;
                 let res = job.result(seq)?;
-                body.get_mut(..res.payload.len())?
-                    .copy_from_slice(res.payload);
-                (res.payload.len(), res.ece)
+                let n = res.payload.len();
+                body.get_mut(..n)?.copy_from_slice(res.payload);
+                match res.tag {
+                    Some(t) => {
+                        body.get_mut(n..n + t.len())?.copy_from_slice(&t);
+                        (n + t.len(), res.ece)
+                    }
+                    None => (n, res.ece),
+                }
             }
             ReplyMsg::JoinAck => {
                 let job = self.jobs.get(&r.job)?;
                 hdr = job.join_ack_header(r.rank, gen);
-                (job.join_ack_payload().emit(body).ok()?, false)
+                (job.join_ack_payload(r.rank, &hdr)?.emit(body).ok()?, false)
             }
             ReplyMsg::Nack { reason, echo } => {
                 // The tag covers the header as sent: write it first.
@@ -1204,7 +1231,7 @@ impl JobTable {
 
 // Compile-time checks of the sizes the encoder relies on.
 const _: () = assert!(NACK_PAYLOAD_LEN == 36 && CHALLENGE_PAYLOAD_LEN == 40);
-const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 6);
+const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 32);
 
 #[cfg(test)]
 mod tests;

@@ -32,6 +32,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: slots,
+        auth: Default::default(),
         upstream: None,
     }
 }
@@ -851,6 +852,7 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
     assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
 }
 
+mod auth_mac;
 mod dtypes;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).

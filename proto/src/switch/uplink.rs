@@ -27,9 +27,10 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams, ProbeAnswer, SessionGuard};
+use crate::tag::AuthMode;
 use crate::wire::{
-    flags, HeaderRepr, JoinAckPayload, NackPayload, NackReason, Nonce, SpineRefusal,
-    SpineSessionState, UpstreamWaitPayload, DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
+    flags, HeaderRepr, NackPayload, NackReason, Nonce, SpineRefusal, SpineSessionState,
+    UpstreamWaitPayload, DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
@@ -477,7 +478,13 @@ impl Job {
         if s.hs.gen() != Some(hdr.gen) || s.joined_gen.is_some() {
             return None;
         }
-        let ack = JoinAckPayload::parse(payload).ok()?;
+        // Only a JOIN_ACK whose tag verifies under this join's session key.
+        let ack = s.hs.on_join_ack(hdr, payload).ok()?;
+        if ack.auth != AuthMode::Port {
+            return u.refused_by(id, spine, SpineRefusal::AuthDiffers, now);
+        }
+        let guard = ack.session;
+        let ack = ack.payload;
         if ack.elems_per_chunk != elems {
             let why = SpineRefusal::ElemsDiffer {
                 spine: ack.elems_per_chunk,
@@ -487,7 +494,7 @@ impl Job {
         let s = &mut u.spines[spine];
         s.refused = None;
         s.joined_gen = Some(hdr.gen);
-        s.guard = s.hs.session();
+        s.guard = Some(guard);
         s.window = hdr.window.max(1);
         s.join_due = None;
         let k = u.cfg.k().max(1) as usize;

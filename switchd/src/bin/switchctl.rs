@@ -77,6 +77,10 @@ enum JobCmd {
         /// must name the same).
         #[arg(long, default_value = "f32")]
         dtype: String,
+        /// How DATA and RESULT are authenticated: "port" (the member's
+        /// source and switch port) or "mac" (a 16-byte tag on every one).
+        #[arg(long, default_value = "port")]
+        auth: String,
         /// On a leaf of a tree: this leaf's rank at the spines (with
         /// --leaves and --spine; needs `[switch] uplink`).
         #[arg(long, requires_all = ["leaves", "spines"])]
@@ -227,6 +231,7 @@ fn run() -> Result<()> {
                     elems,
                     window,
                     dtype,
+                    auth,
                     leaf_index,
                     leaves,
                     spines,
@@ -241,6 +246,7 @@ fn run() -> Result<()> {
                 elems_per_chunk: elems,
                 window,
                 dtype: Some(dtype),
+                auth: Some(auth),
                 upstream: leaf_index.map(|leaf_index| UpstreamSection {
                     leaf_index,
                     n_leaves: leaves.unwrap_or(0),
@@ -264,12 +270,12 @@ fn run() -> Result<()> {
                 println!("no jobs");
             }
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6}",
-                "job", "state", "ranks", "joined", "slots", "window", "dtype", "elems"
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
+                "job", "state", "ranks", "joined", "slots", "window", "dtype", "elems", "auth"
             );
             for j in jobs {
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
@@ -278,7 +284,8 @@ fn run() -> Result<()> {
                     j["pool_slots"].as_u64().unwrap_or(0),
                     j["window"].as_u64().unwrap_or(0),
                     j["dtype"].as_str().unwrap_or("?"),
-                    j["elems_per_chunk"].as_u64().unwrap_or(0)
+                    j["elems_per_chunk"].as_u64().unwrap_or(0),
+                    j["auth"].as_str().unwrap_or("?")
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {

@@ -124,7 +124,9 @@ impl<'a> Out<'a> {
             self.counters.tx_ring_full += 1;
             return;
         };
-        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) {
+        // A tagged RESULT (auth = "mac") is header, payload and tag: it is
+        // encoded whole into one frame (its chunk size is bounded so).
+        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) && !table.is_tagged(r.job) {
             // The payload goes from the job's shadow straight into the TX
             // frames, the headers in front of it: one copy, also when a
             // jumbo RESULT spans several frames.
@@ -188,6 +190,7 @@ mod tests {
 
     use proto::handshake::{Handshake, JoinParams};
     use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, Source, TableConfig};
+    use proto::tag::{AuthMode, PacketKey, TAG_LEN};
     use proto::wire::{
         write_f32s, Dtype, Header, HeaderRepr, MsgType, DTYPE_BF16, HEADER_LEN, OP_SUM,
     };
@@ -214,14 +217,15 @@ mod tests {
         }
     }
 
-    /// Frames the table's replies as the dataplane does (a RESULT from its
-    /// head and payload), checks that each parses with its UDP checksum
-    /// verified, and returns them with their aggregation headers.
+    /// Frames the table's replies as the dataplane does (an untagged RESULT
+    /// from its head and payload, anything else, a tagged RESULT included,
+    /// whole), checks that each parses with its UDP checksum verified, and
+    /// returns them with their aggregation headers.
     fn drain(t: &mut JobTable) -> Vec<(HeaderRepr, Vec<u8>)> {
         let mut out = Vec::new();
         while let Some(r) = t.poll_reply() {
             let mut buf = [0u8; 4096];
-            let frame = if matches!(r.msg, ReplyMsg::Result { .. }) {
+            let frame = if matches!(r.msg, ReplyMsg::Result { .. }) && !t.is_tagged(r.job) {
                 let (head, payload) = result_frame_head(t, &r, &mut buf).expect("RESULT head");
                 let mut f = buf[..head].to_vec();
                 f.extend_from_slice(payload);
@@ -244,7 +248,7 @@ mod tests {
         out
     }
 
-    fn table(dtype: Dtype, n: u16) -> JobTable {
+    fn table(dtype: Dtype, n: u16, auth: AuthMode) -> JobTable {
         let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), Instant::now());
         t.add(
             JobConfig {
@@ -260,6 +264,7 @@ mod tests {
                 dtype,
                 window: 4,
                 upstream: None,
+                auth,
             },
             1000,
         )
@@ -269,17 +274,23 @@ mod tests {
 
     /// Every kind of reply the switch sends to a worker leaves with a
     /// correct, non-zero UDP checksum: CHALLENGE, JOIN_ACK, RESULT (float32
-    /// and bf16, odd element counts, first sends and resends), the
-    /// HEARTBEAT answer, and NACK.
+    /// and bf16, odd element counts, first sends and resends, untagged and
+    /// tagged by an `auth = "mac"` job), the HEARTBEAT answer, and NACK.
     #[test]
     fn every_reply_frame_carries_a_udp_checksum_that_verifies() {
-        for (dtype, wire_dtype) in [
-            (Dtype::F32, proto::wire::DTYPE_F32),
-            (Dtype::Bf16, DTYPE_BF16),
+        for (dtype, wire_dtype, auth) in [
+            (Dtype::F32, proto::wire::DTYPE_F32, AuthMode::Port),
+            (Dtype::Bf16, DTYPE_BF16, AuthMode::Port),
+            (Dtype::F32, proto::wire::DTYPE_F32, AuthMode::Mac),
+            (Dtype::Bf16, DTYPE_BF16, AuthMode::Mac),
         ] {
             let now = Instant::now();
-            let mut t = table(dtype, 2);
+            let mut t = table(dtype, 2, auth);
             let mut kinds = Vec::new();
+            // Per rank, the DATA key its JOIN_ACK gave (auth = "mac").
+            let mut data_keys: Vec<Option<PacketKey>> = vec![None, None];
+            let mut result_key: Option<PacketKey> = None;
+            let mut handshakes = Vec::new();
             for rank in 0..2u16 {
                 let ep = endpoint(rank);
                 let mut hs = Handshake::new(
@@ -303,12 +314,23 @@ mod tests {
                 hs.on_challenge(h, &p[HEADER_LEN..]).unwrap();
                 let n = hs.emit_join(0, 0, &mut b).unwrap();
                 t.handle(&b[..n], ep, false, now);
-                kinds.extend(
-                    replies
-                        .into_iter()
-                        .chain(drain(&mut t))
-                        .map(|(h, _)| h.msg_type),
-                );
+                handshakes.push(hs);
+                kinds.extend(replies.into_iter().map(|(h, _)| h.msg_type));
+                // The last JOIN activates the job: a JOIN_ACK to every rank.
+                kinds.extend(drain(&mut t).into_iter().map(|(h, p)| {
+                    if h.msg_type == MsgType::JoinAck {
+                        let ack = handshakes[h.rank as usize]
+                            .on_join_ack(&h, &p[HEADER_LEN..])
+                            .expect("JOIN_ACK");
+                        assert_eq!(ack.auth, auth);
+                        data_keys[h.rank as usize] = ack.data_key;
+                        result_key = ack.result_key.or(result_key.take());
+                    }
+                    h.msg_type
+                }));
+            }
+            if auth == AuthMode::Mac {
+                assert!(data_keys.iter().all(Option::is_some) && result_key.is_some());
             }
             for (seq, count) in [1u16, 3, 64].into_iter().enumerate() {
                 for rank in 0..2u16 {
@@ -319,7 +341,8 @@ mod tests {
                     h.gen = GEN;
                     let vals: Vec<f32> =
                         (0..count).map(|i| i as f32 * 0.37 - rank as f32).collect();
-                    let mut p = vec![0u8; HEADER_LEN + dtype.payload_len(count)];
+                    let len = dtype.payload_len(count);
+                    let mut p = vec![0u8; HEADER_LEN + len + auth.tag_len()];
                     h.emit_to(&mut p).unwrap();
                     if dtype == Dtype::F32 {
                         write_f32s(&vals, &mut p[HEADER_LEN..]);
@@ -330,12 +353,26 @@ mod tests {
                             p[HEADER_LEN + 2 * i..HEADER_LEN + 2 * i + 2].copy_from_slice(&b);
                         }
                     }
+                    if let Some(k) = &data_keys[rank as usize] {
+                        let (body, tag) = p[HEADER_LEN..].split_at_mut(len);
+                        tag.copy_from_slice(&k.tag(&h, body));
+                    }
                     t.handle(&p, endpoint(rank), false, now);
                     // Sent again after completion: the RESULT is resent (RETX).
                     if rank == 1 {
                         t.handle(&p, endpoint(rank), false, now);
                     }
-                    kinds.extend(drain(&mut t).into_iter().map(|(h, _)| h.msg_type));
+                    kinds.extend(drain(&mut t).into_iter().map(|(h, p)| {
+                        if h.msg_type == MsgType::Result {
+                            let body = &p[HEADER_LEN..];
+                            assert_eq!(body.len(), dtype.payload_len(h.count) + auth.tag_len());
+                            if let Some(k) = &result_key {
+                                let (vals, tag) = body.split_at(body.len() - TAG_LEN);
+                                assert!(k.verify(&h, vals, tag), "{auth}: RESULT tag verifies");
+                            }
+                        }
+                        h.msg_type
+                    }));
                 }
             }
             // A member's HEARTBEAT, and one of a stale generation from a
@@ -357,12 +394,15 @@ mod tests {
                 MsgType::Heartbeat,
                 MsgType::Nack,
             ] {
-                assert!(kinds.contains(&want), "{dtype:?}: no {want:?} in {kinds:?}");
+                assert!(
+                    kinds.contains(&want),
+                    "{dtype:?} {auth}: no {want:?} in {kinds:?}"
+                );
             }
             assert_eq!(
                 kinds.iter().filter(|k| **k == MsgType::Result).count(),
                 3 * 3,
-                "{dtype:?}: 2 RESULTs and a resend per chunk"
+                "{dtype:?} {auth}: 2 RESULTs and a resend per chunk"
             );
         }
     }

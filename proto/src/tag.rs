@@ -1,0 +1,399 @@
+//! Per-packet authentication of `auth = "mac"` jobs (docs/PROTOCOL.md,
+//! "Per-packet authentication"): the 16-byte tag after every DATA and RESULT
+//! payload, and the tag of a JOIN_ACK.
+//!
+//! Owns: [`AuthMode`] (a job's declared mode), [`PacketKey`] (AES-128-GMAC
+//! under a DATA or RESULT key, with its key derivations) and
+//! [`join_ack_tag`].
+//!
+//! Invariants:
+//! * GMAC is a nonce-based MAC: one (key, nonce) pair must never tag two
+//!   different inputs. The nonce is made of the header fields the tag covers
+//!   (`ver_type`, flags without `RETX`, `window`, `seq`, `collective`) and the
+//!   associated data is the payload, so one nonce always meets the same
+//!   input as long as a key never sees one (`seq`, `collective`) with two
+//!   payloads: a DATA key is fresh per accepted JOIN (a worker's resends are
+//!   byte-identical), a RESULT key per activation of the job (a slot's result
+//!   is computed once and resent as it is).
+//! * What the tag does not cover is chosen: `rank` and `RETX` of a RESULT
+//!   differ per destination (one tag serves every member); `job`, `gen`
+//!   (and a DATA's `rank`) are bound by the key; `count` by the payload's
+//!   length.
+//! * Tags are compared in constant time; keys never print.
+
+use aes_gcm::aead::AeadInOut;
+use aes_gcm::{Aes128Gcm, KeyInit};
+use hmac::{Hmac, Mac as _};
+use sha2::Sha256;
+
+use crate::wire::{flags, HeaderRepr, HEADER_LEN, SECRET_LEN, VERSION};
+
+/// Bytes of the tag after an `auth = "mac"` DATA or RESULT payload, and at
+/// the end of a JOIN_ACK.
+pub const TAG_LEN: usize = 16;
+/// A tag.
+pub type Tag = [u8; TAG_LEN];
+/// Length of a job's RESULT epoch (JOIN_ACK).
+pub const EPOCH_LEN: usize = 8;
+
+const DATA_KEY_LABEL: &[u8] = b"aggswitch v3 data key";
+const RESULT_KEY_LABEL: &[u8] = b"aggswitch v3 result key";
+const JOIN_ACK_LABEL: &[u8] = b"aggswitch v3 join ack";
+
+/// How a job's DATA and RESULT are authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum AuthMode {
+    /// By the member's source and switch port only (no tag).
+    #[default]
+    Port = 0,
+    /// A 16-byte AES-GMAC tag after every DATA and RESULT payload.
+    Mac = 1,
+}
+
+/// An auth mode name that is not `port` or `mac`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown auth mode {0:?} (expected \"port\" or \"mac\")")]
+pub struct UnknownAuthMode(pub String);
+
+impl AuthMode {
+    /// The mode a JOIN_ACK's `auth` byte names, if any.
+    pub const fn from_u8(v: u8) -> Option<AuthMode> {
+        match v {
+            0 => Some(AuthMode::Port),
+            1 => Some(AuthMode::Mac),
+            _ => None,
+        }
+    }
+
+    /// The name used in configs, CLIs and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AuthMode::Port => "port",
+            AuthMode::Mac => "mac",
+        }
+    }
+
+    /// Bytes after a DATA/RESULT payload in this mode.
+    pub const fn tag_len(self) -> usize {
+        match self {
+            AuthMode::Port => 0,
+            AuthMode::Mac => TAG_LEN,
+        }
+    }
+}
+
+impl core::fmt::Display for AuthMode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl core::str::FromStr for AuthMode {
+    type Err = UnknownAuthMode;
+    fn from_str(s: &str) -> Result<AuthMode, UnknownAuthMode> {
+        match s {
+            "port" => Ok(AuthMode::Port),
+            "mac" => Ok(AuthMode::Mac),
+            _ => Err(UnknownAuthMode(s.to_string())),
+        }
+    }
+}
+
+fn hmac(key: &[u8]) -> Hmac<Sha256> {
+    match <Hmac<Sha256> as hmac::Mac>::new_from_slice(key) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC accepts every key length"),
+    }
+}
+
+/// An AES-128-GMAC key for DATA or RESULT tags.
+///
+/// AES-GMAC rather than Poly1305: in the `data_path` bench it tags a full
+/// frame in well under half Poly1305's time on a CPU with AES-NI and
+/// carry-less multiply, which `aes` and `polyval` detect at run time; its
+/// key schedule is done once per key rather than a one-time key per nonce;
+/// and it is NIST's GCM with an empty plaintext, which every crypto library
+/// offers to a peer (docs/BENCHMARKS.md, "Per-packet authentication").
+#[derive(Clone)]
+pub struct PacketKey {
+    cipher: Aes128Gcm,
+}
+
+impl core::fmt::Debug for PacketKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("PacketKey(<redacted>)")
+    }
+}
+
+impl PacketKey {
+    fn from_prk(prk: [u8; 32]) -> PacketKey {
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&prk[..16]);
+        PacketKey {
+            cipher: Aes128Gcm::new(&key.into()),
+        }
+    }
+
+    /// The key of a member's DATA: `HMAC-SHA256(session key, "aggswitch v3
+    /// data key")`, first 16 bytes. Fresh per accepted JOIN.
+    pub fn data(session_key: &[u8; 32]) -> PacketKey {
+        let mut m = hmac(session_key);
+        m.update(DATA_KEY_LABEL);
+        PacketKey::from_prk(m.finalize().into_bytes().into())
+    }
+
+    /// The key of a job's RESULTs during one activation:
+    /// `HMAC-SHA256(secret, "aggswitch v3 result key" ‖ job u16 ‖ gen u32 ‖
+    /// epoch)`, first 16 bytes.
+    pub fn result(
+        secret: &[u8; SECRET_LEN],
+        job: u16,
+        gen: u32,
+        epoch: &[u8; EPOCH_LEN],
+    ) -> PacketKey {
+        let mut m = hmac(secret);
+        m.update(RESULT_KEY_LABEL);
+        m.update(&job.to_be_bytes());
+        m.update(&gen.to_be_bytes());
+        m.update(epoch);
+        PacketKey::from_prk(m.finalize().into_bytes().into())
+    }
+
+    /// The GCM nonce of a DATA or RESULT with header `hdr`: `ver_type`,
+    /// flags without `RETX`, `window`, `seq`, `collective`.
+    fn nonce(hdr: &HeaderRepr) -> aes_gcm::Nonce<aes_gcm::aead::consts::U12> {
+        let mut n = [0u8; 12];
+        n[0] = (VERSION << 4) | hdr.msg_type as u8;
+        n[1] = hdr.flags & !flags::RETX;
+        n[2..4].copy_from_slice(&hdr.window.to_be_bytes());
+        n[4..8].copy_from_slice(&hdr.seq.to_be_bytes());
+        n[8..12].copy_from_slice(&hdr.collective.to_be_bytes());
+        n.into()
+    }
+
+    /// The tag of a DATA or RESULT with header `hdr` and elements `payload`.
+    pub fn tag(&self, hdr: &HeaderRepr, payload: &[u8]) -> Tag {
+        match self
+            .cipher
+            .encrypt_inout_detached(&Self::nonce(hdr), payload, (&mut [][..]).into())
+        {
+            Ok(t) => t.into(),
+            // Only a plaintext over 2^36 bytes fails; ours is empty.
+            Err(_) => unreachable!("GCM accepts an empty plaintext"),
+        }
+    }
+
+    /// Whether `tag` is the tag of this header and payload (constant time).
+    pub fn verify(&self, hdr: &HeaderRepr, payload: &[u8], tag: &[u8]) -> bool {
+        let Ok(tag) = <[u8; TAG_LEN]>::try_from(tag) else {
+            return false;
+        };
+        self.cipher
+            .decrypt_inout_detached(
+                &Self::nonce(hdr),
+                payload,
+                (&mut [][..]).into(),
+                &tag.into(),
+            )
+            .is_ok()
+    }
+}
+
+/// The tag of a JOIN_ACK to one member: `HMAC-SHA256(session key,
+/// "aggswitch v3 join ack" ‖ header (22 B) ‖ payload before the tag)`, first
+/// 16 bytes. HMAC, not GMAC: a JOIN_ACK may be sent again with another
+/// window, and HMAC needs no nonce.
+pub fn join_ack_tag(session_key: &[u8; 32], hdr: &HeaderRepr, body: &[u8]) -> Tag {
+    let mut h = [0u8; HEADER_LEN];
+    if hdr.emit_to(&mut h).is_err() {
+        unreachable!("a header fits its length");
+    }
+    let mut m = hmac(session_key);
+    m.update(JOIN_ACK_LABEL);
+    m.update(&h);
+    m.update(body);
+    let full = m.finalize().into_bytes();
+    let mut t = [0u8; TAG_LEN];
+    t.copy_from_slice(&full[..TAG_LEN]);
+    t
+}
+
+/// Checks a JOIN_ACK's tag in constant time.
+pub fn verify_join_ack(session_key: &[u8; 32], hdr: &HeaderRepr, body: &[u8], tag: &[u8]) -> bool {
+    let want = join_ack_tag(session_key, hdr, body);
+    tag.len() == TAG_LEN && bool::from(subtle::ConstantTimeEq::ct_eq(&want[..], tag))
+}
+
+/// The epoch of a job's activation: `HMAC-SHA256(key, "aggswitch v3 epoch"
+/// ‖ counter u64)`, first 8 bytes, under the switch's private random key
+/// and a counter that never repeats while the switch runs. Unpredictable to
+/// anyone without the key, and never the same twice within a generation, so
+/// a RESULT key never serves two activations.
+pub fn epoch(key: &[u8; 32], counter: u64) -> [u8; EPOCH_LEN] {
+    let mut m = hmac(key);
+    m.update(b"aggswitch v3 epoch");
+    m.update(&counter.to_be_bytes());
+    let full = m.finalize().into_bytes();
+    let mut e = [0u8; EPOCH_LEN];
+    e.copy_from_slice(&full[..EPOCH_LEN]);
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Header, MsgType};
+
+    fn hr(f: &[u8]) -> HeaderRepr {
+        HeaderRepr::parse(&Header::new_checked(f).unwrap()).unwrap()
+    }
+
+    fn frame(ty: MsgType, rank: u16, flags: u8) -> Vec<u8> {
+        let mut h = HeaderRepr::new(ty, 7);
+        h.rank = rank;
+        h.flags = flags;
+        h.count = 4;
+        h.seq = 1000;
+        h.collective = 3;
+        h.window = 16;
+        h.gen = 0xdead_beef;
+        let mut b = vec![0u8; HEADER_LEN + 16];
+        h.emit_to(&mut b).unwrap();
+        for (i, x) in b[HEADER_LEN..].iter_mut().enumerate() {
+            *x = i as u8 * 3 + 1;
+        }
+        b
+    }
+
+    fn key() -> PacketKey {
+        PacketKey::data(&[0x42; 32])
+    }
+
+    #[test]
+    fn tag_binds_header_and_payload() {
+        let k = key();
+        let f = frame(MsgType::Data, 1, flags::LAST);
+        let (h, p) = (hr(&f), &f[HEADER_LEN..]);
+        let t = k.tag(&h, p);
+        assert!(k.verify(&h, p, &t));
+        // Every payload byte, and every covered header field.
+        for i in 0..p.len() {
+            let mut q = p.to_vec();
+            q[i] ^= 0x01;
+            assert!(!k.verify(&h, &q, &t), "payload byte {i}");
+        }
+        let changes: [fn(&mut HeaderRepr); 7] = [
+            |h| h.msg_type = MsgType::Result,
+            |h| h.flags ^= flags::LAST,
+            |h| h.flags ^= flags::ECE,
+            |h| h.seq += 1,
+            |h| h.collective += 1,
+            |h| h.window += 1,
+            |h| h.seq ^= 1 << 31,
+        ];
+        for change in changes {
+            let mut g = h;
+            change(&mut g);
+            assert!(!k.verify(&g, p, &t), "{g:?}");
+        }
+        // RETX is not covered: a resend is the same DATA.
+        let mut g = h;
+        g.flags |= flags::RETX;
+        assert!(k.verify(&g, p, &t));
+        // A shorter payload (another count) fails too.
+        assert!(!k.verify(&h, &p[..12], &t));
+        let mut bad = t;
+        bad[15] ^= 0x80;
+        assert!(!k.verify(&h, p, &bad));
+    }
+
+    #[test]
+    fn wrong_key_fails() {
+        let f = frame(MsgType::Data, 1, 0);
+        let (h, p) = (&hr(&f), &f[HEADER_LEN..]);
+        let t = key().tag(h, p);
+        assert!(!PacketKey::data(&[0x43; 32]).verify(h, p, &t));
+        let r = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
+        let r2 = PacketKey::result(&[1; 32], 7, 9, &[6; EPOCH_LEN]);
+        let t = r.tag(h, p);
+        assert!(r.verify(h, p, &t));
+        assert!(!r2.verify(h, p, &t), "another epoch");
+        assert!(!PacketKey::result(&[1; 32], 8, 9, &[5; EPOCH_LEN]).verify(h, p, &t));
+        assert!(!PacketKey::result(&[1; 32], 7, 10, &[5; EPOCH_LEN]).verify(h, p, &t));
+        assert!(!PacketKey::result(&[2; 32], 7, 9, &[5; EPOCH_LEN]).verify(h, p, &t));
+    }
+
+    #[test]
+    fn result_tag_ignores_rank_and_retx_only() {
+        let k = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
+        let a = frame(MsgType::Result, 0, flags::ECE);
+        let b = frame(MsgType::Result, 3, flags::ECE | flags::RETX);
+        let ta = k.tag(&hr(&a), &a[HEADER_LEN..]);
+        assert_eq!(ta, k.tag(&hr(&b), &b[HEADER_LEN..]));
+        let c = frame(MsgType::Result, 0, 0);
+        assert!(!k.verify(&hr(&c), &c[HEADER_LEN..], &ta), "ECE is covered");
+        // A DATA tag never verifies as a RESULT's.
+        let d = frame(MsgType::Data, 0, flags::ECE);
+        assert!(!k.verify(&hr(&d), &d[HEADER_LEN..], &ta));
+    }
+
+    #[test]
+    fn matches_gcm_with_an_empty_plaintext() {
+        // A peer computes the same with any AES-GCM: key, 12-byte nonce,
+        // AAD = payload, no plaintext.
+        let prk = {
+            let mut m = hmac(&[0x42; 32]);
+            m.update(DATA_KEY_LABEL);
+            let b: [u8; 32] = m.finalize().into_bytes().into();
+            b
+        };
+        let mut k = [0u8; 16];
+        k.copy_from_slice(&prk[..16]);
+        let c = Aes128Gcm::new(&k.into());
+        let f = frame(MsgType::Data, 1, flags::RETX | flags::LAST);
+        let mut nonce = [0u8; 12];
+        nonce[0] = f[0];
+        nonce[1] = flags::LAST;
+        nonce[2..4].copy_from_slice(&16u16.to_be_bytes());
+        nonce[4..8].copy_from_slice(&1000u32.to_be_bytes());
+        nonce[8..12].copy_from_slice(&3u32.to_be_bytes());
+        let t = c
+            .encrypt_inout_detached(&nonce.into(), &f[HEADER_LEN..], (&mut [][..]).into())
+            .unwrap();
+        let t: Tag = t.into();
+        assert_eq!(t, key().tag(&hr(&f), &f[HEADER_LEN..]));
+    }
+
+    #[test]
+    fn join_ack_tag_binds_header_body_and_key() {
+        let mut h = HeaderRepr::new(MsgType::JoinAck, 7);
+        h.rank = 2;
+        h.window = 16;
+        let body = [3u8; 16];
+        let t = join_ack_tag(&[1; 32], &h, &body);
+        assert!(verify_join_ack(&[1; 32], &h, &body, &t));
+        assert!(!verify_join_ack(&[2; 32], &h, &body, &t));
+        let mut b = body;
+        b[3] ^= 1;
+        assert!(!verify_join_ack(&[1; 32], &h, &b, &t));
+        let mut g = h;
+        g.window = 1;
+        assert!(!verify_join_ack(&[1; 32], &g, &body, &t));
+    }
+
+    #[test]
+    fn epochs_differ_per_counter_and_key() {
+        assert_ne!(epoch(&[1; 32], 1), epoch(&[1; 32], 2));
+        assert_ne!(epoch(&[1; 32], 1), epoch(&[2; 32], 1));
+    }
+
+    #[test]
+    fn auth_modes_parse_and_name_the_choices() {
+        assert_eq!("mac".parse::<AuthMode>(), Ok(AuthMode::Mac));
+        assert_eq!("port".parse::<AuthMode>(), Ok(AuthMode::Port));
+        let e = "hmac".parse::<AuthMode>().unwrap_err().to_string();
+        assert!(e.contains("\"port\" or \"mac\""), "{e}");
+        assert_eq!(AuthMode::from_u8(2), None);
+    }
+}

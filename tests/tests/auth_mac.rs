@@ -1,0 +1,96 @@
+//! End-to-end tests of `auth = "mac"` (issue 20, item 3): a job whose DATA
+//! and RESULT carry a tag runs bit-exact through switchd, and a DATA that an
+//! attacker altered on the wire, with the member's own addresses, is dropped
+//! as `bad_tag` and never summed.
+
+use std::process::{Child, Stdio};
+
+use agg_e2e::*;
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// switchd's config for `tb` with one job of 4 workers and `auth`.
+fn config(tb: &Testbed, auth: &str) -> String {
+    let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\n\
+         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = 4\n\
+         allowed_sources = [\"198.18.0.0/26\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
+         auth = \"{auth}\"\n",
+        ports.join(", ")
+    )
+}
+
+/// `worker allreduce` on the mmsg transport (one datagram per DATA, which
+/// the attacker's capture takes apart).
+fn spawn(tb: &Testbed, rank: u16, elements: usize, iterations: u32) -> Child {
+    tb.cmd_in(&tb.worker_ns(rank), worker_bin())
+        .args(["allreduce", "--switch", SWITCH_ADDR, "--job", "1"])
+        .args(["--rank", &rank.to_string(), "--workers", "4"])
+        .args(["--secret", SECRET, "--transport", "mmsg"])
+        .args(["--elements", &elements.to_string()])
+        .args(["--iterations", &iterations.to_string()])
+        .args(["--verify", "--json", "--stall-timeout", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting worker")
+}
+
+#[test]
+#[ignore = "needs root"]
+fn tagged_all_reduce_is_bit_exact_and_a_flipped_data_byte_is_dropped_as_bad_tag() {
+    if !can_run("auth_mac") {
+        return;
+    }
+    let tb = Testbed::up("ma1", 4, 1);
+    let mut sw = Switchd::start_in(&tb.switch_ns(), "ma1", &config(&tb, "mac"));
+    let workers: Vec<Child> = (0..4).map(|r| spawn(&tb, r, 2_000_000, 20)).collect();
+    sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
+    let jobs = sw.switchctl(&["jobs"]);
+    assert!(jobs.status.success(), "{}", text(&jobs));
+    let line = String::from_utf8_lossy(&jobs.stdout)
+        .lines()
+        .find(|l| l.trim_start().starts_with('1'))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        line.trim_end().ends_with("mac"),
+        "switchctl jobs: {}",
+        text(&jobs)
+    );
+    // From worker 1's own namespace (its MAC, IP, UDP port and switch
+    // port): 200 of its DATA frames, each with one payload bit flipped and
+    // a correct UDP checksum, sent again while the all-reduce runs.
+    let out = tb
+        .cmd_in(&tb.worker_ns(1), "python3")
+        .arg(repo_root().join("tests/attack.py"))
+        .args(["flip-data", "eth0", "10", "200"])
+        .output()
+        .expect("running tests/attack.py");
+    assert!(out.status.success(), "attack.py: {}", text(&out));
+    let sent: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("attack.py printed no count: {}", text(&out)));
+    assert!(sent >= 50, "only {sent} DATA frames captured");
+    let reports = expect_verified(workers);
+    for (r, v) in reports.iter().enumerate() {
+        assert_eq!(v["auth"], "mac", "rank {r}: {v}");
+        assert_eq!(v["stats"]["bad_tag_results"], 0, "rank {r}: {v}");
+    }
+    let stats = stop_clean(&tb, &mut sw);
+    let j = job(&stats, 1);
+    assert_eq!(
+        j["drops"]["bad_tag"].as_u64(),
+        Some(sent),
+        "every altered DATA is dropped as bad_tag: {j}"
+    );
+}
