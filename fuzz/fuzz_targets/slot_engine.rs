@@ -1304,7 +1304,7 @@ impl Harness {
                 let key = self
                     .table
                     .get(r.job)
-                    .and_then(|j| j.session_key_for(r.rank, &r.to.source));
+                    .and_then(|j| j.session_key_for(r.rank, &r.to));
                 let head = o.bytes.first_chunk::<HEADER_LEN>().unwrap();
                 match key {
                     Some(k) => assert!(
