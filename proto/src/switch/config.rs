@@ -236,7 +236,8 @@ impl JobConfig {
     /// Bytes the job's slot pool and membership take (what the budget
     /// counts): per slot an accumulator, a result and one parked copy per
     /// rank, each `elems_per_chunk` floats, plus two rank bitmaps; per rank
-    /// a member record. u64 arithmetic: at most 2^15 × 2^16 × 2^12, no
+    /// a member record; in an `auth = "mac"` job, per rank a DATA key and
+    /// per slot a RESULT tag. u64 arithmetic: at most 2^15 × 2^16 × 2^12, no
     /// overflow.
     pub fn pool_bytes(&self) -> u64 {
         let slots = u64::from(self.pool_slots);
@@ -251,9 +252,19 @@ impl JobConfig {
         let floats = slots * per_slot * e;
         let bitmaps = slots * 2 * n.div_ceil(64) * 8;
         let members = n * 192;
-        floats * 4 + bitmaps + members + slots * 64
+        // An auth = "mac" job also keeps per rank a DATA key (an AES-GCM key
+        // schedule) and per slot its RESULT's tag.
+        let mac = match self.auth {
+            AuthMode::Port => 0,
+            AuthMode::Mac => n * MAC_BYTES_PER_RANK + slots * 32,
+        };
+        floats * 4 + bitmaps + members + slots * 64 + mac
     }
 }
+
+/// What [`JobConfig::pool_bytes`] charges an `auth = "mac"` job per rank for
+/// its DATA key (a test checks that the key fits).
+pub const MAC_BYTES_PER_RANK: u64 = 512;
 
 /// Most elements of `dtype` in the payload bytes of `f32_elems` float32
 /// elements, less the tag of `auth` (the default and the limit of an

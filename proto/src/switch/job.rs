@@ -85,6 +85,17 @@ struct Member {
     left: bool,
 }
 
+/// Bytes an `auth = "mac"` job keeps besides those of an `auth = "port"`
+/// one, per rank (its DATA key) and per slot (its RESULT tag); see
+/// [`JobConfig::pool_bytes`].
+#[cfg(test)]
+pub(super) fn mac_bytes() -> (usize, usize) {
+    (
+        std::mem::size_of::<Option<PacketKey>>(),
+        std::mem::size_of::<Option<(u32, u16, Tag)>>(),
+    )
+}
+
 /// Bytes a job keeps per rank besides its pool (see [`JobConfig::pool_bytes`]).
 #[cfg(test)]
 pub(super) fn per_rank_bytes() -> usize {

@@ -991,4 +991,20 @@ fn per_rank_state_fits_what_the_budget_charges() {
     let per_rank = super::job::per_rank_bytes();
     assert!(per_rank <= 192, "{per_rank} bytes per rank");
 }
+
+/// What an `auth = "mac"` job keeps on top (per rank a DATA key, per slot
+/// a RESULT tag) fits what `JobConfig::pool_bytes` charges on top for it.
+#[test]
+fn mac_state_fits_what_the_budget_charges() {
+    let (per_rank, per_slot) = super::job::mac_bytes();
+    let port = config(4, 8, 8);
+    let mac = JobConfig {
+        auth: crate::tag::AuthMode::Mac,
+        ..port.clone()
+    };
+    let extra = mac.pool_bytes() - port.pool_bytes();
+    let want =
+        u64::from(port.n_workers) * per_rank as u64 + u64::from(port.pool_slots) * per_slot as u64;
+    assert!(extra >= want, "charged {extra} bytes for {want}");
+}
 mod portbind;
