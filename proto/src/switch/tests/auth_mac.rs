@@ -325,3 +325,51 @@ fn mac_jobs_leave_room_for_the_tag_and_are_refused_on_leaves() {
         "{e}"
     );
 }
+
+/// One session key per membership: the guard that a member's verified
+/// JOIN_ACK hands it authenticates the switch's NACK 6 (nack's rule), as
+/// the DATA key from that JOIN_ACK is the one the switch checks (mac's);
+/// and a frame with the member's source on another switch port is dropped
+/// by the port binding before its tag is looked at.
+#[test]
+fn the_join_acks_guard_and_data_key_share_one_session_and_binding_goes_first() {
+    let (mut t, acks) = active_mac_table();
+    // The member's exact source on another switch port, tag corrupted:
+    // wrong_port, not bad_tag.
+    let mut h = HeaderRepr::new(MsgType::Data, 5);
+    h.seq = 0;
+    h.count = E;
+    h.gen = GEN;
+    let mut p = vec![0u8; E as usize * 4];
+    write_f32s(&inputs(0), &mut p);
+    let tag = acks[0].data_key.as_ref().unwrap().tag(&h, &p);
+    p.extend_from_slice(&tag);
+    p[0] ^= 1;
+    let mut other_port = endpoint(0);
+    other_port.port_idx += 1;
+    let v = t.handle(&frame(&h, &p), other_port, false, t0());
+    assert_eq!(
+        v,
+        Verdict::Data(DataOutcome::Dropped(DropReason::WrongPort))
+    );
+    let j = t.get(5).unwrap();
+    assert_eq!(j.drops.count(DropReason::WrongPort), 1);
+    assert_eq!(j.drops.count(DropReason::BadTag), 0);
+    // Rank 1 restarts (a new handshake and resume point): back to joining.
+    let later = t0() + Duration::from_millis(5);
+    let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (1, 9), later);
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    drain(&mut t);
+    // Rank 0's tagged DATA gets NACK 6, tagged under the session its
+    // JOIN_ACK's guard holds.
+    let v = mac_data(&mut t, 0, 0, &inputs(0), acks[0].data_key.as_ref(), false);
+    assert!(matches!(v, Verdict::Data(_)), "{v:?}");
+    let out = drain_raw(&mut t);
+    assert_eq!(out.len(), 1);
+    let (head, hdr, payload) = &out[0];
+    assert_eq!(hdr.msg_type, MsgType::Nack);
+    let nack = NackPayload::parse(payload).unwrap();
+    assert_eq!(nack.reason, NackReason::JobNotActive);
+    assert!(acks[0].session.nack_is_authentic(head, &nack));
+    assert!(!acks[1].session.nack_is_authentic(head, &nack));
+}
