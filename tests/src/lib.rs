@@ -787,6 +787,90 @@ pub fn probe_listener(
     (c, r)
 }
 
+/// What a finished command printed, stdout then stderr, for messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs `tests/attack.py ARGS` in `ns` to success; returns the count it
+/// prints on its last line (frames sent or captured).
+pub fn attack_py(tb: &impl Netns, ns: &str, args: &[&str]) -> u64 {
+    let out = tb
+        .cmd_in(ns, "python3")
+        .arg(repo_root().join("tests/attack.py"))
+        .args(args)
+        .output()
+        .expect("running tests/attack.py");
+    assert!(out.status.success(), "attack.py {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("attack.py {args:?} printed no count: {}", text(&out)))
+}
+
+/// The MAC address of `dev` in namespace `ns`.
+pub fn mac_of(ns: &str, dev: &str) -> String {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-j", "link", "show", dev])
+        .output()
+        .expect("ip link show");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ip -j link show {dev} in {ns}: {e}: {}", text(&out)));
+    v[0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no address for {dev} in {ns}: {v}"))
+        .to_owned()
+}
+
+/// The local UDP port of the worker's socket to the switch in `ns` (what
+/// the attacker found by scanning, in 0.6–2.6 s).
+pub fn worker_port(tb: &impl Netns, ns: &str) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let switch = format!("{SWITCH_ADDR}:48879");
+    loop {
+        let out = tb
+            .cmd_in(ns, "ss")
+            .args(["-Hunp", "dst", &switch])
+            .output()
+            .expect("ss");
+        let found = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("\"worker\""))
+            .find_map(|l| {
+                // The local address is the column before the switch's (ss
+                // prints a State column or not, by version and filter).
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                let peer = cols.iter().position(|c| *c == switch)?;
+                cols.get(peer.checked_sub(1)?)?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            });
+        if let Some(p) = found {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no worker socket to the switch in {ns}: {}",
+            text(&out)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A switch-wide counter of a stats snapshot; panics if it is missing.
+pub fn counter(stats: &serde_json::Value, name: &str) -> u64 {
+    stats[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {stats}"))
+}
+
 /// Sum of port counter `field` over the ports whose name starts with `prefix`.
 pub fn port_sum(stats: &serde_json::Value, prefix: &str, field: &str) -> u64 {
     stats["ports"]

@@ -7,14 +7,6 @@ use std::process::{Child, Stdio};
 
 use agg_e2e::*;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// switchd's config for `tb` with one job of 4 workers and `auth`.
 fn config(tb: &Testbed, auth: &str) -> String {
     let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
@@ -68,18 +60,7 @@ fn tagged_all_reduce_is_bit_exact_and_a_flipped_data_byte_is_dropped_as_bad_tag(
     // From worker 1's own namespace (its MAC, IP, UDP port and switch
     // port): 200 of its DATA frames, each with one payload bit flipped and
     // a correct UDP checksum, sent again while the all-reduce runs.
-    let out = tb
-        .cmd_in(&tb.worker_ns(1), "python3")
-        .arg(repo_root().join("tests/attack.py"))
-        .args(["flip-data", "eth0", "10", "200"])
-        .output()
-        .expect("running tests/attack.py");
-    assert!(out.status.success(), "attack.py: {}", text(&out));
-    let sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("attack.py printed no count: {}", text(&out)));
+    let sent = attack_py(&tb, &tb.worker_ns(1), &["flip-data", "eth0", "10", "200"]);
     assert!(sent >= 50, "only {sent} DATA frames captured");
     let reports = expect_verified(workers);
     for (r, v) in reports.iter().enumerate() {

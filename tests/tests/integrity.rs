@@ -12,14 +12,6 @@ fn script() -> std::path::PathBuf {
     repo_root().join("tests/integrity.py")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Starts tests/integrity.py ARGS in namespace `ns` and waits until it
 /// says it is ready.
 fn start_script(tb: &Testbed, ns: &str, args: &[&str]) -> Child {
@@ -49,12 +41,6 @@ fn numbers(o: &Output) -> Vec<u64> {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect()
-}
-
-fn counter(stats: &serde_json::Value, name: &str) -> u64 {
-    stats[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name} in {stats}"))
 }
 
 /// During a verified all-reduce of 4 workers, worker 1's namespace sends
@@ -130,14 +116,6 @@ fn frames_claiming_the_switchs_own_address_are_dropped_at_ingress() {
     // Activated (it may already have finished: the stats file is written
     // once a second); the spoofed frames are dropped whatever its state.
     sw.wait_stats(30, "job activated", |s| s["jobs"][0]["activations"] == 1);
-    let mac_of = |ns: &str, dev: &str| -> String {
-        let out = tb
-            .cmd_in(ns, "cat")
-            .arg(format!("/sys/class/net/{dev}/address"))
-            .output()
-            .expect("reading a MAC address");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
     let (switch_mac, port_mac) = (
         mac_of(&tb.switch_ns(), "br0"),
         mac_of(&tb.switch_ns(), "sw-h0"),

@@ -43,13 +43,6 @@ fn if_stat(tb: &Testbed, ns: &str, dev: &str, stat: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no {stat} of {dev} in {ns}: {out:?}"))
 }
 
-/// A switch-wide counter of a stats snapshot.
-fn counter(stats: &serde_json::Value, name: &str) -> u64 {
-    stats[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("counter {name} missing: {stats}"))
-}
-
 #[test]
 #[ignore = "needs root"]
 fn jumbo_allreduce_is_bit_exact_with_9000_mtu_chunks_and_jumbo_traffic_crosses() {

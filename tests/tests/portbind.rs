@@ -11,14 +11,6 @@ use std::time::Duration;
 use agg_e2e::*;
 use proto::wire::{self, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN};
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Runs tests/attack_port.py ARGS in namespace `ns`; returns its last line.
 fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
     let out = tb
@@ -39,30 +31,12 @@ fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
         .to_owned()
 }
 
-/// The MAC address of `dev` in namespace `ns`.
-fn mac_of(ns: &str, dev: &str) -> String {
-    let out = std::process::Command::new("ip")
-        .args(["-n", ns, "-j", "link", "show", dev])
-        .output()
-        .expect("ip link show");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("ip -j link show {dev} in {ns}: {e}: {}", text(&out)));
-    v[0]["address"].as_str().unwrap().to_owned()
-}
-
 /// Worker `rank`'s "MAC,IP,UDP port", as a host that saw its traffic
 /// would know it: its interface's MAC, the testbed's address plan, and the
-/// local port of its one UDP socket.
+/// local port of its UDP socket to the switch.
 fn worker_source(tb: &Testbed, rank: u16) -> String {
     let ns = tb.worker_ns(rank);
-    let out = tb.cmd_in(&ns, "ss").args(["-Huan"]).output().expect("ss");
-    let ss = String::from_utf8_lossy(&out.stdout);
-    let port = ss
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(3))
-        .filter_map(|local| local.rsplit(':').next()?.parse::<u16>().ok())
-        .find(|p| *p != 0)
-        .unwrap_or_else(|| panic!("no UDP socket of worker {rank}: {ss}"));
+    let port = worker_port(tb, &ns);
     format!("{},198.18.0.{},{port}", mac_of(&ns, "eth0"), 10 + rank)
 }
 

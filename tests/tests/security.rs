@@ -11,30 +11,6 @@ fn attack_script() -> std::path::PathBuf {
     repo_root().join("tests/attack.py")
 }
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Runs tests/attack.py ARGS in namespace `ns`; returns the number it prints last.
-fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> u64 {
-    let out = tb
-        .cmd_in(ns, "python3")
-        .arg(attack_script())
-        .args(args)
-        .output()
-        .expect("running tests/attack.py");
-    assert!(out.status.success(), "attack.py {args:?}: {}", text(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("attack.py {args:?} printed no count: {}", text(&out)))
-}
-
 fn job_counter(stats: &serde_json::Value, field: &str) -> u64 {
     job(stats, 1)[field].as_u64().unwrap_or(0)
 }
@@ -77,7 +53,7 @@ fn replayed_joins_from_another_host_change_nothing() {
     let before = sw.stats();
     // 20 rounds of every captured JOIN over 5 s, from a host that is not a
     // member, with worker 0's addresses.
-    let sent = attack(
+    let sent = attack_py(
         &tb,
         &tb.host_ns(0),
         &["replay", "eth0", captured.to_str().unwrap(), "20", "5"],
@@ -151,7 +127,7 @@ fn twenty_thousand_bad_secret_joins_cost_a_few_log_lines() {
         .collect();
     sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     let lines_before = sw.log_text().lines().count();
-    let sent = attack(
+    let sent = attack_py(
         &tb,
         &tb.host_ns(0),
         &["bad-joins", SWITCH_ADDR, "48879", "1", "1", "2", "20000"],

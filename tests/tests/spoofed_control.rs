@@ -5,69 +5,9 @@
 //! verified all-reduce: nothing ends or resets, every rank verifies, and the
 //! member counts what it ignored.
 
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Child;
 
 use agg_e2e::*;
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// The MAC address of `dev` in namespace `ns`.
-fn mac_of(ns: &str, dev: &str) -> String {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-j", "link", "show", dev])
-        .output()
-        .expect("ip link show");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("ip -j link show {dev} in {ns}: {e}: {}", text(&out)));
-    v[0]["address"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no address for {dev} in {ns}: {v}"))
-        .to_owned()
-}
-
-/// The local UDP port of the worker's socket to the switch in `ns` (what
-/// the attacker found by scanning, in 0.6–2.6 s).
-fn worker_port(tb: &Testbed, ns: &str) -> u16 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let switch = format!("{SWITCH_ADDR}:48879");
-    loop {
-        let out = tb
-            .cmd_in(ns, "ss")
-            .args(["-Hunp", "dst", &switch])
-            .output()
-            .expect("ss");
-        let found = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.contains("\"worker\""))
-            .find_map(|l| {
-                // The local address is the column before the switch's (ss
-                // prints a State column or not, by version and filter).
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                let peer = cols.iter().position(|c| *c == switch)?;
-                cols.get(peer.checked_sub(1)?)?
-                    .rsplit(':')
-                    .next()?
-                    .parse()
-                    .ok()
-            });
-        if let Some(p) = found {
-            return p;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no worker socket to the switch in {ns}: {}",
-            text(&out)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 #[ignore = "needs root"]
@@ -87,20 +27,24 @@ fn spoofed_nacks_and_results_to_a_worker_are_ignored() {
     let port = worker_port(&tb, &tb.worker_ns(1));
     let switch_mac = mac_of(&tb.switch_ns(), "br0");
     let victim_mac = mac_of(&tb.worker_ns(1), "eth0");
-    let out = tb
-        .cmd_in(&tb.host_ns(0), "python3")
-        .arg(repo_root().join("tests/attack.py"))
-        .args(["spoof-control", "eth0", &switch_mac, SWITCH_ADDR, "48879"])
-        .args([&victim_mac, "198.18.0.11", &port.to_string()])
-        .args(["1", "1", &gen.to_string(), "4"])
-        .output()
-        .expect("running tests/attack.py");
-    assert!(out.status.success(), "attack.py: {}", text(&out));
-    let sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("attack.py printed no count: {}", text(&out)));
+    let sent = attack_py(
+        &tb,
+        &tb.host_ns(0),
+        &[
+            "spoof-control",
+            "eth0",
+            &switch_mac,
+            SWITCH_ADDR,
+            "48879",
+            &victim_mac,
+            "198.18.0.11",
+            &port.to_string(),
+            "1",
+            "1",
+            &gen.to_string(),
+            "4",
+        ],
+    );
     assert!(sent >= 7 * 100, "only {sent} forged frames sent");
     let reports = expect_verified(workers);
     for (rank, r) in reports.iter().enumerate() {
@@ -188,21 +132,24 @@ fn spoofed_spine_nacks_and_results_to_a_leaf_are_ignored() {
     });
     let gen = spine.stats()["generation"].as_u64().unwrap();
     let host = fabric.host_ns(0, 0);
-    let out = fabric
-        .cmd_in(&host, "python3")
-        .arg(repo_root().join("tests/attack.py"))
-        .args(["spoof-control", "eth0", &mac_of(&host, "eth0")])
-        .args([&fabric.spine_addr(0), AGG_PORT.to_string().as_str()])
-        .args([&mac_of(&fabric.leaf_ns(0), "br0"), &fabric.leaf_gateway(0)])
-        .args([UPLINK_PORT, "1", "0", &gen.to_string(), "4"])
-        .output()
-        .expect("running tests/attack.py");
-    assert!(out.status.success(), "attack.py: {}", text(&out));
-    let sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("attack.py printed no count: {}", text(&out)));
+    let sent = attack_py(
+        &fabric,
+        &host,
+        &[
+            "spoof-control",
+            "eth0",
+            &mac_of(&host, "eth0"),
+            &fabric.spine_addr(0),
+            &AGG_PORT.to_string(),
+            &mac_of(&fabric.leaf_ns(0), "br0"),
+            &fabric.leaf_gateway(0),
+            UPLINK_PORT,
+            "1",
+            "0",
+            &gen.to_string(),
+            "4",
+        ],
+    );
     assert!(sent >= 7 * 100, "only {sent} forged frames sent");
     expect_verified(workers);
     let leaf = leaves[0].stats();
