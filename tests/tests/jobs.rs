@@ -7,14 +7,6 @@ use std::time::{Duration, Instant};
 
 use agg_e2e::*;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn job_field(sw: &Switchd, id: u64, field: &str) -> u64 {
     sw.stats()["jobs"]
         .as_array()
