@@ -15,14 +15,23 @@ use agg_e2e::*;
 /// The metrics endpoint on the switch's bridge address, reachable from h0.
 const METRICS_ADDR: &str = "198.18.0.1:9188";
 
-fn start(prefix: &str) -> (Testbed, Switchd) {
+/// A testbed with switchd serving /metrics on [`METRICS_ADDR`], and
+/// switchd's PID.
+fn start(prefix: &str) -> (Testbed, Switchd, u32) {
     let tb = Testbed::up(prefix, 2, 1);
     let sw = Switchd::start_with(
         &tb,
         &[JobSpec::new(1, 2)],
         &format!("metrics_listen = \"{METRICS_ADDR}\"\n"),
     );
-    (tb, sw)
+    let pid = switchd_pid(&sw);
+    (tb, sw, pid)
+}
+
+/// Stops switchd and checks that it exited cleanly.
+fn stop(sw: &mut Switchd) {
+    let (ok, _) = sw.stop();
+    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
 }
 
 /// switchd's PID: the process running `switchd` with this test's config.
@@ -207,8 +216,7 @@ fn metrics_endless_header_keeps_memory_bounded() {
     if !can_run("metrics_endless_header") {
         return;
     }
-    let (tb, mut sw) = start("mg1");
-    let pid = switchd_pid(&sw);
+    let (tb, mut sw, pid) = start("mg1");
     assert_answers(&tb, "before");
     let before = usage(pid);
     let (lines, peak) = attack(
@@ -241,8 +249,7 @@ fn metrics_endless_header_keeps_memory_bounded() {
     );
     let body = assert_answers(&tb, "after an endless header");
     assert!(metric(&body, "aggswitch_metrics_heads_too_large_total") >= 1);
-    let (ok, _) = sw.stop();
-    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    stop(&mut sw);
 }
 
 #[test]
@@ -251,8 +258,7 @@ fn metrics_slow_connections_keep_threads_and_fds_bounded() {
     if !can_run("metrics_slow_connections") {
         return;
     }
-    let (tb, mut sw) = start("mg2");
-    let pid = switchd_pid(&sw);
+    let (tb, mut sw, pid) = start("mg2");
     assert_answers(&tb, "before");
     let before = usage(pid);
     // Held past the 5 s header timeout: the server closes every one.
@@ -306,8 +312,7 @@ fn metrics_slow_connections_keep_threads_and_fds_bounded() {
         "only {rejected} connections counted as rejected"
     );
     assert!(timed_out >= 1, "no connection counted as timed out");
-    let (ok, _) = sw.stop();
-    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    stop(&mut sw);
 }
 
 /// Sets switchd's soft open-file limit to `n`, its hard limit to 1024 (a
@@ -326,8 +331,7 @@ fn metrics_survives_the_open_file_limit() {
     if !can_run("metrics_open_file_limit") {
         return;
     }
-    let (tb, mut sw) = start("mg3");
-    let pid = switchd_pid(&sw);
+    let (tb, mut sw, pid) = start("mg3");
     // systemd's default soft limit.
     prlimit_nofile(pid, 1024);
     assert_answers(&tb, "before");
@@ -390,8 +394,7 @@ fn metrics_survives_the_open_file_limit() {
         "{} accept-failure lines in {span:.1} s: not rate-limited:\n{log}",
         stamps.len()
     );
-    let (ok, _) = sw.stop();
-    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    stop(&mut sw);
 }
 
 /// Seconds since midnight of a log line's RFC 3339 timestamp
@@ -423,8 +426,7 @@ fn metrics_request_flood_costs_little_cpu() {
     if !can_run("metrics_request_flood") {
         return;
     }
-    let (tb, mut sw) = start("mg4");
-    let pid = switchd_pid(&sw);
+    let (tb, mut sw, pid) = start("mg4");
     assert_answers(&tb, "before");
     // switchd's idle cost (the dataplane threads poll) over the same time.
     let c0 = cpu_secs(pid);
@@ -460,6 +462,5 @@ fn metrics_request_flood_costs_little_cpu() {
         per_request_us < 500.0,
         "{per_request_us:.0} us of switchd CPU per /metrics request"
     );
-    let (ok, _) = sw.stop();
-    assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    stop(&mut sw);
 }
