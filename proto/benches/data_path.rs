@@ -58,7 +58,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use hmac::{Hmac, Mac};
 use proto::handshake::{Handshake, JoinParams};
 use proto::reference::fill_pattern;
@@ -128,9 +131,9 @@ fn handshake(rank: u16) -> Handshake {
     Handshake::new(params, [rank as u8 + 1; 16])
 }
 
-/// HELLO, CHALLENGE and JOIN of `rank` at `now`; returns the JOIN's verdict.
-fn join(t: &mut JobTable, rank: u16, now: Instant) -> Verdict {
-    let mut hs = handshake(rank);
+/// HELLO, CHALLENGE and JOIN of `rank`'s `hs` at `now`; returns the JOIN's
+/// verdict and leaves the table's replies to it queued.
+fn handshake_join(t: &mut JobTable, hs: &mut Handshake, rank: u16, now: Instant) -> Verdict {
     let mut b = [0u8; 256];
     let n = hs.emit_hello(&mut b).expect("hello");
     t.handle(&b[..n], endpoint(rank), false, now);
@@ -140,7 +143,12 @@ fn join(t: &mut JobTable, rank: u16, now: Instant) -> Verdict {
     hs.on_challenge(&h, &b[HEADER_LEN..e.len])
         .expect("challenge");
     let n = hs.emit_join(0, 0, &mut b).expect("join");
-    let v = t.handle(&b[..n], endpoint(rank), false, now);
+    t.handle(&b[..n], endpoint(rank), false, now)
+}
+
+/// HELLO, CHALLENGE and JOIN of `rank` at `now`; returns the JOIN's verdict.
+fn join(t: &mut JobTable, rank: u16, now: Instant) -> Verdict {
+    let v = handshake_join(t, &mut handshake(rank), rank, now);
     while t.poll_reply().is_some() {}
     v
 }
@@ -294,6 +302,49 @@ fn engine(
     v
 }
 
+/// Checks that `stream` takes the path being measured: every 4th packet
+/// completes a slot, none is dropped. `what` names the case in a panic.
+fn check_path(
+    table: &mut JobTable,
+    from: &[Endpoint; RANKS as usize],
+    stream: &mut Stream,
+    now: Instant,
+    tx: &mut [u8],
+    what: &str,
+) {
+    for i in 0..2 * stream.len() {
+        if stream.pos == stream.len() {
+            stream.restamp();
+        }
+        let v = engine(table, from, stream.datagram(stream.pos), now, tx);
+        stream.pos += 1;
+        match v {
+            Verdict::Data(DataOutcome::Taken) if i % 4 != 3 => {}
+            Verdict::Data(DataOutcome::Completed { .. }) if i % 4 == 3 => {}
+            v => panic!("{what}packet {i}: {v:?}"),
+        }
+    }
+}
+
+/// Benchmarks [`engine`] over `stream` as `id`.
+fn bench_engine(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    table: &mut JobTable,
+    from: &[Endpoint; RANKS as usize],
+    stream: &mut Stream,
+    now: Instant,
+    tx: &mut [u8],
+) {
+    g.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            stream.run(iters, |d| {
+                black_box(engine(table, from, d, now, tx));
+            })
+        })
+    });
+}
+
 fn data_packet(c: &mut Criterion) {
     let mut g = c.benchmark_group("data_packet");
     g.throughput(Throughput::Elements(1));
@@ -303,27 +354,16 @@ fn data_packet(c: &mut Criterion) {
     for elems in ELEMS {
         let mut table = active_table(elems);
         let mut stream = Stream::new(elems);
-        // Check that the stream takes the path being measured: every 4th
-        // packet completes a slot, none is dropped.
-        for i in 0..2 * stream.len() {
-            if stream.pos == stream.len() {
-                stream.restamp();
-            }
-            let v = engine(&mut table, &from, stream.datagram(stream.pos), now, &mut tx);
-            stream.pos += 1;
-            match v {
-                Verdict::Data(DataOutcome::Taken) if i % 4 != 3 => {}
-                Verdict::Data(DataOutcome::Completed { .. }) if i % 4 == 3 => {}
-                v => panic!("packet {i}: {v:?}"),
-            }
-        }
-        g.bench_with_input(BenchmarkId::new("engine", elems), &elems, |b, _| {
-            b.iter_custom(|iters| {
-                stream.run(iters, |d| {
-                    black_box(engine(&mut table, &from, d, now, &mut tx));
-                })
-            })
-        });
+        check_path(&mut table, &from, &mut stream, now, &mut tx, "");
+        bench_engine(
+            &mut g,
+            BenchmarkId::new("engine", elems),
+            &mut table,
+            &from,
+            &mut stream,
+            now,
+            &mut tx,
+        );
         // The table's work alone: replies drained but not encoded (what the
         // engine measured before replies were queued by the table).
         g.bench_with_input(
@@ -526,15 +566,7 @@ fn active_table_auth(elems: u16, auth: AuthMode) -> (JobTable, Vec<PacketKey>) {
     let mut hss = Vec::new();
     for rank in 0..RANKS {
         let mut hs = handshake(rank);
-        let n = hs.emit_hello(&mut b).expect("hello");
-        t.handle(&b[..n], endpoint(rank), false, now);
-        let r = t.poll_reply().expect("challenge");
-        let e = t.encode(&r, &mut b).expect("encode");
-        let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).expect("hdr")).expect("hdr");
-        hs.on_challenge(&h, &b[HEADER_LEN..e.len])
-            .expect("challenge");
-        let n = hs.emit_join(0, 0, &mut b).expect("join");
-        t.handle(&b[..n], endpoint(rank), false, now);
+        handshake_join(&mut t, &mut hs, rank, now);
         hss.push(hs);
     }
     let mut keys: Vec<Option<PacketKey>> = vec![None; RANKS as usize];
@@ -564,26 +596,23 @@ fn auth_cost(c: &mut Criterion) {
     for auth in [AuthMode::Port, AuthMode::Mac] {
         let (mut table, keys) = active_table_auth(E, auth);
         let mut stream = Stream::tagged(E, keys);
-        for i in 0..2 * stream.len() {
-            if stream.pos == stream.len() {
-                stream.restamp();
-            }
-            let v = engine(&mut table, &from, stream.datagram(stream.pos), now, &mut tx);
-            stream.pos += 1;
-            match v {
-                Verdict::Data(DataOutcome::Taken) if i % 4 != 3 => {}
-                Verdict::Data(DataOutcome::Completed { .. }) if i % 4 == 3 => {}
-                v => panic!("{auth} packet {i}: {v:?}"),
-            }
-        }
-        let name = format!("engine_{auth}");
-        g.bench_with_input(BenchmarkId::new(name, E), &E, |b, _| {
-            b.iter_custom(|iters| {
-                stream.run(iters, |d| {
-                    black_box(engine(&mut table, &from, d, now, &mut tx));
-                })
-            })
-        });
+        check_path(
+            &mut table,
+            &from,
+            &mut stream,
+            now,
+            &mut tx,
+            &format!("{auth} "),
+        );
+        bench_engine(
+            &mut g,
+            BenchmarkId::new(format!("engine_{auth}"), E),
+            &mut table,
+            &from,
+            &mut stream,
+            now,
+            &mut tx,
+        );
         let job = table.get(JOB).expect("job");
         assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
     }
