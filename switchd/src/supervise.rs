@@ -159,17 +159,25 @@ mod tests {
         }
     }
 
+    /// Runs `body` under [`supervise`] as thread "test" with [`quick`]'s
+    /// policy; returns the thread's health.
+    fn supervise_quick(
+        stop: &AtomicBool,
+        body: impl FnMut() -> Result<(), String>,
+        give_up: impl FnOnce(String),
+    ) -> Health {
+        let health = Health::default();
+        supervise("test", quick(), stop, &health, body, give_up);
+        health
+    }
+
     #[test]
     fn a_panicking_body_is_restarted_then_given_up_on() {
         let stop = AtomicBool::new(false);
-        let health = Health::default();
         let runs = Cell::new(0);
         let gave_up = Cell::new(None);
-        supervise(
-            "test",
-            quick(),
+        let health = supervise_quick(
             &stop,
-            &health,
             || {
                 runs.set(runs.get() + 1);
                 panic!("boom {}", runs.get());
@@ -187,13 +195,9 @@ mod tests {
     #[test]
     fn a_body_that_recovers_runs_on_until_stop() {
         let stop = AtomicBool::new(false);
-        let health = Health::default();
         let runs = Cell::new(0);
-        supervise(
-            "test",
-            quick(),
+        let health = supervise_quick(
             &stop,
-            &health,
             || {
                 runs.set(runs.get() + 1);
                 match runs.get() {
