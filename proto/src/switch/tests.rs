@@ -56,8 +56,9 @@ fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
     b
 }
 
-/// Every reply queued so far, encoded: (reply, header, payload).
-fn drain(t: &mut JobTable) -> Vec<(Reply, HeaderRepr, Vec<u8>)> {
+/// Every reply queued so far, encoded: (reply, header bytes as sent,
+/// parsed header, payload).
+fn drain_encoded(t: &mut JobTable) -> Vec<(Reply, [u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {
     let mut out = Vec::new();
     while let Some(r) = t.poll_reply() {
         let mut buf = [0u8; 2048];
@@ -66,9 +67,18 @@ fn drain(t: &mut JobTable) -> Vec<(Reply, HeaderRepr, Vec<u8>)> {
         };
         let h = crate::wire::Header::new_checked(&buf[..e.len]).unwrap();
         let hdr = HeaderRepr::parse(&h).unwrap();
-        out.push((r, hdr, buf[HEADER_LEN..e.len].to_vec()));
+        let head = *buf.first_chunk::<HEADER_LEN>().unwrap();
+        out.push((r, head, hdr, buf[HEADER_LEN..e.len].to_vec()));
     }
     out
+}
+
+/// Every reply queued so far, encoded: (reply, header, payload).
+fn drain(t: &mut JobTable) -> Vec<(Reply, HeaderRepr, Vec<u8>)> {
+    drain_encoded(t)
+        .into_iter()
+        .map(|(r, _, hdr, payload)| (r, hdr, payload))
+        .collect()
 }
 
 fn handshake(t: &JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Handshake {
@@ -103,6 +113,15 @@ fn join_bytes(hs: &Handshake, resume: (u32, u32)) -> Vec<u8> {
     let mut b = [0u8; 128];
     let n = hs.emit_join(resume.0, resume.1, &mut b).unwrap();
     b[..n].to_vec()
+}
+
+/// A whole handshake of rank `rank` from its endpoint at `now`, the JOIN's
+/// replies left queued; returns the rank's handshake.
+fn joined(t: &mut JobTable, rank: u16, now: Instant) -> Handshake {
+    let mut hs = handshake(t, rank, endpoint(rank), SECRET);
+    hello(t, &mut hs, endpoint(rank), now);
+    t.handle(&join_bytes(&hs, (0, 0)), endpoint(rank), false, now);
+    hs
 }
 
 /// A whole handshake at `now`; returns the JOIN's verdict and the JOIN.
@@ -857,18 +876,31 @@ mod dtypes;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).
 fn drain_raw(t: &mut JobTable) -> Vec<([u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {
-    let mut out = Vec::new();
-    while let Some(r) = t.poll_reply() {
-        let mut buf = [0u8; 2048];
-        let Some(e) = t.encode(&r, &mut buf) else {
-            continue;
-        };
-        let h = crate::wire::Header::new_checked(&buf[..e.len]).unwrap();
-        let hdr = HeaderRepr::parse(&h).unwrap();
-        let head = *buf.first_chunk::<HEADER_LEN>().unwrap();
-        out.push((head, hdr, buf[HEADER_LEN..e.len].to_vec()));
-    }
-    out
+    drain_encoded(t)
+        .into_iter()
+        .map(|(_, head, hdr, payload)| (head, hdr, payload))
+        .collect()
+}
+
+/// Rank 1 restarts (a new handshake, a new resume point) in job 5 of two or
+/// more active ranks: the job goes back to joining.
+fn restart_rank_1(t: &mut JobTable) {
+    let later = t0() + Duration::from_millis(5);
+    let (v, _) = join_full(t, 1, endpoint(1), SECRET, (1, 9), later);
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    drain(t);
+}
+
+/// The one reply queued, a NACK 6 (job not active): its header bytes as
+/// sent and its payload.
+fn the_nack_6(t: &mut JobTable) -> ([u8; HEADER_LEN], NackPayload) {
+    let out = drain_raw(t);
+    assert_eq!(out.len(), 1);
+    let (head, hdr, payload) = &out[0];
+    assert_eq!(hdr.msg_type, MsgType::Nack);
+    let nack = NackPayload::parse(payload).unwrap();
+    assert_eq!(nack.reason, NackReason::JobNotActive);
+    (*head, nack)
 }
 
 /// A NACK to a member's recorded source carries a tag under the session its
@@ -881,30 +913,19 @@ fn nacks_to_members_are_tagged_under_their_session() {
     t.add(config(2, 4, 8), 1000).unwrap();
     let mut guards = Vec::new();
     for r in 0..2 {
-        let mut hs = handshake(&t, r, endpoint(r), SECRET);
-        hello(&mut t, &mut hs, endpoint(r), t0());
-        t.handle(&join_bytes(&hs, (0, 0)), endpoint(r), false, t0());
+        let hs = joined(&mut t, r, t0());
         guards.push(hs.session().expect("challenged"));
     }
     drain(&mut t);
     assert_eq!(t.get(5).unwrap().state(), JobState::Active);
-    // Rank 1 restarts (a new handshake, a new resume point): back to joining.
-    let later = t0() + Duration::from_millis(5);
-    let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (1, 9), later);
-    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
-    drain(&mut t);
+    restart_rank_1(&mut t);
     // Rank 0's DATA now gets NACK 6, tagged under rank 0's session.
     data(&mut t, 0, 0, &[1.0; 8]);
-    let out = drain_raw(&mut t);
-    assert_eq!(out.len(), 1);
-    let (head, hdr, payload) = &out[0];
-    assert_eq!(hdr.msg_type, MsgType::Nack);
-    let nack = NackPayload::parse(payload).unwrap();
-    assert_eq!(nack.reason, NackReason::JobNotActive);
+    let (head, nack) = the_nack_6(&mut t);
     assert_ne!(nack.tag, [0; 16]);
-    assert!(guards[0].nack_is_authentic(head, &nack));
+    assert!(guards[0].nack_is_authentic(&head, &nack));
     // Another session's guard (rank 1's old one) refuses it.
-    assert!(!guards[1].nack_is_authentic(head, &nack));
+    assert!(!guards[1].nack_is_authentic(&head, &nack));
     // Another address in the prefixes gets no NACK 6 at all (the stranger
     // rule), and a stale generation from it an untagged NACK 7.
     let mut other = endpoint(0);

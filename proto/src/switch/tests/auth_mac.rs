@@ -23,10 +23,7 @@ fn active_mac_table() -> (JobTable, Vec<JoinAck>) {
     t.add(mac_config(), 1000).unwrap();
     let mut hss = Vec::new();
     for r in 0..N {
-        let mut hs = handshake(&t, r, endpoint(r), SECRET);
-        hello(&mut t, &mut hs, endpoint(r), t0());
-        t.handle(&join_bytes(&hs, (0, 0)), endpoint(r), false, t0());
-        hss.push(hs);
+        hss.push(joined(&mut t, r, t0()));
     }
     let mut acks: Vec<Option<JoinAck>> = vec![None, None, None];
     for (r, hdr, payload) in drain(&mut t) {
@@ -79,18 +76,20 @@ fn inputs(r: u16) -> Vec<f32> {
     (0..E).map(|i| (r as f32 + 1.0) * 0.5 + i as f32).collect()
 }
 
+/// Every rank's DATA of seq 0, tagged with its own DATA key; their verdicts.
+fn every_rank_sends(t: &mut JobTable, acks: &[JoinAck]) -> Vec<Verdict> {
+    (0..N)
+        .map(|r| {
+            let key = acks[r as usize].data_key.as_ref();
+            mac_data(t, r, 0, &inputs(r), key, false)
+        })
+        .collect()
+}
+
 #[test]
 fn tagged_data_is_summed_and_the_result_tag_is_one_for_every_member() {
     let (mut t, acks) = active_mac_table();
-    for r in 0..N {
-        let v = mac_data(
-            &mut t,
-            r,
-            0,
-            &inputs(r),
-            acks[r as usize].data_key.as_ref(),
-            false,
-        );
+    for v in every_rank_sends(&mut t, &acks) {
         assert!(matches!(v, Verdict::Data(_)), "{v:?}");
     }
     let results = drain(&mut t);
@@ -126,16 +125,7 @@ fn tagged_data_is_summed_and_the_result_tag_is_one_for_every_member() {
 #[test]
 fn the_result_keeps_its_window_and_tag_when_the_window_changes() {
     let (mut t, acks) = active_mac_table();
-    for r in 0..N {
-        mac_data(
-            &mut t,
-            r,
-            0,
-            &inputs(r),
-            acks[r as usize].data_key.as_ref(),
-            false,
-        );
-    }
+    every_rank_sends(&mut t, &acks);
     let first = drain(&mut t);
     t.get_mut(5).unwrap().set_window(1);
     mac_data(&mut t, 2, 0, &inputs(2), acks[2].data_key.as_ref(), false);
@@ -174,16 +164,7 @@ fn untagged_wrong_key_and_flipped_data_are_dropped_as_bad_tag_never_summed() {
     assert_eq!(j.drops.count(DropReason::BadTag), 2);
     assert_eq!(j.counters.contributions, 0, "nothing was summed");
     // The honest DATA still goes in afterwards: nothing was taken.
-    for r in 0..N {
-        mac_data(
-            &mut t,
-            r,
-            0,
-            &inputs(r),
-            acks[r as usize].data_key.as_ref(),
-            false,
-        );
-    }
+    every_rank_sends(&mut t, &acks);
     let (_, _, payload) = drain(&mut t).pop().unwrap();
     let want = expected();
     let got: Vec<f32> = payload[..payload.len() - TAG_LEN]
@@ -226,22 +207,7 @@ fn a_new_activation_draws_a_new_epoch() {
     // Everyone leaves, then joins again: a new activation.
     for r in 0..N {
         let mut b = [0u8; 128];
-        let hs = {
-            let mut hs = handshake(&t, r, endpoint(r), SECRET);
-            hello(
-                &mut t,
-                &mut hs,
-                endpoint(r),
-                t0() + Duration::from_millis(10),
-            );
-            t.handle(
-                &join_bytes(&hs, (0, 0)),
-                endpoint(r),
-                false,
-                t0() + Duration::from_millis(10),
-            );
-            hs
-        };
+        let hs = joined(&mut t, r, t0() + Duration::from_millis(10));
         let n = hs.emit_leave(&mut b).unwrap();
         t.handle(&b[..n], endpoint(r), false, t0());
     }
@@ -355,21 +321,12 @@ fn the_join_acks_guard_and_data_key_share_one_session_and_binding_goes_first() {
     let j = t.get(5).unwrap();
     assert_eq!(j.drops.count(DropReason::WrongPort), 1);
     assert_eq!(j.drops.count(DropReason::BadTag), 0);
-    // Rank 1 restarts (a new handshake and resume point): back to joining.
-    let later = t0() + Duration::from_millis(5);
-    let (v, _) = join_full(&mut t, 1, endpoint(1), SECRET, (1, 9), later);
-    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
-    drain(&mut t);
+    restart_rank_1(&mut t);
     // Rank 0's tagged DATA gets NACK 6, tagged under the session its
     // JOIN_ACK's guard holds.
     let v = mac_data(&mut t, 0, 0, &inputs(0), acks[0].data_key.as_ref(), false);
     assert!(matches!(v, Verdict::Data(_)), "{v:?}");
-    let out = drain_raw(&mut t);
-    assert_eq!(out.len(), 1);
-    let (head, hdr, payload) = &out[0];
-    assert_eq!(hdr.msg_type, MsgType::Nack);
-    let nack = NackPayload::parse(payload).unwrap();
-    assert_eq!(nack.reason, NackReason::JobNotActive);
-    assert!(acks[0].session.nack_is_authentic(head, &nack));
-    assert!(!acks[1].session.nack_is_authentic(head, &nack));
+    let (head, nack) = the_nack_6(&mut t);
+    assert!(acks[0].session.nack_is_authentic(&head, &nack));
+    assert!(!acks[1].session.nack_is_authentic(&head, &nack));
 }
