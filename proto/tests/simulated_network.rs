@@ -128,38 +128,14 @@ fn run(
         faults,
         seed,
         Dtype::F32,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_from(
-    start_seq: u32,
-    n: u16,
-    len: usize,
-    elems: u16,
-    slots: u16,
-    iterations: u32,
-    faults: Faults,
-    seed: u64,
-    dtype: Dtype,
-) -> Duration {
-    run_auth(
-        start_seq,
-        n,
-        len,
-        elems,
-        slots,
-        iterations,
-        faults,
-        seed,
-        dtype,
         AuthMode::Port,
     )
 }
 
-/// As [`run_from`], for a job of `auth`.
+/// As [`run`], with the workers joining at resume point `start_seq`, for a
+/// job of `dtype` and `auth`.
 #[allow(clippy::too_many_arguments)]
-fn run_auth(
+fn run_from(
     start_seq: u32,
     n: u16,
     len: usize,
@@ -389,7 +365,7 @@ fn half_precision_jobs_under_all_faults() {
         reorder: 0.25,
     };
     for (dtype, seed) in [(Dtype::Bf16, 7), (Dtype::F16, 8)] {
-        run_from(0, 4, 2000, 32, 16, 3, f, seed, dtype);
+        run_from(0, 4, 2000, 32, 16, 3, f, seed, dtype, AuthMode::Port);
     }
 }
 
@@ -403,7 +379,7 @@ fn tagged_jobs_under_all_faults() {
         reorder: 0.25,
     };
     for (dtype, seed) in [(Dtype::F32, 11), (Dtype::Bf16, 12)] {
-        run_auth(0, 4, 2000, 16, 16, 3, f, seed, dtype, AuthMode::Mac);
+        run_from(0, 4, 2000, 16, 16, 3, f, seed, dtype, AuthMode::Mac);
     }
 }
 
@@ -424,6 +400,7 @@ fn seq_numbers_wrap() {
         },
         7,
         Dtype::F32,
+        AuthMode::Port,
     );
 }
 
@@ -463,6 +440,6 @@ proptest! {
     ) {
         let dtype = Dtype::from_u8(dtype).unwrap();
         let faults = Faults { loss, dup, reorder };
-        run_from(0, n, len, elems, 1 << slots_log, 2, faults, seed, dtype);
+        run_from(0, n, len, elems, 1 << slots_log, 2, faults, seed, dtype, AuthMode::Port);
     }
 }
