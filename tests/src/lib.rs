@@ -683,8 +683,26 @@ pub fn spawn_allreduce_with(
     iterations: u32,
     stall_secs: u32,
 ) -> Child {
-    tb.cmd_in(ns, worker_bin())
-        .args(["allreduce", "--switch", SWITCH_ADDR])
+    spawn_piped(allreduce_cmd(
+        tb, ns, job, rank, n, elements, iterations, stall_secs,
+    ))
+}
+
+/// The command [`spawn_allreduce_with`] starts, for a test to add flags to
+/// (a `--transport`) before starting it with [`spawn_piped`].
+#[allow(clippy::too_many_arguments)]
+pub fn allreduce_cmd(
+    tb: &Testbed,
+    ns: &str,
+    job: u16,
+    rank: u16,
+    n: u16,
+    elements: usize,
+    iterations: u32,
+    stall_secs: u32,
+) -> Command {
+    let mut c = tb.cmd_in(ns, worker_bin());
+    c.args(["allreduce", "--switch", SWITCH_ADDR])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
         .args(["--workers", &n.to_string()])
         // Not --secret: that one warns that /proc/PID/cmdline shows it.
@@ -696,8 +714,14 @@ pub fn spawn_allreduce_with(
             "--json",
             "--stall-timeout",
             &stall_secs.to_string(),
-        ])
-        .stdout(Stdio::piped())
+        ]);
+    c
+}
+
+/// Starts a worker command with its stdout and stderr piped (what
+/// [`expect_verified`] reads).
+pub fn spawn_piped(mut c: Command) -> Child {
+    c.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting worker")

@@ -3,7 +3,7 @@
 //! attacker altered on the wire, with the member's own addresses, is dropped
 //! as `bad_tag` and never summed.
 
-use std::process::{Child, Stdio};
+use std::process::Child;
 
 use agg_e2e::*;
 
@@ -22,17 +22,18 @@ fn config(tb: &Testbed, auth: &str) -> String {
 /// `worker allreduce` on the mmsg transport (one datagram per DATA, which
 /// the attacker's capture takes apart).
 fn spawn(tb: &Testbed, rank: u16, elements: usize, iterations: u32) -> Child {
-    tb.cmd_in(&tb.worker_ns(rank), worker_bin())
-        .args(["allreduce", "--switch", SWITCH_ADDR, "--job", "1"])
-        .args(["--rank", &rank.to_string(), "--workers", "4"])
-        .args(["--secret", SECRET, "--transport", "mmsg"])
-        .args(["--elements", &elements.to_string()])
-        .args(["--iterations", &iterations.to_string()])
-        .args(["--verify", "--json", "--stall-timeout", "30"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting worker")
+    let mut c = allreduce_cmd(
+        tb,
+        &tb.worker_ns(rank),
+        1,
+        rank,
+        4,
+        elements,
+        iterations,
+        30,
+    );
+    c.args(["--transport", "mmsg"]);
+    spawn_piped(c)
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! offload off on the workers' eth0 (as for every e2e test), which UDP GSO
 //! on this kernel works with: `auto` must pick `udp-gso` there.
 
-use std::process::{Child, Stdio};
+use std::process::Child;
 
 use agg_e2e::*;
 
@@ -14,18 +14,10 @@ const ELEMENTS: usize = 1_000_003;
 const ITERATIONS: u32 = 2;
 
 fn spawn(tb: &Testbed, rank: u16, transport: &str) -> Child {
-    tb.cmd_in(&tb.worker_ns(rank), worker_bin())
-        .args(["allreduce", "--switch", SWITCH_ADDR, "--job", "1"])
-        .args(["--rank", &rank.to_string(), "--workers", "4"])
-        .env(proto::secret::SECRET_ENV, SECRET)
-        .args(["--elements", &ELEMENTS.to_string()])
-        .args(["--iterations", &ITERATIONS.to_string()])
-        .args(["--verify", "--json", "--stall-timeout", "20"])
-        .args(["--transport", transport])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting worker")
+    let ns = tb.worker_ns(rank);
+    let mut c = allreduce_cmd(tb, &ns, 1, rank, 4, ELEMENTS, ITERATIONS, 20);
+    c.args(["--transport", transport]);
+    spawn_piped(c)
 }
 
 #[test]
