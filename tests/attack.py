@@ -38,9 +38,7 @@ import struct
 import sys
 import time
 
-ETH_P_ALL = 0x0003
-AGG_PORT = 48879
-HEADER = struct.Struct(">BBHHHIIHI")  # ver_type flags job rank count seq coll window gen
+from rawframe import AGG_PORT, HEADER, checksum, mac_bytes, sender, sniffer, udp_frame
 
 
 def agg_payload(frame):
@@ -57,9 +55,7 @@ def agg_payload(frame):
 
 
 def capture(iface, secs, out):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    s.bind((iface, 0))
-    s.settimeout(0.2)
+    s = sniffer(iface)
     frames = []
     end = time.monotonic() + secs
     print("ready", flush=True)
@@ -84,18 +80,11 @@ def udp_checksum(frame):
     dgram = bytearray(frame[udp:])
     dgram[6:8] = b"\x00\x00"
     pseudo = frame[14 + 12 : 14 + 20] + struct.pack(">BBH", 0, 17, len(dgram))
-    data = pseudo + bytes(dgram) + (b"\x00" if len(dgram) % 2 else b"")
-    total = sum(struct.unpack(">%dH" % (len(data) // 2), data))
-    while total > 0xFFFF:
-        total = (total & 0xFFFF) + (total >> 16)
-    c = ~total & 0xFFFF
-    return c or 0xFFFF
+    return checksum(pseudo + bytes(dgram)) or 0xFFFF
 
 
 def flip_data(iface, secs, count):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    s.bind((iface, 0))
-    s.settimeout(0.2)
+    s = sniffer(iface)
     frames = []
     end = time.monotonic() + secs
     while time.monotonic() < end and len(frames) < count:
@@ -116,8 +105,7 @@ def flip_data(iface, secs, count):
         f[udp + 8 + HEADER.size] ^= 0x01  # the first payload byte
         f[udp + 6 : udp + 8] = struct.pack(">H", udp_checksum(f))
         frames.append(bytes(f))
-    out = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    out.bind((iface, 0))
+    out = sender(iface)
     for f in frames:
         out.send(f)
     print(len(frames), flush=True)
@@ -125,8 +113,7 @@ def flip_data(iface, secs, count):
 
 def replay(iface, path, count, secs):
     frames = [bytes.fromhex(l) for l in open(path).read().split()]
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    s.bind((iface, 0))
+    s = sender(iface)
     sent = 0
     gap = secs / max(count, 1)
     for _ in range(count):
@@ -180,29 +167,6 @@ def bad_joins(addr, port, job, rank, workers, n):
     print(sent, flush=True)
 
 
-def checksum(b):
-    if len(b) % 2:
-        b += b"\0"
-    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
-
-
-def udp_frame(src_mac, src_ip, sport, dst_mac, dst_ip, dport, payload):
-    """An Ethernet/IPv4/UDP frame with correct checksums."""
-    src, dst = socket.inet_aton(src_ip), socket.inet_aton(dst_ip)
-    ulen = 8 + len(payload)
-    pseudo = src + dst + struct.pack("!BBH", 0, 17, ulen)
-    udp = struct.pack("!HHHH", sport, dport, ulen, 0) + payload
-    csum = checksum(pseudo + udp) or 0xFFFF
-    udp = udp[:6] + struct.pack("!H", csum) + udp[8:]
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + ulen, 0, 0x4000, 64, 17, 0, src, dst)
-    ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
-    eth = bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", ""))
-    return eth + b"\x08\x00" + ip + udp
-
-
 def spoof_control(iface, src_mac, src_ip, sport, dst_mac, dst_ip, dport, job, rank, gen, secs):
     payloads = []
     for reason in (1, 6, 7):
@@ -213,9 +177,10 @@ def spoof_control(iface, src_mac, src_ip, sport, dst_mac, dst_ip, dport, job, ra
     payloads.append(
         HEADER.pack(0x32, 0, job, rank, 1, 0, 0, 0, gen ^ 1) + struct.pack("<f", 1e30)
     )
-    frames = [udp_frame(src_mac, src_ip, sport, dst_mac, dst_ip, dport, p) for p in payloads]
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    s.bind((iface, 0))
+    src = mac_bytes(src_mac), socket.inet_aton(src_ip)
+    dst = mac_bytes(dst_mac), socket.inet_aton(dst_ip)
+    frames = [udp_frame(src[0], src[1], sport, dst[0], dst[1], dport, p) for p in payloads]
+    s = sender(iface)
     sent = 0
     end = time.monotonic() + secs
     while time.monotonic() < end:

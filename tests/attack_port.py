@@ -28,40 +28,17 @@ import struct
 import sys
 import time
 
-ETH_P_ALL = 0x0003
+from rawframe import mac_bytes, sender, sniffer, udp_frame
 
 
 def addr(text):
     mac, ip, port = text.split(",")
-    return bytes.fromhex(mac.replace(":", "")), socket.inet_aton(ip), int(port)
-
-
-def checksum(data):
-    if len(data) % 2:
-        data += b"\0"
-    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
+    return mac_bytes(mac), socket.inet_aton(ip), int(port)
 
 
 def frame(src, dst, payload):
-    smac, sip, sport = src
-    dmac, dip, dport = dst
-    ulen = 8 + len(payload)
-    pseudo = sip + dip + struct.pack("!BBH", 0, 17, ulen)
-    udp = struct.pack("!HHHH", sport, dport, ulen, 0) + payload
-    ucs = checksum(pseudo + udp) or 0xFFFF
-    udp = udp[:6] + struct.pack("!H", ucs) + udp[8:]
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + ulen, 0, 0x4000, 64, 17, 0, sip, dip)
-    ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
-    return dmac + smac + b"\x08\x00" + ip + udp
-
-
-def sender(iface):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    s.bind((iface, 0))
-    return s
+    """PAYLOAD from SRC to DST, each (MAC, IP, UDP port) as addr() gives."""
+    return udp_frame(src[0], src[1], src[2], dst[0], dst[1], dst[2], payload)
 
 
 def send(iface, src, dst, path, secs):
@@ -92,9 +69,7 @@ def flood(iface, src, dst, path, secs):
 
 
 def probe(iface, src, dst, payload, count, wait):
-    rx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    rx.bind((iface, 0))
-    rx.settimeout(0.05)
+    rx = sniffer(iface, 0.05)
     tx = sender(iface)
     request = frame(src, dst, payload)
     replies = []

@@ -25,33 +25,28 @@ import struct
 import sys
 import time
 
-ETH_P_ALL = 0x0003
-ETH_P_IP = 0x0800
-PACKET_OUTGOING = 4
-AGG_PORT = 48879
-HEADER = struct.Struct(">BBHHHIIHI")  # ver_type flags job rank count seq coll window gen
+from rawframe import (
+    AGG_PORT,
+    HEADER,
+    PACKET_OUTGOING,
+    checksum,
+    mac_bytes,
+    sender,
+    sniffer,
+    udp_frame,
+)
+
 DATA, RESULT, HEARTBEAT = 1, 2, 7
-
-
-def ones_sum(b):
-    """RFC 1071 ones'-complement sum of big-endian 16-bit words, folded."""
-    if len(b) % 2:
-        b += b"\x00"
-    s = sum(struct.unpack(">%dH" % (len(b) // 2), b))
-    while s > 0xFFFF:
-        s = (s & 0xFFFF) + (s >> 16)
-    return s
 
 
 def udp_checksum(src_ip, dst_ip, udp):
     """The checksum a UDP datagram (checksum field zeroed) calls for."""
     pseudo = src_ip + dst_ip + struct.pack(">BBH", 0, 17, len(udp))
-    c = 0xFFFF ^ ones_sum(pseudo + udp[:6] + b"\x00\x00" + udp[8:])
-    return c or 0xFFFF
+    return checksum(pseudo + udp[:6] + b"\x00\x00" + udp[8:]) or 0xFFFF
 
 
 def ip_checksum(header):
-    return 0xFFFF ^ ones_sum(header[:10] + b"\x00\x00" + header[12:])
+    return checksum(header[:10] + b"\x00\x00" + header[12:])
 
 
 def parse(frame):
@@ -77,9 +72,7 @@ def agg_type(udp):
 
 
 def corrupt(iface, secs, limit):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    s.bind((iface, 0))
-    s.settimeout(0.2)
+    s = sniffer(iface)
     sent = 0
     end = time.monotonic() + secs
     print("ready", flush=True)
@@ -128,9 +121,7 @@ def corrupt(iface, secs, limit):
 
 
 def results(iface, secs):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    s.bind((iface, 0))
-    s.settimeout(0.2)
+    s = sniffer(iface)
     good = zero = bad = 0
     end = time.monotonic() + secs
     print("ready", flush=True)
@@ -157,21 +148,12 @@ def results(iface, secs):
     print(good, zero, bad, flush=True)
 
 
-def mac_bytes(text):
-    return bytes(int(x, 16) for x in text.split(":"))
-
-
 def own_source(iface, dst_mac, src_ip, src_mac, dst_ip, count):
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    s.bind((iface, 0))
+    s = sender(iface)
     src, dst = socket.inet_aton(src_ip), socket.inet_aton(dst_ip)
     # A HEARTBEAT for job 1; the switch would answer it if it took it.
     agg = HEADER.pack(0x20 | HEARTBEAT, 0, 1, 0, 0, 0, 0, 0, 1)
-    udp = struct.pack(">HHHH", AGG_PORT, AGG_PORT, 8 + len(agg), 0) + agg
-    udp = udp[:6] + struct.pack(">H", udp_checksum(src, dst, udp)) + udp[8:]
-    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0, src, dst)
-    ip = ip[:10] + struct.pack(">H", ip_checksum(ip)) + ip[12:]
-    frame = mac_bytes(dst_mac) + mac_bytes(src_mac) + struct.pack(">H", ETH_P_IP) + ip + udp
+    frame = udp_frame(mac_bytes(src_mac), src, AGG_PORT, mac_bytes(dst_mac), dst, AGG_PORT, agg)
     for _ in range(count):
         s.send(frame)
         time.sleep(0.001)
