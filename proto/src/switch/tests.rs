@@ -177,6 +177,13 @@ fn data_from(
     from: Endpoint,
     gen: u32,
 ) -> Verdict {
+    let (h, p) = data_message(rank, seq, vals, gen);
+    t.handle(&frame(&h, &p), from, false, t0())
+}
+
+/// Job 5's DATA of `rank` for `seq` in generation `gen`: its header and
+/// float32 payload.
+fn data_message(rank: u16, seq: u32, vals: &[f32], gen: u32) -> (HeaderRepr, Vec<u8>) {
     let mut h = HeaderRepr::new(MsgType::Data, 5);
     h.rank = rank;
     h.seq = seq;
@@ -184,7 +191,7 @@ fn data_from(
     h.gen = gen;
     let mut p = vec![0u8; vals.len() * 4];
     write_f32s(vals, &mut p);
-    t.handle(&frame(&h, &p), from, false, t0())
+    (h, p)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -47,13 +47,7 @@ fn mac_data(
     key: Option<&PacketKey>,
     corrupt: bool,
 ) -> Verdict {
-    let mut h = HeaderRepr::new(MsgType::Data, 5);
-    h.rank = rank;
-    h.seq = seq;
-    h.count = vals.len() as u16;
-    h.gen = GEN;
-    let mut p = vec![0u8; vals.len() * 4];
-    write_f32s(vals, &mut p);
+    let (h, mut p) = data_message(rank, seq, vals, GEN);
     if let Some(k) = key {
         let tag = k.tag(&h, &p);
         p.extend_from_slice(&tag);
@@ -302,12 +296,7 @@ fn the_join_acks_guard_and_data_key_share_one_session_and_binding_goes_first() {
     let (mut t, acks) = active_mac_table();
     // The member's exact source on another switch port, tag corrupted:
     // wrong_port, not bad_tag.
-    let mut h = HeaderRepr::new(MsgType::Data, 5);
-    h.seq = 0;
-    h.count = E;
-    h.gen = GEN;
-    let mut p = vec![0u8; E as usize * 4];
-    write_f32s(&inputs(0), &mut p);
+    let (h, mut p) = data_message(0, 0, &inputs(0), GEN);
     let tag = acks[0].data_key.as_ref().unwrap().tag(&h, &p);
     p.extend_from_slice(&tag);
     p[0] ^= 1;
