@@ -347,25 +347,33 @@ fn clean_network_small_and_partial_chunks() {
     }
 }
 
+/// Loss, duplication and reordering at once: the links of the fault tests.
+const ALL_FAULTS: Faults = Faults {
+    loss: 0.05,
+    dup: 0.01,
+    reorder: 0.25,
+};
+
 #[test]
 fn all_faults_at_once() {
-    let f = Faults {
-        loss: 0.05,
-        dup: 0.01,
-        reorder: 0.25,
-    };
-    run(4, 2000, 16, 16, 3, f, 42);
+    run(4, 2000, 16, 16, 3, ALL_FAULTS, 42);
 }
 
 #[test]
 fn half_precision_jobs_under_all_faults() {
-    let f = Faults {
-        loss: 0.05,
-        dup: 0.01,
-        reorder: 0.25,
-    };
     for (dtype, seed) in [(Dtype::Bf16, 7), (Dtype::F16, 8)] {
-        run_from(0, 4, 2000, 32, 16, 3, f, seed, dtype, AuthMode::Port);
+        run_from(
+            0,
+            4,
+            2000,
+            32,
+            16,
+            3,
+            ALL_FAULTS,
+            seed,
+            dtype,
+            AuthMode::Port,
+        );
     }
 }
 
@@ -373,13 +381,19 @@ fn half_precision_jobs_under_all_faults() {
 fn tagged_jobs_under_all_faults() {
     // auth = "mac": every DATA tagged, every RESULT (resends included,
     // with RETX and each member's rank) verified under the one RESULT key.
-    let f = Faults {
-        loss: 0.05,
-        dup: 0.01,
-        reorder: 0.25,
-    };
     for (dtype, seed) in [(Dtype::F32, 11), (Dtype::Bf16, 12)] {
-        run_from(0, 4, 2000, 16, 16, 3, f, seed, dtype, AuthMode::Mac);
+        run_from(
+            0,
+            4,
+            2000,
+            16,
+            16,
+            3,
+            ALL_FAULTS,
+            seed,
+            dtype,
+            AuthMode::Mac,
+        );
     }
 }
 
