@@ -22,19 +22,16 @@
 //!   (`source_mismatch`, or `wrong_port` when only the switch port differs:
 //!   a spoofed frame from another host), never summed, never answered.
 //!   LEAVE carries a MAC over the accepted nonce.
-//! * The binding outlives a reset to joining (the rank's last accepted JOIN
-//!   under this generation), so that only the member itself hears NACK 6.
-//!   A LEAVE spends the accepted nonce: a copy of that JOIN afterwards is a
-//!   replay, not a new membership.
+//! * The binding, with the session key its JOIN made, outlives a reset to
+//!   joining (the rank's last accepted JOIN under this generation), so that
+//!   only the member itself hears NACK 6, authenticated (docs/PROTOCOL.md,
+//!   "Sessions"). A LEAVE spends the accepted nonce: a copy of that JOIN
+//!   afterwards is a replay, not a new membership.
 //! * Answers at the current generation never tell a member's address from
 //!   a stranger's: only the bound member (its source on its switch port)
 //!   is answered (HEARTBEAT, RESULT resend, NACK 6); everyone else gets
 //!   nothing. A wrong generation is answered the same way (NACK 7) for any
 //!   source inside the prefixes, member or not.
-//! * Each rank's last session (source and session key of its last accepted
-//!   JOIN) outlives its membership, so a NACK 6 to a member of a job that
-//!   went back to joining is still authenticated (docs/PROTOCOL.md,
-//!   "Sessions").
 //! * In an `auth = "mac"` job a DATA is summed only if, after the source
 //!   binding above admits it, its tag verifies under the member's DATA key
 //!   (derived from the session key of its latest accepted JOIN); a slot's
@@ -437,12 +434,8 @@ impl Job {
         }
         let (window, tag) = match &self.mac {
             None => (self.window, None),
-            Some(m) => {
-                let i = self.pool.index(seq);
-                let (s, w, t) = m.result_tags.get(i).copied().flatten()?;
-                if s != seq {
-                    return None;
-                }
+            Some(_) => {
+                let (w, t) = self.result_tag(seq)?;
                 (w, Some(t))
             }
         };
@@ -457,6 +450,14 @@ impl Job {
             payload_sum: sh.payload_sum,
             tag,
         })
+    }
+
+    /// In an `auth = "mac"` job, the window and tag of `seq`'s RESULT, if
+    /// its slot still holds them.
+    fn result_tag(&self, seq: u32) -> Option<(u16, Tag)> {
+        let m = self.mac.as_ref()?;
+        let (s, w, t) = m.result_tags.get(self.pool.index(seq)).copied().flatten()?;
+        (s == seq).then_some((w, t))
     }
 
     /// The job's auth mode.
@@ -890,12 +891,7 @@ impl Job {
         let slot = self.pool.slot(seq);
         let sh = slot.shadow.filter(|s| s.seq == seq)?;
         // A mac job's RESULT carries the window its tag covers.
-        let window = match &self.mac {
-            None => self.window,
-            Some(m) => m.result_tags[self.pool.index(seq)]
-                .filter(|t| t.0 == seq)
-                .map_or(self.window, |t| t.1),
-        };
+        let window = self.result_tag(seq).map_or(self.window, |(w, _)| w);
         let mut f = 0;
         if sh.ece {
             f |= flags::ECE;
@@ -954,7 +950,7 @@ impl Job {
 /// Whether `from` is where `bound` was bound: the same source on the same
 /// switch port.
 fn same_binding(bound: &Endpoint, from: &Endpoint) -> bool {
-    bound.source == from.source && bound.port_idx == from.port_idx
+    binding_mismatch(bound, from).is_none()
 }
 
 /// Why a message from `from` is not from the member bound at `bound`.
