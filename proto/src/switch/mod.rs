@@ -462,6 +462,30 @@ impl JobTable {
         }
     }
 
+    /// Refuses a HELLO or JOIN with a NACK echoing its nonce; false if the
+    /// source's handshake budget is spent. Charged to the HELLO limit, not
+    /// the NACK limit: a worker whose job was removed learns it from the
+    /// answer to its probe (a HELLO), which reaches us behind a window of
+    /// its DATA; were that DATA's NACKs and the probe's answer one budget,
+    /// the DATA would spend it first on every round and the worker would
+    /// stall instead of being told (docs/PROTOCOL.md, "Limits").
+    fn refuse_handshake(
+        &mut self,
+        to: Endpoint,
+        job: u16,
+        rank: u16,
+        reason: NackReason,
+        echo: Nonce,
+        now: Instant,
+    ) -> bool {
+        if !self.hello_limit.allow(to.source.ip, to.port_idx, now) {
+            self.counters.hello_rate_limited += 1;
+            return false;
+        }
+        self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
+        true
+    }
+
     fn nack_allowed(&mut self, to: &Endpoint, now: Instant) -> bool {
         let ok = self.nack_limit.allow(to.source.ip, to.port_idx, now);
         if !ok {
@@ -536,20 +560,40 @@ impl JobTable {
         let gen = self.gen;
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
             self.counters.unknown_job += 1;
-            let echo = match hdr.msg_type {
+            let handshake = match hdr.msg_type {
                 MsgType::Hello => HelloPayload::parse(payload).map(|h| h.nonce).ok(),
                 MsgType::Join => JoinPayload::parse(payload).map(|j| j.nonce).ok(),
-                MsgType::Data | MsgType::Heartbeat => self
-                    .removed
-                    .get(&hdr.job)
-                    .filter(|prefixes| prefixes.iter().any(|p| p.contains(from.source.ip)))
-                    .map(|_| ZERO_NONCE),
                 _ => None,
             };
-            let Some(echo) = echo else {
+            if let Some(echo) = handshake {
+                if !self.refuse_handshake(
+                    from,
+                    hdr.job,
+                    hdr.rank,
+                    NackReason::UnknownJob,
+                    echo,
+                    now,
+                ) {
+                    return Verdict::RateLimited;
+                }
+                return Verdict::NackUnknownJob;
+            }
+            let removed = matches!(hdr.msg_type, MsgType::Data | MsgType::Heartbeat)
+                && self
+                    .removed
+                    .get(&hdr.job)
+                    .is_some_and(|prefixes| prefixes.iter().any(|p| p.contains(from.source.ip)));
+            if !removed {
                 return Verdict::Dropped(None);
-            };
-            self.nack(from, hdr.job, hdr.rank, NackReason::UnknownJob, echo, now);
+            }
+            self.nack(
+                from,
+                hdr.job,
+                hdr.rank,
+                NackReason::UnknownJob,
+                ZERO_NONCE,
+                now,
+            );
             return Verdict::NackUnknownJob;
         };
         let (job_id, rank) = (hdr.job, hdr.rank);
@@ -680,7 +724,12 @@ impl JobTable {
         };
         if let Some(reason) = refusal {
             job.counters.nacks += 1;
-            self.nack(from, hdr.job, hdr.rank, reason, hello.nonce, now);
+            // The HELLO limit was charged above, once for the HELLO.
+            let msg = ReplyMsg::Nack {
+                reason,
+                echo: hello.nonce,
+            };
+            self.reply(from, hdr.job, hdr.rank, msg);
             self.refused(hdr.job, hdr.rank, src.ip, Refusal::Nack(reason));
             return Verdict::Join(JoinOutcome::Nack(reason));
         }
@@ -725,7 +774,7 @@ impl JobTable {
         }
         match outcome {
             JoinOutcome::Nack(reason) => {
-                self.nack(from, job_id, rank, reason, join.nonce, now);
+                self.refuse_handshake(from, job_id, rank, reason, join.nonce, now);
                 let why = match reason {
                     NackReason::ParametersDiffer if join.dtype != job_dtype as u8 => {
                         Refusal::DtypeDiffers {

@@ -1012,6 +1012,46 @@ fn probes_tell_a_restart_from_a_spoofed_trigger() {
     assert!(g.nack_is_authentic(&out[0].0, &nack));
 }
 
+/// The CI failure of a removed job's worker stalling instead of being
+/// told: a member's window of DATA (and its resends) answered with NACK 1
+/// spends the NACK budget, and the probe that follows must still get its
+/// answer, a NACK 1 echoing the probe's nonce, on every round.
+#[test]
+fn a_window_of_data_to_a_removed_job_does_not_starve_the_probes_answer() {
+    let mut t = active_table(1, 4, 8);
+    let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+    hello(&mut t, &mut hs, endpoint(0), t0());
+    t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0());
+    drain(&mut t);
+    let mut g = hs.session().unwrap();
+    assert!(t.remove(5).is_some());
+    let mut now = t0() + Duration::from_secs(1);
+    for round in 0..5u8 {
+        // A window (and more) of DATA, as a worker's resends after an RTO.
+        for seq in 0..1000 {
+            let (h, p) = data_message(0, seq, &[1.0], GEN);
+            t.handle(&frame(&h, &p), endpoint(0), false, now);
+        }
+        let untagged = nacks_in(&drain(&mut t));
+        assert!(
+            !untagged.is_empty() && untagged.len() < 1000,
+            "{}",
+            untagged.len()
+        );
+        let probe = g.probe(now, [round; 16]).expect("one probe per round");
+        let mut b = [0u8; 128];
+        let n = hs.emit_hello_with(probe, &mut b).unwrap();
+        t.handle(&b[..n], endpoint(0), false, now);
+        let out = drain_raw(&mut t);
+        assert_eq!(out.len(), 1, "round {round}: the probe is answered");
+        let nack = NackPayload::parse(&out[0].2).unwrap();
+        assert_eq!(nack.reason, NackReason::UnknownJob);
+        assert!(g.nack_is_authentic(&out[0].0, &nack));
+        now += Duration::from_millis(300);
+    }
+    assert!(t.counters.nack_rate_limited > 0);
+}
+
 /// What a job keeps per rank (membership, last session, accepted serial)
 /// fits the n × 192 bytes `JobConfig::pool_bytes` charges for it.
 #[test]

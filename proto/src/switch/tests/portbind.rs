@@ -325,14 +325,24 @@ fn nacks_are_limited_per_destination() {
         nacks_in(&drain(&mut t)).len(),
         NACK_LIMIT.per_second as usize
     );
-    // HELLO and JOIN refusals are NACKs too: limited the same way.
+    let nack_limited = t.counters.nack_rate_limited;
+    assert_eq!(nack_limited, 50 + (burst - 64) as u64);
+    // HELLO refusals are limited with the HELLOs they answer, on their own
+    // budget: one HELLO, at most one NACK.
     let mut outside = stranger;
     outside.source.ip = [10, 9, 9, 9];
     let mut hs = handshake(&t, 0, outside, SECRET);
-    for _ in 0..burst + 10 {
-        hello(&mut t, &mut hs, outside, later);
-    }
-    assert_eq!(t.counters.nack_rate_limited, 50 + (burst - 64) as u64 + 10);
+    let hello_burst = HELLO_LIMIT.burst as usize;
+    let verdicts: Vec<Verdict> = (0..hello_burst + 10)
+        .map(|_| hello(&mut t, &mut hs, outside, later))
+        .collect();
+    let refused = Verdict::Join(JoinOutcome::Nack(NackReason::SourceNotAllowed));
+    assert!(verdicts[..hello_burst].iter().all(|v| *v == refused));
+    assert!(verdicts[hello_burst..]
+        .iter()
+        .all(|v| *v == Verdict::RateLimited));
+    assert_eq!(t.counters.hello_rate_limited, 10);
+    assert_eq!(t.counters.nack_rate_limited, nack_limited);
 }
 
 /// No reply to a stranger is larger than what it answers unless it is a
