@@ -718,8 +718,8 @@ impl Harness {
                     floor: f,
                     window: job.window(),
                     slots,
-                    contributions: job.counters.contributions,
-                    chunks_completed: job.counters.chunks_completed,
+                    contributions: job.counters().contributions,
+                    chunks_completed: job.counters().chunks_completed,
                 },
             );
         }
@@ -955,7 +955,7 @@ impl Harness {
         let counters_before: HashMap<u16, JobCounters> = self
             .table
             .jobs()
-            .map(|j| (j.id(), j.counters.clone()))
+            .map(|j| (j.id(), j.counters().clone()))
             .collect();
         let mut expect = match &parsed {
             Ok(h) => self.expect(h, &bytes[HEADER_LEN..], &from),
@@ -1142,7 +1142,7 @@ impl Harness {
         let Some(job) = self.table.get(h.job) else {
             return;
         };
-        let c = &job.counters;
+        let c = job.counters();
         if h.msg_type == MsgType::Join {
             assert_eq!(c.joins, cb.joins + 1, "JOIN not counted");
             let d = |a: u64, b: u64| a - b;
@@ -1654,10 +1654,10 @@ impl Harness {
         self.table.counters.visit(&mut visit);
         let _ = self.table.pool_memory();
         for job in self.table.jobs() {
-            job.counters.visit(&mut visit);
+            job.counters().visit(&mut visit);
             let _ = job.missing_on_floor();
             let _ = job.members().count();
-            let _ = (job.resume_point(), job.window(), job.drops.total());
+            let _ = (job.resume_point(), job.window(), job.drops().total());
             let _ = job.join_ack_header(0, gen);
             let _ = job.join_ack_payload(0, &job.join_ack_header(0, gen));
             let f = job.floor();

@@ -388,8 +388,8 @@ fn data_packet(c: &mut Criterion) {
             },
         );
         let job = table.get(JOB).expect("job");
-        assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
-        assert_eq!(job.counters.retransmits_served, 0);
+        assert_eq!(job.drops().total(), 0, "{:?}", job.drops());
+        assert_eq!(job.counters().retransmits_served, 0);
 
         // An optional per-packet tag: HMAC-SHA256 of the whole datagram.
         g.bench_with_input(BenchmarkId::new("hmac_tag", elems), &elems, |b, _| {
@@ -602,7 +602,7 @@ fn auth_cost(c: &mut Criterion) {
             &mut tx,
         );
         let job = table.get(JOB).expect("job");
-        assert_eq!(job.drops.total(), 0, "{:?}", job.drops);
+        assert_eq!(job.drops().total(), 0, "{:?}", job.drops());
     }
     // One tag over the same 870-float payload, by each candidate MAC.
     let stream = Stream::new(E);

@@ -399,7 +399,7 @@ fn run_typed(
                             )
                         })
                         .collect();
-                    eprintln!("leaf {i}: floor {} state {:?} sessions {sessions:?} partials {:?} counters {:?}", j.floor(), j.state(), (0..64u32).filter_map(|q| j.partial(q).map(|p| p.0.seq)).collect::<Vec<_>>(), j.counters);
+                    eprintln!("leaf {i}: floor {} state {:?} sessions {sessions:?} partials {:?} counters {:?}", j.floor(), j.state(), (0..64u32).filter_map(|q| j.with_partial(q, |p, _| p.seq)).collect::<Vec<_>>(), j.counters());
                 }
                 for (k, t) in tree.spines.iter().enumerate() {
                     let j = t.get(JOB).unwrap();
@@ -407,8 +407,8 @@ fn run_typed(
                         "spine {k}: floor {} state {:?} counters {:?} drops {:?}",
                         j.floor(),
                         j.state(),
-                        j.counters,
-                        j.drops
+                        j.counters(),
+                        j.drops()
                     );
                 }
                 for (i, ws) in workers.iter().enumerate() {
@@ -517,7 +517,7 @@ fn run_typed(
     }
     tree.spines
         .iter()
-        .map(|t| t.get(JOB).unwrap().counters.chunks_completed)
+        .map(|t| t.get(JOB).unwrap().counters().chunks_completed)
         .collect()
 }
 

@@ -302,7 +302,7 @@ impl<'a> ControlPlane<'a> {
                     Some(job) => {
                         tracing::info!(
                             job = id,
-                            chunks_completed = job.counters.chunks_completed,
+                            chunks_completed = job.counters().chunks_completed,
                             "job removed; its workers get NACK 1 (unknown job)"
                         );
                         // Its pool is freed here, with the lock released.

@@ -184,7 +184,8 @@ pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
     let now = std::time::Instant::now();
     let mut jobs: Vec<JobStats> = table
         .jobs()
-        .map(|j| JobStats {
+        .map(|j| (j, j.counts()))
+        .map(|(j, (counters, drops))| JobStats {
             id: j.id(),
             state: j.state().name(),
             n_workers: j.n_workers(),
@@ -193,14 +194,14 @@ pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
             floor_seq: j.floor(),
             pool_bytes: j.config.pool_bytes(),
             ranks_missing_on_floor: j.missing_on_floor(),
-            counters: counter_map(&j.counters),
+            counters: counter_map(&counters),
             drops: DropReason::ALL
                 .iter()
-                .map(|r| (r.name(), j.drops.count(*r)))
+                .map(|r| (r.name(), drops.count(*r)))
                 .collect(),
             spines: spine_stats(j, now),
-            job_counters: j.counters.clone(),
-            drop_counts: j.drops.clone(),
+            job_counters: counters,
+            drop_counts: drops,
             active: j.state() == JobState::Active,
         })
         .collect();
@@ -215,7 +216,8 @@ pub fn snapshot(
     uptime_secs: f64,
 ) -> SwitchStats {
     let mut counters = counter_map(dp);
-    counters.extend(counter_map(&table.counters));
+    let table_counters = table.table_counters();
+    counters.extend(counter_map(&table_counters));
     let mut malformed: BTreeMap<&'static str, u64> = MALFORMED_KINDS
         .iter()
         .zip(table.malformed.iter())
@@ -229,7 +231,7 @@ pub fn snapshot(
         uptime_secs,
         counters,
         dataplane: dp.clone(),
-        table: table.counters.clone(),
+        table: table_counters,
         malformed_total: malformed.values().sum(),
         malformed,
         pool_budget_bytes: budget,

@@ -39,10 +39,11 @@
 //!   RESULT key, and kept with the shadow, so every member and every resend
 //!   gets the same bytes (docs/PROTOCOL.md, "Per-packet authentication").
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::auth::{self, JoinClaim, NonceIssuer};
-use crate::seq::{serial_lt, serial_offset};
+use crate::seq::serial_lt;
 use crate::tag::{self, AuthMode, PacketKey, Tag, EPOCH_LEN, TAG_LEN};
 use crate::wire::{
     flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason,
@@ -51,7 +52,8 @@ use crate::wire::{
 
 use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
-use super::slot_pool::{Aggregation, SlotPool, Taken};
+use super::datapath::{Admission, JobCore};
+use super::engine::{ResultRef, SlotEngine};
 use super::uplink::Uplink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,8 +158,8 @@ pub enum DataOutcome {
     Dropped(DropReason),
 }
 
-/// A completed or cached result, ready to be sent.
-#[derive(Debug, Clone, Copy)]
+/// A completed or cached result, ready to be sent; no completion can
+/// overwrite it while this is held.
 pub struct ResultView<'a> {
     pub seq: u32,
     pub collective: u32,
@@ -165,8 +167,8 @@ pub struct ResultView<'a> {
     pub window: u16,
     pub count: u16,
     pub dtype: Dtype,
-    /// The RESULT payload: `count` little-endian elements of `dtype`.
-    pub payload: &'a [u8],
+    /// The shadow, read-locked: its payload is [`ResultView::payload`].
+    data: ResultRef<'a>,
     /// The payload's folded Internet checksum sum, made once per result
     /// ([`crate::checksum`]).
     pub payload_sum: u16,
@@ -175,10 +177,15 @@ pub struct ResultView<'a> {
 }
 
 impl ResultView<'_> {
+    /// The RESULT payload: `count` little-endian elements of `dtype`.
+    pub fn payload(&self) -> &[u8] {
+        self.data.bytes()
+    }
+
     /// The result's values, widened to float32 (for tests and tools).
     pub fn values(&self) -> Vec<f32> {
         let mut v = vec![0f32; self.count as usize];
-        crate::elements::read_le(self.dtype, self.payload, &mut v);
+        crate::elements::read_le(self.dtype, self.payload(), &mut v);
         v
     }
 }
@@ -223,18 +230,19 @@ pub struct Job {
     joined: u16,
     pub(super) resume_collective: u32,
     pub(super) resume_seq: u32,
-    /// Oldest incomplete seq.
-    floor: u32,
-    window: u16,
-    pub(super) pool: SlotPool,
+    /// What the data path shares: the slot engine (window, floor, sums),
+    /// the admission snapshot and the data-path counters.
+    pub(super) core: Arc<JobCore>,
     /// A leaf's spine sessions, and per slot its partial's resend timer.
     pub(super) uplink: Option<Uplink>,
     pub(super) up_timers: Vec<UpTimer>,
     /// The RESULT epoch of the current (or last) activation.
     epoch: [u8; EPOCH_LEN],
     mac: Option<MacState>,
-    pub counters: JobCounters,
-    pub drops: JobDrops,
+    /// Counts of the control path (under the table lock); the data path's
+    /// are in `core` ([`Job::counters`] sums both).
+    pub(super) ctl: JobCounters,
+    pub(super) ctl_drops: JobDrops,
 }
 
 /// When a leaf's partial went up, and when it goes again.
@@ -258,14 +266,23 @@ impl Job {
             need: config.pool_bytes(),
         };
         let leaf = config.upstream.is_some();
-        let pool = SlotPool::try_new(
+        let engine = SlotEngine::try_new(
             config.pool_slots,
             config.n_workers,
             config.elems_per_chunk,
             config.dtype,
             leaf,
+            config.window.min(config.pool_slots),
         )
         .map_err(|_| oom.clone())?;
+        let core = Arc::new(JobCore::new(
+            config.id,
+            config.n_workers,
+            config.dtype,
+            config.elems_per_chunk,
+            config.auth == AuthMode::Mac,
+            engine,
+        ));
         let uplink = config
             .upstream
             .clone()
@@ -311,19 +328,17 @@ impl Job {
             accepted_serial,
             bound,
             min_serial,
-            window: config.window.min(config.pool_slots),
             state: JobState::Joining,
             joined: 0,
             resume_collective: 0,
             resume_seq: 0,
-            floor: 0,
-            pool,
+            core,
             uplink,
             up_timers,
             epoch: [0; EPOCH_LEN],
             mac,
-            counters: JobCounters::default(),
-            drops: JobDrops::default(),
+            ctl: JobCounters::default(),
+            ctl_drops: JobDrops::default(),
             config,
         })
     }
@@ -338,15 +353,52 @@ impl Job {
         self.config.n_workers
     }
     pub fn window(&self) -> u16 {
-        self.window
+        self.core.engine.window()
     }
     /// Sets the window the switch allows (clamped to 1..=S).
     pub fn set_window(&mut self, w: u16) {
-        self.window = w.clamp(1, self.config.pool_slots);
+        self.core
+            .engine
+            .set_window(w.clamp(1, self.config.pool_slots));
     }
     /// Oldest incomplete seq.
     pub fn floor(&self) -> u32 {
-        self.floor
+        self.core.engine.floor()
+    }
+    /// The data-path half, shared with the dataplane threads.
+    pub fn core(&self) -> &Arc<JobCore> {
+        &self.core
+    }
+    /// The job's counters: the control path's and every thread's data path's.
+    pub fn counters(&self) -> JobCounters {
+        let (c, _) = self.counts();
+        c
+    }
+    /// The job's drops by reason, control and data path.
+    pub fn drops(&self) -> JobDrops {
+        let (_, d) = self.counts();
+        d
+    }
+    /// Both, from one pass over the data path's stripes.
+    pub fn counts(&self) -> (JobCounters, JobDrops) {
+        let (mut c, mut d) = (self.ctl.clone(), self.ctl_drops.clone());
+        self.core.add_counts(&mut c, &mut d);
+        (c, d)
+    }
+    /// Publishes who may send DATA on the fast path now: call after any
+    /// change of state or membership (module docs of [`super::datapath`]).
+    pub(super) fn publish_admission(&self) {
+        let fast = self.state == JobState::Active && self.uplink.is_none() && self.mac.is_none();
+        let members = self
+            .members
+            .iter()
+            .map(|m| m.as_ref().filter(|_| fast).map(|m| m.endpoint))
+            .collect();
+        self.core.admit(Admission {
+            fast,
+            epoch: self.core.engine.epoch(),
+            members,
+        });
     }
     /// The resume point sent in JOIN_ACKs: (collective, seq).
     pub fn resume_point(&self) -> (u32, u32) {
@@ -400,40 +452,41 @@ impl Job {
     /// Ranks that have not contributed to the oldest incomplete seq (empty
     /// if that seq has not started aggregating, i.e. nobody sent it yet).
     pub fn missing_on_floor(&self) -> Vec<u16> {
-        let slot = self.pool.slot(self.floor);
-        match slot.agg {
-            Some(a) if a.seq == self.floor => (0..self.config.n_workers)
-                .filter(|r| !slot.seen.contains(*r))
-                .collect(),
-            _ => Vec::new(),
+        let floor = self.floor();
+        let mut out = Vec::new();
+        if self
+            .core
+            .engine
+            .state_at(self.core.engine.index(floor))
+            .agg
+            .is_some_and(|a| a.seq == floor)
+        {
+            self.core.engine.missing(floor, |r| out.push(r));
         }
+        out
     }
 
     /// Writes, as big-endian u16s into `out`, the ranks whose contribution to
     /// `seq` the switch has not taken (none if `seq` is complete; all if it
     /// has not started). Returns how many were written (as many as fit).
     pub fn write_missing_ranks(&self, seq: u32, out: &mut [u8]) -> usize {
-        let slot = self.pool.slot(seq);
-        if slot.shadow.is_some_and(|s| s.seq == seq) {
-            return 0;
-        }
-        let started = slot.agg.is_some_and(|a| a.seq == seq);
-        crate::wire::write_u16s(
-            (0..self.config.n_workers).filter(|r| !(started && slot.seen.contains(*r))),
-            out,
-        )
+        let mut n = 0;
+        self.core.engine.missing(seq, |r| {
+            if let Some(at) = out.get_mut(2 * n..2 * n + 2) {
+                at.copy_from_slice(&r.to_be_bytes());
+                n += 1;
+            }
+        });
+        n
     }
 
     /// The result of `seq`, if the slot still holds it (and, in an
     /// `auth = "mac"` job, its tag).
     pub fn result(&self, seq: u32) -> Option<ResultView<'_>> {
-        let slot = self.pool.slot(seq);
-        let sh = slot.shadow?;
-        if sh.seq != seq {
-            return None;
-        }
+        let data = self.core.engine.result(seq)?;
+        let sh = data.shadow();
         let (window, tag) = match &self.mac {
-            None => (self.window, None),
+            None => (self.window(), None),
             Some(_) => {
                 let (w, t) = self.result_tag(seq)?;
                 (w, Some(t))
@@ -446,9 +499,9 @@ impl Job {
             window,
             count: sh.count,
             dtype: self.config.dtype,
-            payload: slot.result_bytes(self.config.dtype),
             payload_sum: sh.payload_sum,
             tag,
+            data,
         })
     }
 
@@ -456,7 +509,11 @@ impl Job {
     /// its slot still holds them.
     fn result_tag(&self, seq: u32) -> Option<(u16, Tag)> {
         let m = self.mac.as_ref()?;
-        let (s, w, t) = m.result_tags.get(self.pool.index(seq)).copied().flatten()?;
+        let (s, w, t) = m
+            .result_tags
+            .get(self.core.engine.index(seq))
+            .copied()
+            .flatten()?;
         (s == seq).then_some((w, t))
     }
 
@@ -498,8 +555,11 @@ impl Job {
         let Some(hdr) = self.result_header(seq, 0, false, 0) else {
             return;
         };
-        let i = self.pool.index(seq);
-        let payload = self.pool.slot(seq).result_bytes(self.config.dtype);
+        let i = self.core.engine.index(seq);
+        let window = self.window();
+        let Some(res) = self.core.engine.result(seq) else {
+            return;
+        };
         let Some(m) = &mut self.mac else {
             return;
         };
@@ -508,15 +568,15 @@ impl Job {
         };
         // The header as sent, but `window` as of now: resends carry it.
         let mut h = hdr;
-        h.window = self.window;
-        let t = key.tag(&h, payload);
-        m.result_tags[i] = Some((seq, self.window, t));
+        h.window = window;
+        let t = key.tag(&h, res.bytes());
+        m.result_tags[i] = Some((seq, window, t));
     }
 
     /// Whether every chunk from `seq` up to the floor still has its result
     /// in the pool (a member resuming at `seq` can be answered from it).
     fn serves_from(&self, seq: u32) -> bool {
-        let behind = self.floor.wrapping_sub(seq);
+        let behind = self.floor().wrapping_sub(seq);
         behind <= u32::from(self.config.pool_slots)
             && (0..behind).all(|i| self.result(seq.wrapping_add(i)).is_some())
     }
@@ -525,20 +585,21 @@ impl Job {
         self.state = JobState::Joining;
         self.members.iter_mut().for_each(|m| *m = None);
         self.joined = 0;
-        self.pool.clear();
+        self.core.engine.reset(self.floor());
         self.up_timers
             .iter_mut()
             .for_each(|t| *t = UpTimer::default());
+        self.publish_admission();
     }
 
     fn drop(&mut self, r: DropReason) -> DataOutcome {
-        self.drops.bump(r);
+        self.ctl_drops.bump(r);
         DataOutcome::Dropped(r)
     }
 
     fn nack(&mut self, r: DropReason, reason: NackReason) -> DataOutcome {
-        self.drops.bump(r);
-        self.counters.nacks += 1;
+        self.ctl_drops.bump(r);
+        self.ctl.nacks += 1;
         DataOutcome::Nack(reason)
     }
 
@@ -550,13 +611,16 @@ impl Job {
         from: Endpoint,
         cx: &JoinContext<'_>,
     ) -> JoinOutcome {
-        self.counters.joins += 1;
+        self.ctl.joins += 1;
         let outcome = self.judge_join(hdr, join, from, cx);
         match outcome {
-            JoinOutcome::Nack(_) => self.counters.nacks += 1,
-            JoinOutcome::Replayed => self.counters.join_replays += 1,
+            JoinOutcome::Nack(_) => self.ctl.nacks += 1,
+            JoinOutcome::Replayed => self.ctl.join_replays += 1,
             _ => {}
         }
+        // A member may have moved (a leaf restarted in place) or the job
+        // (re)activated: the fast path must see it before its next DATA.
+        self.publish_admission();
         outcome
     }
 
@@ -587,7 +651,7 @@ impl Job {
             .issuer
             .verify_tag(&join.nonce, hdr.job, hdr.rank, src.ip, src.port)
         else {
-            self.counters.join_bad_nonce += 1;
+            self.ctl.join_bad_nonce += 1;
             return JoinOutcome::Nack(NackReason::StaleNonce);
         };
         let claim = JoinClaim {
@@ -603,7 +667,7 @@ impl Job {
             port: src.port,
         };
         if !auth::verify_join(&self.config.secret, &claim, &join.nonce, &join.mac) {
-            self.counters.join_bad_mac += 1;
+            self.ctl.join_bad_mac += 1;
             return JoinOutcome::Nack(NackReason::BadSecret);
         }
         let rank = hdr.rank as usize;
@@ -620,7 +684,7 @@ impl Job {
         if serial == accepted && recorded.is_some() {
             // The rank's own resend (its JOIN_ACK is late or lost), or a
             // replay of it: the same answer, nothing changes.
-            self.counters.join_repeats += 1;
+            self.ctl.join_repeats += 1;
             return match self.state {
                 JobState::Active => JoinOutcome::AckAgain,
                 JobState::Joining => JoinOutcome::Waiting,
@@ -629,7 +693,7 @@ impl Job {
         // A nonce newer than the rank's last (or its last, after the job went
         // back to joining without it): it must be young.
         if cx.issuer.is_expired(serial, cx.now) {
-            self.counters.join_stale_nonce += 1;
+            self.ctl.join_stale_nonce += 1;
             return JoinOutcome::Nack(NackReason::StaleNonce);
         }
         self.accepted_serial[rank] = serial;
@@ -661,12 +725,12 @@ impl Job {
                 && self.members[rank].is_some_and(|m| same_binding(&m.endpoint, &from) && !m.left)
                 && self.serves_from(hdr.seq)
             {
-                self.counters.rejoins_in_place += 1;
+                self.ctl.rejoins_in_place += 1;
                 self.members[rank] = Some(member);
                 return JoinOutcome::AckAgain;
             }
             // That worker restarted: everyone joins again.
-            self.counters.resets += 1;
+            self.ctl.resets += 1;
             self.reset_to_joining();
         }
         if self.members[rank].is_none() {
@@ -704,13 +768,13 @@ impl Job {
         let (c, s) = lowest.unwrap_or((0, 0));
         self.resume_collective = c;
         self.resume_seq = s;
-        self.floor = s;
-        self.pool.clear();
+        self.core.engine.reset(s);
         self.up_timers
             .iter_mut()
             .for_each(|t| *t = UpTimer::default());
         self.state = JobState::Active;
-        self.counters.activations += 1;
+        self.ctl.activations += 1;
+        self.publish_admission();
     }
 
     /// A LEAVE: the member is marked gone when its MAC verifies; when every
@@ -725,7 +789,7 @@ impl Job {
     ) -> Option<DropReason> {
         let secret = self.config.secret;
         let Some(Some(m)) = self.members.get_mut(hdr.rank as usize) else {
-            self.drops.bump(DropReason::RankOutOfRange);
+            self.ctl_drops.bump(DropReason::RankOutOfRange);
             return Some(DropReason::RankOutOfRange);
         };
         let why = if let Some(r) = binding_mismatch(&m.endpoint, from) {
@@ -740,7 +804,7 @@ impl Job {
             None
         };
         match why {
-            Some(r) => self.drops.bump(r),
+            Some(r) => self.ctl_drops.bump(r),
             None if self.members.iter().flatten().all(|m| m.left) => self.reset_to_joining(),
             None => {}
         }
@@ -810,106 +874,23 @@ impl Job {
                 return self.drop(DropReason::BadTag);
             }
         }
-        let slot = self.pool.slot(hdr.seq);
-        if slot.shadow.is_some_and(|s| s.seq == hdr.seq) {
-            self.counters.retransmits_served += 1;
-            return DataOutcome::Retransmit { seq: hdr.seq };
-        }
-        if slot.partial.is_some_and(|p| p.seq == hdr.seq) {
-            // Summed and sent up; the spine's RESULT answers it.
-            return self.drop(DropReason::Duplicate);
-        }
-        let ahead = serial_offset(self.floor, hdr.seq);
-        if ahead < 0 {
-            return self.drop(DropReason::Stale);
-        }
-        if ahead >= self.window as i64 {
-            return self.drop(DropReason::BeyondWindow);
-        }
-        let agg = slot.agg;
-        let already_seen = slot.seen.contains(hdr.rank);
-        match agg {
-            Some(a) if a.seq != hdr.seq => return self.drop(DropReason::SlotBusy),
-            Some(_) if already_seen => return self.drop(DropReason::Duplicate),
-            Some(a) if a.count != hdr.count => return self.drop(DropReason::CountMismatch),
-            Some(a) if a.collective != hdr.collective => {
-                return self.drop(DropReason::CollectiveMismatch)
-            }
-            Some(_) => {}
-            None => {
-                self.pool.slot_mut(hdr.seq).agg = Some(Aggregation {
-                    seq: hdr.seq,
-                    collective: hdr.collective,
-                    count: hdr.count,
-                    next_rank: 0,
-                    ece: false,
-                });
+        // The table's path takes the lock: any stripe will do.
+        let epoch = self.core.engine.epoch();
+        let out = self.core.take(0, hdr, values, ce, epoch);
+        if let DataOutcome::Completed { seq } = out {
+            if self.mac.is_some() {
+                self.tag_result(seq);
             }
         }
-        if ce {
-            if let Some(a) = self.pool.slot_mut(hdr.seq).agg.as_mut() {
-                a.ece = true;
-            }
-        }
-        self.counters.contributions += 1;
-        self.counters.bytes_aggregated += values.len() as u64;
-        let leaf = self.uplink.is_some();
-        match self.pool.take(hdr.seq, hdr.rank, values, leaf) {
-            Taken::Pending => DataOutcome::Taken,
-            Taken::Completed if leaf => DataOutcome::PartialReady { seq: hdr.seq },
-            Taken::Completed => {
-                self.counters.chunks_completed += 1;
-                if self.pool.slot(hdr.seq).shadow.is_some_and(|s| s.ece) {
-                    self.counters.ece_marked += 1;
-                }
-                if self.mac.is_some() {
-                    self.tag_result(hdr.seq);
-                }
-                self.advance_floor();
-                DataOutcome::Completed { seq: hdr.seq }
-            }
-        }
-    }
-
-    pub(super) fn advance_floor(&mut self) {
-        for _ in 0..self.pool.len() {
-            if self
-                .pool
-                .slot(self.floor)
-                .shadow
-                .is_some_and(|s| s.seq == self.floor)
-            {
-                self.floor = self.floor.wrapping_add(1);
-            } else {
-                break;
-            }
-        }
+        out
     }
 
     /// The header of a RESULT of `seq` for `rank`.
     pub fn result_header(&self, seq: u32, rank: u16, retx: bool, gen: u32) -> Option<HeaderRepr> {
-        let slot = self.pool.slot(seq);
-        let sh = slot.shadow.filter(|s| s.seq == seq)?;
         // A mac job's RESULT carries the window its tag covers.
-        let window = self.result_tag(seq).map_or(self.window, |(w, _)| w);
-        let mut f = 0;
-        if sh.ece {
-            f |= flags::ECE;
-        }
-        if retx {
-            f |= flags::RETX;
-        }
-        Some(HeaderRepr {
-            msg_type: MsgType::Result,
-            flags: f,
-            job: self.config.id,
-            rank,
-            count: sh.count,
-            seq,
-            collective: sh.collective,
-            window,
-            gen,
-        })
+        let window = self.result_tag(seq).map_or(self.window(), |(w, _)| w);
+        let (h, _) = self.core.result_for(seq, rank, retx, gen, window)?;
+        Some(h)
     }
 
     /// The header of a JOIN_ACK for `rank`.
@@ -922,7 +903,7 @@ impl Job {
             count: 0,
             seq: self.resume_seq,
             collective: self.resume_collective,
-            window: self.window,
+            window: self.window(),
             gen,
         }
     }

@@ -4,7 +4,9 @@
 //! Owns: [`JobTable`] (jobs by id, the switch generation, the nonce issuer,
 //! the slot-pool memory budget, the queue of replies and the queue of
 //! events for the log). Its parts: [`config`] (what an operator declares),
-//! [`job`] (one job's membership and DATA), [`slot_pool`] (the sums),
+//! [`job`] (one job's membership and DATA), [`engine`] (the sums, which
+//! any number of threads feed at once), [`datapath`] (DATA taken without
+//! the table's lock, by the dataplane threads),
 //! [`reply`] (what to send), [`counters`] (the counter schema).
 //!
 //! How a shell uses it: [`JobTable::handle`] each received datagram, then
@@ -46,6 +48,8 @@
 
 pub mod config;
 pub mod counters;
+pub mod datapath;
+pub mod engine;
 pub mod job;
 pub mod ratelimit;
 pub mod reply;
@@ -53,6 +57,7 @@ pub mod slot_pool;
 pub mod uplink;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
@@ -71,6 +76,7 @@ pub use config::{
 pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, SpineCounters, TableCounters, MALFORMED_KINDS,
 };
+pub use datapath::{DataPath, Fast, JobCore};
 pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
 pub use uplink::{SpineAddr, Upstream};
@@ -249,15 +255,21 @@ pub struct Encoded {
 
 /// A RESULT's aggregation header, written by
 /// [`JobTable::encode_result_head`], and what follows it.
-#[derive(Debug, Clone, Copy)]
 pub struct ResultHead<'a> {
     /// The header's and the payload's bytes together.
     pub encoded: Encoded,
-    /// The payload (the shadow's bytes), sent after the header.
-    pub payload: &'a [u8],
+    /// The shadow, read-locked while this is held.
+    data: ResultView<'a>,
     /// The payload's folded Internet checksum sum ([`crate::checksum`]),
     /// made when the result was.
     pub payload_sum: u16,
+}
+
+impl ResultHead<'_> {
+    /// The payload (the shadow's bytes), sent after the header.
+    pub fn payload(&self) -> &[u8] {
+        self.data.payload()
+    }
 }
 
 /// A job's memory, charged against the budget before it is allocated
@@ -290,6 +302,8 @@ pub struct JobTable {
     /// within this generation share one.
     joins_judged: u64,
     jobs: FxHashMap<u16, Job>,
+    /// The jobs' data-path halves, for the dataplane threads.
+    data_path: Arc<DataPath>,
     /// Jobs removed while running, with their allowed prefixes: their
     /// workers' DATA gets NACK 1 (so they fail with a clear error instead
     /// of stalling), strangers' nothing.
@@ -327,6 +341,7 @@ const ZERO_NONCE: Nonce = [0; NONCE_LEN];
 impl JobTable {
     pub fn new(cfg: TableConfig, now: Instant) -> JobTable {
         JobTable {
+            data_path: Arc::new(DataPath::new(cfg.gen.max(1))),
             gen: cfg.gen.max(1),
             issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
             uplink_key: cfg.nonce_key,
@@ -349,6 +364,26 @@ impl JobTable {
 
     pub fn gen(&self) -> u32 {
         self.gen
+    }
+
+    /// The lock-free data path over these jobs ([`datapath`]): dataplane
+    /// threads try it first and hand the table only what it returns as
+    /// [`Fast::Slow`].
+    pub fn data_path(&self) -> Arc<DataPath> {
+        self.data_path.clone()
+    }
+
+    /// The table's counters, with the RESULTs the fast path sent.
+    pub fn table_counters(&self) -> TableCounters {
+        let mut c = self.counters.clone();
+        c.results_sent += self.data_path.results_sent();
+        c
+    }
+
+    /// Swaps the data path's job list for the current one.
+    fn publish_jobs(&self) {
+        self.data_path
+            .publish(self.jobs.values().map(|j| j.core().clone()));
     }
 
     /// (budget, bytes in use) of slot-pool memory.
@@ -397,7 +432,9 @@ impl JobTable {
     pub fn insert(&mut self, r: Reservation, job: Job) {
         self.reserved.remove(&r.id);
         self.removed.remove(&r.id);
+        job.publish_admission();
         self.jobs.insert(r.id, job);
+        self.publish_jobs();
     }
 
     /// Declares a job: reserve, build and insert in one (for callers with
@@ -419,6 +456,7 @@ impl JobTable {
     /// Removes a job and frees its memory; its workers then get NACK 1.
     pub fn remove(&mut self, id: u16) -> Option<Job> {
         let job = self.jobs.remove(&id)?;
+        self.publish_jobs();
         self.pool_in_use -= job.config.pool_bytes();
         self.removed.insert(id, job.config.allowed_sources.clone());
         Some(job)
@@ -687,7 +725,7 @@ impl JobTable {
                 Some(other) => Verdict::Data(other),
             },
             MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
-                job.drops.bump(DropReason::UnexpectedType);
+                job.ctl_drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
             }
@@ -723,7 +761,7 @@ impl JobTable {
             None
         };
         if let Some(reason) = refusal {
-            job.counters.nacks += 1;
+            job.ctl.nacks += 1;
             // The HELLO limit was charged above, once for the HELLO.
             let msg = ReplyMsg::Nack {
                 reason,
@@ -733,7 +771,7 @@ impl JobTable {
             self.refused(hdr.job, hdr.rank, src.ip, Refusal::Nack(reason));
             return Verdict::Join(JoinOutcome::Nack(reason));
         }
-        job.counters.challenges += 1;
+        job.ctl.challenges += 1;
         let nonce = self.issuer.issue(now, hdr.job, hdr.rank, src.ip, src.port);
         let msg = ReplyMsg::Challenge {
             hello_nonce: hello.nonce,
@@ -763,10 +801,10 @@ impl JobTable {
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
             return Verdict::Dropped(None);
         };
-        let resets = job.counters.resets;
+        let resets = job.ctl.resets;
         let job_dtype = job.config.dtype;
         let outcome = job.on_join(hdr, &join, from, &cx);
-        let reset = job.counters.resets != resets;
+        let reset = job.ctl.resets != resets;
         let (n, joined, resume) = (job.n_workers(), job.joined_ranks(), job.resume_point());
         let (job_id, rank, ip) = (hdr.job, hdr.rank, from.source.ip);
         if reset {
@@ -1011,7 +1049,7 @@ impl JobTable {
             let found = self.jobs.get_mut(&job).and_then(|j| {
                 let m = j.member_from(next_rank)?;
                 if matches!(msg, ReplyMsg::Result { .. }) {
-                    j.counters.results_sent += 1;
+                    j.ctl.results_sent += 1;
                 }
                 Some(m)
             });
@@ -1044,7 +1082,7 @@ impl JobTable {
                 self.counters.results_sent += 1;
                 if per_job {
                     if let Some(j) = self.jobs.get_mut(&r.job) {
-                        j.counters.results_sent += 1;
+                        j.ctl.results_sent += 1;
                     }
                 }
             }
@@ -1106,11 +1144,11 @@ impl JobTable {
         hdr.emit_to(buf).ok()?;
         Some(ResultHead {
             encoded: Encoded {
-                len: HEADER_LEN + res.payload.len(),
+                len: HEADER_LEN + res.payload().len(),
                 ce: res.ece,
             },
-            payload: res.payload,
             payload_sum: res.payload_sum,
+            data: res,
         })
     }
 
@@ -1127,8 +1165,8 @@ impl JobTable {
                 let job = self.jobs.get(&r.job)?;
                 hdr = job.result_header(seq, r.rank, retx, gen)?;
                 let res = job.result(seq)?;
-                let n = res.payload.len();
-                body.get_mut(..n)?.copy_from_slice(res.payload);
+                let n = res.payload().len();
+                body.get_mut(..n)?.copy_from_slice(res.payload());
                 match res.tag {
                     Some(t) => {
                         body.get_mut(n..n + t.len())?.copy_from_slice(&t);
@@ -1255,7 +1293,12 @@ impl JobTable {
                 let job = self.jobs.get(&r.job)?;
                 let u = job.uplink()?;
                 let gen = u.spines.get(spine as usize)?.joined_gen?;
-                let (p, values) = job.partial(seq)?;
+                let (p, len) = job.with_partial(seq, |p, values| {
+                    let bytes = bytemuck::cast_slice::<f32, u8>(values);
+                    let at = body.get_mut(..bytes.len())?;
+                    at.copy_from_slice(bytes);
+                    Some((*p, bytes.len()))
+                })??;
                 hdr = HeaderRepr::new(MsgType::Data, r.job);
                 hdr.rank = u.cfg.leaf_index;
                 hdr.seq = u.cfg.route(seq).1;
@@ -1265,9 +1308,7 @@ impl JobTable {
                 if retx {
                     hdr.flags |= wire::flags::RETX;
                 }
-                let bytes = bytemuck::cast_slice::<f32, u8>(values);
-                body.get_mut(..bytes.len())?.copy_from_slice(bytes);
-                (bytes.len(), p.ece)
+                (len, p.ece)
             }
         };
         hdr.emit_to(buf).ok()?;

@@ -191,6 +191,10 @@ impl SlotPool {
         self.slots.len()
     }
 
+    pub fn n(&self) -> u16 {
+        self.n
+    }
+
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }

@@ -247,8 +247,8 @@ fn join_refusals_name_their_reason_and_change_nothing() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.joined_ranks(), 0);
-    assert_eq!(job.counters.nacks, 3);
-    assert_eq!(job.counters.join_bad_mac, 1);
+    assert_eq!(job.counters().nacks, 3);
+    assert_eq!(job.counters().join_bad_mac, 1);
 }
 
 #[test]
@@ -311,9 +311,9 @@ fn forged_mac_stale_nonce_and_foreign_nonce_are_refused() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.joined_ranks(), 0, "nothing was recorded");
-    assert_eq!(job.counters.join_bad_mac, 2);
-    assert_eq!(job.counters.join_bad_nonce, 2);
-    assert_eq!(job.counters.join_stale_nonce, 1);
+    assert_eq!(job.counters().join_bad_mac, 2);
+    assert_eq!(job.counters().join_bad_nonce, 2);
+    assert_eq!(job.counters().join_stale_nonce, 1);
     // The legitimate JOIN still works afterwards.
     assert_eq!(
         t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, t0()),
@@ -352,9 +352,9 @@ fn replayed_joins_change_no_state_and_are_counted() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.state(), JobState::Active);
-    assert_eq!(job.counters.join_replays, 20);
-    assert_eq!(job.counters.join_repeats, 20);
-    assert_eq!(job.counters.resets, 0);
+    assert_eq!(job.counters().join_replays, 20);
+    assert_eq!(job.counters().join_repeats, 20);
+    assert_eq!(job.counters().resets, 0);
     // The slot kept rank 0's contribution: the sum completes.
     assert_eq!(
         data(&mut t, 1, 0, &[2.0]),
@@ -535,7 +535,7 @@ fn a_completed_chunk_is_sent_to_every_member_once() {
         assert_eq!(&p[..], &[0, 0, 0x40, 0x40, 0, 0, 0xc0, 0x40]);
     }
     assert_eq!(t.counters.results_sent, 3);
-    assert_eq!(t.get(5).unwrap().counters.results_sent, 3);
+    assert_eq!(t.get(5).unwrap().counters().results_sent, 3);
     // A lost RESULT is answered to its rank alone, flagged RETX.
     data(&mut t, 1, 0, &[1.0, 2.0]);
     let again = drain(&mut t);
@@ -555,7 +555,7 @@ fn a_result_head_and_its_payload_are_the_whole_encoded_result() {
         let e = t.encode(&r, &mut whole).unwrap();
         let mut head = [0u8; HEADER_LEN];
         let rh = t.encode_result_head(&r, &mut head).unwrap();
-        let payload = rh.payload;
+        let payload = rh.payload();
         assert_eq!((rh.encoded.len, rh.encoded.ce), (e.len, e.ce));
         assert_eq!(&whole[..HEADER_LEN], &head[..]);
         assert_eq!(&whole[HEADER_LEN..e.len], payload);
@@ -668,7 +668,7 @@ fn duplicates_stale_and_window_are_dropped_and_counted() {
         Verdict::Data(DataOutcome::Dropped(DropReason::Stale))
     );
     let j = t.get(5).unwrap();
-    let (c, d) = (&j.counters, &j.drops);
+    let (c, d) = (&j.counters(), &j.drops());
     assert_eq!(d.count(DropReason::Duplicate), 1);
     assert_eq!(d.count(DropReason::CountMismatch), 1);
     assert_eq!(d.count(DropReason::BeyondWindow), 2);
@@ -750,7 +750,10 @@ fn a_restarted_leaf_keeps_its_place_while_its_results_are_held() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.state(), JobState::Active);
-    assert_eq!((job.counters.rejoins_in_place, job.counters.resets), (1, 0));
+    assert_eq!(
+        (job.counters().rejoins_in_place, job.counters().resets),
+        (1, 0)
+    );
     // Its resend of seq 1 is answered from the shadow, with the sum.
     assert_eq!(
         data(&mut t, 1, 1, &[2.0]),
@@ -776,7 +779,10 @@ fn a_restarted_leaf_keeps_its_place_while_its_results_are_held() {
     );
     let job = t.get(5).unwrap();
     assert_eq!(job.state(), JobState::Joining);
-    assert_eq!((job.counters.rejoins_in_place, job.counters.resets), (1, 1));
+    assert_eq!(
+        (job.counters().rejoins_in_place, job.counters().resets),
+        (1, 1)
+    );
 }
 
 #[test]
@@ -805,7 +811,7 @@ fn ce_mark_on_any_contribution_sets_ece() {
     t.handle(&frame(&h, &p), endpoint(1), false, t0());
     let hdr = t.get(5).unwrap().result_header(0, 1, false, GEN).unwrap();
     assert!(hdr.has_flag(crate::wire::flags::ECE));
-    assert_eq!(t.get(5).unwrap().counters.ece_marked, 1);
+    assert_eq!(t.get(5).unwrap().counters().ece_marked, 1);
 }
 
 #[test]

@@ -346,11 +346,13 @@ impl Job {
         self.uplink.as_ref()?.spines.get(spine)?.joined_gen
     }
 
-    /// The partial of `seq` awaiting its spine, with its values.
-    pub fn partial(&self, seq: u32) -> Option<(super::slot_pool::Partial, &[f32])> {
-        let slot = self.pool.slot(seq);
-        let p = slot.partial.filter(|p| p.seq == seq)?;
-        Some((p, slot.partial_values()))
+    /// Runs `f` on the partial of `seq` awaiting its spine and its values.
+    pub fn with_partial<R>(
+        &self,
+        seq: u32,
+        f: impl FnOnce(&super::engine::Partial, &[f32]) -> R,
+    ) -> Option<R> {
+        self.core.engine.with_partial(seq, f)
     }
 
     /// The resume point to announce to spine `spine`: (collective, its
@@ -368,8 +370,9 @@ impl Job {
     /// The collective of the chunk at the floor, as far as the pool knows.
     fn floor_collective(&self) -> u32 {
         let floor = self.floor();
-        let at = self.pool.slot(floor);
-        let before = self.pool.slot(floor.wrapping_sub(1));
+        let engine = &self.core.engine;
+        let at = engine.state_at(engine.index(floor));
+        let before = engine.state_at(engine.index(floor.wrapping_sub(1)));
         at.partial
             .filter(|p| p.seq == floor)
             .map(|p| p.collective)
@@ -409,12 +412,12 @@ impl Job {
     /// A partial is ready: it goes up now if its spine has joined (else
     /// when it does). Returns the spine to send it to now.
     pub(super) fn partial_ready(&mut self, seq: u32, now: Instant) -> Option<usize> {
-        let idx = self.pool.index(seq);
+        let idx = self.core.engine.index(seq);
         let u = self.uplink.as_mut()?;
         let (spine, _) = u.cfg.route(seq);
         let joined = u.spines[spine].joined_gen.is_some();
         let rto = u.rto(spine, 0);
-        self.counters.partials_sent += 1;
+        self.ctl.partials_sent += 1;
         if joined {
             u.spines[spine].counters.partials_sent += 1;
         }
@@ -563,7 +566,7 @@ impl Job {
     /// a probe. Returns whether to send the probe now.
     pub(super) fn on_foreign_spine_result(&mut self, spine: usize, now: Instant) -> bool {
         let id = self.config.id;
-        self.drops.bump(DropReason::StaleGeneration);
+        self.ctl_drops.bump(DropReason::StaleGeneration);
         let Some(u) = self.uplink.as_mut() else {
             return false;
         };
@@ -585,19 +588,20 @@ impl Job {
         let u = self.uplink.as_mut()?;
         if u.spines[spine].joined_gen != Some(hdr.gen) {
             // The caller checked: only a RESULT of an unjoined spine.
-            self.drops.bump(DropReason::StaleGeneration);
+            self.ctl_drops.bump(DropReason::StaleGeneration);
             return None;
         }
         let seq = u.cfg.leaf_seq(spine, hdr.seq);
         if !self
-            .pool
+            .core
+            .engine
             .finish_partial(seq, payload, hdr.has_flag(flags::ECE) || ce)
         {
             // A copy, or the RESULT of a partial already answered.
-            self.drops.bump(DropReason::Duplicate);
+            self.ctl_drops.bump(DropReason::Duplicate);
             return None;
         }
-        let idx = self.pool.index(seq);
+        let idx = self.core.engine.index(seq);
         let t = std::mem::take(&mut self.up_timers[idx]);
         if let Some(sent) = t.sent_at {
             // Timed from the first send, resent or not. Karn's rule (no
@@ -611,11 +615,10 @@ impl Job {
                 .on_sample(now.saturating_duration_since(sent));
         }
         u.spines[spine].counters.results += 1;
-        self.counters.chunks_completed += 1;
-        if self.pool.slot(seq).shadow.is_some_and(|s| s.ece) {
-            self.counters.ece_marked += 1;
+        self.ctl.chunks_completed += 1;
+        if self.core.engine.shadow(seq).is_some_and(|s| s.ece) {
+            self.ctl.ece_marked += 1;
         }
-        self.advance_floor();
         Some(seq)
     }
 
@@ -646,9 +649,9 @@ impl Job {
     /// how long it has been silent since the partial went up.
     pub(super) fn upstream_wait(&self, seq: u32, now: Instant) -> Option<ReplyMsg> {
         let u = self.uplink.as_ref()?;
-        self.pool.slot(seq).partial.filter(|p| p.seq == seq)?;
+        self.core.engine.with_partial(seq, |_, _| ())?;
         let (spine, _) = u.cfg.route(seq);
-        let sent = self.up_timers[self.pool.index(seq)].sent_at;
+        let sent = self.up_timers[self.core.engine.index(seq)].sent_at;
         let since = u.spines[spine].quiet_since(sent);
         let silent_ms = since.map_or(UpstreamWaitPayload::NEVER, |t| {
             let ms = now.saturating_duration_since(t).as_millis();
@@ -672,7 +675,7 @@ impl Job {
         // The oldest partial in flight to each spine: (sent at, spine seq).
         let mut oldest = [None::<(Instant, u32)>; MAX_SPINES];
         for (idx, t) in self.up_timers.iter().enumerate() {
-            let (Some(sent), Some(p)) = (t.sent_at, self.pool.slots_at(idx).partial) else {
+            let (Some(sent), Some(p)) = (t.sent_at, self.core.engine.state_at(idx).partial) else {
                 continue;
             };
             let (spine, spine_seq) = u.cfg.route(p.seq);
@@ -742,8 +745,7 @@ impl Job {
             if t.deadline.is_none_or(|d| d > now) {
                 continue;
             }
-            let slot = &self.pool.slots_at(idx);
-            let Some(p) = slot.partial else {
+            let Some(p) = self.core.engine.state_at(idx).partial else {
                 self.up_timers[idx] = UpTimer::default();
                 continue;
             };
@@ -761,7 +763,7 @@ impl Job {
             if first {
                 u.spines[spine].counters.partials_sent += 1;
             } else {
-                self.counters.partials_resent += 1;
+                self.ctl.partials_resent += 1;
                 u.spines[spine].counters.partials_resent += 1;
             }
             send(

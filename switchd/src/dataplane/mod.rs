@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use proto::switch::{JobTable, Reply};
+use proto::switch::{DataPath, JobTable, Reply};
 
 use crate::stats::RingStats;
 use crate::wake::ThreadWaker;
@@ -145,6 +145,8 @@ struct Published {
 /// State every dataplane thread (and the control thread) shares.
 pub struct Shared {
     table: Mutex<JobTable>,
+    /// DATA without the table's lock ([`proto::switch::datapath`]).
+    data_path: Arc<DataPath>,
     agg_port: u16,
     /// Ring occupancy (entries) above which taken contributions count as
     /// congestion-marked; u32::MAX turns it off.
@@ -262,6 +264,7 @@ pub fn build(
         ((cfg.ring_size as f64 * cfg.ecn_ring_fraction) as u32).max(1)
     };
     let shared = Arc::new(Shared {
+        data_path: table.data_path(),
         table: Mutex::new(table),
         agg_port: cfg.agg_port,
         ecn_ring_entries,
@@ -426,12 +429,14 @@ impl DataplaneThread {
             }
             let congested = self.congested(p, q, waiting);
             heartbeat.taking_work();
-            let mut table = lock(&shared.table);
+            // The table's lock only if a frame of the batch needs it.
+            let mut table = rx::LazyTable::new(&shared.table);
+            let data_path = &*shared.data_path;
             let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
             #[cfg(feature = "fault-injection")]
             let fault = &self.fault;
             got += self.rxs[i].rx.recv_batch(RX_BATCH, |frame| {
-                rx::handle_frame(frame, p, q, congested, now, &mut table, &mut out);
+                rx::handle_frame(frame, p, q, congested, now, data_path, &mut table, &mut out);
                 #[cfg(feature = "fault-injection")]
                 fault.after_frame(out.counters.rx_frames, true);
             });

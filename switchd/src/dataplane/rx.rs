@@ -1,26 +1,50 @@
 //! One received frame: the L2–L4 checks the XDP program promised, its
-//! checksums, that it does not claim the switch's own address, the job
-//! table, and the replies the table queued, out through [`super::tx`].
+//! checksums, that it does not claim the switch's own address, then the
+//! lock-free data path ([`proto::switch::DataPath`]) or, for what it hands
+//! back, the job table under its lock, and the replies either decided, out
+//! through [`super::tx`].
 //!
-//! Invariants: the caller holds the table lock for the whole batch; nothing
-//! here allocates, logs or makes a syscall (the table's events are logged by
-//! the control thread).
+//! Invariants: a DATA from a bound member of an active job never takes the
+//! table lock; the lock, when a frame of the batch needs it, is taken once
+//! and held to the end of the batch ([`LazyTable`]); nothing here
+//! allocates, logs or makes a syscall (the table's events are logged by the
+//! control thread).
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use proto::switch::JobTable;
+use proto::switch::{DataPath, Fast, JobTable, Reply, ReplyMsg};
 
 use super::tx::Out;
 use crate::frame::{parse_udp_frame, reply_endpoint, FrameError};
 
+/// The table lock, taken the first time a frame of the batch needs it.
+pub struct LazyTable<'a> {
+    table: &'a Mutex<JobTable>,
+    held: Option<MutexGuard<'a, JobTable>>,
+}
+
+impl<'a> LazyTable<'a> {
+    pub fn new(table: &'a Mutex<JobTable>) -> LazyTable<'a> {
+        LazyTable { table, held: None }
+    }
+
+    /// The table, locked until this is dropped.
+    pub fn get(&mut self) -> &mut JobTable {
+        self.held.get_or_insert_with(|| super::lock(self.table))
+    }
+}
+
 /// Handles one received frame, then sends every reply it caused.
+#[allow(clippy::too_many_arguments)]
 pub fn handle_frame(
     frame: &[u8],
     port_idx: u32,
     queue: u32,
     congested: bool,
     now: Instant,
-    table: &mut JobTable,
+    data_path: &DataPath,
+    table: &mut LazyTable<'_>,
     out: &mut Out<'_>,
 ) {
     out.counters.rx_frames += 1;
@@ -53,6 +77,24 @@ pub fn handle_frame(
         out.counters.ring_congested_frames += 1;
     }
     let from = reply_endpoint(&f, port_idx, queue);
-    table.handle(f.payload, from, f.ce || congested, now);
-    out.send_queued(table);
+    let ce = f.ce || congested;
+    match data_path.on_datagram(out.thread(), f.payload, &from, ce) {
+        Fast::Slow => {
+            let t = table.get();
+            t.handle(f.payload, from, ce, now);
+            out.send_queued(t);
+        }
+        Fast::Done(_) => {}
+        Fast::Completed { job, seq } => out.fan_out(job, seq),
+        Fast::Retransmit { job, rank, seq } => {
+            let r = Reply {
+                to: from,
+                job,
+                rank,
+                msg: ReplyMsg::Result { seq, retx: true },
+            };
+            out.send_result(&r);
+            out.count_results_sent(job, 1);
+        }
+    }
 }

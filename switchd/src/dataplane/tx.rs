@@ -7,13 +7,18 @@
 //!
 //! Invariants: a reply is encoded straight into a UMEM frame, after the
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
-//! counted in `tx_ring_full` (the worker's resend recovers it).
+//! counted in `tx_ring_full` (the worker's resend recovers it). An untagged
+//! RESULT is encoded from its job's shadow through the lock-free data path
+//! ([`proto::switch::JobCore::result_for`]), whoever decided it; every
+//! other reply (a tagged RESULT included) needs the table, locked.
 
 use proto::checksum::Sum;
-use proto::switch::{JobTable, Reply, ReplyMsg};
-use proto::wire::L2_L4_LEN;
+use proto::switch::engine::ResultRef;
+use proto::switch::{Endpoint, JobTable, Reply, ReplyMsg};
+use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
-use super::{lock, DataplaneCounters, DataplaneThread, Shared, TxSockets};
+use super::rx::LazyTable;
+use super::{DataplaneCounters, DataplaneThread, Shared, TxSockets};
 use crate::frame::{write_l2_l4_headers, write_udp_headers};
 use crate::xdp::XskTx;
 
@@ -52,6 +57,11 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// This thread's index (its counter stripe in the data path).
+    pub fn thread(&self) -> usize {
+        self.idx
+    }
+
     pub fn agg_port(&self) -> u16 {
         self.shared.agg_port
     }
@@ -68,23 +78,100 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// The RESULT of `seq` to every member of `job` (the data path
+    /// completed it), each from here or via its socket's owner.
+    pub fn fan_out(&mut self, job: u16, seq: u32) {
+        let shared = self.shared;
+        let mut n = 0;
+        shared.data_path.with_job(job, |core| {
+            core.for_each_member(|rank, to| {
+                let msg = ReplyMsg::Result { seq, retx: false };
+                self.send_result(&Reply {
+                    to: *to,
+                    job,
+                    rank,
+                    msg,
+                });
+                n += 1;
+            })
+        });
+        self.count_results_sent(job, n);
+    }
+
+    /// Counts RESULTs the data path decided on (the table counts its own).
+    pub fn count_results_sent(&mut self, job: u16, n: u64) {
+        let dp = &self.shared.data_path;
+        dp.with_job(job, |core| dp.count_results_sent(self.idx, core, n));
+    }
+
+    /// Sends an untagged RESULT the data path decided on: no table.
+    pub fn send_result(&mut self, r: &Reply) {
+        match self.owner(r) {
+            Some(t) if t != self.idx => self.hand_off(t, *r),
+            _ => {
+                if !self.transmit_result(r) {
+                    self.counters.tx_ring_full += 1;
+                }
+            }
+        }
+    }
+
     /// Sends `r`: up to a spine, here, or via the owning thread's outbox.
     pub fn send(&mut self, table: &JobTable, r: &Reply) {
         if r.is_upstream() {
             self.send_up(table, r);
             return;
         }
-        let owner = self
-            .shared
+        match self.owner(r) {
+            Some(t) if t != self.idx => self.hand_off(t, *r),
+            _ => self.transmit(table, r),
+        }
+    }
+
+    /// The thread that owns the socket `r` goes out of.
+    fn owner(&self, r: &Reply) -> Option<usize> {
+        self.shared
             .owner
             .get(r.to.port_idx as usize)
             .and_then(|q| q.get(r.to.queue as usize))
             .copied()
-            .filter(|t| *t != usize::MAX);
-        match owner {
-            Some(t) if t != self.idx => self.hand_off(t, *r),
-            _ => self.transmit(table, r),
+            .filter(|t| *t != usize::MAX)
+    }
+
+    /// Whether `r` is a RESULT encoded without the table (module docs).
+    fn untagged_result(&self, r: &Reply) -> bool {
+        matches!(r.msg, ReplyMsg::Result { .. })
+            && self
+                .shared
+                .data_path
+                .with_job(r.job, |c| !c.tagged)
+                .unwrap_or(false)
+    }
+
+    /// Encodes an untagged RESULT into a frame of our transmit ring of its
+    /// port and queue, from the job's shadow: the payload goes straight
+    /// into the TX frames, the headers in front of it (one copy, also when
+    /// a jumbo RESULT spans several frames). False if it could not be sent.
+    fn transmit_result(&mut self, r: &Reply) -> bool {
+        let ReplyMsg::Result { seq, retx } = r.msg else {
+            return false;
+        };
+        let dp = &self.shared.data_path;
+        let Some(tx) = socket_mut(self.txs, r.to.port_idx, r.to.queue) else {
+            return false;
+        };
+        let sent = dp.with_job(r.job, |core| {
+            let window = core.engine.window();
+            let Some((hdr, res)) = core.result_for(seq, r.rank, retx, dp.gen(), window) else {
+                return false;
+            };
+            tx.send_head_tail(|buf| result_frame_head(&hdr, &res, &r.to, buf))
+        });
+        if sent == Some(true) {
+            self.counters.tx_frames += 1;
+            return true;
         }
+        false
     }
 
     /// A leaf's datagram to a spine, through the uplink socket (one
@@ -119,6 +206,12 @@ impl<'a> Out<'a> {
 
     /// Encodes `r` into a frame of our transmit ring of its port and queue.
     fn transmit(&mut self, table: &JobTable, r: &Reply) {
+        if self.untagged_result(r) {
+            if !self.transmit_result(r) {
+                self.counters.tx_ring_full += 1;
+            }
+            return;
+        }
         let to = r.to;
         let Some(tx) = socket_mut(self.txs, to.port_idx, to.queue) else {
             self.counters.tx_ring_full += 1;
@@ -126,14 +219,7 @@ impl<'a> Out<'a> {
         };
         // A tagged RESULT (auth = "mac") is header, payload and tag: it is
         // encoded whole into one frame (its chunk size is bounded so).
-        let sent = if matches!(r.msg, ReplyMsg::Result { .. }) && !table.is_tagged(r.job) {
-            // The payload goes from the job's shadow straight into the TX
-            // frames, the headers in front of it: one copy, also when a
-            // jumbo RESULT spans several frames.
-            tx.send_head_tail(|buf| result_frame_head(table, r, buf))
-        } else {
-            tx.send_with(|buf| reply_frame(table, r, buf))
-        };
+        let sent = tx.send_with(|buf| reply_frame(table, r, buf));
         if sent {
             self.counters.tx_frames += 1;
         } else {
@@ -142,23 +228,25 @@ impl<'a> Out<'a> {
     }
 }
 
-/// Writes a RESULT's Ethernet, IPv4, UDP and aggregation headers into
-/// `buf` and returns their length and the payload that follows them. The
-/// UDP checksum adds the payload's sum, made once per result by the table,
-/// to the sum of this destination's headers: no pass over the payload per
-/// destination.
-pub fn result_frame_head<'t>(
-    table: &'t JobTable,
-    r: &Reply,
+/// Writes a RESULT's Ethernet, IPv4, UDP and aggregation headers (`hdr`)
+/// for `to` into `buf` and returns their length and the payload that
+/// follows them (the shadow `res`, read-locked). The UDP checksum adds the
+/// payload's sum, made once per result by the engine, to the sum of this
+/// destination's headers: no pass over the payload per destination.
+pub fn result_frame_head<'r>(
+    hdr: &HeaderRepr,
+    res: &'r ResultRef<'_>,
+    to: &Endpoint,
     buf: &mut [u8],
-) -> Option<(usize, &'t [u8])> {
-    let rh = table.encode_result_head(r, buf.get_mut(L2_L4_LEN..)?)?;
-    let head = rh.encoded.len - rh.payload.len();
+) -> Option<(usize, &'r [u8])> {
+    let sh = res.shadow();
+    let payload = res.bytes();
+    hdr.emit_to(buf.get_mut(L2_L4_LEN..)?).ok()?;
     let sum = Sum::ZERO
-        .add_bytes(buf.get(L2_L4_LEN..L2_L4_LEN + head)?)
-        .add_folded_at(rh.payload_sum, head);
-    write_l2_l4_headers(buf, &r.to, rh.encoded.ce, rh.encoded.len, sum)?;
-    Some((L2_L4_LEN + head, rh.payload))
+        .add_bytes(buf.get(L2_L4_LEN..L2_L4_LEN + HEADER_LEN)?)
+        .add_folded_at(sh.payload_sum, HEADER_LEN);
+    write_l2_l4_headers(buf, to, sh.ece, HEADER_LEN + payload.len(), sum)?;
+    Some((L2_L4_LEN + HEADER_LEN, payload))
 }
 
 /// Writes any other reply whole into `buf` (its UDP checksum summed over
@@ -177,10 +265,17 @@ pub(super) fn drain_outbox(t: &mut DataplaneThread) {
     if outbox.is_empty() {
         return;
     }
-    let table = lock(&shared.table);
+    // Only what is not an untagged RESULT takes the table's lock.
+    let mut table = LazyTable::new(&shared.table);
     let mut out = Out::new(t.idx, &shared, &mut t.txs, &mut t.counters);
     while let Some(r) = outbox.pop() {
-        out.transmit(&table, &r);
+        if out.untagged_result(&r) {
+            if !out.transmit_result(&r) {
+                out.counters.tx_ring_full += 1;
+            }
+        } else {
+            out.transmit(table.get(), &r);
+        }
     }
 }
 
@@ -226,7 +321,16 @@ mod tests {
         while let Some(r) = t.poll_reply() {
             let mut buf = [0u8; 4096];
             let frame = if matches!(r.msg, ReplyMsg::Result { .. }) && !t.is_tagged(r.job) {
-                let (head, payload) = result_frame_head(t, &r, &mut buf).expect("RESULT head");
+                let ReplyMsg::Result { seq, retx } = r.msg else {
+                    unreachable!()
+                };
+                let core = t.data_path().job(r.job).expect("the job");
+                let window = core.engine.window();
+                let (hdr, res) = core
+                    .result_for(seq, r.rank, retx, t.gen(), window)
+                    .expect("the shadow");
+                let (head, payload) =
+                    result_frame_head(&hdr, &res, &r.to, &mut buf).expect("RESULT head");
                 let mut f = buf[..head].to_vec();
                 f.extend_from_slice(payload);
                 f

@@ -155,8 +155,8 @@ fn untagged_wrong_key_and_flipped_data_are_dropped_as_bad_tag_never_summed() {
     let v = t.handle(&frame(&h, &[0u8; 48]), endpoint(0), false, t0());
     assert!(matches!(v, Verdict::Data(DataOutcome::Dropped(_))), "{v:?}");
     let j = t.get(5).unwrap();
-    assert_eq!(j.drops.count(DropReason::BadTag), 2);
-    assert_eq!(j.counters.contributions, 0, "nothing was summed");
+    assert_eq!(j.drops().count(DropReason::BadTag), 2);
+    assert_eq!(j.counters().contributions, 0, "nothing was summed");
     // The honest DATA still goes in afterwards: nothing was taken.
     every_rank_sends(&mut t, &acks);
     let (_, _, payload) = drain(&mut t).pop().unwrap();
@@ -308,8 +308,8 @@ fn the_join_acks_guard_and_data_key_share_one_session_and_binding_goes_first() {
         Verdict::Data(DataOutcome::Dropped(DropReason::WrongPort))
     );
     let j = t.get(5).unwrap();
-    assert_eq!(j.drops.count(DropReason::WrongPort), 1);
-    assert_eq!(j.drops.count(DropReason::BadTag), 0);
+    assert_eq!(j.drops().count(DropReason::WrongPort), 1);
+    assert_eq!(j.drops().count(DropReason::BadTag), 0);
     restart_rank_1(&mut t);
     // Rank 0's tagged DATA gets NACK 6, tagged under the session its
     // JOIN_ACK's guard holds.

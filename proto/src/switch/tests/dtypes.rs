@@ -144,7 +144,7 @@ fn a_lost_half_result_is_resent_with_the_same_bits() {
     assert_eq!(again.len(), 1);
     assert!(again[0].1.has_flag(crate::wire::flags::RETX));
     assert_eq!(payload_bits(&again[0].2), first_bits);
-    assert_eq!(t.get(5).unwrap().counters.retransmits_served, 1);
+    assert_eq!(t.get(5).unwrap().counters().retransmits_served, 1);
 }
 
 #[test]
@@ -156,15 +156,18 @@ fn a_payload_of_another_element_size_is_dropped_and_counted() {
         Verdict::Data(DataOutcome::Dropped(DropReason::PayloadLength))
     );
     let j = t.get(5).unwrap();
-    assert_eq!(j.drops.count(DropReason::PayloadLength), 1);
-    assert_eq!(j.counters.contributions, 0);
+    assert_eq!(j.drops().count(DropReason::PayloadLength), 1);
+    assert_eq!(j.counters().contributions, 0);
     // And the other way: a bf16 payload to a float32 job.
     let mut t = active_table(N, 4, 8);
     assert_eq!(
         half_data(&mut t, 0, 0, &[0x3f80, 0x4000]),
         Verdict::Data(DataOutcome::Dropped(DropReason::PayloadLength))
     );
-    assert_eq!(t.get(5).unwrap().drops.count(DropReason::PayloadLength), 1);
+    assert_eq!(
+        t.get(5).unwrap().drops().count(DropReason::PayloadLength),
+        1
+    );
 }
 
 #[test]

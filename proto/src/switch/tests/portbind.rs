@@ -54,7 +54,7 @@ fn leave_bytes(hs: &Handshake) -> Vec<u8> {
 }
 
 fn drops(t: &JobTable, r: DropReason) -> u64 {
-    t.get(5).unwrap().drops.count(r)
+    t.get(5).unwrap().drops().count(r)
 }
 
 #[test]

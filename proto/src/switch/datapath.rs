@@ -1,0 +1,378 @@
+//! The data path without the table lock: DATA from a bound member of an
+//! active job, taken by any number of dataplane threads at once
+//! (docs/BENCHMARKS.md, "Scaling over cores", has why this design).
+//!
+//! Owns: [`DataPath`] (the switch generation and an RCU-style snapshot of
+//! the jobs: every frame loads it, the table swaps a new one in when a job
+//! is added or removed), [`JobCore`] (what the data path needs of one job:
+//! its [`SlotEngine`], an admission snapshot the table swaps in whenever
+//! the job's state or membership changes, and per-thread counters).
+//!
+//! Invariants:
+//! * The fast path takes only DATA the table would take: the job is active
+//!   and neither a leaf nor `auth = "mac"`, the message is of the current
+//!   generation, from its rank's bound member (source and switch port),
+//!   with the job's count and length. Anything else is [`Fast::Slow`]: the
+//!   caller hands it to [`super::JobTable::handle`] under the table lock,
+//!   which counts, drops or answers it as it always did. So the rules for
+//!   strangers, NACKs and refusals live in one place.
+//! * An admission snapshot names the engine epoch it was made for; the
+//!   engine discards a contribution whose epoch is not its current one, so
+//!   DATA admitted just before a reset or an activation is never summed
+//!   into the next activation.
+//! * The admin path never waits for the data path, nor the data path for
+//!   it: readers load snapshots (`arc-swap`), writers swap whole new ones.
+//! * Counters are striped per thread (each thread writes its own cache
+//!   lines); readers sum the stripes.
+//! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
+//!   completions touch per-job state kept under it (a partial's resend
+//!   timer, the RESULT tag).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::config::Endpoint;
+use super::counters::{DropReason, JobCounters, JobDrops};
+use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
+use super::job::DataOutcome;
+use crate::wire::{flags, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
+
+/// The jobs the data path serves, by id (sorted: a handful, binary-searched).
+type JobList = Vec<(u16, Arc<JobCore>)>;
+
+/// What the dataplane threads share: the generation and the jobs.
+#[derive(Debug)]
+pub struct DataPath {
+    gen: u32,
+    jobs: ArcSwap<JobList>,
+    /// RESULTs the fast path handed to the transmit path, per stripe (the
+    /// table's own count is added where its counters are read).
+    results_sent: Box<[PaddedCount]>,
+}
+
+/// A counter on cache lines of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PaddedCount(AtomicU64);
+
+impl DataPath {
+    pub(super) fn new(gen: u32) -> DataPath {
+        DataPath {
+            gen,
+            jobs: ArcSwap::from_pointee(Vec::new()),
+            results_sent: (0..STRIPES).map(|_| PaddedCount::default()).collect(),
+        }
+    }
+
+    /// Counts `n` RESULTs of `job` handed to the transmit path by `thread`
+    /// (a fan-out or a resend the fast path decided).
+    pub fn count_results_sent(&self, thread: usize, job: &JobCore, n: u64) {
+        job.counters
+            .stripe(thread)
+            .results_sent
+            .fetch_add(n, Ordering::Relaxed);
+        self.results_sent[thread & (STRIPES - 1)]
+            .0
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// RESULTs the fast path has handed to the transmit path, in all.
+    pub(super) fn results_sent(&self) -> u64 {
+        self.results_sent
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Swaps in a new job list (the table's add and remove: control path).
+    pub(super) fn publish(&self, jobs: impl Iterator<Item = Arc<JobCore>>) {
+        let mut list: JobList = jobs.map(|j| (j.id, j)).collect();
+        list.sort_unstable_by_key(|(id, _)| *id);
+        self.jobs.store(Arc::new(list));
+    }
+
+    /// The switch generation.
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+
+    /// The data-path half of job `id`, if it is declared.
+    pub fn job(&self, id: u16) -> Option<Arc<JobCore>> {
+        let jobs = self.jobs.load();
+        let i = jobs.binary_search_by_key(&id, |(j, _)| *j).ok()?;
+        Some(jobs[i].1.clone())
+    }
+
+    /// Runs `f` on job `id`'s data-path half without taking a reference
+    /// count (the per-frame lookup).
+    pub fn with_job<R>(&self, id: u16, f: impl FnOnce(&JobCore) -> R) -> Option<R> {
+        let jobs = self.jobs.load();
+        let i = jobs.binary_search_by_key(&id, |(j, _)| *j).ok()?;
+        Some(f(&jobs[i].1))
+    }
+
+    /// One received datagram (a UDP payload) on dataplane thread `thread`:
+    /// a DATA taken here, or [`Fast::Slow`] for the table.
+    pub fn on_datagram(&self, thread: usize, datagram: &[u8], from: &Endpoint, ce: bool) -> Fast {
+        let Ok(h) = Header::new_checked(datagram) else {
+            return Fast::Slow;
+        };
+        let Ok(hdr) = HeaderRepr::parse(&h) else {
+            return Fast::Slow;
+        };
+        if hdr.msg_type != MsgType::Data || hdr.gen != self.gen {
+            return Fast::Slow;
+        }
+        let payload = &datagram[HEADER_LEN..];
+        self.with_job(hdr.job, |job| job.on_data(thread, &hdr, payload, from, ce))
+            .unwrap_or(Fast::Slow)
+    }
+}
+
+/// What the fast path did with a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fast {
+    /// Not for the fast path: hand it to the table, under its lock.
+    Slow,
+    /// Taken, or dropped and counted: nothing to send.
+    Done(DataOutcome),
+    /// This DATA completed `seq`: send its RESULT to every member
+    /// ([`JobCore::for_each_member`]).
+    Completed { job: u16, seq: u32 },
+    /// The sender (rank `rank`) lost `seq`'s RESULT: send it again, to the
+    /// sender only.
+    Retransmit { job: u16, rank: u16, seq: u32 },
+}
+
+/// Who may send DATA to a job now, as of the table's last change.
+#[derive(Debug, Default)]
+pub(super) struct Admission {
+    /// The job is active, neither a leaf nor `auth = "mac"`.
+    pub(super) fast: bool,
+    /// The engine epoch this snapshot was made for.
+    pub(super) epoch: u32,
+    /// Per rank, its bound member while the job is active.
+    pub(super) members: Box<[Option<Endpoint>]>,
+}
+
+/// The data-path half of one job, shared by the table and the threads.
+#[derive(Debug)]
+pub struct JobCore {
+    pub id: u16,
+    pub n_workers: u16,
+    pub dtype: Dtype,
+    pub elems_per_chunk: u16,
+    /// `auth = "mac"`: its RESULTs carry a tag the table keeps, so they
+    /// are encoded by the table, under its lock.
+    pub tagged: bool,
+    pub engine: SlotEngine,
+    admission: ArcSwap<Admission>,
+    counters: StripedCounters,
+}
+
+impl JobCore {
+    pub(super) fn new(
+        id: u16,
+        n_workers: u16,
+        dtype: Dtype,
+        elems_per_chunk: u16,
+        tagged: bool,
+        engine: SlotEngine,
+    ) -> JobCore {
+        JobCore {
+            id,
+            n_workers,
+            dtype,
+            elems_per_chunk,
+            tagged,
+            engine,
+            admission: ArcSwap::from_pointee(Admission::default()),
+            counters: StripedCounters::new(),
+        }
+    }
+
+    /// The RESULT of `seq` for `rank`: its header (`window`: the job's, or
+    /// the one a mac job's tag covers) and the shadow, read-locked (no
+    /// completion overwrites it while held).
+    pub fn result_for(
+        &self,
+        seq: u32,
+        rank: u16,
+        retx: bool,
+        gen: u32,
+        window: u16,
+    ) -> Option<(HeaderRepr, ResultRef<'_>)> {
+        let res = self.engine.result(seq)?;
+        let sh = res.shadow();
+        let mut f = 0;
+        if sh.ece {
+            f |= flags::ECE;
+        }
+        if retx {
+            f |= flags::RETX;
+        }
+        let hdr = HeaderRepr {
+            msg_type: MsgType::Result,
+            flags: f,
+            job: self.id,
+            rank,
+            count: sh.count,
+            seq,
+            collective: sh.collective,
+            window,
+            gen,
+        };
+        Some((hdr, res))
+    }
+
+    /// Publishes who may send DATA now (the table, after a change).
+    pub(super) fn admit(&self, a: Admission) {
+        self.admission.store(Arc::new(a));
+    }
+
+    /// Calls `f(rank, endpoint)` for every member of the active job, in
+    /// rank order (a RESULT's fan-out).
+    pub fn for_each_member(&self, mut f: impl FnMut(u16, &Endpoint)) {
+        let a = self.admission.load();
+        for (r, m) in a.members.iter().enumerate() {
+            if let Some(m) = m {
+                f(r as u16, m);
+            }
+        }
+    }
+
+    /// A DATA on the fast path (module docs).
+    fn on_data(
+        &self,
+        thread: usize,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        from: &Endpoint,
+        ce: bool,
+    ) -> Fast {
+        let a = self.admission.load();
+        if !a.fast {
+            return Fast::Slow;
+        }
+        let bound = a.members.get(hdr.rank as usize).copied().flatten();
+        if bound.is_none_or(|b| b.source != from.source || b.port_idx != from.port_idx) {
+            return Fast::Slow;
+        }
+        if hdr.count > self.elems_per_chunk || payload.len() != self.dtype.payload_len(hdr.count) {
+            return Fast::Slow;
+        }
+        match self.take(thread, hdr, payload, ce, a.epoch) {
+            DataOutcome::Completed { seq } => Fast::Completed { job: self.id, seq },
+            DataOutcome::Retransmit { seq } => Fast::Retransmit {
+                job: self.id,
+                rank: hdr.rank,
+                seq,
+            },
+            out => Fast::Done(out),
+        }
+    }
+
+    /// Takes an admitted DATA (`values`: the payload without a tag) into
+    /// the engine and counts it on `thread`'s stripe; the table's path
+    /// (under its lock) and the fast path both end here.
+    pub(super) fn take(
+        &self,
+        thread: usize,
+        hdr: &HeaderRepr,
+        values: &[u8],
+        ce: bool,
+        epoch: u32,
+    ) -> DataOutcome {
+        let c = self.counters.stripe(thread);
+        let out = self.engine.contribute(&Contribution {
+            seq: hdr.seq,
+            rank: hdr.rank,
+            collective: hdr.collective,
+            count: hdr.count,
+            values,
+            ce,
+            epoch,
+        });
+        match out {
+            Contributed::Dropped(r) => {
+                c.drops[r as usize].fetch_add(1, Ordering::Relaxed);
+                return DataOutcome::Dropped(r);
+            }
+            Contributed::Retransmit { seq } => {
+                c.retransmits_served.fetch_add(1, Ordering::Relaxed);
+                return DataOutcome::Retransmit { seq };
+            }
+            _ => {}
+        }
+        c.contributions.fetch_add(1, Ordering::Relaxed);
+        c.bytes_aggregated
+            .fetch_add(values.len() as u64, Ordering::Relaxed);
+        match out {
+            Contributed::Completed { seq, ece } => {
+                c.chunks_completed.fetch_add(1, Ordering::Relaxed);
+                if ece {
+                    c.ece_marked.fetch_add(1, Ordering::Relaxed);
+                }
+                DataOutcome::Completed { seq }
+            }
+            Contributed::PartialReady { seq } => DataOutcome::PartialReady { seq },
+            _ => DataOutcome::Taken,
+        }
+    }
+
+    /// Adds the data path's counts to `c` and `d` (a snapshot).
+    pub(super) fn add_counts(&self, c: &mut JobCounters, d: &mut JobDrops) {
+        self.counters.add_to(c, d);
+    }
+}
+
+/// Stripes of data-path counters: thread `t` writes stripe `t mod
+/// STRIPES`. A power of two; more threads than stripes share some.
+const STRIPES: usize = 16;
+
+/// One thread's data-path counters of one job, on cache lines of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe {
+    contributions: AtomicU64,
+    bytes_aggregated: AtomicU64,
+    chunks_completed: AtomicU64,
+    ece_marked: AtomicU64,
+    retransmits_served: AtomicU64,
+    results_sent: AtomicU64,
+    drops: [AtomicU64; DropReason::COUNT],
+}
+
+#[derive(Debug)]
+struct StripedCounters {
+    stripes: Box<[Stripe]>,
+}
+
+impl StripedCounters {
+    fn new() -> StripedCounters {
+        StripedCounters {
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+        }
+    }
+
+    fn stripe(&self, thread: usize) -> &Stripe {
+        &self.stripes[thread & (STRIPES - 1)]
+    }
+
+    fn add_to(&self, c: &mut JobCounters, d: &mut JobDrops) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for s in self.stripes.iter() {
+            c.contributions += get(&s.contributions);
+            c.bytes_aggregated += get(&s.bytes_aggregated);
+            c.chunks_completed += get(&s.chunks_completed);
+            c.ece_marked += get(&s.ece_marked);
+            c.retransmits_served += get(&s.retransmits_served);
+            c.results_sent += get(&s.results_sent);
+            for (k, v) in s.drops.iter().enumerate() {
+                d.0[k] += get(v);
+            }
+        }
+    }
+}
