@@ -8,7 +8,8 @@
 # Mutex<JobTable> per batch, switchd before issue 21; lockfree: the lock-free
 # DATA path) and each layout (rss: one job of 4 ranks whose ranks arrive on
 # different threads; job-per-thread: T jobs), it reports DATA Mpps, payload
-# GB/s summed and RESULTs/s, the median of the repeats.
+# GB/s summed, RESULTs/s and DATA per CPU-second of the feeding threads, the
+# median of the repeats, and the lowest share of their CPUs the threads got.
 #
 # Usage:
 #   scripts/bench_scaling.sh [--seconds S] [--repeats N] [--threads LIST]

@@ -7,7 +7,9 @@ Usage: scripts/bench_scaling_report.py RAW_JSON OUT_JSON OUT_PNG --stamp STAMP
 RAW_JSON is what `engine_scaling --json` wrote. Writes OUT_JSON: the raw
 report plus the stamp, the machine, the 1-min load average around the run,
 each configuration's speedup over 1 thread (median Mpps at T / at T=1, same
-backend and layout) and the headline `engine_2_over_1`: Mpps at 2 threads
+backend and layout; the table also shows DATA per CPU-second of the feeding
+threads and the lowest share of their CPUs they got, below 1 when other load
+ran there or a thread slept on a lock) and the headline `engine_2_over_1`: Mpps at 2 threads
 over 1, rss layout, of the lockfree backend when it was measured, else of
 table-lock (`engine_2_over_1_backend` names it; null when T=1 or T=2 was not
 run). Prints the table as Markdown (for docs/BENCHMARKS.md). Draws OUT_PNG
@@ -63,14 +65,16 @@ def add_speedups(report):
 
 def table(report):
     rows = [
-        "| backend | layout | threads | DATA Mpps | GB/s summed | RESULT M/s | × 1 thread | pinned |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| backend | layout | threads | DATA Mpps | GB/s summed | RESULT M/s | × 1 thread "
+        "| DATA M per CPU-s | CPU share (min) | pinned |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["runs"]:
         over = f"{r['over_1']:.2f}" if r["over_1"] is not None else "-"
         rows.append(
             f"| {r['backend']} | {r['layout']} | {r['threads']} | {r['mpps']:.3f} | "
             f"{r['gbps']:.2f} | {r['results_mps']:.3f} | {over} | "
+            f"{r['mpps_per_cpu_s']:.3f} | {r['cpu_share_min']:.2f} | "
             f"{'yes' if r['pinned'] else 'no'} |")
     return "\n".join(rows)
 

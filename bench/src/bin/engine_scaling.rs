@@ -1,8 +1,10 @@
 //! `engine_scaling`: how the switch's engine scales over threads, with no
 //! kernel (issue 21). T threads feed pre-built DATA datagrams in memory to a
 //! backend ([`agg_bench::engine`]) and encode its RESULTs; per (backend,
-//! layout, T) it reports DATA Mpps, payload GB/s summed and RESULTs/s, the
-//! median of the repeats (the repeats of all configurations interleaved, so
+//! layout, T) it reports DATA Mpps, payload GB/s summed, RESULTs/s and DATA
+//! per CPU-second of the feeding threads, the median of the repeats, and the
+//! lowest share of their CPUs the threads got (below 1: other load ran
+//! there, or a thread slept on a contended lock) (the repeats of all configurations interleaved, so
 //! that a burst of other load spreads over them). Prints a table, and with
 //! `--json` writes every repeat. A wrong RESULT, or any refused DATA, fails
 //! the run (exit status 1) instead of reporting a number.
@@ -104,6 +106,8 @@ struct Repeat {
     mpps: f64,
     gbps: f64,
     results_mps: f64,
+    mpps_per_cpu_s: f64,
+    cpu_share: f64,
 }
 
 #[derive(Serialize)]
@@ -116,6 +120,9 @@ struct Config {
     mpps: f64,
     gbps: f64,
     results_mps: f64,
+    mpps_per_cpu_s: f64,
+    /// The lowest share of their CPUs the threads got in a repeat.
+    cpu_share_min: f64,
     repeats: Vec<Repeat>,
 }
 
@@ -241,12 +248,19 @@ fn main() -> Result<()> {
             mpps: median(ms.iter().map(Measured::mpps).collect()),
             gbps: median(ms.iter().map(Measured::gbps).collect()),
             results_mps: median(ms.iter().map(Measured::results_mps).collect()),
+            mpps_per_cpu_s: median(ms.iter().map(Measured::mpps_per_cpu_s).collect()),
+            cpu_share_min: ms
+                .iter()
+                .map(Measured::cpu_share)
+                .fold(f64::INFINITY, f64::min),
             repeats: ms
                 .into_iter()
                 .map(|m| Repeat {
                     mpps: m.mpps(),
                     gbps: m.gbps(),
                     results_mps: m.results_mps(),
+                    mpps_per_cpu_s: m.mpps_per_cpu_s(),
+                    cpu_share: m.cpu_share(),
                     measured: m,
                 })
                 .collect(),
@@ -254,8 +268,17 @@ fn main() -> Result<()> {
         .collect();
 
     println!(
-        "{:<11} {:<15} {:>3} {:>8} {:>8} {:>10} {:>7} {:>6}",
-        "backend", "layout", "T", "Mpps", "GB/s", "RESULT M/s", "×T1", "pinned"
+        "{:<11} {:<15} {:>3} {:>8} {:>8} {:>10} {:>7} {:>10} {:>9} {:>6}",
+        "backend",
+        "layout",
+        "T",
+        "Mpps",
+        "GB/s",
+        "RESULT M/s",
+        "×T1",
+        "Mpps/CPUs",
+        "CPU share",
+        "pinned"
     );
     for c in &runs {
         let base = runs
@@ -263,7 +286,7 @@ fn main() -> Result<()> {
             .find(|o| o.backend == c.backend && o.layout == c.layout && o.threads == 1)
             .map_or(String::from("-"), |o| format!("{:.2}", c.mpps / o.mpps));
         println!(
-            "{:<11} {:<15} {:>3} {:>8.3} {:>8.2} {:>10.3} {:>7} {:>6}",
+            "{:<11} {:<15} {:>3} {:>8.3} {:>8.2} {:>10.3} {:>7} {:>10.3} {:>9.2} {:>6}",
             c.backend,
             c.layout,
             c.threads,
@@ -271,6 +294,8 @@ fn main() -> Result<()> {
             c.gbps,
             c.results_mps,
             base,
+            c.mpps_per_cpu_s,
+            c.cpu_share_min,
             if c.pinned { "yes" } else { "no" }
         );
     }

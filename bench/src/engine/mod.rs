@@ -127,6 +127,9 @@ pub struct Measured {
     pub results_checked: u64,
     /// Seqs completed, all jobs together.
     pub seqs_completed: u64,
+    /// CPU time the feeding threads used, together (less than `seconds` ×
+    /// threads when other load had their CPUs or a thread slept on a lock).
+    pub cpu_seconds: f64,
     /// Whether every thread was pinned to its own CPU.
     pub pinned: bool,
     /// DATA taken per thread.
@@ -147,6 +150,18 @@ impl Measured {
     /// Million RESULTs encoded per second.
     pub fn results_mps(&self) -> f64 {
         self.results as f64 / self.seconds / 1e6
+    }
+
+    /// Million DATA taken per CPU-second of the feeding threads.
+    pub fn mpps_per_cpu_s(&self) -> f64 {
+        self.data_taken as f64 / self.cpu_seconds / 1e6
+    }
+
+    /// The share of their CPUs the feeding threads got: CPU time over
+    /// wall time × threads that fed (1.0 on an idle machine).
+    pub fn cpu_share(&self) -> f64 {
+        let feeding = self.per_thread_taken.iter().filter(|t| **t > 0).count();
+        self.cpu_seconds / (self.seconds * feeding.max(1) as f64)
     }
 }
 
@@ -625,6 +640,19 @@ fn pin_to(cpu: usize) -> bool {
     }
 }
 
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// The CPUs this process may run on, in order.
 pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: sched_getaffinity(0) fills the zeroed set it is given;
@@ -678,7 +706,7 @@ fn run_on(
     // The threads and this one: frames built, then all start together.
     let ready = Barrier::new(t + 1);
     let backend = &*backend;
-    let (sinks, ends, pinned, start) = std::thread::scope(|s| {
+    let (sinks, ends, cpu, pinned, start) = std::thread::scope(|s| {
         let handles: Vec<_> = plan
             .into_iter()
             .enumerate()
@@ -690,11 +718,13 @@ fn run_on(
                     let mut feeder = Feeder::new(job, ranks, spec);
                     let sink = Sink::new(name, spec, reference);
                     ready.wait();
+                    let cpu = thread_cpu_time();
                     let sink = feeder.run(backend, spec, stop, published, sink);
                     if sink.wrong.is_some() {
                         stop.store(true, Ordering::Relaxed);
                     }
-                    (sink, Instant::now(), pinned)
+                    let end = Instant::now();
+                    (sink, end, thread_cpu_time().saturating_sub(cpu), pinned)
                 })
             })
             .collect();
@@ -711,15 +741,17 @@ fn run_on(
         }
         let mut sinks = Vec::new();
         let mut ends = Vec::new();
+        let mut cpu = Duration::ZERO;
         let mut pinned = true;
         for h in handles {
             // A panicking thread is a bug in the harness or the engine.
-            let (sink, end, p) = h.join().expect("feeding thread panicked");
+            let (sink, end, c, p) = h.join().expect("feeding thread panicked");
             sinks.push(sink);
             ends.push(end);
+            cpu += c;
             pinned &= p;
         }
-        (sinks, ends, pinned, start)
+        (sinks, ends, cpu, pinned, start)
     });
     let seconds = ends
         .iter()
@@ -734,6 +766,7 @@ fn run_on(
         results: 0,
         results_checked: 0,
         seqs_completed: 0,
+        cpu_seconds: cpu.as_secs_f64(),
         pinned,
         per_thread_taken: Vec::new(),
     };

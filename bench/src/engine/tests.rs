@@ -64,6 +64,7 @@ fn a_timed_run_stops_and_counts() {
     assert!(m.data_taken > 0 && m.results_checked > 0);
     assert_eq!(m.results, 4 * m.seqs_completed);
     assert!(m.mpps() > 0.0 && m.gbps() > 0.0);
+    assert!(m.cpu_seconds > 0.0 && m.cpu_share() <= 1.05, "{m:?}");
 }
 
 /// A table-lock engine whose encoding is broken in one of two ways.
