@@ -626,6 +626,18 @@ fn validate(spec: &Spec) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// Stops the other threads when a feeding thread panics, so that none
+/// waits forever for a floor the panicked one would have moved.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Pins the calling thread to `cpu`; whether that worked.
 fn pin_to(cpu: usize) -> bool {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays inside it
@@ -714,6 +726,7 @@ fn run_on(
                 let (stop, ready, reference) = (&stop, &ready, reference.clone());
                 let published = &floors[job as usize];
                 s.spawn(move || {
+                    let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
                     let mut feeder = Feeder::new(job, ranks, spec);
                     let sink = Sink::new(name, spec, reference);

@@ -152,3 +152,42 @@ fn bad_parameters_are_refused_before_setup() {
     s.threads = 0;
     assert!(matches!(run(&s), Err(EngineError::Spec(_))));
 }
+
+/// Panics in its first batch on thread "rank 1" (rss, 2 threads).
+struct Panics(Mutex<JobTable>, Instant);
+
+impl Backend for Panics {
+    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+        let mut t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (d, from) in batch.iter() {
+            assert!(from.source.port != 40001, "a backend bug");
+            out.data(t.handle(d, *from, false, self.1));
+            while let Some(r) = t.poll_reply() {
+                out.reply(&r, |buf| t.encode(&r, buf));
+            }
+        }
+        t.get(job).map_or(0, |j| j.floor())
+    }
+
+    fn floor(&self, job: u16) -> u32 {
+        let t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.get(job).map_or(0, |j| j.floor())
+    }
+}
+
+#[test]
+fn a_panicking_backend_fails_the_run_instead_of_hanging_it() {
+    let s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    let r = std::panic::catch_unwind(|| {
+        run_on(&s, |table, now| {
+            Ok(Box::new(Panics(Mutex::new(table), now)))
+        })
+    });
+    assert!(r.is_err(), "the panic reaches the caller");
+}
