@@ -13,6 +13,10 @@
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
 #   unit       cargo test --workspace --exclude agg-e2e
+#   scaling    target/release/engine_scaling for 0.2 s per configuration
+#              (1 and 2 threads, both layouts, every built backend; a few
+#              seconds): fails on a RESULT that differs from the rank-order
+#              reference (scripts/bench_scaling.sh is the measurement)
 #   python     build the aggswitch package into the project venv (maturin
 #              develop --release) and run its pytest suite (python/tests,
 #              on the loopback stand-in switch: no root needed)
@@ -178,6 +182,11 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
 BUILD_OK=1
 stage build cargo build --release --workspace --bins || BUILD_OK=0
 stage unit cargo_test --workspace --exclude agg-e2e || true
+if [[ "$BUILD_OK" -eq 1 ]]; then
+    stage scaling "$REPO_ROOT/target/release/engine_scaling" --threads 1,2 --seconds 0.2 --repeats 1 || true
+else
+    skip scaling "build failed"
+fi
 stage python python_tests || true
 
 # --- end-to-end tests ---------------------------------------------------------------

@@ -1,0 +1,832 @@
+//! The engine scaling benchmark (issue 21): T threads push pre-built DATA
+//! datagrams, in memory, into the switch's state machine and encode the
+//! RESULTs it answers with, as switchd's dataplane threads do, with no
+//! kernel, NIC or socket in the way.
+//!
+//! Owns: [`Spec`] (what to run), [`run`] (set up, feed, check), [`Sink`]
+//! (one thread's reply buffer, counters and result check) and the
+//! [`backend`]s.
+//!
+//! Setup (untimed): a fresh `JobTable` per run, its jobs declared and every
+//! rank joined the honest way (HELLO, CHALLENGE, JOIN), so each job is
+//! Active; per thread, a ring of DATA datagrams of its ranks for seqs
+//! `0..K` (rank r's values for seq s are `reference::pattern(r, s mod K, _)`)
+//! and the rank-order reference sum of each of the K chunks.
+//!
+//! The timed loop, per thread: walk seqs upward, for each seq the thread's
+//! ranks in order, stamping the seq into the ring's frame (reused every K
+//! seqs), and hand batches of [`BATCH`] to the backend. Like a worker, a
+//! thread does not run past its job's window: while `seq >= floor + W` it
+//! hands over what it holds, then waits for the floor to move, reading
+//! the floor the threads last published (after each batch), not the
+//! backend's, so that waiting costs the engine nothing. It allocates
+//! nothing and makes no syscall (a long wait yields the CPU).
+//!
+//! Layouts: `rss`, one job of n ranks whose rank r arrives on thread
+//! r mod T (what RSS does when each worker's flow hashes to its own
+//! queue), so every slot's contributions come from several threads;
+//! `job-per-thread`, T jobs, thread t feeding every rank of job t.
+//!
+//! Checks (a wrong engine fails the run, never reports a number): every
+//! RESULT of a seq that is a multiple of [`SAMPLE_EVERY`] is compared, bit
+//! for bit, with the reference; no DATA may be refused; at the end, RESULTs
+//! encoded = ranks × completed seqs of every job.
+
+pub mod backend;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use proto::handshake::{Handshake, JoinParams};
+use proto::reference::{fill_pattern, rank_order_sum};
+use proto::switch::{
+    DataOutcome, Encoded, Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Reply, ReplyMsg,
+    Source, TableConfig, Verdict,
+};
+use proto::tag::TAG_LEN;
+use proto::wire::{
+    write_f32s, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, MAX_ELEMS_PER_CHUNK, OP_SUM,
+};
+use serde::Serialize;
+
+pub use backend::{Backend, BackendKind, Batch};
+
+/// Datagrams per hand-over to the backend (switchd's `RX_BATCH`).
+pub const BATCH: usize = 64;
+/// RESULTs of every seq that is a multiple of this are checked against the
+/// reference (a prime, so the checked seqs walk over every slot and frame).
+pub const SAMPLE_EVERY: u32 = 61;
+
+const GEN: u32 = 0x5ca1_ab1e;
+const SECRET: [u8; 32] = [0x5c; 32];
+
+/// Where each rank's DATA arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One job; rank r's frames on thread r mod T.
+    Rss,
+    /// T jobs; thread t feeds every rank of job t.
+    JobPerThread,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 2] = [Layout::Rss, Layout::JobPerThread];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Rss => "rss",
+            Layout::JobPerThread => "job-per-thread",
+        }
+    }
+}
+
+/// When the feeding threads stop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Until {
+    /// After this long (the benchmark).
+    Elapsed(Duration),
+    /// After every thread fed seqs `0..n` of its ranks (tests).
+    Seqs(u32),
+}
+
+/// One measurement.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub backend: BackendKind,
+    pub layout: Layout,
+    pub threads: usize,
+    /// Ranks per job.
+    pub ranks: u16,
+    /// float32 elements per DATA.
+    pub elems: u16,
+    /// Slots per job's pool.
+    pub slots: u16,
+    /// Each job's window (≤ `slots`).
+    pub window: u16,
+    /// K: seqs of pre-built frames per rank, reused cyclically.
+    pub frames: u32,
+    pub until: Until,
+    /// CPUs to pin thread t to (`cpus[t]`); no pinning when fewer than
+    /// `threads`.
+    pub cpus: Vec<usize>,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    /// From the threads' start to the last one's stop.
+    pub seconds: f64,
+    /// DATA datagrams the engine took (summed into a slot).
+    pub data_taken: u64,
+    /// Their payload bytes (what was summed).
+    pub data_bytes: u64,
+    /// RESULTs encoded (one per rank per completed seq).
+    pub results: u64,
+    /// RESULTs compared bit for bit with the reference.
+    pub results_checked: u64,
+    /// Seqs completed, all jobs together.
+    pub seqs_completed: u64,
+    /// CPU time the feeding threads used, together (less than `seconds` ×
+    /// threads when other load had their CPUs or a thread slept on a lock).
+    pub cpu_seconds: f64,
+    /// Whether every thread was pinned to its own CPU.
+    pub pinned: bool,
+    /// DATA taken per thread.
+    pub per_thread_taken: Vec<u64>,
+}
+
+impl Measured {
+    /// Million DATA datagrams taken per second.
+    pub fn mpps(&self) -> f64 {
+        self.data_taken as f64 / self.seconds / 1e6
+    }
+
+    /// Payload bytes summed per second, in GB/s (10^9).
+    pub fn gbps(&self) -> f64 {
+        self.data_bytes as f64 / self.seconds / 1e9
+    }
+
+    /// Million RESULTs encoded per second.
+    pub fn results_mps(&self) -> f64 {
+        self.results as f64 / self.seconds / 1e6
+    }
+
+    /// Million DATA taken per CPU-second of the feeding threads.
+    pub fn mpps_per_cpu_s(&self) -> f64 {
+        self.data_taken as f64 / self.cpu_seconds / 1e6
+    }
+
+    /// The share of their CPUs the feeding threads got: CPU time over
+    /// wall time × threads that fed (1.0 on an idle machine).
+    pub fn cpu_share(&self) -> f64 {
+        let feeding = self.per_thread_taken.iter().filter(|t| **t > 0).count();
+        self.cpu_seconds / (self.seconds * feeding.max(1) as f64)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(
+        "backend {backend} is not built yet: the lock-free DATA path of issue 21 plugs in at \
+         bench/src/engine/backend.rs, fn lock_free; measure --backend table-lock meanwhile"
+    )]
+    NotBuilt { backend: &'static str },
+    #[error("invalid benchmark parameters: {0}")]
+    Spec(String),
+    #[error("setup: JobTable::add of job {job}: {why}")]
+    AddJob { job: u16, why: String },
+    #[error("setup: the JOIN of job {job} rank {rank} got {verdict:?}, not {want:?}")]
+    Join {
+        job: u16,
+        rank: u16,
+        verdict: Verdict,
+        want: JoinOutcome,
+    },
+    #[error("setup: the HELLO of job {job} rank {rank} was not answered with a CHALLENGE")]
+    NoChallenge { job: u16, rank: u16 },
+    #[error(
+        "backend {backend}: wrong RESULT of job {job} seq {seq} to rank {rank}: {what} \
+         (the rank-order reference sum differs)"
+    )]
+    WrongResult {
+        backend: &'static str,
+        job: u16,
+        seq: u32,
+        rank: u16,
+        what: String,
+    },
+    #[error("backend {backend}: {count} DATA refused (first: {first:?}); the harness feeds only in-window, fresh DATA")]
+    Refused {
+        backend: &'static str,
+        count: u64,
+        first: Verdict,
+    },
+    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode (first: {first:?})")]
+    UnexpectedReply {
+        backend: &'static str,
+        count: u64,
+        first: Option<Reply>,
+    },
+    #[error(
+        "backend {backend}: {results} RESULTs encoded for {seqs} completed seqs of {ranks} ranks \
+         each: fan-out lost or duplicated RESULTs"
+    )]
+    ResultCount {
+        backend: &'static str,
+        results: u64,
+        seqs: u64,
+        ranks: u16,
+    },
+    #[error("backend {backend}: no seq completed in the run; run longer (--seconds)")]
+    NothingCompleted { backend: &'static str },
+}
+
+/// The reference RESULT payloads, one per frame index `k < K`.
+struct Reference {
+    payload_len: usize,
+    bytes: Vec<u8>,
+}
+
+impl Reference {
+    fn new(ranks: u16, elems: u16, frames: u32) -> Reference {
+        let payload_len = 4 * elems as usize;
+        let mut bytes = vec![0u8; frames as usize * payload_len];
+        let mut inputs = vec![vec![0f32; elems as usize]; ranks as usize];
+        for k in 0..frames {
+            for (r, v) in inputs.iter_mut().enumerate() {
+                fill_pattern(r as u16, k, v);
+            }
+            let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+            let at = k as usize * payload_len;
+            write_f32s(&rank_order_sum(&refs), &mut bytes[at..at + payload_len]);
+        }
+        Reference { payload_len, bytes }
+    }
+
+    fn payload(&self, seq: u32, frames: u32) -> &[u8] {
+        let at = (seq % frames) as usize * self.payload_len;
+        &self.bytes[at..at + self.payload_len]
+    }
+}
+
+/// One thread's reply buffer and counters; backends report into it.
+pub struct Sink {
+    backend: &'static str,
+    buf: Vec<u8>,
+    frames: u32,
+    reference: Arc<Reference>,
+    payload_len: u64,
+    taken: u64,
+    refused: u64,
+    first_refusal: Option<Verdict>,
+    results: u64,
+    checked: u64,
+    unexpected: u64,
+    first_unexpected: Option<Reply>,
+    wrong: Option<EngineError>,
+}
+
+impl Sink {
+    fn new(backend: &'static str, spec: &Spec, reference: Arc<Reference>) -> Sink {
+        Sink {
+            backend,
+            // A RESULT: header, payload and (auth = mac) its tag.
+            buf: vec![0; HEADER_LEN + reference.payload_len + TAG_LEN],
+            frames: spec.frames,
+            payload_len: reference.payload_len as u64,
+            reference,
+            taken: 0,
+            refused: 0,
+            first_refusal: None,
+            results: 0,
+            checked: 0,
+            unexpected: 0,
+            first_unexpected: None,
+            wrong: None,
+        }
+    }
+
+    /// The engine's verdict on one DATA.
+    #[inline]
+    pub fn data(&mut self, v: Verdict) {
+        match v {
+            Verdict::Data(DataOutcome::Taken | DataOutcome::Completed { .. }) => self.taken += 1,
+            _ => {
+                self.refused += 1;
+                self.first_refusal.get_or_insert(v);
+            }
+        }
+    }
+
+    /// One reply, which `encode` writes into this thread's buffer (as
+    /// `JobTable::encode` does): counted, and checked when it is a sampled
+    /// RESULT.
+    #[inline]
+    pub fn reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        let encoded = encode(&mut self.buf);
+        let (ReplyMsg::Result { seq, retx: false }, Some(e)) = (r.msg, encoded) else {
+            self.unexpected += 1;
+            self.first_unexpected.get_or_insert(*r);
+            return;
+        };
+        self.results += 1;
+        if seq.is_multiple_of(SAMPLE_EVERY) {
+            self.check(r, seq, e);
+        }
+    }
+
+    /// Compares the encoded RESULT of `seq` with the reference.
+    #[cold]
+    fn check(&mut self, r: &Reply, seq: u32, e: Encoded) {
+        self.checked += 1;
+        if self.wrong.is_some() {
+            return;
+        }
+        let want = self.reference.payload(seq, self.frames);
+        let h = Header::new_unchecked(&self.buf[..HEADER_LEN]);
+        let what = if h.msg_type_raw() != MsgType::Result as u8 || h.seq() != seq {
+            Some(format!(
+                "header type {} seq {}, not RESULT seq {seq}",
+                h.msg_type_raw(),
+                h.seq()
+            ))
+        } else if e.len != HEADER_LEN + want.len() {
+            Some(format!(
+                "{} bytes encoded, not {}",
+                e.len,
+                HEADER_LEN + want.len()
+            ))
+        } else {
+            let got = &self.buf[HEADER_LEN..e.len];
+            got.chunks_exact(4)
+                .zip(want.chunks_exact(4))
+                .position(|(g, w)| g != w)
+                .map(|i| {
+                    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    format!(
+                        "element {i} is {:e}, not {:e}",
+                        f(&got[4 * i..]),
+                        f(&want[4 * i..])
+                    )
+                })
+        };
+        if let Some(what) = what {
+            self.wrong = Some(EngineError::WrongResult {
+                backend: self.backend,
+                job: r.job,
+                seq,
+                rank: r.rank,
+                what,
+            });
+        }
+    }
+}
+
+/// The frames one thread feeds: its job, its ranks, their DATA for seqs
+/// `0..K` (frame `k * ranks + i` is rank `ranks[i]`'s for seq k).
+struct Feeder {
+    job: u16,
+    ranks: Vec<u16>,
+    from: Vec<Endpoint>,
+    ring: Vec<u8>,
+    stride: usize,
+    len: usize,
+}
+
+impl Feeder {
+    fn new(job: u16, ranks: Vec<u16>, spec: &Spec) -> Feeder {
+        let len = HEADER_LEN + 4 * spec.elems as usize;
+        // Each datagram on its own cache lines, as in UMEM frames.
+        let stride = len.next_multiple_of(64);
+        let mut ring = vec![0u8; stride * ranks.len() * spec.frames as usize];
+        let mut values = vec![0f32; spec.elems as usize];
+        for k in 0..spec.frames {
+            for (i, &rank) in ranks.iter().enumerate() {
+                let mut h = HeaderRepr::new(MsgType::Data, job);
+                h.rank = rank;
+                h.count = spec.elems;
+                h.seq = k;
+                h.gen = GEN;
+                let at = (k as usize * ranks.len() + i) * stride;
+                let d = &mut ring[at..at + len];
+                // The buffer is HEADER_LEN or longer: emit cannot fail.
+                let _ = h.emit_to(d);
+                fill_pattern(rank, k, &mut values);
+                write_f32s(&values, &mut d[HEADER_LEN..]);
+            }
+        }
+        Feeder {
+            job,
+            from: ranks.iter().map(|&r| endpoint(job, r)).collect(),
+            ranks,
+            ring,
+            stride,
+            len,
+        }
+    }
+
+    /// Feeds seqs upward until `stop` (or `until`'s seq count); returns
+    /// the sink. `published` is the job's floor as last seen by any thread
+    /// (what a waiting thread reads, so that waiting takes no lock of the
+    /// backend's, as a worker waiting for RESULTs takes none).
+    fn run(
+        &mut self,
+        backend: &dyn Backend,
+        spec: &Spec,
+        stop: &AtomicBool,
+        published: &AtomicU32,
+        mut sink: Sink,
+    ) -> Sink {
+        let window = spec.window as u32;
+        let frames = spec.frames;
+        let last = match spec.until {
+            Until::Seqs(n) => Some(n),
+            Until::Elapsed(_) => None,
+        };
+        let nr = self.ranks.len();
+        let mut items = [(0u32, 0u16); BATCH];
+        let mut n = 0;
+        let mut floor = 0u32;
+        let mut seq = 0u32;
+        'feed: while nr > 0 && Some(seq) != last {
+            // The window: send nothing at or past floor + W.
+            let mut spins = 0u32;
+            while seq.wrapping_sub(floor) >= window {
+                if n > 0 {
+                    floor = self.feed(backend, &items[..n], &mut sink, published);
+                    n = 0;
+                    continue;
+                }
+                if stop.load(Ordering::Relaxed) {
+                    break 'feed;
+                }
+                floor = published.load(Ordering::Acquire);
+                spins += 1;
+                if spins.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            let k = seq % frames;
+            for i in 0..nr {
+                let frame = k * nr as u32 + i as u32;
+                let at = frame as usize * self.stride;
+                Header::new_unchecked(&mut self.ring[at..at + HEADER_LEN]).set_seq(seq);
+                items[n] = (frame, i as u16);
+                n += 1;
+                if n == BATCH {
+                    floor = self.feed(backend, &items, &mut sink, published);
+                    n = 0;
+                    if stop.load(Ordering::Relaxed) || sink.wrong.is_some() {
+                        break 'feed;
+                    }
+                }
+            }
+            seq = seq.wrapping_add(1);
+        }
+        if n > 0 {
+            self.feed(backend, &items[..n], &mut sink, published);
+        }
+        sink
+    }
+
+    /// Hands `items` to the backend; publishes and returns the floor.
+    fn feed(
+        &self,
+        backend: &dyn Backend,
+        items: &[(u32, u16)],
+        sink: &mut Sink,
+        published: &AtomicU32,
+    ) -> u32 {
+        let batch = Batch {
+            ring: &self.ring,
+            stride: self.stride,
+            len: self.len,
+            items,
+            from: &self.from,
+        };
+        let floor = backend.feed(self.job, &batch, sink);
+        // Plain max: seqs do not wrap within a run (2^32 seqs).
+        published.fetch_max(floor, Ordering::Release).max(floor)
+    }
+}
+
+/// Job `job`'s rank `rank`: its own MAC, address and port in 198.18.0.0/15.
+fn endpoint(job: u16, rank: u16) -> Endpoint {
+    let [jh, jl] = job.to_be_bytes();
+    let [rh, rl] = rank.to_be_bytes();
+    Endpoint {
+        source: Source {
+            mac: [2, 0, jh, jl, rh, rl],
+            ip: [198, 18 | (rh & 1), jl, rl],
+            port: 40000u16.wrapping_add(rank),
+        },
+        ..Endpoint::default()
+    }
+}
+
+fn job_config(id: u16, spec: &Spec) -> JobConfig {
+    JobConfig {
+        id,
+        n_workers: spec.ranks,
+        allowed_sources: vec![Ipv4Prefix {
+            addr: [198, 18, 0, 0],
+            len: 15,
+        }],
+        secret: SECRET,
+        pool_slots: spec.slots,
+        elems_per_chunk: spec.elems,
+        dtype: Default::default(),
+        window: spec.window,
+        auth: Default::default(),
+        upstream: None,
+    }
+}
+
+/// HELLO, CHALLENGE and JOIN of `job`'s `rank` at `now`; the table's
+/// replies are drained.
+fn join(
+    t: &mut JobTable,
+    job: u16,
+    rank: u16,
+    ranks: u16,
+    now: Instant,
+) -> Result<Verdict, EngineError> {
+    let from = endpoint(job, rank);
+    let params = JoinParams {
+        job,
+        rank,
+        n_workers: ranks,
+        dtype: DTYPE_F32,
+        op: OP_SUM,
+        secret: SECRET,
+        ip: from.source.ip,
+        port: from.source.port,
+    };
+    let [jh, jl] = job.to_be_bytes();
+    let [rh, rl] = rank.to_be_bytes();
+    let mut hs = Handshake::new(
+        params,
+        [jh, jl, rh, rl, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+    );
+    let mut b = [0u8; 256];
+    let no_challenge = || EngineError::NoChallenge { job, rank };
+    let n = hs.emit_hello(&mut b).map_err(|_| no_challenge())?;
+    t.handle(&b[..n], from, false, now);
+    let r = t.poll_reply().ok_or_else(no_challenge)?;
+    let e = t.encode(&r, &mut b).ok_or_else(no_challenge)?;
+    let h = Header::new_checked(&b[..e.len])
+        .and_then(|h| HeaderRepr::parse(&h))
+        .map_err(|_| no_challenge())?;
+    hs.on_challenge(&h, &b[HEADER_LEN..e.len])
+        .map_err(|_| no_challenge())?;
+    let n = hs.emit_join(0, 0, &mut b).ok_or_else(no_challenge)?;
+    let v = t.handle(&b[..n], from, false, now);
+    while t.poll_reply().is_some() {}
+    Ok(v)
+}
+
+/// A table with `jobs` declared and every rank of each joined.
+fn active_table(jobs: &[u16], spec: &Spec, now: Instant) -> Result<JobTable, EngineError> {
+    let mut t = JobTable::new(TableConfig::new(GEN, [0x42; 32]), now);
+    for &job in jobs {
+        t.add(job_config(job, spec), MAX_ELEMS_PER_CHUNK)
+            .map_err(|e| EngineError::AddJob {
+                job,
+                why: e.to_string(),
+            })?;
+        for rank in 0..spec.ranks {
+            let want = if rank + 1 == spec.ranks {
+                JoinOutcome::Activated
+            } else {
+                JoinOutcome::Waiting
+            };
+            let verdict = join(&mut t, job, rank, spec.ranks, now)?;
+            if verdict != Verdict::Join(want) {
+                return Err(EngineError::Join {
+                    job,
+                    rank,
+                    verdict,
+                    want,
+                });
+            }
+        }
+    }
+    Ok(t)
+}
+
+fn validate(spec: &Spec) -> Result<(), EngineError> {
+    let bad = |s: String| Err(EngineError::Spec(s));
+    if spec.threads == 0 {
+        return bad("--threads needs at least 1 thread".into());
+    }
+    if spec.layout == Layout::JobPerThread && spec.threads >= u16::MAX as usize {
+        return bad(format!(
+            "job-per-thread takes at most {} threads",
+            u16::MAX - 1
+        ));
+    }
+    if spec.ranks == 0 || spec.ranks > 512 {
+        return bad(format!("--ranks {} is not in 1..=512", spec.ranks));
+    }
+    if spec.window == 0 || spec.window > spec.slots {
+        return bad(format!(
+            "window {} is not in 1..=slots ({})",
+            spec.window, spec.slots
+        ));
+    }
+    if (spec.frames as usize) < BATCH {
+        return bad(format!(
+            "--frames {} is below {BATCH} (a batch must not reuse a frame it holds)",
+            spec.frames
+        ));
+    }
+    Ok(())
+}
+
+/// Stops the other threads when a feeding thread panics, so that none
+/// waits forever for a floor the panicked one would have moved.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu`; whether that worked.
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays inside it
+    // for cpu < CPU_SETSIZE (checked), and sched_setaffinity(0) only reads it.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity(0) fills the zeroed set it is given;
+    // CPU_ISSET reads inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Sets up a fresh table, runs `spec` and checks what the engine answered.
+pub fn run(spec: &Spec) -> Result<Measured, EngineError> {
+    run_on(spec, |table, now| spec.backend.build(table, now))
+}
+
+/// [`run`] on the backend `build` makes of the set-up table.
+fn run_on(
+    spec: &Spec,
+    build: impl FnOnce(JobTable, Instant) -> Result<Box<dyn Backend>, EngineError>,
+) -> Result<Measured, EngineError> {
+    validate(spec)?;
+    let name = spec.backend.name();
+    let t = spec.threads;
+    // Thread i's job and ranks.
+    let plan: Vec<(u16, Vec<u16>)> = match spec.layout {
+        Layout::Rss => (0..t)
+            .map(|i| {
+                let ranks = (0..spec.ranks).filter(|r| *r as usize % t == i).collect();
+                (1, ranks)
+            })
+            .collect(),
+        Layout::JobPerThread => (0..t)
+            .map(|i| (i as u16 + 1, (0..spec.ranks).collect()))
+            .collect(),
+    };
+    let mut jobs: Vec<u16> = plan.iter().map(|p| p.0).collect();
+    jobs.dedup();
+    let now = Instant::now();
+    let table = active_table(&jobs, spec, now)?;
+    let backend = build(table, now)?;
+    let reference = Arc::new(Reference::new(spec.ranks, spec.elems, spec.frames));
+    let pin = spec.cpus.len() >= t;
+    let stop = AtomicBool::new(false);
+    // Per job (ids 1..), its floor as the threads last saw it.
+    let floors: Vec<AtomicU32> = (0..=jobs.len()).map(|_| AtomicU32::new(0)).collect();
+    // The threads and this one: frames built, then all start together.
+    let ready = Barrier::new(t + 1);
+    let backend = &*backend;
+    let (sinks, ends, cpu, pinned, start) = std::thread::scope(|s| {
+        let handles: Vec<_> = plan
+            .into_iter()
+            .enumerate()
+            .map(|(i, (job, ranks))| {
+                let (stop, ready, reference) = (&stop, &ready, reference.clone());
+                let published = &floors[job as usize];
+                s.spawn(move || {
+                    let _guard = StopOnPanic(stop);
+                    let pinned = pin && pin_to(spec.cpus[i]);
+                    let mut feeder = Feeder::new(job, ranks, spec);
+                    let sink = Sink::new(name, spec, reference);
+                    ready.wait();
+                    let cpu = thread_cpu_time();
+                    let sink = feeder.run(backend, spec, stop, published, sink);
+                    if sink.wrong.is_some() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    let end = Instant::now();
+                    (sink, end, thread_cpu_time().saturating_sub(cpu), pinned)
+                })
+            })
+            .collect();
+        ready.wait();
+        let start = Instant::now();
+        if let Until::Elapsed(d) = spec.until {
+            // Wake often, so that a wrong result stops the run early.
+            while start.elapsed() < d && !handles.iter().all(|h| h.is_finished()) {
+                std::thread::sleep(
+                    (d.saturating_sub(start.elapsed())).min(Duration::from_millis(10)),
+                );
+            }
+            stop.store(true, Ordering::Relaxed);
+        }
+        let mut sinks = Vec::new();
+        let mut ends = Vec::new();
+        let mut cpu = Duration::ZERO;
+        let mut pinned = true;
+        for h in handles {
+            // A panicking thread is a bug in the harness or the engine.
+            let (sink, end, c, p) = h.join().expect("feeding thread panicked");
+            sinks.push(sink);
+            ends.push(end);
+            cpu += c;
+            pinned &= p;
+        }
+        (sinks, ends, cpu, pinned, start)
+    });
+    let seconds = ends
+        .iter()
+        .map(|e| e.saturating_duration_since(start))
+        .max()
+        .unwrap_or_default()
+        .as_secs_f64();
+    let mut m = Measured {
+        seconds,
+        data_taken: 0,
+        data_bytes: 0,
+        results: 0,
+        results_checked: 0,
+        seqs_completed: 0,
+        cpu_seconds: cpu.as_secs_f64(),
+        pinned,
+        per_thread_taken: Vec::new(),
+    };
+    let (mut refused, mut first_refusal) = (0, None);
+    let (mut unexpected, mut first_unexpected) = (0, None);
+    for s in sinks {
+        if let Some(e) = s.wrong {
+            return Err(e);
+        }
+        m.data_taken += s.taken;
+        m.data_bytes += s.taken * s.payload_len;
+        m.results += s.results;
+        m.results_checked += s.checked;
+        m.per_thread_taken.push(s.taken);
+        refused += s.refused;
+        first_refusal = first_refusal.or(s.first_refusal);
+        unexpected += s.unexpected;
+        first_unexpected = first_unexpected.or(s.first_unexpected);
+    }
+    if let Some(first) = first_refusal {
+        return Err(EngineError::Refused {
+            backend: name,
+            count: refused,
+            first,
+        });
+    }
+    if unexpected > 0 {
+        return Err(EngineError::UnexpectedReply {
+            backend: name,
+            count: unexpected,
+            first: first_unexpected,
+        });
+    }
+    m.seqs_completed = jobs.iter().map(|&j| backend.floor(j) as u64).sum();
+    if m.seqs_completed == 0 {
+        return Err(EngineError::NothingCompleted { backend: name });
+    }
+    if m.results != m.seqs_completed * spec.ranks as u64 {
+        return Err(EngineError::ResultCount {
+            backend: name,
+            results: m.results,
+            seqs: m.seqs_completed,
+            ranks: spec.ranks,
+        });
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+use std::sync::Mutex;
+
+use super::*;
+
+/// 4 ranks × 500 seqs = 2000 DATA per job; 16 slots and 64 frames per rank,
+/// so slots and frames are reused many times over.
+fn spec(backend: BackendKind, layout: Layout, threads: usize) -> Spec {
+    Spec {
+        backend,
+        layout,
+        threads,
+        ranks: 4,
+        elems: 64,
+        slots: 16,
+        window: 16,
+        frames: 64,
+        until: Until::Seqs(500),
+        cpus: Vec::new(),
+    }
+}
+
+/// Seqs below 500 that are multiples of SAMPLE_EVERY (0, 61, …, 488).
+const SAMPLED_SEQS: u64 = 500u64.div_ceil(SAMPLE_EVERY as u64);
+
+#[test]
+fn every_built_backend_sums_right_in_both_layouts() {
+    let mut built = 0;
+    for backend in BackendKind::ALL {
+        for layout in Layout::ALL {
+            for threads in [1, 2, 3] {
+                let s = spec(backend, layout, threads);
+                let m = match run(&s) {
+                    Err(EngineError::NotBuilt { .. }) => continue,
+                    r => r.unwrap_or_else(|e| panic!("{} {threads} threads: {e}", layout.name())),
+                };
+                built += 1;
+                let jobs = match layout {
+                    Layout::Rss => 1,
+                    Layout::JobPerThread => threads as u64,
+                };
+                let what = format!("{} {} {threads} threads", backend.name(), layout.name());
+                assert_eq!(m.data_taken, 2000 * jobs, "{what}");
+                assert_eq!(m.data_bytes, 2000 * jobs * 64 * 4, "{what}");
+                assert_eq!(m.seqs_completed, 500 * jobs, "{what}");
+                assert_eq!(m.results, 2000 * jobs, "{what}");
+                assert_eq!(m.results_checked, SAMPLED_SEQS * 4 * jobs, "{what}");
+                assert_eq!(m.per_thread_taken.iter().sum::<u64>(), m.data_taken);
+                if layout == Layout::Rss && threads == 3 {
+                    // Ranks 0 and 3 on thread 0, rank 1 and rank 2 alone.
+                    assert_eq!(m.per_thread_taken, vec![1000, 500, 500], "{what}");
+                }
+            }
+        }
+    }
+    assert!(built >= 6, "no backend ran");
+}
+
+#[test]
+fn a_timed_run_stops_and_counts() {
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    s.until = Until::Elapsed(Duration::from_millis(100));
+    let m = run(&s).unwrap();
+    assert!(m.seconds >= 0.1 && m.seconds < 5.0, "{}", m.seconds);
+    assert!(m.data_taken > 0 && m.results_checked > 0);
+    assert_eq!(m.results, 4 * m.seqs_completed);
+    assert!(m.mpps() > 0.0 && m.gbps() > 0.0);
+    assert!(m.cpu_seconds > 0.0 && m.cpu_share() <= 1.05, "{m:?}");
+}
+
+/// A table-lock engine whose encoding is broken in one of two ways.
+struct Broken {
+    table: Mutex<JobTable>,
+    now: Instant,
+    /// Flip a bit of seq 122's RESULT payload (else: lose rank 2's RESULT
+    /// of seq 7).
+    corrupt: bool,
+}
+
+impl Backend for Broken {
+    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+        let mut t = self.table.lock().unwrap();
+        for (d, from) in batch.iter() {
+            let v = t.handle(d, *from, false, self.now);
+            out.data(v);
+            while let Some(r) = t.poll_reply() {
+                let seq = match r.msg {
+                    ReplyMsg::Result { seq, .. } => seq,
+                    _ => u32::MAX,
+                };
+                if !self.corrupt && seq == 7 && r.rank == 2 {
+                    continue;
+                }
+                out.reply(&r, |buf| {
+                    let e = t.encode(&r, buf)?;
+                    if self.corrupt && seq == 122 {
+                        buf[HEADER_LEN + 8] ^= 1;
+                    }
+                    Some(e)
+                });
+            }
+        }
+        t.get(job).map_or(0, |j| j.floor())
+    }
+
+    fn floor(&self, job: u16) -> u32 {
+        self.table.lock().unwrap().get(job).map_or(0, |j| j.floor())
+    }
+}
+
+fn run_broken(corrupt: bool) -> Result<Measured, EngineError> {
+    let s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    run_on(&s, |table, now| {
+        Ok(Box::new(Broken {
+            table: Mutex::new(table),
+            now,
+            corrupt,
+        }))
+    })
+}
+
+#[test]
+fn a_wrong_sum_fails_the_run_naming_seq_and_element() {
+    match run_broken(true) {
+        Err(EngineError::WrongResult { seq, what, .. }) => {
+            assert_eq!(seq, 122);
+            assert!(what.starts_with("element 2 "), "{what}");
+        }
+        other => panic!("want WrongResult, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_lost_result_fails_the_run() {
+    match run_broken(false) {
+        Err(EngineError::ResultCount { results, seqs, .. }) => {
+            assert_eq!((results, seqs), (1999, 500));
+        }
+        other => panic!("want ResultCount, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_parameters_are_refused_before_setup() {
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 1);
+    s.window = 17;
+    let e = run(&s).unwrap_err();
+    assert!(e.to_string().contains("window 17"), "{e}");
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 1);
+    s.frames = 8;
+    assert!(matches!(run(&s), Err(EngineError::Spec(_))));
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 0);
+    s.threads = 0;
+    assert!(matches!(run(&s), Err(EngineError::Spec(_))));
+}
+
+/// Panics in its first batch on thread "rank 1" (rss, 2 threads).
+struct Panics(Mutex<JobTable>, Instant);
+
+impl Backend for Panics {
+    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+        let mut t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (d, from) in batch.iter() {
+            assert!(from.source.port != 40001, "a backend bug");
+            out.data(t.handle(d, *from, false, self.1));
+            while let Some(r) = t.poll_reply() {
+                out.reply(&r, |buf| t.encode(&r, buf));
+            }
+        }
+        t.get(job).map_or(0, |j| j.floor())
+    }
+
+    fn floor(&self, job: u16) -> u32 {
+        let t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.get(job).map_or(0, |j| j.floor())
+    }
+}
+
+#[test]
+fn a_panicking_backend_fails_the_run_instead_of_hanging_it() {
+    let s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    let r = std::panic::catch_unwind(|| {
+        run_on(&s, |table, now| {
+            Ok(Box::new(Panics(Mutex::new(table), now)))
+        })
+    });
+    assert!(r.is_err(), "the panic reaches the caller");
+}
