@@ -13,10 +13,15 @@
 //! so that when every thread has stopped, the RESULTs counted are exactly
 //! ranks × completed seqs.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use proto::switch::{Endpoint, Job, JobTable};
+use proto::switch::{
+    DataOutcome, DataPath, Encoded, Endpoint, Fast, Job, JobCore, JobTable, Reply, ReplyMsg,
+    Verdict,
+};
+use proto::wire::HEADER_LEN;
 
 use super::{EngineError, Sink};
 
@@ -63,12 +68,97 @@ impl BackendKind {
     }
 }
 
-/// The lock-free DATA path of issue 21 over `table`. Until it exists, the
-/// benchmark says so rather than report a number for it.
-fn lock_free(_table: JobTable, _now: Instant) -> Result<Box<dyn Backend>, EngineError> {
-    Err(EngineError::NotBuilt {
-        backend: BackendKind::LockFree.name(),
+/// The lock-free DATA path of issue 21 over `table`: what switchd's
+/// dataplane threads do (`switchd/src/dataplane/rx.rs`): each DATA through
+/// [`DataPath::on_datagram`], the table (locked) only for what it hands
+/// back, a completion's RESULT encoded from the job's shadow for every
+/// member, with no lock.
+fn lock_free(table: JobTable, now: Instant) -> Result<Box<dyn Backend>, EngineError> {
+    Ok(Box::new(LockFree {
+        dp: table.data_path(),
+        table: Mutex::new(table),
+        now,
+    }))
+}
+
+struct LockFree {
+    dp: Arc<DataPath>,
+    table: Mutex<JobTable>,
+    now: Instant,
+}
+
+/// A small index per feeding thread: its counter stripe, as a dataplane
+/// thread's index is in switchd.
+fn thread_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
+
+/// Writes the RESULT `r` of `core`'s job whole into `buf`, as switchd's
+/// transmit path does (header, then the shadow's payload).
+fn encode_result(core: &JobCore, gen: u32, r: &Reply, buf: &mut [u8]) -> Option<Encoded> {
+    let ReplyMsg::Result { seq, retx } = r.msg else {
+        return None;
+    };
+    let (hdr, res) = core.result_for(seq, r.rank, retx, gen, core.engine.window())?;
+    hdr.emit_to(buf).ok()?;
+    let payload = res.bytes();
+    buf.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?
+        .copy_from_slice(payload);
+    Some(Encoded {
+        len: HEADER_LEN + payload.len(),
+        ce: res.shadow().ece,
     })
+}
+
+impl Backend for LockFree {
+    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+        let thread = thread_index();
+        for (datagram, from) in batch.iter() {
+            match self.dp.on_datagram(thread, datagram, from, false) {
+                Fast::Slow => {
+                    let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+                    out.data(t.handle(datagram, *from, false, self.now));
+                    while let Some(r) = t.poll_reply() {
+                        out.reply(&r, |buf| t.encode(&r, buf));
+                    }
+                }
+                Fast::Done(o) => out.data(Verdict::Data(o)),
+                Fast::Completed { job, seq } => {
+                    out.data(Verdict::Data(DataOutcome::Completed { seq }));
+                    let gen = self.dp.gen();
+                    self.dp.with_job(job, |core| {
+                        let mut n = 0;
+                        core.for_each_member(|rank, to| {
+                            let msg = ReplyMsg::Result { seq, retx: false };
+                            let r = Reply {
+                                to: *to,
+                                job,
+                                rank,
+                                msg,
+                            };
+                            out.reply(&r, |buf| encode_result(core, gen, &r, buf));
+                            n += 1;
+                        });
+                        self.dp.count_results_sent(thread, core, n);
+                    });
+                }
+                Fast::Retransmit { seq, .. } => {
+                    out.data(Verdict::Data(DataOutcome::Retransmit { seq }))
+                }
+            }
+        }
+        self.floor(job)
+    }
+
+    fn floor(&self, job: u16) -> u32 {
+        self.dp
+            .with_job(job, |core| core.engine.floor())
+            .unwrap_or(0)
+    }
 }
 
 /// Today's switchd: one table mutex, held for a whole batch.
