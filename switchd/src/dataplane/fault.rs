@@ -57,6 +57,14 @@ impl Plan {
         Plan(p)
     }
 
+    /// Whether the thread stops now, inside the batch, holding the table:
+    /// the caller then takes the table's lock (the data path may not have
+    /// needed it) before [`Plan::after_frame`] stops the thread.
+    pub fn stops_holding_table(&self, rx_frames: u64) -> bool {
+        self.0
+            .is_some_and(|(after, holding)| holding && rx_frames >= after)
+    }
+
     /// Stops this thread for good once `rx_frames` reached the plan's
     /// count, at the place the plan names (`in_table`: inside the batch).
     pub fn after_frame(&self, rx_frames: u64, in_table: bool) {

@@ -11,8 +11,13 @@
 //!
 //! Multi-core (DESIGN.md, "Multi-core"): a socket belongs to exactly one
 //! thread, and contributions to one slot arrive on different sockets, so
-//! the slot state is shared: one table mutex, taken once per receive batch
-//! (up to [`RX_BATCH`] frames), not per packet. A reply for a member whose
+//! the slot state is shared. A DATA from a bound member of an active job
+//! goes through the lock-free data path ([`proto::switch::DataPath`]:
+//! each job's slot engine is fed by any thread at once, with per-slot
+//! synchronisation only); everything else (handshakes, heartbeats, strangers,
+//! leaf and `auth = "mac"` jobs) goes to the job table under its mutex,
+//! taken at most once per receive batch (up to [`RX_BATCH`] frames) and
+//! only if a frame of the batch needs it. A reply for a member whose
 //! socket another thread owns goes to that thread's lock-free outbox
 //! (crossbeam `ArrayQueue`, fixed capacity) as the table's small `Reply`
 //! value; that thread encodes it from the shadow copy, which stays valid
@@ -437,6 +442,10 @@ impl DataplaneThread {
             let fault = &self.fault;
             got += self.rxs[i].rx.recv_batch(RX_BATCH, |frame| {
                 rx::handle_frame(frame, p, q, congested, now, data_path, &mut table, &mut out);
+                #[cfg(feature = "fault-injection")]
+                if fault.stops_holding_table(out.counters.rx_frames) {
+                    table.get();
+                }
                 #[cfg(feature = "fault-injection")]
                 fault.after_frame(out.counters.rx_frames, true);
             });
