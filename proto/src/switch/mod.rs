@@ -46,6 +46,7 @@
 
 pub mod config;
 pub mod counters;
+pub mod engine;
 pub mod job;
 pub mod ratelimit;
 pub mod reply;
