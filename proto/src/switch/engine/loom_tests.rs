@@ -159,38 +159,40 @@ fn engine_loom_resend_reads_the_shadow_while_the_slot_is_reused() {
     });
 }
 
-/// A reset races the completion of the old activation's seq 0, then the
-/// new activation sums seq 0 again: its result holds only new values.
+/// A reset races the completion of the old activation's seq 0 (whose
+/// rank 0 folds rank 1's parked row), and the new activation's rank 1
+/// races to write that row; then the new activation sums seq 0 again: its
+/// result holds no value of the old one.
 #[test]
 fn engine_loom_reset_races_a_completion() {
     loom::model(|| {
         let e = Arc::new(SlotEngine::try_new(1, 2, 1, Dtype::F32, false, 1).unwrap());
-        assert_eq!(send(&e, 0, 0, 100.0), Contributed::Taken);
+        assert_eq!(send(&e, 0, 1, 200.0), Contributed::Taken);
         let old = {
             let e = e.clone();
-            thread::spawn(move || send(&e, 0, 1, 200.0))
+            thread::spawn(move || send(&e, 0, 0, 100.0))
         };
         let fresh = {
             let e = e.clone();
             thread::spawn(move || {
                 e.reset(0);
-                send(&e, 0, 0, 1.0)
+                send(&e, 0, 1, 2.0)
             })
         };
         let old_out = old.join().unwrap();
         if fresh.join().unwrap() == Contributed::Dropped(DropReason::SlotBusy) {
-            // The old activation still held the slot's accumulator: resend.
-            assert_eq!(send(&e, 0, 0, 1.0), Contributed::Taken);
+            // The old activation still held the row or the accumulator: resend.
+            assert_eq!(send(&e, 0, 1, 2.0), Contributed::Taken);
         }
         match result_bits(&e, 0) {
-            // Rank 1's DATA came after the reset: it counts in the new
-            // activation, with the new rank 0.
+            // Rank 0's DATA came after the reset: it counts in the new
+            // activation, with the new rank 1.
             Some(bits) => {
                 assert!(matches!(
                     old_out,
                     Contributed::Taken | Contributed::Completed { .. }
                 ));
-                assert_eq!(bits, 201f32.to_bits());
+                assert_eq!(bits, 102f32.to_bits());
             }
             // It belonged to the old activation (completed or discarded):
             // nothing of it is seen after the reset.
@@ -203,6 +205,73 @@ fn engine_loom_reset_races_a_completion() {
                     "{old_out:?}"
                 );
                 assert_eq!(e.floor(), 0, "the reset's floor");
+                assert_eq!(
+                    send(&e, 0, 0, 1.0),
+                    Contributed::Completed { seq: 0, ece: false }
+                );
+                assert_eq!(result_bits(&e, 0), Some(3f32.to_bits()));
+            }
+        }
+        assert_eq!(e.floor(), 1);
+    });
+}
+
+/// Two seqs of neighbouring slots complete at once (one rank, so each
+/// contribution completes its seq): the floor moves over both, whichever
+/// thread publishes first.
+#[test]
+fn engine_loom_neighbouring_completions_move_the_floor_over_both() {
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_new(2, 1, 1, Dtype::F32, false, 2).unwrap());
+        let handles: Vec<_> = (0..2u32)
+            .map(|seq| {
+                let e = e.clone();
+                thread::spawn(move || send(&e, seq, 0, VALUES[seq as usize]))
+            })
+            .collect();
+        for (seq, h) in handles.into_iter().enumerate() {
+            let seq = seq as u32;
+            assert_eq!(
+                h.join().unwrap(),
+                Contributed::Completed { seq, ece: false }
+            );
+        }
+        assert_eq!(e.floor(), 2);
+    });
+}
+
+/// A reset races an old activation's contribution that parks its row (rank
+/// 1 before rank 0): the new activation's rank 0 never sums that row.
+#[test]
+fn engine_loom_reset_races_a_parked_row() {
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_new(1, 2, 1, Dtype::F32, false, 1).unwrap());
+        let old = {
+            let e = e.clone();
+            thread::spawn(move || send(&e, 0, 1, 200.0))
+        };
+        let fresh = {
+            let e = e.clone();
+            thread::spawn(move || {
+                e.reset(0);
+                send(&e, 0, 0, 1.0)
+            })
+        };
+        let old_out = old.join().unwrap();
+        let fresh_out = fresh.join().unwrap();
+        match result_bits(&e, 0) {
+            // Rank 1's DATA came after the reset: it counts with the new rank 0.
+            Some(bits) => {
+                assert!(matches!(
+                    old_out,
+                    Contributed::Taken | Contributed::Completed { .. }
+                ));
+                assert_eq!(bits, 201f32.to_bits());
+            }
+            None => {
+                if fresh_out == Contributed::Dropped(DropReason::SlotBusy) {
+                    assert_eq!(send(&e, 0, 0, 1.0), Contributed::Taken);
+                }
                 assert_eq!(
                     send(&e, 0, 1, 2.0),
                     Contributed::Completed { seq: 0, ece: false }
