@@ -13,6 +13,9 @@
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
 #   unit       cargo test --workspace --exclude agg-e2e
+#   loom       model checks of the concurrent slot engine: RUSTFLAGS="--cfg loom"
+#              LOOM_MAX_PREEMPTIONS=2 cargo test --release -p agg-proto --lib engine
+#              (in target/loom, so that the normal build stays valid)
 #   python     build the aggswitch package into the project venv (maturin
 #              develop --release) and run its pytest suite (python/tests,
 #              on the loopback stand-in switch: no root needed)
@@ -133,6 +136,12 @@ cargo_test() {
     cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
 }
 
+# loom_tests: the slot engine's loom model checks (proto/src/switch/engine/).
+loom_tests() (
+    export RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR="$REPO_ROOT/target/loom"
+    cargo_test --release -p agg-proto --lib engine
+)
+
 # python_tests: build the package into the venv, then pytest python/tests.
 # (A subshell: build_python_package's die must fail the stage, not test.sh.)
 python_tests() (
@@ -178,6 +187,7 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
 BUILD_OK=1
 stage build cargo build --release --workspace --bins || BUILD_OK=0
 stage unit cargo_test --workspace --exclude agg-e2e || true
+stage loom loom_tests || true
 stage python python_tests || true
 
 # --- end-to-end tests ---------------------------------------------------------------
