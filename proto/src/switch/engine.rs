@@ -10,7 +10,7 @@
 //!   with the kernels of [`crate::simd`] and [`crate::elements`], whatever
 //!   the arrival order and whichever thread brings what: results are
 //!   bit-identical to [`crate::reference`]'s rank-order sums.
-//! * Per slot, a small mutex ([`Meta`]) guards the slot's bookkeeping and is
+//! * Per slot, a small mutex (its `Meta`) guards the slot's bookkeeping and is
 //!   held only for a few loads and stores, never across a copy or a sum.
 //!   A contributor claims its rank under it; then, outside it, either folds
 //!   its values straight into the accumulator (when it holds the slot's fold
