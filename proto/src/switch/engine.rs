@@ -367,6 +367,20 @@ impl SlotEngine {
         self.slots.is_empty()
     }
 
+    /// Ranks.
+    pub fn n(&self) -> u16 {
+        self.n
+    }
+
+    /// Elements a chunk holds at most.
+    pub fn elems(&self) -> usize {
+        self.elems
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
     /// The slot `seq` maps to: `seq mod S`.
     pub fn index(&self, seq: u32) -> usize {
         (seq as usize) & (self.slots.len() - 1)
