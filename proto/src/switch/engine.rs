@@ -276,12 +276,26 @@ unsafe impl Sync for Slot {}
 pub struct SlotEngine {
     slots: Vec<Slot>,
     /// `tag(epoch, floor)`: the activation and its oldest incomplete seq.
-    word: AtomicU64,
+    /// On a cache line of its own: every completion writes it, and the
+    /// fields every contribution reads must not move with it.
+    word: CacheLine<AtomicU64>,
     window: AtomicU16,
     n: u16,
     elems: usize,
     dtype: Dtype,
     partials: bool,
+}
+
+/// A value alone on its cache line.
+#[repr(align(64))]
+#[derive(Debug)]
+struct CacheLine<T>(T);
+
+impl<T> core::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 fn tag(epoch: u32, seq: u32) -> u64 {
@@ -348,7 +362,7 @@ impl SlotEngine {
             });
         }
         Ok(SlotEngine {
-            word: AtomicU64::new(tag(1, 0)),
+            word: CacheLine(AtomicU64::new(tag(1, 0))),
             window: AtomicU16::new(window.clamp(1, slots.max(1))),
             slots: all,
             n,
