@@ -17,6 +17,9 @@
 #              (1 and 2 threads, both layouts, every built backend; a few
 #              seconds): fails on a RESULT that differs from the rank-order
 #              reference (scripts/bench_scaling.sh is the measurement)
+#   loom       model checks of the concurrent slot engine: RUSTFLAGS="--cfg loom"
+#              LOOM_MAX_PREEMPTIONS=2 cargo test --release -p agg-proto --lib engine
+#              (in target/loom, so that the normal build stays valid)
 #   python     build the aggswitch package into the project venv (maturin
 #              develop --release) and run its pytest suite (python/tests,
 #              on the loopback stand-in switch: no root needed)
@@ -137,6 +140,12 @@ cargo_test() {
     cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
 }
 
+# loom_tests: the slot engine's loom model checks (proto/src/switch/engine/).
+loom_tests() (
+    export RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR="$REPO_ROOT/target/loom"
+    cargo_test --release -p agg-proto --lib engine
+)
+
 # python_tests: build the package into the venv, then pytest python/tests.
 # (A subshell: build_python_package's die must fail the stage, not test.sh.)
 python_tests() (
@@ -187,6 +196,7 @@ if [[ "$BUILD_OK" -eq 1 ]]; then
 else
     skip scaling "build failed"
 fi
+stage loom loom_tests || true
 stage python python_tests || true
 
 # --- end-to-end tests ---------------------------------------------------------------

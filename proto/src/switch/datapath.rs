@@ -286,15 +286,15 @@ impl JobCore {
         epoch: u32,
     ) -> DataOutcome {
         let c = self.counters.stripe(thread);
-        let out = self.engine.contribute(&Contribution {
+        let contribution = Contribution {
             seq: hdr.seq,
             rank: hdr.rank,
             collective: hdr.collective,
             count: hdr.count,
             values,
             ce,
-            epoch,
-        });
+        };
+        let out = self.engine.contribute_admitted(&contribution, epoch);
         match out {
             Contributed::Dropped(r) => {
                 c.drops[r as usize].fetch_add(1, Ordering::Relaxed);

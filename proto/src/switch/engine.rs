@@ -1,76 +1,345 @@
-//! TEMPORARY stand-in (lead's integration scaffold, replaced by the
-//! concurrent engine): the old SlotPool behind one mutex, with the engine's
-//! API.
+//! The slot engine of one job: the slot pool that several dataplane threads
+//! drive at once, with `&self` methods and no lock shared across slots.
+//!
+//! Owns: [`SlotEngine`] (per slot an aggregation in progress, the last
+//! result (the shadow) and a leaf's partial), the job's window floor, and
+//! [`RankSet`].
+//!
+//! Invariants:
+//! * A slot's sum is taken in rank order (rank 0's values, plus rank 1's, …)
+//!   with the kernels of [`crate::simd`] and [`crate::elements`], whatever
+//!   the arrival order and whichever thread brings what: results are
+//!   bit-identical to [`crate::reference`]'s rank-order sums.
+//! * Per slot, a small mutex (its `Meta`) guards the slot's bookkeeping and is
+//!   held only for a few loads and stores, never across a copy or a sum.
+//!   A contributor claims its rank under it; then, outside it, either folds
+//!   its values straight into the accumulator (when it holds the slot's fold
+//!   token: its rank is the next one due) or writes them, widened to
+//!   float32, into its rank's row. The token holder folds every ready row
+//!   that is due, in rank order, and the one that folds the last rank
+//!   completes the slot. Whoever holds a row or the token is its only
+//!   writer: that is what each `unsafe` block relies on.
+//! * A completed result is written under the slot's result `RwLock`
+//!   (readers: [`SlotEngine::with_result`]), then published in the meta and
+//!   in the slot's shadow tag; the floor (an atomic) advances over every
+//!   slot whose tag says it holds the floor's result. The shadow stays while
+//!   the slot aggregates its next seq (resends are answered from it).
+//! * The floor and the activation's epoch share one atomic word, so that a
+//!   floor advance of an old activation can never land in a new one.
+//!   [`SlotEngine::reset`] bumps the epoch and sets the floor; slots are
+//!   emptied lazily by the first contribution of the new epoch, and
+//!   everything that reads a slot treats an older epoch as empty. Work of
+//!   an older epoch still in flight (a row being written, a token held) is
+//!   discarded when it comes back; meanwhile the new epoch does not touch
+//!   that row or the accumulator (SlotBusy: the worker resends).
+//! * Lock order: result, then partial, then meta. Nothing blocks on a
+//!   contributor's copy or sum except a reader of the result being replaced.
+//! * Every buffer is allocated in [`SlotEngine::try_new`], fallibly; a
+//!   contribution allocates nothing.
+#![allow(unsafe_code)]
 
 use std::collections::TryReserveError;
-use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use super::counters::DropReason;
-use super::slot_pool::{Aggregation, SlotPool, Taken};
-pub use super::slot_pool::{Partial, Shadow};
+use crate::elements;
 use crate::seq::serial_offset;
 use crate::wire::Dtype;
 
-#[derive(Debug)]
-pub struct SlotEngine {
-    pool: Mutex<SlotPool>,
-    floor: AtomicU32,
-    window: AtomicU16,
-    epoch: AtomicU32,
-    slots: usize,
-    dtype: Dtype,
-    leaf: bool,
+use sync::{
+    AtomicU16, AtomicU64, Mutex, MutexGuard, Ordering, RwLock, RwLockReadGuard, UnsafeCell,
+};
+
+/// The synchronisation primitives: loom's when model-checking, std's (plus
+/// a cell with loom's `with`/`with_mut` API) otherwise.
+mod sync {
+    #[cfg(loom)]
+    pub(super) use loom::{
+        cell::UnsafeCell,
+        sync::atomic::{AtomicU16, AtomicU64, Ordering},
+        sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard},
+    };
+    #[cfg(not(loom))]
+    pub(super) use std::sync::{
+        atomic::{AtomicU16, AtomicU64, Ordering},
+        Mutex, MutexGuard, RwLock, RwLockReadGuard,
+    };
+
+    /// `std::cell::UnsafeCell` with loom's closure API, so that the same
+    /// code runs under the model checker.
+    #[cfg(not(loom))]
+    #[derive(Debug)]
+    pub(super) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    #[cfg(not(loom))]
+    impl<T> UnsafeCell<T> {
+        pub(super) fn new(v: T) -> UnsafeCell<T> {
+            UnsafeCell(std::cell::UnsafeCell::new(v))
+        }
+        #[inline]
+        pub(super) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+        #[inline]
+        pub(super) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
 }
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+/// A bitmap of ranks (no worker ceiling).
+#[derive(Debug, Clone, Default)]
+pub struct RankSet {
+    words: Vec<u64>,
+}
+
+impl RankSet {
+    fn try_with_ranks(n: u16) -> Result<RankSet, TryReserveError> {
+        Ok(RankSet {
+            words: try_vec(0u64, (n as usize).div_ceil(64))?,
+        })
+    }
+    pub fn contains(&self, r: u16) -> bool {
+        self.words
+            .get(r as usize / 64)
+            .is_some_and(|w| w & (1 << (r % 64)) != 0)
+    }
+    fn insert(&mut self, r: u16) {
+        if let Some(w) = self.words.get_mut(r as usize / 64) {
+            *w |= 1 << (r % 64);
+        }
+    }
+    fn remove(&mut self, r: u16) {
+        if let Some(w) = self.words.get_mut(r as usize / 64) {
+            *w &= !(1 << (r % 64));
+        }
+    }
+    fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+    }
+}
+
+/// `vec![v; len]` that reports an allocation failure instead of aborting.
+fn try_vec<T: Clone>(v: T, len: usize) -> Result<Vec<T>, TryReserveError> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len)?;
+    out.resize(len, v);
+    Ok(out)
+}
+
+/// A summed chunk: the last completed result of a slot (its shadow), or a
+/// leaf's partial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shadow {
+    pub seq: u32,
+    pub collective: u32,
+    pub count: u16,
+    pub ece: bool,
+    /// The folded Internet checksum sum of the result's payload bytes
+    /// (0 in a leaf's partial): summed once when the result is made, so
+    /// that each RESULT's UDP checksum only adds its own headers.
+    pub payload_sum: u16,
+}
+
+/// An aggregation in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Aggregation {
+    pub seq: u32,
+    pub collective: u32,
+    pub count: u16,
+    /// Ranks 0..next_rank are summed into the accumulator.
+    pub next_rank: u16,
+    pub ece: bool,
+}
+
+/// A leaf's local sum of one seq, sent up to its spine and kept until the
+/// spine's RESULT comes back (docs/PROTOCOL.md, "Aggregation trees"): what
+/// a shadow records, for a sum that is not final yet.
+pub type Partial = Shadow;
+
+/// A completed result, read-locked: no completion can overwrite it while
+/// this is held ([`SlotEngine::result`]).
+pub struct ResultRef<'a> {
+    held: RwLockReadGuard<'a, Held>,
+    shadow: Shadow,
+    len: usize,
+}
+
+impl ResultRef<'_> {
+    /// The result's metadata.
+    pub fn shadow(&self) -> Shadow {
+        self.shadow
+    }
+
+    /// The payload: `count` elements in the dtype's wire encoding.
+    pub fn bytes(&self) -> &[u8] {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
+        &bytes[..self.len.min(bytes.len())]
+    }
+}
+
+/// What one slot holds, as one consistent snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotState {
+    pub agg: Option<Aggregation>,
+    pub shadow: Option<Shadow>,
+    /// A leaf's partial sum awaiting its spine.
+    pub partial: Option<Partial>,
+}
+
+/// One contribution: a DATA's header fields and payload.
+#[derive(Debug, Clone, Copy)]
 pub struct Contribution<'a> {
     pub seq: u32,
     pub rank: u16,
     pub collective: u32,
     pub count: u16,
+    /// Little-endian elements of the job's dtype: `payload_len(count)` bytes.
     pub values: &'a [u8],
+    /// The DATA's IP header was CE-marked.
     pub ce: bool,
-    pub epoch: u32,
 }
 
+/// What the engine did with one contribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contributed {
+    /// Counted as a contribution.
     Taken,
+    /// This call completed the slot: the shadow is published and the floor
+    /// advanced.
     Completed { seq: u32, ece: bool },
+    /// (A leaf) this call completed the slot into a partial.
     PartialReady { seq: u32 },
+    /// `seq`'s shadow is held: answer from it.
     Retransmit { seq: u32 },
+    /// Not counted. `Stale` also stands for a contribution that a
+    /// [`SlotEngine::reset`] overtook while it was being summed.
     Dropped(DropReason),
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SlotState {
-    pub agg: Option<Aggregation>,
-    pub shadow: Option<Shadow>,
-    pub partial: Option<Partial>,
+/// A slot's bookkeeping, guarded by its mutex.
+#[derive(Debug)]
+struct Meta {
+    /// The activation these contents belong to; older is empty.
+    epoch: u32,
+    agg: Option<Aggregation>,
+    shadow: Option<Shadow>,
+    partial: Option<Partial>,
+    /// Ranks claimed for `agg`.
+    seen: RankSet,
+    /// Ranks whose row is written and not yet folded.
+    ready: RankSet,
+    /// Rows being written outside the lock (any epoch: kept by a reset, so
+    /// a new epoch never writes a row an old contributor still writes).
+    writing: RankSet,
+    /// The epoch of the fold token's holder, if held (kept by a reset, for
+    /// the same reason, for the accumulator and the rows being folded).
+    folding: Option<u32>,
 }
 
-pub struct ResultRef<'a> {
-    pool: MutexGuard<'a, SlotPool>,
-    seq: u32,
+impl Meta {
+    /// Empties the slot for activation `epoch` (what is in flight stays
+    /// marked, see `writing` and `folding`).
+    fn renew(&mut self, epoch: u32) {
+        self.epoch = epoch;
+        self.agg = None;
+        self.shadow = None;
+        self.partial = None;
+        self.seen.clear();
+        self.ready.clear();
+    }
+}
+
+/// A summed chunk's values, under the slot's `RwLock`: what readers see.
+#[derive(Debug)]
+struct Held {
+    what: Option<Shadow>,
+    epoch: u32,
+    /// The result: the dtype's wire encoding in the first `payload_len`
+    /// bytes; a partial: float32 values.
+    values: Vec<f32>,
+}
+
+impl Held {
+    fn get(&self, seq: u32, epoch: u32) -> Option<Shadow> {
+        self.what.filter(|s| s.seq == seq && self.epoch == epoch)
+    }
+}
+
+/// One slot. Aligned so that two slots' locks never share a cache line.
+#[repr(align(64))]
+#[derive(Debug)]
+struct Slot {
+    meta: Mutex<Meta>,
+    /// `tag(epoch, seq)` of the published shadow (0: none), read by floor
+    /// advances without taking the meta lock.
+    shadow_tag: AtomicU64,
+    /// The running sum: the fold token holder's.
+    acc: UnsafeCell<Vec<f32>>,
+    /// One row per rank: contributions parked until their turn, widened to
+    /// float32; written only by the rank's claimant, read only by the token
+    /// holder once the row is ready.
+    rows: Vec<UnsafeCell<Vec<f32>>>,
+    result: RwLock<Held>,
+    /// A leaf's partial (values empty on a switch without upstream).
+    partial: RwLock<Held>,
+}
+
+// SAFETY: the `UnsafeCell`s of a slot are reached only by the thread that
+// holds the right to them under the slot's mutex (a rank's row: the rank's
+// claim while it is in `writing`, then the fold token; the accumulator and
+// ready rows: the fold token), as the module invariants describe. Everything
+// else is behind a `Mutex`, a `RwLock` or an atomic.
+unsafe impl Sync for Slot {}
+
+/// The concurrent slot pool of one job. `Send + Sync`: share it with `Arc`.
+#[derive(Debug)]
+pub struct SlotEngine {
+    slots: Vec<Slot>,
+    /// `tag(epoch, floor)`: the activation and its oldest incomplete seq.
+    /// On a cache line of its own: every completion writes it, and the
+    /// fields every contribution reads must not move with it.
+    word: CacheLine<AtomicU64>,
+    window: AtomicU16,
+    n: u16,
+    elems: usize,
     dtype: Dtype,
+    partials: bool,
 }
 
-impl ResultRef<'_> {
-    pub fn shadow(&self) -> Shadow {
-        self.pool.slot(self.seq).shadow.unwrap_or(Shadow {
-            seq: 0,
-            collective: 0,
-            count: 0,
-            ece: false,
-            payload_sum: 0,
-        })
+/// A value alone on its cache line.
+#[repr(align(64))]
+#[derive(Debug)]
+struct CacheLine<T>(T);
+
+impl<T> core::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
     }
-    pub fn bytes(&self) -> &[u8] {
-        self.pool.slot(self.seq).result_bytes(self.dtype)
-    }
+}
+
+fn tag(epoch: u32, seq: u32) -> u64 {
+    (u64::from(epoch) << 32) | u64::from(seq)
+}
+
+fn split(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+fn lock(m: &Mutex<Meta>) -> MutexGuard<'_, Meta> {
+    // A panic elsewhere leaves the meta consistent (it is only stored to in
+    // short sequences that cannot panic), so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl SlotEngine {
+    /// Allocates an engine of `slots` slots (a power of two) for `n` ranks
+    /// and chunks of `elems` elements of `dtype`, window `window` (clamped
+    /// to 1..=slots), floor 0. With `partials` (a leaf), completed sums are
+    /// held as partials for the spine.
     pub fn try_new(
         slots: u16,
         n: u16,
@@ -79,160 +348,540 @@ impl SlotEngine {
         partials: bool,
         window: u16,
     ) -> Result<SlotEngine, TryReserveError> {
+        debug_assert!(slots.is_power_of_two(), "slots must be a power of two");
+        let e = elems as usize;
+        let mut all = Vec::new();
+        all.try_reserve_exact(slots as usize)?;
+        for _ in 0..slots {
+            let mut rows = Vec::new();
+            rows.try_reserve_exact(n as usize)?;
+            for _ in 0..n {
+                rows.push(UnsafeCell::new(try_vec(0.0, e)?));
+            }
+            all.push(Slot {
+                meta: Mutex::new(Meta {
+                    epoch: 1,
+                    agg: None,
+                    shadow: None,
+                    partial: None,
+                    seen: RankSet::try_with_ranks(n)?,
+                    ready: RankSet::try_with_ranks(n)?,
+                    writing: RankSet::try_with_ranks(n)?,
+                    folding: None,
+                }),
+                shadow_tag: AtomicU64::new(0),
+                acc: UnsafeCell::new(try_vec(0.0, e)?),
+                rows,
+                result: RwLock::new(Held {
+                    what: None,
+                    epoch: 1,
+                    values: try_vec(0.0, e)?,
+                }),
+                partial: RwLock::new(Held {
+                    what: None,
+                    epoch: 1,
+                    values: try_vec(0.0, if partials { e } else { 0 })?,
+                }),
+            });
+        }
         Ok(SlotEngine {
-            pool: Mutex::new(SlotPool::try_new(slots, n, elems, dtype, partials)?),
-            floor: AtomicU32::new(0),
-            window: AtomicU16::new(window),
-            epoch: AtomicU32::new(0),
-            slots: slots as usize,
+            word: CacheLine(AtomicU64::new(tag(1, 0))),
+            window: AtomicU16::new(window.clamp(1, slots.max(1))),
+            slots: all,
+            n,
+            elems: e,
             dtype,
-            leaf: partials,
+            partials,
         })
     }
-    fn lock(&self) -> MutexGuard<'_, SlotPool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
-    }
+
+    /// Slots.
     pub fn len(&self) -> usize {
-        self.slots
+        self.slots.len()
     }
+
     pub fn is_empty(&self) -> bool {
-        self.slots == 0
+        self.slots.is_empty()
     }
+
+    /// Ranks.
+    pub fn n(&self) -> u16 {
+        self.n
+    }
+
+    /// Elements a chunk holds at most.
+    pub fn elems(&self) -> usize {
+        self.elems
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The slot `seq` maps to: `seq mod S`.
     pub fn index(&self, seq: u32) -> usize {
-        seq as usize & (self.slots - 1)
+        (seq as usize) & (self.slots.len() - 1)
     }
+
+    /// The oldest incomplete seq (a reader on another thread may see it a
+    /// little behind: only ever too low).
     pub fn floor(&self) -> u32 {
-        self.floor.load(Ordering::Acquire)
+        split(self.word.load(Ordering::Acquire)).1
     }
+
     pub fn window(&self) -> u16 {
         self.window.load(Ordering::Relaxed)
     }
+
+    /// Sets the window, clamped to 1..=S (W ≤ S keeps one live seq a slot).
     pub fn set_window(&self, w: u16) {
-        self.window.store(w, Ordering::Relaxed)
+        let s = u16::try_from(self.slots.len()).unwrap_or(u16::MAX);
+        self.window.store(w.clamp(1, s.max(1)), Ordering::Relaxed);
     }
+
+    /// The current activation (bumped by every [`SlotEngine::reset`]).
     pub fn epoch(&self) -> u32 {
-        self.epoch.load(Ordering::Acquire)
+        split(self.word.load(Ordering::Acquire)).0
     }
+
+    /// A new activation: every slot empty, floor = `floor`. Contributions
+    /// that began before it are discarded; it never waits for them.
     pub fn reset(&self, floor: u32) {
-        let mut p = self.lock();
-        p.clear();
-        self.floor.store(floor, Ordering::Release);
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-    }
-    pub fn contribute(&self, c: &Contribution<'_>) -> Contributed {
-        let mut pool = self.lock();
-        if c.epoch != self.epoch() {
-            return Contributed::Dropped(DropReason::SlotBusy);
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let next = match split(w).0.wrapping_add(1) {
+                0 => 1,
+                e => e,
+            };
+            match self.word.compare_exchange(
+                w,
+                tag(next, floor),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(cur) => w = cur,
+            }
         }
-        let slot = pool.slot(c.seq);
-        if slot.shadow.is_some_and(|s| s.seq == c.seq) {
+    }
+
+    /// Takes one contribution (see [`Contributed`]). Checks, in order, as a
+    /// job always has: the shadow (Retransmit), a leaf's partial
+    /// (Duplicate), the window (Stale, BeyondWindow), then the slot's
+    /// aggregation (SlotBusy, Duplicate, CountMismatch, CollectiveMismatch).
+    pub fn contribute(&self, c: &Contribution<'_>) -> Contributed {
+        self.contribute_in(c, None)
+    }
+
+    /// [`SlotEngine::contribute`] for a DATA admitted under activation
+    /// `epoch` ([`SlotEngine::epoch`], as the admission snapshot recorded
+    /// it): if a reset came since, it is Stale, never summed into the new
+    /// activation.
+    pub fn contribute_admitted(&self, c: &Contribution<'_>, epoch: u32) -> Contributed {
+        self.contribute_in(c, Some(epoch))
+    }
+
+    fn contribute_in(&self, c: &Contribution<'_>, admitted: Option<u32>) -> Contributed {
+        use Contributed::Dropped;
+        if c.rank >= self.n {
+            return Dropped(DropReason::RankOutOfRange);
+        }
+        if c.count as usize > self.elems {
+            return Dropped(DropReason::CountMismatch);
+        }
+        if c.values.len() != self.dtype.payload_len(c.count) {
+            return Dropped(DropReason::PayloadLength);
+        }
+        let slot = &self.slots[self.index(c.seq)];
+        let mut m = lock(&slot.meta);
+        // Read under the lock: at least the floor this slot's contents were
+        // admitted under, so a seq older than them is Stale.
+        let (epoch, floor) = split(self.word.load(Ordering::Acquire));
+        if admitted.is_some_and(|a| a != epoch) {
+            // Admitted under an activation a reset has ended.
+            return Dropped(DropReason::Stale);
+        }
+        if m.epoch != epoch {
+            m.renew(epoch);
+        }
+        if m.shadow.is_some_and(|s| s.seq == c.seq) {
             return Contributed::Retransmit { seq: c.seq };
         }
-        if slot.partial.is_some_and(|p| p.seq == c.seq) {
-            return Contributed::Dropped(DropReason::Duplicate);
+        if m.partial.is_some_and(|p| p.seq == c.seq) {
+            // Summed and sent up; the spine's RESULT answers it.
+            return Dropped(DropReason::Duplicate);
         }
-        let floor = self.floor();
         let ahead = serial_offset(floor, c.seq);
         if ahead < 0 {
+            return Dropped(DropReason::Stale);
+        }
+        if ahead >= i64::from(self.window()) {
+            return Dropped(DropReason::BeyondWindow);
+        }
+        match m.agg {
+            Some(a) if a.seq != c.seq => return Dropped(DropReason::SlotBusy),
+            Some(_) if m.seen.contains(c.rank) => return Dropped(DropReason::Duplicate),
+            Some(a) if a.count != c.count => return Dropped(DropReason::CountMismatch),
+            Some(a) if a.collective != c.collective => {
+                return Dropped(DropReason::CollectiveMismatch)
+            }
+            _ => {}
+        }
+        // Work of an older activation still on this rank's row or on the
+        // accumulator: leave them alone (the worker resends).
+        if m.writing.contains(c.rank) || m.folding.is_some_and(|e| e != epoch) {
+            return Dropped(DropReason::SlotBusy);
+        }
+        let a = m.agg.get_or_insert(Aggregation {
+            seq: c.seq,
+            collective: c.collective,
+            count: c.count,
+            next_rank: 0,
+            ece: false,
+        });
+        a.ece |= c.ce;
+        let due = a.next_rank == c.rank;
+        m.seen.insert(c.rank);
+        let count = c.count as usize;
+        if due && m.folding.is_none() {
+            m.folding = Some(epoch);
+            drop(m);
+            slot.acc.with_mut(|acc| {
+                // SAFETY: this thread holds the fold token (`folding`), the
+                // only right to the accumulator.
+                let acc = unsafe { &mut *acc };
+                // Float32 calls its kernels directly: its hot path is as
+                // in the single-threaded pool.
+                match (self.dtype, c.rank) {
+                    (Dtype::F32, 0) => crate::simd::read_le_f32(c.values, &mut acc[..count]),
+                    (Dtype::F32, _) => crate::simd::add_le_f32(&mut acc[..count], c.values),
+                    (d, 0) => elements::read_le(d, c.values, &mut acc[..count]),
+                    (d, _) => elements::add_le(d, &mut acc[..count], c.values),
+                }
+            });
+            let mut m = lock(&slot.meta);
+            if m.epoch != epoch {
+                return self.discard_token(m);
+            }
+            if let Some(a) = m.agg.as_mut() {
+                a.next_rank += 1;
+            }
+            return self.fold(slot, m, epoch);
+        }
+        m.writing.insert(c.rank);
+        drop(m);
+        slot.rows[c.rank as usize].with_mut(|row| {
+            // SAFETY: this thread claimed the rank under the lock and marked
+            // its row `writing`: no other claimant (same seq: Duplicate;
+            // another activation: SlotBusy) and no folder (the row is not
+            // ready) touches it until the mark is removed.
+            let row = unsafe { &mut *row };
+            elements::read_le(self.dtype, c.values, &mut row[..count]);
+        });
+        let mut m = lock(&slot.meta);
+        m.writing.remove(c.rank);
+        if m.epoch != epoch {
+            return Dropped(DropReason::Stale);
+        }
+        m.ready.insert(c.rank);
+        let next = m.agg.map_or(self.n, |a| a.next_rank);
+        if m.folding.is_none() && m.ready.contains(next) {
+            m.folding = Some(epoch);
+            return self.fold(slot, m, epoch);
+        }
+        Contributed::Taken
+    }
+
+    /// Gives back the fold token of an activation a reset ended.
+    fn discard_token(&self, mut m: MutexGuard<'_, Meta>) -> Contributed {
+        m.folding = None;
+        Contributed::Dropped(DropReason::Stale)
+    }
+
+    /// With the fold token of `epoch` (and the lock, `m`): folds every ready
+    /// row that is due, in rank order, then completes the slot or gives the
+    /// token back.
+    fn fold<'s>(&self, slot: &'s Slot, mut m: MutexGuard<'s, Meta>, epoch: u32) -> Contributed {
+        loop {
+            let Some(a) = m.agg else {
+                m.folding = None;
+                return Contributed::Taken;
+            };
+            let from = a.next_rank;
+            let mut to = from;
+            while to < self.n && m.ready.contains(to) {
+                to += 1;
+            }
+            if to == from {
+                if from >= self.n {
+                    return self.complete(slot, m, epoch, a);
+                }
+                m.folding = None;
+                return Contributed::Taken;
+            }
+            drop(m);
+            let count = a.count as usize;
+            slot.acc.with_mut(|acc| {
+                // SAFETY: the fold token gives the accumulator, and the rows
+                // from..to are ready (their claimants are done, and a reset
+                // does not let anyone claim them while the token is held).
+                let acc = unsafe { &mut *acc };
+                for r in from..to {
+                    slot.rows[r as usize].with(|row| {
+                        // SAFETY: as above: row `r` is ready, only read.
+                        let row = unsafe { &*row };
+                        if r == 0 {
+                            acc[..count].copy_from_slice(&row[..count]);
+                        } else {
+                            // The same kernel as a contribution folded on
+                            // arrival, so the bits are the same either way.
+                            crate::simd::add_f32(&mut acc[..count], &row[..count]);
+                        }
+                    });
+                }
+            });
+            m = lock(&slot.meta);
+            if m.epoch != epoch {
+                return self.discard_token(m);
+            }
+            if let Some(a) = m.agg.as_mut() {
+                a.next_rank = to;
+            }
+        }
+    }
+
+    /// Every rank of `a` is folded: writes the result (or a leaf's partial)
+    /// and publishes it, gives the token back, advances the floor.
+    fn complete(
+        &self,
+        slot: &Slot,
+        m: MutexGuard<'_, Meta>,
+        epoch: u32,
+        a: Aggregation,
+    ) -> Contributed {
+        // Lock order is result/partial before meta.
+        drop(m);
+        let done = Shadow {
+            seq: a.seq,
+            collective: a.collective,
+            count: a.count,
+            ece: a.ece,
+            payload_sum: 0,
+        };
+        let count = a.count as usize;
+        if self.partials {
+            let mut held = slot.partial.write().unwrap_or_else(|e| e.into_inner());
+            slot.acc.with_mut(|acc| {
+                // SAFETY: the fold token gives the accumulator.
+                core::mem::swap(unsafe { &mut *acc }, &mut held.values);
+            });
+            held.what = Some(done);
+            held.epoch = epoch;
+            let mut m = lock(&slot.meta);
+            m.folding = None;
+            if m.epoch != epoch {
+                return Contributed::Dropped(DropReason::Stale);
+            }
+            m.agg = None;
+            m.seen.clear();
+            m.ready.clear();
+            m.partial = Some(done);
+            return Contributed::PartialReady { seq: a.seq };
+        }
+        let mut held = slot.result.write().unwrap_or_else(|e| e.into_inner());
+        slot.acc.with_mut(|acc| {
+            // SAFETY: the fold token gives the accumulator.
+            let acc = unsafe { &mut *acc };
+            if self.dtype == Dtype::F32 {
+                core::mem::swap(acc, &mut held.values);
+            } else {
+                // The one rounding: the float32 sum into the dtype's bytes.
+                let out: &mut [u8] = bytemuck::cast_slice_mut(&mut held.values);
+                elements::round_to_le(self.dtype, &acc[..count], out);
+            }
+        });
+        let sh = Shadow {
+            payload_sum: payload_sum(&held, self.dtype, a.count),
+            ..done
+        };
+        held.what = Some(sh);
+        held.epoch = epoch;
+        let mut m = lock(&slot.meta);
+        m.folding = None;
+        if m.epoch != epoch {
             return Contributed::Dropped(DropReason::Stale);
         }
-        if ahead >= self.window() as i64 {
-            return Contributed::Dropped(DropReason::BeyondWindow);
-        }
-        let agg = slot.agg;
-        let seen = slot.seen.contains(c.rank);
-        match agg {
-            Some(a) if a.seq != c.seq => return Contributed::Dropped(DropReason::SlotBusy),
-            Some(_) if seen => return Contributed::Dropped(DropReason::Duplicate),
-            Some(a) if a.count != c.count => {
-                return Contributed::Dropped(DropReason::CountMismatch)
-            }
-            Some(a) if a.collective != c.collective => {
-                return Contributed::Dropped(DropReason::CollectiveMismatch)
-            }
-            Some(_) => {}
-            None => {
-                pool.slot_mut(c.seq).agg = Some(Aggregation {
-                    seq: c.seq,
-                    collective: c.collective,
-                    count: c.count,
-                    next_rank: 0,
-                    ece: false,
-                });
-            }
-        }
-        if c.ce {
-            if let Some(a) = pool.slot_mut(c.seq).agg.as_mut() {
-                a.ece = true;
-            }
-        }
-        match pool.take(c.seq, c.rank, c.values, self.leaf) {
-            Taken::Pending => Contributed::Taken,
-            Taken::Completed if self.leaf => Contributed::PartialReady { seq: c.seq },
-            Taken::Completed => {
-                let ece = pool.slot(c.seq).shadow.is_some_and(|s| s.ece);
-                self.advance_floor(&pool);
-                Contributed::Completed { seq: c.seq, ece }
-            }
+        m.agg = None;
+        m.seen.clear();
+        m.ready.clear();
+        m.shadow = Some(sh);
+        slot.shadow_tag.store(tag(epoch, a.seq), Ordering::Release);
+        drop(m);
+        drop(held);
+        self.advance_floor();
+        Contributed::Completed {
+            seq: a.seq,
+            ece: a.ece,
         }
     }
-    fn advance_floor(&self, pool: &SlotPool) {
-        let mut f = self.floor();
-        for _ in 0..self.slots {
-            if pool.slot(f).shadow.is_some_and(|s| s.seq == f) {
-                f = f.wrapping_add(1);
-            } else {
-                break;
+
+    /// Moves the floor over every slot that holds the floor's result.
+    /// Called after a shadow is published. Each read of the word is a
+    /// read-modify-write, so that of two threads completing neighbouring
+    /// seqs at once, one always sees the other's shadow tag: either this
+    /// thread's RMW comes after the other's floor move (and reads it), or
+    /// the other's later RMW synchronises with this one (and sees this
+    /// thread's tag). A plain load could miss both ways.
+    fn advance_floor(&self) {
+        loop {
+            let w = self.word.fetch_add(0, Ordering::AcqRel);
+            let (epoch, floor) = split(w);
+            let slot = &self.slots[self.index(floor)];
+            if slot.shadow_tag.load(Ordering::Acquire) != tag(epoch, floor) {
+                return;
             }
+            // Fails if another thread moved the floor or a reset came: look again.
+            let _ = self.word.compare_exchange(
+                w,
+                tag(epoch, floor.wrapping_add(1)),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
-        self.floor.store(f, Ordering::Release);
     }
+
+    /// The shadow's metadata if slot(seq) holds seq's completed result.
     pub fn shadow(&self, seq: u32) -> Option<Shadow> {
-        self.lock().slot(seq).shadow.filter(|s| s.seq == seq)
+        let m = lock(&self.slots[self.index(seq)].meta);
+        let epoch = self.epoch();
+        m.shadow.filter(|s| s.seq == seq && m.epoch == epoch)
     }
+
+    /// Runs `f` on the shadow of `seq` and its payload bytes (the dtype's
+    /// wire encoding, `dtype.payload_len(count)` bytes) while no completion
+    /// can overwrite them; None if slot(seq) does not hold seq's result.
+    pub fn with_result<R>(&self, seq: u32, f: impl FnOnce(&Shadow, &[u8]) -> R) -> Option<R> {
+        let res = self.result(seq)?;
+        Some(f(&res.shadow, res.bytes()))
+    }
+
+    /// The shadow of `seq` and its payload, read-locked until the returned
+    /// value is dropped (a transmit path copies the payload straight into
+    /// its frames); None if slot(seq) does not hold seq's result.
     pub fn result(&self, seq: u32) -> Option<ResultRef<'_>> {
-        let pool = self.lock();
-        pool.slot(seq).shadow.filter(|s| s.seq == seq)?;
-        Some(ResultRef {
-            pool,
-            seq,
-            dtype: self.dtype,
-        })
+        let held = self.slots[self.index(seq)]
+            .result
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let shadow = held.get(seq, self.epoch())?;
+        let len = self.dtype.payload_len(shadow.count);
+        Some(ResultRef { held, shadow, len })
     }
+
+    /// Calls `f` with each rank that has not contributed to `seq`,
+    /// ascending: all when it has not started, none when its shadow is
+    /// held. `f` runs under the slot's lock: keep it short, and do not call
+    /// the engine from it.
     pub fn missing(&self, seq: u32, mut f: impl FnMut(u16)) {
-        let pool = self.lock();
-        let slot = pool.slot(seq);
-        if slot.shadow.is_some_and(|s| s.seq == seq) {
+        let m = lock(&self.slots[self.index(seq)].meta);
+        let live = m.epoch == self.epoch();
+        if live && m.shadow.is_some_and(|s| s.seq == seq) {
             return;
         }
-        let started = slot.agg.is_some_and(|a| a.seq == seq);
-        for r in 0..pool.n() {
-            if !(started && slot.seen.contains(r)) {
-                f(r)
+        let started = live && m.agg.is_some_and(|a| a.seq == seq);
+        for r in 0..self.n {
+            if !(started && m.seen.contains(r)) {
+                f(r);
             }
         }
     }
+
+    /// What slot `idx` holds now, as one snapshot (for a leaf's timers).
     pub fn state_at(&self, idx: usize) -> SlotState {
-        let pool = self.lock();
-        let s = pool.slots_at(idx);
+        let Some(slot) = self.slots.get(idx) else {
+            return SlotState::default();
+        };
+        let m = lock(&slot.meta);
+        if m.epoch != self.epoch() {
+            return SlotState::default();
+        }
         SlotState {
-            agg: s.agg,
-            shadow: s.shadow,
-            partial: s.partial,
+            agg: m.agg,
+            shadow: m.shadow,
+            partial: m.partial,
         }
     }
+
+    /// (A leaf) runs `f` on the partial of `seq` and its float32 values.
     pub fn with_partial<R>(&self, seq: u32, f: impl FnOnce(&Partial, &[f32]) -> R) -> Option<R> {
-        let pool = self.lock();
-        let s = pool.slot(seq);
-        let p = s.partial.filter(|p| p.seq == seq)?;
-        Some(f(&p, s.partial_values()))
+        let held = self.slots[self.index(seq)]
+            .partial
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let p = held.get(seq, self.epoch())?;
+        let n = (p.count as usize).min(held.values.len());
+        Some(f(&p, &held.values[..n]))
     }
+
+    /// (A leaf) the spine's RESULT for the partial of `seq` (float32
+    /// little-endian, whatever the job's dtype) becomes the shadow: rounded
+    /// once to a half-precision dtype, `ece` OR-ed along the tree; the floor
+    /// advances. False if the slot holds no partial of `seq` or `values`
+    /// has another length. Callers serialise these calls.
     pub fn finish_partial(&self, seq: u32, values: &[u8], ece: bool) -> bool {
-        let mut pool = self.lock();
-        if !pool.finish_partial(seq, values, ece) {
+        let dtype = self.dtype;
+        let slot = &self.slots[self.index(seq)];
+        let epoch = self.epoch();
+        let mut res = slot.result.write().unwrap_or_else(|e| e.into_inner());
+        let mut part = slot.partial.write().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = part.get(seq, epoch) else {
+            return false;
+        };
+        let count = p.count as usize;
+        if values.len() != count * 4 || res.values.len() < count {
             return false;
         }
-        self.advance_floor(&pool);
+        if dtype == Dtype::F32 {
+            crate::simd::read_le_f32(values, &mut res.values[..count]);
+        } else {
+            let mut sum = [0f32; 256];
+            let out: &mut [u8] = bytemuck::cast_slice_mut(&mut res.values);
+            for (i, chunk) in values.chunks(sum.len() * 4).enumerate() {
+                let n = chunk.len() / 4;
+                crate::simd::read_le_f32(chunk, &mut sum[..n]);
+                let at = i * sum.len() * dtype.size();
+                elements::round_to_le(dtype, &sum[..n], &mut out[at..at + n * dtype.size()]);
+            }
+        }
+        let sh = Shadow {
+            ece: p.ece || ece,
+            payload_sum: payload_sum(&res, dtype, p.count),
+            ..p
+        };
+        res.what = Some(sh);
+        res.epoch = epoch;
+        part.what = None;
+        let mut m = lock(&slot.meta);
+        if m.epoch != epoch || m.partial != Some(p) {
+            return false;
+        }
+        m.partial = None;
+        m.shadow = Some(sh);
+        slot.shadow_tag.store(tag(epoch, seq), Ordering::Release);
+        drop(m);
+        drop(part);
+        drop(res);
+        self.advance_floor();
         true
     }
 }
+
+/// The folded checksum sum of a result's payload bytes.
+fn payload_sum(held: &Held, dtype: Dtype, count: u16) -> u16 {
+    let bytes: &[u8] = bytemuck::cast_slice(&held.values);
+    let n = dtype.payload_len(count).min(bytes.len());
+    crate::checksum::Sum::ZERO.add_bytes(&bytes[..n]).fold()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -53,7 +53,6 @@ pub mod engine;
 pub mod job;
 pub mod ratelimit;
 pub mod reply;
-pub mod slot_pool;
 pub mod uplink;
 
 use std::collections::{HashMap, HashSet, VecDeque};
