@@ -476,10 +476,14 @@ impl std::fmt::Display for LayoutWarning {
             } => {
                 let sockets = *ports as u32 * queues;
                 let (base, extra) = (sockets / threads, sockets % threads);
-                let divisor = (1..=*threads).rev().find(|t| sockets % t == 0).unwrap_or(1);
+                let divisor = (1..=*threads)
+                    .rev()
+                    .find(|t| sockets.is_multiple_of(*t))
+                    .unwrap_or(1);
                 // The smallest queue count at or above `queues` that deals
                 // evenly (there is always one: queues = threads).
-                let even_queues = (*queues..=64).find(|q| (*ports as u32 * q) % threads == 0);
+                let even_queues =
+                    (*queues..=64).find(|q| (*ports as u32 * q).is_multiple_of(*threads));
                 write!(
                     f,
                     "{sockets} AF_XDP sockets ({ports} ports × {queues} queues) dealt among \
@@ -549,7 +553,7 @@ pub fn layout_warnings(
         }
     }
     let sockets = ports as u32 * queues;
-    if threads > 0 && threads <= sockets && sockets % threads != 0 {
+    if threads > 0 && threads <= sockets && !sockets.is_multiple_of(threads) {
         w.push(LayoutWarning::UnevenSockets {
             ports,
             queues,
