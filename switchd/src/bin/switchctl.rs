@@ -44,7 +44,8 @@ enum Cmd {
     },
     /// Counters of one job (chunks, bytes, retransmissions, drops by reason,
     /// ranks joined, ranks missing on the oldest incomplete seq), or of the
-    /// whole switch.
+    /// whole switch (with a row per dataplane thread: busy share, frames,
+    /// hand-offs, sockets).
     Stats { id: Option<u16> },
 }
 
