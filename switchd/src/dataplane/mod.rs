@@ -24,9 +24,10 @@
 //! place, replies written straight into UMEM frames), ring operations in
 //! batches, transmit rings flushed once per round, no syscall per packet: a
 //! thread sleeps in one `poll(2)` over its sockets only after many empty
-//! rounds, and times only those sleeps (its busy share, [`busy`]). No control-plane work: admin requests, metrics, the stats file,
-//! BPF map reads and the log of the table's events run on the control
-//! thread ([`crate::control`]). Counters are per thread, plain integers,
+//! rounds, and times only those sleeps (its busy share, [`busy`]). No
+//! control-plane work: admin requests, metrics, the stats file, BPF map
+//! reads and the log of the table's events run on the control thread
+//! ([`crate::control`]). Counters are per thread, plain integers,
 //! published under a per-thread lock at most every few milliseconds. For
 //! the watchdog ([`crate::watchdog`]) a thread stores its iteration count
 //! and whether it has work in hand once per iteration and before taking a
