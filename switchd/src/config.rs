@@ -439,6 +439,183 @@ pub fn sysfs_mtu(ifname: &str) -> Option<u16> {
         .ok()
 }
 
+/// A layout of dataplane threads, sockets, CPUs and NIC queues that runs but
+/// wastes cores or loses traffic. `switchd check-config` prints these and
+/// `switchd run` logs them; neither refuses the configuration (threads
+/// beyond the sockets are already an error of [`Config::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutWarning {
+    /// More dataplane threads than CPUs switchd may run on.
+    ThreadsOverCores { threads: u32, cores: usize },
+    /// The sockets (ports × queues) do not divide evenly among the threads.
+    UnevenSockets {
+        ports: usize,
+        queues: u32,
+        threads: u32,
+    },
+    /// `queues` asks for queues the port does not have.
+    QueuesOverNic { port: String, queues: u32, nic: u32 },
+    /// The port has receive queues without a socket.
+    QueuesUnderNic { port: String, queues: u32, nic: u32 },
+}
+
+impl std::fmt::Display for LayoutWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayoutWarning::ThreadsOverCores { threads, cores } => write!(
+                f,
+                "switch.dataplane_threads = {threads} but switchd may run on only {cores} CPUs \
+                 here (its CPU affinity and cgroup quota): the threads share CPUs and each spins \
+                 before it sleeps, so they slow one another down; set dataplane_threads to \
+                 {cores} or fewer"
+            ),
+            LayoutWarning::UnevenSockets {
+                ports,
+                queues,
+                threads,
+            } => {
+                let sockets = *ports as u32 * queues;
+                let (base, extra) = (sockets / threads, sockets % threads);
+                let divisor = (1..=*threads)
+                    .rev()
+                    .find(|t| sockets.is_multiple_of(*t))
+                    .unwrap_or(1);
+                // The smallest queue count at or above `queues` that deals
+                // evenly (there is always one: queues = threads).
+                let even_queues =
+                    (*queues..=64).find(|q| (*ports as u32 * q).is_multiple_of(*threads));
+                write!(
+                    f,
+                    "{sockets} AF_XDP sockets ({ports} ports × {queues} queues) dealt among \
+                     {threads} dataplane threads: {extra} of them serve {} sockets and {} serve \
+                     {base}, so under even traffic the busier ones limit the switch; set \
+                     dataplane_threads = {divisor}",
+                    base + 1,
+                    threads - extra,
+                )?;
+                if let Some(q) = even_queues {
+                    write!(f, ", or queues = {q} (and the NICs' queues to match)")?;
+                }
+                Ok(())
+            }
+            LayoutWarning::QueuesOverNic { port, queues, nic } => write!(
+                f,
+                "switch.queues = {queues} but {port} has {}: its AF_XDP socket for {} cannot \
+                 bind and switchd does not start (or, where the NIC has more transmit queues, \
+                 it receives nothing); give it {queues} queues (ethtool -L {port} combined \
+                 {queues}) or set queues = {nic}",
+                receive_queues(*nic),
+                queue_range(*nic, queues - 1),
+            ),
+            LayoutWarning::QueuesUnderNic { port, queues, nic } => write!(
+                f,
+                "{port} has {} but switch.queues = {queues}: RSS hashes some workers' flows to \
+                 its {}, which no AF_XDP socket serves, so the XDP program passes their frames \
+                 to the kernel and they are never aggregated; set its queues to {queues} \
+                 (ethtool -L {port} combined {queues}) or queues = {nic}",
+                receive_queues(*nic),
+                queue_range(*queues, nic - 1),
+            ),
+        }
+    }
+}
+
+fn receive_queues(n: u32) -> String {
+    if n == 1 {
+        "1 receive queue".into()
+    } else {
+        format!("{n} receive queues")
+    }
+}
+
+/// "queue 3" or "queues 3..7".
+fn queue_range(first: u32, last: u32) -> String {
+    if first == last {
+        format!("queue {first}")
+    } else {
+        format!("queues {first}..{last}")
+    }
+}
+
+/// Warnings about threads, CPUs and sockets: more threads than `cores`
+/// (None: unknown, no warning), or `ports × queues` sockets that the
+/// threads cannot share evenly.
+pub fn layout_warnings(
+    cores: Option<usize>,
+    ports: usize,
+    queues: u32,
+    threads: u32,
+) -> Vec<LayoutWarning> {
+    let mut w = Vec::new();
+    if let Some(cores) = cores {
+        if threads as usize > cores {
+            w.push(LayoutWarning::ThreadsOverCores { threads, cores });
+        }
+    }
+    let sockets = ports as u32 * queues;
+    if threads > 0 && threads <= sockets && !sockets.is_multiple_of(threads) {
+        w.push(LayoutWarning::UnevenSockets {
+            ports,
+            queues,
+            threads,
+        });
+    }
+    w
+}
+
+/// Warnings about each port whose receive queue count (`rx_queues_of`,
+/// None: unknown, no warning) differs from `queues`.
+pub fn nic_queue_warnings(
+    ports: &[String],
+    queues: u32,
+    rx_queues_of: impl Fn(&str) -> Option<u32>,
+) -> Vec<LayoutWarning> {
+    ports
+        .iter()
+        .filter_map(|p| {
+            let nic = rx_queues_of(p)?;
+            let (port, queues) = (p.clone(), queues);
+            match queues.cmp(&nic) {
+                std::cmp::Ordering::Greater => {
+                    Some(LayoutWarning::QueuesOverNic { port, queues, nic })
+                }
+                std::cmp::Ordering::Less => {
+                    Some(LayoutWarning::QueuesUnderNic { port, queues, nic })
+                }
+                std::cmp::Ordering::Equal => None,
+            }
+        })
+        .collect()
+}
+
+/// An interface's active receive queues: the `rx-N` entries of
+/// `/sys/class/net/IF/queues` (what `ethtool -L` sets). None when the
+/// interface is not in this network namespace.
+pub fn sysfs_rx_queues(ifname: &str) -> Option<u32> {
+    let dir = std::fs::read_dir(format!("/sys/class/net/{ifname}/queues")).ok()?;
+    let n = dir
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count();
+    (n > 0).then_some(n as u32)
+}
+
+impl Config {
+    /// [`layout_warnings`] and [`nic_queue_warnings`] for this machine:
+    /// its CPUs (`std::thread::available_parallelism`) and the ports'
+    /// queues in sysfs. In xdp-drop mode there are no sockets to check.
+    pub fn layout_warnings(&self) -> Vec<LayoutWarning> {
+        let sw = &self.switch;
+        let cores = std::thread::available_parallelism().ok().map(|n| n.get());
+        if sw.mode == DataplaneMode::XdpDrop {
+            return layout_warnings(cores, 1, 1, sw.dataplane_threads);
+        }
+        let mut w = layout_warnings(cores, sw.ports.len(), sw.queues, sw.dataplane_threads);
+        w.extend(nic_queue_warnings(&sw.ports, sw.queues, sysfs_rx_queues));
+        w
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -813,5 +990,114 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             .unwrap_err()
             .to_string();
         assert!(e.contains("elems_per_chunk must be 1..=1888"), "{e}");
+    }
+
+    #[test]
+    fn threads_beyond_the_cpus_get_a_warning_that_names_both_and_the_fix() {
+        assert_eq!(layout_warnings(Some(4), 2, 2, 4), vec![]);
+        let w = layout_warnings(Some(2), 4, 1, 4);
+        assert_eq!(
+            w,
+            vec![LayoutWarning::ThreadsOverCores {
+                threads: 4,
+                cores: 2
+            }]
+        );
+        let msg = w[0].to_string();
+        assert!(
+            msg.contains("dataplane_threads = 4") && msg.contains("set dataplane_threads to 2"),
+            "{msg}"
+        );
+        // CPUs unknown: nothing to compare.
+        assert_eq!(layout_warnings(None, 4, 1, 4), vec![]);
+    }
+
+    #[test]
+    fn sockets_that_do_not_divide_among_the_threads_get_a_warning_with_even_choices() {
+        // 3 ports × 1 queue over 2 threads: one thread serves 2, one 1.
+        let w = layout_warnings(Some(16), 3, 1, 2);
+        assert_eq!(
+            w,
+            vec![LayoutWarning::UnevenSockets {
+                ports: 3,
+                queues: 1,
+                threads: 2
+            }]
+        );
+        let msg = w[0].to_string();
+        assert!(
+            msg.contains("3 AF_XDP sockets (3 ports × 1 queues)")
+                && msg.contains("1 of them serve 2 sockets and 1 serve 1")
+                && msg.contains("dataplane_threads = 1")
+                && msg.contains("queues = 2"),
+            "{msg}"
+        );
+        // 2 ports × 3 queues over 4 threads: 3 threads would divide the 6
+        // sockets, and 4 queues make 8, the next multiple of 4.
+        let msg = layout_warnings(Some(16), 2, 3, 4)[0].to_string();
+        assert!(
+            msg.contains("2 of them serve 2 sockets and 2 serve 1")
+                && msg.contains("dataplane_threads = 3")
+                && msg.contains("queues = 4"),
+            "{msg}"
+        );
+        // Even deals, one socket per thread or several: no warning.
+        for (ports, queues, threads) in [(1, 4, 4), (4, 1, 2), (2, 2, 4), (3, 2, 3), (5, 1, 1)] {
+            assert_eq!(
+                layout_warnings(Some(16), ports, queues, threads),
+                vec![],
+                "{ports} ports × {queues} queues over {threads} threads"
+            );
+        }
+        // Both at once.
+        assert_eq!(layout_warnings(Some(2), 3, 1, 3).len(), 1);
+        assert_eq!(layout_warnings(Some(2), 5, 1, 3).len(), 2);
+    }
+
+    #[test]
+    fn queues_that_differ_from_the_nics_get_a_warning_naming_the_port_and_ethtool() {
+        let ports = vec!["ens1f0".to_string(), "ens1f1".to_string(), "veth9".into()];
+        let nic = |p: &str| match p {
+            "ens1f0" => Some(8),
+            "ens1f1" => Some(2),
+            _ => None,
+        };
+        let w = nic_queue_warnings(&ports, 4, nic);
+        assert_eq!(
+            w,
+            vec![
+                LayoutWarning::QueuesUnderNic {
+                    port: "ens1f0".into(),
+                    queues: 4,
+                    nic: 8
+                },
+                LayoutWarning::QueuesOverNic {
+                    port: "ens1f1".into(),
+                    queues: 4,
+                    nic: 2
+                },
+            ]
+        );
+        let under = w[0].to_string();
+        assert!(
+            under.contains("queues 4..7")
+                && under.contains("never aggregated")
+                && under.contains("ethtool -L ens1f0 combined 4"),
+            "{under}"
+        );
+        let over = w[1].to_string();
+        assert!(
+            over.contains("socket for queues 2..3 cannot bind")
+                && over.contains("ethtool -L ens1f1 combined 4"),
+            "{over}"
+        );
+        assert_eq!(nic_queue_warnings(&ports, 8, |_| Some(8)), vec![]);
+    }
+
+    #[test]
+    fn rx_queues_are_counted_from_sysfs_and_unknown_for_a_missing_port() {
+        // Loopback exists in every namespace and has one receive queue.
+        assert_eq!(sysfs_rx_queues("lo"), Some(1));
+        assert_eq!(sysfs_rx_queues("no-such-if0"), None);
     }
 }

@@ -401,10 +401,12 @@ fn log_event(e: Event) {
 
 /// A full counter snapshot.
 pub fn snapshot(shared: &Shared, ports: Vec<PortStats>) -> SwitchStats {
-    let (dp, rings) = shared.dataplane_counters();
+    let dp = shared.dataplane_counters();
+    let threads = stats::thread_stats(&dp.threads, &ports);
     let table = shared.table();
-    let mut s = stats::snapshot(&table, &dp, ports, shared.uptime().as_secs_f64());
-    s.rings = rings;
+    let mut s = stats::snapshot(&table, &dp.total, ports, shared.uptime().as_secs_f64());
+    s.rings = dp.rings;
+    s.threads = threads;
     s
 }
 

@@ -71,6 +71,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     if let Some(w) = switchd::config::secrets_exposure(config_path, &cfg) {
         tracing::warn!("{w}");
     }
+    for w in cfg.layout_warnings() {
+        tracing::warn!("{w}");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -394,6 +397,17 @@ fn check_config(path: &Path) -> Result<()> {
         cfg.switch.agg_port,
         human_bytes(cfg.switch.pool_budget_bytes())
     );
+    println!(
+        "  dataplane: {} ports × {} queues = {} AF_XDP sockets over {} threads",
+        cfg.switch.ports.len(),
+        cfg.switch.queues,
+        cfg.switch.ports.len() as u32 * cfg.switch.queues,
+        cfg.switch.dataplane_threads
+    );
+    // Warnings, not errors: the layout runs, but wastes cores or traffic.
+    for w in cfg.layout_warnings() {
+        eprintln!("{}: warning: {w}", path.display());
+    }
     println!(
         "  AF_XDP sockets: {} (chunks up to {} elements)",
         if cfg.multi_buffer {

@@ -470,6 +470,8 @@ fn schema_families<T: CounterSchema + Default>(
 /// [`SpineCounters`], [`DataplaneCounters`], [`proto::switch::TableCounters`],
 /// [`EndpointCounters`]): each is `aggswitch_job_<name>_total{job}`,
 /// `aggswitch_spine_<name>_total{job,tree,spine}`, `aggswitch_<name>_total`
+/// (dataplane counters summed over the threads, and the table's),
+/// `aggswitch_thread_<name>_total{thread}` (each dataplane thread's own)
 /// or `aggswitch_metrics_<name>_total`, with the schema's help text; the
 /// gauges and labelled families are the fields of [`SwitchStats`].
 pub fn render(s: &SwitchStats, endpoint: &EndpointCounters) -> String {
@@ -664,6 +666,46 @@ fn render_switch(s: &SwitchStats) -> String {
         }
     }
     schema_families::<DataplaneCounters>(&mut o, "aggswitch_", &[(String::new(), &s.dataplane)]);
+    // The same counters per dataplane thread, under their own names so
+    // that the totals above stay (summing both would count twice).
+    let thread_label = |t: &crate::stats::ThreadStats| format!("thread=\"{}\"", t.thread);
+    let thread_rows: Vec<(String, &DataplaneCounters)> = s
+        .threads
+        .iter()
+        .map(|t| (thread_label(t), &t.dataplane))
+        .collect();
+    schema_families(&mut o, "aggswitch_thread_", &thread_rows);
+    family(
+        &mut o,
+        "aggswitch_thread_busy_ratio",
+        "gauge",
+        "Share of the last second the dataplane thread was awake, not asleep in poll(2).",
+    );
+    for t in &s.threads {
+        sample(
+            &mut o,
+            "aggswitch_thread_busy_ratio",
+            &thread_label(t),
+            t.busy_share,
+        );
+    }
+    family(
+        &mut o,
+        "aggswitch_thread_socket",
+        "gauge",
+        "1 for each AF_XDP socket (port, queue) the dataplane thread serves.",
+    );
+    for t in &s.threads {
+        for so in &t.sockets {
+            let labels = format!(
+                "{},port=\"{}\",queue=\"{}\"",
+                thread_label(t),
+                esc(&so.port),
+                so.queue
+            );
+            sample(&mut o, "aggswitch_thread_socket", &labels, 1);
+        }
+    }
     schema_families(&mut o, "aggswitch_", &[(String::new(), &s.table)]);
     family(
         &mut o,
@@ -712,7 +754,7 @@ fn render_switch(s: &SwitchStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{JobStats, PortStats, RingStats, SpineStats};
+    use crate::stats::{JobStats, PortStats, RingStats, SpineStats, ThreadSocket, ThreadStats};
     use proto::switch::{JobDrops, TableCounters};
     use std::collections::BTreeMap;
     use std::io::{Read, Write as _};
@@ -776,6 +818,22 @@ mod tests {
         fill(&mut next, |f| dp.visit_mut(f));
         let mut table = TableCounters::default();
         fill(&mut next, |f| table.visit_mut(f));
+        let threads = (0..2)
+            .map(|i| {
+                let mut c = DataplaneCounters::default();
+                fill(&mut next, |f| c.visit_mut(f));
+                ThreadStats {
+                    thread: i,
+                    sockets: vec![ThreadSocket {
+                        port: "sw-w0".into(),
+                        queue: i as u32,
+                    }],
+                    busy_share: 0.25 * (i + 1) as f64,
+                    counters: BTreeMap::new(),
+                    dataplane: c,
+                }
+            })
+            .collect();
         SwitchStats {
             generation: 7,
             uptime_secs: 1.5,
@@ -805,6 +863,7 @@ mod tests {
                 kernel_rx_ring_full: 1,
                 kernel_fill_ring_empty: 0,
             }],
+            threads,
         }
     }
 
@@ -860,6 +919,19 @@ mod tests {
             });
         }
         assert!(switch_wide > 5, "the schemas list their counters");
+        for th in &s.threads {
+            th.dataplane.visit(&mut |name, help, v| {
+                has(
+                    &t,
+                    &format!(
+                        "aggswitch_thread_{name}_total{{thread=\"{}\"}} {v}",
+                        th.thread
+                    ),
+                );
+                has(&t, &format!("# HELP aggswitch_thread_{name}_total {help}"));
+                has(&t, &format!("# TYPE aggswitch_thread_{name}_total counter"));
+            });
+        }
         for (name, v) in ep_set {
             // `restarts` included: render takes the counters as given.
             has(&t, &format!("aggswitch_metrics_{name}_total {v}"));
@@ -895,6 +967,10 @@ mod tests {
             "aggswitch_ring_kernel_rx_dropped_total{port=\"sw-w0\",queue=\"0\"} 2",
             "aggswitch_ring_kernel_rx_ring_full_total{port=\"sw-w0\",queue=\"0\"} 1",
             "aggswitch_malformed_total{kind=\"truncated\"} 3",
+            "aggswitch_thread_busy_ratio{thread=\"0\"} 0.25",
+            "aggswitch_thread_busy_ratio{thread=\"1\"} 0.5",
+            "aggswitch_thread_socket{thread=\"1\",port=\"sw-w0\",queue=\"1\"} 1",
+            "# TYPE aggswitch_thread_busy_ratio gauge",
             "aggswitch_generation 7",
             "aggswitch_pool_budget_bytes 1073741824",
             "# TYPE aggswitch_ring_kernel_rx_dropped_total counter",

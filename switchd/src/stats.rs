@@ -15,7 +15,7 @@ use proto::switch::{
 };
 use serde::Serialize;
 
-use crate::dataplane::DataplaneCounters;
+use crate::dataplane::{DataplaneCounters, ThreadCounters};
 
 /// Every counter of a schema, by name.
 pub fn counter_map(c: &dyn CounterSchema) -> BTreeMap<&'static str, u64> {
@@ -150,6 +150,101 @@ pub struct RingStats {
     pub kernel_fill_ring_empty: u64,
 }
 
+/// One AF_XDP socket: the port's name and the queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ThreadSocket {
+    pub port: String,
+    pub queue: u32,
+}
+
+/// One dataplane thread: the sockets it serves and its own counters (the
+/// switch-wide ones are their sum).
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadStats {
+    pub thread: usize,
+    pub sockets: Vec<ThreadSocket>,
+    /// Share of the last second the thread was awake rather than asleep in
+    /// poll(2) (spinning on empty rings counts as awake): near 1.0 it has no
+    /// time to spare.
+    pub busy_share: f64,
+    /// [`DataplaneCounters`] of this thread, by name.
+    #[serde(flatten)]
+    pub counters: BTreeMap<&'static str, u64>,
+    /// The typed counters behind `counters`, for `/metrics`.
+    #[serde(skip)]
+    pub dataplane: DataplaneCounters,
+}
+
+/// The dataplane threads' counters as [`ThreadStats`], sockets named by
+/// `ports` (by index; the index itself where a name is missing).
+pub fn thread_stats(threads: &[ThreadCounters], ports: &[PortStats]) -> Vec<ThreadStats> {
+    threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ThreadStats {
+            thread: i,
+            sockets: t
+                .sockets
+                .iter()
+                .map(|&(p, queue)| ThreadSocket {
+                    port: ports
+                        .get(p as usize)
+                        .map_or_else(|| p.to_string(), |p| p.name.clone()),
+                    queue,
+                })
+                .collect(),
+            busy_share: t.busy_share,
+            counters: counter_map(&t.counters),
+            dataplane: t.counters.clone(),
+        })
+        .collect()
+}
+
+/// Counters of each dataplane thread in the `switchctl stats` table, after
+/// the thread, its busy share and before its sockets.
+pub const THREAD_TABLE_COUNTERS: [&str; 3] = ["rx_frames", "tx_frames", "forwarded"];
+
+/// The per-thread table of `switchctl stats`, from the stats reply's JSON
+/// (`threads`): a header and one line per thread. Empty without threads.
+pub fn thread_table(stats: &serde_json::Value) -> Vec<String> {
+    let Some(threads) = stats["threads"].as_array().filter(|t| !t.is_empty()) else {
+        return Vec::new();
+    };
+    let mut lines = vec![format!(
+        "{:>6} {:>5} {:>12} {:>12} {:>12}  sockets (port/queue)",
+        "thread",
+        "busy",
+        THREAD_TABLE_COUNTERS[0],
+        THREAD_TABLE_COUNTERS[1],
+        THREAD_TABLE_COUNTERS[2]
+    )];
+    for t in threads {
+        let n = |k: &str| t[k].as_u64().unwrap_or(0);
+        let sockets: Vec<String> = t["sockets"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .map(|s| format!("{}/{}", s["port"].as_str().unwrap_or("?"), s["queue"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        lines.push(format!(
+            "{:>6} {:>4.0}% {:>12} {:>12} {:>12}  {}",
+            n("thread"),
+            t["busy_share"].as_f64().unwrap_or(0.0) * 100.0,
+            n(THREAD_TABLE_COUNTERS[0]),
+            n(THREAD_TABLE_COUNTERS[1]),
+            n(THREAD_TABLE_COUNTERS[2]),
+            if sockets.is_empty() {
+                "none".to_string()
+            } else {
+                sockets.join(" ")
+            }
+        ));
+    }
+    lines
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SwitchStats {
     pub generation: u32,
@@ -172,6 +267,8 @@ pub struct SwitchStats {
     pub jobs: Vec<JobStats>,
     pub ports: Vec<PortStats>,
     pub rings: Vec<RingStats>,
+    /// Per dataplane thread.
+    pub threads: Vec<ThreadStats>,
 }
 
 impl SwitchStats {
@@ -239,6 +336,7 @@ pub fn snapshot(
         jobs: job_stats(table),
         ports,
         rings: Vec::new(),
+        threads: Vec::new(),
     }
 }
 
@@ -422,5 +520,116 @@ mod tests {
         let e = write_atomic(&target, b"{}").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A snapshot of a switch with three dataplane threads: thread 0 serves
+    /// sw-w0/0 and port 2 queue 0 (unnamed), thread 1 sw-w1/0, thread 2
+    /// nothing.
+    fn with_threads() -> SwitchStats {
+        let table = JobTable::new(
+            proto::switch::TableConfig::new(7, [1; 32]),
+            std::time::Instant::now(),
+        );
+        let counters = |rx: u64, fwd: u64, stalls: u64| {
+            let mut c = DataplaneCounters::default();
+            c.visit_mut(&mut |name, v| {
+                *v = match name {
+                    "rx_frames" => rx,
+                    "tx_frames" => rx * 3,
+                    "forwarded" => fwd,
+                    "dataplane_stalls" => stalls,
+                    _ => 0,
+                }
+            });
+            c
+        };
+        let threads = [
+            ThreadCounters {
+                counters: counters(1000, 7, 0),
+                sockets: vec![(0, 0), (2, 0)],
+                busy_share: 0.875,
+            },
+            ThreadCounters {
+                counters: counters(500, 0, 1),
+                sockets: vec![(1, 0)],
+                busy_share: 0.0,
+            },
+            ThreadCounters::default(),
+        ];
+        let ports: Vec<PortStats> = ["sw-w0", "sw-w1"]
+            .iter()
+            .map(|n| PortStats {
+                name: n.to_string(),
+                xdp_steered: 0,
+                xdp_passed: 0,
+                xdp_malformed: 0,
+                xdp_dropped: 0,
+                xdp_forwarded: 0,
+                xdp_fwd_refused: BTreeMap::new(),
+            })
+            .collect();
+        let mut total = DataplaneCounters::default();
+        for t in &threads {
+            total.add(&t.counters);
+        }
+        let mut s = snapshot(&table, &total, ports.clone(), 1.0);
+        s.threads = thread_stats(&threads, &ports);
+        s
+    }
+
+    #[test]
+    fn the_stats_json_lists_each_thread_with_its_sockets_and_every_counter() {
+        let v = serde_json::to_value(with_threads()).unwrap();
+        let t = v["threads"].as_array().unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[0]["thread"], 0);
+        assert_eq!(
+            t[0]["sockets"],
+            serde_json::json!([{"port": "sw-w0", "queue": 0}, {"port": "2", "queue": 0}]),
+            "a port index without a name is shown as the index"
+        );
+        assert_eq!(t[0]["busy_share"], 0.875);
+        assert_eq!(t[1]["dataplane_stalls"], 1);
+        // Every counter of the schema, per thread; the totals are their sum.
+        DataplaneCounters::default().visit(&mut |name, _, _| {
+            let sum: u64 = t.iter().map(|th| th[name].as_u64().unwrap()).sum();
+            assert_eq!(v[name].as_u64(), Some(sum), "{name}");
+        });
+        assert_eq!(v["rx_frames"], 1500);
+    }
+
+    #[test]
+    fn the_switchctl_thread_table_shows_busy_share_counters_and_sockets() {
+        // Its columns are counters of the schema (a rename fails here,
+        // not as a silent 0 in the table).
+        let mut names = Vec::new();
+        DataplaneCounters::default().visit(&mut |name, _, _| names.push(name));
+        for c in THREAD_TABLE_COUNTERS {
+            assert!(names.contains(&c), "{c} is not a dataplane counter");
+        }
+        let v = serde_json::to_value(with_threads()).unwrap();
+        let lines = thread_table(&v);
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        let words = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            words(&lines[0]),
+            [
+                "thread",
+                "busy",
+                "rx_frames",
+                "tx_frames",
+                "forwarded",
+                "sockets",
+                "(port/queue)"
+            ]
+        );
+        assert_eq!(
+            words(&lines[1]),
+            ["0", "88%", "1000", "3000", "7", "sw-w0/0", "2/0"]
+        );
+        assert_eq!(words(&lines[2]), ["1", "0%", "500", "1500", "0", "sw-w1/0"]);
+        assert_eq!(words(&lines[3]), ["2", "0%", "0", "0", "0", "none"]);
+        // No threads (an old switchd's reply): no table.
+        assert!(thread_table(&serde_json::json!({"rx_frames": 3})).is_empty());
     }
 }

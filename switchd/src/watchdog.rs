@@ -3,8 +3,8 @@
 //! (systemd `Restart=on-failure`) restarts it, rather than leave a switch
 //! that answers its admin socket but moves no packet.
 //!
-//! Owns: [`Heartbeat`] (one per dataplane thread, written by that thread
-//! only), [`Watchdog`] (the decision, fed samples and time, no I/O) and the
+//! Owns: [`Heartbeat`] (one per dataplane thread: its progress written by
+//! that thread only, its stall count by the watchdog thread), [`Watchdog`] (the decision, fed samples and time, no I/O) and the
 //! watchdog thread ([`spawn`]), which samples every [`CHECK_EVERY`].
 //!
 //! Invariants: a dataplane thread writes its heartbeat once per loop
@@ -42,6 +42,9 @@ pub struct Heartbeat {
     /// iteration, or found frames or hand-offs waiting and went to take
     /// them. Cleared by an iteration that received nothing.
     busy: AtomicBool,
+    /// Times the watchdog found this thread stuck (written by the watchdog
+    /// thread, at most once before switchd exits).
+    stalls: AtomicU64,
 }
 
 impl Heartbeat {
@@ -58,6 +61,16 @@ impl Heartbeat {
     #[inline]
     pub fn taking_work(&self) {
         self.busy.store(true, Ordering::Relaxed);
+    }
+
+    /// The watchdog found this thread stuck.
+    pub fn count_stall(&self) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Times the watchdog found this thread stuck.
+    pub fn stalls(&self) -> u64 {
+        self.stalls.load(Ordering::Relaxed)
     }
 
     /// (iterations, busy) as last published.
@@ -162,7 +175,7 @@ pub fn spawn(
                     s.thread,
                     s.stuck_for.as_secs_f64()
                 );
-                shared.count_stall();
+                shared.count_stall(s.thread);
                 stop.store(true, Ordering::SeqCst);
                 std::thread::sleep(EXIT_GRACE);
                 tracing::error!(

@@ -327,7 +327,39 @@ fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "dataplane_threads = 2\n");
     let sizes = [1, 363, 4 * 1024 * 1024 / 4];
     run_sizes(&tb, &sizes, 2);
+    // The operator's view: one table row per thread, with its sockets.
+    let ctl = sw.switchctl(&["stats"]);
+    let table = String::from_utf8_lossy(&ctl.stdout);
+    assert!(ctl.status.success(), "switchctl stats: {table}");
+    for (thread, sockets) in [("0", "sw-w0/0 sw-w2/0"), ("1", "sw-w1/0 sw-w3/0")] {
+        assert!(
+            table.lines().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.first() == Some(&thread) && l.trim_end().ends_with(sockets)
+            }),
+            "no row for thread {thread} serving {sockets} in switchctl stats:\n{table}"
+        );
+    }
     let stats = stop_clean(&tb, &mut sw);
+    // Per thread: each took frames from its own sockets, and the switch's
+    // counters are the threads' sums.
+    let threads = stats["threads"]
+        .as_array()
+        .expect("threads in the stats file");
+    assert_eq!(threads.len(), 2, "{stats}");
+    for name in ["rx_frames", "tx_frames", "forwarded", "thread_wakeups"] {
+        let per: Vec<u64> = threads.iter().map(|t| t[name].as_u64().unwrap()).collect();
+        assert_eq!(
+            per.iter().sum::<u64>(),
+            stats[name].as_u64().unwrap(),
+            "{name} per thread {per:?}"
+        );
+    }
+    for t in threads {
+        assert!(t["rx_frames"].as_u64().unwrap() > 0, "an idle thread: {t}");
+        let busy = t["busy_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&busy), "{t}");
+    }
     let j = job(&stats, 1);
     let want = chunks_for(&sizes, 2);
     assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");

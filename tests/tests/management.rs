@@ -192,6 +192,8 @@ fn assert_answers(tb: &Testbed, when: &str) -> String {
         "aggswitch_job_window{job=\"1\"} ",
         "aggswitch_job_chunks_completed_total{job=\"1\"} 0",
         "aggswitch_rx_frames_total ",
+        "aggswitch_thread_rx_frames_total{thread=\"0\"} ",
+        "aggswitch_thread_busy_ratio{thread=\"0\"} ",
         "aggswitch_metrics_connections_rejected_total ",
     ] {
         assert!(

@@ -132,6 +132,8 @@ fn a_stuck_dataplane_thread_ends_switchd_with_status_70_and_counts_the_stall() {
     // The table was free: main wrote the final counters before exiting.
     let stats = sw.stats();
     assert_eq!(stats["dataplane_stalls"], 1, "final stats: {stats}");
+    // Counted against the thread that was stuck (the only one here).
+    assert_eq!(stats["threads"][0]["dataplane_stalls"], 1, "{stats}");
     // The stuck thread's own counters stop at its last publication; the
     // table's show the all-reduce got as far as the fault let it.
     assert!(

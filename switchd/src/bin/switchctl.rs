@@ -5,7 +5,8 @@
 //!   switchctl job add --id 2 --workers 4 --allow 198.18.0.0/24 --secret-file PATH
 //!     (or the secret in AGGSWITCH_SECRET)
 //!   switchctl job rm 2
-//!   switchctl stats [ID] [--json]
+//!   switchctl stats [ID] [--json]   (the switch's: with a table per
+//!                                    dataplane thread)
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -43,7 +44,8 @@ enum Cmd {
     },
     /// Counters of one job (chunks, bytes, retransmissions, drops by reason,
     /// ranks joined, ranks missing on the oldest incomplete seq), or of the
-    /// whole switch.
+    /// whole switch (with a row per dataplane thread: busy share, frames,
+    /// hand-offs, sockets).
     Stats { id: Option<u16> },
 }
 
@@ -310,6 +312,13 @@ fn run() -> Result<()> {
             );
             print_counters(d, &DataplaneCounters::default(), "  ");
             print_counters(d, &TableCounters::default(), "  ");
+            let threads = switchd::stats::thread_table(d);
+            if !threads.is_empty() {
+                println!("dataplane threads (busy: share of the last second not asleep in poll):");
+                for l in threads {
+                    println!("  {l}");
+                }
+            }
             for p in d["ports"].as_array().cloned().unwrap_or_default() {
                 let refused: Vec<String> = p["xdp_fwd_refused"]
                     .as_object()

@@ -29,9 +29,10 @@
 //! place, replies written straight into UMEM frames), ring operations in
 //! batches, transmit rings flushed once per round, no syscall per packet: a
 //! thread sleeps in one `poll(2)` over its sockets only after many empty
-//! rounds. No control-plane work: admin requests, metrics, the stats file,
-//! BPF map reads and the log of the table's events run on the control
-//! thread ([`crate::control`]). Counters are per thread, plain integers,
+//! rounds, and times only those sleeps (its busy share, [`busy`]). No
+//! control-plane work: admin requests, metrics, the stats file, BPF map
+//! reads and the log of the table's events run on the control thread
+//! ([`crate::control`]). Counters are per thread, plain integers,
 //! published under a per-thread lock at most every few milliseconds. For
 //! the watchdog ([`crate::watchdog`]) a thread stores its iteration count
 //! and whether it has work in hand once per iteration and before taking a
@@ -41,12 +42,13 @@
 //! Echo mode (`[switch] mode = "echo"`, a benchmark baseline) replaces the
 //! round by [`crate::echo`]: no table, no outbox, every frame straight back.
 
+pub mod busy;
 pub mod fault;
 pub mod rx;
 pub mod tx;
 pub mod uplink;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -145,6 +147,30 @@ pub type TxSockets = Vec<Vec<Option<XskTx>>>;
 struct Published {
     counters: DataplaneCounters,
     rings: Vec<RingStats>,
+    busy_share: f64,
+}
+
+/// One dataplane thread's counters as last published.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadCounters {
+    /// Its own counters; `dataplane_stalls` counts the watchdog's finds of
+    /// this thread stuck.
+    pub counters: DataplaneCounters,
+    /// The sockets it serves, as (port index, queue).
+    pub sockets: Vec<(u32, u32)>,
+    /// Share of the last second it was awake ([`busy::BusyShare`]).
+    pub busy_share: f64,
+}
+
+/// Every dataplane counter, read in one pass over the threads.
+#[derive(Debug, Clone, Default)]
+pub struct DataplaneSnapshot {
+    /// Summed over the threads.
+    pub total: DataplaneCounters,
+    /// Every socket's ring gauges, by (port, queue).
+    pub rings: Vec<RingStats>,
+    /// Per thread, in thread order (the sum of these is `total`).
+    pub threads: Vec<ThreadCounters>,
 }
 
 /// State every dataplane thread (and the control thread) shares.
@@ -168,11 +194,10 @@ pub struct Shared {
     /// A leaf's socket towards its spines (`[switch] uplink`): any thread
     /// sends on it, thread 0 receives.
     uplink: Option<std::net::UdpSocket>,
-    /// Thread `i`'s progress, for the watchdog ([`crate::watchdog`]).
+    /// Thread `i`'s progress, and the stalls the watchdog found in it (not
+    /// in its counters: the stuck thread cannot publish), for the watchdog
+    /// ([`crate::watchdog`]).
     heartbeats: Vec<Heartbeat>,
-    /// Stalls the watchdog found (not a thread's: the stuck one cannot
-    /// publish).
-    stalls: AtomicU64,
     /// The switch's own addresses: a frame that claims one as its source
     /// is dropped at ingress ([`rx`]).
     own: OwnAddresses,
@@ -283,7 +308,6 @@ pub fn build(
         echo: cfg.echo,
         uplink: cfg.uplink,
         heartbeats: (0..threads).map(|_| Heartbeat::default()).collect(),
-        stalls: AtomicU64::new(0),
         own: cfg.own,
     });
     let lanes = rxs
@@ -315,19 +339,38 @@ impl Shared {
         lock(&self.table)
     }
 
-    /// Dataplane counters summed over the threads' last publication, and
-    /// the ring gauges of every socket.
-    pub fn dataplane_counters(&self) -> (DataplaneCounters, Vec<RingStats>) {
-        let mut sum = DataplaneCounters::default();
-        let mut rings = Vec::new();
-        for p in &self.published {
+    /// Dataplane counters as the threads last published them: per thread
+    /// (with the sockets it serves) and summed, and the ring gauges of
+    /// every socket.
+    pub fn dataplane_counters(&self) -> DataplaneSnapshot {
+        let mut snap = DataplaneSnapshot::default();
+        for (i, (p, beat)) in self.published.iter().zip(&self.heartbeats).enumerate() {
             let p = lock(p);
-            sum.add(&p.counters);
-            rings.extend(p.rings.iter().cloned());
+            let mut counters = p.counters.clone();
+            counters.dataplane_stalls = beat.stalls();
+            snap.total.add(&counters);
+            snap.rings.extend(p.rings.iter().cloned());
+            snap.threads.push(ThreadCounters {
+                counters,
+                sockets: self.sockets_of(i),
+                busy_share: p.busy_share,
+            });
         }
-        rings.sort_by_key(|r| (r.port_idx, r.queue));
-        sum.dataplane_stalls = self.stalls.load(Ordering::Relaxed);
-        (sum, rings)
+        snap.rings.sort_by_key(|r| (r.port_idx, r.queue));
+        snap
+    }
+
+    /// The sockets thread `t` owns, as (port index, queue).
+    fn sockets_of(&self, t: usize) -> Vec<(u32, u32)> {
+        let mut v = Vec::new();
+        for (p, queues) in self.owner.iter().enumerate() {
+            for (q, owner) in queues.iter().enumerate() {
+                if *owner == t {
+                    v.push((p as u32, q as u32));
+                }
+            }
+        }
+        v
     }
 
     /// Every dataplane thread's heartbeat, in thread order.
@@ -335,15 +378,17 @@ impl Shared {
         &self.heartbeats
     }
 
-    /// The watchdog found a thread stuck.
-    pub fn count_stall(&self) {
-        self.stalls.fetch_add(1, Ordering::Relaxed);
+    /// The watchdog found thread `thread` stuck.
+    pub fn count_stall(&self, thread: usize) {
+        if let Some(h) = self.heartbeats.get(thread) {
+            h.count_stall();
+        }
     }
 
     /// Whether the watchdog found a thread stuck (switchd must then exit
     /// through [`crate::watchdog::exit_for_restart`]).
     pub fn stalled(&self) -> bool {
-        self.stalls.load(Ordering::Relaxed) > 0
+        self.heartbeats.iter().any(|h| h.stalls() > 0)
     }
 
     pub fn uptime(&self) -> Duration {
@@ -386,6 +431,7 @@ impl DataplaneThread {
         let mut fds = self.poll_fds();
         let mut idle = 0u32;
         let mut iterations = 0u64;
+        let mut busy = busy::BusyShare::new(Instant::now());
         let shared = self.shared.clone();
         let heartbeat = &shared.heartbeats[self.idx];
         while !stop.load(Ordering::Relaxed) {
@@ -400,15 +446,17 @@ impl DataplaneThread {
             heartbeat.beat(iterations, got > 0);
             idle = if got == 0 { idle + 1 } else { 0 };
             if idle >= SPIN_ROUNDS {
+                let asleep = Instant::now();
                 self.sleep(&mut fds);
+                busy.slept(asleep.elapsed());
             }
             if self.last_publish.elapsed() >= PUBLISH_EVERY {
-                self.publish();
+                self.publish(busy.share(Instant::now()));
             }
         }
         tx::drain_outbox(self);
         self.flush_all();
-        self.publish();
+        self.publish(busy.share(Instant::now()));
         // Returned: idle for good, never a stall.
         heartbeat.beat(iterations + 1, false);
     }
@@ -584,7 +632,9 @@ impl DataplaneThread {
         waker.woke(handed_work);
     }
 
-    fn publish(&mut self) {
+    /// Publishes the counters, the ring gauges and `busy_share` for the
+    /// control thread.
+    fn publish(&mut self, busy_share: f64) {
         let now = Instant::now();
         // The sockets count these themselves; this thread owns the sums.
         let (gathered, too_many) = self.rxs.iter().fold((0, 0), |(g, d), s| {
@@ -629,6 +679,7 @@ impl DataplaneThread {
         let mut p = lock(&self.shared.published[self.idx]);
         p.counters = self.counters.clone();
         p.rings = rings;
+        p.busy_share = busy_share;
         self.last_publish = now;
     }
 }
