@@ -52,9 +52,12 @@ def headline(report):
     runs = report["runs"]
     measured = {r["backend"] for r in runs}
     backend = "lockfree" if "lockfree" in measured else "table-lock"
-    one, two = find(runs, backend, "rss", 1), find(runs, backend, "rss", 2)
-    ratio = two["mpps"] / one["mpps"] if one and two and one["mpps"] > 0 else None
-    return backend, ratio
+    return backend, ratio_2_over_1(runs, backend, "rss")
+
+
+def ratio_2_over_1(runs, backend, layout):
+    one, two = find(runs, backend, layout, 1), find(runs, backend, layout, 2)
+    return two["mpps"] / one["mpps"] if one and two and one["mpps"] > 0 else None
 
 
 def add_speedups(report):
@@ -92,7 +95,7 @@ def plot(report, path):
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=120)
     colors = {"table-lock": "#d62728", "lockfree": "#1f77b4"}
-    styles = {"rss": "-", "job-per-thread": "--"}
+    styles = {"rss": "-", "steered": ":", "job-per-thread": "--"}
     series = sorted({(r["backend"], r["layout"]) for r in report["runs"]})
     threads = sorted({r["threads"] for r in report["runs"]})
     for backend, layout in series:
@@ -162,6 +165,8 @@ def main():
         "engine_2_over_1": ratio,
         "engine_2_over_1_backend": backend,
         "engine_2_over_1_layout": "rss",
+        "engine_2_over_1_steered": ratio_2_over_1(report["runs"], backend, "steered"),
+        "engine_2_over_1_job_per_thread": ratio_2_over_1(report["runs"], backend, "job-per-thread"),
         "goal_2_over_1": GOAL_2_OVER_1,
         "stamp": a.stamp,
         "machine": machine(),

@@ -74,6 +74,9 @@ enum BackendArg {
 enum LayoutArg {
     /// One job; rank r's DATA on thread r mod T.
     Rss,
+    /// One job; seq s's DATA, of every rank, on thread s mod T (slots
+    /// steered to threads, as NIC ntuple rules per seq lane would).
+    Steered,
     /// T jobs; thread t feeds every rank of job t.
     JobPerThread,
     All,
@@ -161,6 +164,7 @@ fn main() -> Result<()> {
     };
     let layouts: &[Layout] = match cli.layout {
         LayoutArg::Rss => &[Layout::Rss],
+        LayoutArg::Steered => &[Layout::Steered],
         LayoutArg::JobPerThread => &[Layout::JobPerThread],
         LayoutArg::All => &Layout::ALL,
     };

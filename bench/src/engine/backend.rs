@@ -36,6 +36,12 @@ pub trait Backend: Sync {
     /// Job `job`'s window floor now (read after the run, for the count of
     /// RESULTs).
     fn floor(&self, job: u16) -> u32;
+
+    /// Seqs of job `job` completed so far: the floor, and those completed
+    /// above it (threads fed by seq lane complete out of order).
+    fn completed(&self, job: u16) -> u64 {
+        u64::from(self.floor(job))
+    }
 }
 
 /// Which engine to measure.
@@ -159,6 +165,19 @@ impl Backend for LockFree {
             .with_job(job, |core| core.engine.floor())
             .unwrap_or(0)
     }
+
+    fn completed(&self, job: u16) -> u64 {
+        self.dp
+            .with_job(job, |core| {
+                let e = &core.engine;
+                let f = e.floor();
+                let above = (0..e.len() as u32)
+                    .filter(|k| e.shadow(f.wrapping_add(*k)).is_some())
+                    .count();
+                u64::from(f) + above as u64
+            })
+            .unwrap_or(0)
+    }
 }
 
 /// Today's switchd: one table mutex, held for a whole batch.
@@ -183,6 +202,17 @@ impl Backend for TableLock {
     fn floor(&self, job: u16) -> u32 {
         let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         t.get(job).map_or(0, Job::floor)
+    }
+
+    fn completed(&self, job: u16) -> u64 {
+        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        t.get(job).map_or(0, |j| {
+            let f = j.floor();
+            let above = (0..j.config.pool_slots as u32)
+                .filter(|k| j.result(f.wrapping_add(*k)).is_some())
+                .count();
+            u64::from(f) + above as u64
+        })
     }
 }
 

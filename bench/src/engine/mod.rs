@@ -25,7 +25,11 @@
 //! Layouts: `rss`, one job of n ranks whose rank r arrives on thread
 //! r mod T (what RSS does when each worker's flow hashes to its own
 //! queue), so every slot's contributions come from several threads;
-//! `job-per-thread`, T jobs, thread t feeding every rank of job t.
+//! `steered`, one job whose seq s arrives, from every rank, on thread
+//! s mod T (what a NIC would do with one destination port per seq lane
+//! and ntuple rules: the "slots sharded to threads" design; switchd does
+//! not steer so today, see docs/BENCHMARKS.md); `job-per-thread`, T jobs,
+//! thread t feeding every rank of job t.
 //!
 //! Checks (a wrong engine fails the run, never reports a number): every
 //! RESULT of a seq that is a multiple of [`SAMPLE_EVERY`] is compared, bit
@@ -66,16 +70,19 @@ const SECRET: [u8; 32] = [0x5c; 32];
 pub enum Layout {
     /// One job; rank r's frames on thread r mod T.
     Rss,
+    /// One job; seq s's frames, of every rank, on thread s mod T.
+    Steered,
     /// T jobs; thread t feeds every rank of job t.
     JobPerThread,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 2] = [Layout::Rss, Layout::JobPerThread];
+    pub const ALL: [Layout; 3] = [Layout::Rss, Layout::Steered, Layout::JobPerThread];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::Rss => "rss",
+            Layout::Steered => "steered",
             Layout::JobPerThread => "job-per-thread",
         }
     }
@@ -367,6 +374,8 @@ impl Sink {
 /// `0..K` (frame `k * ranks + i` is rank `ranks[i]`'s for seq k).
 struct Feeder {
     job: u16,
+    /// Steered: (this thread's lane, lanes): it feeds the seqs of its lane.
+    lane: Option<(u32, u32)>,
     ranks: Vec<u16>,
     from: Vec<Endpoint>,
     ring: Vec<u8>,
@@ -398,6 +407,7 @@ impl Feeder {
         }
         Feeder {
             job,
+            lane: None,
             from: ranks.iter().map(|&r| endpoint(job, r)).collect(),
             ranks,
             ring,
@@ -430,6 +440,12 @@ impl Feeder {
         let mut floor = 0u32;
         let mut seq = 0u32;
         'feed: while nr > 0 && Some(seq) != last {
+            // Steered: another thread's seq (skipped before the window
+            // check: it may already be below the floor).
+            if self.lane.is_some_and(|(i, t)| seq % t != i) {
+                seq = seq.wrapping_add(1);
+                continue;
+            }
             // The window: send nothing at or past floor + W.
             let mut spins = 0u32;
             while seq.wrapping_sub(floor) >= window {
@@ -701,10 +717,13 @@ fn run_on(
                 (1, ranks)
             })
             .collect(),
+        Layout::Steered => (0..t).map(|_| (1, (0..spec.ranks).collect())).collect(),
         Layout::JobPerThread => (0..t)
             .map(|i| (i as u16 + 1, (0..spec.ranks).collect()))
             .collect(),
     };
+    // Steered: thread i takes the seqs ≡ i mod T.
+    let lanes = spec.layout == Layout::Steered;
     let mut jobs: Vec<u16> = plan.iter().map(|p| p.0).collect();
     jobs.dedup();
     let now = Instant::now();
@@ -729,6 +748,7 @@ fn run_on(
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
                     let mut feeder = Feeder::new(job, ranks, spec);
+                    feeder.lane = lanes.then_some((i as u32, t as u32));
                     let sink = Sink::new(name, spec, reference);
                     ready.wait();
                     let cpu = thread_cpu_time();
@@ -813,7 +833,7 @@ fn run_on(
             first: first_unexpected,
         });
     }
-    m.seqs_completed = jobs.iter().map(|&j| backend.floor(j) as u64).sum();
+    m.seqs_completed = jobs.iter().map(|&j| backend.completed(j)).sum();
     if m.seqs_completed == 0 {
         return Err(EngineError::NothingCompleted { backend: name });
     }
