@@ -21,7 +21,12 @@
 #                 peer in P-sw is sw-hJ
 # 198.18.0.0/15 is the RFC 2544 benchmarking range; it is only used inside
 # these namespaces. N is 1..90, M is 0..155 (default 0), Q (default 1) sets
-# numrxqueues/numtxqueues of every veth. IPv6 is disabled in every namespace,
+# numrxqueues/numtxqueues of every veth; with Q > 1, worker I and host J send
+# on transmit queue I mod Q and J mod Q of their eth0 (XPS: every CPU maps
+# to that queue), and a veth receives on the queue its peer sent on, so the
+# switch port gets them on that receive queue: the load is spread over the
+# queues the same way every run (on a real NIC, RSS hashes flows to queues;
+# a veth's own pick, by flow hash, may put every worker on one queue). IPv6 is disabled in every namespace,
 # lo is up everywhere, and eth0 has GRO on (needed by XDP redirects into a
 # veth, see DESIGN.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
@@ -243,6 +248,25 @@ add_port() {
     switch_facing "$ns" eth0
 }
 
+# cpu_mask: every configured CPU as a sysfs CPU mask (hex, 32-bit groups
+# separated by commas, highest first).
+cpu_mask() {
+    local n mask="" i
+    n="$(nproc --all)"
+    (( n % 32 == 0 )) || mask="$(printf '%x' $(( (1 << (n % 32)) - 1 )))"
+    for ((i = 0; i < n / 32; i++)); do mask="${mask:+$mask,}ffffffff"; done
+    echo "$mask"
+}
+
+# send_on_queue NS INDEX QUEUES: eth0 in NS transmits on queue INDEX mod
+# QUEUES only (XPS maps every CPU to it); nothing with one queue.
+send_on_queue() {
+    local ns="$1" index="$2" queues="$3"
+    ((queues > 1)) || return 0
+    ip netns exec "$ns" sh -c "echo $(cpu_mask) > /sys/class/net/eth0/queues/tx-$((index % queues))/xps_cpus" ||
+        die "setting XPS of eth0 in $ns (kernel without CONFIG_XPS?)"
+}
+
 # add_bridge NS ADDR MTU: the bridge br0 with ADDR/24, forwarding at once.
 add_bridge() {
     local ns="$1" addr="$2" mtu="$3"
@@ -348,9 +372,11 @@ cmd_up() {
 
     for ((i = 0; i < workers; i++)); do
         add_port "$swns" "${wns[i]}" "sw-w$i" "$SUBNET_BASE.$((WORKER_BASE + i))" "$queues" "$mtu"
+        send_on_queue "${wns[i]}" "$i" "$queues"
     done
     for ((i = 0; i < hosts; i++)); do
         add_port "$swns" "${hns[i]}" "sw-h$i" "$SUBNET_BASE.$((HOST_BASE + i))" "$queues" "$mtu"
+        send_on_queue "${hns[i]}" "$i" "$queues"
     done
 
     UP_DONE=1
