@@ -98,8 +98,8 @@
 #          the switch's traffic crossed the shapers;
 #   3b. threads: the switch's all-reduce again, the same way, on unlimited
 #      links, with each dataplane thread count T of --threads: the testbed
-#      remade with T queues per veth (testbed.sh sends worker I on queue
-#      I mod T) and switchd at queues = dataplane_threads = T, so thread T'
+#      remade with T queues per veth (testbed.sh --queue-per-worker: worker
+#      I sends on queue I mod T) and switchd at queues = dataplane_threads = T, so thread T'
 #      owns queue T' of every port and worker I's frames go to thread
 #      I mod T (with 4 workers, at most 4 threads get frames). Times, their
 #      ratio to 1 thread and the frames each queue (thread) received go under
@@ -998,7 +998,7 @@ run_threads() {
     for t in "${THREADS[@]}"; do
         stop_ns_leftovers
         bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
-            --mtu "$MTU" --queues "$t" >"$THREADS_DIR/testbed-t$t.log"
+            --mtu "$MTU" --queues "$t" --queue-per-worker >"$THREADS_DIR/testbed-t$t.log"
         CFG="$THREADS_DIR/switchd-t$t.toml"
         write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX', $t thread(s)" \
             "$WORKERS" "$SECRET" "queues = $t" "dataplane_threads = $t"

@@ -4,7 +4,7 @@
 #
 # Usage:
 #   scripts/testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q]
-#                         [--mtu BYTES] [--print-env]
+#                         [--queue-per-worker] [--mtu BYTES] [--print-env]
 #   scripts/testbed.sh up --leaves L --spines K --workers-per-leaf W
 #                         [--hosts-per-leaf H] [--prefix P] [--queues Q]
 #                         [--mtu BYTES] [--print-env]
@@ -21,12 +21,13 @@
 #                 peer in P-sw is sw-hJ
 # 198.18.0.0/15 is the RFC 2544 benchmarking range; it is only used inside
 # these namespaces. N is 1..90, M is 0..155 (default 0), Q (default 1) sets
-# numrxqueues/numtxqueues of every veth; with Q > 1, worker I and host J send
-# on transmit queue I mod Q and J mod Q of their eth0 (XPS: every CPU maps
-# to that queue), and a veth receives on the queue its peer sent on, so the
-# switch port gets them on that receive queue: the load is spread over the
-# queues the same way every run (on a real NIC, RSS hashes flows to queues;
-# a veth's own pick, by flow hash, may put every worker on one queue). IPv6 is disabled in every namespace,
+# numrxqueues/numtxqueues of every veth. A veth receives on the queue its
+# peer sent on, which the sender's kernel picks by flow hash (or XPS): a
+# worker's one flow lands on one queue, and several workers may share one.
+# --queue-per-worker makes the spread the same every run: worker I and host
+# J send on transmit queue I mod Q and J mod Q of their eth0 only (XPS maps
+# every CPU to it), so the switch port receives them on that queue (on a
+# real NIC, RSS hashes flows to queues). IPv6 is disabled in every namespace,
 # lo is up everywhere, and eth0 has GRO on (needed by XDP redirects into a
 # veth, see DESIGN.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
@@ -91,7 +92,7 @@ readonly BRIDGE=br0
 # addresses" below.
 readonly MAX_LEAVES=254
 readonly MAX_SPINES=127
-readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
+readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] [--queue-per-worker] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
 
 # ---------------------------------------------------------------------------
 # Names
@@ -293,7 +294,7 @@ on_exit() {
 }
 
 cmd_up() {
-    local prefix="agg" workers="" hosts="" queues=1 mtu=1500 print_env=0
+    local prefix="agg" workers="" hosts="" queues=1 mtu=1500 print_env=0 per_worker=0
     local leaves="" spines="" wpl="" hpl=""
     while [[ $# -gt 0 ]]; do
         case "$1" in
@@ -321,6 +322,7 @@ cmd_up() {
             --workers-per-leaf=*) wpl="${1#*=}"; shift ;;
             --hosts-per-leaf=*) hpl="${1#*=}"; shift ;;
             --print-env) print_env=1; shift ;;
+            --queue-per-worker) per_worker=1; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "up: unknown argument '$1' (see --help)" ;;
         esac
@@ -332,6 +334,8 @@ cmd_up() {
     if [[ -n "$leaves$spines$wpl$hpl" ]]; then
         [[ -z "$workers$hosts" ]] ||
             die "up: --workers/--hosts (one switch) and --leaves/--spines/--workers-per-leaf/--hosts-per-leaf (leaf-spine) do not mix"
+        [[ "$per_worker" -eq 0 ]] ||
+            die "up: --queue-per-worker is for the single switch (--workers N) only"
         up_leafspine "$prefix" "$leaves" "$spines" "$wpl" "${hpl:-0}" \
             "$((10#$queues))" "$((10#$mtu))" "$print_env"
         return
@@ -372,11 +376,11 @@ cmd_up() {
 
     for ((i = 0; i < workers; i++)); do
         add_port "$swns" "${wns[i]}" "sw-w$i" "$SUBNET_BASE.$((WORKER_BASE + i))" "$queues" "$mtu"
-        send_on_queue "${wns[i]}" "$i" "$queues"
+        ((per_worker == 0)) || send_on_queue "${wns[i]}" "$i" "$queues"
     done
     for ((i = 0; i < hosts; i++)); do
         add_port "$swns" "${hns[i]}" "sw-h$i" "$SUBNET_BASE.$((HOST_BASE + i))" "$queues" "$mtu"
-        send_on_queue "${hns[i]}" "$i" "$queues"
+        ((per_worker == 0)) || send_on_queue "${hns[i]}" "$i" "$queues"
     done
 
     UP_DONE=1

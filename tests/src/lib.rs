@@ -127,9 +127,8 @@ pub fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
 }
 
 /// How many cores a test's switch spreads its work over: receive queues
-/// per testbed port (`testbed.sh --queues`, which also sends worker I's
-/// frames on queue I mod Q) and switchd's `queues` and
-/// `dataplane_threads`.
+/// per testbed port (`testbed.sh --queues Q --queue-per-worker`: worker I
+/// sends on queue I mod Q) and switchd's `queues` and `dataplane_threads`.
 #[derive(Clone, Copy, Debug)]
 pub struct Lanes {
     pub queues: u16,
@@ -189,6 +188,12 @@ impl Testbed {
             .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
             .args(["--mtu", &mtu.to_string()])
             .args(["--queues", &queues.to_string()])
+            // Worker I on queue I mod Q, the same every run (testbed.sh).
+            .args(if queues > 1 {
+                &["--queue-per-worker"][..]
+            } else {
+                &[]
+            })
             .output()
             .expect("running scripts/testbed.sh");
         assert!(
@@ -238,7 +243,8 @@ impl Testbed {
     /// queues thread T owns queue T of every port, and a share per queue is a
     /// share per thread. Which queue a frame arrives on: veth receives on
     /// the queue the peer sent on, and testbed.sh has worker I send on
-    /// queue I mod Q (XPS); on a real NIC, RSS hashes each flow to a queue.
+    /// queue I mod Q (`--queue-per-worker`, XPS); on a real NIC, RSS hashes
+    /// each flow to a queue.
     pub fn assert_spread_over_queues(&self, stats: &serde_json::Value, lanes: Lanes) {
         assert_eq!(
             lanes.queues, lanes.threads,
