@@ -156,6 +156,14 @@ impl Lanes {
     }
 }
 
+/// True when every count is at least a quarter of an even share of their
+/// (non-zero) sum.
+fn fair_shares(counts: &[u64]) -> bool {
+    let total: u64 = counts.iter().sum();
+    let floor = total / counts.len().max(1) as u64 / 4;
+    total > 0 && counts.iter().all(|&n| n >= floor.max(1))
+}
+
 /// A testbed; torn down on drop.
 pub struct Testbed {
     pub prefix: String,
@@ -236,7 +244,8 @@ impl Testbed {
     /// Asserts that switchd (its last `stats`) opened a socket on every
     /// queue of every worker port, and that the workers' frames were spread
     /// over the dataplane threads: every queue of the worker ports carried
-    /// at least a quarter of its fair share.
+    /// at least a quarter of its fair share, and so did every thread's
+    /// `rx_frames` where the stats have them.
     ///
     /// Which thread received what: switchd deals its sockets (port, queue),
     /// port by port, round-robin to the threads, so with as many threads as
@@ -269,14 +278,25 @@ impl Testbed {
                 per_queue[q] += n;
             }
         }
-        let total: u64 = per_queue.iter().sum();
-        let floor = total / u64::from(self.queues) / 4;
         assert!(
-            total > 0 && per_queue.iter().all(|&n| n >= floor.max(1)),
+            fair_shares(&per_queue),
             "the workers' frames were not spread over the queues (and so the threads): \
              frames per queue {per_queue:?}"
         );
         eprintln!("frames per queue (and thread) on the worker ports: {per_queue:?}");
+        // Where switchd's stats have per-thread counters (`threads`), the
+        // same on what each thread took from its rings.
+        if let Some(threads) = stats["threads"].as_array() {
+            let per_thread: Vec<u64> = threads
+                .iter()
+                .map(|t| t["rx_frames"].as_u64().unwrap_or(0))
+                .collect();
+            assert_eq!(per_thread.len(), usize::from(lanes.threads), "{stats}");
+            assert!(
+                fair_shares(&per_thread),
+                "the dataplane threads did not share the frames: rx_frames per thread {per_thread:?}"
+            );
+        }
     }
 
     pub fn switch_ns(&self) -> String {
@@ -1218,6 +1238,18 @@ impl Impairment {
 
 #[cfg(test)]
 mod tests {
+    /// The spread check of the multi-thread tests: an even split passes, a
+    /// thread with nothing or with a sliver fails.
+    #[test]
+    fn fair_shares_fail_when_one_thread_takes_nearly_all() {
+        assert!(super::fair_shares(&[20_909, 20_634]));
+        assert!(super::fair_shares(&[30, 20, 25, 25]));
+        assert!(!super::fair_shares(&[35_006, 0]));
+        assert!(!super::fair_shares(&[10_000, 100]));
+        assert!(!super::fair_shares(&[0, 0]));
+        assert!(!super::fair_shares(&[]));
+    }
+
     /// Every `#[test]` in `tests/tests/*.rs` needs root (a testbed, XDP), so
     /// each must be `#[ignore = "needs root"]`: otherwise a `cargo test`
     /// without root would count it as passed after its skip message.
