@@ -9,7 +9,7 @@
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
 #                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
-#                         [--no-efficiency]
+#                         [--no-efficiency] [--threads 1,2]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -30,6 +30,12 @@
 #   --rate-seconds D  seconds per rate measurement (default 5; --quick: 2)
 #   --rate-repeats R  runs per rate measurement, median reported (default 3;
 #                 --quick: 1)
+#   --threads LIST  dataplane thread counts to measure, comma-separated,
+#                 ascending, starting with 1 (default 1,2; e.g. 1,2,4,8 on a
+#                 many-core machine): the aggregation packet rates and the
+#                 switch's all-reduce time (section "threads" below) with
+#                 each. Thread counts above 2 give the rate testbed as many
+#                 queues as the largest count (else 2)
 #   --no-forward  skip the forwarding comparison (scripts/bench_forward.sh:
 #                 iperf3 and sockperf between two hosts through a plain
 #                 bridge, through switchd with forwarding = "bridge", and
@@ -60,8 +66,8 @@
 # (switchd mode "xdp-drop", the XDP program's dropped counter), AF_XDP echo
 # (mode "echo", 1512- and 64-byte frames, switchd's echoed counter) and
 # aggregation (jobs of 2, 4, 8 ranks all played by one closed-loop
-# generator; DATA frames/s, chunks/s, float32 elements/s) with 1 and 2
-# dataplane threads. Ratios: aggregation / echo (goal >= 0.9), echo /
+# generator; DATA frames/s, chunks/s, float32 elements/s) with each
+# dataplane thread count of --threads (default 1 and 2). Ratios: aggregation / echo (goal >= 0.9), echo /
 # XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON.
 #
 # What it does:
@@ -90,6 +96,15 @@
 #          slowest rank's seconds / K) and K times with --iterations 1 (best
 #          and median of the slowest rank); ifb/tbf byte counters show that
 #          the switch's traffic crossed the shapers;
+#   3b. threads: the switch's all-reduce again, the same way, on unlimited
+#      links, with each dataplane thread count T of --threads: the testbed
+#      remade with T queues per veth (testbed.sh --queue-per-worker: worker
+#      I sends on queue I mod T) and switchd at queues = dataplane_threads = T, so thread T'
+#      owns queue T' of every port and worker I's frames go to thread
+#      I mod T (with 4 workers, at most 4 threads get frames). Times, their
+#      ratio to 1 thread and the frames each queue (thread) received go under
+#      "threads" in the JSON (scripts/bench_threads_report.py), the times
+#      also under headline.allreduce_threads;
 #   4. prints a table and writes results/bench-STAMP.json (+ logs in
 #      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
 #      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
@@ -144,12 +159,14 @@ RATE_REPEATS=""
 TIMEOUT=900
 WAIT_IDLE=0
 DOCS=1
+THREADS_ARG=1,2
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats|--mtu)
+        --mib|--repeats|--timeout|--wait-idle|--rate-seconds|--rate-repeats|--mtu|--threads)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
+                --threads) THREADS_ARG="$2" ;;
                 --rate-seconds) RATE_SECONDS="$2" ;;
                 --rate-repeats) RATE_REPEATS="$2" ;;
                 --mib) MIB="$2" ;;
@@ -164,6 +181,7 @@ while [[ $# -gt 0 ]]; do
         --repeats=*) REPEATS="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
+        --threads=*) THREADS_ARG="${1#*=}"; shift ;;
         --quick) QUICK=1; shift ;;
         --rate-seconds=*) RATE_SECONDS="${1#*=}"; shift ;;
         --rate-repeats=*) RATE_REPEATS="${1#*=}"; shift ;;
@@ -201,6 +219,20 @@ uint_in_range "$MTU" 576 9000 ||
     die "--mtu must be 576..9000 (switchd serves ports up to MTU 9000), got '$MTU'"
 MTU=$((10#$MTU))
 readonly MTU
+IFS=, read -r -a THREADS <<<"$THREADS_ARG"
+((${#THREADS[@]} > 0)) || die "--threads needs a list like 1,2,4"
+prev=0
+for i in "${!THREADS[@]}"; do
+    t="${THREADS[i]}"
+    if ! uint_in_range "$t" 1 64 || ((10#$t <= prev)); then
+        die "--threads must be ascending counts 1..64 separated by commas, got '$THREADS_ARG'"
+    fi
+    THREADS[i]=$((10#$t))
+    prev=${THREADS[i]}
+done
+THREADS_ARG="$(IFS=,; echo "${THREADS[*]}")"
+[[ "${THREADS[0]}" == 1 ]] || die "--threads must start with 1 (the baseline), got '$THREADS_ARG'"
+readonly THREADS THREADS_ARG
 MIB=$((10#$MIB)); REPEATS=$((10#$REPEATS)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
 readonly MIB REPEATS TIMEOUT WAIT_IDLE QUICK DOCS
 readonly ELEMENTS=$((MIB * 1024 * 1024 / 4))
@@ -401,7 +433,10 @@ plot_and_publish() {
 # the flow hash of its source ports then spreads frames over both queues. Each measurement runs RATE_REPEATS times; the median is
 # reported.
 readonly RATE_PREFIX=rate
-readonly RATE_QUEUES=2
+# Queues of the generator's veth: 2, or the most threads asked for.
+RATE_QUEUES=2
+((${THREADS[-1]} <= RATE_QUEUES)) || RATE_QUEUES=${THREADS[-1]}
+readonly RATE_QUEUES
 readonly RATE_RANKS=(2 4 8)
 readonly RATE_FLOWS=8
 readonly DATA_FRAME_BYTES=1512
@@ -571,7 +606,7 @@ run_rates() {
     rate_open echo64 64 '.echoed'
     rate_stop_switchd
 
-    for t in 1 2; do
+    for t in "${THREADS[@]}"; do
         rate_switchd aggregate "$t"
         for n in "${RATE_RANKS[@]}"; do
             rate_agg "$n" "$t"
@@ -586,7 +621,7 @@ run_rates() {
         --argjson load0 "$RATE_LOAD_START" --argjson load1 "$(cut -d" " -f1 /proc/loadavg)" \
         --slurpfile drop "$RATES/xdp_drop.json" --slurpfile echo "$RATES/echo.json" \
         --slurpfile echo64 "$RATES/echo64.json" \
-        --slurpfile agg <(cat "$RATES"/agg-n*-t[12].json) '
+        --slurpfile agg <(for t in "${THREADS[@]}"; do cat "$RATES"/agg-n*-t"$t".json; done) '
         ($agg | map(select(.threads == 1))) as $a1
         | ($agg | map(select(.threads == 2))) as $a2
         | def ratio($x; $y): if $x == null or $y == null or $y == 0 then null else $x / $y end;
@@ -608,7 +643,11 @@ run_rates() {
                 value: ratio(.pps_per_switchd_cpu_s; $echo[0].pps_per_switchd_cpu_s)}) | from_entries),
             echo_over_xdp_drop: ratio($echo[0].pps; $drop[0].pps),
             two_over_one_thread: ($a2 | map(. as $x | {key: (.ranks | tostring),
-                value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))}) | from_entries)
+                value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))}) | from_entries),
+            over_one_thread: ($agg | map(select(.threads > 1)) | group_by(.threads)
+                | map({key: (.[0].threads | tostring), value: (map(. as $x | {key: (.ranks | tostring),
+                    value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))})
+                    | from_entries)}) | from_entries)
           }
         }' >"$RATES/rates.json"
     bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$RATE_PREFIX" >/dev/null 2>&1 || true
@@ -631,7 +670,9 @@ rates_table() {
       "aggregation DATA pps / echo pps (1 thread): " + ([.headline.agg_over_echo_pps | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")) + "; goal >= 0.9",
       "the same, best runs: " + ([.headline.agg_over_echo_pps_best | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
       "the same per switchd CPU-second (less disturbed by other load): " + ([.headline.agg_over_echo_per_switchd_cpu_s | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
-      "echo / XDP_DROP: \(.headline.echo_over_xdp_drop | f2); 2 threads / 1 thread: " + ([.headline.two_over_one_thread | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
+      "echo / XDP_DROP: \(.headline.echo_over_xdp_drop | f2)",
+      (.headline.over_one_thread | to_entries[] | .key as $t
+       | "\($t) threads / 1 thread: " + ([.value | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", "))),
       "1-min load average \(.setup.loadavg_1min.start) at start, \(.setup.loadavg_1min.end) at end of the rate section (\(.setup.nproc) cores)"
     ' "$RATES/rates.json"
 }
@@ -950,6 +991,38 @@ measure unlimited
 shape_links
 measure 1gbit
 
+# --- threads: the switch's all-reduce with each dataplane thread count ------------------
+# On unlimited links (the testbed remade, without the shapers): for each T,
+# a testbed of T queues per veth and switchd at queues = dataplane_threads =
+# T (header, step 3b), then run_switch as above. `ethtool -S` of every
+# switch port afterwards has the frames each queue, and so each thread,
+# received.
+THREADS_DIR="$RUN/threads"
+run_threads() {
+    local t i
+    mkdir -p "$THREADS_DIR"
+    for t in "${THREADS[@]}"; do
+        stop_ns_leftovers
+        bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
+            --mtu "$MTU" --queues "$t" --queue-per-worker >"$THREADS_DIR/testbed-t$t.log"
+        CFG="$THREADS_DIR/switchd-t$t.toml"
+        write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX', $t thread(s)" \
+            "$WORKERS" "$SECRET" "queues = $t" "dataplane_threads = $t"
+        LINK="unlimited, $t thread(s)"
+        OUT="$THREADS_DIR/t$t"
+        mkdir -p "$OUT"
+        run_switch
+        for ((i = 0; i < WORKERS; i++)); do
+            ip netns exec "$PREFIX-sw" ethtool -S "sw-w$i" >"$OUT/ethtool-sw-w$i.txt" ||
+                warn "ethtool -S sw-w$i failed; frames per queue unknown"
+        done
+    done
+    python3 "$REPO_ROOT/scripts/bench_threads_report.py" "$THREADS_DIR" "$THREADS_ARG" \
+        "$THREADS_DIR/threads.json" >"$RUN/threads-table.md" ||
+        die "scripts/bench_threads_report.py failed"
+}
+run_threads
+
 # --- per-byte efficiency (its own testbed, prefix "eff") ------------------------------
 if [[ "$DO_EFFICIENCY" -eq 1 ]]; then
     eff_args=(--mib "$MIB" --repeats "$REPEATS" --json "$RUN/efficiency.json" --png "$RUN/efficiency.png")
@@ -992,6 +1065,7 @@ jq -n \
     --slurpfile fwd <(if [[ -s "$RUN/forward.json" ]]; then cat "$RUN/forward.json"; else echo null; fi) \
     --slurpfile pp <(if [[ -s "$RUN/per-packet.json" ]]; then cat "$RUN/per-packet.json"; else echo null; fi) \
     --slurpfile eff <(if [[ -s "$RUN/efficiency.json" ]]; then jq 'del(.runs)' "$RUN/efficiency.json"; else echo null; fi) \
+    --slurpfile thr "$THREADS_DIR/threads.json" \
     '($l2 * 8 / $bps) as $bound_l2
      | ($l1 * 8 / $bps) as $bound_l1
      | {
@@ -1013,6 +1087,7 @@ jq -n \
         forwarding: $fwd[0],
         per_packet: $pp[0],
         efficiency: $eff[0],
+        threads: $thr[0],
         links: [$unl[0], $lim[0]
                 | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
                 | .switch.shapers.worker_egress.over_expected =
@@ -1031,6 +1106,8 @@ jq -n \
           switch_over_line_rate_1gbit_median: ($lim[0].switch.median_s / $bound_l2),
           switch_over_line_rate_goal: 1.10,
           switch_over_line_rate_goal_met: ($lim[0].switch.mean_s / $bound_l2 <= 1.10),
+          allreduce_threads: $thr[0].allreduce_threads,
+          allreduce_time_over_1_thread: $thr[0].time_over_1_thread,
           forwarding_fast_path_tcp_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.tcp_gbps? // null),
           forwarding_fast_path_p99_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.rtt_p99? // null),
           forwarding_xdp_pass_tcp_over_bridge: ($fwd[0].results["xdp-pass"].ratio_vs_bridge.tcp_gbps? // null),
@@ -1068,6 +1145,9 @@ jq -r "$JQ_DECIMALS"'
 echo
 echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats, MTU $MTU ==="
 cat "$TABLE"
+echo
+echo "switch all-reduce, unlimited links, by dataplane threads (under \"threads\" in the JSON):"
+cat "$RUN/threads-table.md"
 if [[ "$DO_RATES" -eq 1 ]]; then
     echo
     echo "packet rates (see above; also under \"rates\" in the JSON):"

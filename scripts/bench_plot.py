@@ -7,6 +7,8 @@ Bars: the time of one all-reduce (seconds, lower is better) through the
 switch and with OpenMPI's MPI_Allreduce (with the testbed's offloads, and
 with transmit offload/TSO on), on unlimited links and on 1 Gbit/s links; the bar is the mean, the whiskers span best..worst of the separate
 runs. A dashed line marks the line-rate bound on the 1 Gbit/s links.
+When the JSON has the "threads" section, the switch's all-reduce on
+unlimited links with each dataplane thread count follows as more bars.
 When the JSON has packet rates ("rates", from bench.sh's rate section), a
 second panel shows them as bars (packets/s, median of the repeats): XDP_DROP,
 AF_XDP echo, and aggregation DATA frames/s for 2, 4, 8 ranks with 1 and 2
@@ -127,6 +129,17 @@ def main(argv):
                         xytext=(0, 3), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8)
 
+    # The threads section: the switch alone, unlimited links, by thread count.
+    runs = (bench.get("threads") or {}).get("runs") or []
+    for k, r in enumerate(runs):
+        x = len(links) + k
+        lo = max(0.0, r["mean_s"] - r["best_s"])
+        hi = max(0.0, r["worst_s"] - r["mean_s"])
+        ax.bar([x], [r["mean_s"]], 0.8 / len(methods), color="#1f77b4", alpha=0.6,
+               yerr=[[lo], [hi]], capsize=4, ecolor="#333333")
+        ax.annotate(f"{r['mean_s']:.3f} s", (x, r["mean_s"] + hi), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+
     lr = bench["line_rate_1gbit"]
     for i, link in enumerate(links):
         if link["link"] == "1gbit":
@@ -134,8 +147,10 @@ def main(argv):
                       linestyles="dashed",
                       label=f"line-rate bound at 1 Gbit/s ({lr['bound_l2_s']:.3f} s)")
 
-    ax.set_xticks(range(len(links)))
-    ax.set_xticklabels([labels.get(link["link"], link["link"]) for link in links])
+    ax.set_xticks(range(len(links) + len(runs)))
+    ax.set_xticklabels([labels.get(link["link"], link["link"]) for link in links]
+                       + [f"switch, unlimited\n{r['threads']} thread(s)" for r in runs],
+                       fontsize=8)
     ax.set_ylabel("seconds per all-reduce (lower is better)")
     s = bench["setup"]
     h = bench["headline"]

@@ -4,7 +4,7 @@
 #
 # Usage:
 #   scripts/testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q]
-#                         [--mtu BYTES] [--print-env]
+#                         [--queue-per-worker] [--mtu BYTES] [--print-env]
 #   scripts/testbed.sh up --leaves L --spines K --workers-per-leaf W
 #                         [--hosts-per-leaf H] [--prefix P] [--queues Q]
 #                         [--mtu BYTES] [--print-env]
@@ -21,7 +21,13 @@
 #                 peer in P-sw is sw-hJ
 # 198.18.0.0/15 is the RFC 2544 benchmarking range; it is only used inside
 # these namespaces. N is 1..90, M is 0..155 (default 0), Q (default 1) sets
-# numrxqueues/numtxqueues of every veth. IPv6 is disabled in every namespace,
+# numrxqueues/numtxqueues of every veth. A veth receives on the queue its
+# peer sent on, which the sender's kernel picks by flow hash (or XPS): a
+# worker's one flow lands on one queue, and several workers may share one.
+# --queue-per-worker makes the spread the same every run: worker I and host
+# J send on transmit queue I mod Q and J mod Q of their eth0 only (XPS maps
+# every CPU to it), so the switch port receives them on that queue (on a
+# real NIC, RSS hashes flows to queues). IPv6 is disabled in every namespace,
 # lo is up everywhere, and eth0 has GRO on (needed by XDP redirects into a
 # veth, see DESIGN.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
@@ -86,7 +92,7 @@ readonly BRIDGE=br0
 # addresses" below.
 readonly MAX_LEAVES=254
 readonly MAX_SPINES=127
-readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
+readonly SHORT_USAGE="usage: testbed.sh up --workers N [--hosts M] [--prefix P] [--queues Q] [--queue-per-worker] | up --leaves L --spines K --workers-per-leaf W [--hosts-per-leaf H] [--prefix P] | down [--prefix P] (see --help)"
 
 # ---------------------------------------------------------------------------
 # Names
@@ -243,6 +249,25 @@ add_port() {
     switch_facing "$ns" eth0
 }
 
+# cpu_mask: every configured CPU as a sysfs CPU mask (hex, 32-bit groups
+# separated by commas, highest first).
+cpu_mask() {
+    local n mask="" i
+    n="$(nproc --all)"
+    (( n % 32 == 0 )) || mask="$(printf '%x' $(( (1 << (n % 32)) - 1 )))"
+    for ((i = 0; i < n / 32; i++)); do mask="${mask:+$mask,}ffffffff"; done
+    echo "$mask"
+}
+
+# send_on_queue NS INDEX QUEUES: eth0 in NS transmits on queue INDEX mod
+# QUEUES only (XPS maps every CPU to it); nothing with one queue.
+send_on_queue() {
+    local ns="$1" index="$2" queues="$3"
+    ((queues > 1)) || return 0
+    ip netns exec "$ns" sh -c "echo $(cpu_mask) > /sys/class/net/eth0/queues/tx-$((index % queues))/xps_cpus" ||
+        die "setting XPS of eth0 in $ns (kernel without CONFIG_XPS?)"
+}
+
 # add_bridge NS ADDR MTU: the bridge br0 with ADDR/24, forwarding at once.
 add_bridge() {
     local ns="$1" addr="$2" mtu="$3"
@@ -269,7 +294,7 @@ on_exit() {
 }
 
 cmd_up() {
-    local prefix="agg" workers="" hosts="" queues=1 mtu=1500 print_env=0
+    local prefix="agg" workers="" hosts="" queues=1 mtu=1500 print_env=0 per_worker=0
     local leaves="" spines="" wpl="" hpl=""
     while [[ $# -gt 0 ]]; do
         case "$1" in
@@ -297,6 +322,7 @@ cmd_up() {
             --workers-per-leaf=*) wpl="${1#*=}"; shift ;;
             --hosts-per-leaf=*) hpl="${1#*=}"; shift ;;
             --print-env) print_env=1; shift ;;
+            --queue-per-worker) per_worker=1; shift ;;
             -h|--help) usage; exit 0 ;;
             *) die "up: unknown argument '$1' (see --help)" ;;
         esac
@@ -308,6 +334,8 @@ cmd_up() {
     if [[ -n "$leaves$spines$wpl$hpl" ]]; then
         [[ -z "$workers$hosts" ]] ||
             die "up: --workers/--hosts (one switch) and --leaves/--spines/--workers-per-leaf/--hosts-per-leaf (leaf-spine) do not mix"
+        [[ "$per_worker" -eq 0 ]] ||
+            die "up: --queue-per-worker is for the single switch (--workers N) only"
         up_leafspine "$prefix" "$leaves" "$spines" "$wpl" "${hpl:-0}" \
             "$((10#$queues))" "$((10#$mtu))" "$print_env"
         return
@@ -348,9 +376,11 @@ cmd_up() {
 
     for ((i = 0; i < workers; i++)); do
         add_port "$swns" "${wns[i]}" "sw-w$i" "$SUBNET_BASE.$((WORKER_BASE + i))" "$queues" "$mtu"
+        ((per_worker == 0)) || send_on_queue "${wns[i]}" "$i" "$queues"
     done
     for ((i = 0; i < hosts; i++)); do
         add_port "$swns" "${hns[i]}" "sw-h$i" "$SUBNET_BASE.$((HOST_BASE + i))" "$queues" "$mtu"
+        ((per_worker == 0)) || send_on_queue "${hns[i]}" "$i" "$queues"
     done
 
     UP_DONE=1

@@ -126,25 +126,82 @@ pub fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
         .unwrap_or_else(|| panic!("job {id} missing from stats: {stats}"))
 }
 
+/// How many cores a test's switch spreads its work over: receive queues
+/// per testbed port (`testbed.sh --queues Q --queue-per-worker`: worker I
+/// sends on queue I mod Q) and switchd's `queues` and `dataplane_threads`.
+#[derive(Clone, Copy, Debug)]
+pub struct Lanes {
+    pub queues: u16,
+    pub threads: u16,
+}
+
+impl Lanes {
+    /// One queue per port, one dataplane thread: switchd's defaults.
+    pub const ONE: Lanes = Lanes {
+        queues: 1,
+        threads: 1,
+    };
+    /// Two queues per port, two dataplane threads.
+    pub const TWO: Lanes = Lanes {
+        queues: 2,
+        threads: 2,
+    };
+
+    /// The `[switch]` lines that give switchd these queues and threads.
+    pub fn switch_toml(&self) -> String {
+        format!(
+            "queues = {}\ndataplane_threads = {}\n",
+            self.queues, self.threads
+        )
+    }
+}
+
+/// True when every count is at least a quarter of an even share of their
+/// (non-zero) sum.
+fn fair_shares(counts: &[u64]) -> bool {
+    let total: u64 = counts.iter().sum();
+    let floor = total / counts.len().max(1) as u64 / 4;
+    total > 0 && counts.iter().all(|&n| n >= floor.max(1))
+}
+
 /// A testbed; torn down on drop.
 pub struct Testbed {
     pub prefix: String,
     pub workers: u16,
     pub hosts: u16,
+    /// Receive and transmit queues of every veth.
+    pub queues: u16,
 }
 
 impl Testbed {
     pub fn up(prefix: &str, workers: u16, hosts: u16) -> Testbed {
-        Testbed::up_with_mtu(prefix, workers, hosts, 1500)
+        Testbed::up_full(prefix, workers, hosts, 1500, 1)
     }
 
     /// As [`Testbed::up`], with every link (veth ends and bridge) at `mtu`.
     pub fn up_with_mtu(prefix: &str, workers: u16, hosts: u16, mtu: u16) -> Testbed {
+        Testbed::up_full(prefix, workers, hosts, mtu, 1)
+    }
+
+    /// As [`Testbed::up`], with `lanes.queues` queues on every veth (start
+    /// switchd with [`Lanes::switch_toml`] to use them).
+    pub fn up_lanes(prefix: &str, workers: u16, hosts: u16, lanes: Lanes) -> Testbed {
+        Testbed::up_full(prefix, workers, hosts, 1500, lanes.queues)
+    }
+
+    fn up_full(prefix: &str, workers: u16, hosts: u16, mtu: u16, queues: u16) -> Testbed {
         let out = Command::new("bash")
             .arg(testbed_script())
             .args(["up", "--workers", &workers.to_string()])
             .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
             .args(["--mtu", &mtu.to_string()])
+            .args(["--queues", &queues.to_string()])
+            // Worker I on queue I mod Q, the same every run (testbed.sh).
+            .args(if queues > 1 {
+                &["--queue-per-worker"][..]
+            } else {
+                &[]
+            })
             .output()
             .expect("running scripts/testbed.sh");
         assert!(
@@ -156,6 +213,89 @@ impl Testbed {
             prefix: prefix.to_owned(),
             workers,
             hosts,
+            queues,
+        }
+    }
+
+    /// Frames the XDP program on switch port `port` redirected, per receive
+    /// queue (veth's `ethtool -S` counters `rx_queue_N_xdp_redirect`): what
+    /// reached the switch's AF_XDP socket on each queue. Kernel counters, so
+    /// they also count across a switchd restart.
+    pub fn xdp_redirects_per_queue(&self, port: &str) -> Vec<u64> {
+        let out = self
+            .cmd_in(&self.switch_ns(), "ethtool")
+            .args(["-S", port])
+            .output()
+            .expect("running ethtool -S");
+        assert!(out.status.success(), "ethtool -S {port}: {}", text(&out));
+        let stats = String::from_utf8_lossy(&out.stdout);
+        (0..self.queues)
+            .map(|q| {
+                let key = format!("rx_queue_{q}_xdp_redirect:");
+                stats
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix(key.as_str()))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no {key} in `ethtool -S {port}`:\n{stats}"))
+            })
+            .collect()
+    }
+
+    /// Asserts that switchd (its last `stats`) opened a socket on every
+    /// queue of every worker port, and that the workers' frames were spread
+    /// over the dataplane threads: every queue of the worker ports carried
+    /// at least a quarter of its fair share, and so did every thread's
+    /// `rx_frames` where the stats have them.
+    ///
+    /// Which thread received what: switchd deals its sockets (port, queue),
+    /// port by port, round-robin to the threads, so with as many threads as
+    /// queues thread T owns queue T of every port, and a share per queue is a
+    /// share per thread. Which queue a frame arrives on: veth receives on
+    /// the queue the peer sent on, and testbed.sh has worker I send on
+    /// queue I mod Q (`--queue-per-worker`, XPS); on a real NIC, RSS hashes
+    /// each flow to a queue.
+    pub fn assert_spread_over_queues(&self, stats: &serde_json::Value, lanes: Lanes) {
+        assert_eq!(
+            lanes.queues, lanes.threads,
+            "the share per queue is the share per thread only with as many threads as queues"
+        );
+        assert_eq!(self.queues, lanes.queues, "testbed queues vs {lanes:?}");
+        let rings = stats["rings"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no rings in stats: {stats}"));
+        for p in 0..u64::from(self.workers) {
+            for q in 0..u64::from(lanes.queues) {
+                assert!(
+                    rings.iter().any(|r| r["port_idx"] == p && r["queue"] == q),
+                    "switchd has no socket on port {p} queue {q}: {rings:?}"
+                );
+            }
+        }
+        let mut per_queue = vec![0u64; usize::from(self.queues)];
+        for i in 0..self.workers {
+            let port = format!("sw-w{i}");
+            for (q, n) in self.xdp_redirects_per_queue(&port).iter().enumerate() {
+                per_queue[q] += n;
+            }
+        }
+        assert!(
+            fair_shares(&per_queue),
+            "the workers' frames were not spread over the queues (and so the threads): \
+             frames per queue {per_queue:?}"
+        );
+        eprintln!("frames per queue (and thread) on the worker ports: {per_queue:?}");
+        // Where switchd's stats have per-thread counters (`threads`), the
+        // same on what each thread took from its rings.
+        if let Some(threads) = stats["threads"].as_array() {
+            let per_thread: Vec<u64> = threads
+                .iter()
+                .map(|t| t["rx_frames"].as_u64().unwrap_or(0))
+                .collect();
+            assert_eq!(per_thread.len(), usize::from(lanes.threads), "{stats}");
+            assert!(
+                fair_shares(&per_thread),
+                "the dataplane threads did not share the frames: rx_frames per thread {per_thread:?}"
+            );
         }
     }
 
@@ -1098,6 +1238,18 @@ impl Impairment {
 
 #[cfg(test)]
 mod tests {
+    /// The spread check of the multi-thread tests: an even split passes, a
+    /// thread with nothing or with a sliver fails.
+    #[test]
+    fn fair_shares_fail_when_one_thread_takes_nearly_all() {
+        assert!(super::fair_shares(&[20_909, 20_634]));
+        assert!(super::fair_shares(&[30, 20, 25, 25]));
+        assert!(!super::fair_shares(&[35_006, 0]));
+        assert!(!super::fair_shares(&[10_000, 100]));
+        assert!(!super::fair_shares(&[0, 0]));
+        assert!(!super::fair_shares(&[]));
+    }
+
     /// Every `#[test]` in `tests/tests/*.rs` needs root (a testbed, XDP), so
     /// each must be `#[ignore = "needs root"]`: otherwise a `cargo test`
     /// without root would count it as passed after its skip message.

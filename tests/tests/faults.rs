@@ -20,6 +20,12 @@
 //! `tc netem` is not used: CI kernels may lack `sch_netem` (the 6.18 VM this
 //! was written on does).
 //!
+//! The `…_on_2_queues_and_2_threads` variants run the same faults on a
+//! testbed of 2 queues per veth with switchd at `queues = 2`,
+//! `dataplane_threads = 2` (prefixes `mt1`..`mt4`): contributions to one
+//! slot then arrive on different threads, and the test checks that both
+//! threads received a share ([`Testbed::assert_spread_over_queues`]).
+//!
 //! Every fault test first runs the same all-reduce on the clean testbed, then
 //! impairs it and runs it again, and prints one summary line with both times
 //! (`cargo test … -- --nocapture`). Times are printed, never asserted.
@@ -109,12 +115,12 @@ impl Faults {
 // ---------------------------------------------------------------------------
 // The fault tests
 
-fn fault_test(test: &str, prefix: &str, f: Faults) {
+fn fault_test(test: &str, prefix: &str, f: Faults, lanes: Lanes) {
     if !can_run(test) {
         return;
     }
-    let tb = Testbed::up(prefix, WORKERS, 0);
-    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, WORKERS)]);
+    let tb = Testbed::up_lanes(prefix, WORKERS, 0, lanes);
+    let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, WORKERS)], &lanes.switch_toml());
 
     let clean = run_job(&tb, WORKERS, ELEMENTS, ITERATIONS);
 
@@ -128,7 +134,7 @@ fn fault_test(test: &str, prefix: &str, f: Faults) {
     let j = job(&stats, 1);
 
     eprintln!(
-        "{}: {:.2} s (clean {:.2} s), worker {:.3} s (clean {:.3} s), resent {} (clean {}), \
+        "{} ({lanes:?}): {:.2} s (clean {:.2} s), worker {:.3} s (clean {:.3} s), resent {} (clean {}), \
          duplicate results {}, rejoins {}; switch: retransmits served {}, duplicates dropped {}; \
          injected over {} frames: dropped {}, duplicated {}, delayed {}",
         f.label(),
@@ -166,62 +172,78 @@ fn fault_test(test: &str, prefix: &str, f: Faults) {
     if f.loss_pct > 0.0 {
         assert!(faulty.resent > 0, "frames were lost but nothing was resent");
     }
+    if lanes.threads > 1 {
+        tb.assert_spread_over_queues(&stats, lanes);
+    }
 }
+
+const LOSS: Faults = Faults {
+    loss_pct: 5.0,
+    dup_pct: 0.0,
+    reorder_pct: 0.0,
+};
+const DUPLICATION: Faults = Faults {
+    loss_pct: 0.0,
+    dup_pct: 1.0,
+    reorder_pct: 0.0,
+};
+const REORDERING: Faults = Faults {
+    loss_pct: 0.0,
+    dup_pct: 0.0,
+    reorder_pct: 25.0,
+};
+const ALL_AT_ONCE: Faults = Faults {
+    loss_pct: 5.0,
+    dup_pct: 1.0,
+    reorder_pct: 25.0,
+};
 
 #[test]
 #[ignore = "needs root"]
 fn allreduce_survives_5_percent_loss() {
-    fault_test(
-        "faults_loss",
-        "f3loss",
-        Faults {
-            loss_pct: 5.0,
-            dup_pct: 0.0,
-            reorder_pct: 0.0,
-        },
-    );
+    fault_test("faults_loss", "f3loss", LOSS, Lanes::ONE);
 }
 
 #[test]
 #[ignore = "needs root"]
 fn allreduce_survives_1_percent_duplication() {
-    fault_test(
-        "faults_duplicate",
-        "f3dup",
-        Faults {
-            loss_pct: 0.0,
-            dup_pct: 1.0,
-            reorder_pct: 0.0,
-        },
-    );
+    fault_test("faults_duplicate", "f3dup", DUPLICATION, Lanes::ONE);
 }
 
 #[test]
 #[ignore = "needs root"]
 fn allreduce_survives_25_percent_reordering() {
-    fault_test(
-        "faults_reorder",
-        "f3reo",
-        Faults {
-            loss_pct: 0.0,
-            dup_pct: 0.0,
-            reorder_pct: 25.0,
-        },
-    );
+    fault_test("faults_reorder", "f3reo", REORDERING, Lanes::ONE);
 }
 
 #[test]
 #[ignore = "needs root"]
 fn allreduce_survives_loss_duplication_and_reordering_at_once() {
-    fault_test(
-        "faults_all",
-        "f3all",
-        Faults {
-            loss_pct: 5.0,
-            dup_pct: 1.0,
-            reorder_pct: 25.0,
-        },
-    );
+    fault_test("faults_all", "f3all", ALL_AT_ONCE, Lanes::ONE);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn allreduce_survives_5_percent_loss_on_2_queues_and_2_threads() {
+    fault_test("faults_loss_2_threads", "mt1", LOSS, Lanes::TWO);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn allreduce_survives_1_percent_duplication_on_2_queues_and_2_threads() {
+    fault_test("faults_duplicate_2_threads", "mt2", DUPLICATION, Lanes::TWO);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn allreduce_survives_25_percent_reordering_on_2_queues_and_2_threads() {
+    fault_test("faults_reorder_2_threads", "mt3", REORDERING, Lanes::TWO);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn allreduce_survives_all_faults_at_once_on_2_queues_and_2_threads() {
+    fault_test("faults_all_2_threads", "mt4", ALL_AT_ONCE, Lanes::TWO);
 }
 
 // ---------------------------------------------------------------------------

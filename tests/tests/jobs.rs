@@ -176,11 +176,23 @@ fn a_dead_worker_is_named_others_fail_in_time_and_the_job_rejoins() {
 #[test]
 #[ignore = "needs root"]
 fn switchd_restart_mid_collective_completes_bit_exact() {
-    if !can_run("switchd_restart") {
+    restart_mid_collective("switchd_restart", "e3c", Lanes::ONE);
+}
+
+/// The same on 2 queues per veth and 2 dataplane threads: the new switchd's
+/// threads pick up the rejoin and the resent window on both queues.
+#[test]
+#[ignore = "needs root"]
+fn switchd_restart_mid_collective_completes_bit_exact_on_2_threads() {
+    restart_mid_collective("switchd_restart_2_threads", "mt5", Lanes::TWO);
+}
+
+fn restart_mid_collective(test: &str, prefix: &str, lanes: Lanes) {
+    if !can_run(test) {
         return;
     }
-    let tb = Testbed::up("e3c", 4, 0);
-    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    let tb = Testbed::up_lanes(prefix, 4, 0, lanes);
+    let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], &lanes.switch_toml());
     let children: Vec<Child> = (0..4)
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 1_000_000, 40))
         .collect();
@@ -197,8 +209,11 @@ fn switchd_restart_mid_collective_completes_bit_exact() {
         );
     }
     assert!(job_field(&sw, 1, "activations") >= 1);
-    let (ok, _) = sw.stop();
+    let (ok, stats) = sw.stop();
     assert!(ok);
+    if lanes.threads > 1 {
+        tb.assert_spread_over_queues(&stats, lanes);
+    }
 }
 
 #[test]
