@@ -329,6 +329,22 @@ fn split(word: u64) -> (u32, u32) {
     ((word >> 32) as u32, word as u32)
 }
 
+/// The fold that completed `slot` under activation `epoch` is over: gives
+/// the token back and empties the aggregation, returning the meta (still
+/// locked) to publish the sum in; None if a reset came meanwhile (the sum
+/// is discarded).
+fn settle(slot: &Slot, epoch: u32) -> Option<MutexGuard<'_, Meta>> {
+    let mut m = lock(&slot.meta);
+    m.folding = None;
+    if m.epoch != epoch {
+        return None;
+    }
+    m.agg = None;
+    m.seen.clear();
+    m.ready.clear();
+    Some(m)
+}
+
 fn lock(m: &Mutex<Meta>) -> MutexGuard<'_, Meta> {
     // A panic elsewhere leaves the meta consistent (it is only stored to in
     // short sequences that cannot panic), so poisoning is ignored.
@@ -677,14 +693,9 @@ impl SlotEngine {
             });
             held.what = Some(done);
             held.epoch = epoch;
-            let mut m = lock(&slot.meta);
-            m.folding = None;
-            if m.epoch != epoch {
+            let Some(mut m) = settle(slot, epoch) else {
                 return Contributed::Dropped(DropReason::Stale);
-            }
-            m.agg = None;
-            m.seen.clear();
-            m.ready.clear();
+            };
             m.partial = Some(done);
             return Contributed::PartialReady { seq: a.seq };
         }
@@ -706,14 +717,9 @@ impl SlotEngine {
         };
         held.what = Some(sh);
         held.epoch = epoch;
-        let mut m = lock(&slot.meta);
-        m.folding = None;
-        if m.epoch != epoch {
+        let Some(mut m) = settle(slot, epoch) else {
             return Contributed::Dropped(DropReason::Stale);
-        }
-        m.agg = None;
-        m.seen.clear();
-        m.ready.clear();
+        };
         m.shadow = Some(sh);
         slot.shadow_tag.store(tag(epoch, a.seq), Ordering::Release);
         drop(m);
