@@ -180,7 +180,7 @@ impl Backend for LockFree {
     }
 }
 
-/// Today's switchd: one table mutex, held for a whole batch.
+/// switchd before issue 21: one table mutex, held for a whole batch.
 struct TableLock {
     table: Mutex<JobTable>,
     now: Instant,

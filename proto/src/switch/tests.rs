@@ -1018,6 +1018,57 @@ fn probes_tell_a_restart_from_a_spoofed_trigger() {
     assert!(g.nack_is_authentic(&out[0].0, &nack));
 }
 
+/// The lock-free data path takes a member's DATA of an active job, as the
+/// table would (same sums, same counters), on any thread; everything else
+/// (another switch port, another generation, a job gone back to joining or
+/// removed) it hands to the table.
+#[test]
+fn the_fast_path_takes_only_what_the_table_would() {
+    let mut t = active_table(2, 4, 8);
+    let dp = t.data_path();
+    let msg = |rank: u16, seq: u32, v: f32, gen: u32| {
+        let (h, p) = data_message(rank, seq, &[v], gen);
+        frame(&h, &p)
+    };
+    let mut elsewhere = endpoint(1);
+    elsewhere.port_idx = 9;
+    let on = |thread: usize, d: &[u8], from: &Endpoint| dp.on_datagram(thread, d, from, false);
+    assert_eq!(on(0, &msg(1, 0, 2.0, GEN), &elsewhere), Fast::Slow);
+    assert_eq!(on(0, &msg(1, 0, 2.0, GEN ^ 1), &endpoint(1)), Fast::Slow);
+    assert_eq!(
+        on(0, &msg(0, 0, 1.0, GEN), &endpoint(0)),
+        Fast::Done(DataOutcome::Taken)
+    );
+    assert_eq!(
+        on(1, &msg(1, 0, 2.0, GEN), &endpoint(1)),
+        Fast::Completed { job: 5, seq: 0 }
+    );
+    assert_eq!(t.get(5).unwrap().result(0).unwrap().values(), &[3.0]);
+    // A copy after the RESULT: answered to its sender only.
+    assert_eq!(
+        on(1, &msg(1, 0, 2.0, GEN), &endpoint(1)),
+        Fast::Retransmit {
+            job: 5,
+            rank: 1,
+            seq: 0
+        }
+    );
+    let c = t.get(5).unwrap().counters();
+    assert_eq!(
+        (c.contributions, c.chunks_completed, c.retransmits_served),
+        (2, 1, 1)
+    );
+    let mut members = Vec::new();
+    dp.with_job(5, |j| j.for_each_member(|r, e| members.push((r, *e))));
+    assert_eq!(members, vec![(0, endpoint(0)), (1, endpoint(1))]);
+    // Rank 1 re-joins: the job waits for the others, its DATA is the
+    // table's again (which answers NACK 6).
+    restart_rank_1(&mut t);
+    assert_eq!(on(0, &msg(0, 1, 1.0, GEN), &endpoint(0)), Fast::Slow);
+    assert!(t.remove(5).is_some());
+    assert_eq!(on(0, &msg(0, 1, 1.0, GEN), &endpoint(0)), Fast::Slow);
+}
+
 /// The CI failure of a removed job's worker stalling instead of being
 /// told: a member's window of DATA (and its resends) answered with NACK 1
 /// spends the NACK budget, and the probe that follows must still get its
