@@ -282,3 +282,50 @@ fn engine_loom_reset_races_a_parked_row() {
         assert_eq!(e.floor(), 1);
     });
 }
+
+/// A DATA admitted under the activation a reset ends (its admission
+/// snapshot named the old epoch: `contribute_admitted`) races that reset:
+/// it lands in the old activation or is dropped as Stale, never in the new
+/// one, whose sum holds only its own contributions.
+#[test]
+fn engine_loom_data_admitted_before_a_reset_never_reaches_the_next_activation() {
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_new(1, 2, 1, Dtype::F32, false, 1).unwrap());
+        let admitted = e.epoch();
+        let old = {
+            let e = e.clone();
+            thread::spawn(move || {
+                let b = bytes(100.0);
+                let c = Contribution {
+                    seq: 0,
+                    rank: 0,
+                    collective: 0,
+                    count: 1,
+                    values: &b,
+                    ce: false,
+                };
+                e.contribute_admitted(&c, admitted)
+            })
+        };
+        let resetter = {
+            let e = e.clone();
+            thread::spawn(move || e.reset(0))
+        };
+        let old_out = old.join().unwrap();
+        resetter.join().unwrap();
+        assert!(
+            matches!(
+                old_out,
+                Contributed::Taken | Contributed::Dropped(DropReason::Stale)
+            ),
+            "{old_out:?}"
+        );
+        assert_ne!(e.epoch(), admitted);
+        assert_eq!(send(&e, 0, 0, 1.0), Contributed::Taken);
+        assert_eq!(
+            send(&e, 0, 1, 2.0),
+            Contributed::Completed { seq: 0, ece: false }
+        );
+        assert_eq!(result_bits(&e, 0), Some(3f32.to_bits()));
+    });
+}
