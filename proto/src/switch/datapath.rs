@@ -100,14 +100,12 @@ impl DataPath {
 
     /// The data-path half of job `id`, if it is declared.
     pub fn job(&self, id: u16) -> Option<Arc<JobCore>> {
-        let jobs = self.jobs.load();
-        let i = jobs.binary_search_by_key(&id, |(j, _)| *j).ok()?;
-        Some(jobs[i].1.clone())
+        self.with_job(id, Arc::clone)
     }
 
     /// Runs `f` on job `id`'s data-path half without taking a reference
     /// count (the per-frame lookup).
-    pub fn with_job<R>(&self, id: u16, f: impl FnOnce(&JobCore) -> R) -> Option<R> {
+    pub fn with_job<R>(&self, id: u16, f: impl FnOnce(&Arc<JobCore>) -> R) -> Option<R> {
         let jobs = self.jobs.load();
         let i = jobs.binary_search_by_key(&id, |(j, _)| *j).ok()?;
         Some(f(&jobs[i].1))
@@ -161,7 +159,6 @@ pub(super) struct Admission {
 #[derive(Debug)]
 pub struct JobCore {
     pub id: u16,
-    pub n_workers: u16,
     pub dtype: Dtype,
     pub elems_per_chunk: u16,
     /// `auth = "mac"`: its RESULTs carry a tag the table keeps, so they
@@ -175,7 +172,6 @@ pub struct JobCore {
 impl JobCore {
     pub(super) fn new(
         id: u16,
-        n_workers: u16,
         dtype: Dtype,
         elems_per_chunk: u16,
         tagged: bool,
@@ -183,7 +179,6 @@ impl JobCore {
     ) -> JobCore {
         JobCore {
             id,
-            n_workers,
             dtype,
             elems_per_chunk,
             tagged,

@@ -277,7 +277,6 @@ impl Job {
         .map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,
-            config.n_workers,
             config.dtype,
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,

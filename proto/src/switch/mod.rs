@@ -515,12 +515,21 @@ impl JobTable {
         echo: Nonce,
         now: Instant,
     ) -> bool {
-        if !self.hello_limit.allow(to.source.ip, to.port_idx, now) {
-            self.counters.hello_rate_limited += 1;
+        if !self.hello_allowed(&to, now) {
             return false;
         }
         self.reply(to, job, rank, ReplyMsg::Nack { reason, echo });
         true
+    }
+
+    /// Whether a HELLO from `from` (or the refusal of one, or of a JOIN) is
+    /// within its source's rate; counts it if not.
+    fn hello_allowed(&mut self, from: &Endpoint, now: Instant) -> bool {
+        let ok = self.hello_limit.allow(from.source.ip, from.port_idx, now);
+        if !ok {
+            self.counters.hello_rate_limited += 1;
+        }
+        ok
     }
 
     fn nack_allowed(&mut self, to: &Endpoint, now: Instant) -> bool {
@@ -742,8 +751,7 @@ impl JobTable {
             return Verdict::Dropped(None);
         };
         // Before any work: each CHALLENGE costs HMACs.
-        if !self.hello_limit.allow(from.source.ip, from.port_idx, now) {
-            self.counters.hello_rate_limited += 1;
+        if !self.hello_allowed(&from, now) {
             return Verdict::RateLimited;
         }
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
