@@ -93,8 +93,7 @@ pub fn handle_frame(
                 rank,
                 msg: ReplyMsg::Result { seq, retx: true },
             };
-            out.send_result(&r);
-            out.count_results_sent(job, 1);
+            out.resend_result(&r);
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
-use proto::switch::{Endpoint, JobTable, Reply, ReplyMsg};
+use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg};
 use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
 use super::rx::LazyTable;
@@ -82,34 +82,39 @@ impl<'a> Out<'a> {
     /// completed it), each from here or via its socket's owner.
     pub fn fan_out(&mut self, job: u16, seq: u32) {
         let shared = self.shared;
-        let mut n = 0;
         shared.data_path.with_job(job, |core| {
+            let mut n = 0;
             core.for_each_member(|rank, to| {
                 let msg = ReplyMsg::Result { seq, retx: false };
-                self.send_result(&Reply {
+                let r = Reply {
                     to: *to,
                     job,
                     rank,
                     msg,
-                });
+                };
+                self.result_out(core, &r);
                 n += 1;
-            })
+            });
+            shared.data_path.count_results_sent(self.idx, core, n);
         });
-        self.count_results_sent(job, n);
     }
 
-    /// Counts RESULTs the data path decided on (the table counts its own).
-    pub fn count_results_sent(&mut self, job: u16, n: u64) {
-        let dp = &self.shared.data_path;
-        dp.with_job(job, |core| dp.count_results_sent(self.idx, core, n));
+    /// A RESULT the data path decided to send again (to its sender only).
+    pub fn resend_result(&mut self, r: &Reply) {
+        let shared = self.shared;
+        shared.data_path.with_job(r.job, |core| {
+            self.result_out(core, r);
+            shared.data_path.count_results_sent(self.idx, core, 1);
+        });
     }
 
-    /// Sends an untagged RESULT the data path decided on: no table.
-    pub fn send_result(&mut self, r: &Reply) {
+    /// Sends `core`'s untagged RESULT `r`: here, or via the owning thread's
+    /// outbox.
+    fn result_out(&mut self, core: &JobCore, r: &Reply) {
         match self.owner(r) {
             Some(t) if t != self.idx => self.hand_off(t, *r),
             _ => {
-                if !self.transmit_result(r) {
+                if !self.transmit_result(core, r) {
                     self.counters.tx_ring_full += 1;
                 }
             }
@@ -138,40 +143,43 @@ impl<'a> Out<'a> {
             .filter(|t| *t != usize::MAX)
     }
 
-    /// Whether `r` is a RESULT encoded without the table (module docs).
-    fn untagged_result(&self, r: &Reply) -> bool {
-        matches!(r.msg, ReplyMsg::Result { .. })
-            && self
-                .shared
-                .data_path
-                .with_job(r.job, |c| !c.tagged)
-                .unwrap_or(false)
+    /// Encodes `r` if it is a RESULT encoded without the table (module
+    /// docs): whether it was sent, or None if it needs the table.
+    fn transmit_untagged(&mut self, r: &Reply) -> Option<bool> {
+        if !matches!(r.msg, ReplyMsg::Result { .. }) {
+            return None;
+        }
+        let shared = self.shared;
+        shared
+            .data_path
+            .with_job(r.job, |core| {
+                (!core.tagged).then(|| self.transmit_result(core, r))
+            })
+            .flatten()
     }
 
-    /// Encodes an untagged RESULT into a frame of our transmit ring of its
-    /// port and queue, from the job's shadow: the payload goes straight
-    /// into the TX frames, the headers in front of it (one copy, also when
-    /// a jumbo RESULT spans several frames). False if it could not be sent.
-    fn transmit_result(&mut self, r: &Reply) -> bool {
+    /// Encodes `core`'s untagged RESULT `r` into a frame of our transmit
+    /// ring of its port and queue, from the job's shadow: the payload goes
+    /// straight into the TX frames, the headers in front of it (one copy,
+    /// also when a jumbo RESULT spans several frames). False if it could
+    /// not be sent.
+    fn transmit_result(&mut self, core: &JobCore, r: &Reply) -> bool {
         let ReplyMsg::Result { seq, retx } = r.msg else {
             return false;
         };
-        let dp = &self.shared.data_path;
         let Some(tx) = socket_mut(self.txs, r.to.port_idx, r.to.queue) else {
             return false;
         };
-        let sent = dp.with_job(r.job, |core| {
-            let window = core.engine.window();
-            let Some((hdr, res)) = core.result_for(seq, r.rank, retx, dp.gen(), window) else {
-                return false;
-            };
-            tx.send_head_tail(|buf| result_frame_head(&hdr, &res, &r.to, buf))
-        });
-        if sent == Some(true) {
+        let gen = self.shared.data_path.gen();
+        let window = core.engine.window();
+        let Some((hdr, res)) = core.result_for(seq, r.rank, retx, gen, window) else {
+            return false;
+        };
+        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, &res, &r.to, buf));
+        if sent {
             self.counters.tx_frames += 1;
-            return true;
         }
-        false
+        sent
     }
 
     /// A leaf's datagram to a spine, through the uplink socket (one
@@ -206,12 +214,16 @@ impl<'a> Out<'a> {
 
     /// Encodes `r` into a frame of our transmit ring of its port and queue.
     fn transmit(&mut self, table: &JobTable, r: &Reply) {
-        if self.untagged_result(r) {
-            if !self.transmit_result(r) {
-                self.counters.tx_ring_full += 1;
-            }
-            return;
+        match self.transmit_untagged(r) {
+            Some(true) => {}
+            Some(false) => self.counters.tx_ring_full += 1,
+            None => self.transmit_with_table(table, r),
         }
+    }
+
+    /// Encodes `r`, which needs the table (anything but an untagged
+    /// RESULT), into a frame of our transmit ring of its port and queue.
+    fn transmit_with_table(&mut self, table: &JobTable, r: &Reply) {
         let to = r.to;
         let Some(tx) = socket_mut(self.txs, to.port_idx, to.queue) else {
             self.counters.tx_ring_full += 1;
@@ -269,12 +281,10 @@ pub(super) fn drain_outbox(t: &mut DataplaneThread) {
     let mut table = LazyTable::new(&shared.table);
     let mut out = Out::new(t.idx, &shared, &mut t.txs, &mut t.counters);
     while let Some(r) = outbox.pop() {
-        if out.untagged_result(&r) {
-            if !out.transmit_result(&r) {
-                out.counters.tx_ring_full += 1;
-            }
-        } else {
-            out.transmit(table.get(), &r);
+        match out.transmit_untagged(&r) {
+            Some(true) => {}
+            Some(false) => out.counters.tx_ring_full += 1,
+            None => out.transmit_with_table(table.get(), &r),
         }
     }
 }
