@@ -93,8 +93,92 @@ pub mod flags {
     /// HEARTBEAT answer of a leaf: the seq waits for a spine, and the payload
     /// starts with an [`UpstreamWaitPayload`](super::UpstreamWaitPayload).
     pub const UPSTREAM: u8 = 0x08;
+    /// DATA/RESULT: the collective's kind, two bits ([`Kind`](super::Kind));
+    /// 0 (all-reduce) in every other message.
+    pub const KIND_MASK: u8 = 0x30;
+    /// Shift of [`KIND_MASK`].
+    pub const KIND_SHIFT: u8 = 4;
+    /// DATA/RESULT without values: `count` still names the chunk's elements,
+    /// the payload is empty (or only the tag of an `auth = "mac"` job). A
+    /// reduce-scatter's RESULT to a rank that does not own the chunk, an
+    /// all-gather's DATA from a rank that does not own it and its RESULT to
+    /// the owner.
+    pub const NOVAL: u8 = 0x40;
     /// Every bit the protocol defines; the others must be zero.
-    pub const DEFINED: u8 = ECE | RETX | LAST | UPSTREAM;
+    pub const DEFINED: u8 = ECE | RETX | LAST | UPSTREAM | KIND_MASK | NOVAL;
+}
+
+/// What a collective does with its chunks (DATA/RESULT flag bits 4–5).
+///
+/// Every kind completes a slot when all n ranks have sent the seq, so the
+/// window, the floor, the shadow and loss recovery are all-reduce's. Kinds
+/// other than all-reduce name the chunk's *owner* rank in the DATA header's
+/// `window` field (a worker never sends a window); every rank names the
+/// same owner for a seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// Every rank sends values, every rank gets the sum.
+    AllReduce = 0,
+    /// Every rank sends values; the owner gets the sum, the others a
+    /// [`flags::NOVAL`] RESULT.
+    ReduceScatter = 1,
+    /// The owner sends values, the others a [`flags::NOVAL`] DATA; the
+    /// others get the owner's values copied bit for bit (never converted
+    /// or summed), the owner a [`flags::NOVAL`] RESULT.
+    AllGather = 2,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather];
+
+    /// The kind in `flags`; `None` for the reserved value 3.
+    pub const fn from_flags(flags: u8) -> Option<Kind> {
+        match (flags & flags::KIND_MASK) >> flags::KIND_SHIFT {
+            0 => Some(Kind::AllReduce),
+            1 => Some(Kind::ReduceScatter),
+            2 => Some(Kind::AllGather),
+            _ => None,
+        }
+    }
+
+    /// `flags` bits that carry this kind.
+    pub const fn flag_bits(self) -> u8 {
+        (self as u8) << flags::KIND_SHIFT
+    }
+
+    /// Whether `rank` sends values for a chunk `owner` owns (else NOVAL).
+    pub const fn sends_values(self, rank: u16, owner: u16) -> bool {
+        match self {
+            Kind::AllReduce | Kind::ReduceScatter => true,
+            Kind::AllGather => rank == owner,
+        }
+    }
+
+    /// Whether `rank` gets values in the RESULT of a chunk `owner` owns
+    /// (else a NOVAL RESULT).
+    pub const fn receives_values(self, rank: u16, owner: u16) -> bool {
+        match self {
+            Kind::AllReduce => true,
+            Kind::ReduceScatter => rank == owner,
+            Kind::AllGather => rank != owner,
+        }
+    }
+
+    /// The name the CLI, logs and docs use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all-reduce",
+            Kind::ReduceScatter => "reduce-scatter",
+            Kind::AllGather => "all-gather",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Message types (low nibble of `ver_type`).
@@ -243,6 +327,9 @@ pub enum NackReason {
     /// The JOIN's nonce is too old, or not one this switch issued to this
     /// rank and address: ask for a new CHALLENGE.
     StaleNonce = 9,
+    /// DATA of a reduce-scatter or all-gather to a job that cannot serve
+    /// it (an aggregation tree's leaf or spine).
+    KindNotSupported = 10,
 }
 
 impl NackReason {
@@ -257,6 +344,7 @@ impl NackReason {
             7 => NackReason::StaleGeneration,
             8 => NackReason::Malformed,
             9 => NackReason::StaleNonce,
+            10 => NackReason::KindNotSupported,
             _ => return None,
         })
     }
@@ -282,6 +370,9 @@ impl fmt::Display for NackReason {
             NackReason::StaleGeneration => "stale generation (the switch restarted; re-join)",
             NackReason::Malformed => "malformed message",
             NackReason::StaleNonce => "stale or unknown nonce (ask for a new CHALLENGE)",
+            NackReason::KindNotSupported => {
+                "collective kind not supported by this job (reduce-scatter and all-gather need a job on a single switch, not an aggregation tree)"
+            }
         })
     }
 }
@@ -501,10 +592,24 @@ impl HeaderRepr {
         if h.job() == 0 {
             return Err(WireError::ZeroJob);
         }
+        let elements = matches!(msg_type, MsgType::Data | MsgType::Result);
+        let kind_bits = flags & (flags::KIND_MASK | flags::NOVAL);
+        // Kind and NOVAL belong to DATA/RESULT only; kind 3 is reserved and
+        // an all-reduce always carries values.
+        if kind_bits != 0
+            && (!elements
+                || Kind::from_flags(flags).is_none()
+                || (flags & flags::NOVAL != 0 && Kind::from_flags(flags) == Some(Kind::AllReduce)))
+        {
+            return Err(WireError::ReservedFlags(flags));
+        }
         let len = h.payload().len();
         let ok = match msg_type {
             // Either element size, with or without a tag; the job's dtype
             // and auth mode decide which is right.
+            MsgType::Data | MsgType::Result if flags & flags::NOVAL != 0 => {
+                h.count() > 0 && (len == 0 || len == crate::tag::TAG_LEN)
+            }
             MsgType::Data | MsgType::Result => {
                 let n = h.count() as usize;
                 let tag = crate::tag::TAG_LEN;
@@ -524,6 +629,9 @@ impl HeaderRepr {
         };
         if !ok {
             let what = match msg_type {
+                MsgType::Data | MsgType::Result if flags & flags::NOVAL != 0 => {
+                    "no values (empty, or 16 with a tag) and count ≥ 1"
+                }
                 MsgType::Data | MsgType::Result => {
                     "count × 2 or count × 4 (count ≥ 1), plus 16 with a tag"
                 }
@@ -573,6 +681,22 @@ impl HeaderRepr {
 
     pub fn has_flag(&self, f: u8) -> bool {
         self.flags & f != 0
+    }
+
+    /// The collective's kind (all-reduce outside DATA/RESULT). `parse`
+    /// refuses the reserved kind, so a parsed header always has one.
+    pub fn kind(&self) -> Kind {
+        Kind::from_flags(self.flags).unwrap_or(Kind::AllReduce)
+    }
+
+    /// A DATA's owner rank (kinds other than all-reduce; `window` field).
+    pub fn owner(&self) -> u16 {
+        self.window
+    }
+
+    /// Whether a DATA/RESULT carries no values ([`flags::NOVAL`]).
+    pub fn no_values(&self) -> bool {
+        self.has_flag(flags::NOVAL)
     }
 }
 
@@ -1156,6 +1280,62 @@ mod tests {
     }
 
     #[test]
+    fn collective_kinds_and_novalues() {
+        // The DATA fixture as a reduce-scatter chunk owned by rank 3.
+        let mut b = DATA_FIXTURE;
+        b[1] |= Kind::ReduceScatter.flag_bits();
+        b[16..18].copy_from_slice(&3u16.to_be_bytes());
+        let r = HeaderRepr::parse(&Header::new_checked(&b[..]).unwrap()).unwrap();
+        assert_eq!((r.kind(), r.owner(), r.no_values()), (Kind::ReduceScatter, 3, false));
+
+        // A NOVAL all-gather DATA: header only (or only a tag), count kept.
+        let mut h = HeaderRepr::new(MsgType::Data, 7);
+        h.flags = Kind::AllGather.flag_bits() | flags::NOVAL;
+        h.count = 362;
+        h.window = 1;
+        for extra in [0, crate::tag::TAG_LEN] {
+            let mut buf = vec![0u8; HEADER_LEN + extra];
+            h.emit_to(&mut buf).unwrap();
+            let p = HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()).unwrap();
+            assert_eq!((p.kind(), p.count, p.owner(), p.no_values()), (Kind::AllGather, 362, 1, true));
+        }
+        // ... but not with values, nor with count 0.
+        let mut buf = vec![0u8; HEADER_LEN + 362 * 4];
+        h.emit_to(&mut buf).unwrap();
+        assert!(matches!(
+            HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()),
+            Err(WireError::PayloadLength { .. })
+        ));
+        h.count = 0;
+        let mut buf = vec![0u8; HEADER_LEN];
+        h.emit_to(&mut buf).unwrap();
+        assert!(HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()).is_err());
+
+        // Kind 3 is reserved; an all-reduce always has values; kinds and
+        // NOVAL belong to DATA/RESULT alone.
+        for bad in [0x30, flags::NOVAL] {
+            let mut b = DATA_FIXTURE;
+            b[1] |= bad;
+            let p = HeaderRepr::parse(&Header::new_checked(&b[..]).unwrap());
+            assert!(matches!(p, Err(WireError::ReservedFlags(_))), "{bad:#x}: {p:?}");
+        }
+        let mut hb = HeaderRepr::new(MsgType::Heartbeat, 7);
+        hb.flags = Kind::ReduceScatter.flag_bits();
+        let mut buf = vec![0u8; HEADER_LEN];
+        hb.emit_to(&mut buf).unwrap();
+        assert!(matches!(
+            HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()),
+            Err(WireError::ReservedFlags(_))
+        ));
+
+        // Who sends and who gets values.
+        assert!(Kind::AllGather.sends_values(2, 2) && !Kind::AllGather.sends_values(1, 2));
+        assert!(!Kind::AllGather.receives_values(2, 2) && Kind::AllGather.receives_values(1, 2));
+        assert!(Kind::ReduceScatter.sends_values(1, 2) && !Kind::ReduceScatter.receives_values(1, 2));
+        assert!(Kind::ReduceScatter.receives_values(2, 2) && Kind::AllReduce.receives_values(1, 2));
+    }
+
+    #[test]
     fn rejects_what_version_3_forbids() {
         for (v, b0) in [(1, 0x11), (2, 0x21)] {
             let mut b = DATA_FIXTURE;
@@ -1170,9 +1350,9 @@ mod tests {
         assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(10)));
 
         let mut b = DATA_FIXTURE;
-        b[1] = 0x10;
+        b[1] = 0x80;
         let h = Header::new_checked(&b[..]).unwrap();
-        assert_eq!(HeaderRepr::parse(&h), Err(WireError::ReservedFlags(0x10)));
+        assert_eq!(HeaderRepr::parse(&h), Err(WireError::ReservedFlags(0x80)));
 
         let mut b = DATA_FIXTURE;
         b[2] = 0;

@@ -16,7 +16,9 @@ class RefusedError(AggSwitchError):
 
     ``reason`` is one of ``"unknown_job"``, ``"bad_secret"``,
     ``"source_not_allowed"``, ``"rank_out_of_range"``,
-    ``"parameters_differ"``, ``"malformed"``, ``"stale_nonce"``.
+    ``"parameters_differ"``, ``"malformed"``, ``"stale_nonce"``,
+    ``"kind_not_supported"`` (a reduce-scatter or all-gather through an
+    aggregation tree, which serves all-reduce only).
     """
 
     def __init__(self, message: str, reason: str) -> None:

@@ -45,6 +45,7 @@ fn reason_name(r: NackReason) -> &'static str {
         NackReason::StaleGeneration => "stale_generation",
         NackReason::Malformed => "malformed",
         NackReason::StaleNonce => "stale_nonce",
+        NackReason::KindNotSupported => "kind_not_supported",
     }
 }
 
