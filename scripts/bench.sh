@@ -10,6 +10,7 @@
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
 #                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
 #                         [--no-efficiency] [--threads 1,2]
+#                         [--cores-only] [--no-build]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
 #   --repeats K   timed all-reduces per measurement (default 5)
@@ -36,6 +37,14 @@
 #                 switch's all-reduce time (section "threads" below) with
 #                 each. Thread counts above 2 give the rate testbed as many
 #                 queues as the largest count (else 2)
+#   --cores-only  only what scaling over cores needs: the packet rates and
+#                 the switch's all-reduce by dataplane thread count (no
+#                 per-packet, forwarding, OpenMPI, shaped-link or efficiency
+#                 parts; docs/ left alone); needs jq, python3, ip, tc,
+#                 ethtool and taskset, and nothing from apt when they are
+#                 there. For a many-core machine, e.g. --threads 1,2,4,8
+#   --no-build    use target/release as it is (binaries built elsewhere: a
+#                 machine without a Rust toolchain)
 #   --no-forward  skip the forwarding comparison (scripts/bench_forward.sh:
 #                 iperf3 and sockperf between two hosts through a plain
 #                 bridge, through switchd with forwarding = "bridge", and
@@ -154,6 +163,8 @@ DO_FORWARD=1
 DO_PER_PACKET=1
 DO_EFFICIENCY=1
 RATES_ONLY=0
+CORES_ONLY=0
+BUILD=1
 RATE_SECONDS=""
 RATE_REPEATS=""
 TIMEOUT=900
@@ -186,6 +197,8 @@ while [[ $# -gt 0 ]]; do
         --rate-seconds=*) RATE_SECONDS="${1#*=}"; shift ;;
         --rate-repeats=*) RATE_REPEATS="${1#*=}"; shift ;;
         --rates-only) RATES_ONLY=1; DO_RATES=1; shift ;;
+        --cores-only) CORES_ONLY=1; shift ;;
+        --no-build) BUILD=0; shift ;;
         --no-rates) DO_RATES=0; shift ;;
         --no-forward) DO_FORWARD=0; shift ;;
         --no-per-packet) DO_PER_PACKET=0; shift ;;
@@ -208,6 +221,14 @@ uint_in_range "$RATE_SECONDS" 1 600 || die "--rate-seconds must be 1..600, got '
 uint_in_range "$RATE_REPEATS" 1 100 || die "--rate-repeats must be 1..100, got '$RATE_REPEATS'"
 RATE_SECONDS=$((10#$RATE_SECONDS)); RATE_REPEATS=$((10#$RATE_REPEATS))
 [[ "$RATES_ONLY" -eq 1 && "$DO_RATES" -eq 0 ]] && die "--rates-only and --no-rates exclude each other"
+[[ "$RATES_ONLY" -eq 1 && "$CORES_ONLY" -eq 1 ]] && die "--rates-only and --cores-only exclude each other"
+if [[ "$CORES_ONLY" -eq 1 ]]; then
+    DO_PER_PACKET=0
+    DO_FORWARD=0
+    DO_EFFICIENCY=0
+    DOCS=0
+fi
+readonly CORES_ONLY BUILD
 readonly RATE_SECONDS RATE_REPEATS DO_RATES RATES_ONLY
 MIB="${MIB:-64}"
 REPEATS="${REPEATS:-5}"
@@ -354,9 +375,17 @@ wait_pids() {
 
 # --- install, build -----------------------------------------------------------------
 missing=()
-for p in "${PACKAGES[@]}"; do
-    pkg_installed "$p" || missing+=("$p")
-done
+NEEDED_COMMANDS=(mpicc mpirun jq iperf3 python3 tc ip)
+if [[ "$CORES_ONLY" -eq 1 ]]; then
+    NEEDED_COMMANDS=(jq python3 tc ip ethtool taskset)
+    for c in "${NEEDED_COMMANDS[@]}"; do
+        command -v "$c" >/dev/null 2>&1 || missing=(iproute2 ethtool python3 jq util-linux)
+    done
+else
+    for p in "${PACKAGES[@]}"; do
+        pkg_installed "$p" || missing+=("$p")
+    done
+fi
 if ((${#missing[@]} > 0)); then
     command -v apt-get >/dev/null 2>&1 || die "missing packages (${missing[*]}) and no apt-get"
     log "installing: ${missing[*]}"
@@ -365,11 +394,18 @@ if ((${#missing[@]} > 0)); then
     apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
         die "apt-get install ${missing[*]} failed"
 fi
-for c in mpicc mpirun jq iperf3 python3 tc ip; do
+for c in "${NEEDED_COMMANDS[@]}"; do
     command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
 done
 
-build_release
+if [[ "$BUILD" -eq 1 ]]; then
+    build_release
+else
+    for b in switchd worker switchctl aggblast; do
+        [[ -x "$REPO_ROOT/target/release/$b" ]] ||
+            die "--no-build: target/release/$b missing (build it with cargo build --release --workspace --bins, here or on a machine with the same CPU architecture)"
+    done
+fi
 
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 readonly STAMP
@@ -709,8 +745,10 @@ if [[ "$RATES_ONLY" -eq 1 ]]; then
     exit 0
 fi
 MPI_BIN="$RUN/mpi_allreduce"
-mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" ||
-    die "mpicc failed on bench/mpi_allreduce.c"
+if [[ "$CORES_ONLY" -eq 0 ]]; then
+    mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" ||
+        die "mpicc failed on bench/mpi_allreduce.c"
+fi
 
 # --- testbed, config, ssh stand-in --------------------------------------------------
 TESTBED_MADE=1
@@ -725,8 +763,10 @@ write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX'" "$W
 
 HOSTFILE="$RUN/hostfile"
 RSH="$RUN/netns-ssh.sh"
-MPI_TMP="$(mktemp -d /tmp/bench-mpi.XXXXXX)"
-write_mpi_hosts "$PREFIX" "$WORKERS" "$WORKER_BASE" "$HOSTFILE" "$RSH" "$MPI_TMP"
+if [[ "$CORES_ONLY" -eq 0 ]]; then
+    MPI_TMP="$(mktemp -d /tmp/bench-mpi.XXXXXX)"
+    write_mpi_hosts "$PREFIX" "$WORKERS" "$WORKER_BASE" "$HOSTFILE" "$RSH" "$MPI_TMP"
+fi
 
 # --- measurements -------------------------------------------------------------------
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
@@ -987,9 +1027,11 @@ LOAD_START="$(loadavg)"
 if busy_machine; then
     warn "1-min load average is $LOAD_START on $(nproc) cores before starting: other work shares the CPUs, expect noisy times"
 fi
-measure unlimited
-shape_links
-measure 1gbit
+if [[ "$CORES_ONLY" -eq 0 ]]; then
+    measure unlimited
+    shape_links
+    measure 1gbit
+fi
 
 # --- threads: the switch's all-reduce with each dataplane thread count ------------------
 # On unlimited links (the testbed remade, without the shapers): for each T,
@@ -1023,6 +1065,33 @@ run_threads() {
 }
 run_threads
 
+if [[ "$CORES_ONLY" -eq 1 ]]; then
+    OUT_JSON="$REPO_ROOT/results/bench-cores-$STAMP.json"
+    jq -n --arg stamp "$STAMP" --arg kernel "$(uname -r)" \
+        --arg model "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)" \
+        --argjson nproc "$(nproc)" --argjson mib "$MIB" --argjson k "$REPEATS" \
+        --argjson workers "$WORKERS" --argjson mtu "$MTU" \
+        --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
+        --slurpfile rates "$RATES/rates.json" --slurpfile thr "$THREADS_DIR/threads.json" \
+        '{stamp: $stamp, commit: $commit, cores_only: true,
+          machine: {nproc: $nproc, cpu_model: $model, kernel: $kernel,
+                    loadavg_1min: {start: $load0, end: $load1}},
+          setup: {workers: $workers, mib: $mib, dtype: "float32", repeats: $k, mtu: $mtu},
+          rates: $rates[0], threads: $thr[0],
+          headline: {allreduce_threads: $thr[0].allreduce_threads,
+                     allreduce_time_over_1_thread: $thr[0].time_over_1_thread,
+                     rates_over_one_thread: $rates[0].headline.over_one_thread}}' >"$OUT_JSON"
+    echo
+    echo "=== bench $STAMP (cores only): $WORKERS workers, $MIB MiB float32, $(nproc) cores ==="
+    echo "switch all-reduce, unlimited links, by dataplane threads:"
+    cat "$RUN/threads-table.md"
+    echo
+    echo "packet rates:"
+    cat "$RUN/rates-table.md"
+    log "wrote $OUT_JSON (logs in $RUN)"
+    exit 0
+fi
 # --- per-byte efficiency (its own testbed, prefix "eff") ------------------------------
 if [[ "$DO_EFFICIENCY" -eq 1 ]]; then
     eff_args=(--mib "$MIB" --repeats "$REPEATS" --json "$RUN/efficiency.json" --png "$RUN/efficiency.png")

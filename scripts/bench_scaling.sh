@@ -78,8 +78,8 @@ uint_in_range "$REPEATS" 1 100 || die "--repeats must be 1..100, got '$REPEATS'"
     die "--threads must be a comma-separated list of thread counts (1 or more), got '$THREADS'"
 
 cd "$REPO_ROOT"
-ensure_cargo_path
 if [[ "$BUILD" -eq 1 ]]; then
+    ensure_cargo_path
     log "building (cargo build --release -p agg-bench --bins)"
     cargo build --release -p agg-bench --bins
 fi
