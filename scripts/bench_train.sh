@@ -140,18 +140,7 @@ if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
     "$VENV/bin/pip" install -q matplotlib >/dev/null ||
         warn "pip install matplotlib failed; the plot will be skipped"
 fi
-missing=()
-for p in "${PACKAGES[@]}"; do
-    pkg_installed "$p" || missing+=("$p")
-done
-if ((${#missing[@]} > 0)); then
-    command -v apt-get >/dev/null 2>&1 || die "missing packages (${missing[*]}) and no apt-get"
-    log "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null || die "apt-get update failed"
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-        die "apt-get install ${missing[*]} failed"
-fi
+ensure_debian_packages 1 "${PACKAGES[@]}"
 for c in tc ip timeout /usr/bin/time; do
     command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
 done
@@ -172,23 +161,6 @@ TESTBED_MADE=0
 SWITCHD_PID=""
 RANK_PIDS=()
 
-# stop_ns_leftovers: stop, by PID, anything still running inside this run's
-# namespaces (a rank whose `timeout` wrapper was stopped).
-stop_ns_leftovers() {
-    local ns pid sig
-    local -a spaces=("$PREFIX-sw")
-    for ((pid = 0; pid < WORKERS; pid++)); do spaces+=("$PREFIX-w$pid"); done
-    for sig in TERM KILL; do
-        for ns in "${spaces[@]}"; do
-            netns_exists "$ns" || continue
-            for pid in $(ip netns pids "$ns" 2>/dev/null); do
-                kill -"$sig" "$pid" 2>/dev/null || true
-            done
-        done
-        [[ "$sig" == KILL ]] || sleep 0.5
-    done
-}
-
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
@@ -197,7 +169,7 @@ cleanup() {
     done
     stop_pid "$SWITCHD_PID"
     if [[ "$TESTBED_MADE" -eq 1 ]]; then
-        stop_ns_leftovers
+        stop_testbed_processes "$PREFIX" "$WORKERS"
         bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
             warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
     fi
@@ -241,37 +213,6 @@ snapshot() {
             fi
         done
     } >"$1"
-}
-
-# wait_ranks: wait for RANK_PIDS; when one fails, stop the others (they
-# would wait on it until the timeout). Returns 0 when all exited with 0.
-wait_ranks() {
-    local i rc left failed=0
-    local -a done_=()
-    left=${#RANK_PIDS[@]}
-    while ((left > 0)); do
-        for i in "${!RANK_PIDS[@]}"; do
-            [[ -z "${done_[i]:-}" ]] || continue
-            kill -0 "${RANK_PIDS[i]}" 2>/dev/null && continue
-            rc=0
-            wait "${RANK_PIDS[i]}" || rc=$?
-            done_[i]=$rc
-            left=$((left - 1))
-            if [[ "$rc" -ne 0 ]]; then
-                warn "rank $i exited with status $rc$( [[ "$rc" -eq 124 ]] && echo " (timeout after $TIMEOUT s)")"
-                failed=1
-            fi
-        done
-        if ((failed && left > 0)); then
-            for i in "${!RANK_PIDS[@]}"; do
-                [[ -n "${done_[i]:-}" ]] || stop_pid "${RANK_PIDS[i]}" 5
-            done
-            break
-        fi
-        ((left > 0)) && sleep 0.2
-    done
-    RANK_PIDS=()
-    return "$failed"
 }
 
 # run_config LINK COMM: the 4 ranks of one configuration; results in

@@ -239,6 +239,57 @@ ensure_debian_packages() {
     fi
 }
 
+# stop_testbed_processes PREFIX WORKERS: stop, by PID, anything still running
+# inside the testbed's namespaces PREFIX-sw and PREFIX-w0..WORKERS-1 (e.g. a
+# rank whose `timeout` wrapper was stopped): TERM, half a second, KILL.
+stop_testbed_processes() {
+    local prefix="$1" workers="$2" ns pid sig i
+    local -a spaces=("$prefix-sw")
+    for ((i = 0; i < workers; i++)); do spaces+=("$prefix-w$i"); done
+    for sig in TERM KILL; do
+        for ns in "${spaces[@]}"; do
+            netns_exists "$ns" || continue
+            for pid in $(ip netns pids "$ns" 2>/dev/null); do
+                kill -"$sig" "$pid" 2>/dev/null || true
+            done
+        done
+        [[ "$sig" == KILL ]] || sleep 0.5
+    done
+}
+
+# wait_ranks: wait for the caller's RANK_PIDS (one per rank, in rank order;
+# TIMEOUT names the per-configuration limit in the message); when one fails,
+# stop the others (they would wait on it until the timeout). Returns 0 when
+# all exited with 0; RANK_PIDS is empty afterwards.
+wait_ranks() {
+    local i rc left failed=0
+    local -a done_=()
+    left=${#RANK_PIDS[@]}
+    while ((left > 0)); do
+        for i in "${!RANK_PIDS[@]}"; do
+            [[ -z "${done_[i]:-}" ]] || continue
+            kill -0 "${RANK_PIDS[i]}" 2>/dev/null && continue
+            rc=0
+            wait "${RANK_PIDS[i]}" || rc=$?
+            done_[i]=$rc
+            left=$((left - 1))
+            if [[ "$rc" -ne 0 ]]; then
+                warn "rank $i exited with status $rc$( [[ "$rc" -eq 124 ]] && echo " (timeout after $TIMEOUT s)")"
+                failed=1
+            fi
+        done
+        if ((failed && left > 0)); then
+            for i in "${!RANK_PIDS[@]}"; do
+                [[ -n "${done_[i]:-}" ]] || stop_pid "${RANK_PIDS[i]}" 5
+            done
+            break
+        fi
+        ((left > 0)) && sleep 0.2
+    done
+    RANK_PIDS=()
+    return "$failed"
+}
+
 # build_release: `cargo build --release --workspace --bins` in the repository
 # and check that target/release/{switchd,worker,switchctl} are there.
 build_release() {
