@@ -3,8 +3,10 @@
 //! `UDP_SEGMENT` super-datagram, and how a `UDP_GRO` receive buffer splits
 //! back into RESULT datagrams. The syscalls live in [`crate::mmsg`].
 //!
-//! Owns: [`TransportKind`], [`plan_gso`], [`split_gro`], the socket-option
-//! and control-message helpers, and the probe that decides `auto`.
+//! Owns: [`TransportKind`], [`plan_gso`], [`split_gro`], [`BurstLimit`]
+//! (how many datagrams one super-datagram may carry while chunks are being
+//! lost), the socket-option and control-message helpers, and the probe that
+//! decides `auto`.
 //! Invariants: a super-datagram is a run of equal-length datagrams, possibly
 //! ended by one shorter one (the kernel cuts it every `gso_size` bytes), of
 //! at most [`MAX_SEGMENTS`] datagrams and [`MAX_GSO_PAYLOAD`] bytes; a GRO
@@ -105,14 +107,21 @@ pub struct Group {
 /// Groups `n` consecutive datagrams, datagram `i` being `len(i)` bytes, into
 /// super-datagrams in order, calling `emit` for each: a group is a run of
 /// equal lengths, possibly ended by one shorter datagram, within
-/// [`MAX_SEGMENTS`] and [`MAX_GSO_PAYLOAD`]. A longer datagram starts a new
-/// group (the kernel would cut it at the earlier size).
-pub fn plan_gso(n: usize, len: impl Fn(usize) -> usize, mut emit: impl FnMut(Group)) {
+/// `max_segments` (at most [`MAX_SEGMENTS`]) and [`MAX_GSO_PAYLOAD`]. A
+/// longer datagram starts a new group (the kernel would cut it at the
+/// earlier size).
+pub fn plan_gso(
+    n: usize,
+    max_segments: usize,
+    len: impl Fn(usize) -> usize,
+    mut emit: impl FnMut(Group),
+) {
+    let max_segments = max_segments.clamp(1, MAX_SEGMENTS);
     let mut i = 0;
     while i < n {
         let segment = len(i);
         let (mut count, mut bytes) = (1, segment);
-        while segment > 0 && i + count < n && count < MAX_SEGMENTS {
+        while segment > 0 && i + count < n && count < max_segments {
             let l = len(i + count);
             if l > segment || bytes + l > MAX_GSO_PAYLOAD {
                 break;
@@ -129,6 +138,72 @@ pub fn plan_gso(n: usize, len: impl Fn(usize) -> usize, mut emit: impl FnMut(Gro
             segment,
         });
         i += count;
+    }
+}
+
+/// How many datagrams one super-datagram may carry: AIMD on chunk loss.
+///
+/// A super-datagram leaves the socket as one burst of back-to-back frames;
+/// at a bottleneck with a shallow queue (a 1 Gbit/s link, a switch port) a
+/// burst of jumbo frames overflows it, one drop loses several chunks, and
+/// their resends, bursts again, feed more drops. So while chunks are being
+/// resent the limit halves (at most once per `limit` acknowledgements,
+/// about once per burst's worth of RESULTs), down to 1 (one datagram per
+/// `sendmmsg` entry, the `mmsg` transport's pacing), and it grows by one
+/// for every [`BurstLimit::GROW_AFTER`] × limit RESULTs with no resend, up
+/// to [`MAX_SEGMENTS`]: with no loss, udp-gso keeps its whole CPU saving.
+#[derive(Debug, Clone)]
+pub struct BurstLimit {
+    limit: usize,
+    resent: u64,
+    results: u64,
+    /// RESULTs since the last change of `limit`.
+    since_change: u64,
+}
+
+impl Default for BurstLimit {
+    fn default() -> Self {
+        BurstLimit {
+            limit: MAX_SEGMENTS,
+            resent: 0,
+            results: 0,
+            since_change: 0,
+        }
+    }
+}
+
+impl BurstLimit {
+    /// Loss-free RESULTs, in multiples of the limit, before it grows by one.
+    pub const GROW_AFTER: u64 = 8;
+
+    /// The current limit (datagrams per super-datagram).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Feeds the collective's running totals of chunks resent and RESULTs
+    /// taken (they restart from 0 with each collective); returns the limit.
+    pub fn update(&mut self, resent: u64, results: u64) -> usize {
+        if resent < self.resent || results < self.results {
+            // A new collective: new totals, nothing learnt from the change.
+            (self.resent, self.results) = (resent, results);
+            return self.limit;
+        }
+        let (lost, acked) = (resent - self.resent, results - self.results);
+        (self.resent, self.results) = (resent, results);
+        self.since_change += acked;
+        if lost > 0 {
+            if self.limit > 1 && self.since_change >= self.limit as u64 {
+                self.limit /= 2;
+                self.since_change = 0;
+            }
+        } else if self.limit < MAX_SEGMENTS
+            && self.since_change >= Self::GROW_AFTER * self.limit as u64
+        {
+            self.limit += 1;
+            self.since_change = 0;
+        }
+        self.limit
     }
 }
 
@@ -311,10 +386,57 @@ mod tests {
         let mut v = Vec::new();
         plan_gso(
             lens.len(),
+            MAX_SEGMENTS,
             |i| lens[i],
             |g| v.push((g.start, g.count, g.segment)),
         );
         v
+    }
+
+    #[test]
+    fn a_burst_limit_caps_the_groups() {
+        let mut v = Vec::new();
+        plan_gso(8, 3, |_| 9000, |g| v.push((g.start, g.count)));
+        assert_eq!(v, [(0, 3), (3, 3), (6, 2)]);
+        v.clear();
+        plan_gso(3, 0, |_| 9000, |g| v.push((g.start, g.count)));
+        assert_eq!(v, [(0, 1), (1, 1), (2, 1)], "0 means one datagram each");
+    }
+
+    #[test]
+    fn the_burst_limit_halves_under_loss_and_regrows_without() {
+        let mut b = BurstLimit::default();
+        assert_eq!(b.update(0, 10), MAX_SEGMENTS, "no loss: whole bursts");
+        // Resends while RESULTs come back: halve, at most once per limit
+        // RESULTs (so one loss event does not collapse it at once).
+        assert_eq!(
+            b.update(3, 20),
+            MAX_SEGMENTS,
+            "fewer than a limit of RESULTs so far"
+        );
+        assert_eq!(b.update(4, 170), MAX_SEGMENTS / 2);
+        assert_eq!(
+            b.update(5, 171),
+            MAX_SEGMENTS / 2,
+            "not again within the same burst's RESULTs"
+        );
+        let (mut resent, mut results) = (5, 171);
+        while b.limit() > 1 {
+            resent += 1;
+            results += b.limit() as u64;
+            b.update(resent, results);
+        }
+        assert_eq!(
+            b.update(resent + 1, results + 10),
+            1,
+            "never below one datagram"
+        );
+        // Loss-free RESULTs grow it by one per GROW_AFTER x limit.
+        results += 10;
+        assert_eq!(b.update(resent + 1, results + BurstLimit::GROW_AFTER), 2);
+        // A new collective restarts the totals: no loss is inferred from it.
+        assert_eq!(b.update(0, 0), 2);
+        assert_eq!(b.update(0, 5), 2);
     }
 
     #[test]

@@ -427,6 +427,8 @@ pub struct Worker {
     gro: bool,
     /// The next HELLO is the GSO probe (auto or udp-gso, not yet decided).
     probe_gso: bool,
+    /// Datagrams per GSO super-datagram while chunks are being lost.
+    burst: gso::BurstLimit,
     stats: WorkerStats,
     /// What the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Waiting)>,
@@ -518,6 +520,7 @@ impl Worker {
             kind: TransportKind::Mmsg,
             gro,
             probe_gso: gro,
+            burst: gso::BurstLimit::default(),
             stats: WorkerStats::default(),
             missing: None,
             auth: AuthMode::Port,
@@ -994,6 +997,8 @@ impl Worker {
             }
             let now = Instant::now();
             let window = self.window();
+            let burst = self.burst.update(coll.stats.resent, coll.stats.results);
+            self.txb.set_max_segments(burst);
             while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
                 let mut h = HeaderRepr::new(MsgType::Data, self.cfg.job);
                 h.rank = self.cfg.rank;

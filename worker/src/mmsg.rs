@@ -41,6 +41,8 @@ pub struct DatagramBatch {
     data: Vec<u8>,
     slot: usize,
     count: usize,
+    /// GSO sends: most datagrams per super-datagram ([`gso::BurstLimit`]).
+    max_segments: usize,
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     mode: Mode,
@@ -78,6 +80,7 @@ impl DatagramBatch {
             data: vec![0u8; capacity * slot],
             slot,
             count: 0,
+            max_segments: gso::MAX_SEGMENTS,
             // SAFETY: iovec and mmsghdr are plain old data; all-zero is a
             // valid value (null pointers, no name, no control data).
             iov: vec![unsafe { std::mem::zeroed() }; capacity],
@@ -124,6 +127,12 @@ impl DatagramBatch {
             coalesced: 0,
         };
         b
+    }
+
+    /// GSO sends: at most `n` datagrams per super-datagram from the next
+    /// send on (1: one each; the batch still goes in one `sendmmsg`).
+    pub fn set_max_segments(&mut self, n: usize) {
+        self.max_segments = n.clamp(1, gso::MAX_SEGMENTS);
     }
 
     /// Datagrams that went out inside a super-datagram of several (GSO), or
@@ -192,6 +201,7 @@ impl DatagramBatch {
         let mut groups = 0;
         gso::plan_gso(
             n,
+            self.max_segments,
             |i| lens[i].iov_len,
             |g| {
                 let h = &mut hdrs[groups].msg_hdr;
