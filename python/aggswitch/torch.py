@@ -357,7 +357,7 @@ try:
 except ImportError as e:  # torch without FSDP2's custom comms
     FSDPModule = None  # type: ignore[assignment,misc]
     _AllGather = _ReduceScatter = object  # type: ignore[assignment,misc]
-    _FSDP_MISSING = f"this torch ({torch.__version__}) lacks FSDP2's custom comm API ({e}); use torch >= 2.8"
+    _FSDP_MISSING = f"this torch ({torch.__version__}) lacks FSDP2's custom comm API ({e}); FSDP through the switch needs FSDPModule.set_custom_reduce_scatter (torch 2.15 is tested)"
 
 _JOB_TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 

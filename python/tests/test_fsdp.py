@@ -2,15 +2,12 @@
 127.0.0.1), reduce-scatter and all-gather through the loopback stand-in
 switch. The rank side is fsdp_ranks.py."""
 
-import multiprocessing
 import os
-import queue
-import socket
 import time
 
 import pytest
 
-from conftest import SECRET, require_torch
+from conftest import SECRET, free_port, launch, require_torch
 
 torch = require_torch()
 import torch.distributed as dist  # noqa: E402
@@ -25,48 +22,6 @@ if not hasattr(aggswitch.Worker, "reduce_scatter"):
     if os.environ.get("CI") == "true":
         pytest.fail("aggswitch.Worker has no reduce_scatter: the native package is out of date", pytrace=False)
     pytest.skip("aggswitch.Worker has no reduce_scatter yet (rebuild the package)", allow_module_level=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_CTX = multiprocessing.get_context("forkserver")
-# The forkserver imports torch once; every rank is a fork of it (about 4 s
-# of import saved per rank).
-_CTX.set_forkserver_preload(["torch", "torch.distributed.fsdp", "aggswitch.torch", "fsdp_ranks"])
-
-
-def launch(target, world, *args, timeout=120.0, expect=None):
-    """Starts target(rank, world, port, *args, q) in `world` processes;
-    returns the `expect` (default: world) dicts they put on the queue, by
-    arrival."""
-    q = _CTX.Queue()
-    port = free_port()
-    procs = [_CTX.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got, deadline = [], time.monotonic() + timeout
-    try:
-        while len(got) < (world if expect is None else expect):
-            try:
-                got.append(q.get(timeout=0.5))
-                continue
-            except queue.Empty:
-                pass
-            codes = [p.exitcode for p in procs]
-            if any(c not in (None, 0) for c in codes):
-                pytest.fail(f"a rank failed (exit codes {codes}; its traceback is in the captured stderr)")
-            if time.monotonic() > deadline:
-                pytest.fail(f"ranks did not report within {timeout} s (exit codes {codes})")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    return got
 
 
 @pytest.fixture(scope="module")
