@@ -1,6 +1,10 @@
 //! The worker library: join a job on the aggregation switch, then
-//! `all_reduce(&mut [T])` as many times as the training loop needs, `T` the
-//! job's element type ([`Element`]: f32, bf16 or f16).
+//! `all_reduce(&mut [T])`, `reduce_scatter(&[T], &mut [T])`,
+//! `all_gather(&[T], &mut [T])` or `broadcast(root, &mut [T])` as many times
+//! as the training loop needs, `T` the job's element type ([`Element`]: f32,
+//! bf16 or f16). Every kind runs through the same loop (window, resends,
+//! ECE, stall errors, re-join); `proto::worker::Shape` says which chunks
+//! carry values each way (docs/PROTOCOL.md, "Collective kinds").
 //!
 //! Owns: one UDP socket connected to the switch, the job session (switch
 //! generation, pool size, chunk size, next seq and collective id) and the
@@ -39,11 +43,12 @@ use proto::handshake::{ChallengeError, Handshake, JoinParams, ProbeAnswer, Sessi
 use proto::seq::serial_offset;
 pub use proto::tag::AuthMode;
 use proto::tag::{PacketKey, TAG_LEN};
+pub use proto::wire::Kind;
 use proto::wire::{
     flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN, OP_SUM,
     SECRET_LEN,
 };
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, Shape, TransportConfig};
 
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
@@ -233,6 +238,25 @@ fn refusal_hint(reason: &NackReason, n_workers: u16, dtype: Dtype) -> String {
     }
 }
 
+/// What a [`WorkerError::WrongLength`] asks for.
+fn length_rule(call: &str, input: usize, n: u16) -> String {
+    let n_us = usize::from(n);
+    match call {
+        "reduce_scatter" if !input.is_multiple_of(n_us) => format!(
+            "the input must be n × m elements (n = {n} ranks), and {input} is not a multiple of {n}"
+        ),
+        "reduce_scatter" => format!(
+            "the input must be n × the output (n = {n} ranks): pass an output of {} elements",
+            input / n_us
+        ),
+        "all_gather" => format!(
+            "the output must be n × the input (n = {n} ranks): pass an output of {} elements",
+            input.saturating_mul(n_us)
+        ),
+        _ => format!("every rank passes the same length (n = {n} ranks)"),
+    }
+}
+
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -254,15 +278,44 @@ pub enum WorkerError {
         dtype: Dtype,
     },
     #[error(
-        "job {job} rank {rank}: all_reduce of {tensor} elements, but the worker joined the job \
+        "job {job} rank {rank}: {call} of {tensor} elements, but the worker joined the job \
          as {joined} (pass a tensor of {joined}, or join with dtype {tensor})"
     )]
     WrongDtype {
         job: u16,
         rank: u16,
+        /// The method called: "all_reduce", "reduce_scatter", ...
+        call: &'static str,
         tensor: Dtype,
         joined: Dtype,
     },
+    #[error(
+        "job {job} rank {rank}: {call} with an input of {input} and an output of {output} \
+         elements: {}",
+        length_rule(call, *input, *n)
+    )]
+    WrongLength {
+        job: u16,
+        rank: u16,
+        call: &'static str,
+        input: usize,
+        output: usize,
+        /// Ranks in the job.
+        n: u16,
+    },
+    #[error("job {job} rank {rank}: broadcast from root {root}, but the job's ranks are 0..{n}")]
+    BadRoot {
+        job: u16,
+        rank: u16,
+        root: u16,
+        n: u16,
+    },
+    #[error(
+        "job {job} rank {rank}: the switch refused a {kind} (NACK 10, collective kind not \
+         supported): reduce-scatter, all-gather and broadcast need a job on a single switch, \
+         not an aggregation tree; declare the job on one switch, or use all_reduce"
+    )]
+    KindNotSupported { job: u16, rank: u16, kind: Kind },
     #[error(
         "job {job} rank {rank}: no JOIN_ACK from switch {switch} within {waited:?}: \
          is switchd running with job {job} declared, and have all {n} ranks started?"
@@ -362,6 +415,9 @@ pub struct WorkerStats {
     /// RESULTs whose payload was not `count` elements of the job's dtype
     /// (ignored).
     pub bad_length_results: u64,
+    /// RESULTs of another collective kind than the chunk's, or with values
+    /// where this rank was due a NOVAL RESULT (or the reverse): ignored.
+    pub mismatched_results: u64,
     /// In an `auth = "mac"` job: RESULTs whose tag did not verify under the
     /// activation's RESULT key (ignored, never written to the tensor).
     pub bad_tag_results: u64,
@@ -416,6 +472,8 @@ pub struct Worker {
     prev_input: Vec<u8>,
     prev_first_seq: u32,
     prev_collective: Option<u32>,
+    /// The previous collective's shape (what `prev_input` holds).
+    prev_shape: Shape,
     buf: Vec<u8>,
     rx: Vec<u8>,
     /// DATA queued for one `sendmmsg`, RESULTs from one `recvmmsg`.
@@ -511,6 +569,7 @@ impl Worker {
             prev_input: Vec::new(),
             prev_first_seq: 0,
             prev_collective: None,
+            prev_shape: Shape::all_reduce(0),
             buf: vec![0u8; 9216],
             rx: vec![0u8; 9216],
             txb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
@@ -848,21 +907,118 @@ impl Worker {
     /// summed in float32 and rounded once by the switch). `T` must be the
     /// dtype the worker joined with.
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T]) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("all_reduce")?;
+        let shape = Shape::all_reduce(data.len());
+        self.run_shape(shape, None, bytemuck::cast_slice_mut(data))
+    }
+
+    /// Reduce-scatter: `input` holds n shards of m elements (n the job's
+    /// ranks), shard r for rank r; `output` (m elements) gets this rank's
+    /// shard of the element-wise sum over every rank, bit-identical to what
+    /// [`Worker::all_reduce`] gives for those elements. Only the sum: an
+    /// average (FSDP's default) is the caller's division by n, after this
+    /// returns (aggswitch.torch divides), so every rank divides the same
+    /// bits the same way. Every rank calls it with the same lengths.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("reduce_scatter")?;
+        let n = self.cfg.n_workers;
+        if input.len() != output.len().saturating_mul(n.into()) {
+            return Err(self.wrong_length("reduce_scatter", input.len(), output.len()));
+        }
+        let shape = Shape::reduce_scatter(self.cfg.rank, n, output.len());
+        self.run_shape(
+            shape,
+            Some(bytemuck::cast_slice(input)),
+            bytemuck::cast_slice_mut(output),
+        )
+    }
+
+    /// All-gather: `output` (n·m elements) gets every rank's `input` (m
+    /// elements), rank r's at `r·m`, bit for bit (the switch copies whole
+    /// elements of the job's size, never converting them). This rank's own
+    /// shard is copied locally. Every rank calls it with the same lengths.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("all_gather")?;
+        let n = self.cfg.n_workers;
+        if output.len() != input.len().saturating_mul(n.into()) {
+            return Err(self.wrong_length("all_gather", input.len(), output.len()));
+        }
+        let m = input.len();
+        let own = usize::from(self.cfg.rank) * m;
+        output[own..own + m].copy_from_slice(input);
+        let shape = Shape::all_gather(self.cfg.rank, n, m);
+        self.run_shape(
+            shape,
+            Some(bytemuck::cast_slice(input)),
+            bytemuck::cast_slice_mut(output),
+        )
+    }
+
+    /// Broadcast: every rank's `data` becomes `root`'s, bit for bit (an
+    /// all-gather whose every chunk `root` owns). Every rank calls it with
+    /// the same root and length.
+    pub fn broadcast<T: Element>(&mut self, root: u16, data: &mut [T]) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("broadcast")?;
+        if root >= self.cfg.n_workers {
+            return Err(WorkerError::BadRoot {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+                root,
+                n: self.cfg.n_workers,
+            });
+        }
+        let shape = Shape::broadcast(self.cfg.rank, root, data.len());
+        let data: &mut [u8] = bytemuck::cast_slice_mut(data);
+        if root == self.cfg.rank {
+            // The root's tensor is only read: it is the input, and its
+            // output is empty.
+            return self.run_shape(shape, Some(data), &mut []);
+        }
+        self.run_shape(shape, Some(&[]), data)
+    }
+
+    fn check_dtype<T: Element>(&self, call: &'static str) -> Result<(), WorkerError> {
         if T::DTYPE != self.cfg.dtype {
             return Err(WorkerError::WrongDtype {
                 job: self.cfg.job,
                 rank: self.cfg.rank,
+                call,
                 tensor: T::DTYPE,
                 joined: self.cfg.dtype,
             });
         }
-        let len = data.len();
-        self.all_reduce_bytes(bytemuck::cast_slice_mut(data), len)
+        Ok(())
     }
 
-    /// [`Worker::all_reduce`] of `len` elements of the job's dtype, given as
-    /// their little-endian bytes.
-    fn all_reduce_bytes(&mut self, data: &mut [u8], len: usize) -> Result<(), WorkerError> {
+    fn wrong_length(&self, call: &'static str, input: usize, output: usize) -> WorkerError {
+        WorkerError::WrongLength {
+            job: self.cfg.job,
+            rank: self.cfg.rank,
+            call,
+            input,
+            output,
+            n: self.cfg.n_workers,
+        }
+    }
+
+    /// Runs one collective of `shape` over wire bytes: `input` (None: the
+    /// output is also the input, as in an all-reduce) is kept for resends,
+    /// RESULT values are copied into `out`.
+    fn run_shape(
+        &mut self,
+        shape: Shape,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), WorkerError> {
+        let len = shape.layout_len();
         let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
@@ -875,14 +1031,14 @@ impl Worker {
         }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
-        let mut input = std::mem::take(&mut self.input);
-        input.clear();
-        input.extend_from_slice(data);
-        let mut cur = Collective::new(collective, first_seq, len, self.elems_per_chunk);
-        let result = self.run_collective(&mut cur, &input, data);
+        let mut kept = std::mem::take(&mut self.input);
+        kept.clear();
+        kept.extend_from_slice(input.unwrap_or(out));
+        let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk);
+        let result = self.run_collective(&mut cur, &kept, out);
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
-        self.input = std::mem::replace(&mut self.prev_input, input);
+        self.input = std::mem::replace(&mut self.prev_input, kept);
         if result.is_err() && self.auth == AuthMode::Mac {
             // The next call would tag other data under the same (seq,
             // collective) and key: a GMAC nonce used twice gives its key
@@ -893,6 +1049,7 @@ impl Worker {
         result?;
         self.prev_first_seq = first_seq;
         self.prev_collective = Some(collective);
+        self.prev_shape = shape;
         self.next_seq = cur.end_seq();
         self.next_collective = collective.wrapping_add(1);
         self.stats.collectives += 1;
@@ -935,8 +1092,12 @@ impl Worker {
     fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
         let prev = std::mem::take(&mut self.prev_input);
         let c = self.prev_collective.unwrap_or(0);
-        let elems = prev.len() / self.cfg.dtype.size();
-        let mut coll = Collective::new(c, self.prev_first_seq, elems, self.elems_per_chunk);
+        let mut coll = Collective::with_shape(
+            c,
+            self.prev_first_seq,
+            self.prev_shape,
+            self.elems_per_chunk,
+        );
         coll.restart_from(seq);
         let r = loop {
             match self.drive(&mut coll, &prev, None) {
@@ -968,6 +1129,7 @@ impl Worker {
     ) -> Result<Event, WorkerError> {
         let size = self.cfg.dtype.size();
         let tcfg = self.cfg.transport;
+        let kind = coll.shape().kind();
         let mut last_heartbeat: Option<Instant> = None;
         self.missing = None;
         while !coll.is_complete() {
@@ -1001,6 +1163,13 @@ impl Worker {
                 h.seq = t.seq;
                 h.collective = coll.collective();
                 h.gen = self.gen;
+                h.flags |= kind.flag_bits();
+                if kind != Kind::AllReduce {
+                    h.window = t.owner;
+                }
+                if t.values.is_none() {
+                    h.flags |= flags::NOVAL;
+                }
                 if t.last {
                     h.flags |= flags::LAST;
                 }
@@ -1012,7 +1181,10 @@ impl Worker {
                 }
                 let slot = self.txb.next_slot().expect("flushed when full");
                 h.emit_to(slot).expect("slot holds a header");
-                let bytes = &input[t.offset * size..(t.offset + t.count as usize) * size];
+                let bytes = match t.values {
+                    Some(at) => &input[at * size..(at + t.count as usize) * size],
+                    None => &[],
+                };
                 let end = HEADER_LEN + bytes.len();
                 slot[HEADER_LEN..end].copy_from_slice(bytes);
                 let len = match &self.data_key {
@@ -1101,16 +1273,13 @@ impl Worker {
                 self.unauthenticated()?;
                 false
             }
-            MsgType::Result
-                if h.payload().len()
-                    != self.cfg.dtype.payload_len(r.count) + self.auth.tag_len() =>
-            {
+            MsgType::Result if h.payload().len() != self.values_len(&r) + self.auth.tag_len() => {
                 self.stats.bad_length_results += 1;
                 false
             }
             MsgType::Result
                 if self.result_key.as_ref().is_some_and(|k| {
-                    let (values, tag) = h.payload().split_at(self.cfg.dtype.payload_len(r.count));
+                    let (values, tag) = h.payload().split_at(self.values_len(&r));
                     !k.verify(&r, values, tag)
                 }) =>
             {
@@ -1123,19 +1292,23 @@ impl Worker {
                     self.cc
                         .set_ceiling(self.pool_slots.min(self.advertised_window));
                 }
-                let ece = r.has_flag(flags::ECE);
-                let outcome = coll.on_result(
-                    r.seq,
-                    r.count,
-                    ece,
-                    Instant::now(),
-                    &mut self.rtt,
-                    &mut self.cc,
-                );
-                if let (ResultOutcome::Fresh { offset, count, .. }, Some(out)) = (outcome, out) {
-                    let size = self.cfg.dtype.size();
-                    let n = count as usize * size;
-                    out[offset * size..offset * size + n].copy_from_slice(&h.payload()[..n]);
+                let outcome =
+                    coll.on_result_header(&r, Instant::now(), &mut self.rtt, &mut self.cc);
+                match (outcome, out) {
+                    (
+                        ResultOutcome::Fresh {
+                            into: Some(at),
+                            count,
+                            ..
+                        },
+                        Some(out),
+                    ) => {
+                        let size = self.cfg.dtype.size();
+                        let n = count as usize * size;
+                        out[at * size..at * size + n].copy_from_slice(&h.payload()[..n]);
+                    }
+                    (ResultOutcome::ShapeMismatch { .. }, _) => self.stats.mismatched_results += 1,
+                    _ => {}
                 }
                 false
             }
@@ -1161,6 +1334,13 @@ impl Worker {
                     NackReason::JobNotActive | NackReason::StaleGeneration => true,
                     // Answers to an earlier join attempt.
                     NackReason::StaleNonce => false,
+                    NackReason::KindNotSupported => {
+                        return Err(WorkerError::KindNotSupported {
+                            job: self.cfg.job,
+                            rank: self.cfg.rank,
+                            kind: coll.shape().kind(),
+                        })
+                    }
                     reason => return Err(self.refused(reason)),
                 }
             }
@@ -1198,6 +1378,15 @@ impl Worker {
             collective: c,
             seq: s,
         }))
+    }
+
+    /// Bytes of values a DATA/RESULT with header `r` carries (0 for NOVAL).
+    fn values_len(&self, r: &HeaderRepr) -> usize {
+        if r.no_values() {
+            0
+        } else {
+            self.cfg.dtype.payload_len(r.count)
+        }
     }
 
     /// An unauthenticated NACK or a RESULT of another generation arrived:
