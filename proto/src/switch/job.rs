@@ -46,8 +46,8 @@ use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::serial_lt;
 use crate::tag::{self, AuthMode, PacketKey, Tag, EPOCH_LEN, TAG_LEN};
 use crate::wire::{
-    flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, Kind, LeavePayload, MsgType,
-    NackReason, Nonce, OP_SUM,
+    flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, Kind, LeavePayload, MsgType, NackReason,
+    Nonce, OP_SUM,
 };
 
 use super::config::{Endpoint, JobConfig, JobConfigError};
