@@ -4,9 +4,13 @@
 //! shard of the rank-order sum, or every rank's pattern copied), for f32
 //! and bf16 jobs, on a clean testbed and under 5 % loss plus 25 %
 //! reordering on every worker link (both directions, `scripts/impair.sh`
-//! as in `faults.rs`). Prefix `fs2…`. Needs root.
+//! as in `faults.rs`); and on an aggregation tree (two leaves, one spine)
+//! the leaf refuses both kinds with NACK 10, which every worker reports as
+//! "needs a job on a single switch" within seconds, while all-reduce over
+//! the same tree still works. Prefix `fs2…`. Needs root.
 
-use std::process::Child;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use agg_e2e::*;
 
@@ -131,4 +135,114 @@ fn reduce_scatter_and_all_gather_are_bit_exact_through_switchd() {
 #[ignore = "needs root"]
 fn reduce_scatter_and_all_gather_survive_5_percent_loss_and_25_percent_reordering() {
     kinds_test("collectives_faults", "fs2b", Some((5.0, 25.0)));
+}
+
+/// A tree of 2 leaves of 2 workers and one spine (`trees.rs` has the full
+/// story): what the leaves and the spine need to run job 1.
+const LEAVES: u16 = 2;
+const WPL: u16 = 2;
+
+fn spine_config(fabric: &LeafSpine) -> String {
+    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
+         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
+         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
+        ports.join(", "),
+        fabric.spine_addr(0)
+    )
+}
+
+fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
+    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
+    let gw = fabric.leaf_gateway(i);
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
+         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
+         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\n\
+         [job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [\"{}:{AGG_PORT}\"]\n",
+        ports.join(", "),
+        fabric.spine_addr(0)
+    )
+}
+
+/// Every worker of the tree running `worker allreduce --collective kind`.
+fn spawn_tree(fabric: &LeafSpine, kind: &str) -> Vec<Child> {
+    let sizes = vec![WPL.to_string(); LEAVES as usize].join(",");
+    (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| {
+            fabric
+                .cmd_in(&fabric.worker_ns(i, k), worker_bin())
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["--job", "1", "--rank", &k.to_string()])
+                .args(["--workers", &WPL.to_string()])
+                .env(proto::secret::SECRET_ENV, SECRET)
+                .args(["--tree-leaves", &sizes, "--leaf", &i.to_string()])
+                .args(["--collective", kind, "--elements", "4000"])
+                .args(["--verify", "--json", "--stall-timeout", "20"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting worker")
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_tree_refuses_reduce_scatter_and_all_gather_with_a_clear_error() {
+    if !can_run("collectives_tree") {
+        return;
+    }
+    let fabric = LeafSpine::up("fs2t", LEAVES, 1, WPL, 0);
+    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "fs2t-s0", &spine_config(&fabric));
+    let mut leaves: Vec<Switchd> = (0..LEAVES)
+        .map(|i| {
+            let cfg = leaf_config(&fabric, i);
+            Switchd::start_in(&fabric.leaf_ns(i), &format!("fs2t-l{i}"), &cfg)
+        })
+        .collect();
+    for kind in ["reduce-scatter", "all-gather"] {
+        let t = Instant::now();
+        for (w, c) in spawn_tree(&fabric, kind).into_iter().enumerate() {
+            let out = wait_with_timeout(c, Duration::from_secs(60));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "worker {w} ran a {kind} on a tree: {err}"
+            );
+            let refused =
+                format!("the switch refused a {kind} (NACK 10, collective kind not supported)");
+            for want in [
+                refused.as_str(),
+                "need a job on a single switch, not an aggregation tree",
+            ] {
+                assert!(
+                    err.contains(want),
+                    "worker {w}: {want:?} missing from: {err}"
+                );
+            }
+        }
+        // Refused at once, not after the 20 s stall timeout.
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "{kind}: refused after {took:?}"
+        );
+        eprintln!("collectives_tree: {kind} refused by the leaves in {took:?}");
+    }
+    // The same tree still all-reduces, bit-exact.
+    expect_verified(spawn_tree(&fabric, "all-reduce"));
+    for (i, sw) in leaves.iter_mut().enumerate() {
+        let (ok, stats) = sw.stop();
+        assert!(ok, "leaf {i} did not stop cleanly:\n{}", sw.log_text());
+        let drops = &job(&stats, 1)["drops"];
+        assert!(
+            drops["kind_not_supported"].as_u64().unwrap_or(0) > 0,
+            "leaf {i} counted its refusals: {drops}"
+        );
+    }
+    let (ok, _) = spine.stop();
+    assert!(ok, "the spine did not stop cleanly:\n{}", spine.log_text());
 }
