@@ -268,10 +268,9 @@ fn join_workers(
         }
         all.push(sessions);
     }
-    for i in 0..tree.leaves.len() {
+    for (i, (t, sessions)) in tree.leaves.iter_mut().zip(&mut all).enumerate() {
         // The workers' JOIN_ACKs go to their sessions; the uplink HELLOs
         // into the network.
-        let t = &mut tree.leaves[i];
         let mut kept = Vec::new();
         while let Some(r) = t.poll_reply() {
             if r.is_upstream() {
@@ -280,7 +279,7 @@ fn join_workers(
             }
             let mut b = [0u8; 128];
             let e = t.encode(&r, &mut b).unwrap();
-            let ev = all[i][r.rank as usize].handle(&b[..e.len], base);
+            let ev = sessions[r.rank as usize].handle(&b[..e.len], base);
             assert!(matches!(ev, Some(Event::Joined(_))), "{ev:?}");
         }
         for r in kept {
