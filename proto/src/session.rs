@@ -22,6 +22,8 @@
 //! * NACKs once joined: only those whose tag verifies under the session key
 //!   or that echo the latest probe count; 6 and 7 mean the switch lost the
 //!   session (rejoin), 9 is ignored, every other reason is fatal.
+//!   [`nack_meaning`] is that table; a leaf's uplink to its spines sorts
+//!   its spines' NACKs with it too.
 //! * What makes a member probe (an unauthenticated NACK, a RESULT of
 //!   another generation; at most one probe per [`PROBE_EVERY`]) and what a
 //!   CHALLENGE answering the probe means (another generation: rejoin; the
@@ -62,6 +64,40 @@ pub const JOIN_RESEND: Duration = Duration::from_millis(200);
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 /// Room for the largest control message (a JOIN).
 pub const CONTROL_LEN: usize = 128;
+
+/// What a NACK that answers us means: it echoes our HELLO's or JOIN's
+/// nonce, or, once joined, our probe's, or its tag verifies under the
+/// session key (docs/PROTOCOL.md, "Joining" and "Sessions"). One table for
+/// every joiner: [`WorkerSession`] and a leaf towards its spines
+/// (`switch::uplink`), which differ only in what they do with a refusal
+/// (a worker stops; a leaf asks again later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NackMeaning {
+    /// While joining: our nonce aged or the switch restarted; start a fresh
+    /// handshake now.
+    Restart,
+    /// While joining: the job waits for other ranks; keep resending.
+    Wait,
+    /// Once joined: the switch lost our session (it restarted, or the job
+    /// went back to joining); join again from the resume point.
+    Rejoin,
+    /// Once joined: an answer to an earlier join attempt; nothing to do.
+    Ignore,
+    /// The job, secret, address, rank, parameters or kind are wrong.
+    Refused,
+}
+
+/// The meaning of an authentic NACK with `reason`, before or after the
+/// JOIN_ACK (`joined`).
+pub fn nack_meaning(reason: NackReason, joined: bool) -> NackMeaning {
+    match (reason, joined) {
+        (NackReason::StaleNonce | NackReason::StaleGeneration, false) => NackMeaning::Restart,
+        (NackReason::JobNotActive, false) => NackMeaning::Wait,
+        (NackReason::JobNotActive | NackReason::StaleGeneration, true) => NackMeaning::Rejoin,
+        (NackReason::StaleNonce, true) => NackMeaning::Ignore,
+        _ => NackMeaning::Refused,
+    }
+}
 
 /// Timeouts of a session.
 #[derive(Debug, Clone, Copy)]
@@ -562,9 +598,8 @@ impl WorkerSession {
                     // Left over from an earlier attempt, or not for us.
                     return None;
                 }
-                match nack.reason {
-                    // The switch restarted or our nonce aged: start over.
-                    NackReason::StaleNonce | NackReason::StaleGeneration => {
+                match nack_meaning(nack.reason, false) {
+                    NackMeaning::Restart => {
                         let n = self.fresh_nonce();
                         self.hs.restart(n);
                         if let Phase::Joining { next_send, .. } = &mut self.phase {
@@ -572,9 +607,11 @@ impl WorkerSession {
                         }
                         None
                     }
-                    // Others have not joined yet: wait (the JOIN is resent).
-                    NackReason::JobNotActive => None,
-                    reason => Some(self.fail(SessionError::Refused(reason))),
+                    // The JOIN is resent until the others joined.
+                    NackMeaning::Wait | NackMeaning::Ignore => None,
+                    NackMeaning::Rejoin | NackMeaning::Refused => {
+                        Some(self.fail(SessionError::Refused(nack.reason)))
+                    }
                 }
             }
             _ => None,
@@ -628,13 +665,12 @@ impl WorkerSession {
                     self.unauthenticated(now);
                     return None;
                 }
-                match nack.reason {
-                    NackReason::JobNotActive | NackReason::StaleGeneration => {
+                match nack_meaning(nack.reason, true) {
+                    NackMeaning::Rejoin | NackMeaning::Restart => {
                         Some(self.lost(Lost::Nack(nack.reason)))
                     }
-                    // Answers to an earlier join attempt.
-                    NackReason::StaleNonce => None,
-                    reason => Some(self.fail(SessionError::Refused(reason))),
+                    NackMeaning::Ignore | NackMeaning::Wait => None,
+                    NackMeaning::Refused => Some(self.fail(SessionError::Refused(nack.reason))),
                 }
             }
             MsgType::Challenge if r.rank == self.hs.params().rank => {

@@ -999,3 +999,65 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
     assert_eq!(c.probed_restarts, 1, "{c:?}");
     assert!(done(&f, 1), "chunk 1 completes after the rejoin");
 }
+
+/// A spine's authentic NACKs (tagged under the leaf's session) mean to the
+/// leaf what they mean to a worker (`proto::session::nack_meaning`): a
+/// stale nonce (an answer to an earlier JOIN) changes nothing, a refusal
+/// marks the tree refused and is asked again later, job-not-active makes it
+/// join again.
+#[test]
+fn a_leaf_sorts_authentic_spine_nacks_as_a_worker_does() {
+    use proto::auth::nack_tag;
+    use proto::wire::{NackPayload, NackReason, SpineRefusal, SpineSessionState, NACK_PAYLOAD_LEN};
+    let spine = |f: &Fabric| f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0].clone();
+    let tagged = |f: &mut Fabric, reason: NackReason| {
+        let key = spine(f).hs.session_key().expect("joined");
+        let mut h = HeaderRepr::new(MsgType::Nack, JOB);
+        h.gen = 100;
+        let mut hb = [0u8; HEADER_LEN];
+        h.emit_to(&mut hb).unwrap();
+        let echo = [0u8; 16];
+        let mut p = [0u8; NACK_PAYLOAD_LEN];
+        NackPayload {
+            echo,
+            tag: nack_tag(&key, &hb, reason as u16, &echo),
+            ..NackPayload::new(reason)
+        }
+        .emit(&mut p)
+        .unwrap();
+        let now = f.now;
+        f.net.send(
+            now,
+            Msg {
+                to: Node::Leaf(0),
+                from: spine_ep(0),
+                bytes: frame(&h, &p),
+            },
+        );
+        f.run_for(Duration::from_millis(1));
+    };
+    let mut f = Fabric::new(1, 1, 1);
+    f.run_for(Duration::from_millis(50));
+    assert_eq!(spine(&f).joined_gen, Some(100));
+
+    tagged(&mut f, NackReason::StaleNonce);
+    let s = spine(&f);
+    assert_eq!(s.joined_gen, Some(100), "a stale nonce changes nothing");
+    assert_eq!(s.counters.unauthenticated, 0, "{:?}", s.counters);
+
+    tagged(&mut f, NackReason::ParametersDiffer);
+    let s = spine(&f);
+    assert_eq!(
+        s.state(),
+        SpineSessionState::Refused(SpineRefusal::Nack(NackReason::ParametersDiffer))
+    );
+    assert_eq!(s.counters.refusals, 1);
+    // Asked again later: the spine takes the leaf back.
+    f.run_for(Duration::from_millis(1500));
+    assert_eq!(spine(&f).joined_gen, Some(100), "rejoined after the retry");
+
+    tagged(&mut f, NackReason::JobNotActive);
+    assert_eq!(spine(&f).joined_gen, None, "job not active: join again");
+    f.run_for(Duration::from_millis(50));
+    assert_eq!(spine(&f).joined_gen, Some(100), "and joined");
+}
