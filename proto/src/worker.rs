@@ -221,6 +221,8 @@ pub struct Transmit {
     pub count: u16,
     pub last: bool,
     pub retx: bool,
+    /// The collective's kind (the DATA's flag bits 4–5).
+    pub kind: Kind,
     /// The chunk's owner rank (the DATA's `window` field in kinds other
     /// than all-reduce; 0 in an all-reduce).
     pub owner: u16,
@@ -624,6 +626,7 @@ impl Collective {
             count: p.count,
             last: i + 1 == self.n_chunks(),
             retx,
+            kind: self.shape.kind,
             owner: p.owner,
             values: self.values_at(&p),
         })

@@ -14,8 +14,11 @@
 //! dtype), so one drive loop serves every element type: DATA payloads are
 //! slices of them and RESULT payloads are copied back as they came.
 //!
-//! The protocol logic lives in `proto::worker` (sans-IO); this is the thin
-//! I/O shell around it: build datagrams, send, poll, receive, feed results.
+//! The protocol logic lives in proto (sans-IO): `proto::session` decides the
+//! membership (join, NACKs, rejoin, probes, heartbeats, the stall) and
+//! `proto::worker` a collective's chunks, window and resends; this is the
+//! thin I/O shell around them: build DATA, send, poll, receive, copy
+//! results.
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 //!
@@ -39,15 +42,13 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 pub use proto::handshake::JoinAckError;
-use proto::handshake::{ChallengeError, Handshake, JoinParams, ProbeAnswer, SessionGuard};
+use proto::handshake::{ChallengeError, JoinParams};
 use proto::seq::serial_offset;
+use proto::session::{Event as SessionEvent, SessionConfig, SessionError, WorkerSession};
 pub use proto::tag::AuthMode;
 use proto::tag::{PacketKey, TAG_LEN};
 pub use proto::wire::Kind;
-use proto::wire::{
-    flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN, OP_SUM,
-    SECRET_LEN,
-};
+use proto::wire::{flags, Dtype, HeaderRepr, MsgType, NackReason, HEADER_LEN, OP_SUM, SECRET_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, Shape, TransportConfig};
 
 pub use crate::gso::TransportKind;
@@ -451,12 +452,10 @@ enum Event {
 pub struct Worker {
     cfg: WorkerConfig,
     sock: UdpSocket,
-    /// The join handshake (docs/PROTOCOL.md, "Joining"); its last
-    /// CHALLENGE is what LEAVE's MAC covers.
-    hs: Handshake,
-    /// The session of the last JOIN_ACK: what a NACK must verify under to
-    /// end or reset a collective, and the probe.
-    guard: Option<SessionGuard>,
+    /// The membership (docs/PROTOCOL.md, "Joining" and "Sessions"): it
+    /// decides what each message from the switch means and which control
+    /// messages go; the fields below mirror its last JOIN_ACK.
+    session: WorkerSession,
     gen: u32,
     pool_slots: u16,
     elems_per_chunk: u16,
@@ -488,20 +487,16 @@ pub struct Worker {
     stats: WorkerStats,
     /// What the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Waiting)>,
-    /// The job's auth mode and, in an `auth = "mac"` job, the keys of this
-    /// membership (from the last authenticated JOIN_ACK).
+    /// The job's auth mode and, in an `auth = "mac"` job, the key of this
+    /// membership's DATA (from the last authenticated JOIN_ACK; the session
+    /// checks RESULT tags).
     auth: AuthMode,
     data_key: Option<PacketKey>,
-    result_key: Option<PacketKey>,
     /// A collective of an `auth = "mac"` job failed: its (seq, collective)
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
     data_key_spent: bool,
 }
-
-/// After this long without progress a worker asks the switch (HEARTBEAT)
-/// which ranks the oldest chunk waits for, and again this often.
-const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
 fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
     move |source| WorkerError::Io {
@@ -553,9 +548,12 @@ impl Worker {
             ip: local.ip().octets(),
             port: local.port(),
         };
+        let session_cfg = SessionConfig {
+            join_timeout: cfg.join_timeout,
+            stall_timeout: cfg.stall_timeout,
+        };
         let mut w = Worker {
-            hs: Handshake::new(params, rand::random()),
-            guard: None,
+            session: WorkerSession::new(params, session_cfg, rand::random()),
             sock,
             gen: 0,
             pool_slots: 1,
@@ -581,7 +579,6 @@ impl Worker {
             missing: None,
             auth: AuthMode::Port,
             data_key: None,
-            result_key: None,
             data_key_spent: false,
             cfg,
         };
@@ -673,6 +670,15 @@ impl Worker {
     }
     pub fn stats(&self) -> WorkerStats {
         let mut s = self.stats;
+        let ss = self.session.stats();
+        s.rejoins = ss.rejoins;
+        s.nacks = ss.nacks;
+        s.unauthenticated_dropped = ss.unauthenticated_dropped;
+        s.probes_sent = ss.probes_sent;
+        s.spoofed_triggers = ss.spoofed_triggers;
+        s.bad_length_results = ss.bad_length_results;
+        s.bad_tag_results = ss.bad_tag_results;
+        s.bad_tag_join_acks = ss.bad_tag_join_acks;
         s.window = self.window();
         s.alpha = self.cc.alpha();
         s.srtt_us = self.rtt.srtt().map_or(0, |d| d.as_micros() as u64);
@@ -740,142 +746,100 @@ impl Worker {
         }
     }
 
-    /// Sends the handshake's next message: a HELLO until a CHALLENGE came,
-    /// then the JOIN for resume point (`collective`, `seq`).
-    fn send_join_step(&mut self, collective: u32, seq: u32) -> Result<(), WorkerError> {
-        let len = if self.hs.challenged() {
-            self.hs.emit_join(collective, seq, &mut self.buf)
-        } else {
-            self.hs.emit_hello(&mut self.buf).ok()
-        };
-        let len = len.expect("buffer holds a HELLO or JOIN");
-        if self.probe_gso {
-            return self.probe_gso(len);
+    /// Sends the control messages the session has now (HELLO, JOIN, probe,
+    /// HEARTBEAT); the join's first HELLO is the GSO probe.
+    fn send_control(&mut self, now: Instant) -> Result<(), WorkerError> {
+        while let Some(t) = self.session.poll_transmit(now) {
+            let len = t.bytes().len();
+            self.buf[..len].copy_from_slice(t.bytes());
+            if self.probe_gso && t.msg_type == MsgType::Hello && !t.probe {
+                self.probe_gso(len)?;
+            } else {
+                self.send(len)?;
+            }
         }
-        self.send(len)
+        Ok(())
     }
 
     /// Joins (HELLO → CHALLENGE → JOIN, each repeated until answered) until
     /// a JOIN_ACK; returns the resume point.
     fn join_round(&mut self, collective: u32, seq: u32) -> Result<(u32, u32), WorkerError> {
-        let start = Instant::now();
-        let mut next_send = start;
-        self.hs.restart(rand::random());
+        self.session.start_join(collective, seq, Instant::now());
         loop {
             let now = Instant::now();
-            if now.duration_since(start) > self.cfg.join_timeout {
-                return Err(WorkerError::JoinTimeout {
-                    job: self.cfg.job,
-                    rank: self.cfg.rank,
-                    n: self.cfg.n_workers,
-                    switch: self.cfg.switch,
-                    waited: self.cfg.join_timeout,
-                });
+            if let Some(ev) = self.session.handle_timeout(now) {
+                if let Some(resume) = self.on_join_event(ev)? {
+                    return Ok(resume);
+                }
             }
-            if now >= next_send {
-                self.send_join_step(collective, seq)?;
-                next_send = now + Duration::from_millis(200);
-            }
+            self.send_control(now)?;
             let Some(n) = self.recv()? else {
-                wait_readable(self.sock.as_raw_fd(), next_send - now);
+                let until = self
+                    .session
+                    .poll_timeout()
+                    .map_or(Duration::from_millis(50), |d| {
+                        d.saturating_duration_since(now)
+                    });
+                wait_readable(self.sock.as_raw_fd(), until);
                 continue;
             };
-            let Ok(h) = Header::new_checked(&self.rx[..n]) else {
-                continue;
-            };
-            let Ok(r) = HeaderRepr::parse(&h) else {
-                continue;
-            };
-            if r.job != self.cfg.job || r.rank != self.cfg.rank {
-                continue;
+            if let Some(ev) = self.session.handle(&self.rx[..n], Instant::now()) {
+                if let Some(resume) = self.on_join_event(ev)? {
+                    return Ok(resume);
+                }
             }
-            match r.msg_type {
-                MsgType::Challenge if !self.hs.challenged() => {
-                    match self.hs.on_challenge(&r, h.payload()) {
-                        Ok(()) => next_send = now,
-                        Err(e @ ChallengeError::AddressMismatch { .. }) => {
-                            return Err(WorkerError::Handshake {
-                                job: self.cfg.job,
-                                rank: self.cfg.rank,
-                                source: e,
-                            })
-                        }
-                        Err(_) => {}
-                    }
-                }
-                MsgType::JoinAck if self.hs.gen() == Some(r.gen) => {
-                    let ack = match self.hs.on_join_ack(&r, h.payload()) {
-                        Ok(a) => a,
-                        Err(JoinAckError::BadTag) => {
-                            self.stats.bad_tag_join_acks += 1;
-                            continue;
-                        }
-                        Err(e @ JoinAckError::UnknownAuth(_)) => {
-                            return Err(WorkerError::JoinAck {
-                                job: self.cfg.job,
-                                rank: self.cfg.rank,
-                                source: e,
-                            })
-                        }
-                        Err(_) => continue,
-                    };
-                    self.auth = ack.auth;
-                    self.data_key = ack.data_key;
-                    self.result_key = ack.result_key;
-                    let guard = ack.session;
-                    let ack = ack.payload;
-                    if ack.elems_per_chunk == 0 || !ack.pool_slots.is_power_of_two() {
-                        return Err(WorkerError::BadJoinAck {
-                            job: self.cfg.job,
-                            elems: ack.elems_per_chunk,
-                            slots: ack.pool_slots,
-                        });
-                    }
-                    let first = self.gen == 0;
-                    self.gen = r.gen;
-                    self.guard = Some(guard);
-                    self.pool_slots = ack.pool_slots;
-                    self.elems_per_chunk = ack.elems_per_chunk;
-                    self.advertised_window = r.window.clamp(1, ack.pool_slots);
-                    let ceiling = self.pool_slots.min(self.advertised_window);
-                    // The first JOIN_ACK tells the ceiling: open the window
-                    // there; a re-join keeps what DCTCP has learnt.
-                    if first {
-                        self.cc.reset(&self.cfg.transport, ceiling);
-                    } else {
-                        self.cc.set_ceiling(ceiling);
-                    }
-                    tracing::debug!(
-                        job = self.cfg.job,
-                        rank = self.cfg.rank,
-                        gen = r.gen,
-                        resume_collective = r.collective,
-                        resume_seq = r.seq,
-                        "joined"
-                    );
-                    return Ok((r.collective, r.seq));
-                }
-                MsgType::Nack => {
-                    self.stats.nacks += 1;
-                    let Ok(nack) = NackPayload::parse(h.payload()) else {
-                        continue;
-                    };
-                    if !self.hs.nack_is_ours(&nack) {
-                        // Left over from before, or not for us.
-                        continue;
-                    }
-                    match nack.reason {
-                        // The switch restarted or our nonce aged: start over.
-                        NackReason::StaleNonce | NackReason::StaleGeneration => {
-                            self.hs.restart(rand::random());
-                            next_send = now;
-                        }
-                        NackReason::JobNotActive => {}
-                        reason => return Err(self.refused(reason)),
-                    }
-                }
-                _ => {}
+        }
+    }
+
+    /// What the session said while joining: the resume point once joined.
+    fn on_join_event(&mut self, ev: SessionEvent) -> Result<Option<(u32, u32)>, WorkerError> {
+        let j = match ev {
+            SessionEvent::Joined(j) => j,
+            SessionEvent::Failed(e) => return Err(self.session_failed(e)),
+            _ => return Ok(None),
+        };
+        self.gen = j.gen;
+        self.pool_slots = j.pool_slots;
+        self.elems_per_chunk = j.elems_per_chunk;
+        self.advertised_window = j.window;
+        self.auth = j.auth;
+        self.data_key = j.data_key;
+        let ceiling = self.pool_slots.min(self.advertised_window);
+        // The first JOIN_ACK tells the ceiling: open the window there; a
+        // re-join keeps what DCTCP has learnt.
+        if j.first {
+            self.cc.reset(&self.cfg.transport, ceiling);
+        } else {
+            self.cc.set_ceiling(ceiling);
+        }
+        tracing::debug!(
+            job = self.cfg.job,
+            rank = self.cfg.rank,
+            gen = j.gen,
+            resume_collective = j.collective,
+            resume_seq = j.seq,
+            "joined"
+        );
+        Ok(Some((j.collective, j.seq)))
+    }
+
+    /// The error of a session that cannot go on.
+    fn session_failed(&self, e: SessionError) -> WorkerError {
+        let (job, rank) = (self.cfg.job, self.cfg.rank);
+        match e {
+            SessionError::Refused(reason) => self.refused(reason),
+            SessionError::Handshake(source) => WorkerError::Handshake { job, rank, source },
+            SessionError::JoinAck(source) => WorkerError::JoinAck { job, rank, source },
+            SessionError::BadJoinAck { elems, slots } => {
+                WorkerError::BadJoinAck { job, elems, slots }
             }
+            SessionError::JoinTimeout(waited) => WorkerError::JoinTimeout {
+                job,
+                rank,
+                n: self.cfg.n_workers,
+                switch: self.cfg.switch,
+                waited,
+            },
         }
     }
 
@@ -1129,8 +1093,6 @@ impl Worker {
     ) -> Result<Event, WorkerError> {
         let size = self.cfg.dtype.size();
         let tcfg = self.cfg.transport;
-        let kind = coll.shape().kind();
-        let mut last_heartbeat: Option<Instant> = None;
         self.missing = None;
         while !coll.is_complete() {
             let mut progressed = false;
@@ -1157,25 +1119,8 @@ impl Worker {
             let now = Instant::now();
             let window = self.window();
             while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
-                let mut h = HeaderRepr::new(MsgType::Data, self.cfg.job);
-                h.rank = self.cfg.rank;
-                h.count = t.count;
-                h.seq = t.seq;
-                h.collective = coll.collective();
-                h.gen = self.gen;
-                h.flags |= kind.flag_bits();
-                if kind != Kind::AllReduce {
-                    h.window = t.owner;
-                }
-                if t.values.is_none() {
-                    h.flags |= flags::NOVAL;
-                }
-                if t.last {
-                    h.flags |= flags::LAST;
-                }
-                if t.retx {
-                    h.flags |= flags::RETX;
-                }
+                // Kind, owner and NOVAL as the chunk's shape says.
+                let h = self.session.data_header(&t, coll.collective());
                 if self.txb.is_full() {
                     self.flush_tx()?;
                 }
@@ -1203,8 +1148,14 @@ impl Worker {
             }
             let now = Instant::now();
             let since = coll.last_progress().unwrap_or(now);
-            let seq = coll.oldest_unacked_seq();
-            if now.duration_since(since) > self.cfg.stall_timeout {
+            self.session
+                .track(coll.collective(), coll.oldest_unacked_seq(), Some(since));
+            if let Some(SessionEvent::Stalled {
+                collective,
+                seq,
+                waited,
+            }) = self.session.handle_timeout(now)
+            {
                 // What the switch last said about this very seq.
                 let (missing, upstream) = match self.missing.take().filter(|(s, _)| *s == seq) {
                     Some((_, Waiting::Ranks(r))) => (Some(r), None),
@@ -1214,19 +1165,15 @@ impl Worker {
                 return Err(WorkerError::Stalled {
                     job: self.cfg.job,
                     rank: self.cfg.rank,
-                    collective: coll.collective(),
+                    collective,
                     seq,
-                    waited: self.cfg.stall_timeout,
+                    waited,
                     missing,
                     upstream,
                 });
             }
-            if now.duration_since(since) > HEARTBEAT_EVERY
-                && last_heartbeat.is_none_or(|t| now.duration_since(t) > HEARTBEAT_EVERY)
-            {
-                self.send_heartbeat(seq)?;
-                last_heartbeat = Some(now);
-            }
+            // A HEARTBEAT, when the session wants one.
+            self.send_control(now)?;
             if !progressed {
                 let until = coll.next_timeout().map_or(Duration::from_millis(50), |d| {
                     d.saturating_duration_since(now)
@@ -1257,43 +1204,19 @@ impl Worker {
         coll: &mut Collective,
         out: Option<&mut [u8]>,
     ) -> Result<Option<Event>, WorkerError> {
-        let Ok(h) = Header::new_checked(self.rxb.get(i)) else {
-            return Ok(None);
-        };
-        let Ok(r) = HeaderRepr::parse(&h) else {
-            return Ok(None);
-        };
-        if r.job != self.cfg.job {
-            return Ok(None);
-        }
-        let rejoin = match r.msg_type {
-            // Not from this session's switch (a restarted switch sends no
-            // RESULT to a non-member): ask whether it restarted.
-            MsgType::Result if r.gen != self.gen => {
-                self.unauthenticated()?;
-                false
-            }
-            MsgType::Result if h.payload().len() != self.values_len(&r) + self.auth.tag_len() => {
-                self.stats.bad_length_results += 1;
-                false
-            }
-            MsgType::Result
-                if self.result_key.as_ref().is_some_and(|k| {
-                    let (values, tag) = h.payload().split_at(self.values_len(&r));
-                    !k.verify(&r, values, tag)
-                }) =>
-            {
-                self.stats.bad_tag_results += 1;
-                false
-            }
-            MsgType::Result => {
+        let now = Instant::now();
+        let ev = self.session.handle(self.rxb.get(i), now);
+        // A probe, if the datagram made the session ask the switch.
+        self.send_control(now)?;
+        let rejoin = match ev {
+            None => false,
+            Some(SessionEvent::Result { header: r, values }) => {
                 if r.window != 0 {
                     self.advertised_window = r.window.clamp(1, self.pool_slots);
                     self.cc
                         .set_ceiling(self.pool_slots.min(self.advertised_window));
                 }
-                let outcome =
-                    coll.on_result_header(&r, Instant::now(), &mut self.rtt, &mut self.cc);
+                let outcome = coll.on_result_header(&r, now, &mut self.rtt, &mut self.cc);
                 match (outcome, out) {
                     (
                         ResultOutcome::Fresh {
@@ -1305,65 +1228,33 @@ impl Worker {
                     ) => {
                         let size = self.cfg.dtype.size();
                         let n = count as usize * size;
-                        out[at * size..at * size + n].copy_from_slice(&h.payload()[..n]);
+                        out[at * size..at * size + n]
+                            .copy_from_slice(&self.rxb.get(i)[values][..n]);
                     }
                     (ResultOutcome::ShapeMismatch { .. }, _) => self.stats.mismatched_results += 1,
                     _ => {}
                 }
                 false
             }
-            MsgType::Heartbeat if r.gen == self.gen => {
-                self.missing = Some((r.seq, Waiting::parse(&r, h.payload())));
+            Some(SessionEvent::Waiting { header, payload }) => {
+                let w = Waiting::parse(&header, &self.rxb.get(i)[payload]);
+                self.missing = Some((header.seq, w));
                 false
             }
-            MsgType::Nack => {
-                self.stats.nacks += 1;
-                let Ok(nack) = NackPayload::parse(h.payload()) else {
-                    return Ok(None);
-                };
-                let authentic = self
-                    .guard
-                    .as_ref()
-                    .is_some_and(|g| g.nack_is_authentic(h.header_bytes(), &nack));
-                if !authentic {
-                    // Anyone on the path could have sent it: ask the switch.
-                    self.unauthenticated()?;
-                    return Ok(None);
-                }
-                match nack.reason {
-                    NackReason::JobNotActive | NackReason::StaleGeneration => true,
-                    // Answers to an earlier join attempt.
-                    NackReason::StaleNonce => false,
-                    NackReason::KindNotSupported => {
-                        return Err(WorkerError::KindNotSupported {
-                            job: self.cfg.job,
-                            rank: self.cfg.rank,
-                            kind: coll.shape().kind(),
-                        })
-                    }
-                    reason => return Err(self.refused(reason)),
-                }
+            Some(SessionEvent::SessionLost(_)) => true,
+            Some(SessionEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
+                return Err(WorkerError::KindNotSupported {
+                    job: self.cfg.job,
+                    rank: self.cfg.rank,
+                    kind: coll.shape().kind(),
+                })
             }
-            MsgType::Challenge if r.rank == self.cfg.rank => {
-                let answer = self
-                    .guard
-                    .as_mut()
-                    .map_or(ProbeAnswer::NotOurs, |g| g.on_challenge(&r, h.payload()));
-                match answer {
-                    ProbeAnswer::Restarted { .. } => true,
-                    ProbeAnswer::SameGeneration => {
-                        self.stats.spoofed_triggers += 1;
-                        false
-                    }
-                    ProbeAnswer::NotOurs => false,
-                }
-            }
-            _ => false,
+            Some(SessionEvent::Failed(e)) => return Err(self.session_failed(e)),
+            Some(_) => false,
         };
         if !rejoin {
             return Ok(None);
         }
-        self.stats.rejoins += 1;
         tracing::info!(
             job = self.cfg.job,
             rank = self.cfg.rank,
@@ -1380,48 +1271,10 @@ impl Worker {
         }))
     }
 
-    /// Bytes of values a DATA/RESULT with header `r` carries (0 for NOVAL).
-    fn values_len(&self, r: &HeaderRepr) -> usize {
-        if r.no_values() {
-            0
-        } else {
-            self.cfg.dtype.payload_len(r.count)
-        }
-    }
-
-    /// An unauthenticated NACK or a RESULT of another generation arrived:
-    /// count it and probe (at most one per `PROBE_EVERY`), so that a real
-    /// switch restart is still noticed.
-    fn unauthenticated(&mut self) -> Result<(), WorkerError> {
-        self.stats.unauthenticated_dropped += 1;
-        let Some(nonce) = self
-            .guard
-            .as_mut()
-            .and_then(|g| g.probe(Instant::now(), rand::random()))
-        else {
-            return Ok(());
-        };
-        self.stats.probes_sent += 1;
-        let len = self
-            .hs
-            .emit_hello_with(nonce, &mut self.buf)
-            .expect("buffer holds a HELLO");
-        self.send(len)
-    }
-
-    fn send_heartbeat(&mut self, seq: u32) -> Result<(), WorkerError> {
-        let mut h = HeaderRepr::new(MsgType::Heartbeat, self.cfg.job);
-        h.rank = self.cfg.rank;
-        h.seq = seq;
-        h.gen = self.gen;
-        h.emit_to(&mut self.buf).expect("buffer holds a header");
-        self.send(HEADER_LEN)
-    }
-
     /// Tells the switch this rank is done (best effort; the LEAVE carries a
     /// MAC over the accepted JOIN's nonce, so nobody else can send it).
     pub fn leave(mut self) -> Result<(), WorkerError> {
-        match self.hs.emit_leave(&mut self.buf) {
+        match self.session.emit_leave(&mut self.buf) {
             Some(len) => self.send(len),
             None => Ok(()),
         }
