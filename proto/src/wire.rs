@@ -1286,7 +1286,10 @@ mod tests {
         b[1] |= Kind::ReduceScatter.flag_bits();
         b[16..18].copy_from_slice(&3u16.to_be_bytes());
         let r = HeaderRepr::parse(&Header::new_checked(&b[..]).unwrap()).unwrap();
-        assert_eq!((r.kind(), r.owner(), r.no_values()), (Kind::ReduceScatter, 3, false));
+        assert_eq!(
+            (r.kind(), r.owner(), r.no_values()),
+            (Kind::ReduceScatter, 3, false)
+        );
 
         // A NOVAL all-gather DATA: header only (or only a tag), count kept.
         let mut h = HeaderRepr::new(MsgType::Data, 7);
@@ -1297,7 +1300,10 @@ mod tests {
             let mut buf = vec![0u8; HEADER_LEN + extra];
             h.emit_to(&mut buf).unwrap();
             let p = HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()).unwrap();
-            assert_eq!((p.kind(), p.count, p.owner(), p.no_values()), (Kind::AllGather, 362, 1, true));
+            assert_eq!(
+                (p.kind(), p.count, p.owner(), p.no_values()),
+                (Kind::AllGather, 362, 1, true)
+            );
         }
         // ... but not with values, nor with count 0.
         let mut buf = vec![0u8; HEADER_LEN + 362 * 4];
@@ -1317,7 +1323,10 @@ mod tests {
             let mut b = DATA_FIXTURE;
             b[1] |= bad;
             let p = HeaderRepr::parse(&Header::new_checked(&b[..]).unwrap());
-            assert!(matches!(p, Err(WireError::ReservedFlags(_))), "{bad:#x}: {p:?}");
+            assert!(
+                matches!(p, Err(WireError::ReservedFlags(_))),
+                "{bad:#x}: {p:?}"
+            );
         }
         let mut hb = HeaderRepr::new(MsgType::Heartbeat, 7);
         hb.flags = Kind::ReduceScatter.flag_bits();
@@ -1331,7 +1340,9 @@ mod tests {
         // Who sends and who gets values.
         assert!(Kind::AllGather.sends_values(2, 2) && !Kind::AllGather.sends_values(1, 2));
         assert!(!Kind::AllGather.receives_values(2, 2) && Kind::AllGather.receives_values(1, 2));
-        assert!(Kind::ReduceScatter.sends_values(1, 2) && !Kind::ReduceScatter.receives_values(1, 2));
+        assert!(
+            Kind::ReduceScatter.sends_values(1, 2) && !Kind::ReduceScatter.receives_values(1, 2)
+        );
         assert!(Kind::ReduceScatter.receives_values(2, 2) && Kind::AllReduce.receives_values(1, 2));
     }
 
