@@ -199,12 +199,13 @@ def _env(name: str, what: str) -> str:
     return v
 
 
-def state_from_env(*, job: int | None = None, **worker_options: Any) -> AggSwitchState:
+def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_options: Any) -> AggSwitchState:
     """An ``AggSwitchState`` from the environment (see the module doc).
 
     Optional: ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
     (seconds). Keyword arguments override them: ``job`` overrides
-    ``AGGSWITCH_JOB`` (HSDP: one job per replica group), ``rank``,
+    ``AGGSWITCH_JOB``, ``job_offset`` is added to it (HSDP: the replica
+    group of shard g is job ``AGGSWITCH_JOB + g``), ``rank``,
     ``world_size`` and ``group`` go to ``AggSwitchState``, the rest to
     ``aggswitch.Worker``. Raises ``ValueError`` naming the variable that is
     missing or malformed. Rank and world size are not read here but when the
@@ -217,6 +218,7 @@ def state_from_env(*, job: int | None = None, **worker_options: Any) -> AggSwitc
             job = int(job_text)
         except ValueError:
             raise ValueError(f"AGGSWITCH_JOB={job_text!r}: expected a job id (1..65535)") from None
+    job += job_offset
     secret = os.environ.get("AGGSWITCH_SECRET", "").strip()
     if not secret:
         path = _env(
