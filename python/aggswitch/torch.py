@@ -22,6 +22,13 @@ once), and cast back into the bucket. The job is declared with
 The process group (gloo) stays in charge of everything else DDP does:
 parameter broadcast at construction, barriers, ``find_unused_parameters``
 bookkeeping.
+
+FSDP2 (``fully_shard``): ``register_fsdp_comms(model, state)`` sends every
+FSDPModule's gradient reduce-scatter and parameter all-gather through the
+switch; ``register_hsdp_all_reduce(model, state)`` sends HSDP's replica
+all-reduce (README, "Train with FSDP"). The state takes rank and world size
+when it first joins (from its ``group``, the collective's process group, or
+torch.distributed's), so it may be made before the process group.
 """
 
 # No `from __future__ import annotations`: DDP checks that the hook's

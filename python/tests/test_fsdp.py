@@ -103,6 +103,7 @@ def test_a_killed_rank_makes_the_others_raise_within_seconds(switch):
     assert len(died) == 1
     others = [g for g in got if "died_at" not in g]
     assert len(others) == WORLD - 1
+    print("killed rank: the others raised after", sorted(round(g["at"] - died[0], 2) for g in others), "s")
     for g in others:
         assert g["error"] == "StalledError", g
         assert f"waiting for ranks [{WORLD - 1}]" in g["message"], g["message"]
