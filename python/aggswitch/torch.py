@@ -408,14 +408,19 @@ def _check_group(state: AggSwitchState, group: dist.ProcessGroup, what: str) -> 
 
 
 class _StateWork(dist.Work):
-    """What FSDP waits on for an async collective: the state's future."""
+    """What FSDP waits on for an async collective: the state's future, then
+    ``finish`` on the waiting thread (in FSDP's stream context)."""
 
-    def __init__(self, fut: concurrent.futures.Future) -> None:
+    def __init__(self, fut: concurrent.futures.Future, finish: Callable[[], None] | None) -> None:
         super().__init__()
         self._fut = fut
+        self._finish = finish
 
     def wait(self, timeout: Any = None) -> bool:
         self._fut.result()  # raises the collective's error, e.g. StalledError
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
         return True
 
     def is_completed(self) -> bool:
@@ -425,22 +430,44 @@ class _StateWork(dist.Work):
         return self._fut.done() and self._fut.exception() is None
 
 
-def _submit(state: AggSwitchState, work: Callable[[], None], async_op: bool) -> "dist.Work | None":
-    """Runs ``work`` on the state's thread: waits for it (returns None, the
-    error raised here) or, for ``async_op``, returns a Work to wait on."""
+def _submit(
+    state: AggSwitchState,
+    work: Callable[[], None],
+    async_op: bool,
+    finish: Callable[[], None] | None = None,
+) -> "dist.Work | None":
+    """Runs ``work`` (host tensors only) on the state's thread, then
+    ``finish`` (copies back to the device) on the caller's: at once, the
+    error raised here, or for ``async_op`` in the returned Work's wait().
+    Device copies stay on the caller's thread so that they run on the CUDA
+    stream FSDP set for the collective, ordered with its other work."""
     fut = state._executor.submit(state._run, work)
     if async_op:
-        return _StateWork(fut)
+        return _StateWork(fut, finish)
     fut.result()
+    if finish is not None:
+        finish()
     return None
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when it is a contiguous CPU tensor, else a CPU copy (a
-    CUDA tensor is staged through host memory: untested without a GPU)."""
+    CUDA tensor is staged through host memory)."""
     if t.device.type == "cpu" and t.is_contiguous():
         return t
     return t.detach().to("cpu").contiguous()
+
+
+def _host_out(t: torch.Tensor) -> torch.Tensor:
+    """Where the native layer writes ``t``'s result: ``t`` itself, or host
+    memory copied into it by ``_copy_back``."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def _copy_back(host: torch.Tensor, t: torch.Tensor) -> "Callable[[], None] | None":
+    return None if host is t else (lambda: t.copy_(host))
 
 
 class SwitchReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
@@ -480,16 +507,14 @@ class SwitchReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
                 f"{n} shards of the output's {output_tensor.numel()}"
             )
 
+        src, out = _host(input_tensor), _host_out(output_tensor)
+
         def work() -> None:
-            src = _host(input_tensor)
-            out = _host(output_tensor)
             state._joined(group).reduce_scatter(src, out)
             if kind == "avg":
                 out.div_(n)
-            if out is not output_tensor:
-                output_tensor.copy_(out)
 
-        return _submit(state, work, async_op)
+        return _submit(state, work, async_op, _copy_back(out, output_tensor))
 
 
 class SwitchAllGather(_AllGather):  # type: ignore[misc,valid-type]
@@ -528,18 +553,19 @@ class SwitchAllGather(_AllGather):  # type: ignore[misc,valid-type]
         src = torch.zeros(padded, dtype=torch.uint8)
         src[:nbytes].copy_(input_tensor.detach().reshape(-1).view(torch.uint8))
         direct = padded == nbytes and output_tensor.device.type == "cpu" and output_tensor.is_contiguous()
+        if direct:
+            out = output_tensor.detach().reshape(-1).view(torch.uint8).view(job_dtype)
+        else:
+            out = torch.empty(n * padded // elem, dtype=job_dtype)
 
         def work() -> None:
-            if direct:
-                out = output_tensor.detach().reshape(-1).view(torch.uint8).view(job_dtype)
-            else:
-                out = torch.empty(n * padded // elem, dtype=job_dtype)
             state._joined(group).all_gather(src.view(job_dtype), out)
-            if not direct:
-                shards = out.view(torch.uint8).view(n, padded)[:, :nbytes]
-                output_tensor.view(torch.uint8).view(n, nbytes).copy_(shards)
 
-        return _submit(state, work, async_op)
+        def finish() -> None:
+            shards = out.view(torch.uint8).view(n, padded)[:, :nbytes]
+            output_tensor.view(torch.uint8).view(n, nbytes).copy_(shards)
+
+        return _submit(state, work, async_op, None if direct else finish)
 
 
 def _fsdp_modules(model: torch.nn.Module, what: str) -> list:
@@ -620,15 +646,13 @@ class _ReplicaAllReduce:
                 "or declare the job with the reduce dtype"
             )
         replicas = state.world_size
+        host = _host(reduce_output)
 
         def work() -> None:
-            host = _host(reduce_output)
             state._joined().all_reduce(host)
             host.div_(replicas)
-            if host is not reduce_output:
-                reduce_output.copy_(host)
 
-        _submit(state, work, async_op=False)
+        _submit(state, work, False, _copy_back(host, reduce_output))
 
 
 def register_hsdp_all_reduce(model: torch.nn.Module, state: AggSwitchState) -> None:

@@ -20,17 +20,22 @@ SECRET = "f8d62ed1d1c316f8e2e3117ac0506fa4cc16a8cbb5810625d69f1dc586d27f3c"
 IN, OUT = 12, 5
 
 
-def _data(seed, n=512):
+def _data(seed, n=512, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, IN, generator=g)
     w = torch.randn(IN, OUT, generator=g)
-    return x, (x @ w + 0.1 * torch.randn(n, OUT, generator=g)).argmax(1)
+    return x.to(device), (x @ w + 0.1 * torch.randn(n, OUT, generator=g)).argmax(1).to(device)
 
 
-def _model(seed, mesh=None, mp=None):
+def _model(seed, mesh=None, mp=None, device="cpu"):
+    """The MLP, sharded over `mesh` (default: every rank, on `device`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(IN, 37), nn.ReLU(), nn.Linear(37, 29), nn.ReLU(), nn.Linear(29, OUT))
-    kw = {} if mesh is None else {"mesh": mesh}
+    if mesh is None:  # explicit: fully_shard's default is CUDA where there is one
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+    kw = {"mesh": mesh}
     if mp is not None:
         kw["mp_policy"] = mp
     for layer in model:
@@ -55,7 +60,7 @@ def _full_params(model):
     for h in handles:
         if h is not None:
             h.wait()
-    full = [p.detach().clone() for p in model.parameters()]
+    full = [p.detach().cpu().clone() for p in model.parameters()]
     for m in mods:
         m.reshard()
     assert not any(isinstance(t, DTensor) for t in full), "unshard left sharded parameters"
@@ -67,8 +72,8 @@ def _init(rank, world, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
-def _train(model, rank, steps, seed, lr=0.1, die_at=None, q=None):
-    x, y = _data(seed)
+def _train(model, rank, steps, seed, lr=0.1, die_at=None, q=None, device="cpu"):
+    x, y = _data(seed, device=device)
     batches = torch.Generator().manual_seed(seed * 1000 + rank)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
@@ -163,4 +168,38 @@ def hsdp(rank, world, port, addresses, steps, q):
         collectives=state.stats().get("collectives", 0),
     ))
     state.close()
+    dist.destroy_process_group()
+
+
+def cuda_runs(rank, world, port, addresses, steps, q):
+    """On one GPU shared by the ranks (gloo process group): 1-D FSDP through
+    the switch on CPU and on CUDA (tensors staged through host memory), and
+    a 2 x 2 HSDP on CUDA with the replicas' all-reduce through the switch.
+    addresses: [cpu job, cuda job, hsdp shard 0, hsdp shard 1]."""
+    import aggswitch.torch as agt
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _init(rank, world, port)
+    torch.cuda.set_device(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out = dict(rank=rank)
+    for name, address, device in (("cpu", addresses[0], "cpu"), ("cuda", addresses[1], "cuda")):
+        model = _model(0, device=device)
+        state = agt.AggSwitchState(address, job=1, secret=SECRET, join_timeout=30.0)
+        agt.register_fsdp_comms(model, state)
+        loss = _train(model, rank, steps, seed=1, device=device)
+        out[name] = dict(loss=loss, full=_digest(_full_params(model)),
+                         on=str(next(model.parameters()).device), collectives=state.stats()["collectives"])
+        state.close()
+    mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    shard = mesh["shard"].get_local_rank()
+    model = _model(0, mesh=mesh["shard"])
+    state = agt.AggSwitchState(addresses[2 + shard], job=1, secret=SECRET,
+                               group=mesh["replicate"].get_group(), join_timeout=30.0)
+    agt.register_hsdp_all_reduce(model, state)
+    loss = _train(model, rank, steps, seed=1, device="cuda")
+    out["hsdp"] = dict(loss=loss, shard=shard, local=_digest(p.to_local().cpu() for p in model.parameters()),
+                       full=_digest(_full_params(model)), collectives=state.stats()["collectives"])
+    state.close()
+    q.put(out)
     dist.destroy_process_group()
