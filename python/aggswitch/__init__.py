@@ -112,6 +112,32 @@ def _writable_view(
     return view.cast("B").cast("H")
 
 
+def _byte_view(buf: Any, role: str, writable: bool) -> Any:
+    """The bytes of ``buf`` (a C-contiguous numpy array, CPU torch tensor or
+    other buffer) as a ``memoryview`` of format "B", the same memory."""
+    if type(buf).__module__.startswith("torch") and hasattr(buf, "is_contiguous"):
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise ValueError(
+                f"all_gather_bytes: the {role} must be a contiguous CPU tensor, got one on "
+                f"{buf.device} (contiguous: {buf.is_contiguous()})"
+            )
+        import torch
+
+        buf = buf.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise TypeError(
+            f"all_gather_bytes: the {role} must support the buffer protocol, got "
+            f"{type(buf).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError(f"all_gather_bytes: the {role} is not C-contiguous; pass a contiguous copy")
+    if writable and view.readonly:
+        raise ValueError(f"all_gather_bytes: the {role} is read-only")
+    return view.cast("B")
+
+
 class Worker(_native.Worker):
     """A member of a job on the switch.
 
@@ -170,6 +196,16 @@ class Worker(_native.Worker):
         (the switch copies elements, never converting them). This rank's own
         shard is copied locally. Returns ``output``."""
         _native.Worker.all_gather(self, *self._views("all_gather", input, output))
+        return output
+
+    def all_gather_bytes(self, input: Any, output: Any) -> Any:
+        """``all_gather`` of raw memory: ``output`` (``world_size`` times the
+        bytes of ``input``) gets every rank's ``input`` bytes, rank r's at
+        ``r * len(input)``. Any element type goes, as long as ``input`` is a
+        whole number of the job's elements: e.g. float32 parameters through a
+        bf16 job (mixed precision with one job). Returns ``output``."""
+        src, dst = _byte_view(input, "input", False), _byte_view(output, "output", True)
+        _native.Worker.all_gather_bytes(self, src, dst)
         return output
 
     def broadcast(self, buf: Any, root: int) -> Any:

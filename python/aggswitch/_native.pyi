@@ -34,6 +34,10 @@ class Worker:
     def all_gather(self, input: Any, output: Any) -> None:
         """All-gather: ``output`` (world_size × m elements, writable) gets
         every rank's ``input`` (m elements), rank r's at r × m, bit for bit."""
+    def all_gather_bytes(self, input: Any, output: Any) -> None:
+        """All-gather of raw bytes (format "B" buffers): ``output`` is
+        world_size times ``input``, which must be a whole number of the job's
+        elements; the switch copies them without looking."""
     def broadcast(self, buf: Any, root: int) -> None:
         """Every rank's ``buf`` becomes rank ``root``'s, bit for bit (the
         root's may be read-only)."""

@@ -90,6 +90,7 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         | WorkerError::MacNeedsNewJoin { .. } => py_error(py, "ProtocolError", (msg,)),
         WorkerError::TensorTooLong { .. }
         | WorkerError::WrongLength { .. }
+        | WorkerError::NotWholeElements { .. }
         | WorkerError::BadRoot { .. } => PyValueError::new_err(msg),
         WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }
@@ -337,6 +338,35 @@ impl PyWorker {
         }
     }
 
+    /// A C-contiguous buffer of bytes (format "B") for `all_gather_bytes`.
+    fn byte_view(
+        &self,
+        role: &str,
+        buf: &Bound<'_, PyAny>,
+        writable: bool,
+    ) -> PyResult<PyBuffer<u8>> {
+        let view = PyBuffer::<u8>::get(buf).map_err(|e| {
+            PyTypeError::new_err(format!(
+                "all_gather_bytes: expected a buffer of bytes (format \"B\", e.g. \
+                 memoryview(x).cast(\"B\")) as the {role}, got {}: {e}",
+                type_name(buf)
+            ))
+        })?;
+        if writable && view.readonly() {
+            return Err(PyValueError::new_err(format!(
+                "all_gather_bytes: the {role} ({}) is read-only; pass a writable buffer",
+                type_name(buf)
+            )));
+        }
+        if !view.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "all_gather_bytes: the {role} ({}) is not C-contiguous; pass a contiguous copy",
+                type_name(buf)
+            )));
+        }
+        Ok(view)
+    }
+
     /// [`PyWorker::run_as`] with the job's buffer item and element types.
     fn run(
         &self,
@@ -458,6 +488,48 @@ impl PyWorker {
         output: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         self.run(py, Call::AllGather, input, Some(output))
+    }
+
+    /// All-gather of raw bytes (`input` this rank's shard, `output`
+    /// world_size times as long): whole elements of the job's size are
+    /// copied without looking at them, so e.g. float32 parameters go
+    /// through a bf16 job.
+    fn all_gather_bytes(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let mut iv = self.byte_view("input", input, false)?;
+        let mut ov = self.byte_view("output", output, true)?;
+        let (a, b) = (byte_range(&iv), byte_range(&ov));
+        if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
+            return Err(PyValueError::new_err(
+                "all_gather_bytes: the input and the output share memory; pass separate buffers",
+            ));
+        }
+        let bytes = |v: &mut PyBuffer<u8>| -> &mut [u8] {
+            match v.len_bytes() {
+                0 => &mut [],
+                // SAFETY: checked C-contiguous (and the output writable) by
+                // byte_view; the views live until this function returns,
+                // after the collective, and do not overlap (checked above).
+                n => unsafe { std::slice::from_raw_parts_mut(v.buf_ptr().cast::<u8>(), n) },
+            }
+        };
+        let (src, dst) = (bytes(&mut iv), bytes(&mut ov));
+        let r = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let w = guard.as_mut()?;
+            let r = w.all_gather_bytes(src, dst);
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
+            Some(r)
+        });
+        drop((iv, ov));
+        match r {
+            None => Err(self.closed_error(py)),
+            Some(r) => r.map_err(|e| map_err(py, e)),
+        }
     }
 
     /// Broadcast: every rank's `buf` becomes rank `root`'s, bit for bit.

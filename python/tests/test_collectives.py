@@ -174,3 +174,26 @@ def test_async_forms_refuse_bad_buffers_at_once(switch):
             w.all_gather_async(np.ones(4, np.float32), np.zeros(4, np.float32))
 
     run_ranks(sw, 1, body)
+
+
+def test_all_gather_bytes_moves_float32_parameters_through_a_bf16_job(switch):
+    # Mixed precision with one job: gradients reduced in bf16, float32
+    # parameters gathered as pairs of bf16 elements, bit for bit.
+    m = 333
+    sw = switch(WORLD, dtype="bf16")
+
+    def body(w):
+        mine = np.random.default_rng(w.rank).standard_normal(m).astype(np.float32)
+        mine[0] = np.float32("nan") if w.rank == 1 else mine[0]
+        out = np.zeros(WORLD * m, np.float32)
+        assert w.all_gather_bytes(mine, out) is out
+        with pytest.raises(ValueError, match="3 bytes, which is not a whole number of the job's bf16 elements"):
+            w.all_gather_bytes(np.zeros(3, np.uint8), np.zeros(3 * WORLD, np.uint8))
+        with pytest.raises(ValueError, match=r"output of 8 bytes.*pass an output of 16 bytes"):
+            w.all_gather_bytes(np.zeros(1, np.float32), np.zeros(2, np.float32))
+        return out
+
+    want = np.concatenate([np.random.default_rng(r).standard_normal(m).astype(np.float32) for r in range(WORLD)])
+    want[m] = np.float32("nan")
+    for rank, out in run_ranks(sw, WORLD, body, dtype="bf16").items():
+        assert out.tobytes() == want.tobytes(), f"rank {rank}"

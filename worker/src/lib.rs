@@ -239,6 +239,15 @@ fn refusal_hint(reason: &NackReason, n_workers: u16, dtype: Dtype) -> String {
     }
 }
 
+/// What `call`'s lengths count.
+fn unit(call: &str) -> &'static str {
+    if call.ends_with("_bytes") {
+        "bytes"
+    } else {
+        "elements"
+    }
+}
+
 /// What a [`WorkerError::WrongLength`] asks for.
 fn length_rule(call: &str, input: usize, n: u16) -> String {
     let n_us = usize::from(n);
@@ -250,9 +259,10 @@ fn length_rule(call: &str, input: usize, n: u16) -> String {
             "the input must be n × the output (n = {n} ranks): pass an output of {} elements",
             input / n_us
         ),
-        "all_gather" => format!(
-            "the output must be n × the input (n = {n} ranks): pass an output of {} elements",
-            input.saturating_mul(n_us)
+        "all_gather" | "all_gather_bytes" => format!(
+            "the output must be n × the input (n = {n} ranks): pass an output of {} {}",
+            input.saturating_mul(n_us),
+            unit(call)
         ),
         _ => format!("every rank passes the same length (n = {n} ranks)"),
     }
@@ -292,7 +302,8 @@ pub enum WorkerError {
     },
     #[error(
         "job {job} rank {rank}: {call} with an input of {input} and an output of {output} \
-         elements: {}",
+         {}: {}",
+        unit(call),
         length_rule(call, *input, *n)
     )]
     WrongLength {
@@ -303,6 +314,17 @@ pub enum WorkerError {
         output: usize,
         /// Ranks in the job.
         n: u16,
+    },
+    #[error(
+        "job {job} rank {rank}: all_gather_bytes of {bytes} bytes, which is not a whole number \
+         of the job's {dtype} elements ({} bytes each)",
+        dtype.size()
+    )]
+    NotWholeElements {
+        job: u16,
+        rank: u16,
+        bytes: usize,
+        dtype: Dtype,
     },
     #[error("job {job} rank {rank}: broadcast from root {root}, but the job's ranks are 0..{n}")]
     BadRoot {
@@ -915,15 +937,42 @@ impl Worker {
         if output.len() != input.len().saturating_mul(n.into()) {
             return Err(self.wrong_length("all_gather", input.len(), output.len()));
         }
-        let m = input.len();
-        let own = usize::from(self.cfg.rank) * m;
-        output[own..own + m].copy_from_slice(input);
-        let shape = Shape::all_gather(self.cfg.rank, n, m);
-        self.run_shape(
-            shape,
-            Some(bytemuck::cast_slice(input)),
+        self.gather(
+            input.len(),
+            bytemuck::cast_slice(input),
             bytemuck::cast_slice_mut(output),
         )
+    }
+
+    /// [`Worker::all_gather`] of raw bytes: the switch copies elements of
+    /// the job's size without looking at them, so any data whose length is
+    /// a whole number of them can be gathered, e.g. float32 parameters
+    /// through a bf16 job (FSDP's mixed precision: parameters gathered in
+    /// their own dtype, gradients reduced in the job's). `input` is this
+    /// rank's shard, `output` n times its length.
+    pub fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), WorkerError> {
+        let size = self.cfg.dtype.size();
+        if !input.len().is_multiple_of(size) {
+            return Err(WorkerError::NotWholeElements {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+                bytes: input.len(),
+                dtype: self.cfg.dtype,
+            });
+        }
+        if output.len() != input.len().saturating_mul(self.cfg.n_workers.into()) {
+            return Err(self.wrong_length("all_gather_bytes", input.len(), output.len()));
+        }
+        self.gather(input.len() / size, input, output)
+    }
+
+    /// All-gather of shards of `m` elements given as wire bytes, lengths
+    /// already checked.
+    fn gather(&mut self, m: usize, input: &[u8], output: &mut [u8]) -> Result<(), WorkerError> {
+        let own = usize::from(self.cfg.rank) * input.len();
+        output[own..own + input.len()].copy_from_slice(input);
+        let shape = Shape::all_gather(self.cfg.rank, self.cfg.n_workers, m);
+        self.run_shape(shape, Some(input), output)
     }
 
     /// Broadcast: every rank's `data` becomes `root`'s, bit for bit (an

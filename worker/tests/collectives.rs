@@ -285,3 +285,37 @@ fn a_reduce_scatter_length_that_n_does_not_divide_says_so() {
         }
     });
 }
+
+#[test]
+fn all_gather_bytes_carries_float32_through_a_bf16_job_bit_for_bit() {
+    // FSDP's mixed precision with one job: gradients reduced in bf16,
+    // float32 parameters gathered as pairs of bf16 elements (never
+    // converted: NaN payloads and subnormals come back as sent).
+    let n = 3;
+    let sw = stand_in(n, Dtype::Bf16, 7, AuthMode::Port);
+    let shard = |rank: u16| -> Vec<f32> {
+        let mut v: Vec<f32> = (0..257).map(|j| pattern(rank, 0, j)).collect();
+        v[0] = f32::from_bits(0x7fc0_0000 | (u32::from(rank) + 1));
+        v[1] = f32::from_bits(1 + u32::from(rank));
+        v
+    };
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let (sw, shard) = (&sw, &shard);
+            s.spawn(move || {
+                let mut w = join(sw, rank, n, Dtype::Bf16);
+                let mine = shard(rank);
+                let mut out = vec![0f32; mine.len() * usize::from(n)];
+                w.all_gather_bytes(bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut out))
+                    .expect("all_gather_bytes");
+                let want: Vec<u32> = (0..n).flat_map(shard).map(f32::to_bits).collect();
+                assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+                let e = w.all_gather_bytes(&[0u8; 3], &mut [0u8; 9]).unwrap_err().to_string();
+                assert!(
+                    e.contains("3 bytes, which is not a whole number of the job's bf16 elements (2 bytes each)"),
+                    "{e}"
+                );
+            });
+        }
+    });
+}
