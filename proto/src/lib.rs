@@ -7,6 +7,8 @@
 //! * [`checksum`]: the Internet checksum of IPv4 headers and UDP datagrams.
 //! * [`tag`]: per-packet tags of `auth = "mac"` jobs (AES-GMAC) and of JOIN_ACKs.
 //! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
+//! * [`session`]: a worker's membership (join, NACKs, rejoin, heartbeats,
+//!   the stall decision), fed datagrams and time; it queues what to send.
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
@@ -24,6 +26,7 @@ pub mod handshake;
 pub mod reference;
 pub mod secret;
 pub mod seq;
+pub mod session;
 pub mod simd;
 pub mod switch;
 pub mod tag;

@@ -1,15 +1,22 @@
 //! The worker side of one collective, with no I/O: which chunk to send next,
 //! when to resend, what a RESULT means, and how large the window is.
 //!
-//! Owns: [`Collective`] (the chunks of one all-reduce, their send times,
-//! acknowledgements and resend deadlines), [`RttEstimator`] (RFC 6298
+//! Owns: [`Collective`] (the chunks of one collective, their send times,
+//! acknowledgements and resend deadlines), [`Shape`] (what a collective of
+//! each [`Kind`] sends and gets, chunk by chunk), [`RttEstimator`] (RFC 6298
 //! smoothed RTT and RTO, Karn's rule: no samples from resent chunks) and
 //! [`Dctcp`] (docs/PROTOCOL.md's DCTCP-style window on ECE marks).
 //!
 //! Invariants:
-//! * Chunk i of a tensor of `len` elements covers `[i·E, min((i+1)·E, len))`
-//!   and has seq `first_seq + i` (wrapping); only the last may be shorter,
-//!   and only it carries `LAST`.
+//! * An all-reduce of `len` elements is one shard; a reduce-scatter or
+//!   all-gather is n shards of m elements, shard r owned by rank r
+//!   (docs/PROTOCOL.md, "Collective kinds"); a broadcast is one shard owned
+//!   by its root. Each shard is cut into chunks of E (its last one shorter),
+//!   shard 0's chunks first; chunk i has seq `first_seq + i` (wrapping) and
+//!   only the collective's last chunk carries `LAST`.
+//! * Every kind sends every chunk (NOVAL where the rank has no values for
+//!   it) and waits for every chunk's RESULT (NOVAL where it gets none), so
+//!   window, resends and restarts are the same for all of them.
 //! * A new chunk is sent only while `seq − oldest_unacked < window`, with
 //!   `window ≤ S`: the switch can then always answer a lost RESULT from its
 //!   shadow copy.
@@ -18,6 +25,7 @@
 use std::time::{Duration, Instant};
 
 use crate::seq::serial_offset;
+use crate::wire::{flags, HeaderRepr, Kind};
 
 /// RESULTs this many chunks beyond an unanswered chunk trigger its resend.
 pub const FAST_RETRANSMIT_GAP: u32 = 3;
@@ -213,16 +221,30 @@ pub struct Transmit {
     pub count: u16,
     pub last: bool,
     pub retx: bool,
+    /// The collective's kind (the DATA's flag bits 4–5).
+    pub kind: Kind,
+    /// The chunk's owner rank (the DATA's `window` field in kinds other
+    /// than all-reduce; 0 in an all-reduce).
+    pub owner: u16,
+    /// Element offset in the caller's *input* of the values to send; `None`:
+    /// this rank sends a NOVAL DATA for the chunk.
+    pub values: Option<usize>,
 }
 
 /// What a RESULT meant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResultOutcome {
-    /// New: copy its values into the tensor at `offset`.
+    /// New: copy its values (if `into` is set) into the output.
     Fresh {
         chunk: u32,
+        /// Element offset of the chunk in the collective's layout (an
+        /// all-reduce's tensor; a reduce-scatter's input; an all-gather's
+        /// output).
         offset: usize,
         count: u16,
+        /// Element offset in the caller's *output* where the RESULT's values
+        /// go; `None`: a NOVAL RESULT, an acknowledgement only.
+        into: Option<usize>,
     },
     /// Already had it.
     Duplicate,
@@ -230,6 +252,123 @@ pub enum ResultOutcome {
     Foreign,
     /// The count differs from the chunk's: the switch and worker disagree.
     CountMismatch { expected: u16, got: u16 },
+    /// Another kind, or values where NOVAL was due (or the reverse): not an
+    /// answer to what this rank sent; ignored.
+    ShapeMismatch {
+        expected: Kind,
+        got: Kind,
+        expected_values: bool,
+    },
+}
+
+/// What a collective does and where its chunks lie: an all-reduce of `len`
+/// elements, a reduce-scatter or all-gather of n shards of m elements, or a
+/// broadcast from one root (docs/PROTOCOL.md, "Collective kinds").
+///
+/// Offsets: [`Transmit::values`] index the caller's input and
+/// [`ResultOutcome::Fresh::into`](ResultOutcome::Fresh) its output, which
+/// have these lengths ([`Shape::input_len`], [`Shape::output_len`]):
+///
+/// | kind | input | output |
+/// |---|---|---|
+/// | all-reduce | len | len (the same tensor) |
+/// | reduce-scatter | n·m | m (the rank's shard of the sum) |
+/// | all-gather | m (the rank's shard) | n·m (the caller copies its own shard) |
+/// | broadcast | len at the root, else 0 | len at the others, else 0 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    kind: Kind,
+    rank: u16,
+    /// Shards in the layout: n for reduce-scatter and all-gather, else 1.
+    shards: u16,
+    shard_len: usize,
+    /// A broadcast's root: the owner of every chunk.
+    root: Option<u16>,
+}
+
+impl Shape {
+    /// An all-reduce of `len` elements.
+    pub const fn all_reduce(len: usize) -> Shape {
+        Shape {
+            kind: Kind::AllReduce,
+            rank: 0,
+            shards: 1,
+            shard_len: len,
+            root: None,
+        }
+    }
+    /// Rank `rank` of `n` reduce-scatters n shards of `shard_len`.
+    pub const fn reduce_scatter(rank: u16, n: u16, shard_len: usize) -> Shape {
+        Shape {
+            kind: Kind::ReduceScatter,
+            rank,
+            shards: n,
+            shard_len,
+            root: None,
+        }
+    }
+    /// Rank `rank` of `n` all-gathers shards of `shard_len`.
+    pub const fn all_gather(rank: u16, n: u16, shard_len: usize) -> Shape {
+        Shape {
+            kind: Kind::AllGather,
+            rank,
+            shards: n,
+            shard_len,
+            root: None,
+        }
+    }
+    /// Rank `rank` takes part in a broadcast of `len` elements from `root`:
+    /// an all-gather whose every chunk `root` owns.
+    pub const fn broadcast(rank: u16, root: u16, len: usize) -> Shape {
+        Shape {
+            kind: Kind::AllGather,
+            rank,
+            shards: 1,
+            shard_len: len,
+            root: Some(root),
+        }
+    }
+    pub const fn kind(&self) -> Kind {
+        self.kind
+    }
+    /// Elements of the layout the chunks cover (n·m, or len).
+    pub const fn layout_len(&self) -> usize {
+        self.shards as usize * self.shard_len
+    }
+    /// Whether this is a broadcast (an all-gather with one owner).
+    pub const fn root(&self) -> Option<u16> {
+        self.root
+    }
+    /// Elements the caller's input holds.
+    pub const fn input_len(&self) -> usize {
+        match (self.kind, self.root) {
+            (Kind::AllGather, None) => self.shard_len,
+            (Kind::AllGather, Some(root)) if root != self.rank => 0,
+            _ => self.layout_len(),
+        }
+    }
+    /// Elements the caller's output holds.
+    pub const fn output_len(&self) -> usize {
+        match (self.kind, self.root) {
+            (Kind::ReduceScatter, _) => self.shard_len,
+            (Kind::AllGather, Some(root)) if root == self.rank => 0,
+            _ => self.layout_len(),
+        }
+    }
+    /// Chunks of `elems_per_chunk` in the whole collective.
+    pub fn n_chunks(&self, elems_per_chunk: u16) -> usize {
+        self.shards as usize * self.shard_len.div_ceil((elems_per_chunk as usize).max(1))
+    }
+}
+
+/// Where chunk `i` lies: its shard's owner, its offset within the shard and
+/// in the layout, and its element count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkPlace {
+    owner: u16,
+    within: usize,
+    offset: usize,
+    count: u16,
 }
 
 /// Counters of one collective.
@@ -244,13 +383,15 @@ pub struct CollectiveStats {
     pub ece_results: u64,
 }
 
-/// The chunks of one all-reduce and their transport state.
+/// The chunks of one collective and their transport state.
 #[derive(Debug, Clone)]
 pub struct Collective {
     collective: u32,
     first_seq: u32,
-    len: usize,
+    shape: Shape,
     elems_per_chunk: usize,
+    /// Chunks per shard.
+    per_shard: usize,
     chunks: Vec<ChunkState>,
     /// Index of the first chunk without its RESULT.
     oldest_unacked: u32,
@@ -268,17 +409,33 @@ pub struct Collective {
 }
 
 impl Collective {
-    /// Plans collective `collective` over a tensor of `len` elements whose
+    /// Plans all-reduce `collective` over a tensor of `len` elements whose
     /// first chunk has seq `first_seq`.
     pub fn new(collective: u32, first_seq: u32, len: usize, elems_per_chunk: u16) -> Collective {
+        Collective::with_shape(
+            collective,
+            first_seq,
+            Shape::all_reduce(len),
+            elems_per_chunk,
+        )
+    }
+
+    /// Plans collective `collective` of `shape` whose first chunk has seq
+    /// `first_seq`.
+    pub fn with_shape(
+        collective: u32,
+        first_seq: u32,
+        shape: Shape,
+        elems_per_chunk: u16,
+    ) -> Collective {
         let e = (elems_per_chunk as usize).max(1);
-        let n = len.div_ceil(e);
         Collective {
             collective,
             first_seq,
-            len,
+            shape,
             elems_per_chunk: e,
-            chunks: vec![ChunkState::default(); n],
+            per_shard: shape.shard_len.div_ceil(e),
+            chunks: vec![ChunkState::default(); shape.n_chunks(elems_per_chunk)],
             oldest_unacked: 0,
             next_new: 0,
             acked: 0,
@@ -292,6 +449,9 @@ impl Collective {
 
     pub fn collective(&self) -> u32 {
         self.collective
+    }
+    pub fn shape(&self) -> Shape {
+        self.shape
     }
     pub fn first_seq(&self) -> u32 {
         self.first_seq
@@ -320,10 +480,49 @@ impl Collective {
         self.next_new - self.oldest_unacked
     }
 
-    fn chunk_range(&self, i: u32) -> (usize, u16) {
-        let off = i as usize * self.elems_per_chunk;
-        let count = (self.len - off).min(self.elems_per_chunk);
-        (off, count as u16)
+    fn place(&self, i: u32) -> ChunkPlace {
+        // Only called for i < n_chunks, so per_shard > 0.
+        let (shard, j) = (i as usize / self.per_shard, i as usize % self.per_shard);
+        let within = j * self.elems_per_chunk;
+        let count = (self.shape.shard_len - within).min(self.elems_per_chunk);
+        let owner = match (self.shape.kind, self.shape.root) {
+            (Kind::AllReduce, _) => 0,
+            (_, Some(root)) => root,
+            (_, None) => shard as u16,
+        };
+        ChunkPlace {
+            owner,
+            within,
+            offset: shard * self.shape.shard_len + within,
+            count: count as u16,
+        }
+    }
+
+    /// Where this rank's values for chunk `p` lie in its input (None: NOVAL).
+    fn values_at(&self, p: &ChunkPlace) -> Option<usize> {
+        let s = &self.shape;
+        s.kind.sends_values(s.rank, p.owner).then_some(
+            // An all-gather's input is the rank's own shard alone.
+            if s.kind == Kind::AllGather && s.root.is_none() {
+                p.within
+            } else {
+                p.offset
+            },
+        )
+    }
+
+    /// Where chunk `p`'s RESULT values go in this rank's output (None: it
+    /// gets a NOVAL RESULT).
+    fn result_at(&self, p: &ChunkPlace) -> Option<usize> {
+        let s = &self.shape;
+        s.kind.receives_values(s.rank, p.owner).then_some(
+            // A reduce-scatter's output is the rank's own shard alone.
+            if s.kind == Kind::ReduceScatter {
+                p.within
+            } else {
+                p.offset
+            },
+        )
     }
 
     fn deadline_for(&self, rtt: &RttEstimator, cfg: &TransportConfig, resends: u32) -> Duration {
@@ -419,14 +618,17 @@ impl Collective {
         c.deadline = Some(deadline);
         self.earliest_deadline = Some(self.earliest_deadline.map_or(deadline, |e| e.min(deadline)));
         self.stats.sent += 1;
-        let (offset, count) = self.chunk_range(i);
+        let p = self.place(i);
         Some(Transmit {
             seq: self.first_seq.wrapping_add(i),
             chunk: i,
-            offset,
-            count,
+            offset: p.offset,
+            count: p.count,
             last: i + 1 == self.n_chunks(),
             retx,
+            kind: self.shape.kind,
+            owner: p.owner,
+            values: self.values_at(&p),
         })
     }
 
@@ -439,11 +641,40 @@ impl Collective {
         self.earliest_deadline
     }
 
-    /// Takes a RESULT for `seq` carrying `count` values.
+    /// Takes an all-reduce RESULT for `seq` carrying `count` values.
     pub fn on_result(
         &mut self,
         seq: u32,
         count: u16,
+        ece: bool,
+        now: Instant,
+        rtt: &mut RttEstimator,
+        cc: &mut Dctcp,
+    ) -> ResultOutcome {
+        self.take_result(seq, count, (Kind::AllReduce, false), ece, now, rtt, cc)
+    }
+
+    /// Takes a parsed RESULT header of any kind (its seq, count, kind,
+    /// NOVAL and ECE); the caller copies the values where
+    /// [`ResultOutcome::Fresh`] says.
+    pub fn on_result_header(
+        &mut self,
+        r: &HeaderRepr,
+        now: Instant,
+        rtt: &mut RttEstimator,
+        cc: &mut Dctcp,
+    ) -> ResultOutcome {
+        let ece = r.has_flag(flags::ECE);
+        let got = (r.kind(), r.no_values());
+        self.take_result(r.seq, r.count, got, ece, now, rtt, cc)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn take_result(
+        &mut self,
+        seq: u32,
+        count: u16,
+        (kind, no_values): (Kind, bool),
         ece: bool,
         now: Instant,
         rtt: &mut RttEstimator,
@@ -454,11 +685,20 @@ impl Collective {
             return ResultOutcome::Foreign;
         }
         let i = off as u32;
-        let (offset, expected) = self.chunk_range(i);
+        let p = self.place(i);
+        let (offset, expected) = (p.offset, p.count);
         if count != expected {
             return ResultOutcome::CountMismatch {
                 expected,
                 got: count,
+            };
+        }
+        let into = self.result_at(&p);
+        if kind != self.shape.kind || no_values == into.is_some() {
+            return ResultOutcome::ShapeMismatch {
+                expected: self.shape.kind,
+                got: kind,
+                expected_values: into.is_some(),
             };
         }
         let c = &mut self.chunks[i as usize];
@@ -492,6 +732,7 @@ impl Collective {
             chunk: i,
             offset,
             count,
+            into,
         }
     }
 
@@ -571,6 +812,271 @@ mod tests {
             vec![(100, 0, 4, false), (101, 4, 4, false), (102, 8, 2, true)]
         );
         assert_eq!(c.end_seq(), 103);
+    }
+
+    /// Every chunk of `c` as (seq, owner, layout offset, count, last,
+    /// input offset of the values).
+    fn plan(c: &mut Collective) -> Vec<(u32, u16, usize, u16, bool, Option<usize>)> {
+        let (cfg, rtt, _) = setup();
+        let t0 = Instant::now();
+        std::iter::from_fn(|| c.poll_transmit(t0, u16::MAX, &rtt, &cfg))
+            .map(|t| (t.seq, t.owner, t.offset, t.count, t.last, t.values))
+            .collect()
+    }
+
+    /// A RESULT header of `kind` for `seq`, NOVAL or not.
+    fn result(kind: Kind, seq: u32, count: u16, noval: bool) -> HeaderRepr {
+        let mut h = HeaderRepr::new(crate::wire::MsgType::Result, 1);
+        h.flags = kind.flag_bits() | if noval { flags::NOVAL } else { 0 };
+        h.seq = seq;
+        h.count = count;
+        h
+    }
+
+    #[test]
+    fn sharded_layout_cuts_each_shard_into_chunks_and_only_the_last_is_last() {
+        // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard, shard
+        // 0's first; the owner is the shard; a reduce-scatter sends values
+        // for every chunk from the n·m input.
+        let mut rs = Collective::with_shape(7, 40, Shape::reduce_scatter(1, 3, 5), 2);
+        assert_eq!(rs.n_chunks(), 9);
+        assert_eq!(
+            plan(&mut rs),
+            vec![
+                (40, 0, 0, 2, false, Some(0)),
+                (41, 0, 2, 2, false, Some(2)),
+                (42, 0, 4, 1, false, Some(4)),
+                (43, 1, 5, 2, false, Some(5)),
+                (44, 1, 7, 2, false, Some(7)),
+                (45, 1, 9, 1, false, Some(9)),
+                (46, 2, 10, 2, false, Some(10)),
+                (47, 2, 12, 2, false, Some(12)),
+                (48, 2, 14, 1, true, Some(14)),
+            ]
+        );
+        // An all-gather: rank 1 sends values only for its own shard, read
+        // from its m-element input; NOVAL for the others.
+        let mut ag = Collective::with_shape(7, 40, Shape::all_gather(1, 3, 5), 2);
+        let values: Vec<_> = plan(&mut ag).into_iter().map(|t| (t.1, t.5)).collect();
+        assert_eq!(
+            values,
+            vec![
+                (0, None),
+                (0, None),
+                (0, None),
+                (1, Some(0)),
+                (1, Some(2)),
+                (1, Some(4)),
+                (2, None),
+                (2, None),
+                (2, None),
+            ]
+        );
+        assert_eq!(ag.end_seq(), 49);
+        // Shard length a multiple of E: no short chunks; n = 1 is one shard.
+        let mut even = Collective::with_shape(0, 0, Shape::all_gather(0, 2, 4), 2);
+        assert_eq!(
+            plan(&mut even)
+                .iter()
+                .map(|t| (t.1, t.3, t.4))
+                .collect::<Vec<_>>(),
+            vec![(0, 2, false), (0, 2, false), (1, 2, false), (1, 2, true)]
+        );
+        let mut one = Collective::with_shape(0, 0, Shape::reduce_scatter(0, 1, 3), 2);
+        assert_eq!(plan(&mut one).len(), 2);
+        // Empty shards: nothing to send, complete at once.
+        let empty = Collective::with_shape(0, 9, Shape::reduce_scatter(0, 4, 0), 2);
+        assert!(empty.is_complete() && empty.end_seq() == 9);
+    }
+
+    #[test]
+    fn shapes_give_input_and_output_lengths() {
+        let rs = Shape::reduce_scatter(2, 4, 10);
+        assert_eq!(
+            (rs.input_len(), rs.output_len(), rs.layout_len()),
+            (40, 10, 40)
+        );
+        let ag = Shape::all_gather(2, 4, 10);
+        assert_eq!(
+            (ag.input_len(), ag.output_len(), ag.layout_len()),
+            (10, 40, 40)
+        );
+        let ar = Shape::all_reduce(10);
+        assert_eq!((ar.input_len(), ar.output_len()), (10, 10));
+        let root = Shape::broadcast(1, 1, 10);
+        let leaf = Shape::broadcast(0, 1, 10);
+        assert_eq!((root.input_len(), root.output_len()), (10, 0));
+        assert_eq!((leaf.input_len(), leaf.output_len()), (0, 10));
+        assert_eq!(rs.n_chunks(3), 16);
+    }
+
+    #[test]
+    fn reduce_scatter_results_land_in_the_owners_shard_and_others_are_acks() {
+        let (_, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        // Rank 1 of 2, shards of 3, E = 2: chunks (owner 0: 0..2, 2..3),
+        // (owner 1: 3..5, 5..6).
+        let mut c = Collective::with_shape(0, 0, Shape::reduce_scatter(1, 2, 3), 2);
+        plan(&mut c);
+        // Chunk 0 is rank 0's: a NOVAL RESULT acknowledges it.
+        assert_eq!(
+            c.on_result_header(
+                &result(Kind::ReduceScatter, 0, 2, true),
+                t0,
+                &mut rtt,
+                &mut cc
+            ),
+            ResultOutcome::Fresh {
+                chunk: 0,
+                offset: 0,
+                count: 2,
+                into: None
+            }
+        );
+        // Values for a chunk another rank owns are not ours: ignored.
+        assert_eq!(
+            c.on_result_header(
+                &result(Kind::ReduceScatter, 1, 1, false),
+                t0,
+                &mut rtt,
+                &mut cc
+            ),
+            ResultOutcome::ShapeMismatch {
+                expected: Kind::ReduceScatter,
+                got: Kind::ReduceScatter,
+                expected_values: false
+            }
+        );
+        // Our own chunks' sums go to the m-element output at their offset
+        // within the shard.
+        assert_eq!(
+            c.on_result_header(
+                &result(Kind::ReduceScatter, 3, 1, false),
+                t0,
+                &mut rtt,
+                &mut cc
+            ),
+            ResultOutcome::Fresh {
+                chunk: 3,
+                offset: 5,
+                count: 1,
+                into: Some(2)
+            }
+        );
+        // A NOVAL where our sum was due, or another kind: ignored.
+        assert!(matches!(
+            c.on_result_header(
+                &result(Kind::ReduceScatter, 2, 2, true),
+                t0,
+                &mut rtt,
+                &mut cc
+            ),
+            ResultOutcome::ShapeMismatch {
+                expected_values: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c.on_result_header(&result(Kind::AllReduce, 2, 2, false), t0, &mut rtt, &mut cc),
+            ResultOutcome::ShapeMismatch {
+                got: Kind::AllReduce,
+                ..
+            }
+        ));
+        assert_eq!(
+            c.on_result_header(
+                &result(Kind::ReduceScatter, 2, 2, false),
+                t0,
+                &mut rtt,
+                &mut cc
+            ),
+            ResultOutcome::Fresh {
+                chunk: 2,
+                offset: 3,
+                count: 2,
+                into: Some(0)
+            }
+        );
+        assert!(!c.is_complete());
+        c.on_result_header(
+            &result(Kind::ReduceScatter, 1, 1, true),
+            t0,
+            &mut rtt,
+            &mut cc,
+        );
+        assert!(c.is_complete());
+    }
+
+    #[test]
+    fn all_gather_results_land_in_other_shards_and_the_own_shard_is_acked() {
+        let (_, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::with_shape(0, 100, Shape::all_gather(1, 3, 2), 2);
+        plan(&mut c);
+        let mut got = Vec::new();
+        for (seq, noval) in [(100, false), (101, true), (102, false)] {
+            match c.on_result_header(
+                &result(Kind::AllGather, seq, 2, noval),
+                t0,
+                &mut rtt,
+                &mut cc,
+            ) {
+                ResultOutcome::Fresh { into, .. } => got.push(into),
+                other => panic!("seq {seq}: {other:?}"),
+            }
+        }
+        // Shard 0 to output 0, our own shard 1 acknowledged, shard 2 to 4.
+        assert_eq!(got, vec![Some(0), None, Some(4)]);
+        assert!(c.is_complete());
+    }
+
+    #[test]
+    fn broadcast_is_an_all_gather_from_one_root() {
+        let (_, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut root = Collective::with_shape(0, 0, Shape::broadcast(2, 2, 5), 2);
+        let mut leaf = Collective::with_shape(0, 0, Shape::broadcast(0, 2, 5), 2);
+        let r = plan(&mut root);
+        let l = plan(&mut leaf);
+        assert_eq!(
+            r.iter().map(|t| (t.1, t.3, t.5)).collect::<Vec<_>>(),
+            vec![(2, 2, Some(0)), (2, 2, Some(2)), (2, 1, Some(4))]
+        );
+        assert!(l.iter().all(|t| t.1 == 2 && t.5.is_none()));
+        assert_eq!(
+            leaf.on_result_header(&result(Kind::AllGather, 1, 2, false), t0, &mut rtt, &mut cc),
+            ResultOutcome::Fresh {
+                chunk: 1,
+                offset: 2,
+                count: 2,
+                into: Some(2)
+            }
+        );
+        assert_eq!(
+            root.on_result_header(&result(Kind::AllGather, 1, 2, true), t0, &mut rtt, &mut cc),
+            ResultOutcome::Fresh {
+                chunk: 1,
+                offset: 2,
+                count: 2,
+                into: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_restarted_sharded_collective_resends_with_the_same_owners() {
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::with_shape(0, 10, Shape::all_gather(0, 2, 2), 1);
+        let first = plan(&mut c);
+        for s in 10..12 {
+            c.on_result_header(&result(Kind::AllGather, s, 1, true), t0, &mut rtt, &mut cc);
+        }
+        c.restart_from(11);
+        let again: Vec<_> = std::iter::from_fn(|| c.poll_transmit(t0, 8, &rtt, &cfg))
+            .map(|t| (t.seq, t.owner, t.offset, t.count, t.last, t.values))
+            .collect();
+        assert_eq!(again, first[1..]);
     }
 
     #[test]
@@ -661,7 +1167,8 @@ mod tests {
             ResultOutcome::Fresh {
                 chunk: 1,
                 offset: 4,
-                count: 1
+                count: 1,
+                into: Some(4)
             }
         );
         assert_eq!(

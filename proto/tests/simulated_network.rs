@@ -3,7 +3,8 @@
 //! every worker the rank-order sum, bit for bit, without hanging. Float32
 //! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once), with
 //! and without per-packet tags (`auth = "mac"`: every DATA tagged, every
-//! RESULT's tag checked).
+//! RESULT's tag checked). Each worker joins, builds its DATA headers and
+//! accepts RESULTs through `proto::session`, as the worker library does.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -11,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::elements::{read_le, round_f32, round_to_le};
-use proto::handshake::{Handshake, JoinParams};
+use proto::handshake::JoinParams;
 use proto::reference::rank_order_sum;
+use proto::session::{Event, SessionConfig, WorkerSession};
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
-use proto::tag::{AuthMode, PacketKey, TAG_LEN};
-use proto::wire::{flags, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
+use proto::tag::AuthMode;
+use proto::wire::{flags, Dtype, HEADER_LEN};
 use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
 mod common;
@@ -24,12 +26,8 @@ use common::{frame, Faults, Rng, CLEAN};
 const GEN: u32 = 99;
 
 enum Msg {
-    Data {
-        rank: u16,
-        seq: u32,
-        collective: u32,
-        values: Vec<f32>,
-    },
+    /// What `rank` sent to the switch: an encoded DATA.
+    ToSwitch { rank: u16, bytes: Vec<u8> },
     /// What the switch sent to `rank`: an encoded message.
     ToWorker { rank: u16, bytes: Vec<u8> },
 }
@@ -52,8 +50,9 @@ impl Net {
     }
 }
 
-/// Rank `rank` joins through the handshake (on a lossless path: loss
-/// during joining is the worker library's, tested end to end).
+/// Rank `rank` starts joining through its session (on a lossless path:
+/// loss during joining is the session's tests'); its JOIN_ACK comes when
+/// every rank has joined.
 fn join(
     table: &mut JobTable,
     rank: u16,
@@ -61,7 +60,7 @@ fn join(
     start_seq: u32,
     dtype: Dtype,
     now: Instant,
-) -> Handshake {
+) -> WorkerSession {
     let from = endpoint(rank);
     let params = JoinParams {
         job: 1,
@@ -73,17 +72,19 @@ fn join(
         ip: from.source.ip,
         port: from.source.port,
     };
-    let mut hs = Handshake::new(params, [rank as u8; 16]);
+    let mut s = WorkerSession::new(params, SessionConfig::default(), [rank as u8; 32]);
+    s.start_join(0, start_seq, now);
     let mut b = [0u8; 128];
-    let len = hs.emit_hello(&mut b).unwrap();
-    table.handle(&b[..len], from, false, now);
+    // HELLO, then the JOIN its CHALLENGE allows (the JOIN_ACKs stay
+    // queued at the table until every rank has joined).
+    let hello = s.poll_transmit(now).expect("a HELLO");
+    table.handle(hello.bytes(), from, false, now);
     let r = table.poll_reply().expect("a CHALLENGE");
     let e = table.encode(&r, &mut b).unwrap();
-    let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).unwrap()).unwrap();
-    hs.on_challenge(&h, &b[HEADER_LEN..e.len]).unwrap();
-    let len = hs.emit_join(0, start_seq, &mut b).unwrap();
-    table.handle(&b[..len], from, false, now);
-    hs
+    assert!(s.handle(&b[..e.len], now).is_none());
+    let join = s.poll_transmit(now).expect("a JOIN");
+    table.handle(join.bytes(), from, false, now);
+    s
 }
 
 fn endpoint(rank: u16) -> Endpoint {
@@ -98,8 +99,8 @@ fn endpoint(rank: u16) -> Endpoint {
 }
 
 struct Worker {
-    /// Its DATA key and the RESULT key, in an `auth = "mac"` job.
-    keys: Option<(PacketKey, PacketKey)>,
+    /// Its membership: DATA headers and tags, which RESULTs count.
+    session: WorkerSession,
     input: Vec<f32>,
     output: Vec<f32>,
     coll: Collective,
@@ -169,21 +170,22 @@ fn run_from(
             elems + 8,
         )
         .unwrap();
-    let hss: Vec<Handshake> = (0..n)
+    let mut sessions: Vec<WorkerSession> = (0..n)
         .map(|r| join(&mut table, r, n, start_seq, dtype, base))
         .collect();
-    // Every rank's JOIN_ACK, its tag checked: the keys of a mac job.
-    let mut keys: Vec<Option<(PacketKey, PacketKey)>> = vec![None; n as usize];
+    // Every rank's JOIN_ACK, its tag checked by the session.
     while let Some(r) = table.poll_reply() {
         let mut b = [0u8; 128];
         let e = table.encode(&r, &mut b).unwrap();
-        let h = HeaderRepr::parse(&Header::new_checked(&b[..e.len]).unwrap()).unwrap();
-        let ack = hss[r.rank as usize]
-            .on_join_ack(&h, &b[HEADER_LEN..e.len])
-            .unwrap();
-        assert_eq!(ack.auth, auth);
-        keys[r.rank as usize] = ack.data_key.zip(ack.result_key);
+        match sessions[r.rank as usize].handle(&b[..e.len], base) {
+            Some(Event::Joined(j)) => {
+                assert_eq!((j.auth, j.gen, j.seq), (auth, GEN, start_seq));
+                assert_eq!(j.data_key.is_some(), auth == AuthMode::Mac);
+            }
+            other => panic!("rank {}: no JOIN_ACK: {other:?}", r.rank),
+        }
     }
+    assert!(sessions.iter().all(|s| s.is_joined()));
     let cfg = TransportConfig {
         initial_rto: Duration::from_millis(2),
         min_rto: Duration::from_micros(500),
@@ -198,10 +200,10 @@ fn run_from(
     };
     let mut now = Duration::ZERO;
     let mut seq = start_seq;
-    let mut workers: Vec<Worker> = keys
+    let mut workers: Vec<Worker> = sessions
         .into_iter()
-        .map(|keys| Worker {
-            keys,
+        .map(|session| Worker {
+            session,
             input: vec![],
             output: vec![],
             coll: Collective::new(0, 0, 0, elems),
@@ -233,13 +235,17 @@ fn run_from(
                     .coll
                     .poll_transmit(base + now, w.cc.window(), &w.rtt, &cfg)
                 {
-                    let vals = w.input[t.offset..t.offset + t.count as usize].to_vec();
-                    let c = w.coll.collective();
-                    net.send(now, || Msg::Data {
+                    let vals = &w.input[t.offset..t.offset + t.count as usize];
+                    let h = w.session.data_header(&t, w.coll.collective());
+                    let mut p = vec![0u8; dtype.payload_len(t.count)];
+                    round_to_le(dtype, vals, &mut p);
+                    if let Some(tag) = w.session.data_tag(&h, &p) {
+                        p.extend_from_slice(&tag);
+                    }
+                    let bytes = frame(&h, &p);
+                    net.send(now, || Msg::ToSwitch {
                         rank: r as u16,
-                        seq: t.seq,
-                        collective: c,
-                        values: vals.clone(),
+                        bytes: bytes.clone(),
                     });
                 }
             }
@@ -263,25 +269,8 @@ fn run_from(
                 }
                 net.queue.pop();
                 match net.msgs.remove(&id).unwrap() {
-                    Msg::Data {
-                        rank,
-                        seq,
-                        collective,
-                        values,
-                    } => {
-                        let mut h = HeaderRepr::new(MsgType::Data, 1);
-                        h.rank = rank;
-                        h.seq = seq;
-                        h.collective = collective;
-                        h.count = values.len() as u16;
-                        h.gen = GEN;
-                        let mut p = vec![0u8; dtype.payload_len(values.len() as u16)];
-                        round_to_le(dtype, &values, &mut p);
-                        if let Some((data_key, _)) = &workers[rank as usize].keys {
-                            let tag = data_key.tag(&h, &p);
-                            p.extend_from_slice(&tag);
-                        }
-                        table.handle(&frame(&h, &p), endpoint(rank), false, base + now);
+                    Msg::ToSwitch { rank, bytes } => {
+                        table.handle(&bytes, endpoint(rank), false, base + now);
                         // The switch's replies, as its shells send them.
                         while let Some(r) = table.poll_reply() {
                             let mut buf = vec![0u8; 2048];
@@ -296,23 +285,19 @@ fn run_from(
                         }
                     }
                     Msg::ToWorker { rank, bytes } => {
-                        let h =
-                            HeaderRepr::parse(&Header::new_checked(&bytes[..]).unwrap()).unwrap();
-                        assert_eq!(h.msg_type, MsgType::Result, "only RESULTs in this run");
-                        let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
                         let w = &mut workers[rank as usize];
-                        let n = dtype.payload_len(h.count);
-                        let payload = &bytes[HEADER_LEN..HEADER_LEN + n];
-                        match &w.keys {
-                            Some((_, result_key)) => {
-                                assert_eq!(bytes.len() - HEADER_LEN, n + TAG_LEN);
-                                let tag = &bytes[HEADER_LEN + n..];
-                                assert!(result_key.verify(&h, payload, tag), "RESULT tag {h:?}");
-                            }
-                            None => assert_eq!(bytes.len() - HEADER_LEN, n),
-                        }
+                        // Only RESULTs in this run, each of them authentic.
+                        let (h, v) = match w.session.handle(&bytes, base + now) {
+                            Some(Event::Result { header, values }) => (header, values),
+                            other => panic!(
+                                "rank {rank}: the session did not take header {:?}: {other:?} {:?}",
+                                &bytes[..HEADER_LEN.min(bytes.len())],
+                                w.session.stats()
+                            ),
+                        };
+                        let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
                         let mut values = vec![0f32; h.count as usize];
-                        read_le(dtype, payload, &mut values);
+                        read_le(dtype, &bytes[v], &mut values);
                         if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
                             seq,
                             values.len() as u16,

@@ -3,7 +3,8 @@
 //! every link (worker–leaf and leaf–spine, both ways). Every worker must get
 //! the tree-order sum (ranks in order within a leaf, leaves in order at the
 //! spine), bit for bit, without hanging; chunks must spread over the spines
-//! as seq mod K.
+//! as seq mod K. Workers join, build their DATA headers and accept RESULTs
+//! through `proto::session`, as the worker library does.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -11,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::elements::{read_le, round_f32, round_to_le};
-use proto::handshake::{Handshake, JoinParams};
+use proto::handshake::JoinParams;
 use proto::reference::{pattern, rank_order_sum};
+use proto::session::{Event, SessionConfig, WorkerSession};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
@@ -99,6 +101,7 @@ fn parse(b: &[u8]) -> HeaderRepr {
 }
 
 struct Worker {
+    session: WorkerSession,
     input: Vec<f32>,
     output: Vec<f32>,
     coll: Collective,
@@ -226,45 +229,58 @@ impl Tree {
     }
 }
 
-/// Workers join their leaf (lossless: the library's join is tested end to
-/// end); the leaves' HELLOs to the spines go into `net`.
-fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, dtype: Dtype, base: Instant) {
+/// Workers join their leaf through their sessions (lossless: the session's
+/// own tests lose and forge); the leaves' HELLOs to the spines go into
+/// `net`. Returns each leaf's sessions, joined.
+fn join_workers(
+    tree: &mut Tree,
+    net: &mut Net,
+    w: u16,
+    dtype: Dtype,
+    base: Instant,
+) -> Vec<Vec<WorkerSession>> {
+    let mut all = Vec::new();
     for (i, leaf) in tree.leaves.iter_mut().enumerate() {
+        let mut sessions = Vec::new();
         for r in 0..w {
             let from = worker_ep(i, r);
-            let mut hs = Handshake::new(
-                JoinParams {
-                    job: JOB,
-                    rank: r,
-                    n_workers: w,
-                    dtype: dtype as u8,
-                    op: 0,
-                    secret: SECRET,
-                    ip: from.source.ip,
-                    port: from.source.port,
-                },
-                [r as u8 + 1; 16],
-            );
+            let params = JoinParams {
+                job: JOB,
+                rank: r,
+                n_workers: w,
+                dtype: dtype as u8,
+                op: 0,
+                secret: SECRET,
+                ip: from.source.ip,
+                port: from.source.port,
+            };
+            let mut s = WorkerSession::new(params, SessionConfig::default(), [r as u8 + 1; 32]);
+            s.start_join(0, 0, base);
             let mut b = [0u8; 128];
-            let n = hs.emit_hello(&mut b).unwrap();
-            leaf.handle(&b[..n], from, false, base);
+            let hello = s.poll_transmit(base).expect("a HELLO");
+            leaf.handle(hello.bytes(), from, false, base);
             let rep = leaf.poll_reply().unwrap();
             let e = leaf.encode(&rep, &mut b).unwrap();
-            hs.on_challenge(&parse(&b[..e.len]), &b[HEADER_LEN..e.len])
-                .unwrap();
-            let n = hs.emit_join(0, 0, &mut b).unwrap();
-            leaf.handle(&b[..n], from, false, base);
+            assert!(s.handle(&b[..e.len], base).is_none());
+            let join = s.poll_transmit(base).expect("a JOIN");
+            leaf.handle(join.bytes(), from, false, base);
+            sessions.push(s);
         }
+        all.push(sessions);
     }
-    for i in 0..tree.leaves.len() {
-        // JOIN_ACKs to the workers are not needed here (they start at 0);
-        // the uplink HELLOs are.
-        let t = &mut tree.leaves[i];
+    for (i, (t, sessions)) in tree.leaves.iter_mut().zip(&mut all).enumerate() {
+        // The workers' JOIN_ACKs go to their sessions; the uplink HELLOs
+        // into the network.
         let mut kept = Vec::new();
         while let Some(r) = t.poll_reply() {
             if r.is_upstream() {
                 kept.push(r);
+                continue;
             }
+            let mut b = [0u8; 128];
+            let e = t.encode(&r, &mut b).unwrap();
+            let ev = sessions[r.rank as usize].handle(&b[..e.len], base);
+            assert!(matches!(ev, Some(Event::Joined(_))), "{ev:?}");
         }
         for r in kept {
             let mut buf = vec![0u8; 4096];
@@ -281,6 +297,8 @@ fn join_workers(tree: &mut Tree, net: &mut Net, w: u16, dtype: Dtype, base: Inst
             );
         }
     }
+    assert!(all.iter().flatten().all(|s| s.is_joined()));
+    all
 }
 
 /// Runs `iterations` all-reduces of `len` elements over `l` leaves × `w`
@@ -345,11 +363,13 @@ fn run_typed(
         next_id: 0,
     };
     let mut now = Duration::ZERO;
-    join_workers(&mut tree, &mut net, w, dtype, base);
-    let mut workers: Vec<Vec<Worker>> = (0..l)
-        .map(|_| {
-            (0..w)
-                .map(|_| Worker {
+    let sessions = join_workers(&mut tree, &mut net, w, dtype, base);
+    let mut workers: Vec<Vec<Worker>> = sessions
+        .into_iter()
+        .map(|ss| {
+            ss.into_iter()
+                .map(|session| Worker {
+                    session,
                     input: vec![],
                     output: vec![],
                     coll: Collective::new(0, 0, 0, elems),
@@ -428,12 +448,8 @@ fn run_typed(
                         wk.coll
                             .poll_transmit(base + now, wk.cc.window(), &wk.rtt, &cfg)
                     {
-                        let mut h = HeaderRepr::new(MsgType::Data, JOB);
-                        h.rank = r as u16;
-                        h.seq = t.seq;
-                        h.collective = wk.coll.collective();
-                        h.count = t.count;
-                        h.gen = 1 + i as u32;
+                        let h = wk.session.data_header(&t, wk.coll.collective());
+                        assert_eq!(h.gen, 1 + i as u32);
                         let mut p = vec![0u8; dtype.payload_len(t.count)];
                         let vals = &wk.input[t.offset..t.offset + t.count as usize];
                         round_to_le(dtype, vals, &mut p);
@@ -481,14 +497,16 @@ fn run_typed(
                         tree.flush(m.to, &mut net, now);
                     }
                     Node::Worker { leaf, rank } => {
-                        let h = parse(&m.bytes);
-                        if h.msg_type != MsgType::Result {
-                            continue;
-                        }
-                        assert_eq!(m.bytes.len() - HEADER_LEN, dtype.payload_len(h.count));
-                        let mut values = vec![0f32; h.count as usize];
-                        read_le(dtype, &m.bytes[HEADER_LEN..], &mut values);
                         let wk = &mut workers[leaf][rank as usize];
+                        let (h, v) = match wk.session.handle(&m.bytes, base + now) {
+                            Some(Event::Result { header, values }) => (header, values),
+                            Some(e @ (Event::SessionLost(_) | Event::Failed(_))) => {
+                                panic!("leaf {leaf} rank {rank}: {e:?}")
+                            }
+                            _ => continue,
+                        };
+                        let mut values = vec![0f32; h.count as usize];
+                        read_le(dtype, &m.bytes[v], &mut values);
                         if let ResultOutcome::Fresh { offset, count, .. } = wk.coll.on_result(
                             h.seq,
                             h.count,
@@ -605,6 +623,8 @@ struct Fabric {
     now: Duration,
     dead: Vec<bool>,
     to_workers: Vec<(Node, Vec<u8>)>,
+    /// Each leaf's workers' sessions (their generation).
+    sessions: Vec<Vec<WorkerSession>>,
 }
 
 impl Fabric {
@@ -619,8 +639,9 @@ impl Fabric {
             msgs: HashMap::new(),
             next_id: 0,
         };
-        join_workers(&mut tree, &mut net, w, Dtype::F32, base);
+        let sessions = join_workers(&mut tree, &mut net, w, Dtype::F32, base);
         Fabric {
+            sessions,
             tree,
             net,
             base,
@@ -666,7 +687,7 @@ impl Fabric {
         let mut h = HeaderRepr::new(ty, JOB);
         h.rank = rank;
         h.seq = seq;
-        h.gen = 1 + leaf as u32;
+        h.gen = self.sessions[leaf][rank as usize].gen();
         let payload = if ty == MsgType::Data {
             h.count = 8;
             let mut p = vec![0u8; 32];
@@ -977,4 +998,66 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
     assert_eq!(gen, Some(200), "rejoined the restarted spine: {c:?}");
     assert_eq!(c.probed_restarts, 1, "{c:?}");
     assert!(done(&f, 1), "chunk 1 completes after the rejoin");
+}
+
+/// A spine's authentic NACKs (tagged under the leaf's session) mean to the
+/// leaf what they mean to a worker (`proto::session::nack_meaning`): a
+/// stale nonce (an answer to an earlier JOIN) changes nothing, a refusal
+/// marks the tree refused and is asked again later, job-not-active makes it
+/// join again.
+#[test]
+fn a_leaf_sorts_authentic_spine_nacks_as_a_worker_does() {
+    use proto::auth::nack_tag;
+    use proto::wire::{NackPayload, NackReason, SpineRefusal, SpineSessionState, NACK_PAYLOAD_LEN};
+    let spine = |f: &Fabric| f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0].clone();
+    let tagged = |f: &mut Fabric, reason: NackReason| {
+        let key = spine(f).hs.session_key().expect("joined");
+        let mut h = HeaderRepr::new(MsgType::Nack, JOB);
+        h.gen = 100;
+        let mut hb = [0u8; HEADER_LEN];
+        h.emit_to(&mut hb).unwrap();
+        let echo = [0u8; 16];
+        let mut p = [0u8; NACK_PAYLOAD_LEN];
+        NackPayload {
+            echo,
+            tag: nack_tag(&key, &hb, reason as u16, &echo),
+            ..NackPayload::new(reason)
+        }
+        .emit(&mut p)
+        .unwrap();
+        let now = f.now;
+        f.net.send(
+            now,
+            Msg {
+                to: Node::Leaf(0),
+                from: spine_ep(0),
+                bytes: frame(&h, &p),
+            },
+        );
+        f.run_for(Duration::from_millis(1));
+    };
+    let mut f = Fabric::new(1, 1, 1);
+    f.run_for(Duration::from_millis(50));
+    assert_eq!(spine(&f).joined_gen, Some(100));
+
+    tagged(&mut f, NackReason::StaleNonce);
+    let s = spine(&f);
+    assert_eq!(s.joined_gen, Some(100), "a stale nonce changes nothing");
+    assert_eq!(s.counters.unauthenticated, 0, "{:?}", s.counters);
+
+    tagged(&mut f, NackReason::ParametersDiffer);
+    let s = spine(&f);
+    assert_eq!(
+        s.state(),
+        SpineSessionState::Refused(SpineRefusal::Nack(NackReason::ParametersDiffer))
+    );
+    assert_eq!(s.counters.refusals, 1);
+    // Asked again later: the spine takes the leaf back.
+    f.run_for(Duration::from_millis(1500));
+    assert_eq!(spine(&f).joined_gen, Some(100), "rejoined after the retry");
+
+    tagged(&mut f, NackReason::JobNotActive);
+    assert_eq!(spine(&f).joined_gen, None, "job not active: join again");
+    f.run_for(Duration::from_millis(50));
+    assert_eq!(spine(&f).joined_gen, Some(100), "and joined");
 }

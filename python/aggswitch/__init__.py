@@ -6,6 +6,8 @@ in-network aggregation switch.
                           secret=HEX) as w:
         w.all_reduce(grad)             # in place: the sum over all ranks
         fut = w.all_reduce_async(g2)   # completes in issue order
+        w.reduce_scatter(full, shard)  # shard = this rank's part of the sum
+        w.all_gather(shard, full)      # full = every rank's shard, in order
 
 A job of half-precision gradients is declared with ``dtype = "bf16"`` (or
 ``"f16"``) on the switch and joined with ``Worker(..., dtype="bf16")``; its
@@ -49,27 +51,29 @@ _TORCH_DTYPE = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.
 _FORMATS = {"f32": ("f",), "bf16": ("H",), "f16": ("e",)}
 
 
-def _writable_view(buf: Any, dtype: str = "f32") -> Any:
-    """What the native layer writes into: ``buf`` itself for float32, a
+def _writable_view(
+    buf: Any, dtype: str = "f32", call: str = "all_reduce", writable: bool = True
+) -> Any:
+    """What the native layer reads or writes: ``buf`` itself for float32, a
     uint16 memoryview of the same memory for bf16/f16, or the view of a CPU
     torch tensor's memory. Raises TypeError (wrong element type) or
-    ValueError (wrong device, read-only, not contiguous) saying what was
-    expected."""
+    ValueError (wrong device, read-only when ``writable``, not contiguous)
+    saying what was expected; messages start with ``call``."""
     expected = _EXPECTED[dtype]
     if type(buf).__module__.startswith("torch") and hasattr(buf, "is_contiguous"):
         if buf.device.type != "cpu":
             raise ValueError(
-                f"all_reduce: tensor is on {buf.device}; expected {expected} "
+                f"{call}: tensor is on {buf.device}; expected {expected} "
                 "(copy it to the CPU first; aggswitch.torch's hook does that for you)"
             )
         if str(buf.dtype) != _TORCH_DTYPE[dtype]:
             raise TypeError(
-                f"all_reduce: tensor has dtype {buf.dtype}, but this worker's job is "
+                f"{call}: tensor has dtype {buf.dtype}, but this worker's job is "
                 f"{dtype}; expected {expected}"
             )
         if not buf.is_contiguous():
             raise ValueError(
-                "all_reduce: tensor is not contiguous; pass tensor.contiguous() "
+                f"{call}: tensor is not contiguous; pass tensor.contiguous() "
                 "and copy the result back"
             )
         if dtype == "f32":
@@ -82,29 +86,56 @@ def _writable_view(buf: Any, dtype: str = "f32") -> Any:
     try:
         view = memoryview(buf)
     except TypeError:
-        raise TypeError(f"all_reduce: expected {expected}, got {type(buf).__name__}") from None
+        raise TypeError(f"{call}: expected {expected}, got {type(buf).__name__}") from None
     fmt, itemsize = view.format, view.itemsize
     readonly, contiguous = view.readonly, view.c_contiguous
     base = fmt.lstrip("<=@")
     ok = base in _FORMATS[dtype] and itemsize == (4 if dtype == "f32" else 2)
+    readonly = readonly and writable
     if not ok or readonly or not contiguous or dtype == "f32" or base == "H":
         view.release()
     if not ok:
         raise TypeError(
-            f"all_reduce: buffer holds items of format {fmt!r} ({itemsize} bytes), "
+            f"{call}: buffer holds items of format {fmt!r} ({itemsize} bytes), "
             f"but this worker's job is {dtype}; expected {expected}"
         )
     if readonly:
-        raise ValueError("all_reduce: buffer is read-only; the sum is written in place")
+        raise ValueError(f"{call}: buffer is read-only; the result is written into it")
     if not contiguous:
         raise ValueError(
-            "all_reduce: buffer is not C-contiguous; pass numpy.ascontiguousarray(x) "
+            f"{call}: buffer is not C-contiguous; pass numpy.ascontiguousarray(x) "
             "and copy the result back"
         )
     if dtype == "f32" or base == "H":
         return buf
     # float16 items: the same memory as uint16 bits.
     return view.cast("B").cast("H")
+
+
+def _byte_view(buf: Any, role: str, writable: bool) -> Any:
+    """The bytes of ``buf`` (a C-contiguous numpy array, CPU torch tensor or
+    other buffer) as a ``memoryview`` of format "B", the same memory."""
+    if type(buf).__module__.startswith("torch") and hasattr(buf, "is_contiguous"):
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise ValueError(
+                f"all_gather_bytes: the {role} must be a contiguous CPU tensor, got one on "
+                f"{buf.device} (contiguous: {buf.is_contiguous()})"
+            )
+        import torch
+
+        buf = buf.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise TypeError(
+            f"all_gather_bytes: the {role} must support the buffer protocol, got "
+            f"{type(buf).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError(f"all_gather_bytes: the {role} is not C-contiguous; pass a contiguous copy")
+    if writable and view.readonly:
+        raise ValueError(f"all_gather_bytes: the {role} is read-only")
+    return view.cast("B")
 
 
 class Worker(_native.Worker):
@@ -142,15 +173,82 @@ class Worker(_native.Worker):
         super().all_reduce(_writable_view(buf, self.dtype))
         return buf
 
+    def reduce_scatter(self, input: Any, output: Any) -> Any:
+        """Reduce-scatter: ``input`` holds ``world_size`` shards of m
+        elements (shard r for rank r); ``output`` (m elements) gets this
+        rank's shard of the element-wise sum over every rank, the same bits
+        ``all_reduce`` gives for those elements. Returns ``output``.
+
+        The sum only: for an average (FSDP's default) divide ``output`` by
+        ``world_size`` afterwards, so every rank divides the same bits the
+        same way. Buffers as for ``all_reduce`` (``input`` may be
+        read-only); they must not share memory. A wrong length raises
+        ValueError naming both lengths and the world size. A job declared on
+        an aggregation tree refuses it (RefusedError, reason
+        ``"kind_not_supported"``).
+        """
+        _native.Worker.reduce_scatter(self, *self._views("reduce_scatter", input, output))
+        return output
+
+    def all_gather(self, input: Any, output: Any) -> Any:
+        """All-gather: ``output`` (``world_size`` × m elements) gets every
+        rank's ``input`` (m elements), rank r's at ``r * m``, bit for bit
+        (the switch copies elements, never converting them). This rank's own
+        shard is copied locally. Returns ``output``."""
+        _native.Worker.all_gather(self, *self._views("all_gather", input, output))
+        return output
+
+    def all_gather_bytes(self, input: Any, output: Any) -> Any:
+        """``all_gather`` of raw memory: ``output`` (``world_size`` times the
+        bytes of ``input``) gets every rank's ``input`` bytes, rank r's at
+        ``r * len(input)``. Any element type goes, as long as ``input`` is a
+        whole number of the job's elements: e.g. float32 parameters through a
+        bf16 job (mixed precision with one job). Returns ``output``."""
+        src, dst = _byte_view(input, "input", False), _byte_view(output, "output", True)
+        _native.Worker.all_gather_bytes(self, src, dst)
+        return output
+
+    def broadcast(self, buf: Any, root: int) -> Any:
+        """Every rank's ``buf`` becomes rank ``root``'s, bit for bit (an
+        all-gather with one owner). Returns ``buf``."""
+        view = _writable_view(buf, self.dtype, "broadcast", writable=root != self.rank)
+        _native.Worker.broadcast(self, view, root)
+        return buf
+
     def all_reduce_async(self, buf: Any) -> concurrent.futures.Future:
         """Starts ``all_reduce(buf)`` on this worker's background thread and
         returns a ``concurrent.futures.Future`` that resolves to ``buf``.
 
-        Collectives run one at a time in the order they were issued, so
+        Collectives run one at a time in the order they were issued (one
+        thread per Worker: the protocol has one sequence of chunks per
+        rank, so two collectives of one Worker can never run at once), so
         several may be in flight while the caller computes. ``buf`` must not
         be touched until the future is done.
         """
         view = _writable_view(buf, self.dtype)  # refuse bad buffers now, not in the future
+        return self._submit(_native.Worker.all_reduce, (view,), buf)
+
+    def reduce_scatter_async(self, input: Any, output: Any) -> concurrent.futures.Future:
+        """``reduce_scatter(input, output)`` on the background thread, in
+        issue order with the other ``*_async`` calls; the future resolves to
+        ``output``. Neither buffer may be touched until it is done."""
+        views = self._views("reduce_scatter", input, output)
+        return self._submit(_native.Worker.reduce_scatter, views, output)
+
+    def all_gather_async(self, input: Any, output: Any) -> concurrent.futures.Future:
+        """``all_gather(input, output)`` on the background thread, in issue
+        order with the other ``*_async`` calls; the future resolves to
+        ``output``."""
+        views = self._views("all_gather", input, output)
+        return self._submit(_native.Worker.all_gather, views, output)
+
+    def _views(self, call: str, input: Any, output: Any) -> tuple[Any, Any]:
+        return (
+            _writable_view(input, self.dtype, call, writable=False),
+            _writable_view(output, self.dtype, call),
+        )
+
+    def _submit(self, fn: Any, args: tuple[Any, ...], result: Any) -> concurrent.futures.Future:
         with self._lock:
             if self.closed:
                 raise AggSwitchError(f"{self!r} is closed; make a new Worker to rejoin")
@@ -158,11 +256,11 @@ class Worker(_native.Worker):
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix=f"aggswitch-rank{self.rank}"
                 )
-            return self._executor.submit(self._reduce_returning, view, buf)
+            return self._executor.submit(self._call_returning, fn, args, result)
 
-    def _reduce_returning(self, view: Any, buf: Any) -> Any:
-        _native.Worker.all_reduce(self, view)
-        return buf
+    def _call_returning(self, fn: Any, args: tuple[Any, ...], result: Any) -> Any:
+        fn(self, *args)
+        return result
 
     def close(self) -> None:
         """Waits for collectives in flight, then leaves the job. Idempotent."""

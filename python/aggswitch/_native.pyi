@@ -26,6 +26,21 @@ class Worker:
         """Sums a writable C-contiguous buffer over all ranks, in place:
         float32 items for an f32 job, uint16 (the elements' bits) for bf16
         and f16 jobs. Another item type raises TypeError."""
+    def reduce_scatter(self, input: Any, output: Any) -> None:
+        """Reduce-scatter: ``input`` holds world_size shards of m elements,
+        ``output`` (m elements, writable) gets this rank's shard of the sum
+        over every rank (the sum only: divide for an average). Buffers as for
+        all_reduce; they must not overlap. A wrong length raises ValueError."""
+    def all_gather(self, input: Any, output: Any) -> None:
+        """All-gather: ``output`` (world_size × m elements, writable) gets
+        every rank's ``input`` (m elements), rank r's at r × m, bit for bit."""
+    def all_gather_bytes(self, input: Any, output: Any) -> None:
+        """All-gather of raw bytes (format "B" buffers): ``output`` is
+        world_size times ``input``, which must be a whole number of the job's
+        elements; the switch copies them without looking."""
+    def broadcast(self, buf: Any, root: int) -> None:
+        """Every rank's ``buf`` becomes rank ``root``'s, bit for bit (the
+        root's may be read-only)."""
     def stats(self) -> dict[str, int | float]:
         """Counters as of the last completed collective."""
     def close(self) -> None:

@@ -22,6 +22,13 @@ once), and cast back into the bucket. The job is declared with
 The process group (gloo) stays in charge of everything else DDP does:
 parameter broadcast at construction, barriers, ``find_unused_parameters``
 bookkeeping.
+
+FSDP2 (``fully_shard``): ``register_fsdp_comms(model, state)`` sends every
+FSDPModule's gradient reduce-scatter and parameter all-gather through the
+switch; ``register_hsdp_all_reduce(model, state)`` sends HSDP's replica
+all-reduce (README, "Train with FSDP"). The state takes rank and world size
+when it first joins (from its ``group``, the collective's process group, or
+torch.distributed's), so it may be made before the process group.
 """
 
 # No `from __future__ import annotations`: DDP checks that the hook's
@@ -44,6 +51,11 @@ __all__ = [
     "allreduce_hook",
     "bf16_compress_hook",
     "fp16_compress_hook",
+    "register_fsdp_comms",
+    "register_hsdp_all_reduce",
+    "SwitchReduceScatter",
+    "SwitchAllGather",
+    "UnsupportedError",
 ]
 
 
@@ -66,21 +78,18 @@ class AggSwitchState:
         secret: str,
         rank: int | None = None,
         world_size: int | None = None,
+        *,
+        group: "dist.ProcessGroup | None" = None,
         **worker_options: Any,
     ) -> None:
-        if rank is None or world_size is None:
-            if not (dist.is_available() and dist.is_initialized()):
-                raise ValueError(
-                    "AggSwitchState: rank and world_size come from torch.distributed; "
-                    "call torch.distributed.init_process_group('gloo') first, or pass them"
-                )
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
+        # Rank and world size are taken when the state first joins, not here:
+        # trainers (Lightning) make the process group after the state.
         _check_secret(secret, "secret")
         self.switch = switch
         self.job = int(job)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
+        self._rank = None if rank is None else int(rank)
+        self._world_size = None if world_size is None else int(world_size)
+        self._group = group
         self._secret = secret
         self.dtype = str(worker_options.get("dtype", "f32"))
         self._options = worker_options
@@ -88,13 +97,43 @@ class AggSwitchState:
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"aggswitch-ddp-rank{self.rank}"
+            max_workers=1, thread_name_prefix=f"aggswitch-job{self.job}"
         )
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the job (resolved on first use)."""
+        return self._resolve()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The job's number of ranks (resolved on first use)."""
+        return self._resolve()[1]
+
+    def _resolve(self, group: "dist.ProcessGroup | None" = None) -> tuple[int, int]:
+        """Fixes rank and world size: the ones passed to the constructor,
+        else those of ``group`` (the constructor's, else the one a collective
+        runs on), else torch.distributed's. Once fixed they never change."""
+        with self._lock:
+            if self._rank is None or self._world_size is None:
+                g = self._group if self._group is not None else group
+                if g is None and not (dist.is_available() and dist.is_initialized()):
+                    raise ValueError(
+                        f"AggSwitchState(job={self.job}): rank and world_size come from "
+                        "torch.distributed when the state first joins; call "
+                        "torch.distributed.init_process_group('gloo') before the first "
+                        "backward, or pass rank= and world_size="
+                    )
+                if self._rank is None:
+                    self._rank = dist.get_rank(g) if g is not None else dist.get_rank()
+                if self._world_size is None:
+                    self._world_size = dist.get_world_size(g) if g is not None else dist.get_world_size()
+            return self._rank, self._world_size
 
     def __repr__(self) -> str:
         return (
-            f"AggSwitchState(switch={self.switch!r}, job={self.job}, rank={self.rank}, "
-            f"world_size={self.world_size}, dtype={self.dtype!r}, joined={self._worker is not None})"
+            f"AggSwitchState(switch={self.switch!r}, job={self.job}, rank={self._rank}, "
+            f"world_size={self._world_size}, dtype={self.dtype!r}, joined={self._worker is not None})"
         )
 
     def __getstate__(self) -> dict:
@@ -121,25 +160,36 @@ class AggSwitchState:
 
     def _reduce_sum(self, host: torch.Tensor) -> None:
         """On the background thread: join if needed, sum in place."""
+        self._joined().all_reduce(host)
+
+    def _joined(self, group: "dist.ProcessGroup | None" = None) -> Worker:
+        """The joined worker (joining on first use), or the error that ended
+        this state: after one failed collective the ranks are out of step."""
         if self._failure is not None:
             raise AggSwitchError(
-                f"job {self.job} rank {self.rank}: an earlier bucket failed "
+                f"job {self.job} rank {self._rank}: an earlier collective failed "
                 f"({self._failure}); the ranks are out of step, restart the job"
             )
+        if self._worker is None:
+            rank, world_size = self._resolve(group)
+            self._worker = Worker(
+                self.switch,
+                job=self.job,
+                rank=rank,
+                world_size=world_size,
+                secret=self._secret,
+                **self._options,
+            )
+        return self._worker
+
+    def _run(self, work: Callable[[], None]) -> None:
+        """Runs ``work`` (on the background thread); a failure is kept so
+        that every later collective of this state fails at once."""
         try:
-            if self._worker is None:
-                with self._lock:
-                    self._worker = Worker(
-                        self.switch,
-                        job=self.job,
-                        rank=self.rank,
-                        world_size=self.world_size,
-                        secret=self._secret,
-                        **self._options,
-                    )
-            self._worker.all_reduce(host)
+            work()
         except BaseException as e:
-            self._failure = e
+            if self._failure is None:
+                self._failure = e
             raise
 
 
@@ -156,19 +206,26 @@ def _env(name: str, what: str) -> str:
     return v
 
 
-def state_from_env(**worker_options: Any) -> AggSwitchState:
+def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_options: Any) -> AggSwitchState:
     """An ``AggSwitchState`` from the environment (see the module doc).
 
     Optional: ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
-    (seconds). Keyword arguments override them and go to ``aggswitch.Worker``.
-    Raises ``ValueError`` naming the variable that is missing or malformed.
+    (seconds). Keyword arguments override them: ``job`` overrides
+    ``AGGSWITCH_JOB``, ``job_offset`` is added to it (HSDP: the replica
+    group of shard g is job ``AGGSWITCH_JOB + g``), ``rank``,
+    ``world_size`` and ``group`` go to ``AggSwitchState``, the rest to
+    ``aggswitch.Worker``. Raises ``ValueError`` naming the variable that is
+    missing or malformed. Rank and world size are not read here but when the
+    state first joins, so the process group may be made later.
     """
     switch = _env("AGGSWITCH_SWITCH", "the switch's address[:port], e.g. 198.18.0.1:48879")
-    job_text = _env("AGGSWITCH_JOB", "the job id declared on the switch (1..65535)")
-    try:
-        job = int(job_text)
-    except ValueError:
-        raise ValueError(f"AGGSWITCH_JOB={job_text!r}: expected a job id (1..65535)") from None
+    if job is None:
+        job_text = _env("AGGSWITCH_JOB", "the job id declared on the switch (1..65535)")
+        try:
+            job = int(job_text)
+        except ValueError:
+            raise ValueError(f"AGGSWITCH_JOB={job_text!r}: expected a job id (1..65535)") from None
+    job += job_offset
     secret = os.environ.get("AGGSWITCH_SECRET", "").strip()
     if not secret:
         path = _env(
@@ -232,7 +289,7 @@ def _on_state_thread(
 
     def run() -> None:
         try:
-            work()
+            state._run(work)
             fut.set_result(tensor)
         except BaseException as e:  # handed to DDP, which raises it in backward()
             fut.set_exception(e)
@@ -288,3 +345,334 @@ def fp16_compress_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.
     """``bf16_compress_hook`` with IEEE float16; the state's job must be
     ``dtype="f16"``."""
     return _compress_hook(state, bucket, torch.float16, "f16", "fp16_compress_hook")
+
+
+# --- FSDP2 (fully_shard) ------------------------------------------------------
+#
+# FSDP2 hands every FSDPModule's gradient reduce-scatter and parameter
+# all-gather to a comm object (torch's ReduceScatter/AllGather interface). Ours
+# run the switch's collectives on the state's one background thread, so they
+# keep the order the ranks issue them in (the same on every rank) and queue
+# behind any DDP bucket of the same state. Nothing of the protocol is here: the
+# native Worker does the collectives; this layer checks what FSDP asks for,
+# lays the buffers out and divides for AVG.
+
+try:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGather
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
+
+    _FSDP_MISSING: str | None = None
+except ImportError as e:  # torch without FSDP2's custom comms
+    FSDPModule = None  # type: ignore[assignment,misc]
+    _AllGather = _ReduceScatter = object  # type: ignore[assignment,misc]
+    _FSDP_MISSING = f"this torch ({torch.__version__}) lacks FSDP2's custom comm API ({e}); FSDP through the switch needs FSDPModule.set_custom_reduce_scatter (torch 2.15 is tested)"
+
+_JOB_TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+class UnsupportedError(AggSwitchError, ValueError):
+    """FSDP asked for something the switch does not do (a reduce op other
+    than SUM or AVG, a reduce dtype other than the job's, native 2-D HSDP).
+    The message says what to change."""
+
+
+def _reduce_op(op: Any) -> str:
+    """"sum" or "avg" for FSDP's reduce op, else UnsupportedError."""
+    for name in ("SUM", "AVG"):
+        try:
+            if op == getattr(dist.ReduceOp, name):
+                return name.lower()
+        except (TypeError, RuntimeError):  # a PREMUL_SUM op object does not compare
+            pass
+    raise UnsupportedError(
+        f"aggswitch reduce-scatter: reduce op {op!r} is not supported; the switch sums "
+        "(ReduceOp.SUM) and averages (ReduceOp.AVG, FSDP's default). A gradient divide "
+        "factor (set_gradient_divide_factor) asks for PREMUL_SUM: call "
+        "module.set_force_sum_reduction_for_comms(True) as well, and FSDP divides itself"
+    )
+
+
+def _check_group(state: AggSwitchState, group: dist.ProcessGroup, what: str) -> int:
+    """The group's size, after checking that the state's job is this group:
+    one state (one job) per process group."""
+    rank, world_size = state._resolve(group)
+    n = group.size()
+    if (rank, world_size) != (group.rank(), n):
+        raise ValueError(
+            f"aggswitch {what}: the state's job {state.job} has this process as rank {rank} of "
+            f"{world_size}, but FSDP runs it on a group where it is rank {group.rank()} of {n}; "
+            "make one AggSwitchState (and one job on the switch) per FSDP process group"
+        )
+    return n
+
+
+class _StateWork(dist.Work):
+    """What FSDP waits on for an async collective: the state's future, then
+    ``finish`` on the waiting thread (in FSDP's stream context)."""
+
+    def __init__(self, fut: concurrent.futures.Future, finish: Callable[[], None] | None) -> None:
+        super().__init__()
+        self._fut = fut
+        self._finish = finish
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.result()  # raises the collective's error, e.g. StalledError
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self._fut.exception() is None
+
+
+def _submit(
+    state: AggSwitchState,
+    work: Callable[[], None],
+    async_op: bool,
+    finish: Callable[[], None] | None = None,
+) -> "dist.Work | None":
+    """Runs ``work`` (host tensors only) on the state's thread, then
+    ``finish`` (copies back to the device) on the caller's: at once, the
+    error raised here, or for ``async_op`` in the returned Work's wait().
+    Device copies stay on the caller's thread so that they run on the CUDA
+    stream FSDP set for the collective, ordered with its other work."""
+    fut = state._executor.submit(state._run, work)
+    if async_op:
+        return _StateWork(fut, finish)
+    fut.result()
+    if finish is not None:
+        finish()
+    return None
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when it is a contiguous CPU tensor, else a CPU copy (a
+    CUDA tensor is staged through host memory)."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.detach().to("cpu").contiguous()
+
+
+def _host_out(t: torch.Tensor) -> torch.Tensor:
+    """Where the native layer writes ``t``'s result: ``t`` itself, or host
+    memory copied into it by ``_copy_back``."""
+    if t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def _copy_back(host: torch.Tensor, t: torch.Tensor) -> "Callable[[], None] | None":
+    return None if host is t else (lambda: t.copy_(host))
+
+
+class SwitchReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
+    """FSDP2's gradient reduce-scatter through the switch: input n·m
+    elements, output this rank's m, summed in rank order by the switch
+    (bit-identical whatever the arrival order). For ``ReduceOp.AVG`` the sum
+    is then divided by n. The input's dtype (FSDP's reduce dtype,
+    ``MixedPrecisionPolicy.reduce_dtype``) must be the job's."""
+
+    def __init__(self, state: AggSwitchState) -> None:
+        self._state = state
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> "dist.Work | None":
+        state = self._state
+        kind = _reduce_op(op)
+        want = _JOB_TORCH_DTYPE[state.dtype]
+        if input_tensor.dtype != want or output_tensor.dtype != want:
+            raise UnsupportedError(
+                f"aggswitch reduce-scatter: FSDP reduces {input_tensor.dtype} but the job "
+                f"{state.job} is {state.dtype}; set MixedPrecisionPolicy(reduce_dtype={want}) "
+                f"or declare the job with the reduce dtype"
+            )
+        n = _check_group(state, group, "reduce-scatter")
+        if input_tensor.numel() != n * output_tensor.numel():
+            raise ValueError(
+                f"aggswitch reduce-scatter: input of {input_tensor.numel()} elements is not "
+                f"{n} shards of the output's {output_tensor.numel()}"
+            )
+
+        src, out = _host(input_tensor), _host_out(output_tensor)
+
+        def work() -> None:
+            state._joined(group).reduce_scatter(src, out)
+            if kind == "avg":
+                out.div_(n)
+
+        return _submit(state, work, async_op, _copy_back(out, output_tensor))
+
+
+class SwitchAllGather(_AllGather):  # type: ignore[misc,valid-type]
+    """FSDP2's parameter all-gather through the switch: input this rank's m
+    elements, output n·m (shard r from rank r). The switch copies bytes, so
+    the parameters' dtype (``MixedPrecisionPolicy.param_dtype``, or uint8 when
+    FSDP packs several dtypes) need not be the job's: each shard's bytes are
+    sent as whole job elements, padded at the end when they do not divide."""
+
+    def __init__(self, state: AggSwitchState) -> None:
+        self._state = state
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> "dist.Work | None":
+        state = self._state
+        n = _check_group(state, group, "all-gather")
+        if output_tensor.numel() != n * input_tensor.numel() or output_tensor.dtype != input_tensor.dtype:
+            raise ValueError(
+                f"aggswitch all-gather: output of {output_tensor.numel()} {output_tensor.dtype} is not "
+                f"{n} shards of the input's {input_tensor.numel()} {input_tensor.dtype}"
+            )
+        job_dtype = _JOB_TORCH_DTYPE[state.dtype]
+        elem = job_dtype.itemsize
+        nbytes = input_tensor.numel() * input_tensor.element_size()
+        padded = -(-nbytes // elem) * elem
+        # FSDP's input is a view into the output (in place): copy it out,
+        # the native layer must not read and write the same memory.
+        src = torch.zeros(padded, dtype=torch.uint8)
+        src[:nbytes].copy_(input_tensor.detach().reshape(-1).view(torch.uint8))
+        direct = padded == nbytes and output_tensor.device.type == "cpu" and output_tensor.is_contiguous()
+        if direct:
+            out = output_tensor.detach().reshape(-1).view(torch.uint8).view(job_dtype)
+        else:
+            out = torch.empty(n * padded // elem, dtype=job_dtype)
+
+        def work() -> None:
+            state._joined(group).all_gather(src.view(job_dtype), out)
+
+        def finish() -> None:
+            shards = out.view(torch.uint8).view(n, padded)[:, :nbytes]
+            output_tensor.view(torch.uint8).view(n, nbytes).copy_(shards)
+
+        return _submit(state, work, async_op, None if direct else finish)
+
+
+def _fsdp_modules(model: torch.nn.Module, what: str) -> list:
+    if _FSDP_MISSING is not None:
+        raise UnsupportedError(f"aggswitch {what}: {_FSDP_MISSING}")
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not mods:
+        raise ValueError(
+            f"aggswitch {what}: no FSDPModule in {type(model).__name__}; call "
+            "torch.distributed.fsdp.fully_shard on its blocks and on the model first"
+        )
+    return mods
+
+
+def _is_native_hsdp(module: Any) -> bool:
+    # FSDP2 keeps this in its param groups (private; a torch without it is
+    # taken as not HSDP). Native HSDP all-reduces across replicas on the
+    # process group itself, before any hook: it cannot go through the switch.
+    try:
+        groups = module._get_fsdp_state()._fsdp_param_groups
+    except AttributeError:
+        return False
+    return any(getattr(g, "_is_hsdp", False) for g in groups)
+
+
+def _refuse_native_hsdp(mods: list, what: str) -> None:
+    if any(_is_native_hsdp(m) for m in mods):
+        raise UnsupportedError(
+            f"aggswitch {what}: the model is sharded over a 2-D mesh (native HSDP), whose "
+            "replica all-reduce runs on the process group and cannot go through the switch; "
+            "shard it with fully_shard(..., mesh=mesh['shard']) and register "
+            "aggswitch.torch.register_hsdp_all_reduce(model, state) for the replicas"
+        )
+
+
+def register_fsdp_comms(
+    model: torch.nn.Module,
+    state: AggSwitchState,
+    *,
+    reduce_scatter: bool = True,
+    all_gather: bool = True,
+) -> None:
+    """Sends the gradient reduce-scatter and the parameter all-gather of
+    every FSDPModule in ``model`` (the root and each ``fully_shard``-ed
+    block) through the switch. Call it after ``fully_shard`` and before the
+    first forward. The state's job spans FSDP's process group (one rank per
+    member); its dtype must be FSDP's reduce dtype. Results are bit-identical
+    on every rank and from run to run.
+
+    Raises ``ValueError`` when ``model`` has no FSDPModule and
+    ``UnsupportedError`` for native 2-D HSDP (see ``register_hsdp_all_reduce``).
+    """
+    mods = _fsdp_modules(model, "register_fsdp_comms")
+    _refuse_native_hsdp(mods, "register_fsdp_comms")
+    rs, ag = SwitchReduceScatter(state), SwitchAllGather(state)
+    for m in mods:
+        if reduce_scatter:
+            m.set_custom_reduce_scatter(rs)
+        if all_gather:
+            m.set_custom_all_gather(ag)
+
+
+class _ReplicaAllReduce:
+    """FSDP's all-reduce hook for HSDP: the reduce-scatter output (this
+    rank's gradient shard, averaged over its shard group) averaged over the
+    replicas, summed in the switch."""
+
+    def __init__(self, state: AggSwitchState) -> None:
+        self._state = state
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        state = self._state
+        want = _JOB_TORCH_DTYPE[state.dtype]
+        if reduce_output.dtype != want:
+            raise UnsupportedError(
+                f"aggswitch HSDP all-reduce: FSDP reduces {reduce_output.dtype} but the job "
+                f"{state.job} is {state.dtype}; set MixedPrecisionPolicy(reduce_dtype={want}) "
+                "or declare the job with the reduce dtype"
+            )
+        replicas = state.world_size
+        host = _host(reduce_output)
+
+        def work() -> None:
+            state._joined().all_reduce(host)
+            host.div_(replicas)
+
+        _submit(state, work, False, _copy_back(host, reduce_output))
+
+
+def register_hsdp_all_reduce(model: torch.nn.Module, state: AggSwitchState) -> None:
+    """HSDP through the switch: each gradient shard is averaged across the
+    replicas (the nodes) by an all-reduce in the switch, set as every
+    FSDPModule's all-reduce hook. Shard the model within a node with
+    ``fully_shard(..., mesh=mesh["shard"])`` (a 1-D mesh; start every
+    replica from the same weights) and make the state's job the replica
+    group of this rank's shard: ``rank``/``world_size`` (or ``group=``) its
+    replicate group's, one job per shard index (``job=base + shard_rank``).
+    The reduce-scatter within a node stays on the process group unless
+    ``register_fsdp_comms`` is called too (with another job).
+    """
+    mods = _fsdp_modules(model, "register_hsdp_all_reduce")
+    _refuse_native_hsdp(mods, "register_hsdp_all_reduce")
+    if state._group is None and (state._rank is None or state._world_size is None):
+        raise ValueError(
+            "aggswitch register_hsdp_all_reduce: the state's job is the replica group, not the "
+            "world; make it with group=mesh['replicate'].get_group() (or rank= and world_size=)"
+        )
+    hook = _ReplicaAllReduce(state)
+    for m in mods:
+        m.set_all_reduce_hook(hook)

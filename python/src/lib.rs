@@ -58,6 +58,11 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         WorkerError::Refused { reason, .. } => {
             py_error(py, "RefusedError", (msg, reason_name(reason)))
         }
+        WorkerError::KindNotSupported { .. } => py_error(
+            py,
+            "RefusedError",
+            (msg, reason_name(NackReason::KindNotSupported)),
+        ),
         WorkerError::JoinTimeout { .. } => py_error(py, "JoinTimeoutError", (msg,)),
         WorkerError::Stalled {
             collective,
@@ -83,7 +88,10 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         | WorkerError::Handshake { .. }
         | WorkerError::JoinAck { .. }
         | WorkerError::MacNeedsNewJoin { .. } => py_error(py, "ProtocolError", (msg,)),
-        WorkerError::TensorTooLong { .. } => PyValueError::new_err(msg),
+        WorkerError::TensorTooLong { .. }
+        | WorkerError::WrongLength { .. }
+        | WorkerError::NotWholeElements { .. }
+        | WorkerError::BadRoot { .. } => PyValueError::new_err(msg),
         WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }
 }
@@ -176,66 +184,201 @@ fn expected_buffer(d: Dtype) -> &'static str {
     }
 }
 
+/// Which collective a native call runs on its buffers.
+#[derive(Clone, Copy)]
+enum Call {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast(u16),
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce => "all_reduce",
+            Call::ReduceScatter => "reduce_scatter",
+            Call::AllGather => "all_gather",
+            Call::Broadcast(_) => "broadcast",
+        }
+    }
+}
+
+/// The byte range a buffer view covers, to refuse overlapping input and
+/// output (the library reads one while it writes the other).
+fn byte_range<B: pyo3::buffer::Element>(v: &PyBuffer<B>) -> std::ops::Range<usize> {
+    let start = v.buf_ptr() as usize;
+    start..start + v.len_bytes()
+}
+
 impl PyWorker {
-    /// `all_reduce` of a buffer whose items are `B` (what Python exports:
-    /// float32, or uint16 for half-precision bits), reduced as `T`.
-    fn reduce_as<B: pyo3::buffer::Element, T: Element + Send>(
+    /// A buffer view of items `B` (what Python exports: float32, or uint16
+    /// for half-precision bits), checked for what `call` needs of its
+    /// `role` ("buffer", "input" or "output"): C-contiguous, and writable
+    /// when `writable`.
+    fn view<B: pyo3::buffer::Element>(
         &self,
-        py: Python<'_>,
+        call: Call,
+        role: &str,
         buf: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+        writable: bool,
+    ) -> PyResult<PyBuffer<B>> {
+        let call = call.name();
         let want = expected_buffer(self.dtype);
         let view = PyBuffer::<B>::get(buf).map_err(|e| {
             PyTypeError::new_err(format!(
-                "all_reduce: this worker's job is {}: expected {want}, got {}: {e}",
+                "{call}: this worker's job is {}: expected {want} as the {role}, got {}: {e}",
                 self.dtype,
                 type_name(buf)
             ))
         })?;
-        if view.readonly() {
+        if writable && view.readonly() {
             return Err(PyValueError::new_err(format!(
-                "all_reduce: the {} is read-only; the result is written in place, \
+                "{call}: the {role} ({}) is read-only; the result is written into it, \
                  pass a writable buffer",
                 type_name(buf)
             )));
         }
         if !view.is_c_contiguous() {
             return Err(PyValueError::new_err(format!(
-                "all_reduce: the {} is not C-contiguous; pass a contiguous copy \
+                "{call}: the {role} ({}) is not C-contiguous; pass a contiguous copy \
                  (numpy.ascontiguousarray or tensor.contiguous()) and copy the result back",
                 type_name(buf)
             )));
         }
+        Ok(view)
+    }
+
+    /// The memory of `view` as `T`s.
+    ///
+    /// # Safety
+    /// `view` is C-contiguous (checked by [`PyWorker::view`]) and, for a
+    /// mutable use, writable; the slice must not outlive it (the lifetime
+    /// ties them) nor alias another slice made here.
+    unsafe fn elems<'v, B: pyo3::buffer::Element, T: Element>(
+        &self,
+        call: Call,
+        view: &'v mut PyBuffer<B>,
+    ) -> PyResult<&'v mut [T]> {
         let len = view.len_bytes();
-        let data: &mut [T] = if len == 0 {
-            &mut []
-        } else {
-            // SAFETY: the view is writable and C-contiguous, so its `len`
-            // bytes from buf_ptr() are one initialised block; it stays alive
-            // (so the exporter keeps the memory) until this function returns,
-            // after the collective; no other reference is made here.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), len) };
-            // PyBuffer::get already checked the format, item size and
-            // alignment; bytemuck checks size and alignment again for the
-            // cast instead of trusting that.
-            bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
-                PyValueError::new_err(format!(
-                    "all_reduce: the {}'s memory is not {want} ({e}); pass a contiguous copy",
-                    type_name(buf)
-                ))
-            })?
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: per the contract, `len` bytes from buf_ptr() are one
+        // initialised block the exporter keeps while the view lives.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), len) };
+        // PyBuffer::get already checked the format, item size and
+        // alignment; bytemuck checks size and alignment again for the cast
+        // instead of trusting that.
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| {
+            PyValueError::new_err(format!(
+                "{}: the buffer's memory is not {} ({e}); pass a contiguous copy",
+                call.name(),
+                expected_buffer(self.dtype)
+            ))
+        })
+    }
+
+    /// Runs `call` with the GIL released on a buffer whose items are `B`,
+    /// reduced as `T`: `buf` in place (all_reduce, broadcast), or from
+    /// `buf` into `out` (reduce_scatter, all_gather).
+    fn run_as<B: pyo3::buffer::Element, T: Element + Send>(
+        &self,
+        py: Python<'_>,
+        call: Call,
+        buf: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let in_place = out.is_none();
+        let role = if in_place { "buffer" } else { "input" };
+        // A broadcast's root only reads its buffer; every other in-place
+        // call writes it.
+        let writes_buf = in_place && !matches!(call, Call::Broadcast(r) if r == self.rank);
+        let mut in_view = self.view::<B>(call, role, buf, writes_buf)?;
+        let mut out_view = match out {
+            Some(o) => Some(self.view::<B>(call, "output", o, true)?),
+            None => None,
+        };
+        if let Some(ov) = &out_view {
+            let (a, b) = (byte_range(&in_view), byte_range(ov));
+            if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
+                return Err(PyValueError::new_err(format!(
+                    "{}: the input and the output share memory; pass separate buffers",
+                    call.name()
+                )));
+            }
+        }
+        // SAFETY: both views were checked by `view` (the one written is
+        // writable), live until this function returns (after the
+        // collective), and do not overlap (checked above).
+        let data: &mut [T] = unsafe { self.elems(call, &mut in_view)? };
+        let output: Option<&mut [T]> = match &mut out_view {
+            // SAFETY: as above.
+            Some(ov) => Some(unsafe { self.elems(call, ov)? }),
+            None => None,
         };
         let r = py.detach(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let w = guard.as_mut()?;
-            let r = w.all_reduce(data);
+            let r = match (call, output) {
+                (Call::AllReduce, _) => w.all_reduce(data),
+                (Call::Broadcast(root), _) => w.broadcast(root, data),
+                (Call::ReduceScatter, Some(o)) => w.reduce_scatter(data, o),
+                (Call::AllGather, Some(o)) => w.all_gather(data, o),
+                (_, None) => unreachable!("reduce_scatter and all_gather pass an output"),
+            };
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
             Some(r)
         });
-        drop(view);
+        drop(in_view);
+        drop(out_view);
         match r {
             None => Err(self.closed_error(py)),
             Some(r) => r.map_err(|e| map_err(py, e)),
+        }
+    }
+
+    /// A C-contiguous buffer of bytes (format "B") for `all_gather_bytes`.
+    fn byte_view(
+        &self,
+        role: &str,
+        buf: &Bound<'_, PyAny>,
+        writable: bool,
+    ) -> PyResult<PyBuffer<u8>> {
+        let view = PyBuffer::<u8>::get(buf).map_err(|e| {
+            PyTypeError::new_err(format!(
+                "all_gather_bytes: expected a buffer of bytes (format \"B\", e.g. \
+                 memoryview(x).cast(\"B\")) as the {role}, got {}: {e}",
+                type_name(buf)
+            ))
+        })?;
+        if writable && view.readonly() {
+            return Err(PyValueError::new_err(format!(
+                "all_gather_bytes: the {role} ({}) is read-only; pass a writable buffer",
+                type_name(buf)
+            )));
+        }
+        if !view.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!(
+                "all_gather_bytes: the {role} ({}) is not C-contiguous; pass a contiguous copy",
+                type_name(buf)
+            )));
+        }
+        Ok(view)
+    }
+
+    /// [`PyWorker::run_as`] with the job's buffer item and element types.
+    fn run(
+        &self,
+        py: Python<'_>,
+        call: Call,
+        buf: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        match self.dtype {
+            Dtype::F32 => self.run_as::<f32, f32>(py, call, buf, out),
+            Dtype::Bf16 => self.run_as::<u16, half::bf16>(py, call, buf, out),
+            Dtype::F16 => self.run_as::<u16, half::f16>(py, call, buf, out),
         }
     }
 
@@ -320,11 +463,84 @@ impl PyWorker {
     /// and hold float32 for an f32 job, uint16 (the elements' bits) for a
     /// bf16 or f16 job. Blocks (with the GIL released) until the result is in.
     fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
-        match self.dtype {
-            Dtype::F32 => self.reduce_as::<f32, f32>(py, buf),
-            Dtype::Bf16 => self.reduce_as::<u16, half::bf16>(py, buf),
-            Dtype::F16 => self.reduce_as::<u16, half::f16>(py, buf),
+        self.run(py, Call::AllReduce, buf, None)
+    }
+
+    /// Reduce-scatter: `input` holds world_size shards of m elements;
+    /// `output` (m elements) gets this rank's shard of the sum over every
+    /// rank. The sum only: divide by world_size for an average. Buffers as
+    /// for `all_reduce` (`input` may be read-only), not overlapping.
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.run(py, Call::ReduceScatter, input, Some(output))
+    }
+
+    /// All-gather: `output` (world_size × m elements) gets every rank's
+    /// `input` (m elements), rank r's at r × m, bit for bit.
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.run(py, Call::AllGather, input, Some(output))
+    }
+
+    /// All-gather of raw bytes (`input` this rank's shard, `output`
+    /// world_size times as long): whole elements of the job's size are
+    /// copied without looking at them, so e.g. float32 parameters go
+    /// through a bf16 job.
+    fn all_gather_bytes(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let mut iv = self.byte_view("input", input, false)?;
+        let mut ov = self.byte_view("output", output, true)?;
+        let (a, b) = (byte_range(&iv), byte_range(&ov));
+        if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
+            return Err(PyValueError::new_err(
+                "all_gather_bytes: the input and the output share memory; pass separate buffers",
+            ));
         }
+        let bytes = |v: &mut PyBuffer<u8>| -> &mut [u8] {
+            match v.len_bytes() {
+                0 => &mut [],
+                // SAFETY: checked C-contiguous (and the output writable) by
+                // byte_view; the views live until this function returns,
+                // after the collective, and do not overlap (checked above).
+                n => unsafe { std::slice::from_raw_parts_mut(v.buf_ptr().cast::<u8>(), n) },
+            }
+        };
+        let (src, dst) = (bytes(&mut iv), bytes(&mut ov));
+        let r = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let w = guard.as_mut()?;
+            let r = w.all_gather_bytes(src, dst);
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
+            Some(r)
+        });
+        drop((iv, ov));
+        match r {
+            None => Err(self.closed_error(py)),
+            Some(r) => r.map_err(|e| map_err(py, e)),
+        }
+    }
+
+    /// Broadcast: every rank's `buf` becomes rank `root`'s, bit for bit.
+    fn broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: i64) -> PyResult<()> {
+        let root = u16::try_from(root).map_err(|_| {
+            PyValueError::new_err(format!(
+                "broadcast: root {root} out of range: ranks are 0..{}",
+                self.world_size
+            ))
+        })?;
+        self.run(py, Call::Broadcast(root), buf, None)
     }
 
     /// The worker library's counters as of the last completed collective.
@@ -344,6 +560,7 @@ impl PyWorker {
         d.set_item("probes_sent", s.probes_sent)?;
         d.set_item("spoofed_triggers", s.spoofed_triggers)?;
         d.set_item("bad_length_results", s.bad_length_results)?;
+        d.set_item("mismatched_results", s.mismatched_results)?;
         d.set_item("bad_tag_results", s.bad_tag_results)?;
         d.set_item("bad_tag_join_acks", s.bad_tag_join_acks)?;
         d.set_item("window", s.window)?;

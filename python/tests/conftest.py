@@ -1,8 +1,13 @@
 """Shared fixtures: a loopback stand-in switch (aggswitch.LoopbackSwitch, the
 same proto job table switchd runs) so these tests need no root or XDP."""
 
+import importlib.util
+import multiprocessing
 import os
+import queue
+import socket
 import threading
+import time
 
 import pytest
 
@@ -60,3 +65,49 @@ def require_torch():
             pytest.fail("torch is not installed in the project venv; run scripts/setup.sh")
         pytest.skip("torch is not installed (scripts/setup.sh installs it)")
     return torch
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_CTX = multiprocessing.get_context("forkserver")
+# Ranks are forks of a forkserver that imported torch (and Lightning) once:
+# about 4 s of imports saved per rank.
+_CTX.set_forkserver_preload(
+    ["torch", "torch.distributed.fsdp", "aggswitch.torch"]
+    + (["lightning.pytorch"] if importlib.util.find_spec("lightning") else [])
+)
+
+
+def launch(target, world, *args, timeout=120.0):
+    """Starts target(rank, world, port, *args, q) in `world` processes (a
+    gloo rendezvous on 127.0.0.1:port) and returns the `world` dicts they
+    put on the queue q, in arrival order. Fails at once when a rank dies
+    with an error (its traceback is in the captured stderr)."""
+    q = _CTX.Queue()
+    port = free_port()
+    procs = [_CTX.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got, deadline = [], time.monotonic() + timeout
+    try:
+        while len(got) < world:
+            try:
+                got.append(q.get(timeout=0.5))
+                continue
+            except queue.Empty:
+                pass
+            codes = [p.exitcode for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                pytest.fail(f"a rank failed (exit codes {codes}; its traceback is in the captured stderr)")
+            if time.monotonic() > deadline:
+                pytest.fail(f"ranks did not report within {timeout} s (exit codes {codes})")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return got

@@ -72,7 +72,7 @@ def test_a_failed_bucket_fails_the_backward_with_the_library_message(process_gro
     ddp.register_comm_hook(state, agt.allreduce_hook)
     with pytest.raises(Exception, match="no JOIN_ACK"):
         ddp(torch.zeros(3, 4)).sum().backward()
-    with pytest.raises(Exception, match="earlier bucket failed"):
+    with pytest.raises(Exception, match="earlier collective failed"):
         ddp(torch.zeros(3, 4)).sum().backward()
     state.close()
 
@@ -111,10 +111,27 @@ def test_state_from_env_reads_secret_file_and_rank(monkeypatch, process_group, t
     state.close()
 
 
-def test_state_needs_a_process_group():
+def test_state_made_before_the_process_group_takes_rank_and_world_on_first_use(switch):
+    # Lightning makes the process group inside fit(), after the strategy and
+    # its hook state: nothing is read from torch.distributed until it joins.
     assert not dist.is_initialized()
+    state = agt.AggSwitchState("127.0.0.1:48879", job=1, secret=SECRET)
+    assert "rank=None" in repr(state)
     with pytest.raises(ValueError, match="init_process_group"):
-        agt.AggSwitchState("127.0.0.1:48879", job=1, secret=SECRET)
+        state.world_size
+    sw = switch(1)
+    state = agt.AggSwitchState(sw.address, job=1, secret=SECRET)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(state, agt.allreduce_hook)
+        ddp(torch.ones(3, 4)).sum().backward()
+        assert (state.rank, state.world_size) == (0, 1)
+        assert state.stats()["collectives"] == 1
+        state.close()
+    finally:
+        dist.destroy_process_group()
 
 
 class _Bucket:

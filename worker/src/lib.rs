@@ -1,6 +1,10 @@
 //! The worker library: join a job on the aggregation switch, then
-//! `all_reduce(&mut [T])` as many times as the training loop needs, `T` the
-//! job's element type ([`Element`]: f32, bf16 or f16).
+//! `all_reduce(&mut [T])`, `reduce_scatter(&[T], &mut [T])`,
+//! `all_gather(&[T], &mut [T])` or `broadcast(root, &mut [T])` as many times
+//! as the training loop needs, `T` the job's element type ([`Element`]: f32,
+//! bf16 or f16). Every kind runs through the same loop (window, resends,
+//! ECE, stall errors, re-join); `proto::worker::Shape` says which chunks
+//! carry values each way (docs/PROTOCOL.md, "Collective kinds").
 //!
 //! Owns: one UDP socket connected to the switch, the job session (switch
 //! generation, pool size, chunk size, next seq and collective id) and the
@@ -10,8 +14,11 @@
 //! dtype), so one drive loop serves every element type: DATA payloads are
 //! slices of them and RESULT payloads are copied back as they came.
 //!
-//! The protocol logic lives in `proto::worker` (sans-IO); this is the thin
-//! I/O shell around it: build datagrams, send, poll, receive, feed results.
+//! The protocol logic lives in proto (sans-IO): `proto::session` decides the
+//! membership (join, NACKs, rejoin, probes, heartbeats, the stall) and
+//! `proto::worker` a collective's chunks, window and resends; this is the
+//! thin I/O shell around them: build DATA, send, poll, receive, copy
+//! results.
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 //!
@@ -35,15 +42,14 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 pub use proto::handshake::JoinAckError;
-use proto::handshake::{ChallengeError, Handshake, JoinParams, ProbeAnswer, SessionGuard};
+use proto::handshake::{ChallengeError, JoinParams};
 use proto::seq::serial_offset;
+use proto::session::{Event as SessionEvent, SessionConfig, SessionError, WorkerSession};
 pub use proto::tag::AuthMode;
 use proto::tag::{PacketKey, TAG_LEN};
-use proto::wire::{
-    flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN, OP_SUM,
-    SECRET_LEN,
-};
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+pub use proto::wire::Kind;
+use proto::wire::{flags, Dtype, HeaderRepr, MsgType, NackReason, HEADER_LEN, OP_SUM, SECRET_LEN};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, Shape, TransportConfig};
 
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
@@ -233,6 +239,35 @@ fn refusal_hint(reason: &NackReason, n_workers: u16, dtype: Dtype) -> String {
     }
 }
 
+/// What `call`'s lengths count.
+fn unit(call: &str) -> &'static str {
+    if call.ends_with("_bytes") {
+        "bytes"
+    } else {
+        "elements"
+    }
+}
+
+/// What a [`WorkerError::WrongLength`] asks for.
+fn length_rule(call: &str, input: usize, n: u16) -> String {
+    let n_us = usize::from(n);
+    match call {
+        "reduce_scatter" if !input.is_multiple_of(n_us) => format!(
+            "the input must be n × m elements (n = {n} ranks), and {input} is not a multiple of {n}"
+        ),
+        "reduce_scatter" => format!(
+            "the input must be n × the output (n = {n} ranks): pass an output of {} elements",
+            input / n_us
+        ),
+        "all_gather" | "all_gather_bytes" => format!(
+            "the output must be n × the input (n = {n} ranks): pass an output of {} {}",
+            input.saturating_mul(n_us),
+            unit(call)
+        ),
+        _ => format!("every rank passes the same length (n = {n} ranks)"),
+    }
+}
+
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -254,15 +289,56 @@ pub enum WorkerError {
         dtype: Dtype,
     },
     #[error(
-        "job {job} rank {rank}: all_reduce of {tensor} elements, but the worker joined the job \
+        "job {job} rank {rank}: {call} of {tensor} elements, but the worker joined the job \
          as {joined} (pass a tensor of {joined}, or join with dtype {tensor})"
     )]
     WrongDtype {
         job: u16,
         rank: u16,
+        /// The method called: "all_reduce", "reduce_scatter", ...
+        call: &'static str,
         tensor: Dtype,
         joined: Dtype,
     },
+    #[error(
+        "job {job} rank {rank}: {call} with an input of {input} and an output of {output} \
+         {}: {}",
+        unit(call),
+        length_rule(call, *input, *n)
+    )]
+    WrongLength {
+        job: u16,
+        rank: u16,
+        call: &'static str,
+        input: usize,
+        output: usize,
+        /// Ranks in the job.
+        n: u16,
+    },
+    #[error(
+        "job {job} rank {rank}: all_gather_bytes of {bytes} bytes, which is not a whole number \
+         of the job's {dtype} elements ({} bytes each)",
+        dtype.size()
+    )]
+    NotWholeElements {
+        job: u16,
+        rank: u16,
+        bytes: usize,
+        dtype: Dtype,
+    },
+    #[error("job {job} rank {rank}: broadcast from root {root}, but the job's ranks are 0..{n}")]
+    BadRoot {
+        job: u16,
+        rank: u16,
+        root: u16,
+        n: u16,
+    },
+    #[error(
+        "job {job} rank {rank}: the switch refused a {kind} (NACK 10, collective kind not \
+         supported): reduce-scatter, all-gather and broadcast need a job on a single switch, \
+         not an aggregation tree; declare the job on one switch, or use all_reduce"
+    )]
+    KindNotSupported { job: u16, rank: u16, kind: Kind },
     #[error(
         "job {job} rank {rank}: no JOIN_ACK from switch {switch} within {waited:?}: \
          is switchd running with job {job} declared, and have all {n} ranks started?"
@@ -362,6 +438,9 @@ pub struct WorkerStats {
     /// RESULTs whose payload was not `count` elements of the job's dtype
     /// (ignored).
     pub bad_length_results: u64,
+    /// RESULTs of another collective kind than the chunk's, or with values
+    /// where this rank was due a NOVAL RESULT (or the reverse): ignored.
+    pub mismatched_results: u64,
     /// In an `auth = "mac"` job: RESULTs whose tag did not verify under the
     /// activation's RESULT key (ignored, never written to the tensor).
     pub bad_tag_results: u64,
@@ -395,12 +474,10 @@ enum Event {
 pub struct Worker {
     cfg: WorkerConfig,
     sock: UdpSocket,
-    /// The join handshake (docs/PROTOCOL.md, "Joining"); its last
-    /// CHALLENGE is what LEAVE's MAC covers.
-    hs: Handshake,
-    /// The session of the last JOIN_ACK: what a NACK must verify under to
-    /// end or reset a collective, and the probe.
-    guard: Option<SessionGuard>,
+    /// The membership (docs/PROTOCOL.md, "Joining" and "Sessions"): it
+    /// decides what each message from the switch means and which control
+    /// messages go; the fields below mirror its last JOIN_ACK.
+    session: WorkerSession,
     gen: u32,
     pool_slots: u16,
     elems_per_chunk: u16,
@@ -416,6 +493,8 @@ pub struct Worker {
     prev_input: Vec<u8>,
     prev_first_seq: u32,
     prev_collective: Option<u32>,
+    /// The previous collective's shape (what `prev_input` holds).
+    prev_shape: Shape,
     buf: Vec<u8>,
     rx: Vec<u8>,
     /// DATA queued for one `sendmmsg`, RESULTs from one `recvmmsg`.
@@ -432,20 +511,16 @@ pub struct Worker {
     stats: WorkerStats,
     /// What the switch said the stalled seq waits for (HEARTBEAT reply).
     missing: Option<(u32, Waiting)>,
-    /// The job's auth mode and, in an `auth = "mac"` job, the keys of this
-    /// membership (from the last authenticated JOIN_ACK).
+    /// The job's auth mode and, in an `auth = "mac"` job, the key of this
+    /// membership's DATA (from the last authenticated JOIN_ACK; the session
+    /// checks RESULT tags).
     auth: AuthMode,
     data_key: Option<PacketKey>,
-    result_key: Option<PacketKey>,
     /// A collective of an `auth = "mac"` job failed: its (seq, collective)
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
     data_key_spent: bool,
 }
-
-/// After this long without progress a worker asks the switch (HEARTBEAT)
-/// which ranks the oldest chunk waits for, and again this often.
-const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
 fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
     move |source| WorkerError::Io {
@@ -497,9 +572,12 @@ impl Worker {
             ip: local.ip().octets(),
             port: local.port(),
         };
+        let session_cfg = SessionConfig {
+            join_timeout: cfg.join_timeout,
+            stall_timeout: cfg.stall_timeout,
+        };
         let mut w = Worker {
-            hs: Handshake::new(params, rand::random()),
-            guard: None,
+            session: WorkerSession::new(params, session_cfg, rand::random()),
             sock,
             gen: 0,
             pool_slots: 1,
@@ -513,6 +591,7 @@ impl Worker {
             prev_input: Vec::new(),
             prev_first_seq: 0,
             prev_collective: None,
+            prev_shape: Shape::all_reduce(0),
             buf: vec![0u8; 9216],
             rx: vec![0u8; 9216],
             txb: DatagramBatch::new(mmsg::BATCH, mmsg::SLOT),
@@ -525,7 +604,6 @@ impl Worker {
             missing: None,
             auth: AuthMode::Port,
             data_key: None,
-            result_key: None,
             data_key_spent: false,
             cfg,
         };
@@ -617,6 +695,15 @@ impl Worker {
     }
     pub fn stats(&self) -> WorkerStats {
         let mut s = self.stats;
+        let ss = self.session.stats();
+        s.rejoins = ss.rejoins;
+        s.nacks = ss.nacks;
+        s.unauthenticated_dropped = ss.unauthenticated_dropped;
+        s.probes_sent = ss.probes_sent;
+        s.spoofed_triggers = ss.spoofed_triggers;
+        s.bad_length_results = ss.bad_length_results;
+        s.bad_tag_results = ss.bad_tag_results;
+        s.bad_tag_join_acks = ss.bad_tag_join_acks;
         s.window = self.window();
         s.alpha = self.cc.alpha();
         s.srtt_us = self.rtt.srtt().map_or(0, |d| d.as_micros() as u64);
@@ -684,142 +771,100 @@ impl Worker {
         }
     }
 
-    /// Sends the handshake's next message: a HELLO until a CHALLENGE came,
-    /// then the JOIN for resume point (`collective`, `seq`).
-    fn send_join_step(&mut self, collective: u32, seq: u32) -> Result<(), WorkerError> {
-        let len = if self.hs.challenged() {
-            self.hs.emit_join(collective, seq, &mut self.buf)
-        } else {
-            self.hs.emit_hello(&mut self.buf).ok()
-        };
-        let len = len.expect("buffer holds a HELLO or JOIN");
-        if self.probe_gso {
-            return self.probe_gso(len);
+    /// Sends the control messages the session has now (HELLO, JOIN, probe,
+    /// HEARTBEAT); the join's first HELLO is the GSO probe.
+    fn send_control(&mut self, now: Instant) -> Result<(), WorkerError> {
+        while let Some(t) = self.session.poll_transmit(now) {
+            let len = t.bytes().len();
+            self.buf[..len].copy_from_slice(t.bytes());
+            if self.probe_gso && t.msg_type == MsgType::Hello && !t.probe {
+                self.probe_gso(len)?;
+            } else {
+                self.send(len)?;
+            }
         }
-        self.send(len)
+        Ok(())
     }
 
     /// Joins (HELLO → CHALLENGE → JOIN, each repeated until answered) until
     /// a JOIN_ACK; returns the resume point.
     fn join_round(&mut self, collective: u32, seq: u32) -> Result<(u32, u32), WorkerError> {
-        let start = Instant::now();
-        let mut next_send = start;
-        self.hs.restart(rand::random());
+        self.session.start_join(collective, seq, Instant::now());
         loop {
             let now = Instant::now();
-            if now.duration_since(start) > self.cfg.join_timeout {
-                return Err(WorkerError::JoinTimeout {
-                    job: self.cfg.job,
-                    rank: self.cfg.rank,
-                    n: self.cfg.n_workers,
-                    switch: self.cfg.switch,
-                    waited: self.cfg.join_timeout,
-                });
+            if let Some(ev) = self.session.handle_timeout(now) {
+                if let Some(resume) = self.on_join_event(ev)? {
+                    return Ok(resume);
+                }
             }
-            if now >= next_send {
-                self.send_join_step(collective, seq)?;
-                next_send = now + Duration::from_millis(200);
-            }
+            self.send_control(now)?;
             let Some(n) = self.recv()? else {
-                wait_readable(self.sock.as_raw_fd(), next_send - now);
+                let until = self
+                    .session
+                    .poll_timeout()
+                    .map_or(Duration::from_millis(50), |d| {
+                        d.saturating_duration_since(now)
+                    });
+                wait_readable(self.sock.as_raw_fd(), until);
                 continue;
             };
-            let Ok(h) = Header::new_checked(&self.rx[..n]) else {
-                continue;
-            };
-            let Ok(r) = HeaderRepr::parse(&h) else {
-                continue;
-            };
-            if r.job != self.cfg.job || r.rank != self.cfg.rank {
-                continue;
+            if let Some(ev) = self.session.handle(&self.rx[..n], Instant::now()) {
+                if let Some(resume) = self.on_join_event(ev)? {
+                    return Ok(resume);
+                }
             }
-            match r.msg_type {
-                MsgType::Challenge if !self.hs.challenged() => {
-                    match self.hs.on_challenge(&r, h.payload()) {
-                        Ok(()) => next_send = now,
-                        Err(e @ ChallengeError::AddressMismatch { .. }) => {
-                            return Err(WorkerError::Handshake {
-                                job: self.cfg.job,
-                                rank: self.cfg.rank,
-                                source: e,
-                            })
-                        }
-                        Err(_) => {}
-                    }
-                }
-                MsgType::JoinAck if self.hs.gen() == Some(r.gen) => {
-                    let ack = match self.hs.on_join_ack(&r, h.payload()) {
-                        Ok(a) => a,
-                        Err(JoinAckError::BadTag) => {
-                            self.stats.bad_tag_join_acks += 1;
-                            continue;
-                        }
-                        Err(e @ JoinAckError::UnknownAuth(_)) => {
-                            return Err(WorkerError::JoinAck {
-                                job: self.cfg.job,
-                                rank: self.cfg.rank,
-                                source: e,
-                            })
-                        }
-                        Err(_) => continue,
-                    };
-                    self.auth = ack.auth;
-                    self.data_key = ack.data_key;
-                    self.result_key = ack.result_key;
-                    let guard = ack.session;
-                    let ack = ack.payload;
-                    if ack.elems_per_chunk == 0 || !ack.pool_slots.is_power_of_two() {
-                        return Err(WorkerError::BadJoinAck {
-                            job: self.cfg.job,
-                            elems: ack.elems_per_chunk,
-                            slots: ack.pool_slots,
-                        });
-                    }
-                    let first = self.gen == 0;
-                    self.gen = r.gen;
-                    self.guard = Some(guard);
-                    self.pool_slots = ack.pool_slots;
-                    self.elems_per_chunk = ack.elems_per_chunk;
-                    self.advertised_window = r.window.clamp(1, ack.pool_slots);
-                    let ceiling = self.pool_slots.min(self.advertised_window);
-                    // The first JOIN_ACK tells the ceiling: open the window
-                    // there; a re-join keeps what DCTCP has learnt.
-                    if first {
-                        self.cc.reset(&self.cfg.transport, ceiling);
-                    } else {
-                        self.cc.set_ceiling(ceiling);
-                    }
-                    tracing::debug!(
-                        job = self.cfg.job,
-                        rank = self.cfg.rank,
-                        gen = r.gen,
-                        resume_collective = r.collective,
-                        resume_seq = r.seq,
-                        "joined"
-                    );
-                    return Ok((r.collective, r.seq));
-                }
-                MsgType::Nack => {
-                    self.stats.nacks += 1;
-                    let Ok(nack) = NackPayload::parse(h.payload()) else {
-                        continue;
-                    };
-                    if !self.hs.nack_is_ours(&nack) {
-                        // Left over from before, or not for us.
-                        continue;
-                    }
-                    match nack.reason {
-                        // The switch restarted or our nonce aged: start over.
-                        NackReason::StaleNonce | NackReason::StaleGeneration => {
-                            self.hs.restart(rand::random());
-                            next_send = now;
-                        }
-                        NackReason::JobNotActive => {}
-                        reason => return Err(self.refused(reason)),
-                    }
-                }
-                _ => {}
+        }
+    }
+
+    /// What the session said while joining: the resume point once joined.
+    fn on_join_event(&mut self, ev: SessionEvent) -> Result<Option<(u32, u32)>, WorkerError> {
+        let j = match ev {
+            SessionEvent::Joined(j) => j,
+            SessionEvent::Failed(e) => return Err(self.session_failed(e)),
+            _ => return Ok(None),
+        };
+        self.gen = j.gen;
+        self.pool_slots = j.pool_slots;
+        self.elems_per_chunk = j.elems_per_chunk;
+        self.advertised_window = j.window;
+        self.auth = j.auth;
+        self.data_key = j.data_key;
+        let ceiling = self.pool_slots.min(self.advertised_window);
+        // The first JOIN_ACK tells the ceiling: open the window there; a
+        // re-join keeps what DCTCP has learnt.
+        if j.first {
+            self.cc.reset(&self.cfg.transport, ceiling);
+        } else {
+            self.cc.set_ceiling(ceiling);
+        }
+        tracing::debug!(
+            job = self.cfg.job,
+            rank = self.cfg.rank,
+            gen = j.gen,
+            resume_collective = j.collective,
+            resume_seq = j.seq,
+            "joined"
+        );
+        Ok(Some((j.collective, j.seq)))
+    }
+
+    /// The error of a session that cannot go on.
+    fn session_failed(&self, e: SessionError) -> WorkerError {
+        let (job, rank) = (self.cfg.job, self.cfg.rank);
+        match e {
+            SessionError::Refused(reason) => self.refused(reason),
+            SessionError::Handshake(source) => WorkerError::Handshake { job, rank, source },
+            SessionError::JoinAck(source) => WorkerError::JoinAck { job, rank, source },
+            SessionError::BadJoinAck { elems, slots } => {
+                WorkerError::BadJoinAck { job, elems, slots }
             }
+            SessionError::JoinTimeout(waited) => WorkerError::JoinTimeout {
+                job,
+                rank,
+                n: self.cfg.n_workers,
+                switch: self.cfg.switch,
+                waited,
+            },
         }
     }
 
@@ -851,21 +896,145 @@ impl Worker {
     /// summed in float32 and rounded once by the switch). `T` must be the
     /// dtype the worker joined with.
     pub fn all_reduce<T: Element>(&mut self, data: &mut [T]) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("all_reduce")?;
+        let shape = Shape::all_reduce(data.len());
+        self.run_shape(shape, None, bytemuck::cast_slice_mut(data))
+    }
+
+    /// Reduce-scatter: `input` holds n shards of m elements (n the job's
+    /// ranks), shard r for rank r; `output` (m elements) gets this rank's
+    /// shard of the element-wise sum over every rank, bit-identical to what
+    /// [`Worker::all_reduce`] gives for those elements. Only the sum: an
+    /// average (FSDP's default) is the caller's division by n, after this
+    /// returns (aggswitch.torch divides), so every rank divides the same
+    /// bits the same way. Every rank calls it with the same lengths.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("reduce_scatter")?;
+        let n = self.cfg.n_workers;
+        if input.len() != output.len().saturating_mul(n.into()) {
+            return Err(self.wrong_length("reduce_scatter", input.len(), output.len()));
+        }
+        let shape = Shape::reduce_scatter(self.cfg.rank, n, output.len());
+        self.run_shape(
+            shape,
+            Some(bytemuck::cast_slice(input)),
+            bytemuck::cast_slice_mut(output),
+        )
+    }
+
+    /// All-gather: `output` (n·m elements) gets every rank's `input` (m
+    /// elements), rank r's at `r·m`, bit for bit (the switch copies whole
+    /// elements of the job's size, never converting them). This rank's own
+    /// shard is copied locally. Every rank calls it with the same lengths.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("all_gather")?;
+        let n = self.cfg.n_workers;
+        if output.len() != input.len().saturating_mul(n.into()) {
+            return Err(self.wrong_length("all_gather", input.len(), output.len()));
+        }
+        self.gather(
+            input.len(),
+            bytemuck::cast_slice(input),
+            bytemuck::cast_slice_mut(output),
+        )
+    }
+
+    /// [`Worker::all_gather`] of raw bytes: the switch copies elements of
+    /// the job's size without looking at them, so any data whose length is
+    /// a whole number of them can be gathered, e.g. float32 parameters
+    /// through a bf16 job (FSDP's mixed precision: parameters gathered in
+    /// their own dtype, gradients reduced in the job's). `input` is this
+    /// rank's shard, `output` n times its length.
+    pub fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), WorkerError> {
+        let size = self.cfg.dtype.size();
+        if !input.len().is_multiple_of(size) {
+            return Err(WorkerError::NotWholeElements {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+                bytes: input.len(),
+                dtype: self.cfg.dtype,
+            });
+        }
+        if output.len() != input.len().saturating_mul(self.cfg.n_workers.into()) {
+            return Err(self.wrong_length("all_gather_bytes", input.len(), output.len()));
+        }
+        self.gather(input.len() / size, input, output)
+    }
+
+    /// All-gather of shards of `m` elements given as wire bytes, lengths
+    /// already checked.
+    fn gather(&mut self, m: usize, input: &[u8], output: &mut [u8]) -> Result<(), WorkerError> {
+        let own = usize::from(self.cfg.rank) * input.len();
+        output[own..own + input.len()].copy_from_slice(input);
+        let shape = Shape::all_gather(self.cfg.rank, self.cfg.n_workers, m);
+        self.run_shape(shape, Some(input), output)
+    }
+
+    /// Broadcast: every rank's `data` becomes `root`'s, bit for bit (an
+    /// all-gather whose every chunk `root` owns). Every rank calls it with
+    /// the same root and length.
+    pub fn broadcast<T: Element>(&mut self, root: u16, data: &mut [T]) -> Result<(), WorkerError> {
+        self.check_dtype::<T>("broadcast")?;
+        if root >= self.cfg.n_workers {
+            return Err(WorkerError::BadRoot {
+                job: self.cfg.job,
+                rank: self.cfg.rank,
+                root,
+                n: self.cfg.n_workers,
+            });
+        }
+        let shape = Shape::broadcast(self.cfg.rank, root, data.len());
+        let data: &mut [u8] = bytemuck::cast_slice_mut(data);
+        if root == self.cfg.rank {
+            // The root's tensor is only read: it is the input, and its
+            // output is empty.
+            return self.run_shape(shape, Some(data), &mut []);
+        }
+        self.run_shape(shape, Some(&[]), data)
+    }
+
+    fn check_dtype<T: Element>(&self, call: &'static str) -> Result<(), WorkerError> {
         if T::DTYPE != self.cfg.dtype {
             return Err(WorkerError::WrongDtype {
                 job: self.cfg.job,
                 rank: self.cfg.rank,
+                call,
                 tensor: T::DTYPE,
                 joined: self.cfg.dtype,
             });
         }
-        let len = data.len();
-        self.all_reduce_bytes(bytemuck::cast_slice_mut(data), len)
+        Ok(())
     }
 
-    /// [`Worker::all_reduce`] of `len` elements of the job's dtype, given as
-    /// their little-endian bytes.
-    fn all_reduce_bytes(&mut self, data: &mut [u8], len: usize) -> Result<(), WorkerError> {
+    fn wrong_length(&self, call: &'static str, input: usize, output: usize) -> WorkerError {
+        WorkerError::WrongLength {
+            job: self.cfg.job,
+            rank: self.cfg.rank,
+            call,
+            input,
+            output,
+            n: self.cfg.n_workers,
+        }
+    }
+
+    /// Runs one collective of `shape` over wire bytes: `input` (None: the
+    /// output is also the input, as in an all-reduce) is kept for resends,
+    /// RESULT values are copied into `out`.
+    fn run_shape(
+        &mut self,
+        shape: Shape,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), WorkerError> {
+        let len = shape.layout_len();
         let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
@@ -878,14 +1047,14 @@ impl Worker {
         }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
-        let mut input = std::mem::take(&mut self.input);
-        input.clear();
-        input.extend_from_slice(data);
-        let mut cur = Collective::new(collective, first_seq, len, self.elems_per_chunk);
-        let result = self.run_collective(&mut cur, &input, data);
+        let mut kept = std::mem::take(&mut self.input);
+        kept.clear();
+        kept.extend_from_slice(input.unwrap_or(out));
+        let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk);
+        let result = self.run_collective(&mut cur, &kept, out);
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
-        self.input = std::mem::replace(&mut self.prev_input, input);
+        self.input = std::mem::replace(&mut self.prev_input, kept);
         if result.is_err() && self.auth == AuthMode::Mac {
             // The next call would tag other data under the same (seq,
             // collective) and key: a GMAC nonce used twice gives its key
@@ -896,6 +1065,7 @@ impl Worker {
         result?;
         self.prev_first_seq = first_seq;
         self.prev_collective = Some(collective);
+        self.prev_shape = shape;
         self.next_seq = cur.end_seq();
         self.next_collective = collective.wrapping_add(1);
         self.stats.collectives += 1;
@@ -938,8 +1108,12 @@ impl Worker {
     fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
         let prev = std::mem::take(&mut self.prev_input);
         let c = self.prev_collective.unwrap_or(0);
-        let elems = prev.len() / self.cfg.dtype.size();
-        let mut coll = Collective::new(c, self.prev_first_seq, elems, self.elems_per_chunk);
+        let mut coll = Collective::with_shape(
+            c,
+            self.prev_first_seq,
+            self.prev_shape,
+            self.elems_per_chunk,
+        );
         coll.restart_from(seq);
         let r = loop {
             match self.drive(&mut coll, &prev, None) {
@@ -971,7 +1145,6 @@ impl Worker {
     ) -> Result<Event, WorkerError> {
         let size = self.cfg.dtype.size();
         let tcfg = self.cfg.transport;
-        let mut last_heartbeat: Option<Instant> = None;
         self.missing = None;
         while !coll.is_complete() {
             let mut progressed = false;
@@ -1000,24 +1173,17 @@ impl Worker {
             let burst = self.burst.update(coll.stats.resent, coll.stats.results);
             self.txb.set_max_segments(burst);
             while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
-                let mut h = HeaderRepr::new(MsgType::Data, self.cfg.job);
-                h.rank = self.cfg.rank;
-                h.count = t.count;
-                h.seq = t.seq;
-                h.collective = coll.collective();
-                h.gen = self.gen;
-                if t.last {
-                    h.flags |= flags::LAST;
-                }
-                if t.retx {
-                    h.flags |= flags::RETX;
-                }
+                // Kind, owner and NOVAL as the chunk's shape says.
+                let h = self.session.data_header(&t, coll.collective());
                 if self.txb.is_full() {
                     self.flush_tx()?;
                 }
                 let slot = self.txb.next_slot().expect("flushed when full");
                 h.emit_to(slot).expect("slot holds a header");
-                let bytes = &input[t.offset * size..(t.offset + t.count as usize) * size];
+                let bytes = match t.values {
+                    Some(at) => &input[at * size..(at + t.count as usize) * size],
+                    None => &[],
+                };
                 let end = HEADER_LEN + bytes.len();
                 slot[HEADER_LEN..end].copy_from_slice(bytes);
                 let len = match &self.data_key {
@@ -1036,8 +1202,14 @@ impl Worker {
             }
             let now = Instant::now();
             let since = coll.last_progress().unwrap_or(now);
-            let seq = coll.oldest_unacked_seq();
-            if now.duration_since(since) > self.cfg.stall_timeout {
+            self.session
+                .track(coll.collective(), coll.oldest_unacked_seq(), Some(since));
+            if let Some(SessionEvent::Stalled {
+                collective,
+                seq,
+                waited,
+            }) = self.session.handle_timeout(now)
+            {
                 // What the switch last said about this very seq.
                 let (missing, upstream) = match self.missing.take().filter(|(s, _)| *s == seq) {
                     Some((_, Waiting::Ranks(r))) => (Some(r), None),
@@ -1047,19 +1219,15 @@ impl Worker {
                 return Err(WorkerError::Stalled {
                     job: self.cfg.job,
                     rank: self.cfg.rank,
-                    collective: coll.collective(),
+                    collective,
                     seq,
-                    waited: self.cfg.stall_timeout,
+                    waited,
                     missing,
                     upstream,
                 });
             }
-            if now.duration_since(since) > HEARTBEAT_EVERY
-                && last_heartbeat.is_none_or(|t| now.duration_since(t) > HEARTBEAT_EVERY)
-            {
-                self.send_heartbeat(seq)?;
-                last_heartbeat = Some(now);
-            }
+            // A HEARTBEAT, when the session wants one.
+            self.send_control(now)?;
             if !progressed {
                 let until = coll.next_timeout().map_or(Duration::from_millis(50), |d| {
                     d.saturating_duration_since(now)
@@ -1090,105 +1258,57 @@ impl Worker {
         coll: &mut Collective,
         out: Option<&mut [u8]>,
     ) -> Result<Option<Event>, WorkerError> {
-        let Ok(h) = Header::new_checked(self.rxb.get(i)) else {
-            return Ok(None);
-        };
-        let Ok(r) = HeaderRepr::parse(&h) else {
-            return Ok(None);
-        };
-        if r.job != self.cfg.job {
-            return Ok(None);
-        }
-        let rejoin = match r.msg_type {
-            // Not from this session's switch (a restarted switch sends no
-            // RESULT to a non-member): ask whether it restarted.
-            MsgType::Result if r.gen != self.gen => {
-                self.unauthenticated()?;
-                false
-            }
-            MsgType::Result
-                if h.payload().len()
-                    != self.cfg.dtype.payload_len(r.count) + self.auth.tag_len() =>
-            {
-                self.stats.bad_length_results += 1;
-                false
-            }
-            MsgType::Result
-                if self.result_key.as_ref().is_some_and(|k| {
-                    let (values, tag) = h.payload().split_at(self.cfg.dtype.payload_len(r.count));
-                    !k.verify(&r, values, tag)
-                }) =>
-            {
-                self.stats.bad_tag_results += 1;
-                false
-            }
-            MsgType::Result => {
+        let now = Instant::now();
+        let ev = self.session.handle(self.rxb.get(i), now);
+        // A probe, if the datagram made the session ask the switch.
+        self.send_control(now)?;
+        let rejoin = match ev {
+            None => false,
+            Some(SessionEvent::Result { header: r, values }) => {
                 if r.window != 0 {
                     self.advertised_window = r.window.clamp(1, self.pool_slots);
                     self.cc
                         .set_ceiling(self.pool_slots.min(self.advertised_window));
                 }
-                let ece = r.has_flag(flags::ECE);
-                let outcome = coll.on_result(
-                    r.seq,
-                    r.count,
-                    ece,
-                    Instant::now(),
-                    &mut self.rtt,
-                    &mut self.cc,
-                );
-                if let (ResultOutcome::Fresh { offset, count, .. }, Some(out)) = (outcome, out) {
-                    let size = self.cfg.dtype.size();
-                    let n = count as usize * size;
-                    out[offset * size..offset * size + n].copy_from_slice(&h.payload()[..n]);
-                }
-                false
-            }
-            MsgType::Heartbeat if r.gen == self.gen => {
-                self.missing = Some((r.seq, Waiting::parse(&r, h.payload())));
-                false
-            }
-            MsgType::Nack => {
-                self.stats.nacks += 1;
-                let Ok(nack) = NackPayload::parse(h.payload()) else {
-                    return Ok(None);
-                };
-                let authentic = self
-                    .guard
-                    .as_ref()
-                    .is_some_and(|g| g.nack_is_authentic(h.header_bytes(), &nack));
-                if !authentic {
-                    // Anyone on the path could have sent it: ask the switch.
-                    self.unauthenticated()?;
-                    return Ok(None);
-                }
-                match nack.reason {
-                    NackReason::JobNotActive | NackReason::StaleGeneration => true,
-                    // Answers to an earlier join attempt.
-                    NackReason::StaleNonce => false,
-                    reason => return Err(self.refused(reason)),
-                }
-            }
-            MsgType::Challenge if r.rank == self.cfg.rank => {
-                let answer = self
-                    .guard
-                    .as_mut()
-                    .map_or(ProbeAnswer::NotOurs, |g| g.on_challenge(&r, h.payload()));
-                match answer {
-                    ProbeAnswer::Restarted { .. } => true,
-                    ProbeAnswer::SameGeneration => {
-                        self.stats.spoofed_triggers += 1;
-                        false
+                let outcome = coll.on_result_header(&r, now, &mut self.rtt, &mut self.cc);
+                match (outcome, out) {
+                    (
+                        ResultOutcome::Fresh {
+                            into: Some(at),
+                            count,
+                            ..
+                        },
+                        Some(out),
+                    ) => {
+                        let size = self.cfg.dtype.size();
+                        let n = count as usize * size;
+                        out[at * size..at * size + n]
+                            .copy_from_slice(&self.rxb.get(i)[values][..n]);
                     }
-                    ProbeAnswer::NotOurs => false,
+                    (ResultOutcome::ShapeMismatch { .. }, _) => self.stats.mismatched_results += 1,
+                    _ => {}
                 }
+                false
             }
-            _ => false,
+            Some(SessionEvent::Waiting { header, payload }) => {
+                let w = Waiting::parse(&header, &self.rxb.get(i)[payload]);
+                self.missing = Some((header.seq, w));
+                false
+            }
+            Some(SessionEvent::SessionLost(_)) => true,
+            Some(SessionEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
+                return Err(WorkerError::KindNotSupported {
+                    job: self.cfg.job,
+                    rank: self.cfg.rank,
+                    kind: coll.shape().kind(),
+                })
+            }
+            Some(SessionEvent::Failed(e)) => return Err(self.session_failed(e)),
+            Some(_) => false,
         };
         if !rejoin {
             return Ok(None);
         }
-        self.stats.rejoins += 1;
         tracing::info!(
             job = self.cfg.job,
             rank = self.cfg.rank,
@@ -1205,39 +1325,10 @@ impl Worker {
         }))
     }
 
-    /// An unauthenticated NACK or a RESULT of another generation arrived:
-    /// count it and probe (at most one per `PROBE_EVERY`), so that a real
-    /// switch restart is still noticed.
-    fn unauthenticated(&mut self) -> Result<(), WorkerError> {
-        self.stats.unauthenticated_dropped += 1;
-        let Some(nonce) = self
-            .guard
-            .as_mut()
-            .and_then(|g| g.probe(Instant::now(), rand::random()))
-        else {
-            return Ok(());
-        };
-        self.stats.probes_sent += 1;
-        let len = self
-            .hs
-            .emit_hello_with(nonce, &mut self.buf)
-            .expect("buffer holds a HELLO");
-        self.send(len)
-    }
-
-    fn send_heartbeat(&mut self, seq: u32) -> Result<(), WorkerError> {
-        let mut h = HeaderRepr::new(MsgType::Heartbeat, self.cfg.job);
-        h.rank = self.cfg.rank;
-        h.seq = seq;
-        h.gen = self.gen;
-        h.emit_to(&mut self.buf).expect("buffer holds a header");
-        self.send(HEADER_LEN)
-    }
-
     /// Tells the switch this rank is done (best effort; the LEAVE carries a
     /// MAC over the accepted JOIN's nonce, so nobody else can send it).
     pub fn leave(mut self) -> Result<(), WorkerError> {
-        match self.hs.emit_leave(&mut self.buf) {
+        match self.session.emit_leave(&mut self.buf) {
             Some(len) => self.send(len),
             None => Ok(()),
         }

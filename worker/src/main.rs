@@ -11,6 +11,11 @@
 //!   against the tree-order sum over all leaves).
 //!   `--transport auto|mmsg|udp-gso` picks the UDP data path (see the
 //!   library's docs); the report says which one ran.
+//!   `--collective reduce-scatter|all-gather` runs that kind instead
+//!   (`--elements` is then the whole n·m tensor: the reduce-scatter's input,
+//!   the all-gather's output); `--verify` checks every output element: the
+//!   rank's shard of the rank-order sum, or every rank's pattern copied bit
+//!   for bit.
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
 //!
@@ -25,11 +30,31 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
-use proto::reference::{expected_sum_dtype, expected_tree_sum_dtype, pattern, tree_global_rank};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use proto::reference::{
+    expected_sum_dtype, expected_tree_sum_dtype, pattern, pattern_dtype, tree_global_rank,
+};
 use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
-use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError};
+use worker::{Element, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
+
+/// `--collective`: which collective the iterations run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CollectiveArg {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl CollectiveArg {
+    fn kind(self) -> Kind {
+        match self {
+            CollectiveArg::AllReduce => Kind::AllReduce,
+            CollectiveArg::ReduceScatter => Kind::ReduceScatter,
+            CollectiveArg::AllGather => Kind::AllGather,
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -96,9 +121,17 @@ struct JobArgs {
 struct AllreduceArgs {
     #[command(flatten)]
     job: JobArgs,
-    /// Elements (of --dtype) per tensor.
+    /// Elements (of --dtype) per tensor. For reduce-scatter and all-gather
+    /// the whole tensor of n shards (a multiple of --workers): the
+    /// reduce-scatter's input, the all-gather's output.
     #[arg(long)]
     elements: usize,
+    /// The collective to run: all-reduce, reduce-scatter (each rank gets
+    /// its shard of the sum) or all-gather (each rank gets every rank's
+    /// shard). Reduce-scatter and all-gather need a job on one switch, not
+    /// an aggregation tree.
+    #[arg(long, value_enum, default_value = "all-reduce")]
+    collective: CollectiveArg,
     /// Number of all-reduces in a row.
     #[arg(long, default_value_t = 1)]
     iterations: u32,
@@ -268,6 +301,8 @@ struct Report {
     rank: u16,
     workers: u16,
     dtype: &'static str,
+    /// "all-reduce", "reduce-scatter" or "all-gather".
+    collective: &'static str,
     elements: usize,
     iterations: u32,
     seconds: f64,
@@ -340,8 +375,41 @@ struct Outcome {
     machine_cpu: [f64; 2],
 }
 
-/// Runs the all-reduces on a tensor of `T`: `pattern_rank`'s pattern
-/// (rounded to `T`), checked against `expected` with `--verify`.
+/// Lengths of a rank's input and output for `--collective` over a whole
+/// tensor of `elements` (n·m for reduce-scatter and all-gather).
+fn io_lengths(kind: Kind, elements: usize, n: u16) -> Result<(usize, usize)> {
+    if kind != Kind::AllReduce && !elements.is_multiple_of(n.into()) {
+        bail!(
+            "--elements {elements} is not a multiple of --workers {n}: {kind} needs n shards of \
+             the same length (try --elements {})",
+            elements.next_multiple_of(n.into())
+        );
+    }
+    Ok(match kind {
+        Kind::AllReduce => (elements, elements),
+        Kind::ReduceScatter => (elements, elements / usize::from(n)),
+        Kind::AllGather => (elements / usize::from(n), elements),
+    })
+}
+
+/// One collective of `kind`: an all-reduce in place in `input`, else from
+/// `input` into `output`.
+fn run_one<T: CliElement>(
+    w: &mut Worker,
+    kind: Kind,
+    input: &mut [T],
+    output: &mut [T],
+) -> Result<(), WorkerError> {
+    match kind {
+        Kind::AllReduce => w.all_reduce(input),
+        Kind::ReduceScatter => w.reduce_scatter(input, output),
+        Kind::AllGather => w.all_gather(input, output),
+    }
+}
+
+/// Runs the collectives on tensors of `T`: the input is `pattern_rank`'s
+/// pattern (rounded to `T`), every output element checked against
+/// `expected` with `--verify`.
 fn iterate<T: CliElement>(
     w: &mut Worker,
     a: &AllreduceArgs,
@@ -349,18 +417,25 @@ fn iterate<T: CliElement>(
     expected: &dyn Fn(u32, usize) -> f32,
     what: &str,
 ) -> Result<Outcome> {
+    let kind = a.collective.kind();
+    let (in_len, out_len) = io_lengths(kind, a.elements, a.job.target.workers)?;
     let fill = |it: u32, out: &mut [T]| {
         for (i, v) in out.iter_mut().enumerate() {
             *v = T::from_f32(pattern(pattern_rank, it, i));
         }
     };
-    let mut data = vec![T::from_f32(0.0); a.elements];
+    let mut data = vec![T::from_f32(0.0); in_len];
+    let mut output = if kind == Kind::AllReduce {
+        Vec::new()
+    } else {
+        vec![T::from_f32(0.0); out_len]
+    };
     fill(0, &mut data);
     // Untimed, as MPI benchmarks warm up: the first all-reduces pay for
     // page faults on the library's buffers and the window's slow start.
     for it in 0..a.warmup {
-        w.all_reduce(&mut data)
-            .with_context(|| format!("warm-up all-reduce {it} of {what}"))?;
+        run_one(w, kind, &mut data, &mut output)
+            .with_context(|| format!("warm-up {kind} {it} of {what}"))?;
     }
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
@@ -377,14 +452,19 @@ fn iterate<T: CliElement>(
             machine_cpu[0] = machine_busy_cpu_seconds()?;
         }
         let t = Instant::now();
-        w.all_reduce(&mut data)
-            .with_context(|| format!("all-reduce {it} of {what}"))?;
+        run_one(w, kind, &mut data, &mut output)
+            .with_context(|| format!("{kind} {it} of {what}"))?;
         busy += t.elapsed();
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
         }
         if a.verify {
-            for (i, v) in data.iter().enumerate() {
+            let got = if kind == Kind::AllReduce {
+                &data
+            } else {
+                &output
+            };
+            for (i, v) in got.iter().enumerate() {
                 let (got, want) = (v.to_f32(), expected(it, i));
                 if got.to_bits() != want.to_bits() {
                     if mismatches < 10 {
@@ -419,12 +499,25 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     cfg.transport.window_override = a.window_override;
     cfg.transport_kind = a.transport;
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
+    let kind = a.collective.kind();
+    // Refuse a bad --elements before joining (the other ranks would wait).
+    let (_, out_len) = io_lengths(kind, a.elements, n)?;
     // In a tree the pattern is the global rank's, and the reference the
-    // tree-order sum over every leaf; otherwise the rank-order sum.
+    // tree-order sum over every leaf; otherwise the rank-order sum. A
+    // reduce-scatter's output is this rank's shard of that sum; an
+    // all-gather's, shard r is rank r's pattern (in a tree the switch
+    // refuses both: NACK 10).
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
-    let expected = |it: u32, i: usize| match &tree {
-        Some(t) => expected_tree_sum_dtype(dtype, &t.sizes, it, i),
-        None => expected_sum_dtype(dtype, n, it, i),
+    let expected = |it: u32, i: usize| match (kind, &tree) {
+        (Kind::ReduceScatter, _) => {
+            expected_sum_dtype(dtype, n, it, usize::from(rank) * out_len + i)
+        }
+        (Kind::AllGather, _) => {
+            let m = out_len / usize::from(n);
+            pattern_dtype(dtype, (i / m) as u16, it, i % m)
+        }
+        (Kind::AllReduce, Some(t)) => expected_tree_sum_dtype(dtype, &t.sizes, it, i),
+        (Kind::AllReduce, None) => expected_sum_dtype(dtype, n, it, i),
     };
     let (who, reference) = match &tree {
         Some(t) => (
@@ -435,6 +528,11 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
             "tree-order sum",
         ),
         None => (format!("rank {rank}"), "rank-order sum"),
+    };
+    let reference = match kind {
+        Kind::AllReduce => reference,
+        Kind::ReduceScatter => "rank's shard of the rank-order sum",
+        Kind::AllGather => "ranks' inputs",
     };
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let what = format!("job {job} ({who})");
@@ -448,13 +546,18 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         Dtype::F16 => iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &what)?,
     };
     let stats = w.stats();
-    let chunks_per_coll = a.elements.div_ceil(w.elems_per_chunk() as usize) as f64;
+    // Reduce-scatter and all-gather cut each of the n shards into chunks.
+    let shards = if kind == Kind::AllReduce { 1 } else { n };
+    let shard = a.elements / usize::from(shards);
+    let chunks_per_coll =
+        (usize::from(shards) * shard.div_ceil(w.elems_per_chunk() as usize)) as f64;
     let secs = busy.as_secs_f64().max(1e-9);
     let report = Report {
         job,
         rank,
         workers: n,
         dtype: dtype.name(),
+        collective: kind.name(),
         elements: a.elements,
         iterations: a.iterations,
         seconds: secs,
@@ -479,7 +582,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "job {job} {who}: {} x {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, resent {}, verified: {}",
+            "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, resent {}, verified: {}",
             a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport,
             stats.chunks_resent,
             if a.verify { if mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
@@ -623,6 +726,44 @@ mod tests {
             a.job.rank,
             a.job.target.workers,
         )
+    }
+
+    #[test]
+    fn collective_flag_takes_the_three_kinds_and_refuses_others_naming_them() {
+        assert_eq!(
+            allreduce_args(&[]).unwrap().collective,
+            CollectiveArg::AllReduce
+        );
+        for (name, kind) in [
+            ("all-reduce", Kind::AllReduce),
+            ("reduce-scatter", Kind::ReduceScatter),
+            ("all-gather", Kind::AllGather),
+        ] {
+            let a = allreduce_args(&["--collective", name]).unwrap();
+            assert_eq!(a.collective.kind(), kind);
+            // The report and errors use the same names.
+            assert_eq!(kind.name(), name);
+        }
+        let e = allreduce_args(&["--collective", "allgather"])
+            .err()
+            .expect("an unknown collective is refused")
+            .to_string();
+        for want in ["allgather", "all-reduce", "reduce-scatter", "all-gather"] {
+            assert!(e.contains(want), "{want:?} missing from: {e}");
+        }
+    }
+
+    #[test]
+    fn sharded_collectives_split_elements_into_n_shards() {
+        assert_eq!(io_lengths(Kind::AllReduce, 10, 3).unwrap(), (10, 10));
+        assert_eq!(io_lengths(Kind::ReduceScatter, 12, 3).unwrap(), (12, 4));
+        assert_eq!(io_lengths(Kind::AllGather, 12, 3).unwrap(), (4, 12));
+        let e = format!("{:#}", io_lengths(Kind::AllGather, 10, 4).unwrap_err());
+        assert_eq!(
+            e,
+            "--elements 10 is not a multiple of --workers 4: all-gather needs n shards of \
+             the same length (try --elements 12)"
+        );
     }
 
     #[test]

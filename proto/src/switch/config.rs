@@ -253,10 +253,10 @@ impl JobConfig {
         let bitmaps = slots * 2 * n.div_ceil(64) * 8;
         let members = n * 192;
         // An auth = "mac" job also keeps per rank a DATA key (an AES-GCM key
-        // schedule) and per slot its RESULT's tag.
+        // schedule) and per slot its RESULT's tags (with values, and NOVAL).
         let mac = match self.auth {
             AuthMode::Port => 0,
-            AuthMode::Mac => n * MAC_BYTES_PER_RANK + slots * 32,
+            AuthMode::Mac => n * MAC_BYTES_PER_RANK + slots * 48,
         };
         floats * 4 + bitmaps + members + slots * 64 + mac
     }

@@ -113,10 +113,19 @@ pub enum DropReason {
     /// An `auth = "mac"` job's DATA whose tag does not verify under the
     /// member's DATA key: never summed.
     BadTag,
+    /// A DATA whose kind, owner or `count` differs from what its seq's
+    /// first DATA named (a reduce-scatter or all-gather; an all-reduce's
+    /// other count is `CountMismatch`), whose owner is not a rank, or that
+    /// carries values where its kind wants none or none where it wants
+    /// them (docs/PROTOCOL.md, "Collective kinds").
+    KindMismatch,
+    /// A reduce-scatter or all-gather DATA to a leaf or a spine: trees
+    /// serve all-reduce alone (answered with NACK 10).
+    KindNotSupported,
 }
 
 impl DropReason {
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 18;
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::Duplicate,
         DropReason::Stale,
@@ -134,6 +143,8 @@ impl DropReason {
         DropReason::PayloadLength,
         DropReason::WrongPort,
         DropReason::BadTag,
+        DropReason::KindMismatch,
+        DropReason::KindNotSupported,
     ];
 
     /// Stable name, for counters and metrics.
@@ -155,6 +166,8 @@ impl DropReason {
             DropReason::PayloadLength => "payload_length",
             DropReason::WrongPort => "wrong_port",
             DropReason::BadTag => "bad_tag",
+            DropReason::KindMismatch => "kind_mismatch",
+            DropReason::KindNotSupported => "kind_not_supported",
         }
     }
 }

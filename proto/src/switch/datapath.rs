@@ -37,7 +37,7 @@ use super::config::Endpoint;
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
 use super::job::DataOutcome;
-use crate::wire::{flags, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
+use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
 
 /// The jobs the data path serves, by id (sorted: a handful, binary-searched).
 type JobList = Vec<(u16, Arc<JobCore>)>;
@@ -151,6 +151,9 @@ pub(super) struct Admission {
     pub(super) fast: bool,
     /// The engine epoch this snapshot was made for.
     pub(super) epoch: u32,
+    /// Kinds other than all-reduce are served (false on a spine: its
+    /// members are leaves, and trees serve all-reduce alone).
+    pub(super) kinds: bool,
     /// Per rank, its bound member while the job is active.
     pub(super) members: Box<[Option<Endpoint>]>,
 }
@@ -189,8 +192,10 @@ impl JobCore {
     }
 
     /// The RESULT of `seq` for `rank`: its header (`window`: the job's, or
-    /// the one a mac job's tag covers) and the shadow, read-locked (no
-    /// completion overwrites it while held).
+    /// the one a mac job's tag covers; the chunk's kind, and `NOVAL` when
+    /// the kind gives `rank` no values) and the shadow, read-locked (no
+    /// completion overwrites it while held), as `rank` gets it: without
+    /// values in a NOVAL RESULT.
     pub fn result_for(
         &self,
         seq: u32,
@@ -199,9 +204,12 @@ impl JobCore {
         gen: u32,
         window: u16,
     ) -> Option<(HeaderRepr, ResultRef<'_>)> {
-        let res = self.engine.result(seq)?;
+        let res = self.engine.result(seq)?.for_rank(rank);
         let sh = res.shadow();
-        let mut f = 0;
+        let mut f = sh.kind.flag_bits();
+        if res.no_values() {
+            f |= flags::NOVAL;
+        }
         if sh.ece {
             f |= flags::ECE;
         }
@@ -225,6 +233,12 @@ impl JobCore {
     /// Publishes who may send DATA now (the table, after a change).
     pub(super) fn admit(&self, a: Admission) {
         self.admission.store(Arc::new(a));
+    }
+
+    /// Whether the job serves kinds other than all-reduce, as of the last
+    /// admission snapshot ([`super::Job::serves_kinds`]).
+    pub fn serves_kinds(&self) -> bool {
+        self.admission.load().kinds
     }
 
     /// Calls `f(rank, endpoint)` for every member of the active job, in
@@ -255,7 +269,16 @@ impl JobCore {
         if bound.is_none_or(|b| b.source != from.source || b.port_idx != from.port_idx) {
             return Fast::Slow;
         }
-        if hdr.count > self.elems_per_chunk || payload.len() != self.dtype.payload_len(hdr.count) {
+        let len = if hdr.no_values() {
+            0
+        } else {
+            self.dtype.payload_len(hdr.count)
+        };
+        if hdr.count > self.elems_per_chunk || payload.len() != len {
+            return Fast::Slow;
+        }
+        if hdr.kind() != Kind::AllReduce && !a.kinds {
+            // A spine: the table refuses it (NACK 10, rate-limited).
             return Fast::Slow;
         }
         match self.take(thread, hdr, payload, ce, a.epoch) {
@@ -286,6 +309,9 @@ impl JobCore {
             rank: hdr.rank,
             collective: hdr.collective,
             count: hdr.count,
+            kind: hdr.kind(),
+            owner: hdr.owner(),
+            noval: hdr.no_values(),
             values,
             ce,
         };

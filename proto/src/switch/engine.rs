@@ -43,7 +43,7 @@ use std::collections::TryReserveError;
 use super::counters::DropReason;
 use crate::elements;
 use crate::seq::serial_offset;
-use crate::wire::Dtype;
+use crate::wire::{Dtype, Kind};
 
 use sync::{
     AtomicU16, AtomicU64, Mutex, MutexGuard, Ordering, RwLock, RwLockReadGuard, UnsafeCell,
@@ -137,6 +137,10 @@ pub struct Shadow {
     pub collective: u32,
     pub count: u16,
     pub ece: bool,
+    /// The collective's kind, and the chunk's owner (0 in an all-reduce):
+    /// who gets values in the RESULT ([`Kind::receives_values`]).
+    pub kind: Kind,
+    pub owner: u16,
     /// The folded Internet checksum sum of the result's payload bytes
     /// (0 in a leaf's partial): summed once when the result is made, so
     /// that each RESULT's UDP checksum only adds its own headers.
@@ -149,6 +153,10 @@ pub struct Aggregation {
     pub seq: u32,
     pub collective: u32,
     pub count: u16,
+    /// Kind and owner named by the seq's first DATA; every later DATA must
+    /// name the same (docs/PROTOCOL.md, "Collective kinds").
+    pub kind: Kind,
+    pub owner: u16,
     /// Ranks 0..next_rank are summed into the accumulator.
     pub next_rank: u16,
     pub ece: bool,
@@ -165,6 +173,8 @@ pub struct ResultRef<'a> {
     held: RwLockReadGuard<'a, Held>,
     shadow: Shadow,
     len: usize,
+    /// The view of a rank that gets no values ([`ResultRef::for_rank`]).
+    noval: bool,
 }
 
 impl ResultRef<'_> {
@@ -173,10 +183,36 @@ impl ResultRef<'_> {
         self.shadow
     }
 
-    /// The payload: `count` elements in the dtype's wire encoding.
+    /// The payload: `count` elements in the dtype's wire encoding (empty
+    /// in the view of a rank that gets a NOVAL RESULT).
     pub fn bytes(&self) -> &[u8] {
+        if self.noval {
+            return &[];
+        }
         let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
         &bytes[..self.len.min(bytes.len())]
+    }
+
+    /// The folded checksum sum of [`ResultRef::bytes`] (made once, when the
+    /// result was).
+    pub fn payload_sum(&self) -> u16 {
+        if self.noval {
+            0
+        } else {
+            self.shadow.payload_sum
+        }
+    }
+
+    /// Whether this view carries no values (a NOVAL RESULT).
+    pub fn no_values(&self) -> bool {
+        self.noval
+    }
+
+    /// The view of `rank`: the values, or none when the collective's kind
+    /// gives `rank` a NOVAL RESULT for this chunk.
+    pub fn for_rank(mut self, rank: u16) -> Self {
+        self.noval = !self.shadow.kind.receives_values(rank, self.shadow.owner);
+        self
     }
 }
 
@@ -196,7 +232,14 @@ pub struct Contribution<'a> {
     pub rank: u16,
     pub collective: u32,
     pub count: u16,
-    /// Little-endian elements of the job's dtype: `payload_len(count)` bytes.
+    /// The collective's kind and the chunk's owner (the DATA's `window`
+    /// field; ignored in an all-reduce).
+    pub kind: Kind,
+    pub owner: u16,
+    /// A NOVAL DATA: the rank's arrival without values (`values` empty).
+    pub noval: bool,
+    /// Little-endian elements of the job's dtype: `payload_len(count)` bytes
+    /// (none when `noval`).
     pub values: &'a [u8],
     /// The DATA's IP header was CE-marked.
     pub ce: bool,
@@ -505,8 +548,25 @@ impl SlotEngine {
         if c.count as usize > self.elems {
             return Dropped(DropReason::CountMismatch);
         }
-        if c.values.len() != self.dtype.payload_len(c.count) {
+        let len = if c.noval {
+            0
+        } else {
+            self.dtype.payload_len(c.count)
+        };
+        if c.values.len() != len {
             return Dropped(DropReason::PayloadLength);
+        }
+        // The DATA against itself: an owner in range, values exactly when
+        // the kind says this rank sends them (an all-reduce: always).
+        let kind = c.kind;
+        let owner = if kind == Kind::AllReduce { 0 } else { c.owner };
+        if c.noval == kind.sends_values(c.rank, owner) || owner >= self.n {
+            return Dropped(DropReason::KindMismatch);
+        }
+        if self.partials && kind != Kind::AllReduce {
+            // A leaf's sums go up as all-reduce partials; the job refuses
+            // other kinds before they get here (NACK 10).
+            return Dropped(DropReason::KindNotSupported);
         }
         let slot = &self.slots[self.index(c.seq)];
         let mut m = lock(&slot.meta);
@@ -520,7 +580,13 @@ impl SlotEngine {
         if m.epoch != epoch {
             m.renew(epoch);
         }
-        if m.shadow.is_some_and(|s| s.seq == c.seq) {
+        if let Some(s) = m.shadow.filter(|s| s.seq == c.seq) {
+            // A resend is answered from the shadow only if it names what
+            // the seq was (an all-reduce's count is not checked, as ever).
+            if (s.kind, s.owner) != (kind, owner) || (kind != Kind::AllReduce && s.count != c.count)
+            {
+                return Dropped(DropReason::KindMismatch);
+            }
             return Contributed::Retransmit { seq: c.seq };
         }
         if m.partial.is_some_and(|p| p.seq == c.seq) {
@@ -537,7 +603,13 @@ impl SlotEngine {
         match m.agg {
             Some(a) if a.seq != c.seq => return Dropped(DropReason::SlotBusy),
             Some(_) if m.seen.contains(c.rank) => return Dropped(DropReason::Duplicate),
-            Some(a) if a.count != c.count => return Dropped(DropReason::CountMismatch),
+            Some(a) if (a.kind, a.owner) != (kind, owner) => {
+                return Dropped(DropReason::KindMismatch)
+            }
+            Some(a) if a.count != c.count && kind == Kind::AllReduce => {
+                return Dropped(DropReason::CountMismatch)
+            }
+            Some(a) if a.count != c.count => return Dropped(DropReason::KindMismatch),
             Some(a) if a.collective != c.collective => {
                 return Dropped(DropReason::CollectiveMismatch)
             }
@@ -552,12 +624,24 @@ impl SlotEngine {
             seq: c.seq,
             collective: c.collective,
             count: c.count,
+            kind,
+            owner,
             next_rank: 0,
             ece: false,
         });
         a.ece |= c.ce;
-        let due = a.next_rank == c.rank;
+        let next = a.next_rank;
+        let due = next == c.rank;
         m.seen.insert(c.rank);
+        if c.noval {
+            // Nothing to write: the rank's turn in the fold is empty.
+            m.ready.insert(c.rank);
+            if m.folding.is_none() && m.ready.contains(next) {
+                m.folding = Some(epoch);
+                return self.fold(slot, m, epoch);
+            }
+            return Contributed::Taken;
+        }
         let count = c.count as usize;
         if due && m.folding.is_none() {
             m.folding = Some(epoch);
@@ -568,11 +652,13 @@ impl SlotEngine {
                 let acc = unsafe { &mut *acc };
                 // Float32 calls its kernels directly: its hot path is as
                 // in the single-threaded pool.
-                match (self.dtype, c.rank) {
-                    (Dtype::F32, 0) => crate::simd::read_le_f32(c.values, &mut acc[..count]),
-                    (Dtype::F32, _) => crate::simd::add_le_f32(&mut acc[..count], c.values),
-                    (d, 0) => elements::read_le(d, c.values, &mut acc[..count]),
-                    (d, _) => elements::add_le(d, &mut acc[..count], c.values),
+                match (kind, self.dtype, c.rank) {
+                    // The owner's bytes, as they came (never converted).
+                    (Kind::AllGather, _, _) => copy_bytes(acc, c.values),
+                    (_, Dtype::F32, 0) => crate::simd::read_le_f32(c.values, &mut acc[..count]),
+                    (_, Dtype::F32, _) => crate::simd::add_le_f32(&mut acc[..count], c.values),
+                    (_, d, 0) => elements::read_le(d, c.values, &mut acc[..count]),
+                    (_, d, _) => elements::add_le(d, &mut acc[..count], c.values),
                 }
             });
             let mut m = lock(&slot.meta);
@@ -592,7 +678,11 @@ impl SlotEngine {
             // another activation: SlotBusy) and no folder (the row is not
             // ready) touches it until the mark is removed.
             let row = unsafe { &mut *row };
-            elements::read_le(self.dtype, c.values, &mut row[..count]);
+            if kind == Kind::AllGather {
+                copy_bytes(row, c.values);
+            } else {
+                elements::read_le(self.dtype, c.values, &mut row[..count]);
+            }
         });
         let mut m = lock(&slot.meta);
         m.writing.remove(c.rank);
@@ -643,10 +733,18 @@ impl SlotEngine {
                 // does not let anyone claim them while the token is held).
                 let acc = unsafe { &mut *acc };
                 for r in from..to {
+                    if a.kind == Kind::AllGather && r != a.owner {
+                        // A NOVAL arrival: nothing in its row.
+                        continue;
+                    }
                     slot.rows[r as usize].with(|row| {
                         // SAFETY: as above: row `r` is ready, only read.
                         let row = unsafe { &*row };
-                        if r == 0 {
+                        if a.kind == Kind::AllGather {
+                            let len = self.dtype.payload_len(a.count);
+                            let bytes: &[u8] = bytemuck::cast_slice(row);
+                            copy_bytes(acc, &bytes[..len]);
+                        } else if r == 0 {
                             acc[..count].copy_from_slice(&row[..count]);
                         } else {
                             // The same kernel as a contribution folded on
@@ -682,6 +780,8 @@ impl SlotEngine {
             collective: a.collective,
             count: a.count,
             ece: a.ece,
+            kind: a.kind,
+            owner: a.owner,
             payload_sum: 0,
         };
         let count = a.count as usize;
@@ -703,7 +803,8 @@ impl SlotEngine {
         slot.acc.with_mut(|acc| {
             // SAFETY: the fold token gives the accumulator.
             let acc = unsafe { &mut *acc };
-            if self.dtype == Dtype::F32 {
+            // An all-gather's accumulator holds the owner's wire bytes.
+            if self.dtype == Dtype::F32 || a.kind == Kind::AllGather {
                 core::mem::swap(acc, &mut held.values);
             } else {
                 // The one rounding: the float32 sum into the dtype's bytes.
@@ -781,7 +882,12 @@ impl SlotEngine {
             .unwrap_or_else(|e| e.into_inner());
         let shadow = held.get(seq, self.epoch())?;
         let len = self.dtype.payload_len(shadow.count);
-        Some(ResultRef { held, shadow, len })
+        Some(ResultRef {
+            held,
+            shadow,
+            len,
+            noval: false,
+        })
     }
 
     /// Calls `f` with each rank that has not contributed to `seq`,
@@ -880,6 +986,13 @@ impl SlotEngine {
         self.advance_floor();
         true
     }
+}
+
+/// Copies wire bytes into the front of a float32 buffer as they are: an
+/// all-gather's values are moved, never read as numbers.
+fn copy_bytes(to: &mut [f32], from: &[u8]) {
+    let to: &mut [u8] = bytemuck::cast_slice_mut(to);
+    to[..from.len()].copy_from_slice(from);
 }
 
 /// The folded checksum sum of a result's payload bytes.

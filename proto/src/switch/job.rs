@@ -46,7 +46,7 @@ use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::serial_lt;
 use crate::tag::{self, AuthMode, PacketKey, Tag, EPOCH_LEN, TAG_LEN};
 use crate::wire::{
-    flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackReason,
+    flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, Kind, LeavePayload, MsgType, NackReason,
     Nonce, OP_SUM,
 };
 
@@ -82,6 +82,8 @@ struct Member {
     /// covers it).
     nonce: Nonce,
     left: bool,
+    /// Joined with `UPSTREAM`: a leaf switch, so this job is a spine's.
+    upstream: bool,
 }
 
 /// Bytes an `auth = "mac"` job keeps besides those of an `auth = "port"`
@@ -91,7 +93,7 @@ struct Member {
 pub(super) fn mac_bytes() -> (usize, usize) {
     (
         std::mem::size_of::<Option<PacketKey>>(),
-        std::mem::size_of::<Option<(u32, u16, Tag)>>(),
+        std::mem::size_of::<Option<ResultTags>>(),
     )
 }
 
@@ -167,6 +169,11 @@ pub struct ResultView<'a> {
     pub window: u16,
     pub count: u16,
     pub dtype: Dtype,
+    /// The collective's kind and the chunk's owner.
+    pub kind: Kind,
+    pub owner: u16,
+    /// The view of a rank that gets a NOVAL RESULT: no payload.
+    pub no_values: bool,
     /// The shadow, read-locked: its payload is [`ResultView::payload`].
     data: ResultRef<'a>,
     /// The payload's folded Internet checksum sum, made once per result
@@ -177,13 +184,18 @@ pub struct ResultView<'a> {
 }
 
 impl ResultView<'_> {
-    /// The RESULT payload: `count` little-endian elements of `dtype`.
+    /// The RESULT payload: `count` little-endian elements of `dtype`
+    /// (none in a NOVAL RESULT).
     pub fn payload(&self) -> &[u8] {
         self.data.bytes()
     }
 
-    /// The result's values, widened to float32 (for tests and tools).
+    /// The result's values, widened to float32 (for tests and tools;
+    /// empty in a NOVAL RESULT).
     pub fn values(&self) -> Vec<f32> {
+        if self.no_values {
+            return Vec::new();
+        }
         let mut v = vec![0f32; self.count as usize];
         crate::elements::read_le(self.dtype, self.payload(), &mut v);
         v
@@ -207,8 +219,20 @@ struct MacState {
     data_keys: Vec<Option<PacketKey>>,
     /// The RESULT key of the current activation.
     result_key: Option<PacketKey>,
-    /// Per slot: the seq, window and tag of its shadow's RESULT.
-    result_tags: Vec<Option<(u32, u16, Tag)>>,
+    /// Per slot: the tags of its shadow's RESULT.
+    result_tags: Vec<Option<ResultTags>>,
+}
+
+/// The tags of one completed seq's RESULT, made once when it completes.
+#[derive(Debug, Clone, Copy)]
+struct ResultTags {
+    seq: u32,
+    /// The window the tags cover (resends carry it too).
+    window: u16,
+    /// The tag of the RESULT with values.
+    values: Tag,
+    /// A reduce-scatter's or all-gather's: the tag of its NOVAL RESULT.
+    noval: Option<Tag>,
 }
 
 /// One job: its declaration, members, slots and counters.
@@ -388,6 +412,7 @@ impl Job {
     /// change of state or membership (module docs of [`super::datapath`]).
     pub(super) fn publish_admission(&self) {
         let fast = self.state == JobState::Active && self.uplink.is_none() && self.mac.is_none();
+        let kinds = self.serves_kinds();
         let members = self
             .members
             .iter()
@@ -395,9 +420,16 @@ impl Job {
             .collect();
         self.core.admit(Admission {
             fast,
+            kinds,
             epoch: self.core.engine.epoch(),
             members,
         });
+    }
+    /// Whether this job serves collective kinds other than all-reduce: not
+    /// on a leaf (it has an uplink) nor on a spine (a member joined with
+    /// `UPSTREAM`, i.e. is a leaf): trees serve all-reduce alone.
+    pub fn serves_kinds(&self) -> bool {
+        self.uplink.is_none() && !self.members.iter().flatten().any(|m| m.upstream)
     }
     /// The resume point sent in JOIN_ACKs: (collective, seq).
     pub fn resume_point(&self) -> (u32, u32) {
@@ -479,16 +511,32 @@ impl Job {
         n
     }
 
-    /// The result of `seq`, if the slot still holds it (and, in an
-    /// `auth = "mac"` job, its tag).
+    /// The result of `seq` with its values, if the slot still holds it
+    /// (and, in an `auth = "mac"` job, its tag).
     pub fn result(&self, seq: u32) -> Option<ResultView<'_>> {
-        let data = self.core.engine.result(seq)?;
+        self.view(seq, None)
+    }
+
+    /// The RESULT of `seq` as rank `rank` gets it: the values, or none (a
+    /// NOVAL RESULT) when the chunk's kind gives `rank` none; with the tag
+    /// of that RESULT in an `auth = "mac"` job.
+    pub fn result_to(&self, seq: u32, rank: u16) -> Option<ResultView<'_>> {
+        self.view(seq, Some(rank))
+    }
+
+    fn view(&self, seq: u32, rank: Option<u16>) -> Option<ResultView<'_>> {
+        let mut data = self.core.engine.result(seq)?;
+        if let Some(r) = rank {
+            data = data.for_rank(r);
+        }
         let sh = data.shadow();
+        let no_values = data.no_values();
         let (window, tag) = match &self.mac {
             None => (self.window(), None),
             Some(_) => {
-                let (w, t) = self.result_tag(seq)?;
-                (w, Some(t))
+                let t = self.result_tag(seq)?;
+                let tag = if no_values { t.noval? } else { t.values };
+                (t.window, Some(tag))
             }
         };
         Some(ResultView {
@@ -498,22 +546,25 @@ impl Job {
             window,
             count: sh.count,
             dtype: self.config.dtype,
-            payload_sum: sh.payload_sum,
+            kind: sh.kind,
+            owner: sh.owner,
+            no_values,
+            payload_sum: data.payload_sum(),
             tag,
             data,
         })
     }
 
-    /// In an `auth = "mac"` job, the window and tag of `seq`'s RESULT, if
+    /// In an `auth = "mac"` job, the window and tags of `seq`'s RESULT, if
     /// its slot still holds them.
-    fn result_tag(&self, seq: u32) -> Option<(u16, Tag)> {
+    fn result_tag(&self, seq: u32) -> Option<ResultTags> {
         let m = self.mac.as_ref()?;
-        let (s, w, t) = m
+        let t = m
             .result_tags
             .get(self.core.engine.index(seq))
             .copied()
             .flatten()?;
-        (s == seq).then_some((w, t))
+        (t.seq == seq).then_some(t)
     }
 
     /// The job's auth mode.
@@ -566,10 +617,22 @@ impl Job {
             return;
         };
         // The header as sent, but `window` as of now: resends carry it.
+        // A reduce-scatter or all-gather also has its NOVAL RESULT, whose
+        // flags (and so GMAC nonce) differ and whose payload is empty.
         let mut h = hdr;
         h.window = window;
-        let t = key.tag(&h, res.bytes());
-        m.result_tags[i] = Some((seq, window, t));
+        h.flags &= !flags::NOVAL;
+        let values = key.tag(&h, res.bytes());
+        let noval = (res.shadow().kind != Kind::AllReduce).then(|| {
+            h.flags |= flags::NOVAL;
+            key.tag(&h, &[])
+        });
+        m.result_tags[i] = Some(ResultTags {
+            seq,
+            window,
+            values,
+            noval,
+        });
     }
 
     /// Whether every chunk from `seq` up to the floor still has its result
@@ -703,6 +766,7 @@ impl Job {
             resume_seq: hdr.seq,
             nonce: join.nonce,
             left: false,
+            upstream: hdr.has_flag(flags::UPSTREAM),
         };
         if self.state == JobState::Active {
             if let Some(m) = &mut self.members[rank] {
@@ -857,10 +921,17 @@ impl Job {
         if let Some(out) = self.admit(hdr, from, gen) {
             return out;
         }
+        if hdr.kind() != Kind::AllReduce && !self.core.serves_kinds() {
+            return self.nack(DropReason::KindNotSupported, NackReason::KindNotSupported);
+        }
         if hdr.count > self.config.elems_per_chunk {
             return self.drop(DropReason::CountMismatch);
         }
-        let len = self.config.dtype.payload_len(hdr.count);
+        let len = if hdr.no_values() {
+            0
+        } else {
+            self.config.dtype.payload_len(hdr.count)
+        };
         if values.len() != len + self.config.auth.tag_len() {
             return self.drop(DropReason::PayloadLength);
         }
@@ -887,7 +958,7 @@ impl Job {
     /// The header of a RESULT of `seq` for `rank`.
     pub fn result_header(&self, seq: u32, rank: u16, retx: bool, gen: u32) -> Option<HeaderRepr> {
         // A mac job's RESULT carries the window its tag covers.
-        let window = self.result_tag(seq).map_or(self.window(), |(w, _)| w);
+        let window = self.result_tag(seq).map_or(self.window(), |t| t.window);
         let (h, _) = self.core.result_for(seq, rank, retx, gen, window)?;
         Some(h)
     }

@@ -1142,7 +1142,7 @@ impl JobTable {
         };
         let job = self.jobs.get(&r.job)?;
         let hdr = job.result_header(seq, r.rank, retx, self.gen)?;
-        let res = job.result(seq)?;
+        let res = job.result_to(seq, r.rank)?;
         if res.tag.is_some() {
             // The shell copies one slice; a tagged RESULT goes through
             // `encode`.
@@ -1171,7 +1171,7 @@ impl JobTable {
             ReplyMsg::Result { seq, retx } => {
                 let job = self.jobs.get(&r.job)?;
                 hdr = job.result_header(seq, r.rank, retx, gen)?;
-                let res = job.result(seq)?;
+                let res = job.result_to(seq, r.rank)?;
                 let n = res.payload().len();
                 body.get_mut(..n)?.copy_from_slice(res.payload());
                 match res.tag {

@@ -886,6 +886,7 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
 
 mod auth_mac;
 mod dtypes;
+mod kinds;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).
 fn drain_raw(t: &mut JobTable) -> Vec<([u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {

@@ -27,10 +27,11 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams, ProbeAnswer, SessionGuard};
+use crate::session::{nack_meaning, NackMeaning};
 use crate::tag::AuthMode;
 use crate::wire::{
-    flags, HeaderRepr, NackPayload, NackReason, Nonce, SpineRefusal, SpineSessionState,
-    UpstreamWaitPayload, DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
+    flags, HeaderRepr, NackPayload, Nonce, SpineRefusal, SpineSessionState, UpstreamWaitPayload,
+    DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
 use crate::worker::{RttEstimator, TransportConfig};
 
@@ -512,8 +513,9 @@ impl Job {
     /// A NACK from spine `spine` (`header`: its header bytes as received).
     /// One that answers us (it echoes our HELLO's or JOIN's nonce, or, once
     /// joined, the probe's, or its tag verifies under our session with the
-    /// spine) makes us join it again now (it restarted, went back to
-    /// joining, or our nonce aged), or, when it refuses the leaf, in
+    /// spine) means what it means to a worker ([`nack_meaning`]): join again
+    /// now (it restarted, went back to joining, or our nonce aged), wait,
+    /// ignore it, or, when it refuses the leaf, ask again in
     /// [`REFUSED_RETRY`]. Any other is ignored and counted; once joined, it
     /// makes us probe. Returns what it did ([`SpineNack`]).
     pub(super) fn on_spine_nack(
@@ -541,18 +543,15 @@ impl Job {
                 ..SpineNack::default()
             };
         }
-        let refused = match nack.reason {
-            NackReason::UnknownJob
-            | NackReason::BadSecret
-            | NackReason::SourceNotAllowed
-            | NackReason::RankOutOfRange
-            | NackReason::ParametersDiffer => {
-                u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now)
-            }
-            _ => {
+        // The worker's table (docs/PROTOCOL.md, "Sessions"); a refusal is
+        // asked again later, as the operator may fix the declaration.
+        let refused = match nack_meaning(nack.reason, joined) {
+            NackMeaning::Refused => u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now),
+            NackMeaning::Restart | NackMeaning::Rejoin => {
                 u.start_join(id, spine, now);
                 None
             }
+            NackMeaning::Wait | NackMeaning::Ignore => None,
         };
         SpineNack {
             ours: true,

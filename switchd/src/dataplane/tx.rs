@@ -256,7 +256,7 @@ pub fn result_frame_head<'r>(
     hdr.emit_to(buf.get_mut(L2_L4_LEN..)?).ok()?;
     let sum = Sum::ZERO
         .add_bytes(buf.get(L2_L4_LEN..L2_L4_LEN + HEADER_LEN)?)
-        .add_folded_at(sh.payload_sum, HEADER_LEN);
+        .add_folded_at(res.payload_sum(), HEADER_LEN);
     write_l2_l4_headers(buf, to, sh.ece, HEADER_LEN + payload.len(), sum)?;
     Some((L2_L4_LEN + HEADER_LEN, payload))
 }

@@ -25,6 +25,9 @@ fn send(e: &SlotEngine, seq: u32, rank: u16, v: f32) -> Contributed {
         rank,
         collective: 0,
         count: 1,
+        kind: Kind::AllReduce,
+        owner: 0,
+        noval: false,
         values: &b,
         ce: false,
     })
@@ -122,6 +125,9 @@ fn contribute(e: &SlotEngine, seq: u32, rank: u16, v: [f32; 2]) -> Contributed {
         rank,
         collective: 0,
         count: 2,
+        kind: Kind::AllReduce,
+        owner: 0,
+        noval: false,
         values: &b,
         ce: false,
     })
@@ -301,6 +307,9 @@ fn engine_loom_data_admitted_before_a_reset_never_reaches_the_next_activation() 
                     rank: 0,
                     collective: 0,
                     count: 1,
+                    kind: Kind::AllReduce,
+                    owner: 0,
+                    noval: false,
                     values: &b,
                     ce: false,
                 };

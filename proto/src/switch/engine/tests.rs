@@ -99,6 +99,9 @@ fn contribution(values: &[u8], seq: u32, rank: u16, count: u16) -> Contribution<
         rank,
         collective: 0,
         count,
+        kind: Kind::AllReduce,
+        owner: 0,
+        noval: false,
         values,
         ce: false,
     }

@@ -1,0 +1,1247 @@
+//! A worker's membership of one job, with no I/O: joining, what each
+//! message from the switch means to a member, rejoining after the switch
+//! lost the session, heartbeats and the stall decision (docs/PROTOCOL.md,
+//! "Joining" and "Sessions"). quinn-proto style: the caller feeds datagrams
+//! ([`WorkerSession::handle`]) and time ([`WorkerSession::handle_timeout`]),
+//! sends what [`WorkerSession::poll_transmit`] gives and sleeps until
+//! [`WorkerSession::poll_timeout`]. The chunks, window and resends of a
+//! collective stay in [`crate::worker::Collective`], which the caller drives
+//! beside this.
+//!
+//! Decisions that live here (they were the worker library's I/O shell's):
+//! * The handshake: HELLO, then JOIN once a CHALLENGE echoes this attempt's
+//!   nonce (a second CHALLENGE does not change the switch nonce), each sent
+//!   again every [`JOIN_RESEND`]; a JOIN_ACK counts only under the
+//!   CHALLENGE's generation and with a tag that verifies under this join's
+//!   session key; a CHALLENGE reporting another address, a JOIN_ACK naming
+//!   an unknown auth mode or an unusable chunk or pool size, and no JOIN_ACK
+//!   within the join timeout are fatal.
+//! * NACKs while joining: only those echoing this attempt's nonce count;
+//!   9 (stale nonce) and 7 (stale generation) start a fresh handshake, 6
+//!   (job not active) is waited out, every other reason is fatal.
+//! * NACKs once joined: only those whose tag verifies under the session key
+//!   or that echo the latest probe count; 6 and 7 mean the switch lost the
+//!   session (rejoin), 9 is ignored, every other reason is fatal.
+//!   [`nack_meaning`] is that table; a leaf's uplink to its spines sorts
+//!   its spines' NACKs with it too.
+//! * What makes a member probe (an unauthenticated NACK, a RESULT of
+//!   another generation; at most one probe per [`PROBE_EVERY`]) and what a
+//!   CHALLENGE answering the probe means (another generation: rejoin; the
+//!   same: the trigger was spoofed).
+//! * Which RESULTs reach the collective: the session's generation, a payload
+//!   of exactly `count` elements (none for `NOVAL`) plus the tag of an
+//!   `auth = "mac"` job, and that tag verifying under the RESULT key.
+//! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
+//!   as often), which HEARTBEAT answers count (the session's generation),
+//!   and the stall (no progress for the stall timeout).
+//!
+//! Invariants: nothing here reads a clock or a random source (nonces come
+//! from an HMAC of a caller-given key and a counter, so a run is
+//! reproducible under a fixed key and unguessable under a random one); a
+//! fatal decision is final: the session answers nothing afterwards.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+pub use crate::handshake::PROBE_EVERY;
+use crate::handshake::{
+    ChallengeError, Handshake, JoinAckError, JoinParams, ProbeAnswer, SessionGuard,
+};
+use crate::tag::{AuthMode, PacketKey, Tag};
+use crate::wire::{
+    flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, Nonce, HEADER_LEN,
+    NONCE_LEN,
+};
+
+/// An unanswered HELLO or JOIN is sent again this often.
+pub const JOIN_RESEND: Duration = Duration::from_millis(200);
+/// After this long without progress a member asks the switch (HEARTBEAT)
+/// what the oldest chunk waits for, and again this often.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
+/// Room for the largest control message (a JOIN).
+pub const CONTROL_LEN: usize = 128;
+
+/// What a NACK that answers us means: it echoes our HELLO's or JOIN's
+/// nonce, or, once joined, our probe's, or its tag verifies under the
+/// session key (docs/PROTOCOL.md, "Joining" and "Sessions"). One table for
+/// every joiner: [`WorkerSession`] and a leaf towards its spines
+/// (`switch::uplink`), which differ only in what they do with a refusal
+/// (a worker stops; a leaf asks again later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NackMeaning {
+    /// While joining: our nonce aged or the switch restarted; start a fresh
+    /// handshake now.
+    Restart,
+    /// While joining: the job waits for other ranks; keep resending.
+    Wait,
+    /// Once joined: the switch lost our session (it restarted, or the job
+    /// went back to joining); join again from the resume point.
+    Rejoin,
+    /// Once joined: an answer to an earlier join attempt; nothing to do.
+    Ignore,
+    /// The job, secret, address, rank, parameters or kind are wrong.
+    Refused,
+}
+
+/// The meaning of an authentic NACK with `reason`, before or after the
+/// JOIN_ACK (`joined`).
+pub fn nack_meaning(reason: NackReason, joined: bool) -> NackMeaning {
+    match (reason, joined) {
+        (NackReason::StaleNonce | NackReason::StaleGeneration, false) => NackMeaning::Restart,
+        (NackReason::JobNotActive, false) => NackMeaning::Wait,
+        (NackReason::JobNotActive | NackReason::StaleGeneration, true) => NackMeaning::Rejoin,
+        (NackReason::StaleNonce, true) => NackMeaning::Ignore,
+        _ => NackMeaning::Refused,
+    }
+}
+
+/// Timeouts of a session.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionConfig {
+    /// How long one join (HELLO to JOIN_ACK) may take: every rank must join
+    /// within it.
+    pub join_timeout: Duration,
+    /// A collective fails after this long without progress.
+    pub stall_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            join_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why a session ended (final).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("the switch refused: {0}")]
+    Refused(NackReason),
+    #[error("joining failed: {0}")]
+    Handshake(ChallengeError),
+    #[error("{0}")]
+    JoinAck(JoinAckError),
+    #[error("the switch's chunk size {elems} or pool size {slots} is unusable")]
+    BadJoinAck { elems: u16, slots: u16 },
+    #[error("no JOIN_ACK within {0:?}")]
+    JoinTimeout(Duration),
+}
+
+/// What the session's JOIN_ACK said.
+#[derive(Debug, Clone)]
+pub struct Joined {
+    /// The switch's generation.
+    pub gen: u32,
+    /// The job's resume point: every rank (re)sends from here.
+    pub collective: u32,
+    pub seq: u32,
+    pub pool_slots: u16,
+    pub elems_per_chunk: u16,
+    /// The window the switch advertised, within 1..=pool_slots.
+    pub window: u16,
+    pub auth: AuthMode,
+    /// Tags our DATA (`auth = "mac"` jobs).
+    pub data_key: Option<PacketKey>,
+    /// The first JOIN_ACK of this session object (not a rejoin).
+    pub first: bool,
+}
+
+/// Why the switch no longer has our session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// An authenticated NACK with this reason (6 or 7).
+    Nack(NackReason),
+    /// A CHALLENGE answering our probe under another generation.
+    Restarted { gen: u32 },
+}
+
+/// What a datagram or a timeout meant.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A JOIN_ACK made us a member: send from its resume point.
+    Joined(Box<Joined>),
+    /// An authenticated RESULT: `header.seq`, `header.count` and its flags
+    /// for the collective; `values` is where its values lie in the datagram
+    /// (empty for `NOVAL`).
+    Result {
+        header: HeaderRepr,
+        values: Range<usize>,
+    },
+    /// The switch's answer to our HEARTBEAT for `header.seq`: `payload` is
+    /// where its body (the ranks, or a leaf's spine block) lies in the
+    /// datagram.
+    Waiting {
+        header: HeaderRepr,
+        payload: Range<usize>,
+    },
+    /// The switch lost our session: call [`WorkerSession::start_join`] with
+    /// the oldest unanswered chunk as resume point.
+    SessionLost(Lost),
+    /// The tracked collective made no progress for the stall timeout.
+    Stalled {
+        collective: u32,
+        seq: u32,
+        waited: Duration,
+    },
+    /// Final: the session cannot go on.
+    Failed(SessionError),
+}
+
+/// A control message to send (HELLO, JOIN, HEARTBEAT, LEAVE).
+#[derive(Clone, Copy)]
+pub struct Transmit {
+    pub msg_type: MsgType,
+    /// A HELLO that probes a joined session (not a join's).
+    pub probe: bool,
+    buf: [u8; CONTROL_LEN],
+    len: usize,
+}
+
+impl Transmit {
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Transmit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transmit")
+            .field("msg_type", &self.msg_type)
+            .field("probe", &self.probe)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Counters of a session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    pub rejoins: u64,
+    pub nacks: u64,
+    /// Unauthenticated NACKs and RESULTs of another generation, once joined.
+    pub unauthenticated_dropped: u64,
+    pub probes_sent: u64,
+    /// Probes answered under the session's generation.
+    pub spoofed_triggers: u64,
+    pub bad_length_results: u64,
+    pub bad_tag_results: u64,
+    pub bad_tag_join_acks: u64,
+    pub heartbeats_sent: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not started, or waiting for [`WorkerSession::start_join`] after the
+    /// session was lost.
+    Idle,
+    Joining {
+        resume: (u32, u32),
+        deadline: Instant,
+        next_send: Instant,
+    },
+    Joined,
+    Failed,
+}
+
+/// The collective whose progress the session watches.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    collective: u32,
+    seq: u32,
+    since: Instant,
+    last_heartbeat: Option<Instant>,
+}
+
+/// One worker's membership of a job (or a simulated worker's).
+pub struct WorkerSession {
+    cfg: SessionConfig,
+    dtype: Dtype,
+    hs: Handshake,
+    guard: Option<SessionGuard>,
+    nonce_key: [u8; 32],
+    nonces: u64,
+    phase: Phase,
+    joined_once: bool,
+    gen: u32,
+    auth: AuthMode,
+    data_key: Option<PacketKey>,
+    result_key: Option<PacketKey>,
+    tracked: Option<Tracked>,
+    queue: VecDeque<Transmit>,
+    stats: SessionStats,
+}
+
+impl std::fmt::Debug for WorkerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerSession")
+            .field("params", self.hs.params())
+            .field("phase", &self.phase)
+            .field("gen", &self.gen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerSession {
+    /// A session for `params` (its dtype must be a known [`Dtype`]);
+    /// `nonce_key` must be random: every nonce this session sends derives
+    /// from it.
+    pub fn new(params: JoinParams, cfg: SessionConfig, nonce_key: [u8; 32]) -> WorkerSession {
+        let dtype = Dtype::from_u8(params.dtype).unwrap_or(Dtype::F32);
+        let mut s = WorkerSession {
+            cfg,
+            dtype,
+            hs: Handshake::new(params, [0; NONCE_LEN]),
+            guard: None,
+            nonce_key,
+            nonces: 0,
+            phase: Phase::Idle,
+            joined_once: false,
+            gen: 0,
+            auth: AuthMode::Port,
+            data_key: None,
+            result_key: None,
+            tracked: None,
+            queue: VecDeque::new(),
+            stats: SessionStats::default(),
+        };
+        let n = s.fresh_nonce();
+        s.hs.restart(n);
+        s
+    }
+
+    fn fresh_nonce(&mut self) -> Nonce {
+        self.nonces += 1;
+        let Ok(mut m) = <Hmac<Sha256>>::new_from_slice(&self.nonce_key) else {
+            unreachable!("HMAC accepts every key length")
+        };
+        m.update(b"aggswitch worker nonce");
+        m.update(&self.nonces.to_be_bytes());
+        let full = m.finalize().into_bytes();
+        let mut n = [0u8; NONCE_LEN];
+        n.copy_from_slice(&full[..NONCE_LEN]);
+        n
+    }
+
+    /// Starts joining now (a fresh handshake) with resume point
+    /// (`collective`, `seq`): the first join, or a rejoin after
+    /// [`Event::SessionLost`].
+    pub fn start_join(&mut self, collective: u32, seq: u32, now: Instant) {
+        if self.phase == Phase::Failed {
+            return;
+        }
+        let n = self.fresh_nonce();
+        self.hs.restart(n);
+        self.queue.clear();
+        self.phase = Phase::Joining {
+            resume: (collective, seq),
+            deadline: now + self.cfg.join_timeout,
+            next_send: now,
+        };
+    }
+
+    pub fn is_joined(&self) -> bool {
+        self.phase == Phase::Joined
+    }
+    pub fn is_failed(&self) -> bool {
+        self.phase == Phase::Failed
+    }
+    /// The generation of the last JOIN_ACK (0 before one).
+    pub fn gen(&self) -> u32 {
+        self.gen
+    }
+    pub fn auth(&self) -> AuthMode {
+        self.auth
+    }
+    pub fn params(&self) -> &JoinParams {
+        self.hs.params()
+    }
+    pub fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// The header of a DATA for chunk `t` of `collective`, under this
+    /// session: its kind, and in kinds other than all-reduce the chunk's
+    /// owner in `window` and `NOVAL` when `t` carries no values
+    /// (docs/PROTOCOL.md, "Collective kinds").
+    pub fn data_header(&self, t: &crate::worker::Transmit, collective: u32) -> HeaderRepr {
+        let p = self.hs.params();
+        let mut h = HeaderRepr::new(MsgType::Data, p.job);
+        h.rank = p.rank;
+        h.count = t.count;
+        h.seq = t.seq;
+        h.collective = collective;
+        h.gen = self.gen;
+        h.flags |= t.kind.flag_bits();
+        if t.kind != crate::wire::Kind::AllReduce {
+            h.window = t.owner;
+        }
+        if t.values.is_none() {
+            h.flags |= flags::NOVAL;
+        }
+        if t.last {
+            h.flags |= flags::LAST;
+        }
+        if t.retx {
+            h.flags |= flags::RETX;
+        }
+        h
+    }
+
+    /// The tag a DATA with header `h` and values `payload` carries in an
+    /// `auth = "mac"` job (None otherwise).
+    pub fn data_tag(&self, h: &HeaderRepr, payload: &[u8]) -> Option<Tag> {
+        self.data_key.as_ref().map(|k| k.tag(h, payload))
+    }
+
+    /// Reports the collective in progress: its id, the seq of its oldest
+    /// unanswered chunk and when it last made progress (`None`: no
+    /// collective is running, nothing to watch).
+    pub fn track(&mut self, collective: u32, seq: u32, since: Option<Instant>) {
+        let Some(since) = since else {
+            self.tracked = None;
+            return;
+        };
+        let last_heartbeat = self
+            .tracked
+            .filter(|t| t.collective == collective)
+            .and_then(|t| t.last_heartbeat);
+        self.tracked = Some(Tracked {
+            collective,
+            seq,
+            since,
+            last_heartbeat,
+        });
+    }
+
+    /// The next control message to send now, if any.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some(t) = self.queue.pop_front() {
+            return Some(t);
+        }
+        let Phase::Joining {
+            resume, next_send, ..
+        } = &mut self.phase
+        else {
+            return None;
+        };
+        if now < *next_send {
+            return None;
+        }
+        *next_send = now + JOIN_RESEND;
+        let (collective, seq) = *resume;
+        let mut t = Transmit {
+            msg_type: MsgType::Hello,
+            probe: false,
+            buf: [0; CONTROL_LEN],
+            len: 0,
+        };
+        let len = if self.hs.challenged() {
+            t.msg_type = MsgType::Join;
+            self.hs.emit_join(collective, seq, &mut t.buf)
+        } else {
+            self.hs.emit_hello(&mut t.buf).ok()
+        };
+        t.len = len?;
+        Some(t)
+    }
+
+    /// When [`WorkerSession::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Joining {
+                deadline,
+                next_send,
+                ..
+            } => Some(deadline.min(next_send)),
+            Phase::Joined => self.tracked.map(|t| {
+                let stall = t.since + self.cfg.stall_timeout;
+                stall.min(self.next_heartbeat(&t))
+            }),
+            Phase::Idle | Phase::Failed => None,
+        }
+    }
+
+    fn next_heartbeat(&self, t: &Tracked) -> Instant {
+        let first = t.since + HEARTBEAT_EVERY;
+        t.last_heartbeat
+            .map_or(first, |h| first.max(h + HEARTBEAT_EVERY))
+    }
+
+    /// Lets time pass: the join's deadline, heartbeats, the stall.
+    pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
+        match self.phase {
+            Phase::Joining { deadline, .. } if now >= deadline => {
+                Some(self.fail(SessionError::JoinTimeout(self.cfg.join_timeout)))
+            }
+            Phase::Joined => {
+                let t = self.tracked?;
+                if now >= t.since + self.cfg.stall_timeout {
+                    // Reported once; a new `track` watches again.
+                    self.tracked = None;
+                    return Some(Event::Stalled {
+                        collective: t.collective,
+                        seq: t.seq,
+                        waited: self.cfg.stall_timeout,
+                    });
+                }
+                if now >= self.next_heartbeat(&t) {
+                    self.heartbeat(t.seq);
+                    if let Some(t) = &mut self.tracked {
+                        t.last_heartbeat = Some(now);
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn heartbeat(&mut self, seq: u32) {
+        let p = self.hs.params();
+        let mut h = HeaderRepr::new(MsgType::Heartbeat, p.job);
+        h.rank = p.rank;
+        h.seq = seq;
+        h.gen = self.gen;
+        let mut t = Transmit {
+            msg_type: MsgType::Heartbeat,
+            probe: false,
+            buf: [0; CONTROL_LEN],
+            len: HEADER_LEN,
+        };
+        if h.emit_to(&mut t.buf).is_ok() {
+            self.stats.heartbeats_sent += 1;
+            self.queue.push_back(t);
+        }
+    }
+
+    fn fail(&mut self, e: SessionError) -> Event {
+        self.phase = Phase::Failed;
+        self.queue.clear();
+        self.tracked = None;
+        Event::Failed(e)
+    }
+
+    /// Takes a datagram from the switch.
+    pub fn handle(&mut self, datagram: &[u8], now: Instant) -> Option<Event> {
+        let h = Header::new_checked(datagram).ok()?;
+        let r = HeaderRepr::parse(&h).ok()?;
+        if r.job != self.hs.params().job {
+            return None;
+        }
+        match self.phase {
+            Phase::Joining { .. } => self.on_joining(&h, &r, now),
+            Phase::Joined => self.on_joined(&h, &r, now),
+            Phase::Idle | Phase::Failed => None,
+        }
+    }
+
+    fn on_joining(&mut self, h: &Header<&[u8]>, r: &HeaderRepr, now: Instant) -> Option<Event> {
+        if r.rank != self.hs.params().rank {
+            return None;
+        }
+        match r.msg_type {
+            MsgType::Challenge if !self.hs.challenged() => {
+                match self.hs.on_challenge(r, h.payload()) {
+                    Ok(()) => {
+                        // The JOIN goes at once.
+                        if let Phase::Joining { next_send, .. } = &mut self.phase {
+                            *next_send = now;
+                        }
+                        None
+                    }
+                    Err(e @ ChallengeError::AddressMismatch { .. }) => {
+                        Some(self.fail(SessionError::Handshake(e)))
+                    }
+                    Err(_) => None,
+                }
+            }
+            MsgType::JoinAck if self.hs.gen() == Some(r.gen) => {
+                let ack = match self.hs.on_join_ack(r, h.payload()) {
+                    Ok(a) => a,
+                    Err(JoinAckError::BadTag) => {
+                        self.stats.bad_tag_join_acks += 1;
+                        return None;
+                    }
+                    Err(e @ JoinAckError::UnknownAuth(_)) => {
+                        return Some(self.fail(SessionError::JoinAck(e)))
+                    }
+                    Err(_) => return None,
+                };
+                let p = ack.payload;
+                if p.elems_per_chunk == 0 || !p.pool_slots.is_power_of_two() {
+                    return Some(self.fail(SessionError::BadJoinAck {
+                        elems: p.elems_per_chunk,
+                        slots: p.pool_slots,
+                    }));
+                }
+                let first = !self.joined_once;
+                self.joined_once = true;
+                self.phase = Phase::Joined;
+                self.gen = r.gen;
+                self.guard = Some(ack.session);
+                self.auth = ack.auth;
+                self.data_key = ack.data_key.clone();
+                self.result_key = ack.result_key;
+                Some(Event::Joined(Box::new(Joined {
+                    gen: r.gen,
+                    collective: r.collective,
+                    seq: r.seq,
+                    pool_slots: p.pool_slots,
+                    elems_per_chunk: p.elems_per_chunk,
+                    window: r.window.clamp(1, p.pool_slots),
+                    auth: ack.auth,
+                    data_key: ack.data_key,
+                    first,
+                })))
+            }
+            MsgType::Nack => {
+                self.stats.nacks += 1;
+                let nack = NackPayload::parse(h.payload()).ok()?;
+                if !self.hs.nack_is_ours(&nack) {
+                    // Left over from an earlier attempt, or not for us.
+                    return None;
+                }
+                match nack_meaning(nack.reason, false) {
+                    NackMeaning::Restart => {
+                        let n = self.fresh_nonce();
+                        self.hs.restart(n);
+                        if let Phase::Joining { next_send, .. } = &mut self.phase {
+                            *next_send = now;
+                        }
+                        None
+                    }
+                    // The JOIN is resent until the others joined.
+                    NackMeaning::Wait | NackMeaning::Ignore => None,
+                    NackMeaning::Rejoin | NackMeaning::Refused => {
+                        Some(self.fail(SessionError::Refused(nack.reason)))
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn on_joined(&mut self, h: &Header<&[u8]>, r: &HeaderRepr, now: Instant) -> Option<Event> {
+        match r.msg_type {
+            // Not from this session's switch (a restarted switch sends no
+            // RESULT to a non-member): ask whether it restarted.
+            MsgType::Result if r.gen != self.gen => {
+                self.unauthenticated(now);
+                None
+            }
+            MsgType::Result => {
+                let n = if r.no_values() {
+                    0
+                } else {
+                    self.dtype.payload_len(r.count)
+                };
+                let payload = h.payload();
+                if payload.len() != n + self.auth.tag_len() {
+                    self.stats.bad_length_results += 1;
+                    return None;
+                }
+                if let Some(k) = &self.result_key {
+                    let (values, tag) = payload.split_at(n);
+                    if !k.verify(r, values, tag) {
+                        self.stats.bad_tag_results += 1;
+                        return None;
+                    }
+                }
+                Some(Event::Result {
+                    header: *r,
+                    values: HEADER_LEN..HEADER_LEN + n,
+                })
+            }
+            MsgType::Heartbeat if r.gen == self.gen => Some(Event::Waiting {
+                header: *r,
+                payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
+            }),
+            MsgType::Nack => {
+                self.stats.nacks += 1;
+                let nack = NackPayload::parse(h.payload()).ok()?;
+                let authentic = self
+                    .guard
+                    .as_ref()
+                    .is_some_and(|g| g.nack_is_authentic(h.header_bytes(), &nack));
+                if !authentic {
+                    // Anyone on the path could have sent it: ask the switch.
+                    self.unauthenticated(now);
+                    return None;
+                }
+                match nack_meaning(nack.reason, true) {
+                    NackMeaning::Rejoin | NackMeaning::Restart => {
+                        Some(self.lost(Lost::Nack(nack.reason)))
+                    }
+                    NackMeaning::Ignore | NackMeaning::Wait => None,
+                    NackMeaning::Refused => Some(self.fail(SessionError::Refused(nack.reason))),
+                }
+            }
+            MsgType::Challenge if r.rank == self.hs.params().rank => {
+                let answer = self
+                    .guard
+                    .as_mut()
+                    .map_or(ProbeAnswer::NotOurs, |g| g.on_challenge(r, h.payload()));
+                match answer {
+                    ProbeAnswer::Restarted { gen } => Some(self.lost(Lost::Restarted { gen })),
+                    ProbeAnswer::SameGeneration => {
+                        self.stats.spoofed_triggers += 1;
+                        None
+                    }
+                    ProbeAnswer::NotOurs => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn lost(&mut self, why: Lost) -> Event {
+        self.stats.rejoins += 1;
+        self.phase = Phase::Idle;
+        self.queue.clear();
+        self.tracked = None;
+        Event::SessionLost(why)
+    }
+
+    /// An unauthenticated NACK or a RESULT of another generation arrived:
+    /// count it and probe (at most one per [`PROBE_EVERY`]), so that a real
+    /// switch restart is still noticed.
+    fn unauthenticated(&mut self, now: Instant) {
+        self.stats.unauthenticated_dropped += 1;
+        let fresh = self.fresh_nonce();
+        let Some(nonce) = self.guard.as_mut().and_then(|g| g.probe(now, fresh)) else {
+            return;
+        };
+        let mut t = Transmit {
+            msg_type: MsgType::Hello,
+            probe: true,
+            buf: [0; CONTROL_LEN],
+            len: 0,
+        };
+        if let Ok(len) = self.hs.emit_hello_with(nonce, &mut t.buf) {
+            t.len = len;
+            self.stats.probes_sent += 1;
+            self.queue.push_back(t);
+        }
+    }
+
+    /// Writes the LEAVE that ends this membership into `buf` (None before a
+    /// CHALLENGE).
+    pub fn emit_leave(&self, buf: &mut [u8]) -> Option<usize> {
+        self.hs.emit_leave(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Sessions against the real switch table, in virtual time; lost,
+    //! duplicated and forged messages are made by the tests.
+    use super::*;
+    use crate::auth;
+    use crate::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+    use crate::wire::{ChallengePayload, HelloPayload, NACK_PAYLOAD_LEN, OP_SUM};
+
+    const JOB: u16 = 1;
+    const SECRET: [u8; 32] = [3; 32];
+
+    fn endpoint(rank: u16) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [2, 0, 0, 0, 0, rank as u8],
+                ip: [198, 18, 0, 10],
+                port: 1000 + rank,
+            },
+            ..Endpoint::default()
+        }
+    }
+
+    fn table(gen: u32, n: u16, auth: AuthMode, now: Instant) -> JobTable {
+        let mut t = JobTable::new(TableConfig::new(gen, [5; 32]), now);
+        t.add(
+            JobConfig {
+                id: JOB,
+                n_workers: n,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: SECRET,
+                pool_slots: 4,
+                elems_per_chunk: 2,
+                dtype: Dtype::F32,
+                window: 4,
+                auth,
+                upstream: None,
+            },
+            64,
+        )
+        .unwrap();
+        t
+    }
+
+    fn session(rank: u16, n: u16) -> WorkerSession {
+        let e = endpoint(rank);
+        let params = JoinParams {
+            job: JOB,
+            rank,
+            n_workers: n,
+            dtype: Dtype::F32 as u8,
+            op: OP_SUM,
+            secret: SECRET,
+            ip: e.source.ip,
+            port: e.source.port,
+        };
+        let cfg = SessionConfig {
+            join_timeout: Duration::from_secs(3),
+            stall_timeout: Duration::from_secs(2),
+        };
+        WorkerSession::new(params, cfg, [rank as u8 + 7; 32])
+    }
+
+    /// Everything the table would send now, encoded.
+    fn replies(t: &mut JobTable) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(r) = t.poll_reply() {
+            let mut b = vec![0u8; 2048];
+            if let Some(e) = t.encode(&r, &mut b) {
+                b.truncate(e.len);
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// Sends what the session has for the switch now; returns the replies.
+    fn exchange(s: &mut WorkerSession, t: &mut JobTable, now: Instant) -> Vec<Vec<u8>> {
+        let rank = s.params().rank;
+        while let Some(x) = s.poll_transmit(now) {
+            t.handle(x.bytes(), endpoint(rank), false, now);
+        }
+        replies(t)
+    }
+
+    fn msg_type(b: &[u8]) -> MsgType {
+        HeaderRepr::parse(&Header::new_checked(b).unwrap())
+            .unwrap()
+            .msg_type
+    }
+
+    fn feed(s: &mut WorkerSession, msgs: &[Vec<u8>], now: Instant) -> Vec<Event> {
+        msgs.iter().filter_map(|m| s.handle(m, now)).collect()
+    }
+
+    fn joined(ev: &[Event]) -> Option<&Joined> {
+        ev.iter().find_map(|e| match e {
+            Event::Joined(j) => Some(&**j),
+            _ => None,
+        })
+    }
+
+    /// A clean join of a one-rank job; returns the switch nonce of the
+    /// accepted JOIN (for the session key).
+    fn join(s: &mut WorkerSession, t: &mut JobTable, resume: (u32, u32), now: Instant) -> Nonce {
+        s.start_join(resume.0, resume.1, now);
+        let challenge = exchange(s, t, now);
+        let nonce = ChallengePayload::parse(&challenge[0][HEADER_LEN..])
+            .unwrap()
+            .nonce;
+        assert!(feed(s, &challenge, now).is_empty());
+        let acks = exchange(s, t, now);
+        let ev = feed(s, &acks, now);
+        assert!(joined(&ev).is_some(), "{ev:?}");
+        nonce
+    }
+
+    fn hello_nonce(t: &Transmit) -> Nonce {
+        assert_eq!(t.msg_type, MsgType::Hello);
+        HelloPayload::parse(&t.bytes()[HEADER_LEN..]).unwrap().nonce
+    }
+
+    fn nack(gen: u32, reason: NackReason, echo: Nonce, key: Option<&[u8; 32]>) -> Vec<u8> {
+        let mut h = HeaderRepr::new(MsgType::Nack, JOB);
+        h.gen = gen;
+        let mut b = vec![0u8; HEADER_LEN + NACK_PAYLOAD_LEN];
+        h.emit_to(&mut b).unwrap();
+        let mut p = NackPayload::new(reason);
+        p.echo = echo;
+        if let Some(k) = key {
+            let hb: [u8; HEADER_LEN] = b[..HEADER_LEN].try_into().unwrap();
+            p.tag = auth::nack_tag(k, &hb, reason as u16, &echo);
+        }
+        p.emit(&mut b[HEADER_LEN..]).unwrap();
+        b
+    }
+
+    fn all_reasons() -> Vec<NackReason> {
+        (0..=32).filter_map(NackReason::from_u16).collect()
+    }
+
+    #[test]
+    fn joins_through_lost_duplicated_and_forged_challenge_and_join_ack() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        s.start_join(0, 5, t0);
+        // The first HELLO is lost; the same HELLO goes again after 200 ms.
+        let lost = s.poll_transmit(t0).unwrap();
+        assert!(s.poll_transmit(t0).is_none());
+        assert_eq!(s.poll_timeout(), Some(t0 + JOIN_RESEND));
+        let t1 = t0 + JOIN_RESEND;
+        let again = s.poll_transmit(t1).unwrap();
+        assert_eq!(lost.bytes(), again.bytes());
+        t.handle(again.bytes(), endpoint(0), false, t1);
+        let ch = replies(&mut t);
+        assert_eq!(msg_type(&ch[0]), MsgType::Challenge);
+
+        // A forged CHALLENGE (another hello nonce) is ignored: still a HELLO.
+        let mut forged = ch[0].clone();
+        forged[HEADER_LEN] ^= 1;
+        assert!(s.handle(&forged, t1).is_none());
+        assert_eq!(s.poll_timeout(), Some(t1 + JOIN_RESEND));
+
+        // The real one, twice: the JOIN goes at once, and the copy does not
+        // change the switch nonce the JOIN proves.
+        assert!(s.handle(&ch[0], t1).is_none());
+        let join = s.poll_transmit(t1).unwrap();
+        assert_eq!(join.msg_type, MsgType::Join);
+        assert!(s.handle(&ch[0], t1).is_none());
+        // The JOIN is lost; the same JOIN goes again.
+        let t2 = t1 + JOIN_RESEND;
+        let join2 = s.poll_transmit(t2).unwrap();
+        assert_eq!(join.bytes(), join2.bytes());
+        t.handle(join2.bytes(), endpoint(0), false, t2);
+        let acks = replies(&mut t);
+        assert_eq!(msg_type(&acks[0]), MsgType::JoinAck);
+
+        // A JOIN_ACK with a bad tag is counted and ignored.
+        let mut bad = acks[0].clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(s.handle(&bad, t2).is_none());
+        assert_eq!(s.stats().bad_tag_join_acks, 1);
+        assert!(!s.is_joined());
+
+        let ev = feed(&mut s, &acks, t2);
+        let j = joined(&ev).expect("joined");
+        assert_eq!((j.collective, j.seq, j.gen), (0, 5, 1));
+        assert_eq!((j.pool_slots, j.elems_per_chunk, j.window), (4, 2, 4));
+        assert!(j.first);
+        assert!(s.is_joined());
+        // A copy of the JOIN_ACK changes nothing; nothing more to send.
+        assert!(s.handle(&acks[0], t2).is_none());
+        assert!(s.poll_transmit(t2 + JOIN_RESEND * 3).is_none());
+    }
+
+    #[test]
+    fn an_address_mismatch_is_fatal_and_no_join_ack_times_out() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        // Bound to port 1000, the switch sees 1001 (a NAT).
+        let mut s = session(0, 1);
+        s.start_join(0, 0, t0);
+        let hello = s.poll_transmit(t0).unwrap();
+        t.handle(hello.bytes(), endpoint(1), false, t0);
+        let ch = replies(&mut t);
+        // The CHALLENGE for rank 1 is not ours; rewritten to rank 0 it is,
+        // and it reports another port.
+        let ev = feed(&mut s, &ch, t0);
+        match &ev[..] {
+            [Event::Failed(SessionError::Handshake(ChallengeError::AddressMismatch {
+                observed_port: 1001,
+                port: 1000,
+                ..
+            }))] => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(s.is_failed());
+        assert!(s.poll_transmit(t0 + JOIN_RESEND).is_none());
+
+        let mut s = session(0, 1);
+        s.start_join(0, 0, t0);
+        let mut now = t0;
+        while let Some(d) = s.poll_timeout() {
+            now = d;
+            while s.poll_transmit(now).is_some() {}
+            if let Some(e) = s.handle_timeout(now) {
+                assert!(matches!(e, Event::Failed(SessionError::JoinTimeout(_))));
+                break;
+            }
+        }
+        assert_eq!(now, t0 + Duration::from_secs(3));
+        assert!(s.is_failed());
+    }
+
+    #[test]
+    fn each_nack_reason_while_joining() {
+        let t0 = Instant::now();
+        for reason in all_reasons() {
+            let mut s = session(0, 2);
+            s.start_join(0, 0, t0);
+            let hello = s.poll_transmit(t0).unwrap();
+            let echo = hello_nonce(&hello);
+            // A NACK that does not echo our nonce is never ours.
+            assert!(s.handle(&nack(0, reason, [9; 16], None), t0).is_none());
+            let ev = s.handle(&nack(0, reason, echo, None), t0);
+            match reason {
+                NackReason::StaleNonce | NackReason::StaleGeneration => {
+                    assert!(ev.is_none(), "{reason:?}");
+                    // A fresh handshake at once.
+                    let h = s.poll_transmit(t0).unwrap();
+                    assert_ne!(hello_nonce(&h), echo, "{reason:?}");
+                }
+                NackReason::JobNotActive => {
+                    assert!(ev.is_none());
+                    assert!(s.poll_transmit(t0).is_none());
+                }
+                _ => {
+                    assert!(
+                        matches!(ev, Some(Event::Failed(SessionError::Refused(r))) if r == reason),
+                        "{reason:?}: {ev:?}"
+                    );
+                }
+            }
+            assert_eq!(s.stats().nacks, 2);
+        }
+    }
+
+    #[test]
+    fn each_nack_reason_once_joined_and_unauthenticated_ones_probe() {
+        let t0 = Instant::now();
+        for reason in all_reasons() {
+            let mut t = table(1, 1, AuthMode::Port, t0);
+            let mut s = session(0, 1);
+            let nonce = join(&mut s, &mut t, (0, 0), t0);
+            let key = auth::session_key(&SECRET, JOB, 0, 1, &nonce);
+            // Untagged, or tagged under another key: ignored, counted, and
+            // a probe goes (one per 200 ms).
+            for (i, k) in [None, Some(&[1u8; 32])].into_iter().enumerate() {
+                assert!(s.handle(&nack(1, reason, [0; 16], k), t0).is_none());
+                assert_eq!(s.stats().unauthenticated_dropped, i as u64 + 1);
+            }
+            let probe = s.poll_transmit(t0).unwrap();
+            assert!(probe.probe);
+            assert!(s.poll_transmit(t0).is_none());
+            assert_eq!(s.stats().probes_sent, 1);
+            assert!(s.is_joined());
+
+            let ev = s.handle(&nack(1, reason, [0; 16], Some(&key)), t0);
+            match reason {
+                NackReason::JobNotActive | NackReason::StaleGeneration => {
+                    assert!(
+                        matches!(ev, Some(Event::SessionLost(Lost::Nack(r))) if r == reason),
+                        "{ev:?}"
+                    );
+                    assert_eq!(s.stats().rejoins, 1);
+                    assert!(!s.is_joined());
+                }
+                NackReason::StaleNonce => assert!(ev.is_none() && s.is_joined()),
+                _ => assert!(
+                    matches!(ev, Some(Event::Failed(SessionError::Refused(r))) if r == reason),
+                    "{reason:?}: {ev:?}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn a_nack_echoing_the_probe_is_a_real_refusal() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        join(&mut s, &mut t, (0, 0), t0);
+        assert!(s
+            .handle(&nack(1, NackReason::UnknownJob, [0; 16], None), t0)
+            .is_none());
+        let probe = s.poll_transmit(t0).unwrap();
+        let echo = hello_nonce(&probe);
+        let ev = s.handle(&nack(1, NackReason::UnknownJob, echo, None), t0);
+        assert!(matches!(
+            ev,
+            Some(Event::Failed(SessionError::Refused(NackReason::UnknownJob)))
+        ));
+    }
+
+    /// The switch restarts (a new generation, no sessions): its untagged
+    /// NACK makes the worker probe, the CHALLENGE to the probe shows the new
+    /// generation, and the worker joins again from its resume point.
+    #[test]
+    fn a_switch_restart_is_found_by_a_probe_and_rejoined() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        join(&mut s, &mut t, (0, 0), t0);
+
+        // A spoofed trigger first: the probe's answer has our generation.
+        assert!(s
+            .handle(&nack(1, NackReason::StaleGeneration, [0; 16], None), t0)
+            .is_none());
+        let ch = exchange(&mut s, &mut t, t0);
+        assert!(feed(&mut s, &ch, t0).is_empty());
+        assert_eq!(s.stats().spoofed_triggers, 1);
+        assert!(s.is_joined());
+
+        let t1 = t0 + Duration::from_secs(1);
+        let mut t = table(2, 1, AuthMode::Port, t1);
+        let c = crate::worker::Collective::new(3, 40, 8, 2);
+        let tx = crate::worker::Transmit {
+            seq: 41,
+            chunk: 1,
+            offset: 2,
+            count: 2,
+            last: false,
+            retx: false,
+            kind: crate::wire::Kind::AllReduce,
+            owner: 0,
+            values: Some(2),
+        };
+        let h = s.data_header(&tx, c.collective());
+        let mut b = vec![0u8; HEADER_LEN + 8];
+        h.emit_to(&mut b).unwrap();
+        t.handle(&b, endpoint(0), false, t1);
+        let nacks = replies(&mut t);
+        assert_eq!(msg_type(&nacks[0]), MsgType::Nack);
+        assert!(feed(&mut s, &nacks, t1).is_empty());
+        assert_eq!(s.stats().unauthenticated_dropped, 2);
+        // A copy of the CHALLENGE counts once.
+        let ch = exchange(&mut s, &mut t, t1);
+        let ev = feed(&mut s, &[ch[0].clone(), ch[0].clone()], t1);
+        match &ev[..] {
+            [Event::SessionLost(Lost::Restarted { gen: 2 })] => {}
+            other => panic!("{other:?}"),
+        }
+        s.start_join(3, 41, t1);
+        let ch = exchange(&mut s, &mut t, t1);
+        feed(&mut s, &ch, t1);
+        let acks = exchange(&mut s, &mut t, t1);
+        let ev = feed(&mut s, &acks, t1);
+        let j = joined(&ev).expect("rejoined");
+        assert_eq!((j.gen, j.collective, j.seq, j.first), (2, 3, 41, false));
+        assert_eq!(s.gen(), 2);
+        assert_eq!(s.data_header(&tx, 3).gen, 2);
+    }
+
+    #[test]
+    fn heartbeats_after_half_a_second_without_progress_then_the_stall() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        join(&mut s, &mut t, (0, 0), t0);
+        assert_eq!(
+            s.poll_timeout(),
+            None,
+            "nothing to watch between collectives"
+        );
+        s.track(0, 7, Some(t0));
+        let ms = Duration::from_millis;
+        assert_eq!(s.poll_timeout(), Some(t0 + HEARTBEAT_EVERY));
+        assert!(s.handle_timeout(t0 + ms(499)).is_none());
+        assert!(s.poll_transmit(t0 + ms(499)).is_none());
+        assert!(s.handle_timeout(t0 + ms(500)).is_none());
+        let hb = s.poll_transmit(t0 + ms(500)).unwrap();
+        assert_eq!(hb.msg_type, MsgType::Heartbeat);
+        let r = HeaderRepr::parse(&Header::new_checked(hb.bytes()).unwrap()).unwrap();
+        assert_eq!((r.seq, r.gen, r.rank), (7, 1, 0));
+        // The switch answers: what seq 7 waits for.
+        t.handle(hb.bytes(), endpoint(0), false, t0 + ms(500));
+        let ans = replies(&mut t);
+        match s.handle(&ans[0], t0 + ms(500)) {
+            Some(Event::Waiting { header, .. }) => assert_eq!(header.seq, 7),
+            other => panic!("{other:?}"),
+        }
+        // Again every 500 ms while nothing moves.
+        s.track(0, 7, Some(t0));
+        assert_eq!(s.poll_timeout(), Some(t0 + ms(1000)));
+        assert!(s.handle_timeout(t0 + ms(800)).is_none());
+        assert!(s.poll_transmit(t0 + ms(800)).is_none());
+        s.handle_timeout(t0 + ms(1000));
+        assert!(s.poll_transmit(t0 + ms(1000)).is_some());
+        // Progress: quiet for another 500 ms.
+        s.track(0, 9, Some(t0 + ms(1200)));
+        s.handle_timeout(t0 + ms(1600));
+        assert!(s.poll_transmit(t0 + ms(1600)).is_none());
+        assert_eq!(s.poll_timeout(), Some(t0 + ms(1700)));
+        assert_eq!(s.stats().heartbeats_sent, 2);
+        // No progress for the stall timeout: reported once.
+        let stall = t0 + ms(1200) + Duration::from_secs(2);
+        assert!(s.poll_timeout().unwrap() <= stall);
+        match s.handle_timeout(stall) {
+            Some(Event::Stalled {
+                collective: 0,
+                seq: 9,
+                waited,
+            }) => assert_eq!(waited, Duration::from_secs(2)),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.handle_timeout(stall + ms(1)).is_none());
+    }
+
+    /// A RESULT reaches the collective only under the session's generation,
+    /// with exactly `count` values and, in a mac job, a tag that verifies.
+    #[test]
+    fn results_are_checked_before_the_collective_sees_them() {
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let t0 = Instant::now();
+            let mut t = table(1, 1, auth, t0);
+            let mut s = session(0, 1);
+            join(&mut s, &mut t, (0, 0), t0);
+            let tx = crate::worker::Transmit {
+                seq: 0,
+                chunk: 0,
+                offset: 0,
+                count: 2,
+                last: true,
+                retx: false,
+                kind: crate::wire::Kind::AllReduce,
+                owner: 0,
+                values: Some(0),
+            };
+            let h = s.data_header(&tx, 0);
+            assert!(h.has_flag(flags::LAST));
+            let values: Vec<u8> = [1.5f32, -2.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let mut b = vec![0u8; HEADER_LEN];
+            h.emit_to(&mut b).unwrap();
+            b.extend_from_slice(&values);
+            b.extend(s.data_tag(&h, &values).into_iter().flatten());
+            assert_eq!(b.len(), HEADER_LEN + 8 + auth.tag_len());
+            t.handle(&b, endpoint(0), false, t0);
+            let res = replies(&mut t);
+            assert_eq!(msg_type(&res[0]), MsgType::Result);
+            match s.handle(&res[0], t0) {
+                Some(Event::Result { header, values: v }) => {
+                    assert_eq!((header.seq, header.count), (0, 2));
+                    assert_eq!(&res[0][v], &values[..]);
+                }
+                other => panic!("{other:?}"),
+            }
+            // One byte short.
+            assert!(s.handle(&res[0][..res[0].len() - 1], t0).is_none());
+            // A changed value fails the tag in a mac job (a port job cannot
+            // tell).
+            let mut changed = res[0].clone();
+            changed[HEADER_LEN] ^= 1;
+            let ev = s.handle(&changed, t0);
+            match auth {
+                AuthMode::Mac => {
+                    assert!(ev.is_none());
+                    assert_eq!(s.stats().bad_tag_results, 1);
+                }
+                AuthMode::Port => assert!(matches!(ev, Some(Event::Result { .. }))),
+            }
+            // Another generation: not ours; probe.
+            let mut other = res[0].clone();
+            let mut r = HeaderRepr::parse(&Header::new_checked(&other[..]).unwrap()).unwrap();
+            r.gen = 2;
+            r.emit_to(&mut other).unwrap();
+            assert!(s.handle(&other, t0).is_none());
+            assert_eq!(s.stats().unauthenticated_dropped, 1);
+            assert!(s.poll_transmit(t0).is_some_and(|p| p.probe));
+        }
+    }
+}
