@@ -34,6 +34,9 @@
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
 //!   as often), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
+//! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
+//!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
+//!   which the simulators and the fuzzer build DATA with.
 //!
 //! Invariants: nothing here reads a clock or a random source (nonces come
 //! from an HMAC of a caller-given key and a counter, so a run is
@@ -288,9 +291,10 @@ impl std::fmt::Debug for WorkerSession {
 }
 
 impl WorkerSession {
-    /// A session for `params` (its dtype must be a known [`Dtype`]);
-    /// `nonce_key` must be random: every nonce this session sends derives
-    /// from it.
+    /// A session for `params`; `nonce_key` must be random: every nonce this
+    /// session sends derives from it. RESULT lengths are checked against
+    /// `params.dtype` (an unknown dtype counts as float32: the switch
+    /// refuses such a JOIN with NACK 5 anyway).
     pub fn new(params: JoinParams, cfg: SessionConfig, nonce_key: [u8; 32]) -> WorkerSession {
         let dtype = Dtype::from_u8(params.dtype).unwrap_or(Dtype::F32);
         let mut s = WorkerSession {
