@@ -34,6 +34,9 @@
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
 //!   as often), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
+//! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
+//!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
+//!   which the simulators and the fuzzer build DATA with.
 //!
 //! Invariants: nothing here reads a clock or a random source (nonces come
 //! from an HMAC of a caller-given key and a counter, so a run is
@@ -288,9 +291,10 @@ impl std::fmt::Debug for WorkerSession {
 }
 
 impl WorkerSession {
-    /// A session for `params` (its dtype must be a known [`Dtype`]);
-    /// `nonce_key` must be random: every nonce this session sends derives
-    /// from it.
+    /// A session for `params`; `nonce_key` must be random: every nonce this
+    /// session sends derives from it. RESULT lengths are checked against
+    /// `params.dtype` (an unknown dtype counts as float32: the switch
+    /// refuses such a JOIN with NACK 5 anyway).
     pub fn new(params: JoinParams, cfg: SessionConfig, nonce_key: [u8; 32]) -> WorkerSession {
         let dtype = Dtype::from_u8(params.dtype).unwrap_or(Dtype::F32);
         let mut s = WorkerSession {
@@ -882,7 +886,7 @@ mod tests {
     }
 
     #[test]
-    fn joins_through_lost_duplicated_and_forged_challenge_and_join_ack() {
+    fn joins_through_lost_duplicated_and_forged_hellos_challenges_joins_and_join_acks() {
         let t0 = Instant::now();
         let mut t = table(1, 1, AuthMode::Port, t0);
         let mut s = session(0, 1);
@@ -894,9 +898,15 @@ mod tests {
         let t1 = t0 + JOIN_RESEND;
         let again = s.poll_transmit(t1).unwrap();
         assert_eq!(lost.bytes(), again.bytes());
+        // Duplicated on the way: two CHALLENGEs, each with its own switch
+        // nonce.
+        t.handle(again.bytes(), endpoint(0), false, t1);
         t.handle(again.bytes(), endpoint(0), false, t1);
         let ch = replies(&mut t);
+        assert_eq!(ch.len(), 2);
         assert_eq!(msg_type(&ch[0]), MsgType::Challenge);
+        let nonce_of = |b: &[u8]| ChallengePayload::parse(&b[HEADER_LEN..]).unwrap().nonce;
+        assert_ne!(nonce_of(&ch[0]), nonce_of(&ch[1]));
 
         // A forged CHALLENGE (another hello nonce) is ignored: still a HELLO.
         let mut forged = ch[0].clone();
@@ -904,12 +914,19 @@ mod tests {
         assert!(s.handle(&forged, t1).is_none());
         assert_eq!(s.poll_timeout(), Some(t1 + JOIN_RESEND));
 
-        // The real one, twice: the JOIN goes at once, and the copy does not
-        // change the switch nonce the JOIN proves.
+        // The real ones: the JOIN goes at once and proves the first's switch
+        // nonce; the second does not change it (switching after the JOIN
+        // went out would make every resend a replay).
         assert!(s.handle(&ch[0], t1).is_none());
         let join = s.poll_transmit(t1).unwrap();
         assert_eq!(join.msg_type, MsgType::Join);
-        assert!(s.handle(&ch[0], t1).is_none());
+        assert!(s.handle(&ch[1], t1).is_none());
+        let proves = |b: &[u8]| {
+            crate::wire::JoinPayload::parse(&b[HEADER_LEN..])
+                .unwrap()
+                .nonce
+        };
+        assert_eq!(proves(join.bytes()), nonce_of(&ch[0]));
         // The JOIN is lost; the same JOIN goes again.
         let t2 = t1 + JOIN_RESEND;
         let join2 = s.poll_transmit(t2).unwrap();
@@ -925,15 +942,23 @@ mod tests {
         assert_eq!(s.stats().bad_tag_join_acks, 1);
         assert!(!s.is_joined());
 
-        let ev = feed(&mut s, &acks, t2);
+        // The JOIN_ACK itself is lost: the JOIN goes again and the switch
+        // answers the copy with the JOIN_ACK again.
+        let t3 = t2 + JOIN_RESEND;
+        assert_eq!(s.poll_timeout(), Some(t3));
+        let join3 = s.poll_transmit(t3).unwrap();
+        assert_eq!(join3.bytes(), join.bytes());
+        t.handle(join3.bytes(), endpoint(0), false, t3);
+        let acks = replies(&mut t);
+        let ev = feed(&mut s, &acks, t3);
         let j = joined(&ev).expect("joined");
         assert_eq!((j.collective, j.seq, j.gen), (0, 5, 1));
         assert_eq!((j.pool_slots, j.elems_per_chunk, j.window), (4, 2, 4));
         assert!(j.first);
         assert!(s.is_joined());
         // A copy of the JOIN_ACK changes nothing; nothing more to send.
-        assert!(s.handle(&acks[0], t2).is_none());
-        assert!(s.poll_transmit(t2 + JOIN_RESEND * 3).is_none());
+        assert!(s.handle(&acks[0], t3).is_none());
+        assert!(s.poll_transmit(t3 + JOIN_RESEND * 3).is_none());
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once), with
 //! and without per-packet tags (`auth = "mac"`: every DATA tagged, every
 //! RESULT's tag checked). Each worker joins, builds its DATA headers and
-//! accepts RESULTs through `proto::session`, as the worker library does.
+//! accepts RESULTs through `proto::session`, as the worker library does;
+//! one run sends the joins over the faulty links too and restarts the
+//! switch, so that finding the restart and rejoining are simulated as well.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -440,5 +442,270 @@ proptest! {
         let dtype = Dtype::from_u8(dtype).unwrap();
         let faults = Faults { loss, dup, reorder };
         run_from(0, n, len, elems, 1 << slots_log, 2, faults, seed, dtype, AuthMode::Port);
+    }
+}
+
+/// A job table of generation `gen` with job 1 (f32, port auth).
+fn job_table(gen: u32, n: u16, elems: u16, slots: u16, now: Instant) -> JobTable {
+    let mut table = JobTable::new(TableConfig::new(gen, [5; 32]), now);
+    table
+        .add(
+            JobConfig {
+                id: 1,
+                n_workers: n,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: [3; 32],
+                pool_slots: slots,
+                elems_per_chunk: elems,
+                dtype: Dtype::F32,
+                window: slots,
+                auth: AuthMode::Port,
+                upstream: None,
+            },
+            elems + 8,
+        )
+        .unwrap();
+    table
+}
+
+/// When the switch restarts in [`run_with_restart`].
+#[derive(Debug, Clone, Copy)]
+enum RestartAt {
+    Never,
+    /// At this virtual time (joins may still be under way).
+    Time(Duration),
+    /// Once rank 0 has this many chunks answered.
+    Chunks(u32),
+}
+
+/// One all-reduce in which everything goes over the faulty network, the
+/// join included, and the switch restarts (a new generation, no sessions)
+/// at `restart`: every worker must notice through its session (the new
+/// switch's untagged NACK makes it probe; the CHALLENGE shows the new
+/// generation), join again over the lossy links from its oldest unanswered
+/// chunk, and still get the rank-order sum bit for bit. Returns each
+/// worker's session counters.
+fn run_with_restart(
+    n: u16,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    faults: Faults,
+    seed: u64,
+    restart: RestartAt,
+) -> Vec<proto::session::SessionStats> {
+    let base = Instant::now();
+    let mut table = job_table(1, n, elems, slots, base);
+    let cfg = TransportConfig {
+        initial_rto: Duration::from_millis(2),
+        min_rto: Duration::from_micros(500),
+        ..TransportConfig::default()
+    };
+    let scfg = SessionConfig {
+        join_timeout: Duration::from_secs(20),
+        stall_timeout: Duration::from_secs(20),
+    };
+    let mut net = Net {
+        rng: Rng(seed | 1),
+        faults,
+        queue: BinaryHeap::new(),
+        msgs: Default::default(),
+        next_id: 0,
+    };
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|rank| {
+            let from = endpoint(rank);
+            let params = JoinParams {
+                job: 1,
+                rank,
+                n_workers: n,
+                dtype: Dtype::F32 as u8,
+                op: 0,
+                secret: [3; 32],
+                ip: from.source.ip,
+                port: from.source.port,
+            };
+            let mut session = WorkerSession::new(params, scfg, [rank as u8 + 40; 32]);
+            session.start_join(0, 0, base);
+            Worker {
+                session,
+                input: (0..len)
+                    .map(|i| proto::reference::pattern_dtype(Dtype::F32, rank, 0, i))
+                    .collect(),
+                output: vec![f32::NAN; len],
+                coll: Collective::new(0, 0, len, elems),
+                rtt: RttEstimator::new(&cfg),
+                cc: Dctcp::new(&cfg, slots),
+            }
+        })
+        .collect();
+    let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
+    let want: Vec<u32> = rank_order_sum(&inputs)
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let mut now = Duration::ZERO;
+    let mut restarted = false;
+    let mut steps = 0u64;
+    while !workers.iter().all(|w| w.coll.is_complete()) {
+        steps += 1;
+        assert!(steps < 5_000_000, "hang at {now:?}");
+        let at = base + now;
+        for (r, w) in workers.iter_mut().enumerate() {
+            if w.session.is_joined() {
+                let since = w.coll.last_progress().unwrap_or(at);
+                let (c, s) = (w.coll.collective(), w.coll.oldest_unacked_seq());
+                w.session.track(c, s, Some(since));
+            }
+            match w.session.handle_timeout(at) {
+                None => {}
+                Some(e) => panic!("rank {r} at {now:?}: {e:?} {:?}", w.session.stats()),
+            }
+            while let Some(t) = w.session.poll_transmit(at) {
+                let bytes = t.bytes().to_vec();
+                net.send(now, || Msg::ToSwitch {
+                    rank: r as u16,
+                    bytes: bytes.clone(),
+                });
+            }
+            if !w.session.is_joined() {
+                continue;
+            }
+            while let Some(t) = w.coll.poll_transmit(at, w.cc.window(), &w.rtt, &cfg) {
+                let h = w.session.data_header(&t, w.coll.collective());
+                let mut p = vec![0u8; 4 * t.count as usize];
+                round_to_le(
+                    Dtype::F32,
+                    &w.input[t.offset..t.offset + t.count as usize],
+                    &mut p,
+                );
+                let bytes = frame(&h, &p);
+                net.send(now, || Msg::ToSwitch {
+                    rank: r as u16,
+                    bytes: bytes.clone(),
+                });
+            }
+        }
+        // Next event: a delivery, a worker's timer, a session's, the restart.
+        let timers = workers.iter().flat_map(|w| {
+            let coll = w.session.is_joined().then(|| w.coll.next_timeout());
+            [coll.flatten(), w.session.poll_timeout()]
+        });
+        let next = net
+            .queue
+            .peek()
+            .map(|Reverse((t, _))| *t)
+            .into_iter()
+            .chain(timers.flatten().map(|t| t - base))
+            .chain(match restart {
+                RestartAt::Time(t) if !restarted => Some(t),
+                _ => None,
+            })
+            .min()
+            .expect("something in flight or due");
+        now = now.max(next);
+        let due = match restart {
+            RestartAt::Never => false,
+            RestartAt::Time(t) => now >= t,
+            RestartAt::Chunks(k) => workers[0].coll.oldest_unacked_seq() >= k,
+        };
+        if !restarted && due {
+            restarted = true;
+            assert!(
+                workers.iter().all(|w| !w.coll.is_complete()),
+                "restart_at is too late: a worker already finished"
+            );
+            table = job_table(2, n, elems, slots, base + now);
+        }
+        while let Some(Reverse((t, id))) = net.queue.peek().copied() {
+            if t > now {
+                break;
+            }
+            net.queue.pop();
+            match net.msgs.remove(&id).unwrap() {
+                Msg::ToSwitch { rank, bytes } => {
+                    table.handle(&bytes, endpoint(rank), false, base + now);
+                    while let Some(r) = table.poll_reply() {
+                        let mut buf = vec![0u8; 2048];
+                        let Some(e) = table.encode(&r, &mut buf) else {
+                            continue;
+                        };
+                        buf.truncate(e.len);
+                        net.send(now, || Msg::ToWorker {
+                            rank: r.rank,
+                            bytes: buf.clone(),
+                        });
+                    }
+                }
+                Msg::ToWorker { rank, bytes } => {
+                    let w = &mut workers[rank as usize];
+                    match w.session.handle(&bytes, base + now) {
+                        None | Some(Event::Waiting { .. }) => {}
+                        Some(Event::Joined(j)) => {
+                            assert_eq!(j.collective, 0);
+                            // The job's resume point: every rank resends
+                            // from there (results come again, identical).
+                            w.coll.restart_from(j.seq);
+                        }
+                        Some(Event::SessionLost(_)) => {
+                            let seq = w.coll.oldest_unacked_seq();
+                            w.session.start_join(0, seq, base + now);
+                        }
+                        Some(Event::Result { header: h, values }) => {
+                            let mut v = vec![0f32; h.count as usize];
+                            read_le(Dtype::F32, &bytes[values], &mut v);
+                            let ece = h.has_flag(flags::ECE);
+                            if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
+                                h.seq,
+                                h.count,
+                                ece,
+                                base + now,
+                                &mut w.rtt,
+                                &mut w.cc,
+                            ) {
+                                w.output[offset..offset + count as usize].copy_from_slice(&v);
+                            }
+                        }
+                        Some(e) => panic!("rank {rank}: {e:?}"),
+                    }
+                }
+            }
+        }
+    }
+    for (r, w) in workers.iter().enumerate() {
+        let got: Vec<u32> = w.output.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(got, want, "rank {r}: not the rank-order sum");
+        assert_eq!(w.session.gen(), if restarted { 2 } else { 1 });
+    }
+    workers.iter().map(|w| w.session.stats()).collect()
+}
+
+#[test]
+fn a_switch_restart_mid_collective_is_found_and_rejoined_over_lossy_links() {
+    // Joins over lossy links too (HELLO, JOIN and JOIN_ACK resent).
+    let calm = run_with_restart(4, 3000, 16, 16, ALL_FAULTS, 5, RestartAt::Never);
+    assert!(calm.iter().all(|s| s.rejoins == 0), "{calm:?}");
+    // A restart at 1 ms, while ranks are joining (a lost HELLO waits
+    // 200 ms) or just joined: every one ends on generation 2.
+    run_with_restart(
+        4,
+        3000,
+        16,
+        16,
+        ALL_FAULTS,
+        5,
+        RestartAt::Time(Duration::from_millis(1)),
+    );
+    // A third of the way through the collective.
+    for seed in [5, 6, 7] {
+        let stats = run_with_restart(4, 3000, 16, 16, ALL_FAULTS, seed, RestartAt::Chunks(60));
+        for (r, s) in stats.iter().enumerate() {
+            assert!(s.rejoins >= 1, "rank {r} never rejoined: {s:?}");
+            assert!(s.probes_sent >= 1, "rank {r}: found without a probe? {s:?}");
+            assert_eq!(s.bad_length_results + s.bad_tag_results, 0, "{s:?}");
+        }
     }
 }
