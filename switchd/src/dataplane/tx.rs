@@ -9,8 +9,10 @@
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
 //! counted in `tx_ring_full` (the worker's resend recovers it). An untagged
 //! RESULT is encoded from its job's shadow through the lock-free data path
-//! ([`proto::switch::JobCore::result_for`]), whoever decided it; every
-//! other reply (a tagged RESULT included) needs the table, locked.
+//! ([`proto::switch::JobCore::result_for`]), whoever decided it, as its
+//! rank gets it: the values, or a NOVAL RESULT (the header alone) where a
+//! reduce-scatter or all-gather gives that rank none. Every other reply (a
+//! tagged RESULT included) needs the table, locked.
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
@@ -417,7 +419,11 @@ mod tests {
         }
         drain(t)
             .into_iter()
-            .map(|(h, p)| hss[h.rank as usize].on_join_ack(&h, &p[HEADER_LEN..]).unwrap())
+            .map(|(h, p)| {
+                hss[h.rank as usize]
+                    .on_join_ack(&h, &p[HEADER_LEN..])
+                    .unwrap()
+            })
             .collect()
     }
 
@@ -463,7 +469,13 @@ mod tests {
                     t.handle(&p, endpoint(rank), false, now);
                     let out = drain(&mut t);
                     // The last rank completes the seq; its copy is a resend.
-                    let want = if resent { 1 } else if rank + 1 == n { n as usize } else { 0 };
+                    let want = if resent {
+                        1
+                    } else if rank + 1 == n {
+                        n as usize
+                    } else {
+                        0
+                    };
                     assert_eq!(out.len(), want, "{kind} {auth} rank {rank}");
                     resent |= rank + 1 == n;
                     for (h, p) in out {
