@@ -284,11 +284,11 @@ fn run_collective(
             let Some(oldest) = rank.got.iter().position(Option::is_none) else {
                 continue;
             };
-            for i in oldest..chunks.len().min(oldest + window) {
-                if rank.got[i].is_none() {
-                    let c = &chunks[i];
+            let in_window = chunks.iter().zip(&rank.got).zip(&rank.sends);
+            for ((c, got), send) in in_window.skip(oldest).take(window) {
+                if got.is_none() {
                     let key = acks[r].data_key.as_ref();
-                    let v = rank.sends[i].as_deref();
+                    let v = send.as_deref();
                     let m =
                         kind_message(r as u16, c.seq, collective, kind, c.owner, c.count, v, key);
                     net.push((true, r as u16, m));
@@ -816,7 +816,7 @@ fn two_threads_on_the_fast_path_get_the_reference_bits() {
         // Seq s: even a reduce-scatter chunk, odd an all-gather chunk;
         // owner s mod N, count 1 + s mod E.
         let kind = |s: u32| {
-            if s % 2 == 0 {
+            if s.is_multiple_of(2) {
                 Kind::ReduceScatter
             } else {
                 Kind::AllGather
