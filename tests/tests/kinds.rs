@@ -3,10 +3,11 @@
 //! endpoint in its namespace (tests/kinds_agent.py) whose every message this
 //! test builds and checks with `proto`. Every rank's RESULTs are checked bit
 //! for bit (the owner's shard sum; the owners' bytes, a signalling NaN
-//! included), NOVAL RESULTs are header-only, and a DATA naming another owner
-//! is counted `kind_mismatch`. Worker-side logic (windows, timers) is not
-//! under test here: each rank sends all its chunks, then resends those
-//! without a RESULT, which the switch answers from its shadows.
+//! included), NOVAL RESULTs are header-only, resends get each rank's own
+//! RESULT again, and a DATA naming another owner is counted
+//! `kind_mismatch`; switchd runs two dataplane threads. Worker-side logic
+//! (windows, timers) is not under test here: each rank sends all its
+//! chunks, then resends those without a RESULT.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
@@ -302,7 +303,10 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
         return;
     }
     let tb = Testbed::up("fs1", N, 0);
-    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, N)]);
+    // Two dataplane threads (sw-w0 and sw-w2 on one, sw-w1 and sw-w3 on the
+    // other): a completion fans out per rank partly through the other
+    // thread's outbox, and NOVAL RESULTs take that path too.
+    let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, N)], "dataplane_threads = 2\n");
     let mut agents: Vec<Agent> = (0..N).map(|r| Agent::start(&tb, r)).collect();
     let gen = join_all(&mut agents);
 
