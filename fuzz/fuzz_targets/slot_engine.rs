@@ -2056,7 +2056,10 @@ fn run(input: Input) {
                 repr.seq = seq.resolve(h.floor(id));
                 repr.collective = collective as u32;
                 repr.gen = gen.unwrap_or(h.gen());
-                repr.flags = fl & flags::DEFINED;
+                // All-reduce flags only: this model sums every DATA. The
+                // other kinds (NOVAL, owners, per-rank RESULTs) are
+                // proto::switch::tests::kinds's.
+                repr.flags = fl & flags::DEFINED & !(flags::KIND_MASK | flags::NOVAL);
                 let payload = f32_payload(&values, count, rank as u32);
                 let si = h.src_index(id, rank, src);
                 h.feed(&frame(&repr, &payload), si, ce);

@@ -12,7 +12,9 @@
 //! * The fast path takes only DATA the table would take: the job is active
 //!   and neither a leaf nor `auth = "mac"`, the message is of the current
 //!   generation, from its rank's bound member (source and switch port),
-//!   with the job's count and length. Anything else is [`Fast::Slow`]: the
+//!   with the job's count and length (none for a NOVAL DATA), of any
+//!   collective kind the job serves (a spine's other kinds go to the table,
+//!   which answers NACK 10). Anything else is [`Fast::Slow`]: the
 //!   caller hands it to [`super::JobTable::handle`] under the table lock,
 //!   which counts, drops or answers it as it always did. So the rules for
 //!   strangers, NACKs and refusals live in one place.

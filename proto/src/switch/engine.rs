@@ -10,6 +10,13 @@
 //!   with the kernels of [`crate::simd`] and [`crate::elements`], whatever
 //!   the arrival order and whichever thread brings what: results are
 //!   bit-identical to [`crate::reference`]'s rank-order sums.
+//! * Collective kinds (docs/PROTOCOL.md, "Collective kinds"): a seq's kind,
+//!   owner and count are those of its first contribution; a reduce-scatter
+//!   is summed as an all-reduce; an all-gather's accumulator (and the
+//!   owner's row, if it comes early) holds the owner's wire bytes, copied,
+//!   never converted, and the other ranks' NOVAL arrivals take their turn
+//!   in the fold with nothing to add. The shadow records kind and owner, so
+//!   [`ResultRef::for_rank`] tells who gets values.
 //! * Per slot, a small mutex (its `Meta`) guards the slot's bookkeeping and is
 //!   held only for a few loads and stores, never across a copy or a sum.
 //!   A contributor claims its rank under it; then, outside it, either folds

@@ -38,6 +38,12 @@
 //!   RESULT tag is computed once, when it completes, under the activation's
 //!   RESULT key, and kept with the shadow, so every member and every resend
 //!   gets the same bytes (docs/PROTOCOL.md, "Per-packet authentication").
+//!   A reduce-scatter's or all-gather's chunk also has its NOVAL RESULT,
+//!   tagged once beside it.
+//! * Reduce-scatter and all-gather are served by a job that is neither a
+//!   leaf nor a spine (a job whose member joined with `UPSTREAM`); those
+//!   answer such DATA from the bound member with NACK 10, rate-limited like
+//!   every NACK, and never let it reach a slot.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -9,8 +9,10 @@
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
 //! counted in `tx_ring_full` (the worker's resend recovers it). An untagged
 //! RESULT is encoded from its job's shadow through the lock-free data path
-//! ([`proto::switch::JobCore::result_for`]), whoever decided it; every
-//! other reply (a tagged RESULT included) needs the table, locked.
+//! ([`proto::switch::JobCore::result_for`]), whoever decided it, as its
+//! rank gets it: the values, or a NOVAL RESULT (the header alone) where a
+//! reduce-scatter or all-gather gives that rank none. Every other reply (a
+//! tagged RESULT included) needs the table, locked.
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
@@ -384,6 +386,117 @@ mod tests {
         )
         .unwrap();
         t
+    }
+
+    /// Joins ranks 0..n of the test job through the handshake; each
+    /// rank's JOIN_ACK.
+    fn join_all(t: &mut JobTable, n: u16, wire_dtype: u8) -> Vec<proto::handshake::JoinAck> {
+        let now = Instant::now();
+        let mut hss = Vec::new();
+        for rank in 0..n {
+            let ep = endpoint(rank);
+            let mut hs = Handshake::new(
+                JoinParams {
+                    job: JOB,
+                    rank,
+                    n_workers: n,
+                    dtype: wire_dtype,
+                    op: OP_SUM,
+                    secret: SECRET,
+                    ip: ep.source.ip,
+                    port: ep.source.port,
+                },
+                [rank as u8 + 1; 16],
+            );
+            let mut b = [0u8; 256];
+            let len = hs.emit_hello(&mut b).unwrap();
+            t.handle(&b[..len], ep, false, now);
+            let (h, p) = drain(t).remove(0);
+            hs.on_challenge(&h, &p[HEADER_LEN..]).unwrap();
+            let len = hs.emit_join(0, 0, &mut b).unwrap();
+            t.handle(&b[..len], ep, false, now);
+            hss.push(hs);
+        }
+        drain(t)
+            .into_iter()
+            .map(|(h, p)| {
+                hss[h.rank as usize]
+                    .on_join_ack(&h, &p[HEADER_LEN..])
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Reduce-scatter and all-gather RESULTs leave per rank as the
+    /// dataplane frames them: the values to the ranks that get them, a
+    /// NOVAL RESULT (the header, and a tag in an `auth = "mac"` job) to
+    /// the others, each with a UDP checksum that verifies, first sends and
+    /// resends alike.
+    #[test]
+    fn reduce_scatter_and_all_gather_results_are_framed_per_rank() {
+        use proto::wire::{flags, Kind};
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let n = 3;
+            let mut t = table(Dtype::F32, n, auth);
+            let acks = join_all(&mut t, n, proto::wire::DTYPE_F32);
+            let now = Instant::now();
+            let vals: Vec<u8> = [1.5f32, f32::from_bits(0x7f80_0001), -2.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            for (seq, kind) in [(0u32, Kind::ReduceScatter), (1, Kind::AllGather)] {
+                let owner = 1;
+                let mut resent = false;
+                for rank in (0..n).chain([2]) {
+                    let mut h = HeaderRepr::new(MsgType::Data, JOB);
+                    h.rank = rank;
+                    h.seq = seq;
+                    h.count = 3;
+                    h.gen = GEN;
+                    h.window = owner;
+                    h.flags = kind.flag_bits();
+                    let mut p = vec![0u8; HEADER_LEN];
+                    if kind.sends_values(rank, owner) {
+                        p.extend_from_slice(&vals);
+                    } else {
+                        h.flags |= flags::NOVAL;
+                    }
+                    h.emit_to(&mut p).unwrap();
+                    if let Some(k) = &acks[rank as usize].data_key {
+                        let tag = k.tag(&h, &p[HEADER_LEN..]);
+                        p.extend_from_slice(&tag);
+                    }
+                    t.handle(&p, endpoint(rank), false, now);
+                    let out = drain(&mut t);
+                    // The last rank completes the seq; its copy is a resend.
+                    let want = if resent {
+                        1
+                    } else if rank + 1 == n {
+                        n as usize
+                    } else {
+                        0
+                    };
+                    assert_eq!(out.len(), want, "{kind} {auth} rank {rank}");
+                    resent |= rank + 1 == n;
+                    for (h, p) in out {
+                        let r = h.rank;
+                        let gets = kind.receives_values(r, owner);
+                        assert_eq!((h.kind(), h.no_values()), (kind, !gets));
+                        assert_eq!(h.has_flag(flags::RETX), want == 1);
+                        let body = &p[HEADER_LEN..];
+                        let len = if gets { vals.len() } else { 0 };
+                        assert_eq!(body.len(), len + auth.tag_len(), "{kind} {auth} to {r}");
+                        let (v, tag) = body.split_at(len);
+                        if let Some(k) = &acks[r as usize].result_key {
+                            assert!(k.verify(&h, v, tag), "{kind}: the tag verifies");
+                        }
+                        if kind == Kind::AllGather && gets {
+                            assert_eq!(v, &vals[..], "the owner's bytes, the sNaN too");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Every kind of reply the switch sends to a worker leaves with a

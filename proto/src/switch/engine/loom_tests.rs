@@ -338,3 +338,39 @@ fn engine_loom_data_admitted_before_a_reset_never_reaches_the_next_activation() 
         assert_eq!(result_bits(&e, 0), Some(3f32.to_bits()));
     });
 }
+
+/// An all-gather: the owner (rank 1, not yet due when it comes first) parks
+/// its bytes in its row while the other ranks' NOVAL arrivals, which write
+/// nothing, race it to the fold token. Exactly one caller completes, and
+/// the result is the owner's bytes (a signalling NaN) unchanged.
+#[test]
+fn engine_loom_noval_arrivals_race_the_owners_values() {
+    const SNAN: u32 = 0x7f80_0001;
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_new(1, 3, 1, Dtype::F32, false, 1).unwrap());
+        let handles: Vec<_> = (0..3u16)
+            .map(|r| {
+                let e = e.clone();
+                thread::spawn(move || {
+                    let b = SNAN.to_le_bytes();
+                    let owner = r == 1;
+                    e.contribute(&Contribution {
+                        seq: 0,
+                        rank: r,
+                        collective: 0,
+                        count: 1,
+                        kind: Kind::AllGather,
+                        owner: 1,
+                        noval: !owner,
+                        values: if owner { &b } else { &[] },
+                        ce: false,
+                    })
+                })
+            })
+            .collect();
+        let outs: Vec<Contributed> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(completions(&outs), 1, "{outs:?}");
+        assert_eq!(result_bits(&e, 0), Some(SNAN));
+        assert_eq!(e.floor(), 1);
+    });
+}
