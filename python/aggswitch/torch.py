@@ -581,14 +581,17 @@ def _fsdp_modules(model: torch.nn.Module, what: str) -> list:
 
 
 def _is_native_hsdp(module: Any) -> bool:
-    # FSDP2 keeps this in its param groups (private; a torch without it is
-    # taken as not HSDP). Native HSDP all-reduces across replicas on the
-    # process group itself, before any hook: it cannot go through the switch.
-    try:
-        groups = module._get_fsdp_state()._fsdp_param_groups
-    except AttributeError:
-        return False
-    return any(getattr(g, "_is_hsdp", False) for g in groups)
+    # Native HSDP shards over a 2-D mesh and all-reduces across replicas on
+    # the process group itself, before any hook: it cannot go through the
+    # switch. Its parameters are DTensors replicated over one mesh dimension
+    # (public DTensor API; FSDP2's private param-group flags differ between
+    # torch versions).
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return any(
+        isinstance(p, DTensor) and p.device_mesh.ndim >= 2 and any(isinstance(pl, Replicate) for pl in p.placements)
+        for p in module.parameters()
+    )
 
 
 def _refuse_native_hsdp(mods: list, what: str) -> None:
