@@ -123,4 +123,8 @@ else:
                   step_seconds=slowest(step_times[a.warmup:]))
 with open(a.out, "w") as f:
     json.dump(result, f)
+# Every rank past its last collective before any tears gloo down: a rank
+# that destroyed its group while another still finished FSDP's last
+# all-gather aborted once ("terminate called without an active exception").
+dist.barrier()
 dist.destroy_process_group()

@@ -8,7 +8,7 @@
 #
 # Usage:
 #   sudo scripts/bench_fsdp.sh [--mib 64] [--repeats 5] [--steps 10] [--warmup 2]
-#                              [--hidden 5000] [--timeout 600] [--no-docs]
+#                              [--hidden 5000] [--mtu 1500] [--timeout 600] [--no-docs]
 #
 #   --mib S       collectives: MiB of float32 in each rank's full tensor
 #                 (reduce-scatter input, all-gather output; default 64)
@@ -17,6 +17,9 @@
 #   --warmup N    FSDP2: steps left out of the statistics (default 2)
 #   --hidden H    FSDP2: width of the MLP's 2 hidden layers (default 5000:
 #                 25.38 M float32 parameters, communication-bound)
+#   --mtu M       MTU of every testbed link (default 1500; 576..9000): the
+#                 switch's chunks and gloo's TCP segments both follow it; with
+#                 M != 1500 the docs files are docs/bench-fsdp-mtuM.{json,png}
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
 #   --no-docs     write results/ only, leave docs/bench-fsdp.{json,png} alone
 #   -h, --help    this text
@@ -54,11 +57,9 @@ readonly JOB_ID=1
 readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
-readonly PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
-readonly VENV="$REPO_ROOT/.venv"
-readonly PY="$VENV/bin/python"
 
 MIB=64
+MTU=1500
 REPEATS=5
 STEPS=10
 WARMUP=2
@@ -68,10 +69,11 @@ DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --mib|--repeats|--steps|--warmup|--hidden|--timeout)
+        --mib|--mtu|--repeats|--steps|--warmup|--hidden|--timeout)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --mib) MIB="$2" ;;
+                --mtu) MTU="$2" ;;
                 --repeats) REPEATS="$2" ;;
                 --steps) STEPS="$2" ;;
                 --warmup) WARMUP="$2" ;;
@@ -85,72 +87,34 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 uint_in_range "$MIB" 1 1024 || die "--mib must be 1..1024, got '$MIB'"
+uint_in_range "$MTU" 576 9000 || die "--mtu must be 576..9000, got '$MTU'"
 uint_in_range "$REPEATS" 1 1000 || die "--repeats must be 1..1000, got '$REPEATS'"
 uint_in_range "$STEPS" 1 10000 || die "--steps must be 1..10000, got '$STEPS'"
 uint_in_range "$WARMUP" 0 1000 || die "--warmup must be 0..1000, got '$WARMUP'"
 uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
-MIB=$((10#$MIB)); REPEATS=$((10#$REPEATS)); STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP))
+MIB=$((10#$MIB)); MTU=$((10#$MTU)); REPEATS=$((10#$REPEATS)); STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP))
 HIDDEN=$((10#$HIDDEN)); TIMEOUT=$((10#$TIMEOUT))
-readonly MIB REPEATS STEPS WARMUP HIDDEN TIMEOUT DOCS
+readonly MIB MTU REPEATS STEPS WARMUP HIDDEN TIMEOUT DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
 
-# --- what it needs -------------------------------------------------------------------
-[[ -x "$PY" ]] || die "no project venv at $VENV: run scripts/setup.sh"
-"$PY" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
-    die "the venv $VENV lacks torch, scikit-learn or aggswitch ($PY -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
-if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-    log "installing matplotlib into $VENV (for the plot)"
-    "$VENV/bin/pip" install -q matplotlib >/dev/null ||
-        warn "pip install matplotlib failed; the plot will be skipped"
-fi
-ensure_debian_packages 1 "${PACKAGES[@]}"
-for c in tc ip timeout /usr/bin/time; do
-    command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
-done
+prepare_torch_bench bench-fsdp
+readonly STAMP RUN SWITCHD
+readonly PY="$TORCH_BENCH_PY"
 
-build_release
-
-STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
-readonly STAMP
-RUN="$REPO_ROOT/results/bench-fsdp-$STAMP"
-readonly RUN
-mkdir -p "$RUN/bin"
-# A private copy, so that a rebuild meanwhile cannot change what is measured.
-cp "$REPO_ROOT/target/release/switchd" "$RUN/bin/"
-readonly SWITCHD="$RUN/bin/switchd"
-
-# --- clean-up ----------------------------------------------------------------------
 TESTBED_MADE=0
 SWITCHD_PID=""
 RANK_PIDS=()
-
-cleanup() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    for pid in "${RANK_PIDS[@]}"; do
-        stop_pid "$pid" 5
-    done
-    stop_pid "$SWITCHD_PID"
-    if [[ "$TESTBED_MADE" -eq 1 ]]; then
-        stop_testbed_processes "$PREFIX" "$WORKERS"
-        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
-            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
-    fi
-    rm -rf -- "${RUN:?}/bin"
-    [[ "$rc" -eq 0 ]] || log "failed (status $rc); logs in $RUN"
-    exit "$rc"
-}
-trap cleanup EXIT
+trap cleanup_torch_bench EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # --- testbed, switchd config ---------------------------------------------------------
 log "run $STAMP: 4 ranks; collectives of $MIB MiB x $REPEATS; FSDP2 MLP 64-$HIDDEN-$HIDDEN-10, $WARMUP warm-up + $STEPS timed steps; logs in $RUN"
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" >"$RUN/testbed.log" 2>&1 ||
+bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log" 2>&1 ||
     die "scripts/testbed.sh up failed; see $RUN/testbed.log"
 
 SECRET="$(random_secret)"
@@ -160,25 +124,6 @@ CFG="$RUN/switchd.toml"
 write_testbed_switchd_config "$CFG" "scripts/bench_fsdp.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
 
 # --- measurements ------------------------------------------------------------------
-# snapshot FILE: /proc/stat's cpu line, the load average and every shaper's
-# counters (tc -s -j), as JSON lines; the report takes the differences.
-snapshot() {
-    local i
-    {
-        printf '{"t": %s, "stat": "%s", "loadavg": "%s"}\n' "$(date +%s.%N)" \
-            "$(head -n 1 /proc/stat)" "$(cut -d' ' -f1-3 /proc/loadavg)"
-        for ((i = 0; i < WORKERS; i++)); do
-            printf '{"kind": "worker_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev eth0)"
-            printf '{"kind": "switch_port_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-sw" tc -s -j qdisc show dev "sw-w$i")"
-            if ip -n "$PREFIX-w$i" link show ifb0 >/dev/null 2>&1; then
-                printf '{"kind": "worker_ingress_ifb", "rank": %d, "tc": %s}\n' "$i" \
-                    "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev ifb0)"
-            fi
-        done
-    } >"$1"
-}
 
 # run_config LINK MODE COMM: the 4 ranks of one configuration; results in
 # $RUN/LINK-MODE-COMM/.
@@ -246,7 +191,7 @@ OUT_PNG="$REPO_ROOT/results/bench-fsdp-$STAMP.png"
 report_rc=0
 "$PY" "$REPO_ROOT/scripts/bench_fsdp_report.py" "$RUN" \
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
-    --stamp "$STAMP" --mib "$MIB" --repeats "$REPEATS" --warmup "$WARMUP" --steps "$STEPS" \
+    --stamp "$STAMP" --mib "$MIB" --mtu "$MTU" --repeats "$REPEATS" --warmup "$WARMUP" --steps "$STEPS" \
     --hidden "$HIDDEN" --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_fsdp_report.py wrote no JSON (status $report_rc)"
@@ -259,9 +204,11 @@ if [[ "$report_rc" -eq 3 ]]; then
     die "sanity check failed (see the table): docs/ left alone; $OUT_JSON"
 fi
 if [[ "$DOCS" -eq 1 ]]; then
-    cp "$OUT_JSON" "$REPO_ROOT/docs/bench-fsdp.json"
-    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/docs/bench-fsdp.png"
-    log "wrote docs/bench-fsdp.json, docs/bench-fsdp.png, $OUT_JSON and $OUT_PNG"
+    doc=bench-fsdp
+    ((MTU == 1500)) || doc="bench-fsdp-mtu$MTU"
+    cp "$OUT_JSON" "$REPO_ROOT/docs/$doc.json"
+    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/docs/$doc.png"
+    log "wrote docs/$doc.json, docs/$doc.png, $OUT_JSON and $OUT_PNG"
 else
     log "wrote $OUT_JSON and $OUT_PNG (docs/ left alone)"
 fi

@@ -29,6 +29,7 @@ p.add_argument("--table", required=True)
 p.add_argument("--png", required=True)
 p.add_argument("--stamp", required=True)
 p.add_argument("--mib", type=int, required=True)
+p.add_argument("--mtu", type=int, required=True)
 p.add_argument("--repeats", type=int, required=True)
 p.add_argument("--warmup", type=int, required=True)
 p.add_argument("--steps", type=int, required=True)
@@ -104,7 +105,7 @@ headline = {
     "fsdp_step_switch_over_gloo_1gbit": lim.get("fsdp_step", {}).get("switch_over_gloo"),
     "goals_1gbit": GOALS,
 }
-out = dict(stamp=a.stamp, setup=dict(workers=n, mib=a.mib, repeats=a.repeats, warmup=a.warmup, steps=a.steps,
+out = dict(stamp=a.stamp, setup=dict(workers=n, mib=a.mib, mtu=a.mtu, repeats=a.repeats, warmup=a.warmup, steps=a.steps,
                                      hidden=a.hidden, shaping=a.tbf, statistic="median of the slowest rank's times",
                                      bench_seconds=a.bench_seconds,
                                      cpu_definition="whole machine: user+nice+system+irq+softirq+steal from /proc/stat"),
@@ -130,6 +131,7 @@ for link in LINKS:
             f"<= {goal}: {'met' if m['switch_over_gloo'] <= goal else 'NOT met'}")
         lines.append(f"| {link} | {name} | {f3(g)} | {f3(s)} | {f3(m.get('switch_over_gloo'))} | {met} |")
 lines.append("")
+lines.append(f"MTU {a.mtu}; shaping at 1 Gbit/s: {a.tbf}")
 lines.append(f"bytes on the busier direction per worker, reduce-scatter + all-gather of S at n = {n}: "
              f"switch {bound['switch_busier_direction_bytes_over_S']:.2f} S, bandwidth-optimal ring "
              f"{bound['ring_each_direction_bytes_over_S']:.2f} S")

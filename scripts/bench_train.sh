@@ -6,7 +6,7 @@
 #
 # Usage:
 #   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
-#                               [--hidden 5000] [--timeout 600] [--wait-idle SECS]
+#                               [--hidden 5000] [--mtu 1500] [--timeout 600] [--wait-idle SECS]
 #                               [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
@@ -17,6 +17,8 @@
 #   --hidden H    width of the 2 hidden layers (default 5000: 64*H + H*H +
 #                 10*H + biases = 25.38 M float32 parameters, 101.5 MB of
 #                 gradient per step)
+#   --mtu M       MTU of every testbed link (default 1500; 576..9000): the
+#                 switch's chunks and gloo's TCP segments both follow it
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
 #                 to fall below half the cores (step times are only meaningful
@@ -82,27 +84,26 @@ readonly JOB_ID=1
 readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
-readonly PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
-readonly VENV="$REPO_ROOT/.venv"
-readonly PY="$VENV/bin/python"
 
 STEPS=30
 WARMUP=3
 BATCH=32
 HIDDEN=5000
+MTU=1500
 TIMEOUT=600
 WAIT_IDLE=0
 DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--timeout|--wait-idle)
+        --steps|--warmup|--batch|--hidden|--mtu|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
                 --warmup) WARMUP="$2" ;;
                 --batch) BATCH="$2" ;;
                 --hidden) HIDDEN="$2" ;;
+                --mtu) MTU="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
             esac
@@ -122,62 +123,24 @@ uint_in_range "$STEPS" 1 10000 || die "--steps must be 1..10000, got '$STEPS'"
 uint_in_range "$WARMUP" 0 1000 || die "--warmup must be 0..1000, got '$WARMUP'"
 uint_in_range "$BATCH" 1 1797 || die "--batch must be 1..1797 (the digits data set), got '$BATCH'"
 uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'"
+uint_in_range "$MTU" 576 9000 || die "--mtu must be 576..9000, got '$MTU'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
-HIDDEN=$((10#$HIDDEN)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
-readonly STEPS WARMUP BATCH HIDDEN TIMEOUT WAIT_IDLE DOCS
+HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
+readonly STEPS WARMUP BATCH HIDDEN MTU TIMEOUT WAIT_IDLE DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
 
-# --- what it needs -------------------------------------------------------------------
-[[ -x "$PY" ]] || die "no project venv at $VENV: run scripts/setup.sh"
-"$PY" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
-    die "the venv $VENV lacks torch, scikit-learn or aggswitch ($PY -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
-if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
-    log "installing matplotlib into $VENV (for the plot)"
-    "$VENV/bin/pip" install -q matplotlib >/dev/null ||
-        warn "pip install matplotlib failed; the plot will be skipped"
-fi
-ensure_debian_packages 1 "${PACKAGES[@]}"
-for c in tc ip timeout /usr/bin/time; do
-    command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
-done
+prepare_torch_bench bench-train
+readonly STAMP RUN SWITCHD
+readonly PY="$TORCH_BENCH_PY"
 
-build_release
-
-STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
-readonly STAMP
-RUN="$REPO_ROOT/results/bench-train-$STAMP"
-readonly RUN
-mkdir -p "$RUN/bin"
-# A private copy, so that a rebuild meanwhile cannot change what is measured.
-cp "$REPO_ROOT/target/release/switchd" "$RUN/bin/"
-readonly SWITCHD="$RUN/bin/switchd"
-
-# --- clean-up ----------------------------------------------------------------------
 TESTBED_MADE=0
 SWITCHD_PID=""
 RANK_PIDS=()
-
-cleanup() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    for pid in "${RANK_PIDS[@]}"; do
-        stop_pid "$pid" 5
-    done
-    stop_pid "$SWITCHD_PID"
-    if [[ "$TESTBED_MADE" -eq 1 ]]; then
-        stop_testbed_processes "$PREFIX" "$WORKERS"
-        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
-            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
-    fi
-    rm -rf -- "${RUN:?}/bin"
-    [[ "$rc" -eq 0 ]] || log "failed (status $rc); logs in $RUN"
-    exit "$rc"
-}
-trap cleanup EXIT
+trap cleanup_torch_bench EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
@@ -185,7 +148,7 @@ trap 'exit 143' TERM
 MEASURE_T0=$SECONDS
 log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration; logs in $RUN"
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" >"$RUN/testbed.log" 2>&1 ||
+bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log" 2>&1 ||
     die "scripts/testbed.sh up failed; see $RUN/testbed.log"
 
 SECRET="$(random_secret)"
@@ -195,25 +158,6 @@ CFG="$RUN/switchd.toml"
 write_testbed_switchd_config "$CFG" "scripts/bench_train.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
 
 # --- measurements ------------------------------------------------------------------
-# snapshot FILE: /proc/stat's cpu line, the load average and every shaper's
-# counters (tc -s -j), as JSON lines; the report takes the differences.
-snapshot() {
-    local i
-    {
-        printf '{"t": %s, "stat": "%s", "loadavg": "%s"}\n' "$(date +%s.%N)" \
-            "$(head -n 1 /proc/stat)" "$(cut -d' ' -f1-3 /proc/loadavg)"
-        for ((i = 0; i < WORKERS; i++)); do
-            printf '{"kind": "worker_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev eth0)"
-            printf '{"kind": "switch_port_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-sw" tc -s -j qdisc show dev "sw-w$i")"
-            if ip -n "$PREFIX-w$i" link show ifb0 >/dev/null 2>&1; then
-                printf '{"kind": "worker_ingress_ifb", "rank": %d, "tc": %s}\n' "$i" \
-                    "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev ifb0)"
-            fi
-        done
-    } >"$1"
-}
 
 # run_config LINK COMM: the 4 ranks of one configuration; results in
 # $RUN/LINK-COMM/.
@@ -285,7 +229,7 @@ report_rc=0
 "$PY" "$REPO_ROOT/scripts/bench_train_report.py" "$RUN" \
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
-    --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
+    --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" \
     --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"

@@ -309,6 +309,7 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--mtu", type=int, default=1500)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--tbf", required=True)
@@ -354,7 +355,7 @@ def main():
         "setup": {
             "world": world, "params": params, "gradient_bytes_per_step": params * 4,
             "model": f"MLP 64-{'-'.join([str(a.hidden)] * a.layers)}-10, ReLU (examples/train_ddp.py)",
-            "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed,
+            "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed, "mtu": a.mtu,
             "warmup_steps": a.warmup, "timed_steps": a.steps,
             "optimizer": "SGD lr 0.05 momentum 0.9 (train_ddp.py defaults)",
             "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0",

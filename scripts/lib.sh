@@ -290,6 +290,82 @@ wait_ranks() {
     return "$failed"
 }
 
+# --- the torch benchmarks (scripts/bench_train.sh, scripts/bench_fsdp.sh) ---------------
+# They share what they need, their run folder, their clean-up and their
+# snapshots. Callers set PREFIX and WORKERS (the testbed) and use RANK_PIDS,
+# SWITCHD_PID and TESTBED_MADE as cleanup_torch_bench reads them.
+readonly TORCH_BENCH_PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
+TORCH_BENCH_VENV="$REPO_ROOT/.venv"
+TORCH_BENCH_PY="$TORCH_BENCH_VENV/bin/python"
+
+# prepare_torch_bench NAME: check the project venv (torch, scikit-learn,
+# aggswitch; matplotlib installed into it when missing, for the plot), install
+# the Debian packages that are missing, build, and make the run folder
+# results/NAME-STAMP with a private copy of switchd (so that a rebuild
+# meanwhile cannot change what is measured). Sets STAMP, RUN and SWITCHD.
+prepare_torch_bench() {
+    local name="$1" c py="$TORCH_BENCH_PY" venv="$TORCH_BENCH_VENV"
+    [[ -x "$py" ]] || die "no project venv at $venv: run scripts/setup.sh"
+    "$py" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
+        die "the venv $venv lacks torch, scikit-learn or aggswitch ($py -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
+    if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+        log "installing matplotlib into $venv (for the plot)"
+        "$py" -m pip install -q matplotlib >/dev/null ||
+            warn "pip install matplotlib failed; the plot will be skipped"
+    fi
+    ensure_debian_packages 1 "${TORCH_BENCH_PACKAGES[@]}"
+    for c in tc ip timeout /usr/bin/time; do
+        command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
+    done
+    build_release
+    STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+    RUN="$REPO_ROOT/results/$name-$STAMP"
+    mkdir -p "$RUN/bin"
+    cp "$REPO_ROOT/target/release/switchd" "$RUN/bin/"
+    # shellcheck disable=SC2034  # read by the sourcing script
+    SWITCHD="$RUN/bin/switchd"
+}
+
+# cleanup_torch_bench: the EXIT trap of the torch benchmarks: stop the ranks
+# and switchd by PID, anything left in the testbed's namespaces, remove the
+# testbed and the private binaries; keeps the exit status.
+cleanup_torch_bench() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    for pid in "${RANK_PIDS[@]}"; do
+        stop_pid "$pid" 5
+    done
+    stop_pid "$SWITCHD_PID"
+    if [[ "$TESTBED_MADE" -eq 1 ]]; then
+        stop_testbed_processes "$PREFIX" "$WORKERS"
+        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
+            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
+    fi
+    [[ -n "${RUN:-}" ]] && rm -rf -- "${RUN:?}/bin"
+    [[ "$rc" -eq 0 ]] || log "failed (status $rc); logs in ${RUN:-results/}"
+    exit "$rc"
+}
+
+# snapshot FILE: (the torch benchmarks) /proc/stat's cpu line, the load average and every shaper's
+# counters (tc -s -j), as JSON lines; the report takes the differences.
+snapshot() {
+    local i
+    {
+        printf '{"t": %s, "stat": "%s", "loadavg": "%s"}\n' "$(date +%s.%N)" \
+            "$(head -n 1 /proc/stat)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+        for ((i = 0; i < WORKERS; i++)); do
+            printf '{"kind": "worker_egress", "rank": %d, "tc": %s}\n' "$i" \
+                "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev eth0)"
+            printf '{"kind": "switch_port_egress", "rank": %d, "tc": %s}\n' "$i" \
+                "$(ip netns exec "$PREFIX-sw" tc -s -j qdisc show dev "sw-w$i")"
+            if ip -n "$PREFIX-w$i" link show ifb0 >/dev/null 2>&1; then
+                printf '{"kind": "worker_ingress_ifb", "rank": %d, "tc": %s}\n' "$i" \
+                    "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev ifb0)"
+            fi
+        done
+    } >"$1"
+}
+
 # build_release: `cargo build --release --workspace --bins` in the repository
 # and check that target/release/{switchd,worker,switchctl} are there.
 build_release() {
