@@ -139,8 +139,7 @@ fn run(
             now = now.max(common::next_event(net.next_delivery(), next_timer));
             while let Some((to_switch, rank, bytes)) = net.pop_due(now) {
                 if to_switch {
-                    table.handle(&bytes, endpoint(rank), false, base + now);
-                    common::replies(&mut table, |rank, b| {
+                    common::at_switch(&mut table, &bytes, endpoint(rank), base + now, |rank, b| {
                         net.send(faults, now, || (false, rank, b.to_vec()))
                     });
                     continue;

@@ -56,6 +56,24 @@ fn job_table(gen: u32, n: u16, elems: u16, slots: u16, now: Instant) -> JobTable
     common::job_table(gen, n, elems, slots, (Dtype::F32, AuthMode::Port), now)
 }
 
+/// `bytes` from `rank` reach the switch at virtual time `now` after
+/// `base`; its replies go back over `net`.
+fn at_switch(
+    table: &mut JobTable,
+    net: &mut Links<Msg>,
+    faults: Faults,
+    rank: u16,
+    bytes: &[u8],
+    (base, now): (Instant, Duration),
+) {
+    common::at_switch(table, bytes, endpoint(rank), base + now, |rank, b| {
+        net.send(faults, now, || Msg::ToWorker {
+            rank,
+            bytes: b.to_vec(),
+        })
+    });
+}
+
 /// Runs `iterations` collectives of `len` elements over `n` workers; returns
 /// the virtual time taken. Panics on a wrong bit or a hang.
 fn run(
@@ -159,14 +177,7 @@ fn run_from(
             while let Some(m) = net.pop_due(now) {
                 match m {
                     Msg::ToSwitch { rank, bytes } => {
-                        table.handle(&bytes, endpoint(rank), false, base + now);
-                        // The switch's replies, as its shells send them.
-                        common::replies(&mut table, |rank, b| {
-                            net.send(faults, now, || Msg::ToWorker {
-                                rank,
-                                bytes: b.to_vec(),
-                            })
-                        });
+                        at_switch(&mut table, &mut net, faults, rank, &bytes, (base, now))
                     }
                     Msg::ToWorker { rank, bytes } => {
                         let w = &mut workers[rank as usize];
@@ -428,13 +439,7 @@ fn run_with_restart(
         while let Some(m) = net.pop_due(now) {
             match m {
                 Msg::ToSwitch { rank, bytes } => {
-                    table.handle(&bytes, endpoint(rank), false, base + now);
-                    common::replies(&mut table, |rank, b| {
-                        net.send(faults, now, || Msg::ToWorker {
-                            rank,
-                            bytes: b.to_vec(),
-                        })
-                    });
+                    at_switch(&mut table, &mut net, faults, rank, &bytes, (base, now))
                 }
                 Msg::ToWorker { rank, bytes } => {
                     let w = &mut workers[rank as usize];

@@ -188,9 +188,17 @@ pub fn job_table(
     table
 }
 
-/// The switch side of a delivery: every reply `table` has queued, encoded
-/// as the shells send them, to `send` with the rank it goes to.
-pub fn replies(table: &mut JobTable, mut send: impl FnMut(u16, &[u8])) {
+/// The switch side of a delivery: `bytes` from `from` reach `table` at
+/// `at`; every reply it queues goes, encoded as the shells send them, to
+/// `send` with the rank it is for.
+pub fn at_switch(
+    table: &mut JobTable,
+    bytes: &[u8],
+    from: Endpoint,
+    at: Instant,
+    mut send: impl FnMut(u16, &[u8]),
+) {
+    table.handle(bytes, from, false, at);
     while let Some(r) = table.poll_reply() {
         let mut buf = vec![0u8; 2048];
         let Some(e) = table.encode(&r, &mut buf) else {
