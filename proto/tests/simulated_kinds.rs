@@ -8,65 +8,37 @@
 //! an all-gather's copy of every rank's shard, a broadcast's copy of the
 //! root's tensor. `simulated_network.rs` does the same for all-reduce alone.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proto::elements::{read_le, round_f32, round_to_le};
-use proto::handshake::JoinParams;
+use proto::elements::{read_le, round_f32};
 use proto::reference::{pattern_dtype, rank_order_sum};
-use proto::session::{Event, SessionConfig, WorkerSession};
-use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+use proto::session::{Event, WorkerSession};
+use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, Shape, TransportConfig};
+use proto::worker::{Collective, ResultOutcome, Shape};
 
 mod common;
-use common::{frame, Faults, Rng, CLEAN};
+use common::{join_lossless, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
 
 const GEN: u32 = 77;
 
 fn endpoint(rank: u16) -> Endpoint {
-    Endpoint {
-        source: Source {
-            mac: [2, 0, 0, 0, (rank >> 8) as u8, rank as u8],
-            ip: [198, 18, 0, 10],
-            port: 2000 + rank,
-        },
-        ..Endpoint::default()
-    }
+    common::endpoint(rank, 2000)
 }
 
 /// Every rank joined through its session (a lossless join: the session's
 /// own tests cover a lossy one).
 fn join_all(table: &mut JobTable, n: u16, dtype: Dtype, now: Instant) -> Vec<WorkerSession> {
-    let mut b = [0u8; 128];
     let mut sessions: Vec<WorkerSession> = (0..n)
         .map(|rank| {
             let from = endpoint(rank);
-            let params = JoinParams {
-                job: 1,
-                rank,
-                n_workers: n,
-                dtype: dtype as u8,
-                op: 0,
-                secret: [3; 32],
-                ip: from.source.ip,
-                port: from.source.port,
-            };
-            let mut s = WorkerSession::new(params, SessionConfig::default(), [rank as u8; 32]);
-            s.start_join(0, 0, now);
-            let hello = s.poll_transmit(now).expect("a HELLO");
-            table.handle(hello.bytes(), from, false, now);
-            let r = table.poll_reply().expect("a CHALLENGE");
-            let e = table.encode(&r, &mut b).unwrap();
-            assert!(s.handle(&b[..e.len], now).is_none());
-            let join = s.poll_transmit(now).expect("a JOIN");
-            table.handle(join.bytes(), from, false, now);
-            s
+            let params = join_params(1, n, dtype, [3; 32], rank, &from);
+            join_lossless(table, from, params, [rank as u8; 32], 0, now)
         })
         .collect();
+    let mut b = [0u8; 128];
     while let Some(r) = table.poll_reply() {
         let e = table.encode(&r, &mut b).unwrap();
         let ev = sessions[r.rank as usize].handle(&b[..e.len], now);
@@ -99,15 +71,6 @@ impl Step {
     }
 }
 
-struct Worker {
-    session: WorkerSession,
-    input: Vec<f32>,
-    output: Vec<f32>,
-    coll: Collective,
-    rtt: RttEstimator,
-    cc: Dctcp,
-}
-
 /// One job of `n` ranks running `steps` (shards of `m` elements) in a row
 /// over `faults`; panics on a wrong bit or a hang.
 #[allow(clippy::too_many_arguments)]
@@ -123,48 +86,14 @@ fn run(
     auth: AuthMode,
 ) {
     let base = Instant::now();
-    let mut table = JobTable::new(TableConfig::new(GEN, [5; 32]), base);
-    table
-        .add(
-            JobConfig {
-                id: 1,
-                n_workers: n,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: [3; 32],
-                pool_slots: slots,
-                elems_per_chunk: elems,
-                dtype,
-                window: slots,
-                auth,
-                upstream: None,
-            },
-            elems + 8,
-        )
-        .unwrap();
-    let cfg = TransportConfig {
-        initial_rto: Duration::from_millis(2),
-        min_rto: Duration::from_micros(500),
-        ..TransportConfig::default()
-    };
+    let mut table = common::job_table(GEN, n, elems, slots, (dtype, auth), base);
+    let cfg = common::transport();
     let mut workers: Vec<Worker> = join_all(&mut table, n, dtype, base)
         .into_iter()
-        .map(|session| Worker {
-            session,
-            input: vec![],
-            output: vec![],
-            coll: Collective::new(0, 0, 0, elems),
-            rtt: RttEstimator::new(&cfg),
-            cc: Dctcp::new(&cfg, slots),
-        })
+        .map(|session| Worker::new(session, elems, slots, &cfg))
         .collect();
-    let mut rng = Rng(seed | 1);
-    let mut queue: BinaryHeap<Reverse<(Duration, u64)>> = BinaryHeap::new();
     // (to the switch?, rank, bytes)
-    let mut msgs: HashMap<u64, (bool, u16, Vec<u8>)> = HashMap::new();
-    let mut next_id = 0u64;
+    let mut net: Links<(bool, u16, Vec<u8>)> = Links::new(seed);
     let mut now = Duration::ZERO;
     let mut seq = 0u32;
     for (it, &step) in steps.iter().enumerate() {
@@ -198,62 +127,21 @@ fn run(
             rounds += 1;
             assert!(rounds < 5_000_000, "hang: step {it} {step:?}");
             for (r, w) in workers.iter_mut().enumerate() {
-                while let Some(t) = w
-                    .coll
-                    .poll_transmit(base + now, w.cc.window(), &w.rtt, &cfg)
-                {
-                    let h = w.session.data_header(&t, w.coll.collective());
-                    let mut p = match t.values {
-                        Some(at) => {
-                            let mut p = vec![0u8; dtype.payload_len(t.count)];
-                            round_to_le(dtype, &w.input[at..at + t.count as usize], &mut p);
-                            p
-                        }
-                        None => Vec::new(),
-                    };
-                    if let Some(tag) = w.session.data_tag(&h, &p) {
-                        p.extend_from_slice(&tag);
-                    }
-                    let bytes = frame(&h, &p);
-                    for at in faults.deliveries(&mut rng, now) {
-                        next_id += 1;
-                        queue.push(Reverse((at, next_id)));
-                        msgs.insert(next_id, (true, r as u16, bytes.clone()));
-                    }
+                while let Some((_, bytes)) = w.poll_data(base + now, &cfg, dtype) {
+                    net.send(faults, now, || (true, r as u16, bytes.clone()));
                 }
             }
-            let next_delivery = queue.peek().map(|Reverse((t, _))| *t);
             let next_timer = workers
                 .iter()
                 .filter_map(|w| w.coll.next_timeout())
                 .min()
                 .map(|t| t - base);
-            now = now.max(match (next_delivery, next_timer) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) => a,
-                (None, Some(b)) => b,
-                (None, None) => panic!("deadlock: nothing in flight, nothing due"),
-            });
-            while let Some(Reverse((t, id))) = queue.peek().copied() {
-                if t > now {
-                    break;
-                }
-                queue.pop();
-                let (to_switch, rank, bytes) = msgs.remove(&id).unwrap();
+            now = now.max(common::next_event(net.next_delivery(), next_timer));
+            while let Some((to_switch, rank, bytes)) = net.pop_due(now) {
                 if to_switch {
-                    table.handle(&bytes, endpoint(rank), false, base + now);
-                    while let Some(r) = table.poll_reply() {
-                        let mut buf = vec![0u8; 2048];
-                        let Some(e) = table.encode(&r, &mut buf) else {
-                            continue;
-                        };
-                        buf.truncate(e.len);
-                        for at in faults.deliveries(&mut rng, now) {
-                            next_id += 1;
-                            queue.push(Reverse((at, next_id)));
-                            msgs.insert(next_id, (false, r.rank, buf.clone()));
-                        }
-                    }
+                    common::at_switch(&mut table, &bytes, endpoint(rank), base + now, |rank, b| {
+                        net.send(faults, now, || (false, rank, b.to_vec()))
+                    });
                     continue;
                 }
                 let w = &mut workers[rank as usize];
@@ -296,12 +184,6 @@ fn run(
         seq = workers[0].coll.end_seq();
     }
 }
-
-const ALL_FAULTS: Faults = Faults {
-    loss: 0.05,
-    dup: 0.01,
-    reorder: 0.25,
-};
 
 const SEQUENCE: [Step; 6] = [
     Step::ReduceScatter,

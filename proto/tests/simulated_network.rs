@@ -8,22 +8,19 @@
 //! one run sends the joins over the faulty links too and restarts the
 //! switch, so that finding the restart and rejoining are simulated as well.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proto::elements::{read_le, round_f32, round_to_le};
-use proto::handshake::JoinParams;
+use proto::elements::round_f32;
 use proto::reference::rank_order_sum;
 use proto::session::{Event, SessionConfig, WorkerSession};
-use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
-use proto::wire::{flags, Dtype, HEADER_LEN};
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+use proto::wire::{Dtype, HEADER_LEN};
+use proto::worker::Collective;
 
 mod common;
-use common::{frame, Faults, Rng, CLEAN};
+use common::{join_lossless, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
 
 const GEN: u32 = 99;
 
@@ -32,24 +29,6 @@ enum Msg {
     ToSwitch { rank: u16, bytes: Vec<u8> },
     /// What the switch sent to `rank`: an encoded message.
     ToWorker { rank: u16, bytes: Vec<u8> },
-}
-
-struct Net {
-    rng: Rng,
-    faults: Faults,
-    queue: BinaryHeap<Reverse<(Duration, u64)>>,
-    msgs: std::collections::HashMap<u64, Msg>,
-    next_id: u64,
-}
-
-impl Net {
-    fn send(&mut self, now: Duration, make: impl Fn() -> Msg) {
-        for at in self.faults.deliveries(&mut self.rng, now) {
-            self.next_id += 1;
-            self.queue.push(Reverse((at, self.next_id)));
-            self.msgs.insert(self.next_id, make());
-        }
-    }
 }
 
 /// Rank `rank` starts joining through its session (on a lossless path:
@@ -64,50 +43,35 @@ fn join(
     now: Instant,
 ) -> WorkerSession {
     let from = endpoint(rank);
-    let params = JoinParams {
-        job: 1,
-        rank,
-        n_workers: n,
-        dtype: dtype as u8,
-        op: 0,
-        secret: [3; 32],
-        ip: from.source.ip,
-        port: from.source.port,
-    };
-    let mut s = WorkerSession::new(params, SessionConfig::default(), [rank as u8; 32]);
-    s.start_join(0, start_seq, now);
-    let mut b = [0u8; 128];
-    // HELLO, then the JOIN its CHALLENGE allows (the JOIN_ACKs stay
-    // queued at the table until every rank has joined).
-    let hello = s.poll_transmit(now).expect("a HELLO");
-    table.handle(hello.bytes(), from, false, now);
-    let r = table.poll_reply().expect("a CHALLENGE");
-    let e = table.encode(&r, &mut b).unwrap();
-    assert!(s.handle(&b[..e.len], now).is_none());
-    let join = s.poll_transmit(now).expect("a JOIN");
-    table.handle(join.bytes(), from, false, now);
-    s
+    let params = join_params(1, n, dtype, [3; 32], rank, &from);
+    join_lossless(table, from, params, [rank as u8; 32], start_seq, now)
 }
 
 fn endpoint(rank: u16) -> Endpoint {
-    Endpoint {
-        source: Source {
-            mac: [2, 0, 0, 0, (rank >> 8) as u8, rank as u8],
-            ip: [198, 18, 0, 10],
-            port: 1000 + rank,
-        },
-        ..Endpoint::default()
-    }
+    common::endpoint(rank, 1000)
 }
 
-struct Worker {
-    /// Its membership: DATA headers and tags, which RESULTs count.
-    session: WorkerSession,
-    input: Vec<f32>,
-    output: Vec<f32>,
-    coll: Collective,
-    rtt: RttEstimator,
-    cc: Dctcp,
+/// A job table of generation `gen` with job 1 (f32, port auth).
+fn job_table(gen: u32, n: u16, elems: u16, slots: u16, now: Instant) -> JobTable {
+    common::job_table(gen, n, elems, slots, (Dtype::F32, AuthMode::Port), now)
+}
+
+/// `bytes` from `rank` reach the switch at virtual time `now` after
+/// `base`; its replies go back over `net`.
+fn at_switch(
+    table: &mut JobTable,
+    net: &mut Links<Msg>,
+    faults: Faults,
+    rank: u16,
+    bytes: &[u8],
+    (base, now): (Instant, Duration),
+) {
+    common::at_switch(table, bytes, endpoint(rank), base + now, |rank, b| {
+        net.send(faults, now, || Msg::ToWorker {
+            rank,
+            bytes: b.to_vec(),
+        })
+    });
 }
 
 /// Runs `iterations` collectives of `len` elements over `n` workers; returns
@@ -151,27 +115,7 @@ fn run_from(
     auth: AuthMode,
 ) -> Duration {
     let base = Instant::now();
-    let mut table = JobTable::new(TableConfig::new(GEN, [5; 32]), base);
-    table
-        .add(
-            JobConfig {
-                id: 1,
-                n_workers: n,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: [3; 32],
-                pool_slots: slots,
-                elems_per_chunk: elems,
-                dtype,
-                window: slots,
-                auth,
-                upstream: None,
-            },
-            elems + 8,
-        )
-        .unwrap();
+    let mut table = common::job_table(GEN, n, elems, slots, (dtype, auth), base);
     let mut sessions: Vec<WorkerSession> = (0..n)
         .map(|r| join(&mut table, r, n, start_seq, dtype, base))
         .collect();
@@ -188,30 +132,13 @@ fn run_from(
         }
     }
     assert!(sessions.iter().all(|s| s.is_joined()));
-    let cfg = TransportConfig {
-        initial_rto: Duration::from_millis(2),
-        min_rto: Duration::from_micros(500),
-        ..TransportConfig::default()
-    };
-    let mut net = Net {
-        rng: Rng(seed | 1),
-        faults,
-        queue: BinaryHeap::new(),
-        msgs: Default::default(),
-        next_id: 0,
-    };
+    let cfg = common::transport();
+    let mut net: Links<Msg> = Links::new(seed);
     let mut now = Duration::ZERO;
     let mut seq = start_seq;
     let mut workers: Vec<Worker> = sessions
         .into_iter()
-        .map(|session| Worker {
-            session,
-            input: vec![],
-            output: vec![],
-            coll: Collective::new(0, 0, 0, elems),
-            rtt: RttEstimator::new(&cfg),
-            cc: Dctcp::new(&cfg, slots),
-        })
+        .map(|session| Worker::new(session, elems, slots, &cfg))
         .collect();
     for it in 0..iterations {
         for (r, w) in workers.iter_mut().enumerate() {
@@ -233,58 +160,24 @@ fn run_from(
             steps += 1;
             assert!(steps < 5_000_000, "hang: iteration {it}");
             for (r, w) in workers.iter_mut().enumerate() {
-                while let Some(t) = w
-                    .coll
-                    .poll_transmit(base + now, w.cc.window(), &w.rtt, &cfg)
-                {
-                    let vals = &w.input[t.offset..t.offset + t.count as usize];
-                    let h = w.session.data_header(&t, w.coll.collective());
-                    let mut p = vec![0u8; dtype.payload_len(t.count)];
-                    round_to_le(dtype, vals, &mut p);
-                    if let Some(tag) = w.session.data_tag(&h, &p) {
-                        p.extend_from_slice(&tag);
-                    }
-                    let bytes = frame(&h, &p);
-                    net.send(now, || Msg::ToSwitch {
+                while let Some((_, bytes)) = w.poll_data(base + now, &cfg, dtype) {
+                    net.send(faults, now, || Msg::ToSwitch {
                         rank: r as u16,
                         bytes: bytes.clone(),
                     });
                 }
             }
             // Next event: a delivery or a worker timeout.
-            let next_delivery = net.queue.peek().map(|Reverse((t, _))| *t);
             let next_timer = workers
                 .iter()
                 .filter_map(|w| w.coll.next_timeout())
                 .min()
                 .map(|t| t - base);
-            let next = match (next_delivery, next_timer) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) => a,
-                (None, Some(b)) => b,
-                (None, None) => panic!("deadlock: nothing in flight, nothing due"),
-            };
-            now = now.max(next);
-            while let Some(Reverse((t, id))) = net.queue.peek().copied() {
-                if t > now {
-                    break;
-                }
-                net.queue.pop();
-                match net.msgs.remove(&id).unwrap() {
+            now = now.max(common::next_event(net.next_delivery(), next_timer));
+            while let Some(m) = net.pop_due(now) {
+                match m {
                     Msg::ToSwitch { rank, bytes } => {
-                        table.handle(&bytes, endpoint(rank), false, base + now);
-                        // The switch's replies, as its shells send them.
-                        while let Some(r) = table.poll_reply() {
-                            let mut buf = vec![0u8; 2048];
-                            let Some(e) = table.encode(&r, &mut buf) else {
-                                continue;
-                            };
-                            buf.truncate(e.len);
-                            net.send(now, || Msg::ToWorker {
-                                rank: r.rank,
-                                bytes: buf.clone(),
-                            });
-                        }
+                        at_switch(&mut table, &mut net, faults, rank, &bytes, (base, now))
                     }
                     Msg::ToWorker { rank, bytes } => {
                         let w = &mut workers[rank as usize];
@@ -297,19 +190,7 @@ fn run_from(
                                 w.session.stats()
                             ),
                         };
-                        let (seq, ece) = (h.seq, h.has_flag(flags::ECE));
-                        let mut values = vec![0f32; h.count as usize];
-                        read_le(dtype, &bytes[v], &mut values);
-                        if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
-                            seq,
-                            values.len() as u16,
-                            ece,
-                            base + now,
-                            &mut w.rtt,
-                            &mut w.cc,
-                        ) {
-                            w.output[offset..offset + count as usize].copy_from_slice(&values);
-                        }
+                        w.take_result(&h, &bytes[v], dtype, base + now);
                     }
                 }
             }
@@ -333,13 +214,6 @@ fn clean_network_small_and_partial_chunks() {
         run(4, len, 8, 4, 3, CLEAN, 1);
     }
 }
-
-/// Loss, duplication and reordering at once: the links of the fault tests.
-const ALL_FAULTS: Faults = Faults {
-    loss: 0.05,
-    dup: 0.01,
-    reorder: 0.25,
-};
 
 #[test]
 fn all_faults_at_once() {
@@ -445,32 +319,6 @@ proptest! {
     }
 }
 
-/// A job table of generation `gen` with job 1 (f32, port auth).
-fn job_table(gen: u32, n: u16, elems: u16, slots: u16, now: Instant) -> JobTable {
-    let mut table = JobTable::new(TableConfig::new(gen, [5; 32]), now);
-    table
-        .add(
-            JobConfig {
-                id: 1,
-                n_workers: n,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: [3; 32],
-                pool_slots: slots,
-                elems_per_chunk: elems,
-                dtype: Dtype::F32,
-                window: slots,
-                auth: AuthMode::Port,
-                upstream: None,
-            },
-            elems + 8,
-        )
-        .unwrap();
-    table
-}
-
 /// When the switch restarts in [`run_with_restart`].
 #[derive(Debug, Clone, Copy)]
 enum RestartAt {
@@ -499,47 +347,25 @@ fn run_with_restart(
 ) -> Vec<proto::session::SessionStats> {
     let base = Instant::now();
     let mut table = job_table(1, n, elems, slots, base);
-    let cfg = TransportConfig {
-        initial_rto: Duration::from_millis(2),
-        min_rto: Duration::from_micros(500),
-        ..TransportConfig::default()
-    };
+    let cfg = common::transport();
     let scfg = SessionConfig {
         join_timeout: Duration::from_secs(20),
         stall_timeout: Duration::from_secs(20),
     };
-    let mut net = Net {
-        rng: Rng(seed | 1),
-        faults,
-        queue: BinaryHeap::new(),
-        msgs: Default::default(),
-        next_id: 0,
-    };
+    let mut net: Links<Msg> = Links::new(seed);
     let mut workers: Vec<Worker> = (0..n)
         .map(|rank| {
             let from = endpoint(rank);
-            let params = JoinParams {
-                job: 1,
-                rank,
-                n_workers: n,
-                dtype: Dtype::F32 as u8,
-                op: 0,
-                secret: [3; 32],
-                ip: from.source.ip,
-                port: from.source.port,
-            };
+            let params = join_params(1, n, Dtype::F32, [3; 32], rank, &from);
             let mut session = WorkerSession::new(params, scfg, [rank as u8 + 40; 32]);
             session.start_join(0, 0, base);
-            Worker {
-                session,
-                input: (0..len)
-                    .map(|i| proto::reference::pattern_dtype(Dtype::F32, rank, 0, i))
-                    .collect(),
-                output: vec![f32::NAN; len],
-                coll: Collective::new(0, 0, len, elems),
-                rtt: RttEstimator::new(&cfg),
-                cc: Dctcp::new(&cfg, slots),
-            }
+            let mut w = Worker::new(session, elems, slots, &cfg);
+            w.input = (0..len)
+                .map(|i| proto::reference::pattern_dtype(Dtype::F32, rank, 0, i))
+                .collect();
+            w.output = vec![f32::NAN; len];
+            w.coll = Collective::new(0, 0, len, elems);
+            w
         })
         .collect();
     let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
@@ -566,7 +392,7 @@ fn run_with_restart(
             }
             while let Some(t) = w.session.poll_transmit(at) {
                 let bytes = t.bytes().to_vec();
-                net.send(now, || Msg::ToSwitch {
+                net.send(faults, now, || Msg::ToSwitch {
                     rank: r as u16,
                     bytes: bytes.clone(),
                 });
@@ -574,16 +400,8 @@ fn run_with_restart(
             if !w.session.is_joined() {
                 continue;
             }
-            while let Some(t) = w.coll.poll_transmit(at, w.cc.window(), &w.rtt, &cfg) {
-                let h = w.session.data_header(&t, w.coll.collective());
-                let mut p = vec![0u8; 4 * t.count as usize];
-                round_to_le(
-                    Dtype::F32,
-                    &w.input[t.offset..t.offset + t.count as usize],
-                    &mut p,
-                );
-                let bytes = frame(&h, &p);
-                net.send(now, || Msg::ToSwitch {
+            while let Some((_, bytes)) = w.poll_data(at, &cfg, Dtype::F32) {
+                net.send(faults, now, || Msg::ToSwitch {
                     rank: r as u16,
                     bytes: bytes.clone(),
                 });
@@ -595,9 +413,7 @@ fn run_with_restart(
             [coll.flatten(), w.session.poll_timeout()]
         });
         let next = net
-            .queue
-            .peek()
-            .map(|Reverse((t, _))| *t)
+            .next_delivery()
             .into_iter()
             .chain(timers.flatten().map(|t| t - base))
             .chain(match restart {
@@ -620,25 +436,10 @@ fn run_with_restart(
             );
             table = job_table(2, n, elems, slots, base + now);
         }
-        while let Some(Reverse((t, id))) = net.queue.peek().copied() {
-            if t > now {
-                break;
-            }
-            net.queue.pop();
-            match net.msgs.remove(&id).unwrap() {
+        while let Some(m) = net.pop_due(now) {
+            match m {
                 Msg::ToSwitch { rank, bytes } => {
-                    table.handle(&bytes, endpoint(rank), false, base + now);
-                    while let Some(r) = table.poll_reply() {
-                        let mut buf = vec![0u8; 2048];
-                        let Some(e) = table.encode(&r, &mut buf) else {
-                            continue;
-                        };
-                        buf.truncate(e.len);
-                        net.send(now, || Msg::ToWorker {
-                            rank: r.rank,
-                            bytes: buf.clone(),
-                        });
-                    }
+                    at_switch(&mut table, &mut net, faults, rank, &bytes, (base, now))
                 }
                 Msg::ToWorker { rank, bytes } => {
                     let w = &mut workers[rank as usize];
@@ -655,19 +456,7 @@ fn run_with_restart(
                             w.session.start_join(0, seq, base + now);
                         }
                         Some(Event::Result { header: h, values }) => {
-                            let mut v = vec![0f32; h.count as usize];
-                            read_le(Dtype::F32, &bytes[values], &mut v);
-                            let ece = h.has_flag(flags::ECE);
-                            if let ResultOutcome::Fresh { offset, count, .. } = w.coll.on_result(
-                                h.seq,
-                                h.count,
-                                ece,
-                                base + now,
-                                &mut w.rtt,
-                                &mut w.cc,
-                            ) {
-                                w.output[offset..offset + count as usize].copy_from_slice(&v);
-                            }
+                            w.take_result(&h, &bytes[values], Dtype::F32, base + now);
                         }
                         Some(e) => panic!("rank {rank}: {e:?}"),
                     }

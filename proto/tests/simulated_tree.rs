@@ -6,23 +6,20 @@
 //! as seq mod K. Workers join, build their DATA headers and accept RESULTs
 //! through `proto::session`, as the worker library does.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proto::elements::{read_le, round_f32, round_to_le};
-use proto::handshake::JoinParams;
+use proto::elements::round_f32;
 use proto::reference::{pattern, rank_order_sum};
-use proto::session::{Event, SessionConfig, WorkerSession};
+use proto::session::{Event, WorkerSession};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
 use proto::wire::{flags, write_f32s, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+use proto::worker::Collective;
 
 mod common;
-use common::{frame, Faults, Rng, CLEAN};
+use common::{frame, join_lossless, join_params, Faults, Links, Worker, CLEAN};
 
 const JOB: u16 = 3;
 const SECRET: [u8; 32] = [9; 32];
@@ -43,14 +40,12 @@ struct Msg {
     bytes: Vec<u8>,
 }
 
+/// The links: worker–leaf ones with `edge` faults, leaf–spine ones with
+/// `fabric` faults.
 struct Net {
-    rng: Rng,
-    /// Faults on worker–leaf links, and on leaf–spine links.
+    links: Links<Msg>,
     edge: Faults,
     fabric: Faults,
-    queue: BinaryHeap<Reverse<(Duration, u64)>>,
-    msgs: HashMap<u64, Msg>,
-    next_id: u64,
 }
 
 impl Net {
@@ -60,18 +55,11 @@ impl Net {
             Node::Leaf(_) if msg.from.source.port == SPINE_PORT => self.fabric,
             _ => self.edge,
         };
-        for at in f.deliveries(&mut self.rng, now) {
-            self.next_id += 1;
-            self.queue.push(Reverse((at, self.next_id)));
-            self.msgs.insert(
-                self.next_id,
-                Msg {
-                    to: msg.to,
-                    from: msg.from,
-                    bytes: msg.bytes.clone(),
-                },
-            );
-        }
+        self.links.send(f, now, || Msg {
+            to: msg.to,
+            from: msg.from,
+            bytes: msg.bytes.clone(),
+        });
     }
 }
 
@@ -98,15 +86,6 @@ fn spine_ep(k: usize) -> Endpoint {
 
 fn parse(b: &[u8]) -> HeaderRepr {
     HeaderRepr::parse(&Header::new_checked(b).unwrap()).unwrap()
-}
-
-struct Worker {
-    session: WorkerSession,
-    input: Vec<f32>,
-    output: Vec<f32>,
-    coll: Collective,
-    rtt: RttEstimator,
-    cc: Dctcp,
 }
 
 /// The tree: leaf tables, spine tables, and where each node is.
@@ -244,26 +223,8 @@ fn join_workers(
         let mut sessions = Vec::new();
         for r in 0..w {
             let from = worker_ep(i, r);
-            let params = JoinParams {
-                job: JOB,
-                rank: r,
-                n_workers: w,
-                dtype: dtype as u8,
-                op: 0,
-                secret: SECRET,
-                ip: from.source.ip,
-                port: from.source.port,
-            };
-            let mut s = WorkerSession::new(params, SessionConfig::default(), [r as u8 + 1; 32]);
-            s.start_join(0, 0, base);
-            let mut b = [0u8; 128];
-            let hello = s.poll_transmit(base).expect("a HELLO");
-            leaf.handle(hello.bytes(), from, false, base);
-            let rep = leaf.poll_reply().unwrap();
-            let e = leaf.encode(&rep, &mut b).unwrap();
-            assert!(s.handle(&b[..e.len], base).is_none());
-            let join = s.poll_transmit(base).expect("a JOIN");
-            leaf.handle(join.bytes(), from, false, base);
+            let params = join_params(JOB, w, dtype, SECRET, r, &from);
+            let s = join_lossless(leaf, from, params, [r as u8 + 1; 32], 0, base);
             sessions.push(s);
         }
         all.push(sessions);
@@ -349,18 +310,11 @@ fn run_typed(
 ) -> Vec<u64> {
     let base = Instant::now();
     let mut tree = Tree::new(l, w, k, slots, elems, dtype, base);
-    let cfg = TransportConfig {
-        initial_rto: Duration::from_millis(2),
-        min_rto: Duration::from_micros(500),
-        ..TransportConfig::default()
-    };
+    let cfg = common::transport();
     let mut net = Net {
-        rng: Rng(seed | 1),
+        links: Links::new(seed),
         edge,
         fabric,
-        queue: BinaryHeap::new(),
-        msgs: HashMap::new(),
-        next_id: 0,
     };
     let mut now = Duration::ZERO;
     let sessions = join_workers(&mut tree, &mut net, w, dtype, base);
@@ -368,14 +322,7 @@ fn run_typed(
         .into_iter()
         .map(|ss| {
             ss.into_iter()
-                .map(|session| Worker {
-                    session,
-                    input: vec![],
-                    output: vec![],
-                    coll: Collective::new(0, 0, 0, elems),
-                    rtt: RttEstimator::new(&cfg),
-                    cc: Dctcp::new(&cfg, slots),
-                })
+                .map(|session| Worker::new(session, elems, slots, &cfg))
                 .collect()
         })
         .collect();
@@ -444,28 +391,21 @@ fn run_typed(
             }
             for (i, ws) in workers.iter_mut().enumerate() {
                 for (r, wk) in ws.iter_mut().enumerate() {
-                    while let Some(t) =
-                        wk.coll
-                            .poll_transmit(base + now, wk.cc.window(), &wk.rtt, &cfg)
-                    {
-                        let h = wk.session.data_header(&t, wk.coll.collective());
+                    while let Some((h, bytes)) = wk.poll_data(base + now, &cfg, dtype) {
                         assert_eq!(h.gen, 1 + i as u32);
-                        let mut p = vec![0u8; dtype.payload_len(t.count)];
-                        let vals = &wk.input[t.offset..t.offset + t.count as usize];
-                        round_to_le(dtype, vals, &mut p);
                         net.send(
                             now,
                             Msg {
                                 to: Node::Leaf(i),
                                 from: worker_ep(i, r as u16),
-                                bytes: frame(&h, &p),
+                                bytes,
                             },
                         );
                     }
                 }
             }
             // Next event: a delivery, a worker timeout, or the leaves' tick.
-            let next_delivery = net.queue.peek().map(|Reverse((t, _))| *t);
+            let next_delivery = net.links.next_delivery();
             let next_timer = workers
                 .iter()
                 .flatten()
@@ -481,12 +421,7 @@ fn run_typed(
                 tree.leaves[i].handle_timeout(base + now);
                 tree.flush(Node::Leaf(i), &mut net, now);
             }
-            while let Some(Reverse((t, id))) = net.queue.peek().copied() {
-                if t > now {
-                    break;
-                }
-                net.queue.pop();
-                let m = net.msgs.remove(&id).unwrap();
+            while let Some(m) = net.links.pop_due(now) {
                 match m.to {
                     Node::Leaf(i) => {
                         tree.leaves[i].handle(&m.bytes, m.from, false, base + now);
@@ -505,18 +440,7 @@ fn run_typed(
                             }
                             _ => continue,
                         };
-                        let mut values = vec![0f32; h.count as usize];
-                        read_le(dtype, &m.bytes[v], &mut values);
-                        if let ResultOutcome::Fresh { offset, count, .. } = wk.coll.on_result(
-                            h.seq,
-                            h.count,
-                            h.has_flag(flags::ECE),
-                            base + now,
-                            &mut wk.rtt,
-                            &mut wk.cc,
-                        ) {
-                            wk.output[offset..offset + count as usize].copy_from_slice(&values);
-                        }
+                        wk.take_result(&h, &m.bytes[v], dtype, base + now);
                     }
                 }
             }
@@ -632,12 +556,9 @@ impl Fabric {
         let base = Instant::now();
         let mut tree = Tree::new(l, w, k, 16, 8, Dtype::F32, base);
         let mut net = Net {
-            rng: Rng(1),
+            links: Links::new(1),
             edge: CLEAN,
             fabric: CLEAN,
-            queue: BinaryHeap::new(),
-            msgs: HashMap::new(),
-            next_id: 0,
         };
         let sessions = join_workers(&mut tree, &mut net, w, Dtype::F32, base);
         Fabric {
@@ -662,12 +583,7 @@ impl Fabric {
                 self.tree.leaves[i].handle_timeout(at);
                 self.tree.flush(Node::Leaf(i), &mut self.net, self.now);
             }
-            while let Some(Reverse((t, id))) = self.net.queue.peek().copied() {
-                if t > self.now {
-                    break;
-                }
-                self.net.queue.pop();
-                let m = self.net.msgs.remove(&id).unwrap();
+            while let Some(m) = self.net.links.pop_due(self.now) {
                 match m.to {
                     Node::Leaf(i) => self.tree.leaves[i].handle(&m.bytes, m.from, false, at),
                     Node::Spine(k) if self.dead[k] => continue,

@@ -470,18 +470,23 @@ def _copy_back(host: torch.Tensor, t: torch.Tensor) -> "Callable[[], None] | Non
     return None if host is t else (lambda: t.copy_(host))
 
 
-class SwitchReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
-    """FSDP2's gradient reduce-scatter through the switch: input n·m
-    elements, output this rank's m, summed in rank order by the switch
-    (bit-identical whatever the arrival order). For ``ReduceOp.AVG`` the sum
-    is then divided by n. The input's dtype (FSDP's reduce dtype,
-    ``MixedPrecisionPolicy.reduce_dtype``) must be the job's."""
+class _SwitchComm:
+    """What FSDP2's comm hooks share: the job's state, and buffers from
+    ``torch.empty`` (the native layer needs no special allocation)."""
 
     def __init__(self, state: AggSwitchState) -> None:
         self._state = state
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class SwitchReduceScatter(_SwitchComm, _ReduceScatter):  # type: ignore[misc,valid-type]
+    """FSDP2's gradient reduce-scatter through the switch: input n·m
+    elements, output this rank's m, summed in rank order by the switch
+    (bit-identical whatever the arrival order). For ``ReduceOp.AVG`` the sum
+    is then divided by n. The input's dtype (FSDP's reduce dtype,
+    ``MixedPrecisionPolicy.reduce_dtype``) must be the job's."""
 
     def __call__(
         self,
@@ -517,18 +522,12 @@ class SwitchReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
         return _submit(state, work, async_op, _copy_back(out, output_tensor))
 
 
-class SwitchAllGather(_AllGather):  # type: ignore[misc,valid-type]
+class SwitchAllGather(_SwitchComm, _AllGather):  # type: ignore[misc,valid-type]
     """FSDP2's parameter all-gather through the switch: input this rank's m
     elements, output n·m (shard r from rank r). The switch copies bytes, so
     the parameters' dtype (``MixedPrecisionPolicy.param_dtype``, or uint8 when
     FSDP packs several dtypes) need not be the job's: each shard's bytes are
     sent as whole job elements, padded at the end when they do not divide."""
-
-    def __init__(self, state: AggSwitchState) -> None:
-        self._state = state
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,

@@ -211,6 +211,55 @@ fn byte_range<B: pyo3::buffer::Element>(v: &PyBuffer<B>) -> std::ops::Range<usiz
     start..start + v.len_bytes()
 }
 
+/// `buf`'s buffer view of items `B`, checked for what `call` needs of its
+/// `role`: C-contiguous, and writable when `writable`; `expected` says
+/// what it should have been when `buf` exports no such view.
+fn checked_view<B: pyo3::buffer::Element>(
+    call: &str,
+    expected: impl FnOnce() -> String,
+    role: &str,
+    buf: &Bound<'_, PyAny>,
+    writable: bool,
+) -> PyResult<PyBuffer<B>> {
+    let view = PyBuffer::<B>::get(buf).map_err(|e| {
+        PyTypeError::new_err(format!(
+            "{call}: {} as the {role}, got {}: {e}",
+            expected(),
+            type_name(buf)
+        ))
+    })?;
+    if writable && view.readonly() {
+        return Err(PyValueError::new_err(format!(
+            "{call}: the {role} ({}) is read-only; the result is written into it, \
+             pass a writable buffer",
+            type_name(buf)
+        )));
+    }
+    if !view.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{call}: the {role} ({}) is not C-contiguous; pass a contiguous copy \
+             (numpy.ascontiguousarray or tensor.contiguous()) and copy the result back",
+            type_name(buf)
+        )));
+    }
+    Ok(view)
+}
+
+/// Refuses an input and an output that share memory (the library reads
+/// one while it writes the other).
+fn refuse_overlap(
+    call: &str,
+    a: std::ops::Range<usize>,
+    b: std::ops::Range<usize>,
+) -> PyResult<()> {
+    if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
+        return Err(PyValueError::new_err(format!(
+            "{call}: the input and the output share memory; pass separate buffers"
+        )));
+    }
+    Ok(())
+}
+
 impl PyWorker {
     /// A buffer view of items `B` (what Python exports: float32, or uint16
     /// for half-precision bits), checked for what `call` needs of its
@@ -223,30 +272,14 @@ impl PyWorker {
         buf: &Bound<'_, PyAny>,
         writable: bool,
     ) -> PyResult<PyBuffer<B>> {
-        let call = call.name();
-        let want = expected_buffer(self.dtype);
-        let view = PyBuffer::<B>::get(buf).map_err(|e| {
-            PyTypeError::new_err(format!(
-                "{call}: this worker's job is {}: expected {want} as the {role}, got {}: {e}",
+        let expected = || {
+            format!(
+                "this worker's job is {}: expected {}",
                 self.dtype,
-                type_name(buf)
-            ))
-        })?;
-        if writable && view.readonly() {
-            return Err(PyValueError::new_err(format!(
-                "{call}: the {role} ({}) is read-only; the result is written into it, \
-                 pass a writable buffer",
-                type_name(buf)
-            )));
-        }
-        if !view.is_c_contiguous() {
-            return Err(PyValueError::new_err(format!(
-                "{call}: the {role} ({}) is not C-contiguous; pass a contiguous copy \
-                 (numpy.ascontiguousarray or tensor.contiguous()) and copy the result back",
-                type_name(buf)
-            )));
-        }
-        Ok(view)
+                expected_buffer(self.dtype)
+            )
+        };
+        checked_view(call.name(), expected, role, buf, writable)
     }
 
     /// The memory of `view` as `T`s.
@@ -300,13 +333,7 @@ impl PyWorker {
             None => None,
         };
         if let Some(ov) = &out_view {
-            let (a, b) = (byte_range(&in_view), byte_range(ov));
-            if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
-                return Err(PyValueError::new_err(format!(
-                    "{}: the input and the output share memory; pass separate buffers",
-                    call.name()
-                )));
-            }
+            refuse_overlap(call.name(), byte_range(&in_view), byte_range(ov))?;
         }
         // SAFETY: both views were checked by `view` (the one written is
         // writable), live until this function returns (after the
@@ -317,25 +344,16 @@ impl PyWorker {
             Some(ov) => Some(unsafe { self.elems(call, ov)? }),
             None => None,
         };
-        let r = py.detach(|| {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let w = guard.as_mut()?;
-            let r = match (call, output) {
-                (Call::AllReduce, _) => w.all_reduce(data),
-                (Call::Broadcast(root), _) => w.broadcast(root, data),
-                (Call::ReduceScatter, Some(o)) => w.reduce_scatter(data, o),
-                (Call::AllGather, Some(o)) => w.all_gather(data, o),
-                (_, None) => unreachable!("reduce_scatter and all_gather pass an output"),
-            };
-            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
-            Some(r)
+        let r = self.with_worker(py, |w| match (call, output) {
+            (Call::AllReduce, _) => w.all_reduce(data),
+            (Call::Broadcast(root), _) => w.broadcast(root, data),
+            (Call::ReduceScatter, Some(o)) => w.reduce_scatter(data, o),
+            (Call::AllGather, Some(o)) => w.all_gather(data, o),
+            (_, None) => unreachable!("reduce_scatter and all_gather pass an output"),
         });
         drop(in_view);
         drop(out_view);
-        match r {
-            None => Err(self.closed_error(py)),
-            Some(r) => r.map_err(|e| map_err(py, e)),
-        }
+        r
     }
 
     /// A C-contiguous buffer of bytes (format "B") for `all_gather_bytes`.
@@ -345,26 +363,29 @@ impl PyWorker {
         buf: &Bound<'_, PyAny>,
         writable: bool,
     ) -> PyResult<PyBuffer<u8>> {
-        let view = PyBuffer::<u8>::get(buf).map_err(|e| {
-            PyTypeError::new_err(format!(
-                "all_gather_bytes: expected a buffer of bytes (format \"B\", e.g. \
-                 memoryview(x).cast(\"B\")) as the {role}, got {}: {e}",
-                type_name(buf)
-            ))
-        })?;
-        if writable && view.readonly() {
-            return Err(PyValueError::new_err(format!(
-                "all_gather_bytes: the {role} ({}) is read-only; pass a writable buffer",
-                type_name(buf)
-            )));
+        let expected =
+            || "expected a buffer of bytes (format \"B\", e.g. memoryview(x).cast(\"B\"))".into();
+        checked_view("all_gather_bytes", expected, role, buf, writable)
+    }
+
+    /// Runs `f` on the worker with the GIL released, then keeps its
+    /// counters for `stats`; a closed worker's error otherwise.
+    fn with_worker(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Worker) -> Result<(), WorkerError> + Send,
+    ) -> PyResult<()> {
+        let r = py.detach(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let w = guard.as_mut()?;
+            let r = f(w);
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
+            Some(r)
+        });
+        match r {
+            None => Err(self.closed_error(py)),
+            Some(r) => r.map_err(|e| map_err(py, e)),
         }
-        if !view.is_c_contiguous() {
-            return Err(PyValueError::new_err(format!(
-                "all_gather_bytes: the {role} ({}) is not C-contiguous; pass a contiguous copy",
-                type_name(buf)
-            )));
-        }
-        Ok(view)
     }
 
     /// [`PyWorker::run_as`] with the job's buffer item and element types.
@@ -502,12 +523,7 @@ impl PyWorker {
     ) -> PyResult<()> {
         let mut iv = self.byte_view("input", input, false)?;
         let mut ov = self.byte_view("output", output, true)?;
-        let (a, b) = (byte_range(&iv), byte_range(&ov));
-        if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
-            return Err(PyValueError::new_err(
-                "all_gather_bytes: the input and the output share memory; pass separate buffers",
-            ));
-        }
+        refuse_overlap("all_gather_bytes", byte_range(&iv), byte_range(&ov))?;
         let bytes = |v: &mut PyBuffer<u8>| -> &mut [u8] {
             match v.len_bytes() {
                 0 => &mut [],
@@ -518,18 +534,9 @@ impl PyWorker {
             }
         };
         let (src, dst) = (bytes(&mut iv), bytes(&mut ov));
-        let r = py.detach(|| {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let w = guard.as_mut()?;
-            let r = w.all_gather_bytes(src, dst);
-            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
-            Some(r)
-        });
+        let r = self.with_worker(py, |w| w.all_gather_bytes(src, dst));
         drop((iv, ov));
-        match r {
-            None => Err(self.closed_error(py)),
-            Some(r) => r.map_err(|e| map_err(py, e)),
-        }
+        r
     }
 
     /// Broadcast: every rank's `buf` becomes rank `root`'s, bit for bit.

@@ -30,6 +30,17 @@ fn join(sw: &LoopbackSwitch, rank: u16, n: u16, dtype: Dtype) -> Worker {
     Worker::join(cfg).expect("join")
 }
 
+/// Runs `body` on every rank of an `n`-rank `dtype` job at `sw`, each in
+/// its own thread with its worker joined; a panic in any fails the test.
+fn on_every_rank(sw: &LoopbackSwitch, n: u16, dtype: Dtype, body: impl Fn(u16, Worker) + Sync) {
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let body = &body;
+            s.spawn(move || body(rank, join(sw, rank, n, dtype)));
+        }
+    });
+}
+
 /// An element type with its conversions from and to float32.
 #[derive(Clone, Copy)]
 struct Ty<T> {
@@ -124,29 +135,18 @@ fn run_rank<T: Element>(w: &mut Worker, ty: Ty<T>, n: u16, m: usize, iterations:
 fn kinds_over_lossy_stand_in<T: Element>(ty: Ty<T>, auth: AuthMode) {
     let n = 4;
     let sw = stand_in(n, ty.dtype, 13, auth);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let sw = &sw;
-                s.spawn(move || {
-                    let mut w = join(sw, rank, n, ty.dtype);
-                    // 1_001 elements a shard: ten chunks of 100 and a short
-                    // one each, so shards end mid-chunk-size.
-                    run_rank(&mut w, ty, n, 1_001, 2);
-                    let st = w.stats();
-                    assert!(
-                        st.chunks_resent > 0,
-                        "the stand-in's losses were resent: {st:?}"
-                    );
-                    assert_eq!(st.mismatched_results, 0, "{st:?}");
-                    assert_eq!(st.bad_tag_results, 0, "{st:?}");
-                    assert_eq!(st.collectives, 8);
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+    on_every_rank(&sw, n, ty.dtype, |_, mut w| {
+        // 1_001 elements a shard: ten chunks of 100 and a short
+        // one each, so shards end mid-chunk-size.
+        run_rank(&mut w, ty, n, 1_001, 2);
+        let st = w.stats();
+        assert!(
+            st.chunks_resent > 0,
+            "the stand-in's losses were resent: {st:?}"
+        );
+        assert_eq!(st.mismatched_results, 0, "{st:?}");
+        assert_eq!(st.bad_tag_results, 0, "{st:?}");
+        assert_eq!(st.collectives, 8);
     });
 }
 
@@ -177,21 +177,15 @@ fn every_rank_sends_and_is_answered_every_chunk_of_the_layout() {
     // gets a RESULT for each, whoever owns it.
     let n = 3;
     let sw = stand_in(n, Dtype::F32, 0, AuthMode::Port);
-    std::thread::scope(|s| {
-        for rank in 0..n {
-            let sw = &sw;
-            s.spawn(move || {
-                let mut w = join(sw, rank, n, Dtype::F32);
-                let m = 250;
-                let input = vec![1.0f32; usize::from(n) * m];
-                let mut out = vec![0f32; m];
-                w.reduce_scatter(&input, &mut out).unwrap();
-                assert_eq!(out, vec![f32::from(n); m]);
-                // 3 chunks per shard, every one sent, every one answered.
-                assert_eq!(w.stats().chunks_sent, 9);
-                assert_eq!(w.stats().results, 9);
-            });
-        }
+    on_every_rank(&sw, n, Dtype::F32, |_, mut w| {
+        let m = 250;
+        let input = vec![1.0f32; usize::from(n) * m];
+        let mut out = vec![0f32; m];
+        w.reduce_scatter(&input, &mut out).unwrap();
+        assert_eq!(out, vec![f32::from(n); m]);
+        // 3 chunks per shard, every one sent, every one answered.
+        assert_eq!(w.stats().chunks_sent, 9);
+        assert_eq!(w.stats().results, 9);
     });
 }
 
@@ -204,20 +198,14 @@ fn a_switch_restart_between_kinds_rejoins_and_stays_exact() {
     let sw = stand_in(n, Dtype::F32, 0, AuthMode::Port);
     let restart = sw.restarter();
     let barrier = std::sync::Barrier::new(usize::from(n));
-    std::thread::scope(|s| {
-        for rank in 0..n {
-            let (sw, restart, barrier) = (&sw, &restart, &barrier);
-            s.spawn(move || {
-                let mut w = join(sw, rank, n, Dtype::F32);
-                run_rank(&mut w, F32, n, 333, 1);
-                if barrier.wait().is_leader() {
-                    restart();
-                }
-                barrier.wait();
-                run_rank(&mut w, F32, n, 333, 2);
-                assert!(w.stats().rejoins >= 1, "{:?}", w.stats());
-            });
+    on_every_rank(&sw, n, Dtype::F32, |_, mut w| {
+        run_rank(&mut w, F32, n, 333, 1);
+        if barrier.wait().is_leader() {
+            restart();
         }
+        barrier.wait();
+        run_rank(&mut w, F32, n, 333, 2);
+        assert!(w.stats().rejoins >= 1, "{:?}", w.stats());
     });
 }
 
@@ -265,24 +253,18 @@ fn wrong_lengths_are_errors_naming_both_lengths_and_n() {
 fn a_reduce_scatter_length_that_n_does_not_divide_says_so() {
     let n = 2;
     let sw = stand_in(n, Dtype::F32, 0, AuthMode::Port);
-    std::thread::scope(|s| {
-        for rank in 0..n {
-            let sw = &sw;
-            s.spawn(move || {
-                let mut w = join(sw, rank, n, Dtype::F32);
-                let e = w
-                    .reduce_scatter(&[0f32; 5], &mut [0f32; 2])
-                    .unwrap_err()
-                    .to_string();
-                assert!(
-                    e.contains(
-                        "the input must be n × m elements (n = 2 ranks), and 5 is not a \
-                                multiple of 2"
-                    ),
-                    "{e}"
-                );
-            });
-        }
+    on_every_rank(&sw, n, Dtype::F32, |_, mut w| {
+        let e = w
+            .reduce_scatter(&[0f32; 5], &mut [0f32; 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "the input must be n × m elements (n = 2 ranks), and 5 is not a \
+                        multiple of 2"
+            ),
+            "{e}"
+        );
     });
 }
 
@@ -299,23 +281,25 @@ fn all_gather_bytes_carries_float32_through_a_bf16_job_bit_for_bit() {
         v[1] = f32::from_bits(1 + u32::from(rank));
         v
     };
-    std::thread::scope(|s| {
-        for rank in 0..n {
-            let (sw, shard) = (&sw, &shard);
-            s.spawn(move || {
-                let mut w = join(sw, rank, n, Dtype::Bf16);
-                let mine = shard(rank);
-                let mut out = vec![0f32; mine.len() * usize::from(n)];
-                w.all_gather_bytes(bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut out))
-                    .expect("all_gather_bytes");
-                let want: Vec<u32> = (0..n).flat_map(shard).map(f32::to_bits).collect();
-                assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
-                let e = w.all_gather_bytes(&[0u8; 3], &mut [0u8; 9]).unwrap_err().to_string();
-                assert!(
-                    e.contains("3 bytes, which is not a whole number of the job's bf16 elements (2 bytes each)"),
-                    "{e}"
-                );
-            });
-        }
+    on_every_rank(&sw, n, Dtype::Bf16, |rank, mut w| {
+        let mine = shard(rank);
+        let mut out = vec![0f32; mine.len() * usize::from(n)];
+        w.all_gather_bytes(
+            bytemuck::cast_slice(&mine),
+            bytemuck::cast_slice_mut(&mut out),
+        )
+        .expect("all_gather_bytes");
+        let want: Vec<u32> = (0..n).flat_map(shard).map(f32::to_bits).collect();
+        assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        let e = w
+            .all_gather_bytes(&[0u8; 3], &mut [0u8; 9])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "3 bytes, which is not a whole number of the job's bf16 elements (2 bytes each)"
+            ),
+            "{e}"
+        );
     });
 }

@@ -1,10 +1,22 @@
 //! What the simulated networks share: a deterministic generator, the
-//! faults of a link and the delivery times they give one datagram, and
-//! message framing.
+//! faults of a link and the delivery times they give one datagram, the
+//! links' queue in virtual time, message framing, and both ends: the switch
+//! side (a job table and its encoded replies) and the worker side (a rank
+//! joined, framed and answered through `proto::session`, as the worker
+//! library does). Each test binary uses its own part of it.
+#![allow(dead_code)]
 
-use std::time::Duration;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
 
-use proto::wire::{HeaderRepr, HEADER_LEN};
+use proto::elements::{read_le, round_to_le};
+use proto::handshake::JoinParams;
+use proto::session::WorkerSession;
+use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+use proto::tag::AuthMode;
+use proto::wire::{flags, Dtype, HeaderRepr, HEADER_LEN};
+use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
 
 /// xorshift64*: a tiny deterministic generator, enough for schedules.
 pub struct Rng(pub u64);
@@ -39,6 +51,13 @@ pub const CLEAN: Faults = Faults {
     reorder: 0.0,
 };
 
+/// Loss, duplication and reordering at once: the links of the fault tests.
+pub const ALL_FAULTS: Faults = Faults {
+    loss: 0.05,
+    dup: 0.01,
+    reorder: 0.25,
+};
+
 impl Faults {
     /// When the copies of one datagram sent at `now` arrive: none (lost),
     /// one, or two (duplicated); 100–150 µs, plus up to 3 ms when reordered.
@@ -65,4 +84,251 @@ pub fn frame(h: &HeaderRepr, payload: &[u8]) -> Vec<u8> {
     h.emit_to(&mut b).expect("header fits");
     b[HEADER_LEN..].copy_from_slice(payload);
     b
+}
+
+/// Datagrams in flight: each delivery of a message `M` at its virtual time
+/// (ties in sending order).
+pub struct Links<M> {
+    rng: Rng,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    msgs: HashMap<u64, M>,
+    next_id: u64,
+}
+
+impl<M> Links<M> {
+    pub fn new(seed: u64) -> Links<M> {
+        Links {
+            rng: Rng(seed | 1),
+            queue: BinaryHeap::new(),
+            msgs: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// Sends one datagram at `now` over a link with `faults`: `make` makes
+    /// each copy that arrives.
+    pub fn send(&mut self, faults: Faults, now: Duration, make: impl Fn() -> M) {
+        for at in faults.deliveries(&mut self.rng, now) {
+            self.next_id += 1;
+            self.queue.push(Reverse((at, self.next_id)));
+            self.msgs.insert(self.next_id, make());
+        }
+    }
+
+    /// When the next datagram arrives.
+    pub fn next_delivery(&self) -> Option<Duration> {
+        self.queue.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// The next datagram due by `now`.
+    pub fn pop_due(&mut self, now: Duration) -> Option<M> {
+        let Reverse((t, id)) = *self.queue.peek()?;
+        if t > now {
+            return None;
+        }
+        self.queue.pop();
+        Some(self.msgs.remove(&id).expect("a queued datagram"))
+    }
+}
+
+/// The next event of a run: a delivery or a worker's timer, whichever
+/// comes first; panics if neither is pending (a deadlock).
+pub fn next_event(delivery: Option<Duration>, timer: Option<Duration>) -> Duration {
+    match (delivery, timer) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) => a,
+        (None, Some(b)) => b,
+        (None, None) => panic!("deadlock: nothing in flight, nothing due"),
+    }
+}
+
+/// Rank `rank`'s address: 198.18.0.10, port `port_base + rank`.
+pub fn endpoint(rank: u16, port_base: u16) -> Endpoint {
+    Endpoint {
+        source: Source {
+            mac: [2, 0, 0, 0, (rank >> 8) as u8, rank as u8],
+            ip: [198, 18, 0, 10],
+            port: port_base + rank,
+        },
+        ..Endpoint::default()
+    }
+}
+
+/// A table of generation `gen` with job 1: `n` ranks from 198.18.0.0/24,
+/// secret `[3; 32]`, `slots` slots of `elems` elements of `dtype`.
+pub fn job_table(
+    gen: u32,
+    n: u16,
+    elems: u16,
+    slots: u16,
+    (dtype, auth): (Dtype, AuthMode),
+    now: Instant,
+) -> JobTable {
+    let mut table = JobTable::new(TableConfig::new(gen, [5; 32]), now);
+    table
+        .add(
+            JobConfig {
+                id: 1,
+                n_workers: n,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: [3; 32],
+                pool_slots: slots,
+                elems_per_chunk: elems,
+                dtype,
+                window: slots,
+                auth,
+                upstream: None,
+            },
+            elems + 8,
+        )
+        .unwrap();
+    table
+}
+
+/// The switch side of a delivery: `bytes` from `from` reach `table` at
+/// `at`; every reply it queues goes, encoded as the shells send them, to
+/// `send` with the rank it is for.
+pub fn at_switch(
+    table: &mut JobTable,
+    bytes: &[u8],
+    from: Endpoint,
+    at: Instant,
+    mut send: impl FnMut(u16, &[u8]),
+) {
+    table.handle(bytes, from, false, at);
+    while let Some(r) = table.poll_reply() {
+        let mut buf = vec![0u8; 2048];
+        let Some(e) = table.encode(&r, &mut buf) else {
+            continue;
+        };
+        send(r.rank, &buf[..e.len]);
+    }
+}
+
+/// What rank `from` joins job `job` with.
+pub fn join_params(
+    job: u16,
+    n: u16,
+    dtype: Dtype,
+    secret: [u8; 32],
+    rank: u16,
+    from: &Endpoint,
+) -> JoinParams {
+    JoinParams {
+        job,
+        rank,
+        n_workers: n,
+        dtype: dtype as u8,
+        op: 0,
+        secret,
+        ip: from.source.ip,
+        port: from.source.port,
+    }
+}
+
+/// A session started at resume point `start_seq` that has sent `table` its
+/// HELLO and the JOIN the CHALLENGE allows, on a lossless path (loss while
+/// joining is the session's own tests'); the JOIN_ACKs stay queued at the
+/// table until every rank has joined.
+pub fn join_lossless(
+    table: &mut JobTable,
+    from: Endpoint,
+    params: JoinParams,
+    key: [u8; 32],
+    start_seq: u32,
+    now: Instant,
+) -> WorkerSession {
+    let mut s = WorkerSession::new(params, Default::default(), key);
+    s.start_join(0, start_seq, now);
+    let mut b = [0u8; 128];
+    let hello = s.poll_transmit(now).expect("a HELLO");
+    table.handle(hello.bytes(), from, false, now);
+    let r = table.poll_reply().expect("a CHALLENGE");
+    let e = table.encode(&r, &mut b).unwrap();
+    assert!(s.handle(&b[..e.len], now).is_none());
+    let join = s.poll_transmit(now).expect("a JOIN");
+    table.handle(join.bytes(), from, false, now);
+    s
+}
+
+/// The workers' transport: timers short enough for runs in virtual time.
+pub fn transport() -> TransportConfig {
+    TransportConfig {
+        initial_rto: Duration::from_millis(2),
+        min_rto: Duration::from_micros(500),
+        ..TransportConfig::default()
+    }
+}
+
+/// One rank: its membership (DATA headers and tags, which RESULTs count)
+/// and the collective it runs.
+pub struct Worker {
+    pub session: WorkerSession,
+    pub input: Vec<f32>,
+    pub output: Vec<f32>,
+    pub coll: Collective,
+    pub rtt: RttEstimator,
+    pub cc: Dctcp,
+}
+
+impl Worker {
+    /// A rank with no collective yet.
+    pub fn new(session: WorkerSession, elems: u16, slots: u16, cfg: &TransportConfig) -> Worker {
+        Worker {
+            session,
+            input: vec![],
+            output: vec![],
+            coll: Collective::new(0, 0, 0, elems),
+            rtt: RttEstimator::new(cfg),
+            cc: Dctcp::new(cfg, slots),
+        }
+    }
+
+    /// The next DATA the collective sends at `at`: its header and the
+    /// framed message (values in `dtype`, or none for a NOVAL chunk, then
+    /// the session's tag where the job has one).
+    pub fn poll_data(
+        &mut self,
+        at: Instant,
+        cfg: &TransportConfig,
+        dtype: Dtype,
+    ) -> Option<(HeaderRepr, Vec<u8>)> {
+        let t = self
+            .coll
+            .poll_transmit(at, self.cc.window(), &self.rtt, cfg)?;
+        let h = self.session.data_header(&t, self.coll.collective());
+        let mut p = match t.values {
+            Some(at) => {
+                let mut p = vec![0u8; dtype.payload_len(t.count)];
+                round_to_le(dtype, &self.input[at..at + t.count as usize], &mut p);
+                p
+            }
+            None => Vec::new(),
+        };
+        if let Some(tag) = self.session.data_tag(&h, &p) {
+            p.extend_from_slice(&tag);
+        }
+        let bytes = frame(&h, &p);
+        Some((h, bytes))
+    }
+
+    /// An all-reduce's RESULT `h` the session took, its `values` in
+    /// `dtype`: copied into the output where fresh.
+    pub fn take_result(&mut self, h: &HeaderRepr, values: &[u8], dtype: Dtype, at: Instant) {
+        let mut v = vec![0f32; h.count as usize];
+        read_le(dtype, values, &mut v);
+        if let ResultOutcome::Fresh { offset, count, .. } = self.coll.on_result(
+            h.seq,
+            h.count,
+            h.has_flag(flags::ECE),
+            at,
+            &mut self.rtt,
+            &mut self.cc,
+        ) {
+            self.output[offset..offset + count as usize].copy_from_slice(&v);
+        }
+    }
 }
