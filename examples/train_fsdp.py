@@ -8,7 +8,7 @@ import argparse, hashlib, json, time
 
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from sklearn.datasets import load_digits
 
 p = argparse.ArgumentParser(description=__doc__)
@@ -64,7 +64,12 @@ for step in range(a.steps):
         print(f"step {step} loss {loss.item():.4f} {step_times[-1] * 1e3:.1f} ms", flush=True)
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
-full = [p.full_tensor() for p in model.parameters()]  # every shard, gathered
+blocks = [m for m in model.modules() if isinstance(m, FSDPModule)]
+for m in blocks:  # the full parameters as this rank's forward gets them: through the run's all-gather
+    m.unshard()
+full = [p.detach().clone() for p in model.parameters()]
+for m in blocks:
+    m.reshard()
 result = dict(rank=rank, world=world, comm=a.comm, hsdp=a.hsdp, steps=a.steps, loss=full_loss,
               params=sum(t.numel() for t in full),
               digest=hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in full)).hexdigest(),

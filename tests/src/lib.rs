@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod torch;
+
 pub const SWITCH_ADDR: &str = "198.18.0.1";
 pub const AGG_PORT: u16 = 48879;
 pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";

@@ -18,10 +18,10 @@
 //! program, so a spawned child's PID is python's (checked before a kill).
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
 
 const WORLD: u16 = 4;
@@ -49,280 +49,11 @@ const LEARNED_LOSS: f64 = 0.35;
 const GLOO_TOLERANCE: f64 = 0.01;
 
 // ---------------------------------------------------------------------------
-// Helpers
-
-/// The venv python that has torch and `aggswitch.torch`, or None (after
-/// `unavailable`).
-fn venv_python(test: &str) -> Option<PathBuf> {
-    let py = std::env::var_os("AGG_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
-    if !py.exists() {
-        unavailable(
-            test,
-            &format!(
-                "needs the project venv's python at {} (run scripts/setup.sh, or set AGG_PYTHON)",
-                py.display()
-            ),
-        );
-        return None;
-    }
-    let out = Command::new(&py)
-        .args(["-c", "import aggswitch.torch, sklearn"])
-        .output()
-        .expect("running the venv python");
-    if !out.status.success() {
-        unavailable(
-            test,
-            &format!(
-                "`{} -c 'import aggswitch.torch, sklearn'` failed (run scripts/setup.sh):\n{}",
-                py.display(),
-                tail(&String::from_utf8_lossy(&out.stderr), 10)
-            ),
-        );
-        return None;
-    }
-    Some(py)
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let v: Vec<&str> = text.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
-}
-
-/// A directory for the ranks' outputs; removed on drop unless panicking.
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn new(prefix: &str) -> WorkDir {
-        let d = std::env::temp_dir().join(format!("agg-ddp-{prefix}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        WorkDir(d)
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("rank outputs kept in {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// One run of train_ddp.py on every worker.
-struct Run<'a> {
-    comm: &'a str,
-    steps: u32,
-    master_port: u16,
-    /// Also a file-name tag, unique per run in a test.
-    tag: &'a str,
-    env: Vec<(&'a str, String)>,
-}
-
-/// One rank's process; its stdout and stderr go to files.
-struct RankProc {
-    rank: u16,
-    child: Option<Child>,
-    pid: u32,
-    stdout: PathBuf,
-    stderr: PathBuf,
-    out: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl RankProc {
-    fn stdout_text(&self) -> String {
-        std::fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-    fn stderr_text(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-    /// The last lines of stdout and stderr, for failure messages.
-    fn tails(&self) -> String {
-        format!(
-            "--- rank {} ({}) stdout tail:\n{}\n--- rank {} stderr tail:\n{}",
-            self.rank,
-            self.status
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "running".into()),
-            tail(&self.stdout_text(), 5),
-            self.rank,
-            tail(&self.stderr_text(), 15)
-        )
-    }
-    fn poll(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(s)) = c.try_wait() {
-                    self.status = Some(s);
-                    self.child = None;
-                }
-            }
-        }
-        self.status
-    }
-    /// SIGKILL by PID and reap.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            if let Ok(s) = c.wait() {
-                self.status = Some(s);
-            }
-        }
-    }
-}
-
-/// The ranks of one run; every process still running is killed (by PID) on
-/// drop, also on panic.
-struct Ranks {
-    procs: Vec<RankProc>,
-    started: Instant,
-}
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            p.kill();
-        }
-    }
-}
-
-/// What train_ddp.py's `--out` holds.
-struct Report {
-    loss: f64,
-    digest: String,
-    params: u64,
-    step_ms_median: f64,
-}
-
-impl Ranks {
-    fn spawn(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> Ranks {
-        let script = repo_root().join("examples/train_ddp.py");
-        let procs = (0..WORLD)
-            .map(|rank| {
-                let f = |ext: &str| dir.join(format!("{}-rank{rank}.{ext}", run.tag));
-                let (stdout, stderr, out) = (f("stdout"), f("stderr"), f("json"));
-                let mut cmd = tb.cmd_in(&tb.worker_ns(rank), py);
-                cmd.arg(&script)
-                    .args(["--comm", run.comm, "--steps", &run.steps.to_string()])
-                    .arg("--out")
-                    .arg(&out)
-                    .current_dir(repo_root())
-                    .env("RANK", rank.to_string())
-                    .env("WORLD_SIZE", WORLD.to_string())
-                    .env("MASTER_ADDR", "198.18.0.10")
-                    .env("MASTER_PORT", run.master_port.to_string())
-                    .env("GLOO_SOCKET_IFNAME", "eth0")
-                    .env("OMP_NUM_THREADS", "1")
-                    .env("PYTHONUNBUFFERED", "1")
-                    .env("AGGSWITCH_SWITCH", format!("{SWITCH_ADDR}:{AGG_PORT}"))
-                    .env("AGGSWITCH_JOB", JOB.to_string())
-                    .env("AGGSWITCH_SECRET", SECRET)
-                    .envs(run.env.iter().map(|(k, v)| (k, v)))
-                    .stdin(Stdio::null())
-                    .stdout(std::fs::File::create(&stdout).unwrap())
-                    .stderr(std::fs::File::create(&stderr).unwrap());
-                let child = cmd.spawn().expect("starting train_ddp.py");
-                RankProc {
-                    rank,
-                    pid: child.id(),
-                    child: Some(child),
-                    stdout,
-                    stderr,
-                    out,
-                    status: None,
-                }
-            })
-            .collect();
-        Ranks {
-            procs,
-            started: Instant::now(),
-        }
-    }
-
-    fn all_tails(&self) -> String {
-        self.procs
-            .iter()
-            .map(RankProc::tails)
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Waits up to `limit` for every rank; all must exit 0. Returns their
-    /// reports and the wall time.
-    fn finish(mut self, what: &str, limit: Duration) -> (Vec<Report>, f64) {
-        let deadline = self.started + limit;
-        loop {
-            let mut running = 0;
-            let mut failed = None;
-            for p in &mut self.procs {
-                match p.poll() {
-                    None => running += 1,
-                    Some(s) if !s.success() => failed = Some(p.rank),
-                    Some(_) => {}
-                }
-            }
-            if let Some(r) = failed {
-                // One rank failing leaves the others waiting for it: give
-                // them a moment to report their side, then show everything.
-                std::thread::sleep(Duration::from_secs(2));
-                for p in &mut self.procs {
-                    p.poll();
-                }
-                panic!("{what}: rank {r} failed\n{}", self.all_tails());
-            }
-            if running == 0 {
-                break;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: ranks still running after {} s (hung?)\n{}",
-                    limit.as_secs(),
-                    self.all_tails()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let wall = self.started.elapsed().as_secs_f64();
-        let reports = self
-            .procs
-            .iter()
-            .map(|p| {
-                let text = std::fs::read_to_string(&p.out).unwrap_or_else(|e| {
-                    panic!(
-                        "{what}: rank {} exited 0 but wrote no {}: {e}\n{}",
-                        p.rank,
-                        p.out.display(),
-                        p.tails()
-                    )
-                });
-                let v: serde_json::Value = serde_json::from_str(&text)
-                    .unwrap_or_else(|e| panic!("{what}: rank {}: bad JSON ({e}): {text}", p.rank));
-                assert_eq!(v["rank"], p.rank, "{what}: {v}");
-                assert_eq!(v["world"], WORLD, "{what}: rank {}: {v}", p.rank);
-                let mut times: Vec<f64> = v["step_times"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(|t| t.as_f64()).collect())
-                    .unwrap_or_default();
-                times.sort_by(f64::total_cmp);
-                Report {
-                    loss: v["loss"].as_f64().expect("loss"),
-                    digest: v["digest"].as_str().expect("digest").to_owned(),
-                    params: v["params"].as_u64().expect("params"),
-                    step_ms_median: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
-                }
-            })
-            .collect();
-        (reports, wall)
-    }
-}
+// Helpers (the ranks' processes: agg_e2e::torch)
 
 /// Runs to completion; asserts every rank ended with the same weights.
 fn train(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> (Vec<Report>, f64) {
-    let what = format!("{} run `{}` ({} steps)", run.comm, run.tag, run.steps);
+    let what = format!("run `{}` ({})", run.tag, run.args.join(" "));
     let (reports, wall) = Ranks::spawn(tb, py, dir, run).finish(&what, Duration::from_secs(240));
     let digests: Vec<&str> = reports.iter().map(|r| r.digest.as_str()).collect();
     assert!(
@@ -339,12 +70,20 @@ fn train(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> (Vec<Report>, f64) {
     (reports, wall)
 }
 
-fn run<'a>(comm: &'a str, tag: &'a str, steps: u32, master_port: u16) -> Run<'a> {
+/// train_ddp.py --comm COMM --steps STEPS on every worker, one rank each.
+fn run(comm: &str, tag: &str, steps: u32, master_port: u16) -> Run {
     Run {
-        comm,
-        steps,
+        script: "examples/train_ddp.py",
+        args: vec![
+            "--comm".into(),
+            comm.into(),
+            "--steps".into(),
+            steps.to_string(),
+        ],
+        world: WORLD,
+        ranks_per_ns: 1,
         master_port,
-        tag,
+        tag: tag.to_owned(),
         env: Vec::new(),
     }
 }

@@ -1,0 +1,318 @@
+//! PyTorch ranks as processes in a testbed's worker namespaces, for the
+//! torch end-to-end tests (`examples/train_fsdp.py`): the venv check, the
+//! torchrun environment of each rank, and collecting the `--out` reports.
+//!
+//! Invariants: every rank process still running when its [`Ranks`] drops is
+//! killed by PID (also when the test panics); a rank's stdout and stderr go
+//! to files in a [`WorkDir`], kept on panic for the failure's diagnosis.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{repo_root, unavailable, Testbed, AGG_PORT, SECRET, SWITCH_ADDR};
+
+/// The venv python that has torch and `aggswitch.torch` (`AGG_PYTHON`,
+/// else the repo's `.venv/bin/python`), or None after [`unavailable`].
+pub fn venv_python(test: &str) -> Option<PathBuf> {
+    let py = std::env::var_os("AGG_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
+    if !py.exists() {
+        unavailable(
+            test,
+            &format!(
+                "needs the project venv's python at {} (run scripts/setup.sh, or set AGG_PYTHON)",
+                py.display()
+            ),
+        );
+        return None;
+    }
+    let out = Command::new(&py)
+        .args(["-c", "import aggswitch.torch, sklearn"])
+        .output()
+        .expect("running the venv python");
+    if !out.status.success() {
+        unavailable(
+            test,
+            &format!(
+                "`{} -c 'import aggswitch.torch, sklearn'` failed (run scripts/setup.sh, or \
+                 build the package into the venv: maturin develop --release in python/):\n{}",
+                py.display(),
+                tail(&String::from_utf8_lossy(&out.stderr), 10)
+            ),
+        );
+        return None;
+    }
+    Some(py)
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A directory for the ranks' outputs; removed on drop unless panicking.
+pub struct WorkDir(pub PathBuf);
+
+impl WorkDir {
+    pub fn new(prefix: &str) -> WorkDir {
+        let d = std::env::temp_dir().join(format!("agg-torch-{prefix}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        WorkDir(d)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("rank outputs kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// One training run: `script ARGS --out DIR/TAG-rankI.json` on every rank.
+pub struct Run {
+    /// The script, relative to the repo root.
+    pub script: &'static str,
+    pub args: Vec<String>,
+    pub world: u16,
+    /// Ranks per worker namespace: rank r runs in worker r / this, whose
+    /// eth0 address it shares with the namespace's other ranks.
+    pub ranks_per_ns: u16,
+    pub master_port: u16,
+    /// Also a file-name tag, unique per run in a test.
+    pub tag: String,
+    /// Added to (and overriding) the ranks' environment.
+    pub env: Vec<(&'static str, String)>,
+}
+
+/// One rank's process; its stdout and stderr go to files.
+pub struct RankProc {
+    pub rank: u16,
+    child: Option<Child>,
+    /// Python's PID (`ip netns exec` execs the program).
+    pub pid: u32,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    out: PathBuf,
+    pub status: Option<ExitStatus>,
+}
+
+impl RankProc {
+    pub fn stdout_text(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+    /// The last lines of stdout and stderr, for failure messages.
+    pub fn tails(&self) -> String {
+        format!(
+            "--- rank {} ({}) stdout tail:\n{}\n--- rank {} stderr tail:\n{}",
+            self.rank,
+            self.status
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "running".into()),
+            tail(&self.stdout_text(), 5),
+            self.rank,
+            tail(&self.stderr_text(), 15)
+        )
+    }
+    /// The exit status, once it has exited (reaped here).
+    pub fn poll(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    self.status = Some(s);
+                    self.child = None;
+                }
+            }
+        }
+        self.status
+    }
+    /// SIGKILL by PID and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            if let Ok(s) = c.wait() {
+                self.status = Some(s);
+            }
+        }
+    }
+    /// The highest N of the "step N ..." lines it printed (rank 0 prints
+    /// every 10th step and the last).
+    pub fn last_step_printed(&self) -> Option<u64> {
+        self.stdout_text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("step "))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .max()
+    }
+}
+
+/// What a training script's `--out` holds (train_ddp.py and train_fsdp.py
+/// write the same keys).
+#[derive(Debug)]
+pub struct Report {
+    pub rank: u16,
+    /// The full-dataset loss after training.
+    pub loss: f64,
+    /// sha256 of the full (gathered) parameters.
+    pub digest: String,
+    pub params: u64,
+    pub step_ms_median: f64,
+}
+
+/// The ranks of one run; every process still running is killed (by PID) on
+/// drop, also on panic.
+pub struct Ranks {
+    pub procs: Vec<RankProc>,
+    pub started: Instant,
+    world: u16,
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            p.kill();
+        }
+    }
+}
+
+impl Ranks {
+    /// Starts every rank of `run` with the torchrun environment (RANK,
+    /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR = worker 0, MASTER_PORT),
+    /// `GLOO_SOCKET_IFNAME=eth0` (gloo otherwise binds the hostname's
+    /// address, which is not in the testbed), one thread, and `AGGSWITCH_*`
+    /// for job 1 on the testbed's switch.
+    pub fn spawn(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> Ranks {
+        let script = repo_root().join(run.script);
+        let procs = (0..run.world)
+            .map(|rank| {
+                let f = |ext: &str| dir.join(format!("{}-rank{rank}.{ext}", run.tag));
+                let (stdout, stderr, out) = (f("stdout"), f("stderr"), f("json"));
+                let mut cmd = tb.cmd_in(&tb.worker_ns(rank / run.ranks_per_ns), py);
+                cmd.arg(&script)
+                    .args(&run.args)
+                    .arg("--out")
+                    .arg(&out)
+                    .current_dir(repo_root())
+                    .env("RANK", rank.to_string())
+                    .env("LOCAL_RANK", (rank % run.ranks_per_ns).to_string())
+                    .env("WORLD_SIZE", run.world.to_string())
+                    .env("LOCAL_WORLD_SIZE", run.ranks_per_ns.to_string())
+                    .env("MASTER_ADDR", "198.18.0.10")
+                    .env("MASTER_PORT", run.master_port.to_string())
+                    .env("GLOO_SOCKET_IFNAME", "eth0")
+                    .env("OMP_NUM_THREADS", "1")
+                    .env("PYTHONUNBUFFERED", "1")
+                    .env("AGGSWITCH_SWITCH", format!("{SWITCH_ADDR}:{AGG_PORT}"))
+                    .env("AGGSWITCH_JOB", "1")
+                    .env("AGGSWITCH_SECRET", SECRET)
+                    .envs(run.env.iter().map(|(k, v)| (k, v)))
+                    .stdin(Stdio::null())
+                    .stdout(std::fs::File::create(&stdout).unwrap())
+                    .stderr(std::fs::File::create(&stderr).unwrap());
+                let child = cmd
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("starting {}: {e}", run.script));
+                RankProc {
+                    rank,
+                    pid: child.id(),
+                    child: Some(child),
+                    stdout,
+                    stderr,
+                    out,
+                    status: None,
+                }
+            })
+            .collect();
+        Ranks {
+            procs,
+            started: Instant::now(),
+            world: run.world,
+        }
+    }
+
+    pub fn all_tails(&self) -> String {
+        self.procs
+            .iter()
+            .map(RankProc::tails)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits up to `limit` for every rank; all must exit 0. Returns their
+    /// reports and the wall time.
+    pub fn finish(mut self, what: &str, limit: Duration) -> (Vec<Report>, f64) {
+        let deadline = self.started + limit;
+        loop {
+            let mut running = 0;
+            let mut failed = None;
+            for p in &mut self.procs {
+                match p.poll() {
+                    None => running += 1,
+                    Some(s) if !s.success() => failed = Some(p.rank),
+                    Some(_) => {}
+                }
+            }
+            if let Some(r) = failed {
+                // One rank failing leaves the others waiting for it: give
+                // them a moment to report their side, then show everything.
+                std::thread::sleep(Duration::from_secs(2));
+                for p in &mut self.procs {
+                    p.poll();
+                }
+                panic!("{what}: rank {r} failed\n{}", self.all_tails());
+            }
+            if running == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{what}: ranks still running after {} s (hung?)\n{}",
+                    limit.as_secs(),
+                    self.all_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let wall = self.started.elapsed().as_secs_f64();
+        let reports = self
+            .procs
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(&p.out).unwrap_or_else(|e| {
+                    panic!(
+                        "{what}: rank {} exited 0 but wrote no {}: {e}\n{}",
+                        p.rank,
+                        p.out.display(),
+                        p.tails()
+                    )
+                });
+                let v: serde_json::Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{what}: rank {}: bad JSON ({e}): {text}", p.rank));
+                assert_eq!(v["rank"], p.rank, "{what}: {v}");
+                assert_eq!(v["world"], self.world, "{what}: rank {}: {v}", p.rank);
+                let mut times: Vec<f64> = v["step_times"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|t| t.as_f64()).collect())
+                    .unwrap_or_default();
+                times.sort_by(f64::total_cmp);
+                Report {
+                    rank: p.rank,
+                    loss: v["loss"].as_f64().expect("loss"),
+                    digest: v["digest"].as_str().expect("digest").to_owned(),
+                    params: v["params"].as_u64().expect("params"),
+                    step_ms_median: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
+                }
+            })
+            .collect();
+        (reports, wall)
+    }
+}
