@@ -6,6 +6,7 @@
 //! killed by PID (also when the test panics); a rank's stdout and stderr go
 //! to files in a [`WorkDir`], kept on panic for the failure's diagnosis.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -237,6 +238,98 @@ impl Ranks {
             started: Instant::now(),
             world: run.world,
         }
+    }
+
+    /// Waits until rank 0 has printed "step `step`" (every rank joined and
+    /// has run that many steps' collectives); panics when a rank exits
+    /// first or after `limit`.
+    pub fn wait_for_step(&mut self, step: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.procs[0].last_step_printed().unwrap_or(0) < step {
+            let exited: Vec<u16> = (self.procs.iter_mut())
+                .filter_map(|p| p.poll().map(|_| p.rank))
+                .collect();
+            assert!(
+                exited.is_empty(),
+                "ranks {exited:?} exited before training got going\n{}",
+                self.all_tails()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "rank 0 did not reach step {step} in {} s\n{}",
+                limit.as_secs(),
+                self.all_tails()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the last rank (checking first that its PID is python running
+    /// `script`: `ip netns exec` execs it), then waits up to `limit` for the
+    /// others; each must exit non-zero with a `StalledError` that names the
+    /// dead rank. Returns each survivor's seconds from the kill to its exit.
+    pub fn kill_last_and_expect_stalls(&mut self, script: &str, limit: Duration) -> Vec<f64> {
+        let last = self.procs.len() - 1;
+        let victim = &mut self.procs[last];
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", victim.pid)).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(
+            cmdline.contains(script),
+            "PID {} is not rank {last}'s python but `{cmdline}`",
+            victim.pid
+        );
+        victim.kill();
+        let killed = Instant::now();
+        assert_eq!(
+            victim.status.and_then(|s| s.signal()),
+            Some(libc::SIGKILL),
+            "rank {last}: {:?}",
+            victim.status
+        );
+        let mut exited_after = vec![None::<f64>; last];
+        while exited_after.iter().any(Option::is_none) && killed.elapsed() < limit {
+            for (i, p) in self.procs[..last].iter_mut().enumerate() {
+                if exited_after[i].is_none() && p.poll().is_some() {
+                    exited_after[i] = Some(killed.elapsed().as_secs_f64());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "rank {last} killed after rank 0 printed step {:?}; the others exited after {:?} s; \
+             rank 0's error:\n{}",
+            self.procs[0].last_step_printed(),
+            exited_after,
+            (self.procs[0].stderr_text().lines())
+                .filter(|l| l.contains("Error"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let want_missing = format!("waiting for ranks [{last}]");
+        for (i, p) in self.procs[..last].iter().enumerate() {
+            assert!(
+                exited_after[i].is_some(),
+                "rank {i} still running {} s after rank {last} was killed (hung instead of \
+                 failing)\n{}",
+                limit.as_secs(),
+                self.all_tails()
+            );
+            assert!(
+                !p.status.is_some_and(|s| s.success()),
+                "rank {i} exited 0 although rank {last} died\n{}",
+                p.tails()
+            );
+            let err = p.stderr_text();
+            for want in ["StalledError", "stalled", want_missing.as_str()] {
+                assert!(
+                    err.contains(want),
+                    "rank {i}'s stderr does not say `{want}`: the error does not name the \
+                     problem\n{}",
+                    p.tails()
+                );
+            }
+        }
+        exited_after.into_iter().flatten().collect()
     }
 
     pub fn all_tails(&self) -> String {

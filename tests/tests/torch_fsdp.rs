@@ -16,9 +16,8 @@
 //! checked (bit-identical shards and gathers, the mean, reproducibility,
 //! errors) does not depend on the size.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
@@ -283,88 +282,8 @@ fn fsdp_dead_rank_raises_stalled_error_naming_it() {
         .push(("AGGSWITCH_STALL_TIMEOUT", STALL_SECS.to_string()));
     let mut ranks = Ranks::spawn(&tb, &py, &dir.0, &r);
 
-    // Rank 0 printed "step 20": every rank joined and has run 21 steps'
-    // reduce-scatters and all-gathers.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while ranks.procs[0].last_step_printed().unwrap_or(0) < 20 {
-        let exited: Vec<u16> = (ranks.procs.iter_mut())
-            .filter_map(|p| p.poll().map(|_| p.rank))
-            .collect();
-        assert!(
-            exited.is_empty(),
-            "ranks {exited:?} exited before training got going\n{}",
-            ranks.all_tails()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "rank 0 did not reach step 20 in 120 s\n{}",
-            ranks.all_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-
-    // The child is `ip netns exec …`, which execs python: its PID is rank 3's.
-    let victim = &mut ranks.procs[3];
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", victim.pid)).unwrap_or_default();
-    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-    assert!(
-        cmdline.contains("train_fsdp.py"),
-        "PID {} is not rank 3's python but `{cmdline}`",
-        victim.pid
-    );
-    victim.kill();
-    let killed = Instant::now();
-    assert_eq!(
-        victim.status.and_then(|s| s.signal()),
-        Some(libc::SIGKILL),
-        "rank 3: {:?}",
-        victim.status
-    );
-
-    // Ranks 0-2 must exit, non-zero, within EXIT_LIMIT.
-    let mut exited_after = [None::<f64>; 3];
-    while exited_after.iter().any(Option::is_none) && killed.elapsed() < EXIT_LIMIT {
-        for (i, p) in ranks.procs[..3].iter_mut().enumerate() {
-            if exited_after[i].is_none() && p.poll().is_some() {
-                exited_after[i] = Some(killed.elapsed().as_secs_f64());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "rank 3 killed after rank 0 printed step {:?}; ranks 0-2 exited after {:?} s \
-         (stall timeout {STALL_SECS} s); rank 0's error:\n{}",
-        ranks.procs[0].last_step_printed(),
-        exited_after,
-        ranks.procs[0]
-            .stderr_text()
-            .lines()
-            .filter(|l| l.contains("Error"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    for (i, p) in ranks.procs[..3].iter().enumerate() {
-        assert!(
-            exited_after[i].is_some(),
-            "rank {i} still running {} s after rank 3 was killed (hung instead of failing)\n{}",
-            EXIT_LIMIT.as_secs(),
-            ranks.all_tails()
-        );
-        assert!(
-            !p.status.unwrap().success(),
-            "rank {i} exited 0 although rank 3 died\n{}",
-            p.tails()
-        );
-        let err = p.stderr_text();
-        for want in ["StalledError", "stalled", "waiting for ranks [3]"] {
-            assert!(
-                err.contains(want),
-                "rank {i}'s stderr does not say `{want}`: the error does not name the \
-                 problem\n{}",
-                p.tails()
-            );
-        }
-    }
+    ranks.wait_for_step(20, Duration::from_secs(120));
+    ranks.kill_last_and_expect_stalls("train_fsdp.py", EXIT_LIMIT);
     drop(ranks);
 
     // The switch saw the same thing and stays healthy.
