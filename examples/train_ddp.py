@@ -14,6 +14,8 @@ p.add_argument("--hidden", type=int, default=256)
 p.add_argument("--layers", type=int, default=2, help="hidden layers")
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--dtype", choices=["f32", "bf16", "f16"], help="gradients on the wire: the switch job's dtype, "
+               "or PyTorch's bf16/fp16 compression hook with --comm gloo (default: AGGSWITCH_DTYPE, else f32)")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
 
@@ -29,9 +31,12 @@ model = nn.Sequential(*[m for i, o in zip(dims, dims[1:]) for m in (nn.Linear(i,
 ddp = nn.parallel.DistributedDataParallel(model)
 if a.comm == "switch":
     import aggswitch.torch as agt
-    state = agt.state_from_env()  # AGGSWITCH_DTYPE=bf16 sends bf16 gradients
+    state = agt.state_from_env(**({"dtype": a.dtype} if a.dtype else {}))  # or AGGSWITCH_DTYPE=bf16
     hooks = {"f32": agt.allreduce_hook, "bf16": agt.bf16_compress_hook, "f16": agt.fp16_compress_hook}
     ddp.register_comm_hook(state, hooks[state.dtype])
+elif a.dtype in ("bf16", "f16"):  # gloo at its best with half the bytes: PyTorch's own hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    ddp.register_comm_hook(None, dh.bf16_compress_hook if a.dtype == "bf16" else dh.fp16_compress_hook)
 opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
 batches = torch.Generator().manual_seed(a.seed * 1000 + rank)  # each rank its own samples
 step_times = []
@@ -48,7 +53,7 @@ for step in range(a.steps):
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
 weights = b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values())
-result = dict(rank=rank, world=world, comm=a.comm, steps=a.steps, loss=full_loss,
+result = dict(rank=rank, world=world, comm=a.comm, dtype=state.dtype if a.comm == "switch" else a.dtype or "f32", steps=a.steps, loss=full_loss,
               params=sum(t.numel() for t in model.parameters()),
               digest=hashlib.sha256(weights).hexdigest(), step_times=step_times)
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)

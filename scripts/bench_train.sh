@@ -6,7 +6,8 @@
 #
 # Usage:
 #   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
-#                               [--hidden 5000] [--mtu 1500] [--timeout 600] [--wait-idle SECS]
+#                               [--hidden 5000] [--mtu 1500] [--dtype f32]
+#                               [--transport auto] [--timeout 600] [--wait-idle SECS]
 #                               [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
@@ -19,6 +20,13 @@
 #                 gradient per step)
 #   --mtu M       MTU of every testbed link (default 1500; 576..9000): the
 #                 switch's chunks and gloo's TCP segments both follow it
+#   --dtype D     gradients on the wire, f32, bf16 or f16 (default f32):
+#                 the switch's job is declared with it (aggswitch.torch's
+#                 bf16/fp16 compress hook), and gloo runs PyTorch's own
+#                 bf16_compress_hook / fp16_compress_hook, so both send half
+#                 the bytes
+#   --transport T the worker's UDP data path for the switch runs: auto,
+#                 mmsg or udp-gso (default auto; AGGSWITCH_TRANSPORT)
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
 #                 to fall below half the cores (step times are only meaningful
@@ -90,13 +98,15 @@ WARMUP=3
 BATCH=32
 HIDDEN=5000
 MTU=1500
+DTYPE=f32
+TRANSPORT=auto
 TIMEOUT=600
 WAIT_IDLE=0
 DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--mtu|--timeout|--wait-idle)
+        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
@@ -104,6 +114,8 @@ while [[ $# -gt 0 ]]; do
                 --batch) BATCH="$2" ;;
                 --hidden) HIDDEN="$2" ;;
                 --mtu) MTU="$2" ;;
+                --dtype) DTYPE="$2" ;;
+                --transport) TRANSPORT="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
             esac
@@ -124,11 +136,13 @@ uint_in_range "$WARMUP" 0 1000 || die "--warmup must be 0..1000, got '$WARMUP'"
 uint_in_range "$BATCH" 1 1797 || die "--batch must be 1..1797 (the digits data set), got '$BATCH'"
 uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'"
 uint_in_range "$MTU" 576 9000 || die "--mtu must be 576..9000, got '$MTU'"
+[[ "$DTYPE" =~ ^(f32|bf16|f16)$ ]] || die "--dtype must be f32, bf16 or f16, got '$DTYPE'"
+[[ "$TRANSPORT" =~ ^(auto|mmsg|udp-gso)$ ]] || die "--transport must be auto, mmsg or udp-gso, got '$TRANSPORT'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
 HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
-readonly STEPS WARMUP BATCH HIDDEN MTU TIMEOUT WAIT_IDLE DOCS
+readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT TIMEOUT WAIT_IDLE DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
@@ -155,7 +169,8 @@ SECRET="$(random_secret)"
 readonly SECRET
 CFG="$RUN/switchd.toml"
 # (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
-write_testbed_switchd_config "$CFG" "scripts/bench_train.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
+write_testbed_switchd_config "$CFG" "scripts/bench_train.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET" \
+    "job:dtype = \"$DTYPE\""
 
 # --- measurements ------------------------------------------------------------------
 
@@ -177,12 +192,13 @@ run_config() {
             export RANK="$r" WORLD_SIZE="$WORKERS" MASTER_ADDR="$MASTER_IP" MASTER_PORT="$port"
             export GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1
             export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
+            export AGGSWITCH_TRANSPORT="$TRANSPORT"
             cd "$REPO_ROOT"
             exec timeout -k 10 "$TIMEOUT" ip netns exec "$PREFIX-w$r" \
                 /usr/bin/time -f '%M %e %U %S' -o "$out/rank$r.time" \
                 "$PY" examples/train_ddp.py --comm "$comm" --steps $((WARMUP + STEPS)) \
                 --batch "$BATCH" --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
-                --out "$out/rank$r.json"
+                --dtype "$DTYPE" --out "$out/rank$r.json"
         ) >"$out/rank$r.log" 2>&1 &
         RANK_PIDS+=("$!")
     done
@@ -229,7 +245,8 @@ report_rc=0
 "$PY" "$REPO_ROOT/scripts/bench_train_report.py" "$RUN" \
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
-    --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" \
+    --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" --dtype "$DTYPE" \
+    --transport "$TRANSPORT" \
     --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"

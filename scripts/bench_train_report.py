@@ -310,6 +310,8 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--hidden", type=int, required=True)
     p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--dtype", default="f32")
+    p.add_argument("--transport", default="auto")
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--tbf", required=True)
@@ -356,11 +358,15 @@ def main():
             "world": world, "params": params, "gradient_bytes_per_step": params * 4,
             "model": f"MLP 64-{'-'.join([str(a.hidden)] * a.layers)}-10, ReLU (examples/train_ddp.py)",
             "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed, "mtu": a.mtu,
+            "dtype": a.dtype, "transport": a.transport,
             "warmup_steps": a.warmup, "timed_steps": a.steps,
             "optimizer": "SGD lr 0.05 momentum 0.9 (train_ddp.py defaults)",
             "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0",
-            "comm": {"gloo": "DDP's default all-reduce hook over the gloo process group (TCP through the bridge)",
-                     "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256), mean over ranks"},
+            "comm": ({"gloo": "DDP's default all-reduce hook over the gloo process group (TCP through the bridge)",
+                      "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256), mean over ranks"}
+                     if a.dtype == "f32" else
+                     {"gloo": f"PyTorch's {a.dtype} compression hook (default_hooks.{'bf16' if a.dtype == 'bf16' else 'fp16'}_compress_hook) over gloo",
+                      "switch": f"aggswitch.torch's {a.dtype} compress hook: buckets sent as {a.dtype}, summed in switchd (job dtype {a.dtype}), mean over ranks"}),
             "step_time": "train_ddp.py's per-step time (sample, forward, backward incl. the all-reduce, optimizer step); "
                          "warm-up steps dropped; a configuration's step time = the slowest rank's median over the timed steps",
             "samples_per_s": "world x batch per rank / step time",

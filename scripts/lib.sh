@@ -500,12 +500,22 @@ build_python_package() {
 # write a switchd config for a scripts/testbed.sh testbed: the worker ports
 # sw-w0..sw-w(WORKERS-1), switch address 198.18.0.1, aggregation port 48879,
 # and one job (id 1, WORKERS ranks from 198.18.0.0/24, SECRET, 256 slots).
-# SWITCH_LINEs (e.g. 'admin_socket = "/tmp/x.sock"') are added to [switch].
+# SWITCH_LINEs (e.g. 'admin_socket = "/tmp/x.sock"') are added to [switch];
+# one that starts with "job:" goes, without that prefix, to the job
+# (e.g. 'job:dtype = "bf16"').
 # WRITER names the script in the file's first line. Mode 0600: it holds
 # the secret.
 write_testbed_switchd_config() {
-    local file="$1" writer="$2" workers="$3" secret="$4" i
+    local file="$1" writer="$2" workers="$3" secret="$4" i line
     shift 4
+    local -a switch_lines=() job_lines=()
+    for line in "$@"; do
+        if [[ "$line" == job:* ]]; then
+            job_lines+=("${line#job:}")
+        else
+            switch_lines+=("$line")
+        fi
+    done
     (
         umask 077
         {
@@ -518,7 +528,7 @@ write_testbed_switchd_config() {
             echo "]"
             echo 'addresses = ["198.18.0.1"]'
             echo "agg_port = 48879"
-            if (($# > 0)); then printf '%s\n' "$@"; fi
+            if ((${#switch_lines[@]} > 0)); then printf '%s\n' "${switch_lines[@]}"; fi
             echo
             echo "[[job]]"
             echo "id = 1"
@@ -526,6 +536,7 @@ write_testbed_switchd_config() {
             echo 'allowed_sources = ["198.18.0.0/24"]'
             echo "secret = \"$secret\""
             echo "pool_slots = 256"
+            if ((${#job_lines[@]} > 0)); then printf '%s\n' "${job_lines[@]}"; fi
         } >"$file"
     )
     chmod 600 "$file"

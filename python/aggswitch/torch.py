@@ -209,7 +209,9 @@ def _env(name: str, what: str) -> str:
 def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_options: Any) -> AggSwitchState:
     """An ``AggSwitchState`` from the environment (see the module doc).
 
-    Optional: ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
+    Optional: ``AGGSWITCH_DTYPE`` (``f32``, ``bf16``, ``f16``: the job's),
+    ``AGGSWITCH_TRANSPORT`` (``auto``, ``mmsg``, ``udp-gso``: the worker's
+    UDP data path), ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
     (seconds). Keyword arguments override them: ``job`` overrides
     ``AGGSWITCH_JOB``, ``job_offset`` is added to it (HSDP: the replica
     group of shard g is job ``AGGSWITCH_JOB + g``), ``rank``,
@@ -245,6 +247,11 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
         if dtype not in ("f32", "bf16", "f16"):
             raise ValueError(f"AGGSWITCH_DTYPE={dtype!r}: expected f32, bf16 or f16")
         worker_options["dtype"] = dtype
+    transport = os.environ.get("AGGSWITCH_TRANSPORT", "").strip()
+    if transport and "transport" not in worker_options:
+        if transport not in ("auto", "mmsg", "udp-gso"):
+            raise ValueError(f"AGGSWITCH_TRANSPORT={transport!r}: expected auto, mmsg or udp-gso")
+        worker_options["transport"] = transport
     for var, key in (("AGGSWITCH_STALL_TIMEOUT", "stall_timeout"), ("AGGSWITCH_JOIN_TIMEOUT", "join_timeout")):
         text = os.environ.get(var, "").strip()
         if text and key not in worker_options:

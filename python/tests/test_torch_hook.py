@@ -87,6 +87,7 @@ ENV = dict(AGGSWITCH_SWITCH="127.0.0.1:48879", AGGSWITCH_JOB="3", AGGSWITCH_SECR
     (dict(AGGSWITCH_SECRET=None), "AGGSWITCH_SECRET_FILE is not set"),
     (dict(AGGSWITCH_SECRET=None, AGGSWITCH_SECRET_FILE="/nonexistent/secret"), "cannot read it"),
     (dict(AGGSWITCH_STALL_TIMEOUT="soon"), "AGGSWITCH_STALL_TIMEOUT='soon'"),
+    (dict(AGGSWITCH_TRANSPORT="gso"), "AGGSWITCH_TRANSPORT='gso': expected auto, mmsg or udp-gso"),
 ])
 def test_state_from_env_names_what_is_wrong(monkeypatch, process_group, change, words):
     for k, v in {**ENV, **change}.items():
@@ -105,8 +106,10 @@ def test_state_from_env_reads_secret_file_and_rank(monkeypatch, process_group, t
     monkeypatch.setenv("AGGSWITCH_JOB", "3")
     monkeypatch.delenv("AGGSWITCH_SECRET", raising=False)
     monkeypatch.setenv("AGGSWITCH_SECRET_FILE", str(f))
+    monkeypatch.setenv("AGGSWITCH_TRANSPORT", "mmsg")
     state = agt.state_from_env()
     assert (state.job, state.rank, state.world_size) == (3, 0, 1)
+    assert state._options["transport"] == "mmsg"
     assert SECRET not in repr(state)
     state.close()
 
