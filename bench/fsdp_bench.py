@@ -86,6 +86,8 @@ if a.mode == "collectives":
                 raise SystemExit(f"rank {rank}: {name} element {bad} is {out[bad].item()}, expected {want[bad].item()}")
         result[name] = dict(elements_in=full.numel() if name == "reduce_scatter" else m,
                             seconds=slowest(times))
+        if a.comm == "switch":  # this rank's running totals after the op (resends, ECE, ...)
+            result[name]["worker_stats"] = dict(worker.stats())
 else:
     from sklearn.datasets import load_digits
     from torch.distributed.fsdp import fully_shard
