@@ -90,6 +90,13 @@ fuzz_target!(|data: &[u8]| {
 
     // The payload length parse() vouched for is what the type needs.
     match repr.msg_type {
+        // A NOVAL DATA/RESULT (reduce-scatter, all-gather) carries no
+        // values: nothing, or only the tag of an `auth = "mac"` job.
+        MsgType::Data | MsgType::Result if repr.no_values() => {
+            assert!(repr.count > 0);
+            assert!([0, 16].contains(&payload.len()), "{} bytes", payload.len());
+            assert_ne!(repr.kind(), proto::wire::Kind::AllReduce);
+        }
         MsgType::Data | MsgType::Result => {
             assert!(repr.count > 0);
             // Either element size, with or without a 16-byte tag; the
