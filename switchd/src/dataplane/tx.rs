@@ -388,11 +388,20 @@ mod tests {
         t
     }
 
-    /// Joins ranks 0..n of the test job through the handshake; each
-    /// rank's JOIN_ACK.
-    fn join_all(t: &mut JobTable, n: u16, wire_dtype: u8) -> Vec<proto::handshake::JoinAck> {
+    /// Joins ranks 0..n of the test job through the handshake (rank by
+    /// rank: HELLO, CHALLENGE, JOIN; the last JOIN activates the job).
+    /// Returns each rank's JOIN_ACK, indexed by rank, and the type of every
+    /// reply the switch sent on the way (each frame's checksum verified by
+    /// `drain`).
+    fn join_all(
+        t: &mut JobTable,
+        n: u16,
+        wire_dtype: u8,
+    ) -> (Vec<proto::handshake::JoinAck>, Vec<MsgType>) {
         let now = Instant::now();
         let mut hss = Vec::new();
+        let mut kinds = Vec::new();
+        let mut acks: Vec<Option<proto::handshake::JoinAck>> = (0..n).map(|_| None).collect();
         for rank in 0..n {
             let ep = endpoint(rank);
             let mut hs = Handshake::new(
@@ -411,20 +420,29 @@ mod tests {
             let mut b = [0u8; 256];
             let len = hs.emit_hello(&mut b).unwrap();
             t.handle(&b[..len], ep, false, now);
-            let (h, p) = drain(t).remove(0);
-            hs.on_challenge(&h, &p[HEADER_LEN..]).unwrap();
+            let replies = drain(t);
+            let (h, p) = &replies[0];
+            hs.on_challenge(h, &p[HEADER_LEN..]).unwrap();
+            kinds.extend(replies.iter().map(|(h, _)| h.msg_type));
             let len = hs.emit_join(0, 0, &mut b).unwrap();
             t.handle(&b[..len], ep, false, now);
             hss.push(hs);
+            for (h, p) in drain(t) {
+                kinds.push(h.msg_type);
+                if h.msg_type == MsgType::JoinAck {
+                    let ack = hss[h.rank as usize]
+                        .on_join_ack(&h, &p[HEADER_LEN..])
+                        .expect("JOIN_ACK");
+                    acks[h.rank as usize] = Some(ack);
+                }
+            }
         }
-        drain(t)
+        let acks = acks
             .into_iter()
-            .map(|(h, p)| {
-                hss[h.rank as usize]
-                    .on_join_ack(&h, &p[HEADER_LEN..])
-                    .unwrap()
-            })
-            .collect()
+            .enumerate()
+            .map(|(r, a)| a.unwrap_or_else(|| panic!("rank {r} got no JOIN_ACK")))
+            .collect();
+        (acks, kinds)
     }
 
     /// Reduce-scatter and all-gather RESULTs leave per rank as the
@@ -438,7 +456,7 @@ mod tests {
         for auth in [AuthMode::Port, AuthMode::Mac] {
             let n = 3;
             let mut t = table(Dtype::F32, n, auth);
-            let acks = join_all(&mut t, n, proto::wire::DTYPE_F32);
+            let (acks, _) = join_all(&mut t, n, proto::wire::DTYPE_F32);
             let now = Instant::now();
             let vals: Vec<u8> = [1.5f32, f32::from_bits(0x7f80_0001), -2.0]
                 .iter()
@@ -513,49 +531,16 @@ mod tests {
         ] {
             let now = Instant::now();
             let mut t = table(dtype, 2, auth);
-            let mut kinds = Vec::new();
-            // Per rank, the DATA key its JOIN_ACK gave (auth = "mac").
-            let mut data_keys: Vec<Option<PacketKey>> = vec![None, None];
+            let (acks, mut kinds) = join_all(&mut t, 2, wire_dtype);
             let mut result_key: Option<PacketKey> = None;
-            let mut handshakes = Vec::new();
-            for rank in 0..2u16 {
-                let ep = endpoint(rank);
-                let mut hs = Handshake::new(
-                    JoinParams {
-                        job: JOB,
-                        rank,
-                        n_workers: 2,
-                        dtype: wire_dtype,
-                        op: OP_SUM,
-                        secret: SECRET,
-                        ip: ep.source.ip,
-                        port: ep.source.port,
-                    },
-                    [rank as u8 + 1; 16],
-                );
-                let mut b = [0u8; 256];
-                let n = hs.emit_hello(&mut b).unwrap();
-                t.handle(&b[..n], ep, false, now);
-                let replies = drain(&mut t);
-                let (h, p) = &replies[0];
-                hs.on_challenge(h, &p[HEADER_LEN..]).unwrap();
-                let n = hs.emit_join(0, 0, &mut b).unwrap();
-                t.handle(&b[..n], ep, false, now);
-                handshakes.push(hs);
-                kinds.extend(replies.into_iter().map(|(h, _)| h.msg_type));
-                // The last JOIN activates the job: a JOIN_ACK to every rank.
-                kinds.extend(drain(&mut t).into_iter().map(|(h, p)| {
-                    if h.msg_type == MsgType::JoinAck {
-                        let ack = handshakes[h.rank as usize]
-                            .on_join_ack(&h, &p[HEADER_LEN..])
-                            .expect("JOIN_ACK");
-                        assert_eq!(ack.auth, auth);
-                        data_keys[h.rank as usize] = ack.data_key;
-                        result_key = ack.result_key.or(result_key.take());
-                    }
-                    h.msg_type
-                }));
-            }
+            // Per rank, the DATA key its JOIN_ACK gave (auth = "mac").
+            let data_keys: Vec<Option<PacketKey>> = (acks.into_iter())
+                .map(|ack| {
+                    assert_eq!(ack.auth, auth);
+                    result_key = ack.result_key.or(result_key.take());
+                    ack.data_key
+                })
+                .collect();
             if auth == AuthMode::Mac {
                 assert!(data_keys.iter().all(Option::is_some) && result_key.is_some());
             }
