@@ -378,8 +378,9 @@ missing=()
 NEEDED_COMMANDS=(mpicc mpirun jq iperf3 python3 tc ip)
 if [[ "$CORES_ONLY" -eq 1 ]]; then
     NEEDED_COMMANDS=(jq python3 tc ip ethtool taskset)
+    # By command, not by dpkg: tools carried to a machine without apt count.
     for c in "${NEEDED_COMMANDS[@]}"; do
-        command -v "$c" >/dev/null 2>&1 || missing=(iproute2 ethtool python3 jq util-linux)
+        command -v "$c" >/dev/null 2>&1 || { missing=(iproute2 ethtool python3 jq util-linux); break; }
     done
 else
     for p in "${PACKAGES[@]}"; do
