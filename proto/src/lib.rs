@@ -12,6 +12,8 @@
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
+//! * [`stats`]: a `stats = true` job's gradient statistics: the trailer and
+//!   the reference float64 order.
 //! * [`secret`]: a job secret from a file, the environment or an argument,
 //!   and the weak-secret rule.
 //!
@@ -28,6 +30,7 @@ pub mod secret;
 pub mod seq;
 pub mod session;
 pub mod simd;
+pub mod stats;
 pub mod switch;
 pub mod tag;
 pub mod wire;

@@ -47,7 +47,7 @@ pub const HELLO_PAYLOAD_LEN: usize = CHALLENGE_PAYLOAD_LEN;
 /// Length of a JOIN payload: n_workers, dtype, op, switch nonce, MAC.
 pub const JOIN_PAYLOAD_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
 /// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers,
-/// auth, a reserved byte, the RESULT epoch (8 B) and a tag (16 B) under the
+/// auth, stats, the RESULT epoch (8 B) and a tag (16 B) under the
 /// member's session key.
 pub const JOIN_ACK_PAYLOAD_LEN: usize = 6 + 2 + crate::tag::EPOCH_LEN + crate::tag::TAG_LEN;
 /// Length of a NACK's tag: the first 16 bytes of an HMAC-SHA256 under the
@@ -64,6 +64,15 @@ pub const V1_NACK_PAYLOAD_LEN: usize = 2;
 /// Bytes of the spine block at the start of a leaf's HEARTBEAT answer
 /// ([`flags::UPSTREAM`]); `count` u16 leaf indices follow it.
 pub const UPSTREAM_WAIT_LEN: usize = 16;
+/// What may follow a DATA/RESULT's values (or stand alone in a NOVAL one):
+/// nothing, a tag (`auth = "mac"`), a statistics trailer (`stats = true`),
+/// or both (docs/PROTOCOL.md, "Gradient statistics").
+const TRAILERS: [usize; 4] = [
+    0,
+    crate::tag::TAG_LEN,
+    crate::stats::STATS_LEN,
+    crate::stats::STATS_LEN + crate::tag::TAG_LEN,
+];
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
@@ -607,13 +616,16 @@ impl HeaderRepr {
         let ok = match msg_type {
             // Either element size, with or without a tag; the job's dtype
             // and auth mode decide which is right.
+            // A stats job's trailer and a mac job's tag may follow either.
             MsgType::Data | MsgType::Result if flags & flags::NOVAL != 0 => {
-                h.count() > 0 && (len == 0 || len == crate::tag::TAG_LEN)
+                h.count() > 0 && TRAILERS.contains(&len)
             }
             MsgType::Data | MsgType::Result => {
                 let n = h.count() as usize;
-                let tag = crate::tag::TAG_LEN;
-                n > 0 && [n * 4, n * 2, n * 4 + tag, n * 2 + tag].contains(&len)
+                n > 0
+                    && TRAILERS
+                        .iter()
+                        .any(|t| len == n * 4 + t || len == n * 2 + t)
             }
             MsgType::Join => len == JOIN_PAYLOAD_LEN,
             MsgType::JoinAck => len == JOIN_ACK_PAYLOAD_LEN,
@@ -630,10 +642,10 @@ impl HeaderRepr {
         if !ok {
             let what = match msg_type {
                 MsgType::Data | MsgType::Result if flags & flags::NOVAL != 0 => {
-                    "no values (empty, or 16 with a tag) and count ≥ 1"
+                    "no values (empty, or 24 with statistics and/or 16 with a tag) and count ≥ 1"
                 }
                 MsgType::Data | MsgType::Result => {
-                    "count × 2 or count × 4 (count ≥ 1), plus 16 with a tag"
+                    "count × 2 or count × 4 (count ≥ 1), plus 24 with statistics and/or 16 with a tag"
                 }
                 MsgType::Join => "a JOIN payload (52 bytes)",
                 MsgType::JoinAck => "a JOIN_ACK payload (32 bytes)",
@@ -839,6 +851,10 @@ pub struct JoinAckPayload {
     /// The job's [`crate::tag::AuthMode`] as its byte (an unknown value is
     /// the receiver's to refuse).
     pub auth: u8,
+    /// 1 when the job is `stats = true` (its RESULTs carry a statistics
+    /// trailer: docs/PROTOCOL.md, "Gradient statistics"), else 0; another
+    /// value is the receiver's to refuse.
+    pub stats: u8,
     /// The RESULT epoch of this activation ([`crate::tag::PacketKey::result`]).
     pub epoch: [u8; crate::tag::EPOCH_LEN],
     /// [`crate::tag::join_ack_tag`] under the member's session key, over the
@@ -862,6 +878,7 @@ impl JoinAckPayload {
             elems_per_chunk: u16::from_be_bytes([b[2], b[3]]),
             n_workers: u16::from_be_bytes([b[4], b[5]]),
             auth: b[6],
+            stats: b[7],
             epoch: array(&b[8..]),
             tag: array(&b[JOIN_ACK_TAGGED_LEN..]),
         })
@@ -878,7 +895,7 @@ impl JoinAckPayload {
         b[2..4].copy_from_slice(&self.elems_per_chunk.to_be_bytes());
         b[4..6].copy_from_slice(&self.n_workers.to_be_bytes());
         b[6] = self.auth;
-        b[7] = 0;
+        b[7] = self.stats;
         b[8..JOIN_ACK_TAGGED_LEN].copy_from_slice(&self.epoch);
         b[JOIN_ACK_TAGGED_LEN..JOIN_ACK_PAYLOAD_LEN].copy_from_slice(&self.tag);
         Ok(JOIN_ACK_PAYLOAD_LEN)
@@ -1408,12 +1425,13 @@ mod tests {
             elems_per_chunk: 362,
             n_workers: 4,
             auth: 1,
+            stats: 1,
             epoch: [0x5e; 8],
             tag: [0x7a; 16],
         };
         let mut b = [0u8; JOIN_ACK_PAYLOAD_LEN];
         a.emit(&mut b).unwrap();
-        assert_eq!(b[..8], [0x01, 0x00, 0x01, 0x6a, 0x00, 0x04, 1, 0]);
+        assert_eq!(b[..8], [0x01, 0x00, 0x01, 0x6a, 0x00, 0x04, 1, 1]);
         assert_eq!(b[8..16], [0x5e; 8]);
         assert_eq!(b[16..], [0x7a; 16]);
         assert_eq!(JoinAckPayload::parse(&b).unwrap(), a);

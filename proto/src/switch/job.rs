@@ -994,6 +994,7 @@ impl Job {
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
             auth: self.config.auth as u8,
+            stats: 0,
             epoch: self.epoch,
             tag: [0; TAG_LEN],
         };

@@ -237,6 +237,7 @@ fn a_forged_join_ack_is_refused_by_the_worker() {
         elems_per_chunk: E,
         n_workers: N,
         auth: 0,
+        stats: 0,
         epoch: [1; 8],
         tag: [0; TAG_LEN],
     };
