@@ -814,17 +814,14 @@ shaper_snapshot() {
     done | jq -s add >"$1"
 }
 
-# cpu_ticks: "BUSY TOTAL" jiffies of all CPUs so far (/proc/stat; idle and
-# iowait are not busy).
+# cpu_ticks: "BUSY TOTAL" jiffies of all CPUs so far; cpu_busy BEFORE_BUSY
+# BEFORE_TOTAL: the busy fraction of all CPUs since then. The definition
+# (guest time not counted twice) is scripts/benchkit.py's, as every report's.
 cpu_ticks() {
-    awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t; exit }' /proc/stat
+    python3 "$REPO_ROOT/scripts/benchkit.py" cpu-ticks
 }
-
-# cpu_busy BEFORE_BUSY BEFORE_TOTAL: the busy fraction of all CPUs since then.
 cpu_busy() {
-    local now
-    read -r -a now < <(cpu_ticks)
-    awk -v b="$((now[0] - $1))" -v t="$((now[1] - $2))" 'BEGIN { printf "%.3f\n", (t > 0 ? b / t : 0) }'
+    python3 "$REPO_ROOT/scripts/benchkit.py" busy-fraction "$1" "$2"
 }
 
 # shaper_delta BEFORE AFTER: AFTER - BEFORE, counter by counter, as JSON.

@@ -22,6 +22,9 @@ the sums differs and the runs drift apart by rounding only.
 """
 import argparse, glob, json, os, statistics, sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import busy_seconds  # noqa: E402
+
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("run")
 p.add_argument("--json", required=True)
@@ -52,17 +55,14 @@ def load(link, mode, comm):
 
 
 def cpu_busy_seconds(link, mode, comm):
-    """Whole-machine busy CPU-seconds over the configuration: /proc/stat's
-    user + nice + system + irq + softirq + steal (guest time is already in
-    user and nice, so it is not added again)."""
+    """Whole-machine busy CPU-seconds over the configuration (benchkit's
+    definition)."""
     d = os.path.join(a.run, f"{link}-{mode}-{comm}")
     try:
         snaps = [json.loads(open(os.path.join(d, f)).readline()) for f in ("before.jsonl", "after.jsonl")]
     except (OSError, ValueError):
         return None
-    f = [list(map(int, s["stat"].split()[1:])) for s in snaps]
-    busy = sum(f[1][i] - f[0][i] for i in (0, 1, 2, 5, 6, 7))
-    return busy / os.sysconf("SC_CLK_TCK")
+    return busy_seconds(snaps[0]["stat"], snaps[1]["stat"])
 
 
 results = {}

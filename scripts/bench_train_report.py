@@ -33,6 +33,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import busy_fraction as cpu_busy, quantile  # noqa: E402
+
 LINKS = ["unlimited", "1gbit"]
 COMMS = ["gloo", "switch"]
 LINK_LABEL = {"unlimited": "unlimited links", "1gbit": "1 Gbit/s links"}
@@ -40,30 +43,9 @@ GOAL_1GBIT = 0.67
 LOSS_TOLERANCE = 0.02  # relative
 
 
-def quantile(xs, q):
-    """Linear-interpolation quantile (as numpy's default)."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def cpu_busy(before, after):
-    """Busy fraction of all CPUs between two /proc/stat 'cpu' lines."""
-    a = [int(x) for x in before.split()[1:]]
-    b = [int(x) for x in after.split()[1:]]
-    d = [y - x for x, y in zip(a, b)]
-    total = sum(d)
-    idle = d[3] + d[4]  # idle + iowait
-    return (total - idle) / total if total > 0 else None
 
 
 def shaper_delta(before, after):

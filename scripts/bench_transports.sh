@@ -83,15 +83,16 @@ write_testbed_switchd_config "$OUT/switchd.toml" "$SCRIPT_NAME" "$WORKERS" "$SEC
     "admin_socket = \"$OUT/switchd.sock\""
 start_switchd "$PREFIX-sw" "$SWITCHD" "$OUT/switchd.log" run --config "$OUT/switchd.toml"
 
-# busy_jiffies: user+nice+system+irq+softirq+steal over all CPUs.
+# busy_jiffies: busy jiffies of all CPUs so far (scripts/benchkit.py's
+# definition, as every report's).
 busy_jiffies() {
-    awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+    python3 "$REPO_ROOT/scripts/benchkit.py" cpu-ticks | cut -d' ' -f1
 }
 HZ="$(getconf CLK_TCK)"
 
 # switchd_jiffies: switchd's user+system time so far.
 switchd_jiffies() {
-    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$SWITCHD_PID/stat"
+    python3 "$REPO_ROOT/scripts/benchkit.py" proc-jiffies "$SWITCHD_PID"
 }
 
 # children_jiffies: user+system of this shell's waited-for children so far

@@ -25,7 +25,8 @@ import statistics
 import sys
 
 GOAL = 0.55
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import busy_fraction, median, proc_seconds, quantile  # noqa: E402
 
 
 def load_json(path):
@@ -57,11 +58,6 @@ def read(path, default=None):
         return default
 
 
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def job_of(stats, job_id):
     if not isinstance(stats, dict):
         return {}
@@ -73,20 +69,8 @@ def job_of(stats, job_id):
 
 def cpu_busy(run_dir):
     """Share of the machine's CPU time that was busy between the snapshots."""
-
-    def totals(path):
-        text = read(path)
-        if not text:
-            return None
-        f = [int(x) for x in text.splitlines()[0].split()[1:]]
-        idle = f[3] + (f[4] if len(f) > 4 else 0)
-        return sum(f[:8]), idle
-
-    a = totals(os.path.join(run_dir, "procstat.before"))
-    b = totals(os.path.join(run_dir, "procstat.after"))
-    if not a or not b or b[0] <= a[0]:
-        return None
-    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+    a, b = read(os.path.join(run_dir, "procstat.before")), read(os.path.join(run_dir, "procstat.after"))
+    return busy_fraction(a, b) if a and b else None
 
 
 def switchd_cpu(run_dir):
@@ -95,12 +79,8 @@ def switchd_cpu(run_dir):
     for name in sorted(os.listdir(run_dir)):
         if name.endswith(".procstat"):
             text = read(os.path.join(run_dir, name))
-            if not text:
-                continue
-            # Fields after the command's closing parenthesis; utime, stime
-            # are fields 14 and 15 of the whole line.
-            rest = text[text.rindex(")") + 2 :].split()
-            out[name[: -len(".procstat")]] = (int(rest[11]) + int(rest[12])) / CLK_TCK
+            if text:
+                out[name[: -len(".procstat")]] = proc_seconds(text)
     return out
 
 
@@ -329,13 +309,6 @@ def sockperf_rtts(path):
     except OSError:
         pass
     return rtts
-
-
-def quantile(sorted_xs, q):
-    if not sorted_xs:
-        return None
-    k = int(q * (len(sorted_xs) - 1) + 0.5)
-    return sorted_xs[k]
 
 
 def jain(xs):
