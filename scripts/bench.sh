@@ -9,7 +9,7 @@
 #                         [--wait-idle SECS] [--no-docs]
 #                         [--rates-only | --no-rates] [--rate-seconds 5]
 #                         [--rate-repeats 3] [--no-forward] [--no-per-packet]
-#                         [--no-efficiency] [--threads 1,2]
+#                         [--no-efficiency] [--no-gloo] [--threads 1,2]
 #                         [--cores-only] [--no-build]
 #
 #   --mib S       tensor size per worker in MiB of float32 (default 64)
@@ -54,6 +54,9 @@
 #                 (scripts/bench_per_packet.sh: criterion's engine vs copy of
 #                 the payload, pinned to one CPU, before anything else runs;
 #                 its JSON goes under "per_packet")
+#   --no-gloo     skip gloo (the headline peer: PyTorch's all-reduce, which
+#                 needs torch in the project venv; scripts/setup.sh installs
+#                 it); the headline then has only the OpenMPI ratios
 #   --no-efficiency  skip the per-byte efficiency section
 #                 (scripts/bench_efficiency.sh: time and whole-machine
 #                 CPU-seconds per GiB for the switch in float32 with each
@@ -99,6 +102,9 @@
 #          Twice: on the testbed as made (worker eth0 transmit checksum
 #          offload off, hence no TSO: the switch needs complete checksums),
 #          and again with it on (TSO), as TCP would have it on a real NIC;
+#        * gloo (the headline peer, what a PyTorch user runs): one rank of
+#          bench/gloo_allreduce.py per worker namespace, TCP on eth0 with
+#          TSO on, one warm-up then K timed all-reduces;
 #        * the switch: switchd in bench-sw (4 ports, job 1 of 4 workers,
 #          pool_slots 256, a random secret); the 4 `worker allreduce` run
 #          concurrently, once with --iterations K (all-reduce time = the
@@ -114,7 +120,9 @@
 #      ratio to 1 thread and the frames each queue (thread) received go under
 #      "threads" in the JSON (scripts/bench_threads_report.py), the times
 #      also under headline.allreduce_threads;
-#   4. prints a table and writes results/bench-STAMP.json (+ logs in
+#   4. scripts/bench_report.py takes the statistics (medians, ratios, the
+#      headline: switch / gloo first, switch / OpenMPI beside it), prints a
+#      table and writes results/bench-STAMP.json (+ logs in
 #      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
 #      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
 #      docs/bench-rates.json and docs/bench-rates.png instead.
@@ -171,6 +179,8 @@ TIMEOUT=900
 WAIT_IDLE=0
 DOCS=1
 THREADS_ARG=1,2
+GLOO=1
+readonly GLOO_PORT=29518
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -194,6 +204,7 @@ while [[ $# -gt 0 ]]; do
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
         --threads=*) THREADS_ARG="${1#*=}"; shift ;;
         --quick) QUICK=1; shift ;;
+        --no-gloo) GLOO=0; shift ;;
         --rate-seconds=*) RATE_SECONDS="${1#*=}"; shift ;;
         --rate-repeats=*) RATE_REPEATS="${1#*=}"; shift ;;
         --rates-only) RATES_ONLY=1; DO_RATES=1; shift ;;
@@ -406,6 +417,14 @@ else
         [[ -x "$REPO_ROOT/target/release/$b" ]] ||
             die "--no-build: target/release/$b missing (build it with cargo build --release --workspace --bins, here or on a machine with the same CPU architecture)"
     done
+fi
+
+# gloo (the headline peer) needs torch in the project venv.
+if [[ "$GLOO" -eq 1 && "$CORES_ONLY" -eq 0 && "$RATES_ONLY" -eq 0 ]] &&
+    ! "$VENV_PYTHON" -c "import torch" 2>/dev/null; then
+    log "gloo needs torch in the project venv: running scripts/setup.sh (torch: about 80 s and 5 GB the first time)"
+    bash "$REPO_ROOT/scripts/setup.sh" || die "scripts/setup.sh failed; fix what it says, or pass --no-gloo"
+    "$VENV_PYTHON" -c "import torch" || die "still no torch in $REPO_ROOT/.venv after scripts/setup.sh"
 fi
 
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -894,6 +913,39 @@ run_mpi() {
         '. + {shapers: $sh, cpu_busy_fraction: $busy}' <<<"$json" >"$OUT/$tag.result.json"
 }
 
+# run_gloo TAG: K timed gloo all-reduces (bench/gloo_allreduce.py, one rank
+# per worker namespace, TCP on eth0); the result goes to $OUT/TAG.result.json.
+run_gloo() {
+    local tag="$1" r cpu0 busy json
+    local -a pids=()
+    shaper_snapshot "$OUT/shaper-$tag-before.json"
+    read -r -a cpu0 < <(cpu_ticks)
+    log "[$LINK] gloo all-reduce ($tag): $WORKERS ranks x $MIB MiB, 1 warm-up + $REPEATS timed"
+    for ((r = 0; r < WORKERS; r++)); do
+        ip netns exec "$PREFIX-w$r" env RANK="$r" WORLD_SIZE="$WORKERS" \
+            MASTER_ADDR="198.18.0.$WORKER_BASE" MASTER_PORT="$GLOO_PORT" \
+            GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+            "$VENV_PYTHON" "$REPO_ROOT/bench/gloo_allreduce.py" "$ELEMENTS" "$REPEATS" \
+            >"$OUT/$tag-rank$r.out" 2>"$OUT/$tag-rank$r.log" &
+        pids+=("$!")
+        BG_PIDS+=("$!")
+    done
+    if ! wait_pids "$TIMEOUT" "${pids[@]}"; then
+        for ((r = 0; r < WORKERS; r++)); do
+            echo "rank $r: status ${WAIT_RCS[r]}; $(tail -n 3 "$OUT/$tag-rank$r.log")" >&2
+        done
+        die "gloo all-reduce '$tag' failed; see $OUT"
+    fi
+    json="$(grep -E '^\{' "$OUT/$tag-rank0.out" | tail -n 1)"
+    [[ -n "$json" ]] || die "gloo printed no JSON; see $OUT/$tag-rank0.out and .log"
+    [[ "$(jq -r .verified <<<"$json")" == true ]] || die "gloo gave a wrong sum"
+    busy="$(cpu_busy "${cpu0[@]}")"
+    shaper_snapshot "$OUT/shaper-$tag-after.json"
+    jq -c --argjson sh "$(shaper_delta "$OUT/shaper-$tag-before.json" "$OUT/shaper-$tag-after.json")" \
+        --argjson busy "$busy" \
+        '. + {shapers: $sh, cpu_busy_fraction: $busy}' <<<"$json" >"$OUT/$tag.result.json"
+}
+
 start_bench_switchd() {
     start_switchd "$PREFIX-sw" "$SWITCHD" "$OUT/switchd.log" \
         run --config "$CFG" --stats-file "$OUT/switchd-stats.json"
@@ -927,7 +979,9 @@ run_workers() {
     WORKERS_SLOWEST="$(jq -s 'map(.seconds) | max' "$OUT/$tag"-rank*.json)"
 }
 
-# run_switch: one K-iteration run and K single runs; JSON into $OUT/switch.result.json.
+# run_switch: one K-iteration run and K single runs: the raw times into
+# $OUT/switch.raw.json, their statistics (scripts/bench_report.py) into
+# $OUT/switch.result.json.
 run_switch() {
     local k runs=() kt cpu0 busy
     log "[$LINK] switch: $WORKERS workers x $MIB MiB, $REPEATS iterations in one run, then $REPEATS single runs"
@@ -945,33 +999,20 @@ run_switch() {
     stop_switchd
     jq -n \
         --argjson multi_s "$kt" \
-        --argjson k "$REPEATS" \
         --argjson runs "$(printf '%s\n' "${runs[@]}" | jq -s .)" \
         --argjson busy "$busy" \
         --argjson shapers "$(shaper_delta "$OUT/shaper-switch-before.json" "$OUT/shaper-switch-after.json")" \
-        --argjson bytes "$((ELEMENTS * 4))" \
         --slurpfile ranks <(cat "$OUT"/multi-rank*.json) \
         --slurpfile stats <(cat "$OUT/switchd-stats.json" 2>/dev/null || echo null) \
-        '($runs | sort) as $s
-         | ($s | length) as $n
-         | {
-             mean_s: ($multi_s / $k),
-             best_s: $s[0],
-             median_s: (if $n % 2 == 1 then $s[($n - 1) / 2] else ($s[$n / 2 - 1] + $s[$n / 2]) / 2 end),
-             worst_s: $s[-1],
-             single_runs_s: $runs,
-             multi_run_slowest_rank_s: $multi_s,
-             gbit_per_s_slowest_rank: ($bytes * 8 * $k / $multi_s / 1e9),
-             elems_per_chunk: $ranks[0].elems_per_chunk,
-             chunks_resent_multi_run: ($ranks | map(.stats.chunks_resent // 0) | add),
-             per_rank_multi_run: ($ranks | map({rank, seconds, gbit_per_s, chunks_resent: .stats.chunks_resent})),
-             shapers: $shapers,
-             cpu_busy_fraction: $busy,
-             switchd_stats: $stats[0]
-           }' >"$OUT/switch.result.json"
+        '{multi_run_slowest_rank_s: $multi_s, single_runs_s: $runs, ranks: $ranks,
+          shapers: $shapers, cpu_busy_fraction: $busy, switchd_stats: $stats[0]}' \
+        >"$OUT/switch.raw.json"
+    python3 "$REPO_ROOT/scripts/bench_report.py" switch "$OUT" --repeats "$REPEATS" \
+        --elements "$ELEMENTS" || die "scripts/bench_report.py switch failed on $OUT"
 }
 
-# measure LINK: everything for one link setting into $OUT/link.json.
+# measure LINK: everything for one link setting into $OUT (scripts/bench_report.py
+# reads it).
 measure() {
     LINK="$1"
     OUT="$RUN/$LINK"
@@ -988,24 +1029,14 @@ measure() {
     run_mpi mpi
     set_worker_tx on
     run_mpi mpi_tso
+    # gloo at its best: TCP with segmentation offload, as on a real NIC.
+    [[ "$GLOO" -eq 1 ]] && run_gloo gloo
     set_worker_tx off
     run_switch
-    jq -n --arg link "$LINK" --argjson up "$up" --argjson down "$down" --argjson w2w "$w2w" \
+    jq -n --argjson up "$up" --argjson down "$down" --argjson w2w "$w2w" \
         --argjson load0 "$load0" --argjson load1 "$(loadavg)" \
-        --slurpfile mpi "$OUT/mpi.result.json" --slurpfile tso "$OUT/mpi_tso.result.json" \
-        --slurpfile sw "$OUT/switch.result.json" \
-        '{link: $link,
-          iperf3_gbit_per_s: {worker_to_switch: $up, switch_to_worker: $down, worker_to_worker: $w2w},
-          openmpi: $mpi[0], openmpi_tso: $tso[0], switch: $sw[0],
-          ratio_switch_over_openmpi: {
-            mean: ($sw[0].mean_s / $mpi[0].mean_s),
-            median: ($sw[0].median_s / $mpi[0].median_s),
-            best: ($sw[0].best_s / $mpi[0].best_s)},
-          ratio_switch_over_openmpi_tso: {
-            mean: ($sw[0].mean_s / $tso[0].mean_s),
-            median: ($sw[0].median_s / $tso[0].median_s),
-            best: ($sw[0].best_s / $tso[0].best_s)},
-          loadavg_1min: {start: $load0, end: $load1}}' >"$OUT/link.json"
+        '{iperf3_gbit_per_s: {worker_to_switch: $up, switch_to_worker: $down, worker_to_worker: $w2w},
+          loadavg_1min: {start: $load0, end: $load1}}' >"$OUT/link-extra.json"
 }
 
 # busy_machine: true when the 1-min load average is above half the cores.
@@ -1102,113 +1133,16 @@ if [[ "$DO_EFFICIENCY" -eq 1 ]]; then
 fi
 
 # --- report -------------------------------------------------------------------------
-EPC="$(jq -r '.switch.elems_per_chunk' "$RUN/1gbit/link.json")"
-uint_in_range "$EPC" 1 2237 || die "no elems_per_chunk in the worker's report"
-CHUNKS=$(((ELEMENTS + EPC - 1) / EPC))
-HDR=$((14 + 20 + 8 + 22))
-WIRE_L2=$((CHUNKS * HDR + ELEMENTS * 4))   # bytes one way, as tc counts them
-WIRE_L1=$((WIRE_L2 + CHUNKS * 24))          # + FCS 4, preamble 8, gap 12
-
-MEM_KB="$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)"
-MODEL="$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
 OUT_JSON="$REPO_ROOT/results/bench-$STAMP.json"
-jq -n \
-    --arg stamp "$STAMP" \
-    --arg kernel "$(uname -r)" \
-    --arg model "${MODEL:-unknown}" \
-    --argjson nproc "$(nproc)" \
-    --argjson mem_kb "${MEM_KB:-0}" \
-    --arg os "$(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-}")" \
-    --arg ompi "$(mpirun --version 2>/dev/null | head -n 1)" \
-    --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-    --argjson dirty "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)" \
-    --argjson mib "$MIB" --argjson elements "$ELEMENTS" --argjson k "$REPEATS" \
-    --argjson workers "$WORKERS" --argjson quick "$QUICK" --argjson mtu "$MTU" \
-    --argjson epc "$EPC" --argjson chunks "$CHUNKS" --argjson hdr "$HDR" \
-    --argjson l2 "$WIRE_L2" --argjson l1 "$WIRE_L1" --argjson bps "$RATE_BPS" \
-    --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
-    --slurpfile unl "$RUN/unlimited/link.json" --slurpfile lim "$RUN/1gbit/link.json" \
-    --slurpfile rates <(if [[ "$DO_RATES" -eq 1 ]]; then cat "$RATES/rates.json"; else echo null; fi) \
-    --slurpfile fwd <(if [[ -s "$RUN/forward.json" ]]; then cat "$RUN/forward.json"; else echo null; fi) \
-    --slurpfile pp <(if [[ -s "$RUN/per-packet.json" ]]; then cat "$RUN/per-packet.json"; else echo null; fi) \
-    --slurpfile eff <(if [[ -s "$RUN/efficiency.json" ]]; then jq 'del(.runs)' "$RUN/efficiency.json"; else echo null; fi) \
-    --slurpfile thr "$THREADS_DIR/threads.json" \
-    '($l2 * 8 / $bps) as $bound_l2
-     | ($l1 * 8 / $bps) as $bound_l1
-     | {
-        stamp: $stamp, commit: $commit, uncommitted_changes_in_tracked_files: $dirty,
-        quick: ($quick == 1),
-        machine: {nproc: $nproc, cpu_model: $model, mem_total_kib: $mem_kb, kernel: $kernel, os: $os,
-                  loadavg_1min: {start: $load0, end: $load1}},
-        setup: {workers: $workers, mib: $mib, elements: $elements, dtype: "float32", repeats: $k, mtu: $mtu,
-                openmpi: $ompi,
-                openmpi_args: "--mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --bind-to none",
-                shaping: "tbf rate 1gbit burst 256kb latency 50ms on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0",
-                switch_time: "slowest rank: seconds / K from one run of K iterations (mean); best/median over K runs of 1 iteration"},
-        line_rate_1gbit: {elems_per_chunk: $epc, chunks: $chunks, header_bytes_per_frame: $hdr,
-                          frame_bytes: ($hdr + $epc * 4),
-                          bytes_one_way_l2: $l2, bytes_one_way_l1: $l1,
-                          bound_l2_s: $bound_l2, bound_l1_s: $bound_l1,
-                          note: "l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)"},
-        rates: $rates[0],
-        forwarding: $fwd[0],
-        per_packet: $pp[0],
-        efficiency: $eff[0],
-        threads: $thr[0],
-        links: [$unl[0], $lim[0]
-                | .switch.shapers.expected_bytes_each_way_l2 = (2 * $k * $workers * $l2)
-                | .switch.shapers.worker_egress.over_expected =
-                    (.switch.shapers.worker_egress.bytes / (2 * $k * $workers * $l2))
-                | .switch.shapers.worker_ingress_ifb.over_expected =
-                    (.switch.shapers.worker_ingress_ifb.bytes / (2 * $k * $workers * $l2))],
-        headline: {
-          switch_over_openmpi_unlimited: $unl[0].ratio_switch_over_openmpi.mean,
-          switch_over_openmpi_1gbit: $lim[0].ratio_switch_over_openmpi.mean,
-          switch_over_openmpi_1gbit_median: $lim[0].ratio_switch_over_openmpi.median,
-          switch_over_openmpi_1gbit_goal: 0.67,
-          switch_over_openmpi_1gbit_goal_met: ($lim[0].ratio_switch_over_openmpi.mean <= 0.67),
-          switch_over_openmpi_tso_unlimited: $unl[0].ratio_switch_over_openmpi_tso.mean,
-          switch_over_openmpi_tso_1gbit: $lim[0].ratio_switch_over_openmpi_tso.mean,
-          switch_over_line_rate_1gbit: ($lim[0].switch.mean_s / $bound_l2),
-          switch_over_line_rate_1gbit_median: ($lim[0].switch.median_s / $bound_l2),
-          switch_over_line_rate_goal: 1.10,
-          switch_over_line_rate_goal_met: ($lim[0].switch.mean_s / $bound_l2 <= 1.10),
-          allreduce_threads: $thr[0].allreduce_threads,
-          allreduce_time_over_1_thread: $thr[0].time_over_1_thread,
-          forwarding_fast_path_tcp_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.tcp_gbps? // null),
-          forwarding_fast_path_p99_over_bridge: ($fwd[0].results["xdp-fwd"].ratio_vs_bridge.rtt_p99? // null),
-          forwarding_xdp_pass_tcp_over_bridge: ($fwd[0].results["xdp-pass"].ratio_vs_bridge.tcp_gbps? // null),
-          per_packet_engine_over_copy_362: ($pp[0].sizes? // [] | map(select(.elems == 362)) | .[0].engine_over_copy? // null),
-          per_packet_engine_over_copy_870: ($pp[0].sizes? // [] | map(select(.elems == 870)) | .[0].engine_over_copy? // null),
-          per_packet_goal: 1.5
-        }
-      }' >"$OUT_JSON"
-
-# --- table --------------------------------------------------------------------------
 TABLE="$RUN/table.md"
-jq -r "$JQ_DECIMALS"'
-  "| link | method | best s | median s | mean s | mean Gbit/s | iperf3 up/down/w2w Gbit/s |",
-  "|---|---|---:|---:|---:|---:|---|",
-  (.links[] as $l
-   | ($l.iperf3_gbit_per_s | [.worker_to_switch, .switch_to_worker, .worker_to_worker]
-      | map(if . == null then "-" else f2 end) | join(" / ")) as $ip
-   | "| \($l.link) | switch | \($l.switch.best_s | f3) | \($l.switch.median_s | f3) | \($l.switch.mean_s | f3) | \($l.switch.gbit_per_s_slowest_rank | f2) | \($ip) |",
-     "| \($l.link) | OpenMPI | \($l.openmpi.best_s | f3) | \($l.openmpi.median_s | f3) | \($l.openmpi.mean_s | f3) | \(($l.openmpi.bytes * 8 / $l.openmpi.mean_s / 1e9) | f2) | |",
-     "| \($l.link) | OpenMPI, worker tx offload on (TSO) | \($l.openmpi_tso.best_s | f3) | \($l.openmpi_tso.median_s | f3) | \($l.openmpi_tso.mean_s | f3) | \(($l.openmpi_tso.bytes * 8 / $l.openmpi_tso.mean_s / 1e9) | f2) | |"),
-  "",
-  "line-rate bound at 1 Gbit/s: \(.line_rate_1gbit.bound_l2_s | f3) s (MTU \(.setup.mtu), L2, \(.line_rate_1gbit.frame_bytes) B frames of \(.line_rate_1gbit.elems_per_chunk) floats, as tc counts), \(.line_rate_1gbit.bound_l1_s | f3) s (L1)",
-  "switch / OpenMPI, unlimited: \(.headline.switch_over_openmpi_unlimited | f2) (mean), \(.links[0].ratio_switch_over_openmpi.median | f2) (median), \(.links[0].ratio_switch_over_openmpi.best | f2) (best)",
-  "switch / OpenMPI, 1 Gbit/s:  \(.headline.switch_over_openmpi_1gbit | f2) (mean), \(.links[1].ratio_switch_over_openmpi.median | f2) (median), \(.links[1].ratio_switch_over_openmpi.best | f2) (best); goal <= 0.67: \(if .headline.switch_over_openmpi_1gbit_goal_met then "met" else "NOT met" end)",
-  "switch / OpenMPI with TSO: \(.headline.switch_over_openmpi_tso_unlimited | f2) unlimited, \(.headline.switch_over_openmpi_tso_1gbit | f2) at 1 Gbit/s (mean)",
-  "switch / line rate, 1 Gbit/s: \(.headline.switch_over_line_rate_1gbit | f2) (mean), \(.headline.switch_over_line_rate_1gbit_median | f2) (median); goal <= 1.10: \(if .headline.switch_over_line_rate_goal_met then "met" else "NOT met" end)",
-  (if .per_packet == null then empty else
-   "per DATA packet / copy of its payload (criterion medians): " + ([.per_packet.sizes[] | "\(.elems) floats \(.engine_over_copy | f2)"] | join(", ")) + "; goal <= 1.5 at 362 floats: \(if .headline.per_packet_engine_over_copy_362 <= 1.5 then "met" else "NOT met" end)" end),
-  (.links[] | select(.link == "1gbit") |
-   "1 Gbit/s shapers, switch runs: \(.switch.shapers.worker_egress.over_expected | f2)x / \(.switch.shapers.worker_ingress_ifb.over_expected | f2)x the frames due crossed worker egress / ingress (ifb); tbf overlimits \(.switch.shapers.worker_egress.overlimits) / \(.switch.shapers.worker_ingress_ifb.overlimits), drops \(.switch.shapers.worker_egress.drops) / \(.switch.shapers.worker_ingress_ifb.drops)",
-   "1 Gbit/s shapers, OpenMPI: tbf overlimits \(.openmpi.shapers.worker_egress.overlimits) egress / \(.openmpi.shapers.switch_port_egress.overlimits) switch port / \(.openmpi.shapers.worker_ingress_ifb.overlimits) ingress (ifb)"),
-  "CPU busy (all cores, whole phase incl. start-up): " + ([.links[] | "\(.link) switch \(.switch.cpu_busy_fraction * 100 | round)% / OpenMPI \(.openmpi.cpu_busy_fraction * 100 | round)% / with TSO \(.openmpi_tso.cpu_busy_fraction * 100 | round)%"] | join(", ")),
-  "machine: \(.machine.nproc) cores (\(.machine.cpu_model)), \(.machine.mem_total_kib / 1048576 | f2) GiB, kernel \(.machine.kernel); 1-min load \(.machine.loadavg_1min.start) at start, \(.machine.loadavg_1min.end) at end"
-' "$OUT_JSON" >"$TABLE"
+report_args=(report "$RUN" --json "$OUT_JSON" --table "$TABLE" --stamp "$STAMP"
+    --repo "$REPO_ROOT" --mib "$MIB" --repeats "$REPEATS" --workers "$WORKERS" --mtu "$MTU"
+    --rate-bps "$RATE_BPS" --load-start "$LOAD_START"
+    --openmpi-version "$(mpirun --version 2>/dev/null | head -n 1)")
+[[ "$QUICK" -eq 1 ]] && report_args+=(--quick)
+[[ "$DO_RATES" -eq 1 ]] && report_args+=(--rates)
+python3 "$REPO_ROOT/scripts/bench_report.py" "${report_args[@]}" ||
+    die "scripts/bench_report.py failed; the raw results are in $RUN"
 echo
 echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats, MTU $MTU ==="
 cat "$TABLE"

@@ -103,9 +103,10 @@ def main(argv):
     links = bench["links"]
     labels = {"unlimited": "unlimited veth", "1gbit": "1 Gbit/s links"}
     methods = [("switch", "switch (AF_XDP)", "#1f77b4"),
+               ("gloo", "gloo (PyTorch, TCP with TSO)", "#9467bd"),
                ("openmpi", "OpenMPI MPI_Allreduce (TCP, testbed offloads)", "#ff7f0e"),
                ("openmpi_tso", "OpenMPI, worker tx offload on (TSO)", "#ffbb78")]
-    methods = [m for m in methods if all(m[0] in link for link in links)]
+    methods = [m for m in methods if all(link.get(m[0]) for link in links)]
     width = 0.8 / len(methods)
 
     if rates:
@@ -157,7 +158,10 @@ def main(argv):
     ax.set_title(
         f"{s['workers']} workers, {s['mib']} MiB float32 all-reduce, {s['repeats']} repeats, "
         f"MTU {s.get('mtu', 1500)}\n"
-        f"switch/OpenMPI: {h['switch_over_openmpi_unlimited']:.2f} unlimited, "
+        + (f"switch/gloo: {h['switch_over_gloo_unlimited']:.2f} unlimited, "
+           f"{h['switch_over_gloo_1gbit']:.2f} at 1 Gbit/s; "
+           if h.get("switch_over_gloo_1gbit") is not None else "")
+        + f"switch/OpenMPI: {h['switch_over_openmpi_unlimited']:.2f} unlimited, "
         f"{h['switch_over_openmpi_1gbit']:.2f} at 1 Gbit/s; "
         f"switch/line rate {h['switch_over_line_rate_1gbit']:.2f}",
         fontsize=10)
