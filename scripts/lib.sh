@@ -162,17 +162,26 @@ random_secret() {
 
 # start_switchd NETNS SWITCHD_BIN LOG [ARGS...]: start `SWITCHD_BIN ARGS...`
 # inside NETNS with output to LOG, set SWITCHD_PID, and wait up to
-# READY_TIMEOUT (default 30) s for its "switchd ready" line. If it exits or
-# is not ready in time, print the log's tail and die (the caller's EXIT trap
+# READY_TIMEOUT (default 30) s until that switchd answers on its admin
+# socket (`switchctl ready --pid`: the one named by ARGS' --config, asked
+# with the switchctl next to SWITCHD_BIN, or $SWITCHCTL). If it exits or is
+# not ready in time, print the log's tail and die (the caller's EXIT trap
 # still stops SWITCHD_PID).
 start_switchd() {
-    local ns="$1" bin="$2" logfile="$3" deadline rc
+    local ns="$1" bin="$2" logfile="$3" deadline rc cfg="" ctl a prev=""
     shift 3
+    for a in "$@"; do
+        [[ "$prev" == --config ]] && cfg="$a"
+        prev="$a"
+    done
+    [[ -n "$cfg" ]] || die "start_switchd: no --config in: $*"
+    ctl="${SWITCHCTL:-$(dirname "$bin")/switchctl}"
+    [[ -x "$ctl" ]] || die "start_switchd: $ctl not found (build with cargo build --release --workspace --bins)"
     # `ip netns exec` execs the command, so $! is switchd's own PID.
     ip netns exec "$ns" "$bin" "$@" >"$logfile" 2>&1 &
     SWITCHD_PID=$!
     deadline=$((SECONDS + ${READY_TIMEOUT:-30}))
-    until grep -qF "switchd ready" "$logfile" 2>/dev/null; do
+    until "$ctl" --config "$cfg" ready --pid "$SWITCHD_PID" >/dev/null 2>"$logfile.ready"; do
         if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
             rc=0
             wait "$SWITCHD_PID" || rc=$?
@@ -184,10 +193,11 @@ start_switchd() {
         if ((SECONDS >= deadline)); then
             echo "---- switchd log ($logfile) ----" >&2
             tail -n 40 "$logfile" >&2
-            die "switchd did not log 'switchd ready' within ${READY_TIMEOUT:-30} s"
+            die "switchd was not ready within ${READY_TIMEOUT:-30} s: $(cat "$logfile.ready")"
         fi
         sleep 0.1
     done
+    rm -f "$logfile.ready"
 }
 
 # pkg_installed PACKAGE: true when the Debian package is installed.

@@ -349,10 +349,18 @@ fn serve_connection(stream: UnixStream, calls: &mpsc::Sender<AdminCall>) -> std:
 
 /// Sends one request to a running switchd and returns its reply.
 pub fn request(path: &Path, req: &AdminRequest) -> Result<AdminReply, AdminError> {
+    request_from(path, req).map(|(reply, _)| reply)
+}
+
+/// [`request`], also returning the PID of the process that answered (the
+/// socket's peer credentials), so that a caller that started a switchd can
+/// tell it from another one answering on the same path.
+pub fn request_from(path: &Path, req: &AdminRequest) -> Result<(AdminReply, u32), AdminError> {
     let stream = UnixStream::connect(path).map_err(|source| AdminError::Connect {
         path: path.to_owned(),
         source,
     })?;
+    let pid = peer_pid(&stream).map_err(io_err(path, "getsockopt(SO_PEERCRED)"))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(io_err(path, "set_read_timeout"))?;
@@ -364,7 +372,37 @@ pub fn request(path: &Path, req: &AdminRequest) -> Result<AdminReply, AdminError
     BufReader::new(stream)
         .read_line(&mut reply)
         .map_err(io_err(path, "read"))?;
-    serde_json::from_str(reply.trim()).map_err(|e| AdminError::BadReply(format!("{e}: {reply}")))
+    let reply = serde_json::from_str(reply.trim())
+        .map_err(|e| AdminError::BadReply(format!("{e}: {reply}")))?;
+    Ok((reply, pid))
+}
+
+/// The PID of a connected Unix socket's peer. Hand-written over libc:
+/// std's `UnixStream::peer_cred` is not stable yet.
+#[allow(unsafe_code)]
+fn peer_pid(stream: &UnixStream) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
+    // the descriptor is open for the life of `stream`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.pid as u32)
 }
 
 #[cfg(test)]

@@ -616,6 +616,30 @@ impl Config {
     }
 }
 
+/// The admin socket a config file names (its `[switch] admin_socket`, or
+/// the default), without checking the rest: what `switchctl --config`
+/// needs to find a running switchd.
+pub fn admin_socket_in(path: &Path) -> Result<PathBuf, ConfigError> {
+    #[derive(Deserialize)]
+    struct Switch {
+        #[serde(default = "default_admin_socket")]
+        admin_socket: PathBuf,
+    }
+    #[derive(Deserialize)]
+    struct File {
+        switch: Switch,
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let f: File = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    Ok(f.switch.admin_socket)
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -1099,5 +1123,30 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         // Loopback exists in every namespace and has one receive queue.
         assert_eq!(sysfs_rx_queues("lo"), Some(1));
         assert_eq!(sysfs_rx_queues("no-such-if0"), None);
+    }
+
+    #[test]
+    fn the_admin_socket_is_found_in_a_config_file_or_defaulted() {
+        let dir = std::env::temp_dir().join(format!("switchd-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let named = dir.join("named.toml");
+        std::fs::write(
+            &named,
+            "[switch]\nports = [\"a\"]\nadmin_socket = \"/tmp/x.sock\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            admin_socket_in(&named).unwrap(),
+            PathBuf::from("/tmp/x.sock")
+        );
+        let plain = dir.join("plain.toml");
+        std::fs::write(&plain, "[switch]\nports = [\"a\"]\n").unwrap();
+        assert_eq!(
+            admin_socket_in(&plain).unwrap(),
+            PathBuf::from(crate::admin::DEFAULT_SOCKET)
+        );
+        let e = admin_socket_in(&dir.join("missing.toml")).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -659,16 +659,31 @@ impl Switchd {
             .stderr(std::fs::File::create(&self.log).unwrap())
             .spawn()
             .expect("starting switchd");
+        let pid = child.id().to_string();
         self.child = Some(child);
+        // Ready when this switchd (`ip netns exec` execs it: same PID)
+        // answers on its admin socket, as the scripts' start_switchd asks.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            if text.contains("switchd ready") {
+            let out = self.switchctl(&["ready", "--pid", &pid]);
+            if out.status.success() {
                 break;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "switchd exited ({status}) before it was ready:\n{}",
+                    self.log_text()
+                );
             }
             assert!(
                 Instant::now() < deadline,
-                "switchd did not become ready in 30 s:\n{text}"
+                "switchd did not become ready in 30 s ({}):\n{}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                self.log_text()
             );
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -10,13 +10,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use proto::secret;
 use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
-use switchd::admin::{request, AdminRequest, DEFAULT_SOCKET};
+use switchd::admin::{request, request_from, AdminRequest, DEFAULT_SOCKET};
 use switchd::config::{JobSection, UpstreamSection};
 use switchd::dataplane::DataplaneCounters;
 
@@ -26,6 +27,10 @@ struct Cli {
     /// The admin socket of switchd.
     #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Take the admin socket from this switchd config file (its
+    /// `admin_socket`) instead of --socket.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     /// Print the raw JSON reply.
     #[arg(long, global = true)]
     json: bool,
@@ -47,6 +52,17 @@ enum Cmd {
     /// whole switch (with a row per dataplane thread: busy share, frames,
     /// hand-offs, sockets).
     Stats { id: Option<u16> },
+    /// Succeed once switchd answers on its admin socket (its dataplane
+    /// threads and listeners are up): what scripts and tests wait for.
+    Ready {
+        /// Keep asking (every 100 ms) for up to this many seconds.
+        #[arg(long, default_value_t = 0.0)]
+        wait: f64,
+        /// Succeed only if the switchd answering is this process (the one
+        /// a script started), not another on the same socket.
+        #[arg(long)]
+        pid: Option<u32>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -213,9 +229,52 @@ fn read_secret_file(path: &Path) -> std::io::Result<(String, u32)> {
     Ok((std::io::read_to_string(f)?, mode))
 }
 
+/// Asks switchd for its counters until it (process `pid`, if given)
+/// answers or `wait` seconds pass.
+fn wait_ready(socket: &Path, wait: f64, pid: Option<u32>) -> Result<()> {
+    let wait = Duration::try_from_secs_f64(wait)
+        .map_err(|_| anyhow::anyhow!("--wait must be a number of seconds ≥ 0, not {wait}"))?;
+    let deadline = Instant::now() + wait;
+    loop {
+        let err = match request_from(socket, &AdminRequest::Stats { job: None }) {
+            Ok((_, peer)) if pid.is_some_and(|p| p != peer) => anyhow::anyhow!(
+                "another switchd (pid {peer}) answers on {}, not pid {}: give each switchd \
+                 its own admin_socket",
+                socket.display(),
+                pid.unwrap_or(0)
+            ),
+            Ok((r, _)) if r.ok => return Ok(()),
+            Ok((r, _)) => anyhow::anyhow!("{}", r.error.unwrap_or_else(|| "refused".into())),
+            Err(e) => anyhow::Error::new(e),
+        };
+        if Instant::now() >= deadline {
+            return Err(err).with_context(|| {
+                format!(
+                    "switchd is not ready on {} (waited {:.1} s): is it running, with \
+                     admin_socket = {:?} in its config?",
+                    socket.display(),
+                    wait.as_secs_f64(),
+                    socket.display().to_string()
+                )
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn run() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Some(cfg) = &cli.config {
+        cli.socket = switchd::config::admin_socket_in(cfg)?;
+    }
     let req = match cli.cmd {
+        Cmd::Ready { wait, pid } => {
+            wait_ready(&cli.socket, wait, pid)?;
+            if !cli.json {
+                println!("switchd ready on {}", cli.socket.display());
+            }
+            return Ok(());
+        }
         Cmd::Jobs => AdminRequest::Jobs,
         Cmd::Stats { id } => AdminRequest::Stats { job: id },
         Cmd::Job {
