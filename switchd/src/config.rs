@@ -45,7 +45,7 @@ use proto::tag::AuthMode;
 use proto::wire::{
     elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Bytes of one UMEM frame.
 pub const FRAME_SIZE: usize = 4096;
@@ -97,7 +97,7 @@ pub enum ConfigError {
 
 /// What the switch does with aggregation frames. Only `Aggregate` is a
 /// switch; the others are baselines for `scripts/bench.sh`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum DataplaneMode {
     /// Steer to AF_XDP and aggregate (the switch).
@@ -111,7 +111,7 @@ pub enum DataplaneMode {
 }
 
 /// How frames that are not aggregation traffic cross the switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ForwardingSetting {
     /// Learned unicast is redirected port to port in XDP (DEVMAP); the rest
@@ -122,7 +122,7 @@ pub enum ForwardingSetting {
     Bridge,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachModeSetting {
     #[default]
@@ -147,7 +147,7 @@ fn default_slots() -> u16 {
     256
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchSection {
     pub ports: Vec<String>,
@@ -170,7 +170,7 @@ pub struct SwitchSection {
     #[serde(default = "default_ecn_threshold")]
     pub ecn_ring_threshold: f64,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Dataplane threads; the sockets (ports × queues) are dealt among them.
     #[serde(default = "default_threads")]
@@ -189,13 +189,13 @@ pub struct SwitchSection {
     pub forwarding: ForwardingSetting,
     /// Memory all jobs' slot pools may take, in MiB (default: a quarter of
     /// the machine's memory). A job that would not fit is refused.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_memory_mib: Option<u64>,
     /// On a leaf of an aggregation tree: the address and UDP port partial
     /// sums go up from and spines answer to (one of this switch's own
     /// addresses that every spine routes back to; docs/PROTOCOL.md,
     /// "Aggregation trees").
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uplink: Option<std::net::SocketAddrV4>,
     /// Seconds a dataplane thread may go without progress while it has
     /// work before switchd logs it and exits (status 70) for its supervisor
@@ -258,7 +258,9 @@ pub struct JobSection {
     pub secret: String,
     #[serde(default = "default_slots")]
     pub pool_slots: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elems_per_chunk: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u16>,
     /// Element type: "f32" (when absent), "bf16" or "f16".
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -267,7 +269,7 @@ pub struct JobSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
     /// On a leaf: this job's place in its trees.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamSection>,
 }
 
@@ -283,12 +285,14 @@ pub struct UpstreamSection {
     pub spines: Vec<std::net::SocketAddrV4>,
 }
 
-#[derive(Clone, Deserialize)]
+/// The file as written: its typed sections, before the checks of
+/// [`Config::parse`] (`switchd testbed-config` writes it).
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct ConfigFile {
-    switch: SwitchSection,
+pub struct ConfigFile {
+    pub switch: SwitchSection,
     #[serde(default, rename = "job")]
-    jobs: Vec<JobSection>,
+    pub jobs: Vec<JobSection>,
 }
 
 /// A checked configuration.

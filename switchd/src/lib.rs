@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod ratelog;
 pub mod stats;
 pub mod supervise;
+pub mod testbed_config;
 pub mod wake;
 pub mod watchdog;
 pub mod xdp;

@@ -4,6 +4,8 @@
 //!   serve the jobs, log a summary per job every few seconds, and on
 //!   SIGINT/SIGTERM detach everything and write the final counters.
 //! * `switchd check-config --config FILE`: validate a configuration.
+//! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET …`: write a
+//!   config for a `scripts/testbed.sh` testbed ([`switchd::testbed_config`]).
 //!
 //! A dataplane thread stuck with work pending ([`switchd::watchdog`]) ends
 //! the process with status 70, for its supervisor to restart it.
@@ -44,6 +46,31 @@ enum Cmd {
     CheckConfig {
         #[arg(long)]
         config: PathBuf,
+    },
+    /// Write a config for a scripts/testbed.sh testbed: its addresses from
+    /// the testbed's `--print-env` lines, switchd's typed sections, checked
+    /// overrides. Mode 0600 (it holds secrets).
+    TestbedConfig {
+        /// The testbed's `scripts/testbed.sh up --print-env` output.
+        #[arg(long)]
+        env: PathBuf,
+        /// Where to write the config.
+        #[arg(long)]
+        out: PathBuf,
+        /// A job: ID:WORKERS:SECRET, WORKERS `all` or e.g. `0-1,3`, SECRET
+        /// `env:NAME` or `file:PATH` (repeat for several jobs).
+        #[arg(long = "job", required = true)]
+        jobs: Vec<switchd::testbed_config::JobSpec>,
+        /// switch.KEY=VALUE or job.ID.KEY=VALUE (VALUE in TOML, or a bare
+        /// string), checked against switchd's config (repeat).
+        #[arg(long = "set")]
+        sets: Vec<switchd::testbed_config::Override>,
+        /// Attach to the plain hosts' ports too (sw-hJ).
+        #[arg(long)]
+        host_ports: bool,
+        /// Who is writing (the script's name), for the file's first line.
+        #[arg(long, default_value = "switchd testbed-config")]
+        writer: String,
     },
 }
 
@@ -435,6 +462,25 @@ fn check_config(path: &Path) -> Result<()> {
     Ok(())
 }
 
+fn testbed_config(env: &Path, out: &Path, req: switchd::testbed_config::Request) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = std::fs::read_to_string(env)
+        .with_context(|| format!("reading the testbed env {}", env.display()))?;
+    let env = switchd::testbed_config::TestbedEnv::parse(&text)?;
+    let config = switchd::testbed_config::write(&env, &req)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("creating {}", out.display()))?;
+    f.write_all(config.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -447,6 +493,23 @@ fn main() -> std::process::ExitCode {
     let r = match Cli::parse().cmd {
         Cmd::Run { config, stats_file } => run(&config, stats_file),
         Cmd::CheckConfig { config } => check_config(&config),
+        Cmd::TestbedConfig {
+            env,
+            out,
+            jobs,
+            sets,
+            host_ports,
+            writer,
+        } => testbed_config(
+            &env,
+            &out,
+            switchd::testbed_config::Request {
+                writer,
+                host_ports,
+                jobs,
+                overrides: sets,
+            },
+        ),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

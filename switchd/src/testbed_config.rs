@@ -1,0 +1,446 @@
+//! The one writer of switchd configs for `scripts/testbed.sh` testbeds
+//! (`switchd testbed-config`): the testbed's addresses come from its
+//! `--print-env` lines, the config from switchd's own typed sections, and
+//! every override is checked against them, so a script can neither repeat
+//! the address plan nor write a key switchd would refuse.
+//!
+//! Owns: [`TestbedEnv`] (the `key=value` lines), [`JobSpec`] (`ID:WORKERS:
+//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`) and
+//! [`write`]. Invariant: what [`write`] returns deserialises into switchd's
+//! typed [`ConfigFile`] (unknown keys and wrong types are errors naming the
+//! key), and holds no secret that was given on the command line.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::config::{ConfigFile, JobSection, SwitchSection};
+
+/// What can be wrong with a testbed config request.
+#[derive(Debug, thiserror::Error)]
+pub enum TestbedConfigError {
+    #[error(
+        "the testbed env has no `{0}` (was it written by `scripts/testbed.sh up --print-env`?)"
+    )]
+    MissingKey(String),
+    #[error("testbed env line {line}: `{text}` is not key=value")]
+    BadLine { line: usize, text: String },
+    #[error("testbed env `{key}` = `{value}`: {why}")]
+    BadValue {
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("--job `{0}`: {1} (the form is ID:WORKERS:SECRET, e.g. 1:0-3:env:AGGSWITCH_SECRET or 2:2,3:file:/run/s2)")]
+    BadJob(String, String),
+    #[error("--set `{0}`: {1} (the form is switch.KEY=VALUE or job.ID.KEY=VALUE)")]
+    BadOverride(String, String),
+    #[error("reading the secret of job {job} from {source_name}: {why}")]
+    Secret {
+        job: u16,
+        source_name: String,
+        why: String,
+    },
+    #[error("the config does not check: {0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, TestbedConfigError>;
+
+/// A testbed's `--print-env` lines.
+#[derive(Debug, Clone)]
+pub struct TestbedEnv {
+    values: BTreeMap<String, String>,
+}
+
+impl TestbedEnv {
+    pub fn parse(text: &str) -> Result<TestbedEnv> {
+        let mut values = BTreeMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| TestbedConfigError::BadLine {
+                    line: i + 1,
+                    text: line.to_owned(),
+                })?;
+            values.insert(k.to_owned(), v.to_owned());
+        }
+        Ok(TestbedEnv { values })
+    }
+
+    pub fn get(&self, key: &str) -> Result<&str> {
+        self.values
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| TestbedConfigError::MissingKey(key.to_owned()))
+    }
+
+    fn number(&self, key: &str) -> Result<u16> {
+        let v = self.get(key)?;
+        v.parse()
+            .map_err(|e: std::num::ParseIntError| TestbedConfigError::BadValue {
+                key: key.to_owned(),
+                value: v.to_owned(),
+                why: e.to_string(),
+            })
+    }
+
+    fn addr(&self, key: &str) -> Result<Ipv4Addr> {
+        let v = self.get(key)?;
+        v.parse()
+            .map_err(|e: std::net::AddrParseError| TestbedConfigError::BadValue {
+                key: key.to_owned(),
+                value: v.to_owned(),
+                why: e.to_string(),
+            })
+    }
+}
+
+/// Where a job's secret comes from (never the command line itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    Env(String),
+    File(PathBuf),
+}
+
+/// `ID:WORKERS:SECRET`: a job of the testbed's workers WORKERS (`0-3`,
+/// `2,3`, or `all`), its secret from `env:NAME` or `file:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    pub id: u16,
+    /// Worker indices, ascending; `None`: every worker of the testbed.
+    pub workers: Option<Vec<u16>>,
+    pub secret: SecretSource,
+}
+
+impl FromStr for JobSpec {
+    type Err = TestbedConfigError;
+
+    fn from_str(s: &str) -> Result<JobSpec> {
+        let bad = |why: &str| TestbedConfigError::BadJob(s.to_owned(), why.to_owned());
+        let mut parts = s.splitn(3, ':');
+        let (Some(id), Some(workers), Some(secret)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("three parts separated by ':' are needed"));
+        };
+        let id: u16 = id
+            .parse()
+            .ok()
+            .filter(|&i| i > 0)
+            .ok_or_else(|| bad("the job id is a number 1..=65535"))?;
+        let workers = if workers == "all" {
+            None
+        } else {
+            let mut list = Vec::new();
+            for part in workers.split(',') {
+                let (a, b) = part.split_once('-').unwrap_or((part, part));
+                let (a, b): (u16, u16) = match (a.parse(), b.parse()) {
+                    (Ok(a), Ok(b)) if a <= b => (a, b),
+                    _ => return Err(bad("WORKERS is `all`, or indices and ranges like 0-1,3")),
+                };
+                list.extend(a..=b);
+            }
+            list.sort_unstable();
+            list.dedup();
+            Some(list)
+        };
+        let secret = match secret.split_once(':') {
+            Some(("env", name)) if !name.is_empty() => SecretSource::Env(name.to_owned()),
+            Some(("file", path)) if !path.is_empty() => SecretSource::File(path.into()),
+            _ => return Err(bad("SECRET is env:NAME or file:PATH")),
+        };
+        Ok(JobSpec {
+            id,
+            workers,
+            secret,
+        })
+    }
+}
+
+/// Which section an [`Override`] changes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Switch,
+    Job(u16),
+}
+
+/// `switch.KEY=VALUE` or `job.ID.KEY=VALUE`; VALUE is a TOML value (`2`,
+/// `true`, `"x"`, `["a", "b"]`) or else taken as a string (`bf16`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    pub target: Target,
+    pub key: String,
+    pub value: toml::Value,
+}
+
+impl FromStr for Override {
+    type Err = TestbedConfigError;
+
+    fn from_str(s: &str) -> Result<Override> {
+        let bad = |why: &str| TestbedConfigError::BadOverride(s.to_owned(), why.to_owned());
+        let (path, value) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
+        let (target, key) = match path.trim().split('.').collect::<Vec<_>>()[..] {
+            ["switch", key] => (Target::Switch, key),
+            ["job", id, key] => (
+                Target::Job(id.parse().map_err(|_| bad("the job id is a number"))?),
+                key,
+            ),
+            _ => return Err(bad("the key is switch.KEY or job.ID.KEY")),
+        };
+        if key.is_empty() {
+            return Err(bad("empty key"));
+        }
+        let value = value.trim();
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+        Ok(Override {
+            target,
+            key: key.to_owned(),
+            value,
+        })
+    }
+}
+
+/// What to write for one testbed.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Who asked (the script), for the file's first line.
+    pub writer: String,
+    /// Also attach to the plain hosts' ports (`sw-hJ`).
+    pub host_ports: bool,
+    pub jobs: Vec<JobSpec>,
+    pub overrides: Vec<Override>,
+}
+
+fn read_secret(job: u16, src: &SecretSource) -> Result<String> {
+    let (name, text) = match src {
+        SecretSource::Env(n) => (format!("${n}"), std::env::var(n).map_err(|e| e.to_string())),
+        SecretSource::File(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).map_err(|e| e.to_string()),
+        ),
+    };
+    let err = |why: String| TestbedConfigError::Secret {
+        job,
+        source_name: name.clone(),
+        why,
+    };
+    let text = text.map_err(&err)?;
+    crate::config::parse_secret(text.trim()).map_err(&err)?;
+    Ok(text.trim().to_owned())
+}
+
+/// The config text for `env`'s testbed: `[switch]` on the worker ports (and
+/// host ports if asked) at the testbed's switch address, one `[[job]]` per
+/// spec (256 slots; sources: the subnet for every worker, else each
+/// worker's /32), then the overrides, checked by deserialising into
+/// switchd's typed sections.
+pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
+    let workers = env.number("workers")?;
+    let hosts = env.number("hosts")?;
+    let mut ports = Vec::new();
+    for i in 0..workers {
+        ports.push(env.get(&format!("worker_{i}_port"))?.to_owned());
+    }
+    if req.host_ports {
+        for j in 0..hosts {
+            ports.push(env.get(&format!("host_{j}_port"))?.to_owned());
+        }
+    }
+    let switch = toml::Table::from_iter([
+        (
+            "ports".to_owned(),
+            toml::Value::try_from(&ports).expect("strings"),
+        ),
+        (
+            "addresses".to_owned(),
+            toml::Value::Array(vec![env.addr("switch_addr")?.to_string().into()]),
+        ),
+    ]);
+    let switch: SwitchSection = switch
+        .try_into()
+        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
+    let subnet = env.get("subnet")?;
+    let mut jobs = Vec::new();
+    for spec in &req.jobs {
+        let (n, sources) = match &spec.workers {
+            None => (workers, vec![subnet.parse()]),
+            Some(list) => {
+                if let Some(w) = list.iter().find(|&&w| w >= workers) {
+                    return Err(TestbedConfigError::BadJob(
+                        format!("{}", spec.id),
+                        format!("worker {w} is not on this testbed ({workers} workers)"),
+                    ));
+                }
+                let srcs = list
+                    .iter()
+                    .map(|w| Ok(format!("{}/32", env.addr(&format!("worker_{w}_addr"))?).parse()))
+                    .collect::<Result<Vec<_>>>()?;
+                (list.len() as u16, srcs)
+            }
+        };
+        let allowed_sources = sources
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
+                key: "subnet".into(),
+                value: subnet.into(),
+                why: e.to_string(),
+            })?;
+        jobs.push(JobSection {
+            id: spec.id,
+            n_workers: n,
+            allowed_sources,
+            secret: read_secret(spec.id, &spec.secret)?,
+            pool_slots: 256,
+            elems_per_chunk: None,
+            window: None,
+            dtype: None,
+            auth: None,
+            upstream: None,
+        });
+    }
+    let file = ConfigFile { switch, jobs };
+    // Overrides go through the TOML tree and back into the typed sections,
+    // so that a misspelt key or a value of the wrong type is refused here
+    // with switchd's own message, not when switchd starts.
+    let mut tree =
+        toml::Table::try_from(&file).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+    for o in &req.overrides {
+        let section = match o.target {
+            Target::Switch => tree.get_mut("switch").and_then(|v| v.as_table_mut()),
+            Target::Job(id) => tree
+                .get_mut("job")
+                .and_then(|v| v.as_array_mut())
+                .and_then(|jobs| {
+                    jobs.iter_mut()
+                        .find(|j| j.get("id").and_then(|i| i.as_integer()) == Some(id.into()))
+                })
+                .and_then(|v| v.as_table_mut()),
+        };
+        let section = section.ok_or_else(|| {
+            TestbedConfigError::BadOverride(
+                format!("{:?}.{}", o.target, o.key),
+                "no such job among the --job specs".into(),
+            )
+        })?;
+        section.insert(o.key.clone(), o.value.clone());
+    }
+    let checked: ConfigFile = tree
+        .try_into()
+        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
+    let body = toml::to_string(&checked).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+    Ok(format!(
+        "# Written by switchd testbed-config for {} (testbed '{}').\n{body}",
+        req.writer,
+        env.get("prefix")?
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENV: &str = "prefix=tb\nswitch_ns=tb-sw\nswitch_addr=198.18.0.1\nsubnet=198.18.0.0/24\n\
+        workers=2\nhosts=1\nworker_0_addr=198.18.0.10\nworker_0_port=sw-w0\n\
+        worker_1_addr=198.18.0.11\nworker_1_port=sw-w1\nhost_0_port=sw-h0\n";
+    const SECRET: &str = "5ca1ab1e5ca1ab1e0123456789abcdef5ca1ab1e5ca1ab1e0123456789abcdef";
+
+    fn request(jobs: &[&str], sets: &[&str]) -> Request {
+        Request {
+            writer: "a test".into(),
+            host_ports: false,
+            jobs: jobs.iter().map(|j| j.parse().unwrap()).collect(),
+            overrides: sets.iter().map(|s| s.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_config_for_the_testbed_parses_as_switchd_would_read_it() {
+        std::env::set_var("TBCFG_TEST_SECRET", SECRET);
+        let env = TestbedEnv::parse(ENV).unwrap();
+        let text = write(
+            &env,
+            &request(
+                &["1:all:env:TBCFG_TEST_SECRET"],
+                &[
+                    "switch.queues=2",
+                    "switch.admin_socket=\"/tmp/a.sock\"",
+                    "job.1.dtype=bf16",
+                ],
+            ),
+        )
+        .unwrap();
+        assert!(text.starts_with("# Written by switchd testbed-config for a test (testbed 'tb')"));
+        let cfg = crate::config::Config::parse(&text, std::path::Path::new("x"), |_| Some(1500))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(cfg.switch.ports, ["sw-w0", "sw-w1"]);
+        assert_eq!(cfg.switch.addresses, [Ipv4Addr::new(198, 18, 0, 1)]);
+        assert_eq!(cfg.switch.queues, 2);
+        assert_eq!(cfg.switch.admin_socket, PathBuf::from("/tmp/a.sock"));
+        let j = &cfg.jobs[0];
+        assert_eq!((j.id, j.n_workers), (1, 2));
+        assert_eq!(j.dtype, proto::wire::Dtype::Bf16);
+        assert_eq!(j.allowed_sources.len(), 1);
+    }
+
+    #[test]
+    fn jobs_of_some_workers_allow_exactly_those_addresses() {
+        std::env::set_var("TBCFG_TEST_SECRET2", SECRET);
+        let env = TestbedEnv::parse(ENV).unwrap();
+        let mut req = request(&["7:1:env:TBCFG_TEST_SECRET2"], &[]);
+        req.host_ports = true;
+        let text = write(&env, &req).unwrap();
+        assert!(text.contains("\"198.18.0.11/32\""), "{text}");
+        assert!(!text.contains("198.18.0.10"), "{text}");
+        assert!(text.contains("sw-h0"), "{text}");
+        assert!(text.contains("n_workers = 1"), "{text}");
+    }
+
+    #[test]
+    fn typos_and_bad_input_are_refused_with_what_to_fix() {
+        std::env::set_var("TBCFG_TEST_SECRET3", SECRET);
+        let env = TestbedEnv::parse(ENV).unwrap();
+        let e = write(
+            &env,
+            &request(&["1:all:env:TBCFG_TEST_SECRET3"], &["switch.queus=2"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("queus"), "{e}");
+        let e = write(
+            &env,
+            &request(&["1:all:env:TBCFG_TEST_SECRET3"], &["job.2.window=8"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no such job"), "{e}");
+        let e = write(&env, &request(&["1:0-5:env:TBCFG_TEST_SECRET3"], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("worker 2 is not on this testbed"), "{e}");
+        let e = write(&env, &request(&["1:all:env:TBCFG_NO_SUCH_VAR"], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("$TBCFG_NO_SUCH_VAR"), "{e}");
+        assert!("1:all".parse::<JobSpec>().is_err());
+        assert!("0:all:env:X".parse::<JobSpec>().is_err());
+        assert!("1:3-1:env:X".parse::<JobSpec>().is_err());
+        assert!("1:all:secret".parse::<JobSpec>().is_err());
+        assert!("switch=2".parse::<Override>().is_err());
+        assert!("sw.queues=2".parse::<Override>().is_err());
+        let e = TestbedEnv::parse("prefix=x\n")
+            .unwrap()
+            .get("workers")
+            .unwrap_err();
+        assert!(e.to_string().contains("--print-env"), "{e}");
+        assert!(TestbedEnv::parse("no equals sign\n").is_err());
+    }
+}
