@@ -1,11 +1,18 @@
 //! End-to-end test of elastic jobs (issue 23, item 4; docs/PROTOCOL.md,
 //! "Elastic jobs"): a job goes from 4 to 2 and back to 4 workers between
 //! collectives with `switchctl job resize`, every result bit-exact, and a
-//! worker started with the old size is refused with an error naming it.
+//! worker started with the old size is refused with an error naming it;
+//! and a PyTorch DDP training restarted with a new world size (what a
+//! `torchrun` elastic restart does: new processes, a new `WORLD_SIZE`, the
+//! same `AGGSWITCH_JOB` and secret) goes through the resized job. The
+//! restart is two successive process groups, of 4 then 2 ranks, started the
+//! way torchrun starts them (`agg_e2e::torch::Ranks`), not a torchrun
+//! elastic agent: the agent adds nothing the switch sees.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
 
 /// The metrics endpoint on the switch's bridge address, reachable from h0.
@@ -152,6 +159,79 @@ fn a_job_goes_from_4_to_2_to_4_workers_bit_exact() {
     assert!(text(&bad).contains("switchctl job rm 1"), "{}", text(&bad));
     let bad = sw.switchctl(&["job", "resize", "7", "2"]);
     assert!(text(&bad).contains("no job 7"), "{}", text(&bad));
+    let (ok, _) = sw.stop();
+    assert!(ok, "{}", sw.log_text());
+}
+
+/// `examples/train_ddp.py --comm switch` on `world` ranks; asserts every
+/// rank ended with the same weights (DDP in lockstep through the switch).
+fn train(tb: &Testbed, py: &std::path::Path, dir: &WorkDir, world: u16, steps: u32) -> Vec<Report> {
+    let run = Run {
+        script: "examples/train_ddp.py",
+        args: vec![
+            "--comm".into(),
+            "switch".into(),
+            "--steps".into(),
+            steps.to_string(),
+        ],
+        world,
+        ranks_per_ns: 1,
+        master_port: 29530 + world,
+        tag: format!("world{world}"),
+        env: Vec::new(),
+    };
+    let what = format!("train_ddp.py on {world} ranks");
+    let (reports, _) = Ranks::spawn(tb, py, &dir.0, &run).finish(&what, Duration::from_secs(240));
+    assert_eq!(reports.len(), usize::from(world));
+    assert!(
+        reports.iter().all(|r| r.digest == reports[0].digest),
+        "{what}: ranks ended with different weights"
+    );
+    reports
+}
+
+#[test]
+#[ignore = "needs root"]
+fn ddp_restarted_with_a_new_world_size_goes_through_the_resized_job() {
+    let test = "elastic_ddp_restart";
+    if !can_run(test) {
+        return;
+    }
+    let Some(py) = venv_python(test) else {
+        return;
+    };
+    let tb = Testbed::up("el2", 4, 0);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    let dir = WorkDir::new("el2");
+    const STEPS: u32 = 20;
+
+    let four = train(&tb, &py, &dir, 4, STEPS);
+    wait_joining(&sw, 4);
+    resize(&sw, 2);
+    let two = train(&tb, &py, &dir, 2, STEPS);
+    wait_joining(&sw, 2);
+
+    // Every gradient of both process groups was summed in the switch, on
+    // the one job: 4 ranks' float32 gradients for the first run's steps,
+    // then 2 ranks' for the second's, each chunk from all of its ranks.
+    let stats = sw.stats();
+    let j = job(&stats, 1);
+    let params = four[0].params;
+    assert_eq!(two[0].params, params);
+    let bytes = j["bytes_aggregated"].as_u64().unwrap();
+    assert_eq!(
+        bytes,
+        (4 + 2) * u64::from(STEPS) * params * 4,
+        "the switch did not sum every gradient of both runs exactly once: {j}"
+    );
+    let chunks = j["chunks_completed"].as_u64().unwrap();
+    let contributions = j["contributions"].as_u64().unwrap();
+    // Both runs send the same chunks per step: half of them came from 4 ranks.
+    assert_eq!(contributions, (4 + 2) * chunks / 2, "{j}");
+    eprintln!(
+        "4 ranks then 2 on job 1: losses {:.4} then {:.4}, {chunks} chunks, {bytes} bytes",
+        four[0].loss, two[0].loss
+    );
     let (ok, _) = sw.stop();
     assert!(ok, "{}", sw.log_text());
 }
