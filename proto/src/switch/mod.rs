@@ -621,7 +621,6 @@ impl JobTable {
     /// (docs/PROTOCOL.md, "Elastic jobs"). On success returns the old
     /// data-path half, on failure the new one: drop either outside the
     /// table lock (it holds the pool). The reservation is settled either way.
-    #[allow(clippy::result_large_err)]
     pub fn resize(
         &mut self,
         r: ResizeReservation,
