@@ -372,3 +372,65 @@ fn a_mac_job_resizes_and_its_new_members_get_sessions() {
     }
     assert!(job.session_key(2).is_none(), "rank 2 is gone");
 }
+
+/// Resizes while two dataplane threads feed the fast path: the table takes
+/// the resize only between chunks (Busy otherwise), nothing panics or
+/// blocks, the threads' later DATA is handed to the table (Slow: the new
+/// job is joining), and the resized job then sums exactly.
+#[test]
+fn a_resize_under_fast_path_traffic_swaps_the_engine_safely() {
+    let mut t = active_table(2, 8, 4);
+    let dp = t.data_path();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let resized = std::thread::scope(|sc| {
+        for rank in 0..2u16 {
+            let (dp, stop) = (&dp, &stop);
+            sc.spawn(move || {
+                let mut seq = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && seq < 200_000 {
+                    let (h, p) = data_message(rank, seq, &input(rank, seq), GEN);
+                    match dp.on_datagram(rank as usize, &frame(&h, &p), &endpoint(rank), false) {
+                        // The partner may lag: resend until this seq is done.
+                        Fast::Done(DataOutcome::Dropped(_)) => continue,
+                        Fast::Slow => return,
+                        _ => seq += 1,
+                    }
+                }
+            });
+        }
+        let mut busy = 0u32;
+        let resized = loop {
+            match t.resize_job(5, 3) {
+                Ok(true) => break true,
+                Err(ResizeError::Busy { .. }) => busy += 1,
+                other => panic!("{other:?}"),
+            }
+            if busy > 100_000 {
+                break false;
+            }
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        resized
+    });
+    if !resized {
+        // Every try landed mid-chunk (the window keeps chunks in flight):
+        // the threads stopped, possibly one rank ahead of the other. The
+        // lagging rank finishes what is open; then the resize goes.
+        while let Some(seq) = t.get(5).unwrap().aggregating() {
+            let mut missing = Vec::new();
+            t.get(5)
+                .unwrap()
+                .core()
+                .engine
+                .missing(seq, |r| missing.push(r));
+            for r in missing {
+                data(&mut t, r, seq, &input(r, seq));
+            }
+        }
+        assert_eq!(t.resize_job(5, 3), Ok(true));
+    }
+    let job = t.get(5).unwrap();
+    assert_eq!((job.state(), job.n_workers()), (JobState::Joining, 3));
+    let (c, s) = rejoin_all(&mut t, 3);
+    all_reduce_chunk(&mut t, 3, s, c);
+}
