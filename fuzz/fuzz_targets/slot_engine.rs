@@ -1557,12 +1557,24 @@ impl Harness {
                 let join_dtype = (h.msg_type == MsgType::Join)
                     .then(|| bytes.get(HEADER_LEN + 2).copied())
                     .flatten();
-                let why = match join_dtype {
-                    Some(d) if r == NackReason::ParametersDiffer && d != DTYPE_F32 => {
+                // Else one whose n_workers (payload bytes 0..2) is not the
+                // job's is logged naming both counts.
+                let join_n = (h.msg_type == MsgType::Join)
+                    .then(|| bytes.get(HEADER_LEN..HEADER_LEN + 2))
+                    .flatten()
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]));
+                let job_n = self.models.get(&h.job).map(|m| m.n());
+                let why = match (join_dtype, join_n, job_n) {
+                    (Some(d), _, _) if r == NackReason::ParametersDiffer && d != DTYPE_F32 => {
                         Refusal::DtypeDiffers {
                             job: wire::Dtype::F32,
                             join: d,
                         }
+                    }
+                    (_, Some(join), Some(job))
+                        if r == NackReason::ParametersDiffer && join != job =>
+                    {
+                        Refusal::WorkersDiffer { job, join }
                     }
                     _ => Refusal::Nack(r),
                 };

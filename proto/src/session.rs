@@ -1204,6 +1204,50 @@ mod tests {
         assert!(s.handle_timeout(stall + ms(1)).is_none());
     }
 
+    /// A job resized while a worker of the old size waits mid-collective
+    /// (docs/PROTOCOL.md, "Elastic jobs"): its HEARTBEAT gets the
+    /// authenticated NACK 6, it joins again, and its JOIN (the old n) is
+    /// refused for good with NACK 5, which the worker reports; a worker of
+    /// the new size joins and continues the seqs.
+    #[test]
+    fn a_worker_of_the_old_size_is_refused_after_a_resize() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        join(&mut s, &mut t, (0, 0), t0);
+        assert_eq!(t.resize_job(JOB, 2), Ok(true));
+        s.track(0, 7, Some(t0));
+        let t1 = t0 + HEARTBEAT_EVERY;
+        assert!(s.handle_timeout(t1).is_none());
+        let nack6 = exchange(&mut s, &mut t, t1);
+        match &feed(&mut s, &nack6, t1)[..] {
+            [Event::SessionLost(Lost::Nack(NackReason::JobNotActive))] => {}
+            other => panic!("{other:?}"),
+        }
+        s.start_join(0, 7, t1);
+        let ch = exchange(&mut s, &mut t, t1);
+        assert!(feed(&mut s, &ch, t1).is_empty());
+        let refusal = exchange(&mut s, &mut t, t1);
+        match &feed(&mut s, &refusal, t1)[..] {
+            [Event::Failed(SessionError::Refused(NackReason::ParametersDiffer))] => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(s.is_failed());
+        // Workers of the new size: a fresh start resumes where it stopped.
+        let mut fresh: Vec<WorkerSession> = (0..2).map(|r| session(r, 2)).collect();
+        let mut acks = Vec::new();
+        for f in &mut fresh {
+            f.start_join(0, 0, t1);
+            let ch = exchange(f, &mut t, t1);
+            feed(f, &ch, t1);
+            acks = exchange(f, &mut t, t1);
+        }
+        assert_eq!(acks.len(), 2, "a JOIN_ACK to each rank once both joined");
+        let ev = feed(&mut fresh[0], &acks[..1], t1);
+        let j = joined(&ev).expect("joined the resized job");
+        assert_eq!((j.collective, j.seq), (0, 0), "nothing completed before");
+    }
+
     /// A RESULT reaches the collective only under the session's generation,
     /// with exactly `count` values and, in a mac job, a tag that verifies.
     #[test]

@@ -62,6 +62,9 @@ pub enum AdminRequest {
     AddJob { job: JobSection },
     /// Remove a job; its workers get NACK 1 and fail.
     RemoveJob { id: u16 },
+    /// Change a job's worker count between collectives (docs/PROTOCOL.md,
+    /// "Elastic jobs").
+    ResizeJob { id: u16, n_workers: u16 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use proto::switch::{Event, JobConfig, JobConfigError, JobTable, RefusalSample, REFUSAL_KINDS};
+use proto::switch::{
+    Event, JobConfig, JobConfigError, JobTable, RefusalSample, ResizeError, REFUSAL_KINDS,
+};
 
 use crate::admin::{AdminCall, AdminReply, AdminRequest};
 use crate::dataplane::Shared;
@@ -312,6 +314,44 @@ impl<'a> ControlPlane<'a> {
                     None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
                 }
             }
+            AdminRequest::ResizeJob { id, n_workers } => {
+                match resize_job(self.shared, id, n_workers) {
+                    Ok(resized) => AdminReply::ok(serde_json::json!({
+                        "resized": id,
+                        "n_workers": n_workers,
+                        "changed": resized,
+                    })),
+                    Err(e) => AdminReply::err(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+/// Changes job `id`'s worker count to `n`: checked and charged under the
+/// table lock, the new pool allocated without it, swapped in under it if
+/// the job is still between collectives; whichever pool is let go is freed
+/// with the lock released. False: the job had `n` workers already.
+pub fn resize_job(shared: &Shared, id: u16, n: u16) -> Result<bool, ResizeError> {
+    let Some(r) = shared.table().reserve_resize(id, n)? else {
+        return Ok(false);
+    };
+    let built = match r.build() {
+        Ok(b) => b,
+        Err(e) => {
+            shared.table().release_resize(r);
+            return Err(e.into());
+        }
+    };
+    let swapped = shared.table().resize(r, built);
+    match swapped {
+        Ok(old) => {
+            drop(old);
+            Ok(true)
+        }
+        Err((e, new)) => {
+            drop(new);
+            Err(e)
         }
     }
 }
@@ -361,6 +401,19 @@ fn log_event(e: Event) {
             resume_collective = resume.0,
             resume_seq = resume.1,
             "job active: every rank joined"
+        ),
+        Event::JobResized {
+            job,
+            from,
+            to,
+            resume,
+        } => tracing::info!(
+            job,
+            from,
+            to,
+            resume_collective = resume.0,
+            resume_seq = resume.1,
+            "job resized: every rank joins again with the new worker count"
         ),
         Event::JobReset { job, rank } => tracing::info!(
             job,

@@ -233,7 +233,12 @@ fn refusal_hint(reason: &NackReason, n_workers: u16, dtype: Dtype) -> String {
     match reason {
         NackReason::ParametersDiffer => format!(
             "; this worker joined with n_workers {n_workers}, dtype {dtype}, op sum: match the \
-             job's declaration (switchctl jobs shows its dtype)"
+             job's declaration (switchctl jobs shows its n_workers and dtype; a job resized \
+             with switchctl job resize takes workers of its new size only)"
+        ),
+        NackReason::RankOutOfRange => format!(
+            "; this worker joined as one of {n_workers}: the job has fewer ranks (switchctl \
+             jobs shows its n_workers; it may have been resized)"
         ),
         _ => String::new(),
     }

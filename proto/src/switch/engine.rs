@@ -510,6 +510,22 @@ impl SlotEngine {
         split(self.word.load(Ordering::Acquire)).0
     }
 
+    /// The oldest seq of the current activation that is aggregating (some
+    /// rank's DATA taken, not yet complete), if any: `None` means the job
+    /// is between collectives as far as the switch can see (what a resize
+    /// waits for). Locks each slot's meta in turn: control path only.
+    pub fn aggregating(&self) -> Option<u32> {
+        let epoch = self.epoch();
+        let floor = self.floor();
+        self.slots
+            .iter()
+            .filter_map(|s| {
+                let m = lock(&s.meta);
+                m.agg.filter(|_| m.epoch == epoch).map(|a| a.seq)
+            })
+            .min_by_key(|seq| seq.wrapping_sub(floor))
+    }
+
     /// A new activation: every slot empty, floor = `floor`. Contributions
     /// that began before it are discarded; it never waits for them.
     pub fn reset(&self, floor: u32) {

@@ -44,6 +44,13 @@
 //!   leaf nor a spine (a job whose member joined with `UPSTREAM`); those
 //!   answer such DATA from the bound member with NACK 10, rate-limited like
 //!   every NACK, and never let it reach a slot.
+//! * A resize ([`Job::apply_resize`], docs/PROTOCOL.md, "Elastic jobs")
+//!   swaps in a new slot engine for the new n: no shadow of the old
+//!   membership can answer a DATA of the new one. It clears the members
+//!   (the job joins again) and keeps the ranks' bindings and accepted
+//!   serials, so a former member, even of a rank the new n no longer has,
+//!   hears an authenticated NACK 6 and old JOINs stay replays; ranks the
+//!   old n did not have take only nonces issued after the resize.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -130,6 +137,29 @@ impl std::fmt::Debug for Bound {
             .field("key", &"<redacted>")
             .field("left", &self.left)
             .finish()
+    }
+}
+
+/// A job's slot pool and rank tables for a new worker count, allocated
+/// before they are swapped in ([`Job::try_resized`], [`Job::apply_resize`]).
+#[derive(Debug)]
+pub struct Resized {
+    core: Arc<JobCore>,
+    members: Vec<Option<Member>>,
+    accepted_serial: Vec<u64>,
+    bound: Vec<Option<Bound>>,
+    data_keys: Option<Vec<Option<PacketKey>>>,
+}
+
+impl Resized {
+    /// The worker count it was made for.
+    pub fn n_workers(&self) -> u16 {
+        self.members.len() as u16
+    }
+
+    /// Its data-path half (the pool), to be dropped where it costs nothing.
+    pub fn into_core(self) -> Arc<JobCore> {
+        self.core
     }
 }
 
@@ -260,6 +290,10 @@ pub struct Job {
     joined: u16,
     pub(super) resume_collective: u32,
     pub(super) resume_seq: u32,
+    /// Set by a resize: the point the old members stopped at. The next
+    /// activation resumes there unless a member reports a later point
+    /// (fresh workers report (0, 0)), so seq numbering continues.
+    resize_point: Option<(u32, u32)>,
     /// What the data path shares: the slot engine (window, floor, sums),
     /// the admission snapshot and the data-path counters.
     pub(super) core: Arc<JobCore>,
@@ -361,6 +395,7 @@ impl Job {
             joined: 0,
             resume_collective: 0,
             resume_seq: 0,
+            resize_point: None,
             core,
             uplink,
             up_timers,
@@ -649,7 +684,146 @@ impl Job {
             && (0..behind).all(|i| self.result(seq.wrapping_add(i)).is_some())
     }
 
+    /// Where the members stopped: the floor, in the collective after the
+    /// newest completed chunk's (or the activation's resume point when no
+    /// chunk completed since).
+    fn stopped_at(&self) -> (u32, u32) {
+        let floor = self.floor();
+        match self.core.engine.shadow(floor.wrapping_sub(1)) {
+            Some(sh) if floor != self.resume_seq => (sh.collective.wrapping_add(1), floor),
+            _ => (self.resume_collective, floor),
+        }
+    }
+
+    /// The oldest seq aggregating now, if any: a resize waits until there
+    /// is none (docs/PROTOCOL.md, "Elastic jobs").
+    pub fn aggregating(&self) -> Option<u32> {
+        match self.state {
+            JobState::Active => self.core.engine.aggregating(),
+            JobState::Joining => None,
+        }
+    }
+
+    /// Allocates the slot pool and rank tables of `config`'s job for `n`
+    /// workers (fallibly, outside the table lock); `old_ranks` is how many
+    /// rank bindings the job keeps now ([`Job::bound_ranks`]).
+    pub fn try_resized(
+        config: &JobConfig,
+        n: u16,
+        old_ranks: usize,
+    ) -> Result<Resized, JobConfigError> {
+        let mut resized_config = config.clone();
+        resized_config.n_workers = n;
+        let oom = JobConfigError::OutOfMemory {
+            id: config.id,
+            need: resized_config.pool_bytes(),
+        };
+        let engine = SlotEngine::try_new(
+            config.pool_slots,
+            n,
+            config.elems_per_chunk,
+            config.dtype,
+            config.upstream.is_some(),
+            config.window.min(config.pool_slots),
+        )
+        .map_err(|_| oom.clone())?;
+        let core = Arc::new(JobCore::new(
+            config.id,
+            config.dtype,
+            config.elems_per_chunk,
+            config.auth == AuthMode::Mac,
+            engine,
+        ));
+        let n = n as usize;
+        let mut members = Vec::new();
+        members.try_reserve_exact(n).map_err(|_| oom.clone())?;
+        members.resize(n, None);
+        let mut accepted_serial = Vec::new();
+        accepted_serial
+            .try_reserve_exact(n)
+            .map_err(|_| oom.clone())?;
+        accepted_serial.resize(n, 0);
+        let ranks = n.max(old_ranks);
+        let mut bound = Vec::new();
+        bound.try_reserve_exact(ranks).map_err(|_| oom.clone())?;
+        bound.resize(ranks, None);
+        let data_keys = match config.auth {
+            AuthMode::Port => None,
+            AuthMode::Mac => {
+                let mut k = Vec::new();
+                k.try_reserve_exact(n).map_err(|_| oom)?;
+                k.resize(n, None);
+                Some(k)
+            }
+        };
+        Ok(Resized {
+            core,
+            members,
+            accepted_serial,
+            bound,
+            data_keys,
+        })
+    }
+
+    /// Rank bindings kept (at least n; more after a resize down).
+    pub fn bound_ranks(&self) -> usize {
+        self.bound.len()
+    }
+
+    /// Swaps in `r` (made by [`Job::try_resized`] for this job): the job
+    /// now has `r`'s n workers and is joining, to resume where its members
+    /// stopped. `min_serial` is the issuer's next serial: ranks the old n
+    /// did not have take no nonce issued before. Returns the old data-path
+    /// half, to be dropped outside the table lock. The caller checked that
+    /// nothing is aggregating ([`Job::aggregating`]); a DATA that the data
+    /// path takes meanwhile goes into the old engine and is discarded, as
+    /// on any reset.
+    pub fn apply_resize(&mut self, r: Resized, min_serial: u64) -> Arc<JobCore> {
+        let stopped = match self.state {
+            JobState::Active => self.stopped_at(),
+            JobState::Joining => (self.resume_collective, self.resume_seq),
+        };
+        let Resized {
+            core,
+            members,
+            mut accepted_serial,
+            mut bound,
+            data_keys,
+        } = r;
+        let n = members.len();
+        let keep = n.min(self.accepted_serial.len());
+        accepted_serial[..keep].copy_from_slice(&self.accepted_serial[..keep]);
+        accepted_serial[keep..].fill(min_serial);
+        for (b, old) in bound.iter_mut().zip(&self.bound) {
+            *b = *old;
+        }
+        if let (Some(m), Some(keys)) = (&mut self.mac, data_keys) {
+            m.data_keys = keys;
+            m.result_key = None;
+            m.result_tags.iter_mut().for_each(|t| *t = None);
+        }
+        core.engine.set_window(self.window());
+        core.engine.reset(stopped.1);
+        // The old engine's counts stay the job's; its fan-out names nobody.
+        self.core.add_counts(&mut self.ctl, &mut self.ctl_drops);
+        self.core.admit(Admission::default());
+        let old = std::mem::replace(&mut self.core, core);
+        self.members = members;
+        self.accepted_serial = accepted_serial;
+        self.bound = bound;
+        self.config.n_workers = n as u16;
+        self.state = JobState::Joining;
+        self.joined = 0;
+        (self.resume_collective, self.resume_seq) = stopped;
+        self.resize_point = Some(stopped);
+        self.publish_admission();
+        old
+    }
+
     fn reset_to_joining(&mut self) {
+        // While joining, the resume point is where the members stopped (a
+        // resize starts the next members there).
+        (self.resume_collective, self.resume_seq) = self.stopped_at();
         self.state = JobState::Joining;
         self.members.iter_mut().for_each(|m| *m = None);
         self.joined = 0;
@@ -834,7 +1008,14 @@ impl Job {
                 Some(l) => l,
             });
         }
-        let (c, s) = lowest.unwrap_or((0, 0));
+        let (mut c, mut s) = lowest.unwrap_or((0, 0));
+        // After a resize, fresh workers (at (0, 0)) continue where the old
+        // members stopped.
+        if let Some((rc, rs)) = self.resize_point.take() {
+            if serial_lt(c, rc) || (c == rc && serial_lt(s, rs)) {
+                (c, s) = (rc, rs);
+            }
+        }
         self.resume_collective = c;
         self.resume_seq = s;
         self.core.engine.reset(s);
@@ -907,7 +1088,9 @@ impl Job {
         if let Some(r) = mismatch {
             return Some(self.drop(r));
         }
-        if self.state != JobState::Active {
+        // A bound rank the job no longer has (it was resized down) is a
+        // former member: told to join again, it learns its rank is gone.
+        if self.state != JobState::Active || hdr.rank >= self.config.n_workers {
             return Some(self.nack(DropReason::NotActive, NackReason::JobNotActive));
         }
         None

@@ -76,7 +76,7 @@ pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, SpineCounters, TableCounters, MALFORMED_KINDS,
 };
 pub use datapath::{DataPath, Fast, JobCore};
-pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, ResultView};
+pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
 pub use uplink::{SpineAddr, Upstream};
 
@@ -149,6 +149,12 @@ pub enum Refusal {
         job: wire::Dtype,
         join: u8,
     },
+    /// NACK 5 because the JOIN's n_workers is not the job's (a worker of
+    /// the size before a resize, or a resize not made yet).
+    WorkersDiffer {
+        job: u16,
+        join: u16,
+    },
     /// A JOIN with a nonce older than the rank's accepted one.
     Replayed,
     /// A JOIN of another protocol version.
@@ -165,6 +171,7 @@ impl Refusal {
             Refusal::Replayed => 0,
             Refusal::Nack(r) => (r as usize).min(REFUSAL_KINDS - 2),
             Refusal::DtypeDiffers { .. } => NackReason::ParametersDiffer as usize,
+            Refusal::WorkersDiffer { .. } => NackReason::ParametersDiffer as usize,
             Refusal::Version(_) => REFUSAL_KINDS - 1,
         }
     }
@@ -188,6 +195,12 @@ impl std::fmt::Display for Refusal {
                 "{}: the JOIN asks for dtype {}, the job is declared {job}",
                 NackReason::ParametersDiffer,
                 wire::Dtype::describe(*join)
+            ),
+            Refusal::WorkersDiffer { job, join } => write!(
+                f,
+                "{}: the JOIN names n_workers {join}, the job has {job} (start the workers \
+                 with world size {job}, or resize the job: switchctl job resize JOB {join})",
+                NackReason::ParametersDiffer
             ),
             Refusal::Replayed => {
                 f.write_str("replayed JOIN (nonce older than the rank's accepted one)")
@@ -219,6 +232,14 @@ pub enum Event {
     },
     /// An active job went back to joining: `rank` joined anew.
     JobReset { job: u16, rank: u16 },
+    /// The job's worker count changed (`switchctl job resize`): it joins
+    /// again with `to` ranks and resumes at `resume`.
+    JobResized {
+        job: u16,
+        from: u16,
+        to: u16,
+        resume: (u32, u32),
+    },
     /// A leaf's partial has waited for spine `spine` (tree `tree`), which
     /// has said nothing for `silent`: dead or unreachable.
     SpineSilent {
@@ -286,6 +307,83 @@ impl Reservation {
     /// Allocates the job, outside any lock the caller holds on the table.
     pub fn build(&self, config: JobConfig) -> Result<Job, JobConfigError> {
         Job::try_new(config, self.min_serial, self.nonce_key)
+    }
+}
+
+/// Why `switchctl job resize` is refused (docs/PROTOCOL.md, "Elastic jobs").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResizeError {
+    #[error("no job {0} (switchctl jobs lists them)")]
+    UnknownJob(u16),
+    #[error(
+        "job {0}: cannot resize to 0 workers, a job needs at least 1 (to end the job: \
+         switchctl job rm {0})"
+    )]
+    NoWorkers(u16),
+    #[error(
+        "job {0} is a leaf of an aggregation tree: resizing a tree's job is not supported; \
+         remove the job and declare it again, with the new worker count, on every switch of \
+         the tree"
+    )]
+    Leaf(u16),
+    #[error(
+        "job {0} is a spine's (its members are leaf switches): its n is the tree's leaf \
+         count, which a resize cannot change; remove the job and declare it again on every \
+         switch of the tree"
+    )]
+    Spine(u16),
+    #[error(
+        "job {id} is in the middle of a collective (seq {seq} is aggregating): a resize \
+         happens between collectives; let the workers finish the collective (or stop them), \
+         then run switchctl job resize again"
+    )]
+    Busy { id: u16, seq: u32 },
+    #[error(
+        "job {id}: resizing to {n} workers needs a new slot pool of {} while the old one ({}) \
+         is still allocated, but the switch's pool memory budget is {} with {} in use; \
+         remove a job, or raise [switch] pool_memory_mib",
+        human_bytes(*need), human_bytes(*old), human_bytes(*budget), human_bytes(*in_use)
+    )]
+    OverBudget {
+        id: u16,
+        n: u16,
+        need: u64,
+        old: u64,
+        budget: u64,
+        in_use: u64,
+    },
+    #[error(
+        "job {0} changed while its new pool was allocated (removed, or resized by another \
+         call): run switchctl job resize again"
+    )]
+    Changed(u16),
+    #[error(transparent)]
+    Alloc(#[from] JobConfigError),
+}
+
+/// A resize's new pool, charged against the budget before it is allocated
+/// ([`JobTable::reserve_resize`]).
+#[derive(Debug)]
+#[must_use = "apply the resize or release the reservation"]
+pub struct ResizeReservation {
+    id: u16,
+    from: u16,
+    n: u16,
+    bytes: u64,
+    config: JobConfig,
+    old_ranks: usize,
+}
+
+impl ResizeReservation {
+    /// Allocates the new pool, outside any lock the caller holds on the
+    /// table.
+    pub fn build(&self) -> Result<Resized, JobConfigError> {
+        Job::try_resized(&self.config, self.n, self.old_ranks)
+    }
+
+    /// The worker count it resizes to.
+    pub fn n_workers(&self) -> u16 {
+        self.n
     }
 }
 
@@ -459,6 +557,119 @@ impl JobTable {
         self.pool_in_use -= job.config.pool_bytes();
         self.removed.insert(id, job.config.allowed_sources.clone());
         Some(job)
+    }
+
+    /// Checks a resize of job `id` to `n` workers and charges its new pool
+    /// against the budget (the old one stays allocated until the swap).
+    /// Cheap: call it under the table's lock, then
+    /// [`ResizeReservation::build`] outside it, then [`JobTable::resize`]
+    /// (or [`JobTable::release_resize`]). `Ok(None)`: the job has `n`
+    /// workers already, nothing to do.
+    pub fn reserve_resize(
+        &mut self,
+        id: u16,
+        n: u16,
+    ) -> Result<Option<ResizeReservation>, ResizeError> {
+        let job = self.jobs.get(&id).ok_or(ResizeError::UnknownJob(id))?;
+        if n == 0 {
+            return Err(ResizeError::NoWorkers(id));
+        }
+        if job.uplink().is_some() {
+            return Err(ResizeError::Leaf(id));
+        }
+        if !job.serves_kinds() {
+            return Err(ResizeError::Spine(id));
+        }
+        if n == job.n_workers() {
+            return Ok(None);
+        }
+        if let Some(seq) = job.aggregating() {
+            return Err(ResizeError::Busy { id, seq });
+        }
+        let mut config = job.config.clone();
+        config.n_workers = n;
+        let need = config.pool_bytes();
+        if need > self.pool_budget.saturating_sub(self.pool_in_use) {
+            return Err(ResizeError::OverBudget {
+                id,
+                n,
+                need,
+                old: job.config.pool_bytes(),
+                budget: self.pool_budget,
+                in_use: self.pool_in_use,
+            });
+        }
+        self.pool_in_use += need;
+        Ok(Some(ResizeReservation {
+            id,
+            from: job.n_workers(),
+            n,
+            bytes: need,
+            old_ranks: job.bound_ranks(),
+            config,
+        }))
+    }
+
+    /// Gives back a resize reservation that was not applied.
+    pub fn release_resize(&mut self, r: ResizeReservation) {
+        self.pool_in_use -= r.bytes;
+    }
+
+    /// Applies a resize reserved by [`JobTable::reserve_resize`] with the
+    /// pool `built` from it, if the job is still between collectives: it
+    /// joins again with the new n and resumes where its members stopped
+    /// (docs/PROTOCOL.md, "Elastic jobs"). On success returns the old
+    /// data-path half, on failure the new one: drop either outside the
+    /// table lock (it holds the pool). The reservation is settled either way.
+    pub fn resize(
+        &mut self,
+        r: ResizeReservation,
+        built: Resized,
+    ) -> Result<Arc<JobCore>, (ResizeError, Arc<JobCore>)> {
+        let id = r.id;
+        let refusal = match self.jobs.get(&id) {
+            None => Some(ResizeError::Changed(id)),
+            Some(j) if j.n_workers() != r.from || built.n_workers() != r.n => {
+                Some(ResizeError::Changed(id))
+            }
+            Some(j) => j.aggregating().map(|seq| ResizeError::Busy { id, seq }),
+        };
+        if let Some(e) = refusal {
+            self.release_resize(r);
+            return Err((e, built.into_core()));
+        }
+        let min_serial = self.issuer.next_serial();
+        let Some(job) = self.jobs.get_mut(&id) else {
+            self.release_resize(r);
+            return Err((ResizeError::Changed(id), built.into_core()));
+        };
+        let old_bytes = job.config.pool_bytes();
+        let old = job.apply_resize(built, min_serial);
+        let resume = job.resume_point();
+        self.pool_in_use -= old_bytes;
+        self.publish_jobs();
+        self.event(Event::JobResized {
+            job: id,
+            from: r.from,
+            to: r.n,
+            resume,
+        });
+        Ok(old)
+    }
+
+    /// Resizes job `id` to `n` workers: reserve, build and apply in one
+    /// (for callers with no lock to keep short). False: it had `n` already.
+    pub fn resize_job(&mut self, id: u16, n: u16) -> Result<bool, ResizeError> {
+        let Some(r) = self.reserve_resize(id, n)? else {
+            return Ok(false);
+        };
+        match r.build() {
+            Ok(built) => self.resize(r, built).map(|_| true).map_err(|(e, _)| e),
+            Err(e) => {
+                self.release_resize(r);
+                Err(e.into())
+            }
+        }
     }
 
     pub fn get(&self, id: u16) -> Option<&Job> {
@@ -810,6 +1021,7 @@ impl JobTable {
         };
         let resets = job.ctl.resets;
         let job_dtype = job.config.dtype;
+        let job_n = job.n_workers();
         let outcome = job.on_join(hdr, &join, from, &cx);
         let reset = job.ctl.resets != resets;
         let (n, joined, resume) = (job.n_workers(), job.joined_ranks(), job.resume_point());
@@ -825,6 +1037,12 @@ impl JobTable {
                         Refusal::DtypeDiffers {
                             job: job_dtype,
                             join: join.dtype,
+                        }
+                    }
+                    NackReason::ParametersDiffer if join.n_workers != job_n => {
+                        Refusal::WorkersDiffer {
+                            job: job_n,
+                            join: join.n_workers,
                         }
                     }
                     _ => Refusal::Nack(reason),

@@ -886,6 +886,7 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
 
 mod auth_mac;
 mod dtypes;
+mod elastic;
 mod kinds;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).

@@ -42,7 +42,7 @@ struct Cli {
 enum Cmd {
     /// List the jobs and their state.
     Jobs,
-    /// Add or remove a job.
+    /// Add, remove or resize a job.
     Job {
         #[command(subcommand)]
         cmd: JobCmd,
@@ -112,6 +112,10 @@ enum JobCmd {
     },
     /// Remove a job: frees its memory; its workers fail with "unknown job".
     Rm { id: u16 },
+    /// Change a job's worker count between collectives: the job joins again
+    /// with N ranks and resumes where its workers stopped (start the
+    /// workers with the new world size).
+    Resize { id: u16, n_workers: u16 },
 }
 
 /// `name value` for every counter of `schema` that is non-zero in `v`,
@@ -281,6 +285,9 @@ fn run() -> Result<()> {
             cmd: JobCmd::Rm { id },
         } => AdminRequest::RemoveJob { id },
         Cmd::Job {
+            cmd: JobCmd::Resize { id, n_workers },
+        } => AdminRequest::ResizeJob { id, n_workers },
+        Cmd::Job {
             cmd:
                 JobCmd::Add {
                     id,
@@ -426,6 +433,16 @@ fn run() -> Result<()> {
         }
         AdminRequest::AddJob { job } => println!("job {} added", job.id),
         AdminRequest::RemoveJob { id } => println!("job {id} removed"),
+        AdminRequest::ResizeJob { id, n_workers } => {
+            if reply.data["changed"].as_bool() == Some(false) {
+                println!("job {id} has {n_workers} workers already");
+            } else {
+                println!(
+                    "job {id} resized to {n_workers} workers: it joins again, start its \
+                     {n_workers} workers with that world size"
+                );
+            }
+        }
     }
     Ok(())
 }
