@@ -143,8 +143,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PREFIX=bench
 readonly WORKERS=4
-readonly SWITCH_ADDR=198.18.0.1
-readonly WORKER_BASE=10
+# The switch's address, from the testbed in use (tb switch_addr).
+SWITCH_ADDR=""
 readonly AGG_PORT=48879
 readonly JOB_ID=1
 readonly POOL_SLOTS=256
@@ -512,29 +512,19 @@ fi
 # rate_switchd MODE THREADS: start switchd on the rate testbed.
 rate_switchd() {
     local mode="$1" threads="$2" cfg="$RATES/switchd-$1-t$2.toml" n deadline
-    {
-        echo "# Written by scripts/bench.sh (rate section)."
-        echo "[switch]"
-        echo 'ports = ["sw-w0"]'
-        echo "addresses = [\"$SWITCH_ADDR\"]"
-        echo "agg_port = $AGG_PORT"
-        echo "queues = $RATE_QUEUES"
-        echo "dataplane_threads = $threads"
-        echo "pin_threads = true"
-        echo "mode = \"$mode\""
-        echo "summary_interval_secs = 1"
-        echo "admin_socket = \"$RATES/switchd.sock\""
-        for n in "${RATE_RANKS[@]}"; do
-            echo
-            echo "[[job]]"
-            echo "id = $n"
-            echo "n_workers = $n"
-            echo 'allowed_sources = ["198.18.0.0/24"]'
-            echo "secret = \"$SECRET\""
-            echo "pool_slots = $POOL_SLOTS"
-        done
-    } >"$cfg"
-    chmod 600 "$cfg"
+    local -a jobs=()
+    for n in "${RATE_RANKS[@]}"; do
+        # One generator plays all n ranks of job n, from the testbed's subnet.
+        jobs+=(--job "$n:all:env:AGGSWITCH_TESTBED_SECRET" --set "job.$n.n_workers=$n"
+            --set "job.$n.pool_slots=$POOL_SLOTS")
+    done
+    AGGSWITCH_TESTBED_SECRET="$SECRET" "$SWITCHD" testbed-config --env "$TESTBED_ENV" \
+        --out "$cfg" --writer "scripts/bench.sh (rate section)" "${jobs[@]}" \
+        --set "switch.agg_port=$AGG_PORT" --set "switch.queues=$RATE_QUEUES" \
+        --set "switch.dataplane_threads=$threads" --set switch.pin_threads=true \
+        --set "switch.mode=$mode" --set switch.summary_interval_secs=1.0 \
+        --set "switch.admin_socket=\"$RATES/switchd.sock\"" ||
+        die "switchd testbed-config failed for $cfg"
     start_switchd "$RATE_PREFIX-sw" "$SWITCHD" "$RATES/switchd-$mode-t$threads.log" \
         run --config "$cfg"
     RATE_SWITCHD_PID=$SWITCHD_PID
@@ -644,8 +634,9 @@ run_rates() {
     mkdir -p "$RATES"
     log "[rates] testbed '$RATE_PREFIX' ($RATE_QUEUES queues), $RATE_SECONDS s x $RATE_REPEATS per measurement; generator on CPU ${GEN_CPU:-any}, switchd thread 0 on CPU 0"
     RATE_TESTBED_MADE=1
-    bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$RATE_PREFIX" --workers 1 \
-        --queues "$RATE_QUEUES" >"$RATES/testbed.log" 2>&1
+    testbed_up "$RATES/testbed.env" --prefix "$RATE_PREFIX" --workers 1 \
+        --queues "$RATE_QUEUES" 2>"$RATES/testbed.log"
+    SWITCH_ADDR="$(tb switch_addr)"
     RATE_LOAD_START="$(cut -d" " -f1 /proc/loadavg)"
 
     rate_switchd xdp-drop 1
@@ -772,20 +763,20 @@ fi
 
 # --- testbed, config, ssh stand-in --------------------------------------------------
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log"
+testbed_up "$RUN/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" 2>"$RUN/testbed.log"
+SWITCH_ADDR="$(tb switch_addr)"
 
 SECRET="$(random_secret)"
 readonly SECRET
 
 CFG="$RUN/switchd.toml"
-# (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
-write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
+write_testbed_switchd_config "$CFG" "scripts/bench.sh" "$WORKERS" "$SECRET"
 
 HOSTFILE="$RUN/hostfile"
 RSH="$RUN/netns-ssh.sh"
 if [[ "$CORES_ONLY" -eq 0 ]]; then
     MPI_TMP="$(mktemp -d /tmp/bench-mpi.XXXXXX)"
-    write_mpi_hosts "$PREFIX" "$WORKERS" "$WORKER_BASE" "$HOSTFILE" "$RSH" "$MPI_TMP"
+    write_mpi_hosts "$WORKERS" "$HOSTFILE" "$RSH" "$MPI_TMP"
 fi
 
 # --- measurements -------------------------------------------------------------------
@@ -923,7 +914,7 @@ run_gloo() {
     log "[$LINK] gloo all-reduce ($tag): $WORKERS ranks x $MIB MiB, 1 warm-up + $REPEATS timed"
     for ((r = 0; r < WORKERS; r++)); do
         ip netns exec "$PREFIX-w$r" env RANK="$r" WORLD_SIZE="$WORKERS" \
-            MASTER_ADDR="198.18.0.$WORKER_BASE" MASTER_PORT="$GLOO_PORT" \
+            MASTER_ADDR="$(tb worker_0_addr)" MASTER_PORT="$GLOO_PORT" \
             GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
             "$VENV_PYTHON" "$REPO_ROOT/bench/gloo_allreduce.py" "$ELEMENTS" "$REPEATS" \
             >"$OUT/$tag-rank$r.out" 2>"$OUT/$tag-rank$r.log" &
@@ -1024,7 +1015,7 @@ measure() {
     up="$IPERF_RESULT"
     iperf down "$PREFIX-sw" "$SWITCH_ADDR" "$PREFIX-w0" -R
     down="$IPERF_RESULT"
-    iperf w2w "$PREFIX-w1" "198.18.0.$((WORKER_BASE + 1))" "$PREFIX-w0"
+    iperf w2w "$PREFIX-w1" "$(tb worker_1_addr)" "$PREFIX-w0"
     w2w="$IPERF_RESULT"
     run_mpi mpi
     set_worker_tx on
@@ -1074,10 +1065,11 @@ run_threads() {
     mkdir -p "$THREADS_DIR"
     for t in "${THREADS[@]}"; do
         stop_ns_leftovers
-        bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
-            --mtu "$MTU" --queues "$t" --queue-per-worker >"$THREADS_DIR/testbed-t$t.log"
+        testbed_up "$THREADS_DIR/testbed-t$t.env" --prefix "$PREFIX" --workers "$WORKERS" \
+            --mtu "$MTU" --queues "$t" --queue-per-worker 2>"$THREADS_DIR/testbed-t$t.log"
+        SWITCH_ADDR="$(tb switch_addr)"
         CFG="$THREADS_DIR/switchd-t$t.toml"
-        write_testbed_switchd_config "$CFG" "scripts/bench.sh for testbed '$PREFIX', $t thread(s)" \
+        write_testbed_switchd_config "$CFG" "scripts/bench.sh, $t thread(s)" \
             "$WORKERS" "$SECRET" "queues = $t" "dataplane_threads = $t"
         LINK="unlimited, $t thread(s)"
         OUT="$THREADS_DIR/t$t"

@@ -59,8 +59,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PREFIX=eff
 readonly WORKERS=4
-readonly WORKER_BASE=10
-readonly SWITCH_ADDR=198.18.0.1
+SWITCH_ADDR=""  # the testbed's (tb switch_addr), once it is up
 readonly GLOO_PORT=29517
 readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
@@ -223,23 +222,18 @@ job_of() {
     case "$1" in f32) echo 1 ;; bf16) echo 2 ;; f16) echo 3 ;; esac
 }
 
-# write_config FILE: switchd on the testbed, one job of 4 workers per dtype.
+# write_config FILE: switchd on the testbed, one job of every worker per
+# dtype (ids: job_of), written by `switchd testbed-config`.
 write_config() {
-    local file="$1" d
-    write_testbed_switchd_config "$file" "scripts/bench_efficiency.sh" "$WORKERS" "$SECRET"
+    local file="$1" d id
+    local -a jobs=()
     for d in "${DTYPE_LIST[@]}"; do
-        [[ "$d" == f32 ]] && continue
-        {
-            echo
-            echo "[[job]]"
-            echo "id = $(job_of "$d")"
-            echo "n_workers = $WORKERS"
-            echo 'allowed_sources = ["198.18.0.0/24"]'
-            echo "secret = \"$SECRET\""
-            echo "pool_slots = 256"
-            echo "dtype = \"$d\""
-        } >>"$file"
+        id="$(job_of "$d")"
+        jobs+=(--job "$id:all:env:AGGSWITCH_TESTBED_SECRET" --set "job.$id.dtype=$d")
     done
+    AGGSWITCH_TESTBED_SECRET="$SECRET" "$SWITCHD" testbed-config --env "$TESTBED_ENV" \
+        --out "$file" --writer "scripts/bench_efficiency.sh" "${jobs[@]}" ||
+        die "switchd testbed-config failed for $file"
 }
 
 # record DIR MTU LINK METHOD DTYPE TRANSPORT: one line of the run manifest.
@@ -290,7 +284,7 @@ run_peer() {
         gloo)
             for ((r = 0; r < WORKERS; r++)); do
                 ip netns exec "$PREFIX-w$r" env RANK="$r" WORLD_SIZE="$WORKERS" \
-                    MASTER_ADDR="198.18.0.$WORKER_BASE" MASTER_PORT="$GLOO_PORT" \
+                    MASTER_ADDR="$(tb worker_0_addr)" MASTER_PORT="$GLOO_PORT" \
                     GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
                     "$VENV_PYTHON" "$REPO_ROOT/bench/gloo_allreduce.py" "$ELEMENTS" "$REPEATS" \
                     >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
@@ -361,13 +355,14 @@ measure() {
 
 PROFILED_MTU="$(printf '%s\n' "${MTU_LIST[@]}" | sort -n | tail -n 1)"
 readonly PROFILED_MTU
-write_config "$RUN/switchd.toml"
 log "run $STAMP: $WORKERS workers, $MIB MiB, $REPEATS all-reduces per measurement; MTUs ${MTU_LIST[*]}; logs in $RUN"
 for mtu in "${MTU_LIST[@]}"; do
     TESTBED_MADE=1
-    bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$mtu" \
-        >"$RUN/testbed-mtu$mtu.log"
-    write_mpi_hosts "$PREFIX" "$WORKERS" "$WORKER_BASE" "$HOSTFILE" "$RSH" "$MPI_TMP"
+    testbed_up "$RUN/testbed-mtu$mtu.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$mtu" \
+        2>"$RUN/testbed-mtu$mtu.log"
+    SWITCH_ADDR="$(tb switch_addr)"
+    write_config "$RUN/switchd.toml"
+    write_mpi_hosts "$WORKERS" "$HOSTFILE" "$RSH" "$MPI_TMP"
     measure "$mtu" unlimited
     shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
     measure "$mtu" 1gbit

@@ -50,7 +50,6 @@ readonly PREFIX=fwd
 readonly SW_NS="$PREFIX-sw"
 readonly H0_NS="$PREFIX-h0"
 readonly H1_NS="$PREFIX-h1"
-readonly H1_ADDR=198.18.0.101
 readonly IPERF_PORT=5201
 readonly SOCKPERF_PORT=11111
 export READY_TIMEOUT=30  # read by start_switchd (lib.sh)
@@ -141,9 +140,9 @@ trap cleanup EXIT
 # Testbed and servers
 
 TESTBED_UP=1
-"$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers 1 --hosts 2 >/dev/null ||
-    die "testbed.sh up failed"
-PORTS='"sw-w0", "sw-h0", "sw-h1"'
+testbed_up "$WORK/testbed.env" --prefix "$PREFIX" --workers 1 --hosts 2 2>/dev/null
+H1_ADDR="$(tb host_1_addr)"
+readonly H1_ADDR
 
 ip netns exec "$H1_NS" iperf3 -s -B "$H1_ADDR" -p "$IPERF_PORT" >"$WORK/iperf3-server.log" 2>&1 &
 IPERF_PID=$!
@@ -159,14 +158,10 @@ kill -0 "$SOCKPERF_PID" 2>/dev/null || die "sockperf server did not start: $(cat
 # start_switch FORWARDING: switchd on every port, no jobs.
 start_switch() {
     local fwd="$1"
-    cat >"$WORK/switchd.toml" <<EOF
-[switch]
-ports = [$PORTS]
-addresses = ["198.18.0.1"]
-summary_interval_secs = 1
-admin_socket = "$WORK/admin.sock"
-forwarding = "$fwd"
-EOF
+    "$SWITCHD" testbed-config --env "$TESTBED_ENV" --out "$WORK/switchd.toml" \
+        --writer scripts/bench_forward.sh --host-ports --set switch.summary_interval_secs=1.0 \
+        --set "switch.admin_socket=\"$WORK/admin.sock\"" --set "switch.forwarding=$fwd" ||
+        die "switchd testbed-config failed"
     rm -f "$WORK/stats.json"
     start_switchd "$SW_NS" "$SWITCHD" "$WORK/switchd.log" \
         run --config "$WORK/switchd.toml" --stats-file "$WORK/stats.json"

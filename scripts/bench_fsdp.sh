@@ -49,8 +49,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 readonly PREFIX=bfs
 readonly WORKERS=4
 readonly SEED=0
-readonly SWITCH_ADDR=198.18.0.1
-readonly MASTER_IP=198.18.0.10
+SWITCH_ADDR=""  # the testbed's (tb switch_addr), once it is up
+MASTER_IP=""    # worker 0's address: gloo's rendezvous
 readonly MASTER_PORT_BASE=29500
 readonly AGG_PORT=48879
 readonly JOB_ID=1
@@ -114,14 +114,15 @@ trap 'exit 143' TERM
 # --- testbed, switchd config ---------------------------------------------------------
 log "run $STAMP: 4 ranks; collectives of $MIB MiB x $REPEATS; FSDP2 MLP 64-$HIDDEN-$HIDDEN-10, $WARMUP warm-up + $STEPS timed steps; logs in $RUN"
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log" 2>&1 ||
-    die "scripts/testbed.sh up failed; see $RUN/testbed.log"
+testbed_up "$RUN/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" 2>"$RUN/testbed.log"
+SWITCH_ADDR="$(tb switch_addr)"
+MASTER_IP="$(tb worker_0_addr)"
+readonly SWITCH_ADDR MASTER_IP
 
 SECRET="$(random_secret)"
 readonly SECRET
 CFG="$RUN/switchd.toml"
-# (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
-write_testbed_switchd_config "$CFG" "scripts/bench_fsdp.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET"
+write_testbed_switchd_config "$CFG" "scripts/bench_fsdp.sh" "$WORKERS" "$SECRET"
 
 # --- measurements ------------------------------------------------------------------
 

@@ -38,7 +38,7 @@
 # layers, SGD with momentum, seed 0, each rank its own samples), run as 4
 # ranks, one process per worker namespace (`ip netns exec btr-wI
 # .venv/bin/python examples/train_ddp.py`, RANK/WORLD_SIZE/MASTER_ADDR
-# 198.18.0.10/MASTER_PORT from the environment, GLOO_SOCKET_IFNAME=eth0,
+# worker 0's address/MASTER_PORT from the environment, GLOO_SOCKET_IFNAME=eth0,
 # OMP_NUM_THREADS=1), in 4 configurations:
 #   link unlimited | 1gbit  x  comm gloo (DDP's default all-reduce over the
 #   gloo process group, TCP between the workers through the bridge) | switch
@@ -84,8 +84,8 @@ readonly PREFIX=btr
 readonly WORKERS=4
 readonly LAYERS=2
 readonly SEED=0
-readonly SWITCH_ADDR=198.18.0.1
-readonly MASTER_IP=198.18.0.10
+SWITCH_ADDR=""  # the testbed's (tb switch_addr), once it is up
+MASTER_IP=""    # worker 0's address: gloo's rendezvous
 readonly MASTER_PORT_BASE=29500
 readonly AGG_PORT=48879
 readonly JOB_ID=1
@@ -162,14 +162,15 @@ trap 'exit 143' TERM
 MEASURE_T0=$SECONDS
 log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration; logs in $RUN"
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" >"$RUN/testbed.log" 2>&1 ||
-    die "scripts/testbed.sh up failed; see $RUN/testbed.log"
+testbed_up "$RUN/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" 2>"$RUN/testbed.log"
+SWITCH_ADDR="$(tb switch_addr)"
+MASTER_IP="$(tb worker_0_addr)"
+readonly SWITCH_ADDR MASTER_IP
 
 SECRET="$(random_secret)"
 readonly SECRET
 CFG="$RUN/switchd.toml"
-# (switch 198.18.0.1:48879, job 1, 256 slots: the values above)
-write_testbed_switchd_config "$CFG" "scripts/bench_train.sh for testbed '$PREFIX'" "$WORKERS" "$SECRET" \
+write_testbed_switchd_config "$CFG" "scripts/bench_train.sh" "$WORKERS" "$SECRET" \
     "job:dtype = \"$DTYPE\""
 
 # --- measurements ------------------------------------------------------------------

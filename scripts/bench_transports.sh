@@ -72,7 +72,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bash "$REPO_ROOT/scripts/testbed.sh" up --workers "$WORKERS" --prefix "$PREFIX" >/dev/null
+testbed_up "$OUT/testbed.env" --workers "$WORKERS" --prefix "$PREFIX" 2>/dev/null
 for ((r = 0; r < WORKERS; r++)); do
     ip netns exec "$PREFIX-w$r" ethtool -K eth0 tx "$WORKER_TX" >/dev/null 2>&1 ||
         die "ethtool -K eth0 tx $WORKER_TX failed in $PREFIX-w$r"
@@ -116,7 +116,7 @@ one_run() {
     b0="$(busy_jiffies)"
     WORKER_PIDS=()
     for ((r = 0; r < WORKERS; r++)); do
-        AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce --switch 198.18.0.1 --job 1 \
+        AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce --switch "$(tb switch_addr)" --job 1 \
             --rank "$r" --workers "$WORKERS" --elements "$ELEMENTS" \
             --iterations "$ITERATIONS" --transport "$t" --json \
             >"$OUT/$t-$run-rank$r.json" 2>"$OUT/$t-$run-rank$r.log" &

@@ -38,7 +38,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-readonly SWITCH_ADDR=198.18.0.1
+SWITCH_ADDR=""  # the testbed's (tb switch_addr), once it is up
 readonly AGG_PORT=48879
 readonly JOB_ID=1
 readonly READY_TIMEOUT=30
@@ -150,35 +150,17 @@ STATS="$WORK/stats.json"
 SWITCHD_LOG="$WORK/switchd.log"
 
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" \
+testbed_up "$WORK/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" \
     --hosts "$HOSTS" --queues "$QUEUES" --mtu "$MTU"
+SWITCH_ADDR="$(tb switch_addr)"
 
 # --- switchd config -------------------------------------------------------------
-# A fresh random job secret (32 bytes, hex) for this run.
+# A fresh random job secret (32 bytes, hex) for this run; written by switchd
+# itself (its typed config, the testbed's addresses), mode 0600.
 SECRET="$(random_secret)"
-
-ports=()
-for ((i = 0; i < WORKERS; i++)); do ports+=("\"sw-w$i\""); done
-for ((i = 0; i < HOSTS; i++)); do ports+=("\"sw-h$i\""); done
-ports_toml="$(printf '%s, ' "${ports[@]}")"
-ports_toml="${ports_toml%, }"
-
-# Mode 0600 before the secret goes in (switchd warns about a config others can read).
-install -m 600 /dev/null "$CFG"
-cat >"$CFG" <<EOF
-# Written by scripts/demo.sh for testbed '$PREFIX'.
-[switch]
-ports = [$ports_toml]
-addresses = ["$SWITCH_ADDR"]
-agg_port = $AGG_PORT
-
-[[job]]
-id = $JOB_ID
-n_workers = $WORKERS
-allowed_sources = ["198.18.0.0/24"]
-secret = "$SECRET"
-pool_slots = 256
-EOF
+AGGSWITCH_TESTBED_SECRET="$SECRET" "$SWITCHD" testbed-config --env "$TESTBED_ENV" --out "$CFG" \
+    --writer scripts/demo.sh --host-ports --job "$JOB_ID:all:env:AGGSWITCH_TESTBED_SECRET" \
+    --set "switch.agg_port=$AGG_PORT" || die "switchd testbed-config failed"
 
 # --- switchd ----------------------------------------------------------------------
 log "starting switchd in $PREFIX-sw (log: $SWITCHD_LOG)"
@@ -197,7 +179,8 @@ done
 
 PING_RESULT="not run (needs --hosts 2 or more)"
 if ((HOSTS >= 2)); then
-    ip netns exec "$PREFIX-h0" ping -c 5 -i 0.2 -W 2 198.18.0.101 >"$WORK/ping.log" 2>&1 &
+    PING_TO="$(tb host_1_addr)"
+    ip netns exec "$PREFIX-h0" ping -c 5 -i 0.2 -W 2 "$PING_TO" >"$WORK/ping.log" 2>&1 &
     PING_PID=$!
 fi
 
@@ -211,9 +194,9 @@ if [[ -n "$PING_PID" ]]; then
     PING_PID=""
     received="$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$WORK/ping.log")"
     if [[ "$rc" -eq 0 && "${received:-0}" -gt 0 ]]; then
-        PING_RESULT="yes: $PREFIX-h0 -> 198.18.0.101, ${received}/5 replies"
+        PING_RESULT="yes: $PREFIX-h0 -> $PING_TO, ${received}/5 replies"
     else
-        PING_RESULT="NO: $PREFIX-h0 -> 198.18.0.101, ${received:-0}/5 replies (see $WORK/ping.log)"
+        PING_RESULT="NO: $PREFIX-h0 -> $PING_TO, ${received:-0}/5 replies (see $WORK/ping.log)"
     fi
 fi
 

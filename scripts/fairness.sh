@@ -65,9 +65,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PREFIX="${FAIRNESS_PREFIX:-fair}"
-readonly SWITCH_ADDR=198.18.0.1
 readonly AGG_PORT=48879
-readonly HOST_ADDR=198.18.0.100
 readonly SOCKPERF_PORT=11111
 readonly MSG_SIZE=64
 readonly READY_TIMEOUT=30
@@ -241,36 +239,24 @@ marker_counters() {
 
 # --- testbed, switchd, sockperf server --------------------------------------------
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers 4 --hosts 1 >/dev/null
+testbed_up "$RESULTS_DIR/testbed.env" --prefix "$PREFIX" --workers 4 --hosts 1 2>/dev/null
+SWITCH_ADDR="$(tb switch_addr)"
+HOST_ADDR="$(tb host_0_addr)"
+readonly SWITCH_ADDR HOST_ADDR
 setup_bottleneck
 
 SECRET1="$(random_secret)"
 SECRET2="$(random_secret)"
 
-# Mode 0600 before the secret goes in (switchd warns about a config others can read).
-install -m 600 /dev/null "$CFG"
-cat >"$CFG" <<EOF
-# Written by scripts/fairness.sh for testbed '$PREFIX'.
-[switch]
-ports = ["sw-w0", "sw-w1", "sw-w2", "sw-w3", "sw-h0"]
-addresses = ["$SWITCH_ADDR"]
-agg_port = $AGG_PORT
-admin_socket = "$ADMIN_SOCK"
-
-[[job]]
-id = 1
-n_workers = 2
-allowed_sources = ["198.18.0.10/32", "198.18.0.11/32"]
-secret = "$SECRET1"
-pool_slots = 256
-
-[[job]]
-id = 2
-n_workers = 2
-allowed_sources = ["198.18.0.12/32", "198.18.0.13/32"]
-secret = "$SECRET2"
-pool_slots = 256
-EOF
+# Job 1: workers 0 and 1, job 2: workers 2 and 3 (written by switchd itself:
+# typed config, the testbed's addresses; mode 0600).
+printf '%s' "$SECRET1" >"$RESULTS_DIR/secret1"
+printf '%s' "$SECRET2" >"$RESULTS_DIR/secret2"
+chmod 600 "$RESULTS_DIR/secret1" "$RESULTS_DIR/secret2"
+"$SWITCHD" testbed-config --env "$TESTBED_ENV" --out "$CFG" --writer scripts/fairness.sh \
+    --host-ports --job "1:0-1:file:$RESULTS_DIR/secret1" --job "2:2-3:file:$RESULTS_DIR/secret2" \
+    --set "switch.agg_port=$AGG_PORT" --set "switch.admin_socket=\"$ADMIN_SOCK\"" ||
+    die "switchd testbed-config failed"
 
 log "starting switchd in $PREFIX-sw"
 start_switchd "$PREFIX-sw" "$SWITCHD" "$SWITCHD_LOG" run --config "$CFG"
@@ -529,6 +515,7 @@ jq -s --arg stamp "$STAMP" --arg kernel "$(uname -r)" --arg marker "$MARKER" \
     --argjson elements "$ELEMENTS" --argjson iterations "$ITERATIONS" \
     --argjson seconds "$RUN_SECONDS" --arg mps "$MPS" --argjson cpus "$(nproc)" \
     --argjson repeat "$REPEAT" --arg probe "sockperf $PROBE_MODE" --argjson names "$names_json" \
+    --arg host_addr "$HOST_ADDR" \
     --slurpfile pooled "$POOLED" \
     --arg cmdline "sudo scripts/fairness.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}" \
     --arg commit "$(git -C "$REPO_ROOT" describe --always --dirty 2>/dev/null || echo unknown)" '
@@ -540,7 +527,7 @@ jq -s --arg stamp "$STAMP" --arg kernel "$(uname -r)" --arg marker "$MARKER" \
     | {generated: $stamp, commit: $commit, kernel: $kernel, cpus: $cpus, command: $cmdline,
        setup: {workers: 4,
                jobs: [{id: 1, ranks: ["fair-w0", "fair-w1"]}, {id: 2, ranks: ["fair-w2", "fair-w3"]}],
-               probe: {tool: $probe, client: "fair-w0", server: "fair-h0 198.18.0.100",
+               probe: {tool: $probe, client: "fair-w0", server: ("fair-h0 " + $host_addr),
                        msg_size: 64, mps: $mps, metric: "round trip (--full-rtt), microseconds"},
                bottleneck: {where: "egress of every worker eth0", rate_mbit: $rate, marker: $marker,
                             mark_min_bytes: $mmin, mark_max_bytes: $mmax},

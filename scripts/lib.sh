@@ -427,9 +427,10 @@ shape_worker_links() {
     done
 }
 
-# write_mpi_hosts PREFIX WORKERS WORKER_BASE HOSTFILE RSH MPI_TMP: let mpirun,
-# started in PREFIX-w0, run one rank in each worker namespace PREFIX-wI
-# (address 198.18.0.(WORKER_BASE+I)) as if they were remote hosts: write a
+# write_mpi_hosts WORKERS HOSTFILE RSH MPI_TMP: let mpirun, started in worker
+# 0's namespace, run one rank in each of the first WORKERS workers'
+# namespaces of the testbed testbed_up made (`tb`) as if they were remote
+# hosts: write a
 # HOSTFILE of the worker addresses and RSH, an ssh stand-in for
 # `--mca plm_rsh_agent RSH` that skips ssh options, maps the host address to
 # its namespace and runs the command there. Every namespace has the same
@@ -438,11 +439,12 @@ shape_worker_links() {
 # (short paths: PMIx puts Unix sockets in there), mpirun itself
 # MPI_TMP/mpirun. The caller removes MPI_TMP.
 write_mpi_hosts() {
-    local prefix="$1" workers="$2" base="$3" hostfile="$4" rsh="$5" mpi_tmp="$6" i cases=""
+    local workers="$1" hostfile="$2" rsh="$3" mpi_tmp="$4" i addr cases=""
     : >"$hostfile"
     for ((i = 0; i < workers; i++)); do
-        cases+="    198.18.0.$((base + i))) ns=$prefix-w$i ;;"$'\n'
-        echo "198.18.0.$((base + i)) slots=1" >>"$hostfile"
+        addr="$(tb "worker_${i}_addr")"
+        cases+="    $addr) ns=$(tb "worker_${i}_ns") ;;"$'\n'
+        echo "$addr slots=1" >>"$hostfile"
     done
     mkdir -p "$mpi_tmp/mpirun"
     cat >"$rsh" <<EOF
@@ -506,50 +508,53 @@ build_python_package() {
         die "aggswitch does not import after building it"
 }
 
+# testbed_up ENV_FILE ARGS...: scripts/testbed.sh up ARGS --print-env, its
+# key=value description of the testbed (addresses, ports, namespaces) into
+# ENV_FILE and TESTBED_ENV set to it; the summary goes to stderr. Scripts
+# read addresses with `tb KEY` instead of repeating the address plan.
+TESTBED_ENV=""
+testbed_up() {
+    local env_file="$1"
+    shift
+    bash "$REPO_ROOT/scripts/testbed.sh" up "$@" --print-env >"$env_file" ||
+        die "scripts/testbed.sh up $* failed"
+    TESTBED_ENV="$env_file"
+}
+
+# tb KEY: a value of the testbed that testbed_up made (e.g. switch_addr,
+# subnet, worker_2_addr, worker_2_ns).
+tb() {
+    [[ -n "$TESTBED_ENV" ]] || die "tb $1: no testbed (bring it up with testbed_up)"
+    awk -F= -v k="$1" '$1 == k { sub(/^[^=]*=/, ""); print; found = 1; exit }
+        END { exit !found }' "$TESTBED_ENV" || die "the testbed has no '$1' (see $TESTBED_ENV)"
+}
+
 # write_testbed_switchd_config FILE WRITER WORKERS SECRET [SWITCH_LINE...]:
-# write a switchd config for a scripts/testbed.sh testbed: the worker ports
-# sw-w0..sw-w(WORKERS-1), switch address 198.18.0.1, aggregation port 48879,
-# and one job (id 1, WORKERS ranks from 198.18.0.0/24, SECRET, 256 slots).
-# SWITCH_LINEs (e.g. 'admin_socket = "/tmp/x.sock"') are added to [switch];
-# one that starts with "job:" goes, without that prefix, to the job
-# (e.g. 'job:dtype = "bf16"').
-# WRITER names the script in the file's first line. Mode 0600: it holds
-# the secret.
+# a switchd config for the testbed testbed_up made, written by `switchd
+# testbed-config` (switchd's typed sections; addresses from the testbed):
+# its worker ports, its switch address, and one job (id 1, WORKERS ranks,
+# the first WORKERS workers, SECRET, 256 slots). SWITCH_LINEs (e.g.
+# 'admin_socket = "/tmp/x.sock"') set [switch] keys; one that starts with
+# "job:" sets a job key (e.g. 'job:dtype = "bf16"'); a key switchd does not
+# know is an error. WRITER names the script in the file's first line. Mode
+# 0600: it holds the secret. Uses $SWITCHD (default target/release/switchd).
 write_testbed_switchd_config() {
-    local file="$1" writer="$2" workers="$3" secret="$4" i line
+    local file="$1" writer="$2" workers="$3" secret="$4" line key
     shift 4
-    local -a switch_lines=() job_lines=()
+    local -a sets=()
     for line in "$@"; do
+        key="switch."
         if [[ "$line" == job:* ]]; then
-            job_lines+=("${line#job:}")
-        else
-            switch_lines+=("$line")
+            key="job.1."
+            line="${line#job:}"
         fi
+        [[ "$line" == *=* ]] || die "write_testbed_switchd_config: '$line' is not KEY = VALUE"
+        sets+=(--set "$key$(sed -E 's/^ *([^ =]+) *= */\1=/' <<<"$line")")
     done
-    (
-        umask 077
-        {
-            echo "# Written by $writer."
-            echo "[switch]"
-            printf 'ports = ['
-            for ((i = 0; i < workers; i++)); do
-                printf '%s"sw-w%d"' "$( ((i > 0)) && echo ', ')" "$i"
-            done
-            echo "]"
-            echo 'addresses = ["198.18.0.1"]'
-            echo "agg_port = 48879"
-            if ((${#switch_lines[@]} > 0)); then printf '%s\n' "${switch_lines[@]}"; fi
-            echo
-            echo "[[job]]"
-            echo "id = 1"
-            echo "n_workers = $workers"
-            echo 'allowed_sources = ["198.18.0.0/24"]'
-            echo "secret = \"$secret\""
-            echo "pool_slots = 256"
-            if ((${#job_lines[@]} > 0)); then printf '%s\n' "${job_lines[@]}"; fi
-        } >"$file"
-    )
-    chmod 600 "$file"
+    AGGSWITCH_TESTBED_SECRET="$secret" "${SWITCHD:-$REPO_ROOT/target/release/switchd}" \
+        testbed-config --env "$TESTBED_ENV" --out "$file" --writer "$writer" \
+        --job "1:0-$((workers - 1)):env:AGGSWITCH_TESTBED_SECRET" "${sets[@]}" ||
+        die "switchd testbed-config failed for $file"
 }
 
 # --- aggregation trees (scripts/demo_tree.sh, bench_tree.sh) ------------------------

@@ -38,7 +38,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 readonly PREFIX=soak
 readonly WORKERS=6
 readonly JOBS=3
-readonly SWITCH_ADDR=198.18.0.1
+SWITCH_ADDR=""  # the testbed's (tb switch_addr), once it is up
 readonly AGG_PORT=48879
 readonly ELEMENTS=1000000
 readonly ITERATIONS=5
@@ -102,7 +102,8 @@ STATS="$WORK/stats.json"
 SWITCHD_LOG="$WORK/switchd.log"
 
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS"
+testbed_up "$WORK/testbed.env" --prefix "$PREFIX" --workers "$WORKERS"
+SWITCH_ADDR="$(tb switch_addr)"
 
 # --- 1 % loss on every worker link --------------------------------------------------
 IMPAIR="$REPO_ROOT/scripts/impair.sh"
@@ -137,30 +138,18 @@ dropped_frames() {
 
 # --- switchd ----------------------------------------------------------------------
 SECRETS=()
-# Mode 0600 before the secret goes in (switchd warns about a config others can read).
-install -m 600 /dev/null "$CFG"
-{
-    echo "# Written by scripts/soak.sh for testbed '$PREFIX'."
-    echo "[switch]"
-    ports=()
-    for ((i = 0; i < WORKERS; i++)); do ports+=("\"sw-w$i\""); done
-    ports_toml="$(printf '%s, ' "${ports[@]}")"
-    echo "ports = [${ports_toml%, }]"
-    echo "addresses = [\"$SWITCH_ADDR\"]"
-    echo "agg_port = $AGG_PORT"
-    echo "summary_interval_secs = 5"
-    for ((j = 1; j <= JOBS; j++)); do
-        secret="$(random_secret)"
-        SECRETS[j]="$secret"
-        a=$((10 + 2 * (j - 1)))
-        echo
-        echo "[[job]]"
-        echo "id = $j"
-        echo "n_workers = 2"
-        echo "allowed_sources = [\"198.18.0.$a/32\", \"198.18.0.$((a + 1))/32\"]"
-        echo "secret = \"$secret\""
-    done
-} >"$CFG"
+# One job per pair of workers (j: workers 2(j-1) and 2(j-1)+1), each its own
+# secret, written by switchd itself (typed config, the testbed's addresses).
+job_args=()
+for ((j = 1; j <= JOBS; j++)); do
+    SECRETS[j]="$(random_secret)"
+    printf '%s' "${SECRETS[j]}" >"$WORK/secret$j"
+    chmod 600 "$WORK/secret$j"
+    job_args+=(--job "$j:$((2 * (j - 1)))-$((2 * (j - 1) + 1)):file:$WORK/secret$j")
+done
+"$SWITCHD" testbed-config --env "$TESTBED_ENV" --out "$CFG" --writer scripts/soak.sh \
+    "${job_args[@]}" --set "switch.agg_port=$AGG_PORT" --set switch.summary_interval_secs=5.0 ||
+    die "switchd testbed-config failed"
 "$SWITCHD" check-config --config "$CFG" >/dev/null || die "switchd refused $CFG"
 
 log "starting switchd in $PREFIX-sw (log: $SWITCHD_LOG)"

@@ -26,9 +26,7 @@ set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-readonly SWITCH_ADDR=198.18.0.1
 readonly JOB_ID=1
-readonly MASTER_ADDR=198.18.0.10
 readonly MASTER_PORT=29500
 
 ORIG_ARGS=("$@")
@@ -83,10 +81,13 @@ trap cleanup EXIT
 bash "$REPO_ROOT/scripts/setup.sh"
 build_release
 build_python_package
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS"
+testbed_up "$WORK/testbed.env" --prefix "$PREFIX" --workers "$WORKERS"
+SWITCH_ADDR="$(tb switch_addr)"
+MASTER_ADDR="$(tb worker_0_addr)"
+readonly SWITCH_ADDR MASTER_ADDR
 
 SECRET="$(random_secret)"
-write_testbed_switchd_config "$WORK/switch.toml" "scripts/train_ddp.sh for testbed '$PREFIX'" \
+write_testbed_switchd_config "$WORK/switch.toml" "scripts/train_ddp.sh" \
     "$WORKERS" "$SECRET" "admin_socket = \"$WORK/admin.sock\""
 start_switchd "$PREFIX-sw" "$REPO_ROOT/target/release/switchd" "$WORK/switchd.log" \
     run --config "$WORK/switch.toml" --stats-file "$WORK/stats.json"

@@ -58,8 +58,9 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
         /// A job: ID:WORKERS:SECRET, WORKERS `all` or e.g. `0-1,3`, SECRET
-        /// `env:NAME` or `file:PATH` (repeat for several jobs).
-        #[arg(long = "job", required = true)]
+        /// `env:NAME` or `file:PATH` (repeat for several jobs; none: a
+        /// switch that only forwards until `switchctl job add`).
+        #[arg(long = "job")]
         jobs: Vec<switchd::testbed_config::JobSpec>,
         /// switch.KEY=VALUE or job.ID.KEY=VALUE (VALUE in TOML, or a bare
         /// string), checked against switchd's config (repeat).
