@@ -157,7 +157,7 @@ impl World {
         };
         match &ev {
             None | Some(Event::Waiting { .. }) => {}
-            Some(Event::Result { header, values }) => {
+            Some(Event::Result { header, values, .. }) => {
                 assert!(joined_before);
                 assert_eq!(header.gen, gen_before);
                 assert!(values.end <= d.len() && values.start == HEADER_LEN);

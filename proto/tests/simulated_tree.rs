@@ -434,7 +434,7 @@ fn run_typed(
                     Node::Worker { leaf, rank } => {
                         let wk = &mut workers[leaf][rank as usize];
                         let (h, v) = match wk.session.handle(&m.bytes, base + now) {
-                            Some(Event::Result { header, values }) => (header, values),
+                            Some(Event::Result { header, values, .. }) => (header, values),
                             Some(e @ (Event::SessionLost(_) | Event::Failed(_))) => {
                                 panic!("leaf {leaf} rank {rank}: {e:?}")
                             }
