@@ -86,6 +86,7 @@ fn table(gen: u32, auth: AuthMode, now: Instant) -> JobTable {
             window: 4,
             auth,
             upstream: None,
+            stats: false,
         },
         64,
     )

@@ -831,6 +831,7 @@ mod tests {
                 window: 4,
                 auth,
                 upstream: None,
+                stats: false,
             },
             64,
         )

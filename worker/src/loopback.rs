@@ -70,6 +70,7 @@ impl LoopbackConfig {
                 window: self.pool_slots,
                 auth: self.auth,
                 upstream: None,
+                stats: false,
             },
             MAX_ELEMS_PER_CHUNK,
         )?;
