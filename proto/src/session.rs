@@ -1481,4 +1481,67 @@ mod tests {
             }
         }
     }
+
+    /// Against the real switch table of a `stats = true` job: the JOIN_ACK
+    /// turns statistics on and a RESULT carries its chunk's statistics,
+    /// those of `proto::stats::chunk_stats`, in both auth modes.
+    #[test]
+    fn a_stats_switchs_results_reach_the_collective_with_their_trailer() {
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let t0 = Instant::now();
+            let mut t = JobTable::new(TableConfig::new(1, [5; 32]), t0);
+            let cfg = JobConfig {
+                id: JOB,
+                n_workers: 1,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: SECRET,
+                pool_slots: 4,
+                elems_per_chunk: 2,
+                dtype: Dtype::F32,
+                window: 4,
+                auth,
+                upstream: None,
+                stats: true,
+            };
+            t.add(cfg, 64).unwrap();
+            let mut s = session(0, 1);
+            s.start_join(0, 0, t0);
+            let challenge = exchange(&mut s, &mut t, t0);
+            feed(&mut s, &challenge, t0);
+            let acks = exchange(&mut s, &mut t, t0);
+            let ev = feed(&mut s, &acks, t0);
+            assert!(joined(&ev).is_some_and(|j| j.stats), "{ev:?}");
+            let tx = crate::worker::Transmit {
+                seq: 0,
+                chunk: 0,
+                offset: 0,
+                count: 2,
+                last: true,
+                retx: false,
+                kind: Kind::AllReduce,
+                owner: 0,
+                values: Some(0),
+            };
+            let h = s.data_header(&tx, 0);
+            let vals = [1.5f32, -3.0];
+            let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut b = vec![0u8; HEADER_LEN];
+            h.emit_to(&mut b).unwrap();
+            b.extend_from_slice(&bytes);
+            b.extend(s.data_tag(&h, &bytes).into_iter().flatten());
+            t.handle(&b, endpoint(0), false, t0);
+            let res = replies(&mut t);
+            let want = crate::stats::chunk_stats(&[&vals], &vals);
+            match s.handle(&res[0], t0) {
+                Some(Event::Result { values, stats, .. }) => {
+                    assert_eq!(&res[0][values], &bytes[..]);
+                    assert!(stats.is_some_and(|g| g.bits_eq(&want)), "{stats:?}");
+                }
+                other => panic!("{auth:?}: {other:?}"),
+            }
+        }
+    }
 }

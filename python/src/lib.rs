@@ -14,12 +14,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use proto::wire::{Dtype, NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
+use proto::worker::{reference_grad_stats, Shape};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use proto::worker::{reference_grad_stats, Shape};
 use worker::{
     Element, GradStats, GradStatsError, TransportKind, Worker, WorkerConfig, WorkerError,
     WorkerStats,
