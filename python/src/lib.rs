@@ -828,7 +828,7 @@ fn reference_stats<'py>(
         })?;
     let shape = match kind {
         "all_reduce" => Shape::all_reduce(len),
-        "reduce_scatter" if len % usize::from(n) == 0 => {
+        "reduce_scatter" if len.is_multiple_of(usize::from(n)) => {
             Shape::reduce_scatter(0, n, len / usize::from(n))
         }
         "reduce_scatter" => {
