@@ -1006,4 +1006,32 @@ mod tests {
             .unwrap();
         assert_eq!(p.global_rank, 65534);
     }
+
+    /// The CLI's reference statistics are of every rank's pattern rounded
+    /// to the dtype: the same chunking as an all-reduce gives a
+    /// reduce-scatter the same bits when the shards end on chunk
+    /// boundaries, other chunks other bits; bf16 inputs are the rounded
+    /// values; an all-gather has none.
+    #[test]
+    fn expected_stats_follow_the_chunks_and_the_dtype() {
+        let (n, elements) = (4u16, 4 * 60);
+        let s = |kind, dtype, e| expected_stats(kind, dtype, n, elements, e, 2).unwrap();
+        let ar = s(Kind::AllReduce, Dtype::F32, 20);
+        assert_eq!(ar.ranks, 4);
+        assert!(s(Kind::ReduceScatter, Dtype::F32, 20).bits_eq(&ar));
+        assert!(!s(Kind::ReduceScatter, Dtype::F32, 7).bits_eq(&ar));
+        assert!(!s(Kind::AllReduce, Dtype::Bf16, 20).bits_eq(&ar));
+        // By hand for one rank, one chunk of five elements, one per lane.
+        let one = expected_stats(Kind::AllReduce, Dtype::F32, 1, 5, 8, 0).unwrap();
+        let q: Vec<f64> = (0..5)
+            .map(|i| f64::from(pattern(0, 0, i)).powi(2))
+            .collect();
+        let want = ((q[0] + q[1]) + (q[2] + q[3])) + q[4];
+        assert_eq!(one.sum_of_squares.to_bits(), want.to_bits());
+        assert_eq!(one.square_of_sum.to_bits(), want.to_bits());
+        assert_eq!(
+            expected_stats(Kind::AllGather, Dtype::F32, n, elements, 20, 2),
+            None
+        );
+    }
 }
