@@ -1573,6 +1573,9 @@ mod tests {
             SpineSessionState::Joined,
             SpineSessionState::Joining,
             SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine: 362 }),
+            SpineSessionState::Refused(SpineRefusal::AuthDiffers),
+            SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 0 }),
+            SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 1 }),
         ] {
             let mut b = [0u8; UPSTREAM_WAIT_LEN];
             UpstreamWaitPayload {

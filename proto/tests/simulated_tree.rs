@@ -903,6 +903,25 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         ))
     );
 
+    // The right chunk size, but the spine's job has gradient statistics
+    // and the leaf's not: declared inconsistently, named as such.
+    f.tree.spines[1].remove(JOB);
+    let with_stats = JobConfig {
+        stats: true,
+        ..spine_job(SECRET, 8)
+    };
+    f.tree.spines[1].add(with_stats, 14).unwrap();
+    f.run_for(Duration::from_millis(1500));
+    let (_, p) = f.heartbeat_answer(0, 0, 1);
+    let why = SpineRefusal::StatsDiffer { spine: 1 };
+    assert_eq!(
+        UpstreamWaitPayload::parse(&p).unwrap().session,
+        SpineSessionState::Refused(why)
+    );
+    assert!(why.to_string().contains("stats = true"), "{why}");
+    assert!(std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+        .any(|e| matches!(e, Event::SpineRefused { why: w, .. } if w == why)));
+
     // Fixed: the leaf joins within its retry, and chunk 1 completes.
     f.tree.spines[1].remove(JOB);
     f.tree.spines[1].add(spine_job(SECRET, 8), 8).unwrap();
