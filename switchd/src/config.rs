@@ -961,6 +961,32 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
     }
 
     #[test]
+    fn stats_leaves_room_for_the_trailer_and_is_off_by_default() {
+        assert!(!parse(GOOD).unwrap().jobs[0].stats);
+        let st = format!("{GOOD}stats = true\n");
+        let c = parse(&st).unwrap();
+        assert!(c.jobs[0].stats);
+        // 24 bytes less payload: 362 - 6 floats at MTU 1500, 724 - 12 bf16;
+        // with a mac tag too, 40 bytes less.
+        assert_eq!(c.jobs[0].elems_per_chunk, 356);
+        let c = parse(&format!("{st}dtype = \"bf16\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 712);
+        let c = parse(&format!("{st}auth = \"mac\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 352);
+        // The limit (a frame's floats, 944) leaves room for it too.
+        let e = parse(&format!("{st}elems_per_chunk = 939\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elems_per_chunk must be 1..=938"), "{e}");
+        // switchctl's section says it only when on (older switchds refuse
+        // unknown keys).
+        let mut j = toml::from_str::<ConfigFile>(&st).unwrap().jobs[0].clone();
+        assert!(serde_json::to_string(&j).unwrap().contains("\"stats\":true"));
+        j.stats = false;
+        assert!(!serde_json::to_string(&j).unwrap().contains("stats"));
+    }
+
+    #[test]
     fn dtype_is_declared_with_the_job_and_doubles_the_chunk() {
         assert_eq!(parse(GOOD).unwrap().jobs[0].dtype, Dtype::F32);
         for (name, dtype) in [("bf16", Dtype::Bf16), ("f16", Dtype::F16)] {

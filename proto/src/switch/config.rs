@@ -156,11 +156,6 @@ pub enum JobConfigError {
          and enforce sources in the fabric"
     )]
     MacOnLeaf(u16),
-    #[error(
-        "job {0}: stats = true is not supported on a leaf of an aggregation tree yet; \
-         declare the leaf's job without stats"
-    )]
-    StatsOnLeaf(u16),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
@@ -208,9 +203,6 @@ impl JobConfig {
         if let Some(u) = &self.upstream {
             if self.auth == AuthMode::Mac {
                 return Err(JobConfigError::MacOnLeaf(self.id));
-            }
-            if self.stats {
-                return Err(JobConfigError::StatsOnLeaf(self.id));
             }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
             if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {

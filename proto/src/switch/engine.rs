@@ -45,12 +45,16 @@
 //!   contribution allocates nothing.
 //! * Gradient statistics (a `stats` engine, summed kinds only; docs/
 //!   PROTOCOL.md, "Gradient statistics"): the fold token holder adds each
-//!   rank's squared norm ([`crate::stats::squared_norm`] of its widened
-//!   values) to the slot's float64 running sum when it folds that rank, so
-//!   in rank order like the sum; the completion takes the squared norm of
-//!   the float32 accumulator before rounding and writes the 24-byte
-//!   trailer right after the result's values, where resends find it. An
-//!   engine without stats pays one predictable branch per fold.
+//!   rank's part to the slot's running (float64 sum of squares, ranks)
+//!   when it folds that rank, so in rank order like the sum. A rank's part
+//!   is its squared norm ([`crate::stats::squared_norm`] of its widened
+//!   values) and 1, or, for a leaf's partial at a spine, the leaf's
+//!   trailer (its ranks' sum of squares and count). A parked row keeps the
+//!   part in its tail, after a full chunk. The completion takes the
+//!   squared norm of the float32 accumulator before rounding and writes the
+//!   24-byte trailer right after the result's values (a leaf's partial:
+//!   square of sum 0), where resends find it. An engine without stats pays
+//!   one predictable branch per fold.
 #![allow(unsafe_code)]
 
 use std::collections::TryReserveError;
@@ -364,8 +368,9 @@ struct Slot {
     /// The running sum: the fold token holder's.
     acc: UnsafeCell<Vec<f32>>,
     /// A `stats` engine's running Σ of the folded ranks' squared norms, in
-    /// rank order: the fold token holder's, like `acc`.
-    sos: UnsafeCell<f64>,
+    /// rank order, and how many ranks it covers: the fold token holder's,
+    /// like `acc`.
+    sos: UnsafeCell<(f64, u32)>,
     /// One row per rank: contributions parked until their turn, widened to
     /// float32; written only by the rank's claimant, read only by the token
     /// holder once the row is ready.
@@ -474,13 +479,15 @@ impl SlotEngine {
         // Room for the trailer after a full chunk's float32 values, in the
         // buffers that become a result or a partial (they swap with `acc`).
         let held = if stats { e + STATS_LEN / 4 } else { e };
+        // A parked row's tail holds the rank's statistics part.
+        let row = if stats { e + PART_FLOATS } else { e };
         let mut all = Vec::new();
         all.try_reserve_exact(slots as usize)?;
         for _ in 0..slots {
             let mut rows = Vec::new();
             rows.try_reserve_exact(n as usize)?;
             for _ in 0..n {
-                rows.push(UnsafeCell::new(try_vec(0.0, e)?));
+                rows.push(UnsafeCell::new(try_vec(0.0, row)?));
             }
             all.push(Slot {
                 meta: Mutex::new(Meta {
@@ -495,7 +502,7 @@ impl SlotEngine {
                 }),
                 shadow_tag: AtomicU64::new(0),
                 acc: UnsafeCell::new(try_vec(0.0, held)?),
-                sos: UnsafeCell::new(0.0),
+                sos: UnsafeCell::new((0.0, 0)),
                 rows,
                 result: RwLock::new(Held {
                     what: None,
@@ -601,7 +608,7 @@ impl SlotEngine {
     /// (Duplicate), the window (Stale, BeyondWindow), then the slot's
     /// aggregation (SlotBusy, Duplicate, CountMismatch, CollectiveMismatch).
     pub fn contribute(&self, c: &Contribution<'_>) -> Contributed {
-        self.contribute_in(c, None)
+        self.contribute_in(c, None, None)
     }
 
     /// [`SlotEngine::contribute`] for a DATA admitted under activation
@@ -609,10 +616,27 @@ impl SlotEngine {
     /// it): if a reset came since, it is Stale, never summed into the new
     /// activation.
     pub fn contribute_admitted(&self, c: &Contribution<'_>, epoch: u32) -> Contributed {
-        self.contribute_in(c, Some(epoch))
+        self.contribute_in(c, Some(epoch), None)
     }
 
-    fn contribute_in(&self, c: &Contribution<'_>, admitted: Option<u32>) -> Contributed {
+    /// [`SlotEngine::contribute_admitted`] for a leaf's partial at a stats
+    /// spine: `part` is its trailer's (sum of squares, ranks), folded in
+    /// the leaf's rank order in place of a squared norm of its values.
+    pub fn contribute_with_part(
+        &self,
+        c: &Contribution<'_>,
+        epoch: u32,
+        part: Option<(f64, u32)>,
+    ) -> Contributed {
+        self.contribute_in(c, Some(epoch), part)
+    }
+
+    fn contribute_in(
+        &self,
+        c: &Contribution<'_>,
+        admitted: Option<u32>,
+        part: Option<(f64, u32)>,
+    ) -> Contributed {
         use Contributed::Dropped;
         if c.rank >= self.n {
             return Dropped(DropReason::RankOutOfRange);
@@ -734,17 +758,19 @@ impl SlotEngine {
                 }
             });
             if self.stats && kind != Kind::AllGather {
-                slot.rows[c.rank as usize].with_mut(|row| {
-                    // SAFETY: this thread claimed the rank (no other
-                    // claimant: Duplicate) and its row is not ready, so no
-                    // folder reads it; an older activation's writer was
-                    // refused above (SlotBusy). The row is its scratch.
-                    let row = unsafe { &mut *row };
-                    let norm = squared_norm_le(self.dtype, c.values, row);
-                    // SAFETY: the fold token gives `sos`, as `acc`.
-                    slot.sos
-                        .with_mut(|sos| unsafe { fold_norm(&mut *sos, c.rank, norm) });
+                let part = part.unwrap_or_else(|| {
+                    slot.rows[c.rank as usize].with_mut(|row| {
+                        // SAFETY: this thread claimed the rank (no other
+                        // claimant: Duplicate) and its row is not ready, so
+                        // no folder reads it; an older activation's writer
+                        // was refused above (SlotBusy). The row is scratch.
+                        let row = unsafe { &mut *row };
+                        (squared_norm_le(self.dtype, c.values, row), 1)
+                    })
                 });
+                // SAFETY: the fold token gives `sos`, as `acc`.
+                slot.sos
+                    .with_mut(|sos| unsafe { fold_part(&mut *sos, c.rank, part) });
             }
             let mut m = lock(&slot.meta);
             if m.epoch != epoch {
@@ -767,6 +793,9 @@ impl SlotEngine {
                 copy_bytes(row, c.values);
             } else {
                 elements::read_le(self.dtype, c.values, &mut row[..count]);
+                if self.stats {
+                    park_part(row, self.elems, part);
+                }
             }
         });
         let mut m = lock(&slot.meta);
@@ -837,10 +866,11 @@ impl SlotEngine {
                             crate::simd::add_f32(&mut acc[..count], &row[..count]);
                         }
                         if self.stats && a.kind != Kind::AllGather {
-                            let norm = squared_norm(&row[..count]);
+                            let part = parked_part(row, self.elems)
+                                .unwrap_or_else(|| (squared_norm(&row[..count]), 1));
                             // SAFETY: the fold token gives `sos`, as `acc`.
                             slot.sos
-                                .with_mut(|sos| unsafe { fold_norm(&mut *sos, r, norm) });
+                                .with_mut(|sos| unsafe { fold_part(&mut *sos, r, part) });
                         }
                     });
                 }
@@ -878,7 +908,7 @@ impl SlotEngine {
         };
         let count = a.count as usize;
         // SAFETY: the fold token gives `sos`.
-        let sos = slot.sos.with(|s| unsafe { *s });
+        let (sos, ranks) = slot.sos.with(|s| unsafe { *s });
         if self.partials {
             let mut held = slot.partial.write().unwrap_or_else(|e| e.into_inner());
             slot.acc.with_mut(|acc| {
@@ -891,7 +921,7 @@ impl SlotEngine {
                 let t = GradStats {
                     sum_of_squares: sos,
                     square_of_sum: 0.0,
-                    ranks: u32::from(self.n),
+                    ranks,
                 };
                 write_trailer(&mut held.values, count * 4, &t);
             }
@@ -911,7 +941,7 @@ impl SlotEngine {
                 sum_of_squares: sos,
                 // Of the float32 sum, before it is rounded.
                 square_of_sum: squared_norm(&acc[..count]),
-                ranks: u32::from(self.n),
+                ranks,
             });
             // An all-gather's accumulator holds the owner's wire bytes.
             if self.dtype == Dtype::F32 || a.kind == Kind::AllGather {
@@ -1049,12 +1079,45 @@ impl SlotEngine {
         Some(f(&p, &held.values[..n]))
     }
 
+    /// (A leaf) the partial of `seq` as it goes up: its float32 values
+    /// (little-endian) and, in a stats engine, its trailer after them.
+    pub fn with_partial_wire<R>(
+        &self,
+        seq: u32,
+        f: impl FnOnce(&Partial, &[u8]) -> R,
+    ) -> Option<R> {
+        let held = self.slots[self.index(seq)]
+            .partial
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let p = held.get(seq, self.epoch())?;
+        let bytes: &[u8] = bytemuck::cast_slice(&held.values);
+        let len = p.count as usize * 4 + if p.stats { STATS_LEN } else { 0 };
+        Some(f(&p, bytes.get(..len)?))
+    }
+
     /// (A leaf) the spine's RESULT for the partial of `seq` (float32
     /// little-endian, whatever the job's dtype) becomes the shadow: rounded
     /// once to a half-precision dtype, `ece` OR-ed along the tree; the floor
     /// advances. False if the slot holds no partial of `seq` or `values`
     /// has another length. Callers serialise these calls.
     pub fn finish_partial(&self, seq: u32, values: &[u8], ece: bool) -> bool {
+        self.finish_partial_with_stats(seq, values, None, ece)
+    }
+
+    /// [`SlotEngine::finish_partial`] in a stats engine: the spine's
+    /// trailer `stats` goes to the local ranks unchanged, after the values
+    /// (false without one, or with one in an engine without stats).
+    pub fn finish_partial_with_stats(
+        &self,
+        seq: u32,
+        values: &[u8],
+        stats: Option<GradStats>,
+        ece: bool,
+    ) -> bool {
+        if stats.is_some() != self.stats {
+            return false;
+        }
         let dtype = self.dtype;
         let slot = &self.slots[self.index(seq)];
         let epoch = self.epoch();
@@ -1079,10 +1142,13 @@ impl SlotEngine {
                 elements::round_to_le(dtype, &sum[..n], &mut out[at..at + n * dtype.size()]);
             }
         }
+        if let Some(t) = &stats {
+            write_trailer(&mut res.values, dtype.payload_len(p.count), t);
+        }
         let sh = Shadow {
             ece: p.ece || ece,
-            payload_sum: payload_sum(&res, dtype, p.count, false),
-            stats: false,
+            payload_sum: payload_sum(&res, dtype, p.count, stats.is_some()),
+            stats: stats.is_some(),
             ..p
         };
         res.what = Some(sh);
@@ -1129,14 +1195,44 @@ fn write_trailer(values: &mut [f32], at: usize, t: &GradStats) {
     }
 }
 
-/// Adds rank `rank`'s squared norm to a slot's running sum of squares in
-/// rank order: rank 0 starts it from 0 (as the reference does).
+/// Adds rank `rank`'s part (sum of squares, ranks) to a slot's running
+/// one in rank order: rank 0 starts it from 0 (as the reference does).
 #[inline]
-fn fold_norm(sos: &mut f64, rank: u16, norm: f64) {
+fn fold_part(sos: &mut (f64, u32), rank: u16, part: (f64, u32)) {
     if rank == 0 {
-        *sos = 0.0;
+        *sos = (0.0, 0);
     }
-    *sos += norm;
+    sos.0 += part.0;
+    sos.1 = sos.1.saturating_add(part.1);
+}
+
+/// Floats after a full chunk in a stats engine's row: a parked rank's
+/// part, given (a leaf's trailer) or not (computed from the values).
+const PART_FLOATS: usize = 4;
+
+/// Writes the part a parked contribution brought (if any) into its row's
+/// tail, after `elems` floats: sum of squares (f64), ranks (u32), 1 if
+/// given (u32).
+fn park_part(row: &mut [f32], elems: usize, part: Option<(f64, u32)>) {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(row);
+    if let Some(t) = bytes.get_mut(elems * 4..elems * 4 + PART_FLOATS * 4) {
+        let (sos, ranks) = part.unwrap_or((0.0, 0));
+        t[..8].copy_from_slice(&sos.to_ne_bytes());
+        t[8..12].copy_from_slice(&ranks.to_ne_bytes());
+        t[12..].copy_from_slice(&u32::from(part.is_some()).to_ne_bytes());
+    }
+}
+
+/// The part [`park_part`] left in a row, if one was given.
+fn parked_part(row: &[f32], elems: usize) -> Option<(f64, u32)> {
+    let bytes: &[u8] = bytemuck::cast_slice(row);
+    let t = bytes.get(elems * 4..elems * 4 + PART_FLOATS * 4)?;
+    if t[12..] != 1u32.to_ne_bytes() {
+        return None;
+    }
+    let sos = f64::from_ne_bytes(t[..8].try_into().ok()?);
+    let ranks = u32::from_ne_bytes(t[8..12].try_into().ok()?);
+    Some((sos, ranks))
 }
 
 #[cfg(all(test, not(loom)))]
