@@ -865,6 +865,35 @@ pub fn reference_grad_stats(
     fold.total()
 }
 
+/// [`reference_grad_stats`] of an all-reduce of `len` elements through an
+/// aggregation tree: `leaves[l]` are leaf l's ranks' inputs in rank order
+/// (widened to float32), the leaves in leaf order; per chunk
+/// [`stats::tree_chunk_stats`] over the float32 tree-order sum, the chunks
+/// added in seq order. `None` when an input is not `len` long.
+pub fn reference_tree_grad_stats(
+    len: usize,
+    elems_per_chunk: u16,
+    leaves: &[Vec<&[f32]>],
+) -> Option<GradStats> {
+    if leaves.iter().flatten().any(|x| x.len() != len) {
+        return None;
+    }
+    let c = Collective::new(0, 0, len, elems_per_chunk);
+    let mut fold = stats::CollectiveStats::default();
+    fold.start(c.chunks.len());
+    for i in 0..c.n_chunks() {
+        let p = c.place(i);
+        let r = p.offset..p.offset + p.count as usize;
+        let parts: Vec<Vec<&[f32]>> = leaves
+            .iter()
+            .map(|l| l.iter().map(|x| &x[r.clone()]).collect())
+            .collect();
+        let sum = crate::reference::tree_order_sum(&parts);
+        fold.record(i as usize, stats::tree_chunk_stats(&parts, &sum));
+    }
+    fold.total()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1508,5 +1537,30 @@ mod tests {
             None
         );
         assert_eq!(reference_grad_stats(Shape::all_reduce(5), 2, &refs), None);
+    }
+
+    /// A tree's reference: one leaf of every rank is the single switch's;
+    /// two leaves add the leaves' partial sums, which rounds otherwise.
+    #[test]
+    fn tree_reference_statistics_sum_in_tree_order() {
+        let len = 90;
+        // Ranks of very different magnitudes, so that the order of the
+        // ranks' additions shows in float32 and in float64.
+        let inputs: Vec<Vec<f32>> = (0..4u16)
+            .map(|r| {
+                (0..len)
+                    .map(|i| crate::reference::pattern(r, 1, i) * (1u32 << (7 * r)) as f32)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let single = reference_grad_stats(Shape::all_reduce(len), 8, &refs).unwrap();
+        let one_leaf = reference_tree_grad_stats(len, 8, &[refs.clone()]).unwrap();
+        assert!(one_leaf.bits_eq(&single));
+        let two =
+            reference_tree_grad_stats(len, 8, &[refs[..2].to_vec(), refs[2..].to_vec()]).unwrap();
+        assert_eq!(two.ranks, 4);
+        assert!(!two.bits_eq(&single), "the tree order is another order");
+        assert_eq!(reference_tree_grad_stats(len + 1, 8, &[refs]), None);
     }
 }

@@ -7,9 +7,12 @@
 //! bit against `proto::worker::reference_grad_stats` of every rank's
 //! pattern; the test checks that every rank reported them, the same bits on
 //! every rank, that frames were really lost, and that a job without
-//! `--stats` reports none. Needs root; prefix `sw1`.
+//! `--stats` reports none (prefix `sw1`). And a stats tree of 2 leaves of
+//! 2 workers and 2 spines (prefix `sw2`): every worker checks the statistics
+//! against `reference_tree_grad_stats`, the leaves' ranks added in leaf
+//! order. Needs root.
 
-use std::process::Child;
+use std::process::{Child, Stdio};
 
 use agg_e2e::*;
 
@@ -168,4 +171,93 @@ fn stats_jobs_give_every_rank_the_reference_statistics_under_loss() {
         let drops = &job(&stats, id)["drops"];
         assert_eq!(drops["payload_length"].as_u64().unwrap_or(0), 0, "{drops}");
     }
+}
+
+const LEAVES: u16 = 2;
+const SPINES: u16 = 2;
+const WPL: u16 = 2;
+
+/// Spine `j`'s switchd config: job 1 of the leaves, `stats = true`.
+fn spine_config(fabric: &LeafSpine, j: u16) -> String {
+    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
+         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
+         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
+         stats = true\n",
+        ports.join(", "),
+        fabric.spine_addr(j)
+    )
+}
+
+/// Leaf `i`'s switchd config: job 1 of its workers, `stats = true`, up to
+/// every spine.
+fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
+    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
+    let spines: Vec<String> = (0..SPINES)
+        .map(|j| format!("\"{}:{AGG_PORT}\"", fabric.spine_addr(j)))
+        .collect();
+    let gw = fabric.leaf_gateway(i);
+    format!(
+        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
+         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
+         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
+         stats = true\n\n[job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [{}]\n",
+        ports.join(", "),
+        spines.join(", ")
+    )
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_stats_tree_gives_every_worker_the_tree_order_statistics() {
+    if !can_run("stats_tree") {
+        return;
+    }
+    let fabric = LeafSpine::up("sw2", LEAVES, SPINES, WPL, 0);
+    let _spines: Vec<Switchd> = (0..SPINES)
+        .map(|j| {
+            Switchd::start_in(
+                &fabric.spine_ns(j),
+                &format!("sw2-s{j}"),
+                &spine_config(&fabric, j),
+            )
+        })
+        .collect();
+    let _leaves: Vec<Switchd> = (0..LEAVES)
+        .map(|i| {
+            Switchd::start_in(
+                &fabric.leaf_ns(i),
+                &format!("sw2-l{i}"),
+                &leaf_config(&fabric, i),
+            )
+        })
+        .collect();
+    let sizes = vec![WPL.to_string(); LEAVES as usize].join(",");
+    let workers: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| {
+            fabric
+                .cmd_in(&fabric.worker_ns(i, k), worker_bin())
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["--job", "1", "--rank", &k.to_string()])
+                .args(["--workers", &WPL.to_string()])
+                .env(proto::secret::SECRET_ENV, SECRET)
+                .args(["--tree-leaves", &sizes, "--leaf", &i.to_string()])
+                .args(["--elements", &ELEMENTS.to_string()])
+                .args(["--iterations", &ITERATIONS.to_string()])
+                .args(["--verify", "--json", "--stall-timeout", "20"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting worker")
+        })
+        .collect();
+    let reports = expect_verified(workers);
+    check_stats("tree all-reduce", &reports);
+    eprintln!(
+        "tree: statistics verified on all {} workers, first {}",
+        reports.len(),
+        reports[0]["gradient_stats"][0]
+    );
 }

@@ -19,8 +19,8 @@
 //!   In a `stats = true` job every all-reduce and reduce-scatter reports the
 //!   switch's gradient statistics (Σᵢ‖gᵢ‖², ‖Σᵢ gᵢ‖², ranks); `--verify`
 //!   checks them bit for bit against `proto::worker::reference_grad_stats`
-//!   of every rank's pattern (on a single switch; a tree's are reported,
-//!   not checked).
+//!   of every rank's pattern (in a tree, `reference_tree_grad_stats` over
+//!   every leaf's ranks).
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
 //!
@@ -41,7 +41,7 @@ use proto::reference::{
 };
 use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
-use proto::worker::{reference_grad_stats, Shape};
+use proto::worker::{reference_grad_stats, reference_tree_grad_stats, Shape};
 use worker::{Element, GradStats, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
 
 /// `--collective`: which collective the iterations run.
@@ -385,6 +385,37 @@ fn expected_stats(
     reference_grad_stats(shape, elems_per_chunk, &refs)
 }
 
+/// [`expected_stats`] of an all-reduce through a tree whose leaves have
+/// `sizes` workers: every global rank's pattern, grouped by leaf.
+fn expected_tree_stats(
+    dtype: Dtype,
+    sizes: &[u16],
+    elements: usize,
+    elems_per_chunk: u16,
+    it: u32,
+) -> Option<GradStats> {
+    let mut global = 0u16;
+    let leaves: Vec<Vec<Vec<f32>>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    let r = global;
+                    global += 1;
+                    (0..elements)
+                        .map(|i| pattern_dtype(dtype, r, it, i))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let refs: Vec<Vec<&[f32]>> = leaves
+        .iter()
+        .map(|l| l.iter().map(Vec::as_slice).collect())
+        .collect();
+    reference_tree_grad_stats(elements, elems_per_chunk, &refs)
+}
+
 /// An element the CLI fills and verifies: converted from the float32
 /// pattern (rounded to nearest even) and widened back to compare.
 trait CliElement: Element {
@@ -629,10 +660,9 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     };
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let what = format!("job {job} ({who})");
-    // A single switch's statistics are checked; a tree's sum in leaf order
-    // over leaves this worker cannot see the sizes of chunks of.
-    let expected_grad = |w: &Worker, it: u32| match tree {
-        Some(_) => None,
+    // In a tree the spine adds the leaves' parts in leaf order.
+    let expected_grad = |w: &Worker, it: u32| match &tree {
+        Some(t) => expected_tree_stats(dtype, &t.sizes, a.elements, w.elems_per_chunk(), it),
         None => expected_stats(kind, dtype, n, a.elements, w.elems_per_chunk(), it),
     };
     let Outcome {
@@ -1033,5 +1063,10 @@ mod tests {
             expected_stats(Kind::AllGather, Dtype::F32, n, elements, 20, 2),
             None
         );
+        // A one-leaf tree is the single switch; two leaves of two count
+        // the same ranks, in tree order.
+        let tree = |sizes: &[u16]| expected_tree_stats(Dtype::F32, sizes, elements, 20, 2).unwrap();
+        assert!(tree(&[4]).bits_eq(&ar));
+        assert_eq!(tree(&[2, 2]).ranks, 4);
     }
 }

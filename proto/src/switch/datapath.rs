@@ -319,9 +319,7 @@ impl JobCore {
             values,
             ce,
         };
-        let out = self
-            .engine
-            .contribute_with_part(&contribution, epoch, part);
+        let out = self.engine.contribute_with_part(&contribution, epoch, part);
         match out {
             Contributed::Dropped(r) => {
                 c.drops[r as usize].fetch_add(1, Ordering::Relaxed);
