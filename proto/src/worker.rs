@@ -1555,7 +1555,7 @@ mod tests {
             .collect();
         let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let single = reference_grad_stats(Shape::all_reduce(len), 8, &refs).unwrap();
-        let one_leaf = reference_tree_grad_stats(len, 8, &[refs.clone()]).unwrap();
+        let one_leaf = reference_tree_grad_stats(len, 8, std::slice::from_ref(&refs)).unwrap();
         assert!(one_leaf.bits_eq(&single));
         let two =
             reference_tree_grad_stats(len, 8, &[refs[..2].to_vec(), refs[2..].to_vec()]).unwrap();
