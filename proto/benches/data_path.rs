@@ -52,6 +52,13 @@
 //! `add_le_f32/<backend>/362`: one payload of a 1500-byte MTU folded into a
 //! sum, by the scalar loop, each vector backend, and the dispatched choice.
 //!
+//! `stats/<dtype>_off/E` and `stats/<dtype>_on/E`: `engine` (as above) in a
+//! job of 4 ranks without and with gradient statistics (`stats = true`:
+//! each rank's squared norm folded, the sum's taken and the trailer written
+//! at completion, and carried by every RESULT), for f32 and bf16 DATA of
+//! full chunks at a 1500-byte MTU with the trailer's room (356 and 712
+//! elements): the difference is what the statistics cost per packet.
+//!
 //! Run: `cargo bench -p agg-proto --bench data_path` (add `-- --quick` for a
 //! short run).
 
@@ -72,8 +79,8 @@ use proto::switch::{
 };
 use proto::tag::{AuthMode, PacketKey, TAG_LEN};
 use proto::wire::{
-    write_f32s, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN, MAX_ELEMS_PER_CHUNK,
-    OP_SUM,
+    write_f32s, Dtype, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN,
+    MAX_ELEMS_PER_CHUNK, OP_SUM,
 };
 
 const JOB: u16 = 5;
@@ -113,16 +120,22 @@ fn config(elems: u16) -> JobConfig {
         window: POOL,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     }
 }
 
 fn handshake(rank: u16) -> Handshake {
+    handshake_of(rank, DTYPE_F32)
+}
+
+/// `rank`'s handshake naming wire dtype `dtype`.
+fn handshake_of(rank: u16, dtype: u8) -> Handshake {
     let ep = endpoint(rank);
     let params = JoinParams {
         job: JOB,
         rank,
         n_workers: RANKS,
-        dtype: DTYPE_F32,
+        dtype,
         op: OP_SUM,
         secret: SECRET,
         ip: ep.source.ip,
@@ -187,6 +200,8 @@ struct Stream {
     pos: usize,
     /// Seq of frame 0..4 in the current pass.
     base: u32,
+    /// The payload's element type.
+    dtype: Dtype,
 }
 
 impl Stream {
@@ -196,6 +211,15 @@ impl Stream {
 
     /// DATA tagged with rank r's key `keys[r]` (none if `keys` is empty).
     fn tagged(elems: u16, keys: Vec<PacketKey>) -> Stream {
+        Stream::build(elems, keys, Dtype::F32)
+    }
+
+    /// Untagged DATA of `dtype` (the float32 pattern rounded to it).
+    fn of_dtype(elems: u16, dtype: Dtype) -> Stream {
+        Stream::build(elems, Vec::new(), dtype)
+    }
+
+    fn build(elems: u16, keys: Vec<PacketKey>, dtype: Dtype) -> Stream {
         let count = RING_SEQS as usize * RANKS as usize;
         let mut s = Stream {
             umem: vec![0; count * FRAME],
@@ -203,6 +227,7 @@ impl Stream {
             keys,
             pos: 0,
             base: 0,
+            dtype,
         };
         let mut values = vec![0f32; elems as usize];
         for i in 0..count {
@@ -215,7 +240,11 @@ impl Stream {
             let d = s.datagram_mut(i);
             h.emit_to(d).expect("header");
             fill_pattern(rank, seq, &mut values);
-            write_f32s(&values, &mut d[HEADER_LEN..]);
+            if dtype == Dtype::F32 {
+                write_f32s(&values, &mut d[HEADER_LEN..]);
+            } else {
+                proto::elements::round_to_le(dtype, &values, &mut d[HEADER_LEN..]);
+            }
             s.tag(i);
         }
         s
@@ -234,7 +263,7 @@ impl Stream {
         if self.keys.is_empty() {
             return;
         }
-        let n = 4 * self.elems;
+        let n = self.dtype.size() * self.elems;
         let d = self.datagram(i);
         let h = HeaderRepr::parse(&Header::new_checked(d).expect("hdr")).expect("hdr");
         let t = self.keys[h.rank as usize].tag(&h, &d[HEADER_LEN..HEADER_LEN + n]);
@@ -247,13 +276,14 @@ impl Stream {
 
     fn datagram_mut(&mut self, i: usize) -> &mut [u8] {
         let start = i * FRAME + L2_L4_LEN;
-        let len = HEADER_LEN + 4 * self.elems + self.tag_len();
+        let len = HEADER_LEN + self.dtype.size() * self.elems + self.tag_len();
         &mut self.umem[start..start + len]
     }
 
     fn datagram(&self, i: usize) -> &[u8] {
         let start = i * FRAME + L2_L4_LEN;
-        &self.umem[start..start + HEADER_LEN + 4 * self.elems + self.tag_len()]
+        let len = HEADER_LEN + self.dtype.size() * self.elems + self.tag_len();
+        &self.umem[start..start + len]
     }
 
     /// Moves the ring to the next [`RING_SEQS`] seqs.
@@ -636,12 +666,75 @@ fn auth_cost(c: &mut Criterion) {
     g.finish();
 }
 
+/// A job of `cfg` activated by every rank's handshake (naming its dtype).
+fn active_table_of(cfg: JobConfig) -> JobTable {
+    let now = Instant::now();
+    let dtype = cfg.dtype as u8;
+    let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), now);
+    t.add(cfg, MAX_ELEMS_PER_CHUNK).expect("job config");
+    let mut b = [0u8; 256];
+    for rank in 0..RANKS {
+        let v = handshake_join(&mut t, &mut handshake_of(rank, dtype), rank, now, &mut b);
+        let want = if rank + 1 == RANKS {
+            JoinOutcome::Activated
+        } else {
+            JoinOutcome::Waiting
+        };
+        assert_eq!(v, Verdict::Join(want));
+    }
+    while t.poll_reply().is_some() {}
+    t
+}
+
+fn stats_cost(c: &mut Criterion) {
+    let mut g = c.benchmark_group("stats");
+    g.throughput(Throughput::Elements(1));
+    let from: [Endpoint; RANKS as usize] = std::array::from_fn(|r| endpoint(r as u16));
+    let now = Instant::now();
+    let mut tx = vec![0u8; FRAME];
+    for (dtype, elems) in [(Dtype::F32, 356u16), (Dtype::Bf16, 712)] {
+        for stats in [false, true] {
+            let mut table = active_table_of(JobConfig {
+                dtype,
+                stats,
+                ..config(elems)
+            });
+            let mut stream = Stream::of_dtype(elems, dtype);
+            let what = format!("{dtype:?} stats {stats} ");
+            check_path(&mut table, &from, &mut stream, now, &mut tx, &what);
+            // The path measured is the one with the trailer.
+            let last = stream.base.wrapping_add(RING_SEQS - 1);
+            let has = table
+                .get(JOB)
+                .and_then(|j| j.result(last))
+                .map(|r| r.payload().len());
+            let values = dtype.payload_len(elems);
+            let trailer = if stats { proto::stats::STATS_LEN } else { 0 };
+            assert_eq!(has, Some(values + trailer), "{what}");
+            let name = format!("{}_{}", dtype.name(), if stats { "on" } else { "off" });
+            bench_engine(
+                &mut g,
+                BenchmarkId::new(name, elems),
+                &mut table,
+                &from,
+                &mut stream,
+                now,
+                &mut tx,
+            );
+            let job = table.get(JOB).expect("job");
+            assert_eq!(job.drops().total(), 0, "{:?}", job.drops());
+        }
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     data_packet,
     add_le_f32,
     handshake_cost,
     nack_cost,
-    auth_cost
+    auth_cost,
+    stats_cost
 );
 criterion_main!(benches);

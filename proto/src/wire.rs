@@ -997,6 +997,9 @@ pub enum SpineRefusal {
     /// The spine's job is declared `auth = "mac"`: trees aggregate with
     /// `auth = "port"` only.
     AuthDiffers,
+    /// The spine's JOIN_ACK names another `stats` (`spine`) than the leaf's
+    /// job (docs/PROTOCOL.md, "Gradient statistics").
+    StatsDiffer { spine: u8 },
 }
 
 impl fmt::Display for SpineRefusal {
@@ -1027,6 +1030,12 @@ impl fmt::Display for SpineRefusal {
                 "the spine's job has {spine} elements per chunk, not the leaf's (give both \
                  jobs the same elems_per_chunk)"
             ),
+            SpineRefusal::StatsDiffer { spine } => write!(
+                f,
+                "the spine's job is declared stats = {}, not as the leaf's (give both jobs \
+                 the same stats)",
+                *spine != 0
+            ),
         }
     }
 }
@@ -1037,6 +1046,9 @@ const ELEMS_DIFFER: u16 = 0x8000;
 /// `reason` of a refusal for a spine job of `auth = "mac"` (below any
 /// chunk size, which is at most 2 × 2237).
 const AUTH_DIFFERS: u16 = 0x4000;
+/// `reason` of a refusal for a spine job whose `stats` differs: this, plus
+/// the spine's `stats` byte (0 or 1).
+const STATS_DIFFER: u16 = 0x4100;
 
 impl SpineSessionState {
     /// (state, reason) as on the wire: state 0 joined, 1 joining, 2
@@ -1050,12 +1062,19 @@ impl SpineSessionState {
                 (2, ELEMS_DIFFER | spine)
             }
             SpineSessionState::Refused(SpineRefusal::AuthDiffers) => (2, AUTH_DIFFERS),
+            SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine }) => {
+                (2, STATS_DIFFER | u16::from(spine & 1))
+            }
         }
     }
 
     fn from_codes(state: u16, reason: u16) -> SpineSessionState {
         let refused = if reason == AUTH_DIFFERS {
             Some(SpineRefusal::AuthDiffers)
+        } else if reason & !1 == STATS_DIFFER {
+            Some(SpineRefusal::StatsDiffer {
+                spine: (reason & 1) as u8,
+            })
         } else if reason & ELEMS_DIFFER != 0 {
             Some(SpineRefusal::ElemsDiffer {
                 spine: reason & !ELEMS_DIFFER,
@@ -1554,6 +1573,9 @@ mod tests {
             SpineSessionState::Joined,
             SpineSessionState::Joining,
             SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine: 362 }),
+            SpineSessionState::Refused(SpineRefusal::AuthDiffers),
+            SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 0 }),
+            SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 1 }),
         ] {
             let mut b = [0u8; UPSTREAM_WAIT_LEN];
             UpstreamWaitPayload {

@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use proto::elements::round_f32;
 use proto::reference::{pattern, rank_order_sum};
 use proto::session::{Event, WorkerSession};
+use proto::stats::{tree_chunk_stats, GradStats, STATS_LEN};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
@@ -106,6 +107,24 @@ impl Tree {
         dtype: Dtype,
         base: Instant,
     ) -> Tree {
+        Tree::new_with_stats(l, w, k, slots, elems, dtype, base, false)
+    }
+
+    /// [`Tree::new`], every job (leaves and spines) declared with `stats`.
+    #[allow(clippy::too_many_arguments)]
+    fn new_with_stats(
+        l: usize,
+        w: u16,
+        k: usize,
+        slots: u16,
+        elems: u16,
+        dtype: Dtype,
+        base: Instant,
+        stats: bool,
+    ) -> Tree {
+        // The frames' float32 capacity: a stats job's chunk leaves room for
+        // the trailer (6 floats).
+        let frame = elems + if stats { 6 } else { 0 };
         let spines = (0..k)
             .map(|s| {
                 let mut t = JobTable::new(TableConfig::new(100 + s as u32, [s as u8; 32]), base);
@@ -124,8 +143,9 @@ impl Tree {
                         window: slots,
                         auth: Default::default(),
                         upstream: None,
+                        stats,
                     },
-                    elems,
+                    frame,
                 )
                 .unwrap();
                 t
@@ -160,8 +180,9 @@ impl Tree {
                             local_ip: uplink_ep(i).source.ip,
                             local_port: UPLINK_PORT,
                         }),
+                        stats,
                     },
-                    elems,
+                    frame,
                 )
                 .unwrap();
                 t
@@ -308,8 +329,32 @@ fn run_typed(
     seed: u64,
     dtype: Dtype,
 ) -> Vec<u64> {
+    run_tree(
+        l, w, k, len, elems, slots, iterations, edge, fabric, seed, dtype, false,
+    )
+}
+
+/// [`run_typed`] with every job declared `stats`: each worker's every
+/// RESULT must also carry the trailer `proto::stats::tree_chunk_stats`
+/// gives for its chunk, bit for bit, resends the same. (The RESULTs are
+/// taken here, not by the session, which does not read trailers.)
+#[allow(clippy::too_many_arguments)]
+fn run_tree(
+    l: usize,
+    w: u16,
+    k: usize,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    edge: Faults,
+    fabric: Faults,
+    seed: u64,
+    dtype: Dtype,
+    stats: bool,
+) -> Vec<u64> {
     let base = Instant::now();
-    let mut tree = Tree::new(l, w, k, slots, elems, dtype, base);
+    let mut tree = Tree::new_with_stats(l, w, k, slots, elems, dtype, base, stats);
     let cfg = common::transport();
     let mut net = Net {
         links: Links::new(seed),
@@ -343,10 +388,11 @@ fn run_typed(
             partials.push(rank_order_sum(&inputs));
         }
         let refs: Vec<&[f32]> = partials.iter().map(|p| &p[..]).collect();
-        let want: Vec<f32> = rank_order_sum(&refs)
-            .into_iter()
-            .map(|v| round_f32(dtype, v))
-            .collect();
+        let tree_sum = rank_order_sum(&refs);
+        let want: Vec<f32> = tree_sum.iter().map(|v| round_f32(dtype, *v)).collect();
+        // Per worker, the trailer of each chunk's RESULT, by seq.
+        let mut trailers: Vec<Vec<std::collections::HashMap<u32, GradStats>>> =
+            vec![vec![Default::default(); w as usize]; l];
         let mut steps = 0u64;
         while !workers.iter().flatten().all(|x| x.coll.is_complete()) {
             steps += 1;
@@ -433,14 +479,50 @@ fn run_typed(
                     }
                     Node::Worker { leaf, rank } => {
                         let wk = &mut workers[leaf][rank as usize];
+                        let h = parse(&m.bytes);
+                        if stats && h.msg_type == MsgType::Result && h.gen == 1 + leaf as u32 {
+                            let n = dtype.payload_len(h.count);
+                            let body = &m.bytes[HEADER_LEN..];
+                            assert_eq!(body.len(), n + STATS_LEN, "leaf {leaf} rank {rank}");
+                            let s = GradStats::parse(&body[n..]).unwrap();
+                            let first = trailers[leaf][rank as usize].entry(h.seq).or_insert(s);
+                            assert!(first.bits_eq(&s), "a resent RESULT, the same trailer");
+                            wk.take_result(&h, &body[..n], dtype, base + now);
+                            continue;
+                        }
                         let (h, v) = match wk.session.handle(&m.bytes, base + now) {
-                            Some(Event::Result { header, values }) => (header, values),
+                            Some(Event::Result { header, values, .. }) => (header, values),
                             Some(e @ (Event::SessionLost(_) | Event::Failed(_))) => {
                                 panic!("leaf {leaf} rank {rank}: {e:?}")
                             }
                             _ => continue,
                         };
                         wk.take_result(&h, &m.bytes[v], dtype, base + now);
+                    }
+                }
+            }
+        }
+        if stats {
+            // The reference per chunk: each leaf's ranks in rank order, the
+            // leaves in leaf order, the float32 tree-order sum.
+            let chunks = len.div_ceil(elems as usize);
+            for c in 0..chunks {
+                let r = c * elems as usize..((c + 1) * elems as usize).min(len);
+                let leaves: Vec<Vec<&[f32]>> = workers
+                    .iter()
+                    .map(|ws| ws.iter().map(|x| &x.input[r.clone()]).collect())
+                    .collect();
+                let want = tree_chunk_stats(&leaves, &tree_sum[r.clone()]);
+                assert_eq!(want.ranks, l as u32 * u32::from(w));
+                for (i, ts) in trailers.iter().enumerate() {
+                    for (rk, t) in ts.iter().enumerate() {
+                        let got = t
+                            .get(&(seq + c as u32))
+                            .unwrap_or_else(|| panic!("leaf {i} rank {rk} chunk {c}: no trailer"));
+                        assert!(
+                            got.bits_eq(&want),
+                            "leaf {i} rank {rk} iteration {it} chunk {c}: {got:?}, want {want:?}"
+                        );
                     }
                 }
             }
@@ -503,6 +585,40 @@ fn loss_duplication_and_reordering_at_both_levels() {
     };
     run(2, 3, 2, 3000, 16, 16, 3, f, f, 42);
     run(3, 2, 3, 2000, 16, 32, 2, CLEAN, f, 43);
+}
+
+/// Gradient statistics over trees: every worker's every RESULT carries the
+/// tree's reference trailer (each leaf's ranks' sum of squares in rank
+/// order, the leaves' in leaf order, the square of the float32 tree-order
+/// sum), for f32, bf16 and f16, clean and under loss, duplication and
+/// reordering at both levels.
+#[test]
+fn statistics_over_trees_equal_the_tree_reference() {
+    let f = Faults {
+        loss: 0.05,
+        dup: 0.05,
+        reorder: 0.2,
+    };
+    for (seed, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16]
+        .into_iter()
+        .enumerate()
+    {
+        run_tree(
+            2,
+            3,
+            2,
+            300,
+            16,
+            16,
+            2,
+            CLEAN,
+            CLEAN,
+            seed as u64,
+            dtype,
+            true,
+        );
+        run_tree(3, 2, 1, 200, 8, 8, 2, f, f, 10 + seed as u64, dtype, true);
+    }
 }
 
 #[test]
@@ -750,6 +866,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         window: 16,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     };
     let mut f = Fabric::new(1, 1, 2);
     f.tree.spines[1].remove(JOB);
@@ -801,6 +918,25 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
             }
         ))
     );
+
+    // The right chunk size, but the spine's job has gradient statistics
+    // and the leaf's not: declared inconsistently, named as such.
+    f.tree.spines[1].remove(JOB);
+    let with_stats = JobConfig {
+        stats: true,
+        ..spine_job(SECRET, 8)
+    };
+    f.tree.spines[1].add(with_stats, 14).unwrap();
+    f.run_for(Duration::from_millis(1500));
+    let (_, p) = f.heartbeat_answer(0, 0, 1);
+    let why = SpineRefusal::StatsDiffer { spine: 1 };
+    assert_eq!(
+        UpstreamWaitPayload::parse(&p).unwrap().session,
+        SpineSessionState::Refused(why)
+    );
+    assert!(why.to_string().contains("stats = true"), "{why}");
+    assert!(std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+        .any(|e| matches!(e, Event::SpineRefused { why: w, .. } if w == why)));
 
     // Fixed: the leaf joins within its retry, and chunk 1 completes.
     f.tree.spines[1].remove(JOB);
@@ -902,6 +1038,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
                 dtype: Default::default(),
                 window: 16,
                 upstream: None,
+                stats: false,
                 auth: Default::default(),
             },
             8,

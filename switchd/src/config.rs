@@ -29,6 +29,7 @@
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
+//! stats = false                     # true: gradient statistics on every summed RESULT
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -271,6 +272,10 @@ pub struct JobSection {
     /// On a leaf: this job's place in its trees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamSection>,
+    /// Gradient statistics: a 24-byte trailer on every summed RESULT
+    /// (docs/PROTOCOL.md, "Gradient statistics"); false when absent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stats: bool,
 }
 
 /// `[job.upstream]`: a leaf's place in a job's aggregation trees.
@@ -412,12 +417,14 @@ impl JobSection {
                     local_port: local.port(),
                 }),
             },
+            stats: self.stats,
         };
         // A leaf's chunks are float32 towards its spines, whatever the
-        // dtype; a mac job's leave room for the tag.
+        // dtype; a mac job's leave room for the tag, a stats job's for the
+        // statistics trailer.
         if self.elems_per_chunk.is_none() {
             let f32_elems = default_elems.min(max_elems);
-            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth);
+            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth, cfg.stats);
         }
         cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;
@@ -847,6 +854,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             dtype: None,
             upstream: None,
             auth: None,
+            stats: false,
         };
         let e = j.to_job_config(362, 362, None).unwrap_err();
         assert!(e.contains("job 7") && e.contains("weak"), "{e}");
@@ -978,6 +986,34 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         );
         let e = parse(&leaf).unwrap_err().to_string();
         assert!(e.contains("not supported on a leaf"), "{e}");
+    }
+
+    #[test]
+    fn stats_leaves_room_for_the_trailer_and_is_off_by_default() {
+        assert!(!parse(GOOD).unwrap().jobs[0].stats);
+        let st = format!("{GOOD}stats = true\n");
+        let c = parse(&st).unwrap();
+        assert!(c.jobs[0].stats);
+        // 24 bytes less payload: 362 - 6 floats at MTU 1500, 724 - 12 bf16;
+        // with a mac tag too, 40 bytes less.
+        assert_eq!(c.jobs[0].elems_per_chunk, 356);
+        let c = parse(&format!("{st}dtype = \"bf16\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 712);
+        let c = parse(&format!("{st}auth = \"mac\"\n")).unwrap();
+        assert_eq!(c.jobs[0].elems_per_chunk, 352);
+        // The limit (a frame's floats, 944) leaves room for it too.
+        let e = parse(&format!("{st}elems_per_chunk = 939\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("elems_per_chunk must be 1..=938"), "{e}");
+        // switchctl's section says it only when on (older switchds refuse
+        // unknown keys).
+        let mut j = toml::from_str::<ConfigFile>(&st).unwrap().jobs[0].clone();
+        assert!(serde_json::to_string(&j)
+            .unwrap()
+            .contains("\"stats\":true"));
+        j.stats = false;
+        assert!(!serde_json::to_string(&j).unwrap().contains("stats"));
     }
 
     #[test]

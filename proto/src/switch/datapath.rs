@@ -283,7 +283,7 @@ impl JobCore {
             // A spine: the table refuses it (NACK 10, rate-limited).
             return Fast::Slow;
         }
-        match self.take(thread, hdr, payload, ce, a.epoch) {
+        match self.take(thread, hdr, payload, ce, a.epoch, None) {
             DataOutcome::Completed { seq } => Fast::Completed { job: self.id, seq },
             DataOutcome::Retransmit { seq } => Fast::Retransmit {
                 job: self.id,
@@ -294,9 +294,10 @@ impl JobCore {
         }
     }
 
-    /// Takes an admitted DATA (`values`: the payload without a tag) into
-    /// the engine and counts it on `thread`'s stripe; the table's path
-    /// (under its lock) and the fast path both end here.
+    /// Takes an admitted DATA (`values`: the payload without a tag or
+    /// trailer; `part`: a leaf's trailer at a stats spine) into the engine
+    /// and counts it on `thread`'s stripe; the table's path (under its
+    /// lock) and the fast path both end here.
     pub(super) fn take(
         &self,
         thread: usize,
@@ -304,6 +305,7 @@ impl JobCore {
         values: &[u8],
         ce: bool,
         epoch: u32,
+        part: Option<(f64, u32)>,
     ) -> DataOutcome {
         let c = self.counters.stripe(thread);
         let contribution = Contribution {
@@ -317,7 +319,7 @@ impl JobCore {
             values,
             ce,
         };
-        let out = self.engine.contribute_admitted(&contribution, epoch);
+        let out = self.engine.contribute_with_part(&contribution, epoch, part);
         match out {
             Contributed::Dropped(r) => {
                 c.drops[r as usize].fetch_add(1, Ordering::Relaxed);

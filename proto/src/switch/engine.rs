@@ -43,6 +43,18 @@
 //!   contributor's copy or sum except a reader of the result being replaced.
 //! * Every buffer is allocated in [`SlotEngine::try_new`], fallibly; a
 //!   contribution allocates nothing.
+//! * Gradient statistics (a `stats` engine, summed kinds only; docs/
+//!   PROTOCOL.md, "Gradient statistics"): the fold token holder adds each
+//!   rank's part to the slot's running (float64 sum of squares, ranks)
+//!   when it folds that rank, so in rank order like the sum. A rank's part
+//!   is its squared norm ([`crate::stats::squared_norm`] of its widened
+//!   values) and 1, or, for a leaf's partial at a spine, the leaf's
+//!   trailer (its ranks' sum of squares and count). A parked row keeps the
+//!   part in its tail, after a full chunk. The completion takes the
+//!   squared norm of the float32 accumulator before rounding and writes the
+//!   24-byte trailer right after the result's values (a leaf's partial:
+//!   square of sum 0), where resends find it. An engine without stats pays
+//!   one predictable branch per fold.
 #![allow(unsafe_code)]
 
 use std::collections::TryReserveError;
@@ -50,6 +62,7 @@ use std::collections::TryReserveError;
 use super::counters::DropReason;
 use crate::elements;
 use crate::seq::serial_offset;
+use crate::stats::{squared_norm, squared_norm_le, GradStats, STATS_LEN};
 use crate::wire::{Dtype, Kind};
 
 use sync::{
@@ -150,8 +163,12 @@ pub struct Shadow {
     pub owner: u16,
     /// The folded Internet checksum sum of the result's payload bytes
     /// (0 in a leaf's partial): summed once when the result is made, so
-    /// that each RESULT's UDP checksum only adds its own headers.
+    /// that each RESULT's UDP checksum only adds its own headers. With a
+    /// statistics trailer, of the values and the trailer.
     pub payload_sum: u16,
+    /// The values are followed by a statistics trailer ([`STATS_LEN`]
+    /// bytes): a `stats` engine's summed chunk.
+    pub stats: bool,
 }
 
 /// An aggregation in progress.
@@ -190,23 +207,45 @@ impl ResultRef<'_> {
         self.shadow
     }
 
-    /// The payload: `count` elements in the dtype's wire encoding (empty
-    /// in the view of a rank that gets a NOVAL RESULT).
+    /// The RESULT payload before any tag: `count` elements in the dtype's
+    /// wire encoding (none in the view of a rank that gets a NOVAL RESULT),
+    /// then the statistics trailer if the result has one.
     pub fn bytes(&self) -> &[u8] {
-        if self.noval {
-            return &[];
-        }
         let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
-        &bytes[..self.len.min(bytes.len())]
+        let end = (self.len + self.trailer_len()).min(bytes.len());
+        let start = if self.noval { self.len.min(end) } else { 0 };
+        &bytes[start..end]
+    }
+
+    /// The statistics trailer's bytes (empty when the result has none).
+    pub fn trailer(&self) -> &[u8] {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
+        let end = (self.len + self.trailer_len()).min(bytes.len());
+        &bytes[self.len.min(end)..end]
+    }
+
+    /// The chunk's statistics, if the result carries them.
+    pub fn stats(&self) -> Option<GradStats> {
+        GradStats::parse(self.trailer()).ok()
+    }
+
+    fn trailer_len(&self) -> usize {
+        if self.shadow.stats {
+            STATS_LEN
+        } else {
+            0
+        }
     }
 
     /// The folded checksum sum of [`ResultRef::bytes`] (made once, when the
-    /// result was).
+    /// result was; a NOVAL view's trailer, 24 bytes, is summed here).
     pub fn payload_sum(&self) -> u16 {
-        if self.noval {
-            0
-        } else {
+        if !self.noval {
             self.shadow.payload_sum
+        } else if self.shadow.stats {
+            crate::checksum::Sum::ZERO.add_bytes(self.trailer()).fold()
+        } else {
+            0
         }
     }
 
@@ -328,6 +367,10 @@ struct Slot {
     shadow_tag: AtomicU64,
     /// The running sum: the fold token holder's.
     acc: UnsafeCell<Vec<f32>>,
+    /// A `stats` engine's running Σ of the folded ranks' squared norms, in
+    /// rank order, and how many ranks it covers: the fold token holder's,
+    /// like `acc`.
+    sos: UnsafeCell<(f64, u32)>,
     /// One row per rank: contributions parked until their turn, widened to
     /// float32; written only by the rank's claimant, read only by the token
     /// holder once the row is ready.
@@ -357,6 +400,8 @@ pub struct SlotEngine {
     elems: usize,
     dtype: Dtype,
     partials: bool,
+    /// Gradient statistics of summed chunks (module docs).
+    stats: bool,
 }
 
 /// A value alone on its cache line.
@@ -414,15 +459,35 @@ impl SlotEngine {
         partials: bool,
         window: u16,
     ) -> Result<SlotEngine, TryReserveError> {
+        Self::try_with_stats(slots, n, elems, dtype, partials, window, false)
+    }
+
+    /// [`SlotEngine::try_new`], with gradient statistics when `stats`
+    /// (docs/PROTOCOL.md, "Gradient statistics"): each summed result (or
+    /// a leaf's partial) carries its trailer after its values.
+    pub fn try_with_stats(
+        slots: u16,
+        n: u16,
+        elems: u16,
+        dtype: Dtype,
+        partials: bool,
+        window: u16,
+        stats: bool,
+    ) -> Result<SlotEngine, TryReserveError> {
         debug_assert!(slots.is_power_of_two(), "slots must be a power of two");
         let e = elems as usize;
+        // Room for the trailer after a full chunk's float32 values, in the
+        // buffers that become a result or a partial (they swap with `acc`).
+        let held = if stats { e + STATS_LEN / 4 } else { e };
+        // A parked row's tail holds the rank's statistics part.
+        let row = if stats { e + PART_FLOATS } else { e };
         let mut all = Vec::new();
         all.try_reserve_exact(slots as usize)?;
         for _ in 0..slots {
             let mut rows = Vec::new();
             rows.try_reserve_exact(n as usize)?;
             for _ in 0..n {
-                rows.push(UnsafeCell::new(try_vec(0.0, e)?));
+                rows.push(UnsafeCell::new(try_vec(0.0, row)?));
             }
             all.push(Slot {
                 meta: Mutex::new(Meta {
@@ -436,17 +501,18 @@ impl SlotEngine {
                     folding: None,
                 }),
                 shadow_tag: AtomicU64::new(0),
-                acc: UnsafeCell::new(try_vec(0.0, e)?),
+                acc: UnsafeCell::new(try_vec(0.0, held)?),
+                sos: UnsafeCell::new((0.0, 0)),
                 rows,
                 result: RwLock::new(Held {
                     what: None,
                     epoch: 1,
-                    values: try_vec(0.0, e)?,
+                    values: try_vec(0.0, held)?,
                 }),
                 partial: RwLock::new(Held {
                     what: None,
                     epoch: 1,
-                    values: try_vec(0.0, if partials { e } else { 0 })?,
+                    values: try_vec(0.0, if partials { held } else { 0 })?,
                 }),
             });
         }
@@ -458,7 +524,13 @@ impl SlotEngine {
             elems: e,
             dtype,
             partials,
+            stats,
         })
+    }
+
+    /// Whether summed chunks carry gradient statistics.
+    pub fn stats(&self) -> bool {
+        self.stats
     }
 
     /// Slots.
@@ -552,7 +624,7 @@ impl SlotEngine {
     /// (Duplicate), the window (Stale, BeyondWindow), then the slot's
     /// aggregation (SlotBusy, Duplicate, CountMismatch, CollectiveMismatch).
     pub fn contribute(&self, c: &Contribution<'_>) -> Contributed {
-        self.contribute_in(c, None)
+        self.contribute_in(c, None, None)
     }
 
     /// [`SlotEngine::contribute`] for a DATA admitted under activation
@@ -560,10 +632,27 @@ impl SlotEngine {
     /// it): if a reset came since, it is Stale, never summed into the new
     /// activation.
     pub fn contribute_admitted(&self, c: &Contribution<'_>, epoch: u32) -> Contributed {
-        self.contribute_in(c, Some(epoch))
+        self.contribute_in(c, Some(epoch), None)
     }
 
-    fn contribute_in(&self, c: &Contribution<'_>, admitted: Option<u32>) -> Contributed {
+    /// [`SlotEngine::contribute_admitted`] for a leaf's partial at a stats
+    /// spine: `part` is its trailer's (sum of squares, ranks), folded in
+    /// the leaf's rank order in place of a squared norm of its values.
+    pub fn contribute_with_part(
+        &self,
+        c: &Contribution<'_>,
+        epoch: u32,
+        part: Option<(f64, u32)>,
+    ) -> Contributed {
+        self.contribute_in(c, Some(epoch), part)
+    }
+
+    fn contribute_in(
+        &self,
+        c: &Contribution<'_>,
+        admitted: Option<u32>,
+        part: Option<(f64, u32)>,
+    ) -> Contributed {
         use Contributed::Dropped;
         if c.rank >= self.n {
             return Dropped(DropReason::RankOutOfRange);
@@ -684,6 +773,21 @@ impl SlotEngine {
                     (_, d, _) => elements::add_le(d, &mut acc[..count], c.values),
                 }
             });
+            if self.stats && kind != Kind::AllGather {
+                let part = part.unwrap_or_else(|| {
+                    slot.rows[c.rank as usize].with_mut(|row| {
+                        // SAFETY: this thread claimed the rank (no other
+                        // claimant: Duplicate) and its row is not ready, so
+                        // no folder reads it; an older activation's writer
+                        // was refused above (SlotBusy). The row is scratch.
+                        let row = unsafe { &mut *row };
+                        (squared_norm_le(self.dtype, c.values, row), 1)
+                    })
+                });
+                // SAFETY: the fold token gives `sos`, as `acc`.
+                slot.sos
+                    .with_mut(|sos| unsafe { fold_part(&mut *sos, c.rank, part) });
+            }
             let mut m = lock(&slot.meta);
             if m.epoch != epoch {
                 return self.discard_token(m);
@@ -705,6 +809,9 @@ impl SlotEngine {
                 copy_bytes(row, c.values);
             } else {
                 elements::read_le(self.dtype, c.values, &mut row[..count]);
+                if self.stats {
+                    park_part(row, self.elems, part);
+                }
             }
         });
         let mut m = lock(&slot.meta);
@@ -774,6 +881,13 @@ impl SlotEngine {
                             // arrival, so the bits are the same either way.
                             crate::simd::add_f32(&mut acc[..count], &row[..count]);
                         }
+                        if self.stats && a.kind != Kind::AllGather {
+                            let part = parked_part(row, self.elems)
+                                .unwrap_or_else(|| (squared_norm(&row[..count]), 1));
+                            // SAFETY: the fold token gives `sos`, as `acc`.
+                            slot.sos
+                                .with_mut(|sos| unsafe { fold_part(&mut *sos, r, part) });
+                        }
                     });
                 }
             });
@@ -806,14 +920,27 @@ impl SlotEngine {
             kind: a.kind,
             owner: a.owner,
             payload_sum: 0,
+            stats: self.stats && a.kind != Kind::AllGather,
         };
         let count = a.count as usize;
+        // SAFETY: the fold token gives `sos`.
+        let (sos, ranks) = slot.sos.with(|s| unsafe { *s });
         if self.partials {
             let mut held = slot.partial.write().unwrap_or_else(|e| e.into_inner());
             slot.acc.with_mut(|acc| {
                 // SAFETY: the fold token gives the accumulator.
                 core::mem::swap(unsafe { &mut *acc }, &mut held.values);
             });
+            if done.stats {
+                // A leaf's part: its ranks' sum of squares (the spine
+                // squares the tree's sum).
+                let t = GradStats {
+                    sum_of_squares: sos,
+                    square_of_sum: 0.0,
+                    ranks,
+                };
+                write_trailer(&mut held.values, count * 4, &t);
+            }
             held.what = Some(done);
             held.epoch = epoch;
             let Some(mut m) = settle(slot, epoch) else {
@@ -823,9 +950,15 @@ impl SlotEngine {
             return Contributed::PartialReady { seq: a.seq };
         }
         let mut held = slot.result.write().unwrap_or_else(|e| e.into_inner());
-        slot.acc.with_mut(|acc| {
+        let stats = slot.acc.with_mut(|acc| {
             // SAFETY: the fold token gives the accumulator.
             let acc = unsafe { &mut *acc };
+            let stats = done.stats.then(|| GradStats {
+                sum_of_squares: sos,
+                // Of the float32 sum, before it is rounded.
+                square_of_sum: squared_norm(&acc[..count]),
+                ranks,
+            });
             // An all-gather's accumulator holds the owner's wire bytes.
             if self.dtype == Dtype::F32 || a.kind == Kind::AllGather {
                 core::mem::swap(acc, &mut held.values);
@@ -834,9 +967,13 @@ impl SlotEngine {
                 let out: &mut [u8] = bytemuck::cast_slice_mut(&mut held.values);
                 elements::round_to_le(self.dtype, &acc[..count], out);
             }
+            stats
         });
+        if let Some(t) = &stats {
+            write_trailer(&mut held.values, self.dtype.payload_len(a.count), t);
+        }
         let sh = Shadow {
-            payload_sum: payload_sum(&held, self.dtype, a.count),
+            payload_sum: payload_sum(&held, self.dtype, a.count, done.stats),
             ..done
         };
         held.what = Some(sh);
@@ -958,12 +1095,45 @@ impl SlotEngine {
         Some(f(&p, &held.values[..n]))
     }
 
+    /// (A leaf) the partial of `seq` as it goes up: its float32 values
+    /// (little-endian) and, in a stats engine, its trailer after them.
+    pub fn with_partial_wire<R>(
+        &self,
+        seq: u32,
+        f: impl FnOnce(&Partial, &[u8]) -> R,
+    ) -> Option<R> {
+        let held = self.slots[self.index(seq)]
+            .partial
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let p = held.get(seq, self.epoch())?;
+        let bytes: &[u8] = bytemuck::cast_slice(&held.values);
+        let len = p.count as usize * 4 + if p.stats { STATS_LEN } else { 0 };
+        Some(f(&p, bytes.get(..len)?))
+    }
+
     /// (A leaf) the spine's RESULT for the partial of `seq` (float32
     /// little-endian, whatever the job's dtype) becomes the shadow: rounded
     /// once to a half-precision dtype, `ece` OR-ed along the tree; the floor
     /// advances. False if the slot holds no partial of `seq` or `values`
     /// has another length. Callers serialise these calls.
     pub fn finish_partial(&self, seq: u32, values: &[u8], ece: bool) -> bool {
+        self.finish_partial_with_stats(seq, values, None, ece)
+    }
+
+    /// [`SlotEngine::finish_partial`] in a stats engine: the spine's
+    /// trailer `stats` goes to the local ranks unchanged, after the values
+    /// (false without one, or with one in an engine without stats).
+    pub fn finish_partial_with_stats(
+        &self,
+        seq: u32,
+        values: &[u8],
+        stats: Option<GradStats>,
+        ece: bool,
+    ) -> bool {
+        if stats.is_some() != self.stats {
+            return false;
+        }
         let dtype = self.dtype;
         let slot = &self.slots[self.index(seq)];
         let epoch = self.epoch();
@@ -988,9 +1158,13 @@ impl SlotEngine {
                 elements::round_to_le(dtype, &sum[..n], &mut out[at..at + n * dtype.size()]);
             }
         }
+        if let Some(t) = &stats {
+            write_trailer(&mut res.values, dtype.payload_len(p.count), t);
+        }
         let sh = Shadow {
             ece: p.ece || ece,
-            payload_sum: payload_sum(&res, dtype, p.count),
+            payload_sum: payload_sum(&res, dtype, p.count, stats.is_some()),
+            stats: stats.is_some(),
             ..p
         };
         res.what = Some(sh);
@@ -1018,11 +1192,63 @@ fn copy_bytes(to: &mut [f32], from: &[u8]) {
     to[..from.len()].copy_from_slice(from);
 }
 
-/// The folded checksum sum of a result's payload bytes.
-fn payload_sum(held: &Held, dtype: Dtype, count: u16) -> u16 {
+/// The folded checksum sum of a result's payload bytes (with `trailer`,
+/// its values and the statistics trailer after them).
+fn payload_sum(held: &Held, dtype: Dtype, count: u16, trailer: bool) -> u16 {
     let bytes: &[u8] = bytemuck::cast_slice(&held.values);
-    let n = dtype.payload_len(count).min(bytes.len());
+    let len = dtype.payload_len(count) + if trailer { STATS_LEN } else { 0 };
+    let n = len.min(bytes.len());
     crate::checksum::Sum::ZERO.add_bytes(&bytes[..n]).fold()
+}
+
+/// Writes the statistics trailer at byte `at` of a result's (or partial's)
+/// buffer, right after its values (the buffer has room: `try_with_stats`).
+fn write_trailer(values: &mut [f32], at: usize, t: &GradStats) {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(values);
+    if let Some(b) = bytes.get_mut(at..) {
+        // Emit fails only on a short buffer, which the allocation rules out.
+        let _ = t.emit(b);
+    }
+}
+
+/// Adds rank `rank`'s part (sum of squares, ranks) to a slot's running
+/// one in rank order: rank 0 starts it from 0 (as the reference does).
+#[inline]
+fn fold_part(sos: &mut (f64, u32), rank: u16, part: (f64, u32)) {
+    if rank == 0 {
+        *sos = (0.0, 0);
+    }
+    sos.0 += part.0;
+    sos.1 = sos.1.saturating_add(part.1);
+}
+
+/// Floats after a full chunk in a stats engine's row: a parked rank's
+/// part, given (a leaf's trailer) or not (computed from the values).
+const PART_FLOATS: usize = 4;
+
+/// Writes the part a parked contribution brought (if any) into its row's
+/// tail, after `elems` floats: sum of squares (f64), ranks (u32), 1 if
+/// given (u32).
+fn park_part(row: &mut [f32], elems: usize, part: Option<(f64, u32)>) {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(row);
+    if let Some(t) = bytes.get_mut(elems * 4..elems * 4 + PART_FLOATS * 4) {
+        let (sos, ranks) = part.unwrap_or((0.0, 0));
+        t[..8].copy_from_slice(&sos.to_ne_bytes());
+        t[8..12].copy_from_slice(&ranks.to_ne_bytes());
+        t[12..].copy_from_slice(&u32::from(part.is_some()).to_ne_bytes());
+    }
+}
+
+/// The part [`park_part`] left in a row, if one was given.
+fn parked_part(row: &[f32], elems: usize) -> Option<(f64, u32)> {
+    let bytes: &[u8] = bytemuck::cast_slice(row);
+    let t = bytes.get(elems * 4..elems * 4 + PART_FLOATS * 4)?;
+    if t[12..] != 1u32.to_ne_bytes() {
+        return None;
+    }
+    let sos = f64::from_ne_bytes(t[..8].try_into().ok()?);
+    let ranks = u32::from_ne_bytes(t[8..12].try_into().ok()?);
+    Some((sos, ranks))
 }
 
 #[cfg(all(test, not(loom)))]

@@ -330,13 +330,14 @@ impl Job {
             need: config.pool_bytes(),
         };
         let leaf = config.upstream.is_some();
-        let engine = SlotEngine::try_new(
+        let engine = SlotEngine::try_with_stats(
             config.pool_slots,
             config.n_workers,
             config.elems_per_chunk,
             config.dtype,
             leaf,
             config.window.min(config.pool_slots),
+            config.stats,
         )
         .map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
@@ -454,10 +455,15 @@ impl Job {
     pub(super) fn publish_admission(&self) {
         let fast = self.state == JobState::Active && self.uplink.is_none() && self.mac.is_none();
         let kinds = self.serves_kinds();
+        // A stats spine's leaves send trailers, which the table takes.
         let members = self
             .members
             .iter()
-            .map(|m| m.as_ref().filter(|_| fast).map(|m| m.endpoint))
+            .map(|m| {
+                m.as_ref()
+                    .filter(|m| fast && !(self.config.stats && m.upstream))
+                    .map(|m| m.endpoint)
+            })
             .collect();
         self.core.admit(Admission {
             fast,
@@ -663,10 +669,12 @@ impl Job {
         let mut h = hdr;
         h.window = window;
         h.flags &= !flags::NOVAL;
+        // Both cover the statistics trailer of a stats job (its NOVAL
+        // RESULT's whole payload).
         let values = key.tag(&h, res.bytes());
         let noval = (res.shadow().kind != Kind::AllReduce).then(|| {
             h.flags |= flags::NOVAL;
-            key.tag(&h, &[])
+            key.tag(&h, res.trailer())
         });
         m.result_tags[i] = Some(ResultTags {
             seq,
@@ -1121,10 +1129,30 @@ impl Job {
         } else {
             self.config.dtype.payload_len(hdr.count)
         };
-        if values.len() != len + self.config.auth.tag_len() {
+        // A leaf's partial to a stats spine carries its trailer (docs/
+        // PROTOCOL.md, "Gradient statistics"); nothing else does.
+        let from_leaf = self
+            .members
+            .get(hdr.rank as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|m| m.upstream);
+        let trailer = if self.config.stats && from_leaf {
+            crate::stats::STATS_LEN
+        } else {
+            0
+        };
+        if values.len() != len + trailer + self.config.auth.tag_len() {
             return self.drop(DropReason::PayloadLength);
         }
-        let (values, tag) = values.split_at(len);
+        let (values, tag) = values.split_at(len + trailer);
+        let (values, trailer) = values.split_at(len);
+        let part = match trailer {
+            [] => None,
+            t => match crate::stats::GradStats::parse(t) {
+                Ok(s) => Some((s.sum_of_squares, s.ranks)),
+                Err(_) => return self.drop(DropReason::PayloadLength),
+            },
+        };
         if let Some(m) = &self.mac {
             let ok = m.data_keys[hdr.rank as usize]
                 .as_ref()
@@ -1135,7 +1163,7 @@ impl Job {
         }
         // The table's path takes the lock: any stripe will do.
         let epoch = self.core.engine.epoch();
-        let out = self.core.take(0, hdr, values, ce, epoch);
+        let out = self.core.take(0, hdr, values, ce, epoch, part);
         if let DataOutcome::Completed { seq } = out {
             if self.mac.is_some() {
                 self.tag_result(seq);
@@ -1177,7 +1205,7 @@ impl Job {
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
             auth: self.config.auth as u8,
-            stats: 0,
+            stats: u8::from(self.config.stats),
             epoch: self.epoch,
             tag: [0; TAG_LEN],
         };

@@ -1518,8 +1518,8 @@ impl JobTable {
                 let job = self.jobs.get(&r.job)?;
                 let u = job.uplink()?;
                 let gen = u.spines.get(spine as usize)?.joined_gen?;
-                let (p, len) = job.with_partial(seq, |p, values| {
-                    let bytes = bytemuck::cast_slice::<f32, u8>(values);
+                // The values, and a stats job's trailer after them.
+                let (p, len) = job.with_partial_wire(seq, |p, bytes| {
                     let at = body.get_mut(..bytes.len())?;
                     at.copy_from_slice(bytes);
                     Some((*p, bytes.len()))

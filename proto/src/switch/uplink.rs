@@ -356,6 +356,16 @@ impl Job {
         self.core.engine.with_partial(seq, f)
     }
 
+    /// Runs `f` on the partial of `seq` as it goes up: its float32 values
+    /// (little-endian) and, in a stats job, its trailer.
+    pub fn with_partial_wire<R>(
+        &self,
+        seq: u32,
+        f: impl FnOnce(&super::engine::Partial, &[u8]) -> R,
+    ) -> Option<R> {
+        self.core.engine.with_partial_wire(seq, f)
+    }
+
     /// The resume point to announce to spine `spine`: (collective, its
     /// seq) of the leaf's floor, the oldest chunk it still needs the spine
     /// for (after a spine restart, the spine resumes there, not at the
@@ -476,6 +486,7 @@ impl Job {
         now: Instant,
     ) -> Option<SpineRefusal> {
         let elems = self.config.elems_per_chunk;
+        let stats = self.config.stats;
         let id = self.config.id;
         let u = self.uplink.as_mut()?;
         let s = &mut u.spines[spine];
@@ -493,6 +504,10 @@ impl Job {
             let why = SpineRefusal::ElemsDiffer {
                 spine: ack.elems_per_chunk,
             };
+            return u.refused_by(id, spine, why, now);
+        }
+        if ack.stats != u8::from(stats) {
+            let why = SpineRefusal::StatsDiffer { spine: ack.stats };
             return u.refused_by(id, spine, why, now);
         }
         let s = &mut u.spines[spine];
@@ -591,10 +606,29 @@ impl Job {
             return None;
         }
         let seq = u.cfg.leaf_seq(spine, hdr.seq);
+        // A stats job's RESULT ends with the spine's trailer, passed on to
+        // the local ranks unchanged.
+        let (payload, stats) = if self.config.stats {
+            let Some(at) = payload.len().checked_sub(crate::stats::STATS_LEN) else {
+                self.ctl_drops.bump(DropReason::PayloadLength);
+                return None;
+            };
+            let (values, t) = payload.split_at(at);
+            match crate::stats::GradStats::parse(t) {
+                Ok(s) => (values, Some(s)),
+                Err(_) => {
+                    self.ctl_drops.bump(DropReason::PayloadLength);
+                    return None;
+                }
+            }
+        } else {
+            (payload, None)
+        };
+        let ece = hdr.has_flag(flags::ECE) || ce;
         if !self
             .core
             .engine
-            .finish_partial(seq, payload, hdr.has_flag(flags::ECE) || ce)
+            .finish_partial_with_stats(seq, payload, stats, ece)
         {
             // A copy, or the RESULT of a partial already answered.
             self.ctl_drops.bump(DropReason::Duplicate);

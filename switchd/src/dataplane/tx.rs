@@ -365,6 +365,10 @@ mod tests {
     }
 
     fn table(dtype: Dtype, n: u16, auth: AuthMode) -> JobTable {
+        table_with_stats(dtype, n, auth, false)
+    }
+
+    fn table_with_stats(dtype: Dtype, n: u16, auth: AuthMode, stats: bool) -> JobTable {
         let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), Instant::now());
         t.add(
             JobConfig {
@@ -380,6 +384,7 @@ mod tests {
                 dtype,
                 window: 4,
                 upstream: None,
+                stats,
                 auth,
             },
             1000,
@@ -513,6 +518,72 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A stats job's RESULTs leave with the statistics trailer after the
+    /// values (a NOVAL RESULT: the trailer alone), written into the frame
+    /// from the shadow with the rest of the payload and covered by the UDP
+    /// checksum; first sends and resends carry the same trailer, equal to
+    /// the reference's.
+    #[test]
+    fn a_stats_job_s_result_frames_carry_the_trailer() {
+        use proto::stats::{chunk_stats, GradStats, STATS_LEN};
+        use proto::wire::{flags, Kind};
+        for (dtype, wire_dtype) in [
+            (Dtype::F32, proto::wire::DTYPE_F32),
+            (Dtype::Bf16, DTYPE_BF16),
+        ] {
+            let n = 3;
+            let mut t = table_with_stats(dtype, n, AuthMode::Port, true);
+            let (acks, _) = join_all(&mut t, n, wire_dtype);
+            assert!(acks.iter().all(|a| a.payload.stats == 1));
+            let now = Instant::now();
+            let inputs: Vec<Vec<f32>> = (0..n)
+                .map(|r| vec![1.5 + f32::from(r), -0.25 * f32::from(r), 1e3])
+                .collect();
+            let refs: Vec<&[f32]> = inputs.iter().map(|v| &v[..]).collect();
+            let want = chunk_stats(&refs, &proto::reference::rank_order_sum(&refs));
+            for (seq, kind) in [(0u32, Kind::AllReduce), (1, Kind::ReduceScatter)] {
+                let owner = 2;
+                let mut trailers = Vec::new();
+                for rank in (0..n).chain([0]) {
+                    let mut h = HeaderRepr::new(MsgType::Data, JOB);
+                    (h.rank, h.seq, h.count, h.gen) = (rank, seq, 3, GEN);
+                    h.window = owner;
+                    h.flags = kind.flag_bits();
+                    let mut p = vec![0u8; HEADER_LEN + dtype.payload_len(3)];
+                    proto::elements::round_to_le(
+                        dtype,
+                        &inputs[rank as usize],
+                        &mut p[HEADER_LEN..],
+                    );
+                    h.emit_to(&mut p).unwrap();
+                    t.handle(&p, endpoint(rank), false, now);
+                    for (h, p) in drain(&mut t) {
+                        let gets = kind.receives_values(h.rank, owner);
+                        assert_eq!(h.no_values(), !gets);
+                        let body = &p[HEADER_LEN..];
+                        let len = if gets { dtype.payload_len(3) } else { 0 };
+                        assert_eq!(
+                            body.len(),
+                            len + STATS_LEN,
+                            "{kind} {dtype:?} to {}",
+                            h.rank
+                        );
+                        let s = GradStats::parse(&body[len..]).unwrap();
+                        assert!(s.bits_eq(&want), "{kind} {dtype:?}: {s:?} {want:?}");
+                        trailers.push((h.has_flag(flags::RETX), body[len..].to_vec()));
+                    }
+                }
+                assert_eq!(
+                    trailers.len(),
+                    n as usize + 1,
+                    "{kind}: n RESULTs and a resend"
+                );
+                assert!(trailers.last().unwrap().0, "the last one is a resend");
+                assert!(trailers.windows(2).all(|w| w[0].1 == w[1].1));
             }
         }
     }
