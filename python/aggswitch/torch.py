@@ -786,6 +786,8 @@ class GradientNoiseScale:
         self._ema = [0.0, 0.0]  # EMA of |G|², of tr Σ (not bias-corrected)
         self.steps = 0
         self.world_size: int | None = None
+        # The last step's raw numbers: its S, Q, n, and its unsmoothed |G|², tr Σ.
+        self.last_stats: dict | None = None
         self.last_grad_sq: float | None = None
         self.last_trace: float | None = None
         if state is not None:
@@ -843,6 +845,7 @@ class GradientNoiseScale:
         grad_sq = (q - s) / (n * (n - 1))
         trace = b * (n * s - q) / (n * (n - 1))
         self.world_size, self.last_grad_sq, self.last_trace = n, grad_sq, trace
+        self.last_stats = {"sum_of_squares": s, "square_of_sum": q, "n": n, "buckets": buckets}
         self.steps += 1
         for i, v in enumerate((grad_sq, trace)):
             self._ema[i] = self.beta * self._ema[i] + (1.0 - self.beta) * v
