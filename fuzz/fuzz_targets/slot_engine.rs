@@ -160,6 +160,7 @@ impl JobSpec {
             // Trees are covered by proto/tests/simulated_tree.rs.
             auth: Default::default(),
             upstream: None,
+            stats: false,
         }
     }
 }

@@ -86,6 +86,7 @@ fn table(gen: u32, auth: AuthMode, now: Instant) -> JobTable {
             window: 4,
             auth,
             upstream: None,
+            stats: false,
         },
         64,
     )
@@ -157,7 +158,7 @@ impl World {
         };
         match &ev {
             None | Some(Event::Waiting { .. }) => {}
-            Some(Event::Result { header, values }) => {
+            Some(Event::Result { header, values, .. }) => {
                 assert!(joined_before);
                 assert_eq!(header.gen, gen_before);
                 assert!(values.end <= d.len() && values.start == HEADER_LEN);

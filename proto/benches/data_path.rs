@@ -113,6 +113,7 @@ fn config(elems: u16) -> JobConfig {
         window: POOL,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     }
 }
 

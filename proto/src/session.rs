@@ -29,8 +29,12 @@
 //!   CHALLENGE answering the probe means (another generation: rejoin; the
 //!   same: the trigger was spoofed).
 //! * Which RESULTs reach the collective: the session's generation, a payload
-//!   of exactly `count` elements (none for `NOVAL`) plus the tag of an
-//!   `auth = "mac"` job, and that tag verifying under the RESULT key.
+//!   of exactly `count` elements (none for `NOVAL`), plus the statistics
+//!   trailer of a `stats = true` job's summed kinds (its reserved bytes
+//!   zero), plus the tag of an `auth = "mac"` job, and that tag verifying
+//!   under the RESULT key (docs/PROTOCOL.md, "Gradient statistics").
+//! * Whether the job has gradient statistics: the JOIN_ACK's `stats` byte,
+//!   0 or 1; another value is fatal (a switch newer than this worker).
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
 //!   as often), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
@@ -54,9 +58,10 @@ pub use crate::handshake::PROBE_EVERY;
 use crate::handshake::{
     ChallengeError, Handshake, JoinAckError, JoinParams, ProbeAnswer, SessionGuard,
 };
+use crate::stats::{GradStats, STATS_LEN};
 use crate::tag::{AuthMode, PacketKey, Tag};
 use crate::wire::{
-    flags, Dtype, Header, HeaderRepr, MsgType, NackPayload, NackReason, Nonce, HEADER_LEN,
+    flags, Dtype, Header, HeaderRepr, Kind, MsgType, NackPayload, NackReason, Nonce, HEADER_LEN,
     NONCE_LEN,
 };
 
@@ -132,6 +137,11 @@ pub enum SessionError {
     JoinAck(JoinAckError),
     #[error("the switch's chunk size {elems} or pool size {slots} is unusable")]
     BadJoinAck { elems: u16, slots: u16 },
+    #[error(
+        "the switch's JOIN_ACK names gradient statistics mode {0} (0 off, 1 on), which this \
+         worker does not know (upgrade the worker)"
+    )]
+    UnknownStats(u8),
     #[error("no JOIN_ACK within {0:?}")]
     JoinTimeout(Duration),
 }
@@ -149,6 +159,9 @@ pub struct Joined {
     /// The window the switch advertised, within 1..=pool_slots.
     pub window: u16,
     pub auth: AuthMode,
+    /// The job is `stats = true`: its summed RESULTs carry a statistics
+    /// trailer ([`Event::Result`]'s `stats`).
+    pub stats: bool,
     /// Tags our DATA (`auth = "mac"` jobs).
     pub data_key: Option<PacketKey>,
     /// The first JOIN_ACK of this session object (not a rejoin).
@@ -171,10 +184,13 @@ pub enum Event {
     Joined(Box<Joined>),
     /// An authenticated RESULT: `header.seq`, `header.count` and its flags
     /// for the collective; `values` is where its values lie in the datagram
-    /// (empty for `NOVAL`).
+    /// (empty for `NOVAL`); `stats` its chunk's statistics trailer (a
+    /// `stats = true` job's all-reduce and reduce-scatter RESULTs; `None`
+    /// otherwise).
     Result {
         header: HeaderRepr,
         values: Range<usize>,
+        stats: Option<GradStats>,
     },
     /// The switch's answer to our HEARTBEAT for `header.seq`: `payload` is
     /// where its body (the ranks, or a leaf's spine block) lies in the
@@ -273,6 +289,8 @@ pub struct WorkerSession {
     joined_once: bool,
     gen: u32,
     auth: AuthMode,
+    /// The last JOIN_ACK's `stats` byte was 1.
+    grad_stats: bool,
     data_key: Option<PacketKey>,
     result_key: Option<PacketKey>,
     tracked: Option<Tracked>,
@@ -308,6 +326,7 @@ impl WorkerSession {
             joined_once: false,
             gen: 0,
             auth: AuthMode::Port,
+            grad_stats: false,
             data_key: None,
             result_key: None,
             tracked: None,
@@ -361,6 +380,10 @@ impl WorkerSession {
     }
     pub fn auth(&self) -> AuthMode {
         self.auth
+    }
+    /// Whether the job is `stats = true` (the last JOIN_ACK's `stats`).
+    pub fn grad_stats(&self) -> bool {
+        self.grad_stats
     }
     pub fn params(&self) -> &JoinParams {
         self.hs.params()
@@ -584,12 +607,18 @@ impl WorkerSession {
                         slots: p.pool_slots,
                     }));
                 }
+                let stats = match p.stats {
+                    0 => false,
+                    1 => true,
+                    other => return Some(self.fail(SessionError::UnknownStats(other))),
+                };
                 let first = !self.joined_once;
                 self.joined_once = true;
                 self.phase = Phase::Joined;
                 self.gen = r.gen;
                 self.guard = Some(ack.session);
                 self.auth = ack.auth;
+                self.grad_stats = stats;
                 self.data_key = ack.data_key.clone();
                 self.result_key = ack.result_key;
                 Some(Event::Joined(Box::new(Joined {
@@ -600,6 +629,7 @@ impl WorkerSession {
                     elems_per_chunk: p.elems_per_chunk,
                     window: r.window.clamp(1, p.pool_slots),
                     auth: ack.auth,
+                    stats,
                     data_key: ack.data_key,
                     first,
                 })))
@@ -645,21 +675,41 @@ impl WorkerSession {
                 } else {
                     self.dtype.payload_len(r.count)
                 };
+                // Summed kinds of a stats job carry the trailer; an
+                // all-gather (broadcast too) sums nothing and carries none.
+                let trailer = if self.grad_stats && r.kind() != Kind::AllGather {
+                    STATS_LEN
+                } else {
+                    0
+                };
                 let payload = h.payload();
-                if payload.len() != n + self.auth.tag_len() {
+                if payload.len() != n + trailer + self.auth.tag_len() {
                     self.stats.bad_length_results += 1;
                     return None;
                 }
+                let (covered, tag) = payload.split_at(n + trailer);
                 if let Some(k) = &self.result_key {
-                    let (values, tag) = payload.split_at(n);
-                    if !k.verify(r, values, tag) {
+                    if !k.verify(r, covered, tag) {
                         self.stats.bad_tag_results += 1;
                         return None;
                     }
                 }
+                let stats = if trailer == 0 {
+                    None
+                } else {
+                    match GradStats::parse(&covered[n..]) {
+                        Ok(s) => Some(s),
+                        // Nonzero reserved bytes: not a trailer we know.
+                        Err(_) => {
+                            self.stats.bad_length_results += 1;
+                            return None;
+                        }
+                    }
+                };
                 Some(Event::Result {
                     header: *r,
                     values: HEADER_LEN..HEADER_LEN + n,
+                    stats,
                 })
             }
             MsgType::Heartbeat if r.gen == self.gen => Some(Event::Waiting {
@@ -781,6 +831,7 @@ mod tests {
                 window: 4,
                 auth,
                 upstream: None,
+                stats: false,
             },
             64,
         )
@@ -1239,8 +1290,13 @@ mod tests {
             let res = replies(&mut t);
             assert_eq!(msg_type(&res[0]), MsgType::Result);
             match s.handle(&res[0], t0) {
-                Some(Event::Result { header, values: v }) => {
+                Some(Event::Result {
+                    header,
+                    values: v,
+                    stats,
+                }) => {
                     assert_eq!((header.seq, header.count), (0, 2));
+                    assert_eq!(stats, None, "not a stats job");
                     assert_eq!(&res[0][v], &values[..]);
                 }
                 other => panic!("{other:?}"),
@@ -1267,6 +1323,225 @@ mod tests {
             assert!(s.handle(&other, t0).is_none());
             assert_eq!(s.stats().unauthenticated_dropped, 1);
             assert!(s.poll_transmit(t0).is_some_and(|p| p.probe));
+        }
+    }
+
+    /// Joins a one-rank job whose JOIN_ACK's `stats` byte is rewritten to
+    /// `byte` (and tagged again under the session key, as a switch of a
+    /// stats job would send it); returns the events and the ack's epoch.
+    fn join_with_stats_byte(
+        s: &mut WorkerSession,
+        t: &mut JobTable,
+        byte: u8,
+        now: Instant,
+    ) -> (Vec<Event>, [u8; 8]) {
+        use crate::wire::JOIN_ACK_TAGGED_LEN;
+        s.start_join(0, 0, now);
+        let challenge = exchange(s, t, now);
+        let nonce = ChallengePayload::parse(&challenge[0][HEADER_LEN..])
+            .unwrap()
+            .nonce;
+        feed(s, &challenge, now);
+        let mut ack = exchange(s, t, now).remove(0);
+        let hdr = HeaderRepr::parse(&Header::new_checked(&ack[..]).unwrap()).unwrap();
+        assert_eq!(hdr.msg_type, MsgType::JoinAck);
+        ack[HEADER_LEN + 7] = byte;
+        let key = auth::session_key(&SECRET, JOB, 0, hdr.gen, &nonce);
+        let body = HEADER_LEN..HEADER_LEN + JOIN_ACK_TAGGED_LEN;
+        let tag = crate::tag::join_ack_tag(&key, &hdr, &ack[body.clone()]);
+        ack[body.end..].copy_from_slice(&tag);
+        let epoch = ack[HEADER_LEN + 8..HEADER_LEN + 16].try_into().unwrap();
+        (feed(s, &[ack], now), epoch)
+    }
+
+    /// The JOIN_ACK's `stats` byte: 1 turns statistics on, 0 leaves them
+    /// off, any other value is a typed, final error.
+    #[test]
+    fn the_join_acks_stats_byte_is_recorded_and_an_unknown_one_is_fatal() {
+        let t0 = Instant::now();
+        for (byte, want) in [(0u8, Some(false)), (1, Some(true)), (2, None), (255, None)] {
+            let mut t = table(1, 1, AuthMode::Port, t0);
+            let mut s = session(0, 1);
+            let (ev, _) = join_with_stats_byte(&mut s, &mut t, byte, t0);
+            match want {
+                Some(on) => {
+                    assert_eq!(joined(&ev).map(|j| j.stats), Some(on), "{ev:?}");
+                    assert_eq!(s.grad_stats(), on);
+                }
+                None => {
+                    assert!(
+                        matches!(ev[..], [Event::Failed(SessionError::UnknownStats(b))] if b == byte),
+                        "{ev:?}"
+                    );
+                    assert!(s.is_failed());
+                    let msg = SessionError::UnknownStats(byte).to_string();
+                    assert!(msg.contains(&format!("mode {byte}")) && msg.contains("upgrade"));
+                }
+            }
+        }
+    }
+
+    /// In a stats job a summed RESULT must carry the 24-byte trailer
+    /// (before the tag, which covers it) and its reserved bytes must be
+    /// zero; an all-gather RESULT carries none. Anything else is ignored
+    /// and counted as a wrong length.
+    #[test]
+    fn a_stats_jobs_results_carry_the_trailer_where_the_protocol_says() {
+        use crate::stats::GradStats;
+        use crate::tag::PacketKey;
+        let trailer = GradStats {
+            sum_of_squares: 12.5,
+            square_of_sum: 3.0,
+            ranks: 1,
+        };
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let t0 = Instant::now();
+            let mut t = table(1, 1, auth, t0);
+            let mut s = session(0, 1);
+            let (ev, epoch) = join_with_stats_byte(&mut s, &mut t, 1, t0);
+            assert!(joined(&ev).is_some_and(|j| j.stats), "{ev:?}");
+            let key = PacketKey::result(&SECRET, JOB, 1, &epoch);
+            // A RESULT of `kind` with `values` (none: NOVAL) and `extra`
+            // after them, tagged in a mac job.
+            let result = |kind: Kind, values: &[f32], extra: &[u8]| {
+                let mut h = HeaderRepr::new(MsgType::Result, JOB);
+                h.gen = 1;
+                h.count = values.len().max(2) as u16;
+                h.flags = kind.flag_bits() | if values.is_empty() { flags::NOVAL } else { 0 };
+                let mut b = vec![0u8; HEADER_LEN];
+                h.emit_to(&mut b).unwrap();
+                b.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+                b.extend_from_slice(extra);
+                if auth == AuthMode::Mac {
+                    let tag = key.tag(&h, &b[HEADER_LEN..]);
+                    b.extend_from_slice(&tag);
+                }
+                b
+            };
+            let mut tb = [0u8; STATS_LEN];
+            trailer.emit(&mut tb).unwrap();
+            let mut bad = 0;
+            for (kind, values, extra, want) in [
+                (
+                    Kind::AllReduce,
+                    &[1.5f32, 2.0][..],
+                    &tb[..],
+                    Some(Some(trailer)),
+                ),
+                (Kind::ReduceScatter, &[][..], &tb[..], Some(Some(trailer))),
+                (
+                    Kind::ReduceScatter,
+                    &[1.0, 2.0][..],
+                    &tb[..],
+                    Some(Some(trailer)),
+                ),
+                (Kind::AllGather, &[1.0, 2.0][..], &[][..], Some(None)),
+                (Kind::AllGather, &[][..], &[][..], Some(None)),
+                // No trailer where one belongs, one where none does, one
+                // byte short (the header check drops it, uncounted),
+                // reserved bytes set.
+                (Kind::AllReduce, &[1.5, 2.0][..], &[][..], None),
+                (Kind::ReduceScatter, &[][..], &[][..], None),
+                (Kind::AllGather, &[1.0, 2.0][..], &tb[..], None),
+                (Kind::AllReduce, &[1.5, 2.0][..], &tb[..23], None),
+                (
+                    Kind::AllReduce,
+                    &[1.5, 2.0][..],
+                    &[&tb[..23], &[1][..]].concat()[..],
+                    None,
+                ),
+            ] {
+                let b = result(kind, values, extra);
+                let ev = s.handle(&b, t0);
+                match (want, ev) {
+                    (
+                        Some(want),
+                        Some(Event::Result {
+                            header,
+                            values: v,
+                            stats,
+                        }),
+                    ) => {
+                        assert_eq!(header.kind(), kind);
+                        assert_eq!(v.len(), values.len() * 4);
+                        assert_eq!(stats.map(|s| s.bits_eq(&trailer)), want.map(|_| true));
+                    }
+                    (None, None) => bad += u64::from(extra.len() != 23),
+                    (want, ev) => panic!("{auth:?} {kind:?} {want:?}: {ev:?}"),
+                }
+                assert_eq!(s.stats().bad_length_results, bad, "{auth:?} {kind:?}");
+            }
+            assert_eq!(s.stats().bad_tag_results, 0);
+            if auth == AuthMode::Mac {
+                // The tag covers the trailer: a changed trailer fails it.
+                let mut b = result(Kind::AllReduce, &[1.5, 2.0], &tb);
+                b[HEADER_LEN + 8] ^= 1;
+                assert!(s.handle(&b, t0).is_none());
+                assert_eq!(s.stats().bad_tag_results, 1);
+            }
+        }
+    }
+
+    /// Against the real switch table of a `stats = true` job: the JOIN_ACK
+    /// turns statistics on and a RESULT carries its chunk's statistics,
+    /// those of `proto::stats::chunk_stats`, in both auth modes.
+    #[test]
+    fn a_stats_switchs_results_reach_the_collective_with_their_trailer() {
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let t0 = Instant::now();
+            let mut t = JobTable::new(TableConfig::new(1, [5; 32]), t0);
+            let cfg = JobConfig {
+                id: JOB,
+                n_workers: 1,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: SECRET,
+                pool_slots: 4,
+                elems_per_chunk: 2,
+                dtype: Dtype::F32,
+                window: 4,
+                auth,
+                upstream: None,
+                stats: true,
+            };
+            t.add(cfg, 64).unwrap();
+            let mut s = session(0, 1);
+            s.start_join(0, 0, t0);
+            let challenge = exchange(&mut s, &mut t, t0);
+            feed(&mut s, &challenge, t0);
+            let acks = exchange(&mut s, &mut t, t0);
+            let ev = feed(&mut s, &acks, t0);
+            assert!(joined(&ev).is_some_and(|j| j.stats), "{ev:?}");
+            let tx = crate::worker::Transmit {
+                seq: 0,
+                chunk: 0,
+                offset: 0,
+                count: 2,
+                last: true,
+                retx: false,
+                kind: Kind::AllReduce,
+                owner: 0,
+                values: Some(0),
+            };
+            let h = s.data_header(&tx, 0);
+            let vals = [1.5f32, -3.0];
+            let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut b = vec![0u8; HEADER_LEN];
+            h.emit_to(&mut b).unwrap();
+            b.extend_from_slice(&bytes);
+            b.extend(s.data_tag(&h, &bytes).into_iter().flatten());
+            t.handle(&b, endpoint(0), false, t0);
+            let res = replies(&mut t);
+            let want = crate::stats::chunk_stats(&[&vals], &vals);
+            match s.handle(&res[0], t0) {
+                Some(Event::Result { values, stats, .. }) => {
+                    assert_eq!(&res[0][values], &bytes[..]);
+                    assert!(stats.is_some_and(|g| g.bits_eq(&want)), "{stats:?}");
+                }
+                other => panic!("{auth:?}: {other:?}"),
+            }
         }
     }
 }

@@ -21,10 +21,17 @@
 //!   `window ≤ S`: the switch can then always answer a lost RESULT from its
 //!   shadow copy.
 //! * Time is passed in ([`Instant`]); nothing here reads a clock.
+//! * A `stats = true` job's chunk trailers ([`GradStats`]) are kept per
+//!   chunk, the first one of each chunk (a resend's is the same bits), and
+//!   added in seq order once every chunk has one
+//!   ([`Collective::grad_stats`]), so arrival order, loss and duplicates
+//!   cannot change the collective's statistics. Their store is allocated
+//!   once per collective, at its first trailer; nothing per RESULT.
 
 use std::time::{Duration, Instant};
 
 use crate::seq::serial_offset;
+use crate::stats::{self, GradStats};
 use crate::wire::{flags, HeaderRepr, Kind};
 
 /// RESULTs this many chunks beyond an unanswered chunk trigger its resend.
@@ -405,6 +412,9 @@ pub struct Collective {
     /// Lower bound of every pending deadline.
     earliest_deadline: Option<Instant>,
     last_progress: Option<Instant>,
+    /// The chunks' statistics trailers (`stats = true` jobs; None until the
+    /// first).
+    grad: Option<stats::CollectiveStats>,
     pub stats: CollectiveStats,
 }
 
@@ -443,6 +453,7 @@ impl Collective {
             fast_cursor: 0,
             earliest_deadline: None,
             last_progress: None,
+            grad: None,
             stats: CollectiveStats::default(),
         }
     }
@@ -664,9 +675,44 @@ impl Collective {
         rtt: &mut RttEstimator,
         cc: &mut Dctcp,
     ) -> ResultOutcome {
+        self.on_result_with_stats(r, None, now, rtt, cc)
+    }
+
+    /// [`Collective::on_result_header`] for a RESULT that may carry its
+    /// chunk's statistics trailer (`proto::session`'s `Event::Result`
+    /// gives it): a fresh chunk's trailer is recorded for
+    /// [`Collective::grad_stats`]; a duplicate's is not looked at (the
+    /// switch resends the same bits).
+    pub fn on_result_with_stats(
+        &mut self,
+        r: &HeaderRepr,
+        trailer: Option<GradStats>,
+        now: Instant,
+        rtt: &mut RttEstimator,
+        cc: &mut Dctcp,
+    ) -> ResultOutcome {
         let ece = r.has_flag(flags::ECE);
         let got = (r.kind(), r.no_values());
-        self.take_result(r.seq, r.count, got, ece, now, rtt, cc)
+        let outcome = self.take_result(r.seq, r.count, got, ece, now, rtt, cc);
+        if let (ResultOutcome::Fresh { chunk, .. }, Some(s)) = (outcome, trailer) {
+            let n = self.chunks.len();
+            self.grad
+                .get_or_insert_with(|| {
+                    let mut g = stats::CollectiveStats::default();
+                    g.start(n);
+                    g
+                })
+                .record(chunk as usize, s);
+        }
+        outcome
+    }
+
+    /// The collective's gradient statistics: every chunk's trailer added in
+    /// seq order (docs/PROTOCOL.md, "Gradient statistics"). `None` until
+    /// every chunk's RESULT came with a trailer (incomplete, a job without
+    /// statistics, or an all-gather).
+    pub fn grad_stats(&self) -> Option<GradStats> {
+        self.grad.as_ref()?.total()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -786,6 +832,37 @@ impl Collective {
         self.earliest_deadline = None;
         self.last_progress = None;
     }
+}
+
+/// The statistics every rank of a `stats = true` job must get for a
+/// collective of `shape` on a single switch (docs/PROTOCOL.md, "Gradient
+/// statistics"): `inputs` are the ranks' inputs in rank order, widened to
+/// float32, each the collective's whole layout (an all-reduce's tensor; a
+/// reduce-scatter's n·m input). Per chunk [`stats::chunk_stats`] over the
+/// chunk's elements of every rank and of their float32 rank-order sum; the
+/// chunks added in seq order. `None` for an all-gather or broadcast (nothing
+/// is summed) and when an input is not the layout's length.
+pub fn reference_grad_stats(
+    shape: Shape,
+    elems_per_chunk: u16,
+    inputs: &[&[f32]],
+) -> Option<GradStats> {
+    if shape.kind() == Kind::AllGather || inputs.iter().any(|x| x.len() != shape.layout_len()) {
+        return None;
+    }
+    let c = Collective::with_shape(0, 0, shape, elems_per_chunk);
+    let mut fold = stats::CollectiveStats::default();
+    fold.start(c.chunks.len());
+    let mut parts: Vec<&[f32]> = Vec::with_capacity(inputs.len());
+    for i in 0..c.n_chunks() {
+        let p = c.place(i);
+        let r = p.offset..p.offset + p.count as usize;
+        parts.clear();
+        parts.extend(inputs.iter().map(|x| &x[r.clone()]));
+        let sum = crate::reference::rank_order_sum(&parts);
+        fold.record(i as usize, stats::chunk_stats(&parts, &sum));
+    }
+    fold.total()
 }
 
 #[cfg(test)]
@@ -1283,5 +1360,153 @@ mod tests {
             ceil.on_result(false);
         }
         assert_eq!(ceil.window(), 6);
+    }
+
+    /// Rank `r`'s input of `len` elements: the reference pattern, each run
+    /// of 4 elements scaled by another power of two, so that float64 sums
+    /// of its chunks' squares round differently in another order.
+    fn stats_input(r: u16, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| crate::reference::pattern(r, 5, i) * (1u64 << ((i / 4) * 7 % 40)) as f32)
+            .collect()
+    }
+
+    /// The trailer a single switch sends for the elements `range` of every
+    /// rank's input (written out here, not through the chunk planner).
+    fn trailer_of(inputs: &[Vec<f32>], range: std::ops::Range<usize>) -> GradStats {
+        let parts: Vec<&[f32]> = inputs.iter().map(|x| &x[range.clone()]).collect();
+        stats::chunk_stats(&parts, &crate::reference::rank_order_sum(&parts))
+    }
+
+    /// A small deterministic shuffle (xorshift), so the test is
+    /// reproducible.
+    fn shuffled(n: u32, seed: u64) -> Vec<u32> {
+        let mut x = seed;
+        let mut v: Vec<u32> = (0..n).collect();
+        for i in (1..v.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        v
+    }
+
+    /// A stats job's RESULTs arriving out of order, some lost (and resent
+    /// after the timer), some twice with a forged second trailer: the
+    /// collective's statistics are the first trailers added in seq order,
+    /// bit for bit [`reference_grad_stats`]; the arrival-order sum is
+    /// other bits, so the order is what the test checks.
+    #[test]
+    fn gradient_statistics_are_the_seq_order_fold_under_loss_duplicates_and_reordering() {
+        let (n, len, e) = (3u16, 50usize, 4u16);
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| stats_input(r, len)).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = reference_grad_stats(Shape::all_reduce(len), e, &refs).unwrap();
+        assert_eq!(want.ranks, 3);
+        let e = e as usize;
+        let trailer = |i: u32| trailer_of(&inputs, i as usize * e..((i as usize + 1) * e).min(len));
+
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::new(9, 100, len, e as u16);
+        while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+        let count = |i: u32| (((i as usize + 1) * e).min(len) - i as usize * e) as u16;
+        let res = |i: u32| result(Kind::AllReduce, 100 + i, count(i), false);
+        let order = shuffled(c.n_chunks(), 0x9e37_79b9);
+        let mut arrival = GradStats::default();
+        for &i in &order {
+            if i % 3 == 0 {
+                continue; // lost
+            }
+            let out = c.on_result_with_stats(&res(i), Some(trailer(i)), t0, &mut rtt, &mut cc);
+            assert!(matches!(out, ResultOutcome::Fresh { .. }), "{out:?}");
+            arrival.sum_of_squares += trailer(i).sum_of_squares;
+            arrival.square_of_sum += trailer(i).square_of_sum;
+            if i % 5 == 1 {
+                let forged = GradStats {
+                    sum_of_squares: 1.0,
+                    ..trailer(i)
+                };
+                let dup = c.on_result_with_stats(&res(i), Some(forged), t0, &mut rtt, &mut cc);
+                assert_eq!(dup, ResultOutcome::Duplicate);
+            }
+        }
+        assert_eq!(
+            c.grad_stats(),
+            None,
+            "the lost chunks' trailers are missing"
+        );
+        // The timers expire; the lost chunks go again and their RESULTs come
+        // back, last first.
+        let later = t0 + Duration::from_secs(2);
+        let mut resent = Vec::new();
+        while resent.len() < order.iter().filter(|&&i| i % 3 == 0).count() {
+            let t = c.poll_transmit(later, u16::MAX, &rtt, &cfg).unwrap();
+            assert!(t.retx);
+            resent.push(t.chunk);
+        }
+        for &i in resent.iter().rev() {
+            c.on_result_with_stats(&res(i), Some(trailer(i)), later, &mut rtt, &mut cc);
+            arrival.sum_of_squares += trailer(i).sum_of_squares;
+            arrival.square_of_sum += trailer(i).square_of_sum;
+        }
+        assert!(c.is_complete());
+        let got = c.grad_stats().unwrap();
+        assert!(got.bits_eq(&want), "{got:?} != {want:?}");
+        assert_ne!(
+            (
+                arrival.sum_of_squares.to_bits(),
+                arrival.square_of_sum.to_bits()
+            ),
+            (got.sum_of_squares.to_bits(), got.square_of_sum.to_bits()),
+            "the inputs must make the order matter"
+        );
+        // A re-join's restart resends chunks; their trailers stay.
+        c.restart_from(100);
+        assert!(c.grad_stats().unwrap().bits_eq(&want));
+    }
+
+    /// A reduce-scatter: the rank's own chunks' RESULTs and the NOVAL
+    /// acknowledgements of the others' all carry trailers, and the
+    /// statistics cover the whole n·m layout, shard by shard. Without
+    /// trailers (a job without statistics) there are none.
+    #[test]
+    fn reduce_scatter_statistics_cover_every_shard_and_plain_jobs_have_none() {
+        let (n, m, e) = (3u16, 7usize, 3usize);
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| stats_input(r, n as usize * m)).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let shape = Shape::reduce_scatter(1, n, m);
+        let want = reference_grad_stats(shape, e as u16, &refs).unwrap();
+        // Chunks of each shard: 0..3, 3..6, 6..7 within it.
+        let mut chunks = Vec::new();
+        for s in 0..n as usize {
+            for j in (0..m).step_by(e) {
+                chunks.push((s, s * m + j..s * m + (j + e).min(m)));
+            }
+        }
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut with = Collective::with_shape(0, 0, shape, e as u16);
+        let mut without = Collective::with_shape(0, 0, shape, e as u16);
+        for c in [&mut with, &mut without] {
+            while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+        }
+        for (i, (s, r)) in chunks.iter().enumerate().rev() {
+            let h = result(Kind::ReduceScatter, i as u32, r.len() as u16, *s != 1);
+            let t = trailer_of(&inputs, r.clone());
+            let out = with.on_result_with_stats(&h, Some(t), t0, &mut rtt, &mut cc);
+            assert!(matches!(out, ResultOutcome::Fresh { .. }), "{out:?}");
+            without.on_result_header(&h, t0, &mut rtt, &mut cc);
+        }
+        assert!(with.is_complete() && without.is_complete());
+        assert!(with.grad_stats().unwrap().bits_eq(&want));
+        assert_eq!(without.grad_stats(), None);
+        // An all-gather sums nothing; a wrong input length has no reference.
+        assert_eq!(
+            reference_grad_stats(Shape::all_gather(0, n, m), e as u16, &refs),
+            None
+        );
+        assert_eq!(reference_grad_stats(Shape::all_reduce(5), 2, &refs), None);
     }
 }

@@ -146,7 +146,7 @@ fn run(
                 }
                 let w = &mut workers[rank as usize];
                 let (h, v) = match w.session.handle(&bytes, base + now) {
-                    Some(Event::Result { header, values }) => (header, values),
+                    Some(Event::Result { header, values, .. }) => (header, values),
                     other => panic!("rank {rank}: not a RESULT the session takes: {other:?}"),
                 };
                 match w

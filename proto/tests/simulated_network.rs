@@ -183,7 +183,7 @@ fn run_from(
                         let w = &mut workers[rank as usize];
                         // Only RESULTs in this run, each of them authentic.
                         let (h, v) = match w.session.handle(&bytes, base + now) {
-                            Some(Event::Result { header, values }) => (header, values),
+                            Some(Event::Result { header, values, .. }) => (header, values),
                             other => panic!(
                                 "rank {rank}: the session did not take header {:?}: {other:?} {:?}",
                                 &bytes[..HEADER_LEN.min(bytes.len())],
@@ -455,7 +455,9 @@ fn run_with_restart(
                             let seq = w.coll.oldest_unacked_seq();
                             w.session.start_join(0, seq, base + now);
                         }
-                        Some(Event::Result { header: h, values }) => {
+                        Some(Event::Result {
+                            header: h, values, ..
+                        }) => {
                             w.take_result(&h, &bytes[values], Dtype::F32, base + now);
                         }
                         Some(e) => panic!("rank {rank}: {e:?}"),

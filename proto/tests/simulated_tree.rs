@@ -124,6 +124,7 @@ impl Tree {
                         window: slots,
                         auth: Default::default(),
                         upstream: None,
+                        stats: false,
                     },
                     elems,
                 )
@@ -160,6 +161,7 @@ impl Tree {
                             local_ip: uplink_ep(i).source.ip,
                             local_port: UPLINK_PORT,
                         }),
+                        stats: false,
                     },
                     elems,
                 )
@@ -434,7 +436,7 @@ fn run_typed(
                     Node::Worker { leaf, rank } => {
                         let wk = &mut workers[leaf][rank as usize];
                         let (h, v) = match wk.session.handle(&m.bytes, base + now) {
-                            Some(Event::Result { header, values }) => (header, values),
+                            Some(Event::Result { header, values, .. }) => (header, values),
                             Some(e @ (Event::SessionLost(_) | Event::Failed(_))) => {
                                 panic!("leaf {leaf} rank {rank}: {e:?}")
                             }
@@ -750,6 +752,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         window: 16,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     };
     let mut f = Fabric::new(1, 1, 2);
     f.tree.spines[1].remove(JOB);
@@ -902,6 +905,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
                 dtype: Default::default(),
                 window: 16,
                 upstream: None,
+                stats: false,
                 auth: Default::default(),
             },
             8,

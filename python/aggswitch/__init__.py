@@ -9,6 +9,13 @@ in-network aggregation switch.
         w.reduce_scatter(full, shard)  # shard = this rank's part of the sum
         w.all_gather(shard, full)      # full = every rank's shard, in order
 
+A job declared ``stats = true`` also gets, with every all-reduce and
+reduce-scatter, what the switch measured while summing (the gradient noise
+scale's inputs, at no extra traffic)::
+
+        w.all_reduce(grad)
+        s = w.gradient_stats()  # {"sum_of_squares": Σᵢ‖gᵢ‖², "square_of_sum": ‖Σᵢ gᵢ‖², "n": ranks}
+
 A job of half-precision gradients is declared with ``dtype = "bf16"`` (or
 ``"f16"``) on the switch and joined with ``Worker(..., dtype="bf16")``; its
 tensors are CPU ``torch.bfloat16``/``torch.float16`` tensors, numpy
@@ -29,6 +36,7 @@ from typing import Any
 from . import _native
 from .errors import (
     AggSwitchError,
+    GradientStatsError,
     JoinTimeoutError,
     ProtocolError,
     RefusedError,
@@ -39,6 +47,7 @@ from .errors import (
 
 DEFAULT_PORT: int = _native.DEFAULT_PORT
 LoopbackSwitch = _native.LoopbackSwitch
+reference_stats = _native.reference_stats
 
 _EXPECTED = {
     "f32": "a writable C-contiguous float32 buffer (numpy.float32 array or CPU torch.float32 tensor)",
@@ -215,9 +224,23 @@ class Worker(_native.Worker):
         _native.Worker.broadcast(self, view, root)
         return buf
 
+    def gradient_stats(self) -> dict[str, Any]:
+        """The gradient statistics of the last completed all-reduce or
+        reduce-scatter of a ``stats = true`` job: ``{"sum_of_squares":
+        Σᵢ‖gᵢ‖², "square_of_sum": ‖Σᵢ gᵢ‖², "n": ranks}`` (floats in float64,
+        the same bits on every rank, of the raw sum: divide for an average).
+        A reduce-scatter's cover its whole input, every shard. Raises
+        ``GradientStatsError`` (``.reason``: ``"not_a_stats_job"``,
+        ``"no_collective"`` or ``"not_summed"``) when there are none. For a
+        collective started with ``*_async``, use its future's
+        ``gradient_stats()``: later ones may have completed since."""
+        return super().gradient_stats()
+
     def all_reduce_async(self, buf: Any) -> concurrent.futures.Future:
         """Starts ``all_reduce(buf)`` on this worker's background thread and
         returns a ``concurrent.futures.Future`` that resolves to ``buf``.
+        Its ``gradient_stats()`` gives that all-reduce's statistics once it
+        is done (as ``Worker.gradient_stats()``, raising the same errors).
 
         Collectives run one at a time in the order they were issued (one
         thread per Worker: the protocol has one sequence of chunks per
@@ -249,6 +272,9 @@ class Worker(_native.Worker):
         )
 
     def _submit(self, fn: Any, args: tuple[Any, ...], result: Any) -> concurrent.futures.Future:
+        # The collective's own statistics, taken on the executor's one thread
+        # right after it, before the next queued collective can start.
+        taken: dict[str, Any] = {}
         with self._lock:
             if self.closed:
                 raise AggSwitchError(f"{self!r} is closed; make a new Worker to rejoin")
@@ -256,10 +282,25 @@ class Worker(_native.Worker):
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix=f"aggswitch-rank{self.rank}"
                 )
-            return self._executor.submit(self._call_returning, fn, args, result)
+            fut = self._executor.submit(self._call_returning, fn, args, result, taken)
 
-    def _call_returning(self, fn: Any, args: tuple[Any, ...], result: Any) -> Any:
+        def gradient_stats() -> dict[str, Any]:
+            fut.result()  # waits; raises the collective's error
+            if "error" in taken:
+                raise taken["error"]
+            return dict(taken["stats"])
+
+        fut.gradient_stats = gradient_stats  # type: ignore[attr-defined]
+        return fut
+
+    def _call_returning(
+        self, fn: Any, args: tuple[Any, ...], result: Any, taken: dict[str, Any]
+    ) -> Any:
         fn(self, *args)
+        try:
+            taken["stats"] = _native.Worker.gradient_stats(self)
+        except GradientStatsError as e:
+            taken["error"] = e
         return result
 
     def close(self) -> None:
@@ -288,4 +329,6 @@ __all__ = [
     "SwitchRestartedError",
     "TransportError",
     "ProtocolError",
+    "GradientStatsError",
+    "reference_stats",
 ]

@@ -43,6 +43,14 @@ class Worker:
         root's may be read-only)."""
     def stats(self) -> dict[str, int | float]:
         """Counters as of the last completed collective."""
+    def gradient_stats(self) -> dict[str, int | float]:
+        """The last all-reduce's or reduce-scatter's gradient statistics in a
+        ``stats = true`` job: ``{"sum_of_squares": float, "square_of_sum":
+        float, "n": int}``; raises aggswitch.errors.GradientStatsError
+        (``.reason``) when there are none."""
+    @property
+    def has_gradient_stats(self) -> bool:
+        """Whether the job is ``stats = true`` (from the switch's JOIN_ACK)."""
     def close(self) -> None:
         """Leaves the job; idempotent."""
     @property
@@ -81,6 +89,7 @@ class LoopbackSwitch:
         elems_per_chunk: int = 362,
         drop_every: int = 0,
         dtype: Literal["f32", "bf16", "f16"] = "f32",
+        stats: bool = False,
     ) -> "LoopbackSwitch": ...
     @property
     def address(self) -> str:
@@ -90,3 +99,13 @@ class LoopbackSwitch:
     def close(self) -> None: ...
     def __enter__(self) -> "LoopbackSwitch": ...
     def __exit__(self, *exc: object) -> None: ...
+
+def reference_stats(
+    inputs: list[Any],
+    elems_per_chunk: int,
+    kind: Literal["all_reduce", "reduce_scatter"] = "all_reduce",
+) -> dict[str, int | float]:
+    """The gradient statistics a single switch's ``stats = true`` job gives
+    for the ranks' ``inputs`` (float32 buffers in rank order, half precision
+    widened), chunks of ``elems_per_chunk``: the Rust reference
+    (proto::worker::reference_grad_stats), bit for bit."""

@@ -86,6 +86,22 @@ class ProtocolError(AggSwitchError):
     """The switch answered with parameters this worker cannot use."""
 
 
+class GradientStatsError(AggSwitchError):
+    """``Worker.gradient_stats()`` has nothing to give; ``reason`` says why:
+
+    * ``"not_a_stats_job"``: the job is not declared with ``stats = true``,
+      so the switch measures nothing;
+    * ``"no_collective"``: no collective has completed on this worker yet,
+      or the last one failed;
+    * ``"not_summed"``: the last collective was an all-gather or broadcast,
+      which sums nothing.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 __all__ = [
     "AggSwitchError",
     "RefusedError",
@@ -94,4 +110,5 @@ __all__ = [
     "SwitchRestartedError",
     "TransportError",
     "ProtocolError",
+    "GradientStatsError",
 ]

@@ -14,12 +14,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use proto::wire::{Dtype, NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
+use proto::worker::{reference_grad_stats, Shape};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
-use worker::{Element, TransportKind, Worker, WorkerConfig, WorkerError, WorkerStats};
+use worker::{
+    Element, GradStats, GradStatsError, TransportKind, Worker, WorkerConfig, WorkerError,
+    WorkerStats,
+};
 
 /// Builds an exception of `aggswitch.errors.NAME` from its constructor args.
 fn py_error<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
@@ -85,6 +89,7 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         }
         WorkerError::ResumeOutOfReach { .. } => py_error(py, "SwitchRestartedError", (msg,)),
         WorkerError::BadJoinAck { .. }
+        | WorkerError::UnknownStats { .. }
         | WorkerError::Handshake { .. }
         | WorkerError::JoinAck { .. }
         | WorkerError::MacNeedsNewJoin { .. } => py_error(py, "ProtocolError", (msg,)),
@@ -94,6 +99,25 @@ fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
         | WorkerError::BadRoot { .. } => PyValueError::new_err(msg),
         WorkerError::WrongDtype { .. } => PyTypeError::new_err(msg),
     }
+}
+
+/// `GradientStatsError` (aggswitch/errors.py) with its `reason`.
+fn grad_stats_err(py: Python<'_>, e: GradStatsError) -> PyErr {
+    let reason = match e {
+        GradStatsError::NotAStatsJob { .. } => "not_a_stats_job",
+        GradStatsError::NoCollective { .. } => "no_collective",
+        GradStatsError::NotSummed { .. } => "not_summed",
+    };
+    py_error(py, "GradientStatsError", (e.to_string(), reason))
+}
+
+/// The dict `gradient_stats()` and `reference_stats()` return.
+fn stats_dict(py: Python<'_>, s: GradStats) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("sum_of_squares", s.sum_of_squares)?;
+    d.set_item("square_of_sum", s.square_of_sum)?;
+    d.set_item("n", s.ranks)?;
+    Ok(d)
 }
 
 /// "198.18.0.1", "198.18.0.1:48879" or "host:port", resolved to IPv4.
@@ -157,6 +181,9 @@ struct PyWorker {
     inner: Mutex<Option<Worker>>,
     /// Counters as of the last collective (readable while one runs).
     last_stats: Mutex<WorkerStats>,
+    /// The gradient statistics of the last collective (readable while the
+    /// next one runs, so an async caller gets each collective's own).
+    last_grad: Mutex<Result<GradStats, GradStatsError>>,
     switch: SocketAddrV4,
     job: u16,
     rank: u16,
@@ -380,6 +407,7 @@ impl PyWorker {
             let w = guard.as_mut()?;
             let r = f(w);
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
+            *self.last_grad.lock().unwrap_or_else(|p| p.into_inner()) = w.gradient_stats();
             Some(r)
         });
         match r {
@@ -466,6 +494,7 @@ impl PyWorker {
             .map_err(|e| map_err(py, e))?;
         Ok(PyWorker {
             last_stats: Mutex::new(w.stats()),
+            last_grad: Mutex::new(w.gradient_stats()),
             switch: sw,
             job,
             rank,
@@ -579,6 +608,28 @@ impl PyWorker {
         Ok(d)
     }
 
+    /// The gradient statistics of the last collective, an all-reduce or
+    /// reduce-scatter of a `stats = true` job: `{"sum_of_squares": Σᵢ‖gᵢ‖²,
+    /// "square_of_sum": ‖Σᵢ gᵢ‖², "n": ranks}`, the same bits on every rank
+    /// (float64 in the protocol's order, of the raw sum). Raises
+    /// `GradientStatsError` saying why there are none (reason
+    /// "not_a_stats_job", "no_collective" or "not_summed"). Does not wait
+    /// for a collective in progress.
+    fn gradient_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let g = *self.last_grad.lock().unwrap_or_else(|p| p.into_inner());
+        match g {
+            Ok(s) => stats_dict(py, s),
+            Err(e) => Err(grad_stats_err(py, e)),
+        }
+    }
+
+    /// Whether the job is `stats = true` (the switch's JOIN_ACK says).
+    #[getter]
+    fn has_gradient_stats(&self) -> bool {
+        let g = *self.last_grad.lock().unwrap_or_else(|p| p.into_inner());
+        !matches!(g, Err(GradStatsError::NotAStatsJob { .. }))
+    }
+
     /// Leaves the job (best effort: one LEAVE datagram). Idempotent; waits
     /// for a collective in progress to end first.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
@@ -665,7 +716,8 @@ struct PyLoopbackSwitch {
 impl PyLoopbackSwitch {
     #[new]
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
-                        elems_per_chunk = 362, drop_every = 0, dtype = "f32"))]
+                        elems_per_chunk = 362, drop_every = 0, dtype = "f32",
+                        stats = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
@@ -676,6 +728,7 @@ impl PyLoopbackSwitch {
         elems_per_chunk: i64,
         drop_every: u64,
         dtype: &str,
+        stats: bool,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -686,6 +739,7 @@ impl PyLoopbackSwitch {
         cfg.elems_per_chunk = u16_arg("elems_per_chunk", elems_per_chunk, 1)?;
         cfg.drop_every = drop_every;
         cfg.dtype = parse_dtype(dtype)?;
+        cfg.stats = stats;
         let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PyLoopbackSwitch {
@@ -742,10 +796,67 @@ impl PyLoopbackSwitch {
     }
 }
 
+/// The statistics a single switch's `stats = true` job gives every rank
+/// (`proto::worker::reference_grad_stats`): `inputs` are the ranks' inputs
+/// in rank order as float32 buffers (half-precision values widened), each
+/// the collective's whole layout; chunks of `elems_per_chunk` (the
+/// worker's `elems_per_chunk`); `kind` "all_reduce" or "reduce_scatter".
+#[pyfunction]
+#[pyo3(signature = (inputs, elems_per_chunk, kind = "all_reduce"))]
+fn reference_stats<'py>(
+    py: Python<'py>,
+    inputs: Vec<Bound<'py, PyAny>>,
+    elems_per_chunk: i64,
+    kind: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let e = u16_arg("elems_per_chunk", elems_per_chunk, 1)?;
+    let mut vals: Vec<Vec<f32>> = Vec::with_capacity(inputs.len());
+    for (r, x) in inputs.iter().enumerate() {
+        let expected = || format!("a C-contiguous float32 buffer for rank {r}");
+        let v = checked_view::<f32>("reference_stats", expected, "input", x, false)?;
+        vals.push(v.to_vec(py)?);
+    }
+    let len = vals.first().map_or(0, Vec::len);
+    let n = u16::try_from(vals.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "reference_stats: expected 1..=65535 inputs, got {}",
+                vals.len()
+            ))
+        })?;
+    let shape = match kind {
+        "all_reduce" => Shape::all_reduce(len),
+        "reduce_scatter" if len % usize::from(n) == 0 => {
+            Shape::reduce_scatter(0, n, len / usize::from(n))
+        }
+        "reduce_scatter" => {
+            return Err(PyValueError::new_err(format!(
+                "reference_stats: a reduce-scatter's inputs are n shards: {len} elements is                  not a multiple of {n} inputs"
+            )))
+        }
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "reference_stats: kind {other:?}: expected \"all_reduce\" or \"reduce_scatter\""
+            )))
+        }
+    };
+    let refs: Vec<&[f32]> = vals.iter().map(Vec::as_slice).collect();
+    let s = reference_grad_stats(shape, e, &refs).ok_or_else(|| {
+        let lens: Vec<usize> = vals.iter().map(Vec::len).collect();
+        PyValueError::new_err(format!(
+            "reference_stats: every input must have the same length, got {lens:?}"
+        ))
+    })?;
+    stats_dict(py, s)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorker>()?;
     m.add_class::<PyLoopbackSwitch>()?;
+    m.add_function(wrap_pyfunction!(reference_stats, m)?)?;
     m.add("DEFAULT_PORT", DEFAULT_AGG_PORT)?;
     Ok(())
 }

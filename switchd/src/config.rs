@@ -29,6 +29,7 @@
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
+//! stats = false                     # true: gradient statistics on every summed RESULT
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -269,6 +270,10 @@ pub struct JobSection {
     /// On a leaf: this job's place in its trees.
     #[serde(default)]
     pub upstream: Option<UpstreamSection>,
+    /// Gradient statistics: a 24-byte trailer on every summed RESULT
+    /// (docs/PROTOCOL.md, "Gradient statistics"); false when absent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stats: bool,
 }
 
 /// `[job.upstream]`: a leaf's place in a job's aggregation trees.
@@ -408,12 +413,14 @@ impl JobSection {
                     local_port: local.port(),
                 }),
             },
+            stats: self.stats,
         };
         // A leaf's chunks are float32 towards its spines, whatever the
-        // dtype; a mac job's leave room for the tag.
+        // dtype; a mac job's leave room for the tag, a stats job's for the
+        // statistics trailer.
         if self.elems_per_chunk.is_none() {
             let f32_elems = default_elems.min(max_elems);
-            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth);
+            cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), auth, cfg.stats);
         }
         cfg.validate(max_elems)
             .map_err(|e: JobConfigError| e.to_string())?;
@@ -819,6 +826,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             dtype: None,
             upstream: None,
             auth: None,
+            stats: false,
         };
         let e = j.to_job_config(362, 362, None).unwrap_err();
         assert!(e.contains("job 7") && e.contains("weak"), "{e}");

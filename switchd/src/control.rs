@@ -273,6 +273,7 @@ impl<'a> ControlPlane<'a> {
                             "elems_per_chunk": j.config.elems_per_chunk,
                             "dtype": j.config.dtype.name(),
                             "auth": j.auth().name(),
+                            "stats": j.config.stats,
                             "window": j.window(),
                             "pool_bytes": j.config.pool_bytes(),
                             "upstream": j.uplink().map(|u| serde_json::json!({

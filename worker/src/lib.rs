@@ -22,6 +22,12 @@
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 //!
+//! Gradient statistics: in a `stats = true` job the switch measures
+//! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
+//! RESULT; [`Worker::gradient_stats`] gives the last collective's, folded
+//! by `proto::worker::Collective` in seq order (docs/PROTOCOL.md,
+//! "Gradient statistics").
+//!
 //! Transports ([`TransportKind`], `WorkerConfig::transport_kind`): `mmsg`
 //! moves one datagram per `mmsghdr` with `sendmmsg`/`recvmmsg`; `udp-gso`
 //! also coalesces consecutive DATA into `UDP_SEGMENT` super-datagrams and
@@ -45,6 +51,7 @@ pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, JoinParams};
 use proto::seq::serial_offset;
 use proto::session::{Event as SessionEvent, SessionConfig, SessionError, WorkerSession};
+pub use proto::stats::GradStats;
 pub use proto::tag::AuthMode;
 use proto::tag::{PacketKey, TAG_LEN};
 pub use proto::wire::Kind;
@@ -393,6 +400,12 @@ pub enum WorkerError {
     #[error("job {job}: the switch's chunk size {elems} or pool size {slots} is unusable")]
     BadJoinAck { job: u16, elems: u16, slots: u16 },
     #[error(
+        "job {job} rank {rank}: the switch's JOIN_ACK names gradient statistics mode {value} \
+         (0 off, 1 on), which this worker does not know: upgrade the worker to the switch's \
+         version"
+    )]
+    UnknownStats { job: u16, rank: u16, value: u8 },
+    #[error(
         "{call} failed on the UDP socket to switch {switch}: {source}: transport \"udp-gso\" \
          cannot work here: {reason}; {fix}"
     )]
@@ -411,6 +424,30 @@ pub enum WorkerError {
     MacNeedsNewJoin { job: u16, rank: u16 },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
+}
+
+/// Why [`Worker::gradient_stats`] has no statistics to give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GradStatsError {
+    #[error(
+        "job {job} rank {rank}: gradient_stats: the job is not declared with stats = true, so \
+         the switch measures nothing; declare the job with stats = true to get them"
+    )]
+    NotAStatsJob { job: u16, rank: u16 },
+    #[error(
+        "job {job} rank {rank}: gradient_stats: no collective has completed on this worker yet \
+         (or the last one failed); call it after all_reduce or reduce_scatter returns"
+    )]
+    NoCollective { job: u16, rank: u16 },
+    #[error(
+        "job {job} rank {rank}: gradient_stats: the last collective ({collective}) was an \
+         all-gather or broadcast, which sums nothing; call it after all_reduce or reduce_scatter"
+    )]
+    NotSummed {
+        job: u16,
+        rank: u16,
+        collective: u32,
+    },
 }
 
 /// Counters of a worker session.
@@ -520,6 +557,10 @@ pub struct Worker {
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
     data_key_spent: bool,
+    /// The last completed collective's id and statistics (`None` inside:
+    /// it was an all-gather or broadcast, or the job has no statistics);
+    /// `None`: none completed, or the last one failed.
+    last_grad: Option<(u32, Option<GradStats>)>,
 }
 
 fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
@@ -605,6 +646,7 @@ impl Worker {
             auth: AuthMode::Port,
             data_key: None,
             data_key_spent: false,
+            last_grad: None,
             cfg,
         };
         let (c, s) = w.join_round(0, 0)?;
@@ -858,6 +900,7 @@ impl Worker {
             SessionError::BadJoinAck { elems, slots } => {
                 WorkerError::BadJoinAck { job, elems, slots }
             }
+            SessionError::UnknownStats(value) => WorkerError::UnknownStats { job, rank, value },
             SessionError::JoinTimeout(waited) => WorkerError::JoinTimeout {
                 job,
                 rank,
@@ -888,6 +931,34 @@ impl Worker {
     /// The job's element type (what this worker joined with).
     pub fn dtype(&self) -> Dtype {
         self.cfg.dtype
+    }
+
+    /// Whether the job is `stats = true` (the switch's JOIN_ACK says).
+    pub fn has_gradient_stats(&self) -> bool {
+        self.session.grad_stats()
+    }
+
+    /// The gradient statistics of the last completed collective, an
+    /// all-reduce or reduce-scatter of a `stats = true` job: Σᵢ‖gᵢ‖² over
+    /// every rank's own input, ‖Σᵢ gᵢ‖² of their float32 sum (before
+    /// rounding to the job's dtype) and the ranks they cover, the same bits
+    /// on every rank (docs/PROTOCOL.md, "Gradient statistics"). Both are of
+    /// the raw sum: an average is the caller's division. A reduce-scatter's
+    /// cover the whole n·m input, every shard.
+    pub fn gradient_stats(&self) -> Result<GradStats, GradStatsError> {
+        let (job, rank) = (self.cfg.job, self.cfg.rank);
+        if !self.session.grad_stats() {
+            return Err(GradStatsError::NotAStatsJob { job, rank });
+        }
+        match self.last_grad {
+            None => Err(GradStatsError::NoCollective { job, rank }),
+            Some((collective, None)) => Err(GradStatsError::NotSummed {
+                job,
+                rank,
+                collective,
+            }),
+            Some((_, Some(s))) => Ok(s),
+        }
     }
 
     /// Sums `data` element-wise across every rank of the job, in place.
@@ -1051,6 +1122,7 @@ impl Worker {
         kept.clear();
         kept.extend_from_slice(input.unwrap_or(out));
         let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk);
+        self.last_grad = None;
         let result = self.run_collective(&mut cur, &kept, out);
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
@@ -1063,6 +1135,17 @@ impl Worker {
             self.data_key_spent = true;
         }
         result?;
+        let grad = match (self.session.grad_stats(), shape.kind()) {
+            (false, _) | (true, Kind::AllGather) => None,
+            // An empty collective has no chunk to carry a trailer: it sums
+            // nothing.
+            (true, _) if cur.n_chunks() == 0 => Some(GradStats {
+                ranks: self.cfg.n_workers.into(),
+                ..GradStats::default()
+            }),
+            (true, _) => cur.grad_stats(),
+        };
+        self.last_grad = Some((collective, grad));
         self.prev_first_seq = first_seq;
         self.prev_collective = Some(collective);
         self.prev_shape = shape;
@@ -1264,13 +1347,18 @@ impl Worker {
         self.send_control(now)?;
         let rejoin = match ev {
             None => false,
-            Some(SessionEvent::Result { header: r, values }) => {
+            Some(SessionEvent::Result {
+                header: r,
+                values,
+                stats,
+            }) => {
                 if r.window != 0 {
                     self.advertised_window = r.window.clamp(1, self.pool_slots);
                     self.cc
                         .set_ceiling(self.pool_slots.min(self.advertised_window));
                 }
-                let outcome = coll.on_result_header(&r, now, &mut self.rtt, &mut self.cc);
+                let outcome =
+                    coll.on_result_with_stats(&r, stats, now, &mut self.rtt, &mut self.cc);
                 match (outcome, out) {
                     (
                         ResultOutcome::Fresh {

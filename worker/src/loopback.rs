@@ -37,6 +37,8 @@ pub struct LoopbackConfig {
     pub drop_every: u64,
     /// How the job authenticates DATA and RESULT.
     pub auth: proto::tag::AuthMode,
+    /// The job is `stats = true`: its RESULTs carry gradient statistics.
+    pub stats: bool,
 }
 
 impl LoopbackConfig {
@@ -50,6 +52,7 @@ impl LoopbackConfig {
             dtype: Default::default(),
             drop_every: 0,
             auth: Default::default(),
+            stats: false,
         }
     }
 
@@ -70,6 +73,7 @@ impl LoopbackConfig {
                 window: self.pool_slots,
                 auth: self.auth,
                 upstream: None,
+                stats: self.stats,
             },
             MAX_ELEMS_PER_CHUNK,
         )?;

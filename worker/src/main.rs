@@ -16,6 +16,11 @@
 //!   the all-gather's output); `--verify` checks every output element: the
 //!   rank's shard of the rank-order sum, or every rank's pattern copied bit
 //!   for bit.
+//!   In a `stats = true` job every all-reduce and reduce-scatter reports the
+//!   switch's gradient statistics (Σᵢ‖gᵢ‖², ‖Σᵢ gᵢ‖², ranks); `--verify`
+//!   checks them bit for bit against `proto::worker::reference_grad_stats`
+//!   of every rank's pattern (on a single switch; a tree's are reported,
+//!   not checked).
 //! * `worker join …`: join once and report the switch's answer (a probe for
 //!   operators: bad secret, wrong source, unknown job all print their reason).
 //!
@@ -36,7 +41,8 @@ use proto::reference::{
 };
 use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
-use worker::{Element, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
+use proto::worker::{reference_grad_stats, Shape};
+use worker::{Element, GradStats, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
 
 /// `--collective`: which collective the iterations run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -325,11 +331,58 @@ struct Report {
     /// How the job authenticates DATA/RESULT: "port" or "mac".
     auth: &'static str,
     stats: worker::WorkerStats,
+    /// In a `stats = true` job: each timed all-reduce's or reduce-scatter's
+    /// gradient statistics, in order (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gradient_stats: Option<Vec<StatsLine>>,
+    /// Collectives whose statistics differ from the reference (`--verify`).
+    stats_mismatches: u64,
     /// With `--machine-cpu`: the machine's busy CPU seconds (summed over
     /// CPUs, since boot) at the start of the first all-reduce and at the
     /// end of the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     machine_busy_cpu_s: Option<[f64; 2]>,
+}
+
+/// One collective's gradient statistics as the report shows them.
+#[derive(Debug, serde::Serialize)]
+struct StatsLine {
+    iteration: u32,
+    sum_of_squares: f64,
+    square_of_sum: f64,
+    ranks: u32,
+    /// With `--verify` on a single switch: whether they are the reference's
+    /// bits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified: Option<bool>,
+}
+
+/// The statistics every rank must get for iteration `it` of `kind` on a
+/// single switch: [`reference_grad_stats`] of every rank's pattern rounded
+/// to `dtype` and widened back (what each rank sent), `elements` the whole
+/// layout (n·m for a reduce-scatter), chunks of `elems_per_chunk`.
+fn expected_stats(
+    kind: Kind,
+    dtype: Dtype,
+    n: u16,
+    elements: usize,
+    elems_per_chunk: u16,
+    it: u32,
+) -> Option<GradStats> {
+    let shape = match kind {
+        Kind::AllReduce => Shape::all_reduce(elements),
+        Kind::ReduceScatter => Shape::reduce_scatter(0, n, elements / usize::from(n)),
+        Kind::AllGather => return None,
+    };
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| {
+            (0..elements)
+                .map(|i| pattern_dtype(dtype, r, it, i))
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    reference_grad_stats(shape, elems_per_chunk, &refs)
 }
 
 /// An element the CLI fills and verifies: converted from the float32
@@ -373,6 +426,9 @@ struct Outcome {
     /// With `--machine-cpu`: the machine's busy CPU seconds when the first
     /// all-reduce started and when the last one ended.
     machine_cpu: [f64; 2],
+    /// In a stats job: each timed collective's statistics.
+    grad: Option<Vec<StatsLine>>,
+    stats_mismatches: u64,
 }
 
 /// Lengths of a rank's input and output for `--collective` over a whole
@@ -410,11 +466,14 @@ fn run_one<T: CliElement>(
 /// Runs the collectives on tensors of `T`: the input is `pattern_rank`'s
 /// pattern (rounded to `T`), every output element checked against
 /// `expected` with `--verify`.
+/// In a stats job, `expected_grad` gives iteration `it`'s reference
+/// statistics (None: not checked).
 fn iterate<T: CliElement>(
     w: &mut Worker,
     a: &AllreduceArgs,
     pattern_rank: u16,
     expected: &dyn Fn(u32, usize) -> f32,
+    expected_grad: &dyn Fn(&Worker, u32) -> Option<GradStats>,
     what: &str,
 ) -> Result<Outcome> {
     let kind = a.collective.kind();
@@ -440,6 +499,9 @@ fn iterate<T: CliElement>(
     let mut busy = Duration::ZERO;
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
+    let summed = kind != Kind::AllGather;
+    let mut grad = (w.has_gradient_stats() && summed).then(Vec::new);
+    let mut stats_mismatches = 0u64;
     for it in 0..a.iterations {
         // Without --verify every iteration reduces the previous result:
         // nothing is generated or copied between the timed all-reduces,
@@ -457,6 +519,35 @@ fn iterate<T: CliElement>(
         busy += t.elapsed();
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
+        }
+        if let Some(lines) = &mut grad {
+            let got = w
+                .gradient_stats()
+                .with_context(|| format!("{kind} {it} of {what}"))?;
+            let verified = a
+                .verify
+                .then(|| expected_grad(w, it))
+                .flatten()
+                .map(|want| {
+                    let ok = got.bits_eq(&want);
+                    if !ok {
+                        stats_mismatches += 1;
+                        if stats_mismatches <= 10 {
+                            eprintln!(
+                                "MISMATCH {what} iteration {it} gradient statistics: got \
+                                 {got:?}, expected {want:?}"
+                            );
+                        }
+                    }
+                    ok
+                });
+            lines.push(StatsLine {
+                iteration: it,
+                sum_of_squares: got.sum_of_squares,
+                square_of_sum: got.square_of_sum,
+                ranks: got.ranks,
+                verified,
+            });
         }
         if a.verify {
             let got = if kind == Kind::AllReduce {
@@ -483,6 +574,8 @@ fn iterate<T: CliElement>(
         busy,
         mismatches,
         machine_cpu,
+        grad,
+        stats_mismatches,
     })
 }
 
@@ -536,14 +629,26 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     };
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let what = format!("job {job} ({who})");
+    // A single switch's statistics are checked; a tree's sum in leaf order
+    // over leaves this worker cannot see the sizes of chunks of.
+    let expected_grad = |w: &Worker, it: u32| match tree {
+        Some(_) => None,
+        None => expected_stats(kind, dtype, n, a.elements, w.elems_per_chunk(), it),
+    };
     let Outcome {
         busy,
         mismatches,
         machine_cpu,
+        grad,
+        stats_mismatches,
     } = match dtype {
-        Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &what)?,
-        Dtype::Bf16 => iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &what)?,
-        Dtype::F16 => iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &what)?,
+        Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?,
+        Dtype::Bf16 => {
+            iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?
+        }
+        Dtype::F16 => {
+            iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?
+        }
     };
     let stats = w.stats();
     // Reduce-scatter and all-gather cut each of the n shards into chunks.
@@ -565,7 +670,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
             / secs
             / 1e9,
         chunks_per_s: chunks_per_coll * a.iterations as f64 / secs,
-        verified: a.verify && mismatches == 0,
+        verified: a.verify && mismatches == 0 && stats_mismatches == 0,
         mismatches,
         tree_leaves: tree.as_ref().map(|t| t.sizes.clone()),
         leaf: tree.as_ref().map(|t| t.leaf),
@@ -575,6 +680,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         transport: w.transport().name(),
         auth: w.auth().name(),
         stats,
+        gradient_stats: grad,
+        stats_mismatches,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
     };
     let _ = w.leave();
@@ -585,11 +692,32 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
             "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, resent {}, verified: {}",
             a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport,
             stats.chunks_resent,
-            if a.verify { if mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
+            if a.verify { if mismatches == 0 && stats_mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
         );
+        for l in report.gradient_stats.iter().flatten() {
+            println!(
+                "  {kind} {}: sum_of_squares {:e}, square_of_sum {:e}, ranks {}{}",
+                l.iteration,
+                l.sum_of_squares,
+                l.square_of_sum,
+                l.ranks,
+                match l.verified {
+                    Some(true) => ", verified",
+                    Some(false) => ", NOT the reference",
+                    None => "",
+                }
+            );
+        }
     }
     if mismatches > 0 {
         eprintln!("FAILED: {mismatches} elements differ from the {reference}");
+        return Ok(ExitCode::from(2));
+    }
+    if stats_mismatches > 0 {
+        eprintln!(
+            "FAILED: the gradient statistics of {stats_mismatches} collectives differ from the \
+             reference (proto::worker::reference_grad_stats of every rank's pattern)"
+        );
         return Ok(ExitCode::from(2));
     }
     Ok(ExitCode::SUCCESS)
@@ -601,7 +729,7 @@ fn join(a: JobArgs) -> Result<ExitCode> {
         Ok(w) => {
             println!(
                 "joined job {} as rank {}: gen {:#010x}, {} slots, {} {} elements per chunk, \
-                 transport {}, auth {}",
+                 transport {}, auth {}, gradient statistics {}",
                 a.target.job,
                 a.rank,
                 w.generation(),
@@ -609,7 +737,8 @@ fn join(a: JobArgs) -> Result<ExitCode> {
                 w.elems_per_chunk(),
                 w.dtype(),
                 w.transport(),
-                w.auth()
+                w.auth(),
+                if w.has_gradient_stats() { "on" } else { "off" }
             );
             Ok(ExitCode::SUCCESS)
         }

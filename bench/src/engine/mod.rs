@@ -538,6 +538,7 @@ fn job_config(id: u16, spec: &Spec) -> JobConfig {
         window: spec.window,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     }
 }
 

@@ -78,6 +78,9 @@ pub struct JobConfig {
     /// On a leaf of an aggregation tree: where partial sums go
     /// ([`super::uplink`]); `None` on a single switch or a spine.
     pub upstream: Option<super::uplink::Upstream>,
+    /// Gradient statistics: every summed RESULT carries a 24-byte trailer
+    /// (docs/PROTOCOL.md, "Gradient statistics").
+    pub stats: bool,
 }
 
 impl fmt::Debug for JobConfig {
@@ -94,6 +97,7 @@ impl fmt::Debug for JobConfig {
             .field("window", &self.window)
             .field("auth", &self.auth)
             .field("upstream", &self.upstream)
+            .field("stats", &self.stats)
             .finish()
     }
 }
@@ -152,6 +156,11 @@ pub enum JobConfigError {
          and enforce sources in the fabric"
     )]
     MacOnLeaf(u16),
+    #[error(
+        "job {0}: stats = true is not supported on a leaf of an aggregation tree yet; \
+         declare the leaf's job without stats"
+    )]
+    StatsOnLeaf(u16),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
@@ -200,6 +209,9 @@ impl JobConfig {
             if self.auth == AuthMode::Mac {
                 return Err(JobConfigError::MacOnLeaf(self.id));
             }
+            if self.stats {
+                return Err(JobConfigError::StatsOnLeaf(self.id));
+            }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
             if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
                 return bad("list 1 to 64 spines");
@@ -216,9 +228,9 @@ impl JobConfig {
 
     /// Most elements per chunk when `max_f32_elems` float32 elements fill a
     /// frame: the same bytes in the job's chunk dtype, less the tag of an
-    /// `auth = "mac"` job.
+    /// `auth = "mac"` job and the trailer of a `stats` job.
     pub fn max_elems(&self, max_f32_elems: u16) -> u16 {
-        max_elems_for(max_f32_elems, self.chunk_dtype(), self.auth)
+        max_elems_for(max_f32_elems, self.chunk_dtype(), self.auth, self.stats)
     }
 
     /// The element type whose size bounds the job's chunks: its dtype, but
@@ -258,7 +270,10 @@ impl JobConfig {
             AuthMode::Port => 0,
             AuthMode::Mac => n * MAC_BYTES_PER_RANK + slots * 48,
         };
-        floats * 4 + bitmaps + members + slots * 64 + mac
+        // A stats job's accumulator, result and partial have room for the
+        // trailer after a full chunk, and a running sum of squares.
+        let stats = if self.stats { slots * (3 * 24 + 8) } else { 0 };
+        floats * 4 + bitmaps + members + slots * 64 + mac + stats
     }
 }
 
@@ -267,11 +282,12 @@ impl JobConfig {
 pub const MAC_BYTES_PER_RANK: u64 = 512;
 
 /// Most elements of `dtype` in the payload bytes of `f32_elems` float32
-/// elements, less the tag of `auth` (the default and the limit of an
-/// `auth = "mac"` job's chunk size: 16 bytes less payload).
-pub const fn max_elems_for(f32_elems: u16, dtype: Dtype, auth: AuthMode) -> u16 {
+/// elements, less the tag of `auth` and, with `stats`, the statistics
+/// trailer (the default and the limit of an `auth = "mac"` job's chunk
+/// size: 16 bytes less payload; of a `stats` job's: 24 bytes less).
+pub const fn max_elems_for(f32_elems: u16, dtype: Dtype, auth: AuthMode, stats: bool) -> u16 {
     let bytes = f32_elems as usize * 4;
-    let tag = auth.tag_len();
+    let tag = auth.tag_len() + if stats { crate::stats::STATS_LEN } else { 0 };
     if bytes <= tag {
         return 0;
     }

@@ -43,6 +43,14 @@
 //!   contributor's copy or sum except a reader of the result being replaced.
 //! * Every buffer is allocated in [`SlotEngine::try_new`], fallibly; a
 //!   contribution allocates nothing.
+//! * Gradient statistics (a `stats` engine, summed kinds only; docs/
+//!   PROTOCOL.md, "Gradient statistics"): the fold token holder adds each
+//!   rank's squared norm ([`crate::stats::squared_norm`] of its widened
+//!   values) to the slot's float64 running sum when it folds that rank, so
+//!   in rank order like the sum; the completion takes the squared norm of
+//!   the float32 accumulator before rounding and writes the 24-byte
+//!   trailer right after the result's values, where resends find it. An
+//!   engine without stats pays one predictable branch per fold.
 #![allow(unsafe_code)]
 
 use std::collections::TryReserveError;
@@ -50,6 +58,7 @@ use std::collections::TryReserveError;
 use super::counters::DropReason;
 use crate::elements;
 use crate::seq::serial_offset;
+use crate::stats::{squared_norm, squared_norm_le, GradStats, STATS_LEN};
 use crate::wire::{Dtype, Kind};
 
 use sync::{
@@ -150,8 +159,12 @@ pub struct Shadow {
     pub owner: u16,
     /// The folded Internet checksum sum of the result's payload bytes
     /// (0 in a leaf's partial): summed once when the result is made, so
-    /// that each RESULT's UDP checksum only adds its own headers.
+    /// that each RESULT's UDP checksum only adds its own headers. With a
+    /// statistics trailer, of the values and the trailer.
     pub payload_sum: u16,
+    /// The values are followed by a statistics trailer ([`STATS_LEN`]
+    /// bytes): a `stats` engine's summed chunk.
+    pub stats: bool,
 }
 
 /// An aggregation in progress.
@@ -190,23 +203,45 @@ impl ResultRef<'_> {
         self.shadow
     }
 
-    /// The payload: `count` elements in the dtype's wire encoding (empty
-    /// in the view of a rank that gets a NOVAL RESULT).
+    /// The RESULT payload before any tag: `count` elements in the dtype's
+    /// wire encoding (none in the view of a rank that gets a NOVAL RESULT),
+    /// then the statistics trailer if the result has one.
     pub fn bytes(&self) -> &[u8] {
-        if self.noval {
-            return &[];
-        }
         let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
-        &bytes[..self.len.min(bytes.len())]
+        let end = (self.len + self.trailer_len()).min(bytes.len());
+        let start = if self.noval { self.len.min(end) } else { 0 };
+        &bytes[start..end]
+    }
+
+    /// The statistics trailer's bytes (empty when the result has none).
+    pub fn trailer(&self) -> &[u8] {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.held.values);
+        let end = (self.len + self.trailer_len()).min(bytes.len());
+        &bytes[self.len.min(end)..end]
+    }
+
+    /// The chunk's statistics, if the result carries them.
+    pub fn stats(&self) -> Option<GradStats> {
+        GradStats::parse(self.trailer()).ok()
+    }
+
+    fn trailer_len(&self) -> usize {
+        if self.shadow.stats {
+            STATS_LEN
+        } else {
+            0
+        }
     }
 
     /// The folded checksum sum of [`ResultRef::bytes`] (made once, when the
-    /// result was).
+    /// result was; a NOVAL view's trailer, 24 bytes, is summed here).
     pub fn payload_sum(&self) -> u16 {
-        if self.noval {
-            0
-        } else {
+        if !self.noval {
             self.shadow.payload_sum
+        } else if self.shadow.stats {
+            crate::checksum::Sum::ZERO.add_bytes(self.trailer()).fold()
+        } else {
+            0
         }
     }
 
@@ -328,6 +363,9 @@ struct Slot {
     shadow_tag: AtomicU64,
     /// The running sum: the fold token holder's.
     acc: UnsafeCell<Vec<f32>>,
+    /// A `stats` engine's running Σ of the folded ranks' squared norms, in
+    /// rank order: the fold token holder's, like `acc`.
+    sos: UnsafeCell<f64>,
     /// One row per rank: contributions parked until their turn, widened to
     /// float32; written only by the rank's claimant, read only by the token
     /// holder once the row is ready.
@@ -357,6 +395,8 @@ pub struct SlotEngine {
     elems: usize,
     dtype: Dtype,
     partials: bool,
+    /// Gradient statistics of summed chunks (module docs).
+    stats: bool,
 }
 
 /// A value alone on its cache line.
@@ -414,8 +454,26 @@ impl SlotEngine {
         partials: bool,
         window: u16,
     ) -> Result<SlotEngine, TryReserveError> {
+        Self::try_with_stats(slots, n, elems, dtype, partials, window, false)
+    }
+
+    /// [`SlotEngine::try_new`], with gradient statistics when `stats`
+    /// (docs/PROTOCOL.md, "Gradient statistics"): each summed result (or
+    /// a leaf's partial) carries its trailer after its values.
+    pub fn try_with_stats(
+        slots: u16,
+        n: u16,
+        elems: u16,
+        dtype: Dtype,
+        partials: bool,
+        window: u16,
+        stats: bool,
+    ) -> Result<SlotEngine, TryReserveError> {
         debug_assert!(slots.is_power_of_two(), "slots must be a power of two");
         let e = elems as usize;
+        // Room for the trailer after a full chunk's float32 values, in the
+        // buffers that become a result or a partial (they swap with `acc`).
+        let held = if stats { e + STATS_LEN / 4 } else { e };
         let mut all = Vec::new();
         all.try_reserve_exact(slots as usize)?;
         for _ in 0..slots {
@@ -436,17 +494,18 @@ impl SlotEngine {
                     folding: None,
                 }),
                 shadow_tag: AtomicU64::new(0),
-                acc: UnsafeCell::new(try_vec(0.0, e)?),
+                acc: UnsafeCell::new(try_vec(0.0, held)?),
+                sos: UnsafeCell::new(0.0),
                 rows,
                 result: RwLock::new(Held {
                     what: None,
                     epoch: 1,
-                    values: try_vec(0.0, e)?,
+                    values: try_vec(0.0, held)?,
                 }),
                 partial: RwLock::new(Held {
                     what: None,
                     epoch: 1,
-                    values: try_vec(0.0, if partials { e } else { 0 })?,
+                    values: try_vec(0.0, if partials { held } else { 0 })?,
                 }),
             });
         }
@@ -458,7 +517,13 @@ impl SlotEngine {
             elems: e,
             dtype,
             partials,
+            stats,
         })
+    }
+
+    /// Whether summed chunks carry gradient statistics.
+    pub fn stats(&self) -> bool {
+        self.stats
     }
 
     /// Slots.
@@ -668,6 +733,19 @@ impl SlotEngine {
                     (_, d, _) => elements::add_le(d, &mut acc[..count], c.values),
                 }
             });
+            if self.stats && kind != Kind::AllGather {
+                slot.rows[c.rank as usize].with_mut(|row| {
+                    // SAFETY: this thread claimed the rank (no other
+                    // claimant: Duplicate) and its row is not ready, so no
+                    // folder reads it; an older activation's writer was
+                    // refused above (SlotBusy). The row is its scratch.
+                    let row = unsafe { &mut *row };
+                    let norm = squared_norm_le(self.dtype, c.values, row);
+                    // SAFETY: the fold token gives `sos`, as `acc`.
+                    slot.sos
+                        .with_mut(|sos| unsafe { fold_norm(&mut *sos, c.rank, norm) });
+                });
+            }
             let mut m = lock(&slot.meta);
             if m.epoch != epoch {
                 return self.discard_token(m);
@@ -758,6 +836,12 @@ impl SlotEngine {
                             // arrival, so the bits are the same either way.
                             crate::simd::add_f32(&mut acc[..count], &row[..count]);
                         }
+                        if self.stats && a.kind != Kind::AllGather {
+                            let norm = squared_norm(&row[..count]);
+                            // SAFETY: the fold token gives `sos`, as `acc`.
+                            slot.sos
+                                .with_mut(|sos| unsafe { fold_norm(&mut *sos, r, norm) });
+                        }
                     });
                 }
             });
@@ -790,14 +874,27 @@ impl SlotEngine {
             kind: a.kind,
             owner: a.owner,
             payload_sum: 0,
+            stats: self.stats && a.kind != Kind::AllGather,
         };
         let count = a.count as usize;
+        // SAFETY: the fold token gives `sos`.
+        let sos = slot.sos.with(|s| unsafe { *s });
         if self.partials {
             let mut held = slot.partial.write().unwrap_or_else(|e| e.into_inner());
             slot.acc.with_mut(|acc| {
                 // SAFETY: the fold token gives the accumulator.
                 core::mem::swap(unsafe { &mut *acc }, &mut held.values);
             });
+            if done.stats {
+                // A leaf's part: its ranks' sum of squares (the spine
+                // squares the tree's sum).
+                let t = GradStats {
+                    sum_of_squares: sos,
+                    square_of_sum: 0.0,
+                    ranks: u32::from(self.n),
+                };
+                write_trailer(&mut held.values, count * 4, &t);
+            }
             held.what = Some(done);
             held.epoch = epoch;
             let Some(mut m) = settle(slot, epoch) else {
@@ -807,9 +904,15 @@ impl SlotEngine {
             return Contributed::PartialReady { seq: a.seq };
         }
         let mut held = slot.result.write().unwrap_or_else(|e| e.into_inner());
-        slot.acc.with_mut(|acc| {
+        let stats = slot.acc.with_mut(|acc| {
             // SAFETY: the fold token gives the accumulator.
             let acc = unsafe { &mut *acc };
+            let stats = done.stats.then(|| GradStats {
+                sum_of_squares: sos,
+                // Of the float32 sum, before it is rounded.
+                square_of_sum: squared_norm(&acc[..count]),
+                ranks: u32::from(self.n),
+            });
             // An all-gather's accumulator holds the owner's wire bytes.
             if self.dtype == Dtype::F32 || a.kind == Kind::AllGather {
                 core::mem::swap(acc, &mut held.values);
@@ -818,9 +921,13 @@ impl SlotEngine {
                 let out: &mut [u8] = bytemuck::cast_slice_mut(&mut held.values);
                 elements::round_to_le(self.dtype, &acc[..count], out);
             }
+            stats
         });
+        if let Some(t) = &stats {
+            write_trailer(&mut held.values, self.dtype.payload_len(a.count), t);
+        }
         let sh = Shadow {
-            payload_sum: payload_sum(&held, self.dtype, a.count),
+            payload_sum: payload_sum(&held, self.dtype, a.count, done.stats),
             ..done
         };
         held.what = Some(sh);
@@ -974,7 +1081,8 @@ impl SlotEngine {
         }
         let sh = Shadow {
             ece: p.ece || ece,
-            payload_sum: payload_sum(&res, dtype, p.count),
+            payload_sum: payload_sum(&res, dtype, p.count, false),
+            stats: false,
             ..p
         };
         res.what = Some(sh);
@@ -1002,11 +1110,33 @@ fn copy_bytes(to: &mut [f32], from: &[u8]) {
     to[..from.len()].copy_from_slice(from);
 }
 
-/// The folded checksum sum of a result's payload bytes.
-fn payload_sum(held: &Held, dtype: Dtype, count: u16) -> u16 {
+/// The folded checksum sum of a result's payload bytes (with `trailer`,
+/// its values and the statistics trailer after them).
+fn payload_sum(held: &Held, dtype: Dtype, count: u16, trailer: bool) -> u16 {
     let bytes: &[u8] = bytemuck::cast_slice(&held.values);
-    let n = dtype.payload_len(count).min(bytes.len());
+    let len = dtype.payload_len(count) + if trailer { STATS_LEN } else { 0 };
+    let n = len.min(bytes.len());
     crate::checksum::Sum::ZERO.add_bytes(&bytes[..n]).fold()
+}
+
+/// Writes the statistics trailer at byte `at` of a result's (or partial's)
+/// buffer, right after its values (the buffer has room: `try_with_stats`).
+fn write_trailer(values: &mut [f32], at: usize, t: &GradStats) {
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(values);
+    if let Some(b) = bytes.get_mut(at..) {
+        // Emit fails only on a short buffer, which the allocation rules out.
+        let _ = t.emit(b);
+    }
+}
+
+/// Adds rank `rank`'s squared norm to a slot's running sum of squares in
+/// rank order: rank 0 starts it from 0 (as the reference does).
+#[inline]
+fn fold_norm(sos: &mut f64, rank: u16, norm: f64) {
+    if rank == 0 {
+        *sos = 0.0;
+    }
+    *sos += norm;
 }
 
 #[cfg(all(test, not(loom)))]

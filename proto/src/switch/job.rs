@@ -296,13 +296,14 @@ impl Job {
             need: config.pool_bytes(),
         };
         let leaf = config.upstream.is_some();
-        let engine = SlotEngine::try_new(
+        let engine = SlotEngine::try_with_stats(
             config.pool_slots,
             config.n_workers,
             config.elems_per_chunk,
             config.dtype,
             leaf,
             config.window.min(config.pool_slots),
+            config.stats,
         )
         .map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
@@ -628,10 +629,12 @@ impl Job {
         let mut h = hdr;
         h.window = window;
         h.flags &= !flags::NOVAL;
+        // Both cover the statistics trailer of a stats job (its NOVAL
+        // RESULT's whole payload).
         let values = key.tag(&h, res.bytes());
         let noval = (res.shadow().kind != Kind::AllReduce).then(|| {
             h.flags |= flags::NOVAL;
-            key.tag(&h, &[])
+            key.tag(&h, res.trailer())
         });
         m.result_tags[i] = Some(ResultTags {
             seq,
@@ -994,7 +997,7 @@ impl Job {
             elems_per_chunk: self.config.elems_per_chunk,
             n_workers: self.config.n_workers,
             auth: self.config.auth as u8,
-            stats: 0,
+            stats: u8::from(self.config.stats),
             epoch: self.epoch,
             tag: [0; TAG_LEN],
         };

@@ -34,6 +34,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         window: slots,
         auth: Default::default(),
         upstream: None,
+        stats: false,
     }
 }
 

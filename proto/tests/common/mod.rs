@@ -181,6 +181,7 @@ pub fn job_table(
                 window: slots,
                 auth,
                 upstream: None,
+                stats: false,
             },
             elems + 8,
         )

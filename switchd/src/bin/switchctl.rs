@@ -93,6 +93,10 @@ enum JobCmd {
         /// On a leaf: a spine's ADDR:PORT, in tree order (repeat for each).
         #[arg(long = "spine", requires = "leaf_index")]
         spines: Vec<std::net::SocketAddrV4>,
+        /// Gradient statistics: every summed RESULT carries Σᵢ‖gᵢ‖² and
+        /// ‖Σᵢ gᵢ‖² of its chunk (a 24-byte trailer; workers must know it).
+        #[arg(long)]
+        stats: bool,
     },
     /// Remove a job: frees its memory; its workers fail with "unknown job".
     Rm { id: u16 },
@@ -237,6 +241,7 @@ fn run() -> Result<()> {
                     leaf_index,
                     leaves,
                     spines,
+                    stats,
                 },
         } => AdminRequest::AddJob {
             job: JobSection {
@@ -254,6 +259,7 @@ fn run() -> Result<()> {
                     n_leaves: leaves.unwrap_or(0),
                     spines,
                 }),
+                stats,
             },
         },
     };
@@ -272,12 +278,21 @@ fn run() -> Result<()> {
                 println!("no jobs");
             }
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
-                "job", "state", "ranks", "joined", "slots", "window", "dtype", "elems", "auth"
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4} {:>5}",
+                "job",
+                "state",
+                "ranks",
+                "joined",
+                "slots",
+                "window",
+                "dtype",
+                "elems",
+                "auth",
+                "stats"
             );
             for j in jobs {
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4} {:>5}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
@@ -287,7 +302,12 @@ fn run() -> Result<()> {
                     j["window"].as_u64().unwrap_or(0),
                     j["dtype"].as_str().unwrap_or("?"),
                     j["elems_per_chunk"].as_u64().unwrap_or(0),
-                    j["auth"].as_str().unwrap_or("?")
+                    j["auth"].as_str().unwrap_or("?"),
+                    if j["stats"].as_bool().unwrap_or(false) {
+                        "on"
+                    } else {
+                        "off"
+                    }
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {

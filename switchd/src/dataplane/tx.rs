@@ -380,6 +380,7 @@ mod tests {
                 dtype,
                 window: 4,
                 upstream: None,
+                stats: false,
                 auth,
             },
             1000,

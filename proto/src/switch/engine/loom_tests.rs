@@ -82,6 +82,32 @@ fn engine_loom_three_ranks_on_three_threads() {
     ranks_race(3);
 }
 
+/// A stats engine, three ranks on three threads: the trailer's sum of
+/// squares is added in rank order whoever folds (1.5², 1.5², then 2^54 is
+/// 2^54 + 4; 2^54 first would give 2^54 + 8), and the rank whose row is
+/// its scratch never races the folder.
+#[test]
+fn engine_loom_statistics_fold_in_rank_order() {
+    const V: [f32; 3] = [1.5, 1.5, 134_217_728.0];
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_with_stats(1, 3, 1, Dtype::F32, false, 1, true).unwrap());
+        let handles: Vec<_> = (0..3u16)
+            .map(|r| {
+                let e = e.clone();
+                thread::spawn(move || send(&e, 0, r, V[r as usize]))
+            })
+            .collect();
+        let outs: Vec<Contributed> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(completions(&outs), 1, "{outs:?}");
+        let s = e.result(0).unwrap().stats().unwrap();
+        let inputs: Vec<[f32; 1]> = V.iter().map(|v| [*v]).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let want = crate::stats::chunk_stats(&refs, &reference::rank_order_sum(&refs));
+        assert_eq!(want.sum_of_squares, 18_014_398_509_481_988.0);
+        assert!(s.bits_eq(&want), "{s:?} {want:?}");
+    });
+}
+
 /// A duplicate of the completing rank races it: one is taken, the other is
 /// a Duplicate or answered from the shadow; the sum is right.
 #[test]

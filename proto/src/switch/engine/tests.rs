@@ -93,6 +93,26 @@ fn expected(dtype: Dtype, n: u16, seq: u32, count: u16) -> Vec<u8> {
         .collect()
 }
 
+/// The RESULT payload of a `stats` engine: the reference values, then the
+/// reference trailer ([`crate::stats::chunk_stats`] of the widened inputs
+/// and their float32 rank-order sum).
+fn expected_with_stats(dtype: Dtype, n: u16, seq: u32, count: u16) -> Vec<u8> {
+    let inputs: Vec<Vec<f32>> = (0..n)
+        .map(|r| {
+            let mut out = vec![0f32; count as usize];
+            elements::read_le(dtype, &payload(dtype, r, seq, count), &mut out);
+            out
+        })
+        .collect();
+    let refs: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let s = crate::stats::chunk_stats(&refs, &f32_sum(dtype, n, seq, count));
+    let mut out = expected(dtype, n, seq, count);
+    let mut t = [0u8; STATS_LEN];
+    s.emit(&mut t).unwrap();
+    out.extend_from_slice(&t);
+    out
+}
+
 fn contribution(values: &[u8], seq: u32, rank: u16, count: u16) -> Contribution<'_> {
     Contribution {
         seq,
@@ -480,7 +500,12 @@ fn drive(e: &SlotEngine, spine: &Mutex<()>, ranks: &[u16], seqs: u32, seed: u64)
     let check = |seq: u32| {
         e.with_result(seq, |sh, b| {
             assert_eq!(sh.count, count_of(seq));
-            assert_eq!(b, expected(dtype, n, seq, sh.count), "seq {seq}");
+            let want = if e.stats() {
+                expected_with_stats(dtype, n, seq, sh.count)
+            } else {
+                expected(dtype, n, seq, sh.count)
+            };
+            assert_eq!(b, want, "seq {seq}");
         })
     };
     let mut rng = Rng(seed);
@@ -575,6 +600,87 @@ fn threads_sharing_one_job_get_the_reference_bits() {
             "each rank checked each seq"
         );
         assert_eq!(e.floor(), seqs);
+    }
+}
+
+/// Several threads folding one stats job's ranks: every trailer is the
+/// reference's, bit for bit (the norms are added in rank order whichever
+/// thread folds which rank, on arrival or from a parked row).
+#[test]
+fn threads_sharing_a_stats_job_get_the_reference_statistics() {
+    let seqs = 1000;
+    for (k, (dtype, n, threads)) in [
+        (Dtype::F32, 6u16, 3usize),
+        (Dtype::Bf16, 8, 4),
+        (Dtype::F16, 4, 2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = Arc::new(SlotEngine::try_with_stats(8, n, 16, dtype, false, 8, true).unwrap());
+        let spine = Arc::new(Mutex::new(()));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (e, spine) = (e.clone(), spine.clone());
+                let ranks: Vec<u16> = (0..n).filter(|r| *r as usize % threads == t).collect();
+                std::thread::spawn(move || {
+                    drive(&e, &spine, &ranks, seqs, 50 + (k * 16 + t) as u64)
+                })
+            })
+            .collect();
+        let checked: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(checked, u64::from(seqs) * u64::from(n));
+        assert_eq!(e.floor(), seqs);
+    }
+}
+
+/// One thread, every arrival order: the trailer follows the values, equals
+/// the reference, is covered by the checksum sum, and a stats engine's
+/// all-gather carries none.
+#[test]
+fn a_stats_engine_writes_the_reference_trailer_in_every_arrival_order() {
+    for dtype in DTYPES {
+        let (n, slots) = (5u16, 4u16);
+        let e = SlotEngine::try_with_stats(slots, n, 9, dtype, false, slots, true).unwrap();
+        let mut rng = Rng(70 + dtype as u64);
+        for seq in 0..60u32 {
+            let count = 1 + (seq % 9) as u16;
+            let mut order: Vec<u16> = (0..n).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            for &r in &order {
+                send(&e, dtype, seq, r, count);
+            }
+            let (sum, bytes, st) = e
+                .with_result(seq, |sh, b| (sh.payload_sum, b.to_vec(), sh.stats))
+                .unwrap();
+            assert!(st);
+            assert_eq!(
+                bytes,
+                expected_with_stats(dtype, n, seq, count),
+                "{dtype:?} {seq}"
+            );
+            assert_eq!(sum, Sum::ZERO.add_bytes(&bytes).fold());
+            let res = e.result(seq).unwrap();
+            assert_eq!(res.trailer(), &bytes[dtype.payload_len(count)..]);
+            assert_eq!(res.stats().unwrap().ranks, u32::from(n));
+        }
+        // An all-gather moves bytes: nothing is summed, no trailer.
+        let seq = 60;
+        let p = payload(dtype, 1, seq, 3);
+        for r in 0..n {
+            let c = Contribution {
+                kind: Kind::AllGather,
+                owner: 1,
+                noval: r != 1,
+                ..contribution(if r == 1 { &p } else { &[] }, seq, r, 3)
+            };
+            e.contribute(&c);
+        }
+        let res = e.result(seq).unwrap();
+        assert!(!res.shadow().stats && res.trailer().is_empty() && res.stats().is_none());
+        assert_eq!(res.bytes(), &p[..]);
     }
 }
 

@@ -279,7 +279,34 @@ fn run_collective(
     faults: Faults,
     rng: &mut Rng,
 ) -> Vec<Vec<Option<Vec<u8>>>> {
+    let (got, _) = run_collective_with_stats(t, acks, kind, collective, chunks, sends, faults, rng);
+    got
+}
+
+/// [`run_collective`], also returning each rank's statistics trailer by
+/// chunk (checked present exactly in a `stats` job's summed kinds, NOVAL
+/// RESULTs included, and covered by the tag).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn run_collective_with_stats(
+    t: &mut JobTable,
+    acks: &[JoinAck],
+    kind: Kind,
+    collective: u32,
+    chunks: &[Chunk],
+    sends: impl Fn(u16, &Chunk) -> Option<Vec<u8>>,
+    faults: Faults,
+    rng: &mut Rng,
+) -> (
+    Vec<Vec<Option<Vec<u8>>>>,
+    Vec<Vec<Option<crate::stats::GradStats>>>,
+) {
     let dtype = t.get(5).unwrap().config.dtype;
+    let stats_len = if t.get(5).unwrap().config.stats && kind != Kind::AllGather {
+        crate::stats::STATS_LEN
+    } else {
+        0
+    };
+    let mut trailers = vec![vec![None; chunks.len()]; N as usize];
     let window = 6usize;
     let first = chunks[0].seq;
     let mut ranks: Vec<Rank> = (0..N)
@@ -343,26 +370,43 @@ fn run_collective(
             let body = &bytes[HEADER_LEN..];
             let tag_len = t.get(5).unwrap().auth().tag_len();
             let len = if noval { 0 } else { dtype.payload_len(c.count) };
-            assert_eq!(body.len(), len + tag_len, "rank {r} chunk {c:?}");
-            let (values, tag) = body.split_at(len);
+            assert_eq!(
+                body.len(),
+                len + stats_len + tag_len,
+                "rank {r} chunk {c:?}"
+            );
+            let (covered, tag) = body.split_at(len + stats_len);
             if let Some(k) = acks[r as usize].result_key.as_ref() {
                 assert!(
-                    k.verify(&h, values, tag),
+                    k.verify(&h, covered, tag),
                     "the RESULT's tag, rank {r} {c:?}"
                 );
             }
+            let (values, trailer) = covered.split_at(len);
             let got = (!noval).then(|| values.to_vec());
             let slot = &mut ranks[r as usize].got[i];
             if let Some(before) = slot {
                 assert_eq!(*before, got, "a resent RESULT carries the same bytes");
             }
             *slot = Some(got);
+            if stats_len > 0 {
+                let s = crate::stats::GradStats::parse(trailer).unwrap();
+                let slot = &mut trailers[r as usize][i];
+                if let Some(before) = slot {
+                    assert!(
+                        s.bits_eq(before),
+                        "a resent RESULT carries the same trailer"
+                    );
+                }
+                *slot = Some(s);
+            }
         }
     }
-    ranks
+    let got = ranks
         .into_iter()
         .map(|r| r.got.into_iter().map(Option::unwrap).collect())
-        .collect()
+        .collect();
+    (got, trailers)
 }
 
 /// A reduce-scatter of n·m elements, then an all-gather of m per rank, on
@@ -926,3 +970,5 @@ fn two_threads_on_the_fast_path_get_the_reference_bits() {
         assert_eq!(c.contributions, u64::from(seqs) * u64::from(N));
     }
 }
+
+mod stats;
