@@ -766,6 +766,10 @@ class GradientNoiseScale:
     For the compress hooks the switch sums g/n in bf16/fp16: the statistics
     are multiplied back by n² and carry the half-precision rounding of the
     values (about 2⁻⁹ relative per element for bf16).
+
+    After ``step()``: ``noise_scale``, ``grad_sq`` and ``trace`` (smoothed),
+    ``last_grad_sq`` and ``last_trace`` (the step's own), ``last_stats``
+    (its S, Q, n and bucket count) and ``world_size`` (n).
     """
 
     def __init__(
