@@ -26,7 +26,7 @@ p.add_argument("--adaptive", action="store_true", help="grow the batch while the
 p.add_argument("--max-batch", type=int, default=256, help="--adaptive: largest samples per rank and step")
 p.add_argument("--gns-k", type=float, default=1.0, help="--adaptive: grow while the global batch < B_noise / k")
 p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt", help="--adaptive: lr as the batch grows")
-p.add_argument("--log", help="--adaptive: rank 0 writes each step's record here (JSON lines)")
+p.add_argument("--gns-log", help="--adaptive: rank 0 writes each step's record here (JSON lines)")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
 if a.adaptive and a.comm != "switch":
@@ -54,7 +54,7 @@ opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
 if a.adaptive:  # the job must be declared stats = true
     gns = agt.GradientNoiseScale(state, batch_per_rank=a.batch)
     policy = agt.AdaptiveBatch(gns, opt, max_batch_per_rank=a.max_batch, k=a.gns_k, lr_scaling=a.lr_scaling)
-    log = open(a.log, "w") if a.log and rank == 0 else None
+    log = open(a.gns_log, "w") if a.gns_log and rank == 0 else None
 records = []
 batches = torch.Generator().manual_seed(a.seed * 1000 + rank)  # each rank its own samples
 step_times = []

@@ -2,7 +2,7 @@
 """gns_plot.py: a gradient noise scale curve from a short adaptive training.
 
 Usage: .venv/bin/python scripts/gns_plot.py [--png docs/gns-curve.png]
-           [--log FILE.jsonl] [--workers 4] [--steps 150] [--batch 8]
+           [--log FILE.jsonl] [--workers 4] [--steps 200] [--batch 8]
            [--max-batch 128] [--seed 0] [--from-log FILE.jsonl]
 
 Starts the loopback stand-in switch (aggswitch.LoopbackSwitch, a stats job;
@@ -10,7 +10,7 @@ no root) in this process, runs examples/train_ddp.py --adaptive under
 torchrun (CPU, one rank per process) against it, and plots rank 0's
 per-step records: B_noise (smoothed tr Σ / |G|²) and the global batch over
 the steps, the learning rate beside them. With --from-log it only plots a
-log written earlier (train_ddp.py --adaptive --log, e.g. from a testbed run).
+log written earlier (train_ddp.py --adaptive --gns-log, e.g. from a testbed run).
 
 Needs the venv's torch, scikit-learn and matplotlib (scripts/setup.sh).
 """
@@ -39,7 +39,7 @@ def train(a, log):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.workers}",
                os.path.join(ROOT, "examples", "train_ddp.py"), "--comm", "switch", "--adaptive",
                "--steps", str(a.steps), "--batch", str(a.batch), "--max-batch", str(a.max_batch),
-               "--seed", str(a.seed), "--log", log]
+               "--seed", str(a.seed), "--gns-log", log]
         print("gns_plot.py:", " ".join(cmd), file=sys.stderr)
         r = subprocess.run(cmd, env=env, cwd=ROOT)
         if r.returncode != 0:
@@ -50,7 +50,7 @@ def read(log):
     with open(log) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     if not recs:
-        sys.exit(f"gns_plot.py: {log} holds no records; was it written by train_ddp.py --adaptive --log?")
+        sys.exit(f"gns_plot.py: {log} holds no records; was it written by train_ddp.py --adaptive --gns-log?")
     return recs
 
 
@@ -72,7 +72,7 @@ def plot(recs, png, title):
             color="tab:orange")
     ax.set_yscale("log")
     ax.set_ylabel("samples")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     ax_lr.step(steps, [r["lr"] for r in recs], where="post", color="tab:green")
@@ -92,7 +92,7 @@ def main():
     p.add_argument("--log", help="keep rank 0's records here (default: a temporary file)")
     p.add_argument("--from-log", help="plot this log instead of training")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=8, help="first samples per rank and step")
     p.add_argument("--max-batch", type=int, default=128, help="largest samples per rank and step")
     p.add_argument("--seed", type=int, default=0)
@@ -107,8 +107,8 @@ def main():
             log = a.log or os.path.join(tmp, "gns.jsonl")
             train(a, log)
             recs = read(log)
-        title = (f"train_ddp.py --adaptive: {a.workers} ranks, MLP on digits, loopback switch "
-                 f"(per-rank batch {a.batch}..{a.max_batch}, sqrt lr scaling)")
+        title = (f"examples/train_ddp.py --adaptive: {a.workers} ranks, MLP on digits, loopback stats switch\n"
+                 f"per-rank batch {a.batch} (at most {a.max_batch}), grown ×2 while global < B_noise; lr ∝ √batch")
     plot(recs, a.png, title)
 
 
