@@ -5,6 +5,12 @@ noise scale from them, equal what every rank's full gradient gathered with
 gloo gives. The rank side is gns_ranks.py; the estimator's math on
 synthetic gradients is test_gns_math.py."""
 
+import json
+import math
+import os
+import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -132,3 +138,35 @@ class _Bucket:
 
     def index(self):
         return 0
+
+
+def test_train_ddp_adaptive_grows_the_batch_and_logs_every_step(tmp_path):
+    # examples/train_ddp.py --adaptive under torchrun (4 ranks) against a
+    # loopback stats switch: a record per step; the batch doubles only when
+    # the record says B_noise exceeded the global batch (k = 1), the lr
+    # follows √(b/b₀); every rank ends with the same weights.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    steps, b0, lr0 = 30, 8, 0.05
+    log = tmp_path / "gns.jsonl"
+    with aggswitch.LoopbackSwitch(job=1, world_size=WORLD, secret=SECRET, stats=True) as sw:
+        env = dict(os.environ, AGGSWITCH_SWITCH=sw.address, AGGSWITCH_JOB="1", AGGSWITCH_SECRET=SECRET,
+                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+               os.path.join(root, "examples", "train_ddp.py"), "--comm", "switch", "--adaptive",
+               "--steps", str(steps), "--batch", str(b0), "--lr", str(lr0), "--gns-log", str(log)]
+        r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [x["step"] for x in recs] == list(range(steps))
+    assert f"step {steps - 1} loss" in r.stdout and "B_noise" in r.stdout and "global_batch" in r.stdout
+    b = b0
+    for x in recs:
+        assert x["batch_per_rank"] == b and x["global_batch"] == WORLD * b
+        assert x["lr"] == pytest.approx(lr0 * math.sqrt(b / b0))
+        assert math.isfinite(x["b_noise"]) and x["b_noise"] > 0
+        if x["grew"]:
+            assert x["b_noise"] > WORLD * b
+            b *= 2
+    assert b > b0, "30 steps of this run grow the batch once (B_noise ≈ 77 > 32 at step 19)"
+    digests = re.findall(r"weights sha256 ([0-9a-f]{16})", r.stdout)  # ranks' lines may interleave
+    assert len(digests) == WORLD and len(set(digests)) == 1, r.stdout[-2000:]
