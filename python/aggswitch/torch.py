@@ -905,8 +905,11 @@ class AdaptiveBatch:
     the current batch. The batch never shrinks: B_noise grows as training
     goes on (McCandlish et al.), and a noisy dip should not undo a step.
 
-    Read ``batch_per_rank`` for the next step's per-rank batch (the
-    estimator's is updated too). ``step()`` returns a record of the step
+    Every rank gets the same statistics, bit for bit, so every rank's
+    estimator and policy reach the same B_noise and the same decision: the
+    ranks change batch together without exchanging anything. Read
+    ``batch_per_rank`` for the next step's per-rank batch (the estimator's
+    is updated too). ``step()`` returns a record of the step
     (``step``, ``b_noise``, ``global_batch``, ``batch_per_rank``, ``lr``,
     ``grew``), also logged at DEBUG on ``aggswitch.torch`` (a change at
     INFO).
