@@ -88,6 +88,8 @@ print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha
 if a.out:
     with open(a.out, "w") as f:
         json.dump(result, f)
+if a.adaptive and log:
+    log.close()
 if a.comm == "switch":
     state.close()
 dist.destroy_process_group()
