@@ -186,7 +186,7 @@ class AggSwitchState:
             raise AggSwitchError(
                 f"job {self.job} rank {self._rank}: GradientNoiseScale needs the switch's gradient "
                 f"statistics, but there are none for this bucket ({e}); declare the job with "
-                "stats = true on the switch (LoopbackSwitch(..., stats=True)), or detach the estimator"
+                "stats = true on the switch (LoopbackSwitch(..., stats=True)), or train without a GradientNoiseScale"
             ) from e
         gns._add_bucket(got["sum_of_squares"] * scale, got["square_of_sum"] * scale, int(got["n"]))
 
