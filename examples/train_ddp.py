@@ -1,6 +1,11 @@
 """Train an MLP on scikit-learn's bundled digits with DDP; gradients summed in
 the switch (--comm switch) or by DDP's default gloo all-reduce (--comm gloo).
-Launch one process per worker with torchrun (README, "Train with PyTorch")."""
+Launch one process per worker with torchrun (README, "Train with PyTorch").
+
+--adaptive (needs --comm switch and a job declared stats = true) estimates the
+gradient noise scale from the switch's statistics and grows the batch with
+aggswitch.torch.AdaptiveBatch; rank 0 prints step, loss, B_noise, global
+batch and learning rate every step (README, "Gradient noise scale")."""
 import argparse, hashlib, json, os, time
 
 import torch, torch.distributed as dist, torch.nn as nn
@@ -16,8 +21,16 @@ p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--dtype", choices=["f32", "bf16", "f16"], help="gradients on the wire: the switch job's dtype, "
                "or PyTorch's bf16/fp16 compression hook with --comm gloo (default: AGGSWITCH_DTYPE, else f32)")
+p.add_argument("--adaptive", action="store_true", help="grow the batch while the gradient noise scale says "
+               "larger batches are efficient (--batch is the first per-rank batch)")
+p.add_argument("--max-batch", type=int, default=256, help="--adaptive: largest samples per rank and step")
+p.add_argument("--gns-k", type=float, default=1.0, help="--adaptive: grow while the global batch < B_noise / k")
+p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt", help="--adaptive: lr as the batch grows")
+p.add_argument("--gns-log", help="--adaptive: rank 0 writes each step's record here (JSON lines)")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
+if a.adaptive and a.comm != "switch":
+    p.error("--adaptive needs --comm switch: the gradient statistics come from the switch")
 
 torch.set_num_threads(1)  # one rank per core; also keeps CPU kernels' sums in one order
 dist.init_process_group("gloo")
@@ -38,28 +51,45 @@ elif a.dtype in ("bf16", "f16"):  # gloo at its best with half the bytes: PyTorc
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
     ddp.register_comm_hook(None, dh.bf16_compress_hook if a.dtype == "bf16" else dh.fp16_compress_hook)
 opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=0.9)
+if a.adaptive:  # the job must be declared stats = true
+    gns = agt.GradientNoiseScale(state, batch_per_rank=a.batch)
+    policy = agt.AdaptiveBatch(gns, opt, max_batch_per_rank=a.max_batch, k=a.gns_k, lr_scaling=a.lr_scaling)
+    log = open(a.gns_log, "w") if a.gns_log and rank == 0 else None
+records = []
 batches = torch.Generator().manual_seed(a.seed * 1000 + rank)  # each rank its own samples
 step_times = []
 for step in range(a.steps):
     t0 = time.perf_counter()
-    idx = torch.randint(len(x), (a.batch,), generator=batches)
+    idx = torch.randint(len(x), (policy.batch_per_rank if a.adaptive else a.batch,), generator=batches)
     loss = nn.functional.cross_entropy(ddp(x[idx]), y[idx])
     opt.zero_grad()
     loss.backward()  # gradients averaged over ranks by the hook or gloo
     opt.step()
     step_times.append(time.perf_counter() - t0)
-    if rank == 0 and (step % 10 == 0 or step == a.steps - 1):
+    if a.adaptive:
+        gns.step()  # every bucket of this backward is in: one B_noise estimate
+        rec = dict(policy.step(), loss=loss.item())  # this step's batch and lr; the next step's may grow
+        records.append(rec)
+        if rank == 0:
+            print(f"step {step} loss {rec['loss']:.4f} B_noise {rec['b_noise']:.1f} global_batch {rec['global_batch']} "
+                  f"lr {rec['lr']:.4g}", flush=True)
+            if log:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+    elif rank == 0 and (step % 10 == 0 or step == a.steps - 1):
         print(f"step {step} loss {loss.item():.4f} {step_times[-1] * 1e3:.1f} ms", flush=True)
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
 weights = b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values())
 result = dict(rank=rank, world=world, comm=a.comm, dtype=state.dtype if a.comm == "switch" else a.dtype or "f32", steps=a.steps, loss=full_loss,
               params=sum(t.numel() for t in model.parameters()),
-              digest=hashlib.sha256(weights).hexdigest(), step_times=step_times)
+              digest=hashlib.sha256(weights).hexdigest(), step_times=step_times, gns=records)
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)
 if a.out:
     with open(a.out, "w") as f:
         json.dump(result, f)
+if a.adaptive and log:
+    log.close()
 if a.comm == "switch":
     state.close()
 dist.destroy_process_group()
