@@ -126,6 +126,10 @@ impl RttEstimator {
 /// 1 ≤ W ≤ ceiling. Before the first mark the window doubles per round
 /// (slow start) from a small initial window: docs/PROTOCOL.md does not say where
 /// W starts, and starting at S bursts a whole pool into the network at once.
+/// A loss (a fast retransmit: later chunks were answered, this one not)
+/// halves W once per round, as DCTCP and TCP do: on a path whose queues
+/// drop instead of marking (a tail-drop shaper), ECE never comes, and a
+/// window clocked only by ECE runs ahead of the link and loses more.
 #[derive(Debug, Clone, Copy)]
 pub struct Dctcp {
     window: f64,
@@ -135,8 +139,10 @@ pub struct Dctcp {
     results_in_round: u32,
     marked_in_round: u32,
     enabled: bool,
-    /// Doubling per round until the first ECE, as TCP's slow start.
+    /// Doubling per round until the first ECE or loss, as TCP's slow start.
     slow_start: bool,
+    /// The window was halved for a loss in this round already.
+    loss_in_round: bool,
 }
 
 impl Dctcp {
@@ -151,6 +157,7 @@ impl Dctcp {
             marked_in_round: 0,
             enabled: cfg.congestion_control,
             slow_start: true,
+            loss_in_round: false,
         }
     }
 
@@ -192,7 +199,22 @@ impl Dctcp {
             self.window = self.window.clamp(1.0, self.ceiling as f64);
             self.results_in_round = 0;
             self.marked_in_round = 0;
+            self.loss_in_round = false;
         }
+    }
+
+    /// A chunk was most likely lost (fast retransmit): halve the window,
+    /// once per round, and leave slow start.
+    pub fn on_loss(&mut self) {
+        if !self.enabled || self.loss_in_round {
+            return;
+        }
+        self.loss_in_round = true;
+        self.slow_start = false;
+        self.window = (self.window / 2.0).clamp(1.0, self.ceiling as f64);
+        // The round restarts under the smaller window.
+        self.results_in_round = 0;
+        self.marked_in_round = 0;
     }
 
     pub fn window(&self) -> u16 {
@@ -773,7 +795,9 @@ impl Collective {
         if self.next_new < self.oldest_unacked {
             self.next_new = self.oldest_unacked;
         }
-        self.fast_retransmit(i);
+        if self.fast_retransmit(i) > 0 {
+            cc.on_loss();
+        }
         ResultOutcome::Fresh {
             chunk: i,
             offset,
@@ -787,10 +811,12 @@ impl Collective {
     /// it now instead of waiting for its timer, once per send (as TCP's fast
     /// retransmit does on three duplicate ACKs). Without it each loss holds
     /// the window for a full RTO while every other rank resends its copy.
-    fn fast_retransmit(&mut self, answered: u32) {
+    /// Returns how many chunks it queued (a loss signal for the window).
+    fn fast_retransmit(&mut self, answered: u32) -> u32 {
         let Some(end) = answered.checked_sub(FAST_RETRANSMIT_GAP) else {
-            return;
+            return 0;
         };
+        let mut queued = 0;
         // Every chunk is looked at once: the cursor only moves forward.
         let start = self.oldest_unacked.max(self.fast_cursor);
         for j in start..=end {
@@ -800,9 +826,11 @@ impl Collective {
                 c.fast_resent = true;
                 self.stats.fast_resent += 1;
                 self.due.push_back(j);
+                queued += 1;
             }
         }
         self.fast_cursor = self.fast_cursor.max(end + 1);
+        queued
     }
 
     /// Restarts from `seq` after a re-join: every chunk from there on is
@@ -1354,6 +1382,40 @@ mod tests {
         // Its RESULT arrives: the window slides past 0..4.
         c.on_result(0, 1, false, t0, &mut rtt, &mut cc);
         assert_eq!(c.poll_transmit(t0, 8, &rtt, &cfg).map(|t| t.seq), Some(8));
+    }
+
+    #[test]
+    fn a_loss_halves_the_window_once_per_round_and_ends_slow_start() {
+        let (cfg, mut rtt, _) = setup();
+        let mut cc = Dctcp::new(&cfg, 64);
+        assert_eq!(cc.window(), 16);
+        let t0 = Instant::now();
+        let mut c = Collective::new(0, 0, 40, 1);
+        while c.poll_transmit(t0, 16, &rtt, &cfg).is_some() {}
+        // Chunks 0 and 1 lost; 2..=5 answered: both are fast-resent, and
+        // the window halves once for the round, not once per chunk.
+        for seq in 2..=5 {
+            c.on_result(seq, 1, false, t0, &mut rtt, &mut cc);
+        }
+        assert_eq!(c.stats.fast_resent, 2);
+        assert_eq!(cc.window(), 8);
+        // A later round grows it additively (slow start is over), and a
+        // loss there halves it again.
+        for seq in 6..14 {
+            c.on_result(seq, 1, false, t0, &mut rtt, &mut cc);
+        }
+        assert_eq!(cc.window(), 9);
+        cc.on_loss();
+        assert_eq!(cc.window(), 4);
+        // Off: a loss changes nothing.
+        let off = TransportConfig {
+            congestion_control: false,
+            ..TransportConfig::default()
+        };
+        let mut fixed = Dctcp::new(&off, 64);
+        let w = fixed.window();
+        fixed.on_loss();
+        assert_eq!(fixed.window(), w);
     }
 
     #[test]
