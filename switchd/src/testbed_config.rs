@@ -294,18 +294,30 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
                 value: subnet.into(),
                 why: e.to_string(),
             })?;
-        jobs.push(JobSection {
-            id: spec.id,
-            n_workers: n,
-            allowed_sources,
-            secret: read_secret(spec.id, &spec.secret)?,
-            pool_slots: 256,
-            elems_per_chunk: None,
-            window: None,
-            dtype: None,
-            auth: None,
-            upstream: None,
-        });
+        // Through the TOML tree, so that every key this does not set takes
+        // switchd's own default.
+        let job = toml::Table::from_iter([
+            ("id".to_owned(), toml::Value::Integer(spec.id.into())),
+            ("n_workers".to_owned(), toml::Value::Integer(n.into())),
+            (
+                "allowed_sources".to_owned(),
+                toml::Value::Array(
+                    allowed_sources
+                        .iter()
+                        .map(|s: &ipnet::Ipv4Net| s.to_string().into())
+                        .collect(),
+                ),
+            ),
+            (
+                "secret".to_owned(),
+                toml::Value::String(read_secret(spec.id, &spec.secret)?),
+            ),
+            ("pool_slots".to_owned(), toml::Value::Integer(256)),
+        ]);
+        let job: JobSection = job
+            .try_into()
+            .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
+        jobs.push(job);
     }
     let file = ConfigFile { switch, jobs };
     // Overrides go through the TOML tree and back into the typed sections,
