@@ -207,7 +207,8 @@ readonly STAMP
 RUN="$REPO_ROOT/results/efficiency-$STAMP"
 mkdir -p "$RUN/bin"
 readonly RUN
-cp "$REPO_ROOT/target/release/switchd" "$REPO_ROOT/target/release/worker" "$RUN/bin/"
+cp "$REPO_ROOT/target/release/switchd" "$REPO_ROOT/target/release/switchctl" \
+    "$REPO_ROOT/target/release/worker" "$RUN/bin/"
 readonly SWITCHD="$RUN/bin/switchd" WORKER="$RUN/bin/worker"
 readonly MPI_BIN="$RUN/bin/mpi_allreduce"
 mpicc -O2 -o "$MPI_BIN" "$REPO_ROOT/bench/mpi_allreduce.c" || die "mpicc failed on bench/mpi_allreduce.c"

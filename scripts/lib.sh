@@ -331,7 +331,8 @@ prepare_torch_bench() {
     STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
     RUN="$REPO_ROOT/results/$name-$STAMP"
     mkdir -p "$RUN/bin"
-    cp "$REPO_ROOT/target/release/switchd" "$RUN/bin/"
+    # switchctl beside switchd: start_switchd asks it whether switchd is ready.
+    cp "$REPO_ROOT/target/release/switchd" "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
     # shellcheck disable=SC2034  # read by the sourcing script
     SWITCHD="$RUN/bin/switchd"
 }
