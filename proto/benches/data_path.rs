@@ -79,8 +79,8 @@ use proto::switch::{
 };
 use proto::tag::{AuthMode, PacketKey, TAG_LEN};
 use proto::wire::{
-    write_f32s, Dtype, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN, MAX_ELEMS_PER_CHUNK,
-    OP_SUM,
+    write_f32s, Dtype, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, L2_L4_LEN,
+    MAX_ELEMS_PER_CHUNK, OP_SUM,
 };
 
 const JOB: u16 = 5;
@@ -704,7 +704,10 @@ fn stats_cost(c: &mut Criterion) {
             check_path(&mut table, &from, &mut stream, now, &mut tx, &what);
             // The path measured is the one with the trailer.
             let last = stream.base.wrapping_add(RING_SEQS - 1);
-            let has = table.get(JOB).and_then(|j| j.result(last)).map(|r| r.payload().len());
+            let has = table
+                .get(JOB)
+                .and_then(|j| j.result(last))
+                .map(|r| r.payload().len());
             let values = dtype.payload_len(elems);
             let trailer = if stats { proto::stats::STATS_LEN } else { 0 };
             assert_eq!(has, Some(values + trailer), "{what}");

@@ -516,9 +516,9 @@ fn run_tree(
                 assert_eq!(want.ranks, l as u32 * u32::from(w));
                 for (i, ts) in trailers.iter().enumerate() {
                     for (rk, t) in ts.iter().enumerate() {
-                        let got = t.get(&(seq + c as u32)).unwrap_or_else(|| {
-                            panic!("leaf {i} rank {rk} chunk {c}: no trailer")
-                        });
+                        let got = t
+                            .get(&(seq + c as u32))
+                            .unwrap_or_else(|| panic!("leaf {i} rank {rk} chunk {c}: no trailer"));
                         assert!(
                             got.bits_eq(&want),
                             "leaf {i} rank {rk} iteration {it} chunk {c}: {got:?}, want {want:?}"
@@ -599,8 +599,24 @@ fn statistics_over_trees_equal_the_tree_reference() {
         dup: 0.05,
         reorder: 0.2,
     };
-    for (seed, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
-        run_tree(2, 3, 2, 300, 16, 16, 2, CLEAN, CLEAN, seed as u64, dtype, true);
+    for (seed, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16]
+        .into_iter()
+        .enumerate()
+    {
+        run_tree(
+            2,
+            3,
+            2,
+            300,
+            16,
+            16,
+            2,
+            CLEAN,
+            CLEAN,
+            seed as u64,
+            dtype,
+            true,
+        );
         run_tree(3, 2, 1, 200, 8, 8, 2, f, f, 10 + seed as u64, dtype, true);
     }
 }

@@ -981,7 +981,9 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         // switchctl's section says it only when on (older switchds refuse
         // unknown keys).
         let mut j = toml::from_str::<ConfigFile>(&st).unwrap().jobs[0].clone();
-        assert!(serde_json::to_string(&j).unwrap().contains("\"stats\":true"));
+        assert!(serde_json::to_string(&j)
+            .unwrap()
+            .contains("\"stats\":true"));
         j.stats = false;
         assert!(!serde_json::to_string(&j).unwrap().contains("stats"));
     }

@@ -566,13 +566,22 @@ mod tests {
                         assert_eq!(h.no_values(), !gets);
                         let body = &p[HEADER_LEN..];
                         let len = if gets { dtype.payload_len(3) } else { 0 };
-                        assert_eq!(body.len(), len + STATS_LEN, "{kind} {dtype:?} to {}", h.rank);
+                        assert_eq!(
+                            body.len(),
+                            len + STATS_LEN,
+                            "{kind} {dtype:?} to {}",
+                            h.rank
+                        );
                         let s = GradStats::parse(&body[len..]).unwrap();
                         assert!(s.bits_eq(&want), "{kind} {dtype:?}: {s:?} {want:?}");
                         trailers.push((h.has_flag(flags::RETX), body[len..].to_vec()));
                     }
                 }
-                assert_eq!(trailers.len(), n as usize + 1, "{kind}: n RESULTs and a resend");
+                assert_eq!(
+                    trailers.len(),
+                    n as usize + 1,
+                    "{kind}: n RESULTs and a resend"
+                );
                 assert!(trailers.last().unwrap().0, "the last one is a resend");
                 assert!(trailers.windows(2).all(|w| w[0].1 == w[1].1));
             }

@@ -623,7 +623,9 @@ fn threads_sharing_a_stats_job_get_the_reference_statistics() {
             .map(|t| {
                 let (e, spine) = (e.clone(), spine.clone());
                 let ranks: Vec<u16> = (0..n).filter(|r| *r as usize % threads == t).collect();
-                std::thread::spawn(move || drive(&e, &spine, &ranks, seqs, 50 + (k * 16 + t) as u64))
+                std::thread::spawn(move || {
+                    drive(&e, &spine, &ranks, seqs, 50 + (k * 16 + t) as u64)
+                })
             })
             .collect();
         let checked: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
@@ -654,7 +656,11 @@ fn a_stats_engine_writes_the_reference_trailer_in_every_arrival_order() {
                 .with_result(seq, |sh, b| (sh.payload_sum, b.to_vec(), sh.stats))
                 .unwrap();
             assert!(st);
-            assert_eq!(bytes, expected_with_stats(dtype, n, seq, count), "{dtype:?} {seq}");
+            assert_eq!(
+                bytes,
+                expected_with_stats(dtype, n, seq, count),
+                "{dtype:?} {seq}"
+            );
             assert_eq!(sum, Sum::ZERO.add_bytes(&bytes).fold());
             let res = e.result(seq).unwrap();
             assert_eq!(res.trailer(), &bytes[dtype.payload_len(count)..]);

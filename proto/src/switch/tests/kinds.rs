@@ -393,7 +393,10 @@ fn run_collective_with_stats(
                 let s = crate::stats::GradStats::parse(trailer).unwrap();
                 let slot = &mut trailers[r as usize][i];
                 if let Some(before) = slot {
-                    assert!(s.bits_eq(before), "a resent RESULT carries the same trailer");
+                    assert!(
+                        s.bits_eq(before),
+                        "a resent RESULT carries the same trailer"
+                    );
                 }
                 *slot = Some(s);
             }

@@ -87,7 +87,10 @@ fn all_reduce_with_stats(dtype: Dtype, auth: AuthMode, faults: Faults, seed: u64
 
 #[test]
 fn every_all_reduce_result_carries_the_reference_statistics() {
-    for (k, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16].into_iter().enumerate() {
+    for (k, dtype) in [Dtype::F32, Dtype::Bf16, Dtype::F16]
+        .into_iter()
+        .enumerate()
+    {
         for auth in [AuthMode::Port, AuthMode::Mac] {
             all_reduce_with_stats(dtype, auth, CLEAN, 11 + k as u64);
         }
@@ -175,7 +178,16 @@ fn the_result_head_carries_the_trailer_and_its_checksum() {
     let (mut t, acks) = active_with_acks(stats_config(Dtype::Bf16, AuthMode::Port, 8));
     let vals: Vec<Vec<u8>> = (0..N).map(|r| rs_input(Dtype::Bf16, r, 5, 9)).collect();
     for r in 0..N {
-        let m = kind_message(r, 0, 0, Kind::ReduceScatter, 2, 5, Some(&vals[r as usize]), None);
+        let m = kind_message(
+            r,
+            0,
+            0,
+            Kind::ReduceScatter,
+            2,
+            5,
+            Some(&vals[r as usize]),
+            None,
+        );
         t.handle(&m, endpoint(r), false, t0());
     }
     let _ = acks;
