@@ -58,6 +58,9 @@
 //! at completion, and carried by every RESULT), for f32 and bf16 DATA of
 //! full chunks at a 1500-byte MTU with the trailer's room (356 and 712
 //! elements): the difference is what the statistics cost per packet.
+//! `stats/<dtype>_norm/E`: `proto::stats::squared_norm_le_blocked` of one
+//! such payload alone (widened 64 elements at a time, the 8-lane float64
+//! sum): the engine's per-packet kernel.
 //!
 //! Run: `cargo bench -p agg-proto --bench data_path` (add `-- --quick` for a
 //! short run).
@@ -724,6 +727,19 @@ fn stats_cost(c: &mut Criterion) {
             let job = table.get(JOB).expect("job");
             assert_eq!(job.drops().total(), 0, "{:?}", job.drops());
         }
+        // The kernel alone: one payload's squared norm, as the engine takes
+        // it on arrival.
+        let stream = Stream::of_dtype(elems, dtype);
+        let payload = &stream.datagram(0)[HEADER_LEN..];
+        let name = format!("{}_norm", dtype.name());
+        g.bench_with_input(BenchmarkId::new(name, elems), &elems, |b, _| {
+            b.iter(|| {
+                black_box(proto::stats::squared_norm_le_blocked(
+                    dtype,
+                    black_box(payload),
+                ))
+            })
+        });
     }
     g.finish();
 }

@@ -95,6 +95,13 @@ impl GradStats {
 /// ‖x‖² in float64, in the documented order ([`LANES`] lanes).
 pub fn squared_norm(x: &[f32]) -> f64 {
     let mut lane = [0f64; LANES];
+    add_squares(&mut lane, x);
+    combine(&lane)
+}
+
+/// Adds the squares of `x` to `lane`, element k into lane k mod 8: the
+/// documented order when `x` starts at a multiple of [`LANES`].
+fn add_squares(lane: &mut [f64; LANES], x: &[f32]) {
     let mut blocks = x.chunks_exact(LANES);
     for b in &mut blocks {
         for (l, v) in lane.iter_mut().zip(b) {
@@ -105,6 +112,21 @@ pub fn squared_norm(x: &[f32]) -> f64 {
     for (l, v) in lane.iter_mut().zip(blocks.remainder()) {
         let v = f64::from(*v);
         *l += v * v;
+    }
+}
+
+/// [`squared_norm_le`] with no scratch from the caller: the payload is
+/// widened 64 elements at a time into a buffer on the stack (a multiple of
+/// [`LANES`], so element k still goes to lane k mod 8), which stays in the
+/// L1 cache where a chunk-sized scratch would not: the same bits.
+pub fn squared_norm_le_blocked(dtype: Dtype, payload: &[u8]) -> f64 {
+    const BLOCK: usize = 8 * LANES;
+    let mut buf = [0f32; BLOCK];
+    let mut lane = [0f64; LANES];
+    for chunk in payload.chunks(BLOCK * dtype.size()) {
+        let n = chunk.len() / dtype.size();
+        elements::read_le(dtype, chunk, &mut buf[..n]);
+        add_squares(&mut lane, &buf[..n]);
     }
     combine(&lane)
 }
@@ -244,6 +266,26 @@ mod tests {
             squared_norm_le(Dtype::Bf16, &bytes, &mut scratch).to_bits(),
             squared_norm(&vals).to_bits()
         );
+    }
+
+    #[test]
+    fn the_blocked_norm_has_the_same_bits() {
+        // Lengths around the 64-element blocks and the 8 lanes, values of
+        // far-apart magnitudes (so another lane order would show).
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for len in [0usize, 1, 7, 8, 63, 64, 65, 130, 356, 712] {
+                let vals: Vec<f32> = (0..len)
+                    .map(|i| elements::round_f32(dtype, pattern(2, 5, i) * 37.0))
+                    .collect();
+                let mut bytes = vec![0u8; len * dtype.size()];
+                elements::round_to_le(dtype, &vals, &mut bytes);
+                assert_eq!(
+                    squared_norm_le_blocked(dtype, &bytes).to_bits(),
+                    squared_norm(&vals).to_bits(),
+                    "{dtype:?} {len}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -263,8 +263,13 @@ impl JobConfig {
             AuthMode::Mac => n * MAC_BYTES_PER_RANK + slots * 48,
         };
         // A stats job's accumulator, result and partial have room for the
-        // trailer after a full chunk, and a running sum of squares.
-        let stats = if self.stats { slots * (3 * 24 + 8) } else { 0 };
+        // trailer after a full chunk, each parked row for a rank's part
+        // (16 bytes), and a slot keeps a running sum of squares and count.
+        let stats = if self.stats {
+            slots * (3 * 24 + 16 + n * 16)
+        } else {
+            0
+        };
         floats * 4 + bitmaps + members + slots * 64 + mac + stats
     }
 }

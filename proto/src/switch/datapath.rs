@@ -28,7 +28,11 @@
 //!   lines); readers sum the stripes.
 //! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
 //!   completions touch per-job state kept under it (a partial's resend
-//!   timer, the RESULT tag).
+//!   timer, the RESULT tag). So does a leaf's partial to a `stats` spine:
+//!   its statistics trailer is read there.
+//! * In a `stats` job the engine writes each summed result's statistics
+//!   trailer after its values ([`ResultRef::bytes`] includes it), so every
+//!   RESULT encoder and resend carries the same bytes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -62,7 +62,7 @@ use std::collections::TryReserveError;
 use super::counters::DropReason;
 use crate::elements;
 use crate::seq::serial_offset;
-use crate::stats::{squared_norm, squared_norm_le, GradStats, STATS_LEN};
+use crate::stats::{squared_norm, squared_norm_le_blocked, GradStats, STATS_LEN};
 use crate::wire::{Dtype, Kind};
 
 use sync::{
@@ -774,16 +774,10 @@ impl SlotEngine {
                 }
             });
             if self.stats && kind != Kind::AllGather {
-                let part = part.unwrap_or_else(|| {
-                    slot.rows[c.rank as usize].with_mut(|row| {
-                        // SAFETY: this thread claimed the rank (no other
-                        // claimant: Duplicate) and its row is not ready, so
-                        // no folder reads it; an older activation's writer
-                        // was refused above (SlotBusy). The row is scratch.
-                        let row = unsafe { &mut *row };
-                        (squared_norm_le(self.dtype, c.values, row), 1)
-                    })
-                });
+                // From the payload (its own small scratch: a chunk-sized one
+                // would cost a cache miss per packet).
+                let part =
+                    part.unwrap_or_else(|| (squared_norm_le_blocked(self.dtype, c.values), 1));
                 // SAFETY: the fold token gives `sos`, as `acc`.
                 slot.sos
                     .with_mut(|sos| unsafe { fold_part(&mut *sos, c.rank, part) });

@@ -175,7 +175,7 @@ fn reduce_scatter_noval_results_carry_the_statistics_and_all_gather_none() {
 /// its checksum sum, made once per result, is that payload's.
 #[test]
 fn the_result_head_carries_the_trailer_and_its_checksum() {
-    let (mut t, acks) = active_with_acks(stats_config(Dtype::Bf16, AuthMode::Port, 8));
+    let (mut t, _) = active_with_acks(stats_config(Dtype::Bf16, AuthMode::Port, 8));
     let vals: Vec<Vec<u8>> = (0..N).map(|r| rs_input(Dtype::Bf16, r, 5, 9)).collect();
     for r in 0..N {
         let m = kind_message(
@@ -190,7 +190,6 @@ fn the_result_head_carries_the_trailer_and_its_checksum() {
         );
         t.handle(&m, endpoint(r), false, t0());
     }
-    let _ = acks;
     let want = reference_stats(Dtype::Bf16, &vals, 0, 5);
     let mut seen = 0;
     while let Some(r) = t.poll_reply() {
@@ -260,4 +259,91 @@ fn a_stats_job_s_chunk_leaves_room_for_the_trailer() {
     assert!(c.validate(362).is_err());
     c.elems_per_chunk = 356;
     c.validate(362).unwrap();
+}
+
+/// The lock-free data path, two threads each driving two ranks of a stats
+/// job (all-reduce and reduce-scatter chunks in turn): every RESULT holds
+/// the reference values and trailer, a NOVAL RESULT the trailer alone.
+#[test]
+fn two_threads_on_the_fast_path_get_the_reference_statistics() {
+    let seqs = 400u32;
+    let e = 16u16;
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        let mut t = active_table_of(stats_config(dtype, AuthMode::Port, e));
+        drain(&mut t);
+        let dp = t.data_path();
+        let kind = |s: u32| {
+            if s.is_multiple_of(2) {
+                Kind::AllReduce
+            } else {
+                Kind::ReduceScatter
+            }
+        };
+        let count = move |s: u32| 1 + (s % u32::from(e)) as u16;
+        let input = move |r: u16, s: u32| rs_input(dtype, r, count(s) as usize, u64::from(s));
+        let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let handles: Vec<_> = (0..2u16)
+            .map(|th| {
+                let (dp, results) = (dp.clone(), results.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(31 + u64::from(th));
+                    let ranks = [th, th + 2];
+                    let mut next = [0u32; 2];
+                    let mut spins = 0u64;
+                    while next.iter().any(|s| *s < seqs) {
+                        spins += 1;
+                        assert!(spins < 50_000_000, "stuck at {next:?}");
+                        let i = rng.below(2);
+                        let s = next[i];
+                        if s >= seqs {
+                            continue;
+                        }
+                        if s >= dp.job(5).unwrap().engine.floor() + 4 {
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        let (r, owner) = (ranks[i], (s % u32::from(N)) as u16);
+                        let v = input(r, s);
+                        let m = kind_message(r, s, 0, kind(s), owner, count(s), Some(&v), None);
+                        match dp.on_datagram(th as usize, &m, &endpoint(r), false) {
+                            Fast::Done(DataOutcome::Taken) => {}
+                            Fast::Completed { seq, .. } => {
+                                let core = dp.job(5).unwrap();
+                                let other = (owner + 1) % N;
+                                let (_, a) = core.result_for(seq, owner, false, GEN, 8).unwrap();
+                                let own = a.bytes().to_vec();
+                                drop(a);
+                                let (_, b) = core.result_for(seq, other, false, GEN, 8).unwrap();
+                                let theirs = b.bytes().to_vec();
+                                results.lock().unwrap().push((seq, own, theirs));
+                            }
+                            other => panic!("seq {s} rank {r}: {other:?}"),
+                        }
+                        next[i] += 1;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let results = results.lock().unwrap();
+        assert_eq!(results.len(), seqs as usize, "each seq completed once");
+        for (s, own, theirs) in results.iter() {
+            let inputs: Vec<Vec<u8>> = (0..N).map(|r| input(r, *s)).collect();
+            let n = count(*s) as usize;
+            let mut trailer = [0u8; STATS_LEN];
+            reference_stats(dtype, &inputs, 0, n)
+                .emit(&mut trailer)
+                .unwrap();
+            let mut want = reference_sum(dtype, &inputs, 0, n);
+            want.extend_from_slice(&trailer);
+            assert_eq!(*own, want, "{dtype:?} seq {s}: values and trailer");
+            if kind(*s) == Kind::ReduceScatter {
+                assert_eq!(theirs[..], trailer[..], "{dtype:?} seq {s}: NOVAL");
+            } else {
+                assert_eq!(*theirs, want, "{dtype:?} seq {s}");
+            }
+        }
+    }
 }
