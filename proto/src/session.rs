@@ -779,6 +779,7 @@ mod tests {
                 elems_per_chunk: 2,
                 dtype: Dtype::F32,
                 window: 4,
+                priority: Default::default(),
                 auth,
                 upstream: None,
             },

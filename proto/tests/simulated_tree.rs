@@ -122,6 +122,7 @@ impl Tree {
                         elems_per_chunk: elems,
                         dtype: Default::default(),
                         window: slots,
+                        priority: Default::default(),
                         auth: Default::default(),
                         upstream: None,
                     },
@@ -147,6 +148,7 @@ impl Tree {
                         elems_per_chunk: elems,
                         dtype,
                         window: slots,
+                        priority: Default::default(),
                         auth: Default::default(),
                         upstream: Some(Upstream {
                             leaf_index: i as u16,
@@ -748,6 +750,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: 16,
+        priority: Default::default(),
         auth: Default::default(),
         upstream: None,
     };
@@ -901,6 +904,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
                 elems_per_chunk: 8,
                 dtype: Default::default(),
                 window: 16,
+                priority: Default::default(),
                 upstream: None,
                 auth: Default::default(),
             },

@@ -29,6 +29,7 @@
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
+//! priority = "normal"               # "low" | "normal" | "high": yields to busy higher classes
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -40,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 use proto::switch::config::max_elems_for;
-use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
+use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, Priority, SpineAddr, Upstream};
 use proto::tag::AuthMode;
 use proto::wire::{
     elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
@@ -266,6 +267,9 @@ pub struct JobSection {
     /// DATA/RESULT authentication: "port" (when absent) or "mac".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
+    /// Class against other jobs: "low", "normal" (when absent) or "high".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
     /// On a leaf: this job's place in its trees.
     #[serde(default)]
     pub upstream: Option<UpstreamSection>,
@@ -361,6 +365,12 @@ impl JobSection {
                 .parse()
                 .map_err(|e| format!("job {}: auth: {e}", self.id))?,
         };
+        let priority: Priority = match &self.priority {
+            None => Priority::default(),
+            Some(p) => p
+                .parse()
+                .map_err(|e| format!("job {}: {e}", self.id))?,
+        };
         // switchd sends a tagged RESULT from one TX frame (the tag follows
         // the payload), so an auth = "mac" job's chunk fits one frame.
         let max_elems = match auth {
@@ -383,6 +393,7 @@ impl JobSection {
             elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             dtype,
             window: self.window.unwrap_or(self.pool_slots),
+            priority,
             auth,
             upstream: match (&self.upstream, uplink) {
                 (None, _) => None,
@@ -819,6 +830,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             dtype: None,
             upstream: None,
             auth: None,
+            priority: None,
         };
         let e = j.to_job_config(362, 362, None).unwrap_err();
         assert!(e.contains("job 7") && e.contains("weak"), "{e}");

@@ -274,6 +274,10 @@ impl<'a> ControlPlane<'a> {
                             "dtype": j.config.dtype.name(),
                             "auth": j.auth().name(),
                             "window": j.window(),
+                            "priority": j.priority().name(),
+                            "declared_window": j.declared_window(),
+                            "yielding": j.core().priority.outranked_now(),
+                            "priority_marked": j.counters().priority_marked,
                             "pool_bytes": j.config.pool_bytes(),
                             "upstream": j.uplink().map(|u| serde_json::json!({
                                 "leaf_index": u.cfg.leaf_index,

@@ -32,6 +32,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -39,6 +40,7 @@ use super::config::Endpoint;
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
 use super::job::DataOutcome;
+use super::priority::{JobPriority, PriorityBoard};
 use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
 
 /// The jobs the data path serves, by id (sorted: a handful, binary-searched).
@@ -52,6 +54,8 @@ pub struct DataPath {
     /// RESULTs the fast path handed to the transmit path, per stripe (the
     /// table's own count is added where its counters are read).
     results_sent: Box<[PaddedCount]>,
+    /// When each priority class was last busy ([`super::priority`]).
+    board: Arc<PriorityBoard>,
 }
 
 /// A counter on cache lines of its own.
@@ -60,12 +64,24 @@ pub struct DataPath {
 struct PaddedCount(AtomicU64);
 
 impl DataPath {
-    pub(super) fn new(gen: u32) -> DataPath {
+    pub(super) fn new(gen: u32, now: Instant) -> DataPath {
         DataPath {
             gen,
             jobs: ArcSwap::from_pointee(Vec::new()),
             results_sent: (0..STRIPES).map(|_| PaddedCount::default()).collect(),
+            board: Arc::new(PriorityBoard::new(now)),
         }
+    }
+
+    /// The priority board the jobs' classes are judged on.
+    pub fn board(&self) -> &Arc<PriorityBoard> {
+        &self.board
+    }
+
+    /// Moves the priority clock to `now`: call it once per batch of frames,
+    /// before handing them to [`DataPath::on_datagram`].
+    pub fn tick(&self, now: Instant) {
+        self.board.tick(now);
     }
 
     /// Counts `n` RESULTs of `job` handed to the transmit path by `thread`
@@ -170,6 +186,8 @@ pub struct JobCore {
     /// are encoded by the table, under its lock.
     pub tagged: bool,
     pub engine: SlotEngine,
+    /// Its class, and whether it yields to a busy higher class now.
+    pub priority: JobPriority,
     admission: ArcSwap<Admission>,
     counters: StripedCounters,
 }
@@ -181,6 +199,7 @@ impl JobCore {
         elems_per_chunk: u16,
         tagged: bool,
         engine: SlotEngine,
+        priority: JobPriority,
     ) -> JobCore {
         JobCore {
             id,
@@ -188,6 +207,7 @@ impl JobCore {
             elems_per_chunk,
             tagged,
             engine,
+            priority,
             admission: ArcSwap::from_pointee(Admission::default()),
             counters: StripedCounters::new(),
         }
@@ -306,6 +326,15 @@ impl JobCore {
         epoch: u32,
     ) -> DataOutcome {
         let c = self.counters.stripe(thread);
+        // A busy job of a higher class: take this one's DATA within the
+        // yield window and mark its RESULT (module docs of
+        // [`super::priority`]); the window is stored only when it changes.
+        let yielding = self.priority.on_data();
+        let want = self.priority.window_for(yielding);
+        if self.engine.window() != want {
+            self.engine.set_window(want);
+        }
+        let ce = ce || yielding;
         let contribution = Contribution {
             seq: hdr.seq,
             rank: hdr.rank,
@@ -338,6 +367,9 @@ impl JobCore {
                 if ece {
                     c.ece_marked.fetch_add(1, Ordering::Relaxed);
                 }
+                if yielding {
+                    c.priority_marked.fetch_add(1, Ordering::Relaxed);
+                }
                 DataOutcome::Completed { seq }
             }
             Contributed::PartialReady { seq } => DataOutcome::PartialReady { seq },
@@ -363,6 +395,7 @@ struct Stripe {
     bytes_aggregated: AtomicU64,
     chunks_completed: AtomicU64,
     ece_marked: AtomicU64,
+    priority_marked: AtomicU64,
     retransmits_served: AtomicU64,
     results_sent: AtomicU64,
     drops: [AtomicU64; DropReason::COUNT],
@@ -391,6 +424,7 @@ impl StripedCounters {
             c.bytes_aggregated += get(&s.bytes_aggregated);
             c.chunks_completed += get(&s.chunks_completed);
             c.ece_marked += get(&s.ece_marked);
+            c.priority_marked += get(&s.priority_marked);
             c.retransmits_served += get(&s.retransmits_served);
             c.results_sent += get(&s.results_sent);
             for (k, v) in s.drops.iter().enumerate() {

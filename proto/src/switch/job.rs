@@ -60,6 +60,7 @@ use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::datapath::{Admission, JobCore};
 use super::engine::{ResultRef, SlotEngine};
+use super::priority::{JobPriority, Priority, PriorityBoard};
 use super::uplink::Uplink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,6 +291,7 @@ impl Job {
         config: JobConfig,
         min_serial: u64,
         nonce_key: [u8; 32],
+        board: Arc<PriorityBoard>,
     ) -> Result<Job, JobConfigError> {
         let oom = JobConfigError::OutOfMemory {
             id: config.id,
@@ -311,6 +313,11 @@ impl Job {
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,
             engine,
+            JobPriority::new(
+                config.priority,
+                board,
+                config.window.min(config.pool_slots),
+            ),
         ));
         let uplink = config
             .upstream
@@ -384,11 +391,22 @@ impl Job {
     pub fn window(&self) -> u16 {
         self.core.engine.window()
     }
-    /// Sets the window the switch allows (clamped to 1..=S).
+    /// Sets the window the switch allows (clamped to 1..=S): the declared
+    /// one, which the job gets while it does not yield to a higher class.
     pub fn set_window(&mut self, w: u16) {
-        self.core
-            .engine
-            .set_window(w.clamp(1, self.config.pool_slots));
+        let w = w.clamp(1, self.config.pool_slots);
+        let p = &self.core.priority;
+        p.set_declared_window(w);
+        self.core.engine.set_window(p.window_for(p.yielding()));
+    }
+    /// The window declared for the job (its advertised [`Job::window`] is
+    /// smaller while it yields to a busy job of a higher class).
+    pub fn declared_window(&self) -> u16 {
+        self.core.priority.declared_window()
+    }
+    /// The job's class.
+    pub fn priority(&self) -> Priority {
+        self.core.priority.class()
     }
     /// Oldest incomplete seq.
     pub fn floor(&self) -> u32 {

@@ -83,6 +83,11 @@ enum JobCmd {
         /// source and switch port) or "mac" (a 16-byte tag on every one).
         #[arg(long, default_value = "port")]
         auth: String,
+        /// The job's class: "low", "normal" or "high". While a job of a
+        /// higher class is busy, this one's workers get a smaller window
+        /// and ECE (docs/PROTOCOL.md, "Priorities").
+        #[arg(long, default_value = "normal")]
+        priority: String,
         /// On a leaf of a tree: this leaf's rank at the spines (with
         /// --leaves and --spine; needs `[switch] uplink`).
         #[arg(long, requires_all = ["leaves", "spines"])]
@@ -234,6 +239,7 @@ fn run() -> Result<()> {
                     window,
                     dtype,
                     auth,
+                    priority,
                     leaf_index,
                     leaves,
                     spines,
@@ -249,6 +255,7 @@ fn run() -> Result<()> {
                 window,
                 dtype: Some(dtype),
                 auth: Some(auth),
+                priority: Some(priority),
                 upstream: leaf_index.map(|leaf_index| UpstreamSection {
                     leaf_index,
                     n_leaves: leaves.unwrap_or(0),

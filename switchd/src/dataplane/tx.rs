@@ -379,6 +379,7 @@ mod tests {
                 elems_per_chunk: 64,
                 dtype,
                 window: 4,
+                priority: Default::default(),
                 upstream: None,
                 auth,
             },
