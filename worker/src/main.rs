@@ -330,6 +330,10 @@ struct Report {
     /// end of the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     machine_busy_cpu_s: Option<[f64; 2]>,
+    /// Each timed iteration's seconds, in order (tail latencies per
+    /// all-reduce: scripts/bench_priority.sh); omitted past 10 000.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    iteration_seconds: Vec<f64>,
 }
 
 /// An element the CLI fills and verifies: converted from the float32
@@ -373,7 +377,12 @@ struct Outcome {
     /// With `--machine-cpu`: the machine's busy CPU seconds when the first
     /// all-reduce started and when the last one ended.
     machine_cpu: [f64; 2],
+    /// Each timed iteration's seconds (up to [`MAX_ITERATION_TIMES`]).
+    times: Vec<f64>,
 }
+
+/// Most per-iteration times a report lists.
+const MAX_ITERATION_TIMES: usize = 10_000;
 
 /// Lengths of a rank's input and output for `--collective` over a whole
 /// tensor of `elements` (n·m for reduce-scatter and all-gather).
@@ -438,6 +447,7 @@ fn iterate<T: CliElement>(
             .with_context(|| format!("warm-up {kind} {it} of {what}"))?;
     }
     let mut busy = Duration::ZERO;
+    let mut times = Vec::with_capacity((a.iterations as usize).min(MAX_ITERATION_TIMES));
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
     for it in 0..a.iterations {
@@ -454,7 +464,11 @@ fn iterate<T: CliElement>(
         let t = Instant::now();
         run_one(w, kind, &mut data, &mut output)
             .with_context(|| format!("{kind} {it} of {what}"))?;
-        busy += t.elapsed();
+        let took = t.elapsed();
+        busy += took;
+        if times.len() < MAX_ITERATION_TIMES {
+            times.push(took.as_secs_f64());
+        }
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
         }
@@ -483,6 +497,7 @@ fn iterate<T: CliElement>(
         busy,
         mismatches,
         machine_cpu,
+        times,
     })
 }
 
@@ -540,6 +555,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         busy,
         mismatches,
         machine_cpu,
+        times,
     } = match dtype {
         Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &what)?,
         Dtype::Bf16 => iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &what)?,
@@ -576,6 +592,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         auth: w.auth().name(),
         stats,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
+        iteration_seconds: times,
     };
     let _ = w.leave();
     if a.json {

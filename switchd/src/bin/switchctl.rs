@@ -147,11 +147,18 @@ fn print_spines(spines: &[serde_json::Value], indent: &str) {
 
 fn print_job(j: &serde_json::Value) {
     println!(
-        "job {}: {} ({}/{} ranks joined), window {}, oldest incomplete seq {}, pool {} bytes",
+        "job {}: {} ({}/{} ranks joined), priority {}{}, window {}, oldest incomplete seq {}, \
+         pool {} bytes",
         j["id"],
         j["state"].as_str().unwrap_or("?"),
         j["ranks_joined"],
         j["n_workers"],
+        j["priority"].as_str().unwrap_or("?"),
+        if j["yielding"].as_bool().unwrap_or(false) {
+            format!(" (yielding: declared window {})", j["declared_window"])
+        } else {
+            String::new()
+        },
         j["window"],
         j["floor_seq"],
         j["pool_bytes"]
@@ -279,12 +286,34 @@ fn run() -> Result<()> {
                 println!("no jobs");
             }
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
-                "job", "state", "ranks", "joined", "slots", "window", "dtype", "elems", "auth"
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}  {:<6} {:>9}",
+                "job",
+                "state",
+                "ranks",
+                "joined",
+                "slots",
+                "window",
+                "dtype",
+                "elems",
+                "auth",
+                "class",
+                "yielding"
             );
             for j in jobs {
+                // The window RESULTs advertise now; while the job yields
+                // to a busy higher class, "yielding" shows the declared one
+                // it returns to and the chunks marked for priority so far.
+                let yielding = if j["yielding"].as_bool().unwrap_or(false) {
+                    format!(
+                        "yes (of {}, {} marked)",
+                        j["declared_window"].as_u64().unwrap_or(0),
+                        j["priority_marked"].as_u64().unwrap_or(0)
+                    )
+                } else {
+                    format!("no ({} marked)", j["priority_marked"].as_u64().unwrap_or(0))
+                };
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}  {:<6} {:>9}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
@@ -294,7 +323,9 @@ fn run() -> Result<()> {
                     j["window"].as_u64().unwrap_or(0),
                     j["dtype"].as_str().unwrap_or("?"),
                     j["elems_per_chunk"].as_u64().unwrap_or(0),
-                    j["auth"].as_str().unwrap_or("?")
+                    j["auth"].as_str().unwrap_or("?"),
+                    j["priority"].as_str().unwrap_or("?"),
+                    yielding
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {
