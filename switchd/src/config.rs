@@ -367,9 +367,7 @@ impl JobSection {
         };
         let priority: Priority = match &self.priority {
             None => Priority::default(),
-            Some(p) => p
-                .parse()
-                .map_err(|e| format!("job {}: {e}", self.id))?,
+            Some(p) => p.parse().map_err(|e| format!("job {}: {e}", self.id))?,
         };
         // switchd sends a tagged RESULT from one TX frame (the tag follows
         // the payload), so an auth = "mac" job's chunk fits one frame.
@@ -929,6 +927,26 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(Config::parse(&big, Path::new("t"), |_| Some(1500)).is_err());
         let c = Config::parse(&big, Path::new("t"), |_| Some(9000)).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, 2000);
+    }
+
+    #[test]
+    fn priority_defaults_to_normal_and_a_typo_names_the_job_and_the_classes() {
+        assert_eq!(parse(GOOD).unwrap().jobs[0].priority, Priority::Normal);
+        let c = parse(&format!("{GOOD}priority = \"high\"\n")).unwrap();
+        assert_eq!(c.jobs[0].priority, Priority::High);
+        let e = parse(&format!("{GOOD}priority = \"urgent\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("job 1: priority \"urgent\"")
+                && e.contains("\"low\", \"normal\" (the default), \"high\""),
+            "{e}"
+        );
+        // A number is not a class: serde names the key and the type.
+        let e = parse(&format!("{GOOD}priority = 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("priority"), "{e}");
     }
 
     #[test]

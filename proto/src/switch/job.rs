@@ -313,11 +313,7 @@ impl Job {
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,
             engine,
-            JobPriority::new(
-                config.priority,
-                board,
-                config.window.min(config.pool_slots),
-            ),
+            JobPriority::new(config.priority, board, config.window.min(config.pool_slots)),
         ));
         let uplink = config
             .upstream

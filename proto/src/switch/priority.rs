@@ -125,9 +125,15 @@ impl PriorityBoard {
     /// Moves the clock to `now` (once per batch of frames; a store at most
     /// once per [`GRAIN`]).
     pub fn tick(&self, now: Instant) {
-        let ns = u64::try_from(now.saturating_duration_since(self.base).as_nanos())
-            .unwrap_or(u64::MAX);
-        if ns >= self.clock.0.load(Ordering::Relaxed).saturating_add(GRAIN_NS) {
+        let ns =
+            u64::try_from(now.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
+        if ns
+            >= self
+                .clock
+                .0
+                .load(Ordering::Relaxed)
+                .saturating_add(GRAIN_NS)
+        {
             self.clock.0.store(ns, Ordering::Relaxed);
         }
     }

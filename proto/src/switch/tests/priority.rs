@@ -145,7 +145,9 @@ fn low_yields_to_normal_and_the_fast_path_yields_the_same() {
     let core = dp.job(LOW).unwrap();
     let share = yield_window(W);
     assert_eq!(core.engine.window(), share);
-    let (h, _) = core.result_for(0, 0, false, GEN, core.engine.window()).unwrap();
+    let (h, _) = core
+        .result_for(0, 0, false, GEN, core.engine.window())
+        .unwrap();
     assert!(h.has_flag(flags::ECE) && h.window == share);
     assert_eq!(
         on(LOW, 1 + u32::from(share)),
@@ -157,7 +159,9 @@ fn low_yields_to_normal_and_the_fast_path_yields_the_same() {
     assert!(!t.get(LOW).unwrap().core().priority.outranked_now());
     assert_eq!(on(LOW, 1), Fast::Completed { job: LOW, seq: 1 });
     assert_eq!(core.engine.window(), W);
-    let (h, _) = core.result_for(1, 0, false, GEN, core.engine.window()).unwrap();
+    let (h, _) = core
+        .result_for(1, 0, false, GEN, core.engine.window())
+        .unwrap();
     assert!(!h.has_flag(flags::ECE) && h.window == W);
     assert_eq!(t.get_mut(LOW).unwrap().counters().priority_marked, 1);
 }
