@@ -36,9 +36,12 @@ GOALS = {"short_job_with_priority_over_alone": ("<=", 1.3), "long_job_throughput
 def read_json(path):
     with open(path) as f:
         text = f.read().strip()
-    # A worker prints its JSON report as the last line starting with '{'.
-    lines = [l for l in text.splitlines() if l.startswith("{")]
-    return json.loads(lines[-1] if lines else text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # A worker prints its JSON report as its last line starting with '{'.
+        lines = [l for l in text.splitlines() if l.startswith("{")]
+        return json.loads(lines[-1]) if lines else {}
 
 
 def job(stats, jid):
