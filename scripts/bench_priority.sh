@@ -34,13 +34,14 @@
 #
 # Usage:
 #   sudo scripts/bench_priority.sh [--window S] [--iterations N] [--elements E]
-#                                  [--mps M] [--no-build]
+#                                  [--mps M] [--rate MBIT] [--no-build]
 #
 #   --window S      seconds of each window (default 10; the short job must
 #                   finish inside it, else the run fails)
 #   --iterations N  the short job's all-reduces (default 20)
 #   --elements E    float32 elements per all-reduce (default 1048576: 4 MiB)
 #   --mps M         probe messages per second (default 1000)
+#   --rate MBIT     worker link rate, each way (default 1000: 1 Gbit/s)
 #   --no-build      use target/release as it is
 #
 # Everything runs in the namespaces prio-sw, prio-w0, prio-w1, prio-h0;
@@ -58,7 +59,6 @@ readonly SWITCH_ADDR=198.18.0.1
 readonly AGG_PORT=48879
 readonly HOST_ADDR=198.18.0.100
 readonly SOCKPERF_PORT=11111
-readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=10
 
@@ -71,16 +71,18 @@ WINDOW=10
 ITERATIONS=20
 ELEMENTS=1048576
 MPS=1000
+RATE_MBIT=1000
 BUILD=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --window|--iterations|--elements|--mps)
+        --window|--iterations|--elements|--mps|--rate)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --window) WINDOW="$2" ;;
                 --iterations) ITERATIONS="$2" ;;
                 --elements) ELEMENTS="$2" ;;
                 --mps) MPS="$2" ;;
+                --rate) RATE_MBIT="$2" ;;
             esac
             shift 2 ;;
         --no-build) BUILD=0; shift ;;
@@ -92,8 +94,11 @@ uint_in_range "$WINDOW" 2 600 || die "--window must be 2..600 seconds, got '$WIN
 uint_in_range "$ITERATIONS" 1 100000 || die "--iterations must be 1..100000, got '$ITERATIONS'"
 uint_in_range "$ELEMENTS" 1 268435456 || die "--elements must be 1..268435456, got '$ELEMENTS'"
 uint_in_range "$MPS" 1 100000 || die "--mps must be 1..100000, got '$MPS'"
+uint_in_range "$RATE_MBIT" 1 100000 || die "--rate must be 1..100000 (Mbit/s), got '$RATE_MBIT'"
 WINDOW=$((10#$WINDOW)); ITERATIONS=$((10#$ITERATIONS)); ELEMENTS=$((10#$ELEMENTS)); MPS=$((10#$MPS))
-readonly WINDOW ITERATIONS ELEMENTS MPS BUILD
+RATE_MBIT=$((10#$RATE_MBIT))
+readonly WINDOW ITERATIONS ELEMENTS MPS BUILD RATE_MBIT
+readonly TBF_ARGS=(rate "${RATE_MBIT}mbit" burst 256kb latency 50ms)
 
 require_root "${ORIG_ARGS[@]}"
 cd "$REPO_ROOT"
@@ -197,16 +202,19 @@ job_active() {
     [[ "$(switch_stats | jq --argjson id "$1" '[.jobs[]? | select(.id == $id and .state == "active")] | length')" -ge 1 ]]
 }
 
-# start_workers ID ITERATIONS OUT_PREFIX ARRAY: both ranks of job ID in the
-# two worker namespaces, children of this shell; their PIDs go into ARRAY.
+# start_workers ID ITERATIONS OUT_PREFIX ARRAY [--verify]: both ranks of job
+# ID in the two worker namespaces, children of this shell; their PIDs go
+# into ARRAY. The short job verifies its sums; the long one does not (it
+# would spend the shared CPU generating and checking patterns).
 start_workers() {
     local id="$1" iters="$2" out="$3" r
     local -n pids="$4"
+    local -a verify=("${@:5}")
     pids=()
     for ((r = 0; r < WORKERS; r++)); do
         AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce \
             --switch "$SWITCH_ADDR" --job "$id" --rank "$r" --workers "$WORKERS" \
-            --elements "$ELEMENTS" --iterations "$iters" --verify --json \
+            --elements "$ELEMENTS" --iterations "$iters" "${verify[@]}" --json \
             >"$out.w$r.json" 2>"$out.w$r.log" &
         pids+=($!)
     done
@@ -225,7 +233,7 @@ window() {
     CLIENT_PID=$!
     SHORT_PIDS=()
     if [[ -n "$short" ]]; then
-        start_workers "$short" "$ITERATIONS" "$RESULTS_DIR/$name.short" SHORT_PIDS
+        start_workers "$short" "$ITERATIONS" "$RESULTS_DIR/$name.short" SHORT_PIDS --verify
     fi
     t_end=$((SECONDS + WINDOW))
     rc=0
