@@ -13,7 +13,7 @@
 #   job 2  the short job    priority "normal" (the long job's class)
 #   job 3  the short job    priority "high"
 #
-# Four windows of --window seconds each, one after the other, each with a
+# Five windows of --window seconds each, one after the other, each with a
 # sockperf UDP probe from prio-w0 to prio-h0 (open loop, --mps messages per
 # second; its requests share prio-w0's egress with both jobs' DATA) and the
 # switch's counters at its start and end:
@@ -22,6 +22,9 @@
 #   long_alone      the long job alone (started before, past its slow start)
 #   short_equal     the short job (job 2) beside the long job
 #   short_priority  the short job (job 3, high) beside the long job
+#   long_after      the long job alone again (its baseline is the mean of
+#                   long_alone and long_after, so a drift of the machine's
+#                   load over the run weighs on both sides)
 #
 # The short job is --iterations all-reduces of --elements float32 on each
 # rank. scripts/bench_priority_report.py computes the short job's completion
@@ -29,7 +32,7 @@
 # probe's p99, and the two ratios of the goal:
 #   short_job_with_priority_over_alone  (goal <= 1.3)
 #   long_job_throughput_kept            (goal >= 0.8: the long job's
-#       throughput over the short_priority window over that of long_alone)
+#       throughput over the short_priority window over its baseline)
 # and writes the table, results/priority-STAMP.json and .png.
 #
 # Usage:
@@ -276,6 +279,7 @@ sleep 2  # past slow start
 window long_alone
 window short_equal 2
 window short_priority 3
+window long_after
 
 for pid in "${LONG_PIDS[@]}"; do
     kill -0 "$pid" 2>/dev/null || die "the long job's worker $pid exited during the run (see ${RESULTS_DIR#"$REPO_ROOT"/}/long.w*.log)"
