@@ -26,6 +26,9 @@
 //!   it: readers load snapshots (`arc-swap`), writers swap whole new ones.
 //! * Counters are striped per thread (each thread writes its own cache
 //!   lines); readers sum the stripes.
+//! * Every admitted DATA, on either path, is judged against the priority
+//!   board in [`JobCore::take`] ([`super::priority`]): relaxed loads, and a
+//!   store only when a stamp, the window or the yield flag changes.
 //! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
 //!   completions touch per-job state kept under it (a partial's resend
 //!   timer, the RESULT tag).
