@@ -68,7 +68,7 @@ readonly STOP_TIMEOUT=10
 readonly SHORT_TIMEOUT=300
 
 usage() {
-    sed -n '2,/^$/s/^# \{0,1\}//p' "$0"
+    sed -n '3,/^$/s/^# \{0,1\}//p' "$0"
 }
 
 ORIG_ARGS=("$@")
