@@ -28,7 +28,7 @@
 //!   lines); readers sum the stripes.
 //! * Every admitted DATA, on either path, is judged against the priority
 //!   board in [`JobCore::take`] ([`super::priority`]): relaxed loads, and a
-//!   store only when a stamp, the window or the yield flag changes.
+//!   store only when a stamp or the yield flag changes.
 //! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
 //!   completions touch per-job state kept under it (a partial's resend
 //!   timer, the RESULT tag).
@@ -255,6 +255,13 @@ impl JobCore {
         Some((hdr, res))
     }
 
+    /// The window its RESULTs advertise now: the declared one (which the
+    /// engine enforces), or its yield share while a job of a higher class
+    /// is busy ([`super::priority`]).
+    pub fn advertised_window(&self) -> u16 {
+        self.priority.advertise(self.engine.window())
+    }
+
     /// Publishes who may send DATA now (the table, after a change).
     pub(super) fn admit(&self, a: Admission) {
         self.admission.store(Arc::new(a));
@@ -329,14 +336,9 @@ impl JobCore {
         epoch: u32,
     ) -> DataOutcome {
         let c = self.counters.stripe(thread);
-        // A busy job of a higher class: take this one's DATA within the
-        // yield window and mark its RESULT (module docs of
-        // [`super::priority`]); the window is stored only when it changes.
+        // A busy job of a higher class: this one's RESULT is marked and
+        // advertises the yield window (module docs of [`super::priority`]).
         let yielding = self.priority.on_data();
-        let want = self.priority.window_for(yielding);
-        if self.engine.window() != want {
-            self.engine.set_window(want);
-        }
         let ce = ce || yielding;
         let contribution = Contribution {
             seq: hdr.seq,

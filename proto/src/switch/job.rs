@@ -313,7 +313,7 @@ impl Job {
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,
             engine,
-            JobPriority::new(config.priority, board, config.window.min(config.pool_slots)),
+            JobPriority::new(config.priority, board),
         ));
         let uplink = config
             .upstream
@@ -384,21 +384,22 @@ impl Job {
     pub fn n_workers(&self) -> u16 {
         self.config.n_workers
     }
+    /// The window RESULTs and JOIN_ACKs advertise now (smaller than the
+    /// declared one while the job yields to a busy higher class).
     pub fn window(&self) -> u16 {
-        self.core.engine.window()
+        self.core.advertised_window()
     }
     /// Sets the window the switch allows (clamped to 1..=S): the declared
-    /// one, which the job gets while it does not yield to a higher class.
+    /// one, which the engine enforces and RESULTs advertise while the job
+    /// does not yield.
     pub fn set_window(&mut self, w: u16) {
-        let w = w.clamp(1, self.config.pool_slots);
-        let p = &self.core.priority;
-        p.set_declared_window(w);
-        self.core.engine.set_window(p.window_for(p.yielding()));
+        self.core
+            .engine
+            .set_window(w.clamp(1, self.config.pool_slots));
     }
-    /// The window declared for the job (its advertised [`Job::window`] is
-    /// smaller while it yields to a busy job of a higher class).
+    /// The window declared for the job, which the engine enforces.
     pub fn declared_window(&self) -> u16 {
-        self.core.priority.declared_window()
+        self.core.engine.window()
     }
     /// The job's class.
     pub fn priority(&self) -> Priority {

@@ -3,26 +3,30 @@
 //!
 //! Owns: [`Priority`] (a job's class), [`PriorityBoard`] (per class, when a
 //! job of that class last took DATA, and the switch's coarse clock; one per
-//! [`super::DataPath`]) and [`JobPriority`] (one job's class, its declared
-//! window, and whether it yields now).
+//! [`super::DataPath`]) and [`JobPriority`] (one job's class, and whether it
+//! yields now).
 //!
 //! Invariants:
 //! * A job yields exactly while some job of a strictly higher class took
 //!   DATA within [`BUSY_FOR`]; equal classes never affect each other, so a
 //!   switch whose jobs share one class behaves as one without classes.
-//! * While a job yields, the window its engine enforces and its RESULTs
-//!   advertise is [`yield_window`] of its declared one, and its
-//!   contributions count as CE-marked (its RESULTs carry ECE); when it
-//!   stops yielding, its next DATA restores the declared window.
+//! * While a job yields, its RESULTs advertise [`yield_window`] of its
+//!   declared window, and its contributions count as CE-marked (its
+//!   RESULTs carry ECE); from its first DATA after the higher classes went
+//!   idle, they advertise the declared window again. The engine keeps
+//!   enforcing the declared window throughout: DATA the workers sent before
+//!   they heard of the yield is taken, not dropped (a drop would cost a
+//!   resend timeout, and the resends, beyond the smaller window again,
+//!   backed off further).
 //! * The decision is made per DATA from relaxed loads of a few atomics; a
 //!   store happens only when a value changes (a class's busy stamp at most
-//!   once per [`GRAIN`], the window and flag on a transition). No lock, no
+//!   once per [`GRAIN`], the flag on a transition). No lock, no
 //!   allocation, no syscall, no clock read: time comes in through
 //!   [`PriorityBoard::tick`] (sans-IO), which the shell calls once per
 //!   batch of frames.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A job's class: a busy job of a higher class makes the lower ones yield.
@@ -170,28 +174,20 @@ impl PriorityBoard {
     }
 }
 
-/// One job's class and what it advertises because of it.
+/// One job's class, and whether it yields now.
 #[derive(Debug)]
 pub struct JobPriority {
     class: Priority,
     board: std::sync::Arc<PriorityBoard>,
-    /// The window the operator declared (what the job gets when it does
-    /// not yield).
-    declared: AtomicU16,
     /// Yielding as of the job's last DATA.
     yielding: AtomicBool,
 }
 
 impl JobPriority {
-    pub(super) fn new(
-        class: Priority,
-        board: std::sync::Arc<PriorityBoard>,
-        declared: u16,
-    ) -> JobPriority {
+    pub(super) fn new(class: Priority, board: std::sync::Arc<PriorityBoard>) -> JobPriority {
         JobPriority {
             class,
             board,
-            declared: AtomicU16::new(declared),
             yielding: AtomicBool::new(false),
         }
     }
@@ -200,18 +196,8 @@ impl JobPriority {
         self.class
     }
 
-    /// The window declared for the job (the engine's may be smaller while
-    /// it yields).
-    pub fn declared_window(&self) -> u16 {
-        self.declared.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn set_declared_window(&self, w: u16) {
-        self.declared.store(w, Ordering::Relaxed);
-    }
-
     /// Whether the job yielded at its last DATA (its RESULTs carry ECE and
-    /// the smaller window).
+    /// the yield window).
     pub fn yielding(&self) -> bool {
         self.yielding.load(Ordering::Relaxed)
     }
@@ -222,13 +208,12 @@ impl JobPriority {
         self.class < Priority::High && self.board.outranked(self.class)
     }
 
-    /// The window the job should have now: declared, or its yield share.
-    pub(super) fn window_for(&self, yielding: bool) -> u16 {
-        let w = self.declared_window();
-        if yielding {
-            yield_window(w)
+    /// The window to advertise for a job of declared window `declared`.
+    pub fn advertise(&self, declared: u16) -> u16 {
+        if self.yielding() {
+            yield_window(declared)
         } else {
-            w
+            declared
         }
     }
 
@@ -263,17 +248,19 @@ mod tests {
     fn a_class_is_busy_for_busy_for_after_its_data_then_idle() {
         let t0 = Instant::now();
         let b = std::sync::Arc::new(PriorityBoard::new(t0));
-        let low = JobPriority::new(Priority::Normal, b.clone(), 64);
-        let high = JobPriority::new(Priority::High, b.clone(), 64);
+        let low = JobPriority::new(Priority::Normal, b.clone());
+        let high = JobPriority::new(Priority::High, b.clone());
         assert!(!low.on_data(), "nobody above is busy yet");
         assert!(!high.on_data(), "the top class never yields");
         assert!(low.on_data());
+        assert_eq!((low.advertise(64), high.advertise(64)), (8, 64));
         b.tick(t0 + BUSY_FOR / 2);
         assert!(low.on_data(), "still within BUSY_FOR");
         assert!(b.busy(Priority::High) && b.outranked(Priority::Normal));
         b.tick(t0 + BUSY_FOR + GRAIN);
         assert!(!low.on_data(), "the high class went idle");
         assert!(!low.yielding());
+        assert_eq!(low.advertise(64), 64);
         assert!(!b.outranked(Priority::Normal));
     }
 
