@@ -499,7 +499,7 @@ fn render_switch(s: &SwitchStats) -> String {
     let job_gauges: [(&str, &str, JobGauge); 8] = [
         (
             "aggswitch_job_window",
-            "Chunks in flight the switch allows.",
+            "Chunks in flight the job's RESULTs advertise (the yield share while it yields).",
             |j| j.window.into(),
         ),
         (
@@ -527,7 +527,7 @@ fn render_switch(s: &SwitchStats) -> String {
         ),
         (
             "aggswitch_job_declared_window",
-            "The declared window (aggswitch_job_window is its yield share while the job yields).",
+            "Chunks in flight the switch allows: the declared window.",
             |j| j.declared_window.into(),
         ),
         (

@@ -35,8 +35,9 @@ pub struct JobStats {
     pub window: u16,
     /// The job's class ("low", "normal", "high").
     pub priority: &'static str,
-    /// The declared window; `window` (what RESULTs advertise now) is its
-    /// yield share while a job of a higher class is busy.
+    /// The declared window, which the switch enforces; `window` (what
+    /// RESULTs advertise now) is its yield share while a job of a higher
+    /// class is busy.
     pub declared_window: u16,
     /// A job of a higher class is busy now: this one yields.
     pub yielding: bool,
