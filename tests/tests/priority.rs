@@ -67,7 +67,14 @@ fn a_high_priority_short_job_finishes_before_the_same_job_at_equal_priority() {
         "{e}"
     );
     let jobs = text(&sw.switchctl(&["jobs"]));
-    assert!(jobs.contains("high") && jobs.contains("normal"), "{jobs}");
+    let row = |id: &str| {
+        jobs.lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_else(|| panic!("no row for job {id}: {jobs}"))
+            .to_owned()
+    };
+    assert!(row("3").contains(" high "), "{jobs}");
+    assert!(row("2").contains(" normal "), "{jobs}");
 
     // The long job: far more all-reduces than the test waits for.
     let mut long: Vec<Child> = (0..2)

@@ -285,35 +285,27 @@ fn run() -> Result<()> {
             if jobs.is_empty() {
                 println!("no jobs");
             }
+            // "window" is what RESULTs advertise now: below "declared"
+            // while the job yields to a busy higher class; "marked" counts
+            // its chunks marked for priority so far. Auth stays last.
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}  {:<6} {:>9}",
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>4}",
                 "job",
                 "state",
                 "ranks",
                 "joined",
                 "slots",
                 "window",
+                "declared",
                 "dtype",
                 "elems",
-                "auth",
                 "class",
-                "yielding"
+                "marked",
+                "auth"
             );
             for j in jobs {
-                // The window RESULTs advertise now; while the job yields
-                // to a busy higher class, "yielding" shows the declared one
-                // it returns to and the chunks marked for priority so far.
-                let yielding = if j["yielding"].as_bool().unwrap_or(false) {
-                    format!(
-                        "yes (of {}, {} marked)",
-                        j["declared_window"].as_u64().unwrap_or(0),
-                        j["priority_marked"].as_u64().unwrap_or(0)
-                    )
-                } else {
-                    format!("no ({} marked)", j["priority_marked"].as_u64().unwrap_or(0))
-                };
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4}  {:<6} {:>9}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>4}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
@@ -321,11 +313,12 @@ fn run() -> Result<()> {
                     j["ranks_joined"].as_u64().unwrap_or(0),
                     j["pool_slots"].as_u64().unwrap_or(0),
                     j["window"].as_u64().unwrap_or(0),
+                    j["declared_window"].as_u64().unwrap_or(0),
                     j["dtype"].as_str().unwrap_or("?"),
                     j["elems_per_chunk"].as_u64().unwrap_or(0),
-                    j["auth"].as_str().unwrap_or("?"),
                     j["priority"].as_str().unwrap_or("?"),
-                    yielding
+                    j["priority_marked"].as_u64().unwrap_or(0),
+                    j["auth"].as_str().unwrap_or("?")
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {
