@@ -157,6 +157,7 @@ impl JobSpec {
             elems_per_chunk: 1 + (self.elems % 8) as u16,
             dtype: Default::default(),
             window: 1 + (self.window as u16 % pool_slots),
+            priority: Default::default(),
             // Trees are covered by proto/tests/simulated_tree.rs.
             auth: Default::default(),
             upstream: None,

@@ -84,6 +84,7 @@ fn table(gen: u32, auth: AuthMode, now: Instant) -> JobTable {
             elems_per_chunk: 2,
             dtype: Dtype::F32,
             window: 4,
+            priority: Default::default(),
             auth,
             upstream: None,
             stats: false,

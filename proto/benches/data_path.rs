@@ -121,6 +121,7 @@ fn config(elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: POOL,
+        priority: Default::default(),
         auth: Default::default(),
         upstream: None,
         stats: false,

@@ -45,6 +45,7 @@ fn stats_table(n: u16, elems: u16, slots: u16, dtype: Dtype, auth: AuthMode) -> 
             elems_per_chunk: elems,
             dtype,
             window: slots,
+            priority: Default::default(),
             auth,
             upstream: None,
             stats: true,

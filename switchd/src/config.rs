@@ -30,6 +30,7 @@
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
 //! stats = false                     # true: gradient statistics on every summed RESULT
+//! priority = "normal"               # "low" | "normal" | "high": yields to busy higher classes
 //! ```
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
@@ -41,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 use proto::switch::config::max_elems_for;
-use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, SpineAddr, Upstream};
+use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, Priority, SpineAddr, Upstream};
 use proto::tag::AuthMode;
 use proto::wire::{
     elems_per_chunk_for_mtu, Dtype, DEFAULT_AGG_PORT, FRAME_PAYLOAD_OFFSET, SECRET_LEN,
@@ -269,6 +270,9 @@ pub struct JobSection {
     /// DATA/RESULT authentication: "port" (when absent) or "mac".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
+    /// Class against other jobs: "low", "normal" (when absent) or "high".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
     /// On a leaf: this job's place in its trees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamSection>,
@@ -370,6 +374,10 @@ impl JobSection {
                 .parse()
                 .map_err(|e| format!("job {}: auth: {e}", self.id))?,
         };
+        let priority: Priority = match &self.priority {
+            None => Priority::default(),
+            Some(p) => p.parse().map_err(|e| format!("job {}: {e}", self.id))?,
+        };
         // switchd sends a tagged RESULT from one TX frame (the tag follows
         // the payload), so an auth = "mac" job's chunk fits one frame.
         let max_elems = match auth {
@@ -392,6 +400,7 @@ impl JobSection {
             elems_per_chunk: self.elems_per_chunk.unwrap_or(default_elems),
             dtype,
             window: self.window.unwrap_or(self.pool_slots),
+            priority,
             auth,
             upstream: match (&self.upstream, uplink) {
                 (None, _) => None,
@@ -855,6 +864,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             upstream: None,
             auth: None,
             stats: false,
+            priority: None,
         };
         let e = j.to_job_config(362, 362, None).unwrap_err();
         assert!(e.contains("job 7") && e.contains("weak"), "{e}");
@@ -953,6 +963,26 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(Config::parse(&big, Path::new("t"), |_| Some(1500)).is_err());
         let c = Config::parse(&big, Path::new("t"), |_| Some(9000)).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, 2000);
+    }
+
+    #[test]
+    fn priority_defaults_to_normal_and_a_typo_names_the_job_and_the_classes() {
+        assert_eq!(parse(GOOD).unwrap().jobs[0].priority, Priority::Normal);
+        let c = parse(&format!("{GOOD}priority = \"high\"\n")).unwrap();
+        assert_eq!(c.jobs[0].priority, Priority::High);
+        let e = parse(&format!("{GOOD}priority = \"urgent\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("job 1: priority \"urgent\"")
+                && e.contains("\"low\", \"normal\" (the default), \"high\""),
+            "{e}"
+        );
+        // A number is not a class: serde names the key and the type.
+        let e = parse(&format!("{GOOD}priority = 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("priority"), "{e}");
     }
 
     #[test]

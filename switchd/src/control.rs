@@ -277,6 +277,10 @@ impl<'a> ControlPlane<'a> {
                             "auth": j.auth().name(),
                             "stats": j.config.stats,
                             "window": j.window(),
+                            "priority": j.priority().name(),
+                            "declared_window": j.declared_window(),
+                            "yielding": j.core().priority.outranked_now(),
+                            "priority_marked": j.counters().priority_marked,
                             "pool_bytes": j.config.pool_bytes(),
                             "upstream": j.uplink().map(|u| serde_json::json!({
                                 "leaf_index": u.cfg.leaf_index,

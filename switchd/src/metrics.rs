@@ -39,7 +39,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use proto::switch::{CounterSchema, DropReason, JobCounters, SpineCounters};
+use proto::switch::{CounterSchema, DropReason, JobCounters, Priority, SpineCounters};
 
 use crate::admin::AdminCall;
 use crate::dataplane::DataplaneCounters;
@@ -496,10 +496,10 @@ fn render_switch(s: &SwitchStats) -> String {
         .collect();
     schema_families(&mut o, "aggswitch_job_", &job_rows);
     type JobGauge = fn(&crate::stats::JobStats) -> u64;
-    let job_gauges: [(&str, &str, JobGauge); 5] = [
+    let job_gauges: [(&str, &str, JobGauge); 8] = [
         (
             "aggswitch_job_window",
-            "Chunks in flight the switch allows.",
+            "Chunks in flight the job's RESULTs advertise (the yield share while it yields).",
             |j| j.window.into(),
         ),
         (
@@ -519,6 +519,21 @@ fn render_switch(s: &SwitchStats) -> String {
             "aggswitch_job_active",
             "1 when every rank has joined.",
             |j| j.active.into(),
+        ),
+        (
+            "aggswitch_job_priority",
+            "The job's class: 0 low, 1 normal, 2 high.",
+            |j| j.priority.parse::<Priority>().map_or(1, |p| p as u64),
+        ),
+        (
+            "aggswitch_job_declared_window",
+            "Chunks in flight the switch allows: the declared window.",
+            |j| j.declared_window.into(),
+        ),
+        (
+            "aggswitch_job_yielding",
+            "1 while a job of a higher class is busy: this job's RESULTs carry ECE and a smaller window.",
+            |j| j.yielding.into(),
         ),
     ];
     for (name, help, get) in job_gauges {
@@ -790,6 +805,9 @@ mod tests {
             n_workers: 4,
             ranks_joined: 3,
             window: 64,
+            priority: "low",
+            declared_window: 512,
+            yielding: true,
             floor_seq: 0,
             pool_bytes: 1 << 20,
             ranks_missing_on_floor: vec![],
@@ -958,6 +976,9 @@ mod tests {
             "aggswitch_job_workers{job=\"9\"} 4",
             "aggswitch_job_pool_bytes{job=\"4\"} 1048576",
             "aggswitch_job_active{job=\"4\"} 1",
+            "aggswitch_job_priority{job=\"4\"} 0",
+            "aggswitch_job_declared_window{job=\"4\"} 512",
+            "aggswitch_job_yielding{job=\"4\"} 1",
             "aggswitch_spine_joined{job=\"4\",tree=\"1\",spine=\"198.19.255.2:48879\"} 1",
             "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
             "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",

@@ -33,6 +33,14 @@ pub struct JobStats {
     pub n_workers: u16,
     pub ranks_joined: u16,
     pub window: u16,
+    /// The job's class ("low", "normal", "high").
+    pub priority: &'static str,
+    /// The declared window, which the switch enforces; `window` (what
+    /// RESULTs advertise now) is its yield share while a job of a higher
+    /// class is busy.
+    pub declared_window: u16,
+    /// A job of a higher class is busy now: this one yields.
+    pub yielding: bool,
     pub floor_seq: u32,
     /// Slot-pool memory this job takes (charged against the budget).
     pub pool_bytes: u64,
@@ -288,6 +296,9 @@ pub fn job_stats(table: &JobTable) -> Vec<JobStats> {
             n_workers: j.n_workers(),
             ranks_joined: j.joined_ranks(),
             window: j.window(),
+            priority: j.priority().name(),
+            declared_window: j.declared_window(),
+            yielding: j.core().priority.outranked_now(),
             floor_seq: j.floor(),
             pool_bytes: j.config.pool_bytes(),
             ranks_missing_on_floor: j.missing_on_floor(),

@@ -71,6 +71,7 @@ impl LoopbackConfig {
                 elems_per_chunk: self.elems_per_chunk,
                 dtype: self.dtype,
                 window: self.pool_slots,
+                priority: Default::default(),
                 auth: self.auth,
                 upstream: None,
                 stats: self.stats,

@@ -342,6 +342,10 @@ struct Report {
     /// end of the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     machine_busy_cpu_s: Option<[f64; 2]>,
+    /// Each timed iteration's seconds, in order (tail latencies per
+    /// all-reduce: scripts/bench_priority.sh); omitted past 10 000.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    iteration_seconds: Vec<f64>,
 }
 
 /// One collective's gradient statistics as the report shows them.
@@ -460,7 +464,12 @@ struct Outcome {
     /// In a stats job: each timed collective's statistics.
     grad: Option<Vec<StatsLine>>,
     stats_mismatches: u64,
+    /// Each timed iteration's seconds (up to [`MAX_ITERATION_TIMES`]).
+    times: Vec<f64>,
 }
+
+/// Most per-iteration times a report lists.
+const MAX_ITERATION_TIMES: usize = 10_000;
 
 /// Lengths of a rank's input and output for `--collective` over a whole
 /// tensor of `elements` (n·m for reduce-scatter and all-gather).
@@ -528,6 +537,7 @@ fn iterate<T: CliElement>(
             .with_context(|| format!("warm-up {kind} {it} of {what}"))?;
     }
     let mut busy = Duration::ZERO;
+    let mut times = Vec::with_capacity((a.iterations as usize).min(MAX_ITERATION_TIMES));
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
     let summed = kind != Kind::AllGather;
@@ -547,7 +557,11 @@ fn iterate<T: CliElement>(
         let t = Instant::now();
         run_one(w, kind, &mut data, &mut output)
             .with_context(|| format!("{kind} {it} of {what}"))?;
-        busy += t.elapsed();
+        let took = t.elapsed();
+        busy += took;
+        if times.len() < MAX_ITERATION_TIMES {
+            times.push(took.as_secs_f64());
+        }
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
         }
@@ -607,6 +621,7 @@ fn iterate<T: CliElement>(
         machine_cpu,
         grad,
         stats_mismatches,
+        times,
     })
 }
 
@@ -671,6 +686,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         machine_cpu,
         grad,
         stats_mismatches,
+        times,
     } = match dtype {
         Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?,
         Dtype::Bf16 => {
@@ -713,6 +729,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         gradient_stats: grad,
         stats_mismatches,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
+        iteration_seconds: times,
     };
     let _ = w.leave();
     if a.json {

@@ -536,6 +536,7 @@ fn job_config(id: u16, spec: &Spec) -> JobConfig {
         elems_per_chunk: spec.elems,
         dtype: Default::default(),
         window: spec.window,
+        priority: Default::default(),
         auth: Default::default(),
         upstream: None,
         stats: false,

@@ -71,6 +71,9 @@ pub struct JobConfig {
     pub dtype: Dtype,
     /// Chunks in flight the switch allows (≤ pool_slots).
     pub window: u16,
+    /// The job's class: while a job of a higher class is busy, this one
+    /// yields (docs/PROTOCOL.md, "Priorities").
+    pub priority: super::priority::Priority,
     /// How DATA and RESULT are authenticated: by the member's source only,
     /// or by a tag after every payload (docs/PROTOCOL.md, "Per-packet
     /// authentication").
@@ -95,6 +98,7 @@ impl fmt::Debug for JobConfig {
             .field("elems_per_chunk", &self.elems_per_chunk)
             .field("dtype", &self.dtype)
             .field("window", &self.window)
+            .field("priority", &self.priority)
             .field("auth", &self.auth)
             .field("upstream", &self.upstream)
             .field("stats", &self.stats)

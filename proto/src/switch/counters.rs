@@ -187,6 +187,10 @@ counter_schema! {
         retransmits_served,
         /// Chunks whose RESULT carried ECE.
         ece_marked,
+        /// Chunks completed while a job of a higher class was busy: their
+        /// RESULTs carry ECE and the yield window (counted in `ece_marked`
+        /// too).
+        priority_marked,
         /// JOIN messages received (any outcome).
         joins,
         /// HELLOs answered with a CHALLENGE.

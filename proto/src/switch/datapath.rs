@@ -26,6 +26,9 @@
 //!   it: readers load snapshots (`arc-swap`), writers swap whole new ones.
 //! * Counters are striped per thread (each thread writes its own cache
 //!   lines); readers sum the stripes.
+//! * Every admitted DATA, on either path, is judged against the priority
+//!   board in [`JobCore::take`] ([`super::priority`]): relaxed loads, and a
+//!   store only when a stamp or the yield flag changes.
 //! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
 //!   completions touch per-job state kept under it (a partial's resend
 //!   timer, the RESULT tag). So does a leaf's partial to a `stats` spine:
@@ -36,6 +39,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -43,6 +47,7 @@ use super::config::Endpoint;
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
 use super::job::DataOutcome;
+use super::priority::{JobPriority, PriorityBoard};
 use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
 
 /// The jobs the data path serves, by id (sorted: a handful, binary-searched).
@@ -56,6 +61,8 @@ pub struct DataPath {
     /// RESULTs the fast path handed to the transmit path, per stripe (the
     /// table's own count is added where its counters are read).
     results_sent: Box<[PaddedCount]>,
+    /// When each priority class was last busy ([`super::priority`]).
+    board: Arc<PriorityBoard>,
 }
 
 /// A counter on cache lines of its own.
@@ -64,12 +71,24 @@ pub struct DataPath {
 struct PaddedCount(AtomicU64);
 
 impl DataPath {
-    pub(super) fn new(gen: u32) -> DataPath {
+    pub(super) fn new(gen: u32, now: Instant) -> DataPath {
         DataPath {
             gen,
             jobs: ArcSwap::from_pointee(Vec::new()),
             results_sent: (0..STRIPES).map(|_| PaddedCount::default()).collect(),
+            board: Arc::new(PriorityBoard::new(now)),
         }
+    }
+
+    /// The priority board the jobs' classes are judged on.
+    pub fn board(&self) -> &Arc<PriorityBoard> {
+        &self.board
+    }
+
+    /// Moves the priority clock to `now`: call it once per batch of frames,
+    /// before handing them to [`DataPath::on_datagram`].
+    pub fn tick(&self, now: Instant) {
+        self.board.tick(now);
     }
 
     /// Counts `n` RESULTs of `job` handed to the transmit path by `thread`
@@ -174,6 +193,8 @@ pub struct JobCore {
     /// are encoded by the table, under its lock.
     pub tagged: bool,
     pub engine: SlotEngine,
+    /// Its class, and whether it yields to a busy higher class now.
+    pub priority: JobPriority,
     admission: ArcSwap<Admission>,
     counters: StripedCounters,
 }
@@ -185,6 +206,7 @@ impl JobCore {
         elems_per_chunk: u16,
         tagged: bool,
         engine: SlotEngine,
+        priority: JobPriority,
     ) -> JobCore {
         JobCore {
             id,
@@ -192,6 +214,7 @@ impl JobCore {
             elems_per_chunk,
             tagged,
             engine,
+            priority,
             admission: ArcSwap::from_pointee(Admission::default()),
             counters: StripedCounters::new(),
         }
@@ -234,6 +257,13 @@ impl JobCore {
             gen,
         };
         Some((hdr, res))
+    }
+
+    /// The window its RESULTs advertise now: the declared one (which the
+    /// engine enforces), or its yield share while a job of a higher class
+    /// is busy ([`super::priority`]).
+    pub fn advertised_window(&self) -> u16 {
+        self.priority.advertise(self.engine.window())
     }
 
     /// Publishes who may send DATA now (the table, after a change).
@@ -312,6 +342,10 @@ impl JobCore {
         part: Option<(f64, u32)>,
     ) -> DataOutcome {
         let c = self.counters.stripe(thread);
+        // A busy job of a higher class: this one's RESULT is marked and
+        // advertises the yield window (module docs of [`super::priority`]).
+        let yielding = self.priority.on_data();
+        let ce = ce || yielding;
         let contribution = Contribution {
             seq: hdr.seq,
             rank: hdr.rank,
@@ -344,6 +378,9 @@ impl JobCore {
                 if ece {
                     c.ece_marked.fetch_add(1, Ordering::Relaxed);
                 }
+                if yielding {
+                    c.priority_marked.fetch_add(1, Ordering::Relaxed);
+                }
                 DataOutcome::Completed { seq }
             }
             Contributed::PartialReady { seq } => DataOutcome::PartialReady { seq },
@@ -369,6 +406,7 @@ struct Stripe {
     bytes_aggregated: AtomicU64,
     chunks_completed: AtomicU64,
     ece_marked: AtomicU64,
+    priority_marked: AtomicU64,
     retransmits_served: AtomicU64,
     results_sent: AtomicU64,
     drops: [AtomicU64; DropReason::COUNT],
@@ -397,6 +435,7 @@ impl StripedCounters {
             c.bytes_aggregated += get(&s.bytes_aggregated);
             c.chunks_completed += get(&s.chunks_completed);
             c.ece_marked += get(&s.ece_marked);
+            c.priority_marked += get(&s.priority_marked);
             c.retransmits_served += get(&s.retransmits_served);
             c.results_sent += get(&s.results_sent);
             for (k, v) in s.drops.iter().enumerate() {

@@ -67,6 +67,7 @@ use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::datapath::{Admission, JobCore};
 use super::engine::{ResultRef, SlotEngine};
+use super::priority::{JobPriority, Priority, PriorityBoard};
 use super::uplink::Uplink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +325,7 @@ impl Job {
         config: JobConfig,
         min_serial: u64,
         nonce_key: [u8; 32],
+        board: Arc<PriorityBoard>,
     ) -> Result<Job, JobConfigError> {
         let oom = JobConfigError::OutOfMemory {
             id: config.id,
@@ -346,6 +348,7 @@ impl Job {
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,
             engine,
+            JobPriority::new(config.priority, board),
         ));
         let uplink = config
             .upstream
@@ -417,14 +420,26 @@ impl Job {
     pub fn n_workers(&self) -> u16 {
         self.config.n_workers
     }
+    /// The window RESULTs and JOIN_ACKs advertise now (smaller than the
+    /// declared one while the job yields to a busy higher class).
     pub fn window(&self) -> u16 {
-        self.core.engine.window()
+        self.core.advertised_window()
     }
-    /// Sets the window the switch allows (clamped to 1..=S).
+    /// Sets the window the switch allows (clamped to 1..=S): the declared
+    /// one, which the engine enforces and RESULTs advertise while the job
+    /// does not yield.
     pub fn set_window(&mut self, w: u16) {
         self.core
             .engine
             .set_window(w.clamp(1, self.config.pool_slots));
+    }
+    /// The window declared for the job, which the engine enforces.
+    pub fn declared_window(&self) -> u16 {
+        self.core.engine.window()
+    }
+    /// The job's class.
+    pub fn priority(&self) -> Priority {
+        self.core.priority.class()
     }
     /// Oldest incomplete seq.
     pub fn floor(&self) -> u32 {
@@ -719,6 +734,7 @@ impl Job {
         config: &JobConfig,
         n: u16,
         old_ranks: usize,
+        board: Arc<PriorityBoard>,
     ) -> Result<Resized, JobConfigError> {
         let mut resized_config = config.clone();
         resized_config.n_workers = n;
@@ -741,6 +757,7 @@ impl Job {
             config.elems_per_chunk,
             config.auth == AuthMode::Mac,
             engine,
+            JobPriority::new(config.priority, board),
         ));
         let n = n as usize;
         let mut members = Vec::new();

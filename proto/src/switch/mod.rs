@@ -51,6 +51,7 @@ pub mod counters;
 pub mod datapath;
 pub mod engine;
 pub mod job;
+pub mod priority;
 pub mod ratelimit;
 pub mod reply;
 pub mod uplink;
@@ -77,6 +78,7 @@ pub use counters::{
 };
 pub use datapath::{DataPath, Fast, JobCore};
 pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
+pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
 pub use uplink::{SpineAddr, Upstream};
 
@@ -301,12 +303,14 @@ pub struct Reservation {
     bytes: u64,
     min_serial: u64,
     nonce_key: [u8; 32],
+    /// The data path's priority board (the job's class is judged on it).
+    board: Arc<PriorityBoard>,
 }
 
 impl Reservation {
     /// Allocates the job, outside any lock the caller holds on the table.
     pub fn build(&self, config: JobConfig) -> Result<Job, JobConfigError> {
-        Job::try_new(config, self.min_serial, self.nonce_key)
+        Job::try_new(config, self.min_serial, self.nonce_key, self.board.clone())
     }
 }
 
@@ -372,13 +376,15 @@ pub struct ResizeReservation {
     bytes: u64,
     config: JobConfig,
     old_ranks: usize,
+    /// The data path's priority board (the resized job keeps its class).
+    board: Arc<PriorityBoard>,
 }
 
 impl ResizeReservation {
     /// Allocates the new pool, outside any lock the caller holds on the
     /// table.
     pub fn build(&self) -> Result<Resized, JobConfigError> {
-        Job::try_resized(&self.config, self.n, self.old_ranks)
+        Job::try_resized(&self.config, self.n, self.old_ranks, self.board.clone())
     }
 
     /// The worker count it resizes to.
@@ -438,7 +444,7 @@ const ZERO_NONCE: Nonce = [0; NONCE_LEN];
 impl JobTable {
     pub fn new(cfg: TableConfig, now: Instant) -> JobTable {
         JobTable {
-            data_path: Arc::new(DataPath::new(cfg.gen.max(1))),
+            data_path: Arc::new(DataPath::new(cfg.gen.max(1), now)),
             gen: cfg.gen.max(1),
             issuer: NonceIssuer::new(cfg.nonce_key, now, cfg.nonce_lifetime),
             uplink_key: cfg.nonce_key,
@@ -516,6 +522,7 @@ impl JobTable {
             bytes: need,
             min_serial: self.issuer.next_serial(),
             nonce_key: self.uplink_key,
+            board: self.data_path.board().clone(),
         })
     }
 
@@ -607,6 +614,7 @@ impl JobTable {
             bytes: need,
             old_ranks: job.bound_ranks(),
             config,
+            board: self.data_path.board().clone(),
         }))
     }
 
@@ -778,6 +786,7 @@ impl JobTable {
     /// Feeds one datagram (the UDP payload) from `from`; `ce` is whether its
     /// IP header carried CE (or the switch's own queues were congested).
     pub fn handle(&mut self, datagram: &[u8], from: Endpoint, ce: bool, now: Instant) -> Verdict {
+        self.data_path.board().tick(now);
         let hdr = match Header::new_checked(datagram).and_then(|h| HeaderRepr::parse(&h)) {
             Ok(h) => h,
             Err(e) => {

@@ -32,6 +32,7 @@ fn config(n: u16, slots: u16, elems: u16) -> JobConfig {
         elems_per_chunk: elems,
         dtype: Default::default(),
         window: slots,
+        priority: Default::default(),
         auth: Default::default(),
         upstream: None,
         stats: false,
@@ -889,6 +890,7 @@ mod auth_mac;
 mod dtypes;
 mod elastic;
 mod kinds;
+mod priority;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).
 fn drain_raw(t: &mut JobTable) -> Vec<([u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {

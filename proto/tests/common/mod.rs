@@ -179,6 +179,7 @@ pub fn job_table(
                 elems_per_chunk: elems,
                 dtype,
                 window: slots,
+                priority: Default::default(),
                 auth,
                 upstream: None,
                 stats: false,

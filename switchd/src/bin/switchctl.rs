@@ -99,6 +99,11 @@ enum JobCmd {
         /// source and switch port) or "mac" (a 16-byte tag on every one).
         #[arg(long, default_value = "port")]
         auth: String,
+        /// The job's class: "low", "normal" or "high". While a job of a
+        /// higher class is busy, this one's workers get a smaller window
+        /// and ECE (docs/PROTOCOL.md, "Priorities").
+        #[arg(long, default_value = "normal")]
+        priority: String,
         /// On a leaf of a tree: this leaf's rank at the spines (with
         /// --leaves and --spine; needs `[switch] uplink`).
         #[arg(long, requires_all = ["leaves", "spines"])]
@@ -166,11 +171,18 @@ fn print_spines(spines: &[serde_json::Value], indent: &str) {
 
 fn print_job(j: &serde_json::Value) {
     println!(
-        "job {}: {} ({}/{} ranks joined), window {}, oldest incomplete seq {}, pool {} bytes",
+        "job {}: {} ({}/{} ranks joined), priority {}{}, window {}, oldest incomplete seq {}, \
+         pool {} bytes",
         j["id"],
         j["state"].as_str().unwrap_or("?"),
         j["ranks_joined"],
         j["n_workers"],
+        j["priority"].as_str().unwrap_or("?"),
+        if j["yielding"].as_bool().unwrap_or(false) {
+            format!(" (yielding: declared window {})", j["declared_window"])
+        } else {
+            String::new()
+        },
         j["window"],
         j["floor_seq"],
         j["pool_bytes"]
@@ -304,6 +316,7 @@ fn run() -> Result<()> {
                     window,
                     dtype,
                     auth,
+                    priority,
                     leaf_index,
                     leaves,
                     spines,
@@ -320,6 +333,7 @@ fn run() -> Result<()> {
                 window,
                 dtype: Some(dtype),
                 auth: Some(auth),
+                priority: Some(priority),
                 upstream: leaf_index.map(|leaf_index| UpstreamSection {
                     leaf_index,
                     n_leaves: leaves.unwrap_or(0),
@@ -343,22 +357,28 @@ fn run() -> Result<()> {
             if jobs.is_empty() {
                 println!("no jobs");
             }
+            // "window" is what RESULTs advertise now: below "declared"
+            // while the job yields to a busy higher class; "marked" counts
+            // its chunks marked for priority so far. Auth stays last (tests read it).
             println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4} {:>5}",
+                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>5} {:>4}",
                 "job",
                 "state",
                 "ranks",
                 "joined",
                 "slots",
                 "window",
+                "declared",
                 "dtype",
                 "elems",
-                "auth",
-                "stats"
+                "class",
+                "marked",
+                "stats",
+                "auth"
             );
             for j in jobs {
                 println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>6} {:>4} {:>5}",
+                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>5} {:>4}",
                     // Numbers, not JSON values: Value's Display ignores widths.
                     j["id"].as_u64().unwrap_or(0),
                     j["state"].as_str().unwrap_or("?"),
@@ -366,14 +386,17 @@ fn run() -> Result<()> {
                     j["ranks_joined"].as_u64().unwrap_or(0),
                     j["pool_slots"].as_u64().unwrap_or(0),
                     j["window"].as_u64().unwrap_or(0),
+                    j["declared_window"].as_u64().unwrap_or(0),
                     j["dtype"].as_str().unwrap_or("?"),
                     j["elems_per_chunk"].as_u64().unwrap_or(0),
-                    j["auth"].as_str().unwrap_or("?"),
+                    j["priority"].as_str().unwrap_or("?"),
+                    j["priority_marked"].as_u64().unwrap_or(0),
                     if j["stats"].as_bool().unwrap_or(false) {
                         "on"
                     } else {
                         "off"
-                    }
+                    },
+                    j["auth"].as_str().unwrap_or("?")
                 );
                 let up = &j["upstream"];
                 if let Some(spines) = up["spines"].as_array() {

@@ -470,6 +470,9 @@ impl DataplaneThread {
         }
         tx::drain_outbox(self);
         let now = Instant::now();
+        // The priority board's clock: one relaxed load (a store at most
+        // every 100 µs) per poll, never per frame.
+        shared.data_path.tick(now);
         let mut got = 0;
         if self.idx == 0 && shared.uplink.is_some() {
             got += self.uplink_round(now);

@@ -173,7 +173,7 @@ impl<'a> Out<'a> {
             return false;
         };
         let gen = self.shared.data_path.gen();
-        let window = core.engine.window();
+        let window = core.advertised_window();
         let Some((hdr, res)) = core.result_for(seq, r.rank, retx, gen, window) else {
             return false;
         };
@@ -337,7 +337,7 @@ mod tests {
                     unreachable!()
                 };
                 let core = t.data_path().job(r.job).expect("the job");
-                let window = core.engine.window();
+                let window = core.advertised_window();
                 let (hdr, res) = core
                     .result_for(seq, r.rank, retx, t.gen(), window)
                     .expect("the shadow");
@@ -383,6 +383,7 @@ mod tests {
                 elems_per_chunk: 64,
                 dtype,
                 window: 4,
+                priority: Default::default(),
                 upstream: None,
                 stats,
                 auth,

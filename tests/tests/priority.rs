@@ -1,0 +1,119 @@
+//! End-to-end test of issue 23's priorities: with a long job running on
+//! shaped links, a short job declared `--priority high` finishes sooner than
+//! the same short job with the long job's (default) class. Only the order
+//! of the two times is asserted, never a bound.
+
+use std::process::Child;
+
+use agg_e2e::*;
+
+/// The short job: all-reduces of 1 Mi float32 (4 MiB) each.
+const SHORT_ELEMS: usize = 1 << 20;
+const SHORT_ITERS: u32 = 8;
+
+/// `switchctl job add` of a 2-rank job `id` of class `priority`.
+fn add_job(sw: &Switchd, id: &str, priority: &str) -> std::process::Output {
+    sw.switchctl(&[
+        "job",
+        "add",
+        "--id",
+        id,
+        "--workers",
+        "2",
+        "--allow",
+        "198.18.0.0/26",
+        "--secret-file",
+        secret_file(),
+        "--priority",
+        priority,
+    ])
+}
+
+/// Runs the short job `id` on both workers' hosts (beside the long job's
+/// ranks); its completion time in seconds, the slower rank's.
+fn short_job_seconds(tb: &Testbed, id: u16) -> f64 {
+    let children: Vec<Child> = (0..2)
+        .map(|r| spawn_allreduce_from(tb, &tb.worker_ns(r), id, r, 2, SHORT_ELEMS, SHORT_ITERS))
+        .collect();
+    expect_verified(children)
+        .iter()
+        .map(|rep| rep["seconds"].as_f64().unwrap())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_high_priority_short_job_finishes_before_the_same_job_at_equal_priority() {
+    if !can_run("priority_short_job") {
+        return;
+    }
+    let tb = Testbed::up("pr1", 2, 0);
+    // Both jobs' DATA leaves each host through one 200 Mbit/s queue.
+    for r in 0..2 {
+        if let Err(e) = impair_sh(&tb.worker_ns(r), &["--rate", "200"]) {
+            panic!("{e}");
+        }
+    }
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
+    for (id, p) in [("2", "normal"), ("3", "high")] {
+        let out = add_job(&sw, id, p);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let typo = add_job(&sw, "4", "hgih");
+    assert!(!typo.status.success());
+    let e = text(&typo);
+    assert!(
+        e.contains("job 4") && e.contains("\"hgih\"") && e.contains("\"high\""),
+        "{e}"
+    );
+    let jobs = text(&sw.switchctl(&["jobs"]));
+    let row = |id: &str| {
+        jobs.lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_else(|| panic!("no row for job {id}: {jobs}"))
+            .to_owned()
+    };
+    assert!(row("3").contains(" high "), "{jobs}");
+    assert!(row("2").contains(" normal "), "{jobs}");
+
+    // The long job: far more all-reduces than the test waits for.
+    let mut long: Vec<Child> = (0..2)
+        .map(|r| spawn_allreduce_with(&tb, &tb.worker_ns(r), 1, r, 2, SHORT_ELEMS, 100_000, 60))
+        .collect();
+    sw.wait_stats(20, "the long job under way", |s| {
+        s["jobs"]
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["id"] == 1))
+            .is_some_and(|j| j["chunks_completed"].as_u64().unwrap_or(0) > 5000)
+    });
+    // Each class twice, in the order equal, high, high, equal: a drift of
+    // the long job's state or the machine's load over the run weighs on
+    // both sums alike.
+    let mut equal = short_job_seconds(&tb, 2);
+    let mut high = short_job_seconds(&tb, 3);
+    high += short_job_seconds(&tb, 3);
+    equal += short_job_seconds(&tb, 2);
+    let marked = text(&sw.switchctl(&["--json", "jobs"]));
+    for c in &mut long {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    eprintln!(
+        "short job beside the long one, two runs: equal priority {equal:.3} s, high {high:.3} s"
+    );
+    assert!(
+        high < equal,
+        "the high-priority short job took {high:.3} s in two runs, the equal-priority one {equal:.3} s"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&marked).unwrap_or_else(|e| panic!("{e}: {marked}"));
+    let long_job = v.as_array().unwrap().iter().find(|j| j["id"] == 1).unwrap();
+    assert!(
+        long_job["priority_marked"].as_u64().unwrap() > 0,
+        "the long job never yielded: {long_job}"
+    );
+    assert_eq!(long_job["priority"], "normal", "{long_job}");
+    let stats = stop_clean(&tb, &mut sw);
+    assert_eq!(job(&stats, 3)["priority_marked"], 0, "{stats}");
+    assert_eq!(job(&stats, 3)["priority"], "high", "{stats}");
+}
