@@ -22,7 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod config;
 pub mod torch;
+
+pub use config::{leaf_config, spine_config, Job, SwitchConfig, UPLINK_PORT};
 
 pub const SWITCH_ADDR: &str = "198.18.0.1";
 pub const AGG_PORT: u16 = 48879;
@@ -551,18 +554,16 @@ fn write_private(path: &Path, text: &str) {
 }
 
 impl Switchd {
-    /// Starts switchd in namespace `ns` with `config` (a whole TOML file
-    /// without `admin_socket`, which is added here), its files under a
-    /// directory named after `tag`.
-    pub fn start_in(ns: &str, tag: &str, config: &str) -> Switchd {
+    /// Starts switchd in namespace `ns` with `config` (its `admin_socket`
+    /// is set here), its files under a directory named after `tag`.
+    pub fn start_in(ns: &str, tag: &str, config: &SwitchConfig) -> Switchd {
         let dir = std::env::temp_dir().join(format!("agg-e2e-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let admin = dir.join("admin.sock");
-        let text = config.replacen(
-            "[switch]\n",
-            &format!("[switch]\nadmin_socket = \"{}\"\n", admin.display()),
-            1,
-        );
+        let text = config
+            .clone()
+            .set("admin_socket", admin.display().to_string())
+            .render();
         let cfg_path = dir.join("switchd.toml");
         write_private(&cfg_path, &text);
         let mut sw = Switchd {
@@ -601,30 +602,23 @@ impl Switchd {
         let dir =
             std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
         let admin = dir.join("admin.sock");
-        let mut cfg = format!(
-            "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\nsummary_interval_secs = 1\nadmin_socket = \"{}\"\n",
-            ports.join(", "),
-            admin.display()
-        );
-        cfg += switch_extra;
+        let mut config = SwitchConfig::new(&tb.ports(), SWITCH_ADDR)
+            .set("agg_port", i64::from(AGG_PORT))
+            .set("admin_socket", admin.display().to_string())
+            .set_lines(switch_extra);
         for j in jobs {
-            let allowed: Vec<String> = j.allowed.iter().map(|a| format!("\"{a}\"")).collect();
-            cfg += &format!(
-                "\n[[job]]\nid = {}\nn_workers = {}\nallowed_sources = [{}]\nsecret = \"{SECRET}\"\npool_slots = {}\n",
-                j.id,
-                j.n_workers,
-                allowed.join(", "),
-                j.pool_slots
-            );
+            let mut job =
+                Job::new(j.id, j.n_workers, &j.allowed).set("pool_slots", i64::from(j.pool_slots));
             if let Some(w) = j.window {
-                cfg += &format!("window = {w}\n");
+                job = job.set("window", i64::from(w));
             }
             if let Some(d) = j.dtype {
-                cfg += &format!("dtype = \"{d}\"\n");
+                job = job.set("dtype", d);
             }
+            config = config.job(job);
         }
+        let cfg = config.render();
         let cfg_path = dir.join("switchd.toml");
         write_private(&cfg_path, &cfg);
         let mut sw = Switchd {

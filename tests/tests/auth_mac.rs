@@ -8,15 +8,10 @@ use std::process::Child;
 use agg_e2e::*;
 
 /// switchd's config for `tb` with one job of 4 workers and `auth`.
-fn config(tb: &Testbed, auth: &str) -> String {
-    let ports: Vec<String> = tb.ports().iter().map(|p| format!("\"{p}\"")).collect();
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{SWITCH_ADDR}\"]\nagg_port = {AGG_PORT}\n\
-         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = 4\n\
-         allowed_sources = [\"198.18.0.0/26\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
-         auth = \"{auth}\"\n",
-        ports.join(", ")
-    )
+fn config(tb: &Testbed, auth: &str) -> SwitchConfig {
+    SwitchConfig::new(&tb.ports(), SWITCH_ADDR)
+        .set("agg_port", i64::from(AGG_PORT))
+        .job(Job::new(1, 4, &["198.18.0.0/26"]).set("auth", auth))
 }
 
 /// `worker allreduce` on the mmsg transport (one datagram per DATA, which

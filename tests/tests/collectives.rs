@@ -142,30 +142,6 @@ fn reduce_scatter_and_all_gather_survive_5_percent_loss_and_25_percent_reorderin
 const LEAVES: u16 = 2;
 const WPL: u16 = 2;
 
-fn spine_config(fabric: &LeafSpine) -> String {
-    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
-         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
-         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
-        ports.join(", "),
-        fabric.spine_addr(0)
-    )
-}
-
-fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
-    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
-    let gw = fabric.leaf_gateway(i);
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
-         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
-         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\n\
-         [job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [\"{}:{AGG_PORT}\"]\n",
-        ports.join(", "),
-        fabric.spine_addr(0)
-    )
-}
-
 /// Every worker of the tree running `worker allreduce --collective kind`.
 fn spawn_tree(fabric: &LeafSpine, kind: &str) -> Vec<Child> {
     let sizes = vec![WPL.to_string(); LEAVES as usize].join(",");
@@ -196,10 +172,14 @@ fn a_tree_refuses_reduce_scatter_and_all_gather_with_a_clear_error() {
         return;
     }
     let fabric = LeafSpine::up("fs2t", LEAVES, 1, WPL, 0);
-    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "fs2t-s0", &spine_config(&fabric));
+    let mut spine = Switchd::start_in(
+        &fabric.spine_ns(0),
+        "fs2t-s0",
+        &spine_config(&fabric, 0, LEAVES),
+    );
     let mut leaves: Vec<Switchd> = (0..LEAVES)
         .map(|i| {
-            let cfg = leaf_config(&fabric, i);
+            let cfg = leaf_config(&fabric, i, WPL, LEAVES, 1);
             Switchd::start_in(&fabric.leaf_ns(i), &format!("fs2t-l{i}"), &cfg)
         })
         .collect();

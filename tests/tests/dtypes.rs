@@ -149,28 +149,14 @@ fn a_bf16_tree_is_the_float32_tree_order_sum_rounded_once() {
     const WPL: u16 = 2;
     let fabric = LeafSpine::up("e2ht", LEAVES, 1, WPL, 0);
     // The spine's job is float32: it sums the leaves' float32 partials.
-    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
-    let spine_cfg = format!(
-        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
-         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
-         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
-        ports.join(", "),
-        fabric.spine_addr(0)
+    let mut spine = Switchd::start_in(
+        &fabric.spine_ns(0),
+        "e2ht-s0",
+        &spine_config(&fabric, 0, LEAVES),
     );
-    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "e2ht-s0", &spine_cfg);
     let mut leaves: Vec<Switchd> = (0..LEAVES)
         .map(|i| {
-            let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
-            let gw = fabric.leaf_gateway(i);
-            let cfg = format!(
-                "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
-                 summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
-                 allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\n\
-                 pool_slots = 256\ndtype = \"bf16\"\n\n[job.upstream]\nleaf_index = {i}\n\
-                 n_leaves = {LEAVES}\nspines = [\"{}:{AGG_PORT}\"]\n",
-                ports.join(", "),
-                fabric.spine_addr(0)
-            );
+            let cfg = leaf_config(&fabric, i, WPL, LEAVES, 1).set_jobs("dtype", "bf16");
             Switchd::start_in(&fabric.leaf_ns(i), &format!("e2ht-l{i}"), &cfg)
         })
         .collect();

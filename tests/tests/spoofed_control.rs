@@ -83,27 +83,11 @@ fn spoofed_spine_nacks_and_results_to_a_leaf_are_ignored() {
     if !can_run("spoofed_control_leaf") {
         return;
     }
-    const UPLINK_PORT: &str = "40000";
     let fabric = LeafSpine::up("nk2", 2, 1, 2, 1);
-    let spine_cfg = format!(
-        "[switch]\nports = [\"dn-l0\", \"dn-l1\"]\naddresses = [\"{}\"]\n\
-         summary_interval_secs = 1\nforwarding = \"bridge\"\n\n[[job]]\nid = 1\n\
-         n_workers = 2\nallowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\n\
-         pool_slots = 256\n",
-        fabric.spine_addr(0)
-    );
-    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "nk2-s0", &spine_cfg);
+    let mut spine = Switchd::start_in(&fabric.spine_ns(0), "nk2-s0", &spine_config(&fabric, 0, 2));
     let mut leaves: Vec<Switchd> = (0..2)
         .map(|i| {
-            let gw = fabric.leaf_gateway(i);
-            let cfg = format!(
-                "[switch]\nports = [\"sw-w0\", \"sw-w1\"]\naddresses = [\"{gw}\"]\n\
-                 uplink = \"{gw}:{UPLINK_PORT}\"\nsummary_interval_secs = 1\n\n[[job]]\n\
-                 id = 1\nn_workers = 2\nallowed_sources = [\"198.18.{i}.0/24\"]\n\
-                 secret = \"{SECRET}\"\npool_slots = 256\n\n[job.upstream]\n\
-                 leaf_index = {i}\nn_leaves = 2\nspines = [\"{}:{AGG_PORT}\"]\n",
-                fabric.spine_addr(0)
-            );
+            let cfg = leaf_config(&fabric, i, 2, 2, 1);
             Switchd::start_in(&fabric.leaf_ns(i), &format!("nk2-l{i}"), &cfg)
         })
         .collect();
@@ -143,7 +127,7 @@ fn spoofed_spine_nacks_and_results_to_a_leaf_are_ignored() {
             &AGG_PORT.to_string(),
             &mac_of(&fabric.leaf_ns(0), "br0"),
             &fabric.leaf_gateway(0),
-            UPLINK_PORT,
+            &UPLINK_PORT.to_string(),
             "1",
             "0",
             &gen.to_string(),

@@ -177,37 +177,6 @@ const LEAVES: u16 = 2;
 const SPINES: u16 = 2;
 const WPL: u16 = 2;
 
-/// Spine `j`'s switchd config: job 1 of the leaves, `stats = true`.
-fn spine_config(fabric: &LeafSpine, j: u16) -> String {
-    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
-         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
-         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
-         stats = true\n",
-        ports.join(", "),
-        fabric.spine_addr(j)
-    )
-}
-
-/// Leaf `i`'s switchd config: job 1 of its workers, `stats = true`, up to
-/// every spine.
-fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
-    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
-    let spines: Vec<String> = (0..SPINES)
-        .map(|j| format!("\"{}:{AGG_PORT}\"", fabric.spine_addr(j)))
-        .collect();
-    let gw = fabric.leaf_gateway(i);
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
-         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
-         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\
-         stats = true\n\n[job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [{}]\n",
-        ports.join(", "),
-        spines.join(", ")
-    )
-}
-
 #[test]
 #[ignore = "needs root"]
 fn a_stats_tree_gives_every_worker_the_tree_order_statistics() {
@@ -220,7 +189,7 @@ fn a_stats_tree_gives_every_worker_the_tree_order_statistics() {
             Switchd::start_in(
                 &fabric.spine_ns(j),
                 &format!("sw2-s{j}"),
-                &spine_config(&fabric, j),
+                &spine_config(&fabric, j, LEAVES).set_jobs("stats", true),
             )
         })
         .collect();
@@ -229,7 +198,7 @@ fn a_stats_tree_gives_every_worker_the_tree_order_statistics() {
             Switchd::start_in(
                 &fabric.leaf_ns(i),
                 &format!("sw2-l{i}"),
-                &leaf_config(&fabric, i),
+                &leaf_config(&fabric, i, WPL, LEAVES, SPINES).set_jobs("stats", true),
             )
         })
         .collect();

@@ -13,33 +13,6 @@ const LEAVES: u16 = 2;
 const SPINES: u16 = 2;
 const WPL: u16 = 2;
 
-fn spine_config(fabric: &LeafSpine, j: u16) -> String {
-    let ports: Vec<String> = (0..LEAVES).map(|i| format!("\"dn-l{i}\"")).collect();
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{}\"]\nsummary_interval_secs = 1\n\
-         forwarding = \"bridge\"\n\n[[job]]\nid = 1\nn_workers = {LEAVES}\n\
-         allowed_sources = [\"198.18.0.0/16\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n",
-        ports.join(", "),
-        fabric.spine_addr(j)
-    )
-}
-
-fn leaf_config(fabric: &LeafSpine, i: u16) -> String {
-    let ports: Vec<String> = (0..WPL).map(|k| format!("\"sw-w{k}\"")).collect();
-    let spines: Vec<String> = (0..SPINES)
-        .map(|j| format!("\"{}:{AGG_PORT}\"", fabric.spine_addr(j)))
-        .collect();
-    let gw = fabric.leaf_gateway(i);
-    format!(
-        "[switch]\nports = [{}]\naddresses = [\"{gw}\"]\nuplink = \"{gw}:40000\"\n\
-         summary_interval_secs = 1\n\n[[job]]\nid = 1\nn_workers = {WPL}\n\
-         allowed_sources = [\"198.18.{i}.0/24\"]\nsecret = \"{SECRET}\"\npool_slots = 256\n\n\
-         [job.upstream]\nleaf_index = {i}\nn_leaves = {LEAVES}\nspines = [{}]\n",
-        ports.join(", "),
-        spines.join(", ")
-    )
-}
-
 /// Worker `k` under leaf `i`: `iterations` all-reduces of `elements`,
 /// verified against the tree-order sum; it fails after `stall_timeout` s
 /// without progress.
@@ -73,13 +46,13 @@ fn spawn_tree_worker(
 fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
     let spines = (0..SPINES)
         .map(|j| {
-            let cfg = spine_config(fabric, j);
+            let cfg = spine_config(fabric, j, LEAVES);
             Switchd::start_in(&fabric.spine_ns(j), &format!("{tag}-s{j}"), &cfg)
         })
         .collect();
     let leaves = (0..LEAVES)
         .map(|i| {
-            let cfg = leaf_config(fabric, i);
+            let cfg = leaf_config(fabric, i, WPL, LEAVES, SPINES);
             Switchd::start_in(&fabric.leaf_ns(i), &format!("{tag}-l{i}"), &cfg)
         })
         .collect();

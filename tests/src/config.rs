@@ -1,0 +1,179 @@
+//! switchd configs for the e2e testbeds, written from switchd's own typed
+//! sections ([`switchd::config::ConfigFile`]) as `switchd testbed-config`
+//! writes the scripts' (issue 24): no test writes TOML by hand, and a key
+//! or value switchd would refuse fails the test where it is set, with
+//! switchd's message.
+//!
+//! Owns: [`SwitchConfig`] (a `[switch]` section and its jobs), [`Job`],
+//! and the aggregation trees' configs ([`spine_config`], [`leaf_config`]).
+
+use switchd::config::ConfigFile;
+
+use crate::{LeafSpine, AGG_PORT, SECRET};
+
+/// The UDP port a leaf's partial sums go up from.
+pub const UPLINK_PORT: u16 = 40000;
+
+/// One `[[job]]`: id, workers, sources, the tests' secret, 256 slots, and
+/// whatever [`Job::set`] adds.
+#[derive(Debug, Clone)]
+pub struct Job(toml::Table);
+
+impl Job {
+    pub fn new(id: u16, n_workers: u16, allowed: &[&str]) -> Job {
+        let mut t = toml::Table::new();
+        t.insert("id".into(), i64::from(id).into());
+        t.insert("n_workers".into(), i64::from(n_workers).into());
+        t.insert(
+            "allowed_sources".into(),
+            toml::Value::Array(allowed.iter().map(|a| (*a).into()).collect()),
+        );
+        t.insert("secret".into(), SECRET.into());
+        t.insert("pool_slots".into(), 256.into());
+        Job(t)
+    }
+
+    /// Sets a job key (`dtype`, `stats`, `window`, `auth`, …).
+    pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> Job {
+        self.0.insert(key.into(), value.into());
+        self
+    }
+
+    /// A leaf's place in its trees (`[job.upstream]`).
+    pub fn upstream(self, leaf_index: u16, n_leaves: u16, spines: &[String]) -> Job {
+        let mut up = toml::Table::new();
+        up.insert("leaf_index".into(), i64::from(leaf_index).into());
+        up.insert("n_leaves".into(), i64::from(n_leaves).into());
+        up.insert(
+            "spines".into(),
+            toml::Value::Array(spines.iter().map(|s| s.as_str().into()).collect()),
+        );
+        self.set("upstream", up)
+    }
+}
+
+/// A whole switchd config.
+#[derive(Debug, Clone)]
+pub struct SwitchConfig {
+    switch: toml::Table,
+    jobs: Vec<Job>,
+}
+
+impl SwitchConfig {
+    /// `[switch]` on `ports` at `address`, one summary line a second.
+    pub fn new(ports: &[String], address: &str) -> SwitchConfig {
+        let mut switch = toml::Table::new();
+        switch.insert(
+            "ports".into(),
+            toml::Value::Array(ports.iter().map(|p| p.as_str().into()).collect()),
+        );
+        switch.insert("addresses".into(), toml::Value::Array(vec![address.into()]));
+        switch.insert("summary_interval_secs".into(), 1.0.into());
+        SwitchConfig {
+            switch,
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Sets a `[switch]` key.
+    pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> SwitchConfig {
+        self.switch.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the `[switch]` keys of TOML `key = value` lines (the tests'
+    /// extra switch settings, e.g. `"queues = 2\ndataplane_threads = 2\n"`).
+    pub fn set_lines(mut self, lines: &str) -> SwitchConfig {
+        let t: toml::Table = toml::from_str(lines)
+            .unwrap_or_else(|e| panic!("switch settings {lines:?} are not TOML: {e}"));
+        self.switch.extend(t);
+        self
+    }
+
+    pub fn job(mut self, job: Job) -> SwitchConfig {
+        self.jobs.push(job);
+        self
+    }
+
+    /// Sets `key` of every job (trees: the one job of a spine or leaf).
+    pub fn set_jobs(mut self, key: &str, value: impl Into<toml::Value> + Clone) -> SwitchConfig {
+        self.jobs = self
+            .jobs
+            .into_iter()
+            .map(|j| j.set(key, value.clone()))
+            .collect();
+        self
+    }
+
+    /// The file's text, after switchd's typed sections took it (a typo or a
+    /// wrong type panics here with switchd's own message).
+    pub fn render(&self) -> String {
+        let mut tree = toml::Table::new();
+        tree.insert("switch".into(), self.switch.clone().into());
+        tree.insert(
+            "job".into(),
+            toml::Value::Array(self.jobs.iter().map(|j| j.0.clone().into()).collect()),
+        );
+        let typed: ConfigFile = tree
+            .try_into()
+            .unwrap_or_else(|e| panic!("switchd would refuse this config: {e}"));
+        toml::to_string(&typed).expect("a typed config serialises")
+    }
+}
+
+/// Spine `j` of `fabric`: job 1 of `n_leaves` leaves (from anywhere in
+/// 198.18.0.0/16), ordinary traffic through the bridge.
+pub fn spine_config(fabric: &LeafSpine, j: u16, n_leaves: u16) -> SwitchConfig {
+    let ports: Vec<String> = (0..n_leaves).map(|i| format!("dn-l{i}")).collect();
+    SwitchConfig::new(&ports, &fabric.spine_addr(j))
+        .set("forwarding", "bridge")
+        .job(Job::new(1, n_leaves, &["198.18.0.0/16"]))
+}
+
+/// Leaf `i` of `fabric`: job 1 of its `workers` workers, up to the first
+/// `spines` spines from its gateway's [`UPLINK_PORT`].
+pub fn leaf_config(
+    fabric: &LeafSpine,
+    i: u16,
+    workers: u16,
+    n_leaves: u16,
+    spines: u16,
+) -> SwitchConfig {
+    let ports: Vec<String> = (0..workers).map(|k| format!("sw-w{k}")).collect();
+    let gw = fabric.leaf_gateway(i);
+    let spine_addrs: Vec<String> = (0..spines)
+        .map(|j| format!("{}:{AGG_PORT}", fabric.spine_addr(j)))
+        .collect();
+    SwitchConfig::new(&ports, &gw)
+        .set("uplink", format!("{gw}:{UPLINK_PORT}"))
+        .job(
+            Job::new(1, workers, &[&format!("198.18.{i}.0/24")]).upstream(
+                i,
+                n_leaves,
+                &spine_addrs,
+            ),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_renders_as_switchd_reads_it_and_a_typo_panics() {
+        let text = SwitchConfig::new(&["sw-w0".into()], "198.18.0.1")
+            .set_lines("queues = 2\ndataplane_threads = 2\n")
+            .job(Job::new(1, 2, &["198.18.0.0/26"]).set("dtype", "bf16"))
+            .render();
+        let cfg = switchd::config::Config::parse(&text, std::path::Path::new("t"), |_| Some(1500))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(cfg.switch.queues, 2);
+        assert_eq!(cfg.jobs[0].dtype, proto::wire::Dtype::Bf16);
+        let typo = std::panic::catch_unwind(|| {
+            SwitchConfig::new(&["sw-w0".into()], "198.18.0.1")
+                .set("queus", 2)
+                .render()
+        });
+        assert!(typo.is_err());
+    }
+}
