@@ -58,9 +58,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PREFIX=prio
 readonly WORKERS=2
-readonly SWITCH_ADDR=198.18.0.1
 readonly AGG_PORT=48879
-readonly HOST_ADDR=198.18.0.100
 readonly SOCKPERF_PORT=11111
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=10
@@ -172,22 +170,22 @@ ADMIN_SOCK="$RESULTS_DIR/switchd.sock"
 
 # --- testbed, switchd, probe server -----------------------------------------------
 TESTBED_MADE=1
-bash "$REPO_ROOT/scripts/testbed.sh" up --prefix "$PREFIX" --workers "$WORKERS" --hosts 1 >/dev/null
+testbed_up "$RESULTS_DIR/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --hosts 1 2>/dev/null
+SWITCH_ADDR="$(tb switch_addr)"
+HOST_ADDR="$(tb host_0_addr)"
+readonly SWITCH_ADDR HOST_ADDR
 shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
 log "worker links shaped: ${TBF_ARGS[*]}, each way"
 
 SECRET="$(random_secret)"
-install -m 600 /dev/null "$CFG"
-{
-    printf '# Written by scripts/bench_priority.sh for testbed %s.\n' "$PREFIX"
-    printf '[switch]\nports = ["sw-w0", "sw-w1", "sw-h0"]\naddresses = ["%s"]\n' "$SWITCH_ADDR"
-    printf 'agg_port = %s\nadmin_socket = "%s"\n' "$AGG_PORT" "$ADMIN_SOCK"
-    for job in "1 normal" "2 normal" "3 high"; do
-        read -r id prio <<<"$job"
-        printf '\n[[job]]\nid = %s\nn_workers = 2\nallowed_sources = ["198.18.0.10/31"]\n' "$id"
-        printf 'secret = "%s"\npool_slots = 256\npriority = "%s"\n' "$SECRET" "$prio"
-    done
-} >"$CFG"
+# Jobs 1 and 2 (normal) and 3 (high), each of both workers: written by
+# switchd itself (typed config, the testbed's addresses), mode 0600.
+AGGSWITCH_TESTBED_SECRET="$SECRET" "$SWITCHD" testbed-config --env "$TESTBED_ENV" --out "$CFG" \
+    --writer scripts/bench_priority.sh --host-ports \
+    --job 1:all:env:AGGSWITCH_TESTBED_SECRET --job 2:all:env:AGGSWITCH_TESTBED_SECRET \
+    --job 3:all:env:AGGSWITCH_TESTBED_SECRET --set job.3.priority=high \
+    --set "switch.agg_port=$AGG_PORT" --set "switch.admin_socket=\"$ADMIN_SOCK\"" ||
+    die "switchd testbed-config failed"
 
 log "starting switchd in $PREFIX-sw"
 start_switchd "$PREFIX-sw" "$SWITCHD" "$RESULTS_DIR/switchd.log" run --config "$CFG"

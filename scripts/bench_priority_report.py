@@ -9,8 +9,8 @@ W.t0/W.t1 (the window's wall-clock bounds) and W.sockperf.txt (the probe).
 Numbers:
 * short job completion time: the slower rank's `seconds` (its all-reduces,
   back to back, without the join); p99 per all-reduce: per iteration the
-  slower rank's time, then the 99th percentile (nearest rank: with 20
-  all-reduces, the slowest one).
+  slower rank's time, then the 99th percentile (scripts/benchkit.py's
+  quantile, as every report: linear between order statistics).
 * long job throughput: job 1's `bytes_aggregated` over the window (every
   rank's payload), per rank, in Gbit/s of gradient reduced.
 * probe: sockperf's own p50/p99/p99.9 round trip (µs).
@@ -26,7 +26,10 @@ short job has the links to itself.
 
 Usage: bench_priority_report.py RUN OUT.json OUT.png
 """
-import json, math, os, re, sys
+import json, os, re, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import median, quantile  # noqa: E402
 
 WINDOWS = ("short_alone", "long_alone", "short_equal", "short_priority", "long_after")
 LABELS = {
@@ -57,11 +60,6 @@ def job(stats, jid):
     return {}
 
 
-def p99(values):
-    v = sorted(values)
-    return v[max(0, math.ceil(0.99 * len(v)) - 1)] if v else None
-
-
 def short_job(run, w):
     reps = []
     for r in (0, 1):
@@ -75,8 +73,8 @@ def short_job(run, w):
     per_iter = [max(t) for t in zip(*(rep["iteration_seconds"] for rep in reps))]
     return {
         "completion_s": max(rep["seconds"] for rep in reps),
-        "p99_allreduce_ms": p99(per_iter) * 1e3,
-        "median_allreduce_ms": sorted(per_iter)[len(per_iter) // 2] * 1e3,
+        "p99_allreduce_ms": quantile(per_iter, 0.99) * 1e3,
+        "median_allreduce_ms": median(per_iter) * 1e3,
         "allreduces": len(per_iter),
     }
 
