@@ -278,27 +278,6 @@ SWITCHD_PID=""
 BG_PIDS=()   # every other background child (workers, mpirun, iperf3)
 
 
-# stop_ns_leftovers: stop, by PID, anything still running inside this run's
-# namespaces (e.g. an OpenMPI daemon whose mpirun was stopped).
-stop_ns_leftovers() {
-    local ns pid
-    local -a spaces=("$PREFIX-sw")
-    for ((pid = 0; pid < WORKERS; pid++)); do spaces+=("$PREFIX-w$pid"); done
-    for ns in "${spaces[@]}"; do
-        netns_exists "$ns" || continue
-        for pid in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -TERM "$pid" 2>/dev/null || true
-        done
-    done
-    sleep 0.5
-    for ns in "${spaces[@]}"; do
-        netns_exists "$ns" || continue
-        for pid in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -KILL "$pid" 2>/dev/null || true
-        done
-    done
-}
-
 cleanup() {
     local rc=$? pid ns
     trap - EXIT INT TERM
@@ -318,7 +297,7 @@ cleanup() {
             warn "testbed down failed; run: scripts/testbed.sh down --prefix rate"
     fi
     if [[ "$TESTBED_MADE" -eq 1 ]]; then
-        stop_ns_leftovers
+        stop_testbed_processes "$PREFIX" "$WORKERS"
         bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
             warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
     fi
@@ -864,18 +843,6 @@ iperf() {
     IPERF_RESULT="$(jq '.end.sum_received.bits_per_second / 1e9' "$OUT/iperf-$name.json")"
 }
 
-# set_worker_tx on|off: transmit checksum offload (and with it TSO) of every
-# worker's eth0. testbed.sh turns it off, so that the switch sees complete
-# UDP checksums as from a real NIC; on veth that also costs TCP its 64 KB
-# segments, which a real NIC would keep. OpenMPI is measured both ways.
-set_worker_tx() {
-    local i
-    for ((i = 0; i < WORKERS; i++)); do
-        ip netns exec "$PREFIX-w$i" ethtool -K eth0 tx "$1" >/dev/null 2>&1 ||
-            warn "ethtool -K eth0 tx $1 failed in $PREFIX-w$i"
-    done
-}
-
 # run_mpi TAG: K timed MPI_Allreduce across the worker namespaces; the
 # result goes to $OUT/TAG.result.json.
 run_mpi() {
@@ -1018,11 +985,11 @@ measure() {
     iperf w2w "$PREFIX-w1" "$(tb worker_1_addr)" "$PREFIX-w0"
     w2w="$IPERF_RESULT"
     run_mpi mpi
-    set_worker_tx on
+    set_worker_tx "$PREFIX" "$WORKERS" on
     run_mpi mpi_tso
     # gloo at its best: TCP with segmentation offload, as on a real NIC.
     [[ "$GLOO" -eq 1 ]] && run_gloo gloo
-    set_worker_tx off
+    set_worker_tx "$PREFIX" "$WORKERS" off
     run_switch
     jq -n --argjson up "$up" --argjson down "$down" --argjson w2w "$w2w" \
         --argjson load0 "$load0" --argjson load1 "$(loadavg)" \
@@ -1064,7 +1031,7 @@ run_threads() {
     local t i
     mkdir -p "$THREADS_DIR"
     for t in "${THREADS[@]}"; do
-        stop_ns_leftovers
+        stop_testbed_processes "$PREFIX" "$WORKERS"
         testbed_up "$THREADS_DIR/testbed-t$t.env" --prefix "$PREFIX" --workers "$WORKERS" \
             --mtu "$MTU" --queues "$t" --queue-per-worker 2>"$THREADS_DIR/testbed-t$t.log"
         SWITCH_ADDR="$(tb switch_addr)"

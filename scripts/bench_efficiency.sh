@@ -129,26 +129,9 @@ SWITCHD_PID=""
 BG_PIDS=()
 MPI_TMP=""
 
-# stop_ns_leftovers: stop, by PID, anything still running inside this run's
-# namespaces (an OpenMPI daemon whose mpirun was stopped, a gloo rank).
-stop_ns_leftovers() {
-    local ns pid sig
-    local -a spaces=("$PREFIX-sw")
-    for ((pid = 0; pid < WORKERS; pid++)); do spaces+=("$PREFIX-w$pid"); done
-    for sig in TERM KILL; do
-        for ns in "${spaces[@]}"; do
-            netns_exists "$ns" || continue
-            for pid in $(ip netns pids "$ns" 2>/dev/null); do
-                kill "-$sig" "$pid" 2>/dev/null || true
-            done
-        done
-        sleep 0.5
-    done
-}
-
 testbed_down() {
     [[ "$TESTBED_MADE" -eq 1 ]] || return 0
-    stop_ns_leftovers
+    stop_testbed_processes "$PREFIX" "$WORKERS"
     bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
         warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
     TESTBED_MADE=0
@@ -245,14 +228,6 @@ record() {
         >>"$RUN/runs.jsonl"
 }
 
-set_worker_tx() {
-    local i
-    for ((i = 0; i < WORKERS; i++)); do
-        ip netns exec "$PREFIX-w$i" ethtool -K eth0 tx "$1" >/dev/null ||
-            die "ethtool -K eth0 tx $1 failed in $PREFIX-w$i"
-    done
-}
-
 # run_switch DIR DTYPE TRANSPORT: the 4 workers at once, K all-reduces each.
 run_switch() {
     local dir="$1" dtype="$2" transport="$3" r
@@ -326,7 +301,7 @@ profiled() {
 measure() {
     local mtu="$1" link="$2" base="$RUN/mtu$1/$2" d t
     log "[MTU $mtu, $link] OpenMPI with TSO"
-    set_worker_tx on
+    set_worker_tx "$PREFIX" "$WORKERS" on
     run_peer "$base/openmpi_tso" openmpi
     record "$base/openmpi_tso" "$mtu" "$link" openmpi_tso f32 tcp
     if [[ "$GLOO" -eq 1 ]]; then
@@ -334,7 +309,7 @@ measure() {
         run_peer "$base/gloo_tso" gloo
         record "$base/gloo_tso" "$mtu" "$link" gloo_tso f32 tcp
     fi
-    set_worker_tx off
+    set_worker_tx "$PREFIX" "$WORKERS" off
     start_switchd "$PREFIX-sw" "$SWITCHD" "$base/switchd.log" run --config "$RUN/switchd.toml"
     for d in "${DTYPE_LIST[@]}"; do
         for t in "${TRANSPORT_LIST[@]}"; do

@@ -73,10 +73,7 @@ cleanup() {
 trap cleanup EXIT
 
 testbed_up "$OUT/testbed.env" --workers "$WORKERS" --prefix "$PREFIX" 2>/dev/null
-for ((r = 0; r < WORKERS; r++)); do
-    ip netns exec "$PREFIX-w$r" ethtool -K eth0 tx "$WORKER_TX" >/dev/null 2>&1 ||
-        die "ethtool -K eth0 tx $WORKER_TX failed in $PREFIX-w$r"
-done
+set_worker_tx "$PREFIX" "$WORKERS" "$WORKER_TX"
 SECRET="$(random_secret)"
 # Its own admin socket: another switchd may hold the default one.
 write_testbed_switchd_config "$OUT/switchd.toml" "$SCRIPT_NAME" "$WORKERS" "$SECRET" \

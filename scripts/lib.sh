@@ -267,6 +267,20 @@ stop_testbed_processes() {
     done
 }
 
+# set_worker_tx PREFIX WORKERS on|off: transmit checksum offload (and with
+# it TSO) of every worker's eth0. testbed.sh turns it off, so that the
+# switch sees complete UDP checksums as from a real NIC; on veth that also
+# costs TCP its 64 KB segments, which a real NIC would keep, so the TCP
+# peers (OpenMPI, gloo) are measured with it on. Dies if ethtool fails: a
+# peer measured without the offload it was meant to have is a wrong figure.
+set_worker_tx() {
+    local prefix="$1" workers="$2" mode="$3" i
+    for ((i = 0; i < workers; i++)); do
+        ip netns exec "$prefix-w$i" ethtool -K eth0 tx "$mode" >/dev/null ||
+            die "ethtool -K eth0 tx $mode failed in $prefix-w$i"
+    done
+}
+
 # wait_ranks: wait for the caller's RANK_PIDS (one per rank, in rank order;
 # TIMEOUT names the per-configuration limit in the message); when one fails,
 # stop the others (they would wait on it until the timeout). Returns 0 when
