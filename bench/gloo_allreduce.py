@@ -16,7 +16,12 @@ prints one JSON object with the same fields as mpi_allreduce:
 every CPU, kernel and softirq included) over the timed all-reduces only, so
 the start-up (importing torch costs seconds) is not charged to gloo.
 
-Usage: python gloo_allreduce.py ELEMENTS ITERATIONS
+With DTYPE bf16, each timed all-reduce is what PyTorch's
+`bf16_compress_hook` does to a float32 gradient: cast to bfloat16,
+all-reduce in bfloat16, cast back, all three timed (the peer of the
+switch's bf16 job; the sums of small integers stay exact).
+
+Usage: python gloo_allreduce.py ELEMENTS ITERATIONS [f32|bf16]
 """
 
 import json
@@ -48,10 +53,11 @@ def fill(rank: int, elements: int) -> torch.Tensor:
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
-        print(f"usage: {sys.argv[0]} ELEMENTS ITERATIONS", file=sys.stderr)
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["f32"], ["bf16"]):
+        print(f"usage: {sys.argv[0]} ELEMENTS ITERATIONS [f32|bf16]", file=sys.stderr)
         return 2
     elements, iterations = int(sys.argv[1]), int(sys.argv[2])
+    bf16 = sys.argv[3:] == ["bf16"]
     if not (0 < elements <= 1 << 30 and 0 < iterations <= 100000):
         print("ELEMENTS must be 1..2^30 and ITERATIONS 1..100000", file=sys.stderr)
         return 2
@@ -59,14 +65,23 @@ def main() -> int:
     rank, size = dist.get_rank(), dist.get_world_size()
     template = fill(rank, elements)
     buf = template.clone()
-    dist.all_reduce(buf)  # warm-up: connections are made on first use
+
+    def reduce() -> None:
+        if bf16:
+            half = buf.to(torch.bfloat16)
+            dist.all_reduce(half)
+            buf.copy_(half)
+        else:
+            dist.all_reduce(buf)
+
+    reduce()  # warm-up: connections are made on first use
     times, busy = [], 0.0
     for _ in range(iterations):
         buf.copy_(template)
         dist.barrier()
         busy0 = machine_busy_cpu_s() if rank == 0 else 0.0
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        reduce()
         slowest = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times.append(slowest.item())
@@ -82,7 +97,8 @@ def main() -> int:
                 {
                     "ranks": size,
                     "elements": elements,
-                    "bytes": elements * 4,
+                    "bytes": elements * (2 if bf16 else 4),
+                    "dtype": "bf16" if bf16 else "f32",
                     "iterations": iterations,
                     "best_s": s[0],
                     "median_s": statistics.median(s),

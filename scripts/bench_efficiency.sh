@@ -247,9 +247,10 @@ run_switch() {
         die "switch all-reduce ($dtype, transport $transport) failed; see $dir/rank*.log"
 }
 
-# run_peer DIR KIND: OpenMPI or gloo, K timed all-reduces; JSON in DIR/peer.json.
+# run_peer DIR KIND [DTYPE]: OpenMPI or gloo (gloo also bf16, as PyTorch's
+# bf16_compress_hook), K timed all-reduces; JSON in DIR/peer.json.
 run_peer() {
-    local dir="$1" kind="$2" r pid
+    local dir="$1" kind="$2" dtype="${3:-f32}" r pid
     local -a pids=()
     mkdir -p "$dir"
     case "$kind" in
@@ -262,7 +263,7 @@ run_peer() {
                 ip netns exec "$PREFIX-w$r" env RANK="$r" WORLD_SIZE="$WORKERS" \
                     MASTER_ADDR="$(tb worker_0_addr)" MASTER_PORT="$GLOO_PORT" \
                     GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
-                    "$VENV_PYTHON" "$REPO_ROOT/bench/gloo_allreduce.py" "$ELEMENTS" "$REPEATS" \
+                    "$VENV_PYTHON" "$REPO_ROOT/bench/gloo_allreduce.py" "$ELEMENTS" "$REPEATS" "$dtype" \
                     >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
                 pids+=("$!")
             done
@@ -308,6 +309,11 @@ measure() {
         log "[MTU $mtu, $link] gloo with TSO"
         run_peer "$base/gloo_tso" gloo
         record "$base/gloo_tso" "$mtu" "$link" gloo_tso f32 tcp
+        if [[ " ${DTYPE_LIST[*]} " == *" bf16 "* ]]; then
+            log "[MTU $mtu, $link] gloo with TSO, bf16 (PyTorch's bf16 compression)"
+            run_peer "$base/gloo_tso_bf16" gloo bf16
+            record "$base/gloo_tso_bf16" "$mtu" "$link" gloo_tso bf16 tcp
+        fi
     fi
     set_worker_tx "$PREFIX" "$WORKERS" off
     start_switchd "$PREFIX-sw" "$SWITCHD" "$base/switchd.log" run --config "$RUN/switchd.toml"

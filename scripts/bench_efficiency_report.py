@@ -74,7 +74,8 @@ def label(r: dict) -> str:
     if r["method"] == "switch":
         t = r["transport_used"] or r["transport"]
         return f"switch {r['dtype']} ({t})"
-    return {"openmpi_tso": "OpenMPI, TSO", "gloo_tso": "gloo, TSO"}[r["method"]]
+    name = {"openmpi_tso": "OpenMPI, TSO", "gloo_tso": "gloo, TSO"}[r["method"]]
+    return name if r["dtype"] == "f32" else f"{name}, {r['dtype']} (compress hook)"
 
 
 def ratio(a, b):
@@ -129,6 +130,14 @@ def main() -> int:
                 bound = line_rate_bound_s(elements, "f32", best["elems_per_chunk"])
                 row["line_rate_bound_s"] = bound
                 row["switch_over_line_rate"] = best["time_s"] / bound
+        half_gloo = next(iter(find(mtu, link, "gloo_tso", "bf16")), None)
+        half_sw = next(iter(find(mtu, link, "switch", "bf16")), None)
+        if half_gloo and half_sw:
+            # Like for like: bf16 through the switch against gloo with
+            # PyTorch's bf16 compression.
+            row["bf16_switch_over_gloo_bf16_time"] = half_sw["time_s"] / half_gloo["time_s"]
+            row["bf16_cpu_per_gib_switch_over_gloo_bf16"] = ratio(
+                half_sw["cpu_s_per_gib"], half_gloo["cpu_s_per_gib"])
         for dt in ("bf16", "f16"):
             half = next(iter(find(mtu, link, "switch", dt)), None)
             same = next((r for r in f32 if r["transport"] == (half or {}).get("transport")), None)
@@ -152,6 +161,10 @@ def main() -> int:
         "switch_over_line_rate_1gbit": pick("1gbit", "switch_over_line_rate"),
         "bf16_over_f32_time": pick("1gbit", "bf16_over_f32_time"),
         "bf16_over_f32_time_unlimited": pick("unlimited", "bf16_over_f32_time"),
+        "switch_over_gloo_1gbit": pick("1gbit", "switch_over_gloo_time"),
+        "switch_over_gloo_unlimited": pick("unlimited", "switch_over_gloo_time"),
+        "bf16_switch_over_gloo_bf16_1gbit": pick("1gbit", "bf16_switch_over_gloo_bf16_time"),
+        "bf16_switch_over_gloo_bf16_unlimited": pick("unlimited", "bf16_switch_over_gloo_bf16_time"),
         "cpu_per_gib_switch_over_openmpi_tso": pick("unlimited", "cpu_per_gib_switch_over_openmpi_tso"),
         "cpu_per_gib_switch_over_openmpi_tso_1gbit": pick("1gbit", "cpu_per_gib_switch_over_openmpi_tso"),
     }
@@ -179,12 +192,13 @@ def main() -> int:
     for r in runs:
         lines.append(f"| {r['mtu']} | {r['link']} | {r['label']} | {f(r['time_s'])} | {f(r['cpu_s'], 2)} "
                      f"| {f(r['cpu_s_per_gib'], 2)} | {r.get('chunks_resent', '')} |")
-    lines += ["", "| MTU | link | switch/OpenMPI-TSO time | switch/gloo time | switch/line rate "
-              "| bf16/f32 time | CPU/GiB switch/OpenMPI-TSO | CPU/GiB switch/gloo |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| MTU | link | switch/gloo time | bf16 switch/gloo-bf16 time | switch/OpenMPI-TSO time "
+              "| switch/line rate | bf16/f32 time | CPU/GiB switch/OpenMPI-TSO | CPU/GiB switch/gloo |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ratios:
-        lines.append(f"| {r['mtu']} | {r['link']} | {f(r.get('switch_over_openmpi_tso_time'), 2)} "
-                     f"| {f(r.get('switch_over_gloo_time'), 2)} | {f(r.get('switch_over_line_rate'), 2)} "
+        lines.append(f"| {r['mtu']} | {r['link']} | {f(r.get('switch_over_gloo_time'), 2)} "
+                     f"| {f(r.get('bf16_switch_over_gloo_bf16_time'), 2)} "
+                     f"| {f(r.get('switch_over_openmpi_tso_time'), 2)} | {f(r.get('switch_over_line_rate'), 2)} "
                      f"| {f(r.get('bf16_over_f32_time'), 2)} | {f(r.get('cpu_per_gib_switch_over_openmpi_tso'), 2)} "
                      f"| {f(r.get('cpu_per_gib_switch_over_gloo'), 2)} |")
     lines.append("")
