@@ -266,6 +266,25 @@ fn machine_busy_cpu_seconds() -> Result<f64> {
         .context("/proc/stat has no well-formed \"cpu\" line")
 }
 
+/// This process's CPU time so far (user + system of every thread, from
+/// /proc/self/stat), in seconds: the worker's own share of an all-reduce,
+/// where the whole machine's also counts the switch and the kernel's other
+/// work (docs/BENCHMARKS.md, "How CPU is counted").
+fn process_cpu_seconds() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    parse_process_ticks(&stat)
+        .map(|ticks| ticks as f64 / USER_HZ)
+        .context("/proc/self/stat has no utime and stime after the command")
+}
+
+fn parse_process_ticks(stat: &str) -> Option<u64> {
+    // Fields after the command's closing parenthesis (it may hold spaces);
+    // utime and stime are the 14th and 15th of the whole line.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
 /// /proc/stat counts in USER_HZ ticks, which Linux fixes at 100 for user
 /// space whatever the kernel's HZ.
 const USER_HZ: f64 = 100.0;
@@ -342,6 +361,10 @@ struct Report {
     /// end of the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     machine_busy_cpu_s: Option<[f64; 2]>,
+    /// With `--machine-cpu`: this worker process's CPU seconds (user +
+    /// system) at the same two points.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    process_cpu_s: Option<[f64; 2]>,
     /// Each timed iteration's seconds, in order (tail latencies per
     /// all-reduce: scripts/bench_priority.sh); omitted past 10 000.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -461,6 +484,8 @@ struct Outcome {
     /// With `--machine-cpu`: the machine's busy CPU seconds when the first
     /// all-reduce started and when the last one ended.
     machine_cpu: [f64; 2],
+    /// With `--machine-cpu`: this process's CPU seconds at the same points.
+    process_cpu: [f64; 2],
     /// In a stats job: each timed collective's statistics.
     grad: Option<Vec<StatsLine>>,
     stats_mismatches: u64,
@@ -540,6 +565,7 @@ fn iterate<T: CliElement>(
     let mut times = Vec::with_capacity((a.iterations as usize).min(MAX_ITERATION_TIMES));
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
+    let mut process_cpu = [0.0f64; 2];
     let summed = kind != Kind::AllGather;
     let mut grad = (w.has_gradient_stats() && summed).then(Vec::new);
     let mut stats_mismatches = 0u64;
@@ -553,6 +579,7 @@ fn iterate<T: CliElement>(
         }
         if a.machine_cpu && it == 0 {
             machine_cpu[0] = machine_busy_cpu_seconds()?;
+            process_cpu[0] = process_cpu_seconds()?;
         }
         let t = Instant::now();
         run_one(w, kind, &mut data, &mut output)
@@ -564,6 +591,7 @@ fn iterate<T: CliElement>(
         }
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
+            process_cpu[1] = process_cpu_seconds()?;
         }
         if let Some(lines) = &mut grad {
             let got = w
@@ -619,6 +647,7 @@ fn iterate<T: CliElement>(
         busy,
         mismatches,
         machine_cpu,
+        process_cpu,
         grad,
         stats_mismatches,
         times,
@@ -684,6 +713,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         busy,
         mismatches,
         machine_cpu,
+        process_cpu,
         grad,
         stats_mismatches,
         times,
@@ -729,6 +759,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         gradient_stats: grad,
         stats_mismatches,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
+        process_cpu_s: a.machine_cpu.then_some(process_cpu),
         iteration_seconds: times,
     };
     let _ = w.leave();
@@ -1002,6 +1033,14 @@ mod tests {
 
     fn err(sizes: Option<&[u16]>, leaf: Option<usize>, rank: u16, workers: u16) -> String {
         format!("{:#}", tree_place(sizes, leaf, rank, workers).unwrap_err())
+    }
+
+    #[test]
+    fn process_ticks_are_utime_plus_stime_whatever_the_command_name() {
+        let stat = "4242 (worker (rank 1)) S 1 2 3 4 5 6 7 8 9 10 300 45 0 0 20 0 1 0 5 6 7";
+        assert_eq!(parse_process_ticks(stat), Some(345));
+        assert_eq!(parse_process_ticks("4242 (worker) S 1 2"), None);
+        assert!(process_cpu_seconds().unwrap() >= 0.0);
     }
 
     #[test]
