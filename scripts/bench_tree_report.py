@@ -104,7 +104,7 @@ def qdisc_delta(run_dir, leaf, dev):
 
 
 def marker_delta(run_dir, leaf, dev):
-    """The CE marker's counters (write_ecn_marker_source) during the run."""
+    """The CE marker's counters (scripts/bpf/ecn_mark.bpf.c) during the run."""
 
     def counters(path):
         data = load_json(path)

@@ -126,16 +126,7 @@ done
 RANK_PIDS=()
 ((failed == 0)) || die "TRAIN FAILED"
 
-"$VENV_PYTHON" - "$WORK"/rank*.json <<'EOF'
-import json, sys
-runs = sorted((json.load(open(p)) for p in sys.argv[1:]), key=lambda r: r["rank"])
-for r in runs:
-    med = sorted(r["step_times"])[len(r["step_times"]) // 2]
-    print(f"rank {r['rank']}: loss {r['loss']:.4f}  weights sha256 {r['digest'][:16]}  median step {med * 1e3:.1f} ms")
-same = len({r["digest"] for r in runs}) == 1
-print("TRAIN PASSED: every rank ended with the same weights" if same else "TRAIN FAILED: the ranks' weights differ")
-sys.exit(0 if same else 1)
-EOF
+"$VENV_PYTHON" "$REPO_ROOT/scripts/train_ddp_report.py" "$WORK"/rank*.json
 if [[ "$COMM" == switch ]]; then
     "$REPO_ROOT/target/release/switchctl" --socket "$WORK/admin.sock" stats "$JOB_ID" 2>/dev/null || true
 fi
