@@ -176,6 +176,9 @@ pub struct Testbed {
     pub hosts: u16,
     /// Receive and transmit queues of every veth.
     pub queues: u16,
+    /// What `testbed.sh up --print-env` said the testbed is (addresses,
+    /// ports, namespaces), by key.
+    env: std::collections::BTreeMap<String, String>,
 }
 
 impl Testbed {
@@ -200,7 +203,7 @@ impl Testbed {
             .args(["up", "--workers", &workers.to_string()])
             .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
             .args(["--mtu", &mtu.to_string()])
-            .args(["--queues", &queues.to_string()])
+            .args(["--queues", &queues.to_string(), "--print-env"])
             // Worker I on queue I mod Q, the same every run (testbed.sh).
             .args(if queues > 1 {
                 &["--queue-per-worker"][..]
@@ -214,12 +217,41 @@ impl Testbed {
             "testbed.sh up failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Testbed {
+        let env = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let tb = Testbed {
             prefix: prefix.to_owned(),
             workers,
             hosts,
             queues,
+            env,
+        };
+        // The harness's addresses are the testbed's: a change to testbed.sh's
+        // plan fails here, by name, not later as a silent mismatch.
+        assert_eq!(
+            tb.env("switch_addr"),
+            SWITCH_ADDR,
+            "testbed.sh's switch address"
+        );
+        for j in 0..hosts {
+            assert_eq!(tb.env(&format!("host_{j}_addr")), Testbed::host_addr(j));
         }
+        for (i, port) in tb.ports().iter().enumerate().take(workers as usize) {
+            assert_eq!(&tb.env(&format!("worker_{i}_port")), port);
+        }
+        tb
+    }
+
+    /// A value `testbed.sh up --print-env` printed for this testbed (e.g.
+    /// `worker_2_addr`, `subnet`); panics naming the key if it has none.
+    pub fn env(&self, key: &str) -> String {
+        self.env
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| panic!("testbed {} has no `{key}` in its --print-env", self.prefix))
     }
 
     /// Frames the XDP program on switch port `port` redirected, per receive
