@@ -53,17 +53,29 @@ fn a_stats_job_is_added_and_listed_with_room_for_its_trailer() {
     assert_eq!(got, [(7, true, 356), (8, false, 362)], "{jobs}");
 
     let listing = text(&sw.switchctl(&["jobs"]));
-    let header = listing.lines().next().unwrap_or_default();
-    assert!(header.trim_end().ends_with("stats"), "{listing}");
-    let row = |id: &str| {
+    // The column named "stats" (auth stays last: other tests read it).
+    let header: Vec<&str> = listing
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let col = header
+        .iter()
+        .position(|h| *h == "stats")
+        .unwrap_or_else(|| panic!("no stats column: {listing}"));
+    let stats_of = |id: &str| {
         listing
             .lines()
-            .find(|l| l.split_whitespace().next() == Some(id))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&id))
             .unwrap_or_else(|| panic!("job {id} listed: {listing}"))
-            .to_string()
+            .get(col)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
     };
-    assert!(row("7").trim_end().ends_with("on"), "{listing}");
-    assert!(row("8").trim_end().ends_with("off"), "{listing}");
+    assert_eq!(stats_of("7"), "on", "{listing}");
+    assert_eq!(stats_of("8"), "off", "{listing}");
     let (ok, _) = sw.stop();
     assert!(ok);
 }
