@@ -91,24 +91,39 @@ fuzz_target!(|data: &[u8]| {
     // The payload length parse() vouched for is what the type needs.
     match repr.msg_type {
         // A NOVAL DATA/RESULT (reduce-scatter, all-gather) carries no
-        // values: nothing, or only the tag of an `auth = "mac"` job.
+        // values: nothing, or a stats job's trailer and/or the tag of an
+        // `auth = "mac"` job.
         MsgType::Data | MsgType::Result if repr.no_values() => {
             assert!(repr.count > 0);
-            assert!([0, 16].contains(&payload.len()), "{} bytes", payload.len());
+            assert!(
+                [0, 16, 24, 40].contains(&payload.len()),
+                "{} bytes",
+                payload.len()
+            );
             assert_ne!(repr.kind(), proto::wire::Kind::AllReduce);
         }
         MsgType::Data | MsgType::Result => {
             assert!(repr.count > 0);
-            // Either element size, with or without a 16-byte tag; the
-            // job's dtype and auth mode pick one.
+            // Either element size, followed by nothing, a 16-byte tag, a
+            // 24-byte statistics trailer or both; the job's dtype, auth
+            // mode and statistics pick one.
             let n = repr.count as usize;
-            let tagged = [n * 4 + 16, n * 2 + 16].contains(&payload.len())
-                && ![n * 4, n * 2].contains(&payload.len());
-            let payload = if tagged {
-                &payload[..payload.len() - 16]
-            } else {
-                payload
-            };
+            let extra = [0usize, 16, 24, 40]
+                .into_iter()
+                .find(|e| {
+                    payload.len() >= *e && [n * 4, n * 2].contains(&(payload.len() - e))
+                })
+                .expect("parse vouched for a DATA/RESULT length");
+            if extra >= 24 {
+                // A trailer's codec never panics, whatever the bytes.
+                let t = &payload[payload.len() - extra..payload.len() - extra + 24];
+                if let Ok(st) = proto::stats::GradStats::parse(t) {
+                    let mut b = [0u8; 24];
+                    assert_eq!(st.emit(&mut b), Ok(24));
+                    assert_eq!(&b[..], t);
+                }
+            }
+            let payload = &payload[..payload.len() - extra];
             if payload.len() == n * 4 {
                 let mut vals = vec![0f32; n];
                 assert_eq!(read_f32s(payload, &mut vals), n);
@@ -254,10 +269,9 @@ fn payloads(p: &[u8]) {
             assert_eq!(p.len(), JOIN_ACK_PAYLOAD_LEN);
             let mut b = [0u8; JOIN_ACK_PAYLOAD_LEN];
             assert_eq!(a.emit(&mut b), Ok(JOIN_ACK_PAYLOAD_LEN));
-            // The reserved byte (7) is ignored on parse and emitted as zero.
-            let mut want = p.to_vec();
-            want[7] = 0;
-            assert_eq!(&b[..], &want[..]);
+            // Every byte round-trips (byte 7 is `stats`; its value is the
+            // receiver's to check).
+            assert_eq!(&b[..], p);
             assert_eq!(JoinAckPayload::parse(&b), Ok(a));
             emit_bounds(JOIN_ACK_PAYLOAD_LEN, |b| a.emit(b));
         }

@@ -127,9 +127,13 @@ impl RttEstimator {
 /// (slow start) from a small initial window: docs/PROTOCOL.md does not say where
 /// W starts, and starting at S bursts a whole pool into the network at once.
 /// A loss (a fast retransmit: later chunks were answered, this one not)
-/// halves W once per round, as DCTCP and TCP do: on a path whose queues
-/// drop instead of marking (a tail-drop shaper), ECE never comes, and a
-/// window clocked only by ECE runs ahead of the link and loses more.
+/// counts as a marked RESULT in F and ends slow start: on a path whose
+/// queues drop instead of marking (a tail-drop shaper), ECE never comes,
+/// and a window clocked only by ECE runs ahead of the link and loses more.
+/// Not a halving per loss, as TCP's: a fast retransmit also fires on
+/// reordering and on a tree's late partials, and halving on each of those
+/// collapses the window to 1 where nothing is congested; through α,
+/// sporadic ones shave the window a little and sustained ones halve it.
 #[derive(Debug, Clone, Copy)]
 pub struct Dctcp {
     window: f64,
@@ -141,8 +145,8 @@ pub struct Dctcp {
     enabled: bool,
     /// Doubling per round until the first ECE or loss, as TCP's slow start.
     slow_start: bool,
-    /// The window was halved for a loss in this round already.
-    loss_in_round: bool,
+    /// Losses (fast retransmits) seen in this round.
+    lost_in_round: u32,
 }
 
 impl Dctcp {
@@ -157,7 +161,7 @@ impl Dctcp {
             marked_in_round: 0,
             enabled: cfg.congestion_control,
             slow_start: true,
-            loss_in_round: false,
+            lost_in_round: 0,
         }
     }
 
@@ -186,7 +190,8 @@ impl Dctcp {
             self.marked_in_round += 1;
         }
         if self.results_in_round as f64 >= self.window.floor().max(1.0) {
-            let f = self.marked_in_round as f64 / self.results_in_round as f64;
+            let marked = self.marked_in_round + self.lost_in_round;
+            let f = (marked as f64 / self.results_in_round as f64).min(1.0);
             self.alpha = (1.0 - self.gain) * self.alpha + self.gain * f;
             if f > 0.0 {
                 self.slow_start = false;
@@ -199,22 +204,18 @@ impl Dctcp {
             self.window = self.window.clamp(1.0, self.ceiling as f64);
             self.results_in_round = 0;
             self.marked_in_round = 0;
-            self.loss_in_round = false;
+            self.lost_in_round = 0;
         }
     }
 
-    /// A chunk was most likely lost (fast retransmit): halve the window,
-    /// once per round, and leave slow start.
+    /// A chunk was most likely lost (fast retransmit): it counts as a
+    /// marked RESULT at the end of the round, and slow start is over.
     pub fn on_loss(&mut self) {
-        if !self.enabled || self.loss_in_round {
+        if !self.enabled {
             return;
         }
-        self.loss_in_round = true;
+        self.lost_in_round += 1;
         self.slow_start = false;
-        self.window = (self.window / 2.0).clamp(1.0, self.ceiling as f64);
-        // The round restarts under the smaller window.
-        self.results_in_round = 0;
-        self.marked_in_round = 0;
     }
 
     pub fn window(&self) -> u16 {
@@ -1385,28 +1386,33 @@ mod tests {
     }
 
     #[test]
-    fn a_loss_halves_the_window_once_per_round_and_ends_slow_start() {
+    fn a_loss_counts_as_a_mark_and_ends_slow_start() {
         let (cfg, mut rtt, _) = setup();
         let mut cc = Dctcp::new(&cfg, 64);
         assert_eq!(cc.window(), 16);
         let t0 = Instant::now();
         let mut c = Collective::new(0, 0, 40, 1);
         while c.poll_transmit(t0, 16, &rtt, &cfg).is_some() {}
-        // Chunks 0 and 1 lost; 2..=5 answered: both are fast-resent, and
-        // the window halves once for the round, not once per chunk.
-        for seq in 2..=5 {
+        // Chunks 0 and 1 lost; 2..=17 answered: both are fast-resent, and
+        // the round of 16 RESULTs ends with F = 2/16.
+        for seq in 2..=17 {
             c.on_result(seq, 1, false, t0, &mut rtt, &mut cc);
         }
         assert_eq!(c.stats.fast_resent, 2);
-        assert_eq!(cc.window(), 8);
-        // A later round grows it additively (slow start is over), and a
-        // loss there halves it again.
-        for seq in 6..14 {
-            c.on_result(seq, 1, false, t0, &mut rtt, &mut cc);
+        // α = g·F = 1/16 · 1/8; W = 16·(1 − α/2), not doubled: slow start
+        // is over.
+        let alpha = 1.0 / 16.0 * (2.0 / 16.0);
+        assert!((cc.alpha() - alpha).abs() < 1e-12, "{}", cc.alpha());
+        assert_eq!(cc.window(), (16.0 * (1.0 - alpha / 2.0)) as u16);
+        // A round where every RESULT stood for a loss: F is at most 1.
+        let mut all = Dctcp::new(&cfg, 64);
+        for _ in 0..40 {
+            all.on_loss();
         }
-        assert_eq!(cc.window(), 9);
-        cc.on_loss();
-        assert_eq!(cc.window(), 4);
+        for _ in 0..16 {
+            all.on_result(false);
+        }
+        assert!((all.alpha() - 1.0 / 16.0).abs() < 1e-12);
         // Off: a loss changes nothing.
         let off = TransportConfig {
             congestion_control: false,
@@ -1415,6 +1421,7 @@ mod tests {
         let mut fixed = Dctcp::new(&off, 64);
         let w = fixed.window();
         fixed.on_loss();
+        fixed.on_result(false);
         assert_eq!(fixed.window(), w);
     }
 
