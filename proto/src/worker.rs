@@ -126,14 +126,6 @@ impl RttEstimator {
 /// 1 ≤ W ≤ ceiling. Before the first mark the window doubles per round
 /// (slow start) from a small initial window: docs/PROTOCOL.md does not say where
 /// W starts, and starting at S bursts a whole pool into the network at once.
-/// A loss (a fast retransmit: later chunks were answered, this one not)
-/// counts as a marked RESULT in F and ends slow start: on a path whose
-/// queues drop instead of marking (a tail-drop shaper), ECE never comes,
-/// and a window clocked only by ECE runs ahead of the link and loses more.
-/// Not a halving per loss, as TCP's: a fast retransmit also fires on
-/// reordering and on a tree's late partials, and halving on each of those
-/// collapses the window to 1 where nothing is congested; through α,
-/// sporadic ones shave the window a little and sustained ones halve it.
 #[derive(Debug, Clone, Copy)]
 pub struct Dctcp {
     window: f64,
@@ -143,10 +135,8 @@ pub struct Dctcp {
     results_in_round: u32,
     marked_in_round: u32,
     enabled: bool,
-    /// Doubling per round until the first ECE or loss, as TCP's slow start.
+    /// Doubling per round until the first ECE, as TCP's slow start.
     slow_start: bool,
-    /// Losses (fast retransmits) seen in this round.
-    lost_in_round: u32,
 }
 
 impl Dctcp {
@@ -161,7 +151,6 @@ impl Dctcp {
             marked_in_round: 0,
             enabled: cfg.congestion_control,
             slow_start: true,
-            lost_in_round: 0,
         }
     }
 
@@ -190,8 +179,7 @@ impl Dctcp {
             self.marked_in_round += 1;
         }
         if self.results_in_round as f64 >= self.window.floor().max(1.0) {
-            let marked = self.marked_in_round + self.lost_in_round;
-            let f = (marked as f64 / self.results_in_round as f64).min(1.0);
+            let f = self.marked_in_round as f64 / self.results_in_round as f64;
             self.alpha = (1.0 - self.gain) * self.alpha + self.gain * f;
             if f > 0.0 {
                 self.slow_start = false;
@@ -204,18 +192,7 @@ impl Dctcp {
             self.window = self.window.clamp(1.0, self.ceiling as f64);
             self.results_in_round = 0;
             self.marked_in_round = 0;
-            self.lost_in_round = 0;
         }
-    }
-
-    /// A chunk was most likely lost (fast retransmit): it counts as a
-    /// marked RESULT at the end of the round, and slow start is over.
-    pub fn on_loss(&mut self) {
-        if !self.enabled {
-            return;
-        }
-        self.lost_in_round += 1;
-        self.slow_start = false;
     }
 
     pub fn window(&self) -> u16 {
@@ -796,9 +773,7 @@ impl Collective {
         if self.next_new < self.oldest_unacked {
             self.next_new = self.oldest_unacked;
         }
-        if self.fast_retransmit(i) > 0 {
-            cc.on_loss();
-        }
+        self.fast_retransmit(i);
         ResultOutcome::Fresh {
             chunk: i,
             offset,
@@ -812,12 +787,10 @@ impl Collective {
     /// it now instead of waiting for its timer, once per send (as TCP's fast
     /// retransmit does on three duplicate ACKs). Without it each loss holds
     /// the window for a full RTO while every other rank resends its copy.
-    /// Returns how many chunks it queued (a loss signal for the window).
-    fn fast_retransmit(&mut self, answered: u32) -> u32 {
+    fn fast_retransmit(&mut self, answered: u32) {
         let Some(end) = answered.checked_sub(FAST_RETRANSMIT_GAP) else {
-            return 0;
+            return;
         };
-        let mut queued = 0;
         // Every chunk is looked at once: the cursor only moves forward.
         let start = self.oldest_unacked.max(self.fast_cursor);
         for j in start..=end {
@@ -827,11 +800,9 @@ impl Collective {
                 c.fast_resent = true;
                 self.stats.fast_resent += 1;
                 self.due.push_back(j);
-                queued += 1;
             }
         }
         self.fast_cursor = self.fast_cursor.max(end + 1);
-        queued
     }
 
     /// Restarts from `seq` after a re-join: every chunk from there on is
@@ -1383,46 +1354,6 @@ mod tests {
         // Its RESULT arrives: the window slides past 0..4.
         c.on_result(0, 1, false, t0, &mut rtt, &mut cc);
         assert_eq!(c.poll_transmit(t0, 8, &rtt, &cfg).map(|t| t.seq), Some(8));
-    }
-
-    #[test]
-    fn a_loss_counts_as_a_mark_and_ends_slow_start() {
-        let (cfg, mut rtt, _) = setup();
-        let mut cc = Dctcp::new(&cfg, 64);
-        assert_eq!(cc.window(), 16);
-        let t0 = Instant::now();
-        let mut c = Collective::new(0, 0, 40, 1);
-        while c.poll_transmit(t0, 16, &rtt, &cfg).is_some() {}
-        // Chunks 0 and 1 lost; 2..=17 answered: both are fast-resent, and
-        // the round of 16 RESULTs ends with F = 2/16.
-        for seq in 2..=17 {
-            c.on_result(seq, 1, false, t0, &mut rtt, &mut cc);
-        }
-        assert_eq!(c.stats.fast_resent, 2);
-        // α = g·F = 1/16 · 1/8; W = 16·(1 − α/2), not doubled: slow start
-        // is over.
-        let alpha = 1.0 / 16.0 * (2.0 / 16.0);
-        assert!((cc.alpha() - alpha).abs() < 1e-12, "{}", cc.alpha());
-        assert_eq!(cc.window(), (16.0 * (1.0 - alpha / 2.0)) as u16);
-        // A round where every RESULT stood for a loss: F is at most 1.
-        let mut all = Dctcp::new(&cfg, 64);
-        for _ in 0..40 {
-            all.on_loss();
-        }
-        for _ in 0..16 {
-            all.on_result(false);
-        }
-        assert!((all.alpha() - 1.0 / 16.0).abs() < 1e-12);
-        // Off: a loss changes nothing.
-        let off = TransportConfig {
-            congestion_control: false,
-            ..TransportConfig::default()
-        };
-        let mut fixed = Dctcp::new(&off, 64);
-        let w = fixed.window();
-        fixed.on_loss();
-        fixed.on_result(false);
-        assert_eq!(fixed.window(), w);
     }
 
     #[test]
