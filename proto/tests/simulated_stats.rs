@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use proto::session::{Event, WorkerSession};
-use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, TableConfig};
+use proto::switch::{Endpoint, JobConfig, JobTable, TableConfig};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
 use proto::worker::{reference_grad_stats, Collective, ResultOutcome, Shape};
@@ -34,21 +34,8 @@ fn stats_table(n: u16, elems: u16, slots: u16, dtype: Dtype, auth: AuthMode) -> 
     let mut t = JobTable::new(TableConfig::new(GEN, [5; 32]), Instant::now());
     t.add(
         JobConfig {
-            id: 1,
-            n_workers: n,
-            allowed_sources: vec![Ipv4Prefix {
-                addr: [198, 18, 0, 0],
-                len: 24,
-            }],
-            secret: [3; 32],
-            pool_slots: slots,
-            elems_per_chunk: elems,
-            dtype,
-            window: slots,
-            priority: Default::default(),
-            auth,
-            upstream: None,
             stats: true,
+            ..common::job_config(n, elems, slots, (dtype, auth))
         },
         // Room for the trailer at any dtype.
         elems + 16,

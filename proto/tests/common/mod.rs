@@ -166,28 +166,31 @@ pub fn job_table(
 ) -> JobTable {
     let mut table = JobTable::new(TableConfig::new(gen, [5; 32]), now);
     table
-        .add(
-            JobConfig {
-                id: 1,
-                n_workers: n,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: [3; 32],
-                pool_slots: slots,
-                elems_per_chunk: elems,
-                dtype,
-                window: slots,
-                priority: Default::default(),
-                auth,
-                upstream: None,
-                stats: false,
-            },
-            elems + 8,
-        )
+        .add(job_config(n, elems, slots, (dtype, auth)), elems + 8)
         .unwrap();
     table
+}
+
+/// [`job_table`]'s job 1, for a test that changes a field before adding
+/// it (e.g. `stats`).
+pub fn job_config(n: u16, elems: u16, slots: u16, (dtype, auth): (Dtype, AuthMode)) -> JobConfig {
+    JobConfig {
+        id: 1,
+        n_workers: n,
+        allowed_sources: vec![Ipv4Prefix {
+            addr: [198, 18, 0, 0],
+            len: 24,
+        }],
+        secret: [3; 32],
+        pool_slots: slots,
+        elems_per_chunk: elems,
+        dtype,
+        window: slots,
+        priority: Default::default(),
+        auth,
+        upstream: None,
+        stats: false,
+    }
 }
 
 /// The switch side of a delivery: `bytes` from `from` reach `table` at
