@@ -814,29 +814,30 @@ mod tests {
         }
     }
 
+    /// The tests' job: `n` ranks, 4 slots of 2 float32 elements.
+    fn job_config(n: u16, auth: AuthMode) -> JobConfig {
+        JobConfig {
+            id: JOB,
+            n_workers: n,
+            allowed_sources: vec![Ipv4Prefix {
+                addr: [198, 18, 0, 0],
+                len: 24,
+            }],
+            secret: SECRET,
+            pool_slots: 4,
+            elems_per_chunk: 2,
+            dtype: Dtype::F32,
+            window: 4,
+            priority: Default::default(),
+            auth,
+            upstream: None,
+            stats: false,
+        }
+    }
+
     fn table(gen: u32, n: u16, auth: AuthMode, now: Instant) -> JobTable {
         let mut t = JobTable::new(TableConfig::new(gen, [5; 32]), now);
-        t.add(
-            JobConfig {
-                id: JOB,
-                n_workers: n,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: SECRET,
-                pool_slots: 4,
-                elems_per_chunk: 2,
-                dtype: Dtype::F32,
-                window: 4,
-                priority: Default::default(),
-                auth,
-                upstream: None,
-                stats: false,
-            },
-            64,
-        )
-        .unwrap();
+        t.add(job_config(n, auth), 64).unwrap();
         t
     }
 
@@ -1536,21 +1537,8 @@ mod tests {
             let t0 = Instant::now();
             let mut t = JobTable::new(TableConfig::new(1, [5; 32]), t0);
             let cfg = JobConfig {
-                id: JOB,
-                n_workers: 1,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [198, 18, 0, 0],
-                    len: 24,
-                }],
-                secret: SECRET,
-                pool_slots: 4,
-                elems_per_chunk: 2,
-                dtype: Dtype::F32,
-                window: 4,
-                priority: Default::default(),
-                auth,
-                upstream: None,
                 stats: true,
+                ..job_config(1, auth)
             };
             t.add(cfg, 64).unwrap();
             let mut s = session(0, 1);
