@@ -901,6 +901,36 @@ pub fn allreduce_cmd(
     c
 }
 
+/// Every rank of job `job` (`n` workers, worker r in namespace r):
+/// `iterations` verified all-reduces of `elements` with `extra` worker
+/// flags; returns their reports once all exited 0 with `verified: true`.
+pub fn run_ranks_verified(
+    tb: &Testbed,
+    job: u16,
+    n: u16,
+    (elements, iterations): (usize, u32),
+    stall_secs: u32,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
+    let children: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = allreduce_cmd(
+                tb,
+                &tb.worker_ns(r),
+                job,
+                r,
+                n,
+                elements,
+                iterations,
+                stall_secs,
+            );
+            c.args(extra);
+            spawn_piped(c)
+        })
+        .collect();
+    expect_verified(children)
+}
+
 /// Starts a worker command with its stdout and stderr piped (what
 /// [`expect_verified`] reads).
 pub fn spawn_piped(mut c: Command) -> Child {

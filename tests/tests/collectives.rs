@@ -26,23 +26,8 @@ fn run_kind(
     dtype: &str,
     elements: usize,
 ) -> Vec<serde_json::Value> {
-    let children: Vec<Child> = (0..WORKERS)
-        .map(|r| {
-            let mut c = allreduce_cmd(
-                tb,
-                &tb.worker_ns(r),
-                job,
-                r,
-                WORKERS,
-                elements,
-                ITERATIONS,
-                20,
-            );
-            c.args(["--collective", kind, "--dtype", dtype]);
-            spawn_piped(c)
-        })
-        .collect();
-    let reports = expect_verified(children);
+    let flags = ["--collective", kind, "--dtype", dtype];
+    let reports = run_ranks_verified(tb, job, WORKERS, (elements, ITERATIONS), 20, &flags);
     for (i, r) in reports.iter().enumerate() {
         assert_eq!(r["collective"], kind, "worker {i}: {r}");
         assert_eq!(r["dtype"], dtype, "worker {i}: {r}");

@@ -49,23 +49,7 @@ fn add_job(sw: &Switchd, id: u16, extra: &[&str]) {
 /// their reports (each exited 0 with `verified: true`: values and
 /// statistics).
 fn run(tb: &Testbed, job: u16, elements: usize, extra: &[&str]) -> Vec<serde_json::Value> {
-    let children: Vec<Child> = (0..WORKERS)
-        .map(|r| {
-            let mut c = allreduce_cmd(
-                tb,
-                &tb.worker_ns(r),
-                job,
-                r,
-                WORKERS,
-                elements,
-                ITERATIONS,
-                30,
-            );
-            c.args(extra);
-            spawn_piped(c)
-        })
-        .collect();
-    expect_verified(children)
+    run_ranks_verified(tb, job, WORKERS, (elements, ITERATIONS), 30, extra)
 }
 
 /// Checks a stats job's reports: every collective's statistics present,
