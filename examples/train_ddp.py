@@ -27,21 +27,28 @@ p.add_argument("--max-batch", type=int, default=256, help="--adaptive: largest s
 p.add_argument("--gns-k", type=float, default=1.0, help="--adaptive: grow while the global batch < B_noise / k")
 p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt", help="--adaptive: lr as the batch grows")
 p.add_argument("--gns-log", help="--adaptive: rank 0 writes each step's record here (JSON lines)")
+p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model computes; with cuda every "
+               "rank uses GPU LOCAL_RANK (default 0) and DDP's buckets are staged through host memory for the switch")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
 if a.adaptive and a.comm != "switch":
     p.error("--adaptive needs --comm switch: the gradient statistics come from the switch")
 
 torch.set_num_threads(1)  # one rank per core; also keeps CPU kernels' sums in one order
+if a.device == "cuda":  # the same kernels every run, so two runs with the same sums end with the same bits
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+dev = torch.device(a.device, torch.cuda.current_device()) if a.device == "cuda" else torch.device("cpu")
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(a.seed)
 x, y = load_digits(return_X_y=True)  # 1797 8x8 images, shipped inside scikit-learn
-x = torch.tensor(x / 16.0, dtype=torch.float32)
-y = torch.tensor(y)
+x = torch.tensor(x / 16.0, dtype=torch.float32, device=dev)
+y = torch.tensor(y, device=dev)
 dims = [64] + [a.hidden] * a.layers
-model = nn.Sequential(*[m for i, o in zip(dims, dims[1:]) for m in (nn.Linear(i, o), nn.ReLU())], nn.Linear(dims[-1], 10))
-ddp = nn.parallel.DistributedDataParallel(model)
+model = nn.Sequential(*[m for i, o in zip(dims, dims[1:]) for m in (nn.Linear(i, o), nn.ReLU())], nn.Linear(dims[-1], 10)).to(dev)
+ddp = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
 if a.comm == "switch":
     import aggswitch.torch as agt
     state = agt.state_from_env(**({"dtype": a.dtype} if a.dtype else {}))  # or AGGSWITCH_DTYPE=bf16
@@ -60,11 +67,13 @@ batches = torch.Generator().manual_seed(a.seed * 1000 + rank)  # each rank its o
 step_times = []
 for step in range(a.steps):
     t0 = time.perf_counter()
-    idx = torch.randint(len(x), (policy.batch_per_rank if a.adaptive else a.batch,), generator=batches)
+    idx = torch.randint(len(x), (policy.batch_per_rank if a.adaptive else a.batch,), generator=batches).to(dev)
     loss = nn.functional.cross_entropy(ddp(x[idx]), y[idx])
     opt.zero_grad()
     loss.backward()  # gradients averaged over ranks by the hook or gloo
     opt.step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()  # the step's kernels are done before its time is taken
     step_times.append(time.perf_counter() - t0)
     if a.adaptive:
         gns.step()  # every bucket of this backward is in: one B_noise estimate
@@ -80,8 +89,8 @@ for step in range(a.steps):
         print(f"step {step} loss {loss.item():.4f} {step_times[-1] * 1e3:.1f} ms", flush=True)
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
-weights = b"".join(t.detach().numpy().tobytes() for t in model.state_dict().values())
-result = dict(rank=rank, world=world, comm=a.comm, dtype=state.dtype if a.comm == "switch" else a.dtype or "f32", steps=a.steps, loss=full_loss,
+weights = b"".join(t.detach().cpu().numpy().tobytes() for t in model.state_dict().values())
+result = dict(rank=rank, world=world, device=str(dev), comm=a.comm, dtype=state.dtype if a.comm == "switch" else a.dtype or "f32", steps=a.steps, loss=full_loss,
               params=sum(t.numel() for t in model.parameters()),
               digest=hashlib.sha256(weights).hexdigest(), step_times=step_times, gns=records)
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)

@@ -7,8 +7,9 @@
 # Usage:
 #   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
 #                               [--hidden 5000] [--mtu 1500] [--dtype f32]
-#                               [--transport auto] [--timeout 600] [--wait-idle SECS]
-#                               [--no-docs]
+#                               [--transport auto] [--device cpu] [--links unlimited,1gbit]
+#                               [--switch-threads 1]
+#                               [--timeout 600] [--wait-idle SECS] [--no-build] [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
 #   --warmup N    steps run first and left out of the statistics (default 3:
@@ -27,10 +28,24 @@
 #                 the bytes
 #   --transport T the worker's UDP data path for the switch runs: auto,
 #                 mmsg or udp-gso (default auto; AGGSWITCH_TRANSPORT)
+#   --device D    cpu or cuda (default cpu): where the ranks compute; with
+#                 cuda every rank uses GPU (rank mod GPUs), and the switch's
+#                 hook stages each bucket through host memory (gloo does too)
+#   --links L     comma-separated link settings, each run with both comms:
+#                 unlimited, or a rate NNmbit / NNgbit (default
+#                 unlimited,1gbit); a rate shapes every worker link both ways
+#                 with tbf (burst 256 kB per Gbit/s, at least 256 kB;
+#                 latency 50 ms)
+#   --switch-threads T  switchd's dataplane threads and queues per veth
+#                 (default 1); with T > 1 worker I sends on queue I mod T
+#                 (testbed.sh --queue-per-worker), so T threads share the
+#                 4 ranks' frames
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
 #                 to fall below half the cores (step times are only meaningful
 #                 on a machine nothing else loads; default 0: no wait)
+#   --no-build    use the binaries in target/release as they are (built on
+#                 another machine and copied there): no cargo, no apt-get
 #   --no-docs     write results/ only, leave docs/bench-train.{json,png} alone
 #   -h, --help    this text
 #
@@ -39,18 +54,19 @@
 # ranks, one process per worker namespace (`ip netns exec btr-wI
 # .venv/bin/python examples/train_ddp.py`, RANK/WORLD_SIZE/MASTER_ADDR
 # worker 0's address/MASTER_PORT from the environment, GLOO_SOCKET_IFNAME=eth0,
-# OMP_NUM_THREADS=1), in 4 configurations:
-#   link unlimited | 1gbit  x  comm gloo (DDP's default all-reduce over the
-#   gloo process group, TCP between the workers through the bridge) | switch
-#   (aggswitch.torch's DDP hook: every bucket summed in switchd).
-# The 1 Gbit/s setting shapes every worker link both ways as bench.sh does
-# (shape_worker_links in lib.sh: tbf rate 1gbit burst 256kb latency 50ms on
-# worker eth0 egress, switch port egress and worker eth0 ingress via ifb0).
+# OMP_NUM_THREADS=1), in 2 configurations per link setting:
+#   comm gloo (DDP's default all-reduce over the gloo process group, TCP
+#   between the workers through the bridge) | switch (aggswitch.torch's DDP
+#   hook: every bucket summed in switchd).
+# A rate setting shapes every worker link both ways as bench.sh does
+# (shape_worker_links in lib.sh: e.g. tbf rate 1gbit burst 256kb latency 50ms
+# on worker eth0 egress, switch port egress and worker eth0 ingress via ifb0).
 # switchd (job 1 of 4 workers, pool_slots 256, a fresh random secret) runs
 # only during the switch configurations.
 #
 # What it needs: the project venv .venv with torch, scikit-learn and
-# aggswitch (scripts/setup.sh makes it); matplotlib is installed into the
+# aggswitch (scripts/setup.sh makes it), or another interpreter that imports
+# them named by AGGSWITCH_BENCH_PYTHON; matplotlib is installed into the
 # venv with pip when missing (the plot is skipped if that fails). It builds
 # switchd with `cargo build --release --workspace --bins` and installs the
 # build dependencies with apt-get when missing.
@@ -62,9 +78,9 @@
 # their medians differ little; the slowest is the conservative one and what
 # bench.sh reports for the all-reduce). samples/s = 4 x batch / step time.
 # The ratio switch / gloo is taken per link setting (goal at 1 Gbit/s:
-# <= 0.67). Sanity: the final loss over all 1797 samples of the switch run
+# <= 0.75, issue 24). Sanity: the final loss over all 1797 samples of the switch run
 # must be within 2 % of the gloo run's, every rank must end with the same
-# weights, and the two switch runs (same seed) with bit-identical weights.
+# weights, and all switch runs (same seed) with bit-identical weights.
 #
 # Output: the table on stdout, results/bench-train-STAMP.json and .png with
 # every rank's JSON and log in results/bench-train-STAMP/, and unless
@@ -89,7 +105,6 @@ MASTER_IP=""    # worker 0's address: gloo's rendezvous
 readonly MASTER_PORT_BASE=29500
 readonly AGG_PORT=48879
 readonly JOB_ID=1
-readonly TBF_ARGS=(rate 1gbit burst 256kb latency 50ms)
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
 
@@ -100,13 +115,17 @@ HIDDEN=5000
 MTU=1500
 DTYPE=f32
 TRANSPORT=auto
+DEVICE=cpu
+LINKS=unlimited,1gbit
+SWITCH_THREADS=1
 TIMEOUT=600
 WAIT_IDLE=0
+BUILD=1
 DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--timeout|--wait-idle)
+        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--device|--links|--switch-threads|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
@@ -116,6 +135,9 @@ while [[ $# -gt 0 ]]; do
                 --mtu) MTU="$2" ;;
                 --dtype) DTYPE="$2" ;;
                 --transport) TRANSPORT="$2" ;;
+                --device) DEVICE="$2" ;;
+                --links) LINKS="$2" ;;
+                --switch-threads) SWITCH_THREADS="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
             esac
@@ -126,6 +148,7 @@ while [[ $# -gt 0 ]]; do
         --hidden=*) HIDDEN="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
+        --no-build) BUILD=0; shift ;;
         --no-docs) DOCS=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -138,16 +161,24 @@ uint_in_range "$HIDDEN" 1 20000 || die "--hidden must be 1..20000, got '$HIDDEN'
 uint_in_range "$MTU" 576 9000 || die "--mtu must be 576..9000, got '$MTU'"
 [[ "$DTYPE" =~ ^(f32|bf16|f16)$ ]] || die "--dtype must be f32, bf16 or f16, got '$DTYPE'"
 [[ "$TRANSPORT" =~ ^(auto|mmsg|udp-gso)$ ]] || die "--transport must be auto, mmsg or udp-gso, got '$TRANSPORT'"
+[[ "$DEVICE" =~ ^(cpu|cuda)$ ]] || die "--device must be cpu or cuda, got '$DEVICE'"
+IFS=, read -r -a LINK_LIST <<<"$LINKS"
+((${#LINK_LIST[@]} > 0)) || die "--links needs at least one setting, e.g. unlimited,1gbit"
+for link in "${LINK_LIST[@]}"; do
+    [[ "$link" =~ ^(unlimited|[1-9][0-9]{0,5}(mbit|gbit))$ ]] ||
+        die "--links: '$link' is neither unlimited nor a rate like 1gbit or 500mbit"
+done
+uint_in_range "$SWITCH_THREADS" 1 64 || die "--switch-threads must be 1..64, got '$SWITCH_THREADS'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
-HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
-readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT TIMEOUT WAIT_IDLE DOCS
+HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); SWITCH_THREADS=$((10#$SWITCH_THREADS)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
+readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT DEVICE LINKS LINK_LIST SWITCH_THREADS TIMEOUT WAIT_IDLE BUILD DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
 
-prepare_torch_bench bench-train
+prepare_torch_bench bench-train "$BUILD"
 readonly STAMP RUN SWITCHD
 readonly PY="$TORCH_BENCH_PY"
 
@@ -162,7 +193,10 @@ trap 'exit 143' TERM
 MEASURE_T0=$SECONDS
 log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration; logs in $RUN"
 TESTBED_MADE=1
-testbed_up "$RUN/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" 2>"$RUN/testbed.log"
+QUEUE_ARGS=()
+((SWITCH_THREADS == 1)) || QUEUE_ARGS=(--queues "$SWITCH_THREADS" --queue-per-worker)
+testbed_up "$RUN/testbed.env" --prefix "$PREFIX" --workers "$WORKERS" --mtu "$MTU" "${QUEUE_ARGS[@]}" \
+    2>"$RUN/testbed.log"
 SWITCH_ADDR="$(tb switch_addr)"
 MASTER_IP="$(tb worker_0_addr)"
 readonly SWITCH_ADDR MASTER_IP
@@ -171,7 +205,7 @@ SECRET="$(random_secret)"
 readonly SECRET
 CFG="$RUN/switchd.toml"
 write_testbed_switchd_config "$CFG" "scripts/bench_train.sh" "$WORKERS" "$SECRET" \
-    "job:dtype = \"$DTYPE\""
+    "job:dtype = \"$DTYPE\"" "queues = $SWITCH_THREADS" "dataplane_threads = $SWITCH_THREADS"
 
 # --- measurements ------------------------------------------------------------------
 
@@ -193,13 +227,13 @@ run_config() {
             export RANK="$r" WORLD_SIZE="$WORKERS" MASTER_ADDR="$MASTER_IP" MASTER_PORT="$port"
             export GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1
             export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
-            export AGGSWITCH_TRANSPORT="$TRANSPORT"
+            export AGGSWITCH_TRANSPORT="$TRANSPORT" LOCAL_RANK="$r"
             cd "$REPO_ROOT"
             exec timeout -k 10 "$TIMEOUT" ip netns exec "$PREFIX-w$r" \
                 /usr/bin/time -f '%M %e %U %S' -o "$out/rank$r.time" \
                 "$PY" examples/train_ddp.py --comm "$comm" --steps $((WARMUP + STEPS)) \
                 --batch "$BATCH" --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
-                --dtype "$DTYPE" --out "$out/rank$r.json"
+                --dtype "$DTYPE" --device "$DEVICE" --out "$out/rank$r.json"
         ) >"$out/rank$r.log" 2>&1 &
         RANK_PIDS+=("$!")
     done
@@ -235,9 +269,24 @@ fi
 if busy_machine; then
     warn "1-min load average is $(cut -d' ' -f1 /proc/loadavg) on $(nproc) cores before starting: other work shares the CPUs, expect noisy times"
 fi
-for comm in gloo switch; do run_config unlimited "$comm"; done
-shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
-for comm in gloo switch; do run_config 1gbit "$comm"; done
+# tbf_args LINK: the tbf arguments of a rate setting (burst 256 kB per
+# Gbit/s, about 2 ms of the rate, at least 256 kB).
+tbf_args() {
+    local n="${1%?bit}" unit="${1: -4}" kb
+    if [[ "$unit" == gbit ]]; then kb=$((256 * n)); else kb=256; fi
+    echo "rate $1 burst ${kb}kb latency 50ms"
+}
+TBF_REPORT=()
+for link in "${LINK_LIST[@]}"; do
+    if [[ "$link" == unlimited ]]; then
+        unshape_worker_links "$PREFIX" "$WORKERS"
+    else
+        read -r -a tbf <<<"$(tbf_args "$link")"
+        shape_worker_links "$PREFIX" "$WORKERS" "${tbf[@]}"
+        TBF_REPORT+=(--tbf "$link=${tbf[*]}")
+    fi
+    for comm in gloo switch; do run_config "$link" "$comm"; done
+done
 
 # --- report ------------------------------------------------------------------------
 OUT_JSON="$REPO_ROOT/results/bench-train-$STAMP.json"
@@ -247,12 +296,12 @@ report_rc=0
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
     --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" --dtype "$DTYPE" \
-    --transport "$TRANSPORT" \
-    --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
+    --transport "$TRANSPORT" --device "$DEVICE" --links "$LINKS" --switch-threads "$SWITCH_THREADS" \
+    "${TBF_REPORT[@]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"
 echo
-echo "=== bench_train $STAMP: DDP step time, 4 ranks, batch $BATCH per rank, hidden $HIDDEN, $STEPS timed steps ==="
+echo "=== bench_train $STAMP: DDP step time, 4 ranks on $DEVICE, batch $BATCH per rank, hidden $HIDDEN, $STEPS timed steps ==="
 cat "$RUN/table.md"
 echo
 [[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "scripts/bench_train_report.py failed (status $report_rc)"

@@ -3,11 +3,12 @@
 
 Usage: scripts/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
            [--png OUT.png] --stamp STAMP --warmup W --steps N --batch B
-           --hidden H --layers L --seed S --tbf "TBF ARGS"
+           --hidden H --layers L --seed S [--links unlimited,1gbit]
+           [--tbf LINK="TBF ARGS"]... [--device cpu|cuda]
            [--bench-seconds T] [--measure-seconds T]
 
-RUN_DIR holds one folder per configuration, LINK-COMM (LINK unlimited or
-1gbit, COMM gloo or switch), each with rankI.json (examples/train_ddp.py
+RUN_DIR holds one folder per configuration, LINK-COMM (LINK one of --links:
+unlimited or a rate such as 1gbit, COMM gloo or switch), each with rankI.json (examples/train_ddp.py
 --out), rankI.time (GNU time: max RSS KiB, elapsed, user, system seconds)
 and before.jsonl / after.jsonl (bench_train.sh's snapshot: /proc/stat's cpu
 line, load average, tc -s -j counters of every shaper).
@@ -15,11 +16,12 @@ line, load average, tc -s -j counters of every shaper).
 Per configuration: the first W step times of every rank are dropped; the
 step time is the slowest rank's median over the N timed steps (rank 0's and
 every rank's medians are kept beside it); samples/s = world x B / step
-time. Ratios switch / gloo per link setting; goal at 1 Gbit/s <= 0.67.
+time. Ratios switch / gloo per link setting; goal at 1 Gbit/s <= 0.75
+(issue 24).
 
 Sanity (exit status 3 when one fails, after writing everything): the switch
 run's final loss within 2 % of the gloo run's on the same links; every rank
-of a run ends with the same weights; the two switch runs (same seed, the
+of a run ends with the same weights; all switch runs (same seed, the
 switch sums in rank order) end with bit-identical weights.
 
 The plot (matplotlib, Agg) is skipped with a warning when matplotlib is
@@ -36,11 +38,16 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import busy_fraction as cpu_busy, quantile  # noqa: E402
 
-LINKS = ["unlimited", "1gbit"]
 COMMS = ["gloo", "switch"]
-LINK_LABEL = {"unlimited": "unlimited links", "1gbit": "1 Gbit/s links"}
-GOAL_1GBIT = 0.67
+GOAL_1GBIT = 0.75
 LOSS_TOLERANCE = 0.02  # relative
+
+
+def link_label(link):
+    """'unlimited' -> 'unlimited links', '1gbit' -> '1 Gbit/s links', '500mbit' -> '500 Mbit/s links'."""
+    if link == "unlimited":
+        return "unlimited links"
+    return f"{link[:-4]} {link[-4].upper()}bit/s links"
 
 
 def read_jsonl(path):
@@ -162,6 +169,8 @@ def versions():
     try:
         import torch
         out["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
     return out
@@ -179,47 +188,50 @@ def table(res):
     ]
     for c in res["configs"]:
         rows.append(
-            f"| {LINK_LABEL[c['link']]} | {'**switch**' if c['comm'] == 'switch' else 'gloo (DDP default)'} "
+            f"| {link_label(c['link'])} | {'**switch**' if c['comm'] == 'switch' else 'gloo (DDP default)'} "
             f"| **{f(c['step_s'])}** | {f(c['step_p25_s'])}–{f(c['step_p75_s'])} | {f(c['rank0_median_s'])} "
             f"| {f(c['samples_per_s'], 1)} | {f(c['loss'], 4)} "
             f"| {f(c['max_rss_mib_per_rank'], 0)} | {c['cpu_busy_fraction'] * 100:.0f} % "
             f"| {f(c['ranks_cpu_s'], 0)} / {f(c['switchd_cpu_s'], 1) if c['comm'] == 'switch' else '-'} |")
     h = res["headline"]
+    links = res["setup"]["links"]
     rows.append("")
-    for link in LINKS:
+    for link in links:
         r = res["ratios"][link]
         goal = ""
         if link == "1gbit":
             goal = f"; goal <= {GOAL_1GBIT}: {'met' if h['switch_over_gloo_1gbit_goal_met'] else 'NOT met'}"
-        rows.append(f"switch / gloo step time, {LINK_LABEL[link]}: **{f(r['step'], 2)}** "
+        rows.append(f"switch / gloo step time, {link_label(link)}: **{f(r['step'], 2)}** "
                     f"(rank 0's medians {f(r['rank0_median'], 2)}, medians of per-step slowest "
                     f"{f(r['per_step_max_median'], 2)}){goal}")
-    for link in LINKS:
+    for link in links:
         chk = res["checks"]["loss"][link]
-        rows.append(f"loss, {LINK_LABEL[link]}: switch {chk['switch']:.4f}, gloo {chk['gloo']:.4f} "
+        rows.append(f"loss, {link_label(link)}: switch {chk['switch']:.4f}, gloo {chk['gloo']:.4f} "
                     f"(relative difference {chk['relative_difference']:.1e}, within {LOSS_TOLERANCE:.0%}: "
                     f"{'ok' if chk['ok'] else 'NOT ok'})")
     ch = res["checks"]
     rows.append("same weights on every rank: " + ", ".join(
         f"{c['link']} {c['comm']} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
-        + f"; switch runs bit-identical across link settings: {'yes' if ch['switch_runs_identical'] else 'NO'}")
+        + f"; switch runs bit-identical across link settings: {'yes' if ch['switch_runs_identical'] else 'NO'}"
+        + f"; gloo runs: {'yes' if ch['gloo_runs_identical'] else 'no'}")
     for c in res["configs"]:
         sh = c["shapers"]
-        if c["link"] == "1gbit" and sh:
+        if c["link"] != "unlimited" and sh and "worker_ingress_ifb" in sh:
             rows.append(
-                f"1 Gbit/s shapers, {c['comm']}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
+                f"{link_label(c['link'])[:-6]} shapers, {c['comm']}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
                 f"({sh['worker_egress']['overlimits']} overlimits), worker ingress (ifb) "
                 f"{sh['worker_ingress_ifb']['bytes'] / 1e9:.2f} GB ({sh['worker_ingress_ifb']['overlimits']} overlimits), "
                 f"switch ports {sh['switch_port_egress']['bytes'] / 1e9:.2f} GB")
     m = res["machine"]
     rows.append(
         f"model: {s['params'] / 1e6:.2f} M float32 parameters ({s['params'] * 4 / 1e6:.1f} MB of gradient a step), "
-        f"{s['world']} ranks x batch {s['batch_per_rank']}, {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps "
+        f"{s['world']} ranks on {s['device']} x batch {s['batch_per_rank']}, switchd {s['switch_threads']} thread(s), {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps "
         f"per configuration; measuring took {f(res['measure_seconds'], 0)} s "
         f"(whole command {f(res['bench_seconds'], 0)} s before the report)")
     rows.append(f"machine: {m['nproc']} cores ({m['cpu_model']}), {m['mem_total_kib'] / 1048576:.1f} GiB, "
                 f"kernel {m['kernel']}; 1-min load {res['configs'][0]['loadavg']['before'].split()[0]} before "
-                f"the first configuration")
+                f"the first configuration"
+                + (f"; GPU {res['versions']['gpu']}" if res["versions"].get("gpu") else ""))
     return "\n".join(rows) + "\n"
 
 
@@ -236,10 +248,11 @@ def plot(res, path):
     colors = {"gloo": "#ff7f0e", "switch": "#1f77b4"}
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.4]})
     by = {(c["link"], c["comm"]): c for c in res["configs"]}
+    links = res["setup"]["links"]
     w = 0.36
     for i, comm in enumerate(COMMS):
-        xs = [k + (i - 0.5) * w for k in range(len(LINKS))]
-        cs = [by[(link, comm)] for link in LINKS]
+        xs = [k + (i - 0.5) * w for k in range(len(links))]
+        cs = [by[(link, comm)] for link in links]
         ys = [c["step_s"] for c in cs]
         err = [[c["step_s"] - c["step_p25_s"] for c in cs], [c["step_p75_s"] - c["step_s"] for c in cs]]
         label = "switch (aggswitch.torch hook)" if comm == "switch" else "gloo (DDP default all-reduce)"
@@ -248,21 +261,21 @@ def plot(res, path):
             ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f} s\n{c['samples_per_s']:.0f} samples/s",
                         (r.get_x() + r.get_width() / 2, r.get_height()), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8)
-    for k, link in enumerate(LINKS):
+    for k, link in enumerate(links):
         ax.annotate(f"switch / gloo = {res['ratios'][link]['step']:.2f}", (k, 0), xytext=(0, -32),
                     textcoords="offset points", ha="center", fontsize=9, fontweight="bold")
-    ax.set_xticks(range(len(LINKS)))
-    ax.set_xticklabels([LINK_LABEL[link] for link in LINKS])
+    ax.set_xticks(range(len(links)))
+    ax.set_xticklabels([link_label(link) for link in links])
     ax.set_ylabel("seconds per training step (lower is better)")
     ax.set_ylim(0, max(c["step_p75_s"] for c in res["configs"]) * 1.3)
     ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
 
-    styles = {"unlimited": "-", "1gbit": "--"}
+    styles = dict(zip(links, ["-", "--", ":", "-."] * len(links)))
     for c in res["configs"]:
         w0 = res["setup"]["warmup_steps"]
         ax2.plot(range(w0, w0 + len(c["per_step_max_s"])), c["per_step_max_s"], styles[c["link"]],
-                 color=colors[c["comm"]], marker=".", label=f"{c['comm']}, {LINK_LABEL[c['link']]}")
+                 color=colors[c["comm"]], marker=".", label=f"{c['comm']}, {link_label(c['link'])}")
     ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_xlabel("step (warm-up steps left out)")
     ax2.set_ylabel("seconds, slowest of the 4 ranks")
@@ -271,7 +284,7 @@ def plot(res, path):
     ax2.legend(fontsize=8)
     s = res["setup"]
     fig.suptitle(f"PyTorch DDP, MLP of {s['params'] / 1e6:.1f} M float32 parameters, "
-                 f"{s['world']} ranks x batch {s['batch_per_rank']}, on a veth testbed", fontsize=11)
+                 f"{s['world']} ranks ({s['device']}) x batch {s['batch_per_rank']}, on a veth testbed", fontsize=11)
     m = res["machine"]
     fig.text(0.99, 0.01, f"{m['nproc']} cores {m['cpu_model']}, kernel {m['kernel']}, {res['stamp']}",
              ha="right", va="bottom", fontsize=7, color="#555555")
@@ -296,17 +309,23 @@ def main():
     p.add_argument("--transport", default="auto")
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--tbf", required=True)
+    p.add_argument("--links", default="unlimited,1gbit", help="the link settings, in the order run")
+    p.add_argument("--tbf", action="append", default=[], metavar="LINK=ARGS",
+                   help="the tbf arguments of a rate setting (repeat per setting)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--switch-threads", type=int, default=1)
     p.add_argument("--bench-seconds", type=float)
     p.add_argument("--measure-seconds", type=float)
     a = p.parse_args()
 
-    configs = [load_config(a.run_dir, link, comm, a.warmup) for link in LINKS for comm in COMMS]
+    links = a.links.split(",")
+    tbf = dict(t.split("=", 1) for t in a.tbf)
+    configs = [load_config(a.run_dir, link, comm, a.warmup) for link in links for comm in COMMS]
     for c in configs:
         c["samples_per_s"] = c["world"] * a.batch / c["step_s"]
     by = {(c["link"], c["comm"]): c for c in configs}
     ratios, loss = {}, {}
-    for link in LINKS:
+    for link in links:
         sw, gl = by[(link, "switch")], by[(link, "gloo")]
         ratios[link] = {
             "step": sw["step_s"] / gl["step_s"],
@@ -318,8 +337,8 @@ def main():
         rel = abs(sw["loss"] - gl["loss"]) / abs(gl["loss"])
         loss[link] = {"switch": sw["loss"], "gloo": gl["loss"], "relative_difference": rel,
                       "ok": rel <= LOSS_TOLERANCE}
-    switch_identical = by[("unlimited", "switch")]["digest"] == by[("1gbit", "switch")]["digest"]
-    gloo_identical = by[("unlimited", "gloo")]["digest"] == by[("1gbit", "gloo")]["digest"]
+    switch_identical = len({by[(link, "switch")]["digest"] for link in links}) == 1
+    gloo_identical = len({by[(link, "gloo")]["digest"] for link in links}) == 1
     checks = {
         "loss": loss,
         "loss_tolerance_relative": LOSS_TOLERANCE,
@@ -340,28 +359,32 @@ def main():
             "world": world, "params": params, "gradient_bytes_per_step": params * 4,
             "model": f"MLP 64-{'-'.join([str(a.hidden)] * a.layers)}-10, ReLU (examples/train_ddp.py)",
             "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed, "mtu": a.mtu,
-            "dtype": a.dtype, "transport": a.transport,
+            "dtype": a.dtype, "transport": a.transport, "device": a.device, "links": links,
+            "switch_threads": a.switch_threads,
             "warmup_steps": a.warmup, "timed_steps": a.steps,
             "optimizer": "SGD lr 0.05 momentum 0.9 (train_ddp.py defaults)",
-            "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0",
+            "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0"
+                     + ("; model and data on the GPU, DDP buckets staged through host memory for the switch's hook"
+                        if a.device == "cuda" else ""),
             "comm": ({"gloo": "DDP's default all-reduce hook over the gloo process group (TCP through the bridge)",
-                      "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256), mean over ranks"}
+                      "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256, "
+                                f"{a.switch_threads} dataplane thread(s) and queue(s)), mean over ranks"}
                      if a.dtype == "f32" else
                      {"gloo": f"PyTorch's {a.dtype} compression hook (default_hooks.{'bf16' if a.dtype == 'bf16' else 'fp16'}_compress_hook) over gloo",
                       "switch": f"aggswitch.torch's {a.dtype} compress hook: buckets sent as {a.dtype}, summed in switchd (job dtype {a.dtype}), mean over ranks"}),
             "step_time": "train_ddp.py's per-step time (sample, forward, backward incl. the all-reduce, optimizer step); "
                          "warm-up steps dropped; a configuration's step time = the slowest rank's median over the timed steps",
             "samples_per_s": "world x batch per rank / step time",
-            "shaping": f"tbf {a.tbf} on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0 (1gbit only)",
+            "shaping": {link: f"tbf {args} on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0"
+                        for link, args in tbf.items()},
         },
         "configs": configs,
         "ratios": ratios,
         "checks": checks,
         "headline": {
-            "switch_over_gloo_unlimited": ratios["unlimited"]["step"],
-            "switch_over_gloo_1gbit": ratios["1gbit"]["step"],
-            "switch_over_gloo_1gbit_goal": GOAL_1GBIT,
-            "switch_over_gloo_1gbit_goal_met": ratios["1gbit"]["step"] <= GOAL_1GBIT,
+            **{f"switch_over_gloo_{link}": ratios[link]["step"] for link in links},
+            **({"switch_over_gloo_1gbit_goal": GOAL_1GBIT,
+                "switch_over_gloo_1gbit_goal_met": ratios["1gbit"]["step"] <= GOAL_1GBIT} if "1gbit" in links else {}),
             "sanity_ok": checks["ok"],
         },
         "bench_seconds": a.bench_seconds,

@@ -320,28 +320,39 @@ wait_ranks() {
 # SWITCHD_PID and TESTBED_MADE as cleanup_torch_bench reads them.
 readonly TORCH_BENCH_PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
 TORCH_BENCH_VENV="$REPO_ROOT/.venv"
-TORCH_BENCH_PY="$TORCH_BENCH_VENV/bin/python"
+# AGGSWITCH_BENCH_PYTHON: another interpreter that imports torch, sklearn and
+# aggswitch (e.g. a machine's own torch install with PYTHONPATH=python).
+TORCH_BENCH_PY="${AGGSWITCH_BENCH_PYTHON:-$TORCH_BENCH_VENV/bin/python}"
 
-# prepare_torch_bench NAME: check the project venv (torch, scikit-learn,
-# aggswitch; matplotlib installed into it when missing, for the plot), install
-# the Debian packages that are missing, build, and make the run folder
+# prepare_torch_bench NAME [BUILD]: check the project venv (torch, scikit-learn,
+# aggswitch; matplotlib installed into it when missing, for the plot); unless
+# BUILD is 0 (the scripts' --no-build: binaries built elsewhere and copied to
+# target/release), install the Debian packages that are missing and build;
+# make the run folder
 # results/NAME-STAMP with a private copy of switchd (so that a rebuild
 # meanwhile cannot change what is measured). Sets STAMP, RUN and SWITCHD.
 prepare_torch_bench() {
-    local name="$1" c py="$TORCH_BENCH_PY" venv="$TORCH_BENCH_VENV"
-    [[ -x "$py" ]] || die "no project venv at $venv: run scripts/setup.sh"
+    local name="$1" build="${2:-1}" c b py="$TORCH_BENCH_PY" venv="$TORCH_BENCH_VENV"
+    [[ -x "$py" ]] || die "no Python at $py: run scripts/setup.sh (or set AGGSWITCH_BENCH_PYTHON)"
     "$py" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
-        die "the venv $venv lacks torch, scikit-learn or aggswitch ($py -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
+        die "$py cannot import torch, scikit-learn or aggswitch ($py -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
     if ! "$py" -c 'import matplotlib' 2>/dev/null; then
         log "installing matplotlib into $venv (for the plot)"
         "$py" -m pip install -q matplotlib >/dev/null ||
             warn "pip install matplotlib failed; the plot will be skipped"
     fi
-    ensure_debian_packages 1 "${TORCH_BENCH_PACKAGES[@]}"
+    if [[ "$build" -eq 1 ]]; then
+        ensure_debian_packages 1 "${TORCH_BENCH_PACKAGES[@]}"
+        build_release
+    else
+        for b in switchd switchctl; do
+            [[ -x "$REPO_ROOT/target/release/$b" ]] ||
+                die "--no-build: target/release/$b missing (build with: cargo build --release --workspace --bins)"
+        done
+    fi
     for c in tc ip timeout /usr/bin/time; do
-        command -v "$c" >/dev/null 2>&1 || die "$c not found after installing"
+        command -v "$c" >/dev/null 2>&1 || die "$c not found (apt-get install iproute2 coreutils time)"
     done
-    build_release
     STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
     RUN="$REPO_ROOT/results/$name-$STAMP"
     mkdir -p "$RUN/bin"
@@ -437,8 +448,22 @@ shape_worker_links() {
         ns="$prefix-w$i"
         ip netns exec "$prefix-sw" tc qdisc replace dev "sw-w$i" root tbf "$@"
         ip netns exec "$ns" tc qdisc replace dev eth0 root tbf "$@"
-        redirect_ingress_to_ifb "$ns" eth0 ifb0
+        # A second call (another rate) keeps the redirect it made.
+        ip -n "$ns" link show ifb0 >/dev/null 2>&1 || redirect_ingress_to_ifb "$ns" eth0 ifb0
         ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf "$@"
+    done
+}
+
+# unshape_worker_links PREFIX WORKERS: remove the tbf qdiscs that
+# shape_worker_links set (the ifb redirect stays, unshaped); nothing to do on
+# links never shaped.
+unshape_worker_links() {
+    local prefix="$1" workers="$2" i ns
+    for ((i = 0; i < workers; i++)); do
+        ns="$prefix-w$i"
+        ip netns exec "$prefix-sw" tc qdisc del dev "sw-w$i" root 2>/dev/null || true
+        ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+        ip netns exec "$ns" tc qdisc del dev ifb0 root 2>/dev/null || true
     done
 }
 

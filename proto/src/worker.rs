@@ -4,8 +4,10 @@
 //! Owns: [`Collective`] (the chunks of one collective, their send times,
 //! acknowledgements and resend deadlines), [`Shape`] (what a collective of
 //! each [`Kind`] sends and gets, chunk by chunk), [`RttEstimator`] (RFC 6298
-//! smoothed RTT and RTO, Karn's rule: no samples from resent chunks) and
-//! [`Dctcp`] (docs/PROTOCOL.md's DCTCP-style window on ECE marks).
+//! smoothed RTT and RTO, Karn's rule: no samples from resent chunks; the
+//! path's minimum RTT) and [`Dctcp`] (docs/PROTOCOL.md's DCTCP-style window
+//! on ECE marks, and on RTT samples a delay target above the minimum: the
+//! queue of a bottleneck that marks nothing, e.g. a drop-tail link).
 //!
 //! Invariants:
 //! * An all-reduce of `len` elements is one shard; a reduce-scatter or
@@ -55,6 +57,12 @@ pub struct TransportConfig {
     pub initial_window: u16,
     /// React to ECE (off: the window stays at the advertised maximum).
     pub congestion_control: bool,
+    /// A RESULT whose RTT sample exceeds the path's minimum RTT by more
+    /// than this counts as marked, as ECE does, while the window is above
+    /// [`DELAY_WINDOW_FLOOR`]; `None`: ECE alone. A queue at a bottleneck
+    /// that marks nothing (tail-drop shapers, most NICs) otherwise grows
+    /// until it drops, and the resends of a full window follow.
+    pub delay_target: Option<Duration>,
     /// Testing only: send with this window whatever the switch advertises,
     /// to exercise the switch's window enforcement.
     pub window_override: Option<u16>,
@@ -70,12 +78,24 @@ impl Default for TransportConfig {
             dctcp_gain: 1.0 / 16.0,
             initial_window: 16,
             congestion_control: true,
+            delay_target: Some(DEFAULT_DELAY_TARGET),
             window_override: None,
         }
     }
 }
 
-/// Smoothed RTT and retransmission timeout (RFC 6298).
+/// Default [`TransportConfig::delay_target`]: a few scheduling hiccups of a
+/// loaded host above the minimum, yet far below a shaper's queue.
+pub const DEFAULT_DELAY_TARGET: Duration = Duration::from_millis(2);
+/// Delay alone never takes the window below this many chunks: RTT noise of
+/// a busy host must not starve a job; ECE still can.
+pub const DELAY_WINDOW_FLOOR: f64 = 4.0;
+/// The minimum RTT is the smallest sample of the last one to two of these
+/// periods, so a lasting change of path is learnt.
+pub const MIN_RTT_PERIOD: Duration = Duration::from_secs(10);
+
+/// Smoothed RTT and retransmission timeout (RFC 6298), and the path's
+/// minimum RTT over the last one to two [`MIN_RTT_PERIOD`]s.
 #[derive(Debug, Clone, Copy)]
 pub struct RttEstimator {
     srtt: Option<Duration>,
@@ -83,6 +103,10 @@ pub struct RttEstimator {
     rto: Duration,
     min_rto: Duration,
     max_rto: Duration,
+    /// Smallest sample of the current period and of the one before.
+    min_now: Option<Duration>,
+    min_before: Option<Duration>,
+    period_start: Option<Instant>,
 }
 
 impl RttEstimator {
@@ -93,6 +117,30 @@ impl RttEstimator {
             rto: cfg.initial_rto,
             min_rto: cfg.min_rto,
             max_rto: cfg.max_rto,
+            min_now: None,
+            min_before: None,
+            period_start: None,
+        }
+    }
+
+    /// [`RttEstimator::on_sample`], also counting the sample, taken at
+    /// `now`, towards the minimum RTT.
+    pub fn on_sample_at(&mut self, rtt: Duration, now: Instant) {
+        let start = *self.period_start.get_or_insert(now);
+        if now.saturating_duration_since(start) >= MIN_RTT_PERIOD {
+            self.min_before = self.min_now;
+            self.min_now = None;
+            self.period_start = Some(now);
+        }
+        self.min_now = Some(self.min_now.map_or(rtt, |m| m.min(rtt)));
+        self.on_sample(rtt);
+    }
+
+    /// The smallest sample of the last one to two [`MIN_RTT_PERIOD`]s.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        match (self.min_now, self.min_before) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -135,6 +183,7 @@ pub struct Dctcp {
     results_in_round: u32,
     marked_in_round: u32,
     enabled: bool,
+    delay_target: Option<Duration>,
     /// Doubling per round until the first ECE, as TCP's slow start.
     slow_start: bool,
 }
@@ -150,6 +199,7 @@ impl Dctcp {
             results_in_round: 0,
             marked_in_round: 0,
             enabled: cfg.congestion_control,
+            delay_target: cfg.delay_target,
             slow_start: true,
         }
     }
@@ -171,11 +221,30 @@ impl Dctcp {
     }
 
     pub fn on_result(&mut self, ece: bool) {
+        self.on_result_delay(ece, None, None);
+    }
+
+    /// A RESULT with ECE or not, and the RTT sample it gave (none for a
+    /// resent chunk) against the path's minimum: a sample more than the
+    /// delay target above the minimum counts as a mark while the window is
+    /// above [`DELAY_WINDOW_FLOOR`].
+    pub fn on_result_delay(
+        &mut self,
+        ece: bool,
+        sample: Option<Duration>,
+        min_rtt: Option<Duration>,
+    ) {
         if !self.enabled {
             return;
         }
         self.results_in_round += 1;
-        if ece {
+        let delayed = match (self.delay_target, sample, min_rtt) {
+            (Some(target), Some(rtt), Some(min)) => {
+                rtt > min + target && self.window > DELAY_WINDOW_FLOOR
+            }
+            _ => false,
+        };
+        if ece || delayed {
             self.marked_in_round += 1;
         }
         if self.results_in_round as f64 >= self.window.floor().max(1.0) {
@@ -753,9 +822,12 @@ impl Collective {
             return ResultOutcome::Duplicate;
         }
         c.acked = true;
+        let mut sample = None;
         if c.resends == 0 && !c.rearmed {
             if let Some(t) = c.sent_at {
-                rtt.on_sample(now.saturating_duration_since(t));
+                let s = now.saturating_duration_since(t);
+                rtt.on_sample_at(s, now);
+                sample = Some(s);
             }
         }
         self.acked += 1;
@@ -763,7 +835,7 @@ impl Collective {
         if ece {
             self.stats.ece_results += 1;
         }
-        cc.on_result(ece);
+        cc.on_result_delay(ece, sample, rtt.min_rtt());
         self.last_progress = Some(now);
         while (self.oldest_unacked as usize) < self.chunks.len()
             && self.chunks[self.oldest_unacked as usize].acked
@@ -1389,6 +1461,119 @@ mod tests {
             ceil.on_result(false);
         }
         assert_eq!(ceil.window(), 6);
+    }
+
+    #[test]
+    fn delay_above_the_target_counts_as_a_mark_down_to_the_floor() {
+        let cfg = TransportConfig {
+            initial_window: 64,
+            ..TransportConfig::default()
+        };
+        let min = Some(Duration::from_micros(100));
+        let queued = Some(DEFAULT_DELAY_TARGET + Duration::from_millis(3));
+        let near = Some(DEFAULT_DELAY_TARGET);
+        let mut cc = Dctcp::new(&cfg, 64);
+        for _ in 0..64 {
+            cc.on_result_delay(false, queued, min);
+        }
+        assert!(
+            cc.window() < 64,
+            "a round of queued samples shrinks the window"
+        );
+        for _ in 0..10_000 {
+            cc.on_result_delay(false, queued, min);
+        }
+        assert_eq!(
+            cc.window(),
+            DELAY_WINDOW_FLOOR as u16,
+            "delay alone stops at the floor"
+        );
+        // ECE still takes it lower.
+        for _ in 0..10_000 {
+            cc.on_result_delay(true, queued, min);
+        }
+        assert_eq!(cc.window(), 1);
+        // Within the target, or without a sample (a resent chunk): no mark.
+        let mut calm = Dctcp::new(&cfg, 64);
+        for i in 0..1_000 {
+            calm.on_result_delay(false, if i % 2 == 0 { near } else { None }, min);
+        }
+        assert_eq!(calm.window(), 64);
+        assert_eq!(calm.alpha(), 0.0);
+        // Off: queued samples change nothing.
+        let off = TransportConfig {
+            delay_target: None,
+            ..cfg
+        };
+        let mut ecn_only = Dctcp::new(&off, 64);
+        for _ in 0..1_000 {
+            ecn_only.on_result_delay(false, queued, min);
+        }
+        assert_eq!(ecn_only.window(), 64);
+    }
+
+    #[test]
+    fn min_rtt_is_the_smallest_sample_of_the_last_one_to_two_periods() {
+        let cfg = TransportConfig::default();
+        let mut rtt = RttEstimator::new(&cfg);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(rtt.min_rtt(), None);
+        rtt.on_sample_at(ms(4), t0);
+        rtt.on_sample_at(ms(1), t0 + ms(10));
+        rtt.on_sample_at(ms(6), t0 + ms(20));
+        assert_eq!(rtt.min_rtt(), Some(ms(1)));
+        // One period on, the old minimum still counts.
+        rtt.on_sample_at(ms(8), t0 + MIN_RTT_PERIOD);
+        assert_eq!(rtt.min_rtt(), Some(ms(1)));
+        // Two periods on, a path that got slower is learnt.
+        rtt.on_sample_at(ms(9), t0 + MIN_RTT_PERIOD * 2);
+        assert_eq!(rtt.min_rtt(), Some(ms(8)));
+        rtt.on_sample_at(ms(7), t0 + MIN_RTT_PERIOD * 2 + ms(1));
+        assert_eq!(rtt.min_rtt(), Some(ms(7)));
+    }
+
+    /// Loss and reordering at a steady RTT leave the window alone (what a
+    /// loss-reactive window got wrong in a tree: late partials look like
+    /// losses); RTT samples that grow past the target shrink it.
+    #[test]
+    fn a_collective_shrinks_its_window_on_queueing_delay_not_on_reordering() {
+        let cfg = TransportConfig {
+            initial_window: 32,
+            ..TransportConfig::default()
+        };
+        let run = |rtt_of: &dyn Fn(u32) -> Duration, order: &dyn Fn(&mut Vec<u32>)| {
+            let (mut rtt, mut cc) = (RttEstimator::new(&cfg), Dctcp::new(&cfg, 32));
+            let mut c = Collective::new(0, 0, 2_000, 1);
+            let mut now = Instant::now();
+            for _round in 0..60 {
+                let sent: Vec<u32> =
+                    std::iter::from_fn(|| c.poll_transmit(now, cc.window(), &rtt, &cfg))
+                        .filter(|t| !t.retx)
+                        .map(|t| t.seq)
+                        .collect();
+                if sent.is_empty() {
+                    break;
+                }
+                let mut answered = sent.clone();
+                order(&mut answered);
+                for seq in answered {
+                    let at = now + rtt_of(seq);
+                    c.on_result(seq, 1, false, at, &mut rtt, &mut cc);
+                }
+                now += rtt_of(sent[sent.len() - 1]) + Duration::from_micros(10);
+            }
+            cc.window()
+        };
+        let steady = |_| Duration::from_micros(200);
+        let reversed = |v: &mut Vec<u32>| v.reverse();
+        assert_eq!(run(&steady, &reversed), 32, "reordering at a steady RTT");
+        // The RTT climbs with the sequence, as a standing queue grows.
+        let growing = |seq: u32| Duration::from_micros(200 + 40 * seq as u64);
+        assert!(
+            run(&growing, &|_| ()) < 32,
+            "a growing queue shrinks the window"
+        );
     }
 
     /// Rank `r`'s input of `len` elements: the reference pattern, each run

@@ -18,6 +18,7 @@ class Worker:
         join_timeout: float = 30.0,
         stall_timeout: float = 5.0,
         congestion_control: bool = True,
+        delay_target: float | None = 0.002,
         bind: str | None = None,
         dtype: Literal["f32", "bf16", "f16"] = "f32",
         transport: Literal["auto", "mmsg", "udp-gso"] = "auto",

@@ -78,7 +78,9 @@ class AggSwitchState:
 
     ``rank`` and ``world_size`` default to ``torch.distributed``'s. Extra
     keyword arguments go to ``aggswitch.Worker`` (``join_timeout``,
-    ``stall_timeout``, ``congestion_control``, ``bind``, ``transport``,
+    ``stall_timeout``, ``congestion_control``, ``delay_target`` (seconds of
+    queueing delay that count as a congestion mark; None for ECE alone),
+    ``bind``, ``transport``,
     ``dtype``: the job's element type, which picks the hook: ``"f32"`` for
     ``allreduce_hook``, ``"bf16"`` for ``bf16_compress_hook``, ``"f16"`` for
     ``fp16_compress_hook``).

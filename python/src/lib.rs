@@ -447,8 +447,8 @@ impl PyWorker {
 impl PyWorker {
     #[new]
     #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
-                        stall_timeout = 5.0, congestion_control = true, bind = None,
-                        dtype = "f32", transport = "auto"))]
+                        stall_timeout = 5.0, congestion_control = true, delay_target = Some(0.002),
+                        bind = None, dtype = "f32", transport = "auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -460,6 +460,7 @@ impl PyWorker {
         join_timeout: f64,
         stall_timeout: f64,
         congestion_control: bool,
+        delay_target: Option<f64>,
         bind: Option<&str>,
         dtype: &str,
         transport: &str,
@@ -481,6 +482,17 @@ impl PyWorker {
         cfg.join_timeout = secs("join_timeout", join_timeout)?;
         cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
         cfg.transport.congestion_control = congestion_control;
+        cfg.transport.delay_target = match delay_target {
+            None => None,
+            Some(t) if t.is_finite() && (0.0..=1.0).contains(&t) => {
+                (t > 0.0).then(|| Duration::from_secs_f64(t))
+            }
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "delay_target {t}: seconds in 0..=1 (None or 0 for ECE alone)"
+                )))
+            }
+        };
         cfg.dtype = dtype;
         cfg.transport_kind = kind;
         cfg.bind = match bind {

@@ -179,6 +179,10 @@ struct AllreduceArgs {
     /// Disable the DCTCP window reaction to ECE.
     #[arg(long)]
     no_congestion_control: bool,
+    /// Count a RESULT as marked, as ECE, when its RTT exceeds the path's
+    /// minimum by more than this many milliseconds (0: ECE alone).
+    #[arg(long, default_value_t = 2.0, value_name = "MS", value_parser = delay_target_ms)]
+    delay_target: f64,
     /// Testing only: keep this many chunks in flight whatever the switch
     /// advertises (to exercise the switch's window enforcement).
     #[arg(long, hide = true)]
@@ -664,6 +668,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let dtype = a.job.target.dtype;
     let mut cfg = config(&a.job)?;
     cfg.transport.congestion_control = !a.no_congestion_control;
+    cfg.transport.delay_target =
+        (a.delay_target > 0.0).then(|| Duration::from_secs_f64(a.delay_target / 1e3));
     cfg.transport.window_override = a.window_override;
     cfg.transport_kind = a.transport;
     let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
@@ -850,6 +856,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--delay-target`: milliseconds, 0 (off) up to one second.
+fn delay_target_ms(s: &str) -> Result<f64, String> {
+    let ms: f64 = s.parse().map_err(|_| {
+        format!("'{s}' is not a number of milliseconds (0 turns the delay signal off)")
+    })?;
+    if !(0.0..=1000.0).contains(&ms) {
+        return Err(format!(
+            "{ms} ms is outside 0..=1000 (0 turns the delay signal off)"
+        ));
+    }
+    Ok(ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,6 +877,17 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn delay_target_takes_milliseconds_and_says_what_is_wrong() {
+        assert_eq!(delay_target_ms("0"), Ok(0.0));
+        assert_eq!(delay_target_ms("2.5"), Ok(2.5));
+        let e = delay_target_ms("2ms").unwrap_err();
+        assert!(e.contains("'2ms' is not a number of milliseconds"), "{e}");
+        let e = delay_target_ms("5000").unwrap_err();
+        assert!(e.contains("outside 0..=1000"), "{e}");
+        assert!(delay_target_ms("-1").is_err());
     }
 
     #[test]
