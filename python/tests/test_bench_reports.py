@@ -186,9 +186,10 @@ def snapshot(path, busy, idle, tbf_bytes, fresh_stat=None):
         lines.append({"kind": "worker_egress", "rank": rank, "tc": [
             {"kind": "tbf", "handle": "8001:", "root": True, "bytes": tbf_bytes, "packets": 10, "drops": 1,
              "overlimits": 2},
-            {"kind": "fq_codel", "handle": "0:", "parent": "8001:", "bytes": 999999}]})
+            # A child qdisc and an unshaped root count the same frames again.
+            {"kind": "fq_codel", "handle": "0:", "parent": "8001:", "bytes": 7 * tbf_bytes}]})
         lines.append({"kind": "switch_port_egress", "rank": rank, "tc": [
-            {"kind": "noqueue", "handle": "0:", "root": True, "bytes": 0}]})
+            {"kind": "noqueue", "handle": "0:", "root": True, "bytes": 3 * tbf_bytes}]})
     if fresh_stat is not None:
         lines.append({"t": 2.0, "stat": f"cpu  {fresh_stat[0]} 0 0 {fresh_stat[1]} 0 0 0 0 0 0"})
     write(path, "".join(json.dumps(x) + "\n" for x in lines))
@@ -204,6 +205,7 @@ def test_peer_phase_adds_shaper_deltas_and_busy_share(tmp_path):
     assert r["cpu_busy_fraction"] == 0.75  # busy +300 of +400
     assert r["shapers"]["worker_egress"] == {"bytes": 10000, "packets": 0, "drops": 0, "overlimits": 0}
     assert r["shapers"]["worker_ingress_ifb"] == {"bytes": 0, "packets": 0, "drops": 0, "overlimits": 0}
+    assert r["shapers"]["switch_port_egress"]["bytes"] == 0
     write(tmp_path / "gloo-rank0.out", '{"mean_s": 1.0, "verified": false}\n')
     with pytest.raises(bench_report.ReportError, match="wrong sum"):
         bench_report.peer_result(str(tmp_path), "gloo", str(tmp_path / "gloo-rank0.out"))
