@@ -80,7 +80,9 @@
 # aggregation (jobs of 2, 4, 8 ranks all played by one closed-loop
 # generator; DATA frames/s, chunks/s, float32 elements/s) with each
 # dataplane thread count of --threads (default 1 and 2). Ratios: aggregation / echo (goal >= 0.9), echo /
-# XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON.
+# XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON
+# (scripts/bench_rates_report.py computes them from the counters, the
+# generator's JSON and switchd's /proc/PID/stat left in results/.../rates/).
 #
 # What it does:
 #   1. installs what is missing (one apt-get update, then apt-get install of
@@ -120,8 +122,10 @@
 #      ratio to 1 thread and the frames each queue (thread) received go under
 #      "threads" in the JSON (scripts/bench_threads_report.py), the times
 #      also under headline.allreduce_threads;
-#   4. scripts/bench_report.py takes the statistics (medians, ratios, the
-#      headline: switch / gloo first, switch / OpenMPI beside it), prints a
+#   4. scripts/bench_report.py takes the statistics from the raw results
+#      each phase left (the programs' JSON, snapshots of /proc/stat and of
+#      the shapers' counters; medians, ratios, the headline: switch / gloo
+#      first, switch / OpenMPI beside it), prints a
 #      table and writes results/bench-STAMP.json (+ logs in
 #      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
 #      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
