@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import (  # noqa: E402
-    fmt, load_json, markdown_table, median, nproc, proc_seconds, ratio, write_json)
+    CLK_TCK, fmt, load_json, markdown_table, median, nproc, proc_jiffies, ratio, write_json)
 
 # Each open-loop measurement's counter: the jq path recorded in the JSON
 # (as before) and the keys that reach it in switchctl's stats.
@@ -86,8 +86,8 @@ def one_run(d, tag, k, keys):
     before_p = os.path.join(d, f"{tag}-stats-before{k}.json")
     after_p = os.path.join(d, f"{tag}-stats-after{k}.json")
     delta = counter(_json(after_p), keys, after_p) - counter(_json(before_p), keys, before_p)
-    cpu = (proc_seconds(_read(os.path.join(d, f"{tag}-switchd-after{k}.stat")))
-           - proc_seconds(_read(os.path.join(d, f"{tag}-switchd-before{k}.stat"))))
+    cpu = (proc_jiffies(_read(os.path.join(d, f"{tag}-switchd-after{k}.stat")))
+           - proc_jiffies(_read(os.path.join(d, f"{tag}-switchd-before{k}.stat")))) / CLK_TCK
     secs = gen.get("seconds")
     if not secs:
         raise RatesError(f"{tag}-gen{k}.json has no generator seconds")

@@ -28,7 +28,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchkit import busy_seconds, median, proc_seconds  # noqa: E402
+from benchkit import CLK_TCK, busy_seconds, median, proc_jiffies  # noqa: E402
 
 TIMES = re.compile(r"^(\d+)m([0-9.]+)s$")
 
@@ -95,8 +95,9 @@ def one_run(d, transport, run, workers):
         "seconds": max(x["seconds"] for x in ranks),
         "cpu_s": busy_seconds(a["stat"], b["stat"]),
         "wall_s": round(float(b["wall"]) - float(a["wall"]), 3),
-        "workers_cpu_s": times_seconds(b["children"]) - times_seconds(a["children"]),
-        "switchd_cpu_s": proc_seconds(b["switchd"]) - proc_seconds(a["switchd"]),
+        # `times` has millisecond resolution; the round drops float noise.
+        "workers_cpu_s": round(times_seconds(b["children"]) - times_seconds(a["children"]), 3),
+        "switchd_cpu_s": (proc_jiffies(b["switchd"]) - proc_jiffies(a["switchd"])) / CLK_TCK,
         "tx_coalesced": stat_sum("tx_coalesced"),
         "rx_coalesced": stat_sum("rx_coalesced"),
         "chunks_sent": stat_sum("chunks_sent"),
