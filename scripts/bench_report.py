@@ -78,7 +78,9 @@ def phase(d, tag):
         except ValueError as e:
             raise ReportError(f"{path}: {e}") from None
     a, b = snaps
-    return shaper_delta(a, b), busy_fraction(snapshot_stat(a), snapshot_stat(b))
+    busy = busy_fraction(snapshot_stat(a), snapshot_stat(b))
+    # Three decimals, as bench.sh has always published it.
+    return shaper_delta(a, b), round(busy, 3) if busy is not None else None
 
 
 def program_json(path):
