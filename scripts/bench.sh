@@ -80,7 +80,9 @@
 # aggregation (jobs of 2, 4, 8 ranks all played by one closed-loop
 # generator; DATA frames/s, chunks/s, float32 elements/s) with each
 # dataplane thread count of --threads (default 1 and 2). Ratios: aggregation / echo (goal >= 0.9), echo /
-# XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON.
+# XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON
+# (scripts/bench_rates_report.py computes them from the counters, the
+# generator's JSON and switchd's /proc/PID/stat left in results/.../rates/).
 #
 # What it does:
 #   1. installs what is missing (one apt-get update, then apt-get install of
@@ -120,8 +122,10 @@
 #      ratio to 1 thread and the frames each queue (thread) received go under
 #      "threads" in the JSON (scripts/bench_threads_report.py), the times
 #      also under headline.allreduce_threads;
-#   4. scripts/bench_report.py takes the statistics (medians, ratios, the
-#      headline: switch / gloo first, switch / OpenMPI beside it), prints a
+#   4. scripts/bench_report.py takes the statistics from the raw results
+#      each phase left (the programs' JSON, snapshots of /proc/stat and of
+#      the shapers' counters; medians, ratios, the headline: switch / gloo
+#      first, switch / OpenMPI beside it), prints a
 #      table and writes results/bench-STAMP.json (+ logs in
 #      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
 #      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
@@ -519,13 +523,19 @@ rate_stats() {
     "$SWITCHCTL" --socket "$RATES/switchd.sock" --json stats
 }
 
-# rate_cpu: CPU seconds switchd (all its threads, user + system) has used.
-# Packets per switchd CPU-second is the number that other work on the
-# machine disturbs least: it does not depend on how much of its core
-# switchd got.
-CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
-rate_cpu() {
-    awk -v hz="$CLK_TCK" '{ print ($14 + $15) / hz }' "/proc/$RATE_SWITCHD_PID/stat"
+# rates_report ARGS...: scripts/bench_rates_report.py, which owns the rate
+# section's arithmetic (rates, medians, ratios, rates.json, the table).
+rates_report() {
+    python3 "$REPO_ROOT/scripts/bench_rates_report.py" "$@"
+}
+
+# rate_mark TAG EDGE K: before or after blast K of TAG, switchd's counters
+# (switchctl stats) and its /proc/PID/stat (CPU seconds of all its threads:
+# packets per switchd CPU-second is the number that other work on the
+# machine disturbs least) into RATES/.
+rate_mark() {
+    rate_stats >"$RATES/$1-stats-$2$3.json"
+    cat "/proc/$RATE_SWITCHD_PID/stat" >"$RATES/$1-switchd-$2$3.stat"
 }
 
 # rate_gen OUT ARGS...: `aggblast ARGS` in the generator namespace,
@@ -541,71 +551,41 @@ rate_gen() {
     }
 }
 
-# rate_open TAG FRAME_BYTES JQ_COUNTER: open-loop runs against the running
-# switchd; rate = counter delta / generator seconds. Writes RATES/TAG.json.
+# rate_open TAG FRAME_BYTES: open-loop runs against the running switchd;
+# the report takes rate = counter delta / generator seconds (the counter
+# is TAG's: XDP_DROP's dropped, echo's echoed) and writes RATES/TAG.json.
 rate_open() {
-    local tag="$1" bytes="$2" counter="$3" k before after cpu0 cpu1
+    local tag="$1" bytes="$2" k line
     for ((k = 1; k <= RATE_REPEATS; k++)); do
-        before="$(rate_stats | jq "$counter")"
-        cpu0="$(rate_cpu)"
+        rate_mark "$tag" before "$k"
         rate_gen "$RATES/$tag-gen$k.json" echo --switch "$SWITCH_ADDR" --port "$AGG_PORT" \
             --frame-bytes "$bytes" --flows "$RATE_FLOWS" --seconds "$RATE_SECONDS"
         sleep 0.3 # let the last frames through and the counters publish
-        after="$(rate_stats | jq "$counter")"
-        cpu1="$(rate_cpu)"
-        jq -c --argjson b "$before" --argjson a "$after" --argjson c0 "$cpu0" --argjson c1 "$cpu1" \
-            '. + {counter_delta: ($a - $b), rate_pps: (($a - $b) / .seconds),
-                  switchd_cpu_s: ($c1 - $c0),
-                  pps_per_switchd_cpu_s: (if $c1 - $c0 > 0.05 then ($a - $b) / ($c1 - $c0) else null end)}' \
-            "$RATES/$tag-gen$k.json" >"$RATES/$tag-$k.json"
+        rate_mark "$tag" after "$k"
     done
-    jq -s --arg counter "$counter" '
-        def median: sort | if length % 2 == 1 then .[(length - 1) / 2] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
-        {frame_bytes: .[0].frame_bytes, counter: $counter, pps: (map(.rate_pps) | median),
-         pps_runs: map(.rate_pps), pps_best: (map(.rate_pps) | max), generator_sent_pps: (map(.sent_per_s) | median),
-         switchd_cpu_s: map(.switchd_cpu_s),
-         pps_per_switchd_cpu_s: (map(.pps_per_switchd_cpu_s) | if any(. == null) then null else median end),
-         generator_refused: (map(.frames_refused) | add)}' \
-        "$RATES/$tag"-[0-9]*.json >"$RATES/$tag.json"
-    log "[rates] $tag: $(jq -r '.pps | round' "$RATES/$tag.json") pps (generator sent $(jq -r '.generator_sent_pps | round' "$RATES/$tag.json") pps)"
+    line="$(rates_report open "$RATES" "$tag" --repeats "$RATE_REPEATS")" ||
+        die "scripts/bench_rates_report.py open failed on $RATES ($tag)"
+    log "[rates] $line"
 }
 
-# rate_agg RANKS THREADS: closed-loop runs; writes RATES/agg-nRANKS-tTHREADS.json.
+# rate_agg RANKS THREADS: closed-loop runs; the report takes the switch's
+# received frames per second and the generator's rates, and writes
+# RATES/agg-nRANKS-tTHREADS.json.
 rate_agg() {
-    local n="$1" t="$2" tag="agg-n$1-t$2" k before after cpu0 cpu1
+    local n="$1" t="$2" tag="agg-n$1-t$2" k line
     for ((k = 1; k <= RATE_REPEATS; k++)); do
-        before="$(rate_stats | jq '.rx_frames')"
-        cpu0="$(rate_cpu)"
+        rate_mark "$tag" before "$k"
         rate_gen "$RATES/$tag-gen$k.json" aggregate --switch "$SWITCH_ADDR" --port "$AGG_PORT" \
             --job "$n" --workers "$n" --secret "$SECRET" --seconds "$RATE_SECONDS" --verify-every 256 \
             --window $((RATE_INFLIGHT_FRAMES / n))
         sleep 0.3
-        after="$(rate_stats | jq '.rx_frames')"
-        cpu1="$(rate_cpu)"
-        jq -c --argjson b "$before" --argjson a "$after" --argjson c0 "$cpu0" --argjson c1 "$cpu1" \
-            '. + {switch_rx_frames: ($a - $b), switch_rx_pps: (($a - $b) / .seconds),
-                  switchd_cpu_s: ($c1 - $c0),
-                  pps_per_switchd_cpu_s: (if $c1 - $c0 > 0.05 then ($a - $b) / ($c1 - $c0) else null end)}' \
-            "$RATES/$tag-gen$k.json" >"$RATES/$tag-$k.json"
+        rate_mark "$tag" after "$k"
     done
-    jq -s --argjson t "$t" '
-        def median: sort | if length % 2 == 1 then .[(length - 1) / 2] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
-        {ranks: .[0].ranks, threads: $t, elems_per_chunk: .[0].elems_per_chunk, window: .[0].window,
-         data_pps: (map(.data_per_s) | median), data_pps_runs: map(.data_per_s),
-         data_pps_best: (map(.data_per_s) | max),
-         chunks_per_s: (map(.chunks_per_s) | median),
-         contributed_elems_per_s: (map(.contributed_elems_per_s) | median),
-         result_elems_per_s: (map(.result_elems_per_s) | median),
-         switch_rx_pps: (map(.switch_rx_pps) | median),
-         switchd_cpu_s: map(.switchd_cpu_s),
-         pps_per_switchd_cpu_s: (map(.pps_per_switchd_cpu_s) | if any(. == null) then null else median end),
-         seq_resends: (map(.seq_resends) | add), data_sent: (map(.data_sent) | add),
-         ece_results: (map(.ece_results) | add),
-         verify_checked: (map(.verify_checked) | add), verify_failed: (map(.verify_failed) | add)}' \
-        "$RATES/$tag"-[0-9]*.json >"$RATES/$tag.json"
+    line="$(rates_report agg "$RATES" "$n" "$t" --repeats "$RATE_REPEATS")" ||
+        die "scripts/bench_rates_report.py agg failed on $RATES ($tag)"
     [[ "$(jq -r .verify_failed "$RATES/$tag.json")" == 0 ]] ||
         die "aggregation rate run $tag: sampled RESULTs differ from N x value"
-    log "[rates] aggregate, $n ranks, $t thread(s): $(jq -r '.data_pps | round' "$RATES/$tag.json") DATA/s, $(jq -r '.chunks_per_s | round' "$RATES/$tag.json") chunks/s"
+    log "[rates] $line"
 }
 
 run_rates() {
@@ -640,67 +620,13 @@ run_rates() {
         rate_stop_switchd
     done
 
-    jq -n --argjson secs "$RATE_SECONDS" --argjson reps "$RATE_REPEATS" \
-        --argjson queues "$RATE_QUEUES" --argjson flows "$RATE_FLOWS" \
-        --argjson inflight "$RATE_INFLIGHT_FRAMES" \
-        --arg gen_cpu "${GEN_CPU:-none}" --argjson nproc "$(nproc)" \
-        --argjson load0 "$RATE_LOAD_START" --argjson load1 "$(cut -d" " -f1 /proc/loadavg)" \
-        --slurpfile drop "$RATES/xdp_drop.json" --slurpfile echo "$RATES/echo.json" \
-        --slurpfile echo64 "$RATES/echo64.json" \
-        --slurpfile agg <(for t in "${THREADS[@]}"; do cat "$RATES"/agg-n*-t"$t".json; done) '
-        ($agg | map(select(.threads == 1))) as $a1
-        | ($agg | map(select(.threads == 2))) as $a2
-        | def ratio($x; $y): if $x == null or $y == null or $y == 0 then null else $x / $y end;
-        {
-          setup: {testbed: "one generator namespace, veth with \($queues) queues to switch port sw-w0",
-                  seconds_per_run: $secs, repeats: $reps, statistic: "median of the repeats",
-                  generator: "aggblast --spread-queues (AF_PACKET raw frames, sendmmsg, no PACKET_QDISC_BYPASS so that the flow hash picks the veth queue); \($flows) flows (source ports) in open loop, one per rank in aggregation",
-                  pinning: "switchd dataplane thread 0 on CPU 0, generator on CPU \($gen_cpu); a 2nd dataplane thread is pinned to CPU 1 and shares it with the generator",
-                  nproc: $nproc, loadavg_1min: {start: $load0, end: $load1},
-                  closed_loop_window: "seqs in flight = min(switch window 256, \($inflight) / ranks): at most \($inflight) DATA frames in flight",
-                  elements_per_s_definition: "contributed = chunks completed/s x elements per chunk x ranks (float32 inputs summed); result = chunks/s x elements per chunk"},
-          xdp_drop: $drop[0], echo: $echo[0], echo_64: $echo64[0], aggregate: $agg,
-          headline: {
-            agg_over_echo_pps: ($a1 | map({key: (.ranks | tostring), value: ratio(.data_pps; $echo[0].pps)}) | from_entries),
-            agg_over_echo_pps_4_ranks: (($a1 | map(select(.ranks == 4))[0].data_pps) as $p | ratio($p; $echo[0].pps)),
-            agg_over_echo_goal: 0.9,
-            agg_over_echo_pps_best: ($a1 | map({key: (.ranks | tostring), value: ratio(.data_pps_best; $echo[0].pps_best)}) | from_entries),
-            agg_over_echo_per_switchd_cpu_s: ($a1 | map({key: (.ranks | tostring),
-                value: ratio(.pps_per_switchd_cpu_s; $echo[0].pps_per_switchd_cpu_s)}) | from_entries),
-            echo_over_xdp_drop: ratio($echo[0].pps; $drop[0].pps),
-            two_over_one_thread: ($a2 | map(. as $x | {key: (.ranks | tostring),
-                value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))}) | from_entries),
-            over_one_thread: ($agg | map(select(.threads > 1)) | group_by(.threads)
-                | map({key: (.[0].threads | tostring), value: (map(. as $x | {key: (.ranks | tostring),
-                    value: ratio($x.data_pps; ($a1 | map(select(.ranks == $x.ranks))[0].data_pps))})
-                    | from_entries)}) | from_entries)
-          }
-        }' >"$RATES/rates.json"
+    rates_report report "$RATES" --threads "$THREADS_ARG" --ranks "$(IFS=,; echo "${RATE_RANKS[*]}")" \
+        --seconds "$RATE_SECONDS" --repeats "$RATE_REPEATS" --queues "$RATE_QUEUES" \
+        --flows "$RATE_FLOWS" --inflight "$RATE_INFLIGHT_FRAMES" --gen-cpu "${GEN_CPU:-none}" \
+        --load-start "$RATE_LOAD_START" >"$RUN/rates-table.md" ||
+        die "scripts/bench_rates_report.py report failed on $RATES"
     bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$RATE_PREFIX" >/dev/null 2>&1 || true
     RATE_TESTBED_MADE=0
-}
-
-# rates_table: the rate section as Markdown, from RATES/rates.json.
-rates_table() {
-    jq -r '
-      def r0: if . == null then "-" else round | tostring end;
-      def f2: if . == null then "-" else (. * 100 | round) / 100 | tostring end;
-      def m($x): if $x == null then "-" else ($x / 1e6 * 1000 | round) / 1000 | tostring end;
-      "| measurement | frame B | threads | pps median (best) | pps per switchd CPU-s | chunks/s | float32 contributed/s (M) | resends |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|",
-      (if .xdp_drop then "| XDP_DROP (in the XDP program) | \(.xdp_drop.frame_bytes) | - | \(.xdp_drop.pps | r0) (\(.xdp_drop.pps_best | r0)) | - | | | |" else "| XDP_DROP | - | - | not measured | | | | |" end),
-      "| AF_XDP echo | \(.echo.frame_bytes) | 1 | \(.echo.pps | r0) (\(.echo.pps_best | r0)) | \(.echo.pps_per_switchd_cpu_s | r0) | | | |",
-      "| AF_XDP echo | \(.echo_64.frame_bytes) | 1 | \(.echo_64.pps | r0) (\(.echo_64.pps_best | r0)) | \(.echo_64.pps_per_switchd_cpu_s | r0) | | | |",
-      (.aggregate[] | "| aggregate, \(.ranks) ranks | 1512 | \(.threads) | \(.data_pps | r0) (\(.data_pps_best | r0)) | \(.pps_per_switchd_cpu_s | r0) | \(.chunks_per_s | r0) | \(m(.contributed_elems_per_s)) | \(.seq_resends) |"),
-      "",
-      "aggregation DATA pps / echo pps (1 thread): " + ([.headline.agg_over_echo_pps | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")) + "; goal >= 0.9",
-      "the same, best runs: " + ([.headline.agg_over_echo_pps_best | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
-      "the same per switchd CPU-second (less disturbed by other load): " + ([.headline.agg_over_echo_per_switchd_cpu_s | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", ")),
-      "echo / XDP_DROP: \(.headline.echo_over_xdp_drop | f2)",
-      (.headline.over_one_thread | to_entries[] | .key as $t
-       | "\($t) threads / 1 thread: " + ([.value | to_entries[] | "\(.key) ranks \(.value | f2)"] | join(", "))),
-      "1-min load average \(.setup.loadavg_1min.start) at start, \(.setup.loadavg_1min.end) at end of the rate section (\(.setup.nproc) cores)"
-    ' "$RATES/rates.json"
 }
 
 if [[ "$DO_RATES" -eq 1 ]]; then
@@ -708,7 +634,7 @@ if [[ "$DO_RATES" -eq 1 ]]; then
     run_rates
     echo
     echo "=== bench $STAMP: packet rates ==="
-    rates_table | tee "$RUN/rates-table.md"
+    cat "$RUN/rates-table.md"
     echo
 fi
 # --- forwarding: ordinary traffic through the switch against a plain bridge ---------------
@@ -723,14 +649,9 @@ fi
 
 if [[ "$RATES_ONLY" -eq 1 ]]; then
     OUT_JSON="$REPO_ROOT/results/bench-$STAMP.json"
-    jq -n --arg stamp "$STAMP" --arg kernel "$(uname -r)" \
-        --arg model "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)" \
-        --argjson nproc "$(nproc)" \
-        --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-        --slurpfile rates "$RATES/rates.json" \
-        '{stamp: $stamp, commit: $commit, rates_only: true,
-          machine: {nproc: $nproc, cpu_model: $model, kernel: $kernel},
-          rates: $rates[0]}' >"$OUT_JSON"
+    python3 "$REPO_ROOT/scripts/bench_report.py" rates-only --json "$OUT_JSON" --stamp "$STAMP" \
+        --repo "$REPO_ROOT" --rates "$RATES/rates.json" ||
+        die "scripts/bench_report.py rates-only failed; the raw results are in $RUN"
     plot_and_publish "$OUT_JSON" "$RUN/rates.png" bench-rates
     exit 0
 fi
@@ -767,61 +688,22 @@ shape_links() {
     shape_worker_links "$PREFIX" "$WORKERS" "${TBF_ARGS[@]}"
 }
 
-# qdisc_counters NS DEV: "BYTES PACKETS DROPS OVERLIMITS" of DEV's root tbf
-# or htb qdisc ("0 0 0 0" when it has none).
-qdisc_counters() {
-    local out
-    out="$(ip netns exec "$1" tc -s qdisc show dev "$2" 2>/dev/null |
-        awk '/^qdisc (tbf|htb) .* root/ { root = 1; next }
-             /^qdisc/ { root = 0 }
-             root && $1 == "Sent" { gsub(/[(),]/, ""); print $2, $4, $7, $9; exit }' || true)"
-    echo "${out:-0 0 0 0}"
+# phase_snapshot TAG before|after: lib.sh's snapshot (/proc/stat's cpu
+# line and every shaper's counters, tc -s -j) into $OUT/snap-TAG-EDGE.jsonl;
+# scripts/bench_report.py takes the differences: the phase's shapers and its
+# busy share of all CPUs (scripts/benchkit.py's definition, as every
+# report's). Before a phase a fresh /proc/stat line follows the shaper
+# reads, so that their CPU falls outside the phase.
+phase_snapshot() {
+    local f="$OUT/snap-$1-$2.jsonl"
+    snapshot "$f"
+    if [[ "$2" == before ]]; then
+        printf '{"t": %s, "stat": "%s"}\n' "$(date +%s.%N)" "$(head -n 1 /proc/stat)" >>"$f"
+    fi
 }
 
-# shaper_snapshot FILE: the counters of every shaper, summed per kind, as JSON.
-shaper_snapshot() {
-    local i kind ns dev
-    local -A sum=()
-    local -a c
-    for ((i = 0; i < WORKERS; i++)); do
-        for kind in worker_egress worker_ingress_ifb switch_port_egress; do
-            case "$kind" in
-                worker_egress) ns="$PREFIX-w$i" dev=eth0 ;;
-                worker_ingress_ifb) ns="$PREFIX-w$i" dev=ifb0 ;;
-                switch_port_egress) ns="$PREFIX-sw" dev="sw-w$i" ;;
-            esac
-            read -r -a c < <(qdisc_counters "$ns" "$dev")
-            sum[$kind.bytes]=$((${sum[$kind.bytes]:-0} + c[0]))
-            sum[$kind.packets]=$((${sum[$kind.packets]:-0} + c[1]))
-            sum[$kind.drops]=$((${sum[$kind.drops]:-0} + c[2]))
-            sum[$kind.overlimits]=$((${sum[$kind.overlimits]:-0} + c[3]))
-        done
-    done
-    for kind in worker_egress worker_ingress_ifb switch_port_egress; do
-        printf '{"%s":{"bytes":%d,"packets":%d,"drops":%d,"overlimits":%d}}\n' "$kind" \
-            "${sum[$kind.bytes]}" "${sum[$kind.packets]}" "${sum[$kind.drops]}" "${sum[$kind.overlimits]}"
-    done | jq -s add >"$1"
-}
-
-# cpu_ticks: "BUSY TOTAL" jiffies of all CPUs so far; cpu_busy BEFORE_BUSY
-# BEFORE_TOTAL: the busy fraction of all CPUs since then. The definition
-# (guest time not counted twice) is scripts/benchkit.py's, as every report's.
-cpu_ticks() {
-    python3 "$REPO_ROOT/scripts/benchkit.py" cpu-ticks
-}
-cpu_busy() {
-    python3 "$REPO_ROOT/scripts/benchkit.py" busy-fraction "$1" "$2"
-}
-
-# shaper_delta BEFORE AFTER: AFTER - BEFORE, counter by counter, as JSON.
-shaper_delta() {
-    jq -n --slurpfile a "$1" --slurpfile b "$2" \
-        '$b[0] | with_entries(.key as $k | .value |= with_entries(.value -= $a[0][$k][.key]))'
-}
-
-# iperf NAME SERVER_NS ADDR CLIENT_NS [-R]: sets IPERF_RESULT to the TCP
-# Gbit/s received (or null); the report goes to $OUT/iperf-NAME.json.
-IPERF_RESULT=null
+# iperf NAME SERVER_NS ADDR CLIENT_NS [-R]: iperf3's report (TCP, -J) into
+# $OUT/iperf-NAME.json; scripts/bench_report.py reads the Gbit/s received.
 iperf() {
     local name="$1" sns="$2" addr="$3" cns="$4" i spid rc=0
     shift 4
@@ -837,18 +719,15 @@ iperf() {
     wait_pids 10 "$spid" || true
     if [[ "$rc" -ne 0 ]]; then
         warn "iperf3 $name failed (status $rc), see $OUT/iperf-$name.json"
-        IPERF_RESULT=null
-        return 0
     fi
-    IPERF_RESULT="$(jq '.end.sum_received.bits_per_second / 1e9' "$OUT/iperf-$name.json")"
+    return 0
 }
 
 # run_mpi TAG: K timed MPI_Allreduce across the worker namespaces; the
 # result goes to $OUT/TAG.result.json.
 run_mpi() {
-    local tag="$1" pid cpu0 busy
-    shaper_snapshot "$OUT/shaper-$tag-before.json"
-    read -r -a cpu0 < <(cpu_ticks)
+    local tag="$1" pid
+    phase_snapshot "$tag" before
     log "[$LINK] OpenMPI MPI_Allreduce ($tag): $WORKERS ranks x $MIB MiB, 1 warm-up + $REPEATS timed"
     (
         cd "$OUT"
@@ -860,24 +739,17 @@ run_mpi() {
         tail -n 20 "$OUT/$tag.log" >&2
         die "mpirun failed (status ${WAIT_RCS[0]}); see $OUT/$tag.log"
     fi
-    local json
-    json="$(grep -E '^\{' "$OUT/$tag.json" | tail -n 1)"
-    [[ -n "$json" ]] || die "mpirun printed no JSON; see $OUT/$tag.json and $OUT/$tag.log"
-    [[ "$(jq -r .verified <<<"$json")" == true ]] || die "MPI_Allreduce gave a wrong sum"
-    busy="$(cpu_busy "${cpu0[@]}")"
-    shaper_snapshot "$OUT/shaper-$tag-after.json"
-    jq -c --argjson sh "$(shaper_delta "$OUT/shaper-$tag-before.json" "$OUT/shaper-$tag-after.json")" \
-        --argjson busy "$busy" \
-        '. + {shapers: $sh, cpu_busy_fraction: $busy}' <<<"$json" >"$OUT/$tag.result.json"
+    phase_snapshot "$tag" after
+    python3 "$REPO_ROOT/scripts/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag.json" ||
+        die "OpenMPI '$tag' gave no verified result (see above and $OUT/$tag.log)"
 }
 
 # run_gloo TAG: K timed gloo all-reduces (bench/gloo_allreduce.py, one rank
 # per worker namespace, TCP on eth0); the result goes to $OUT/TAG.result.json.
 run_gloo() {
-    local tag="$1" r cpu0 busy json
+    local tag="$1" r
     local -a pids=()
-    shaper_snapshot "$OUT/shaper-$tag-before.json"
-    read -r -a cpu0 < <(cpu_ticks)
+    phase_snapshot "$tag" before
     log "[$LINK] gloo all-reduce ($tag): $WORKERS ranks x $MIB MiB, 1 warm-up + $REPEATS timed"
     for ((r = 0; r < WORKERS; r++)); do
         ip netns exec "$PREFIX-w$r" env RANK="$r" WORLD_SIZE="$WORKERS" \
@@ -894,14 +766,9 @@ run_gloo() {
         done
         die "gloo all-reduce '$tag' failed; see $OUT"
     fi
-    json="$(grep -E '^\{' "$OUT/$tag-rank0.out" | tail -n 1)"
-    [[ -n "$json" ]] || die "gloo printed no JSON; see $OUT/$tag-rank0.out and .log"
-    [[ "$(jq -r .verified <<<"$json")" == true ]] || die "gloo gave a wrong sum"
-    busy="$(cpu_busy "${cpu0[@]}")"
-    shaper_snapshot "$OUT/shaper-$tag-after.json"
-    jq -c --argjson sh "$(shaper_delta "$OUT/shaper-$tag-before.json" "$OUT/shaper-$tag-after.json")" \
-        --argjson busy "$busy" \
-        '. + {shapers: $sh, cpu_busy_fraction: $busy}' <<<"$json" >"$OUT/$tag.result.json"
+    phase_snapshot "$tag" after
+    python3 "$REPO_ROOT/scripts/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag-rank0.out" ||
+        die "gloo '$tag' gave no verified result (see above and $OUT/$tag-rank0.log)"
 }
 
 start_bench_switchd() {
@@ -914,9 +781,8 @@ stop_switchd() {
     SWITCHD_PID=""
 }
 
-# run_workers ITERATIONS TAG: the 4 workers at once; sets WORKERS_SLOWEST to
-# the slowest rank's seconds (for all ITERATIONS).
-WORKERS_SLOWEST=""
+# run_workers ITERATIONS TAG: the 4 workers at once; each rank's JSON into
+# $OUT/TAG-rankR.json.
 run_workers() {
     local iters="$1" tag="$2" r
     local -a pids=()
@@ -934,39 +800,24 @@ run_workers() {
         done
         die "switch all-reduce '$tag' failed; see $OUT"
     fi
-    WORKERS_SLOWEST="$(jq -s 'map(.seconds) | max' "$OUT/$tag"-rank*.json)"
 }
 
-# run_switch: one K-iteration run and K single runs: the raw times into
-# $OUT/switch.raw.json, their statistics (scripts/bench_report.py) into
-# $OUT/switch.result.json.
+# run_switch: one K-iteration run and K single runs; scripts/bench_report.py
+# takes the slowest rank of each, the shapers and the CPU into
+# $OUT/switch.raw.json and their statistics into $OUT/switch.result.json.
 run_switch() {
-    local k runs=() kt cpu0 busy
+    local k
     log "[$LINK] switch: $WORKERS workers x $MIB MiB, $REPEATS iterations in one run, then $REPEATS single runs"
     start_bench_switchd
-    shaper_snapshot "$OUT/shaper-switch-before.json"
-    read -r -a cpu0 < <(cpu_ticks)
+    phase_snapshot switch before
     run_workers "$REPEATS" multi
-    kt="$WORKERS_SLOWEST"
     for ((k = 0; k < REPEATS; k++)); do
         run_workers 1 "single$k"
-        runs+=("$WORKERS_SLOWEST")
     done
-    busy="$(cpu_busy "${cpu0[@]}")"
-    shaper_snapshot "$OUT/shaper-switch-after.json"
+    phase_snapshot switch after
     stop_switchd
-    jq -n \
-        --argjson multi_s "$kt" \
-        --argjson runs "$(printf '%s\n' "${runs[@]}" | jq -s .)" \
-        --argjson busy "$busy" \
-        --argjson shapers "$(shaper_delta "$OUT/shaper-switch-before.json" "$OUT/shaper-switch-after.json")" \
-        --slurpfile ranks <(cat "$OUT"/multi-rank*.json) \
-        --slurpfile stats <(cat "$OUT/switchd-stats.json" 2>/dev/null || echo null) \
-        '{multi_run_slowest_rank_s: $multi_s, single_runs_s: $runs, ranks: $ranks,
-          shapers: $shapers, cpu_busy_fraction: $busy, switchd_stats: $stats[0]}' \
-        >"$OUT/switch.raw.json"
     python3 "$REPO_ROOT/scripts/bench_report.py" switch "$OUT" --repeats "$REPEATS" \
-        --elements "$ELEMENTS" || die "scripts/bench_report.py switch failed on $OUT"
+        --elements "$ELEMENTS" --workers "$WORKERS" || die "scripts/bench_report.py switch failed on $OUT"
 }
 
 # measure LINK: everything for one link setting into $OUT (scripts/bench_report.py
@@ -975,15 +826,11 @@ measure() {
     LINK="$1"
     OUT="$RUN/$LINK"
     mkdir -p "$OUT"
-    local load0 up down w2w
-    load0="$(loadavg)"
+    cp /proc/loadavg "$OUT/loadavg-start.txt"
     log "[$LINK] iperf3 (TCP, $IPERF_SECS s each): worker->switch, switch->worker, worker->worker"
     iperf up "$PREFIX-sw" "$SWITCH_ADDR" "$PREFIX-w0"
-    up="$IPERF_RESULT"
     iperf down "$PREFIX-sw" "$SWITCH_ADDR" "$PREFIX-w0" -R
-    down="$IPERF_RESULT"
     iperf w2w "$PREFIX-w1" "$(tb worker_1_addr)" "$PREFIX-w0"
-    w2w="$IPERF_RESULT"
     run_mpi mpi
     set_worker_tx "$PREFIX" "$WORKERS" on
     run_mpi mpi_tso
@@ -991,10 +838,7 @@ measure() {
     [[ "$GLOO" -eq 1 ]] && run_gloo gloo
     set_worker_tx "$PREFIX" "$WORKERS" off
     run_switch
-    jq -n --argjson up "$up" --argjson down "$down" --argjson w2w "$w2w" \
-        --argjson load0 "$load0" --argjson load1 "$(loadavg)" \
-        '{iperf3_gbit_per_s: {worker_to_switch: $up, switch_to_worker: $down, worker_to_worker: $w2w},
-          loadavg_1min: {start: $load0, end: $load1}}' >"$OUT/link-extra.json"
+    cp /proc/loadavg "$OUT/loadavg-end.txt"
 }
 
 # busy_machine: true when the 1-min load average is above half the cores.
@@ -1055,21 +899,10 @@ run_threads
 
 if [[ "$CORES_ONLY" -eq 1 ]]; then
     OUT_JSON="$REPO_ROOT/results/bench-cores-$STAMP.json"
-    jq -n --arg stamp "$STAMP" --arg kernel "$(uname -r)" \
-        --arg model "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)" \
-        --argjson nproc "$(nproc)" --argjson mib "$MIB" --argjson k "$REPEATS" \
-        --argjson workers "$WORKERS" --argjson mtu "$MTU" \
-        --arg commit "$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-        --argjson load0 "$LOAD_START" --argjson load1 "$(loadavg)" \
-        --slurpfile rates "$RATES/rates.json" --slurpfile thr "$THREADS_DIR/threads.json" \
-        '{stamp: $stamp, commit: $commit, cores_only: true,
-          machine: {nproc: $nproc, cpu_model: $model, kernel: $kernel,
-                    loadavg_1min: {start: $load0, end: $load1}},
-          setup: {workers: $workers, mib: $mib, dtype: "float32", repeats: $k, mtu: $mtu},
-          rates: $rates[0], threads: $thr[0],
-          headline: {allreduce_threads: $thr[0].allreduce_threads,
-                     allreduce_time_over_1_thread: $thr[0].time_over_1_thread,
-                     rates_over_one_thread: $rates[0].headline.over_one_thread}}' >"$OUT_JSON"
+    python3 "$REPO_ROOT/scripts/bench_report.py" cores-only --json "$OUT_JSON" --stamp "$STAMP" \
+        --repo "$REPO_ROOT" --rates "$RATES/rates.json" --threads-json "$THREADS_DIR/threads.json" \
+        --mib "$MIB" --repeats "$REPEATS" --workers "$WORKERS" --mtu "$MTU" --load-start "$LOAD_START" ||
+        die "scripts/bench_report.py cores-only failed; the raw results are in $RUN"
     echo
     echo "=== bench $STAMP (cores only): $WORKERS workers, $MIB MiB float32, $(nproc) cores ==="
     echo "switch all-reduce, unlimited links, by dataplane threads:"

@@ -21,7 +21,9 @@
 #   sum_only  the engine's arithmetic alone (rank 0 copies into the slot,
 #             ranks 1..3 add), without any protocol work.
 # and reports criterion's median per benchmark, engine / copy (the goal is
-# <= 1.5) and sum_only / copy. No root needed; nothing touches the network.
+# <= 1.5) and sum_only / copy (scripts/bench_per_packet_report.py reads
+# criterion's estimates and writes the JSON and the table). No root needed;
+# nothing touches the network.
 
 set -euo pipefail
 
@@ -43,7 +45,6 @@ while [[ $# -gt 0 ]]; do
 done
 uint_in_range "$SECS" 1 600 || die "--secs must be 1..600, got '$SECS'"
 uint_in_range "$CPU" 0 $(($(nproc) - 1)) || die "--cpu must be 0..$(($(nproc) - 1)) (this machine's CPUs), got '$CPU'"
-command -v jq >/dev/null 2>&1 || die "jq not found (apt-get install jq)"
 command -v taskset >/dev/null 2>&1 || die "taskset not found (apt-get install util-linux)"
 
 cd "$REPO_ROOT"
@@ -63,32 +64,7 @@ taskset -c "$CPU" cargo bench -q -p agg-proto --bench data_path -- data_packet \
     die "cargo bench -p agg-proto --bench data_path failed (see above)"
 }
 
-rows=()
-for elems in 64 256 362 870; do
-    for kind in engine copy sum_only; do
-        est="$OUT_DIR/$kind/$elems/new/estimates.json"
-        [[ -s "$est" ]] || die "criterion wrote no $est"
-    done
-    rows+=("$(jq -n --argjson e "$elems" \
-        --slurpfile eng "$OUT_DIR/engine/$elems/new/estimates.json" \
-        --slurpfile cp "$OUT_DIR/copy/$elems/new/estimates.json" \
-        --slurpfile so "$OUT_DIR/sum_only/$elems/new/estimates.json" \
-        '{elems: $e,
-          engine_ns: $eng[0].median.point_estimate,
-          copy_ns: $cp[0].median.point_estimate,
-          sum_only_ns: $so[0].median.point_estimate,
-          engine_over_copy: ($eng[0].median.point_estimate / $cp[0].median.point_estimate),
-          sum_only_over_copy: ($so[0].median.point_estimate / $cp[0].median.point_estimate),
-          protocol_ns: ($eng[0].median.point_estimate - $so[0].median.point_estimate)}')")
-done
-result="$(printf '%s\n' "${rows[@]}" | jq -s --argjson secs "$SECS" --argjson cpu "$CPU" \
-    '{measurement_secs: $secs, cpu: $cpu, statistic: "criterion median, ns per packet",
-      goal_engine_over_copy: 1.5, sizes: .}')"
-if [[ -n "$JSON" ]]; then
-    printf '%s\n' "$result" >"$JSON"
-fi
-jq -r "$JQ_DECIMALS"'
-  "| floats per packet | engine ns | copy ns | sum only ns | engine / copy | sum only / copy | protocol work ns |",
-  "|---:|---:|---:|---:|---:|---:|---:|",
-  (.sizes[] | "| \(.elems) | \(.engine_ns | f1) | \(.copy_ns | f1) | \(.sum_only_ns | f1) | \(.engine_over_copy | f2) | \(.sum_only_over_copy | f2) | \(.protocol_ns | f1) |")
-' <<<"$result"
+report_args=("$OUT_DIR" --secs "$SECS" --cpu "$CPU")
+[[ -n "$JSON" ]] && report_args+=(--json "$JSON")
+python3 "$REPO_ROOT/scripts/bench_per_packet_report.py" "${report_args[@]}" ||
+    die "scripts/bench_per_packet_report.py failed on $OUT_DIR (see above; criterion's log: $CRITERION_LOG)"

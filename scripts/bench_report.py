@@ -3,22 +3,39 @@
 raw results its phases left in the run directory (the shell only runs
 things and records what they printed).
 
-Two commands:
-  switch DIR --repeats K --elements N
-      DIR/switch.raw.json (the switch's K-iteration run and K single runs:
-      slowest rank's seconds, the ranks' JSON, shapers, CPU) to
-      DIR/switch.result.json (the statistics below), after each run_switch;
+Each phase of a link setting leaves in its folder DIR two snapshots
+(lib.sh's `snapshot`: /proc/stat's cpu line and every shaper's `tc -s -j`
+counters), DIR/snap-TAG-before.jsonl and DIR/snap-TAG-after.jsonl; a
+phase's shapers are the counters' differences and its CPU the busy share of
+all CPUs between the two (benchkit: the last "stat" line of each).
+
+Commands:
+  peer DIR TAG --output FILE
+      an OpenMPI or gloo phase: the last JSON line of FILE (what rank 0
+      printed; it must say verified) plus the phase's shapers and CPU, to
+      DIR/TAG.result.json;
+  switch DIR --repeats K --elements N --workers W
+      the switch's K-iteration run and K single runs: the slowest rank's
+      seconds of each (DIR/multi-rankR.json, DIR/singleI-rankR.json: the
+      workers' JSON), the multi run's ranks, switchd's stats file, the
+      phase's shapers and CPU (snapshots tagged "switch") to
+      DIR/switch.raw.json, and their statistics (below) to
+      DIR/switch.result.json, after each run_switch;
   report RUN ...
       the whole run: reads RUN/{unlimited,1gbit}/: switch.result.json,
-      mpi.result.json, mpi_tso.result.json, gloo.result.json (each peer's own
-JSON plus shapers and CPU), iperf.json; and, when present,
-rates/rates.json, forward.json, per-packet.json, efficiency.json,
-threads/threads.json.
-
-Writes results/bench-STAMP.json (the schema docs/bench.json has had since
-issue 3, plus `gloo` per link and the switch/gloo ratios) and RUN/table.md.
-The headline ratios are taken against gloo (PyTorch's all-reduce with TSO
-on: what a PyTorch user runs; issue 24), OpenMPI's beside them.
+      mpi.result.json, mpi_tso.result.json, gloo.result.json,
+      iperf-{up,down,w2w}.json (iperf3 -J), loadavg-{start,end}.txt; and,
+      when present, rates/rates.json, forward.json, per-packet.json,
+      efficiency.json, threads/threads.json. Writes results/bench-STAMP.json
+      (the schema docs/bench.json has had since issue 3, plus `gloo` per
+      link and the switch/gloo ratios) and RUN/table.md. The headline ratios
+      are taken against gloo (PyTorch's all-reduce with TSO on: what a
+      PyTorch user runs; issue 24), OpenMPI's beside them;
+  rates-only --json OUT --rates FILE ...
+      the JSON of a --rates-only run (machine, commit, rates);
+  cores-only --json OUT --rates FILE --threads-json FILE ...
+      the JSON of a --cores-only run (packet rates and the all-reduce by
+      dataplane thread count).
 
 Statistics (benchkit): a configuration's "mean" is the K-iteration run's
 slowest rank / K; "best", "median" and "worst" are over K single runs (the
@@ -26,25 +43,88 @@ median interpolates between the middle two when K is even).
 """
 
 import argparse
-import json
 import os
 import platform
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchkit import fmt, median, ratio, write_json  # noqa: E402
+from benchkit import (  # noqa: E402
+    busy_fraction, fmt, json_lines, last_json_line, load_json, markdown_table, median, nproc, ratio,
+    shaper_delta, snapshot_stat, write_json)
 
 HEADER_BYTES = 14 + 20 + 8 + 22
 L1_EXTRA = 24  # FCS 4, preamble 8, inter-frame gap 12
 
 
-def load(path, default=None):
+load = load_json
+
+
+class ReportError(Exception):
+    pass
+
+
+def phase(d, tag):
+    """The shapers' counter differences and the busy share of all CPUs
+    between DIR/snap-TAG-before.jsonl and DIR/snap-TAG-after.jsonl."""
+    snaps = []
+    for edge in ("before", "after"):
+        path = os.path.join(d, f"snap-{tag}-{edge}.jsonl")
+        try:
+            snaps.append(json_lines(path))
+            snapshot_stat(snaps[-1])
+        except OSError as e:
+            raise ReportError(f"cannot read {path}: {e.strerror}") from None
+        except ValueError as e:
+            raise ReportError(f"{path}: {e}") from None
+    a, b = snaps
+    busy = busy_fraction(snapshot_stat(a), snapshot_stat(b))
+    # Three decimals, as bench.sh has always published it.
+    return shaper_delta(a, b), round(busy, 3) if busy is not None else None
+
+
+def program_json(path):
+    """The last JSON line a program wrote to PATH, or None."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
+            return last_json_line(f.read())
+    except OSError:
+        return None
+
+
+def peer_result(d, tag, output):
+    """An OpenMPI or gloo phase's result: rank 0's JSON plus shapers and CPU."""
+    j = program_json(output)
+    if j is None:
+        raise ReportError(f"{tag} printed no JSON; see {output} and its log")
+    if j.get("verified") is not True:
+        raise ReportError(f"{tag} gave a wrong sum (verified is {j.get('verified')} in {output})")
+    shapers, busy = phase(d, tag)
+    return {**j, "shapers": shapers, "cpu_busy_fraction": busy}
+
+
+def switch_raw(d, k, workers):
+    """The switch phase's raw results from the workers' JSON files."""
+    def ranks(tag):
+        out = []
+        for r in range(workers):
+            path = os.path.join(d, f"{tag}-rank{r}.json")
+            j = program_json(path)
+            if j is None or not isinstance(j.get("seconds"), (int, float)):
+                raise ReportError(f"rank {r} of switch run '{tag}' left no report with seconds in {path}")
+            out.append(j)
+        return out
+
+    multi = ranks("multi")
+    shapers, busy = phase(d, "switch")
+    return {
+        "multi_run_slowest_rank_s": max(r["seconds"] for r in multi),
+        "single_runs_s": [max(r["seconds"] for r in ranks(f"single{i}")) for i in range(k)],
+        "ranks": multi,
+        "shapers": shapers,
+        "cpu_busy_fraction": busy,
+        "switchd_stats": load(os.path.join(d, "switchd-stats.json")),
+    }
 
 
 def switch_stats(raw, k, elements):
@@ -84,10 +164,11 @@ def link_report(d, name):
     mpi = load(os.path.join(d, "mpi.result.json"))
     tso = load(os.path.join(d, "mpi_tso.result.json"))
     gloo = load(os.path.join(d, "gloo.result.json"))
-    extra = load(os.path.join(d, "link-extra.json"), {})
     return {
         "link": name,
-        "iperf3_gbit_per_s": extra.get("iperf3_gbit_per_s"),
+        "iperf3_gbit_per_s": {key: iperf_gbps(os.path.join(d, f"iperf-{tag}.json"))
+                              for key, tag in (("worker_to_switch", "up"), ("switch_to_worker", "down"),
+                                               ("worker_to_worker", "w2w"))},
         "openmpi": mpi,
         "openmpi_tso": tso,
         "gloo": gloo,
@@ -95,8 +176,24 @@ def link_report(d, name):
         "ratio_switch_over_gloo": ratios(sw, gloo),
         "ratio_switch_over_openmpi": ratios(sw, mpi),
         "ratio_switch_over_openmpi_tso": ratios(sw, tso),
-        "loadavg_1min": extra.get("loadavg_1min"),
+        "loadavg_1min": {"start": loadavg_file(os.path.join(d, "loadavg-start.txt")),
+                         "end": loadavg_file(os.path.join(d, "loadavg-end.txt"))},
     }
+
+
+def iperf_gbps(path):
+    """Gbit/s received in an iperf3 -J report; None when iperf3 failed."""
+    bps = (((load(path) or {}).get("end") or {}).get("sum_received") or {}).get("bits_per_second")
+    return bps / 1e9 if isinstance(bps, (int, float)) else None
+
+
+def loadavg_file(path):
+    """The 1-min load average in a copy of /proc/loadavg, or None."""
+    try:
+        with open(path) as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def machine(load0):
@@ -210,7 +307,7 @@ def build(a):
     status = git(a.repo, "status", "--porcelain", "--untracked-files=no")
     return {
         "stamp": a.stamp,
-        "commit": (git(a.repo, "rev-parse", "--short", "HEAD") or "unknown").strip(),
+        "commit": commit(a.repo),
         "uncommitted_changes_in_tracked_files": len(status.splitlines()) if status else 0,
         "quick": a.quick,
         "machine": machine(a.load_start),
@@ -239,30 +336,61 @@ def build(a):
     }
 
 
+def small_machine(with_load=None):
+    """The machine block of a --rates-only or --cores-only run."""
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    m = {"nproc": nproc(), "cpu_model": model, "kernel": platform.release()}
+    if with_load is not None:
+        with open("/proc/loadavg") as f:
+            m["loadavg_1min"] = {"start": with_load, "end": float(f.read().split()[0])}
+    return m
+
+
+def commit(repo):
+    return (git(repo, "rev-parse", "--short", "HEAD") or "unknown").strip()
+
+
+def rates_only(a):
+    return {"stamp": a.stamp, "commit": commit(a.repo), "rates_only": True, "machine": small_machine(),
+            "rates": load(a.rates)}
+
+
+def cores_only(a):
+    rates, thr = load(a.rates), load(a.threads_json)
+    return {
+        "stamp": a.stamp, "commit": commit(a.repo), "cores_only": True,
+        "machine": small_machine(a.load_start),
+        "setup": {"workers": a.workers, "mib": a.mib, "dtype": "float32", "repeats": a.repeats, "mtu": a.mtu},
+        "rates": rates, "threads": thr,
+        "headline": {"allreduce_threads": (thr or {}).get("allreduce_threads"),
+                     "allreduce_time_over_1_thread": (thr or {}).get("time_over_1_thread"),
+                     "rates_over_one_thread": ((rates or {}).get("headline") or {}).get("over_one_thread")},
+    }
+
+
 def f2(x):
     return fmt(x, 2)
 
 
 def table(b):
-    lines = [
-        "| link | method | best s | median s | mean s | mean Gbit/s | iperf3 up/down/w2w Gbit/s |",
-        "|---|---|---:|---:|---:|---:|---|",
-    ]
+    rows = []
     for l in b["links"]:
         ip = l["iperf3_gbit_per_s"] or {}
-        ips = " / ".join(f2(ip.get(k)) if ip.get(k) is not None else "-"
-                         for k in ("worker_to_switch", "switch_to_worker", "worker_to_worker"))
+        ips = " / ".join(f2(ip.get(k)) for k in ("worker_to_switch", "switch_to_worker", "worker_to_worker"))
         sw = l["switch"]
-        lines.append(f"| {l['link']} | switch | {fmt(sw['best_s'])} | {fmt(sw['median_s'])} | "
-                     f"{fmt(sw['mean_s'])} | {f2(sw['gbit_per_s_slowest_rank'])} | {ips} |")
+        rows.append([l["link"], "switch", fmt(sw["best_s"]), fmt(sw["median_s"]), fmt(sw["mean_s"]),
+                     f2(sw["gbit_per_s_slowest_rank"]), ips])
         for key, label in (("gloo", "gloo (TSO on)"), ("openmpi", "OpenMPI"),
                            ("openmpi_tso", "OpenMPI, worker tx offload on (TSO)")):
             p = l.get(key)
             if not p:
                 continue
             gbps = p["bytes"] * 8 / p["mean_s"] / 1e9 if p.get("bytes") and p.get("mean_s") else None
-            lines.append(f"| {l['link']} | {label} | {fmt(p.get('best_s'))} | {fmt(p.get('median_s'))} | "
-                         f"{fmt(p.get('mean_s'))} | {f2(gbps)} | |")
+            rows.append([l["link"], label, fmt(p.get("best_s")), fmt(p.get("median_s")), fmt(p.get("mean_s")),
+                         f2(gbps), ""])
+    lines = [markdown_table(["link", "method", " best s", " median s", " mean s", " mean Gbit/s",
+                             "iperf3 up/down/w2w Gbit/s"], rows)]
     h, lr, lk = b["headline"], b["line_rate_1gbit"], b["links"]
 
     def met(x):
@@ -325,10 +453,15 @@ def table(b):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("switch", help="switch.raw.json to switch.result.json")
+    pe = sub.add_parser("peer", help="an OpenMPI or gloo phase to TAG.result.json")
+    pe.add_argument("dir")
+    pe.add_argument("tag")
+    pe.add_argument("--output", required=True, help="the file rank 0's JSON line is in")
+    s = sub.add_parser("switch", help="the switch phase to switch.raw.json and switch.result.json")
     s.add_argument("dir")
     s.add_argument("--repeats", type=int, required=True)
     s.add_argument("--elements", type=int, required=True)
+    s.add_argument("--workers", type=int, required=True)
     r = sub.add_parser("report", help="the run's JSON and table")
     r.add_argument("run")
     r.add_argument("--json", required=True)
@@ -344,12 +477,37 @@ def main():
     r.add_argument("--openmpi-version", default="")
     r.add_argument("--quick", action="store_true")
     r.add_argument("--rates", action="store_true", help="the run measured packet rates")
+    ro = sub.add_parser("rates-only", help="the JSON of a --rates-only run")
+    co = sub.add_parser("cores-only", help="the JSON of a --cores-only run")
+    for x in (ro, co):
+        x.add_argument("--json", required=True)
+        x.add_argument("--stamp", required=True)
+        x.add_argument("--repo", required=True)
+        x.add_argument("--rates", required=True, help="rates/rates.json")
+    co.add_argument("--threads-json", required=True, help="threads/threads.json")
+    co.add_argument("--mib", type=int, required=True)
+    co.add_argument("--repeats", type=int, required=True)
+    co.add_argument("--workers", type=int, required=True)
+    co.add_argument("--mtu", type=int, required=True)
+    co.add_argument("--load-start", type=float, required=True)
     a = p.parse_args()
-    if a.cmd == "switch":
-        raw = load(os.path.join(a.dir, "switch.raw.json"))
-        if not raw:
-            raise SystemExit(f"bench_report.py: no switch.raw.json in {a.dir}")
-        write_json(os.path.join(a.dir, "switch.result.json"), switch_stats(raw, a.repeats, a.elements))
+    try:
+        if a.cmd == "peer":
+            write_json(os.path.join(a.dir, f"{a.tag}.result.json"), peer_result(a.dir, a.tag, a.output))
+            return 0
+        if a.cmd == "switch":
+            raw = switch_raw(a.dir, a.repeats, a.workers)
+            write_json(os.path.join(a.dir, "switch.raw.json"), raw)
+            write_json(os.path.join(a.dir, "switch.result.json"), switch_stats(raw, a.repeats, a.elements))
+            return 0
+    except ReportError as e:
+        print(f"bench_report.py {a.cmd}: {e}", file=sys.stderr)
+        return 1
+    if a.cmd == "rates-only":
+        write_json(a.json, rates_only(a))
+        return 0
+    if a.cmd == "cores-only":
+        write_json(a.json, cores_only(a))
         return 0
     b = build(a)
     write_json(a.json, b)

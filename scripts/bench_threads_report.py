@@ -23,9 +23,13 @@ and prints the same as a Markdown table.
 """
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import fmt, markdown_table  # noqa: E402
 
 QUEUE_COUNTER = re.compile(r"^\s*rx_queue_(\d+)_xdp_redirect:\s*(\d+)\s*$")
 
@@ -61,10 +65,6 @@ def load_run(run_dir: Path, threads: int) -> dict:
     }
 
 
-def f3(x) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
 def main(argv) -> int:
     if len(argv) != 4:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -86,15 +86,12 @@ def main(argv) -> int:
     }
     out.write_text(json.dumps(report, indent=2) + "\n")
 
-    print("| dataplane threads (= queues) | mean s | best s | median s | "
-          "slowest rank Gbit/s | time / 1 thread | frames per queue (thread) |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
-    for r in runs:
-        ratio = over[str(r["threads"])]
-        print(f"| {r['threads']} | {f3(r['mean_s'])} | {f3(r['best_s'])} | "
-              f"{f3(r['median_s'])} | {r['gbit_per_s_slowest_rank']:.2f} | "
-              f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-              f"{' / '.join(str(n) for n in r['frames_per_queue'])} |")
+    print(markdown_table(
+        [" dataplane threads (= queues)", " mean s", " best s", " median s", " slowest rank Gbit/s",
+         " time / 1 thread", "frames per queue (thread)"],
+        [[str(r["threads"]), fmt(r["mean_s"]), fmt(r["best_s"]), fmt(r["median_s"]),
+          fmt(r["gbit_per_s_slowest_rank"], 2), fmt(over[str(r["threads"])], 2),
+          " / ".join(str(n) for n in r["frames_per_queue"])] for r in runs]))
     return 0
 
 

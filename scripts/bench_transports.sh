@@ -27,8 +27,11 @@
 # others' work too), that window's wall seconds, the CPU-seconds of the
 # worker processes themselves (user+system, with the softirq work their
 # sends run inline) and of switchd in the window, and the ranks' coalescing
-# counters; then the medians per transport. The testbed is removed at the end, also on
-# failure. Needs root and target/release/{switchd,worker}.
+# counters; then the medians per transport. scripts/bench_transports_report.py
+# does that arithmetic from the raw readings this script leaves in its
+# folder (the workers' JSON and each window's edges). The testbed is
+# removed at the end, also on failure. Needs root and
+# target/release/{switchd,worker}.
 
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
@@ -58,7 +61,6 @@ SWITCHD="$REPO_ROOT/target/release/switchd"
 WORKER="$REPO_ROOT/target/release/worker"
 [[ -x "$SWITCHD" && -x "$WORKER" ]] ||
     die "build first: cargo build --release -p switchd -p agg-worker --bins"
-command -v jq >/dev/null || die "needs jq"
 
 OUT="$(mktemp -d "/tmp/bench-transports.XXXXXX")"
 SWITCHD_PID=""
@@ -80,37 +82,30 @@ write_testbed_switchd_config "$OUT/switchd.toml" "$SCRIPT_NAME" "$WORKERS" "$SEC
     "admin_socket = \"$OUT/switchd.sock\""
 start_switchd "$PREFIX-sw" "$SWITCHD" "$OUT/switchd.log" run --config "$OUT/switchd.toml"
 
-# busy_jiffies: busy jiffies of all CPUs so far (scripts/benchkit.py's
-# definition, as every report's).
-busy_jiffies() {
-    python3 "$REPO_ROOT/scripts/benchkit.py" cpu-ticks | cut -d' ' -f1
-}
-HZ="$(getconf CLK_TCK)"
-
-# switchd_jiffies: switchd's user+system time so far.
-switchd_jiffies() {
-    python3 "$REPO_ROOT/scripts/benchkit.py" proc-jiffies "$SWITCHD_PID"
-}
-
-# children_jiffies: user+system of this shell's waited-for children so far
-# (`times` writes to a file: in a command substitution it would report the
-# substitution's own children).
-children_jiffies() {
-    local c
-    times >"$OUT/times"
-    c="$(tail -n 1 "$OUT/times")"
-    awk -v hz="$HZ" '{ u = $1; s = $2; gsub(/[ms]/, " ", u); gsub(/[ms]/, " ", s)
-        split(u, a, " "); split(s, b, " "); printf "%d\n", (a[1] * 60 + a[2] + b[1] * 60 + b[2]) * hz }' <<<"$c"
+# mark FILE PART...: one edge of a run's window, a "PART VALUE" line per
+# part in the order given (the innermost nearest the workers): wall (the
+# clock), stat (/proc/stat's cpu line), switchd (its /proc/PID/stat) and
+# children (the children's line of `times`: user+system of this shell's
+# waited-for children, i.e. the workers; `times` writes to a file, because
+# in a command substitution it would report the substitution's own).
+mark() {
+    local f="$1" p
+    shift
+    : >"$f"
+    for p in "$@"; do
+        case "$p" in
+            wall) echo "wall $(date +%s.%N)" ;;
+            stat) echo "stat $(head -n 1 /proc/stat)" ;;
+            switchd) echo "switchd $(<"/proc/$SWITCHD_PID/stat")" ;;
+            children) times >"$OUT/times"; echo "children $(tail -n 1 "$OUT/times")" ;;
+        esac >>"$f"
+    done
 }
 
 # one_run TRANSPORT RUN: the workers at once; prints the run's JSON line.
 one_run() {
-    local t="$1" run="$2" r b0 b1 s0 s1 c0 c1 w0 w1 rc=0
-    children_jiffies >"$OUT/c0"
-    c0="$(<"$OUT/c0")"
-    s0="$(switchd_jiffies)"
-    w0="$(date +%s.%N)"
-    b0="$(busy_jiffies)"
+    local t="$1" run="$2" r rc=0
+    mark "$OUT/$t-$run.before" children switchd wall stat
     WORKER_PIDS=()
     for ((r = 0; r < WORKERS; r++)); do
         AGGSWITCH_SECRET="$SECRET" ip netns exec "$PREFIX-w$r" "$WORKER" allreduce --switch "$(tb switch_addr)" --job 1 \
@@ -123,22 +118,10 @@ one_run() {
         wait "${WORKER_PIDS[r]}" || rc=$?
     done
     WORKER_PIDS=()
-    b1="$(busy_jiffies)"
-    w1="$(date +%s.%N)"
-    s1="$(switchd_jiffies)"
-    children_jiffies >"$OUT/c1"
-    c1="$(<"$OUT/c1")"
+    mark "$OUT/$t-$run.after" stat wall switchd children
     ((rc == 0)) || die "a worker failed ($t run $run, status $rc); see $OUT"
-    jq -s -c --arg t "$t" --argjson run "$run" --argjson cpu "$((b1 - b0))" --argjson hz "$HZ" \
-        --argjson wall "$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", b - a }')" \
-        --argjson sw "$((s1 - s0))" --argjson wk "$((c1 - c0))" \
-        '{transport: $t, ran: (map(.transport) | unique), run: $run,
-          seconds: (map(.seconds) | max), cpu_s: ($cpu / $hz), wall_s: $wall,
-          workers_cpu_s: ($wk / $hz), switchd_cpu_s: ($sw / $hz),
-          tx_coalesced: (map(.stats.tx_coalesced) | add),
-          rx_coalesced: (map(.stats.rx_coalesced) | add),
-          chunks_sent: (map(.stats.chunks_sent) | add),
-          resent: (map(.stats.chunks_resent) | add)}' "$OUT/$t-$run"-rank*.json
+    python3 "$REPO_ROOT/scripts/bench_transports_report.py" run "$OUT" "$t" "$run" --workers "$WORKERS" ||
+        die "scripts/bench_transports_report.py run failed on $OUT ($t run $run)"
 }
 
 for ((run = 0; run < RUNS; run++)); do
@@ -146,9 +129,6 @@ for ((run = 0; run < RUNS; run++)); do
         one_run "$t" "$run" | tee -a "$OUT/runs.jsonl"
     done
 done
-jq -s -c 'group_by(.transport)[] | {transport: .[0].transport,
-    median_seconds: (map(.seconds) | sort | .[length / 2 | floor]),
-    median_cpu_s: (map(.cpu_s) | sort | .[length / 2 | floor]),
-    median_workers_cpu_s: (map(.workers_cpu_s) | sort | .[length / 2 | floor]),
-    median_switchd_cpu_s: (map(.switchd_cpu_s) | sort | .[length / 2 | floor])}' "$OUT/runs.jsonl"
+python3 "$REPO_ROOT/scripts/bench_transports_report.py" summary "$OUT/runs.jsonl" ||
+    die "scripts/bench_transports_report.py summary failed on $OUT/runs.jsonl"
 log "worker tx offload $WORKER_TX; runs in $OUT"

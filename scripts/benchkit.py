@@ -127,6 +127,91 @@ def write_json(path, obj):
         f.write("\n")
 
 
+# --- raw inputs the shell scripts leave in a run folder ---------------------
+
+
+def load_json(path, default=None):
+    """One JSON file, or default when it is missing or not JSON (a phase
+    that was skipped or failed leaves no usable file)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def json_lines(path):
+    """A JSON-lines file as a list of values; a line that is not JSON is an
+    error naming the file and line (a half-written snapshot must not pass
+    as zeros)."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError as e:
+                    raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+    return out
+
+
+def last_json_line(text):
+    """The last line of a program's output that is a JSON object (mpirun,
+    gloo and the workers print logs around theirs), or None."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def nproc():
+    """The CPUs this process may run on, as `nproc` counts them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
+# Shapers: lib.sh's `snapshot FILE` writes JSON lines, one
+# {"t", "stat", "loadavg"} line with /proc/stat's cpu line, then one
+# {"kind", "rank", "tc"} line per shaped device with `tc -s -j qdisc show`.
+SHAPER_KINDS = ("worker_egress", "worker_ingress_ifb", "switch_port_egress")
+SHAPER_COUNTERS = ("bytes", "packets", "drops", "overlimits")
+
+
+def shaper_counters(snapshot):
+    """Each kind's root tbf or htb counters, summed over the ranks; every
+    kind and counter is present (0 where nothing is shaped)."""
+    out = {k: dict.fromkeys(SHAPER_COUNTERS, 0) for k in SHAPER_KINDS}
+    for line in snapshot:
+        if line.get("kind") not in out:
+            continue
+        for q in line.get("tc") or []:
+            if q.get("root") and q.get("kind") in ("tbf", "htb"):
+                for c in SHAPER_COUNTERS:
+                    out[line["kind"]][c] += q.get(c, 0)
+    return out
+
+
+def shaper_delta(before, after):
+    """after - before, counter by counter, of two snapshots' shapers."""
+    a, b = shaper_counters(before), shaper_counters(after)
+    return {k: {c: b[k][c] - a[k][c] for c in SHAPER_COUNTERS} for k in SHAPER_KINDS}
+
+
+def snapshot_stat(snapshot):
+    """The /proc/stat cpu line of a snapshot: its last "stat" line (a
+    script may append a fresh one after the shaper reads, so that their
+    CPU falls outside the phase it measures)."""
+    stats = [line["stat"] for line in snapshot if "stat" in line]
+    if not stats:
+        raise ValueError("snapshot has no /proc/stat line")
+    return stats[-1]
+
+
 def _main(argv):
     if argv[:1] == ["cpu-ticks"] and len(argv) == 1:
         with open("/proc/stat") as f:

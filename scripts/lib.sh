@@ -74,18 +74,6 @@ uint_in_range() {
     is_uint "$1" && ((${#1} <= 9 && 10#$1 >= $2 && 10#$1 <= $3))
 }
 
-# jq definitions for table cells with a fixed number of decimals (f1, f2,
-# f3: 1, 2, 3 decimals, "0.50" rather than jq's "0.5"); prefix a jq program
-# with "$JQ_DECIMALS".
-# shellcheck disable=SC2034  # used by the scripts that source this file
-JQ_DECIMALS='
-  def fx($d; $z): (. * $d | round) as $m
-          | ($m / $d | floor | tostring) + "." + (($z + ($m % $d | tostring)) | .[-($z | length):]);
-  def f1: fx(10; "0");
-  def f2: fx(100; "00");
-  def f3: fx(1000; "000");
-'
-
 # netns_exists NAME: true when the named network namespace exists.
 netns_exists() {
     local name _rest

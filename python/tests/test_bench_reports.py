@@ -1,0 +1,240 @@
+"""The benchmark reports' arithmetic (scripts/bench_rates_report.py,
+bench_transports_report.py, bench_per_packet_report.py, bench_report.py),
+on small run folders written here: the shell scripts only leave raw
+readings behind, so these numbers are the published ones."""
+
+import json
+import os
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+sys.path.insert(0, SCRIPTS)
+import bench_per_packet_report  # noqa: E402
+import bench_rates_report  # noqa: E402
+import bench_report  # noqa: E402
+import bench_transports_report  # noqa: E402
+import benchkit  # noqa: E402
+
+HZ = benchkit.CLK_TCK
+
+
+def proc_stat(jiffies):
+    """A /proc/PID/stat line with utime + stime = jiffies."""
+    return f"77 (switchd) S 1 2 3 4 5 6 7 8 9 10 {jiffies - 1} 1 0 0 20 0 1 0\n"
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def dump(path, obj):
+    write(path, json.dumps(obj) + "\n")
+
+
+# --- packet rates ---------------------------------------------------------------------
+
+
+def rate_repeat(d, tag, k, stats_before, stats_after, cpu_jiffies, gen):
+    dump(d / f"{tag}-stats-before{k}.json", stats_before)
+    dump(d / f"{tag}-stats-after{k}.json", stats_after)
+    write(d / f"{tag}-switchd-before{k}.stat", proc_stat(1000))
+    write(d / f"{tag}-switchd-after{k}.stat", proc_stat(1000 + cpu_jiffies))
+    dump(d / f"{tag}-gen{k}.json", gen)
+
+
+def test_open_rate_is_counter_delta_over_generator_seconds_and_median_of_repeats(tmp_path):
+    # Three repeats of 2 s: 400, 1000 and 700 frames echoed -> 200, 500, 350 pps.
+    for k, (echoed, cpu) in enumerate([(400, HZ), (1000, 2 * HZ), (700, 0)], 1):
+        rate_repeat(tmp_path, "echo", k, {"echoed": 50}, {"echoed": 50 + echoed}, cpu,
+                    {"seconds": 2.0, "frame_bytes": 1512, "sent_per_s": 600.0 + k, "frames_refused": k})
+    m = bench_rates_report.open_measurement(str(tmp_path), "echo", 3)
+    assert m["pps_runs"] == [200.0, 500.0, 350.0]
+    assert m["pps"] == 350.0
+    assert m["pps_best"] == 500.0
+    assert m["generator_sent_pps"] == 602.0
+    assert m["generator_refused"] == 6
+    assert m["counter"] == ".echoed"
+    assert m["switchd_cpu_s"] == pytest.approx([1.0, 2.0, 0.0])
+    # The third run's switchd used no CPU: its per-CPU rate is unknown, so
+    # is the median of them.
+    assert m["pps_per_switchd_cpu_s"] is None
+    run1 = json.loads((tmp_path / "echo-1.json").read_text())
+    assert run1["counter_delta"] == 400 and run1["pps_per_switchd_cpu_s"] == pytest.approx(400.0)
+
+
+def test_xdp_drop_reads_port_zeros_counter_and_a_missing_counter_is_named(tmp_path):
+    rate_repeat(tmp_path, "xdp_drop", 1, {"ports": [{"xdp_dropped": 10}]}, {"ports": [{"xdp_dropped": 310}]},
+                HZ, {"seconds": 3.0, "frame_bytes": 1512})
+    assert bench_rates_report.open_measurement(str(tmp_path), "xdp_drop", 1)["pps"] == 100.0
+    dump(tmp_path / "xdp_drop-stats-after1.json", {"ports": []})
+    with pytest.raises(bench_rates_report.RatesError, match="no counter ports.0.xdp_dropped"):
+        bench_rates_report.open_measurement(str(tmp_path), "xdp_drop", 1)
+
+
+def test_aggregation_medians_even_repeats_and_sums_counts(tmp_path):
+    for k, data in enumerate([100.0, 300.0], 1):
+        rate_repeat(tmp_path, "agg-n4-t2", k, {"rx_frames": 0}, {"rx_frames": 1000 * k}, HZ // 2,
+                    {"seconds": 10.0, "ranks": 4, "elems_per_chunk": 362, "window": 256, "data_per_s": data,
+                     "chunks_per_s": data / 4, "seq_resends": k, "verify_checked": 5, "verify_failed": 0})
+    m = bench_rates_report.agg_measurement(str(tmp_path), 4, 2, 2)
+    assert m["data_pps"] == 200.0  # the mean of the middle two
+    assert m["data_pps_best"] == 300.0
+    assert m["switch_rx_pps"] == 150.0  # 100 and 200 frames/s
+    assert m["pps_per_switchd_cpu_s"] == pytest.approx(3000.0)  # 2000 and 4000 per 0.5 s
+    assert m["seq_resends"] == 3 and m["verify_checked"] == 10 and m["verify_failed"] == 0
+    assert m["threads"] == 2 and m["ranks"] == 4
+
+
+def test_rate_headline_ratios_and_table():
+    echo = {"frame_bytes": 1512, "pps": 1000.0, "pps_best": 1250.0, "pps_per_switchd_cpu_s": 2000.0}
+    agg = [{"ranks": r, "threads": t, "data_pps": p, "data_pps_best": p, "pps_per_switchd_cpu_s": p,
+            "chunks_per_s": p / r, "contributed_elems_per_s": p * 362.0, "seq_resends": 0}
+           for r, t, p in [(2, 1, 900.0), (4, 1, 800.0), (2, 2, 1350.0), (4, 2, 400.0), (4, 4, 1600.0)]]
+    h = bench_rates_report.headline({"pps": 4000.0}, echo, agg)
+    assert h["agg_over_echo_pps"] == {"2": 0.9, "4": 0.8}
+    assert h["agg_over_echo_pps_4_ranks"] == 0.8
+    assert h["agg_over_echo_pps_best"] == {"2": 0.72, "4": 0.64}
+    assert h["echo_over_xdp_drop"] == 0.25
+    assert h["two_over_one_thread"] == {"2": 1.5, "4": 0.5}
+    assert h["over_one_thread"] == {"2": {"2": 1.5, "4": 0.5}, "4": {"4": 2.0}}
+    assert bench_rates_report.headline(None, echo, agg)["echo_over_xdp_drop"] is None
+    r = {"xdp_drop": None, "echo": echo, "echo_64": {**echo, "frame_bytes": 64}, "aggregate": agg,
+         "headline": h, "setup": {"loadavg_1min": {"start": 0.5, "end": 0.7}, "nproc": 2}}
+    t = bench_rates_report.table(r).splitlines()
+    assert t[2] == "| XDP_DROP | – | – | not measured |  |  |  |  |"
+    assert t[5] == "| aggregate, 2 ranks | 1512 | 1 | 900 (900) | 900 | 450 | 0.326 | 0 |"
+    assert "4 threads / 1 thread: 4 ranks 2.00" in t
+
+
+# --- transports -------------------------------------------------------------------------
+
+
+def edge(path, wall, busy, idle, switchd, children):
+    write(path, f"wall {wall}\nstat cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\n"
+                f"switchd {proc_stat(switchd)}children {children}\n")
+
+
+def test_transport_run_takes_slowest_rank_and_the_windows_cpu(tmp_path):
+    for r, (secs, tx) in enumerate([(1.5, 10), (2.5, 20)]):
+        dump(tmp_path / f"mmsg-0-rank{r}.json",
+             {"seconds": secs, "transport": "mmsg",
+              "stats": {"tx_coalesced": tx, "rx_coalesced": 1, "chunks_sent": 100, "chunks_resent": r}})
+    edge(tmp_path / "mmsg-0.before", 100.0, 1000, 5000, 300, "0m1.500s 0m0.250s")
+    edge(tmp_path / "mmsg-0.after", 103.25, 1000 + 3 * HZ, 5000 + HZ, 300 + HZ // 2, "1m2.000s 0m1.750s")
+    run = bench_transports_report.one_run(str(tmp_path), "mmsg", 0, 2)
+    assert run["seconds"] == 2.5
+    assert run["ran"] == ["mmsg"]
+    assert run["cpu_s"] == pytest.approx(3.0)
+    assert run["wall_s"] == 3.25
+    assert run["workers_cpu_s"] == pytest.approx(62.0)  # 63.75 - 1.75
+    assert run["switchd_cpu_s"] == pytest.approx(0.5)
+    assert (run["tx_coalesced"], run["chunks_sent"], run["resent"]) == (30, 200, 1)
+
+
+def test_transport_run_names_a_rank_without_a_report(tmp_path):
+    dump(tmp_path / "udp-gso-1-rank0.json", {"seconds": 1.0})
+    write(tmp_path / "udp-gso-1-rank1.json", "")
+    with pytest.raises(bench_transports_report.TransportsError, match="rank 1 left no JSON report"):
+        bench_transports_report.one_run(str(tmp_path), "udp-gso", 1, 2)
+
+
+def test_transport_summary_is_the_median_per_transport():
+    runs = [{"transport": t, "seconds": s, "cpu_s": s * 2, "workers_cpu_s": 1.0, "switchd_cpu_s": 0.5}
+            for t, s in [("udp-gso", 4.0), ("mmsg", 1.0), ("mmsg", 3.0), ("udp-gso", 2.0), ("udp-gso", 9.0)]]
+    s = bench_transports_report.summary(runs)
+    assert [x["transport"] for x in s] == ["mmsg", "udp-gso"]
+    assert s[0]["median_seconds"] == 2.0 and s[0]["median_cpu_s"] == 4.0
+    assert s[1]["median_seconds"] == 4.0 and s[1]["runs"] == 3
+
+
+def test_times_lines_parse_and_garbage_is_refused():
+    assert bench_transports_report.times_seconds("2m0.500s 0m1.250s") == pytest.approx(121.75)
+    with pytest.raises(bench_transports_report.TransportsError):
+        bench_transports_report.times_seconds("0.5 1.2")
+
+
+# --- per packet --------------------------------------------------------------------------
+
+
+def test_per_packet_ratios_from_criterion_medians(tmp_path):
+    for e in bench_per_packet_report.SIZES:
+        for kind, ns in (("engine", 3.0 * e), ("copy", 2.0 * e), ("sum_only", 2.5 * e)):
+            d = tmp_path / kind / str(e) / "new"
+            d.mkdir(parents=True)
+            dump(d / "estimates.json", {"median": {"point_estimate": ns}, "mean": {"point_estimate": 0}})
+    r = bench_per_packet_report.result(str(tmp_path), 3, 1)
+    s362 = next(s for s in r["sizes"] if s["elems"] == 362)
+    assert s362["engine_over_copy"] == 1.5 and s362["sum_only_over_copy"] == 1.25
+    assert s362["protocol_ns"] == pytest.approx(0.5 * 362)
+    assert bench_per_packet_report.table(r).splitlines()[4] == \
+        "| 362 | 1086.0 | 724.0 | 905.0 | 1.50 | 1.25 | 181.0 |"
+    (tmp_path / "copy" / "870" / "new" / "estimates.json").unlink()
+    with pytest.raises(bench_per_packet_report.PerPacketError, match="copy/870"):
+        bench_per_packet_report.result(str(tmp_path), 3, 1)
+
+
+# --- bench.sh's phases ---------------------------------------------------------------------
+
+
+def snapshot(path, busy, idle, tbf_bytes, fresh_stat=None):
+    """lib.sh's snapshot: a stat line, then the shapers' tc -s -j lines."""
+    lines = [{"t": 1.0, "stat": f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0", "loadavg": "0.1 0.2 0.3"}]
+    for rank in range(2):
+        lines.append({"kind": "worker_egress", "rank": rank, "tc": [
+            {"kind": "tbf", "handle": "8001:", "root": True, "bytes": tbf_bytes, "packets": 10, "drops": 1,
+             "overlimits": 2},
+            # A child qdisc and an unshaped root count the same frames again.
+            {"kind": "fq_codel", "handle": "0:", "parent": "8001:", "bytes": 7 * tbf_bytes}]})
+        lines.append({"kind": "switch_port_egress", "rank": rank, "tc": [
+            {"kind": "noqueue", "handle": "0:", "root": True, "bytes": 3 * tbf_bytes}]})
+    if fresh_stat is not None:
+        lines.append({"t": 2.0, "stat": f"cpu  {fresh_stat[0]} 0 0 {fresh_stat[1]} 0 0 0 0 0 0"})
+    write(path, "".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_peer_phase_adds_shaper_deltas_and_busy_share(tmp_path):
+    # The before snapshot's fresh stat line (after the shaper reads) starts the phase.
+    snapshot(tmp_path / "snap-gloo-before.jsonl", 100, 100, 1000, fresh_stat=(200, 200))
+    snapshot(tmp_path / "snap-gloo-after.jsonl", 500, 300, 6000)
+    write(tmp_path / "gloo-rank0.out", 'warming up\n{"mean_s": 1.0, "verified": true}\ndone\n')
+    r = bench_report.peer_result(str(tmp_path), "gloo", str(tmp_path / "gloo-rank0.out"))
+    assert r["mean_s"] == 1.0
+    assert r["cpu_busy_fraction"] == 0.75  # busy +300 of +400
+    assert r["shapers"]["worker_egress"] == {"bytes": 10000, "packets": 0, "drops": 0, "overlimits": 0}
+    assert r["shapers"]["worker_ingress_ifb"] == {"bytes": 0, "packets": 0, "drops": 0, "overlimits": 0}
+    assert r["shapers"]["switch_port_egress"]["bytes"] == 0
+    write(tmp_path / "gloo-rank0.out", '{"mean_s": 1.0, "verified": false}\n')
+    with pytest.raises(bench_report.ReportError, match="wrong sum"):
+        bench_report.peer_result(str(tmp_path), "gloo", str(tmp_path / "gloo-rank0.out"))
+
+
+def test_switch_phase_takes_the_slowest_rank_of_each_run(tmp_path):
+    snapshot(tmp_path / "snap-switch-before.jsonl", 0, 0, 0)
+    snapshot(tmp_path / "snap-switch-after.jsonl", 10, 10, 0)
+    seconds = {"multi": [2.0, 3.0], "single0": [1.0, 1.25], "single1": [0.75, 0.5], "single2": [2.0, 0.25]}
+    for tag, ss in seconds.items():
+        for r, s in enumerate(ss):
+            dump(tmp_path / f"{tag}-rank{r}.json",
+                 {"rank": r, "seconds": s, "elems_per_chunk": 362, "stats": {"chunks_resent": r + 1}})
+    raw = bench_report.switch_raw(str(tmp_path), 3, 2)
+    assert raw["multi_run_slowest_rank_s"] == 3.0
+    assert raw["single_runs_s"] == [1.25, 0.75, 2.0]
+    assert raw["cpu_busy_fraction"] == 0.5
+    assert raw["switchd_stats"] is None
+    st = bench_report.switch_stats(raw, 3, 1 << 20)
+    assert st["mean_s"] == 1.0 and st["median_s"] == 1.25 and st["best_s"] == 0.75
+    assert st["chunks_resent_multi_run"] == 3
+    assert st["gbit_per_s_slowest_rank"] == pytest.approx((1 << 20) * 4 * 8 * 3 / 3.0 / 1e9)
+    (tmp_path / "single1-rank1.json").unlink()
+    with pytest.raises(bench_report.ReportError, match="rank 1 of switch run 'single1'"):
+        bench_report.switch_raw(str(tmp_path), 3, 2)
+
+
+def test_iperf_rate_and_a_failed_iperf(tmp_path):
+    dump(tmp_path / "ok.json", {"end": {"sum_received": {"bits_per_second": 2.5e9}}})
+    dump(tmp_path / "failed.json", {"error": "unable to connect"})
+    assert bench_report.iperf_gbps(str(tmp_path / "ok.json")) == 2.5
+    assert bench_report.iperf_gbps(str(tmp_path / "failed.json")) is None
