@@ -90,6 +90,18 @@ def read_json(path):
         return None
 
 
+def read_seconds(path):
+    """A timestamp file (Unix seconds), or None when missing or garbled."""
+    try:
+        return float((read_text(path) or "").strip())
+    except ValueError:
+        return None
+
+
+def warn(msg):
+    print(f"fairness_report: {msg}", file=sys.stderr)
+
+
 def last_json_line(path):
     """The last line of a file that parses as a JSON object (the worker's
     report; its log lines go to stderr, but be safe), or None."""
@@ -150,14 +162,14 @@ def per(a, b):
 
 def queue_run(run_dir, i, ns, marker):
     """Worker I's queue over one run: packets, CE marks and mean depth."""
-    snap = {
-        w: queue_counters(
-            read_json(os.path.join(run_dir, f"queue-w{i}.{w}.tc.json")),
-            read_json(os.path.join(run_dir, f"queue-w{i}.{w}.map.json")),
-            marker,
-        )
-        for w in ("before", "after")
-    }
+    snap = {}
+    for w in ("before", "after"):
+        base = os.path.join(run_dir, f"queue-w{i}.{w}")
+        try:
+            snap[w] = queue_counters(read_json(base + ".tc.json"), read_json(base + ".map.json"), marker)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            warn(f"{base}.{{tc,map}}.json: not a tc/bpftool dump ({e!r}); its counters are left out")
+            snap[w] = None
     a, b = snap["before"], snap["after"]
 
     def d(k):
@@ -237,8 +249,8 @@ def run_json(run_dir, name, repeat, prefix, marker, seconds):
         return switch_snapshot(os.path.join(run_dir, f"switch.{which}.json"))
 
     s0, ss, se, s1 = snap("before"), snap("start"), snap("end"), snap("after")
-    t0 = float((read_text(os.path.join(run_dir, "probe.t0")) or "0").strip() or 0)
-    t1 = float((read_text(os.path.join(run_dir, "probe.t1")) or "0").strip() or 0)
+    t0 = read_seconds(os.path.join(run_dir, "probe.t0"))
+    t1 = read_seconds(os.path.join(run_dir, "probe.t1"))
     workers = []
     if name != "idle":
         for i in range(WORKERS):
@@ -257,7 +269,7 @@ def run_json(run_dir, name, repeat, prefix, marker, seconds):
         start, end = job_of(ss, jid), job_of(se, jid)
         during = None
         n = (start or {}).get("n_workers") or 0
-        if t1 > t0 and n > 0 and end is not None:
+        if t0 is not None and t1 is not None and t1 > t0 and n > 0 and end is not None:
             db = counter_diff(end, start, "bytes_aggregated")
             during = db * 8 / n / (t1 - t0) / 1e9
         before, after = job_of(s0, jid), job_of(s1, jid)
@@ -340,15 +352,12 @@ def build(res, a):
     """The whole result document of RESULTS_DIR res with settings a; writes
     each run's run.json on the way."""
     names = [n for n in a.runs.split(",") if n]
-    for n in names:
-        if n not in RUNS:
-            raise ValueError(f"--runs: unknown run '{n}' (idle, no_cc, cc)")
     runs, pooled = [], {}
     for rep in range(1, a.repeat + 1):
         for n in names:
             d = os.path.join(res, f"{n}-{rep}")
             if not os.path.isdir(d):
-                print(f"fairness_report: no run folder {d}; leaving it out", file=sys.stderr)
+                warn(f"no run folder {d}; leaving it out")
                 continue
             r = run_json(d, n, rep, a.prefix, a.marker, a.seconds)
             write_json(os.path.join(d, "run.json"), r)
@@ -610,12 +619,12 @@ def main(argv=None):
         return 0
     if not os.path.isdir(a.results):
         p.error(f"no results folder {a.results}")
-    try:
-        doc = build(a.results, a)
-    except ValueError as e:
-        p.error(str(e))
+    bad = [n for n in a.runs.split(",") if n and n not in RUNS]
+    if bad:
+        p.error(f"--runs: unknown run '{bad[0]}' (idle, no_cc, cc)")
+    doc = build(a.results, a)
     if not doc["runs"]:
-        print(f"fairness_report: no run folders in {a.results}", file=sys.stderr)
+        warn(f"no run folders NAME-REPEAT in {a.results}; nothing to report")
         return 1
     write_json(a.json, doc)
     print(tables(doc))

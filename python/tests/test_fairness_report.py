@@ -233,3 +233,13 @@ def test_an_unknown_run_name_is_refused_by_name(tmp_path, capsys):
                 + [a for k in ("rate", "mark-min", "mark-max", "elements", "iterations", "seconds", "repeat",
                                "msg-size") for a in (f"--{k}", "1")])
     assert "unknown run 'fast'" in capsys.readouterr().err
+
+
+def test_a_garbled_dump_leaves_its_counters_out_and_says_which_file(tmp_path, capsys):
+    d = make_run(str(tmp_path), "cc", 1, rtts=[1.0], lat=LAT)
+    write(d, "queue-w0.after.map.json", [{"formatted": {"key": "zero", "value": 1}}])
+    write(d, "probe.t1", "not a time\n")
+    r = fr.run_json(d, "cc", 1, "fair", "bpf", 2)
+    assert r["queues"][0]["ce_marked"] is None and r["queues"][1]["ce_marked"] == 500
+    assert r["jobs"][0]["gbit_per_s_during_probe"] is None
+    assert "queue-w0.after.{tc,map}.json: not a tc/bpftool dump" in capsys.readouterr().err
