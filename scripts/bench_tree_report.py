@@ -17,7 +17,6 @@ percentiles per run, and each job's throughput per run.
 """
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -26,7 +25,15 @@ import sys
 
 GOAL = 0.55
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchkit import busy_fraction, median, proc_seconds, quantile  # noqa: E402
+from benchkit import (  # noqa: E402
+    busy_fraction,
+    jain,
+    median,
+    proc_seconds,
+    quantile,
+    sockperf_rtts,
+    sockperf_summary,
+)
 
 
 def load_json(path):
@@ -269,60 +276,11 @@ def trees_summary(runs, rate_mbit, mib):
 FAIR_RE = re.compile(r"^(idle|no_cc|cc)-r([0-9]+)$")
 
 
-def sockperf_summary(path):
-    """sockperf's own percentiles (µs) of its first block, as fairness.sh reads them."""
-    text = read(path, "") or ""
-    out = {}
-    pats = {
-        "p50": r"percentile 50\.000 =\s*([0-9.]+)",
-        "p99": r"percentile 99\.000 =\s*([0-9.]+)",
-        "p999": r"percentile 99\.900 =\s*([0-9.]+)",
-        "max": r"<MAX> observation =\s*([0-9.]+)",
-        "min": r"<MIN> observation =\s*([0-9.]+)",
-        "avg": r"avg-rtt=([0-9.]+)",
-        "samples": r"\[Valid Duration\].*?ReceivedMessages=([0-9]+)",
-        "dropped": r"# dropped messages = ([0-9]+)",
-    }
-    for k, p in pats.items():
-        m = re.search(p, text)
-        out[k] = float(m.group(1)) if m else None
-    return out if out.get("p50") is not None else None
-
-
-def sockperf_rtts(path):
-    """Round trips (µs) from sockperf's --full-log CSV."""
-    rtts = []
-    try:
-        with open(path) as f:
-            started = False
-            for row in csv.reader(f, skipinitialspace=True):
-                if not row:
-                    continue
-                if row[0].startswith("packet") and len(row) > 3:
-                    started = True
-                    continue
-                if started and row[0].strip().isdigit() and len(row) > 3 and row[3].strip():
-                    try:
-                        rtts.append(float(row[3]))
-                    except ValueError:
-                        pass
-    except OSError:
-        pass
-    return rtts
-
-
-def jain(xs):
-    if len(xs) != 2 or any(x is None for x in xs):
-        return None
-    s2 = sum(x * x for x in xs)
-    return (sum(xs) ** 2) / (len(xs) * s2) if s2 > 0 else None
-
-
 def fair_run(run_dir, name):
     m = FAIR_RE.match(name)
     kind, rep = m.group(1), int(m.group(2))
-    lat = sockperf_summary(os.path.join(run_dir, "sockperf.txt"))
-    rtts = sorted(sockperf_rtts(os.path.join(run_dir, "sockperf.csv")))
+    lat = sockperf_summary(read(os.path.join(run_dir, "sockperf.txt"), ""))
+    rtts = sorted(sockperf_rtts(read(os.path.join(run_dir, "sockperf.csv"), "")))
     exits = (read(os.path.join(run_dir, "worker-exit"), "") or "").split(",")
     workers = {}
     for f in sorted(os.listdir(run_dir)):

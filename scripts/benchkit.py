@@ -27,6 +27,7 @@ Command line (for shell scripts):
 import json
 import math
 import os
+import re
 import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -235,3 +236,59 @@ def _main(argv):
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+# --- shared by the latency-probe reports (fairness, bench_tree) -------------------
+
+
+def jain(xs):
+    """Jain's fairness index (sum x)^2 / (n * sum x^2) of the throughputs xs:
+    1.0 when all are equal, 1/n when one takes everything. None when xs is
+    empty, any is missing, or all are 0."""
+    xs = list(xs)
+    if not xs or any(x is None for x in xs):
+        return None
+    s2 = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * s2) if s2 > 0 else None
+
+
+# sockperf's summary lines, first block only (sockperf repeats the block at
+# the end of its output and in the --full-log CSV).
+_SOCKPERF = {
+    "p50": (r"percentile 50\.000 =\s*([0-9.]+)", float),
+    "p99": (r"percentile 99\.000 =\s*([0-9.]+)", float),
+    "p999": (r"percentile 99\.900 =\s*([0-9.]+)", float),
+    "max": (r"<MAX> observation =\s*([0-9.]+)", float),
+    "min": (r"<MIN> observation =\s*([0-9.]+)", float),
+    "avg": (r"avg-rtt=([0-9.]+)", float),
+    "samples": (r"\[Valid Duration\].*?ReceivedMessages=([0-9]+)", int),
+    "dropped": (r"# dropped messages = ([0-9]+)", int),
+}
+
+
+def sockperf_summary(text):
+    """sockperf's own round-trip statistics (µs) from its output text: p50,
+    p99, p999, max, min, avg, samples (messages received in the valid
+    duration) and dropped; a key is None when its line is missing, and the
+    whole is None when there is no p50 (sockperf did not finish)."""
+    out = {}
+    for key, (pattern, conv) in _SOCKPERF.items():
+        m = re.search(pattern, text)
+        out[key] = conv(m.group(1)) if m else None
+    return out if out["p50"] is not None else None
+
+
+def sockperf_rtts(text):
+    """The round trips (µs) of sockperf's --full-log CSV text: the rtt
+    column of the rows after the "packet, txTime..." header."""
+    rtts, started = [], False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if cells[0] == "packet" and len(cells) > 3:
+            started = True
+        elif started and cells[0].isdigit() and len(cells) > 3 and cells[3]:
+            try:
+                rtts.append(float(cells[3]))
+            except ValueError:
+                pass
+    return rtts

@@ -19,7 +19,10 @@
 # index between the two jobs, the workers' final window/alpha/ECE counts, the
 # queue's CE marks and mean depth, and the switch's per-job counters. Prints a
 # table, writes docs/fairness.json and docs/fairness.png (plus timestamped
-# copies and all raw logs under results/fairness-STAMP/).
+# copies and all raw logs under results/fairness-STAMP/). This script only
+# orchestrates and leaves raw counter dumps, sockperf output and worker
+# reports in results/fairness-STAMP/; scripts/fairness_report.py computes
+# every figure, the JSON, the tables and the plot from them.
 #
 # Usage:
 #   sudo scripts/fairness.sh [--seconds N] [--repeat R] [--rate MBIT]
@@ -215,25 +218,15 @@ setup_bottleneck() {
     log "bottleneck: every worker's eth0 egress at $RATE_MBIT Mbit/s, CE marks from $MARK_MIN to $MARK_MAX bytes of queue ($MARKER)"
 }
 
-# marker_counters NS: one JSON object of the queue's counters so far.
-marker_counters() {
-    local ns="$1" qd sent pkts drops
-    qd="$(tc -n "$ns" -s -j qdisc show dev eth0)"
-    read -r sent pkts drops < <(jq -r '[.[] | select(.kind == "htb")][0] | "\(.bytes // 0) \(.packets // 0) \(.drops // 0)"' <<<"$qd")
+# queue_snapshot NS OUT: the raw counters of NS's eth0 queue so far, for
+# fairness_report.py: the qdiscs (OUT.tc.json) and, with the tc-BPF marker,
+# its counter map (OUT.map.json).
+queue_snapshot() {
+    local ns="$1" out="$2" map
+    tc -n "$ns" -s -j qdisc show dev eth0 >"$out.tc.json"
     if [[ "$MARKER" == bpf ]]; then
-        local map
-        map="$(ecn_marker_map_id "$ns" eth0)"
-        bpftool map dump id "$map" -j | jq -c --argjson sent "$sent" --argjson pkts "$pkts" --argjson drops "$drops" '
-            [.[] | (.formatted // .) | {(.key | tostring): .value}] | add
-            | {ect: .["0"], marked: .["1"], other: .["2"], backlog_sum_ect: .["3"],
-               backlog_sum_other: .["4"], backlog_max: .["5"],
-               sent_bytes: $sent, sent_packets: $pkts, drops: $drops}'
-    else
-        jq -c --argjson sent "$sent" --argjson pkts "$pkts" --argjson drops "$drops" '
-            [.[] | select(.kind == "red")][0]
-            | {ect: null, marked: (.marked // 0), other: null, backlog_sum_ect: null,
-               backlog_sum_other: null, backlog_max: null,
-               sent_bytes: $sent, sent_packets: $pkts, drops: $drops}' <<<"$qd"
+        map="$(ecn_marker_map_id "$ns" eth0)" || die "the CE marker on $ns eth0 is gone"
+        bpftool map dump id "$map" -j >"$out.map.json"
     fi
 }
 
@@ -292,52 +285,8 @@ ITERATIONS=$(((RUN_SECONDS + 3) * goodput_bps / bits_per_iter + 2))
 readonly ITERATIONS
 WORKER_TIMEOUT=$((RUN_SECONDS * 10 + 120))
 
-# quantiles CSV...: sockperf --full-log rtt column(s) → a JSON CDF {q: [...], rtt_us: [...]}.
-quantiles() {
-    awk -F', *' 'FNR == 1 { f = 0 } f && $4 != "" && $1 ~ /^[0-9]+$/ { print $4 } /^packet, txTime/ { f = 1 }' "$@" |
-        sort -g |
-        awk 'BEGIN {
-                 nq = 0
-                 for (i = 0; i < 99; i++) Q[++nq] = i
-                 for (i = 990; i < 999; i++) Q[++nq] = i / 10
-                 for (i = 9990; i <= 10000; i++) Q[++nq] = i / 100
-             }
-             { v[NR] = $1 }
-             END {
-                 if (NR == 0) { print "{\"q\": [], \"rtt_us\": []}"; exit }
-                 qs = ""; rs = ""
-                 for (i = 1; i <= nq; i++) {
-                     k = int(Q[i] / 100 * (NR - 1) + 0.5) + 1
-                     qs = qs (i > 1 ? ", " : "") Q[i]
-                     rs = rs (i > 1 ? ", " : "") v[k]
-                 }
-                 printf "{\"q\": [%s], \"rtt_us\": [%s], \"samples\": %d}\n", qs, rs, NR
-             }'
-}
-
-# sockperf_summary OUT: JSON of sockperf's own statistics (first block).
-sockperf_summary() {
-    awk '
-        /percentile 50.000 =/ && !p50 { p50 = $NF }
-        /percentile 99.000 =/ && !p99 { p99 = $NF }
-        /percentile 99.900 =/ && !p999 { p999 = $NF }
-        /<MAX> observation =/ && !mx { mx = $NF }
-        /<MIN> observation =/ && !mn { mn = $NF }
-        /avg-rtt=/ && !avg { s = $0; sub(/.*avg-rtt=/, "", s); sub(/[^0-9.].*/, "", s); avg = s }
-        /# dropped messages =/ && drop == "" { s = $0; sub(/.*# dropped messages = /, "", s); sub(/;.*/, "", s); drop = s }
-        /\[Valid Duration\]/ && !rx { s = $0; sub(/.*ReceivedMessages=/, "", s); sub(/[^0-9].*/, "", s); rx = s }
-        END {
-            if (p50 == "") { print "null"; exit }
-            printf "{\"p50\": %s, \"p99\": %s, \"p999\": %s, \"max\": %s, \"min\": %s, \"avg\": %s, \"samples\": %s, \"dropped\": %s}\n",
-                p50, p99, p999, (mx == "" ? "null" : mx), (mn == "" ? "null" : mn),
-                (avg == "" ? "null" : avg), (rx == "" ? "null" : rx), (drop == "" ? "null" : drop)
-        }' "$1"
-}
-
-declare -a RUN_JSONS=()
-
 run_one() {
-    local name="$1" repeat="$2" cc_flag="" label i j rank secret t0 t1
+    local name="$1" repeat="$2" cc_flag="" label i j rank secret
     local dir="$RESULTS_DIR/$name-$repeat"
     mkdir -p "$dir"
     case "$name" in
@@ -348,7 +297,7 @@ run_one() {
     log "run '$name' ($repeat of $REPEAT): $label, ${RUN_SECONDS} s"
 
     for ((i = 0; i < 4; i++)); do
-        marker_counters "$PREFIX-w$i" >"$dir/queue-w$i.before.json"
+        queue_snapshot "$PREFIX-w$i" "$dir/queue-w$i.before"
     done
     switch_stats >"$dir/switch.before.json"
 
@@ -369,7 +318,7 @@ run_one() {
     fi
 
     switch_stats >"$dir/switch.start.json"
-    t0="$(date +%s.%N)"
+    date +%s.%N >"$dir/probe.t0"
     local -a probe_args=()
     [[ "$PROBE" == ul ]] && probe_args=(--reply-every 1)
     ip netns exec "$PREFIX-w0" "${PROBE_PRIO_CMD[@]}" sockperf "$PROBE_MODE" -i "$HOST_ADDR" -p "$SOCKPERF_PORT" \
@@ -379,7 +328,7 @@ run_one() {
     local rc=0
     wait "$CLIENT_PID" || rc=$?
     CLIENT_PID=""
-    t1="$(date +%s.%N)"
+    date +%s.%N >"$dir/probe.t1"
     switch_stats >"$dir/switch.end.json"
     ((rc == 0)) || warn "run '$name': sockperf exited with status $rc (see ${dir#"$REPO_ROOT"/}/sockperf.txt)"
 
@@ -413,79 +362,17 @@ run_one() {
             sleep 0.2
         done
         for ((i = 0; i < 4; i++)); do
+            printf '%s\n' "${status[i]}" >"$dir/worker-w$i.exit"
             [[ "${status[i]}" == 0 ]] ||
-                warn "run '$name': worker fair-w$i exited with ${status[i]}: $(tail -n 2 "$dir/worker-w$i.log" | tr '\n' ' ')"
+                warn "run '$name': worker $PREFIX-w$i exited with ${status[i]}: $(tail -n 2 "$dir/worker-w$i.log" | tr '\n' ' ')"
         done
     fi
     WORKER_PIDS=()
     switch_stats >"$dir/switch.after.json"
     for ((i = 0; i < 4; i++)); do
-        marker_counters "$PREFIX-w$i" >"$dir/queue-w$i.after.json"
+        queue_snapshot "$PREFIX-w$i" "$dir/queue-w$i.after"
     done
 
-    # --- this run's JSON ---
-    local lat cdf workers_json="[]" queues_json="[]" w cc_json=null
-    [[ "$name" == cc ]] && cc_json=true
-    [[ "$name" == no_cc ]] && cc_json=false
-    lat="$(sockperf_summary "$dir/sockperf.txt")"
-    cdf='{"q": [], "rtt_us": []}'
-    [[ -s "$dir/sockperf.csv" ]] && cdf="$(quantiles "$dir/sockperf.csv")"
-    if [[ "$name" != idle ]]; then
-        workers_json="$(for ((i = 0; i < 4; i++)); do
-            w="$(grep -E '^[[:space:]]*\{' "$dir/worker-w$i.json" 2>/dev/null | tail -n 1 || true)"
-            jq -cn --arg ns "$PREFIX-w$i" --arg st "${status[i]}" --argjson w "${w:-null}" \
-                '{ns: $ns, exit: $st, report: $w}'
-        done | jq -cs .)"
-    fi
-    queues_json="$(for ((i = 0; i < 4; i++)); do
-        jq -cn --arg ns "$PREFIX-w$i" --slurpfile a "$dir/queue-w$i.before.json" \
-            --slurpfile b "$dir/queue-w$i.after.json" '
-            def d(k): if ($b[0][k] == null or $a[0][k] == null) then null else $b[0][k] - $a[0][k] end;
-            {ns: $ns, ect_packets: d("ect"), ce_marked: d("marked"), other_packets: d("other"),
-             mean_backlog_ect_bytes: (if (d("ect") // 0) > 0 then d("backlog_sum_ect") / d("ect") else null end),
-             mean_backlog_other_bytes: (if (d("other") // 0) > 0 then d("backlog_sum_other") / d("other") else null end),
-             max_backlog_bytes_ever: $b[0].backlog_max,
-             sent_packets: d("sent_packets"), drops: d("drops")}'
-    done | jq -cs .)"
-
-    jq -n --arg name "$name" --argjson repeat "$repeat" --arg lbl "$label" --argjson seconds "$RUN_SECONDS" \
-        --argjson t0 "$t0" --argjson t1 "$t1" \
-        --argjson lat "$lat" --argjson cdf "$cdf" --argjson workers "$workers_json" \
-        --argjson queues "$queues_json" \
-        --slurpfile s0 "$dir/switch.before.json" --slurpfile ss "$dir/switch.start.json" \
-        --slurpfile se "$dir/switch.end.json" --slurpfile s1 "$dir/switch.after.json" \
-        --argjson cc "$cc_json" '
-        def job(s; id): ((s[0].jobs // []) | map(select(.id == id)) | .[0]) // {};
-        def jain(x): if (x | length) == 2 and (x | all(. != null)) and ((x[0] * x[0] + x[1] * x[1]) > 0)
-                     then ((x[0] + x[1]) * (x[0] + x[1])) / (2 * (x[0] * x[0] + x[1] * x[1])) else null end;
-        ($workers | map(select(.report != null) | .report)) as $reps
-        | ([1, 2] | map(. as $id
-            | ($reps | map(select(.job == $id))) as $r
-            | {id: $id,
-               ranks: ($r | map({rank, gbit_per_s, seconds, iterations,
-                                 window: .stats.window, alpha: .stats.alpha,
-                                 ece_results: .stats.ece_results, results: .stats.results,
-                                 chunks_sent: .stats.chunks_sent, chunks_resent: .stats.chunks_resent,
-                                 srtt_us: .stats.srtt_us, rto_us: .stats.rto_us})),
-               gbit_per_s: (if ($r | length) > 0 then ($r | map(.gbit_per_s) | add / length) else null end),
-               gbit_per_s_during_probe: (
-                   ((job($se; $id).bytes_aggregated // 0) - (job($ss; $id).bytes_aggregated // 0)) as $db
-                   | if ($t1 - $t0) > 0 and (job($ss; $id).n_workers // 0) > 0
-                     then $db * 8 / (job($ss; $id).n_workers) / ($t1 - $t0) / 1e9 else null end),
-               switch: {ece_marked: ((job($s1; $id).ece_marked // 0) - (job($s0; $id).ece_marked // 0)),
-                        results_sent: ((job($s1; $id).results_sent // 0) - (job($s0; $id).results_sent // 0)),
-                        retransmits_served: ((job($s1; $id).retransmits_served // 0) - (job($s0; $id).retransmits_served // 0)),
-                        chunks_completed: ((job($s1; $id).chunks_completed // 0) - (job($s0; $id).chunks_completed // 0))}}
-            )) as $jobs
-        | {name: $name, repeat: $repeat, label: $lbl, congestion_control: $cc, seconds: $seconds,
-           latency_us: $lat, cdf: $cdf,
-           jobs: (if $name == "idle" then [] else $jobs end),
-           jain: (if $name == "idle" then null else jain($jobs | map(.gbit_per_s)) end),
-           jain_during_probe: (if $name == "idle" then null else jain($jobs | map(.gbit_per_s_during_probe)) end),
-           queues: $queues,
-           switch_ring_congested_frames: (($s1[0].ring_congested_frames // 0) - ($s0[0].ring_congested_frames // 0)),
-           workers: $workers}' >"$dir/run.json"
-    RUN_JSONS+=("$dir/run.json")
     sleep 1
 }
 
@@ -495,100 +382,17 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
     done
 done
 
-# --- results -----------------------------------------------------------------------
-# Pooled round-trip distribution of each kind of run over its repeats.
-POOLED="$RESULTS_DIR/pooled-cdf.json"
-for r in "${RUN_LIST[@]}"; do
-    csvs=()
-    for ((rep = 1; rep <= REPEAT; rep++)); do
-        [[ -s "$RESULTS_DIR/$r-$rep/sockperf.csv" ]] && csvs+=("$RESULTS_DIR/$r-$rep/sockperf.csv")
-    done
-    if ((${#csvs[@]} > 0)); then
-        jq -cn --arg n "$r" --argjson c "$(quantiles "${csvs[@]}")" '{($n): $c}'
-    fi
-done | jq -s 'add // {}' >"$POOLED"
-
+# --- results: run JSONs, summary JSON, tables and plot (fairness_report.py) ------
 OUT_JSON="$REPO_ROOT/results/fairness-$STAMP.json"
-names_json="$(printf '%s\n' "${RUN_LIST[@]}" | jq -R . | jq -cs .)"
-jq -s --arg stamp "$STAMP" --arg kernel "$(uname -r)" --arg marker "$MARKER" \
-    --argjson rate "$RATE_MBIT" --argjson mmin "$MARK_MIN" --argjson mmax "$MARK_MAX" \
-    --argjson elements "$ELEMENTS" --argjson iterations "$ITERATIONS" \
-    --argjson seconds "$RUN_SECONDS" --arg mps "$MPS" --argjson cpus "$(nproc)" \
-    --argjson repeat "$REPEAT" --arg probe "sockperf $PROBE_MODE" --argjson names "$names_json" \
-    --arg host_addr "$HOST_ADDR" \
-    --slurpfile pooled "$POOLED" \
-    --arg cmdline "sudo scripts/fairness.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}" \
-    --arg commit "$(git -C "$REPO_ROOT" describe --always --dirty 2>/dev/null || echo unknown)" '
-    def median: map(select(. != null)) | sort
-        | if length == 0 then null
-          elif length % 2 == 1 then .[(length - 1) / 2]
-          else (.[length / 2 - 1] + .[length / 2]) / 2 end;
-    . as $runs
-    | {generated: $stamp, commit: $commit, kernel: $kernel, cpus: $cpus, command: $cmdline,
-       setup: {workers: 4,
-               jobs: [{id: 1, ranks: ["fair-w0", "fair-w1"]}, {id: 2, ranks: ["fair-w2", "fair-w3"]}],
-               probe: {tool: $probe, client: "fair-w0", server: ("fair-h0 " + $host_addr),
-                       msg_size: 64, mps: $mps, metric: "round trip (--full-rtt), microseconds"},
-               bottleneck: {where: "egress of every worker eth0", rate_mbit: $rate, marker: $marker,
-                            mark_min_bytes: $mmin, mark_max_bytes: $mmax},
-               elements: $elements, iterations_per_worker: $iterations,
-               seconds_per_run: $seconds, repeats: $repeat,
-               switch: {pool_slots: 256, ecn_ring_threshold: "default"}},
-       summary: [$names[] as $n | [$runs[] | select(.name == $n)] as $rs | select(($rs | length) > 0)
-           | {name: $n, label: $rs[0].label, congestion_control: $rs[0].congestion_control,
-              repeats: ($rs | length),
-              latency_us: {p50: ($rs | map(.latency_us.p50) | median),
-                           p99: ($rs | map(.latency_us.p99) | median),
-                           p999: ($rs | map(.latency_us.p999) | median),
-                           max: ($rs | map(.latency_us.max) | median),
-                           avg: ($rs | map(.latency_us.avg) | median),
-                           samples: ($rs | map(.latency_us.samples // 0) | add),
-                           dropped: ($rs | map(.latency_us.dropped // 0) | add)},
-              cdf: ($pooled[0][$n] // {q: [], rtt_us: []}),
-              jobs: (if $n == "idle" then [] else [1, 2] | map(. as $id
-                  | ($rs | map(.jobs[] | select(.id == $id))) as $js
-                  | {id: $id,
-                     gbit_per_s: ($js | map(.gbit_per_s) | median),
-                     gbit_per_s_during_probe: ($js | map(.gbit_per_s_during_probe) | median),
-                     final_windows: ($js | map(.ranks[].window)),
-                     final_alphas: ($js | map(.ranks[].alpha)),
-                     ece_results: ($js | map(.ranks[].ece_results)),
-                     results: ($js | map(.ranks[].results)),
-                     chunks_resent: ($js | map(.ranks[].chunks_resent)),
-                     switch_ece_marked: ($js | map(.switch.ece_marked) | add)}) end),
-              jain: ($rs | map(.jain) | median),
-              jain_during_probe: ($rs | map(.jain_during_probe) | median),
-              w0_queue: {ce_marked_fraction: ($rs | map(.queues[0] | if (.ect_packets // 0) > 0 then .ce_marked / .ect_packets else null end) | median),
-                         mean_backlog_probe_bytes: ($rs | map(.queues[0].mean_backlog_other_bytes) | median),
-                         mean_backlog_data_bytes: ($rs | map(.queues[0].mean_backlog_ect_bytes) | median)}}],
-       runs: $runs}' "${RUN_JSONS[@]}" >"$OUT_JSON"
-
-# --- table ---
-echo
-echo "=== fairness: $RATE_MBIT Mbit/s per worker egress, CE marks ${MARK_MIN}-${MARK_MAX} B ($MARKER), sockperf $PROBE_MODE ${MSG_SIZE} B at $MPS msg/s from fair-w0, ${RUN_SECONDS} s per run$( ((REPEAT > 1)) && echo ", median of $REPEAT repeats") ==="
-jq -r '
-    def f(x; n): if x == null then "-" else (x * pow(10; n) | round / pow(10; n) | tostring) end;
-    (["run", "p50_us", "p99_us", "p99.9_us", "max_us", "job1_Gbps", "job2_Gbps", "Jain", "w0_probe_queue_B", "w0_DATA_CE%"] | @tsv),
-    (.summary[] | [.name, f(.latency_us.p50; 1), f(.latency_us.p99; 1), f(.latency_us.p999; 1), f(.latency_us.max; 1),
-                   f(.jobs[0].gbit_per_s; 4), f(.jobs[1].gbit_per_s; 4), f(.jain; 4),
-                   f(.w0_queue.mean_backlog_probe_bytes; 0),
-                   (if .w0_queue.ce_marked_fraction == null then "-" else f(100 * .w0_queue.ce_marked_fraction; 1) end)] | @tsv)
-' "$OUT_JSON" | column -t -s $'\t'
-echo
-jq -r '
-    def f(x; n): if x == null then "-" else (x * pow(10; n) | round / pow(10; n) | tostring) end;
-    (["run", "rep", "worker", "job", "rank", "Gbps", "window", "alpha", "ece_results", "results", "resent", "srtt_us", "CE_marked"] | @tsv),
-    (.runs[] | select(.name != "idle") as $r | $r.workers | to_entries[] | .key as $k | .value as $w
-        | ($w.report // {}) as $p
-        | [$r.name, ($r.repeat | tostring), $w.ns, ($p.job // "-" | tostring), ($p.rank // "-" | tostring), f($p.gbit_per_s; 4),
-           ($p.stats.window // "-" | tostring), f($p.stats.alpha; 3), ($p.stats.ece_results // "-" | tostring),
-           ($p.stats.results // "-" | tostring), ($p.stats.chunks_resent // "-" | tostring),
-           ($p.stats.srtt_us // "-" | tostring), ($r.queues[$k].ce_marked // "-" | tostring)] | @tsv)
-' "$OUT_JSON" | column -t -s $'\t'
-echo
-
 OUT_PNG="$REPO_ROOT/results/fairness-$STAMP.png"
-"$PYTHON" "$REPO_ROOT/scripts/fairness_plot.py" "$OUT_JSON" "$OUT_PNG"
+echo
+"$PYTHON" "$REPO_ROOT/scripts/fairness_report.py" report "$RESULTS_DIR" --json "$OUT_JSON" --png "$OUT_PNG" \
+    --prefix "$PREFIX" --marker "$MARKER" --rate "$RATE_MBIT" --mark-min "$MARK_MIN" --mark-max "$MARK_MAX" \
+    --elements "$ELEMENTS" --iterations "$ITERATIONS" --seconds "$RUN_SECONDS" --repeat "$REPEAT" \
+    --runs "$RUNS" --mps "$MPS" --msg-size "$MSG_SIZE" --probe-mode "$PROBE_MODE" --host-addr "$HOST_ADDR" \
+    --command "sudo scripts/fairness.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}" \
+    --commit "$(git -C "$REPO_ROOT" describe --always --dirty 2>/dev/null || echo unknown)" ||
+    die "fairness_report.py failed (raw outputs in ${RESULTS_DIR#"$REPO_ROOT"/})"
 if ((WRITE_DOCS == 1)); then
     mkdir -p "$REPO_ROOT/docs"
     cp "$OUT_JSON" "$REPO_ROOT/docs/fairness.json"
