@@ -12,10 +12,10 @@ use agg_e2e::*;
 /// a spine, the near leaf): 64 - 3.
 const TTL_ACROSS_SPINE: &str = "ttl=61";
 
-fn ping_output(fabric: &LeafSpine, ns: &str, addr: &str) -> String {
+fn ping_output(fabric: &LeafSpine, ns: &str, addr: std::net::Ipv4Addr) -> String {
     let out = fabric
         .cmd_in(ns, "ping")
-        .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
+        .args(["-c", "3", "-i", "0.2", "-W", "2", &addr.to_string()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -41,7 +41,7 @@ fn workers_and_hosts_under_different_leaves_reach_each_other_through_a_spine() {
         fabric.worker_addr(1, 1),
         fabric.host_addr(1, 0),
     ] {
-        let text = ping_output(&fabric, &w00, &addr);
+        let text = ping_output(&fabric, &w00, addr);
         assert!(
             text.contains(TTL_ACROSS_SPINE),
             "reply from {addr} did not cross leaf 1, a spine and leaf 0:\n{text}"
