@@ -1230,8 +1230,7 @@ pub fn sha256_of(path: &std::path::Path) -> String {
 /// that the same bytes arrived (SHA-256 and length).
 pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    let to = tb.host_addr(1).to_string();
-    tcp_transfer_between(tb, &sw.dir, &h0, &h1, &to, 5001, len);
+    tcp_transfer_between(tb, &sw.dir, &h0, &h1, tb.host_addr(1), 5001, len);
 }
 
 /// Sends `len` pseudo-random bytes over TCP from namespace `from` to

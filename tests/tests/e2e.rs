@@ -63,7 +63,7 @@ fn ordinary_traffic_crosses_unchanged() {
     let h1_addr = tb.host_addr(1).to_string();
 
     ping(&tb, &h0, &h1_addr);
-    ping(&tb, &h0, &tb.switch_addr().to_string());
+    ping(&tb, &h0, tb.switch_addr());
     // 20 MB of random bytes over TCP, host to host: same SHA-256 and length.
     tcp_transfer(&tb, &sw, 20_000_000);
 

@@ -21,9 +21,9 @@ fn fast_path_forwards_tcp_and_ping_while_an_allreduce_stays_bit_exact() {
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 1_000_000, 5))
         .collect();
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    ping(&tb, &h0, &tb.host_addr(1).to_string());
-    ping(&tb, &h1, &tb.host_addr(0).to_string());
-    ping(&tb, &h0, &tb.switch_addr().to_string());
+    ping(&tb, &h0, tb.host_addr(1));
+    ping(&tb, &h1, tb.host_addr(0));
+    ping(&tb, &h0, tb.switch_addr());
     tcp_transfer(&tb, &sw, 20_000_000);
     expect_verified(workers);
 
@@ -58,7 +58,7 @@ fn bridge_forwarding_setting_keeps_every_frame_on_the_bridge() {
     }
     let tb = Testbed::up("fwdb", 1, 2);
     let mut sw = Switchd::start_with(&tb, &[], "forwarding = \"bridge\"\n");
-    ping(&tb, &tb.host_ns(0), &tb.host_addr(1).to_string());
+    ping(&tb, &tb.host_ns(0), tb.host_addr(1));
     tcp_transfer(&tb, &sw, 2_000_000);
     let stats = stop_clean(&tb, &mut sw);
     assert_eq!(port_sum(&stats, "sw-", "xdp_forwarded"), 0, "{stats}");
@@ -93,7 +93,7 @@ fn xdp_drop_mode_counts_blasted_aggregation_frames_and_passes_the_rest() {
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
     let h1_addr = tb.host_addr(1).to_string();
     ping(&tb, &h0, &h1_addr);
-    ping(&tb, &h0, &tb.switch_addr().to_string());
+    ping(&tb, &h0, tb.switch_addr());
     tcp_transfer(&tb, &sw, 1_000_000);
     let (rx, reader) = probe_listener(&tb, &h1, &["udp-recv", &h1_addr, "48879", "3", "5"]);
     assert!(
