@@ -42,9 +42,9 @@ fn worker_source(tb: &Testbed, rank: u16) -> String {
 
 fn switch_dest(tb: &Testbed) -> String {
     format!(
-        "{},{}",
+        "{},{},{AGG_PORT}",
         mac_of(&tb.switch_ns(), "br0"),
-        tb.switch_endpoint()
+        tb.switch_addr()
     )
 }
 
