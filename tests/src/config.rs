@@ -6,10 +6,15 @@
 //!
 //! Owns: [`SwitchConfig`] (a `[switch]` section and its jobs), [`Job`],
 //! and the aggregation trees' configs ([`spine_config`], [`leaf_config`]).
+//! Ports and addresses come from the testbed ([`SwitchConfig::for_testbed`],
+//! [`LeafSpine`]'s accessors), as `testbed.sh --print-env` printed them.
+
+use std::fmt::Display;
+use std::net::Ipv4Addr;
 
 use switchd::config::ConfigFile;
 
-use crate::{LeafSpine, AGG_PORT, SECRET};
+use crate::{LeafSpine, Testbed, AGG_PORT, SECRET};
 
 /// The UDP port a leaf's partial sums go up from.
 pub const UPLINK_PORT: u16 = 40000;
@@ -20,13 +25,15 @@ pub const UPLINK_PORT: u16 = 40000;
 pub struct Job(toml::Table);
 
 impl Job {
-    pub fn new(id: u16, n_workers: u16, allowed: &[&str]) -> Job {
+    /// `allowed`: the job's source prefixes (`Ipv4Net`s, or text as
+    /// switchd reads it).
+    pub fn new(id: u16, n_workers: u16, allowed: &[impl Display]) -> Job {
         let mut t = toml::Table::new();
         t.insert("id".into(), i64::from(id).into());
         t.insert("n_workers".into(), i64::from(n_workers).into());
         t.insert(
             "allowed_sources".into(),
-            toml::Value::Array(allowed.iter().map(|a| (*a).into()).collect()),
+            toml::Value::Array(allowed.iter().map(|a| a.to_string().into()).collect()),
         );
         t.insert("secret".into(), SECRET.into());
         t.insert("pool_slots".into(), 256.into());
@@ -60,14 +67,22 @@ pub struct SwitchConfig {
 }
 
 impl SwitchConfig {
+    /// `[switch]` of the single switch of `tb`: its ports, at its address.
+    pub fn for_testbed(tb: &Testbed) -> SwitchConfig {
+        SwitchConfig::new(&tb.ports(), tb.switch_addr())
+    }
+
     /// `[switch]` on `ports` at `address`, one summary line a second.
-    pub fn new(ports: &[String], address: &str) -> SwitchConfig {
+    pub fn new(ports: &[String], address: Ipv4Addr) -> SwitchConfig {
         let mut switch = toml::Table::new();
         switch.insert(
             "ports".into(),
             toml::Value::Array(ports.iter().map(|p| p.as_str().into()).collect()),
         );
-        switch.insert("addresses".into(), toml::Value::Array(vec![address.into()]));
+        switch.insert(
+            "addresses".into(),
+            toml::Value::Array(vec![address.to_string().into()]),
+        );
         switch.insert("summary_interval_secs".into(), 1.0.into());
         SwitchConfig {
             switch,
@@ -121,13 +136,14 @@ impl SwitchConfig {
     }
 }
 
-/// Spine `j` of `fabric`: job 1 of `n_leaves` leaves (from anywhere in
-/// 198.18.0.0/16), ordinary traffic through the bridge.
+/// Spine `j` of `fabric`: job 1 of `n_leaves` leaves (from their subnets,
+/// where their gateways send from), ordinary traffic through the bridge.
 pub fn spine_config(fabric: &LeafSpine, j: u16, n_leaves: u16) -> SwitchConfig {
-    let ports: Vec<String> = (0..n_leaves).map(|i| format!("dn-l{i}")).collect();
-    SwitchConfig::new(&ports, &fabric.spine_addr(j))
+    let ports: Vec<String> = (0..n_leaves).map(|i| fabric.downlink_port(j, i)).collect();
+    let leaves: Vec<_> = (0..n_leaves).map(|i| fabric.leaf_subnet(i)).collect();
+    SwitchConfig::new(&ports, fabric.spine_addr(j))
         .set("forwarding", "bridge")
-        .job(Job::new(1, n_leaves, &["198.18.0.0/16"]))
+        .job(Job::new(1, n_leaves, &leaves))
 }
 
 /// Leaf `i` of `fabric`: job 1 of its `workers` workers, up to the first
@@ -139,38 +155,36 @@ pub fn leaf_config(
     n_leaves: u16,
     spines: u16,
 ) -> SwitchConfig {
-    let ports: Vec<String> = (0..workers).map(|k| format!("sw-w{k}")).collect();
+    let ports: Vec<String> = (0..workers).map(|k| fabric.worker_port(i, k)).collect();
     let gw = fabric.leaf_gateway(i);
     let spine_addrs: Vec<String> = (0..spines)
         .map(|j| format!("{}:{AGG_PORT}", fabric.spine_addr(j)))
         .collect();
-    SwitchConfig::new(&ports, &gw)
+    SwitchConfig::new(&ports, gw)
         .set("uplink", format!("{gw}:{UPLINK_PORT}"))
-        .job(
-            Job::new(1, workers, &[&format!("198.18.{i}.0/24")]).upstream(
-                i,
-                n_leaves,
-                &spine_addrs,
-            ),
-        )
+        .job(Job::new(1, workers, &[fabric.leaf_subnet(i)]).upstream(i, n_leaves, &spine_addrs))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Any address and prefix do: this renders a config, nothing is sent.
+    const ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+    const SOURCES: &str = "198.18.0.0/26";
+
     #[test]
     fn a_config_renders_as_switchd_reads_it_and_a_typo_panics() {
-        let text = SwitchConfig::new(&["sw-w0".into()], "198.18.0.1")
+        let text = SwitchConfig::new(&["sw-w0".into()], ADDR)
             .set_lines("queues = 2\ndataplane_threads = 2\n")
-            .job(Job::new(1, 2, &["198.18.0.0/26"]).set("dtype", "bf16"))
+            .job(Job::new(1, 2, &[SOURCES]).set("dtype", "bf16"))
             .render();
         let cfg = switchd::config::Config::parse(&text, std::path::Path::new("t"), |_| Some(1500))
             .unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert_eq!(cfg.switch.queues, 2);
         assert_eq!(cfg.jobs[0].dtype, proto::wire::Dtype::Bf16);
         let typo = std::panic::catch_unwind(|| {
-            SwitchConfig::new(&["sw-w0".into()], "198.18.0.1")
+            SwitchConfig::new(&["sw-w0".into()], ADDR)
                 .set("queus", 2)
                 .render()
         });

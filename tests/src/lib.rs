@@ -18,16 +18,19 @@
 //! and returns.
 
 use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod config;
+pub mod env;
 pub mod torch;
 
 pub use config::{leaf_config, spine_config, Job, SwitchConfig, UPLINK_PORT};
+pub use env::{EnvError, TestbedEnv};
+pub use ipnet::Ipv4Net;
 
-pub const SWITCH_ADDR: &str = "198.18.0.1";
 pub const AGG_PORT: u16 = 48879;
 pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
 
@@ -169,7 +172,10 @@ fn fair_shares(counts: &[u64]) -> bool {
     total > 0 && counts.iter().all(|&n| n >= floor.max(1))
 }
 
-/// A testbed; torn down on drop.
+/// A single-switch testbed (`scripts/testbed.sh up --workers N ...
+/// --print-env`): its namespaces, ports and addresses are what the script
+/// printed ([`TestbedEnv`]), read by the accessors; no test carries its own
+/// copy of the address plan. Torn down on drop.
 pub struct Testbed {
     pub prefix: String,
     pub workers: u16,
@@ -177,8 +183,8 @@ pub struct Testbed {
     /// Receive and transmit queues of every veth.
     pub queues: u16,
     /// What `testbed.sh up --print-env` said the testbed is (addresses,
-    /// ports, namespaces), by key.
-    env: std::collections::BTreeMap<String, String>,
+    /// ports, namespaces, MACs): every accessor below reads it.
+    env: TestbedEnv,
 }
 
 impl Testbed {
@@ -198,30 +204,18 @@ impl Testbed {
     }
 
     fn up_full(prefix: &str, workers: u16, hosts: u16, mtu: u16, queues: u16) -> Testbed {
-        let out = Command::new("bash")
-            .arg(testbed_script())
-            .args(["up", "--workers", &workers.to_string()])
-            .args(["--hosts", &hosts.to_string(), "--prefix", prefix])
-            .args(["--mtu", &mtu.to_string()])
-            .args(["--queues", &queues.to_string(), "--print-env"])
-            // Worker I on queue I mod Q, the same every run (testbed.sh).
-            .args(if queues > 1 {
-                &["--queue-per-worker"][..]
-            } else {
-                &[]
-            })
-            .output()
-            .expect("running scripts/testbed.sh");
-        assert!(
-            out.status.success(),
-            "testbed.sh up failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let env = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        let mut args: Vec<String> = ["up", "--workers", &workers.to_string()]
+            .into_iter()
+            .chain(["--hosts", &hosts.to_string(), "--prefix", prefix])
+            .chain(["--mtu", &mtu.to_string()])
+            .chain(["--queues", &queues.to_string(), "--print-env"])
+            .map(str::to_owned)
             .collect();
+        if queues > 1 {
+            // Worker I on queue I mod Q, the same every run (testbed.sh).
+            args.push("--queue-per-worker".into());
+        }
+        let env = testbed_up(&args, "testbed.sh up");
         let tb = Testbed {
             prefix: prefix.to_owned(),
             workers,
@@ -229,29 +223,64 @@ impl Testbed {
             queues,
             env,
         };
-        // The harness's addresses are the testbed's: a change to testbed.sh's
-        // plan fails here, by name, not later as a silent mismatch.
-        assert_eq!(
-            tb.env("switch_addr"),
-            SWITCH_ADDR,
-            "testbed.sh's switch address"
-        );
-        for j in 0..hosts {
-            assert_eq!(tb.env(&format!("host_{j}_addr")), Testbed::host_addr(j));
-        }
-        for (i, port) in tb.ports().iter().enumerate().take(workers as usize) {
-            assert_eq!(&tb.env(&format!("worker_{i}_port")), port);
+        // The testbed is what was asked for, or every accessor below lies.
+        for (key, want) in [("workers", workers), ("hosts", hosts), ("queues", queues)] {
+            assert_eq!(tb.env.number(key), want, "`{}`: {key}", tb.env.command());
         }
         tb
     }
 
     /// A value `testbed.sh up --print-env` printed for this testbed (e.g.
-    /// `worker_2_addr`, `subnet`); panics naming the key if it has none.
+    /// `worker_2_mac`); panics naming the key and the command if it has none.
     pub fn env(&self, key: &str) -> String {
-        self.env
-            .get(key)
-            .cloned()
-            .unwrap_or_else(|| panic!("testbed {} has no `{key}` in its --print-env", self.prefix))
+        self.env.get(key).to_owned()
+    }
+
+    /// The switch's address (its bridge's), where workers send.
+    pub fn switch_addr(&self) -> Ipv4Addr {
+        self.env.addr("switch_addr")
+    }
+    /// The switch's aggregation endpoint, `switch_addr:AGG_PORT`.
+    pub fn switch_endpoint(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.switch_addr(), AGG_PORT)
+    }
+    /// The MAC of the switch's bridge (its address's).
+    pub fn switch_mac(&self) -> String {
+        self.env.get("switch_mac").to_owned()
+    }
+    /// Worker `i`'s address (its eth0's).
+    pub fn worker_addr(&self, i: u16) -> Ipv4Addr {
+        self.env.addr(&format!("worker_{i}_addr"))
+    }
+    pub fn worker_mac(&self, i: u16) -> String {
+        self.env.get(&format!("worker_{i}_mac")).to_owned()
+    }
+    /// Host `j`'s address (its eth0's).
+    pub fn host_addr(&self, j: u16) -> Ipv4Addr {
+        self.env.addr(&format!("host_{j}_addr"))
+    }
+    pub fn host_mac(&self, j: u16) -> String {
+        self.env.get(&format!("host_{j}_mac")).to_owned()
+    }
+    /// The testbed's one subnet: the switch, every worker and every host.
+    pub fn subnet(&self) -> Ipv4Net {
+        self.env.net("subnet")
+    }
+    /// Prefixes that hold every worker's address and nothing else (no host,
+    /// no unused address): a job's sources when only its workers may send.
+    pub fn worker_sources(&self) -> Vec<Ipv4Net> {
+        self.worker_sources_of(0..self.workers)
+    }
+    /// As [`Testbed::worker_sources`], for workers `ranks` only.
+    pub fn worker_sources_of(&self, ranks: std::ops::Range<u16>) -> Vec<Ipv4Net> {
+        env::exact_prefixes(ranks.map(|i| self.worker_addr(i)))
+    }
+    /// Every address on the testbed: the switch's, the workers', the hosts'.
+    pub fn addresses(&self) -> Vec<Ipv4Addr> {
+        std::iter::once(self.switch_addr())
+            .chain((0..self.workers).map(|i| self.worker_addr(i)))
+            .chain((0..self.hosts).map(|j| self.host_addr(j)))
+            .collect()
     }
 
     /// Frames the XDP program on switch port `port` redirected, per receive
@@ -310,7 +339,7 @@ impl Testbed {
         }
         let mut per_queue = vec![0u64; usize::from(self.queues)];
         for i in 0..self.workers {
-            let port = format!("sw-w{i}");
+            let port = self.worker_switch_port(i);
             for (q, n) in self.xdp_redirects_per_queue(&port).iter().enumerate() {
                 per_queue[q] += n;
             }
@@ -337,22 +366,21 @@ impl Testbed {
     }
 
     pub fn switch_ns(&self) -> String {
-        format!("{}-sw", self.prefix)
+        self.env.get("switch_ns").to_owned()
     }
     pub fn worker_ns(&self, i: u16) -> String {
-        format!("{}-w{i}", self.prefix)
+        self.env.get(&format!("worker_{i}_ns")).to_owned()
     }
     pub fn host_ns(&self, j: u16) -> String {
-        format!("{}-h{j}", self.prefix)
+        self.env.get(&format!("host_{j}_ns")).to_owned()
     }
-    pub fn host_addr(j: u16) -> String {
-        format!("198.18.0.{}", 100 + j)
+    /// The switch's port to worker `i`.
+    pub fn worker_switch_port(&self, i: u16) -> String {
+        self.env.get(&format!("worker_{i}_port")).to_owned()
     }
+    /// The switch's ports: the workers', then the hosts'.
     pub fn ports(&self) -> Vec<String> {
-        (0..self.workers)
-            .map(|i| format!("sw-w{i}"))
-            .chain((0..self.hosts).map(|j| format!("sw-h{j}")))
-            .collect()
+        self.env.words("ports")
     }
 
     /// A command run inside namespace `ns`.
@@ -386,6 +414,26 @@ impl Testbed {
     }
 }
 
+/// Runs `scripts/testbed.sh ARGS` (an `up ... --print-env`) and returns
+/// what it printed (with the command line, for messages); panics with the
+/// script's stderr if it failed (`what` names the call).
+fn testbed_up(args: &[String], what: &str) -> TestbedEnv {
+    let script = testbed_script();
+    let command = format!("{} {}", script.display(), args.join(" "));
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running `{command}`: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): `{command}`:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    TestbedEnv::parse(command, &String::from_utf8_lossy(&out.stdout))
+}
+
 /// `scripts/testbed.sh down --prefix PREFIX`: removes exactly that
 /// testbed's namespaces and links.
 fn testbed_down(prefix: &str) -> Command {
@@ -413,7 +461,8 @@ pub struct LeafSpine {
     pub spines: u16,
     pub workers_per_leaf: u16,
     pub hosts_per_leaf: u16,
-    pub env: std::collections::BTreeMap<String, String>,
+    /// What the script printed; every accessor below reads it.
+    pub env: TestbedEnv,
     pub dir: PathBuf,
 }
 
@@ -430,64 +479,80 @@ impl LeafSpine {
             spines,
             workers_per_leaf: wpl,
             hosts_per_leaf: hpl,
-            env: Default::default(),
+            env: TestbedEnv::parse("(leaf-spine testbed not up yet)", ""),
             dir,
         };
-        let out = Command::new("bash")
-            .arg(testbed_script())
-            .args(["up", "--leaves", &leaves.to_string()])
-            .args(["--spines", &spines.to_string()])
-            .args(["--workers-per-leaf", &wpl.to_string()])
-            .args(["--hosts-per-leaf", &hpl.to_string()])
-            .args(["--prefix", prefix, "--print-env"])
-            .output()
-            .expect("running scripts/testbed.sh");
-        assert!(
-            out.status.success(),
-            "testbed.sh up (leaf-spine) failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        fabric.env = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        let args: Vec<String> = ["up", "--leaves", &leaves.to_string()]
+            .into_iter()
+            .chain(["--spines", &spines.to_string()])
+            .chain(["--workers-per-leaf", &wpl.to_string()])
+            .chain(["--hosts-per-leaf", &hpl.to_string()])
+            .chain(["--prefix", prefix, "--print-env"])
+            .map(str::to_owned)
             .collect();
+        fabric.env = testbed_up(&args, "testbed.sh up (leaf-spine)");
+        for (key, want) in [
+            ("leaves", leaves),
+            ("spines", spines),
+            ("workers_per_leaf", wpl),
+            ("hosts_per_leaf", hpl),
+        ] {
+            assert_eq!(
+                fabric.env.number(key),
+                want,
+                "`{}`: {key}",
+                fabric.env.command()
+            );
+        }
         fabric
     }
 
-    /// The value of `key` in the script's --print-env output.
+    /// The value of `key` in the script's --print-env output; panics naming
+    /// the key and the command if it has none.
     pub fn get(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| panic!("testbed.sh --print-env has no {key}: {:?}", self.env))
+        self.env.get(key)
     }
 
     pub fn leaf_ns(&self, i: u16) -> String {
         self.get(&format!("leaf_{i}_ns")).to_owned()
     }
-    pub fn leaf_gateway(&self, i: u16) -> String {
-        self.get(&format!("leaf_{i}_gateway")).to_owned()
+    /// Leaf `i`'s bridge address: its subnet's gateway, and where its
+    /// workers send.
+    pub fn leaf_gateway(&self, i: u16) -> Ipv4Addr {
+        self.env.addr(&format!("leaf_{i}_gateway"))
+    }
+    /// Leaf `i`'s subnet (its gateway, workers and hosts).
+    pub fn leaf_subnet(&self, i: u16) -> Ipv4Net {
+        self.env.net(&format!("leaf_{i}_subnet"))
     }
     pub fn spine_ns(&self, j: u16) -> String {
         self.get(&format!("spine_{j}_ns")).to_owned()
     }
     /// Spine `j`'s own address (on its lo).
-    pub fn spine_addr(&self, j: u16) -> String {
-        self.get(&format!("spine_{j}_addr")).to_owned()
+    pub fn spine_addr(&self, j: u16) -> Ipv4Addr {
+        self.env.addr(&format!("spine_{j}_addr"))
     }
     /// Worker `k` under leaf `i`.
     pub fn worker_ns(&self, i: u16, k: u16) -> String {
         self.get(&format!("leaf_{i}_worker_{k}_ns")).to_owned()
     }
-    pub fn worker_addr(&self, i: u16, k: u16) -> String {
-        self.get(&format!("leaf_{i}_worker_{k}_addr")).to_owned()
+    pub fn worker_addr(&self, i: u16, k: u16) -> Ipv4Addr {
+        self.env.addr(&format!("leaf_{i}_worker_{k}_addr"))
+    }
+    /// Leaf `i`'s port to its worker `k`.
+    pub fn worker_port(&self, i: u16, k: u16) -> String {
+        self.get(&format!("leaf_{i}_worker_{k}_port")).to_owned()
     }
     /// Host `k` under leaf `i`.
     pub fn host_ns(&self, i: u16, k: u16) -> String {
         self.get(&format!("leaf_{i}_host_{k}_ns")).to_owned()
     }
-    pub fn host_addr(&self, i: u16, k: u16) -> String {
-        self.get(&format!("leaf_{i}_host_{k}_addr")).to_owned()
+    pub fn host_addr(&self, i: u16, k: u16) -> Ipv4Addr {
+        self.env.addr(&format!("leaf_{i}_host_{k}_addr"))
+    }
+    /// Spine `j`'s port down to leaf `i`.
+    pub fn downlink_port(&self, j: u16, i: u16) -> String {
+        self.get(&format!("spine_{j}_downlink_{i}_port")).to_owned()
     }
 
     /// Counter `stat` (e.g. "tx_packets") of interface `dev` in `ns`.
@@ -535,7 +600,9 @@ pub fn netns_names() -> Vec<String> {
 pub struct JobSpec {
     pub id: u16,
     pub n_workers: u16,
-    pub allowed: Vec<&'static str>,
+    /// The job's `allowed_sources`; `None`: the testbed's workers and no
+    /// other address ([`Testbed::worker_sources`]).
+    pub allowed: Option<Vec<Ipv4Net>>,
     pub pool_slots: u16,
     pub window: Option<u16>,
     /// `dtype` of the job ("bf16", "f16"); f32 when absent.
@@ -547,12 +614,19 @@ impl JobSpec {
         JobSpec {
             id,
             n_workers: n,
-            allowed: vec!["198.18.0.0/26"],
+            allowed: None,
             pool_slots: 256,
             window: None,
             dtype: None,
         }
     }
+}
+
+/// `--allow NET` once per prefix: `switchctl job add`'s sources.
+pub fn allow_args(nets: &[Ipv4Net]) -> Vec<String> {
+    nets.iter()
+        .flat_map(|n| ["--allow".to_owned(), n.to_string()])
+        .collect()
 }
 
 /// A running switchd; stopped (SIGTERM, then SIGKILL) on drop.
@@ -635,13 +709,14 @@ impl Switchd {
             std::env::temp_dir().join(format!("agg-e2e-{}-{}", tb.prefix, std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let admin = dir.join("admin.sock");
-        let mut config = SwitchConfig::new(&tb.ports(), SWITCH_ADDR)
+        let mut config = SwitchConfig::for_testbed(tb)
             .set("agg_port", i64::from(AGG_PORT))
             .set("admin_socket", admin.display().to_string())
             .set_lines(switch_extra);
         for j in jobs {
+            let allowed = j.allowed.clone().unwrap_or_else(|| tb.worker_sources());
             let mut job =
-                Job::new(j.id, j.n_workers, &j.allowed).set("pool_slots", i64::from(j.pool_slots));
+                Job::new(j.id, j.n_workers, &allowed).set("pool_slots", i64::from(j.pool_slots));
             if let Some(w) = j.window {
                 job = job.set("window", i64::from(w));
             }
@@ -885,7 +960,7 @@ pub fn allreduce_cmd(
     stall_secs: u32,
 ) -> Command {
     let mut c = tb.cmd_in(ns, worker_bin());
-    c.args(["allreduce", "--switch", SWITCH_ADDR])
+    c.args(["allreduce", "--switch", &tb.switch_addr().to_string()])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
         .args(["--workers", &n.to_string()])
         // Not --secret: that one warns that /proc/PID/cmdline shows it.
@@ -1066,9 +1141,9 @@ pub fn mac_of(ns: &str, dev: &str) -> String {
 
 /// The local UDP port of the worker's socket to the switch in `ns` (what
 /// the attacker found by scanning, in 0.6–2.6 s).
-pub fn worker_port(tb: &impl Netns, ns: &str) -> u16 {
+pub fn worker_port(tb: &Testbed, ns: &str) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let switch = format!("{SWITCH_ADDR}:48879");
+    let switch = tb.switch_endpoint().to_string();
     loop {
         let out = tb
             .cmd_in(ns, "ss")
@@ -1124,10 +1199,11 @@ pub fn port_sum(stats: &serde_json::Value, prefix: &str, field: &str) -> u64 {
 }
 
 /// Three pings from `ns` to `addr` must be answered.
-pub fn ping(tb: &impl Netns, ns: &str, addr: &str) {
+pub fn ping(tb: &impl Netns, ns: &str, addr: impl std::fmt::Display) {
+    let addr = addr.to_string();
     let out = tb
         .cmd_in(ns, "ping")
-        .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
+        .args(["-c", "3", "-i", "0.2", "-W", "2", &addr])
         .output()
         .unwrap();
     assert!(
@@ -1154,7 +1230,7 @@ pub fn sha256_of(path: &std::path::Path) -> String {
 /// that the same bytes arrived (SHA-256 and length).
 pub fn tcp_transfer(tb: &Testbed, sw: &Switchd, len: usize) {
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    tcp_transfer_between(tb, &sw.dir, &h0, &h1, &Testbed::host_addr(1), 5001, len);
+    tcp_transfer_between(tb, &sw.dir, &h0, &h1, tb.host_addr(1), 5001, len);
 }
 
 /// Sends `len` pseudo-random bytes over TCP from namespace `from` to
@@ -1165,10 +1241,12 @@ pub fn tcp_transfer_between(
     dir: &Path,
     from: &str,
     to: &str,
-    to_addr: &str,
+    to_addr: impl std::fmt::Display,
     port: u16,
     len: usize,
 ) {
+    let to_addr = to_addr.to_string();
+    let to_addr = to_addr.as_str();
     let port = port.to_string();
     let file = dir.join(format!("random-{port}.bin"));
     let data: Vec<u8> = {

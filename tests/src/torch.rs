@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{repo_root, unavailable, Testbed, AGG_PORT, SECRET, SWITCH_ADDR};
+use crate::{repo_root, unavailable, Testbed, SECRET};
 
 /// The venv python that has torch and `aggswitch.torch` (`AGG_PYTHON`,
 /// else the repo's `.venv/bin/python`), or None after [`unavailable`].
@@ -207,12 +207,12 @@ impl Ranks {
                     .env("LOCAL_RANK", (rank % run.ranks_per_ns).to_string())
                     .env("WORLD_SIZE", run.world.to_string())
                     .env("LOCAL_WORLD_SIZE", run.ranks_per_ns.to_string())
-                    .env("MASTER_ADDR", "198.18.0.10")
+                    .env("MASTER_ADDR", tb.worker_addr(0).to_string())
                     .env("MASTER_PORT", run.master_port.to_string())
                     .env("GLOO_SOCKET_IFNAME", "eth0")
                     .env("OMP_NUM_THREADS", "1")
                     .env("PYTHONUNBUFFERED", "1")
-                    .env("AGGSWITCH_SWITCH", format!("{SWITCH_ADDR}:{AGG_PORT}"))
+                    .env("AGGSWITCH_SWITCH", tb.switch_endpoint().to_string())
                     .env("AGGSWITCH_JOB", "1")
                     .env("AGGSWITCH_SECRET", SECRET)
                     .envs(run.env.iter().map(|(k, v)| (k, v)))

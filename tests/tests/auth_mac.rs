@@ -9,9 +9,9 @@ use agg_e2e::*;
 
 /// switchd's config for `tb` with one job of 4 workers and `auth`.
 fn config(tb: &Testbed, auth: &str) -> SwitchConfig {
-    SwitchConfig::new(&tb.ports(), SWITCH_ADDR)
+    SwitchConfig::for_testbed(tb)
         .set("agg_port", i64::from(AGG_PORT))
-        .job(Job::new(1, 4, &["198.18.0.0/26"]).set("auth", auth))
+        .job(Job::new(1, 4, &tb.worker_sources()).set("auth", auth))
 }
 
 /// `worker allreduce` on the mmsg transport (one datagram per DATA, which

@@ -2,9 +2,9 @@
 //! with `forwarding = "xdp"` forwards in XDP only between ports of the same
 //! Linux bridge, both in forwarding state, from ports whose VLAN tags the
 //! program can see; everything else goes to the bridge and is counted as a
-//! refusal by reason. Each test makes its own testbed (prefix `brg…`, the
-//! addresses of scripts/testbed.sh in 198.18.0.0/24) plus, inside its switch
-//! namespace, a second bridge; all of it goes when the testbed's namespaces
+//! refusal by reason. Each test makes its own testbed (prefix `brg…`,
+//! addresses as scripts/testbed.sh --print-env gives them) plus, inside its
+//! switch namespace, a second bridge; all of it goes when the testbed's namespaces
 //! are deleted, also on failure. The program's counters are read from its
 //! `counters` map with bpftool (the refusals are not in the stats file).
 //! They need root, bpftool and ethtool; under `CI=true` they fail rather
@@ -110,7 +110,7 @@ fn static_neighbours(tb: &Testbed, hosts: &[u16]) {
                     &[
                         "neigh",
                         "replace",
-                        &Testbed::host_addr(b),
+                        &tb.host_addr(b).to_string(),
                         "lladdr",
                         &macs[i],
                         "dev",
@@ -127,7 +127,15 @@ fn static_neighbours(tb: &Testbed, hosts: &[u16]) {
 /// Three pings from host `from` to host `to`; true if any was answered.
 fn pings(tb: &Testbed, from: u16, to: u16) -> bool {
     tb.cmd_in(&tb.host_ns(from), "ping")
-        .args(["-c", "3", "-i", "0.2", "-W", "1", &Testbed::host_addr(to)])
+        .args([
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            &tb.host_addr(to).to_string(),
+        ])
         .output()
         .expect("running ping")
         .status
@@ -305,7 +313,7 @@ fn frames_never_cross_between_two_bridges_while_each_keeps_its_fast_path() {
     assert!(!pings(&tb, 2, 0), "h2 (br1) reached h0 (br0)");
     // One direction alone, with a control: h2 hears h3 (same bridge) but
     // not h0.
-    let h2_addr = Testbed::host_addr(2);
+    let h2_addr = tb.host_addr(2).to_string();
     let (rx, reader) = probe_listener(
         &tb,
         &tb.host_ns(2),

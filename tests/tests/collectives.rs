@@ -135,7 +135,7 @@ fn spawn_tree(fabric: &LeafSpine, kind: &str) -> Vec<Child> {
         .map(|(i, k)| {
             fabric
                 .cmd_in(&fabric.worker_ns(i, k), worker_bin())
-                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i).to_string()])
                 .args(["--job", "1", "--rank", &k.to_string()])
                 .args(["--workers", &WPL.to_string()])
                 .env(proto::secret::SECRET_ENV, SECRET)

@@ -112,7 +112,13 @@ fn the_switch_advertises_its_window_and_drops_data_beyond_it() {
     let children: Vec<Child> = (0..2)
         .map(|r| {
             tb.cmd_in(&tb.worker_ns(r), worker_bin())
-                .args(["allreduce", "--switch", SWITCH_ADDR, "--job", "1"])
+                .args([
+                    "allreduce",
+                    "--switch",
+                    &tb.switch_addr().to_string(),
+                    "--job",
+                    "1",
+                ])
                 .args(["--rank", &r.to_string(), "--workers", "2"])
                 .env(proto::secret::SECRET_ENV, SECRET)
                 .args([

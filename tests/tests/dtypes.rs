@@ -15,7 +15,7 @@ use agg_e2e::*;
 /// `job` (4 ranks), in the rank's namespace.
 fn spawn_typed(tb: &Testbed, job: u16, dtype: &str, rank: u16, elements: usize) -> Child {
     tb.cmd_in(&tb.worker_ns(rank), worker_bin())
-        .args(["allreduce", "--switch", SWITCH_ADDR])
+        .args(["allreduce", "--switch", &tb.switch_addr().to_string()])
         .args(["--job", &job.to_string(), "--rank", &rank.to_string()])
         .args(["--workers", "4", "--dtype", dtype])
         .env(proto::secret::SECRET_ENV, SECRET)
@@ -63,7 +63,8 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
     // the dtypes.
     let out = tb
         .cmd_in(&tb.worker_ns(0), worker_bin())
-        .args(["join", "--switch", SWITCH_ADDR, "--job", "2", "--rank", "0"])
+        .args(["join", "--switch", &tb.switch_addr().to_string()])
+        .args(["--job", "2", "--rank", "0"])
         .args(["--workers", "4", "--join-timeout", "5"])
         .env(proto::secret::SECRET_ENV, SECRET)
         .args(["--dtype", "f32"])
@@ -87,6 +88,7 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
     }
 
     // Declared at run time: switchctl job add --dtype.
+    let subnet = tb.subnet().to_string();
     let add = |dtype: &str| {
         sw.switchctl(&[
             "job",
@@ -96,7 +98,7 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
             "--workers",
             "4",
             "--allow",
-            "198.18.0.0/24",
+            &subnet,
             "--secret-file",
             secret_file(),
             "--dtype",
@@ -167,7 +169,7 @@ fn a_bf16_tree_is_the_float32_tree_order_sum_rounded_once() {
         .map(|(i, k)| {
             fabric
                 .cmd_in(&fabric.worker_ns(i, k), worker_bin())
-                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i).to_string()])
                 .args(["--job", "1", "--rank", &k.to_string()])
                 .args(["--workers", &WPL.to_string()])
                 .env(proto::secret::SECRET_ENV, SECRET)

@@ -60,10 +60,10 @@ fn ordinary_traffic_crosses_unchanged() {
     let tb = Testbed::up("e2b", 2, 2);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    let h1_addr = Testbed::host_addr(1);
+    let h1_addr = tb.host_addr(1).to_string();
 
     ping(&tb, &h0, &h1_addr);
-    ping(&tb, &h0, SWITCH_ADDR);
+    ping(&tb, &h0, tb.switch_addr());
     // 20 MB of random bytes over TCP, host to host: same SHA-256 and length.
     tcp_transfer(&tb, &sw, 20_000_000);
 
@@ -122,7 +122,7 @@ fn refused_joins_get_their_reason_and_the_job_still_completes() {
     if !can_run("refused_joins") {
         return;
     }
-    // Job 1 allows 198.18.0.0/26: the workers (.10–.13), not the hosts (.100+).
+    // Job 1 allows its workers' addresses, not the host's.
     let tb = Testbed::up("e2c", 4, 1);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
     let workers: Vec<Child> = (0..4)
@@ -133,7 +133,7 @@ fn refused_joins_get_their_reason_and_the_job_still_completes() {
             .args([
                 "join",
                 "--switch",
-                SWITCH_ADDR,
+                &tb.switch_addr().to_string(),
                 "--job",
                 job,
                 "--rank",
@@ -228,7 +228,8 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
     ];
     const ROUNDS: usize = 20;
     // All rounds in one probe run, while the job is certainly still active.
-    let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
+    let (switch, agg_port) = (tb.switch_addr().to_string(), AGG_PORT.to_string());
+    let mut args = vec!["udp-send", switch.as_str(), agg_port.as_str()];
     for _ in 0..ROUNDS {
         args.extend(frames.iter().map(|s| s.as_str()));
     }
@@ -282,9 +283,11 @@ fn switchd_errors_say_what_to_do() {
     let dir = std::env::temp_dir().join(format!("agg-e2e-errs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("bad.toml");
+    // Written by hand: SwitchConfig refuses what switchd must refuse here.
+    let (port, addr) = (tb.worker_switch_port(0), tb.switch_addr());
     std::fs::write(
         &cfg,
-        "[switch]\nports = [\"sw-w0\", \"nosuch0\"]\naddresses = [\"198.18.0.1\"]\n",
+        format!("[switch]\nports = [\"{port}\", \"nosuch0\"]\naddresses = [\"{addr}\"]\n"),
     )
     .unwrap();
     let out = tb
@@ -299,7 +302,7 @@ fn switchd_errors_say_what_to_do() {
 
     std::fs::write(
         &cfg,
-        "[switch]\nports = [\"sw-w0\"]\naddresses = [\"198.18.0.1\"]\nagg_port = \"x\"\n",
+        format!("[switch]\nports = [\"{port}\"]\naddresses = [\"{addr}\"]\nagg_port = \"x\"\n"),
     )
     .unwrap();
     let out = tb

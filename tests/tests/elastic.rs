@@ -15,15 +15,21 @@ use std::time::{Duration, Instant};
 use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
 
-/// The metrics endpoint on the switch's bridge address, reachable from h0.
-const METRICS_ADDR: &str = "198.18.0.1:9188";
+/// The metrics endpoint's port, on the switch's bridge address (reachable
+/// from h0).
+const METRICS_PORT: u16 = 9188;
+
+/// The metrics endpoint, `switch_addr:METRICS_PORT`.
+fn metrics_addr(tb: &Testbed) -> String {
+    format!("{}:{METRICS_PORT}", tb.switch_addr())
+}
 
 /// GET /metrics from h0: the body (asserting a 200).
 fn metrics(tb: &Testbed) -> String {
     let out = tb
         .cmd_in(&tb.host_ns(0), "python3")
         .arg(repo_root().join("tests/mgmt_attack.py"))
-        .args(["get", &format!("http://{METRICS_ADDR}/metrics")])
+        .args(["get", &format!("http://{}/metrics", metrics_addr(tb))])
         .output()
         .unwrap();
     assert!(
@@ -92,7 +98,7 @@ fn a_job_goes_from_4_to_2_to_4_workers_bit_exact() {
     let mut sw = Switchd::start_with(
         &tb,
         &[JobSpec::new(1, 4)],
-        &format!("metrics_listen = \"{METRICS_ADDR}\"\n"),
+        &format!("metrics_listen = \"{}\"\n", metrics_addr(&tb)),
     );
     // 100 000 elements: 277 chunks of 362 per all-reduce.
     let (elements, iterations) = (100_000, 3);

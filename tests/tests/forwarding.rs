@@ -21,9 +21,9 @@ fn fast_path_forwards_tcp_and_ping_while_an_allreduce_stays_bit_exact() {
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 1_000_000, 5))
         .collect();
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    ping(&tb, &h0, &Testbed::host_addr(1));
-    ping(&tb, &h1, &Testbed::host_addr(0));
-    ping(&tb, &h0, SWITCH_ADDR);
+    ping(&tb, &h0, tb.host_addr(1));
+    ping(&tb, &h1, tb.host_addr(0));
+    ping(&tb, &h0, tb.switch_addr());
     tcp_transfer(&tb, &sw, 20_000_000);
     expect_verified(workers);
 
@@ -58,7 +58,7 @@ fn bridge_forwarding_setting_keeps_every_frame_on_the_bridge() {
     }
     let tb = Testbed::up("fwdb", 1, 2);
     let mut sw = Switchd::start_with(&tb, &[], "forwarding = \"bridge\"\n");
-    ping(&tb, &tb.host_ns(0), &Testbed::host_addr(1));
+    ping(&tb, &tb.host_ns(0), tb.host_addr(1));
     tcp_transfer(&tb, &sw, 2_000_000);
     let stats = stop_clean(&tb, &mut sw);
     assert_eq!(port_sum(&stats, "sw-", "xdp_forwarded"), 0, "{stats}");
@@ -80,7 +80,8 @@ fn xdp_drop_mode_counts_blasted_aggregation_frames_and_passes_the_rest() {
     );
     const N: usize = 400;
     let payload = "11000001000000010000000000000000000000000000000000000000";
-    let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
+    let (switch, agg_port) = (tb.switch_addr().to_string(), AGG_PORT.to_string());
+    let mut args = vec!["udp-send", switch.as_str(), agg_port.as_str()];
     args.extend(std::iter::repeat_n(payload, N));
     assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
     sw.wait_stats(10, "xdp_dropped to reach the frames sent", |s| {
@@ -90,9 +91,9 @@ fn xdp_drop_mode_counts_blasted_aggregation_frames_and_passes_the_rest() {
     // Everything else still crosses: ping (to a host and to the switch),
     // TCP, and UDP to the aggregation port of a host that is not the switch.
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    let h1_addr = Testbed::host_addr(1);
+    let h1_addr = tb.host_addr(1).to_string();
     ping(&tb, &h0, &h1_addr);
-    ping(&tb, &h0, SWITCH_ADDR);
+    ping(&tb, &h0, tb.switch_addr());
     tcp_transfer(&tb, &sw, 1_000_000);
     let (rx, reader) = probe_listener(&tb, &h1, &["udp-recv", &h1_addr, "48879", "3", "5"]);
     assert!(

@@ -108,7 +108,7 @@ fn frames_claiming_the_switchs_own_address_are_dropped_at_ingress() {
     }
     let tb = Testbed::up("cs2", 2, 1);
     let mut spec = JobSpec::new(1, 2);
-    spec.allowed = vec!["198.18.0.0/24"];
+    spec.allowed = Some(vec![tb.subnet()]);
     let mut sw = Switchd::start(&tb, &[spec]);
     let workers: Vec<Child> = (0..2)
         .map(|r| spawn_allreduce(&tb, 1, r, 2, 2_000_000, 30))
@@ -121,11 +121,12 @@ fn frames_claiming_the_switchs_own_address_are_dropped_at_ingress() {
         mac_of(&tb.switch_ns(), "sw-h0"),
     );
     let host_mac = mac_of(&tb.host_ns(0), "eth0");
-    let host_ip = Testbed::host_addr(0);
+    let host_ip = tb.host_addr(0).to_string();
+    let switch_ip = tb.switch_addr().to_string();
     let before = sw.stats();
     let mut sent = 0;
     for (src_ip, src_mac) in [
-        (SWITCH_ADDR, host_mac.as_str()),
+        (switch_ip.as_str(), host_mac.as_str()),
         (host_ip.as_str(), port_mac.as_str()),
     ] {
         let out = tb
@@ -137,7 +138,7 @@ fn frames_claiming_the_switchs_own_address_are_dropped_at_ingress() {
                 &switch_mac,
                 src_ip,
                 src_mac,
-                SWITCH_ADDR,
+                &switch_ip,
                 "50",
             ])
             .output()

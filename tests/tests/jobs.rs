@@ -35,23 +35,16 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
     }
     let tb = Testbed::up("e3a", 4, 0);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
-    let out = sw.switchctl(&[
-        "job",
-        "add",
-        "--id",
-        "2",
-        "--workers",
-        "2",
-        "--allow",
-        "198.18.0.12/31",
-        "--secret-file",
-        secret_file(),
-        "--slots",
-        "128",
-    ]);
+    // Job 2 on workers 2 and 3, from their addresses only.
+    let allow = allow_args(&tb.worker_sources_of(2..4));
+    let mut add = vec!["job", "add", "--id", "2", "--workers", "2"];
+    add.extend(allow.iter().map(String::as_str));
+    add.extend(["--secret-file", secret_file(), "--slots", "128"]);
+    let out = sw.switchctl(&add);
     assert!(out.status.success(), "{}", text(&out));
     let jobs = text(&sw.switchctl(&["jobs"]));
     assert!(jobs.contains("joining"), "{jobs}");
+    let subnet = tb.subnet().to_string();
     let bad = sw.switchctl(&[
         "job",
         "add",
@@ -60,7 +53,7 @@ fn jobs_are_added_and_removed_while_switchd_runs() {
         "--workers",
         "2",
         "--allow",
-        "198.18.0.0/24",
+        &subnet,
         "--secret-file",
         secret_file(),
     ]);
@@ -129,7 +122,7 @@ fn a_dead_worker_is_named_others_fail_in_time_and_the_job_rejoins() {
     }
     let tb = Testbed::up("e3b", 6, 0);
     let mut job2 = JobSpec::new(2, 2);
-    job2.allowed = vec!["198.18.0.14/31"];
+    job2.allowed = Some(tb.worker_sources_of(4..6));
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4), job2]);
     let mut victims: Vec<Child> = (0..4)
         .map(|r| spawn_allreduce_with(&tb, &tb.worker_ns(r), 1, r, 4, 1_000_000, 1000, 3))
@@ -226,7 +219,7 @@ fn spoofed_data_from_an_allowed_host_changes_no_sum() {
     // each rank tells the spoof apart.
     let tb = Testbed::up("e3d", 2, 1);
     let mut spec = JobSpec::new(1, 2);
-    spec.allowed = vec!["198.18.0.0/24"];
+    spec.allowed = Some(vec![tb.subnet()]);
     let mut sw = Switchd::start(&tb, &[spec]);
     let children: Vec<Child> = (0..2)
         // Long enough (several seconds) that the once-a-second stats file
@@ -252,7 +245,8 @@ fn spoofed_data_from_an_allowed_host_changes_no_sum() {
             frames.push(h.iter().map(|b| format!("{b:02x}")).collect::<String>());
         }
     }
-    let mut args = vec!["udp-send", SWITCH_ADDR, "48879"];
+    let (switch, agg_port) = (tb.switch_addr().to_string(), AGG_PORT.to_string());
+    let mut args = vec!["udp-send", switch.as_str(), agg_port.as_str()];
     args.extend(frames.iter().map(|s| s.as_str()));
     assert!(probe(&tb, &tb.host_ns(0), &args).status.success());
     expect_verified(children);

@@ -67,9 +67,9 @@ fn jumbo_allreduce_is_bit_exact_with_9000_mtu_chunks_and_jumbo_traffic_crosses()
     // Jumbo frames between the hosts meanwhile: through the fast path
     // (once both MACs are learned) and, the first ones, the bridge.
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    jumbo_ping(&tb, &h0, &Testbed::host_addr(1), 8000);
-    jumbo_ping(&tb, &h1, &Testbed::host_addr(0), 8000);
-    jumbo_ping(&tb, &h0, SWITCH_ADDR, 8000);
+    jumbo_ping(&tb, &h0, &tb.host_addr(1).to_string(), 8000);
+    jumbo_ping(&tb, &h1, &tb.host_addr(0).to_string(), 8000);
+    jumbo_ping(&tb, &h0, &tb.switch_addr().to_string(), 8000);
     tcp_transfer(&tb, &sw, 20_000_000);
     let reports = expect_verified(workers);
     for (i, r) in reports.iter().enumerate() {
@@ -127,9 +127,9 @@ fn jumbo_traffic_crosses_with_bridge_forwarding() {
     let tb = Testbed::up_with_mtu("e2jb", 1, 2, MTU);
     let mut sw = Switchd::start_with(&tb, &[], "forwarding = \"bridge\"\n");
     let (h0, h1) = (tb.host_ns(0), tb.host_ns(1));
-    jumbo_ping(&tb, &h0, &Testbed::host_addr(1), 8000);
-    jumbo_ping(&tb, &h1, &Testbed::host_addr(0), 8000);
-    jumbo_ping(&tb, &h0, SWITCH_ADDR, 8000);
+    jumbo_ping(&tb, &h0, &tb.host_addr(1).to_string(), 8000);
+    jumbo_ping(&tb, &h1, &tb.host_addr(0).to_string(), 8000);
+    jumbo_ping(&tb, &h0, &tb.switch_addr().to_string(), 8000);
     tcp_transfer(&tb, &sw, 20_000_000);
     let stats = stop_clean(&tb, &mut sw);
     assert_eq!(port_sum(&stats, "sw-", "xdp_forwarded"), 0, "{stats}");

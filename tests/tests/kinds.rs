@@ -25,6 +25,8 @@ const M: usize = 400;
 
 /// One rank's UDP endpoint in its namespace.
 struct Agent {
+    /// The rank's address (its worker's, from the testbed).
+    ip: std::net::Ipv4Addr,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -32,10 +34,12 @@ struct Agent {
 
 impl Agent {
     fn start(tb: &Testbed, rank: u16) -> Agent {
+        let ip = tb.worker_addr(rank);
         let mut child = tb
             .cmd_in(&tb.worker_ns(rank), "python3")
             .arg(repo_root().join("tests/kinds_agent.py"))
-            .args([&ip(rank), &port(rank).to_string(), SWITCH_ADDR])
+            .args([ip.to_string(), port(rank).to_string()])
+            .arg(tb.switch_addr().to_string())
             .arg(AGG_PORT.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -44,6 +48,7 @@ impl Agent {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Agent {
+            ip,
             child,
             stdin,
             stdout,
@@ -91,10 +96,6 @@ impl Drop for Agent {
     }
 }
 
-fn ip(rank: u16) -> String {
-    format!("198.18.0.{}", 10 + rank)
-}
-
 fn port(rank: u16) -> u16 {
     41000 + rank
 }
@@ -116,7 +117,6 @@ fn parse(d: &[u8]) -> HeaderRepr {
 fn join_all(agents: &mut [Agent]) -> u32 {
     let mut hss: Vec<Handshake> = (0..N)
         .map(|r| {
-            let ip: Vec<u8> = ip(r).split('.').map(|x| x.parse().unwrap()).collect();
             let params = JoinParams {
                 job: 1,
                 rank: r,
@@ -124,7 +124,7 @@ fn join_all(agents: &mut [Agent]) -> u32 {
                 dtype: 0,
                 op: 0,
                 secret: secret(),
-                ip: ip.try_into().unwrap(),
+                ip: agents[usize::from(r)].ip.octets(),
                 port: port(r),
             };
             Handshake::new(params, [r as u8 + 1; 16])

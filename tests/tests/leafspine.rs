@@ -12,10 +12,10 @@ use agg_e2e::*;
 /// a spine, the near leaf): 64 - 3.
 const TTL_ACROSS_SPINE: &str = "ttl=61";
 
-fn ping_output(fabric: &LeafSpine, ns: &str, addr: &str) -> String {
+fn ping_output(fabric: &LeafSpine, ns: &str, addr: std::net::Ipv4Addr) -> String {
     let out = fabric
         .cmd_in(ns, "ping")
-        .args(["-c", "3", "-i", "0.2", "-W", "2", addr])
+        .args(["-c", "3", "-i", "0.2", "-W", "2", &addr.to_string()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -41,26 +41,26 @@ fn workers_and_hosts_under_different_leaves_reach_each_other_through_a_spine() {
         fabric.worker_addr(1, 1),
         fabric.host_addr(1, 0),
     ] {
-        let text = ping_output(&fabric, &w00, &addr);
+        let text = ping_output(&fabric, &w00, addr);
         assert!(
             text.contains(TTL_ACROSS_SPINE),
             "reply from {addr} did not cross leaf 1, a spine and leaf 0:\n{text}"
         );
     }
     // And the other way, and every spine's own address from both leaves.
-    ping(&fabric, &fabric.host_ns(1, 0), &fabric.worker_addr(0, 1));
-    ping(&fabric, &w00, &fabric.leaf_gateway(1));
+    ping(&fabric, &fabric.host_ns(1, 0), fabric.worker_addr(0, 1));
+    ping(&fabric, &w00, fabric.leaf_gateway(1));
     for j in 0..2 {
-        ping(&fabric, &w00, &fabric.spine_addr(j));
-        ping(&fabric, &fabric.worker_ns(1, 1), &fabric.spine_addr(j));
+        ping(&fabric, &w00, fabric.spine_addr(j));
+        ping(&fabric, &fabric.worker_ns(1, 1), fabric.spine_addr(j));
     }
 
     // A few MB over TCP between hosts under different leaves, both ways,
     // arrive unchanged.
     let (h0, h1) = (fabric.host_ns(0, 0), fabric.host_ns(1, 0));
     let (a0, a1) = (fabric.host_addr(0, 0), fabric.host_addr(1, 0));
-    tcp_transfer_between(&fabric, &fabric.dir, &h0, &h1, &a1, 5001, 4_000_000);
-    tcp_transfer_between(&fabric, &fabric.dir, &h1, &h0, &a0, 5002, 4_000_000);
+    tcp_transfer_between(&fabric, &fabric.dir, &h0, &h1, a1, 5001, 4_000_000);
+    tcp_transfer_between(&fabric, &fabric.dir, &h1, &h0, a0, 5002, 4_000_000);
 }
 
 #[test]
@@ -90,7 +90,7 @@ fn flows_between_leaves_are_spread_over_both_spines() {
             &fabric.dir,
             src,
             &dst_ns,
-            &dst,
+            dst,
             5100 + f,
             256 * 1024,
         );

@@ -12,17 +12,23 @@ use std::time::{Duration, Instant};
 
 use agg_e2e::*;
 
-/// The metrics endpoint on the switch's bridge address, reachable from h0.
-const METRICS_ADDR: &str = "198.18.0.1:9188";
+/// The metrics endpoint's port, on the switch's bridge address (reachable
+/// from h0).
+const METRICS_PORT: u16 = 9188;
 
-/// A testbed with switchd serving /metrics on [`METRICS_ADDR`], and
+/// The metrics endpoint, `switch_addr:METRICS_PORT`.
+fn metrics_addr(tb: &Testbed) -> String {
+    format!("{}:{METRICS_PORT}", tb.switch_addr())
+}
+
+/// A testbed with switchd serving /metrics on [`metrics_addr`], and
 /// switchd's PID.
 fn start(prefix: &str) -> (Testbed, Switchd, u32) {
     let tb = Testbed::up(prefix, 2, 1);
     let sw = Switchd::start_with(
         &tb,
         &[JobSpec::new(1, 2)],
-        &format!("metrics_listen = \"{METRICS_ADDR}\"\n"),
+        &format!("metrics_listen = \"{}\"\n", metrics_addr(&tb)),
     );
     let pid = switchd_pid(&sw);
     (tb, sw, pid)
@@ -163,7 +169,7 @@ fn get_metrics(tb: &Testbed) -> (u64, String) {
     let out = tb
         .cmd_in(&tb.host_ns(0), "python3")
         .arg(attack_script())
-        .args(["get", &format!("http://{METRICS_ADDR}/metrics")])
+        .args(["get", &format!("http://{}/metrics", metrics_addr(tb))])
         .output()
         .unwrap();
     assert!(
@@ -224,7 +230,7 @@ fn metrics_endless_header_keeps_memory_bounded() {
     let (lines, peak) = attack(
         &tb,
         pid,
-        &["endless", METRICS_ADDR, &(4 << 20).to_string()],
+        &["endless", &metrics_addr(&tb), &(4 << 20).to_string()],
         Duration::from_secs(60),
     );
     let r = &lines[0];
@@ -267,7 +273,7 @@ fn metrics_slow_connections_keep_threads_and_fds_bounded() {
     let (lines, peak) = attack(
         &tb,
         pid,
-        &["slow", METRICS_ADDR, "1500", "8"],
+        &["slow", &metrics_addr(&tb), "1500", "8"],
         Duration::from_secs(120),
     );
     let done = last_event(&lines, "done");
@@ -341,7 +347,7 @@ fn metrics_survives_the_open_file_limit() {
     let (lines, peak) = attack(
         &tb,
         pid,
-        &["slow", METRICS_ADDR, "1500", "2"],
+        &["slow", &metrics_addr(&tb), "1500", "2"],
         Duration::from_secs(120),
     );
     let done = last_event(&lines, "done");
@@ -360,7 +366,7 @@ fn metrics_survives_the_open_file_limit() {
     let (lines, _) = attack(
         &tb,
         pid,
-        &["slow", METRICS_ADDR, "100", "2"],
+        &["slow", &metrics_addr(&tb), "100", "2"],
         Duration::from_secs(120),
     );
     let done = last_event(&lines, "done");
@@ -438,7 +444,7 @@ fn metrics_request_flood_costs_little_cpu() {
     let (lines, peak) = attack(
         &tb,
         pid,
-        &["flood", METRICS_ADDR, "5"],
+        &["flood", &metrics_addr(&tb), "5"],
         Duration::from_secs(60),
     );
     let busy = cpu_secs(pid) - c1;

@@ -32,20 +32,25 @@ fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
 }
 
 /// Worker `rank`'s "MAC,IP,UDP port", as a host that saw its traffic
-/// would know it: its interface's MAC, the testbed's address plan, and the
-/// local port of its UDP socket to the switch.
+/// would know it: its interface's MAC, its address, and the local port of
+/// its UDP socket to the switch.
 fn worker_source(tb: &Testbed, rank: u16) -> String {
     let ns = tb.worker_ns(rank);
     let port = worker_port(tb, &ns);
-    format!("{},198.18.0.{},{port}", mac_of(&ns, "eth0"), 10 + rank)
+    format!("{},{},{port}", mac_of(&ns, "eth0"), tb.worker_addr(rank))
 }
 
 fn switch_dest(tb: &Testbed) -> String {
     format!(
-        "{},{SWITCH_ADDR},{AGG_PORT}",
-        mac_of(&tb.switch_ns(), "br0")
+        "{},{},{AGG_PORT}",
+        mac_of(&tb.switch_ns(), "br0"),
+        tb.switch_addr()
     )
 }
+
+/// A source no one on the testbed has: deliberately not the testbed's (no
+/// namespace answers for it), inside its subnet (the job's prefixes).
+const STRANGER: &str = "02:00:00:00:00:32,198.18.0.50,40050";
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -165,15 +170,25 @@ fn probing_heartbeats_tell_members_from_strangers_nothing() {
         return;
     }
     let tb = Testbed::up("sc2", 4, 1);
-    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
+    // The job takes the whole subnet, so the stranger is inside its
+    // prefixes and only membership tells it from a member.
+    let mut spec = JobSpec::new(1, 4);
+    spec.allowed = Some(vec![tb.subnet()]);
+    let mut sw = Switchd::start(&tb, &[spec]);
     let workers: Vec<Child> = (0..4)
         .map(|r| spawn_allreduce(&tb, 1, r, 4, 4_000_000, 60))
         .collect();
     sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     let gen = sw.stats()["generation"].as_u64().unwrap() as u32;
     let member = worker_source(&tb, 1);
-    // Inside the job's prefixes, no member.
-    let stranger = "02:00:00:00:00:32,198.18.0.50,40050".to_owned();
+    // Inside the job's prefixes, no member, no address on the testbed.
+    let stranger = STRANGER.to_owned();
+    let stranger_ip: std::net::Ipv4Addr = STRANGER.split(',').nth(1).unwrap().parse().unwrap();
+    assert!(
+        tb.subnet().contains(&stranger_ip) && !tb.addresses().contains(&stranger_ip),
+        "{stranger_ip} must be inside {} and no testbed address",
+        tb.subnet()
+    );
     let dest = switch_dest(&tb);
     let probe = |src: &str, gen: u32, count: u32| -> Vec<Vec<u8>> {
         let mut h = HeaderRepr::new(MsgType::Heartbeat, 1);

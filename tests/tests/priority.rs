@@ -11,22 +11,14 @@ use agg_e2e::*;
 const SHORT_ELEMS: usize = 1 << 20;
 const SHORT_ITERS: u32 = 8;
 
-/// `switchctl job add` of a 2-rank job `id` of class `priority`.
-fn add_job(sw: &Switchd, id: &str, priority: &str) -> std::process::Output {
-    sw.switchctl(&[
-        "job",
-        "add",
-        "--id",
-        id,
-        "--workers",
-        "2",
-        "--allow",
-        "198.18.0.0/26",
-        "--secret-file",
-        secret_file(),
-        "--priority",
-        priority,
-    ])
+/// `switchctl job add` of a 2-rank job `id` of class `priority`, on the
+/// testbed's workers.
+fn add_job(tb: &Testbed, sw: &Switchd, id: &str, priority: &str) -> std::process::Output {
+    let allow = allow_args(&tb.worker_sources());
+    let mut args = vec!["job", "add", "--id", id, "--workers", "2"];
+    args.extend(allow.iter().map(String::as_str));
+    args.extend(["--secret-file", secret_file(), "--priority", priority]);
+    sw.switchctl(&args)
 }
 
 /// Runs the short job `id` on both workers' hosts (beside the long job's
@@ -56,10 +48,10 @@ fn a_high_priority_short_job_finishes_before_the_same_job_at_equal_priority() {
     }
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
     for (id, p) in [("2", "normal"), ("3", "high")] {
-        let out = add_job(&sw, id, p);
+        let out = add_job(&tb, &sw, id, p);
         assert!(out.status.success(), "{}", text(&out));
     }
-    let typo = add_job(&sw, "4", "hgih");
+    let typo = add_job(&tb, &sw, "4", "hgih");
     assert!(!typo.status.success());
     let e = text(&typo);
     assert!(

@@ -22,11 +22,11 @@ fn text(o: &Output) -> String {
 
 /// `switchctl job add --id ID …` against `sw`, with `secret_args` and an
 /// optional AGGSWITCH_SECRET.
-fn add_job(sw: &Switchd, id: u16, secret_args: &[&str], env: Option<&str>) -> Output {
+fn add_job(tb: &Testbed, sw: &Switchd, id: u16, secret_args: &[&str], env: Option<&str>) -> Output {
     let mut c = Command::new(switchctl_bin());
     c.arg("--socket").arg(&sw.admin);
     c.args(["job", "add", "--id", &id.to_string(), "--workers", "2"]);
-    c.args(["--allow", "198.18.0.0/24", "--slots", "16"]);
+    c.args(["--allow", &tb.subnet().to_string(), "--slots", "16"]);
     c.args(secret_args);
     c.env_remove("AGGSWITCH_SECRET");
     if let Some(v) = env {
@@ -55,8 +55,14 @@ fn weak_secrets_are_refused_and_secrets_stay_off_the_command_line() {
     let weak = dir.join("weak.key");
     write_mode(&weak, &format!("{}\n", "00".repeat(32)), 0o600);
     for out in [
-        add_job(&sw, 2, &["--secret-file", weak.to_str().unwrap()], None),
-        add_job(&sw, 2, &[], Some(&"ab".repeat(32))),
+        add_job(
+            &tb,
+            &sw,
+            2,
+            &["--secret-file", weak.to_str().unwrap()],
+            None,
+        ),
+        add_job(&tb, &sw, 2, &[], Some(&"ab".repeat(32))),
     ] {
         assert!(!out.status.success(), "{}", text(&out));
         let t = text(&out);
@@ -78,13 +84,19 @@ fn weak_secrets_are_refused_and_secrets_stay_off_the_command_line() {
     assert_eq!(ids(&sw), vec![1], "no weak job was added");
 
     // A good secret from the environment: added, no warning.
-    let out = add_job(&sw, 3, &[], Some(SECRET));
+    let out = add_job(&tb, &sw, 3, &[], Some(SECRET));
     assert!(out.status.success(), "{}", text(&out));
     assert!(out.stderr.is_empty(), "{}", text(&out));
     // From a file others can read: added, with the chmod to run.
     let open = dir.join("open.key");
     write_mode(&open, SECRET, 0o644);
-    let out = add_job(&sw, 4, &["--secret-file", open.to_str().unwrap()], None);
+    let out = add_job(
+        &tb,
+        &sw,
+        4,
+        &["--secret-file", open.to_str().unwrap()],
+        None,
+    );
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains(&format!("chmod 600 {}", open.display())),
@@ -92,7 +104,7 @@ fn weak_secrets_are_refused_and_secrets_stay_off_the_command_line() {
         text(&out)
     );
     // On the command line: added, with the warning and the alternatives.
-    let out = add_job(&sw, 5, &["--secret", SECRET], None);
+    let out = add_job(&tb, &sw, 5, &["--secret", SECRET], None);
     assert!(out.status.success(), "{}", text(&out));
     let t = text(&out);
     assert!(
@@ -104,10 +116,16 @@ fn weak_secrets_are_refused_and_secrets_stay_off_the_command_line() {
     assert_eq!(ids(&sw), vec![1, 3, 4, 5]);
     // Two sources, or a file that is not there: refused before switchd is
     // asked, saying which.
-    let out = add_job(&sw, 6, &["--secret", SECRET], Some(SECRET));
+    let out = add_job(&tb, &sw, 6, &["--secret", SECRET], Some(SECRET));
     assert!(!out.status.success());
     assert!(text(&out).contains("given twice"), "{}", text(&out));
-    let out = add_job(&sw, 6, &["--secret-file", "/nonexistent/op4.key"], None);
+    let out = add_job(
+        &tb,
+        &sw,
+        6,
+        &["--secret-file", "/nonexistent/op4.key"],
+        None,
+    );
     assert!(!out.status.success());
     assert!(
         text(&out).contains("/nonexistent/op4.key") && text(&out).contains("os error 2"),

@@ -23,7 +23,7 @@ fn replayed_joins_from_another_host_change_nothing() {
     }
     let tb = Testbed::up("sec1", 4, 1);
     let mut spec = JobSpec::new(1, 4);
-    spec.allowed = vec!["198.18.0.0/24"];
+    spec.allowed = Some(vec![tb.subnet()]);
     let mut sw = Switchd::start(&tb, &[spec]);
     // Capture what worker 0 sends while it joins.
     let dir = std::env::temp_dir().join(format!("agg-e2e-sec1-{}", std::process::id()));
@@ -86,6 +86,7 @@ fn a_job_beyond_the_memory_budget_is_refused_with_the_numbers() {
         .collect();
     sw.wait_stats(30, "job active", |s| s["jobs"][0]["state"] == "active");
     // The request that made switchd abort: 3 TB of slot pool.
+    let subnet = tb.subnet().to_string();
     let out = sw.switchctl(&[
         "job",
         "add",
@@ -94,7 +95,7 @@ fn a_job_beyond_the_memory_budget_is_refused_with_the_numbers() {
         "--workers",
         "65535",
         "--allow",
-        "198.18.0.0/24",
+        &subnet,
         "--secret-file",
         secret_file(),
         "--slots",
@@ -120,7 +121,7 @@ fn twenty_thousand_bad_secret_joins_cost_a_few_log_lines() {
     }
     let tb = Testbed::up("sec3", 2, 1);
     let mut spec = JobSpec::new(1, 2);
-    spec.allowed = vec!["198.18.0.0/24"];
+    spec.allowed = Some(vec![tb.subnet()]);
     let mut sw = Switchd::start(&tb, &[spec]);
     let workers: Vec<Child> = (0..2)
         .map(|r| spawn_allreduce(&tb, 1, r, 2, 2_000_000, 30))
@@ -130,7 +131,15 @@ fn twenty_thousand_bad_secret_joins_cost_a_few_log_lines() {
     let sent = attack_py(
         &tb,
         &tb.host_ns(0),
-        &["bad-joins", SWITCH_ADDR, "48879", "1", "1", "2", "20000"],
+        &[
+            "bad-joins",
+            &tb.switch_addr().to_string(),
+            &AGG_PORT.to_string(),
+            "1",
+            "1",
+            "2",
+            "20000",
+        ],
     );
     assert_eq!(sent, 20_000);
     std::thread::sleep(Duration::from_millis(1500));

@@ -34,10 +34,10 @@ fn spoofed_nacks_and_results_to_a_worker_are_ignored() {
             "spoof-control",
             "eth0",
             &switch_mac,
-            SWITCH_ADDR,
-            "48879",
+            &tb.switch_addr().to_string(),
+            &AGG_PORT.to_string(),
             &victim_mac,
-            "198.18.0.11",
+            &tb.worker_addr(1).to_string(),
             &port.to_string(),
             "1",
             "1",
@@ -96,7 +96,7 @@ fn spoofed_spine_nacks_and_results_to_a_leaf_are_ignored() {
         .map(|(i, k)| {
             fabric
                 .cmd_in(&fabric.worker_ns(i, k), worker_bin())
-                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i).to_string()])
                 .args(["--job", "1", "--rank", &k.to_string()])
                 .args(["--workers", "2", "--secret", SECRET])
                 .args(["--tree-leaves", "2,2", "--leaf", &i.to_string()])
@@ -123,10 +123,10 @@ fn spoofed_spine_nacks_and_results_to_a_leaf_are_ignored() {
             "spoof-control",
             "eth0",
             &mac_of(&host, "eth0"),
-            &fabric.spine_addr(0),
+            &fabric.spine_addr(0).to_string(),
             &AGG_PORT.to_string(),
             &mac_of(&fabric.leaf_ns(0), "br0"),
-            &fabric.leaf_gateway(0),
+            &fabric.leaf_gateway(0).to_string(),
             &UPLINK_PORT.to_string(),
             "1",
             "0",

@@ -22,20 +22,12 @@ const ELEMENTS: usize = 36_001;
 const ITERATIONS: u32 = 3;
 
 /// `switchctl job add` of job `id` (4 workers) with extra flags.
-fn add_job(sw: &Switchd, id: u16, extra: &[&str]) {
+fn add_job(tb: &Testbed, sw: &Switchd, id: u16, extra: &[&str]) {
     let id = id.to_string();
-    let mut args = vec![
-        "job",
-        "add",
-        "--id",
-        &id,
-        "--workers",
-        "4",
-        "--allow",
-        "198.18.0.0/26",
-        "--secret-file",
-        secret_file(),
-    ];
+    let allow = allow_args(&tb.worker_sources());
+    let mut args = vec!["job", "add", "--id", &id, "--workers", "4"];
+    args.extend(allow.iter().map(String::as_str));
+    args.extend_from_slice(&["--secret-file", secret_file()]);
     args.extend_from_slice(extra);
     let out = sw.switchctl(&args);
     assert!(
@@ -94,9 +86,9 @@ fn stats_jobs_give_every_rank_the_reference_statistics_under_loss() {
     }
     let tb = Testbed::up("sw1", WORKERS, 0);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(4, WORKERS)]);
-    add_job(&sw, 1, &["--stats"]);
-    add_job(&sw, 2, &["--stats", "--dtype", "bf16"]);
-    add_job(&sw, 3, &["--stats", "--auth", "mac"]);
+    add_job(&tb, &sw, 1, &["--stats"]);
+    add_job(&tb, &sw, 2, &["--stats", "--dtype", "bf16"]);
+    add_job(&tb, &sw, 3, &["--stats", "--auth", "mac"]);
     let jobs = sw.switchctl(&["--json", "jobs"]);
     let jobs: serde_json::Value = serde_json::from_slice(&jobs.stdout).unwrap();
     let stats_of = |id: u64| {
@@ -192,7 +184,7 @@ fn a_stats_tree_gives_every_worker_the_tree_order_statistics() {
         .map(|(i, k)| {
             fabric
                 .cmd_in(&fabric.worker_ns(i, k), worker_bin())
-                .args(["allreduce", "--switch", &fabric.leaf_gateway(i)])
+                .args(["allreduce", "--switch", &fabric.leaf_gateway(i).to_string()])
                 .args(["--job", "1", "--rank", &k.to_string()])
                 .args(["--workers", &WPL.to_string()])
                 .env(proto::secret::SECRET_ENV, SECRET)

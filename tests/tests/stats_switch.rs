@@ -13,6 +13,7 @@ fn a_stats_job_is_added_and_listed_with_room_for_its_trailer() {
     }
     let tb = Testbed::up("ss1", 2, 0);
     let mut sw = Switchd::start(&tb, &[]);
+    let subnet = tb.subnet().to_string();
     let add = |id: &str, stats: bool| {
         let mut args = vec![
             "job",
@@ -22,7 +23,7 @@ fn a_stats_job_is_added_and_listed_with_room_for_its_trailer() {
             "--workers",
             "2",
             "--allow",
-            "198.18.0.0/24",
+            &subnet,
             "--secret-file",
             secret_file(),
         ];
