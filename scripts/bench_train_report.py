@@ -258,18 +258,18 @@ def plot(res, path):
         label = "switch (aggswitch.torch hook)" if comm == "switch" else "gloo (DDP default all-reduce)"
         rects = ax.bar(xs, ys, w, color=colors[comm], label=label, yerr=err, capsize=4)
         for r, c in zip(rects, cs):
-            ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f} s\n{c['samples_per_s']:.0f} samples/s",
+            ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f} s",
                         (r.get_x() + r.get_width() / 2, r.get_height()), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8)
     for k, link in enumerate(links):
-        ax.annotate(f"switch / gloo = {res['ratios'][link]['step']:.2f}", (k, 0), xytext=(0, -32),
-                    textcoords="offset points", ha="center", fontsize=9, fontweight="bold")
+        ax.annotate(f"switch / gloo\n{res['ratios'][link]['step']:.2f}", (k, 0), xytext=(0, -26),
+                    textcoords="offset points", ha="center", va="top", fontsize=8, fontweight="bold")
     ax.set_xticks(range(len(links)))
     ax.set_xticklabels([link_label(link) for link in links])
     ax.set_ylabel("seconds per training step (lower is better)")
     ax.set_ylim(0, max(c["step_p75_s"] for c in res["configs"]) * 1.3)
     ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper right")
 
     styles = dict(zip(links, ["-", "--", ":", "-."] * len(links)))
     for c in res["configs"]:
@@ -284,11 +284,12 @@ def plot(res, path):
     ax2.legend(fontsize=8)
     s = res["setup"]
     fig.suptitle(f"PyTorch DDP, MLP of {s['params'] / 1e6:.1f} M float32 parameters, "
-                 f"{s['world']} ranks ({s['device']}) x batch {s['batch_per_rank']}, on a veth testbed", fontsize=11)
+                 f"{s['world']} ranks ({s['device']}) x batch {s['batch_per_rank']}, gradients as {s['dtype']}, "
+                 f"switchd {s.get('switch_threads', 1)} thread(s), veth testbed", fontsize=11)
     m = res["machine"]
     fig.text(0.99, 0.01, f"{m['nproc']} cores {m['cpu_model']}, kernel {m['kernel']}, {res['stamp']}",
              ha="right", va="bottom", fontsize=7, color="#555555")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

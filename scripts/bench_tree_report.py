@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import (  # noqa: E402
     busy_fraction,
     jain,
+    last_json_line,
     median,
     proc_seconds,
     quantile,
@@ -46,15 +47,7 @@ def load_json(path):
     try:
         return json.loads(text)
     except ValueError:
-        pass
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
+        return last_json_line(text)
 
 
 def read(path, default=None):

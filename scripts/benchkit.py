@@ -160,11 +160,12 @@ def last_json_line(text):
     """The last line of a program's output that is a JSON object (mpirun,
     gloo and the workers print logs around theirs), or None."""
     for line in reversed(text.splitlines()):
+        line = line.strip()
         if line.startswith("{"):
             try:
                 return json.loads(line)
             except ValueError:
-                return None
+                continue  # a log line that happens to start with "{"
     return None
 
 

@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import (  # noqa: E402
     fmt,
     jain,
+    last_json_line,
     markdown_table,
     median,
     quantile,
@@ -102,17 +103,10 @@ def warn(msg):
     print(f"fairness_report: {msg}", file=sys.stderr)
 
 
-def last_json_line(path):
+def last_json_line_of(path):
     """The last line of a file that parses as a JSON object (the worker's
     report; its log lines go to stderr, but be safe), or None."""
-    for line in reversed((read_text(path) or "").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
+    return last_json_line(read_text(path) or "")
 
 
 def _int(v):
@@ -258,7 +252,7 @@ def run_json(run_dir, name, repeat, prefix, marker, seconds):
                 {
                     "ns": f"{prefix}-w{i}",
                     "exit": (read_text(os.path.join(run_dir, f"worker-w{i}.exit")) or "").strip(),
-                    "report": last_json_line(os.path.join(run_dir, f"worker-w{i}.json")),
+                    "report": last_json_line_of(os.path.join(run_dir, f"worker-w{i}.json")),
                 }
             )
     reports = [w["report"] for w in workers if w["report"] is not None]

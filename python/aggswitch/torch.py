@@ -306,7 +306,9 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
             "this hook sums float32 only (cast the model with model.float())"
         )
     _check_state_dtype(state, "f32", "allreduce_hook")
-    # A CUDA bucket is staged through host memory (untested without a GPU).
+    # A CUDA bucket is staged through host memory: the copy to the host
+    # waits for the bucket's kernels, the copy back (pageable memory) is
+    # done before the future completes.
     host = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
 
     def work() -> None:
