@@ -41,3 +41,26 @@ def test_unknown_transport_is_a_value_error_naming_the_choices(switch):
     sw = switch(1)
     with pytest.raises(ValueError, match='"udp-gso"'):
         aggswitch.Worker(sw.address, job=1, rank=0, world_size=1, secret=SECRET, transport="gso")
+
+
+@pytest.mark.parametrize("delay_target", [None, 0.0, 0.0005])
+def test_the_delay_signal_setting_leaves_the_sum_bit_for_bit(switch, delay_target):
+    # None and 0 turn the signal off; a tight 0.5 ms target marks whatever
+    # queueing loopback shows: the window may move, the sum may not.
+    sw = switch(2, elems_per_chunk=100)
+    n = 30_001
+
+    def body(w):
+        a = pattern(w.rank, 0, n)
+        w.all_reduce(a)
+        return a
+
+    for rank, got in run_ranks(sw, 2, body, delay_target=delay_target).items():
+        assert got.tobytes() == rank_order_sum(2, 0, n).tobytes(), f"rank {rank}"
+
+
+@pytest.mark.parametrize("bad", [-0.001, 2.0, float("nan")])
+def test_a_delay_target_out_of_range_is_a_value_error_saying_the_unit(switch, bad):
+    sw = switch(1)
+    with pytest.raises(ValueError, match=r"delay_target .*seconds in 0\.\.=1"):
+        aggswitch.Worker(sw.address, job=1, rank=0, world_size=1, secret=SECRET, delay_target=bad)
