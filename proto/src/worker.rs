@@ -13,9 +13,10 @@
 //! * An all-reduce of `len` elements is one shard; a reduce-scatter or
 //!   all-gather is n shards of m elements, shard r owned by rank r
 //!   (docs/PROTOCOL.md, "Collective kinds"); a broadcast is one shard owned
-//!   by its root. Each shard is cut into chunks of E (its last one shorter),
-//!   shard 0's chunks first; chunk i has seq `first_seq + i` (wrapping) and
-//!   only the collective's last chunk carries `LAST`.
+//!   by its root. Each shard is cut into k chunks of E (its last one
+//!   shorter), and the shards interleave: chunk i is chunk i / n of shard
+//!   i mod n, with seq `first_seq + i` (wrapping); only the collective's
+//!   last chunk carries `LAST`.
 //! * Every kind sends every chunk (NOVAL where the rank has no values for
 //!   it) and waits for every chunk's RESULT (NOVAL where it gets none), so
 //!   window, resends and restarts are the same for all of them.
@@ -561,8 +562,12 @@ impl Collective {
     }
 
     fn place(&self, i: u32) -> ChunkPlace {
-        // Only called for i < n_chunks, so per_shard > 0.
-        let (shard, j) = (i as usize / self.per_shard, i as usize % self.per_shard);
+        // Shards interleave, chunk by chunk (docs/PROTOCOL.md, "Collective
+        // kinds"): every owner's chunks are in flight at once, so every
+        // rank's link works through the whole collective, not only during
+        // its own shard. Every shard has per_shard chunks.
+        let shards = self.shape.shards as usize;
+        let (shard, j) = (i as usize % shards, i as usize / shards);
         let within = j * self.elems_per_chunk;
         let count = (self.shape.shard_len - within).min(self.elems_per_chunk);
         let owner = match (self.shape.kind, self.shape.root) {
@@ -1013,22 +1018,23 @@ mod tests {
 
     #[test]
     fn sharded_layout_cuts_each_shard_into_chunks_and_only_the_last_is_last() {
-        // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard, shard
-        // 0's first; the owner is the shard; a reduce-scatter sends values
-        // for every chunk from the n·m input.
+        // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard,
+        // interleaved (chunk 0 of shards 0, 1, 2, then chunk 1 of each...);
+        // the owner is the shard; a reduce-scatter sends values for every
+        // chunk from the n·m input.
         let mut rs = Collective::with_shape(7, 40, Shape::reduce_scatter(1, 3, 5), 2);
         assert_eq!(rs.n_chunks(), 9);
         assert_eq!(
             plan(&mut rs),
             vec![
                 (40, 0, 0, 2, false, Some(0)),
-                (41, 0, 2, 2, false, Some(2)),
-                (42, 0, 4, 1, false, Some(4)),
-                (43, 1, 5, 2, false, Some(5)),
+                (41, 1, 5, 2, false, Some(5)),
+                (42, 2, 10, 2, false, Some(10)),
+                (43, 0, 2, 2, false, Some(2)),
                 (44, 1, 7, 2, false, Some(7)),
-                (45, 1, 9, 1, false, Some(9)),
-                (46, 2, 10, 2, false, Some(10)),
-                (47, 2, 12, 2, false, Some(12)),
+                (45, 2, 12, 2, false, Some(12)),
+                (46, 0, 4, 1, false, Some(4)),
+                (47, 1, 9, 1, false, Some(9)),
                 (48, 2, 14, 1, true, Some(14)),
             ]
         );
@@ -1040,13 +1046,13 @@ mod tests {
             values,
             vec![
                 (0, None),
-                (0, None),
-                (0, None),
                 (1, Some(0)),
+                (2, None),
+                (0, None),
                 (1, Some(2)),
+                (2, None),
+                (0, None),
                 (1, Some(4)),
-                (2, None),
-                (2, None),
                 (2, None),
             ]
         );
@@ -1058,7 +1064,7 @@ mod tests {
                 .iter()
                 .map(|t| (t.1, t.3, t.4))
                 .collect::<Vec<_>>(),
-            vec![(0, 2, false), (0, 2, false), (1, 2, false), (1, 2, true)]
+            vec![(0, 2, false), (1, 2, false), (0, 2, false), (1, 2, true)]
         );
         let mut one = Collective::with_shape(0, 0, Shape::reduce_scatter(0, 1, 3), 2);
         assert_eq!(plan(&mut one).len(), 2);
@@ -1092,8 +1098,8 @@ mod tests {
     fn reduce_scatter_results_land_in_the_owners_shard_and_others_are_acks() {
         let (_, mut rtt, mut cc) = setup();
         let t0 = Instant::now();
-        // Rank 1 of 2, shards of 3, E = 2: chunks (owner 0: 0..2, 2..3),
-        // (owner 1: 3..5, 5..6).
+        // Rank 1 of 2, shards of 3, E = 2, interleaved: seq 0 owner 0
+        // 0..2, seq 1 owner 1 3..5, seq 2 owner 0 2..3, seq 3 owner 1 5..6.
         let mut c = Collective::with_shape(0, 0, Shape::reduce_scatter(1, 2, 3), 2);
         plan(&mut c);
         // Chunk 0 is rank 0's: a NOVAL RESULT acknowledges it.
@@ -1114,7 +1120,7 @@ mod tests {
         // Values for a chunk another rank owns are not ours: ignored.
         assert_eq!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 1, 1, false),
+                &result(Kind::ReduceScatter, 2, 1, false),
                 t0,
                 &mut rtt,
                 &mut cc
@@ -1144,7 +1150,7 @@ mod tests {
         // A NOVAL where our sum was due, or another kind: ignored.
         assert!(matches!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 2, 2, true),
+                &result(Kind::ReduceScatter, 1, 2, true),
                 t0,
                 &mut rtt,
                 &mut cc
@@ -1155,7 +1161,7 @@ mod tests {
             }
         ));
         assert!(matches!(
-            c.on_result_header(&result(Kind::AllReduce, 2, 2, false), t0, &mut rtt, &mut cc),
+            c.on_result_header(&result(Kind::AllReduce, 1, 2, false), t0, &mut rtt, &mut cc),
             ResultOutcome::ShapeMismatch {
                 got: Kind::AllReduce,
                 ..
@@ -1163,13 +1169,13 @@ mod tests {
         ));
         assert_eq!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 2, 2, false),
+                &result(Kind::ReduceScatter, 1, 2, false),
                 t0,
                 &mut rtt,
                 &mut cc
             ),
             ResultOutcome::Fresh {
-                chunk: 2,
+                chunk: 1,
                 offset: 3,
                 count: 2,
                 into: Some(0)
@@ -1177,7 +1183,7 @@ mod tests {
         );
         assert!(!c.is_complete());
         c.on_result_header(
-            &result(Kind::ReduceScatter, 1, 1, true),
+            &result(Kind::ReduceScatter, 2, 1, true),
             t0,
             &mut rtt,
             &mut cc,
@@ -1692,10 +1698,11 @@ mod tests {
         let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let shape = Shape::reduce_scatter(1, n, m);
         let want = reference_grad_stats(shape, e as u16, &refs).unwrap();
-        // Chunks of each shard: 0..3, 3..6, 6..7 within it.
+        // Chunks of each shard: 0..3, 3..6, 6..7 within it; the shards
+        // interleave, chunk by chunk.
         let mut chunks = Vec::new();
-        for s in 0..n as usize {
-            for j in (0..m).step_by(e) {
+        for j in (0..m).step_by(e) {
+            for s in 0..n as usize {
                 chunks.push((s, s * m + j..s * m + (j + e).min(m)));
             }
         }

@@ -107,7 +107,8 @@ struct Chunk {
 
 /// Shards of `shards[r]` elements (shard r owned by rank r), each cut into
 /// chunks of `e` (its last one shorter), shard 0's chunks first, numbered
-/// from `first`.
+/// from `first`. (Workers interleave the shards; the switch takes whatever
+/// owner each DATA names, so these tests keep the simpler order.)
 fn chunks(first: u32, shards: &[usize], e: usize) -> Vec<Chunk> {
     let mut out = Vec::new();
     for (owner, &m) in shards.iter().enumerate() {
