@@ -14,9 +14,10 @@
 //!   all-gather is n shards of m elements, shard r owned by rank r
 //!   (docs/PROTOCOL.md, "Collective kinds"); a broadcast is one shard owned
 //!   by its root. Each shard is cut into k chunks of E (its last one
-//!   shorter), and the shards interleave: chunk i is chunk i / n of shard
-//!   i mod n, with seq `first_seq + i` (wrapping); only the collective's
-//!   last chunk carries `LAST`.
+//!   shorter), and the shards interleave in blocks of [`interleave_block`]
+//!   chunks (a round of one block of each shard, then the next); chunk i
+//!   has seq `first_seq + i` (wrapping); only the collective's last chunk
+//!   carries `LAST`.
 //! * Every kind sends every chunk (NOVAL where the rank has no values for
 //!   it) and waits for every chunk's RESULT (NOVAL where it gets none), so
 //!   window, resends and restarts are the same for all of them.
@@ -438,6 +439,19 @@ impl Shape {
     }
 }
 
+/// Chunks of one shard in a row when a reduce-scatter's or all-gather's
+/// shards interleave (docs/PROTOCOL.md, "Collective kinds"): about 4096
+/// elements (16 KB of float32), at least one chunk. Every rank of a job
+/// has the same E, so every rank cuts the same way.
+pub const fn interleave_block(elems_per_chunk: usize) -> usize {
+    let b = 4096 / if elems_per_chunk == 0 { 1 } else { elems_per_chunk };
+    if b == 0 {
+        1
+    } else {
+        b
+    }
+}
+
 /// Where chunk `i` lies: its shard's owner, its offset within the shard and
 /// in the layout, and its element count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -562,12 +576,19 @@ impl Collective {
     }
 
     fn place(&self, i: u32) -> ChunkPlace {
-        // Shards interleave, chunk by chunk (docs/PROTOCOL.md, "Collective
-        // kinds"): every owner's chunks are in flight at once, so every
-        // rank's link works through the whole collective, not only during
-        // its own shard. Every shard has per_shard chunks.
-        let shards = self.shape.shards as usize;
-        let (shard, j) = (i as usize % shards, i as usize / shards);
+        // Shards interleave in blocks of `interleave_block` chunks
+        // (docs/PROTOCOL.md, "Collective kinds"): every owner's chunks are
+        // in flight at once, so every rank's link works through the whole
+        // collective, not only during its own shard; a block keeps runs of
+        // equal-sized DATA for GSO where chunks are small. Every shard has
+        // per_shard chunks; the last round of blocks may be shorter.
+        let (i, shards) = (i as usize, self.shape.shards as usize);
+        let b = interleave_block(self.elems_per_chunk);
+        let round = b * shards;
+        let (r, k) = (i / round, i % round);
+        // Rounds before the last are whole; the last has `rest` chunks per shard.
+        let rest = (self.per_shard - r * b).min(b);
+        let (shard, j) = (k / rest, r * b + k % rest);
         let within = j * self.elems_per_chunk;
         let count = (self.shape.shard_len - within).min(self.elems_per_chunk);
         let owner = match (self.shape.kind, self.shape.root) {
@@ -1018,23 +1039,22 @@ mod tests {
 
     #[test]
     fn sharded_layout_cuts_each_shard_into_chunks_and_only_the_last_is_last() {
-        // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard,
-        // interleaved (chunk 0 of shards 0, 1, 2, then chunk 1 of each...);
-        // the owner is the shard; a reduce-scatter sends values for every
-        // chunk from the n·m input.
+        // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard, shard
+        // 0's first; the owner is the shard; a reduce-scatter sends values
+        // for every chunk from the n·m input.
         let mut rs = Collective::with_shape(7, 40, Shape::reduce_scatter(1, 3, 5), 2);
         assert_eq!(rs.n_chunks(), 9);
         assert_eq!(
             plan(&mut rs),
             vec![
                 (40, 0, 0, 2, false, Some(0)),
-                (41, 1, 5, 2, false, Some(5)),
-                (42, 2, 10, 2, false, Some(10)),
-                (43, 0, 2, 2, false, Some(2)),
+                (41, 0, 2, 2, false, Some(2)),
+                (42, 0, 4, 1, false, Some(4)),
+                (43, 1, 5, 2, false, Some(5)),
                 (44, 1, 7, 2, false, Some(7)),
-                (45, 2, 12, 2, false, Some(12)),
-                (46, 0, 4, 1, false, Some(4)),
-                (47, 1, 9, 1, false, Some(9)),
+                (45, 1, 9, 1, false, Some(9)),
+                (46, 2, 10, 2, false, Some(10)),
+                (47, 2, 12, 2, false, Some(12)),
                 (48, 2, 14, 1, true, Some(14)),
             ]
         );
@@ -1046,13 +1066,13 @@ mod tests {
             values,
             vec![
                 (0, None),
+                (0, None),
+                (0, None),
                 (1, Some(0)),
-                (2, None),
-                (0, None),
                 (1, Some(2)),
-                (2, None),
-                (0, None),
                 (1, Some(4)),
+                (2, None),
+                (2, None),
                 (2, None),
             ]
         );
@@ -1064,13 +1084,54 @@ mod tests {
                 .iter()
                 .map(|t| (t.1, t.3, t.4))
                 .collect::<Vec<_>>(),
-            vec![(0, 2, false), (1, 2, false), (0, 2, false), (1, 2, true)]
+            vec![(0, 2, false), (0, 2, false), (1, 2, false), (1, 2, true)]
         );
         let mut one = Collective::with_shape(0, 0, Shape::reduce_scatter(0, 1, 3), 2);
         assert_eq!(plan(&mut one).len(), 2);
         // Empty shards: nothing to send, complete at once.
         let empty = Collective::with_shape(0, 9, Shape::reduce_scatter(0, 4, 0), 2);
         assert!(empty.is_complete() && empty.end_seq() == 9);
+    }
+
+    #[test]
+    fn shards_interleave_in_blocks_of_about_4096_elements() {
+        assert_eq!(interleave_block(2), 2048);
+        assert_eq!(interleave_block(356), 11);
+        assert_eq!(interleave_block(2237), 1);
+        assert_eq!(interleave_block(9000), 1);
+        assert_eq!(interleave_block(0), 4096);
+        // E = 1024: blocks of 4 chunks. 3 shards of 11 chunks (the last
+        // one 5 elements): rounds of 4 chunks of each shard, then the last
+        // 3 of each.
+        let (e, m) = (1024, 10 * 1024 + 5);
+        let mut ag = Collective::with_shape(0, 0, Shape::all_gather(2, 3, m), e as u16);
+        let got: Vec<(u16, usize)> = plan(&mut ag).iter().map(|t| (t.1, t.2)).collect();
+        let mut want = Vec::new();
+        for (first, len) in [(0, 4), (4, 4), (8, 3)] {
+            for shard in 0..3u16 {
+                for c in first..first + len {
+                    want.push((shard, shard as usize * m + c * e));
+                }
+            }
+        }
+        assert_eq!(got, want);
+        // E = 4096: one chunk of each shard in turn; every element once,
+        // LAST on the collective's last chunk only, counts as cut.
+        let (e, m) = (4096, 3 * 4096 + 1);
+        let mut rs = Collective::with_shape(0, 0, Shape::reduce_scatter(0, 4, m), e as u16);
+        let sent = plan(&mut rs);
+        assert_eq!(
+            sent.iter().map(|t| t.1).collect::<Vec<_>>(),
+            [0, 1, 2, 3].repeat(4)
+        );
+        let mut covered = vec![0u8; 4 * m];
+        for t in &sent {
+            covered[t.2..t.2 + t.3 as usize].iter_mut().for_each(|x| *x += 1);
+        }
+        assert!(covered.iter().all(|&x| x == 1));
+        assert_eq!(sent.iter().filter(|t| t.4).count(), 1);
+        assert!(sent.last().unwrap().4);
+        assert_eq!(sent.last().unwrap().3, 1);
     }
 
     #[test]
@@ -1098,8 +1159,8 @@ mod tests {
     fn reduce_scatter_results_land_in_the_owners_shard_and_others_are_acks() {
         let (_, mut rtt, mut cc) = setup();
         let t0 = Instant::now();
-        // Rank 1 of 2, shards of 3, E = 2, interleaved: seq 0 owner 0
-        // 0..2, seq 1 owner 1 3..5, seq 2 owner 0 2..3, seq 3 owner 1 5..6.
+        // Rank 1 of 2, shards of 3, E = 2: chunks (owner 0: 0..2, 2..3),
+        // (owner 1: 3..5, 5..6).
         let mut c = Collective::with_shape(0, 0, Shape::reduce_scatter(1, 2, 3), 2);
         plan(&mut c);
         // Chunk 0 is rank 0's: a NOVAL RESULT acknowledges it.
@@ -1120,7 +1181,7 @@ mod tests {
         // Values for a chunk another rank owns are not ours: ignored.
         assert_eq!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 2, 1, false),
+                &result(Kind::ReduceScatter, 1, 1, false),
                 t0,
                 &mut rtt,
                 &mut cc
@@ -1150,7 +1211,7 @@ mod tests {
         // A NOVAL where our sum was due, or another kind: ignored.
         assert!(matches!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 1, 2, true),
+                &result(Kind::ReduceScatter, 2, 2, true),
                 t0,
                 &mut rtt,
                 &mut cc
@@ -1161,7 +1222,7 @@ mod tests {
             }
         ));
         assert!(matches!(
-            c.on_result_header(&result(Kind::AllReduce, 1, 2, false), t0, &mut rtt, &mut cc),
+            c.on_result_header(&result(Kind::AllReduce, 2, 2, false), t0, &mut rtt, &mut cc),
             ResultOutcome::ShapeMismatch {
                 got: Kind::AllReduce,
                 ..
@@ -1169,13 +1230,13 @@ mod tests {
         ));
         assert_eq!(
             c.on_result_header(
-                &result(Kind::ReduceScatter, 1, 2, false),
+                &result(Kind::ReduceScatter, 2, 2, false),
                 t0,
                 &mut rtt,
                 &mut cc
             ),
             ResultOutcome::Fresh {
-                chunk: 1,
+                chunk: 2,
                 offset: 3,
                 count: 2,
                 into: Some(0)
@@ -1183,7 +1244,7 @@ mod tests {
         );
         assert!(!c.is_complete());
         c.on_result_header(
-            &result(Kind::ReduceScatter, 2, 1, true),
+            &result(Kind::ReduceScatter, 1, 1, true),
             t0,
             &mut rtt,
             &mut cc,
@@ -1698,11 +1759,10 @@ mod tests {
         let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let shape = Shape::reduce_scatter(1, n, m);
         let want = reference_grad_stats(shape, e as u16, &refs).unwrap();
-        // Chunks of each shard: 0..3, 3..6, 6..7 within it; the shards
-        // interleave, chunk by chunk.
+        // Chunks of each shard: 0..3, 3..6, 6..7 within it.
         let mut chunks = Vec::new();
-        for j in (0..m).step_by(e) {
-            for s in 0..n as usize {
+        for s in 0..n as usize {
+            for j in (0..m).step_by(e) {
                 chunks.push((s, s * m + j..s * m + (j + e).min(m)));
             }
         }
