@@ -848,18 +848,11 @@ impl Collective {
             return ResultOutcome::Duplicate;
         }
         c.acked = true;
-        // A chunk sent once has an unambiguous RTT (Karn). One whose timer
-        // expired and was re-armed without a resend most often waited for
-        // another rank: left out of the RTO, but its delay is a mark, else
-        // a rank whose whole window runs ahead of the others' (every chunk
-        // timing out) would never see one and never slow down.
         let mut sample = None;
-        if c.resends == 0 {
+        if c.resends == 0 && !c.rearmed {
             if let Some(t) = c.sent_at {
                 let s = now.saturating_duration_since(t);
-                if !c.rearmed {
-                    rtt.on_sample_at(s, now);
-                }
+                rtt.on_sample_at(s, now);
                 sample = Some(s);
             }
         }
@@ -1584,44 +1577,6 @@ mod tests {
             ecn_only.on_result_delay(false, queued, min);
         }
         assert_eq!(ecn_only.window(), 64);
-    }
-
-    /// A rank far ahead of the others: every chunk's timer expires while
-    /// the slot waits for the other ranks and is re-armed, not resent. Those
-    /// RESULTs are no RTO samples, but their delay still marks.
-    #[test]
-    fn chunks_answered_after_their_timer_was_rearmed_still_count_as_delayed() {
-        let cfg = TransportConfig {
-            initial_window: 64,
-            ..TransportConfig::default()
-        };
-        let (mut rtt, mut cc) = (RttEstimator::new(&cfg), Dctcp::new(&cfg, 64));
-        let mut c = Collective::new(0, 0, 10_000, 1);
-        let t0 = Instant::now();
-        // A first round answered at once sets the minimum RTT and the RTO.
-        let first: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t0, cc.window(), &rtt, &cfg))
-            .map(|t| t.seq)
-            .collect();
-        let t1 = t0 + Duration::from_micros(200);
-        for &seq in &first {
-            c.on_result(seq, 1, false, t1, &mut rtt, &mut cc);
-        }
-        let (w, rto) = (cc.window(), rtt.rto());
-        // The next round waits well past the RTO: a few chunks are resent,
-        // the rest re-armed; then every first send is answered.
-        let next: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t1, cc.window(), &rtt, &cfg))
-            .map(|t| t.seq)
-            .collect();
-        let late = t1 + rto + Duration::from_millis(1);
-        let resent = std::iter::from_fn(|| c.poll_transmit(late, 0, &rtt, &cfg)).count();
-        assert_eq!(resent as u32, TIMEOUT_RESEND_BURST);
-        let srtt = rtt.srtt();
-        let answered = late + rto;
-        for &seq in &next {
-            c.on_result(seq, 1, false, answered, &mut rtt, &mut cc);
-        }
-        assert_eq!(rtt.srtt(), srtt, "no RTO sample from a resent or re-armed chunk");
-        assert!(cc.window() < w, "window {} not below {w}", cc.window());
     }
 
     #[test]
