@@ -444,7 +444,12 @@ impl Shape {
 /// elements (16 KB of float32), at least one chunk. Every rank of a job
 /// has the same E, so every rank cuts the same way.
 pub const fn interleave_block(elems_per_chunk: usize) -> usize {
-    let b = 4096 / if elems_per_chunk == 0 { 1 } else { elems_per_chunk };
+    let b = 4096
+        / if elems_per_chunk == 0 {
+            1
+        } else {
+            elems_per_chunk
+        };
     if b == 0 {
         1
     } else {
@@ -1126,7 +1131,9 @@ mod tests {
         );
         let mut covered = vec![0u8; 4 * m];
         for t in &sent {
-            covered[t.2..t.2 + t.3 as usize].iter_mut().for_each(|x| *x += 1);
+            covered[t.2..t.2 + t.3 as usize]
+                .iter_mut()
+                .for_each(|x| *x += 1);
         }
         assert!(covered.iter().all(|&x| x == 1));
         assert_eq!(sent.iter().filter(|t| t.4).count(), 1);
