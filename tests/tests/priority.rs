@@ -68,9 +68,16 @@ fn a_high_priority_short_job_finishes_before_the_same_job_at_equal_priority() {
     assert!(row("3").contains(" high "), "{jobs}");
     assert!(row("2").contains(" normal "), "{jobs}");
 
-    // The long job: far more all-reduces than the test waits for.
+    // The long job: far more all-reduces than the test waits for, reacting
+    // to ECE alone (`--delay-target 0`), so that what makes it yield is the
+    // switch's priority marks, not the workers' own delay signal (with
+    // which both classes already run near the link's rate).
     let mut long: Vec<Child> = (0..2)
-        .map(|r| spawn_allreduce_with(&tb, &tb.worker_ns(r), 1, r, 2, SHORT_ELEMS, 100_000, 60))
+        .map(|r| {
+            let mut c = allreduce_cmd(&tb, &tb.worker_ns(r), 1, r, 2, SHORT_ELEMS, 100_000, 60);
+            c.args(["--delay-target", "0"]);
+            spawn_piped(c)
+        })
         .collect();
     sw.wait_stats(20, "the long job under way", |s| {
         s["jobs"]
