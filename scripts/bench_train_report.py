@@ -36,7 +36,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchkit import busy_fraction as cpu_busy, quantile  # noqa: E402
+from benchkit import busy_fraction as cpu_busy, json_lines, quantile, shaper_counters, shaper_delta  # noqa: E402
 
 COMMS = ["gloo", "switch"]
 GOAL_1GBIT = 0.75
@@ -50,30 +50,12 @@ def link_label(link):
     return f"{link[:-4]} {link[-4].upper()}bit/s links"
 
 
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def shaper_delta(before, after):
-    """Counters of every root tbf summed per kind, after - before."""
-    def sums(lines):
-        out = {}
-        for line in lines:
-            if "kind" not in line or line["kind"] not in (
-                    "worker_egress", "worker_ingress_ifb", "switch_port_egress"):
-                continue
-            for q in line["tc"]:
-                if q.get("kind") != "tbf" or not q.get("root"):
-                    continue
-                k = out.setdefault(line["kind"], {"bytes": 0, "packets": 0, "drops": 0, "overlimits": 0})
-                for c in k:
-                    k[c] += q.get(c, 0)
-        return out
-    a, b = sums(before), sums(after)
-    if not b:
+def shapers(before, after):
+    """benchkit's shaper differences, or None for a configuration nothing
+    shaped (no root qdisc in the after snapshot)."""
+    if not any(any(v.values()) for v in shaper_counters(after).values()):
         return None
-    return {kind: {c: v - a.get(kind, {}).get(c, 0) for c, v in cnt.items()} for kind, cnt in b.items()}
+    return shaper_delta(before, after)
 
 
 def load_config(run_dir, link, comm, warmup):
@@ -108,8 +90,8 @@ def load_config(run_dir, link, comm, warmup):
     # Per step, the slowest rank's time: what the job as a whole paid.
     per_step_max = [max(x["timed_step_times_s"][k] for x in ranks)
                     for k in range(min(len(x["timed_step_times_s"]) for x in ranks))]
-    before = read_jsonl(os.path.join(d, "before.jsonl"))
-    after = read_jsonl(os.path.join(d, "after.jsonl"))
+    before = json_lines(os.path.join(d, "before.jsonl"))
+    after = json_lines(os.path.join(d, "after.jsonl"))
     world = ranks[0]["world"]
     switchd_cpu = None
     try:
@@ -137,7 +119,7 @@ def load_config(run_dir, link, comm, warmup):
                         if all(x["process_user_s"] is not None for x in ranks) else None),
         "switchd_cpu_s": switchd_cpu,
         "loadavg": {"before": before[0]["loadavg"], "after": after[0]["loadavg"]},
-        "shapers": shaper_delta(before, after),
+        "shapers": shapers(before, after),
         "world": world, "params": ranks[0]["params"],
         "ranks": ranks,
     }
