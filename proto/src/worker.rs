@@ -443,18 +443,8 @@ impl Shape {
 /// shards interleave (docs/PROTOCOL.md, "Collective kinds"): about 4096
 /// elements (16 KB of float32), at least one chunk. Every rank of a job
 /// has the same E, so every rank cuts the same way.
-pub const fn interleave_block(elems_per_chunk: usize) -> usize {
-    let b = 4096
-        / if elems_per_chunk == 0 {
-            1
-        } else {
-            elems_per_chunk
-        };
-    if b == 0 {
-        1
-    } else {
-        b
-    }
+pub fn interleave_block(elems_per_chunk: usize) -> usize {
+    (4096 / elems_per_chunk.max(1)).max(1)
 }
 
 /// Where chunk `i` lies: its shard's owner, its offset within the shard and
