@@ -664,6 +664,8 @@ struct Fabric {
     base: Instant,
     now: Duration,
     dead: Vec<bool>,
+    /// A spine RESULT to lose once: (leaf, spine seq).
+    lose_result: Option<(usize, u32)>,
     to_workers: Vec<(Node, Vec<u8>)>,
     /// Each leaf's workers' sessions (their generation).
     sessions: Vec<Vec<WorkerSession>>,
@@ -686,6 +688,7 @@ impl Fabric {
             base,
             now: Duration::ZERO,
             dead: vec![false; k],
+            lose_result: None,
             to_workers: Vec::new(),
         }
     }
@@ -702,6 +705,16 @@ impl Fabric {
                 self.tree.flush(Node::Leaf(i), &mut self.net, self.now);
             }
             while let Some(m) = self.net.links.pop_due(self.now) {
+                if let Node::Leaf(i) = m.to {
+                    let h = parse(&m.bytes);
+                    if h.msg_type == MsgType::Result
+                        && m.from.source.port == SPINE_PORT
+                        && self.lose_result == Some((i, h.seq))
+                    {
+                        self.lose_result = None;
+                        continue;
+                    }
+                }
                 match m.to {
                     Node::Leaf(i) => self.tree.leaves[i].handle(&m.bytes, m.from, false, at),
                     Node::Spine(k) if self.dead[k] => continue,
@@ -842,6 +855,54 @@ fn a_dead_spine_is_named_by_the_leaf() {
         &p[UPSTREAM_WAIT_LEN..],
         &1u16.to_be_bytes(),
         "it waits for leaf 1"
+    );
+}
+
+/// A leaf that ran ahead of the other: its partials wait at the spine,
+/// and their timers back off meanwhile (the spine holds them; every resend
+/// is a duplicate). When the other leaf catches up and the spine's RESULT
+/// for the oldest of them is lost, the later RESULTs make the leaf resend
+/// that partial at once (fast retransmit), as a worker does: the chunk
+/// completes within milliseconds, not after the backed-off timer (up to
+/// the transport's `max_rto`), which stalled the whole tree.
+#[test]
+fn a_lost_spine_result_is_recovered_by_the_later_ones_not_the_backed_off_timer() {
+    let mut f = Fabric::new(2, 1, 1);
+    f.run_for(Duration::from_millis(50));
+    for seq in 0..6 {
+        f.worker_sends(0, 0, MsgType::Data, seq);
+    }
+    // Leaf 0's partials wait 2 s for leaf 1: resent, backed off.
+    f.run_for(Duration::from_secs(2));
+    let resent_waiting = f.tree.leaves[0]
+        .get(JOB)
+        .unwrap()
+        .counters()
+        .partials_resent;
+    assert!(resent_waiting > 0, "the waiting partials were resent");
+    f.lose_result = Some((0, 0));
+    for seq in 0..6 {
+        f.worker_sends(1, 0, MsgType::Data, seq);
+    }
+    f.run_for(Duration::from_millis(20));
+    assert_eq!(
+        f.lose_result, None,
+        "the RESULT of chunk 0 to leaf 0 was lost"
+    );
+    let mut answered: Vec<u32> = f
+        .to_workers
+        .iter()
+        .filter(|(to, b)| {
+            *to == Node::Worker { leaf: 0, rank: 0 } && parse(b).msg_type == MsgType::Result
+        })
+        .map(|(_, b)| parse(b).seq)
+        .collect();
+    answered.sort_unstable();
+    answered.dedup();
+    assert_eq!(
+        answered,
+        (0..6).collect::<Vec<u32>>(),
+        "leaf 0's worker has every RESULT within 20 ms of the catch-up"
     );
 }
 

@@ -316,6 +316,8 @@ pub(super) struct UpTimer {
     pub(super) sent_at: Option<Instant>,
     pub(super) deadline: Option<Instant>,
     pub(super) resends: u32,
+    /// Resent early once already ([`Job::up_fast_retransmit`]).
+    pub(super) fast_resent: bool,
 }
 
 impl Job {

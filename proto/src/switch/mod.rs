@@ -1176,6 +1176,23 @@ impl JobTable {
             }
             MsgType::Result => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
+                    if let Some((to, rank)) = job
+                        .uplink()
+                        .and_then(|u| Some((u.cfg.spines.get(spine)?.endpoint(), u.cfg.leaf_index)))
+                    {
+                        let (replies, counters) = (&mut self.replies, &mut self.counters);
+                        job.up_fast_retransmit(spine, hdr.seq, now, &mut |msg| {
+                            let reply = Reply {
+                                to,
+                                job: job_id,
+                                rank,
+                                msg,
+                            };
+                            if !replies.push(Pending::One(reply)) {
+                                counters.reply_queue_full += 1;
+                            }
+                        });
+                    }
                     self.queue(Pending::ResultToAll {
                         job: job_id,
                         seq,

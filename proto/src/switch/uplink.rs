@@ -33,7 +33,7 @@ use crate::wire::{
     flags, HeaderRepr, NackPayload, Nonce, SpineRefusal, SpineSessionState, UpstreamWaitPayload,
     DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
-use crate::worker::{RttEstimator, TransportConfig};
+use crate::worker::{RttEstimator, TransportConfig, FAST_RETRANSMIT_GAP};
 
 use super::config::{Endpoint, Source};
 use super::counters::{DropReason, SpineCounters};
@@ -51,6 +51,10 @@ pub const UP_HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 /// A spine silent this long while a partial waits for it is logged
 /// ([`super::Event::SpineSilent`]).
 pub const SPINE_SILENT_AFTER: Duration = Duration::from_secs(2);
+/// How many spine seqs below [`FAST_RETRANSMIT_GAP`] each spine RESULT
+/// looks back at for fast retransmit: a few, so that a run of lost RESULTs
+/// still finds the older partials, and the walk stays short.
+const FAST_LOOKBACK: u32 = 8;
 /// How long a leaf waits before asking a spine that refused it again (the
 /// operator may fix the declaration meanwhile; no tight refusal loop).
 pub const REFUSED_RETRY: Duration = Duration::from_secs(1);
@@ -436,6 +440,7 @@ impl Job {
             sent_at: joined.then_some(now),
             deadline: Some(if joined { now + rto } else { now }),
             resends: 0,
+            fast_resent: false,
         };
         joined.then_some(spine)
     }
@@ -655,6 +660,58 @@ impl Job {
         Some(seq)
     }
 
+    /// Fast retransmit towards spine `spine`, whose RESULT for its seq
+    /// `spine_seq` just came: the partials [`FAST_RETRANSMIT_GAP`] to
+    /// `FAST_RETRANSMIT_GAP + FAST_LOOKBACK` spine seqs older, still
+    /// unanswered, were most likely lost on the way up or their RESULT on
+    /// the way down. Each goes again now (once per partial), its timer back
+    /// at the base RTO. Without this a leaf that ran ahead of the other
+    /// leaves has backed its waiting partials' timers off (their spine
+    /// holds them, waiting too), and a lost RESULT then stalls the whole
+    /// tree for up to `max_rto`. Calls `send` for each.
+    pub(super) fn up_fast_retransmit(
+        &mut self,
+        spine: usize,
+        spine_seq: u32,
+        now: Instant,
+        send: &mut dyn FnMut(ReplyMsg),
+    ) {
+        let Some(u) = self.uplink.as_mut() else {
+            return;
+        };
+        let rto = u.rto(spine, 0);
+        for back in FAST_RETRANSMIT_GAP..FAST_RETRANSMIT_GAP + FAST_LOOKBACK {
+            let seq = u.cfg.leaf_seq(spine, spine_seq.wrapping_sub(back));
+            let idx = self.core.engine.index(seq);
+            let t = self.up_timers[idx];
+            if t.fast_resent || t.sent_at.is_none() {
+                continue;
+            }
+            if self
+                .core
+                .engine
+                .state_at(idx)
+                .partial
+                .is_none_or(|p| p.seq != seq)
+            {
+                continue;
+            }
+            self.up_timers[idx] = UpTimer {
+                deadline: Some(now + rto),
+                resends: 0,
+                fast_resent: true,
+                ..t
+            };
+            self.ctl.partials_resent += 1;
+            u.spines[spine].counters.partials_resent += 1;
+            send(ReplyMsg::UpData {
+                spine: spine as u16,
+                seq,
+                retx: true,
+            });
+        }
+    }
+
     /// Anything came from spine `spine`: it is alive. True if it had been
     /// reported silent (the table logs that it answers again).
     pub(super) fn heard_from_spine(&mut self, spine: usize, now: Instant) -> bool {
@@ -792,6 +849,7 @@ impl Job {
                 sent_at: t.sent_at.or(Some(now)),
                 deadline: Some(now + u.rto(spine, resends)),
                 resends,
+                ..t
             };
             if first {
                 u.spines[spine].counters.partials_sent += 1;
