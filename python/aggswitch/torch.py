@@ -365,13 +365,19 @@ def _compress_hook(
     tensor = bucket.buffer()
     if not tensor.dtype.is_floating_point:
         raise TypeError(f"aggswitch {hook}: bucket {bucket.index()} holds {tensor.dtype}, not floats")
-    compressed = tensor.to(device="cpu", dtype=wire).div_(state.world_size)
+    # Cast and divide where the bucket is: on a GPU that is the GPU's work,
+    # and the copy to the host carries half the bytes. (A copy between
+    # devices that also changes the dtype converts on the CPU, in float32
+    # over the bus, both ways: torch's copy_.) Round to nearest even on
+    # either device, so the bytes sent are the same.
+    compressed = tensor.to(dtype=wire).div_(state.world_size)
+    host = compressed if compressed.device.type == "cpu" else compressed.to("cpu")
 
     def work() -> None:
-        state._reduce_sum(compressed)
+        state._reduce_sum(host)
         # The switch measured g/n (divided before the sum): n² restores Σ‖gᵢ‖², ‖Σgᵢ‖².
         state._feed_gns(float(state.world_size) ** 2)
-        tensor.copy_(compressed)
+        tensor.copy_(host if host is compressed else host.to(tensor.device))
 
     return _on_state_thread(state, work, tensor)
 

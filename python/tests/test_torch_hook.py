@@ -150,8 +150,14 @@ class _Bucket:
         return 0
 
 
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
 @pytest.mark.parametrize("dtype, wire", [("bf16", "bfloat16"), ("f16", "float16")])
-def test_compress_hooks_return_what_the_reference_says(switch, dtype, wire):
+def test_compress_hooks_return_what_the_reference_says(switch, dtype, wire, device):
+    """On a GPU the bucket is cast and divided there and staged through host
+    memory in the wire dtype: the same bytes as the CPU reference."""
     import threading
 
     world, n = 3, 2000
@@ -173,7 +179,7 @@ def test_compress_hooks_return_what_the_reference_says(switch, dtype, wire):
         try:
             state = agt.AggSwitchState(sw.address, job=1, secret=SECRET, rank=r, world_size=world,
                                        dtype=dtype, join_timeout=10.0)
-            bucket = _Bucket(grads[r].clone())
+            bucket = _Bucket(grads[r].clone().to(device))
             out[r] = hook(state, bucket).wait()
             state.close()
         except BaseException as e:  # noqa: BLE001 - handed to the test
@@ -186,8 +192,8 @@ def test_compress_hooks_return_what_the_reference_says(switch, dtype, wire):
         t.join(timeout=60)
     assert not errors, errors
     for r in range(world):
-        assert out[r].dtype == torch.float32
-        assert torch.equal(out[r], want), f"rank {r}"
+        assert out[r].dtype == torch.float32 and out[r].device.type == device
+        assert torch.equal(out[r].cpu(), want), f"rank {r}"
 
 
 def test_bf16_hook_runs_under_ddp(switch, process_group):
