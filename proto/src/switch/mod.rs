@@ -693,9 +693,7 @@ impl JobTable {
     }
 
     fn queue(&mut self, p: Pending) {
-        if !self.replies.push(p) {
-            self.counters.reply_queue_full += 1;
-        }
+        enqueue(&mut self.replies, &mut self.counters, p);
     }
 
     fn reply(&mut self, to: Endpoint, job: u16, rank: u16, msg: ReplyMsg) {
@@ -1176,21 +1174,17 @@ impl JobTable {
             }
             MsgType::Result => match job.on_spine_result(spine, hdr, payload, ce, now) {
                 Some(seq) => {
-                    if let Some((to, rank)) = job
-                        .uplink()
-                        .and_then(|u| Some((u.cfg.spines.get(spine)?.endpoint(), u.cfg.leaf_index)))
-                    {
+                    if let Some(rank) = job.uplink().map(|u| u.cfg.leaf_index) {
                         let (replies, counters) = (&mut self.replies, &mut self.counters);
-                        job.up_fast_retransmit(spine, hdr.seq, now, &mut |msg| {
+                        job.up_fast_retransmit(spine, hdr.seq, now, &mut |addr, msg| {
+                            let to = addr.endpoint();
                             let reply = Reply {
                                 to,
                                 job: job_id,
                                 rank,
                                 msg,
                             };
-                            if !replies.push(Pending::One(reply)) {
-                                counters.reply_queue_full += 1;
-                            }
+                            enqueue(replies, counters, Pending::One(reply));
                         });
                     }
                     self.queue(Pending::ResultToAll {
@@ -1251,14 +1245,13 @@ impl JobTable {
             let (id, rank) = (job.id(), u.cfg.leaf_index);
             let silent = job.up_timeout(now, &mut |addr, msg| {
                 let to = addr.endpoint();
-                if !replies.push(Pending::One(Reply {
+                let reply = Reply {
                     to,
                     job: id,
                     rank,
                     msg,
-                })) {
-                    counters.reply_queue_full += 1;
-                }
+                };
+                enqueue(replies, counters, Pending::One(reply));
             });
             let Some(u) = job.uplink() else {
                 continue;
@@ -1573,6 +1566,15 @@ impl JobTable {
 // Compile-time checks of the sizes the encoder relies on.
 const _: () = assert!(NACK_PAYLOAD_LEN == 36 && CHALLENGE_PAYLOAD_LEN == 40);
 const _: () = assert!(JOIN_ACK_PAYLOAD_LEN == 32);
+
+/// Queues `p`, or counts it when the queue is full. Apart from `JobTable`
+/// so that the closures lent to a leaf job's uplink (which borrows the job
+/// out of the table) can queue as [`JobTable::queue`] does.
+fn enqueue(replies: &mut ReplyQueue, counters: &mut TableCounters, p: Pending) {
+    if !replies.push(p) {
+        counters.reply_queue_full += 1;
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -668,13 +668,14 @@ impl Job {
     /// at the base RTO. Without this a leaf that ran ahead of the other
     /// leaves has backed its waiting partials' timers off (their spine
     /// holds them, waiting too), and a lost RESULT then stalls the whole
-    /// tree for up to `max_rto`. Calls `send` for each.
+    /// tree for up to `max_rto`. Calls `send(spine address, message)` for
+    /// each, as [`Job::up_timeout`] does.
     pub(super) fn up_fast_retransmit(
         &mut self,
         spine: usize,
         spine_seq: u32,
         now: Instant,
-        send: &mut dyn FnMut(ReplyMsg),
+        send: &mut dyn FnMut(SpineAddr, ReplyMsg),
     ) {
         let Some(u) = self.uplink.as_mut() else {
             return;
@@ -704,11 +705,14 @@ impl Job {
             };
             self.ctl.partials_resent += 1;
             u.spines[spine].counters.partials_resent += 1;
-            send(ReplyMsg::UpData {
-                spine: spine as u16,
-                seq,
-                retx: true,
-            });
+            send(
+                u.cfg.spines[spine],
+                ReplyMsg::UpData {
+                    spine: spine as u16,
+                    seq,
+                    retx: true,
+                },
+            );
         }
     }
 
