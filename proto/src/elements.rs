@@ -98,6 +98,28 @@ pub fn round_to_le(dtype: Dtype, sum: &[f32], out: &mut [u8]) -> usize {
     n * size
 }
 
+/// A reduce-scatter owner's output element-wise: `partial` (the other
+/// ranks' sum, as the RESULT carries it) plus `own` (its kept values),
+/// widened, added in float32 and rounded once to `dtype` into `out`
+/// (docs/PROTOCOL.md, "Collective kinds"). Float32 is one addition. Handles
+/// as many elements as the shortest of the three holds; returns the bytes
+/// written.
+pub fn add_own_le(dtype: Dtype, partial: &[u8], own: &[u8], out: &mut [u8]) -> usize {
+    let size = dtype.size();
+    let n = (partial.len().min(own.len()).min(out.len())) / size;
+    let mut tmp = [0f32; STEP];
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(STEP);
+        let (a, b) = (done * size, (done + k) * size);
+        read_le(dtype, &partial[a..b], &mut tmp[..k]);
+        add_le(dtype, &mut tmp[..k], &own[a..b]);
+        round_to_le(dtype, &tmp[..k], &mut out[a..b]);
+        done += k;
+    }
+    n * size
+}
+
 /// `v` rounded to bf16, nearest even: the bits `half::bf16::from_f32`
 /// gives, without its branches, so that the loop over a chunk vectorises.
 #[inline]
@@ -213,5 +235,44 @@ mod tests {
         round_to_le(Dtype::Bf16, &[f32::NAN], &mut out);
         assert!(bf16::from_bits(u16::from_le_bytes(out)).is_nan());
         assert_eq!(round_f32(Dtype::Bf16, halfway), 1.0);
+    }
+
+    #[test]
+    fn an_owners_kept_values_are_added_to_the_partial_and_rounded_once() {
+        // More than one STEP of elements, so the blocks join up.
+        let n = STEP * 2 + 3;
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let size = dtype.size();
+            let value = |i: usize, salt: f32| (i as f32 * 0.37 + salt).sin() * 3.0;
+            let enc = |salt: f32| {
+                let v: Vec<f32> = (0..n).map(|i| value(i, salt)).collect();
+                let mut b = vec![0u8; n * size];
+                round_to_le(dtype, &v, &mut b);
+                b
+            };
+            let (partial, own) = (enc(0.5), enc(1.25));
+            let mut out = vec![0u8; n * size];
+            assert_eq!(add_own_le(dtype, &partial, &own, &mut out), n * size);
+            let (mut p, mut o, mut got) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+            read_le(dtype, &partial, &mut p);
+            read_le(dtype, &own, &mut o);
+            read_le(dtype, &out, &mut got);
+            for i in 0..n {
+                let want = round_f32(dtype, p[i] + o[i]);
+                assert_eq!(got[i].to_bits(), want.to_bits(), "{dtype:?} element {i}");
+            }
+        }
+        // 1 + (2^-8 + 2^-9) in bf16: the float32 sum rounds once, up.
+        let bits = |v: f32| bf16::from_f32(v).to_bits().to_le_bytes();
+        let mut out = [0u8; 2];
+        add_own_le(
+            Dtype::Bf16,
+            &bits(1.0),
+            &bits(2f32.powi(-8) + 2f32.powi(-9)),
+            &mut out,
+        );
+        assert_eq!(u16::from_le_bytes(out), 0x3f81);
+        // Short buffers: the shortest decides, nothing panics.
+        assert_eq!(add_own_le(Dtype::F32, &[0; 8], &[0; 4], &mut [0; 8]), 4);
     }
 }

@@ -61,6 +61,30 @@ pub fn expected_sum_dtype(dtype: Dtype, n_workers: u16, iteration: u32, index: u
     round_f32(dtype, s)
 }
 
+/// The expected reduce-scatter result at `index` for `owner`, the rank
+/// that owns the element and keeps its values (docs/PROTOCOL.md,
+/// "Collective kinds"): the other ranks' [`pattern_dtype`] values summed
+/// in rank order in float32 and rounded to `dtype` (the RESULT), then the
+/// owner's added in float32 and rounded again. With one rank, the owner's
+/// own value.
+pub fn expected_kept_sum_dtype(
+    dtype: Dtype,
+    n_workers: u16,
+    owner: u16,
+    iteration: u32,
+    index: usize,
+) -> f32 {
+    let mine = pattern_dtype(dtype, owner, iteration, index);
+    let mut others = (0..n_workers)
+        .filter(|&r| r != owner)
+        .map(|r| pattern_dtype(dtype, r, iteration, index));
+    let Some(first) = others.next() else {
+        return mine;
+    };
+    let partial = round_f32(dtype, others.fold(first, |s, v| s + v));
+    round_f32(dtype, partial + mine)
+}
+
 /// Sums half-precision inputs (`dtype` bits, one slice per rank in rank
 /// order) as the switch does: each widened to float32, summed in rank order
 /// in float32, the sum rounded once to `dtype`. Returns `dtype` bits.
@@ -238,6 +262,33 @@ pub fn tree_global_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_shard_is_added_last_and_rounded_again() {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let mut differs = 0;
+            for i in 0..2000 {
+                let owner = (i % 4) as u16;
+                let kept = expected_kept_sum_dtype(dtype, 4, owner, 3, i);
+                let others: Vec<f32> = (0..4u16)
+                    .filter(|&r| r != owner)
+                    .map(|r| pattern_dtype(dtype, r, 3, i))
+                    .collect();
+                let partial = round_f32(dtype, others[0] + others[1] + others[2]);
+                let want = round_f32(dtype, partial + pattern_dtype(dtype, owner, 3, i));
+                assert_eq!(kept.to_bits(), want.to_bits(), "{dtype:?} {i}");
+                differs +=
+                    usize::from(kept.to_bits() != expected_sum_dtype(dtype, 4, 3, i).to_bits());
+            }
+            // Another order than the all-reduce's: some bits differ, so a
+            // check against the wrong reference fails.
+            assert!(differs > 0, "{dtype:?}");
+        }
+        assert_eq!(
+            expected_kept_sum_dtype(Dtype::F32, 1, 0, 3, 7).to_bits(),
+            pattern(0, 3, 7).to_bits()
+        );
+    }
 
     #[test]
     fn order_matters_so_the_reference_fixes_it() {

@@ -164,6 +164,14 @@ impl Kind {
         }
     }
 
+    /// Whether `rank` may send a NOVAL DATA where [`Kind::sends_values`]
+    /// says values: a reduce-scatter's owner keeps its own shard and adds
+    /// it to the other ranks' sum itself (docs/PROTOCOL.md, "Collective
+    /// kinds"), so its link carries (n−1)/n of the tensor, not all of it.
+    pub const fn owner_may_keep_values(self, rank: u16, owner: u16) -> bool {
+        matches!(self, Kind::ReduceScatter) && rank == owner
+    }
+
     /// Whether `rank` gets values in the RESULT of a chunk `owner` owns
     /// (else a NOVAL RESULT).
     pub const fn receives_values(self, rank: u16, owner: u16) -> bool {

@@ -323,6 +323,11 @@ pub enum ResultOutcome {
         /// Element offset in the caller's *output* where the RESULT's values
         /// go; `None`: a NOVAL RESULT, an acknowledgement only.
         into: Option<usize>,
+        /// A reduce-scatter chunk this rank kept: the element offset in the
+        /// caller's *input* of its own values, which go into the output as
+        /// `RESULT + own` ([`crate::elements::add_own_le`]) instead of the
+        /// RESULT's values alone.
+        own: Option<usize>,
     },
     /// Already had it.
     Duplicate,
@@ -362,6 +367,10 @@ pub struct Shape {
     shard_len: usize,
     /// A broadcast's root: the owner of every chunk.
     root: Option<u16>,
+    /// A reduce-scatter's owner keeps its shard: it sends NOVAL for its own
+    /// chunks and adds its values to the other ranks' sum the RESULT
+    /// brings ([`Kind::owner_may_keep_values`]).
+    owner_keeps: bool,
 }
 
 impl Shape {
@@ -373,9 +382,13 @@ impl Shape {
             shards: 1,
             shard_len: len,
             root: None,
+            owner_keeps: false,
         }
     }
-    /// Rank `rank` of `n` reduce-scatters n shards of `shard_len`.
+    /// Rank `rank` of `n` reduce-scatters n shards of `shard_len`. The rank
+    /// keeps its own shard (n > 1): its output is the other ranks'
+    /// rank-order sum plus its own values (docs/PROTOCOL.md, "Collective
+    /// kinds"), and its link carries (n−1)/n of the input.
     pub const fn reduce_scatter(rank: u16, n: u16, shard_len: usize) -> Shape {
         Shape {
             kind: Kind::ReduceScatter,
@@ -383,7 +396,20 @@ impl Shape {
             shards: n,
             shard_len,
             root: None,
+            owner_keeps: n > 1,
         }
+    }
+    /// This reduce-scatter with the rank sending its own shard too: the
+    /// switch then sums every rank in rank order (the bits of an
+    /// all-reduce), and sees every rank's gradient (a `stats = true` job
+    /// needs that). Other shapes are returned unchanged.
+    pub const fn sending_own_shard(mut self) -> Shape {
+        self.owner_keeps = false;
+        self
+    }
+    /// Whether this rank keeps its shard ([`Shape::reduce_scatter`]).
+    pub const fn owner_keeps(&self) -> bool {
+        self.owner_keeps
     }
     /// Rank `rank` of `n` all-gathers shards of `shard_len`.
     pub const fn all_gather(rank: u16, n: u16, shard_len: usize) -> Shape {
@@ -393,6 +419,7 @@ impl Shape {
             shards: n,
             shard_len,
             root: None,
+            owner_keeps: false,
         }
     }
     /// Rank `rank` takes part in a broadcast of `len` elements from `root`:
@@ -404,6 +431,7 @@ impl Shape {
             shards: 1,
             shard_len: len,
             root: Some(root),
+            owner_keeps: false,
         }
     }
     pub const fn kind(&self) -> Kind {
@@ -602,6 +630,9 @@ impl Collective {
     /// Where this rank's values for chunk `p` lie in its input (None: NOVAL).
     fn values_at(&self, p: &ChunkPlace) -> Option<usize> {
         let s = &self.shape;
+        if self.keeps(p) {
+            return None;
+        }
         s.kind.sends_values(s.rank, p.owner).then_some(
             // An all-gather's input is the rank's own shard alone.
             if s.kind == Kind::AllGather && s.root.is_none() {
@@ -610,6 +641,12 @@ impl Collective {
                 p.offset
             },
         )
+    }
+
+    /// Whether this rank owns chunk `p` of a reduce-scatter and keeps its
+    /// values: it sends NOVAL and adds them to the RESULT's.
+    fn keeps(&self, p: &ChunkPlace) -> bool {
+        self.shape.owner_keeps && p.owner == self.shape.rank
     }
 
     /// Where chunk `p`'s RESULT values go in this rank's output (None: it
@@ -872,6 +909,7 @@ impl Collective {
             offset,
             count,
             into,
+            own: self.keeps(&p).then_some(offset),
         }
     }
 
@@ -1036,7 +1074,8 @@ mod tests {
     fn sharded_layout_cuts_each_shard_into_chunks_and_only_the_last_is_last() {
         // 3 shards of 5 elements, E = 2: chunks of 2, 2, 1 per shard, shard
         // 0's first; the owner is the shard; a reduce-scatter sends values
-        // for every chunk from the n·m input.
+        // from the n·m input for every chunk but its own shard's, which it
+        // keeps (NOVAL).
         let mut rs = Collective::with_shape(7, 40, Shape::reduce_scatter(1, 3, 5), 2);
         assert_eq!(rs.n_chunks(), 9);
         assert_eq!(
@@ -1045,9 +1084,9 @@ mod tests {
                 (40, 0, 0, 2, false, Some(0)),
                 (41, 0, 2, 2, false, Some(2)),
                 (42, 0, 4, 1, false, Some(4)),
-                (43, 1, 5, 2, false, Some(5)),
-                (44, 1, 7, 2, false, Some(7)),
-                (45, 1, 9, 1, false, Some(9)),
+                (43, 1, 5, 2, false, None),
+                (44, 1, 7, 2, false, None),
+                (45, 1, 9, 1, false, None),
                 (46, 2, 10, 2, false, Some(10)),
                 (47, 2, 12, 2, false, Some(12)),
                 (48, 2, 14, 1, true, Some(14)),
@@ -1159,7 +1198,11 @@ mod tests {
         // Rank 1 of 2, shards of 3, E = 2: chunks (owner 0: 0..2, 2..3),
         // (owner 1: 3..5, 5..6).
         let mut c = Collective::with_shape(0, 0, Shape::reduce_scatter(1, 2, 3), 2);
-        plan(&mut c);
+        // Values for rank 0's chunks; rank 1 keeps its own (NOVAL DATA).
+        assert_eq!(
+            plan(&mut c).iter().map(|t| (t.1, t.5)).collect::<Vec<_>>(),
+            vec![(0, Some(0)), (0, Some(2)), (1, None), (1, None)]
+        );
         // Chunk 0 is rank 0's: a NOVAL RESULT acknowledges it.
         assert_eq!(
             c.on_result_header(
@@ -1172,7 +1215,8 @@ mod tests {
                 chunk: 0,
                 offset: 0,
                 count: 2,
-                into: None
+                into: None,
+                own: None
             }
         );
         // Values for a chunk another rank owns are not ours: ignored.
@@ -1202,7 +1246,8 @@ mod tests {
                 chunk: 3,
                 offset: 5,
                 count: 1,
-                into: Some(2)
+                into: Some(2),
+                own: Some(5)
             }
         );
         // A NOVAL where our sum was due, or another kind: ignored.
@@ -1236,7 +1281,8 @@ mod tests {
                 chunk: 2,
                 offset: 3,
                 count: 2,
-                into: Some(0)
+                into: Some(0),
+                own: Some(3)
             }
         );
         assert!(!c.is_complete());
@@ -1291,7 +1337,8 @@ mod tests {
                 chunk: 1,
                 offset: 2,
                 count: 2,
-                into: Some(2)
+                into: Some(2),
+                own: None
             }
         );
         assert_eq!(
@@ -1300,7 +1347,8 @@ mod tests {
                 chunk: 1,
                 offset: 2,
                 count: 2,
-                into: None
+                into: None,
+                own: None
             }
         );
     }
@@ -1410,7 +1458,8 @@ mod tests {
                 chunk: 1,
                 offset: 4,
                 count: 1,
-                into: Some(4)
+                into: Some(4),
+                own: None
             }
         );
         assert_eq!(

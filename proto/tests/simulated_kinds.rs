@@ -4,7 +4,9 @@
 //! through `proto::session`) against the real switch table. Kinds follow
 //! each other in one job (reduce-scatter, all-gather, all-reduce,
 //! broadcast, ...), and every output element must be bit-exact: a
-//! reduce-scatter's shard of the rank-order sum (rounded once for bf16/f16),
+//! reduce-scatter's shard of the rank-order sum (rounded once for bf16/f16;
+//! when the owner keeps its shard, the others' sum plus its own, rounded
+//! again),
 //! an all-gather's copy of every rank's shard, a broadcast's copy of the
 //! root's tensor. `simulated_network.rs` does the same for all-reduce alone.
 
@@ -54,7 +56,10 @@ fn join_all(table: &mut JobTable, n: u16, dtype: Dtype, now: Instant) -> Vec<Wor
 /// What one collective of the sequence is.
 #[derive(Debug, Clone, Copy)]
 enum Step {
+    /// Each rank keeps its own shard: the others' sum plus its own.
     ReduceScatter,
+    /// Each rank sends its own shard too: the rank-order sum of all.
+    ReduceScatterSendingOwn,
     AllGather,
     AllReduce,
     Broadcast(u16),
@@ -64,6 +69,7 @@ impl Step {
     fn shape(self, rank: u16, n: u16, m: usize) -> Shape {
         match self {
             Step::ReduceScatter => Shape::reduce_scatter(rank, n, m),
+            Step::ReduceScatterSendingOwn => Shape::reduce_scatter(rank, n, m).sending_own_shard(),
             Step::AllGather => Shape::all_gather(rank, n, m),
             Step::AllReduce => Shape::all_reduce(usize::from(n) * m),
             Step::Broadcast(root) => Shape::broadcast(rank, root, m),
@@ -156,8 +162,18 @@ fn run(
                     ResultOutcome::Fresh {
                         into: Some(at),
                         count,
+                        own,
                         ..
-                    } => read_le(dtype, &bytes[v], &mut w.output[at..at + count as usize]),
+                    } => {
+                        let out = &mut w.output[at..at + count as usize];
+                        read_le(dtype, &bytes[v], out);
+                        if let Some(o) = own {
+                            // The kept shard, added as the library does.
+                            for (x, mine) in out.iter_mut().zip(&w.input[o..]) {
+                                *x = round_f32(dtype, *x + mine);
+                            }
+                        }
+                    }
                     ResultOutcome::Fresh { into: None, .. }
                     | ResultOutcome::Duplicate
                     | ResultOutcome::Foreign => {}
@@ -168,7 +184,22 @@ fn run(
         }
         for (r, w) in workers.iter().enumerate() {
             let want: Vec<f32> = match step {
-                Step::ReduceScatter => sum[r * m..(r + 1) * m].to_vec(),
+                Step::ReduceScatter if n > 1 => {
+                    // The others in rank order, rounded (the RESULT), then
+                    // the owner's own, rounded again.
+                    let others: Vec<&[f32]> = (0..n as usize)
+                        .filter(|&o| o != r)
+                        .map(|o| &full[o][r * m..(r + 1) * m])
+                        .collect();
+                    rank_order_sum(&others)
+                        .iter()
+                        .zip(&full[r][r * m..(r + 1) * m])
+                        .map(|(p, mine)| round_f32(dtype, round_f32(dtype, *p) + mine))
+                        .collect()
+                }
+                Step::ReduceScatter | Step::ReduceScatterSendingOwn => {
+                    sum[r * m..(r + 1) * m].to_vec()
+                }
                 Step::AllGather => full.iter().flat_map(|f| f[..m].to_vec()).collect(),
                 Step::AllReduce => sum.clone(),
                 Step::Broadcast(root) if usize::from(root) == r => vec![],
@@ -190,7 +221,7 @@ const SEQUENCE: [Step; 6] = [
     Step::AllGather,
     Step::AllReduce,
     Step::Broadcast(2),
-    Step::ReduceScatter,
+    Step::ReduceScatterSendingOwn,
     Step::AllGather,
 ];
 

@@ -183,7 +183,10 @@ fn reduce_scatter_statistics_under_all_faults_cover_every_shard() {
     run(
         n,
         n as usize * m,
-        |r| Shape::reduce_scatter(r, n, m),
+        // A stats job's ranks send their own shard too (the worker library
+        // does so when the JOIN_ACK says stats): the switch must see every
+        // rank's gradient.
+        |r| Shape::reduce_scatter(r, n, m).sending_own_shard(),
         16,
         Dtype::F32,
         AuthMode::Port,

@@ -30,8 +30,11 @@ class Worker:
     def reduce_scatter(self, input: Any, output: Any) -> None:
         """Reduce-scatter: ``input`` holds world_size shards of m elements,
         ``output`` (m elements, writable) gets this rank's shard of the sum
-        over every rank (the sum only: divide for an average). Buffers as for
-        all_reduce; they must not overlap. A wrong length raises ValueError."""
+        over every rank (the sum only: divide for an average). The rank's own
+        shard never leaves it: the switch sums the others in rank order and
+        the rank adds its own (reproducible bits, not all_reduce's). Buffers
+        as for all_reduce; they must not overlap. A wrong length raises
+        ValueError."""
     def all_gather(self, input: Any, output: Any) -> None:
         """All-gather: ``output`` (world_size × m elements, writable) gets
         every rank's ``input`` (m elements), rank r's at r × m, bit for bit."""

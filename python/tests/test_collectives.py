@@ -8,7 +8,7 @@ import pytest
 
 import aggswitch
 from conftest import require_torch, run_ranks
-from test_dtypes import f32_to_bf16_bits, reference
+from test_dtypes import bf16_bits_to_f32, f32_to_bf16_bits, reference
 
 WORLD = 4
 NP_TYPE = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}
@@ -33,6 +33,24 @@ def sum_reference(dtype, inputs):
     return reference(dtype, inputs)
 
 
+def kept_reference(dtype, inputs, m):
+    """Every rank's reduce-scatter shard, concatenated: the other ranks'
+    rank-order sum as the switch rounds it, plus the owner's own shard (which
+    never left it), added in float32 and rounded again."""
+    shards = []
+    for r in range(len(inputs)):
+        s = slice(r * m, (r + 1) * m)
+        partial = sum_reference(dtype, [x[s] for o, x in enumerate(inputs) if o != r])
+        own = inputs[r][s]
+        if dtype == "bf16":
+            shards.append(f32_to_bf16_bits(bf16_bits_to_f32(partial) + bf16_bits_to_f32(own)))
+        elif dtype == "f16":
+            shards.append((partial.astype(np.float32) + own.astype(np.float32)).astype(np.float16))
+        else:
+            shards.append(partial + own)
+    return np.concatenate(shards)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_reduce_scatter_and_all_gather_are_bit_exact(switch, dtype):
     m = 1001  # shards end mid-chunk: chunks of 300, 300, 300, 101
@@ -48,13 +66,20 @@ def test_reduce_scatter_and_all_gather_are_bit_exact(switch, dtype):
         return shard, gathered, w.stats()
 
     results = run_ranks(sw, WORLD, body, dtype=dtype)
-    total = sum_reference(dtype, [inputs_for(dtype, r, WORLD * m) for r in range(WORLD)])
+    ins = [inputs_for(dtype, r, WORLD * m) for r in range(WORLD)]
+    total = kept_reference(dtype, ins, m)
+    # The reference can fail: keeping the shard changes the bits.
+    assert total.tobytes() != sum_reference(dtype, ins).tobytes()
     everyone = np.concatenate([inputs_for(dtype, r, m, salt=1) for r in range(WORLD)])
     for rank, (shard, gathered, stats) in results.items():
         want = total[rank * m:(rank + 1) * m]
         assert shard.tobytes() == want.tobytes(), f"{dtype} RS rank {rank}"
         assert gathered.tobytes() == everyone.tobytes(), f"{dtype} AG rank {rank}"
         assert stats["collectives"] == 2
+        # Values only for the other ranks' shards (the own one stays home)
+        # and, in the all-gather, for the own shard alone: 2 of 4 shards'
+        # chunks, resends included.
+        assert stats["values_sent"] < stats["chunks_sent"]
         assert stats["chunks_resent"] > 0, "the stand-in dropped datagrams: resends ran"
         assert stats["mismatched_results"] == 0
 
@@ -95,10 +120,10 @@ def test_torch_tensors_reduce_scatter_and_all_gather(switch):
 
     results = run_ranks(sw, WORLD, body, dtype="bf16")
     bits = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
-    total = reference("bf16", [bits(results[r][0]) for r in range(WORLD)])
+    total = kept_reference("bf16", [bits(results[r][0]) for r in range(WORLD)], m)
     for rank, (_, shard, gathered) in results.items():
         assert bits(shard).tobytes() == total[rank * m:(rank + 1) * m].tobytes()
-        # Gathering the reduce-scattered shards is the all-reduce.
+        # Gathering the reduce-scattered shards gives every rank the same.
         assert bits(gathered).tobytes() == total.tobytes()
 
 
@@ -154,10 +179,10 @@ def test_async_forms_complete_in_issue_order(switch):
         assert f3.result(timeout=30) is gathered
         return ar, gathered
 
+    ins = [inputs_for("f32", r, WORLD * m) for r in range(WORLD)]
     for rank, (ar, gathered) in run_ranks(sw, WORLD, body).items():
-        total = sum_reference("f32", [inputs_for("f32", r, WORLD * m) for r in range(WORLD)])
-        assert ar.tobytes() == total.tobytes(), f"rank {rank}"
-        assert gathered.tobytes() == total.tobytes(), f"rank {rank}"
+        assert ar.tobytes() == sum_reference("f32", ins).tobytes(), f"rank {rank}"
+        assert gathered.tobytes() == kept_reference("f32", ins, m).tobytes(), f"rank {rank}"
 
 
 def test_async_forms_refuse_bad_buffers_at_once(switch):

@@ -212,15 +212,22 @@ def _states(sw, world, dtype):
 
 @pytest.mark.parametrize("dtype, wire", [("f32", torch.float32), ("bf16", torch.bfloat16), ("f16", torch.float16)])
 @pytest.mark.parametrize("op", ["AVG", "SUM"])
-def test_reduce_scatter_is_the_rank_order_sum_then_the_division(switch, dtype, wire, op):
+def test_reduce_scatter_is_the_others_sum_plus_the_own_shard_then_the_division(switch, dtype, wire, op):
     world, m = 4, 150  # shards of 150: three chunks of 64 each, the last short
     sw = switch(world, elems_per_chunk=64, dtype=dtype)
     states = _states(sw, world, dtype)
     grads = [(torch.randn(world * m, generator=torch.Generator().manual_seed(r)) * 3).to(wire) for r in range(world)]
-    acc = grads[0].float()
-    for g in grads[1:]:
-        acc = acc + g.float()  # float32, rank order, rounded once
-    want = acc.to(wire)
+    want = []
+    for r in range(world):
+        # The switch sums the other ranks in float32, rank order, rounded
+        # once; the owner adds its own shard, which never left it.
+        shard = slice(r * m, (r + 1) * m)
+        others = [g[shard].float() for o, g in enumerate(grads) if o != r]
+        acc = others[0]
+        for g in others[1:]:
+            acc = acc + g
+        want.append((acc.to(wire).float() + grads[r][shard].float()).to(wire))
+    want = torch.cat(want)
     if op == "AVG":
         want = want / world  # in the job's dtype, as FSDP's own AVG would leave it
 

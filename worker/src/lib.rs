@@ -460,6 +460,9 @@ pub enum GradStatsError {
 pub struct WorkerStats {
     pub collectives: u64,
     pub chunks_sent: u64,
+    /// Of those, DATA that carried values (the others were NOVAL: an
+    /// all-gather's other ranks, a reduce-scatter's own kept shard).
+    pub values_sent: u64,
     pub chunks_resent: u64,
     /// Of those, resent early because later RESULTs arrived.
     pub chunks_fast_resent: u64,
@@ -979,8 +982,13 @@ impl Worker {
 
     /// Reduce-scatter: `input` holds n shards of m elements (n the job's
     /// ranks), shard r for rank r; `output` (m elements) gets this rank's
-    /// shard of the element-wise sum over every rank, bit-identical to what
-    /// [`Worker::all_reduce`] gives for those elements. Only the sum: an
+    /// shard of the element-wise sum over every rank. This rank's own shard
+    /// never leaves it (its link carries (n−1)/n of the input): the switch
+    /// sums the other ranks in rank order and this rank adds its own last,
+    /// rounding once more in bf16/f16 (docs/PROTOCOL.md, "Collective
+    /// kinds"), so the bits are reproducible but not those of
+    /// [`Worker::all_reduce`]; a `stats = true` job sends every shard and
+    /// gets the all-reduce's bits. Only the sum: an
     /// average (FSDP's default) is the caller's division by n, after this
     /// returns (aggswitch.torch divides), so every rank divides the same
     /// bits the same way. Every rank calls it with the same lengths.
@@ -994,7 +1002,11 @@ impl Worker {
         if input.len() != output.len().saturating_mul(n.into()) {
             return Err(self.wrong_length("reduce_scatter", input.len(), output.len()));
         }
-        let shape = Shape::reduce_scatter(self.cfg.rank, n, output.len());
+        let mut shape = Shape::reduce_scatter(self.cfg.rank, n, output.len());
+        if self.session.grad_stats() {
+            // The switch's statistics need every rank's gradient.
+            shape = shape.sending_own_shard();
+        }
         self.run_shape(
             shape,
             Some(bytemuck::cast_slice(input)),
@@ -1248,7 +1260,7 @@ impl Worker {
                 }
                 progressed = true;
                 for i in 0..n {
-                    if let Some(ev) = self.on_datagram(i, coll, out.as_deref_mut())? {
+                    if let Some(ev) = self.on_datagram(i, coll, input, out.as_deref_mut())? {
                         return Ok(ev);
                     }
                 }
@@ -1269,7 +1281,10 @@ impl Worker {
                 let slot = self.txb.next_slot().expect("flushed when full");
                 h.emit_to(slot).expect("slot holds a header");
                 let bytes = match t.values {
-                    Some(at) => &input[at * size..(at + t.count as usize) * size],
+                    Some(at) => {
+                        self.stats.values_sent += 1;
+                        &input[at * size..(at + t.count as usize) * size]
+                    }
                     None => &[],
                 };
                 let end = HEADER_LEN + bytes.len();
@@ -1339,11 +1354,13 @@ impl Worker {
         self.stats.ece_results += coll.stats.ece_results;
     }
 
-    /// Handles datagram `i` of the last receive batch.
+    /// Handles datagram `i` of the last receive batch (`input`: the
+    /// collective's, for a reduce-scatter's kept shard).
     fn on_datagram(
         &mut self,
         i: usize,
         coll: &mut Collective,
+        input: &[u8],
         out: Option<&mut [u8]>,
     ) -> Result<Option<Event>, WorkerError> {
         let now = Instant::now();
@@ -1369,14 +1386,23 @@ impl Worker {
                         ResultOutcome::Fresh {
                             into: Some(at),
                             count,
+                            own,
                             ..
                         },
                         Some(out),
                     ) => {
                         let size = self.cfg.dtype.size();
                         let n = count as usize * size;
-                        out[at * size..at * size + n]
-                            .copy_from_slice(&self.rxb.get(i)[values][..n]);
+                        let got = &self.rxb.get(i)[values][..n];
+                        let to = &mut out[at * size..at * size + n];
+                        match own {
+                            // The others' sum plus this rank's kept shard.
+                            Some(o) => {
+                                let mine = &input[o * size..o * size + n];
+                                proto::elements::add_own_le(self.cfg.dtype, got, mine, to);
+                            }
+                            None => to.copy_from_slice(got),
+                        }
                     }
                     (ResultOutcome::ShapeMismatch { .. }, _) => self.stats.mismatched_results += 1,
                     _ => {}

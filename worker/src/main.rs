@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proto::reference::{
-    expected_sum_dtype, expected_tree_sum_dtype, pattern, pattern_dtype, tree_global_rank,
+    expected_kept_sum_dtype, expected_sum_dtype, expected_tree_sum_dtype, pattern, pattern_dtype,
+    tree_global_rank,
 };
 use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
@@ -682,7 +683,14 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     // all-gather's, shard r is rank r's pattern (in a tree the switch
     // refuses both: NACK 10).
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
+    let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
+    // A reduce-scatter rank keeps its own shard (the others' sum plus its
+    // own), but in a stats job, which sends every shard.
+    let keeps = kind == Kind::ReduceScatter && n > 1 && !w.has_gradient_stats();
     let expected = |it: u32, i: usize| match (kind, &tree) {
+        (Kind::ReduceScatter, _) if keeps => {
+            expected_kept_sum_dtype(dtype, n, rank, it, usize::from(rank) * out_len + i)
+        }
         (Kind::ReduceScatter, _) => {
             expected_sum_dtype(dtype, n, it, usize::from(rank) * out_len + i)
         }
@@ -705,10 +713,10 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     };
     let reference = match kind {
         Kind::AllReduce => reference,
+        Kind::ReduceScatter if keeps => "others' rank-order sum plus the rank's own shard",
         Kind::ReduceScatter => "rank's shard of the rank-order sum",
         Kind::AllGather => "ranks' inputs",
     };
-    let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     let what = format!("job {job} ({who})");
     // In a tree the spine adds the leaves' parts in leaf order.
     let expected_grad = |w: &Worker, it: u32| match &tree {

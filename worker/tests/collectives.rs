@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
-use proto::reference::{expected_sum_dtype, pattern};
+use proto::reference::{expected_kept_sum_dtype, expected_sum_dtype, pattern};
 use proto::wire::Dtype;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
 use worker::{AuthMode, Element, Worker, WorkerConfig, WorkerError};
@@ -73,12 +73,14 @@ fn run_rank<T: Element>(w: &mut Worker, ty: Ty<T>, n: u16, m: usize, iterations:
     let bits = |v: T| (ty.widen)(v).to_bits();
     let nm = usize::from(n) * m;
     for it in 0..iterations {
-        // Reduce-scatter: this rank's shard of the rank-order sum.
+        // Reduce-scatter: this rank's shard of the sum, the others' in rank
+        // order plus its own kept shard.
         let input: Vec<T> = (0..nm).map(|i| (ty.conv)(pattern(rank, it, i))).collect();
         let mut out = vec![(ty.conv)(-7.0); m];
         w.reduce_scatter(&input, &mut out).expect("reduce_scatter");
         for (j, v) in out.iter().enumerate() {
-            let want = expected_sum_dtype(ty.dtype, n, it, usize::from(rank) * m + j);
+            let i = usize::from(rank) * m + j;
+            let want = expected_kept_sum_dtype(ty.dtype, n, rank, it, i);
             assert_eq!(
                 bits(*v),
                 want.to_bits(),
@@ -183,8 +185,10 @@ fn every_rank_sends_and_is_answered_every_chunk_of_the_layout() {
         let mut out = vec![0f32; m];
         w.reduce_scatter(&input, &mut out).unwrap();
         assert_eq!(out, vec![f32::from(n); m]);
-        // 3 chunks per shard, every one sent, every one answered.
+        // 3 chunks per shard, every one sent, every one answered; the
+        // rank's own shard stays home (NOVAL): (n−1)/n of the input goes.
         assert_eq!(w.stats().chunks_sent, 9);
+        assert_eq!(w.stats().values_sent, 6);
         assert_eq!(w.stats().results, 9);
     });
 }

@@ -183,7 +183,26 @@ pub struct Aggregation {
     pub owner: u16,
     /// Ranks 0..next_rank are summed into the accumulator.
     pub next_rank: u16,
+    /// The accumulator holds values (the next valued rank adds to them;
+    /// the first one is copied in).
+    pub valued: bool,
+    /// A reduce-scatter's owner sent NOVAL: it keeps its shard, and the
+    /// sum is of the other ranks ([`Kind::owner_may_keep_values`]).
+    pub owner_kept: bool,
     pub ece: bool,
+}
+
+impl Aggregation {
+    /// Whether rank `r` brought no values (its turn in the fold is empty):
+    /// an all-gather's other ranks, a reduce-scatter's owner that kept
+    /// its shard. Known for every rank that is ready.
+    fn is_empty_turn(&self, r: u16) -> bool {
+        match self.kind {
+            Kind::AllGather => r != self.owner,
+            Kind::ReduceScatter => self.owner_kept && r == self.owner,
+            Kind::AllReduce => false,
+        }
+    }
 }
 
 /// A leaf's local sum of one seq, sent up to its spine and kept until the
@@ -672,7 +691,15 @@ impl SlotEngine {
         // the kind says this rank sends them (an all-reduce: always).
         let kind = c.kind;
         let owner = if kind == Kind::AllReduce { 0 } else { c.owner };
-        if c.noval == kind.sends_values(c.rank, owner) || owner >= self.n {
+        let shape_ok = if c.noval {
+            // A reduce-scatter's owner may keep its shard while another
+            // rank sends values (a job of one rank would sum nothing).
+            !kind.sends_values(c.rank, owner)
+                || (kind.owner_may_keep_values(c.rank, owner) && self.n > 1)
+        } else {
+            kind.sends_values(c.rank, owner)
+        };
+        if !shape_ok || owner >= self.n {
             return Dropped(DropReason::KindMismatch);
         }
         if self.partials && kind != Kind::AllReduce {
@@ -739,10 +766,13 @@ impl SlotEngine {
             kind,
             owner,
             next_rank: 0,
+            valued: false,
+            owner_kept: false,
             ece: false,
         });
         a.ece |= c.ce;
-        let next = a.next_rank;
+        a.owner_kept |= c.noval && kind == Kind::ReduceScatter;
+        let (next, first) = (a.next_rank, !a.valued);
         let due = next == c.rank;
         m.seen.insert(c.rank);
         if c.noval {
@@ -764,13 +794,13 @@ impl SlotEngine {
                 let acc = unsafe { &mut *acc };
                 // Float32 calls its kernels directly: its hot path is as
                 // in the single-threaded pool.
-                match (kind, self.dtype, c.rank) {
+                match (kind, self.dtype, first) {
                     // The owner's bytes, as they came (never converted).
                     (Kind::AllGather, _, _) => copy_bytes(acc, c.values),
-                    (_, Dtype::F32, 0) => crate::simd::read_le_f32(c.values, &mut acc[..count]),
-                    (_, Dtype::F32, _) => crate::simd::add_le_f32(&mut acc[..count], c.values),
-                    (_, d, 0) => elements::read_le(d, c.values, &mut acc[..count]),
-                    (_, d, _) => elements::add_le(d, &mut acc[..count], c.values),
+                    (_, Dtype::F32, true) => crate::simd::read_le_f32(c.values, &mut acc[..count]),
+                    (_, Dtype::F32, false) => crate::simd::add_le_f32(&mut acc[..count], c.values),
+                    (_, d, true) => elements::read_le(d, c.values, &mut acc[..count]),
+                    (_, d, false) => elements::add_le(d, &mut acc[..count], c.values),
                 }
             });
             if self.stats && kind != Kind::AllGather {
@@ -780,7 +810,7 @@ impl SlotEngine {
                     part.unwrap_or_else(|| (squared_norm_le_blocked(self.dtype, c.values), 1));
                 // SAFETY: the fold token gives `sos`, as `acc`.
                 slot.sos
-                    .with_mut(|sos| unsafe { fold_part(&mut *sos, c.rank, part) });
+                    .with_mut(|sos| unsafe { fold_part(&mut *sos, first, part) });
             }
             let mut m = lock(&slot.meta);
             if m.epoch != epoch {
@@ -788,6 +818,7 @@ impl SlotEngine {
             }
             if let Some(a) = m.agg.as_mut() {
                 a.next_rank += 1;
+                a.valued = true;
             }
             return self.fold(slot, m, epoch);
         }
@@ -851,13 +882,14 @@ impl SlotEngine {
             }
             drop(m);
             let count = a.count as usize;
+            let mut valued = a.valued;
             slot.acc.with_mut(|acc| {
                 // SAFETY: the fold token gives the accumulator, and the rows
                 // from..to are ready (their claimants are done, and a reset
                 // does not let anyone claim them while the token is held).
                 let acc = unsafe { &mut *acc };
                 for r in from..to {
-                    if a.kind == Kind::AllGather && r != a.owner {
+                    if a.is_empty_turn(r) {
                         // A NOVAL arrival: nothing in its row.
                         continue;
                     }
@@ -868,7 +900,7 @@ impl SlotEngine {
                             let len = self.dtype.payload_len(a.count);
                             let bytes: &[u8] = bytemuck::cast_slice(row);
                             copy_bytes(acc, &bytes[..len]);
-                        } else if r == 0 {
+                        } else if !valued {
                             acc[..count].copy_from_slice(&row[..count]);
                         } else {
                             // The same kernel as a contribution folded on
@@ -880,9 +912,10 @@ impl SlotEngine {
                                 .unwrap_or_else(|| (squared_norm(&row[..count]), 1));
                             // SAFETY: the fold token gives `sos`, as `acc`.
                             slot.sos
-                                .with_mut(|sos| unsafe { fold_part(&mut *sos, r, part) });
+                                .with_mut(|sos| unsafe { fold_part(&mut *sos, !valued, part) });
                         }
                     });
+                    valued = true;
                 }
             });
             m = lock(&slot.meta);
@@ -891,6 +924,7 @@ impl SlotEngine {
             }
             if let Some(a) = m.agg.as_mut() {
                 a.next_rank = to;
+                a.valued = valued;
             }
         }
     }
@@ -1208,8 +1242,8 @@ fn write_trailer(values: &mut [f32], at: usize, t: &GradStats) {
 /// Adds rank `rank`'s part (sum of squares, ranks) to a slot's running
 /// one in rank order: rank 0 starts it from 0 (as the reference does).
 #[inline]
-fn fold_part(sos: &mut (f64, u32), rank: u16, part: (f64, u32)) {
-    if rank == 0 {
+fn fold_part(sos: &mut (f64, u32), first: bool, part: (f64, u32)) {
+    if first {
         *sos = (0.0, 0);
     }
     sos.0 += part.0;

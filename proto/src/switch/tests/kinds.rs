@@ -410,10 +410,27 @@ fn run_collective_with_stats(
     (got, trailers)
 }
 
+/// How a reduce-scatter's owner takes part in its own chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// It sends its values: the RESULT is the rank-order sum of all n.
+    Sends,
+    /// It keeps them (NOVAL DATA): the RESULT is the other ranks'
+    /// rank-order sum, and the owner adds its own.
+    Keeps,
+}
+
 /// A reduce-scatter of n·m elements, then an all-gather of m per rank, on
 /// one job, under `faults`: each rank's shard is the reference's rank-order
-/// sum, each rank's gathered tensor is every rank's input byte for byte.
-fn reduce_scatter_then_all_gather(dtype: Dtype, auth: AuthMode, faults: Faults, seed: u64) {
+/// sum (with `Owner::Keeps`: the others' sum plus its own, rounded once
+/// more), each rank's gathered tensor is every rank's input byte for byte.
+fn reduce_scatter_then_all_gather(
+    dtype: Dtype,
+    auth: AuthMode,
+    faults: Faults,
+    seed: u64,
+    owner: Owner,
+) {
     // E = 8; shards of 19 elements (three chunks, the last of 3) and a
     // short last shard of 13 (8 + 5).
     let e = 8usize;
@@ -429,7 +446,8 @@ fn reduce_scatter_then_all_gather(dtype: Dtype, auth: AuthMode, faults: Faults, 
     assert_eq!(rs.len(), 11);
     let send = |r: u16, c: &Chunk| {
         let at = c.offset * size;
-        Some(inputs[r as usize][at..at + c.count as usize * size].to_vec())
+        (owner == Owner::Sends || c.owner != r)
+            .then(|| inputs[r as usize][at..at + c.count as usize * size].to_vec())
     };
     let got = run_collective(
         &mut t,
@@ -453,10 +471,27 @@ fn reduce_scatter_then_all_gather(dtype: Dtype, auth: AuthMode, faults: Faults, 
             }
         }
         let r_ = r as usize;
-        let want = reference_sum(dtype, &inputs, start[r_], shards[r_]);
+        let (from, len) = (start[r_], shards[r_]);
+        let want = match owner {
+            Owner::Sends => reference_sum(dtype, &inputs, from, len),
+            Owner::Keeps => {
+                let others: Vec<Vec<u8>> = (0..N)
+                    .filter(|&o| o != r)
+                    .map(|o| inputs[o as usize].clone())
+                    .collect();
+                let partial = reference_sum(dtype, &others, from, len);
+                let own = &inputs[r_][from * size..(from + len) * size];
+                let mut out = vec![0u8; len * size];
+                crate::elements::add_own_le(dtype, &partial, own, &mut out);
+                // What the owner got is the others' sum alone.
+                assert_eq!(shard, partial, "{dtype:?} {auth}: rank {r}'s partial");
+                shard = out.clone();
+                out
+            }
+        };
         assert_eq!(
             shard, want,
-            "{dtype:?} {auth}: rank {r}'s reduce-scatter shard"
+            "{dtype:?} {auth} {owner:?}: rank {r}'s reduce-scatter shard"
         );
     }
 
@@ -513,16 +548,21 @@ fn reduce_scatter_then_all_gather(dtype: Dtype, auth: AuthMode, faults: Faults, 
 
 #[test]
 fn reduce_scatter_and_all_gather_on_a_clean_network() {
-    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
-        reduce_scatter_then_all_gather(dtype, AuthMode::Port, CLEAN, 1);
+    for owner in [Owner::Sends, Owner::Keeps] {
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            reduce_scatter_then_all_gather(dtype, AuthMode::Port, CLEAN, 1, owner);
+        }
     }
 }
 
 #[test]
 fn reduce_scatter_and_all_gather_under_loss_duplication_and_reordering() {
     for seed in 1..=6 {
-        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
-            reduce_scatter_then_all_gather(dtype, AuthMode::Port, ALL_FAULTS, seed * 7919);
+        for owner in [Owner::Sends, Owner::Keeps] {
+            for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+                let seed = seed * 7919;
+                reduce_scatter_then_all_gather(dtype, AuthMode::Port, ALL_FAULTS, seed, owner);
+            }
         }
     }
 }
@@ -530,9 +570,63 @@ fn reduce_scatter_and_all_gather_under_loss_duplication_and_reordering() {
 #[test]
 fn tagged_jobs_tag_noval_messages_and_survive_faults() {
     for (seed, dtype) in [(3u64, Dtype::F32), (5, Dtype::Bf16), (9, Dtype::F16)] {
-        reduce_scatter_then_all_gather(dtype, AuthMode::Mac, CLEAN, seed);
-        reduce_scatter_then_all_gather(dtype, AuthMode::Mac, ALL_FAULTS, seed);
+        for owner in [Owner::Sends, Owner::Keeps] {
+            reduce_scatter_then_all_gather(dtype, AuthMode::Mac, CLEAN, seed, owner);
+            reduce_scatter_then_all_gather(dtype, AuthMode::Mac, ALL_FAULTS, seed, owner);
+        }
     }
+}
+
+/// An owner that keeps its shard: whoever of the others comes first (rank
+/// 0 included, when it is not the owner) starts the sum, in any arrival
+/// order. A job of one rank cannot keep (it would sum nothing).
+#[test]
+fn an_owner_that_keeps_its_shard_gets_the_others_rank_order_sum() {
+    let f = |v: f32| v.to_le_bytes();
+    // Magnitudes far apart, so that another order gives other bits.
+    let vals = [1e8f32, 1.0, 1.0, -1e8];
+    for owner in 0..N {
+        for order in [[0u16, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]] {
+            let (mut t, acks) = active_with_acks(kind_config(Dtype::F32, AuthMode::Port, 8));
+            let mut got = None;
+            for &r in &order {
+                let v = f(vals[r as usize]);
+                let vals = (r != owner).then_some(&v[..]);
+                let m = kind_message(r, 0, 0, Kind::ReduceScatter, owner, 1, vals, None);
+                t.handle(&m, endpoint(r), false, t0());
+                for (reply, hdr, payload) in drain(&mut t) {
+                    assert_eq!(hdr.msg_type, MsgType::Result);
+                    assert_eq!(hdr.no_values(), reply.rank != owner);
+                    if reply.rank == owner {
+                        got = Some(f32::from_le_bytes(payload[..4].try_into().unwrap()));
+                    }
+                }
+            }
+            let others: Vec<f32> = (0..N)
+                .filter(|&r| r != owner)
+                .map(|r| vals[r as usize])
+                .collect();
+            let want = others.iter().skip(1).fold(others[0], |a, v| a + v);
+            let got = got.expect("the owner's RESULT");
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "owner {owner} order {order:?}"
+            );
+            let j = t.get(5).unwrap();
+            assert_eq!(j.drops().count(DropReason::KindMismatch), 0);
+            drop(acks);
+        }
+    }
+    // n = 1: a NOVAL from the only rank is refused.
+    let mut t = table();
+    t.add(config(1, 8, 8), 1000).unwrap();
+    joined(&mut t, 0, t0());
+    drain(&mut t);
+    let m = kind_message(0, 0, 0, Kind::ReduceScatter, 0, 1, None, None);
+    t.handle(&m, endpoint(0), false, t0());
+    assert!(drain(&mut t).is_empty(), "no RESULT");
+    assert_eq!(t.get(5).unwrap().drops().count(DropReason::KindMismatch), 1);
 }
 
 /// In a mac job a NOVAL DATA is only its tag; one whose tag fails (or that
@@ -619,9 +713,9 @@ fn a_seqs_first_data_fixes_kind_owner_and_count() {
         send(&mut t, 1, Kind::ReduceScatter, 1, 1, Some(&vals(1)[..4])),
         mismatch
     );
-    // An all-gather's rules: NOVAL from a reduce-scatter rank, an owner
-    // out of range.
-    assert_eq!(send(&mut t, 1, Kind::ReduceScatter, 1, 2, None), mismatch);
+    // NOVAL from a reduce-scatter rank that does not own the chunk (only
+    // the owner may keep its values), an owner out of range.
+    assert_eq!(send(&mut t, 2, Kind::ReduceScatter, 1, 2, None), mismatch);
     assert_eq!(
         send(&mut t, 1, Kind::ReduceScatter, N, 2, Some(&vals(1))),
         mismatch
