@@ -10,9 +10,10 @@ gives the configuration's times; rank 0's is used and the others must agree.
 Statistic: the median of the timed calls (collectives) or steps (FSDP2).
 Ratios switch / gloo per link and measurement; goals at 1 Gbit/s:
 reduce-scatter <= 0.5, FSDP2 step <= 0.8. The bytes-on-the-wire bound:
-reduce-scatter then all-gather of S bytes at n ranks moves, per worker, on
-its busier direction, S + S/n (up) through the switch against 2 S (n-1)/n
-each way for a bandwidth-optimal ring (1.25 S against 1.5 S at n = 4).
+reduce-scatter then all-gather of S bytes at n ranks moves, per worker,
+S (n-1)/n + S/n = S each way through the switch (the reduce-scatter's own
+shard stays home, docs/PROTOCOL.md "Collective kinds") against 2 S (n-1)/n
+each way for a bandwidth-optimal ring (S against 1.5 S at n = 4).
 
 Checks (exit status 3 when one fails, after writing everything): every rank
 of an FSDP2 run ended with the same parameter digest; the switch run's final
@@ -97,7 +98,9 @@ for link in LINKS:
             failures.append(f"{link}: FSDP2 loss through the switch {f['switch']['loss']:.6f} vs gloo {f['gloo']['loss']:.6f}")
 
 n = 4
-bound = {"switch_busier_direction_bytes_over_S": 1 + 1 / n, "ring_each_direction_bytes_over_S": 2 * (n - 1) / n}
+# Up: the reduce-scatter's other shards, then the own shard for the
+# all-gather; down: the own shard's sum, then the other shards.
+bound = {"switch_busier_direction_bytes_over_S": (n - 1) / n + 1 / n, "ring_each_direction_bytes_over_S": 2 * (n - 1) / n}
 lim = results.get("1gbit", {})
 headline = {
     "reduce_scatter_switch_over_gloo_1gbit": lim.get("reduce_scatter", {}).get("switch_over_gloo"),
