@@ -216,13 +216,15 @@ fn run(
     }
 }
 
-const SEQUENCE: [Step; 6] = [
+const SEQUENCE: [Step; 7] = [
     Step::ReduceScatter,
     Step::AllGather,
     Step::AllReduce,
     Step::Broadcast(2),
     Step::ReduceScatterSendingOwn,
     Step::AllGather,
+    // Again on slots whose accumulators hold earlier sums.
+    Step::ReduceScatter,
 ];
 
 #[test]

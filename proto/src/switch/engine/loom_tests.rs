@@ -400,3 +400,46 @@ fn engine_loom_noval_arrivals_race_the_owners_values() {
         assert_eq!(e.floor(), 1);
     });
 }
+
+/// A reduce-scatter whose owner (rank 0) keeps its shard: its NOVAL
+/// arrival races the other ranks' values, so whichever of ranks 1 and 2
+/// folds first must start the sum (copy, not add to what the accumulator
+/// held before: the slot's earlier sums, 2^24). The result is rank 1 +
+/// rank 2 in rank order, and rank 0's value never enters it.
+#[test]
+fn engine_loom_a_kept_shard_races_the_other_ranks_values() {
+    loom::model(|| {
+        let e = Arc::new(SlotEngine::try_new(1, 3, 1, Dtype::F32, false, 1).unwrap());
+        // Two all-reduces first: the result buffers swap, so the
+        // accumulator then holds seq 0's sum.
+        for seq in 0..2 {
+            for r in 0..3u16 {
+                send(&e, seq, r, VALUES[r as usize]);
+            }
+        }
+        let handles: Vec<_> = (0..3u16)
+            .map(|r| {
+                let e = e.clone();
+                thread::spawn(move || {
+                    let b = bytes(VALUES[r as usize]);
+                    let kept = r == 0;
+                    e.contribute(&Contribution {
+                        seq: 2,
+                        rank: r,
+                        collective: 0,
+                        count: 1,
+                        kind: Kind::ReduceScatter,
+                        owner: 0,
+                        noval: kept,
+                        values: if kept { &[] } else { &b },
+                        ce: false,
+                    })
+                })
+            })
+            .collect();
+        let outs: Vec<Contributed> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(completions(&outs), 1, "{outs:?}");
+        assert_eq!(result_bits(&e, 2), Some(rank_order(&VALUES[1..])));
+        assert_eq!(e.floor(), 3);
+    });
+}
