@@ -10,12 +10,13 @@
 # (seq mod K) and DEMO PASSED / DEMO FAILED.
 #
 # Usage:
-#   sudo scripts/demo_tree.sh --leaves L --spines K [--workers W] [--mib 16]
+#   sudo scripts/demo_tree.sh [--leaves 2] [--spines 2] [--workers W] [--mib 16]
 #                             [--iterations 3] [--timeout 600] [--prefix tree]
 #                             [--keep-logs] [--json FILE]
 #
-#   --leaves L      leaf switches (2..8), each with its own workers
-#   --spines K      spine switches (1..8): chunk seq s is summed at spine s mod K
+#   --leaves L      leaf switches (2..8, default 2), each with its own workers
+#   --spines K      spine switches (1..8, default 2): chunk seq s is summed at
+#                   spine s mod K
 #   --workers W     workers per leaf (1..16, default 2)
 #   --mib S         tensor size per worker in MiB of float32
 #   --iterations N  all-reduce rounds per worker
@@ -40,8 +41,8 @@ readonly STOP_TIMEOUT=15
 
 ORIG_ARGS=("$@")
 PREFIX=tree
-LEAVES=""
-SPINES=""
+LEAVES=2
+SPINES=2
 WPL=2
 MIB=16
 ITERATIONS=3
