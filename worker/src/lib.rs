@@ -1002,16 +1002,24 @@ impl Worker {
         if input.len() != output.len().saturating_mul(n.into()) {
             return Err(self.wrong_length("reduce_scatter", input.len(), output.len()));
         }
-        let mut shape = Shape::reduce_scatter(self.cfg.rank, n, output.len());
-        if self.session.grad_stats() {
-            // The switch's statistics need every rank's gradient.
-            shape = shape.sending_own_shard();
-        }
         self.run_shape(
-            shape,
+            self.reduce_scatter_shape(output.len()),
             Some(bytemuck::cast_slice(input)),
             bytemuck::cast_slice_mut(output),
         )
+    }
+
+    /// This rank's part in a reduce-scatter into shards of `m` elements:
+    /// it keeps its own shard ([`Shape::owner_keeps`]) unless the job is
+    /// `stats = true`, whose statistics need every rank's gradient at the
+    /// switch.
+    pub fn reduce_scatter_shape(&self, m: usize) -> Shape {
+        let shape = Shape::reduce_scatter(self.cfg.rank, self.cfg.n_workers, m);
+        if self.session.grad_stats() {
+            shape.sending_own_shard()
+        } else {
+            shape
+        }
     }
 
     /// All-gather: `output` (n·m elements) gets every rank's `input` (m

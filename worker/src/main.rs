@@ -685,8 +685,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
     let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
     // A reduce-scatter rank keeps its own shard (the others' sum plus its
-    // own), but in a stats job, which sends every shard.
-    let keeps = kind == Kind::ReduceScatter && n > 1 && !w.has_gradient_stats();
+    // own), as the library decides.
+    let keeps = kind == Kind::ReduceScatter && w.reduce_scatter_shape(out_len).owner_keeps();
     let expected = |it: u32, i: usize| match (kind, &tree) {
         (Kind::ReduceScatter, _) if keeps => {
             expected_kept_sum_dtype(dtype, n, rank, it, usize::from(rank) * out_len + i)

@@ -183,9 +183,6 @@ pub struct Aggregation {
     pub owner: u16,
     /// Ranks 0..next_rank are summed into the accumulator.
     pub next_rank: u16,
-    /// The accumulator holds values (the next valued rank adds to them;
-    /// the first one is copied in).
-    pub valued: bool,
     /// A reduce-scatter's owner sent NOVAL: it keeps its shard, and the
     /// sum is of the other ranks ([`Kind::owner_may_keep_values`]).
     pub owner_kept: bool,
@@ -202,6 +199,14 @@ impl Aggregation {
             Kind::ReduceScatter => self.owner_kept && r == self.owner,
             Kind::AllReduce => false,
         }
+    }
+
+    /// The rank whose values start the sum (copied into the accumulator;
+    /// the later ones are added): rank 0, or rank 1 when rank 0 is a
+    /// reduce-scatter's owner that kept its shard. Known once rank 0 is
+    /// ready, so before any rank is folded.
+    fn first_valued(&self) -> u16 {
+        u16::from(self.is_empty_turn(0))
     }
 }
 
@@ -766,14 +771,15 @@ impl SlotEngine {
             kind,
             owner,
             next_rank: 0,
-            valued: false,
             owner_kept: false,
             ece: false,
         });
         a.ece |= c.ce;
         a.owner_kept |= c.noval && kind == Kind::ReduceScatter;
-        let (next, first) = (a.next_rank, !a.valued);
+        let next = a.next_rank;
         let due = next == c.rank;
+        // Used only when due: then rank 0 has come, and `owner_kept` is known.
+        let first = c.rank == a.first_valued();
         m.seen.insert(c.rank);
         if c.noval {
             // Nothing to write: the rank's turn in the fold is empty.
@@ -818,7 +824,6 @@ impl SlotEngine {
             }
             if let Some(a) = m.agg.as_mut() {
                 a.next_rank += 1;
-                a.valued = true;
             }
             return self.fold(slot, m, epoch);
         }
@@ -882,7 +887,7 @@ impl SlotEngine {
             }
             drop(m);
             let count = a.count as usize;
-            let mut valued = a.valued;
+            let first = a.first_valued();
             slot.acc.with_mut(|acc| {
                 // SAFETY: the fold token gives the accumulator, and the rows
                 // from..to are ready (their claimants are done, and a reset
@@ -900,7 +905,7 @@ impl SlotEngine {
                             let len = self.dtype.payload_len(a.count);
                             let bytes: &[u8] = bytemuck::cast_slice(row);
                             copy_bytes(acc, &bytes[..len]);
-                        } else if !valued {
+                        } else if r == first {
                             acc[..count].copy_from_slice(&row[..count]);
                         } else {
                             // The same kernel as a contribution folded on
@@ -912,10 +917,9 @@ impl SlotEngine {
                                 .unwrap_or_else(|| (squared_norm(&row[..count]), 1));
                             // SAFETY: the fold token gives `sos`, as `acc`.
                             slot.sos
-                                .with_mut(|sos| unsafe { fold_part(&mut *sos, !valued, part) });
+                                .with_mut(|sos| unsafe { fold_part(&mut *sos, r == first, part) });
                         }
                     });
-                    valued = true;
                 }
             });
             m = lock(&slot.meta);
@@ -924,7 +928,6 @@ impl SlotEngine {
             }
             if let Some(a) = m.agg.as_mut() {
                 a.next_rank = to;
-                a.valued = valued;
             }
         }
     }
@@ -1240,7 +1243,8 @@ fn write_trailer(values: &mut [f32], at: usize, t: &GradStats) {
 }
 
 /// Adds rank `rank`'s part (sum of squares, ranks) to a slot's running
-/// one in rank order: rank 0 starts it from 0 (as the reference does).
+/// one in rank order: the first valued rank starts it from 0 (as the
+/// reference does).
 #[inline]
 fn fold_part(sos: &mut (f64, u32), first: bool, part: (f64, u32)) {
     if first {

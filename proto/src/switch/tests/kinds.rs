@@ -422,8 +422,8 @@ enum Owner {
 
 /// A reduce-scatter of n·m elements, then an all-gather of m per rank, on
 /// one job, under `faults`: each rank's shard is the reference's rank-order
-/// sum (with `Owner::Keeps`: the others' sum plus its own, rounded once
-/// more), each rank's gathered tensor is every rank's input byte for byte.
+/// sum (with `Owner::Keeps`: the other ranks' sum, to which the owner
+/// adds its own), each rank's gathered tensor is every rank's input byte for byte.
 fn reduce_scatter_then_all_gather(
     dtype: Dtype,
     auth: AuthMode,
@@ -472,6 +472,9 @@ fn reduce_scatter_then_all_gather(
         }
         let r_ = r as usize;
         let (from, len) = (start[r_], shards[r_]);
+        // The RESULTs carry the rank-order sum of the ranks that sent
+        // values: all of them, or the others when the owner keeps its shard
+        // (it adds its own; the worker's tests check that step).
         let want = match owner {
             Owner::Sends => reference_sum(dtype, &inputs, from, len),
             Owner::Keeps => {
@@ -479,19 +482,12 @@ fn reduce_scatter_then_all_gather(
                     .filter(|&o| o != r)
                     .map(|o| inputs[o as usize].clone())
                     .collect();
-                let partial = reference_sum(dtype, &others, from, len);
-                let own = &inputs[r_][from * size..(from + len) * size];
-                let mut out = vec![0u8; len * size];
-                crate::elements::add_own_le(dtype, &partial, own, &mut out);
-                // What the owner got is the others' sum alone.
-                assert_eq!(shard, partial, "{dtype:?} {auth}: rank {r}'s partial");
-                shard = out.clone();
-                out
+                reference_sum(dtype, &others, from, len)
             }
         };
         assert_eq!(
             shard, want,
-            "{dtype:?} {auth} {owner:?}: rank {r}'s reduce-scatter shard"
+            "{dtype:?} {auth} {owner:?}: rank {r}'s reduce-scatter RESULTs"
         );
     }
 
