@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::elements::{read_le, round_f32};
-use proto::reference::{pattern_dtype, rank_order_sum};
+use proto::reference::{expected_kept_sum_dtype, pattern_dtype, rank_order_sum};
 use proto::session::{Event, WorkerSession};
 use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
@@ -184,22 +184,12 @@ fn run(
         }
         for (r, w) in workers.iter().enumerate() {
             let want: Vec<f32> = match step {
-                Step::ReduceScatter if n > 1 => {
-                    // The others in rank order, rounded (the RESULT), then
-                    // the owner's own, rounded again.
-                    let others: Vec<&[f32]> = (0..n as usize)
-                        .filter(|&o| o != r)
-                        .map(|o| &full[o][r * m..(r + 1) * m])
-                        .collect();
-                    rank_order_sum(&others)
-                        .iter()
-                        .zip(&full[r][r * m..(r + 1) * m])
-                        .map(|(p, mine)| round_f32(dtype, round_f32(dtype, *p) + mine))
-                        .collect()
-                }
-                Step::ReduceScatter | Step::ReduceScatterSendingOwn => {
-                    sum[r * m..(r + 1) * m].to_vec()
-                }
+                // The others in rank order, rounded (the RESULT), then the
+                // owner's own, rounded again.
+                Step::ReduceScatter => (r * m..(r + 1) * m)
+                    .map(|i| expected_kept_sum_dtype(dtype, n, r as u16, it, i))
+                    .collect(),
+                Step::ReduceScatterSendingOwn => sum[r * m..(r + 1) * m].to_vec(),
                 Step::AllGather => full.iter().flat_map(|f| f[..m].to_vec()).collect(),
                 Step::AllReduce => sum.clone(),
                 Step::Broadcast(root) if usize::from(root) == r => vec![],
