@@ -74,6 +74,19 @@ FAILED=()
 TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-test.XXXXXX")"
 PY_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-pytest.XXXXXX")"
 
+# failures: each failed test's name and the start of its panic, and
+# pytest's FAILED lines, so that the end of the log says what failed.
+failures() {
+    local name
+    echo "failed tests:"
+    while read -r name; do
+        echo "  $name"
+        grep -A3 -F "thread '$name' " "$TEST_LOG" | head -n 4 | sed -e '/^stack backtrace:/,$d' -e 's/^/    /' || true
+    done < <(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$TEST_LOG" | head -n 20)
+    grep -F "process didn't exit successfully" "$TEST_LOG" | head -n 5 | sed 's/^/  /' || true
+    grep -E '^(FAILED|ERROR) ' "$PY_LOG" | head -n 20 | sed 's/^/  /' || true
+}
+
 summary() {
     local passed=0 failed=0 ignored=0 py_skipped=0 p f i
     # Sum cargo test's "test result: ok. 3 passed; 0 failed; 1 ignored; ..." lines.
@@ -92,6 +105,9 @@ summary() {
         esac
     done
     echo
+    if ((failed > 0)); then
+        failures
+    fi
     echo "of the skipped: $ignored ignored by cargo test, $py_skipped skipped by pytest"
     echo "tests: $passed passed, $failed failed, $((ignored + py_skipped)) skipped"
     local ran="${RAN[*]:-none}" skipped="none" failedst="${FAILED[*]:-none}"
@@ -153,7 +169,7 @@ loom_tests() (
 # (A subshell: build_python_package's die must fail the stage, not test.sh.)
 python_tests() (
     build_python_package
-    "$VENV_PYTHON" -m pytest -q -rs "$REPO_ROOT/python/tests" 2>&1 | tee "$PY_LOG"
+    "$VENV_PYTHON" -m pytest -q -rfEs "$REPO_ROOT/python/tests" 2>&1 | tee "$PY_LOG"
 )
 
 run_fuzz() {

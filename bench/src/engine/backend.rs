@@ -27,11 +27,10 @@ use super::{EngineError, Sink};
 
 /// One engine under test, shared by every feeding thread.
 pub trait Backend: Sync {
-    /// Feeds `batch` (DATA of job `job`, from one thread) to the engine,
+    /// Feeds `batch` (DATA of one job, from one thread) to the engine,
     /// reports each verdict with [`Sink::data`] and encodes every reply it
-    /// causes with [`Sink::reply`]; returns job `job`'s window floor after
-    /// the batch (its oldest incomplete seq).
-    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32;
+    /// causes with [`Sink::reply`] before it returns.
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink);
 
     /// Job `job`'s window floor now (read after the run, for the count of
     /// RESULTs).
@@ -121,7 +120,7 @@ fn encode_result(core: &JobCore, gen: u32, r: &Reply, buf: &mut [u8]) -> Option<
 }
 
 impl Backend for LockFree {
-    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let thread = thread_index();
         for (datagram, from) in batch.iter() {
             match self.dp.on_datagram(thread, datagram, from, false) {
@@ -157,7 +156,6 @@ impl Backend for LockFree {
                 }
             }
         }
-        self.floor(job)
     }
 
     fn floor(&self, job: u16) -> u32 {
@@ -187,7 +185,7 @@ struct TableLock {
 }
 
 impl Backend for TableLock {
-    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         for (datagram, from) in batch.iter() {
             let v = t.handle(datagram, *from, false, self.now);
@@ -196,7 +194,6 @@ impl Backend for TableLock {
                 out.reply(&r, |buf| t.encode(&r, buf));
             }
         }
-        t.get(job).map_or(0, Job::floor)
     }
 
     fn floor(&self, job: u16) -> u32 {

@@ -17,10 +17,14 @@
 //! ranks in order, stamping the seq into the ring's frame (reused every K
 //! seqs), and hand batches of [`BATCH`] to the backend. Like a worker, a
 //! thread does not run past its job's window: while `seq >= floor + W` it
-//! hands over what it holds, then waits for the floor to move, reading
-//! the floor the threads last published (after each batch), not the
-//! backend's, so that waiting costs the engine nothing. It allocates
-//! nothing and makes no syscall (a long wait yields the CPU).
+//! hands over what it holds, then waits for the floor to move. The floor
+//! is the harness's own [`ResultWindow`], not the backend's: a seq leaves
+//! it once all of its RESULTs were encoded, as a worker moves its window
+//! on the RESULT it receives (the engine's floor moves at completion,
+//! before the fan-out is encoded, and a thread that reused the slot then
+//! would race an encoding no real worker can race). Waiting takes no lock
+//! of the backend's. It allocates nothing and makes no syscall (a long
+//! wait yields the CPU).
 //!
 //! Layouts: `rss`, one job of n ranks whose rank r arrives on thread
 //! r mod T (what RSS does when each worker's flow hashes to its own
@@ -272,6 +276,9 @@ pub struct Sink {
     unexpected: u64,
     first_unexpected: Option<Reply>,
     wrong: Option<EngineError>,
+    /// The seqs completed in the batch being fed (at most one per DATA).
+    completed: [u32; BATCH],
+    n_completed: usize,
 }
 
 impl Sink {
@@ -291,14 +298,29 @@ impl Sink {
             unexpected: 0,
             first_unexpected: None,
             wrong: None,
+            completed: [0; BATCH],
+            n_completed: 0,
         }
+    }
+
+    /// The seqs completed since the batch began.
+    fn completed(&self) -> &[u32] {
+        &self.completed[..self.n_completed]
     }
 
     /// The engine's verdict on one DATA.
     #[inline]
     pub fn data(&mut self, v: Verdict) {
         match v {
-            Verdict::Data(DataOutcome::Taken | DataOutcome::Completed { .. }) => self.taken += 1,
+            Verdict::Data(DataOutcome::Taken) => self.taken += 1,
+            Verdict::Data(DataOutcome::Completed { seq }) => {
+                self.taken += 1;
+                // One verdict per DATA: a batch completes at most BATCH.
+                if let Some(c) = self.completed.get_mut(self.n_completed) {
+                    *c = seq;
+                    self.n_completed += 1;
+                }
+            }
             _ => {
                 self.refused += 1;
                 self.first_refusal.get_or_insert(v);
@@ -370,10 +392,9 @@ impl Sink {
     }
 }
 
-/// The frames one thread feeds: its job, its ranks, their DATA for seqs
+/// The frames one thread feeds: its ranks' DATA (of one job) for seqs
 /// `0..K` (frame `k * ranks + i` is rank `ranks[i]`'s for seq k).
 struct Feeder {
-    job: u16,
     /// Steered: (this thread's lane, lanes): it feeds the seqs of its lane.
     lane: Option<(u32, u32)>,
     ranks: Vec<u16>,
@@ -406,7 +427,6 @@ impl Feeder {
             }
         }
         Feeder {
-            job,
             lane: None,
             from: ranks.iter().map(|&r| endpoint(job, r)).collect(),
             ranks,
@@ -417,18 +437,15 @@ impl Feeder {
     }
 
     /// Feeds seqs upward until `stop` (or `until`'s seq count); returns
-    /// the sink. `published` is the job's floor as last seen by any thread
-    /// (what a waiting thread reads, so that waiting takes no lock of the
-    /// backend's, as a worker waiting for RESULTs takes none).
+    /// the sink. `window` is the job's window as its workers see it.
     fn run(
         &mut self,
         backend: &dyn Backend,
         spec: &Spec,
         stop: &AtomicBool,
-        published: &AtomicU32,
+        window: &ResultWindow,
         mut sink: Sink,
     ) -> Sink {
-        let window = spec.window as u32;
         let frames = spec.frames;
         let last = match spec.until {
             Until::Seqs(n) => Some(n),
@@ -448,16 +465,16 @@ impl Feeder {
             }
             // The window: send nothing at or past floor + W.
             let mut spins = 0u32;
-            while seq.wrapping_sub(floor) >= window {
+            while seq.wrapping_sub(floor) >= window.len() {
                 if n > 0 {
-                    floor = self.feed(backend, &items[..n], &mut sink, published);
+                    floor = self.feed(backend, &items[..n], &mut sink, window);
                     n = 0;
                     continue;
                 }
                 if stop.load(Ordering::Relaxed) {
                     break 'feed;
                 }
-                floor = published.load(Ordering::Acquire);
+                floor = window.floor();
                 spins += 1;
                 if spins.is_multiple_of(64) {
                     std::thread::yield_now();
@@ -473,7 +490,7 @@ impl Feeder {
                 items[n] = (frame, i as u16);
                 n += 1;
                 if n == BATCH {
-                    floor = self.feed(backend, &items, &mut sink, published);
+                    floor = self.feed(backend, &items, &mut sink, window);
                     n = 0;
                     if stop.load(Ordering::Relaxed) || sink.wrong.is_some() {
                         break 'feed;
@@ -483,18 +500,19 @@ impl Feeder {
             seq = seq.wrapping_add(1);
         }
         if n > 0 {
-            self.feed(backend, &items[..n], &mut sink, published);
+            self.feed(backend, &items[..n], &mut sink, window);
         }
         sink
     }
 
-    /// Hands `items` to the backend; publishes and returns the floor.
+    /// Hands `items` to the backend; marks the seqs it completed (their
+    /// RESULTs are encoded when it returns) and returns the floor.
     fn feed(
         &self,
         backend: &dyn Backend,
         items: &[(u32, u16)],
         sink: &mut Sink,
-        published: &AtomicU32,
+        window: &ResultWindow,
     ) -> u32 {
         let batch = Batch {
             ring: &self.ring,
@@ -503,9 +521,62 @@ impl Feeder {
             items,
             from: &self.from,
         };
-        let floor = backend.feed(self.job, &batch, sink);
-        // Plain max: seqs do not wrap within a run (2^32 seqs).
-        published.fetch_max(floor, Ordering::Release).max(floor)
+        backend.feed(&batch, sink);
+        for &seq in sink.completed() {
+            window.mark(seq);
+        }
+        sink.n_completed = 0;
+        window.advance()
+    }
+}
+
+/// One job's window as its workers see it: `[floor, floor + W)`, where
+/// the floor is the lowest seq whose RESULTs are not all encoded yet.
+struct ResultWindow {
+    /// Per `seq mod W`: 1 + the last seq whose RESULTs were all encoded
+    /// (0: none yet). Every seq in flight lies in the window, so no two
+    /// share an entry.
+    encoded: Vec<AtomicU32>,
+    floor: AtomicU32,
+}
+
+impl ResultWindow {
+    fn new(window: u16) -> ResultWindow {
+        ResultWindow {
+            encoded: (0..window).map(|_| AtomicU32::new(0)).collect(),
+            floor: AtomicU32::new(0),
+        }
+    }
+
+    /// W.
+    fn len(&self) -> u32 {
+        self.encoded.len() as u32
+    }
+
+    fn floor(&self) -> u32 {
+        self.floor.load(Ordering::Acquire)
+    }
+
+    /// Every RESULT of `seq` is encoded.
+    fn mark(&self, seq: u32) {
+        self.encoded[(seq % self.len()) as usize].store(seq.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Moves the floor past the seqs marked above it; returns it.
+    fn advance(&self) -> u32 {
+        let mut f = self.floor();
+        while self.encoded[(f % self.len()) as usize].load(Ordering::Acquire) == f.wrapping_add(1) {
+            f = match self.floor.compare_exchange_weak(
+                f,
+                f.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => f.wrapping_add(1),
+                Err(now) => now,
+            };
+        }
+        f
     }
 }
 
@@ -734,8 +805,10 @@ fn run_on(
     let reference = Arc::new(Reference::new(spec.ranks, spec.elems, spec.frames));
     let pin = spec.cpus.len() >= t;
     let stop = AtomicBool::new(false);
-    // Per job (ids 1..), its floor as the threads last saw it.
-    let floors: Vec<AtomicU32> = (0..=jobs.len()).map(|_| AtomicU32::new(0)).collect();
+    // Per job (ids 1..), its window as its workers see it.
+    let windows: Vec<ResultWindow> = (0..=jobs.len())
+        .map(|_| ResultWindow::new(spec.window))
+        .collect();
     // The threads and this one: frames built, then all start together.
     let ready = Barrier::new(t + 1);
     let backend = &*backend;
@@ -745,7 +818,7 @@ fn run_on(
             .enumerate()
             .map(|(i, (job, ranks))| {
                 let (stop, ready, reference) = (&stop, &ready, reference.clone());
-                let published = &floors[job as usize];
+                let window = &windows[job as usize];
                 s.spawn(move || {
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
@@ -754,7 +827,7 @@ fn run_on(
                     let sink = Sink::new(name, spec, reference);
                     ready.wait();
                     let cpu = thread_cpu_time();
-                    let sink = feeder.run(backend, spec, stop, published, sink);
+                    let sink = feeder.run(backend, spec, stop, window, sink);
                     if sink.wrong.is_some() {
                         stop.store(true, Ordering::Relaxed);
                     }

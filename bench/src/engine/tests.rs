@@ -81,7 +81,7 @@ struct Broken {
 }
 
 impl Backend for Broken {
-    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let mut t = self.table.lock().unwrap();
         for (d, from) in batch.iter() {
             let v = t.handle(d, *from, false, self.now);
@@ -103,7 +103,6 @@ impl Backend for Broken {
                 });
             }
         }
-        t.get(job).map_or(0, |j| j.floor())
     }
 
     fn floor(&self, job: u16) -> u32 {
@@ -161,7 +160,7 @@ fn bad_parameters_are_refused_before_setup() {
 struct Panics(Mutex<JobTable>, Instant);
 
 impl Backend for Panics {
-    fn feed(&self, job: u16, batch: &Batch<'_>, out: &mut Sink) -> u32 {
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let mut t = self
             .0
             .lock()
@@ -173,7 +172,6 @@ impl Backend for Panics {
                 out.reply(&r, |buf| t.encode(&r, buf));
             }
         }
-        t.get(job).map_or(0, |j| j.floor())
     }
 
     fn floor(&self, job: u16) -> u32 {
@@ -194,4 +192,74 @@ fn a_panicking_backend_fails_the_run_instead_of_hanging_it() {
         })
     });
     assert!(r.is_err(), "the panic reaches the caller");
+}
+
+/// A table-lock engine that, after completing seq [`STALLED`], lets go of
+/// the table for a while before it encodes that seq's RESULTs (as a
+/// completer preempted between completion and fan-out), and records the
+/// highest seq any thread fed meanwhile.
+struct SlowFanOut {
+    table: Mutex<JobTable>,
+    now: Instant,
+    highest_fed: AtomicU32,
+    highest_during_stall: Arc<AtomicU32>,
+}
+
+const STALLED: u32 = 5;
+
+impl Backend for SlowFanOut {
+    fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
+        for (d, from) in batch.iter() {
+            let seq = Header::new_checked(d).map_or(0, |h| h.seq());
+            self.highest_fed.fetch_max(seq, Ordering::SeqCst);
+            let mut t = self.table.lock().unwrap();
+            let v = t.handle(d, *from, false, self.now);
+            out.data(v);
+            if v == Verdict::Data(DataOutcome::Completed { seq: STALLED }) {
+                drop(t);
+                std::thread::sleep(Duration::from_millis(50));
+                let seen = self.highest_fed.load(Ordering::SeqCst);
+                self.highest_during_stall.store(seen, Ordering::SeqCst);
+                t = self.table.lock().unwrap();
+            }
+            while let Some(r) = t.poll_reply() {
+                out.reply(&r, |buf| t.encode(&r, buf));
+            }
+        }
+    }
+
+    fn floor(&self, job: u16) -> u32 {
+        self.table.lock().unwrap().get(job).map_or(0, |j| j.floor())
+    }
+}
+
+/// The engine's floor moves when a seq completes; a worker's only when its
+/// RESULT arrives. The harness must follow the worker: while a completer
+/// stalls before its fan-out, no thread may feed the seq a window later,
+/// whose DATA would reuse the slot being encoded. Steered, so that the
+/// other thread holds every rank of the next seqs.
+#[test]
+fn no_thread_runs_a_window_past_a_fan_out_not_yet_encoded() {
+    let s = spec(BackendKind::TableLock, Layout::Steered, 2);
+    let during = Arc::new(AtomicU32::new(0));
+    let m = run_on(&s, |table, now| {
+        Ok(Box::new(SlowFanOut {
+            table: Mutex::new(table),
+            now,
+            highest_fed: AtomicU32::new(0),
+            highest_during_stall: during.clone(),
+        }))
+    })
+    .unwrap();
+    assert_eq!(m.seqs_completed, 500);
+    let during = during.load(Ordering::SeqCst);
+    assert!(
+        during < STALLED + u32::from(s.window),
+        "seq {during} was fed while seq {STALLED}'s RESULTs were not encoded (window {})",
+        s.window
+    );
+    assert!(
+        during > STALLED,
+        "the other thread never ran ahead: {during}"
+    );
 }
