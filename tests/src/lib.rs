@@ -36,14 +36,22 @@ pub const SECRET: &str = "7c1e4a0f9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081
 
 /// A mode-0600 file holding [`SECRET`], for `switchctl job add
 /// --secret-file` (a secret on the command line draws a warning). Written
-/// once per test process, in the system's temporary directory.
+/// once per test process, in the system's temporary directory, and removed
+/// when the process exits.
 pub fn secret_file() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        let p = std::env::temp_dir().join(format!("agg-e2e-secret-{}", std::process::id()));
+        let p = secret_file_path();
         let _ = std::fs::remove_file(&p);
+        // A static is never dropped; the test harness leaves through
+        // exit(3), which runs atexit handlers (failing tests included).
+        // SAFETY: the handler is a plain `extern "C" fn` that only
+        // unlinks a path.
+        unsafe {
+            libc::atexit(remove_secret_file);
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -53,6 +61,14 @@ pub fn secret_file() -> &'static str {
         writeln!(f, "{SECRET}").expect("writing the test secret file");
         p.display().to_string()
     })
+}
+
+fn secret_file_path() -> PathBuf {
+    std::env::temp_dir().join(format!("agg-e2e-secret-{}", std::process::id()))
+}
+
+extern "C" fn remove_secret_file() {
+    let _ = std::fs::remove_file(secret_file_path());
 }
 
 pub fn repo_root() -> PathBuf {
