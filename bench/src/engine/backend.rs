@@ -197,8 +197,7 @@ impl Backend for TableLock {
     }
 
     fn floor(&self, job: u16) -> u32 {
-        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        t.get(job).map_or(0, Job::floor)
+        table_floor(&self.table, job)
     }
 
     fn completed(&self, job: u16) -> u64 {
@@ -240,4 +239,12 @@ impl<'a> Batch<'a> {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+}
+
+/// Job `job`'s window floor in a locked table (0 if it has no such job):
+/// the floor of every backend built on one `Mutex<JobTable>`. A poisoned
+/// lock still answers: the run already failed, and the count is read after.
+pub(super) fn table_floor(table: &Mutex<JobTable>, job: u16) -> u32 {
+    let t = table.lock().unwrap_or_else(PoisonError::into_inner);
+    t.get(job).map_or(0, Job::floor)
 }

@@ -1,5 +1,6 @@
 use std::sync::Mutex;
 
+use super::backend::table_floor;
 use super::*;
 
 /// 4 ranks × 500 seqs = 2000 DATA per job; 16 slots and 64 frames per rank,
@@ -106,7 +107,7 @@ impl Backend for Broken {
     }
 
     fn floor(&self, job: u16) -> u32 {
-        self.table.lock().unwrap().get(job).map_or(0, |j| j.floor())
+        table_floor(&self.table, job)
     }
 }
 
@@ -175,11 +176,7 @@ impl Backend for Panics {
     }
 
     fn floor(&self, job: u16) -> u32 {
-        let t = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        t.get(job).map_or(0, |j| j.floor())
+        table_floor(&self.0, job)
     }
 }
 
@@ -229,7 +226,7 @@ impl Backend for SlowFanOut {
     }
 
     fn floor(&self, job: u16) -> u32 {
-        self.table.lock().unwrap().get(job).map_or(0, |j| j.floor())
+        table_floor(&self.table, job)
     }
 }
 
