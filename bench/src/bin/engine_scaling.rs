@@ -185,6 +185,7 @@ fn main() -> Result<()> {
         frames: cli.frames,
         until: Until::Elapsed(Duration::from_secs_f64(cli.seconds)),
         cpus: cpus.clone(),
+        stuck_after: Duration::from_secs(10),
     };
 
     // A backend that is not built is named, not measured; asked for alone,

@@ -13,9 +13,10 @@
 //! so that when every thread has stopped, the RESULTs counted are exactly
 //! ranks × completed seqs.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
+
+use crossbeam_queue::ArrayQueue;
 
 use proto::switch::{
     DataOutcome, DataPath, Encoded, Endpoint, Fast, Job, JobCore, JobTable, Reply, ReplyMsg,
@@ -31,6 +32,10 @@ pub trait Backend: Sync {
     /// reports each verdict with [`Sink::data`] and encodes every reply it
     /// causes with [`Sink::reply`] before it returns.
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink);
+
+    /// Encodes the replies other threads handed to thread `thread` (its
+    /// outbox), if the backend hands any off.
+    fn drain(&self, _thread: usize, _out: &mut Sink) {}
 
     /// Job `job`'s window floor now (read after the run, for the count of
     /// RESULTs).
@@ -61,14 +66,21 @@ impl BackendKind {
     }
 
     /// The engine over `table` (every job declared and active), whose
-    /// `handle` calls are made at `now`.
-    pub fn build(self, table: JobTable, now: Instant) -> Result<Box<dyn Backend>, EngineError> {
+    /// `handle` calls are made at `now`, fed by `threads` threads (thread
+    /// q owns queue q of every port; a member that joined on another queue
+    /// is answered by the thread that completes its seq).
+    pub fn build(
+        self,
+        table: JobTable,
+        now: Instant,
+        threads: usize,
+    ) -> Result<Box<dyn Backend>, EngineError> {
         match self {
             BackendKind::TableLock => Ok(Box::new(TableLock {
                 table: Mutex::new(table),
                 now,
             })),
-            BackendKind::LockFree => lock_free(table, now),
+            BackendKind::LockFree => lock_free(table, now, threads),
         }
     }
 }
@@ -77,12 +89,24 @@ impl BackendKind {
 /// dataplane threads do (`switchd/src/dataplane/rx.rs`): each DATA through
 /// [`DataPath::on_datagram`], the table (locked) only for what it hands
 /// back, a completion's RESULT encoded from the job's shadow for every
-/// member, with no lock.
-fn lock_free(table: JobTable, now: Instant) -> Result<Box<dyn Backend>, EngineError> {
+/// member, with no lock, by the thread that owns the member's queue.
+fn lock_free(
+    table: JobTable,
+    now: Instant,
+    threads: usize,
+) -> Result<Box<dyn Backend>, EngineError> {
+    // Room for every RESULT a window of seqs can owe a thread: no hand-off
+    // is ever refused (switchd counts a refused one as tx_ring_full).
+    let room = table
+        .jobs()
+        .map(|j| j.config.pool_slots as usize * j.config.n_workers as usize)
+        .sum::<usize>()
+        .max(1);
     Ok(Box::new(LockFree {
         dp: table.data_path(),
         table: Mutex::new(table),
         now,
+        outboxes: (0..threads).map(|_| ArrayQueue::new(room)).collect(),
     }))
 }
 
@@ -90,16 +114,17 @@ struct LockFree {
     dp: Arc<DataPath>,
     table: Mutex<JobTable>,
     now: Instant,
+    /// Per thread, the RESULTs other threads completed for its ranks.
+    outboxes: Vec<ArrayQueue<Reply>>,
 }
 
-/// A small index per feeding thread: its counter stripe, as a dataplane
-/// thread's index is in switchd.
-fn thread_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+impl LockFree {
+    /// The thread that sends `to`'s RESULTs: the owner of its queue, if a
+    /// thread owns it.
+    fn owner(&self, to: &Endpoint) -> Option<usize> {
+        let q = to.queue as usize;
+        (q < self.outboxes.len()).then_some(q)
     }
-    INDEX.with(|i| *i)
 }
 
 /// Writes the RESULT `r` of `core`'s job whole into `buf`, as switchd's
@@ -121,7 +146,8 @@ fn encode_result(core: &JobCore, gen: u32, r: &Reply, buf: &mut [u8]) -> Option<
 
 impl Backend for LockFree {
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
-        let thread = thread_index();
+        let thread = batch.thread;
+        self.drain(thread, out);
         for (datagram, from) in batch.iter() {
             match self.dp.on_datagram(thread, datagram, from, false) {
                 Fast::Slow => {
@@ -145,7 +171,14 @@ impl Backend for LockFree {
                                 rank,
                                 msg,
                             };
-                            out.reply(&r, |buf| encode_result(core, gen, &r, buf));
+                            match self.owner(to) {
+                                Some(t) if t != thread => {
+                                    if let Err(r) = self.outboxes[t].push(r) {
+                                        out.undelivered(&r);
+                                    }
+                                }
+                                _ => out.reply(&r, |buf| encode_result(core, gen, &r, buf)),
+                            }
                             n += 1;
                         });
                         self.dp.count_results_sent(thread, core, n);
@@ -154,6 +187,24 @@ impl Backend for LockFree {
                 Fast::Retransmit { seq, .. } => {
                     out.data(Verdict::Data(DataOutcome::Retransmit { seq }))
                 }
+            }
+        }
+    }
+
+    fn drain(&self, thread: usize, out: &mut Sink) {
+        let Some(outbox) = self.outboxes.get(thread) else {
+            return;
+        };
+        let gen = self.dp.gen();
+        while let Some(r) = outbox.pop() {
+            let encoded = self
+                .dp
+                .with_job(r.job, |core| {
+                    out.reply(&r, |buf| encode_result(core, gen, &r, buf));
+                })
+                .is_some();
+            if !encoded {
+                out.undelivered(&r);
             }
         }
     }
@@ -215,6 +266,9 @@ impl Backend for TableLock {
 /// Up to [`super::BATCH`] DATA datagrams of one thread, in the order
 /// received: slices of the thread's frame ring, each with its sender.
 pub struct Batch<'a> {
+    /// The feeding thread's index in the run (0..T): the queue it owns,
+    /// and its counter stripe.
+    pub thread: usize,
     pub(super) ring: &'a [u8],
     pub(super) stride: usize,
     pub(super) len: usize,

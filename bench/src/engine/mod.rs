@@ -17,23 +17,28 @@
 //! ranks in order, stamping the seq into the ring's frame (reused every K
 //! seqs), and hand batches of [`BATCH`] to the backend. Like a worker, a
 //! thread does not run past its job's window: while `seq >= floor + W` it
-//! hands over what it holds, then waits for the floor to move. The floor
+//! hands over what it holds, then waits for the floor to move, encoding
+//! meanwhile what other threads handed it ([`Backend::drain`]). The floor
 //! is the harness's own [`ResultWindow`], not the backend's: a seq leaves
-//! it once all of its RESULTs were encoded, as a worker moves its window
-//! on the RESULT it receives (the engine's floor moves at completion,
-//! before the fan-out is encoded, and a thread that reused the slot then
-//! would race an encoding no real worker can race). Waiting takes no lock
-//! of the backend's. It allocates nothing and makes no syscall (a long
-//! wait yields the CPU).
+//! it once all of its RESULTs were encoded, by whichever threads, as a
+//! worker moves its window on the RESULT it receives (the engine's floor
+//! moves at completion, before the fan-out is encoded, and a thread that
+//! reused the slot then would race an encoding no real worker can race).
+//! Waiting takes no lock of the backend's. It allocates nothing and makes
+//! no syscall (a long wait yields the CPU). A window that does not move
+//! for [`Spec::stuck_after`] fails the run ([`EngineError::WindowStuck`]:
+//! a RESULT was lost).
 //!
 //! Layouts: `rss`, one job of n ranks whose rank r arrives on thread
 //! r mod T (what RSS does when each worker's flow hashes to its own
-//! queue), so every slot's contributions come from several threads;
+//! queue; the rank joined there, so that thread sends its RESULTs), so
+//! every slot's contributions come from several threads;
 //! `steered`, one job whose seq s arrives, from every rank, on thread
 //! s mod T (what a NIC would do with one destination port per seq lane
 //! and ntuple rules: the "slots sharded to threads" design; switchd does
-//! not steer so today, see docs/BENCHMARKS.md); `job-per-thread`, T jobs,
-//! thread t feeding every rank of job t.
+//! not steer so today, see docs/BENCHMARKS.md; no thread owns a rank's
+//! queue, so the completing thread sends the RESULTs); `job-per-thread`,
+//! T jobs, thread t feeding (and answering) every rank of job t.
 //!
 //! Checks (a wrong engine fails the run, never reports a number): every
 //! RESULT of a seq that is a multiple of [`SAMPLE_EVERY`] is compared, bit
@@ -121,6 +126,8 @@ pub struct Spec {
     /// CPUs to pin thread t to (`cpus[t]`); no pinning when fewer than
     /// `threads`.
     pub cpus: Vec<usize>,
+    /// A window that does not move for this long fails the run.
+    pub stuck_after: Duration,
 }
 
 /// What one run measured.
@@ -145,6 +152,8 @@ pub struct Measured {
     pub pinned: bool,
     /// DATA taken per thread.
     pub per_thread_taken: Vec<u64>,
+    /// RESULTs encoded per thread.
+    pub per_thread_results: Vec<u64>,
 }
 
 impl Measured {
@@ -213,7 +222,7 @@ pub enum EngineError {
         count: u64,
         first: Verdict,
     },
-    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode (first: {first:?})")]
+    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode or to reach their thread (first: {first:?})")]
     UnexpectedReply {
         backend: &'static str,
         count: u64,
@@ -228,6 +237,18 @@ pub enum EngineError {
         results: u64,
         seqs: u64,
         ranks: u16,
+    },
+    #[error(
+        "backend {backend}: job {job}'s window stuck at seq {seq} for {secs:.1} s: {encoded} of \
+         its {ranks} RESULTs were encoded (a RESULT was lost)"
+    )]
+    WindowStuck {
+        backend: &'static str,
+        job: u16,
+        seq: u32,
+        encoded: u32,
+        ranks: u16,
+        secs: f64,
     },
     #[error("backend {backend}: no seq completed in the run; run longer (--seconds)")]
     NothingCompleted { backend: &'static str },
@@ -276,13 +297,20 @@ pub struct Sink {
     unexpected: u64,
     first_unexpected: Option<Reply>,
     wrong: Option<EngineError>,
-    /// The seqs completed in the batch being fed (at most one per DATA).
-    completed: [u32; BATCH],
-    n_completed: usize,
+    /// The job's window, and the RESULTs of seq `run_seq` encoded here
+    /// and not yet counted in it (`run_len`): one count per run of a seq.
+    window: Arc<ResultWindow>,
+    run_seq: u32,
+    run_len: u32,
 }
 
 impl Sink {
-    fn new(backend: &'static str, spec: &Spec, reference: Arc<Reference>) -> Sink {
+    fn new(
+        backend: &'static str,
+        spec: &Spec,
+        reference: Arc<Reference>,
+        window: Arc<ResultWindow>,
+    ) -> Sink {
         Sink {
             backend,
             // A RESULT: header, payload and (auth = mac) its tag.
@@ -298,29 +326,25 @@ impl Sink {
             unexpected: 0,
             first_unexpected: None,
             wrong: None,
-            completed: [0; BATCH],
-            n_completed: 0,
+            window,
+            run_seq: 0,
+            run_len: 0,
         }
     }
 
-    /// The seqs completed since the batch began.
-    fn completed(&self) -> &[u32] {
-        &self.completed[..self.n_completed]
+    /// Counts the RESULTs encoded here in the job's window.
+    fn flush(&mut self) {
+        if self.run_len > 0 {
+            self.window.encoded(self.run_seq, self.run_len);
+            self.run_len = 0;
+        }
     }
 
     /// The engine's verdict on one DATA.
     #[inline]
     pub fn data(&mut self, v: Verdict) {
         match v {
-            Verdict::Data(DataOutcome::Taken) => self.taken += 1,
-            Verdict::Data(DataOutcome::Completed { seq }) => {
-                self.taken += 1;
-                // One verdict per DATA: a batch completes at most BATCH.
-                if let Some(c) = self.completed.get_mut(self.n_completed) {
-                    *c = seq;
-                    self.n_completed += 1;
-                }
-            }
+            Verdict::Data(DataOutcome::Taken | DataOutcome::Completed { .. }) => self.taken += 1,
             _ => {
                 self.refused += 1;
                 self.first_refusal.get_or_insert(v);
@@ -340,9 +364,20 @@ impl Sink {
             return;
         };
         self.results += 1;
+        if self.run_len > 0 && self.run_seq != seq {
+            self.flush();
+        }
+        self.run_seq = seq;
+        self.run_len += 1;
         if seq.is_multiple_of(SAMPLE_EVERY) {
             self.check(r, seq, e);
         }
+    }
+
+    /// A reply the backend could not hand to the thread that sends it.
+    pub fn undelivered(&mut self, r: &Reply) {
+        self.unexpected += 1;
+        self.first_unexpected.get_or_insert(*r);
     }
 
     /// Compares the encoded RESULT of `seq` with the reference.
@@ -395,6 +430,9 @@ impl Sink {
 /// The frames one thread feeds: its ranks' DATA (of one job) for seqs
 /// `0..K` (frame `k * ranks + i` is rank `ranks[i]`'s for seq k).
 struct Feeder {
+    /// This thread's index in the run (0..T), and its job.
+    thread: usize,
+    job: u16,
     /// Steered: (this thread's lane, lanes): it feeds the seqs of its lane.
     lane: Option<(u32, u32)>,
     ranks: Vec<u16>,
@@ -405,7 +443,7 @@ struct Feeder {
 }
 
 impl Feeder {
-    fn new(job: u16, ranks: Vec<u16>, spec: &Spec) -> Feeder {
+    fn new(thread: usize, job: u16, ranks: Vec<u16>, spec: &Spec) -> Feeder {
         let len = HEADER_LEN + 4 * spec.elems as usize;
         // Each datagram on its own cache lines, as in UMEM frames.
         let stride = len.next_multiple_of(64);
@@ -427,8 +465,10 @@ impl Feeder {
             }
         }
         Feeder {
+            thread,
+            job,
             lane: None,
-            from: ranks.iter().map(|&r| endpoint(job, r)).collect(),
+            from: ranks.iter().map(|&r| endpoint(spec, job, r)).collect(),
             ranks,
             ring,
             stride,
@@ -465,6 +505,7 @@ impl Feeder {
             }
             // The window: send nothing at or past floor + W.
             let mut spins = 0u32;
+            let mut since: Option<(u32, Instant)> = None;
             while seq.wrapping_sub(floor) >= window.len() {
                 if n > 0 {
                     floor = self.feed(backend, &items[..n], &mut sink, window);
@@ -474,9 +515,17 @@ impl Feeder {
                 if stop.load(Ordering::Relaxed) {
                     break 'feed;
                 }
-                floor = window.floor();
+                // The RESULTs other threads handed this one may be what
+                // holds the floor.
+                backend.drain(self.thread, &mut sink);
+                sink.flush();
+                floor = window.advance();
                 spins += 1;
                 if spins.is_multiple_of(64) {
+                    if let Some(e) = self.stuck(&mut since, floor, window, spec, sink.backend) {
+                        sink.wrong = Some(e);
+                        break 'feed;
+                    }
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -505,8 +554,37 @@ impl Feeder {
         sink
     }
 
-    /// Hands `items` to the backend; marks the seqs it completed (their
-    /// RESULTs are encoded when it returns) and returns the floor.
+    /// How long the window has stood at `floor` (`since` remembers where
+    /// and from when): the error once that is past `spec.stuck_after`.
+    fn stuck(
+        &self,
+        since: &mut Option<(u32, Instant)>,
+        floor: u32,
+        window: &ResultWindow,
+        spec: &Spec,
+        backend: &'static str,
+    ) -> Option<EngineError> {
+        let now = Instant::now();
+        let (at, from) = match *since {
+            Some((at, from)) if at == floor => (at, from),
+            _ => {
+                *since = Some((floor, now));
+                return None;
+            }
+        };
+        let waited = now.saturating_duration_since(from);
+        (waited >= spec.stuck_after).then(|| EngineError::WindowStuck {
+            backend,
+            job: self.job,
+            seq: at,
+            encoded: window.count(at),
+            ranks: spec.ranks,
+            secs: waited.as_secs_f64(),
+        })
+    }
+
+    /// Hands `items` to the backend, counts the RESULTs this thread
+    /// encoded in the window and returns its floor.
     fn feed(
         &self,
         backend: &dyn Backend,
@@ -515,6 +593,7 @@ impl Feeder {
         window: &ResultWindow,
     ) -> u32 {
         let batch = Batch {
+            thread: self.thread,
             ring: &self.ring,
             stride: self.stride,
             len: self.len,
@@ -522,10 +601,7 @@ impl Feeder {
             from: &self.from,
         };
         backend.feed(&batch, sink);
-        for &seq in sink.completed() {
-            window.mark(seq);
-        }
-        sink.n_completed = 0;
+        sink.flush();
         window.advance()
     }
 }
@@ -533,39 +609,72 @@ impl Feeder {
 /// One job's window as its workers see it: `[floor, floor + W)`, where
 /// the floor is the lowest seq whose RESULTs are not all encoded yet.
 struct ResultWindow {
-    /// Per `seq mod W`: 1 + the last seq whose RESULTs were all encoded
-    /// (0: none yet). Every seq in flight lies in the window, so no two
+    /// Per `seq mod W`. Every seq in flight lies in the window, so no two
     /// share an entry.
-    encoded: Vec<AtomicU32>,
+    entries: Vec<WindowEntry>,
+    ranks: u32,
     floor: AtomicU32,
 }
 
+/// One seq's place in a [`ResultWindow`], on cache lines of its own: the
+/// threads that encode neighbouring seqs must not share a line.
+#[repr(align(128))]
+struct WindowEntry {
+    /// 1 + the last seq whose RESULTs were all encoded (0: none yet).
+    done: AtomicU32,
+    /// RESULTs of the seq in flight encoded so far (back to 0 when it is
+    /// marked, before the next seq can use the entry).
+    count: AtomicU32,
+}
+
 impl ResultWindow {
-    fn new(window: u16) -> ResultWindow {
+    fn new(window: u16, ranks: u16) -> ResultWindow {
         ResultWindow {
-            encoded: (0..window).map(|_| AtomicU32::new(0)).collect(),
+            entries: (0..window)
+                .map(|_| WindowEntry {
+                    done: AtomicU32::new(0),
+                    count: AtomicU32::new(0),
+                })
+                .collect(),
+            ranks: u32::from(ranks),
             floor: AtomicU32::new(0),
         }
     }
 
+    fn entry(&self, seq: u32) -> &WindowEntry {
+        &self.entries[(seq % self.len()) as usize]
+    }
+
     /// W.
     fn len(&self) -> u32 {
-        self.encoded.len() as u32
+        self.entries.len() as u32
     }
 
     fn floor(&self) -> u32 {
         self.floor.load(Ordering::Acquire)
     }
 
-    /// Every RESULT of `seq` is encoded.
-    fn mark(&self, seq: u32) {
-        self.encoded[(seq % self.len()) as usize].store(seq.wrapping_add(1), Ordering::Release);
+    /// `k` more RESULTs of `seq` are encoded; the last of its `ranks`
+    /// marks it.
+    fn encoded(&self, seq: u32, k: u32) {
+        let e = self.entry(seq);
+        if e.count.fetch_add(k, Ordering::AcqRel) + k == self.ranks {
+            e.count.store(0, Ordering::Relaxed);
+            // Release: the reset is seen by whoever feeds the entry's next
+            // seq, which waits for this mark.
+            e.done.store(seq.wrapping_add(1), Ordering::Release);
+        }
+    }
+
+    /// RESULTs of `seq` (in flight) encoded so far.
+    fn count(&self, seq: u32) -> u32 {
+        self.entry(seq).count.load(Ordering::Acquire)
     }
 
     /// Moves the floor past the seqs marked above it; returns it.
     fn advance(&self) -> u32 {
         let mut f = self.floor();
-        while self.encoded[(f % self.len()) as usize].load(Ordering::Acquire) == f.wrapping_add(1) {
+        while self.entry(f).done.load(Ordering::Acquire) == f.wrapping_add(1) {
             f = match self.floor.compare_exchange_weak(
                 f,
                 f.wrapping_add(1),
@@ -580,8 +689,19 @@ impl ResultWindow {
     }
 }
 
-/// Job `job`'s rank `rank`: its own MAC, address and port in 198.18.0.0/15.
-fn endpoint(job: u16, rank: u16) -> Endpoint {
+/// The queue job `job`'s rank `rank` joins on: the thread its DATA
+/// arrives on (rss, job-per-thread), or one no thread owns (steered).
+fn queue_of(spec: &Spec, job: u16, rank: u16) -> u32 {
+    match spec.layout {
+        Layout::Rss => u32::from(rank) % spec.threads as u32,
+        Layout::Steered => u32::MAX,
+        Layout::JobPerThread => u32::from(job) - 1,
+    }
+}
+
+/// Job `job`'s rank `rank`: its own MAC, address and port in 198.18.0.0/15,
+/// behind queue [`queue_of`].
+fn endpoint(spec: &Spec, job: u16, rank: u16) -> Endpoint {
     let [jh, jl] = job.to_be_bytes();
     let [rh, rl] = rank.to_be_bytes();
     Endpoint {
@@ -590,6 +710,7 @@ fn endpoint(job: u16, rank: u16) -> Endpoint {
             ip: [198, 18 | (rh & 1), jl, rl],
             port: 40000u16.wrapping_add(rank),
         },
+        queue: queue_of(spec, job, rank),
         ..Endpoint::default()
     }
 }
@@ -618,12 +739,13 @@ fn job_config(id: u16, spec: &Spec) -> JobConfig {
 /// replies are drained.
 fn join(
     t: &mut JobTable,
+    spec: &Spec,
     job: u16,
     rank: u16,
-    ranks: u16,
     now: Instant,
 ) -> Result<Verdict, EngineError> {
-    let from = endpoint(job, rank);
+    let ranks = spec.ranks;
+    let from = endpoint(spec, job, rank);
     let params = JoinParams {
         job,
         rank,
@@ -672,7 +794,7 @@ fn active_table(jobs: &[u16], spec: &Spec, now: Instant) -> Result<JobTable, Eng
             } else {
                 JoinOutcome::Waiting
             };
-            let verdict = join(&mut t, job, rank, spec.ranks, now)?;
+            let verdict = join(&mut t, spec, job, rank, now)?;
             if verdict != Verdict::Join(want) {
                 return Err(EngineError::Join {
                     job,
@@ -771,7 +893,9 @@ pub fn allowed_cpus() -> Vec<usize> {
 
 /// Sets up a fresh table, runs `spec` and checks what the engine answered.
 pub fn run(spec: &Spec) -> Result<Measured, EngineError> {
-    run_on(spec, |table, now| spec.backend.build(table, now))
+    run_on(spec, |table, now| {
+        spec.backend.build(table, now, spec.threads)
+    })
 }
 
 /// [`run`] on the backend `build` makes of the set-up table.
@@ -806,8 +930,8 @@ fn run_on(
     let pin = spec.cpus.len() >= t;
     let stop = AtomicBool::new(false);
     // Per job (ids 1..), its window as its workers see it.
-    let windows: Vec<ResultWindow> = (0..=jobs.len())
-        .map(|_| ResultWindow::new(spec.window))
+    let windows: Vec<Arc<ResultWindow>> = (0..=jobs.len())
+        .map(|_| Arc::new(ResultWindow::new(spec.window, spec.ranks)))
         .collect();
     // The threads and this one: frames built, then all start together.
     let ready = Barrier::new(t + 1);
@@ -818,16 +942,16 @@ fn run_on(
             .enumerate()
             .map(|(i, (job, ranks))| {
                 let (stop, ready, reference) = (&stop, &ready, reference.clone());
-                let window = &windows[job as usize];
+                let window = windows[job as usize].clone();
                 s.spawn(move || {
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
-                    let mut feeder = Feeder::new(job, ranks, spec);
+                    let mut feeder = Feeder::new(i, job, ranks, spec);
                     feeder.lane = lanes.then_some((i as u32, t as u32));
-                    let sink = Sink::new(name, spec, reference);
+                    let sink = Sink::new(name, spec, reference, window.clone());
                     ready.wait();
                     let cpu = thread_cpu_time();
-                    let sink = feeder.run(backend, spec, stop, window, sink);
+                    let sink = feeder.run(backend, spec, stop, &window, sink);
                     if sink.wrong.is_some() {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -859,6 +983,11 @@ fn run_on(
             cpu += c;
             pinned &= p;
         }
+        // What other threads handed each one after it stopped (every
+        // thread has stopped feeding: no outbox gets more).
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            backend.drain(i, sink);
+        }
         (sinks, ends, cpu, pinned, start)
     });
     let seconds = ends
@@ -877,6 +1006,7 @@ fn run_on(
         cpu_seconds: cpu.as_secs_f64(),
         pinned,
         per_thread_taken: Vec::new(),
+        per_thread_results: Vec::new(),
     };
     let (mut refused, mut first_refusal) = (0, None);
     let (mut unexpected, mut first_unexpected) = (0, None);
@@ -889,6 +1019,7 @@ fn run_on(
         m.results += s.results;
         m.results_checked += s.checked;
         m.per_thread_taken.push(s.taken);
+        m.per_thread_results.push(s.results);
         refused += s.refused;
         first_refusal = first_refusal.or(s.first_refusal);
         unexpected += s.unexpected;

@@ -17,6 +17,7 @@ fn spec(backend: BackendKind, layout: Layout, threads: usize) -> Spec {
         frames: 64,
         until: Until::Seqs(500),
         cpus: Vec::new(),
+        stuck_after: Duration::from_secs(20),
     }
 }
 
@@ -53,6 +54,11 @@ fn every_built_backend_sums_right_in_both_layouts() {
                 if layout == Layout::Steered && threads == 2 {
                     // Even seqs on thread 0, odd on thread 1, every rank.
                     assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
+                }
+                if backend == BackendKind::LockFree && layout != Layout::Steered {
+                    // As switchd: each rank's RESULTs go out from the thread
+                    // its DATA arrives on, whichever thread completed.
+                    assert_eq!(m.per_thread_results, m.per_thread_taken, "{what}");
                 }
             }
         }
@@ -112,7 +118,9 @@ impl Backend for Broken {
 }
 
 fn run_broken(corrupt: bool) -> Result<Measured, EngineError> {
-    let s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    // A lost RESULT holds the window for good: no need to wait long.
+    s.stuck_after = Duration::from_millis(500);
     run_on(&s, |table, now| {
         Ok(Box::new(Broken {
             table: Mutex::new(table),
@@ -134,10 +142,34 @@ fn a_wrong_sum_fails_the_run_naming_seq_and_element() {
 }
 
 #[test]
-fn a_lost_result_fails_the_run() {
+fn a_lost_result_fails_the_run_naming_the_seq_it_holds() {
     match run_broken(false) {
+        Err(EngineError::WindowStuck {
+            seq,
+            encoded,
+            ranks,
+            ..
+        }) => assert_eq!((seq, encoded, ranks), (7, 3, 4)),
+        other => panic!("want WindowStuck, got {other:?}"),
+    }
+}
+
+/// In a timed run, a lost RESULT that the run ends before noticing is
+/// still caught by the count.
+#[test]
+fn a_lost_result_in_a_timed_run_fails_the_count() {
+    let mut s = spec(BackendKind::TableLock, Layout::Rss, 2);
+    s.until = Until::Elapsed(Duration::from_millis(100));
+    let r = run_on(&s, |table, now| {
+        Ok(Box::new(Broken {
+            table: Mutex::new(table),
+            now,
+            corrupt: false,
+        }))
+    });
+    match r {
         Err(EngineError::ResultCount { results, seqs, .. }) => {
-            assert_eq!((results, seqs), (1999, 500));
+            assert_eq!(results + 1, seqs * 4);
         }
         other => panic!("want ResultCount, got {other:?}"),
     }
