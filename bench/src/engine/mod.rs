@@ -427,8 +427,9 @@ impl Sink {
     }
 }
 
-/// The frames one thread feeds: its ranks' DATA (of one job) for seqs
-/// `0..K` (frame `k * ranks + i` is rank `ranks[i]`'s for seq k).
+/// The frames one thread feeds: its ranks' DATA (of one job) for K of
+/// the seqs it feeds, densely, as a NIC's receive ring holds them (frame
+/// `j * ranks + i` is rank `ranks[i]`'s for the seq at [`Feeder::place`] j).
 struct Feeder {
     /// This thread's index in the run (0..T), and its job.
     thread: usize,
@@ -443,20 +444,32 @@ struct Feeder {
 }
 
 impl Feeder {
-    fn new(thread: usize, job: u16, ranks: Vec<u16>, spec: &Spec) -> Feeder {
+    /// `lane`: steered, (this thread's lane, lanes).
+    fn new(
+        thread: usize,
+        job: u16,
+        ranks: Vec<u16>,
+        lane: Option<(u32, u32)>,
+        spec: &Spec,
+    ) -> Feeder {
         let len = HEADER_LEN + 4 * spec.elems as usize;
         // Each datagram on its own cache lines, as in UMEM frames.
         let stride = len.next_multiple_of(64);
         let mut ring = vec![0u8; stride * ranks.len() * spec.frames as usize];
         let mut values = vec![0f32; spec.elems as usize];
-        for k in 0..spec.frames {
+        let (first, step) = lane.unwrap_or((0, 1));
+        for j in 0..spec.frames {
+            // The j-th seq this thread feeds, and the pattern of its values
+            // (what `Reference` sums for every seq ≡ k mod K).
+            let seq = first + j * step;
+            let k = seq % spec.frames;
             for (i, &rank) in ranks.iter().enumerate() {
                 let mut h = HeaderRepr::new(MsgType::Data, job);
                 h.rank = rank;
                 h.count = spec.elems;
-                h.seq = k;
+                h.seq = seq;
                 h.gen = GEN;
-                let at = (k as usize * ranks.len() + i) * stride;
+                let at = (j as usize * ranks.len() + i) * stride;
                 let d = &mut ring[at..at + len];
                 // The buffer is HEADER_LEN or longer: emit cannot fail.
                 let _ = h.emit_to(d);
@@ -467,7 +480,7 @@ impl Feeder {
         Feeder {
             thread,
             job,
-            lane: None,
+            lane,
             from: ranks.iter().map(|&r| endpoint(spec, job, r)).collect(),
             ranks,
             ring,
@@ -528,12 +541,16 @@ impl Feeder {
                     }
                     std::thread::yield_now();
                 } else {
-                    std::hint::spin_loop();
+                    // Back off: a waiting thread that keeps reading the
+                    // window's lines slows the threads that write them.
+                    for _ in 0..(1u32 << spins.min(8)) {
+                        std::hint::spin_loop();
+                    }
                 }
             }
-            let k = seq % frames;
+            let j = self.place(seq, frames);
             for i in 0..nr {
-                let frame = k * nr as u32 + i as u32;
+                let frame = j * nr as u32 + i as u32;
                 let at = frame as usize * self.stride;
                 Header::new_unchecked(&mut self.ring[at..at + HEADER_LEN]).set_seq(seq);
                 items[n] = (frame, i as u16);
@@ -552,6 +569,17 @@ impl Feeder {
             self.feed(backend, &items[..n], &mut sink, window);
         }
         sink
+    }
+
+    /// Where in the ring `seq`'s frames lie: the seqs a thread feeds are
+    /// its lane's (steered) or all, and frame place j holds the j-th of
+    /// them, mod K. Place j's values are those of the seq mod K it holds,
+    /// the same for every seq that comes back to it.
+    fn place(&self, seq: u32, frames: u32) -> u32 {
+        match self.lane {
+            Some((_, lanes)) => (seq / lanes) % frames,
+            None => seq % frames,
+        }
     }
 
     /// How long the window has stood at `floor` (`since` remembers where
@@ -946,8 +974,8 @@ fn run_on(
                 s.spawn(move || {
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
-                    let mut feeder = Feeder::new(i, job, ranks, spec);
-                    feeder.lane = lanes.then_some((i as u32, t as u32));
+                    let lane = lanes.then_some((i as u32, t as u32));
+                    let mut feeder = Feeder::new(i, job, ranks, lane, spec);
                     let sink = Sink::new(name, spec, reference, window.clone());
                     ready.wait();
                     let cpu = thread_cpu_time();
