@@ -5,13 +5,19 @@
 //! backends themselves. `table-lock` ([`TableLock`]) is switchd's design
 //! before issue 21: one `Mutex<JobTable>` taken per receive batch, the
 //! replies drained and encoded while it is held (as
-//! `switchd/src/dataplane/rx.rs` does per frame). `lockfree` is the
-//! lock-free DATA path of issue 21: [`lock_free`] is where it plugs in.
+//! `switchd/src/dataplane/rx.rs` does per frame). `lockfree` ([`LockFree`])
+//! is the lock-free DATA path of issue 21 with switchd's RESULT hand-off
+//! (`switchd/src/dataplane/tx.rs`, `Out::fan_out`): a RESULT goes out from
+//! the thread that owns the queue its rank joined on, so the completing
+//! thread sends those of its own ranks and hands the seq once to each
+//! other thread that owns some, which sends them to its ranks; every
+//! thread empties its outbox before each batch.
 //!
-//! Invariants: `feed` allocates nothing and makes no syscall; every reply a
-//! batch causes is encoded (through [`Sink::reply`]) before `feed` returns,
-//! so that when every thread has stopped, the RESULTs counted are exactly
-//! ranks × completed seqs.
+//! Invariants: `feed` and `drain` allocate nothing and make no syscall;
+//! every reply a batch causes is encoded (through [`Sink::reply`]) before
+//! `feed` returns or is in an outbox, which its thread empties with
+//! `drain`; so once every thread has stopped and drained, the RESULTs
+//! counted are exactly ranks × completed seqs.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -95,11 +101,11 @@ fn lock_free(
     now: Instant,
     threads: usize,
 ) -> Result<Box<dyn Backend>, EngineError> {
-    // Room for every RESULT a window of seqs can owe a thread: no hand-off
-    // is ever refused (switchd counts a refused one as tx_ring_full).
+    // Room for a hand-off per seq of every job's window: none is ever
+    // refused (switchd counts a refused one in tx_ring_full).
     let room = table
         .jobs()
-        .map(|j| j.config.pool_slots as usize * j.config.n_workers as usize)
+        .map(|j| j.config.pool_slots as usize)
         .sum::<usize>()
         .max(1);
     Ok(Box::new(LockFree {
@@ -114,8 +120,9 @@ struct LockFree {
     dp: Arc<DataPath>,
     table: Mutex<JobTable>,
     now: Instant,
-    /// Per thread, the RESULTs other threads completed for its ranks.
-    outboxes: Vec<ArrayQueue<Reply>>,
+    /// Per thread, the (job, seq)s other threads completed that have
+    /// RESULTs for ranks on its queue.
+    outboxes: Vec<ArrayQueue<(u16, u32)>>,
 }
 
 impl LockFree {
@@ -124,6 +131,44 @@ impl LockFree {
     fn owner(&self, to: &Endpoint) -> Option<usize> {
         let q = to.queue as usize;
         (q < self.outboxes.len()).then_some(q)
+    }
+
+    /// Encodes `seq`'s RESULT for each member of job `job` (`core`) that
+    /// thread `me` sends: those on its queue, and, when it completed the
+    /// seq, those on a queue no thread owns. Returns the other threads that
+    /// send some, as a bit set (the spec has at most 64 threads), and the
+    /// members.
+    fn send_results(
+        &self,
+        (job, core): (u16, &JobCore),
+        seq: u32,
+        me: usize,
+        completed: bool,
+        out: &mut Sink,
+    ) -> (u64, u64) {
+        let gen = self.dp.gen();
+        let (mut others, mut members) = (0u64, 0u64);
+        core.for_each_member(|rank, to| {
+            members += 1;
+            match self.owner(to) {
+                Some(t) if t == me => {}
+                None if completed => {}
+                Some(t) if completed => {
+                    others |= 1 << t;
+                    return;
+                }
+                _ => return,
+            }
+            let msg = ReplyMsg::Result { seq, retx: false };
+            let r = Reply {
+                to: *to,
+                job,
+                rank,
+                msg,
+            };
+            out.reply(&r, |buf| encode_result(core, gen, &r, buf));
+        });
+        (others, members)
     }
 }
 
@@ -160,28 +205,17 @@ impl Backend for LockFree {
                 Fast::Done(o) => out.data(Verdict::Data(o)),
                 Fast::Completed { job, seq } => {
                     out.data(Verdict::Data(DataOutcome::Completed { seq }));
-                    let gen = self.dp.gen();
                     self.dp.with_job(job, |core| {
-                        let mut n = 0;
-                        core.for_each_member(|rank, to| {
-                            let msg = ReplyMsg::Result { seq, retx: false };
-                            let r = Reply {
-                                to: *to,
-                                job,
-                                rank,
-                                msg,
-                            };
-                            match self.owner(to) {
-                                Some(t) if t != thread => {
-                                    if let Err(r) = self.outboxes[t].push(r) {
-                                        out.undelivered(&r);
-                                    }
-                                }
-                                _ => out.reply(&r, |buf| encode_result(core, gen, &r, buf)),
+                        let (mut others, members) =
+                            self.send_results((job, core), seq, thread, true, out);
+                        while others != 0 {
+                            let t = others.trailing_zeros() as usize;
+                            others &= others - 1;
+                            if self.outboxes[t].push((job, seq)).is_err() {
+                                out.hand_off_refused(job, seq);
                             }
-                            n += 1;
-                        });
-                        self.dp.count_results_sent(thread, core, n);
+                        }
+                        self.dp.count_results_sent(thread, core, members);
                     });
                 }
                 Fast::Retransmit { seq, .. } => {
@@ -195,17 +229,10 @@ impl Backend for LockFree {
         let Some(outbox) = self.outboxes.get(thread) else {
             return;
         };
-        let gen = self.dp.gen();
-        while let Some(r) = outbox.pop() {
-            let encoded = self
-                .dp
-                .with_job(r.job, |core| {
-                    out.reply(&r, |buf| encode_result(core, gen, &r, buf));
-                })
-                .is_some();
-            if !encoded {
-                out.undelivered(&r);
-            }
+        while let Some((job, seq)) = outbox.pop() {
+            self.dp.with_job(job, |core| {
+                self.send_results((job, core), seq, thread, false, out);
+            });
         }
     }
 

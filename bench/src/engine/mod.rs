@@ -222,7 +222,7 @@ pub enum EngineError {
         count: u64,
         first: Verdict,
     },
-    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode or to reach their thread (first: {first:?})")]
+    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode (first: {first:?})")]
     UnexpectedReply {
         backend: &'static str,
         count: u64,
@@ -249,6 +249,15 @@ pub enum EngineError {
         encoded: u32,
         ranks: u16,
         secs: f64,
+    },
+    #[error(
+        "backend {backend}: job {job} seq {seq} could not be handed to a thread that sends \
+         its RESULTs (outbox full)"
+    )]
+    HandOffRefused {
+        backend: &'static str,
+        job: u16,
+        seq: u32,
     },
     #[error("backend {backend}: no seq completed in the run; run longer (--seconds)")]
     NothingCompleted { backend: &'static str },
@@ -374,10 +383,14 @@ impl Sink {
         }
     }
 
-    /// A reply the backend could not hand to the thread that sends it.
-    pub fn undelivered(&mut self, r: &Reply) {
-        self.unexpected += 1;
-        self.first_unexpected.get_or_insert(*r);
+    /// The backend could not hand job `job`'s `seq` to the thread that
+    /// sends some of its RESULTs: the run fails.
+    pub fn hand_off_refused(&mut self, job: u16, seq: u32) {
+        self.wrong.get_or_insert(EngineError::HandOffRefused {
+            backend: self.backend,
+            job,
+            seq,
+        });
     }
 
     /// Compares the encoded RESULT of `seq` with the reference.
@@ -841,11 +854,8 @@ fn validate(spec: &Spec) -> Result<(), EngineError> {
     if spec.threads == 0 {
         return bad("--threads needs at least 1 thread".into());
     }
-    if spec.layout == Layout::JobPerThread && spec.threads >= u16::MAX as usize {
-        return bad(format!(
-            "job-per-thread takes at most {} threads",
-            u16::MAX - 1
-        ));
+    if spec.threads > 64 {
+        return bad(format!("--threads {} is over 64", spec.threads));
     }
     if spec.ranks == 0 || spec.ranks > 512 {
         return bad(format!("--ranks {} is not in 1..=512", spec.ranks));

@@ -19,9 +19,11 @@
 //! taken at most once per receive batch (up to [`RX_BATCH`] frames) and
 //! only if a frame of the batch needs it. A reply for a member whose
 //! socket another thread owns goes to that thread's lock-free outbox
-//! (crossbeam `ArrayQueue`, fixed capacity) as the table's small `Reply`
-//! value; that thread encodes it from the shadow copy, which stays valid
-//! until every rank has moved past the seq. A thread that hands work to a
+//! (crossbeam `ArrayQueue`, fixed capacity) as a small [`Handoff`]: the
+//! table's `Reply` value, or, for a completed seq, one hand-off per thread
+//! that owns some member's socket, which sends the RESULT to each member
+//! it owns. That thread encodes them from the shadow copy, which stays
+//! valid until every rank has moved past the seq. A thread that hands work to a
 //! sleeping thread wakes it through that thread's eventfd ([`crate::wake`]).
 //! docs/BENCHMARKS.md has the measurements behind these choices.
 //!
@@ -54,6 +56,19 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use proto::switch::{DataPath, JobTable, Reply};
+
+/// What one dataplane thread hands another through its outbox.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Handoff {
+    /// A reply to a member whose socket the receiving thread owns.
+    Reply(Reply),
+    /// The RESULT of `seq` (completed) to every member of `job` whose
+    /// socket the receiving thread owns: one hand-off per thread, not per
+    /// member. Membership is read when it is sent: a member that moved to
+    /// another thread's socket meanwhile misses it, and its resend is
+    /// answered from the shadow.
+    Results { job: u16, seq: u32 },
+}
 
 use crate::stats::RingStats;
 use crate::wake::ThreadWaker;
@@ -89,7 +104,7 @@ proto::counter_schema! {
         wrong_port,
         /// Frames taken while an AF_XDP ring was over the ECN threshold (their slots' RESULTs carry ECE).
         ring_congested_frames,
-        /// Replies handed to the thread that owns the member's socket.
+        /// Hand-offs to the thread that owns a member's socket: one per reply, or one per completed seq and thread for its members' RESULTs.
         forwarded,
         /// Hand-offs that found the owning thread asleep and woke it.
         thread_wakeups,
@@ -185,7 +200,7 @@ pub struct Shared {
     started: Instant,
     /// Thread that owns socket `[port][queue]`.
     owner: Vec<Vec<usize>>,
-    outboxes: Vec<ArrayQueue<Reply>>,
+    outboxes: Vec<ArrayQueue<Handoff>>,
     /// Wakes thread `i` from its poll(2) when its outbox gets work.
     wakers: Vec<ThreadWaker>,
     published: Vec<Mutex<Published>>,

@@ -20,7 +20,7 @@ use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg};
 use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
 use super::rx::LazyTable;
-use super::{DataplaneCounters, DataplaneThread, Shared, TxSockets};
+use super::{DataplaneCounters, DataplaneThread, Handoff, Shared, TxSockets};
 use crate::frame::{write_l2_l4_headers, write_udp_headers};
 use crate::xdp::XskTx;
 
@@ -81,11 +81,14 @@ impl<'a> Out<'a> {
     }
 
     /// The RESULT of `seq` to every member of `job` (the data path
-    /// completed it), each from here or via its socket's owner.
+    /// completed it), each from here or via its socket's owner: one
+    /// [`Handoff::Results`] per other thread that owns members (threads
+    /// from the 64th on get one hand-off per member).
     pub fn fan_out(&mut self, job: u16, seq: u32) {
         let shared = self.shared;
         shared.data_path.with_job(job, |core| {
             let mut n = 0;
+            let mut others = 0u64;
             core.for_each_member(|rank, to| {
                 let msg = ReplyMsg::Result { seq, retx: false };
                 let r = Reply {
@@ -94,10 +97,39 @@ impl<'a> Out<'a> {
                     rank,
                     msg,
                 };
-                self.result_out(core, &r);
+                match self.owner(&r) {
+                    Some(t) if t != self.idx && t < 64 => others |= 1 << t,
+                    _ => self.result_out(core, &r),
+                }
                 n += 1;
             });
+            while others != 0 {
+                let t = others.trailing_zeros() as usize;
+                others &= others - 1;
+                self.hand_off(t, Handoff::Results { job, seq });
+            }
             shared.data_path.count_results_sent(self.idx, core, n);
+        });
+    }
+
+    /// The RESULT of `seq` to every member of `job` whose socket this
+    /// thread owns (another thread completed it: [`Handoff::Results`]).
+    fn own_results(&mut self, job: u16, seq: u32) {
+        let shared = self.shared;
+        shared.data_path.with_job(job, |core| {
+            core.for_each_member(|rank, to| {
+                let msg = ReplyMsg::Result { seq, retx: false };
+                let r = Reply {
+                    to: *to,
+                    job,
+                    rank,
+                    msg,
+                };
+                if self.owner(&r).is_some_and(|t| t == self.idx) && !self.transmit_result(core, &r)
+                {
+                    self.counters.tx_ring_full += 1;
+                }
+            });
         });
     }
 
@@ -114,7 +146,7 @@ impl<'a> Out<'a> {
     /// outbox.
     fn result_out(&mut self, core: &JobCore, r: &Reply) {
         match self.owner(r) {
-            Some(t) if t != self.idx => self.hand_off(t, *r),
+            Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
             _ => {
                 if !self.transmit_result(core, r) {
                     self.counters.tx_ring_full += 1;
@@ -130,7 +162,7 @@ impl<'a> Out<'a> {
             return;
         }
         match self.owner(r) {
-            Some(t) if t != self.idx => self.hand_off(t, *r),
+            Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
             _ => self.transmit(table, r),
         }
     }
@@ -203,8 +235,8 @@ impl<'a> Out<'a> {
         }
     }
 
-    fn hand_off(&mut self, thread: usize, r: Reply) {
-        if self.shared.outboxes[thread].push(r).is_err() {
+    fn hand_off(&mut self, thread: usize, h: Handoff) {
+        if self.shared.outboxes[thread].push(h).is_err() {
             self.counters.tx_ring_full += 1;
             return;
         }
@@ -282,7 +314,14 @@ pub(super) fn drain_outbox(t: &mut DataplaneThread) {
     // Only what is not an untagged RESULT takes the table's lock.
     let mut table = LazyTable::new(&shared.table);
     let mut out = Out::new(t.idx, &shared, &mut t.txs, &mut t.counters);
-    while let Some(r) = outbox.pop() {
+    while let Some(h) = outbox.pop() {
+        let r = match h {
+            Handoff::Reply(r) => r,
+            Handoff::Results { job, seq } => {
+                out.own_results(job, seq);
+                continue;
+            }
+        };
         match out.transmit_untagged(&r) {
             Some(true) => {}
             Some(false) => out.counters.tx_ring_full += 1,
