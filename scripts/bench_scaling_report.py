@@ -12,7 +12,10 @@ threads and the lowest share of their CPUs they got, below 1 when other load
 ran there or a thread slept on a lock) and the headline `engine_2_over_1`: Mpps at 2 threads
 over 1, rss layout, of the lockfree backend when it was measured, else of
 table-lock (`engine_2_over_1_backend` names it; null when T=1 or T=2 was not
-run). Prints the table as Markdown (for docs/BENCHMARKS.md). Draws OUT_PNG
+run), with `core_round_trip_ns`, the CPU-to-CPU cache-line round trip
+measured before that configuration's runs (median): on a virtual machine it
+moves as the hypervisor moves the CPUs, and the cross-thread layouts follow
+it. Prints the table as Markdown (for docs/BENCHMARKS.md). Draws OUT_PNG
 (matplotlib, Agg backend): Mpps over threads per backend and layout (median,
 whiskers best..worst repeat), and the speedup over 1 thread against the
 ideal line and the issue's goal at 2 threads. Without matplotlib it warns
@@ -69,16 +72,18 @@ def add_speedups(report):
 def table(report):
     rows = [
         "| backend | layout | threads | DATA Mpps | GB/s summed | RESULT M/s | × 1 thread "
-        "| DATA M per CPU-s | CPU share (min) | pinned |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| DATA M per CPU-s | CPU share (min) | pinned | CPU round trip ns |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in report["runs"]:
         over = f"{r['over_1']:.2f}" if r["over_1"] is not None else "-"
+        c2c = r.get("core_round_trip_ns")
+        c2c = f"{c2c:.0f}" if c2c is not None else "-"
         rows.append(
             f"| {r['backend']} | {r['layout']} | {r['threads']} | {r['mpps']:.3f} | "
             f"{r['gbps']:.2f} | {r['results_mps']:.3f} | {over} | "
             f"{r['mpps_per_cpu_s']:.3f} | {r['cpu_share_min']:.2f} | "
-            f"{'yes' if r['pinned'] else 'no'} |")
+            f"{'yes' if r['pinned'] else 'no'} | {c2c} |")
     return "\n".join(rows)
 
 
@@ -161,8 +166,11 @@ def main():
         return 1
     add_speedups(report)
     backend, ratio = headline(report)
+    two = find(report["runs"], backend, "rss", 2)
+    c2c = two.get("core_round_trip_ns") if two else None
     report = {
         "engine_2_over_1": ratio,
+        "core_round_trip_ns": c2c,
         "engine_2_over_1_backend": backend,
         "engine_2_over_1_layout": "rss",
         "engine_2_over_1_steered": ratio_2_over_1(report["runs"], backend, "steered"),
@@ -181,7 +189,8 @@ def main():
     if ratio is None:
         print(f"engine_2_over_1: - ({backend}, rss: needs T=1 and T=2 in --threads)")
     else:
-        print(f"engine_2_over_1: {ratio:.2f} ({backend}, rss layout; goal {GOAL_2_OVER_1})")
+        at = f", CPU round trip {c2c:.0f} ns" if c2c is not None else ""
+        print(f"engine_2_over_1: {ratio:.2f} ({backend}, rss layout; goal {GOAL_2_OVER_1}{at})")
     for nb in report.get("not_built", []):
         print(f"not measured: {nb['backend']}: {nb['error']}")
     plot(report, a.out_png)

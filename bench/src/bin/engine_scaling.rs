@@ -6,8 +6,13 @@
 //! lowest share of their CPUs the threads got (below 1: other load ran
 //! there, or a thread slept on a contended lock) (the repeats of all configurations interleaved, so
 //! that a burst of other load spreads over them). Prints a table, and with
-//! `--json` writes every repeat. A wrong RESULT, or any refused DATA, fails
-//! the run (exit status 1) instead of reporting a number.
+//! `--json` writes every repeat. Before each run of 2 or more pinned
+//! threads it measures how long a cache line takes from the first thread's
+//! CPU to the second's and back ([`engine::probe`]): on a virtual machine
+//! that changes as the hypervisor moves the CPUs, and every cross-thread
+//! hand-over pays it (column `c2c ns`, the median of the repeats). A wrong
+//! RESULT, or any refused DATA, fails the run (exit status 1) instead of
+//! reporting a number.
 //! `scripts/bench_scaling.sh` runs it.
 
 use std::path::PathBuf;
@@ -111,6 +116,9 @@ struct Repeat {
     results_mps: f64,
     mpps_per_cpu_s: f64,
     cpu_share: f64,
+    /// CPU-to-CPU cache-line round trip measured just before (2 or more
+    /// pinned threads).
+    core_round_trip_ns: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -126,6 +134,8 @@ struct Config {
     mpps_per_cpu_s: f64,
     /// The lowest share of their CPUs the threads got in a repeat.
     cpu_share_min: f64,
+    /// Median of the repeats' CPU-to-CPU round trips, if measured.
+    core_round_trip_ns: Option<f64>,
     repeats: Vec<Repeat>,
 }
 
@@ -219,9 +229,14 @@ fn main() -> Result<()> {
             }
         }
     }
-    let mut results: Vec<Vec<Measured>> = configs.iter().map(|_| Vec::new()).collect();
+    let mut results: Vec<Vec<(Measured, Option<f64>)>> =
+        configs.iter().map(|_| Vec::new()).collect();
     for rep in 0..cli.repeats {
         for (i, &(b, l, t)) in configs.iter().enumerate() {
+            let c2c = match cpus[..] {
+                [a, b, ..] if t >= 2 && cpus.len() >= t => engine::probe::core_round_trip(a, b),
+                _ => None,
+            };
             let m = engine::run(&spec(b, l, t)).with_context(|| {
                 format!(
                     "{} {} with {t} threads, repeat {}",
@@ -231,49 +246,55 @@ fn main() -> Result<()> {
                 )
             })?;
             eprintln!(
-                "engine_scaling: {} {} T={t} repeat {}: {:.3} Mpps, {:.2} GB/s",
+                "engine_scaling: {} {} T={t} repeat {}: {:.3} Mpps, {:.2} GB/s{}",
                 b.name(),
                 l.name(),
                 rep + 1,
                 m.mpps(),
-                m.gbps()
+                m.gbps(),
+                c2c.map_or(String::new(), |ns| format!(", CPU round trip {ns:.0} ns"))
             );
-            results[i].push(m);
+            results[i].push((m, c2c));
         }
     }
 
     let runs: Vec<Config> = configs
         .iter()
         .zip(results)
-        .map(|(&(b, l, t), ms)| Config {
-            backend: b.name(),
-            layout: l.name(),
-            threads: t,
-            pinned: ms.iter().all(|m| m.pinned),
-            mpps: median(ms.iter().map(Measured::mpps).collect()),
-            gbps: median(ms.iter().map(Measured::gbps).collect()),
-            results_mps: median(ms.iter().map(Measured::results_mps).collect()),
-            mpps_per_cpu_s: median(ms.iter().map(Measured::mpps_per_cpu_s).collect()),
-            cpu_share_min: ms
-                .iter()
-                .map(Measured::cpu_share)
-                .fold(f64::INFINITY, f64::min),
-            repeats: ms
-                .into_iter()
-                .map(|m| Repeat {
-                    mpps: m.mpps(),
-                    gbps: m.gbps(),
-                    results_mps: m.results_mps(),
-                    mpps_per_cpu_s: m.mpps_per_cpu_s(),
-                    cpu_share: m.cpu_share(),
-                    measured: m,
-                })
-                .collect(),
+        .map(|(&(b, l, t), ms)| {
+            let c2c: Vec<f64> = ms.iter().filter_map(|(_, c)| *c).collect();
+            Config {
+                backend: b.name(),
+                layout: l.name(),
+                threads: t,
+                pinned: ms.iter().all(|(m, _)| m.pinned),
+                mpps: median(ms.iter().map(|(m, _)| m.mpps()).collect()),
+                gbps: median(ms.iter().map(|(m, _)| m.gbps()).collect()),
+                results_mps: median(ms.iter().map(|(m, _)| m.results_mps()).collect()),
+                mpps_per_cpu_s: median(ms.iter().map(|(m, _)| m.mpps_per_cpu_s()).collect()),
+                cpu_share_min: ms
+                    .iter()
+                    .map(|(m, _)| m.cpu_share())
+                    .fold(f64::INFINITY, f64::min),
+                core_round_trip_ns: (!c2c.is_empty()).then(|| median(c2c)),
+                repeats: ms
+                    .into_iter()
+                    .map(|(m, c2c)| Repeat {
+                        mpps: m.mpps(),
+                        gbps: m.gbps(),
+                        results_mps: m.results_mps(),
+                        mpps_per_cpu_s: m.mpps_per_cpu_s(),
+                        cpu_share: m.cpu_share(),
+                        core_round_trip_ns: c2c,
+                        measured: m,
+                    })
+                    .collect(),
+            }
         })
         .collect();
 
     println!(
-        "{:<11} {:<15} {:>3} {:>8} {:>8} {:>10} {:>7} {:>10} {:>9} {:>6}",
+        "{:<11} {:<15} {:>3} {:>8} {:>8} {:>10} {:>7} {:>10} {:>9} {:>6} {:>7}",
         "backend",
         "layout",
         "T",
@@ -283,7 +304,8 @@ fn main() -> Result<()> {
         "×T1",
         "Mpps/CPUs",
         "CPU share",
-        "pinned"
+        "pinned",
+        "c2c ns"
     );
     for c in &runs {
         let base = runs
@@ -291,7 +313,7 @@ fn main() -> Result<()> {
             .find(|o| o.backend == c.backend && o.layout == c.layout && o.threads == 1)
             .map_or(String::from("-"), |o| format!("{:.2}", c.mpps / o.mpps));
         println!(
-            "{:<11} {:<15} {:>3} {:>8.3} {:>8.2} {:>10.3} {:>7} {:>10.3} {:>9.2} {:>6}",
+            "{:<11} {:<15} {:>3} {:>8.3} {:>8.2} {:>10.3} {:>7} {:>10.3} {:>9.2} {:>6} {:>7}",
             c.backend,
             c.layout,
             c.threads,
@@ -301,7 +323,9 @@ fn main() -> Result<()> {
             base,
             c.mpps_per_cpu_s,
             c.cpu_share_min,
-            if c.pinned { "yes" } else { "no" }
+            if c.pinned { "yes" } else { "no" },
+            c.core_round_trip_ns
+                .map_or(String::from("-"), |ns| format!("{ns:.0}"))
         );
     }
 

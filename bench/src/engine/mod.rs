@@ -46,6 +46,7 @@
 //! encoded = ranks × completed seqs of every job.
 
 pub mod backend;
+pub mod probe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
@@ -888,7 +889,7 @@ impl Drop for StopOnPanic<'_> {
 }
 
 /// Pins the calling thread to `cpu`; whether that worked.
-fn pin_to(cpu: usize) -> bool {
+pub(crate) fn pin_to(cpu: usize) -> bool {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays inside it
     // for cpu < CPU_SETSIZE (checked), and sched_setaffinity(0) only reads it.
     unsafe {
