@@ -100,7 +100,7 @@ def plot(report, path):
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=120)
     colors = {"table-lock": "#d62728", "lockfree": "#1f77b4"}
-    styles = {"rss": "-", "steered": ":", "job-per-thread": "--"}
+    styles = {"rss": "-", "rank-blocks": "-.", "steered": ":", "job-per-thread": "--"}
     series = sorted({(r["backend"], r["layout"]) for r in report["runs"]})
     threads = sorted({r["threads"] for r in report["runs"]})
     for backend, layout in series:
@@ -173,6 +173,7 @@ def main():
         "core_round_trip_ns": c2c,
         "engine_2_over_1_backend": backend,
         "engine_2_over_1_layout": "rss",
+        "engine_2_over_1_rank_blocks": ratio_2_over_1(report["runs"], backend, "rank-blocks"),
         "engine_2_over_1_steered": ratio_2_over_1(report["runs"], backend, "steered"),
         "engine_2_over_1_job_per_thread": ratio_2_over_1(report["runs"], backend, "job-per-thread"),
         "goal_2_over_1": GOAL_2_OVER_1,

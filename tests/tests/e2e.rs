@@ -323,9 +323,10 @@ fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     if !can_run("two_dataplane_threads") {
         return;
     }
-    // Four ports dealt over two threads (sw-w0 and sw-w2 to thread 0, sw-w1
-    // and sw-w3 to thread 1): whichever thread takes a chunk's last DATA
-    // hands the RESULTs of the other thread's members over its outbox.
+    // Four ports dealt over two threads in blocks (sw-w0 and sw-w1 to
+    // thread 0, sw-w2 and sw-w3 to thread 1): whichever thread takes a
+    // chunk's last DATA hands the RESULTs of the other thread's members
+    // over its outbox.
     let tb = Testbed::up("e2t", 4, 0);
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "dataplane_threads = 2\n");
     let sizes = [1, 363, 4 * 1024 * 1024 / 4];
@@ -334,7 +335,7 @@ fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     let ctl = sw.switchctl(&["stats"]);
     let table = String::from_utf8_lossy(&ctl.stdout);
     assert!(ctl.status.success(), "switchctl stats: {table}");
-    for (thread, sockets) in [("0", "sw-w0/0 sw-w2/0"), ("1", "sw-w1/0 sw-w3/0")] {
+    for (thread, sockets) in [("0", "sw-w0/0 sw-w1/0"), ("1", "sw-w2/0 sw-w3/0")] {
         assert!(
             table.lines().any(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();

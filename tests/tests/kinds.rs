@@ -303,7 +303,7 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
         return;
     }
     let tb = Testbed::up("fs1", N, 0);
-    // Two dataplane threads (sw-w0 and sw-w2 on one, sw-w1 and sw-w3 on the
+    // Two dataplane threads (sw-w0 and sw-w1 on one, sw-w2 and sw-w3 on the
     // other): a completion fans out per rank partly through the other
     // thread's outbox, and NOVAL RESULTs take that path too.
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, N)], "dataplane_threads = 2\n");

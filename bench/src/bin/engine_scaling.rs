@@ -79,6 +79,9 @@ enum BackendArg {
 enum LayoutArg {
     /// One job; rank r's DATA on thread r mod T.
     Rss,
+    /// One job; rank r's DATA on thread ⌊r·T/n⌋ (neighbouring ranks on one
+    /// thread, as switchd deals a port per worker).
+    RankBlocks,
     /// One job; seq s's DATA, of every rank, on thread s mod T (slots
     /// steered to threads, as NIC ntuple rules per seq lane would).
     Steered,
@@ -174,6 +177,7 @@ fn main() -> Result<()> {
     };
     let layouts: &[Layout] = match cli.layout {
         LayoutArg::Rss => &[Layout::Rss],
+        LayoutArg::RankBlocks => &[Layout::RankBlocks],
         LayoutArg::Steered => &[Layout::Steered],
         LayoutArg::JobPerThread => &[Layout::JobPerThread],
         LayoutArg::All => &Layout::ALL,

@@ -32,7 +32,10 @@
 //! Layouts: `rss`, one job of n ranks whose rank r arrives on thread
 //! r mod T (what RSS does when each worker's flow hashes to its own
 //! queue; the rank joined there, so that thread sends its RESULTs), so
-//! every slot's contributions come from several threads;
+//! every slot's contributions come from several threads; `rank-blocks`,
+//! the same with rank r on thread ⌊r·T/n⌋ (switchd's deal on a testbed
+//! with a port per worker, or NIC rules steering workers by source), so a
+//! rank-order sum passes between threads T − 1 times per seq, not n − 1;
 //! `steered`, one job whose seq s arrives, from every rank, on thread
 //! s mod T (what a NIC would do with one destination port per seq lane
 //! and ntuple rules: the "slots sharded to threads" design; switchd does
@@ -80,6 +83,9 @@ const SECRET: [u8; 32] = [0x5c; 32];
 pub enum Layout {
     /// One job; rank r's frames on thread r mod T.
     Rss,
+    /// One job; rank r's frames on thread ⌊r·T/n⌋: neighbouring ranks on
+    /// one thread.
+    RankBlocks,
     /// One job; seq s's frames, of every rank, on thread s mod T.
     Steered,
     /// T jobs; thread t feeds every rank of job t.
@@ -87,11 +93,17 @@ pub enum Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 3] = [Layout::Rss, Layout::Steered, Layout::JobPerThread];
+    pub const ALL: [Layout; 4] = [
+        Layout::Rss,
+        Layout::RankBlocks,
+        Layout::Steered,
+        Layout::JobPerThread,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::Rss => "rss",
+            Layout::RankBlocks => "rank-blocks",
             Layout::Steered => "steered",
             Layout::JobPerThread => "job-per-thread",
         }
@@ -736,6 +748,7 @@ impl ResultWindow {
 fn queue_of(spec: &Spec, job: u16, rank: u16) -> u32 {
     match spec.layout {
         Layout::Rss => u32::from(rank) % spec.threads as u32,
+        Layout::RankBlocks => (usize::from(rank) * spec.threads / usize::from(spec.ranks)) as u32,
         Layout::Steered => u32::MAX,
         Layout::JobPerThread => u32::from(job) - 1,
     }
@@ -947,9 +960,11 @@ fn run_on(
     let t = spec.threads;
     // Thread i's job and ranks.
     let plan: Vec<(u16, Vec<u16>)> = match spec.layout {
-        Layout::Rss => (0..t)
+        Layout::Rss | Layout::RankBlocks => (0..t)
             .map(|i| {
-                let ranks = (0..spec.ranks).filter(|r| *r as usize % t == i).collect();
+                let ranks = (0..spec.ranks)
+                    .filter(|r| queue_of(spec, 1, *r) as usize == i)
+                    .collect();
                 (1, ranks)
             })
             .collect(),

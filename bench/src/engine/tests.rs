@@ -37,7 +37,7 @@ fn every_built_backend_sums_right_in_both_layouts() {
                 };
                 built += 1;
                 let jobs = match layout {
-                    Layout::Rss | Layout::Steered => 1,
+                    Layout::Rss | Layout::RankBlocks | Layout::Steered => 1,
                     Layout::JobPerThread => threads as u64,
                 };
                 let what = format!("{} {} {threads} threads", backend.name(), layout.name());
@@ -50,6 +50,10 @@ fn every_built_backend_sums_right_in_both_layouts() {
                 if layout == Layout::Rss && threads == 3 {
                     // Ranks 0 and 3 on thread 0, rank 1 and rank 2 alone.
                     assert_eq!(m.per_thread_taken, vec![1000, 500, 500], "{what}");
+                }
+                if layout == Layout::RankBlocks && threads == 2 {
+                    // Ranks 0 and 1 on thread 0, 2 and 3 on thread 1.
+                    assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
                 }
                 if layout == Layout::Steered && threads == 2 {
                     // Even seqs on thread 0, odd on thread 1, every rank.

@@ -262,6 +262,23 @@ pub struct DataplaneConfig {
     pub own: OwnAddresses,
 }
 
+/// The thread that serves socket `k` of `n` (port by port, queue by queue;
+/// `queues` per port) among `threads`. With no more threads than queues,
+/// round-robin: thread t serves queue t (mod threads) of every port, which
+/// the queues' interrupt affinity can follow. With more threads than
+/// queues (a port per worker, as on a testbed), in contiguous blocks: each
+/// thread serves neighbouring ports, so that a job whose ranks sit on
+/// consecutive ports passes its rank-order sum between threads as few
+/// times as there are threads, not once per rank (docs/BENCHMARKS.md,
+/// "Scaling over cores").
+pub fn deal(k: usize, n: usize, threads: usize, queues: usize) -> usize {
+    if threads <= queues || n == 0 {
+        k % threads.max(1)
+    } else {
+        k * threads / n
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking thread stops switchd (main re-raises it); the table it
     // held is still consistent between two messages, so keep serving reads.
@@ -269,7 +286,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Builds the shared state and one [`DataplaneThread`] per thread; sockets
-/// are dealt round-robin in the order given. Fails only if a thread's
+/// are dealt as [`deal`] says, in the order given. Fails only if a thread's
 /// wake-up eventfd cannot be made.
 pub fn build(
     table: JobTable,
@@ -292,8 +309,9 @@ pub fn build(
                 .collect()
         })
         .collect();
+    let n = sockets.len();
     for (k, s) in sockets.into_iter().enumerate() {
-        let t = k % threads;
+        let t = deal(k, n, threads, queues);
         let (p, q) = (s.port_idx as usize, s.queue as usize);
         owner[p][q] = t;
         txs[t][p][q] = Some(s.tx);
@@ -704,7 +722,31 @@ impl DataplaneThread {
 
 #[cfg(test)]
 mod tests {
-    use super::OwnAddresses;
+    use super::{deal, OwnAddresses};
+
+    /// Threads per socket (port by port, queue by queue) for `ports` ×
+    /// `queues` sockets.
+    fn dealt(ports: usize, queues: usize, threads: usize) -> Vec<usize> {
+        let n = ports * queues;
+        (0..n).map(|k| deal(k, n, threads, queues)).collect()
+    }
+
+    #[test]
+    fn sockets_go_by_queue_when_queues_suffice_and_in_port_blocks_otherwise() {
+        // One port, a queue per thread: thread t on queue t.
+        assert_eq!(dealt(1, 4, 4), [0, 1, 2, 3]);
+        // Queue t of every port on thread t (interrupt affinity follows).
+        assert_eq!(dealt(2, 2, 2), [0, 1, 0, 1]);
+        assert_eq!(dealt(2, 4, 2), [0, 1, 0, 1, 0, 1, 0, 1]);
+        // A port per worker: neighbouring ports on one thread, so ranks
+        // 0-1 and 2-3 each sum on one thread.
+        assert_eq!(dealt(4, 1, 2), [0, 0, 1, 1]);
+        assert_eq!(dealt(4, 2, 4), [0, 0, 1, 1, 2, 2, 3, 3]);
+        // Uneven: every thread gets one, none more than one over another.
+        assert_eq!(dealt(3, 1, 2), [0, 0, 1]);
+        assert_eq!(dealt(5, 1, 3), [0, 0, 1, 1, 2]);
+        assert_eq!(dealt(3, 1, 3), [0, 1, 2]);
+    }
 
     /// Any one of the switch's IPs or MACs is claimed, whatever the other
     /// address; a host's own pair is not.
