@@ -16,14 +16,17 @@
 //! The timed loop, per thread: walk seqs upward, for each seq the thread's
 //! ranks in order, stamping the seq into the ring's frame (reused every K
 //! seqs), and hand batches of [`BATCH`] to the backend. Like a worker, a
-//! thread does not run past its job's window: while `seq >= floor + W` it
-//! hands over what it holds, then waits for the floor to move, encoding
+//! thread does not run past its ranks' window: while `seq >= floor + W`
+//! it hands over what it holds, then waits for the floor to move, encoding
 //! meanwhile what other threads handed it ([`Backend::drain`]). The floor
 //! is the harness's own [`ResultWindow`], not the backend's: a seq leaves
-//! it once all of its RESULTs were encoded, by whichever threads, as a
-//! worker moves its window on the RESULT it receives (the engine's floor
-//! moves at completion, before the fan-out is encoded, and a thread that
-//! reused the slot then would race an encoding no real worker can race).
+//! it once the RESULTs of all the ranks the thread feeds were encoded, by
+//! whichever threads, as a worker moves its window on the RESULT it
+//! receives (the engine's floor moves at completion, before the fan-out is
+//! encoded, and a thread that reused the slot then would race an encoding
+//! no real worker can race). Each thread has its ranks' window, as each
+//! worker has its own, except in `steered`, where every thread feeds every
+//! rank and one window per job stands for the workers.
 //! Waiting takes no lock of the backend's. It allocates nothing and makes
 //! no syscall (a long wait yields the CPU). A window that does not move
 //! for [`Spec::stuck_after`] fails the run ([`EngineError::WindowStuck`]:
@@ -252,8 +255,8 @@ pub enum EngineError {
         ranks: u16,
     },
     #[error(
-        "backend {backend}: job {job}'s window stuck at seq {seq} for {secs:.1} s: {encoded} of \
-         its {ranks} RESULTs were encoded (a RESULT was lost)"
+        "backend {backend}: job {job}: a window stuck at seq {seq} for {secs:.1} s: {encoded} \
+         of the {ranks} RESULTs it counts were encoded (a RESULT was lost)"
     )]
     WindowStuck {
         backend: &'static str,
@@ -319,9 +322,11 @@ pub struct Sink {
     unexpected: u64,
     first_unexpected: Option<Reply>,
     wrong: Option<EngineError>,
-    /// The job's window, and the RESULTs of seq `run_seq` encoded here
-    /// and not yet counted in it (`run_len`): one count per run of a seq.
-    window: Arc<ResultWindow>,
+    /// Per rank of the job, the window that counts its RESULTs; and the
+    /// RESULTs of seq `run_seq` for window `run_window` encoded here and
+    /// not yet counted in it (`run_len`): one count per run.
+    windows: Arc<[Arc<ResultWindow>]>,
+    run_window: usize,
     run_seq: u32,
     run_len: u32,
 }
@@ -331,7 +336,7 @@ impl Sink {
         backend: &'static str,
         spec: &Spec,
         reference: Arc<Reference>,
-        window: Arc<ResultWindow>,
+        windows: Arc<[Arc<ResultWindow>]>,
     ) -> Sink {
         Sink {
             backend,
@@ -348,16 +353,19 @@ impl Sink {
             unexpected: 0,
             first_unexpected: None,
             wrong: None,
-            window,
+            windows,
+            run_window: 0,
             run_seq: 0,
             run_len: 0,
         }
     }
 
-    /// Counts the RESULTs encoded here in the job's window.
+    /// Counts the RESULTs encoded here in their ranks' window.
     fn flush(&mut self) {
         if self.run_len > 0 {
-            self.window.encoded(self.run_seq, self.run_len);
+            if let Some(w) = self.windows.get(self.run_window) {
+                w.encoded(self.run_seq, self.run_len);
+            }
             self.run_len = 0;
         }
     }
@@ -386,9 +394,16 @@ impl Sink {
             return;
         };
         self.results += 1;
-        if self.run_len > 0 && self.run_seq != seq {
+        let w = r.rank as usize;
+        let same = self
+            .windows
+            .get(w)
+            .zip(self.windows.get(self.run_window))
+            .is_some_and(|(a, b)| Arc::ptr_eq(a, b));
+        if self.run_len > 0 && (self.run_seq != seq || !same) {
             self.flush();
         }
+        self.run_window = w;
         self.run_seq = seq;
         self.run_len += 1;
         if seq.is_multiple_of(SAMPLE_EVERY) {
@@ -561,7 +576,7 @@ impl Feeder {
                 floor = window.advance();
                 spins += 1;
                 if spins.is_multiple_of(64) {
-                    if let Some(e) = self.stuck(&mut since, floor, window, spec, sink.backend) {
+                    if let Some(e) = self.stuck(&mut since, floor, &sink, spec) {
                         sink.wrong = Some(e);
                         break 'feed;
                     }
@@ -608,15 +623,17 @@ impl Feeder {
         }
     }
 
-    /// How long the window has stood at `floor` (`since` remembers where
-    /// and from when): the error once that is past `spec.stuck_after`.
+    /// How long this thread's window has stood at `floor` (`since`
+    /// remembers where and from when): once that is past
+    /// `spec.stuck_after`, the error, naming the job's window that is
+    /// furthest behind (the others wait for its seq) and how many of that
+    /// seq's RESULTs it counted.
     fn stuck(
         &self,
         since: &mut Option<(u32, Instant)>,
         floor: u32,
-        window: &ResultWindow,
+        sink: &Sink,
         spec: &Spec,
-        backend: &'static str,
     ) -> Option<EngineError> {
         let now = Instant::now();
         let (at, from) = match *since {
@@ -627,12 +644,20 @@ impl Feeder {
             }
         };
         let waited = now.saturating_duration_since(from);
-        (waited >= spec.stuck_after).then(|| EngineError::WindowStuck {
-            backend,
+        if waited < spec.stuck_after {
+            return None;
+        }
+        let behind = sink
+            .windows
+            .iter()
+            .min_by_key(|w| w.floor().wrapping_sub(at) as i32)?;
+        let seq = behind.floor();
+        Some(EngineError::WindowStuck {
+            backend: sink.backend,
             job: self.job,
-            seq: at,
-            encoded: window.count(at),
-            ranks: spec.ranks,
+            seq,
+            encoded: behind.count(seq),
+            ranks: behind.ranks(),
             secs: waited.as_secs_f64(),
         })
     }
@@ -660,8 +685,9 @@ impl Feeder {
     }
 }
 
-/// One job's window as its workers see it: `[floor, floor + W)`, where
-/// the floor is the lowest seq whose RESULTs are not all encoded yet.
+/// The window of some ranks of a job as their workers see it: `[floor,
+/// floor + W)`, where the floor is the lowest seq whose RESULTs to those
+/// ranks are not all encoded yet.
 struct ResultWindow {
     /// Per `seq mod W`. Every seq in flight lies in the window, so no two
     /// share an entry.
@@ -718,6 +744,11 @@ impl ResultWindow {
             // seq, which waits for this mark.
             e.done.store(seq.wrapping_add(1), Ordering::Release);
         }
+    }
+
+    /// The ranks whose RESULTs it counts.
+    fn ranks(&self) -> u16 {
+        self.ranks as u16
     }
 
     /// RESULTs of `seq` (in flight) encoded so far.
@@ -983,9 +1014,31 @@ fn run_on(
     let reference = Arc::new(Reference::new(spec.ranks, spec.elems, spec.frames));
     let pin = spec.cpus.len() >= t;
     let stop = AtomicBool::new(false);
-    // Per job (ids 1..), its window as its workers see it.
-    let windows: Vec<Arc<ResultWindow>> = (0..=jobs.len())
-        .map(|_| Arc::new(ResultWindow::new(spec.window, spec.ranks)))
+    // Per thread, the window of the ranks it feeds, and per rank of its
+    // job, the window that counts that rank's RESULTs (steered: one window
+    // per job, of every rank).
+    let job_window = Arc::new(ResultWindow::new(spec.window, spec.ranks));
+    let windows: Vec<Arc<ResultWindow>> = plan
+        .iter()
+        .map(|(_, ranks)| match lanes {
+            true => job_window.clone(),
+            false => Arc::new(ResultWindow::new(spec.window, ranks.len() as u16)),
+        })
+        .collect();
+    let by_rank: Vec<Arc<[Arc<ResultWindow>]>> = plan
+        .iter()
+        .map(|(job, _)| {
+            (0..spec.ranks)
+                .map(|r| {
+                    // The thread that feeds rank r of this job.
+                    let feeder = plan
+                        .iter()
+                        .position(|(j, rs)| j == job && rs.contains(&r))
+                        .unwrap_or(0);
+                    windows[feeder].clone()
+                })
+                .collect()
+        })
         .collect();
     // The threads and this one: frames built, then all start together.
     let ready = Barrier::new(t + 1);
@@ -996,13 +1049,14 @@ fn run_on(
             .enumerate()
             .map(|(i, (job, ranks))| {
                 let (stop, ready, reference) = (&stop, &ready, reference.clone());
-                let window = windows[job as usize].clone();
+                let window = windows[i].clone();
+                let by_rank = by_rank[i].clone();
                 s.spawn(move || {
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
                     let lane = lanes.then_some((i as u32, t as u32));
                     let mut feeder = Feeder::new(i, job, ranks, lane, spec);
-                    let sink = Sink::new(name, spec, reference, window.clone());
+                    let sink = Sink::new(name, spec, reference, by_rank);
                     ready.wait();
                     let cpu = thread_cpu_time();
                     let sink = feeder.run(backend, spec, stop, &window, sink);

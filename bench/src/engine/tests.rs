@@ -153,7 +153,11 @@ fn a_lost_result_fails_the_run_naming_the_seq_it_holds() {
             encoded,
             ranks,
             ..
-        }) => assert_eq!((seq, encoded, ranks), (7, 3, 4)),
+        }) => assert_eq!(
+            (seq, encoded, ranks),
+            (7, 1, 2),
+            "rank 2 is on thread 0, with rank 0"
+        ),
         other => panic!("want WindowStuck, got {other:?}"),
     }
 }
@@ -249,11 +253,17 @@ impl Backend for SlowFanOut {
             let v = t.handle(d, *from, false, self.now);
             out.data(v);
             if v == Verdict::Data(DataOutcome::Completed { seq: STALLED }) {
+                // The fan-out is this thread's: taken out of the table's
+                // queue before the stall, so no other thread encodes it.
+                let fan_out: Vec<Reply> = std::iter::from_fn(|| t.poll_reply()).collect();
                 drop(t);
                 std::thread::sleep(Duration::from_millis(50));
                 let seen = self.highest_fed.load(Ordering::SeqCst);
                 self.highest_during_stall.store(seen, Ordering::SeqCst);
                 t = self.table.lock().unwrap();
+                for r in fan_out {
+                    out.reply(&r, |buf| t.encode(&r, buf));
+                }
             }
             while let Some(r) = t.poll_reply() {
                 out.reply(&r, |buf| t.encode(&r, buf));
@@ -269,30 +279,35 @@ impl Backend for SlowFanOut {
 /// The engine's floor moves when a seq completes; a worker's only when its
 /// RESULT arrives. The harness must follow the worker: while a completer
 /// stalls before its fan-out, no thread may feed the seq a window later,
-/// whose DATA would reuse the slot being encoded. Steered, so that the
-/// other thread holds every rank of the next seqs.
+/// whose DATA would reuse the slot being encoded. Steered (the other
+/// thread holds every rank of the next seqs, one window per job) and rss
+/// (each thread's window is its ranks').
 #[test]
 fn no_thread_runs_a_window_past_a_fan_out_not_yet_encoded() {
-    let s = spec(BackendKind::TableLock, Layout::Steered, 2);
-    let during = Arc::new(AtomicU32::new(0));
-    let m = run_on(&s, |table, now| {
-        Ok(Box::new(SlowFanOut {
-            table: Mutex::new(table),
-            now,
-            highest_fed: AtomicU32::new(0),
-            highest_during_stall: during.clone(),
-        }))
-    })
-    .unwrap();
-    assert_eq!(m.seqs_completed, 500);
-    let during = during.load(Ordering::SeqCst);
-    assert!(
-        during < STALLED + u32::from(s.window),
-        "seq {during} was fed while seq {STALLED}'s RESULTs were not encoded (window {})",
-        s.window
-    );
-    assert!(
-        during > STALLED,
-        "the other thread never ran ahead: {during}"
-    );
+    for layout in [Layout::Steered, Layout::Rss] {
+        let s = spec(BackendKind::TableLock, layout, 2);
+        let during = Arc::new(AtomicU32::new(0));
+        let m = run_on(&s, |table, now| {
+            Ok(Box::new(SlowFanOut {
+                table: Mutex::new(table),
+                now,
+                highest_fed: AtomicU32::new(0),
+                highest_during_stall: during.clone(),
+            }))
+        })
+        .unwrap();
+        assert_eq!(m.seqs_completed, 500);
+        let during = during.load(Ordering::SeqCst);
+        let name = layout.name();
+        assert!(
+            during < STALLED + u32::from(s.window),
+            "{name}: seq {during} was fed while seq {STALLED}'s RESULTs were not encoded \
+             (window {})",
+            s.window
+        );
+        assert!(
+            during > STALLED,
+            "{name}: the other thread never ran ahead: {during}"
+        );
+    }
 }
