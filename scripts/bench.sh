@@ -116,9 +116,10 @@
 #   3b. threads: the switch's all-reduce again, the same way, on unlimited
 #      links, with each dataplane thread count T of --threads: the testbed
 #      remade with T queues per veth (testbed.sh --queue-per-worker: worker
-#      I sends on queue I mod T) and switchd at queues = dataplane_threads = T, so thread T'
-#      owns queue T' of every port and worker I's frames go to thread
-#      I mod T (with 4 workers, at most 4 threads get frames). Times, their
+#      I sends on queue floor(I*T/4)) and switchd at queues = dataplane_threads = T, so
+#      thread T' owns queue T' of every port and worker I's frames go to
+#      thread floor(I*T/4), neighbouring ranks together (with 4 workers, at
+#      most 4 threads get frames). Times, their
 #      ratio to 1 thread and the frames each queue (thread) received go under
 #      "threads" in the JSON (scripts/bench_threads_report.py), the times
 #      also under headline.allreduce_threads;

@@ -37,7 +37,7 @@
 #                 with tbf (burst 256 kB per Gbit/s, at least 256 kB;
 #                 latency 50 ms)
 #   --switch-threads T  switchd's dataplane threads and queues per veth
-#                 (default 1); with T > 1 worker I sends on queue I mod T
+#                 (default 1); with T > 1 worker I of N sends on queue floor(I*T/N)
 #                 (testbed.sh --queue-per-worker), so T threads share the
 #                 4 ranks' frames
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)

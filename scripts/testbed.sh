@@ -24,10 +24,12 @@
 # numrxqueues/numtxqueues of every veth. A veth receives on the queue its
 # peer sent on, which the sender's kernel picks by flow hash (or XPS): a
 # worker's one flow lands on one queue, and several workers may share one.
-# --queue-per-worker makes the spread the same every run: worker I and host
-# J send on transmit queue I mod Q and J mod Q of their eth0 only (XPS maps
-# every CPU to it), so the switch port receives them on that queue (on a
-# real NIC, RSS hashes flows to queues). IPv6 is disabled in every namespace,
+# --queue-per-worker makes the spread the same every run: worker I sends on
+# transmit queue floor(I*Q/N) (neighbouring ranks on one queue, so a
+# chunk's rank-order sum changes thread as few times as it can) and host J
+# on J mod Q, of their eth0 only (XPS maps every CPU to it), so the switch
+# port receives them on that queue (on a real NIC, RSS hashes flows to
+# queues, or ntuple rules by source place them). IPv6 is disabled in every namespace,
 # lo is up everywhere, and eth0 has GRO on (needed by XDP redirects into a
 # veth, see DESIGN.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
@@ -376,7 +378,7 @@ cmd_up() {
 
     for ((i = 0; i < workers; i++)); do
         add_port "$swns" "${wns[i]}" "sw-w$i" "$SUBNET_BASE.$((WORKER_BASE + i))" "$queues" "$mtu"
-        ((per_worker == 0)) || send_on_queue "${wns[i]}" "$i" "$queues"
+        ((per_worker == 0)) || send_on_queue "${wns[i]}" "$((i * queues / workers))" "$queues"
     done
     for ((i = 0; i < hosts; i++)); do
         add_port "$swns" "${hns[i]}" "sw-h$i" "$SUBNET_BASE.$((HOST_BASE + i))" "$queues" "$mtu"

@@ -152,7 +152,8 @@ pub fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
 
 /// How many cores a test's switch spreads its work over: receive queues
 /// per testbed port (`testbed.sh --queues Q --queue-per-worker`: worker I
-/// sends on queue I mod Q) and switchd's `queues` and `dataplane_threads`.
+/// of N sends on queue floor(I*Q/N)) and switchd's `queues` and
+/// `dataplane_threads`.
 #[derive(Clone, Copy, Debug)]
 pub struct Lanes {
     pub queues: u16,
@@ -228,7 +229,8 @@ impl Testbed {
             .map(str::to_owned)
             .collect();
         if queues > 1 {
-            // Worker I on queue I mod Q, the same every run (testbed.sh).
+            // Worker I of N on queue floor(I*Q/N), the same every run
+            // (testbed.sh).
             args.push("--queue-per-worker".into());
         }
         let env = testbed_up(&args, "testbed.sh up");
@@ -330,12 +332,13 @@ impl Testbed {
     /// `rx_frames` where the stats have them.
     ///
     /// Which thread received what: switchd deals its sockets (port, queue),
-    /// port by port, round-robin to the threads, so with as many threads as
-    /// queues thread T owns queue T of every port, and a share per queue is a
-    /// share per thread. Which queue a frame arrives on: veth receives on
-    /// the queue the peer sent on, and testbed.sh has worker I send on
-    /// queue I mod Q (`--queue-per-worker`, XPS); on a real NIC, RSS hashes
-    /// each flow to a queue.
+    /// port by port, round-robin to the threads when they are no more than
+    /// the queues, so with as many threads as queues thread T owns queue T
+    /// of every port, and a share per queue is a share per thread. Which
+    /// queue a frame arrives on: veth receives on the queue the peer sent
+    /// on, and testbed.sh has worker I of N send on queue floor(I*Q/N)
+    /// (`--queue-per-worker`, XPS); on a real NIC, RSS hashes each flow to a
+    /// queue.
     pub fn assert_spread_over_queues(&self, stats: &serde_json::Value, lanes: Lanes) {
         assert_eq!(
             lanes.queues, lanes.threads,
