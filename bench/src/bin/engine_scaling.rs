@@ -6,11 +6,12 @@
 //! lowest share of their CPUs the threads got (below 1: other load ran
 //! there, or a thread slept on a contended lock) (the repeats of all configurations interleaved, so
 //! that a burst of other load spreads over them). Prints a table, and with
-//! `--json` writes every repeat. Before each run of 2 or more pinned
-//! threads it measures how long a cache line takes from the first thread's
-//! CPU to the second's and back ([`engine::probe`]): on a virtual machine
-//! that changes as the hypervisor moves the CPUs, and every cross-thread
-//! hand-over pays it (column `c2c ns`, the median of the repeats). A wrong
+//! `--json` writes every repeat. Before and after each run of 2 or more
+//! pinned threads it measures how long a cache line takes from the first
+//! thread's CPU to the second's and back ([`engine::probe`]): on a virtual
+//! machine that changes as the hypervisor moves the CPUs, and every
+//! cross-thread hand-over pays it (column `c2c ns`: per repeat the larger
+//! of the two, the median of the repeats). A wrong
 //! RESULT, or any refused DATA, fails the run (exit status 1) instead of
 //! reporting a number.
 //! `scripts/bench_scaling.sh` runs it.
@@ -119,9 +120,27 @@ struct Repeat {
     results_mps: f64,
     mpps_per_cpu_s: f64,
     cpu_share: f64,
-    /// CPU-to-CPU cache-line round trip measured just before (2 or more
-    /// pinned threads).
+    /// CPU-to-CPU cache-line round trip measured just before and just
+    /// after (2 or more pinned threads).
     core_round_trip_ns: Option<f64>,
+    core_round_trip_after_ns: Option<f64>,
+}
+
+/// The CPU round trips around one run.
+#[derive(Clone, Copy)]
+struct Probes {
+    before: Option<f64>,
+    after: Option<f64>,
+}
+
+impl Probes {
+    /// The larger of the two (the hypervisor may move a CPU mid-run).
+    fn worse(self) -> Option<f64> {
+        match (self.before, self.after) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -137,7 +156,8 @@ struct Config {
     mpps_per_cpu_s: f64,
     /// The lowest share of their CPUs the threads got in a repeat.
     cpu_share_min: f64,
-    /// Median of the repeats' CPU-to-CPU round trips, if measured.
+    /// Median over the repeats of the larger CPU-to-CPU round trip around
+    /// each, if measured.
     core_round_trip_ns: Option<f64>,
     repeats: Vec<Repeat>,
 }
@@ -233,14 +253,14 @@ fn main() -> Result<()> {
             }
         }
     }
-    let mut results: Vec<Vec<(Measured, Option<f64>)>> =
-        configs.iter().map(|_| Vec::new()).collect();
+    let mut results: Vec<Vec<(Measured, Probes)>> = configs.iter().map(|_| Vec::new()).collect();
     for rep in 0..cli.repeats {
         for (i, &(b, l, t)) in configs.iter().enumerate() {
-            let c2c = match cpus[..] {
+            let probe = || match cpus[..] {
                 [a, b, ..] if t >= 2 && cpus.len() >= t => engine::probe::core_round_trip(a, b),
                 _ => None,
             };
+            let before = probe();
             let m = engine::run(&spec(b, l, t)).with_context(|| {
                 format!(
                     "{} {} with {t} threads, repeat {}",
@@ -256,8 +276,12 @@ fn main() -> Result<()> {
                 rep + 1,
                 m.mpps(),
                 m.gbps(),
-                c2c.map_or(String::new(), |ns| format!(", CPU round trip {ns:.0} ns"))
+                before.map_or(String::new(), |ns| format!(", CPU round trip {ns:.0} ns"))
             );
+            let c2c = Probes {
+                before,
+                after: probe(),
+            };
             results[i].push((m, c2c));
         }
     }
@@ -266,7 +290,7 @@ fn main() -> Result<()> {
         .iter()
         .zip(results)
         .map(|(&(b, l, t), ms)| {
-            let c2c: Vec<f64> = ms.iter().filter_map(|(_, c)| *c).collect();
+            let c2c: Vec<f64> = ms.iter().filter_map(|(_, c)| c.worse()).collect();
             Config {
                 backend: b.name(),
                 layout: l.name(),
@@ -289,7 +313,8 @@ fn main() -> Result<()> {
                         results_mps: m.results_mps(),
                         mpps_per_cpu_s: m.mpps_per_cpu_s(),
                         cpu_share: m.cpu_share(),
-                        core_round_trip_ns: c2c,
+                        core_round_trip_ns: c2c.before,
+                        core_round_trip_after_ns: c2c.after,
                         measured: m,
                     })
                     .collect(),
