@@ -159,13 +159,7 @@ impl LockFree {
                 }
                 _ => return,
             }
-            let msg = ReplyMsg::Result { seq, retx: false };
-            let r = Reply {
-                to: *to,
-                job,
-                rank,
-                msg,
-            };
+            let r = Reply::result(*to, job, rank, seq);
             out.reply(&r, |buf| encode_result(core, gen, &r, buf));
         });
         (others, members)

@@ -99,6 +99,17 @@ pub enum ReplyMsg {
 pub const UPSTREAM: u32 = u32::MAX;
 
 impl Reply {
+    /// The RESULT of `seq` (a completion's, not a resend) to member `rank`
+    /// of `job` at `to`.
+    pub fn result(to: Endpoint, job: u16, rank: u16, seq: u32) -> Reply {
+        Reply {
+            to,
+            job,
+            rank,
+            msg: ReplyMsg::Result { seq, retx: false },
+        }
+    }
+
     /// Whether this goes up to a spine (through the uplink).
     pub fn is_upstream(&self) -> bool {
         matches!(

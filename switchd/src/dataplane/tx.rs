@@ -90,13 +90,7 @@ impl<'a> Out<'a> {
             let mut n = 0;
             let mut others = 0u64;
             core.for_each_member(|rank, to| {
-                let msg = ReplyMsg::Result { seq, retx: false };
-                let r = Reply {
-                    to: *to,
-                    job,
-                    rank,
-                    msg,
-                };
+                let r = Reply::result(*to, job, rank, seq);
                 match self.owner(&r) {
                     Some(t) if t != self.idx && t < 64 => others |= 1 << t,
                     _ => self.result_out(core, &r),
@@ -118,13 +112,7 @@ impl<'a> Out<'a> {
         let shared = self.shared;
         shared.data_path.with_job(job, |core| {
             core.for_each_member(|rank, to| {
-                let msg = ReplyMsg::Result { seq, retx: false };
-                let r = Reply {
-                    to: *to,
-                    job,
-                    rank,
-                    msg,
-                };
+                let r = Reply::result(*to, job, rank, seq);
                 if self.owner(&r).is_some_and(|t| t == self.idx) && !self.transmit_result(core, &r)
                 {
                     self.counters.tx_ring_full += 1;
