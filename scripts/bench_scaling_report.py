@@ -31,6 +31,9 @@ import os
 import platform
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchkit import median  # noqa: E402
+
 GOAL_2_OVER_1 = 1.8
 # Between the two placements the 2-vCPU VM shows: about 55-70 ns when its
 # two CPUs share a cache, 320-360 ns when they do not.
@@ -72,14 +75,6 @@ def ratio_2_over_1(runs, backend, layout):
 def near(repeat):
     probes = (repeat.get("core_round_trip_ns"), repeat.get("core_round_trip_after_ns"))
     return all(p is not None and p < NEAR_NS for p in probes)
-
-
-def median(values):
-    v = sorted(values)
-    if not v:
-        return None
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def ratio_2_over_1_near(runs, backend, layout):

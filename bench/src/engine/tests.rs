@@ -25,7 +25,7 @@ fn spec(backend: BackendKind, layout: Layout, threads: usize) -> Spec {
 const SAMPLED_SEQS: u64 = 500u64.div_ceil(SAMPLE_EVERY as u64);
 
 #[test]
-fn every_built_backend_sums_right_in_both_layouts() {
+fn every_built_backend_sums_right_in_every_layout() {
     let mut built = 0;
     for backend in BackendKind::ALL {
         for layout in Layout::ALL {
@@ -125,7 +125,11 @@ fn run_broken(corrupt: bool) -> Result<Measured, EngineError> {
     let mut s = spec(BackendKind::TableLock, Layout::Rss, 2);
     // A lost RESULT holds the window for good: no need to wait long.
     s.stuck_after = Duration::from_millis(500);
-    run_on(&s, |table, now| {
+    run_broken_on(&s, corrupt)
+}
+
+fn run_broken_on(s: &Spec, corrupt: bool) -> Result<Measured, EngineError> {
+    run_on(s, |table, now| {
         Ok(Box::new(Broken {
             table: Mutex::new(table),
             now,
@@ -168,14 +172,7 @@ fn a_lost_result_fails_the_run_naming_the_seq_it_holds() {
 fn a_lost_result_in_a_timed_run_fails_the_count() {
     let mut s = spec(BackendKind::TableLock, Layout::Rss, 2);
     s.until = Until::Elapsed(Duration::from_millis(100));
-    let r = run_on(&s, |table, now| {
-        Ok(Box::new(Broken {
-            table: Mutex::new(table),
-            now,
-            corrupt: false,
-        }))
-    });
-    match r {
+    match run_broken_on(&s, false) {
         Err(EngineError::ResultCount { results, seqs, .. }) => {
             assert_eq!(results + 1, seqs * 4);
         }

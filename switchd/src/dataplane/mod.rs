@@ -57,19 +57,6 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use proto::switch::{DataPath, JobTable, Reply};
 
-/// What one dataplane thread hands another through its outbox.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Handoff {
-    /// A reply to a member whose socket the receiving thread owns.
-    Reply(Reply),
-    /// The RESULT of `seq` (completed) to every member of `job` whose
-    /// socket the receiving thread owns: one hand-off per thread, not per
-    /// member. Membership is read when it is sent: a member that moved to
-    /// another thread's socket meanwhile misses it, and its resend is
-    /// answered from the shadow.
-    Results { job: u16, seq: u32 },
-}
-
 use crate::stats::RingStats;
 use crate::wake::ThreadWaker;
 use crate::watchdog::Heartbeat;
@@ -186,6 +173,19 @@ pub struct DataplaneSnapshot {
     pub rings: Vec<RingStats>,
     /// Per thread, in thread order (the sum of these is `total`).
     pub threads: Vec<ThreadCounters>,
+}
+
+/// What one dataplane thread hands another through its outbox.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Handoff {
+    /// A reply to a member whose socket the receiving thread owns.
+    Reply(Reply),
+    /// The RESULT of `seq` (completed) to every member of `job` whose
+    /// socket the receiving thread owns: one hand-off per thread, not per
+    /// member. Membership is read when it is sent: a member that moved to
+    /// another thread's socket meanwhile misses it, and its resend is
+    /// answered from the shadow.
+    Results { job: u16, seq: u32 },
 }
 
 /// State every dataplane thread (and the control thread) shares.
