@@ -111,7 +111,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "engine_scaling: threads $THREADS, ${SECONDS_EACH} s x $REPEATS repeats per configuration, both layouts, every built backend"
+log "engine_scaling: threads $THREADS, ${SECONDS_EACH} s x $REPEATS repeats per configuration, every layout, every built backend"
 "$BIN" --threads "$THREADS" --seconds "$SECONDS_EACH" --repeats "$REPEATS" \
     --backend all --layout all --json "$RAW" >/dev/null ||
     die "engine_scaling failed (see above): a wrong RESULT or refused DATA is a bug in the engine"

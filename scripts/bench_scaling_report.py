@@ -124,7 +124,7 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=120)
-    colors = {"table-lock": "#d62728", "lockfree": "#1f77b4"}
+    colors = {"table-lock": "#d62728", "lockfree": "#1f77b4", "lanes": "#2ca02c"}
     styles = {"rss": "-", "rank-blocks": "-.", "steered": ":", "job-per-thread": "--"}
     series = sorted({(r["backend"], r["layout"]) for r in report["runs"]})
     threads = sorted({r["threads"] for r in report["runs"]})
@@ -206,6 +206,8 @@ def main():
         "engine_2_over_1_rank_blocks": ratio_2_over_1(report["runs"], backend, "rank-blocks"),
         "engine_2_over_1_steered": ratio_2_over_1(report["runs"], backend, "steered"),
         "engine_2_over_1_job_per_thread": ratio_2_over_1(report["runs"], backend, "job-per-thread"),
+        # Software seq lanes in front of the same engine, DATA arriving as rss.
+        "engine_2_over_1_lanes_rss": ratio_2_over_1(report["runs"], "lanes", "rss"),
         "goal_2_over_1": GOAL_2_OVER_1,
         "stamp": a.stamp,
         "machine": machine(),
@@ -226,6 +228,9 @@ def main():
         if r is not None:
             print(f"  2 over 1 with the CPUs near (round trip < {NEAR_NS:.0f} ns before and "
                   f"after; {k} repeat(s)): {lay} {r:.2f}")
+    lanes = report["engine_2_over_1_lanes_rss"]
+    if lanes is not None:
+        print(f"  lanes (software seq lanes), DATA arriving as rss: 2 over 1 {lanes:.2f}")
     for nb in report.get("not_built", []):
         print(f"not measured: {nb['backend']}: {nb['error']}")
     plot(report, a.out_png)

@@ -72,6 +72,9 @@ enum BackendArg {
     TableLock,
     /// The lock-free DATA path (issue 21).
     Lockfree,
+    /// The lock-free DATA path behind software seq lanes: a DATA of
+    /// another thread's lane (seq mod T) is copied to that thread.
+    Lanes,
     /// Every backend that is built (the others are listed as not built).
     All,
 }
@@ -193,6 +196,7 @@ fn main() -> Result<()> {
     let backends: &[BackendKind] = match cli.backend {
         BackendArg::TableLock => &[BackendKind::TableLock],
         BackendArg::Lockfree => &[BackendKind::LockFree],
+        BackendArg::Lanes => &[BackendKind::Lanes],
         BackendArg::All => &BackendKind::ALL,
     };
     let layouts: &[Layout] = match cli.layout {

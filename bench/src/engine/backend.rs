@@ -30,6 +30,7 @@ use proto::switch::{
 };
 use proto::wire::HEADER_LEN;
 
+use super::lanes::Lanes;
 use super::{EngineError, Sink};
 
 /// One engine under test, shared by every feeding thread.
@@ -39,9 +40,12 @@ pub trait Backend: Sync {
     /// causes with [`Sink::reply`] before it returns.
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink);
 
-    /// Encodes the replies other threads handed to thread `thread` (its
-    /// outbox), if the backend hands any off.
-    fn drain(&self, _thread: usize, _out: &mut Sink) {}
+    /// Takes what other threads handed to thread `thread` (replies to
+    /// encode, DATA to take), if the backend hands any over: how many
+    /// items it took.
+    fn drain(&self, _thread: usize, _out: &mut Sink) -> usize {
+        0
+    }
 
     /// Job `job`'s window floor now (read after the run, for the count of
     /// RESULTs).
@@ -59,15 +63,22 @@ pub trait Backend: Sync {
 pub enum BackendKind {
     TableLock,
     LockFree,
+    /// `lockfree` behind software seq lanes ([`Lanes`]).
+    Lanes,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 2] = [BackendKind::TableLock, BackendKind::LockFree];
+    pub const ALL: [BackendKind; 3] = [
+        BackendKind::TableLock,
+        BackendKind::LockFree,
+        BackendKind::Lanes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::TableLock => "table-lock",
             BackendKind::LockFree => "lockfree",
+            BackendKind::Lanes => "lanes",
         }
     }
 
@@ -86,7 +97,11 @@ impl BackendKind {
                 table: Mutex::new(table),
                 now,
             })),
-            BackendKind::LockFree => lock_free(table, now, threads),
+            BackendKind::LockFree => Ok(Box::new(lock_free(table, now, threads))),
+            BackendKind::Lanes => Ok(Box::new(Lanes::new(
+                lock_free(table, now, threads),
+                threads,
+            ))),
         }
     }
 }
@@ -96,11 +111,7 @@ impl BackendKind {
 /// [`DataPath::on_datagram`], the table (locked) only for what it hands
 /// back, a completion's RESULT encoded from the job's shadow for every
 /// member, with no lock, by the thread that owns the member's queue.
-fn lock_free(
-    table: JobTable,
-    now: Instant,
-    threads: usize,
-) -> Result<Box<dyn Backend>, EngineError> {
+pub(super) fn lock_free(table: JobTable, now: Instant, threads: usize) -> LockFree {
     // Room for a hand-off per seq of every job's window: none is ever
     // refused (switchd counts a refused one in tx_ring_full).
     let room = table
@@ -108,15 +119,15 @@ fn lock_free(
         .map(|j| j.config.pool_slots as usize)
         .sum::<usize>()
         .max(1);
-    Ok(Box::new(LockFree {
+    LockFree {
         dp: table.data_path(),
         table: Mutex::new(table),
         now,
         outboxes: (0..threads).map(|_| ArrayQueue::new(room)).collect(),
-    }))
+    }
 }
 
-struct LockFree {
+pub(super) struct LockFree {
     dp: Arc<DataPath>,
     table: Mutex<JobTable>,
     now: Instant,
@@ -183,51 +194,62 @@ fn encode_result(core: &JobCore, gen: u32, r: &Reply, buf: &mut [u8]) -> Option<
     })
 }
 
+impl LockFree {
+    /// One datagram received by thread `thread`, as switchd's receive loop
+    /// takes it.
+    pub(super) fn take(&self, thread: usize, datagram: &[u8], from: &Endpoint, out: &mut Sink) {
+        match self.dp.on_datagram(thread, datagram, from, false) {
+            Fast::Slow => {
+                let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+                out.data(t.handle(datagram, *from, false, self.now));
+                while let Some(r) = t.poll_reply() {
+                    out.reply(&r, |buf| t.encode(&r, buf));
+                }
+            }
+            Fast::Done(o) => out.data(Verdict::Data(o)),
+            Fast::Completed { job, seq } => {
+                out.data(Verdict::Data(DataOutcome::Completed { seq }));
+                self.dp.with_job(job, |core| {
+                    let (mut others, members) =
+                        self.send_results((job, core), seq, thread, true, out);
+                    while others != 0 {
+                        let t = others.trailing_zeros() as usize;
+                        others &= others - 1;
+                        if self.outboxes[t].push((job, seq)).is_err() {
+                            out.hand_off_refused(job, seq);
+                        }
+                    }
+                    self.dp.count_results_sent(thread, core, members);
+                });
+            }
+            Fast::Retransmit { seq, .. } => {
+                out.data(Verdict::Data(DataOutcome::Retransmit { seq }))
+            }
+        }
+    }
+}
+
 impl Backend for LockFree {
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let thread = batch.thread;
         self.drain(thread, out);
         for (datagram, from) in batch.iter() {
-            match self.dp.on_datagram(thread, datagram, from, false) {
-                Fast::Slow => {
-                    let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-                    out.data(t.handle(datagram, *from, false, self.now));
-                    while let Some(r) = t.poll_reply() {
-                        out.reply(&r, |buf| t.encode(&r, buf));
-                    }
-                }
-                Fast::Done(o) => out.data(Verdict::Data(o)),
-                Fast::Completed { job, seq } => {
-                    out.data(Verdict::Data(DataOutcome::Completed { seq }));
-                    self.dp.with_job(job, |core| {
-                        let (mut others, members) =
-                            self.send_results((job, core), seq, thread, true, out);
-                        while others != 0 {
-                            let t = others.trailing_zeros() as usize;
-                            others &= others - 1;
-                            if self.outboxes[t].push((job, seq)).is_err() {
-                                out.hand_off_refused(job, seq);
-                            }
-                        }
-                        self.dp.count_results_sent(thread, core, members);
-                    });
-                }
-                Fast::Retransmit { seq, .. } => {
-                    out.data(Verdict::Data(DataOutcome::Retransmit { seq }))
-                }
-            }
+            self.take(thread, datagram, from, out);
         }
     }
 
-    fn drain(&self, thread: usize, out: &mut Sink) {
+    fn drain(&self, thread: usize, out: &mut Sink) -> usize {
         let Some(outbox) = self.outboxes.get(thread) else {
-            return;
+            return 0;
         };
+        let mut n = 0;
         while let Some((job, seq)) = outbox.pop() {
             self.dp.with_job(job, |core| {
                 self.send_results((job, core), seq, thread, false, out);
             });
+            n += 1;
         }
+        n
     }
 
     fn floor(&self, job: u16) -> u32 {

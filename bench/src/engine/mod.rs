@@ -52,6 +52,7 @@
 //! encoded = ranks × completed seqs of every job.
 
 pub mod backend;
+mod lanes;
 pub mod probe;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -1091,11 +1092,17 @@ fn run_on(
             cpu += c;
             pinned &= p;
         }
-        // What other threads handed each one after it stopped (every
-        // thread has stopped feeding: no outbox gets more).
-        for (i, sink) in sinks.iter_mut().enumerate() {
-            backend.drain(i, sink);
-        }
+        // What other threads handed each one after it stopped: every
+        // thread has stopped feeding, but what one drains may hand more to
+        // another (a DATA taken from a lane completes a seq), so until a
+        // round takes nothing.
+        while sinks
+            .iter_mut()
+            .enumerate()
+            .map(|(i, sink)| backend.drain(i, sink))
+            .sum::<usize>()
+            > 0
+        {}
         (sinks, ends, cpu, pinned, start)
     });
     let seconds = ends

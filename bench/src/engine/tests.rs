@@ -47,17 +47,28 @@ fn every_built_backend_sums_right_in_every_layout() {
                 assert_eq!(m.results, 2000 * jobs, "{what}");
                 assert_eq!(m.results_checked, SAMPLED_SEQS * 4 * jobs, "{what}");
                 assert_eq!(m.per_thread_taken.iter().sum::<u64>(), m.data_taken);
-                if layout == Layout::Rss && threads == 3 {
-                    // Ranks 0 and 3 on thread 0, rank 1 and rank 2 alone.
-                    assert_eq!(m.per_thread_taken, vec![1000, 500, 500], "{what}");
-                }
-                if layout == Layout::RankBlocks && threads == 2 {
-                    // Ranks 0 and 1 on thread 0, 2 and 3 on thread 1.
-                    assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
-                }
-                if layout == Layout::Steered && threads == 2 {
-                    // Even seqs on thread 0, odd on thread 1, every rank.
-                    assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
+                if backend == BackendKind::Lanes {
+                    // Every DATA is taken by its seq's lane, wherever it
+                    // arrived: 4 ranks × the seqs s < 500 with s mod T = t.
+                    let lanes: Vec<u64> = (0..threads as u64)
+                        .map(|t| {
+                            4 * jobs * (0..500).filter(|s| s % threads as u64 == t).count() as u64
+                        })
+                        .collect();
+                    assert_eq!(m.per_thread_taken, lanes, "{what}");
+                } else {
+                    if layout == Layout::Rss && threads == 3 {
+                        // Ranks 0 and 3 on thread 0, rank 1 and rank 2 alone.
+                        assert_eq!(m.per_thread_taken, vec![1000, 500, 500], "{what}");
+                    }
+                    if layout == Layout::RankBlocks && threads == 2 {
+                        // Ranks 0 and 1 on thread 0, 2 and 3 on thread 1.
+                        assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
+                    }
+                    if layout == Layout::Steered && threads == 2 {
+                        // Even seqs on thread 0, odd on thread 1, every rank.
+                        assert_eq!(m.per_thread_taken, vec![1000, 1000], "{what}");
+                    }
                 }
                 if backend == BackendKind::LockFree && layout != Layout::Steered {
                     // As switchd: each rank's RESULTs go out from the thread
