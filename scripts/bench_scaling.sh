@@ -6,10 +6,12 @@
 # encode its RESULTs, checking sampled RESULTs bit for bit against the
 # rank-order reference sum. For each backend that is built (table-lock: one
 # Mutex<JobTable> per batch, switchd before issue 21; lockfree: the lock-free
-# DATA path) and each layout (rss: one job of 4 ranks whose ranks arrive on
-# different threads; job-per-thread: T jobs), it reports DATA Mpps, payload
-# GB/s summed, RESULTs/s and DATA per CPU-second of the feeding threads, the
-# median of the repeats, and the lowest share of their CPUs the threads got.
+# DATA path; lanes: lockfree behind software seq lanes) and each layout (rss
+# and rank-blocks: one job of 4 ranks whose ranks arrive on different
+# threads; steered: one job whose seqs arrive by lane; job-per-thread: T
+# jobs), it reports DATA Mpps, payload GB/s summed, RESULTs/s and DATA per
+# CPU-second of the feeding threads, the median of the repeats, and the
+# lowest share of their CPUs the threads got.
 #
 # Usage:
 #   scripts/bench_scaling.sh [--seconds S] [--repeats N] [--threads LIST]
