@@ -55,7 +55,7 @@ pub mod backend;
 mod lanes;
 pub mod probe;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -1015,6 +1015,8 @@ fn run_on(
     let reference = Arc::new(Reference::new(spec.ranks, spec.elems, spec.frames));
     let pin = spec.cpus.len() >= t;
     let stop = AtomicBool::new(false);
+    // Threads that have stopped feeding (see below).
+    let fed = AtomicUsize::new(0);
     // Per thread, the window of the ranks it feeds, and per rank of its
     // job, the window that counts that rank's RESULTs (steered: one window
     // per job, of every rank).
@@ -1049,7 +1051,8 @@ fn run_on(
             .into_iter()
             .enumerate()
             .map(|(i, (job, ranks))| {
-                let (stop, ready, reference) = (&stop, &ready, reference.clone());
+                let (stop, fed, ready) = (&stop, &fed, &ready);
+                let reference = reference.clone();
                 let window = windows[i].clone();
                 let by_rank = by_rank[i].clone();
                 s.spawn(move || {
@@ -1060,9 +1063,19 @@ fn run_on(
                     let sink = Sink::new(name, spec, reference, by_rank);
                     ready.wait();
                     let cpu = thread_cpu_time();
-                    let sink = feeder.run(backend, spec, stop, &window, sink);
+                    let mut sink = feeder.run(backend, spec, stop, &window, sink);
                     if sink.wrong.is_some() {
                         stop.store(true, Ordering::Relaxed);
+                    }
+                    // A backend that hands DATA between threads (lanes) may
+                    // hold another thread's next seq here: take what comes
+                    // until every thread has stopped feeding.
+                    fed.fetch_add(1, Ordering::AcqRel);
+                    while fed.load(Ordering::Acquire) < t && !stop.load(Ordering::Relaxed) {
+                        if backend.drain(i, &mut sink) == 0 {
+                            std::thread::yield_now();
+                        }
+                        sink.flush();
                     }
                     let end = Instant::now();
                     (sink, end, thread_cpu_time().saturating_sub(cpu), pinned)
