@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
 
+use proto::switch::engine::ResultRef;
 use proto::switch::{
     DataOutcome, DataPath, Encoded, Endpoint, Fast, Job, JobCore, JobTable, Reply, ReplyMsg,
     Verdict,
@@ -159,6 +160,9 @@ impl LockFree {
     ) -> (u64, u64) {
         let gen = self.dp.gen();
         let (mut others, mut members) = (0u64, 0u64);
+        // One read lock for every member this thread sends to, as switchd's
+        // fan-out takes it.
+        let mut res = core.engine.result(seq);
         core.for_each_member(|rank, to| {
             members += 1;
             match self.owner(to) {
@@ -171,19 +175,28 @@ impl LockFree {
                 _ => return,
             }
             let r = Reply::result(*to, job, rank, seq);
-            out.reply(&r, |buf| encode_result(core, gen, &r, buf));
+            // No shadow (overwritten: a bug here) fails the encoding, and
+            // the run.
+            out.reply(&r, |buf| encode_result(core, gen, &r, res.as_mut()?, buf));
         });
         (others, members)
     }
 }
 
-/// Writes the RESULT `r` of `core`'s job whole into `buf`, as switchd's
+/// Writes the RESULT `r` of `core`'s job whole into `buf` from `res` (the
+/// shadow of `r`'s seq, read-locked once for the fan-out), as switchd's
 /// transmit path does (header, then the shadow's payload).
-fn encode_result(core: &JobCore, gen: u32, r: &Reply, buf: &mut [u8]) -> Option<Encoded> {
+fn encode_result(
+    core: &JobCore,
+    gen: u32,
+    r: &Reply,
+    res: &mut ResultRef<'_>,
+    buf: &mut [u8],
+) -> Option<Encoded> {
     let ReplyMsg::Result { seq, retx } = r.msg else {
         return None;
     };
-    let (hdr, res) = core.result_for(seq, r.rank, retx, gen, core.engine.window())?;
+    let hdr = core.result_header(res, seq, r.rank, retx, gen, core.engine.window());
     hdr.emit_to(buf).ok()?;
     let payload = res.bytes();
     buf.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?

@@ -233,7 +233,25 @@ impl JobCore {
         gen: u32,
         window: u16,
     ) -> Option<(HeaderRepr, ResultRef<'_>)> {
-        let res = self.engine.result(seq)?.for_rank(rank);
+        let mut res = self.engine.result(seq)?;
+        let hdr = self.result_header(&mut res, seq, rank, retx, gen, window);
+        Some((hdr, res))
+    }
+
+    /// Makes `res` (the shadow of `seq`, [`SlotEngine::result`]) the view
+    /// of `rank` and returns the header of its RESULT to `rank`, as
+    /// [`JobCore::result_for`] does: a fan-out takes the read lock once
+    /// and calls this per member.
+    pub fn result_header(
+        &self,
+        res: &mut ResultRef<'_>,
+        seq: u32,
+        rank: u16,
+        retx: bool,
+        gen: u32,
+        window: u16,
+    ) -> HeaderRepr {
+        res.set_rank(rank);
         let sh = res.shadow();
         let mut f = sh.kind.flag_bits();
         if res.no_values() {
@@ -245,7 +263,7 @@ impl JobCore {
         if retx {
             f |= flags::RETX;
         }
-        let hdr = HeaderRepr {
+        HeaderRepr {
             msg_type: MsgType::Result,
             flags: f,
             job: self.id,
@@ -255,8 +273,7 @@ impl JobCore {
             collective: sh.collective,
             window,
             gen,
-        };
-        Some((hdr, res))
+        }
     }
 
     /// The window its RESULTs advertise now: the declared one (which the

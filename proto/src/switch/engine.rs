@@ -281,8 +281,14 @@ impl ResultRef<'_> {
     /// The view of `rank`: the values, or none when the collective's kind
     /// gives `rank` a NOVAL RESULT for this chunk.
     pub fn for_rank(mut self, rank: u16) -> Self {
-        self.noval = !self.shadow.kind.receives_values(rank, self.shadow.owner);
+        self.set_rank(rank);
         self
+    }
+
+    /// Makes this the view of `rank` ([`ResultRef::for_rank`] in place):
+    /// one read lock serves every member of a fan-out.
+    pub fn set_rank(&mut self, rank: u16) {
+        self.noval = !self.shadow.kind.receives_values(rank, self.shadow.owner);
     }
 }
 

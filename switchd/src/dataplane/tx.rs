@@ -9,10 +9,12 @@
 //! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
 //! counted in `tx_ring_full` (the worker's resend recovers it). An untagged
 //! RESULT is encoded from its job's shadow through the lock-free data path
-//! ([`proto::switch::JobCore::result_for`]), whoever decided it, as its
+//! ([`proto::switch::JobCore::result_header`]), whoever decided it, as its
 //! rank gets it: the values, or a NOVAL RESULT (the header alone) where a
-//! reduce-scatter or all-gather gives that rank none. Every other reply (a
-//! tagged RESULT included) needs the table, locked.
+//! reduce-scatter or all-gather gives that rank none; a fan-out read-locks
+//! the shadow once for all the members it sends to (a lock per member cost
+//! a fifth of the single-thread rate in the engine benchmark). Every other
+//! reply (a tagged RESULT included) needs the table, locked.
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
@@ -89,11 +91,14 @@ impl<'a> Out<'a> {
         shared.data_path.with_job(job, |core| {
             let mut n = 0;
             let mut others = 0u64;
+            // One read lock of the shadow for every RESULT sent from here.
+            let mut res = core.engine.result(seq);
             core.for_each_member(|rank, to| {
                 let r = Reply::result(*to, job, rank, seq);
                 match self.owner(&r) {
                     Some(t) if t != self.idx && t < 64 => others |= 1 << t,
-                    _ => self.result_out(core, &r),
+                    Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(r)),
+                    _ => self.transmit_fanned(core, &r, res.as_mut()),
                 }
                 n += 1;
             });
@@ -111,14 +116,23 @@ impl<'a> Out<'a> {
     fn own_results(&mut self, job: u16, seq: u32) {
         let shared = self.shared;
         shared.data_path.with_job(job, |core| {
+            let mut res = core.engine.result(seq);
             core.for_each_member(|rank, to| {
                 let r = Reply::result(*to, job, rank, seq);
-                if self.owner(&r).is_some_and(|t| t == self.idx) && !self.transmit_result(core, &r)
-                {
-                    self.counters.tx_ring_full += 1;
+                if self.owner(&r).is_some_and(|t| t == self.idx) {
+                    self.transmit_fanned(core, &r, res.as_mut());
                 }
             });
         });
+    }
+
+    /// Sends one member's RESULT of a fan-out from `res`, the shadow the
+    /// fan-out read-locked once (None: it is gone, counted as not sent).
+    fn transmit_fanned(&mut self, core: &JobCore, r: &Reply, res: Option<&mut ResultRef<'_>>) {
+        let sent = res.is_some_and(|res| self.transmit_result_from(core, r, res));
+        if !sent {
+            self.counters.tx_ring_full += 1;
+        }
     }
 
     /// A RESULT the data path decided to send again (to its sender only).
@@ -186,6 +200,18 @@ impl<'a> Out<'a> {
     /// also when a jumbo RESULT spans several frames). False if it could
     /// not be sent.
     fn transmit_result(&mut self, core: &JobCore, r: &Reply) -> bool {
+        let ReplyMsg::Result { seq, .. } = r.msg else {
+            return false;
+        };
+        match core.engine.result(seq) {
+            Some(mut res) => self.transmit_result_from(core, r, &mut res),
+            None => false,
+        }
+    }
+
+    /// [`Out::transmit_result`] from `res`, the shadow of `r`'s seq already
+    /// read-locked (a fan-out's).
+    fn transmit_result_from(&mut self, core: &JobCore, r: &Reply, res: &mut ResultRef<'_>) -> bool {
         let ReplyMsg::Result { seq, retx } = r.msg else {
             return false;
         };
@@ -194,10 +220,8 @@ impl<'a> Out<'a> {
         };
         let gen = self.shared.data_path.gen();
         let window = core.advertised_window();
-        let Some((hdr, res)) = core.result_for(seq, r.rank, retx, gen, window) else {
-            return false;
-        };
-        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, &res, &r.to, buf));
+        let hdr = core.result_header(res, seq, r.rank, retx, gen, window);
+        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, res, &r.to, buf));
         if sent {
             self.counters.tx_frames += 1;
         }
