@@ -135,23 +135,26 @@ impl Backend for Lanes {
             }
             return;
         }
-        let mut lanes = [0u8; BATCH];
-        for (l, (datagram, _)) in lanes.iter_mut().zip(batch.iter()) {
-            *l = self.lane(datagram, me) as u8;
-        }
         // Other lanes first, so that their threads can start on them; a
-        // DATA that cannot be handed over is taken here.
-        let mut mine = [false; BATCH];
-        for lane in (0..t).filter(|l| *l != me) {
-            let mut p = guard(&self.tx[me * t + lane]);
-            for (i, (datagram, from)) in batch.iter().enumerate().take(BATCH) {
-                if usize::from(lanes[i]) == lane && !push(&mut p, datagram, from) {
-                    mine[i] = true;
-                }
+        // DATA that cannot be handed over is taken here. One pass: a run of
+        // DATA for one lane shares one lock of its ring.
+        let mut local = [true; BATCH];
+        let mut ring: Option<(usize, MutexGuard<'_, Producer<LaneFrame>>)> = None;
+        for (i, (datagram, from)) in batch.iter().enumerate().take(BATCH) {
+            let lane = self.lane(datagram, me);
+            if lane == me {
+                continue;
+            }
+            if ring.as_ref().is_none_or(|(held, _)| *held != lane) {
+                ring = Some((lane, guard(&self.tx[me * t + lane])));
+            }
+            if let Some((_, p)) = ring.as_mut() {
+                local[i] = !push(p, datagram, from);
             }
         }
+        drop(ring);
         for (i, (datagram, from)) in batch.iter().enumerate() {
-            if i >= BATCH || usize::from(lanes[i]) == me || mine[i] {
+            if i >= BATCH || local[i] {
                 self.inner.take(me, datagram, from, out);
             }
         }
