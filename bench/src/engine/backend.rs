@@ -181,33 +181,7 @@ impl LockFree {
         });
         (others, members)
     }
-}
 
-/// Writes the RESULT `r` of `core`'s job whole into `buf` from `res` (the
-/// shadow of `r`'s seq, read-locked once for the fan-out), as switchd's
-/// transmit path does (header, then the shadow's payload).
-fn encode_result(
-    core: &JobCore,
-    gen: u32,
-    r: &Reply,
-    res: &mut ResultRef<'_>,
-    buf: &mut [u8],
-) -> Option<Encoded> {
-    let ReplyMsg::Result { seq, retx } = r.msg else {
-        return None;
-    };
-    let hdr = core.result_header(res, seq, r.rank, retx, gen, core.engine.window());
-    hdr.emit_to(buf).ok()?;
-    let payload = res.bytes();
-    buf.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?
-        .copy_from_slice(payload);
-    Some(Encoded {
-        len: HEADER_LEN + payload.len(),
-        ce: res.shadow().ece,
-    })
-}
-
-impl LockFree {
     /// One datagram received by thread `thread`, as switchd's receive loop
     /// takes it.
     pub(super) fn take(&self, thread: usize, datagram: &[u8], from: &Endpoint, out: &mut Sink) {
@@ -240,6 +214,30 @@ impl LockFree {
             }
         }
     }
+}
+
+/// Writes the RESULT `r` of `core`'s job whole into `buf` from `res` (the
+/// shadow of `r`'s seq, read-locked once for the fan-out), as switchd's
+/// transmit path does (header, then the shadow's payload).
+fn encode_result(
+    core: &JobCore,
+    gen: u32,
+    r: &Reply,
+    res: &mut ResultRef<'_>,
+    buf: &mut [u8],
+) -> Option<Encoded> {
+    let ReplyMsg::Result { seq, retx } = r.msg else {
+        return None;
+    };
+    let hdr = core.result_header(res, seq, r.rank, retx, gen, core.engine.window());
+    hdr.emit_to(buf).ok()?;
+    let payload = res.bytes();
+    buf.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?
+        .copy_from_slice(payload);
+    Some(Encoded {
+        len: HEADER_LEN + payload.len(),
+        ce: res.shadow().ece,
+    })
 }
 
 impl Backend for LockFree {
