@@ -45,6 +45,10 @@ struct Cli {
     /// Each job's window (default: --slots).
     #[arg(long)]
     window: Option<u16>,
+    /// Seq lanes of each job's engine (0: one per thread, as switchd
+    /// configures them).
+    #[arg(long, default_value_t = 0)]
+    seq_lanes: u16,
     /// Seqs of pre-built frames per rank, reused cyclically.
     #[arg(long, default_value_t = 4096)]
     frames: u32,
@@ -224,6 +228,7 @@ fn main() -> Result<()> {
         until: Until::Elapsed(Duration::from_secs_f64(cli.seconds)),
         cpus: cpus.clone(),
         stuck_after: Duration::from_secs(10),
+        seq_lanes: cli.seq_lanes,
     };
 
     // A backend that is not built is named, not measured; asked for alone,

@@ -26,7 +26,12 @@
 //! encoded, and a thread that reused the slot then would race an encoding
 //! no real worker can race). Each thread has its ranks' window, as each
 //! worker has its own, except in `steered`, where every thread feeds every
-//! rank and one window per job stands for the workers.
+//! rank: there each thread keeps its seq lane's window and stays inside
+//! the job's window over all lanes ([`JobWindow`]), reading the other
+//! lanes' floors only when it reaches the edge (the workers' windows are
+//! on other machines: they cost the switch's threads no shared line).
+//! Each job's engine has one seq lane per thread (`Spec::seq_lanes`), as
+//! switchd configures it.
 //! Waiting takes no lock of the backend's. It allocates nothing and makes
 //! no syscall (a long wait yields the CPU). A window that does not move
 //! for [`Spec::stuck_after`] fails the run ([`EngineError::WindowStuck`]:
@@ -145,6 +150,9 @@ pub struct Spec {
     pub cpus: Vec<usize>,
     /// A window that does not move for this long fails the run.
     pub stuck_after: Duration,
+    /// Seq lanes of each job's engine (0: one per thread, as switchd
+    /// configures them).
+    pub seq_lanes: u16,
 }
 
 /// What one run measured.
@@ -323,10 +331,13 @@ pub struct Sink {
     unexpected: u64,
     first_unexpected: Option<Reply>,
     wrong: Option<EngineError>,
-    /// Per rank of the job, the window that counts its RESULTs; and the
-    /// RESULTs of seq `run_seq` for window `run_window` encoded here and
-    /// not yet counted in it (`run_len`): one count per run.
-    windows: Arc<[Arc<ResultWindow>]>,
+    /// Per rank of the job (steered: per seq lane), the window that counts
+    /// its RESULTs; and the RESULTs of seq `run_seq` (its place in that
+    /// window) for window `run_window` encoded here and not yet counted in
+    /// it (`run_len`): one count per run.
+    windows: Windows,
+    /// Steered: the seq lanes, T (a window per lane); otherwise 0.
+    lanes: u32,
     run_window: usize,
     run_seq: u32,
     run_len: u32,
@@ -337,7 +348,8 @@ impl Sink {
         backend: &'static str,
         spec: &Spec,
         reference: Arc<Reference>,
-        windows: Arc<[Arc<ResultWindow>]>,
+        windows: Windows,
+        lanes: u32,
     ) -> Sink {
         Sink {
             backend,
@@ -355,6 +367,7 @@ impl Sink {
             first_unexpected: None,
             wrong: None,
             windows,
+            lanes,
             run_window: 0,
             run_seq: 0,
             run_len: 0,
@@ -395,17 +408,20 @@ impl Sink {
             return;
         };
         self.results += 1;
-        let w = r.rank as usize;
+        let (w, at) = match self.lanes {
+            0 => (r.rank as usize, seq),
+            l => ((seq % l) as usize, seq / l),
+        };
         let same = self
             .windows
             .get(w)
             .zip(self.windows.get(self.run_window))
             .is_some_and(|(a, b)| Arc::ptr_eq(a, b));
-        if self.run_len > 0 && (self.run_seq != seq || !same) {
+        if self.run_len > 0 && (self.run_seq != at || !same) {
             self.flush();
         }
         self.run_window = w;
-        self.run_seq = seq;
+        self.run_seq = at;
         self.run_len += 1;
         if seq.is_multiple_of(SAMPLE_EVERY) {
             self.check(r, seq, e);
@@ -478,6 +494,8 @@ struct Feeder {
     job: u16,
     /// Steered: (this thread's lane, lanes): it feeds the seqs of its lane.
     lane: Option<(u32, u32)>,
+    /// Steered: every lane's window, for the job's window over them all.
+    job_window: Option<JobWindow>,
     ranks: Vec<u16>,
     from: Vec<Endpoint>,
     ring: Vec<u8>,
@@ -486,14 +504,26 @@ struct Feeder {
 }
 
 impl Feeder {
-    /// `lane`: steered, (this thread's lane, lanes).
+    /// `lane`: steered, (this thread's lane, lanes), and every lane's
+    /// window.
     fn new(
         thread: usize,
         job: u16,
         ranks: Vec<u16>,
-        lane: Option<(u32, u32)>,
+        lane: Option<(u32, u32, Windows)>,
         spec: &Spec,
     ) -> Feeder {
+        let (lane, job_window) = match lane {
+            Some((i, t, lanes)) => (
+                Some((i, t)),
+                Some(JobWindow {
+                    lanes,
+                    floor: 0,
+                    len: u32::from(spec.window),
+                }),
+            ),
+            None => (None, None),
+        };
         let len = HEADER_LEN + 4 * spec.elems as usize;
         // Each datagram on its own cache lines, as in UMEM frames.
         let stride = len.next_multiple_of(64);
@@ -523,6 +553,7 @@ impl Feeder {
             thread,
             job,
             lane,
+            job_window,
             from: ranks.iter().map(|&r| endpoint(spec, job, r)).collect(),
             ranks,
             ring,
@@ -558,10 +589,14 @@ impl Feeder {
                 seq = seq.wrapping_add(1);
                 continue;
             }
-            // The window: send nothing at or past floor + W.
+            // The window: send nothing at or past floor + W (steered: its
+            // lane's window, and the job's over every lane).
             let mut spins = 0u32;
             let mut since: Option<(u32, Instant)> = None;
-            while seq.wrapping_sub(floor) >= window.len() {
+            let at = self.lane.map_or(seq, |(_, t)| seq / t);
+            while at.wrapping_sub(floor) >= window.len()
+                || self.job_window.as_mut().is_some_and(|j| !j.admits(seq))
+            {
                 if n > 0 {
                     floor = self.feed(backend, &items[..n], &mut sink, window);
                     n = 0;
@@ -615,7 +650,7 @@ impl Feeder {
 
     /// Where in the ring `seq`'s frames lie: the seqs a thread feeds are
     /// its lane's (steered) or all, and frame place j holds the j-th of
-    /// them, mod K. Place j's values are those of the seq mod K it holds,
+    /// them (its place in the thread's window), mod K. Place j's values are those of the seq mod K it holds,
     /// the same for every seq that comes back to it.
     fn place(&self, seq: u32, frames: u32) -> u32 {
         match self.lane {
@@ -686,9 +721,49 @@ impl Feeder {
     }
 }
 
+/// Windows shared by the threads: per rank of a job, or per seq lane.
+type Windows = Arc<[Arc<ResultWindow>]>;
+
+/// The job's window over every seq lane, steered: a worker's window is
+/// one, over every seq, but the worker is another machine, so the
+/// threads' lanes should not meet on a cache line per seq for it. Each
+/// thread keeps its lane's window ([`ResultWindow`], over the lane's seqs)
+/// and does not send past the job's floor (the lowest lane floor) + W;
+/// it reads the other lanes' floors only when the floor it saw last stops
+/// it.
+struct JobWindow {
+    lanes: Windows,
+    /// The job's floor as last read (only ever too low).
+    floor: u32,
+    len: u32,
+}
+
+impl JobWindow {
+    /// Whether `seq` is inside the job's window (reads the lanes' floors
+    /// when it is not, as last seen).
+    fn admits(&mut self, seq: u32) -> bool {
+        if seq.wrapping_sub(self.floor) < self.len {
+            return true;
+        }
+        let t = self.lanes.len() as u32;
+        let mut lowest: Option<u32> = None;
+        for (l, w) in self.lanes.iter().enumerate() {
+            // The lane's floor, as a seq: place f of lane l is seq f·T + l.
+            let f = w.floor().wrapping_mul(t).wrapping_add(l as u32);
+            lowest = Some(match lowest {
+                Some(m) if (f.wrapping_sub(m) as i32) >= 0 => m,
+                _ => f,
+            });
+        }
+        self.floor = lowest.unwrap_or(self.floor);
+        seq.wrapping_sub(self.floor) < self.len
+    }
+}
+
 /// The window of some ranks of a job as their workers see it: `[floor,
 /// floor + W)`, where the floor is the lowest seq whose RESULTs to those
-/// ranks are not all encoded yet.
+/// ranks are not all encoded yet. Steered, a lane's: its places are the
+/// lane's seqs (seq / T).
 struct ResultWindow {
     /// Per `seq mod W`. Every seq in flight lies in the window, so no two
     /// share an entry.
@@ -868,7 +943,17 @@ fn join(
 
 /// A table with `jobs` declared and every rank of each joined.
 fn active_table(jobs: &[u16], spec: &Spec, now: Instant) -> Result<JobTable, EngineError> {
-    let mut t = JobTable::new(TableConfig::new(GEN, [0x42; 32]), now);
+    let lanes = match spec.seq_lanes {
+        0 => spec.threads as u16,
+        l => l,
+    };
+    let mut t = JobTable::new(
+        TableConfig {
+            seq_lanes: lanes,
+            ..TableConfig::new(GEN, [0x42; 32])
+        },
+        now,
+    );
     for &job in jobs {
         t.add(job_config(job, spec), MAX_ELEMS_PER_CHUNK)
             .map_err(|e| EngineError::AddJob {
@@ -1017,20 +1102,25 @@ fn run_on(
     let stop = AtomicBool::new(false);
     // Threads that have stopped feeding (see below).
     let fed = AtomicUsize::new(0);
-    // Per thread, the window of the ranks it feeds, and per rank of its
-    // job, the window that counts that rank's RESULTs (steered: one window
-    // per job, of every rank).
-    let job_window = Arc::new(ResultWindow::new(spec.window, spec.ranks));
+    // Per thread, the window of the ranks it feeds (steered: of its lane,
+    // W / T of the lane's seqs, and the job's over every lane, W), and per
+    // rank of its job (steered: per lane), the window that counts that
+    // rank's RESULTs.
+    let lane_len = (spec.window / t as u16).max(1);
     let windows: Vec<Arc<ResultWindow>> = plan
         .iter()
         .map(|(_, ranks)| match lanes {
-            true => job_window.clone(),
+            true => Arc::new(ResultWindow::new(lane_len, spec.ranks)),
             false => Arc::new(ResultWindow::new(spec.window, ranks.len() as u16)),
         })
         .collect();
-    let by_rank: Vec<Arc<[Arc<ResultWindow>]>> = plan
+    let every_lane: Windows = windows.iter().cloned().collect();
+    let by_rank: Vec<Windows> = plan
         .iter()
         .map(|(job, _)| {
+            if lanes {
+                return every_lane.clone();
+            }
             (0..spec.ranks)
                 .map(|r| {
                     // The thread that feeds rank r of this job.
@@ -1055,12 +1145,14 @@ fn run_on(
                 let reference = reference.clone();
                 let window = windows[i].clone();
                 let by_rank = by_rank[i].clone();
+                let every_lane = every_lane.clone();
                 s.spawn(move || {
                     let _guard = StopOnPanic(stop);
                     let pinned = pin && pin_to(spec.cpus[i]);
-                    let lane = lanes.then_some((i as u32, t as u32));
+                    let lane = lanes.then_some((i as u32, t as u32, every_lane));
                     let mut feeder = Feeder::new(i, job, ranks, lane, spec);
-                    let sink = Sink::new(name, spec, reference, by_rank);
+                    let by = if lanes { t as u32 } else { 0 };
+                    let sink = Sink::new(name, spec, reference, by_rank, by);
                     ready.wait();
                     let cpu = thread_cpu_time();
                     let mut sink = feeder.run(backend, spec, stop, &window, sink);

@@ -18,6 +18,7 @@ fn spec(backend: BackendKind, layout: Layout, threads: usize) -> Spec {
         until: Until::Seqs(500),
         cpus: Vec::new(),
         stuck_after: Duration::from_secs(20),
+        seq_lanes: 0,
     }
 }
 

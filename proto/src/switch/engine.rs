@@ -2,8 +2,8 @@
 //! drive at once, with `&self` methods and no lock shared across slots.
 //!
 //! Owns: [`SlotEngine`] (per slot an aggregation in progress, the last
-//! result (the shadow) and a leaf's partial), the job's window floor, and
-//! [`RankSet`].
+//! result (the shadow) and a leaf's partial), the job's window floor (one
+//! per seq lane), and [`RankSet`].
 //!
 //! Invariants:
 //! * A slot's sum is taken in rank order (rank 0's values, plus rank 1's, …)
@@ -31,9 +31,17 @@
 //!   in the slot's shadow tag; the floor (an atomic) advances over every
 //!   slot whose tag says it holds the floor's result. The shadow stays while
 //!   the slot aggregates its next seq (resends are answered from it).
-//! * The floor and the activation's epoch share one atomic word, so that a
-//!   floor advance of an old activation can never land in a new one.
-//!   [`SlotEngine::reset`] bumps the epoch and sets the floor; slots are
+//! * Seq lanes: seq s belongs to lane s mod L (L a power of two dividing
+//!   the slot count, 1 unless [`SlotEngine::try_with_lanes`] says more), so
+//!   a slot belongs to one lane. Each lane has its own floor word, on its
+//!   own cache line: the oldest incomplete seq of the lane. A DATA is
+//!   judged (Stale, BeyondWindow) against its lane's floor, and a
+//!   completion moves only its lane's floor, so threads that each take
+//!   their own lanes (a NIC steering seq lanes to queues) share no line
+//!   per chunk. The job's floor is the lowest lane floor.
+//! * A lane's floor and the activation's epoch share one atomic word, so
+//!   that a floor advance of an old activation can never land in a new one.
+//!   [`SlotEngine::reset`] bumps the epoch and sets the floors; slots are
 //!   emptied lazily by the first contribution of the new epoch, and
 //!   everything that reads a slot treats an older epoch as empty. Work of
 //!   an older epoch still in flight (a row being written, a token held) is
@@ -421,10 +429,13 @@ unsafe impl Sync for Slot {}
 #[derive(Debug)]
 pub struct SlotEngine {
     slots: Vec<Slot>,
-    /// `tag(epoch, floor)`: the activation and its oldest incomplete seq.
-    /// On a cache line of its own: every completion writes it, and the
-    /// fields every contribution reads must not move with it.
-    word: CacheLine<AtomicU64>,
+    /// Per seq lane, `tag(epoch, floor)`: the activation and the lane's
+    /// oldest incomplete seq. Each on a cache line of its own: every
+    /// completion in the lane writes it, and neither another lane's word
+    /// nor the fields every contribution reads may move with it.
+    lanes: Vec<CacheLine<AtomicU64>>,
+    /// Serialises resets, so that every lane ends in the same activation.
+    resets: Mutex<()>,
     window: AtomicU16,
     n: u16,
     elems: usize,
@@ -546,8 +557,12 @@ impl SlotEngine {
                 }),
             });
         }
+        let mut lanes = Vec::new();
+        lanes.try_reserve_exact(1)?;
+        lanes.push(CacheLine(AtomicU64::new(tag(1, 0))));
         Ok(SlotEngine {
-            word: CacheLine(AtomicU64::new(tag(1, 0))),
+            lanes,
+            resets: Mutex::new(()),
             window: AtomicU16::new(window.clamp(1, slots.max(1))),
             slots: all,
             n,
@@ -556,6 +571,22 @@ impl SlotEngine {
             partials,
             stats,
         })
+    }
+
+    /// This engine with `lanes` seq lanes (module docs), rounded down to a
+    /// power of two and clamped to 1..=slots; floors from seq 0, epoch 1.
+    /// The switch's lanes match how it steers seqs to threads.
+    pub fn try_with_lanes(mut self, lanes: u16) -> Result<SlotEngine, TryReserveError> {
+        let most = self.slots.len().max(1);
+        let lanes = usize::from(lanes).clamp(1, most);
+        let lanes = 1usize << lanes.ilog2();
+        let mut words = Vec::new();
+        words.try_reserve_exact(lanes)?;
+        for l in 0..lanes {
+            words.push(CacheLine(AtomicU64::new(tag(1, l as u32))));
+        }
+        self.lanes = words;
+        Ok(self)
     }
 
     /// Whether summed chunks carry gradient statistics.
@@ -591,10 +622,27 @@ impl SlotEngine {
         (seq as usize) & (self.slots.len() - 1)
     }
 
-    /// The oldest incomplete seq (a reader on another thread may see it a
-    /// little behind: only ever too low).
+    /// The seq lanes (a power of two).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The floor word of `seq`'s lane (or of slot `seq`'s: a slot index is
+    /// in the lane of the seqs it holds).
+    fn lane(&self, seq: u32) -> &AtomicU64 {
+        &self.lanes[seq as usize & (self.lanes.len() - 1)]
+    }
+
+    /// The oldest incomplete seq: the lowest lane floor (a reader on
+    /// another thread may see it a little behind: only ever too low).
+    /// Reads every lane: not for the data path.
     pub fn floor(&self) -> u32 {
-        split(self.word.load(Ordering::Acquire)).1
+        let first = split(self.lanes[0].load(Ordering::Acquire)).1;
+        let lowest = self.lanes[1..]
+            .iter()
+            .map(|w| serial_offset(first, split(w.load(Ordering::Acquire)).1))
+            .fold(0, i64::min);
+        first.wrapping_add(lowest as u32)
     }
 
     pub fn window(&self) -> u16 {
@@ -609,7 +657,13 @@ impl SlotEngine {
 
     /// The current activation (bumped by every [`SlotEngine::reset`]).
     pub fn epoch(&self) -> u32 {
-        split(self.word.load(Ordering::Acquire)).0
+        split(self.lanes[0].load(Ordering::Acquire)).0
+    }
+
+    /// The activation of `seq`'s lane (the same as [`SlotEngine::epoch`]
+    /// but while a reset is under way; read where the data path reads).
+    fn epoch_of(&self, seq: u32) -> u32 {
+        split(self.lane(seq).load(Ordering::Acquire)).0
     }
 
     /// The oldest seq of the current activation that is aggregating (some
@@ -617,35 +671,33 @@ impl SlotEngine {
     /// is between collectives as far as the switch can see (what a resize
     /// waits for). Locks each slot's meta in turn: control path only.
     pub fn aggregating(&self) -> Option<u32> {
-        let epoch = self.epoch();
         let floor = self.floor();
         self.slots
             .iter()
-            .filter_map(|s| {
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let epoch = self.epoch_of(i as u32);
                 let m = lock(&s.meta);
                 m.agg.filter(|_| m.epoch == epoch).map(|a| a.seq)
             })
             .min_by_key(|seq| seq.wrapping_sub(floor))
     }
 
-    /// A new activation: every slot empty, floor = `floor`. Contributions
-    /// that began before it are discarded; it never waits for them.
+    /// A new activation: every slot empty, floor = `floor` (each lane's:
+    /// its first seq from `floor` on). Contributions that began before it
+    /// are discarded; it never waits for them.
     pub fn reset(&self, floor: u32) {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let next = match split(w).0.wrapping_add(1) {
-                0 => 1,
-                e => e,
-            };
-            match self.word.compare_exchange(
-                w,
-                tag(next, floor),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(cur) => w = cur,
-            }
+        let _one = self.resets.lock().unwrap_or_else(|e| e.into_inner());
+        let next = match self.epoch().wrapping_add(1) {
+            0 => 1,
+            e => e,
+        };
+        let mask = (self.lanes.len() - 1) as u32;
+        for (l, w) in self.lanes.iter().enumerate() {
+            let first = floor.wrapping_add((l as u32).wrapping_sub(floor) & mask);
+            // A swap, not a store: a floor advance's compare-exchange of
+            // the old word that comes after it fails.
+            w.swap(tag(next, first), Ordering::AcqRel);
         }
     }
 
@@ -721,8 +773,9 @@ impl SlotEngine {
         let slot = &self.slots[self.index(c.seq)];
         let mut m = lock(&slot.meta);
         // Read under the lock: at least the floor this slot's contents were
-        // admitted under, so a seq older than them is Stale.
-        let (epoch, floor) = split(self.word.load(Ordering::Acquire));
+        // admitted under, so a seq older than them is Stale. The lane's:
+        // the slot is in it, and no other lane's progress matters here.
+        let (epoch, floor) = split(self.lane(c.seq).load(Ordering::Acquire));
         if admitted.is_some_and(|a| a != epoch) {
             // Admitted under an activation a reset has ended.
             return Dropped(DropReason::Stale);
@@ -1022,32 +1075,35 @@ impl SlotEngine {
         slot.shadow_tag.store(tag(epoch, a.seq), Ordering::Release);
         drop(m);
         drop(held);
-        self.advance_floor();
+        self.advance_floor(a.seq);
         Contributed::Completed {
             seq: a.seq,
             ece: a.ece,
         }
     }
 
-    /// Moves the floor over every slot that holds the floor's result.
-    /// Called after a shadow is published. Each read of the word is a
-    /// read-modify-write, so that of two threads completing neighbouring
-    /// seqs at once, one always sees the other's shadow tag: either this
-    /// thread's RMW comes after the other's floor move (and reads it), or
-    /// the other's later RMW synchronises with this one (and sees this
-    /// thread's tag). A plain load could miss both ways.
-    fn advance_floor(&self) {
+    /// Moves the floor of `seq`'s lane over every slot that holds the
+    /// lane floor's result. Called after a shadow is published. Each read
+    /// of the word is a read-modify-write, so that of two threads
+    /// completing neighbouring seqs of a lane at once, one always sees the
+    /// other's shadow tag: either this thread's RMW comes after the other's
+    /// floor move (and reads it), or the other's later RMW synchronises
+    /// with this one (and sees this thread's tag). A plain load could miss
+    /// both ways.
+    fn advance_floor(&self, seq: u32) {
+        let word = self.lane(seq);
+        let step = self.lanes.len() as u32;
         loop {
-            let w = self.word.fetch_add(0, Ordering::AcqRel);
+            let w = word.fetch_add(0, Ordering::AcqRel);
             let (epoch, floor) = split(w);
             let slot = &self.slots[self.index(floor)];
             if slot.shadow_tag.load(Ordering::Acquire) != tag(epoch, floor) {
                 return;
             }
             // Fails if another thread moved the floor or a reset came: look again.
-            let _ = self.word.compare_exchange(
+            let _ = word.compare_exchange(
                 w,
-                tag(epoch, floor.wrapping_add(1)),
+                tag(epoch, floor.wrapping_add(step)),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             );
@@ -1057,7 +1113,7 @@ impl SlotEngine {
     /// The shadow's metadata if slot(seq) holds seq's completed result.
     pub fn shadow(&self, seq: u32) -> Option<Shadow> {
         let m = lock(&self.slots[self.index(seq)].meta);
-        let epoch = self.epoch();
+        let epoch = self.epoch_of(seq);
         m.shadow.filter(|s| s.seq == seq && m.epoch == epoch)
     }
 
@@ -1077,7 +1133,7 @@ impl SlotEngine {
             .result
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let shadow = held.get(seq, self.epoch())?;
+        let shadow = held.get(seq, self.epoch_of(seq))?;
         let len = self.dtype.payload_len(shadow.count);
         Some(ResultRef {
             held,
@@ -1093,7 +1149,7 @@ impl SlotEngine {
     /// the engine from it.
     pub fn missing(&self, seq: u32, mut f: impl FnMut(u16)) {
         let m = lock(&self.slots[self.index(seq)].meta);
-        let live = m.epoch == self.epoch();
+        let live = m.epoch == self.epoch_of(seq);
         if live && m.shadow.is_some_and(|s| s.seq == seq) {
             return;
         }
@@ -1111,7 +1167,7 @@ impl SlotEngine {
             return SlotState::default();
         };
         let m = lock(&slot.meta);
-        if m.epoch != self.epoch() {
+        if m.epoch != self.epoch_of(idx as u32) {
             return SlotState::default();
         }
         SlotState {
@@ -1127,7 +1183,7 @@ impl SlotEngine {
             .partial
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let p = held.get(seq, self.epoch())?;
+        let p = held.get(seq, self.epoch_of(seq))?;
         let n = (p.count as usize).min(held.values.len());
         Some(f(&p, &held.values[..n]))
     }
@@ -1143,7 +1199,7 @@ impl SlotEngine {
             .partial
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        let p = held.get(seq, self.epoch())?;
+        let p = held.get(seq, self.epoch_of(seq))?;
         let bytes: &[u8] = bytemuck::cast_slice(&held.values);
         let len = p.count as usize * 4 + if p.stats { STATS_LEN } else { 0 };
         Some(f(&p, bytes.get(..len)?))
@@ -1173,7 +1229,7 @@ impl SlotEngine {
         }
         let dtype = self.dtype;
         let slot = &self.slots[self.index(seq)];
-        let epoch = self.epoch();
+        let epoch = self.epoch_of(seq);
         let mut res = slot.result.write().unwrap_or_else(|e| e.into_inner());
         let mut part = slot.partial.write().unwrap_or_else(|e| e.into_inner());
         let Some(p) = part.get(seq, epoch) else {
@@ -1217,7 +1273,7 @@ impl SlotEngine {
         drop(m);
         drop(part);
         drop(res);
-        self.advance_floor();
+        self.advance_floor(seq);
         true
     }
 }

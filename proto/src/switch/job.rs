@@ -328,6 +328,7 @@ impl Job {
         min_serial: u64,
         nonce_key: [u8; 32],
         board: Arc<PriorityBoard>,
+        seq_lanes: u16,
     ) -> Result<Job, JobConfigError> {
         let oom = JobConfigError::OutOfMemory {
             id: config.id,
@@ -343,6 +344,7 @@ impl Job {
             config.window.min(config.pool_slots),
             config.stats,
         )
+        .and_then(|e| e.try_with_lanes(seq_lanes))
         .map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,
@@ -737,6 +739,7 @@ impl Job {
         n: u16,
         old_ranks: usize,
         board: Arc<PriorityBoard>,
+        seq_lanes: u16,
     ) -> Result<Resized, JobConfigError> {
         let mut resized_config = config.clone();
         resized_config.n_workers = n;
@@ -752,6 +755,7 @@ impl Job {
             config.upstream.is_some(),
             config.window.min(config.pool_slots),
         )
+        .and_then(|e| e.try_with_lanes(seq_lanes))
         .map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,

@@ -104,6 +104,10 @@ pub struct TableConfig {
     pub nonce_lifetime: Duration,
     /// Bytes all slot pools together may take.
     pub pool_budget: u64,
+    /// Seq lanes of every job's slot engine (a power of two; see
+    /// [`engine`]'s module docs): the lanes the switch steers to its
+    /// dataplane threads. 1: one floor per job.
+    pub seq_lanes: u16,
 }
 
 impl TableConfig {
@@ -114,6 +118,7 @@ impl TableConfig {
             nonce_key,
             nonce_lifetime: DEFAULT_NONCE_LIFETIME,
             pool_budget: u64::MAX,
+            seq_lanes: 1,
         }
     }
 }
@@ -305,12 +310,19 @@ pub struct Reservation {
     nonce_key: [u8; 32],
     /// The data path's priority board (the job's class is judged on it).
     board: Arc<PriorityBoard>,
+    seq_lanes: u16,
 }
 
 impl Reservation {
     /// Allocates the job, outside any lock the caller holds on the table.
     pub fn build(&self, config: JobConfig) -> Result<Job, JobConfigError> {
-        Job::try_new(config, self.min_serial, self.nonce_key, self.board.clone())
+        Job::try_new(
+            config,
+            self.min_serial,
+            self.nonce_key,
+            self.board.clone(),
+            self.seq_lanes,
+        )
     }
 }
 
@@ -378,13 +390,20 @@ pub struct ResizeReservation {
     old_ranks: usize,
     /// The data path's priority board (the resized job keeps its class).
     board: Arc<PriorityBoard>,
+    seq_lanes: u16,
 }
 
 impl ResizeReservation {
     /// Allocates the new pool, outside any lock the caller holds on the
     /// table.
     pub fn build(&self) -> Result<Resized, JobConfigError> {
-        Job::try_resized(&self.config, self.n, self.old_ranks, self.board.clone())
+        Job::try_resized(
+            &self.config,
+            self.n,
+            self.old_ranks,
+            self.board.clone(),
+            self.seq_lanes,
+        )
     }
 
     /// The worker count it resizes to.
@@ -415,6 +434,7 @@ pub struct JobTable {
     reserved: HashSet<u16>,
     pool_budget: u64,
     pool_in_use: u64,
+    seq_lanes: u16,
     replies: ReplyQueue,
     /// Per-source limits on HELLOs taken and NACKs sent.
     hello_limit: RateLimiter,
@@ -454,6 +474,7 @@ impl JobTable {
             reserved: HashSet::new(),
             pool_budget: cfg.pool_budget,
             pool_in_use: 0,
+            seq_lanes: cfg.seq_lanes,
             replies: ReplyQueue::new(),
             hello_limit: RateLimiter::new(HELLO_LIMIT, &cfg.nonce_key, b"hello", now),
             nack_limit: RateLimiter::new(NACK_LIMIT, &cfg.nonce_key, b"nack", now),
@@ -523,6 +544,7 @@ impl JobTable {
             min_serial: self.issuer.next_serial(),
             nonce_key: self.uplink_key,
             board: self.data_path.board().clone(),
+            seq_lanes: self.seq_lanes,
         })
     }
 
@@ -615,6 +637,7 @@ impl JobTable {
             old_ranks: job.bound_ranks(),
             config,
             board: self.data_path.board().clone(),
+            seq_lanes: self.seq_lanes,
         }))
     }
 

@@ -443,3 +443,46 @@ fn engine_loom_a_kept_shard_races_the_other_ranks_values() {
         assert_eq!(e.floor(), 3);
     });
 }
+
+/// A reset races completions in two seq lanes (one rank, so each DATA
+/// completes its seq): every lane ends in the reset's activation, at its
+/// first seq from the reset point, so no old floor advance lands in the
+/// new activation, and the new seqs complete with their own values.
+#[test]
+fn engine_loom_a_reset_races_completions_in_two_lanes() {
+    loom::model(|| {
+        let e = Arc::new(
+            SlotEngine::try_new(4, 1, 1, Dtype::F32, false, 4)
+                .unwrap()
+                .try_with_lanes(2)
+                .unwrap(),
+        );
+        let handles: Vec<_> = (0..2u32)
+            .map(|seq| {
+                let e = e.clone();
+                thread::spawn(move || send(&e, seq, 0, VALUES[seq as usize]))
+            })
+            .collect();
+        e.reset(4);
+        for h in handles {
+            let out = h.join().unwrap();
+            assert!(
+                matches!(
+                    out,
+                    Contributed::Completed { .. } | Contributed::Dropped(DropReason::Stale)
+                ),
+                "{out:?}"
+            );
+        }
+        assert_eq!(e.floor(), 4);
+        assert_eq!(e.epoch_of(0), e.epoch_of(1), "one activation in both lanes");
+        for seq in [5u32, 4] {
+            assert_eq!(
+                send(&e, seq, 0, 3.0),
+                Contributed::Completed { seq, ece: false }
+            );
+            assert_eq!(result_bits(&e, seq), Some(3f32.to_bits()));
+        }
+        assert_eq!(e.floor(), 6);
+    });
+}

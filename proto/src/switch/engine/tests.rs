@@ -728,3 +728,111 @@ fn a_contribution_admitted_before_a_reset_is_not_summed_after_it() {
     assert_eq!(missing, [0, 1], "nothing was taken");
     assert_eq!(e.contribute_admitted(&c, e.epoch()), Contributed::Taken);
 }
+
+/// With seq lanes, each lane has its own floor: a lane runs ahead of a
+/// stalled one (Stale and BeyondWindow are judged against the lane's
+/// floor), the job's floor is the lowest lane floor, and a reset puts
+/// every lane at its first seq from the reset point, in one activation.
+#[test]
+fn seq_lanes_keep_a_floor_each() {
+    let d = Dtype::F32;
+    let e = SlotEngine::try_new(8, 2, 4, d, false, 4)
+        .unwrap()
+        .try_with_lanes(2)
+        .unwrap();
+    assert_eq!(e.lanes(), 2);
+    // Seq 0 (lane 0) stalls on rank 1; lane 1 completes seqs 1 and 3.
+    assert_eq!(send(&e, d, 0, 0, 1), Contributed::Taken);
+    for seq in [1, 3] {
+        assert_eq!(send(&e, d, seq, 0, 1), Contributed::Taken);
+        assert!(matches!(
+            send(&e, d, seq, 1, 1),
+            Contributed::Completed { .. }
+        ));
+    }
+    assert_eq!(e.floor(), 0, "seq 0 holds the job's floor");
+    // Lane 1's floor is 5: seq 5 is inside its window (5 < 5 + 4) and
+    // seq 9 past it; lane 0's floor is still 0, so seq 4 is past its.
+    assert_eq!(send(&e, d, 5, 0, 1), Contributed::Taken);
+    assert_eq!(
+        send(&e, d, 9, 0, 1),
+        Contributed::Dropped(DropReason::BeyondWindow)
+    );
+    assert_eq!(
+        send(&e, d, 4, 0, 1),
+        Contributed::Dropped(DropReason::BeyondWindow)
+    );
+    assert_eq!(send(&e, d, 1, 1, 1), Contributed::Retransmit { seq: 1 });
+    assert_eq!(result_of(&e, 3).unwrap(), expected(d, 2, 3, 1));
+    // Seq 0 completes: the job's floor jumps to lane 0's next seq, 2,
+    // the lowest of 2 and 5.
+    assert!(matches!(
+        send(&e, d, 0, 1, 1),
+        Contributed::Completed { .. }
+    ));
+    assert_eq!(e.floor(), 2);
+    assert_eq!(result_of(&e, 0).unwrap(), expected(d, 2, 0, 1));
+
+    let before = e.epoch();
+    e.reset(7);
+    assert_ne!(e.epoch(), before);
+    assert_eq!(e.floor(), 7, "lane 1 from 7, lane 0 from 8");
+    assert_eq!(
+        send(&e, d, 6, 0, 1),
+        Contributed::Dropped(DropReason::Stale)
+    );
+    assert_eq!(
+        send(&e, d, 5, 1, 1),
+        Contributed::Dropped(DropReason::Stale)
+    );
+    for seq in [8, 7] {
+        assert_eq!(send(&e, d, seq, 1, 1), Contributed::Taken);
+        assert!(matches!(
+            send(&e, d, seq, 0, 1),
+            Contributed::Completed { .. }
+        ));
+        assert_eq!(result_of(&e, seq).unwrap(), expected(d, 2, seq, 1));
+    }
+    assert_eq!(e.floor(), 9);
+}
+
+/// Lanes are rounded down to a power of two and never outnumber slots.
+#[test]
+fn seq_lanes_are_a_power_of_two_up_to_the_slots() {
+    let make = |slots, lanes| {
+        SlotEngine::try_new(slots, 1, 1, Dtype::F32, false, slots)
+            .unwrap()
+            .try_with_lanes(lanes)
+            .unwrap()
+            .lanes()
+    };
+    assert_eq!(make(8, 0), 1);
+    assert_eq!(make(8, 3), 2);
+    assert_eq!(make(8, 8), 8);
+    assert_eq!(make(4, 16), 4);
+}
+
+/// Threads that each take their own seq lanes (a NIC steering lanes to
+/// queues), and threads that take any seq, get the reference bits.
+#[test]
+fn threads_on_seq_lanes_get_the_reference_bits() {
+    let seqs = 2000;
+    let (n, threads) = (4u16, 2usize);
+    let e = Arc::new(
+        SlotEngine::try_new(8, n, 16, Dtype::F32, false, 8)
+            .unwrap()
+            .try_with_lanes(2)
+            .unwrap(),
+    );
+    let spine = Arc::new(Mutex::new(()));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (e, spine) = (e.clone(), spine.clone());
+            let ranks: Vec<u16> = (0..n).filter(|r| *r as usize % threads == t).collect();
+            std::thread::spawn(move || drive(&e, &spine, &ranks, seqs, 77 + t as u64))
+        })
+        .collect();
+    let checked: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(checked, u64::from(seqs) * u64::from(n));
+    assert_eq!(e.floor(), seqs);
+}
