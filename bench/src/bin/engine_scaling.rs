@@ -45,8 +45,8 @@ struct Cli {
     /// Each job's window (default: --slots).
     #[arg(long)]
     window: Option<u16>,
-    /// Seq lanes of each job's engine (0: one per thread, as switchd
-    /// configures them).
+    /// Seq lanes of each job's engine (0: one per thread in the steered
+    /// layout, where each thread takes its own lanes; 1 elsewhere).
     #[arg(long, default_value_t = 0)]
     seq_lanes: u16,
     /// Seqs of pre-built frames per rank, reused cyclically.

@@ -30,8 +30,9 @@
 //! the job's window over all lanes ([`JobWindow`]), reading the other
 //! lanes' floors only when it reaches the edge (the workers' windows are
 //! on other machines: they cost the switch's threads no shared line).
-//! Each job's engine has one seq lane per thread (`Spec::seq_lanes`), as
-//! switchd configures it.
+//! In `steered`, each job's engine has one seq lane per thread, elsewhere
+//! one (`Spec::seq_lanes`): a lane per thread helps only where each thread
+//! takes its own lanes.
 //! Waiting takes no lock of the backend's. It allocates nothing and makes
 //! no syscall (a long wait yields the CPU). A window that does not move
 //! for [`Spec::stuck_after`] fails the run ([`EngineError::WindowStuck`]:
@@ -150,8 +151,9 @@ pub struct Spec {
     pub cpus: Vec<usize>,
     /// A window that does not move for this long fails the run.
     pub stuck_after: Duration,
-    /// Seq lanes of each job's engine (0: one per thread, as switchd
-    /// configures them).
+    /// Seq lanes of each job's engine (0: as a switch would configure
+    /// them: one per thread where seqs are steered to threads by lane,
+    /// else 1).
     pub seq_lanes: u16,
 }
 
@@ -943,9 +945,10 @@ fn join(
 
 /// A table with `jobs` declared and every rank of each joined.
 fn active_table(jobs: &[u16], spec: &Spec, now: Instant) -> Result<JobTable, EngineError> {
-    let lanes = match spec.seq_lanes {
-        0 => spec.threads as u16,
-        l => l,
+    let lanes = match (spec.seq_lanes, spec.layout) {
+        (0, Layout::Steered) => spec.threads as u16,
+        (0, _) => 1,
+        (l, _) => l,
     };
     let mut t = JobTable::new(
         TableConfig {
