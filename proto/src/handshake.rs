@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use crate::auth::{self, JoinClaim};
 use crate::tag::{self, AuthMode, PacketKey};
 use crate::wire::{
-    ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType,
-    NackPayload, Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_TAGGED_LEN,
-    JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, SECRET_LEN,
+    seq_lanes_from_wire, ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload,
+    LeavePayload, MsgType, NackPayload, Nonce, WireError, HEADER_LEN, HELLO_PAYLOAD_LEN,
+    JOIN_ACK_TAGGED_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, SECRET_LEN,
 };
 
 /// At most one probe (a HELLO asking "did you restart?") this often, however
@@ -119,6 +119,8 @@ pub struct Handshake {
     ip: [u8; 4],
     /// Header flags of the JOIN (a leaf switch's: `UPSTREAM`).
     join_flags: u8,
+    /// The switch's seq lanes from the last CHALLENGE (1 before one).
+    seq_lanes: u16,
 }
 
 impl Handshake {
@@ -130,6 +132,7 @@ impl Handshake {
             hello_nonce,
             challenge: None,
             join_flags: 0,
+            seq_lanes: 1,
         }
     }
 
@@ -151,6 +154,12 @@ impl Handshake {
         self.hello_nonce = hello_nonce;
         self.challenge = None;
         self.ip = self.params.ip;
+    }
+
+    /// The switch's seq lanes as its last CHALLENGE said ([`seq_lanes_from_wire`]):
+    /// where DATA of each seq goes.
+    pub fn seq_lanes(&self) -> u16 {
+        self.seq_lanes
     }
 
     /// Whether a CHALLENGE has been taken (the next message is a JOIN).
@@ -216,6 +225,7 @@ impl Handshake {
         }
         self.ip = c.observed_ip;
         self.challenge = Some((c.nonce, hdr.gen));
+        self.seq_lanes = seq_lanes_from_wire(c.seq_lanes);
         Ok(())
     }
 

@@ -166,6 +166,9 @@ pub struct Joined {
     pub data_key: Option<PacketKey>,
     /// The first JOIN_ACK of this session object (not a rejoin).
     pub first: bool,
+    /// The switch's seq lanes (its CHALLENGE's): DATA of seq s goes to its
+    /// port + (s mod seq_lanes) ([`crate::wire::seq_lane_port`]).
+    pub seq_lanes: u16,
 }
 
 /// Why the switch no longer has our session.
@@ -632,6 +635,7 @@ impl WorkerSession {
                     stats,
                     data_key: ack.data_key,
                     first,
+                    seq_lanes: self.hs.seq_lanes(),
                 })))
             }
             MsgType::Nack => {

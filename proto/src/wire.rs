@@ -778,6 +778,10 @@ pub struct ChallengePayload {
     /// (for diagnostics: a worker behind NAT learns why its MAC fails).
     pub observed_ip: [u8; 4],
     pub observed_port: u16,
+    /// The switch's seq lanes, L: it takes DATA of seq s on its UDP port
+    /// plus s mod L (docs/PROTOCOL.md, "Seq lanes"). 0 (what switches
+    /// before seq lanes sent: reserved zero bytes) and 1 mean one port.
+    pub seq_lanes: u16,
 }
 
 impl ChallengePayload {
@@ -788,6 +792,7 @@ impl ChallengePayload {
             nonce: array(&b[NONCE_LEN..]),
             observed_ip: array(&b[2 * NONCE_LEN..]),
             observed_port: u16::from_be_bytes(array(&b[2 * NONCE_LEN + 4..])),
+            seq_lanes: u16::from_be_bytes(array(&b[2 * NONCE_LEN + 6..])),
         })
     }
 
@@ -798,9 +803,28 @@ impl ChallengePayload {
         b[n..2 * n].copy_from_slice(&self.nonce);
         b[2 * n..2 * n + 4].copy_from_slice(&self.observed_ip);
         b[2 * n + 4..2 * n + 6].copy_from_slice(&self.observed_port.to_be_bytes());
-        b[2 * n + 6..CHALLENGE_PAYLOAD_LEN].fill(0);
+        b[2 * n + 6..CHALLENGE_PAYLOAD_LEN].copy_from_slice(&self.seq_lanes.to_be_bytes());
         Ok(CHALLENGE_PAYLOAD_LEN)
     }
+}
+
+/// Most seq lanes a switch may have (docs/PROTOCOL.md, "Seq lanes").
+pub const MAX_SEQ_LANES: u16 = 64;
+
+/// The seq lanes a CHALLENGE's `seq_lanes` field means: 0 and 1 are one
+/// lane; anything else is rounded down to a power of two, at most
+/// [`MAX_SEQ_LANES`] (a worker never sends beyond the lanes it believes).
+pub fn seq_lanes_from_wire(v: u16) -> u16 {
+    let v = v.clamp(1, MAX_SEQ_LANES);
+    1 << v.ilog2()
+}
+
+/// The UDP port a DATA of `seq` goes to on a switch whose aggregation port
+/// is `port` and whose seq lanes are `lanes` (a power of two): `port +
+/// (seq mod lanes)`.
+pub fn seq_lane_port(port: u16, seq: u32, lanes: u16) -> u16 {
+    let lane = seq & u32::from(lanes.max(1) - 1);
+    port.wrapping_add(lane as u16)
 }
 
 /// JOIN payload: the job's parameters and the proof of the secret.
@@ -1466,24 +1490,46 @@ mod tests {
     }
 
     // A CHALLENGE payload: hello nonce 0x01.., switch nonce 0x02..,
-    // observed 198.18.0.2:40000, reserved.
+    // observed 198.18.0.2:40000, 4 seq lanes; and one of a switch before
+    // seq lanes (zero bytes there): one lane.
     #[test]
     fn challenge_fixture() {
         let mut f = [0u8; CHALLENGE_PAYLOAD_LEN];
         f[..16].fill(1);
         f[16..32].fill(2);
-        f[32..38].copy_from_slice(&[198, 18, 0, 2, 0x9c, 0x40]);
+        f[32..40].copy_from_slice(&[198, 18, 0, 2, 0x9c, 0x40, 0, 4]);
         let c = ChallengePayload::parse(&f).unwrap();
         assert_eq!(c.hello_nonce, [1; 16]);
         assert_eq!(c.nonce, [2; 16]);
         assert_eq!((c.observed_ip, c.observed_port), ([198, 18, 0, 2], 40000));
+        assert_eq!(c.seq_lanes, 4);
         let mut out = [0xffu8; CHALLENGE_PAYLOAD_LEN];
         c.emit(&mut out).unwrap();
         assert_eq!(out, f);
+        f[38..40].fill(0);
+        assert_eq!(ChallengePayload::parse(&f).unwrap().seq_lanes, 0);
         let mut h = [0xffu8; HELLO_PAYLOAD_LEN];
         HelloPayload { nonce: [1; 16] }.emit(&mut h).unwrap();
         assert_eq!(&h[..16], &[1; 16]);
         assert_eq!(&h[16..], &[0; 24], "padding is zero");
+    }
+
+    #[test]
+    fn seq_lanes_on_the_wire() {
+        for (v, lanes) in [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (3, 2),
+            (8, 8),
+            (100, 64),
+            (u16::MAX, 64),
+        ] {
+            assert_eq!(seq_lanes_from_wire(v), lanes, "{v}");
+        }
+        assert_eq!(seq_lane_port(48879, 6, 4), 48881);
+        assert_eq!(seq_lane_port(48879, 6, 1), 48879);
+        assert_eq!(seq_lane_port(u16::MAX, 1, 2), 0, "wraps like a port");
     }
 
     #[test]

@@ -514,8 +514,10 @@ pub struct Collective {
     acked: u32,
     /// Chunks whose deadline passed, to resend before new ones.
     due: std::collections::VecDeque<u32>,
-    /// Chunks below this were already checked for fast retransmit.
-    fast_cursor: u32,
+    /// Per seq lane of the switch (chunk index mod lanes: a collective's
+    /// chunks have consecutive seqs), chunks of the lane below this were
+    /// already checked for fast retransmit. One entry: one lane.
+    fast_cursor: Vec<u32>,
     /// Lower bound of every pending deadline.
     earliest_deadline: Option<Instant>,
     last_progress: Option<Instant>,
@@ -557,12 +559,22 @@ impl Collective {
             next_new: 0,
             acked: 0,
             due: std::collections::VecDeque::new(),
-            fast_cursor: 0,
+            fast_cursor: vec![0],
             earliest_deadline: None,
             last_progress: None,
             grad: None,
             stats: CollectiveStats::default(),
         }
+    }
+
+    /// The switch takes this collective's DATA on `lanes` seq lanes (a
+    /// power of two; docs/PROTOCOL.md, "Seq lanes"): lanes complete
+    /// independently, so RESULTs of one lane may overtake another's, and
+    /// fast retransmit compares a chunk only with later RESULTs of its own
+    /// lane.
+    pub fn with_seq_lanes(mut self, lanes: usize) -> Collective {
+        self.fast_cursor = vec![0; lanes.max(1)];
+        self
     }
 
     pub fn collective(&self) -> u32 {
@@ -914,17 +926,26 @@ impl Collective {
     }
 
     /// RESULTs for chunks [`FAST_RETRANSMIT_GAP`] or more beyond an
-    /// unanswered one mean it (or its RESULT) was most likely lost: resend
-    /// it now instead of waiting for its timer, once per send (as TCP's fast
-    /// retransmit does on three duplicate ACKs). Without it each loss holds
-    /// the window for a full RTO while every other rank resends its copy.
+    /// unanswered one of the same seq lane mean it (or its RESULT) was most
+    /// likely lost: resend it now instead of waiting for its timer, once
+    /// per send (as TCP's fast retransmit does on three duplicate ACKs).
+    /// Without it each loss holds the window for a full RTO while every
+    /// other rank resends its copy.
     fn fast_retransmit(&mut self, answered: u32) {
-        let Some(end) = answered.checked_sub(FAST_RETRANSMIT_GAP) else {
+        let lanes = self.fast_cursor.len() as u32;
+        let lane = (answered % lanes) as usize;
+        let Some(end) = answered.checked_sub(FAST_RETRANSMIT_GAP * lanes) else {
             return;
         };
-        // Every chunk is looked at once: the cursor only moves forward.
-        let start = self.oldest_unacked.max(self.fast_cursor);
-        for j in start..=end {
+        // Every chunk is looked at once: the lane's cursor only moves
+        // forward, in steps of the lane's chunks.
+        let from = self.oldest_unacked.max(self.fast_cursor[lane]);
+        if from > end {
+            return;
+        }
+        // The lane's first chunk from `from` on (answered ≥ end ≥ from).
+        let start = from + (answered - from) % lanes;
+        for j in (start..=end).step_by(lanes as usize) {
             let c = &mut self.chunks[j as usize];
             if !c.acked && c.sent && !c.fast_resent {
                 c.sent = false;
@@ -933,7 +954,7 @@ impl Collective {
                 self.due.push_back(j);
             }
         }
-        self.fast_cursor = self.fast_cursor.max(end + 1);
+        self.fast_cursor[lane] = self.fast_cursor[lane].max(end + 1);
     }
 
     /// Restarts from `seq` after a re-join: every chunk from there on is
@@ -949,7 +970,7 @@ impl Collective {
         }
         self.oldest_unacked = self.oldest_unacked.min(off);
         self.next_new = off;
-        self.fast_cursor = self.fast_cursor.min(off);
+        self.fast_cursor.iter_mut().for_each(|c| *c = (*c).min(off));
         // Chunks before `off` that were still unacked stay owed; make them
         // due now.
         self.due.clear();
@@ -1515,6 +1536,29 @@ mod tests {
         assert_eq!(cc.window(), 32);
         cc.set_ceiling(20);
         assert_eq!(cc.window(), 20);
+    }
+
+    /// With seq lanes, RESULTs of another lane overtaking a chunk resend
+    /// nothing (lanes complete on their own cores); later RESULTs of its
+    /// own lane do.
+    #[test]
+    fn fast_retransmit_looks_within_a_seq_lane() {
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::new(0, 0, 12, 1).with_seq_lanes(2);
+        while c.poll_transmit(t0, 8, &rtt, &cfg).is_some() {}
+        for i in [0, 2, 4, 6] {
+            c.on_result(i, 1, false, t0, &mut rtt, &mut cc);
+        }
+        assert_eq!(c.stats.fast_resent, 0, "lane 0 overtaking lane 1");
+        for i in [3, 5] {
+            c.on_result(i, 1, false, t0, &mut rtt, &mut cc);
+        }
+        assert_eq!(c.stats.fast_resent, 0, "two later RESULTs of lane 1");
+        c.on_result(7, 1, false, t0, &mut rtt, &mut cc);
+        assert_eq!(c.stats.fast_resent, 1, "the third: chunk 1 goes again");
+        let t = c.poll_transmit(t0, 8, &rtt, &cfg).unwrap();
+        assert_eq!((t.seq, t.retx), (1, true));
     }
 
     #[test]

@@ -879,6 +879,10 @@ impl Worker {
         self.advertised_window = j.window;
         self.auth = j.auth;
         self.data_key = j.data_key;
+        // DATA of seq s to the switch's port + (s mod lanes): its NIC may
+        // steer each lane to a core of its own (docs/PROTOCOL.md, "Seq
+        // lanes").
+        self.txb.set_lanes(self.cfg.switch, j.seq_lanes);
         let ceiling = self.pool_slots.min(self.advertised_window);
         // The first JOIN_ACK tells the ceiling: open the window there; a
         // re-join keeps what DCTCP has learnt.
@@ -934,6 +938,12 @@ impl Worker {
     /// JOIN).
     pub fn auth(&self) -> AuthMode {
         self.auth
+    }
+
+    /// The switch's seq lanes (from its CHALLENGE): DATA of seq s goes to
+    /// its port + (s mod lanes).
+    pub fn seq_lanes(&self) -> usize {
+        self.txb.lanes()
     }
 
     /// The job's element type (what this worker joined with).
@@ -1146,7 +1156,8 @@ impl Worker {
         let mut kept = std::mem::take(&mut self.input);
         kept.clear();
         kept.extend_from_slice(input.unwrap_or(out));
-        let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk);
+        let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
+            .with_seq_lanes(self.txb.lanes());
         self.last_grad = None;
         let result = self.run_collective(&mut cur, &kept, out);
         // Keep this input as the previous one: another rank may still need
@@ -1221,7 +1232,8 @@ impl Worker {
             self.prev_first_seq,
             self.prev_shape,
             self.elems_per_chunk,
-        );
+        )
+        .with_seq_lanes(self.txb.lanes());
         coll.restart_from(seq);
         let r = loop {
             match self.drive(&mut coll, &prev, None) {
@@ -1304,7 +1316,7 @@ impl Worker {
                     }
                     None => end,
                 };
-                self.txb.commit(len);
+                self.txb.commit_seq(len, h.seq);
                 progressed = true;
             }
             self.flush_tx()?;

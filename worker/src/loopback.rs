@@ -5,16 +5,17 @@
 //! machine without root or XDP, and for the tests of the worker's I/O shell.
 //! Not a switch: one thread, one `recv_from` per datagram, no forwarding.
 //!
-//! Owns: its socket and thread; stopped and joined on drop. Invariants: it
+//! Owns: its sockets (one per seq lane: ports P..P+L-1, replies from P)
+//! and thread; stopped and joined on drop. Invariants: it
 //! only binds loopback addresses and only admits sources in 127.0.0.0/8;
 //! `restart()` replaces the job table with a new generation, as a switchd
 //! restart does, so workers must re-join and resend.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig,
@@ -39,6 +40,10 @@ pub struct LoopbackConfig {
     pub auth: proto::tag::AuthMode,
     /// The job is `stats = true`: its RESULTs carry gradient statistics.
     pub stats: bool,
+    /// Seq lanes (a power of two, 1..=64): DATA of seq s is taken on port
+    /// P + (s mod L) too, as switchd's `seq_lanes` (docs/PROTOCOL.md, "Seq
+    /// lanes"); the CHALLENGE tells workers.
+    pub seq_lanes: u16,
 }
 
 impl LoopbackConfig {
@@ -53,11 +58,18 @@ impl LoopbackConfig {
             drop_every: 0,
             auth: Default::default(),
             stats: false,
+            seq_lanes: 1,
         }
     }
 
     fn table(&self, gen: u32) -> Result<JobTable, JobConfigError> {
-        let mut t = JobTable::new(TableConfig::new(gen, rand::random()), Instant::now());
+        let mut t = JobTable::new(
+            TableConfig {
+                seq_lanes: self.seq_lanes,
+                ..TableConfig::new(gen, rand::random())
+            },
+            Instant::now(),
+        );
         t.add(
             JobConfig {
                 id: self.job,
@@ -97,6 +109,8 @@ pub enum LoopbackError {
         addr: SocketAddrV4,
         source: io::Error,
     },
+    #[error("loopback switch: seq_lanes {0} is not a power of two in 1..=64")]
+    SeqLanes(u16),
 }
 
 /// A running stand-in; stopped when dropped.
@@ -106,6 +120,8 @@ pub struct LoopbackSwitch {
     tx: UdpSocket,
     stop: Arc<AtomicBool>,
     restarts: Arc<AtomicU32>,
+    /// Datagrams received on each lane's port.
+    per_lane: Arc<[AtomicU64]>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -115,31 +131,42 @@ impl LoopbackSwitch {
         if !bind.ip().is_loopback() {
             return Err(LoopbackError::NotLoopback { addr: bind });
         }
+        let lanes = cfg.seq_lanes;
+        if !lanes.is_power_of_two() || lanes > proto::wire::MAX_SEQ_LANES {
+            return Err(LoopbackError::SeqLanes(lanes));
+        }
         let first = cfg.table(1)?;
         let bind_err = |source| LoopbackError::Bind { addr: bind, source };
-        let sock = UdpSocket::bind(bind).map_err(bind_err)?;
-        // The serving loop checks `stop` this often.
-        sock.set_read_timeout(Some(Duration::from_millis(20)))
-            .map_err(bind_err)?;
-        let addr = match sock.local_addr().map_err(bind_err)? {
+        let socks = bind_lanes(bind, lanes).map_err(bind_err)?;
+        let addr = match socks[0].local_addr().map_err(bind_err)? {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(_) => unreachable!("bound to an IPv4 address"),
         };
-        let tx = sock.try_clone().map_err(bind_err)?;
+        let tx = socks[0].try_clone().map_err(bind_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU32::new(0));
-        let (st, rs) = (stop.clone(), restarts.clone());
+        let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
+        let (st, rs, pl) = (stop.clone(), restarts.clone(), per_lane.clone());
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
-            .spawn(move || serve(sock, cfg, first, &st, &rs))
+            .spawn(move || serve(&socks, cfg, first, &st, &rs, &pl))
             .map_err(bind_err)?;
         Ok(LoopbackSwitch {
             addr,
             tx,
             stop,
             restarts,
+            per_lane,
             handle: Some(handle),
         })
+    }
+
+    /// Datagrams received so far on each seq lane's port (P, P+1, …).
+    pub fn datagrams_per_lane(&self) -> Vec<u64> {
+        self.per_lane
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .collect()
     }
 
     /// Where workers send to.
@@ -178,18 +205,71 @@ impl Drop for LoopbackSwitch {
     }
 }
 
+/// Binds `lanes` sockets on consecutive ports from `bind`'s (port 0: the
+/// first is any free port; a few tries find one whose next ports are free
+/// too), nonblocking.
+fn bind_lanes(bind: SocketAddrV4, lanes: u16) -> io::Result<Vec<UdpSocket>> {
+    let mut last = None;
+    for _ in 0..32 {
+        let first = UdpSocket::bind(bind)?;
+        let port = first.local_addr()?.port();
+        let mut socks = vec![first];
+        for l in 1..lanes {
+            let at = SocketAddrV4::new(*bind.ip(), port.wrapping_add(l));
+            match UdpSocket::bind(at) {
+                Ok(s) => socks.push(s),
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            }
+        }
+        if socks.len() == usize::from(lanes) {
+            for s in &socks {
+                s.set_nonblocking(true)?;
+            }
+            return Ok(socks);
+        }
+        if bind.port() != 0 {
+            break;
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
+}
+
+/// Waits up to 20 ms (the serving loop checks `stop` this often) until
+/// one of `socks` is readable.
+fn wait_any(socks: &[UdpSocket]) {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<libc::pollfd> = socks
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+    unsafe {
+        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20);
+    }
+}
+
 fn serve(
-    sock: UdpSocket,
+    socks: &[UdpSocket],
     cfg: LoopbackConfig,
     first: JobTable,
     stop: &AtomicBool,
     restarts: &AtomicU32,
+    per_lane: &[AtomicU64],
 ) {
     let mut table = first;
     let mut restarted = 0;
     let mut buf = vec![0u8; DATAGRAM_MAX];
     let mut out = vec![0u8; DATAGRAM_MAX];
     let mut seen = 0u64;
+    let sock = &socks[0];
+    let mut lane = 0;
     while !stop.load(Ordering::SeqCst) {
         let r = restarts.load(Ordering::SeqCst);
         if r != restarted {
@@ -199,9 +279,20 @@ fn serve(
                 table = t;
             }
         }
-        let Ok((len, SocketAddr::V4(from))) = sock.recv_from(&mut buf) else {
+        // Each lane's socket in turn; a poll once none has anything.
+        let mut got = None;
+        for _ in 0..socks.len() {
+            lane = (lane + 1) % socks.len();
+            if let Ok((len, SocketAddr::V4(from))) = socks[lane].recv_from(&mut buf) {
+                got = Some((len, from));
+                break;
+            }
+        }
+        let Some((len, from)) = got else {
+            wait_any(socks);
             continue;
         };
+        per_lane[lane].fetch_add(1, Ordering::SeqCst);
         seen += 1;
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;

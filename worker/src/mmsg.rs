@@ -14,14 +14,26 @@
 //! coalesced buffers and indexes the datagrams inside them, so `len`/`get`
 //! always count datagrams, whatever the mode.
 //!
+//! Seq lanes ([`DatagramBatch::set_lanes`]; docs/PROTOCOL.md, "Seq lanes"):
+//! a switch with L lanes takes DATA of seq s on its port + (s mod L), so
+//! that a NIC can steer each lane to its own queue and core. A datagram
+//! queued with its seq ([`DatagramBatch::commit_seq`]) goes to its lane's
+//! port: the send orders the batch by lane (a stable counting sort of the
+//! `iovec`s, no copy of the data) and names the lane's address in each
+//! `mmsghdr`, so a GSO super-datagram never spans two lanes. Everything
+//! else goes to the connected address.
+//!
 //! Hand-written on `libc` because std and socket2 have no `sendmmsg` /
 //! `recvmmsg`, and the calls are two: a wrapper crate would add more surface
 //! than it saves.
 
 use std::io;
+use std::net::SocketAddrV4;
 use std::os::fd::RawFd;
 
 use crate::gso::{self, Cmsg};
+
+const SOCKADDR_IN_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_in>() as _;
 
 /// Datagrams per syscall on the worker's transport.
 pub const BATCH: usize = 32;
@@ -46,6 +58,11 @@ pub struct DatagramBatch {
     iov: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     mode: Mode,
+    /// The switch's lane ports' addresses (empty: one lane, the connected
+    /// address), each queued datagram's lane, and room to sort by lane.
+    lanes: Vec<libc::sockaddr_in>,
+    lane_of: Vec<u8>,
+    sorted: Vec<(libc::iovec, u8)>,
 }
 
 /// What the batch does beyond one datagram per `mmsghdr`.
@@ -88,6 +105,10 @@ impl DatagramBatch {
                 .map(|_| unsafe { std::mem::zeroed() })
                 .collect(),
             mode: Mode::Plain,
+            lanes: Vec::new(),
+            lane_of: vec![0; capacity],
+            // SAFETY: as above, all-zero iovecs are valid.
+            sorted: vec![(unsafe { std::mem::zeroed() }, 0); capacity],
         };
         let base = b.data.as_mut_ptr();
         let iov = b.iov.as_mut_ptr();
@@ -127,6 +148,34 @@ impl DatagramBatch {
             coalesced: 0,
         };
         b
+    }
+
+    /// Sends datagrams queued with [`commit_seq`](Self::commit_seq) to
+    /// `switch`'s port + (seq mod `lanes`) (`lanes` a power of two, as
+    /// [`proto::wire::seq_lanes_from_wire`] gives; 1: everything to the
+    /// connected address). Called at a join, not per send.
+    pub fn set_lanes(&mut self, switch: SocketAddrV4, lanes: u16) {
+        self.lanes.clear();
+        if lanes > 1 {
+            let ip = u32::from_ne_bytes(switch.ip().octets());
+            self.lanes.extend((0..lanes).map(|l| {
+                // SAFETY: sockaddr_in is plain old data; all-zero is valid.
+                let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+                a.sin_family = libc::AF_INET as libc::sa_family_t;
+                a.sin_port = switch.port().wrapping_add(l).to_be();
+                a.sin_addr = libc::in_addr { s_addr: ip };
+                a
+            }));
+        }
+        for h in &mut self.hdrs {
+            h.msg_hdr.msg_name = std::ptr::null_mut();
+            h.msg_hdr.msg_namelen = 0;
+        }
+    }
+
+    /// The lanes set by [`set_lanes`](Self::set_lanes) (1: none).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len().max(1)
     }
 
     /// GSO sends: at most `n` datagrams per super-datagram from the next
@@ -174,9 +223,56 @@ impl DatagramBatch {
 
     /// Queues the slot [`next_slot`](Self::next_slot) returned, `len` bytes.
     pub fn commit(&mut self, len: usize) {
+        self.commit_seq(len, 0);
+    }
+
+    /// [`commit`](Self::commit) for a DATA of `seq`: it goes to its seq
+    /// lane's port.
+    pub fn commit_seq(&mut self, len: usize, seq: u32) {
         debug_assert!(!self.is_full() && len <= self.slot);
         self.iov[self.count].iov_len = len.min(self.slot);
+        self.lane_of[self.count] = (seq as usize & (self.lanes() - 1)) as u8;
         self.count += 1;
+    }
+
+    /// Orders the `n` queued datagrams by lane (stable: each lane's keep
+    /// their order) and points each plain `mmsghdr` at its lane's address;
+    /// `lane_of` then follows the new order.
+    fn sort_by_lane(&mut self, n: usize) {
+        let lanes = self.lanes();
+        let mut start = [0usize; proto::wire::MAX_SEQ_LANES as usize + 1];
+        for &l in &self.lane_of[..n] {
+            start[l as usize + 1] += 1;
+        }
+        for l in 0..lanes {
+            start[l + 1] += start[l];
+        }
+        for i in 0..n {
+            let l = self.lane_of[i];
+            self.sorted[start[l as usize]] = (self.iov[i], l);
+            start[l as usize] += 1;
+        }
+        let plain = matches!(self.mode, Mode::Plain);
+        let lanes = self.lanes.as_mut_ptr();
+        for (i, &(v, l)) in self.sorted[..n].iter().enumerate() {
+            self.iov[i] = v;
+            self.lane_of[i] = l;
+            if plain {
+                // SAFETY: l < lanes.len() (commit_seq masks it).
+                self.hdrs[i].msg_hdr.msg_name = unsafe { lanes.add(l as usize) }.cast();
+                self.hdrs[i].msg_hdr.msg_namelen = SOCKADDR_IN_LEN;
+            }
+        }
+    }
+
+    /// Points every slot's `iovec` back at its own buffer (a lane sort
+    /// moved them).
+    fn restore_iov(&mut self, n: usize) {
+        let base = self.data.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < capacity: inside `data`.
+            self.iov[i].iov_base = unsafe { base.add(i * self.slot) }.cast();
+        }
     }
 
     /// Datagram `i` of the batch.
@@ -189,8 +285,9 @@ impl DatagramBatch {
         &self.data[at..at + self.iov[i].iov_len.min(self.slot)]
     }
 
-    /// Points `hdrs[..]` at the super-datagrams of the queued `n` datagrams;
-    /// returns how many there are.
+    /// Points `hdrs[..]` at the super-datagrams of the queued `n` datagrams
+    /// (with lanes: sorted by lane, none spanning two); returns how many
+    /// there are.
     fn plan_groups(&mut self, n: usize) -> usize {
         let Mode::Gso { ctrl, coalesced } = &mut self.mode else {
             return n;
@@ -198,28 +295,45 @@ impl DatagramBatch {
         let (iov, hdrs) = (&mut self.iov, &mut self.hdrs);
         let lens: &[libc::iovec] = iov;
         let base = lens.as_ptr() as *mut libc::iovec;
+        let lanes = self.lanes.as_mut_ptr();
+        let many = !self.lanes.is_empty();
         let mut groups = 0;
-        gso::plan_gso(
-            n,
-            self.max_segments,
-            |i| lens[i].iov_len,
-            |g| {
-                let h = &mut hdrs[groups].msg_hdr;
-                // SAFETY: g.start < n ≤ capacity: inside `iov`.
-                h.msg_iov = unsafe { base.add(g.start) };
-                h.msg_iovlen = g.count as _;
-                if g.count > 1 {
-                    let clen = gso::write_segment_cmsg(&mut ctrl[groups], g.segment as u16);
-                    h.msg_control = ctrl[groups].0.as_mut_ptr().cast();
-                    h.msg_controllen = clen as _;
-                    *coalesced += g.count as u64;
-                } else {
-                    h.msg_control = std::ptr::null_mut();
-                    h.msg_controllen = 0;
-                }
-                groups += 1;
-            },
-        );
+        let mut run = 0;
+        while run < n {
+            let lane = self.lane_of[run];
+            let end = run
+                + self.lane_of[run..n]
+                    .iter()
+                    .take_while(|&&l| l == lane)
+                    .count();
+            gso::plan_gso(
+                end - run,
+                self.max_segments,
+                |i| lens[run + i].iov_len,
+                |g| {
+                    let h = &mut hdrs[groups].msg_hdr;
+                    // SAFETY: run + g.start < n ≤ capacity: inside `iov`.
+                    h.msg_iov = unsafe { base.add(run + g.start) };
+                    if many {
+                        // SAFETY: lane < lanes.len() (commit_seq masks it).
+                        h.msg_name = unsafe { lanes.add(lane as usize) }.cast();
+                        h.msg_namelen = SOCKADDR_IN_LEN;
+                    }
+                    h.msg_iovlen = g.count as _;
+                    if g.count > 1 {
+                        let clen = gso::write_segment_cmsg(&mut ctrl[groups], g.segment as u16);
+                        h.msg_control = ctrl[groups].0.as_mut_ptr().cast();
+                        h.msg_controllen = clen as _;
+                        *coalesced += g.count as u64;
+                    } else {
+                        h.msg_control = std::ptr::null_mut();
+                        h.msg_controllen = 0;
+                    }
+                    groups += 1;
+                },
+            );
+            run = end;
+        }
         groups
     }
 
@@ -228,8 +342,21 @@ impl DatagramBatch {
     /// the datagrams not yet sent (the resend timer covers them), as with a
     /// plain `send`; any other error is returned.
     pub fn send_all(&mut self, fd: RawFd) -> io::Result<()> {
-        let n = self.plan_groups(self.count);
+        let queued = self.count;
+        if !self.lanes.is_empty() {
+            self.sort_by_lane(queued);
+        }
+        let n = self.plan_groups(queued);
         self.count = 0;
+        let r = self.send_groups(fd, n);
+        if !self.lanes.is_empty() {
+            self.restore_iov(queued);
+        }
+        r
+    }
+
+    /// `sendmmsg` of `hdrs[..n]`, until all went or the kernel refused.
+    fn send_groups(&mut self, fd: RawFd, n: usize) -> io::Result<()> {
         let mut sent = 0;
         while sent < n {
             // SAFETY: hdrs[sent..n] are valid mmsghdrs whose iovecs point

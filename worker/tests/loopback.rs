@@ -221,6 +221,54 @@ fn udp_gso_is_bit_exact_and_coalesces_its_data() {
     }
 }
 
+/// A switch with seq lanes (docs/PROTOCOL.md, "Seq lanes"): each worker
+/// learns them from its CHALLENGE and sends DATA of seq s to port P + (s mod
+/// 4), by either transport; the sums stay bit-exact, every lane's port
+/// takes at least each worker's DATA of its seqs, no chunk is resent (a
+/// lane overtaking another is no loss), and GSO still coalesces (runs of
+/// one lane).
+#[test]
+fn data_goes_to_its_seq_lanes_port() {
+    for kind in [TransportKind::Mmsg, TransportKind::UdpGso] {
+        let mut cfg = LoopbackConfig::new(1, 3, SECRET);
+        cfg.elems_per_chunk = 100;
+        cfg.seq_lanes = 4;
+        let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let got = run_workers(&sw, kind, 3, 50_000, 2, |_| {});
+        let per_lane = sw.datagrams_per_lane();
+        // 500 chunks per all-reduce, 2 of them: 250 seqs per lane, from
+        // each of 3 workers; lane 0's port also takes the control messages.
+        for (lane, n) in per_lane.iter().enumerate() {
+            assert!(*n >= 750, "{kind}: lane {lane} took {n}: {per_lane:?}");
+        }
+        for (_, stats) in &got {
+            assert_eq!(stats.chunks_fast_resent, 0, "{kind}: {stats:?}");
+        }
+        let sent: u64 = got.iter().map(|(_, s)| s.chunks_sent).sum();
+        assert!(
+            per_lane.iter().sum::<u64>() >= sent,
+            "{kind}: every DATA reached a lane port: {per_lane:?}, {sent} sent"
+        );
+        if kind == TransportKind::UdpGso {
+            // A super-datagram holds one lane's DATA: runs are shorter than
+            // without lanes, but there are runs.
+            for (_, stats) in &got {
+                assert!(stats.tx_coalesced > 0, "GSO within a lane: {stats:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_loopback_switch_refuses_lanes_that_are_not_a_power_of_two() {
+    let mut cfg = LoopbackConfig::new(1, 2, SECRET);
+    cfg.seq_lanes = 3;
+    let e = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+        .err()
+        .expect("3 lanes are refused");
+    assert!(e.to_string().contains("seq_lanes 3"), "{e}");
+}
+
 #[test]
 fn auto_picks_udp_gso_on_loopback() {
     let sw = stand_in(2, 0);

@@ -474,7 +474,7 @@ impl JobTable {
             reserved: HashSet::new(),
             pool_budget: cfg.pool_budget,
             pool_in_use: 0,
-            seq_lanes: cfg.seq_lanes,
+            seq_lanes: crate::wire::seq_lanes_from_wire(cfg.seq_lanes),
             replies: ReplyQueue::new(),
             hello_limit: RateLimiter::new(HELLO_LIMIT, &cfg.nonce_key, b"hello", now),
             nack_limit: RateLimiter::new(NACK_LIMIT, &cfg.nonce_key, b"nack", now),
@@ -1471,6 +1471,12 @@ impl JobTable {
                     nonce,
                     observed_ip: r.to.source.ip,
                     observed_port: r.to.source.port,
+                    // One lane is sent as 0, as before seq lanes.
+                    seq_lanes: if self.seq_lanes > 1 {
+                        self.seq_lanes
+                    } else {
+                        0
+                    },
                 };
                 (p.emit(body).ok()?, false)
             }
