@@ -12,7 +12,9 @@
  *   - IPv4 with IHL == 5 (no options) and not a fragment,
  *   - protocol UDP,
  *   - destination address is in `own_addrs`,
- *   - UDP destination port == config.agg_port.
+ *   - UDP destination port in config.agg_port .. agg_port + seq_lanes - 1
+ *     (a switch with seq lanes takes DATA of seq s on agg_port + s mod
+ *     seq_lanes, so that NIC rules can steer each lane to its own queue).
  * The redirect falls back to XDP_PASS when no socket sits in the slot. In
  * xdp-drop mode (config.mode == MODE_XDP_DROP, a benchmark baseline) such a
  * frame is dropped instead and counted as `dropped`.
@@ -350,7 +352,9 @@ int agg_xdp(struct xdp_md *ctx)
 	if (!bpf_map_lookup_elem(&own_addrs, &daddr))
 		return forward(ctx, eth, port_idx, fwd, now, &in);
 
-	if (cfg->agg_port == 0 || udp->dest != cfg->agg_port)
+	if (cfg->agg_port == 0 ||
+	    (__u16)(bpf_ntohs(udp->dest) - bpf_ntohs(cfg->agg_port)) >=
+		    (cfg->seq_lanes ? cfg->seq_lanes : 1))
 		return forward(ctx, eth, port_idx, fwd, now, &in);
 
 	if (cfg->mode == MODE_XDP_DROP) {

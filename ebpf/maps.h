@@ -99,9 +99,11 @@ enum counter_kind {
 
 /* `config` value (ARRAY, one entry). */
 struct agg_config {
-	__u16 agg_port; /* network byte order */
-	__u8 mode;      /* MODE_STEER or MODE_XDP_DROP */
-	__u8 forward;   /* 1: forwarding fast path on */
+	__u16 agg_port;  /* network byte order */
+	__u8 mode;       /* MODE_STEER or MODE_XDP_DROP */
+	__u8 forward;    /* 1: forwarding fast path on */
+	__u16 seq_lanes; /* ports agg_port..agg_port+seq_lanes-1 (0: as 1) */
+	__u16 _pad;
 };
 
 /* `fdb` value (LRU_HASH keyed by the MAC in the first 6 bytes of a u64). */

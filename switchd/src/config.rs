@@ -13,6 +13,7 @@
 //! admin_socket = "/run/aggswitch/switchd.sock"  # for switchctl
 //! ecn_ring_threshold = 0.5          # ring occupancy that marks ECE (≥ 1: off)
 //! dataplane_threads = 1             # sockets are dealt among the threads
+//! seq_lanes = 1                     # DATA of seq s on agg_port + s mod seq_lanes (power of two ≤ 64)
 //! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
@@ -177,6 +178,12 @@ pub struct SwitchSection {
     /// Dataplane threads; the sockets (ports × queues) are dealt among them.
     #[serde(default = "default_threads")]
     pub dataplane_threads: u32,
+    /// Seq lanes (docs/PROTOCOL.md, "Seq lanes"): DATA of seq s is taken on
+    /// `agg_port` + (s mod seq_lanes), and the CHALLENGE tells workers, so
+    /// that NIC ntuple rules can steer each lane to a queue and thread of
+    /// its own (README, "Real NICs"). A power of two, 1..=64.
+    #[serde(default = "default_seq_lanes")]
+    pub seq_lanes: u16,
     /// Pin dataplane thread i to CPU i (mod the CPUs available).
     #[serde(default = "default_true")]
     pub pin_threads: bool,
@@ -236,6 +243,10 @@ fn default_watchdog_secs() -> f64 {
 }
 
 fn default_threads() -> u32 {
+    1
+}
+
+fn default_seq_lanes() -> u16 {
     1
 }
 
@@ -477,6 +488,13 @@ pub enum LayoutWarning {
     QueuesOverNic { port: String, queues: u32, nic: u32 },
     /// The port has receive queues without a socket.
     QueuesUnderNic { port: String, queues: u32, nic: u32 },
+    /// Seq lanes that ntuple rules cannot map one to a queue, each queue
+    /// to one thread.
+    LanesNotQueues {
+        lanes: u16,
+        queues: u32,
+        threads: u32,
+    },
 }
 
 impl std::fmt::Display for LayoutWarning {
@@ -536,7 +554,35 @@ impl std::fmt::Display for LayoutWarning {
                 receive_queues(*nic),
                 queue_range(*queues, nic - 1),
             ),
+            LayoutWarning::LanesNotQueues {
+                lanes,
+                queues,
+                threads,
+            } => write!(
+                f,
+                "switch.seq_lanes = {lanes} with queues = {queues} and dataplane_threads = \
+                 {threads}: the lanes are steered one to a queue (an ntuple rule per lane), and \
+                 thread q serves queue q only while threads ≤ queues, so a slot's DATA reach \
+                 more than one thread and the lanes gain nothing; set seq_lanes = queues = \
+                 dataplane_threads (or seq_lanes = 1)"
+            ),
         }
+    }
+}
+
+/// Warnings about seq lanes (more than one) that do not map one to one
+/// onto queues served, queue q by thread q, on every port: lane l's rule
+/// steers to queue l, so lanes must equal queues, with no more threads
+/// than queues ([`crate::dataplane::deal`]).
+pub fn lane_warnings(lanes: u16, queues: u32, threads: u32) -> Vec<LayoutWarning> {
+    if lanes > 1 && (u32::from(lanes) != queues || threads > queues) {
+        vec![LayoutWarning::LanesNotQueues {
+            lanes,
+            queues,
+            threads,
+        }]
+    } else {
+        Vec::new()
     }
 }
 
@@ -631,6 +677,7 @@ impl Config {
             return layout_warnings(cores, 1, 1, sw.dataplane_threads);
         }
         let mut w = layout_warnings(cores, sw.ports.len(), sw.queues, sw.dataplane_threads);
+        w.extend(lane_warnings(sw.seq_lanes, sw.queues, sw.dataplane_threads));
         w.extend(nic_queue_warnings(&sw.ports, sw.queues, sysfs_rx_queues));
         w
     }
@@ -727,6 +774,20 @@ impl Config {
         }
         if sw.agg_port == 0 {
             return Err(invalid("switch.agg_port must not be 0".into()));
+        }
+        if !sw.seq_lanes.is_power_of_two() || sw.seq_lanes > proto::wire::MAX_SEQ_LANES {
+            return Err(invalid(format!(
+                "switch.seq_lanes must be a power of two in 1..={}, got {} (set it to \
+                 switch.queues, one lane per NIC queue)",
+                proto::wire::MAX_SEQ_LANES,
+                sw.seq_lanes
+            )));
+        }
+        if u32::from(sw.agg_port) + u32::from(sw.seq_lanes) - 1 > u32::from(u16::MAX) {
+            return Err(invalid(format!(
+                "switch.agg_port {} + seq_lanes {} runs past UDP port 65535: lower agg_port",
+                sw.agg_port, sw.seq_lanes
+            )));
         }
         if !sw.frames_per_socket.is_power_of_two() || sw.frames_per_socket < 64 {
             return Err(invalid(format!(
@@ -1084,6 +1145,45 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             .unwrap_err()
             .to_string();
         assert!(e.contains("elems_per_chunk must be 1..=1888"), "{e}");
+    }
+
+    #[test]
+    fn seq_lanes_are_a_power_of_two_within_the_ports() {
+        let with = |extra: &str| GOOD.replace("[switch]\n", &format!("[switch]\n{extra}\n"));
+        assert_eq!(parse(GOOD).unwrap().switch.seq_lanes, 1);
+        assert_eq!(parse(&with("seq_lanes = 4")).unwrap().switch.seq_lanes, 4);
+        for bad in ["seq_lanes = 3", "seq_lanes = 0", "seq_lanes = 128"] {
+            let e = parse(&with(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("switch.seq_lanes must be a power of two in 1..=64"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&with("agg_port = 65534\nseq_lanes = 4"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("runs past UDP port 65535"), "{e}");
+    }
+
+    #[test]
+    fn lanes_that_do_not_match_queues_and_threads_get_a_warning() {
+        assert_eq!(lane_warnings(1, 1, 4), vec![]);
+        assert_eq!(lane_warnings(4, 4, 4), vec![]);
+        assert_eq!(
+            lane_warnings(4, 4, 2),
+            vec![],
+            "thread t serves queues t, t + 2"
+        );
+        for (lanes, queues, threads) in [(4, 2, 2), (2, 2, 4)] {
+            let w = lane_warnings(lanes, queues, threads);
+            assert_eq!(w.len(), 1, "{lanes} {queues} {threads}");
+            let msg = w[0].to_string();
+            assert!(
+                msg.contains(&format!("seq_lanes = {lanes}"))
+                    && msg.contains("set seq_lanes = queues = dataplane_threads"),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

@@ -128,6 +128,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let budget = cfg.switch.pool_budget_bytes();
     let mut table_cfg = TableConfig::new(gen, rand::random());
     table_cfg.pool_budget = budget;
+    table_cfg.seq_lanes = cfg.switch.seq_lanes;
     let mut table = JobTable::new(table_cfg, Instant::now());
     let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
     control::declare_jobs(&mut table, &cfg.jobs, max_elems)
@@ -142,6 +143,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         &cfg.switch.addresses,
         &ProgramOptions {
             agg_port: cfg.switch.agg_port,
+            seq_lanes: cfg.switch.seq_lanes,
             drop_steerable: xdp_drop,
             forward,
         },
@@ -224,6 +226,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         sockets,
         DataplaneConfig {
             agg_port: cfg.switch.agg_port,
+            seq_lanes: cfg.switch.seq_lanes,
             ecn_ring_fraction: cfg.switch.ecn_ring_threshold,
             ring_size: xcfg.ring_size,
             threads,
@@ -432,6 +435,17 @@ fn check_config(path: &Path) -> Result<()> {
         cfg.switch.ports.len() as u32 * cfg.switch.queues,
         cfg.switch.dataplane_threads
     );
+    if cfg.switch.seq_lanes > 1 {
+        println!(
+            "  seq lanes: {} (DATA on UDP ports {}..={}; steer port {} + l to queue l with \
+             ethtool -N <port> flow-type udp4 dst-port {} + l action l)",
+            cfg.switch.seq_lanes,
+            cfg.switch.agg_port,
+            cfg.switch.agg_port + (cfg.switch.seq_lanes - 1),
+            cfg.switch.agg_port,
+            cfg.switch.agg_port,
+        );
+    }
     // Warnings, not errors: the layout runs, but wastes cores or traffic.
     for w in cfg.layout_warnings() {
         eprintln!("{}: warning: {w}", path.display());

@@ -154,10 +154,12 @@ pub fn job(stats: &serde_json::Value, id: u64) -> &serde_json::Value {
 /// per testbed port (`testbed.sh --queues Q --queue-per-worker`: worker I
 /// of N sends on queue floor(I*Q/N)) and switchd's `queues` and
 /// `dataplane_threads`.
+/// And switchd's `seq_lanes`: the UDP ports its DATA arrive on.
 #[derive(Clone, Copy, Debug)]
 pub struct Lanes {
     pub queues: u16,
     pub threads: u16,
+    pub seq_lanes: u16,
 }
 
 impl Lanes {
@@ -165,18 +167,30 @@ impl Lanes {
     pub const ONE: Lanes = Lanes {
         queues: 1,
         threads: 1,
+        seq_lanes: 1,
     };
     /// Two queues per port, two dataplane threads.
     pub const TWO: Lanes = Lanes {
         queues: 2,
         threads: 2,
+        seq_lanes: 1,
+    };
+    /// Two queues, two threads and two seq lanes (docs/PROTOCOL.md, "Seq
+    /// lanes"): workers send odd seqs to the port after the aggregation
+    /// port. On veth no NIC rule steers a lane to its queue, so this tests
+    /// the ports and the protocol, not the steering.
+    pub const TWO_SEQ_LANES: Lanes = Lanes {
+        queues: 2,
+        threads: 2,
+        seq_lanes: 2,
     };
 
-    /// The `[switch]` lines that give switchd these queues and threads.
+    /// The `[switch]` lines that give switchd these queues, threads and
+    /// seq lanes.
     pub fn switch_toml(&self) -> String {
         format!(
-            "queues = {}\ndataplane_threads = {}\n",
-            self.queues, self.threads
+            "queues = {}\ndataplane_threads = {}\nseq_lanes = {}\n",
+            self.queues, self.threads, self.seq_lanes
         )
     }
 }

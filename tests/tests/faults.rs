@@ -24,7 +24,8 @@
 //! testbed of 2 queues per veth with switchd at `queues = 2`,
 //! `dataplane_threads = 2` (prefixes `mt1`..`mt4`): contributions to one
 //! slot then arrive on different threads, and the test checks that both
-//! threads received a share ([`Testbed::assert_spread_over_queues`]).
+//! threads received a share ([`Testbed::assert_spread_over_queues`]). The
+//! `…_on_2_seq_lanes` variant adds `seq_lanes = 2` (prefix `sl1`).
 //!
 //! Every fault test first runs the same all-reduce on the clean testbed, then
 //! impairs it and runs it again, and prints one summary line with both times
@@ -53,6 +54,8 @@ struct RunResult {
     duplicate_results: u64,
     rejoins: u64,
     elems_per_chunk: u64,
+    /// The seq lanes every worker reported (they all learnt the same).
+    seq_lanes: u64,
 }
 
 fn run_job(tb: &Testbed, n: u16, elements: usize, iterations: u32) -> RunResult {
@@ -83,6 +86,11 @@ fn run_job(tb: &Testbed, n: u16, elements: usize, iterations: u32) -> RunResult 
         duplicate_results: sum("duplicate_results"),
         rejoins: sum("rejoins"),
         elems_per_chunk: reports[0]["elems_per_chunk"].as_u64().unwrap(),
+        seq_lanes: reports
+            .iter()
+            .map(|r| r["seq_lanes"].as_u64().unwrap_or(0))
+            .min()
+            .unwrap_or(0),
     }
 }
 
@@ -175,6 +183,10 @@ fn fault_test(test: &str, prefix: &str, f: Faults, lanes: Lanes) {
     if lanes.threads > 1 {
         tb.assert_spread_over_queues(&stats, lanes);
     }
+    // Every worker learnt the switch's lanes from its CHALLENGE (and the
+    // chunks sent to the other lanes' ports completed, above).
+    assert_eq!(faulty.seq_lanes, u64::from(lanes.seq_lanes));
+    assert_eq!(clean.seq_lanes, u64::from(lanes.seq_lanes));
 }
 
 const LOSS: Faults = Faults {
@@ -244,6 +256,20 @@ fn allreduce_survives_25_percent_reordering_on_2_queues_and_2_threads() {
 #[ignore = "needs root"]
 fn allreduce_survives_all_faults_at_once_on_2_queues_and_2_threads() {
     fault_test("faults_all_2_threads", "mt4", ALL_AT_ONCE, Lanes::TWO);
+}
+
+/// Seq lanes: every worker learns them from its CHALLENGE and sends odd
+/// seqs to port 48880, which the XDP program and switchd take as DATA; the
+/// impairment (on port 48879) hits the even seqs' DATA and every RESULT.
+#[test]
+#[ignore = "needs root"]
+fn allreduce_survives_all_faults_at_once_on_2_seq_lanes() {
+    fault_test(
+        "faults_all_seq_lanes",
+        "sl1",
+        ALL_AT_ONCE,
+        Lanes::TWO_SEQ_LANES,
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -350,6 +350,8 @@ struct Report {
     global_rank: Option<u16>,
     elems_per_chunk: u16,
     pool_slots: u16,
+    /// The switch's seq lanes: DATA of seq s went to its port + s mod this.
+    seq_lanes: usize,
     /// The transport that ran: "mmsg" or "udp-gso".
     transport: &'static str,
     /// How the job authenticates DATA/RESULT: "port" or "mac".
@@ -767,6 +769,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         global_rank: tree.as_ref().map(|t| t.global_rank),
         elems_per_chunk: w.elems_per_chunk(),
         pool_slots: w.pool_slots(),
+        seq_lanes: w.seq_lanes(),
         transport: w.transport().name(),
         auth: w.auth().name(),
         stats,

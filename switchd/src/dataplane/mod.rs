@@ -194,6 +194,8 @@ pub struct Shared {
     /// DATA without the table's lock ([`proto::switch::datapath`]).
     data_path: Arc<DataPath>,
     agg_port: u16,
+    /// Ports agg_port..agg_port + seq_lanes - 1 take aggregation traffic.
+    seq_lanes: u16,
     /// Ring occupancy (entries) above which taken contributions count as
     /// congestion-marked; u32::MAX turns it off.
     ecn_ring_entries: u32,
@@ -250,6 +252,9 @@ impl OwnAddresses {
 /// How to build a dataplane.
 pub struct DataplaneConfig {
     pub agg_port: u16,
+    /// Seq lanes (docs/PROTOCOL.md, "Seq lanes"): DATA also comes to the
+    /// next seq_lanes - 1 ports.
+    pub seq_lanes: u16,
     /// Fraction of a ring's size above which RESULTs get ECE (≥ 1: never).
     pub ecn_ring_fraction: f64,
     pub ring_size: u32,
@@ -330,6 +335,7 @@ pub fn build(
         data_path: table.data_path(),
         table: Mutex::new(table),
         agg_port: cfg.agg_port,
+        seq_lanes: cfg.seq_lanes.max(1),
         ecn_ring_entries,
         started: Instant::now(),
         owner,

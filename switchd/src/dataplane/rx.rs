@@ -69,14 +69,17 @@ pub fn handle_frame(
         out.counters.own_source += 1;
         return;
     }
-    if f.dst_port != out.agg_port() {
+    if !out.is_agg_port(f.dst_port) {
         out.counters.wrong_port += 1;
         return;
     }
     if congested {
         out.counters.ring_congested_frames += 1;
     }
-    let from = reply_endpoint(&f, port_idx, queue);
+    let mut from = reply_endpoint(&f, port_idx, queue);
+    // Replies come from the aggregation port, whichever lane's port the
+    // message came to: a worker's socket is connected to that one.
+    from.local_port = out.agg_port();
     let ce = f.ce || congested;
     match data_path.on_datagram(out.thread(), f.payload, &from, ce) {
         Fast::Slow => {

@@ -70,6 +70,12 @@ impl<'a> Out<'a> {
         self.shared.agg_port
     }
 
+    /// Whether `port` is one of the aggregation service's: agg_port or a
+    /// seq lane's port after it.
+    pub fn is_agg_port(&self, port: u16) -> bool {
+        port.wrapping_sub(self.shared.agg_port) < self.shared.seq_lanes
+    }
+
     /// The switch's own addresses (the ingress check).
     pub fn own(&self) -> &super::OwnAddresses {
         &self.shared.own

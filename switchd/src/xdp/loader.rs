@@ -133,6 +133,9 @@ impl SteerCounters {
 pub struct ProgramOptions {
     /// UDP port of the aggregation service.
     pub agg_port: u16,
+    /// Seq lanes: frames to agg_port..agg_port + seq_lanes - 1 are
+    /// steered (0 as 1).
+    pub seq_lanes: u16,
     /// Drop (and count as `dropped`) every frame that would be steered to
     /// AF_XDP: the XDP_DROP benchmark baseline.
     pub drop_steerable: bool,
@@ -288,6 +291,8 @@ fn agg_config(o: &ProgramOptions) -> AggConfig {
             MODE_STEER as u8
         },
         forward: o.forward as u8,
+        seq_lanes: o.seq_lanes,
+        _pad: 0,
     }
 }
 
@@ -808,10 +813,12 @@ mod tests {
         // from ebpf/maps.h and checked against it by clang in build.rs).
         let c = agg_config(&ProgramOptions {
             agg_port: 48879,
+            seq_lanes: 4,
             drop_steerable: true,
             forward: true,
         });
         assert_eq!((u32::from(c.mode), c.forward), (MODE_XDP_DROP, 1));
+        assert_eq!(c.seq_lanes, 4, "host order: the program converts the port");
         let c = agg_config(&ProgramOptions::default());
         assert_eq!((u32::from(c.mode), c.forward), (MODE_STEER, 0));
     }
@@ -879,6 +886,60 @@ mod tests {
             std::io::Error::last_os_error()
         );
         attr.retval
+    }
+
+    /// Seq lanes: with `seq_lanes = 4` the program takes UDP to agg_port
+    /// and the three ports after it (here: drops them, the xdp-drop
+    /// baseline, so that the verdict shows it) and passes the ports around
+    /// them. Runs the real program in the kernel: needs root (skipped
+    /// without, a failure under CI=true).
+    #[test]
+    fn program_steers_every_seq_lanes_port_and_no_other() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "program_steers_every_seq_lanes_port_and_no_other needs root; under CI=true \
+                 that is a failure"
+            );
+            eprintln!("SKIPPED program_steers_every_seq_lanes_port_and_no_other: needs root");
+            return;
+        }
+        const XDP_DROP: u32 = 1;
+        const XDP_PASS: u32 = 2;
+        const LO: u32 = 1; // ifindex of lo in every namespace
+        let own = Ipv4Addr::new(198, 18, 0, 1);
+        let mut prog = SteeringProgram::load_with(
+            &[own],
+            &ProgramOptions {
+                agg_port: 48879,
+                seq_lanes: 4,
+                drop_steerable: true,
+                forward: false,
+            },
+        )
+        .expect("loading the program");
+        prog.ports.insert(LO, 0, 0).unwrap();
+        let frame = |dport: u16| {
+            let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+            // IPv4, IHL 5, total length 28 + 4, TTL 64, UDP, 198.18.0.2 -> own.
+            f.extend_from_slice(&[0x45, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0, 198, 18, 0, 2]);
+            f.extend_from_slice(&own.octets());
+            f.extend_from_slice(&40000u16.to_be_bytes());
+            f.extend_from_slice(&dport.to_be_bytes());
+            f.extend_from_slice(&[0, 12, 0, 0, 1, 2, 3, 4]);
+            f
+        };
+        for (dport, want) in [
+            (48878, XDP_PASS),
+            (48879, XDP_DROP),
+            (48880, XDP_DROP),
+            (48882, XDP_DROP),
+            (48883, XDP_PASS),
+        ] {
+            assert_eq!(test_run(&mut prog, LO, &frame(dport)), want, "port {dport}");
+        }
     }
 
     /// The program's bridge rules, one situation at a time: the ingress and
