@@ -187,6 +187,24 @@ fn fault_test(test: &str, prefix: &str, f: Faults, lanes: Lanes) {
     // chunks sent to the other lanes' ports completed, above).
     assert_eq!(faulty.seq_lanes, u64::from(lanes.seq_lanes));
     assert_eq!(clean.seq_lanes, u64::from(lanes.seq_lanes));
+    if lanes.threads > 1 {
+        // Hand-offs between threads: with seq lanes, the completing thread
+        // sends every RESULT from its own socket on the member's port, so
+        // only control replies cross (docs/PROTOCOL.md, "Seq lanes").
+        let sum = |k: &str| -> u64 {
+            stats["threads"]
+                .as_array()
+                .map_or(0, |ts| ts.iter().map(|t| t[k].as_u64().unwrap_or(0)).sum())
+        };
+        let (handed, sent) = (sum("forwarded"), sum("tx_frames"));
+        eprintln!("hand-offs between threads: {handed} of {sent} frames sent");
+        if lanes.seq_lanes > 1 {
+            assert!(
+                handed * 100 < sent,
+                "{handed} hand-offs for {sent} frames sent"
+            );
+        }
+    }
 }
 
 const LOSS: Faults = Faults {

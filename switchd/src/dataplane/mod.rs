@@ -194,7 +194,8 @@ pub struct Shared {
     /// DATA without the table's lock ([`proto::switch::datapath`]).
     data_path: Arc<DataPath>,
     agg_port: u16,
-    /// Ports agg_port..agg_port + seq_lanes - 1 take aggregation traffic.
+    /// Ports agg_port..agg_port + seq_lanes - 1 take aggregation traffic;
+    /// above 1, RESULTs leave from the completing thread (`tx`'s docs).
     seq_lanes: u16,
     /// Ring occupancy (entries) above which taken contributions count as
     /// congestion-marked; u32::MAX turns it off.

@@ -1,6 +1,11 @@
 //! Replies out: to this thread's transmit ring of the member's port and
 //! queue, or, when another thread owns that socket, to its outbox (and a
-//! wake-up if it sleeps).
+//! wake-up if it sleeps). With seq lanes (`[switch] seq_lanes` > 1) an
+//! untagged RESULT leaves from this thread's own socket on the member's
+//! port when it has one (threads ≤ queues: each serves a queue of every
+//! port), so the thread that completes a lane's chunk sends its RESULTs
+//! with no hand-off per chunk; the frames leave on its queue instead of
+//! the one the member joined on, which the worker cannot tell.
 //!
 //! Owns: [`Out`] (where one thread's replies go) and [`drain_outbox`] (the
 //! replies other threads handed to this one).
@@ -99,14 +104,27 @@ impl<'a> Out<'a> {
             let mut others = 0u64;
             // One read lock of the shadow for every RESULT sent from here.
             let mut res = core.engine.result(seq);
+            let lanes = shared.seq_lanes > 1;
             core.for_each_member(|rank, to| {
-                let r = Reply::result(*to, job, rank, seq);
+                let mut r = Reply::result(*to, job, rank, seq);
+                n += 1;
+                if lanes {
+                    match self.own_queue(to.port_idx) {
+                        Some(q) => {
+                            r.to.queue = q;
+                            self.transmit_fanned(core, &r, res.as_mut());
+                        }
+                        // Only this member: its owner thread must not send
+                        // the others again.
+                        None => self.result_out(core, &r),
+                    }
+                    return;
+                }
                 match self.owner(&r) {
                     Some(t) if t != self.idx && t < 64 => others |= 1 << t,
                     Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(r)),
                     _ => self.transmit_fanned(core, &r, res.as_mut()),
                 }
-                n += 1;
             });
             while others != 0 {
                 let t = others.trailing_zeros() as usize;
@@ -150,9 +168,16 @@ impl<'a> Out<'a> {
         });
     }
 
-    /// Sends `core`'s untagged RESULT `r`: here, or via the owning thread's
-    /// outbox.
+    /// Sends `core`'s untagged RESULT `r`: here (with seq lanes: from our
+    /// own socket on its port, if any), or via the owning thread's outbox.
     fn result_out(&mut self, core: &JobCore, r: &Reply) {
+        let mut r = *r;
+        if self.shared.seq_lanes > 1 {
+            if let Some(q) = self.own_queue(r.to.port_idx) {
+                r.to.queue = q;
+            }
+        }
+        let r = &r;
         match self.owner(r) {
             Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
             _ => {
@@ -173,6 +198,12 @@ impl<'a> Out<'a> {
             Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
             _ => self.transmit(table, r),
         }
+    }
+
+    /// A queue of `port` whose socket this thread owns, if any.
+    fn own_queue(&self, port: u32) -> Option<u32> {
+        let queues = self.txs.get(port as usize)?;
+        queues.iter().position(Option::is_some).map(|q| q as u32)
     }
 
     /// The thread that owns the socket `r` goes out of.
