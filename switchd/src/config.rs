@@ -561,10 +561,10 @@ impl std::fmt::Display for LayoutWarning {
             } => write!(
                 f,
                 "switch.seq_lanes = {lanes} with queues = {queues} and dataplane_threads = \
-                 {threads}: the lanes are steered one to a queue (an ntuple rule per lane), and \
-                 thread q serves queue q only while threads ≤ queues, so a slot's DATA reach \
-                 more than one thread and the lanes gain nothing; set seq_lanes = queues = \
-                 dataplane_threads (or seq_lanes = 1)"
+                 {threads}: each lane needs a queue of its own (an ntuple rule per lane) served \
+                 by one thread (thread q serves queue q of every port only when threads ≤ \
+                 queues); otherwise a chunk's DATA reach more than one thread and the lanes \
+                 gain nothing; set seq_lanes = queues = dataplane_threads (or seq_lanes = 1)"
             ),
         }
     }

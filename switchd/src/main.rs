@@ -436,15 +436,19 @@ fn check_config(path: &Path) -> Result<()> {
         cfg.switch.dataplane_threads
     );
     if cfg.switch.seq_lanes > 1 {
+        let (port, lanes) = (cfg.switch.agg_port, cfg.switch.seq_lanes);
         println!(
-            "  seq lanes: {} (DATA on UDP ports {}..={}; steer port {} + l to queue l with \
-             ethtool -N <port> flow-type udp4 dst-port {} + l action l)",
-            cfg.switch.seq_lanes,
-            cfg.switch.agg_port,
-            cfg.switch.agg_port + (cfg.switch.seq_lanes - 1),
-            cfg.switch.agg_port,
-            cfg.switch.agg_port,
+            "  seq lanes: {lanes}: DATA of chunk seq s on UDP port {port} + s mod {lanes} \
+             ({port}..={}); on a NIC, steer lane l to queue l:",
+            port + (lanes - 1)
         );
+        for p in &cfg.switch.ports {
+            println!(
+                "    ethtool -K {p} ntuple on; for l in $(seq 0 {}); do ethtool -N {p} \
+                 flow-type udp4 dst-port $(({port} + l)) action $l; done",
+                lanes - 1
+            );
+        }
     }
     // Warnings, not errors: the layout runs, but wastes cores or traffic.
     for w in cfg.layout_warnings() {
