@@ -73,6 +73,10 @@ class Worker:
     def transport(self) -> Literal["mmsg", "udp-gso"]:
         """The UDP data path the worker settled on."""
     @property
+    def seq_lanes(self) -> int:
+        """The switch's seq lanes at the join: DATA of chunk seq s goes to
+        its port + s mod seq_lanes (1: one port)."""
+    @property
     def auth(self) -> Literal["port", "mac"]:
         """How the job authenticates DATA and RESULT (from the switch's JOIN_ACK)."""
     @property
@@ -94,7 +98,10 @@ class LoopbackSwitch:
         drop_every: int = 0,
         dtype: Literal["f32", "bf16", "f16"] = "f32",
         stats: bool = False,
-    ) -> "LoopbackSwitch": ...
+        seq_lanes: int = 1,
+    ) -> "LoopbackSwitch":
+        """`seq_lanes`: DATA of chunk seq s is also taken on port + s mod
+        seq_lanes (a power of two, 1..=64), as switchd's `seq_lanes`."""
     @property
     def address(self) -> str:
         """"127.0.0.1:PORT", to pass as Worker(switch=...)."""

@@ -194,6 +194,8 @@ struct PyWorker {
     transport: &'static str,
     /// The job's auth mode from the JOIN_ACK: "port" or "mac".
     auth: &'static str,
+    /// The switch's seq lanes at the join (its CHALLENGE's).
+    seq_lanes: usize,
 }
 
 /// `dtype=` of a Worker or LoopbackSwitch.
@@ -514,6 +516,7 @@ impl PyWorker {
             elems_per_chunk: w.elems_per_chunk(),
             dtype,
             transport: w.transport().name(),
+            seq_lanes: w.seq_lanes(),
             auth: w.auth().name(),
             inner: Mutex::new(Some(w)),
         })
@@ -695,6 +698,13 @@ impl PyWorker {
         self.auth
     }
 
+    /// The switch's seq lanes as its CHALLENGE said at the join: DATA of
+    /// chunk seq s goes to its port + s mod seq_lanes (1: one port).
+    #[getter]
+    fn seq_lanes(&self) -> usize {
+        self.seq_lanes
+    }
+
     /// The job's element type: "f32", "bf16" or "f16".
     #[getter]
     fn dtype(&self) -> &'static str {
@@ -730,7 +740,7 @@ impl PyLoopbackSwitch {
     #[new]
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
                         elems_per_chunk = 362, drop_every = 0, dtype = "f32",
-                        stats = false))]
+                        stats = false, seq_lanes = 1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
@@ -742,6 +752,7 @@ impl PyLoopbackSwitch {
         drop_every: u64,
         dtype: &str,
         stats: bool,
+        seq_lanes: u16,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -753,6 +764,7 @@ impl PyLoopbackSwitch {
         cfg.drop_every = drop_every;
         cfg.dtype = parse_dtype(dtype)?;
         cfg.stats = stats;
+        cfg.seq_lanes = seq_lanes;
         let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PyLoopbackSwitch {

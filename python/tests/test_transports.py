@@ -64,3 +64,23 @@ def test_a_delay_target_out_of_range_is_a_value_error_saying_the_unit(switch, ba
     sw = switch(1)
     with pytest.raises(ValueError, match=r"delay_target .*seconds in 0\.\.=1"):
         aggswitch.Worker(sw.address, job=1, rank=0, world_size=1, secret=SECRET, delay_target=bad)
+
+
+@pytest.mark.parametrize("transport", ["mmsg", "udp-gso"])
+def test_a_switch_with_seq_lanes_sums_bit_for_bit_and_workers_learn_the_lanes(switch, transport):
+    sw = switch(3, elems_per_chunk=100, seq_lanes=4)
+    n = 20_001
+
+    def body(w):
+        a = pattern(w.rank, 0, n)
+        w.all_reduce(a)
+        return w.seq_lanes, a
+
+    for rank, (lanes, got) in run_ranks(sw, 3, body, transport=transport).items():
+        assert lanes == 4, f"rank {rank}"
+        assert got.tobytes() == rank_order_sum(3, 0, n).tobytes(), f"rank {rank}"
+
+
+def test_seq_lanes_that_are_not_a_power_of_two_are_a_value_error(switch):
+    with pytest.raises(ValueError, match="seq_lanes 3 is not a power of two"):
+        switch(2, seq_lanes=3)
