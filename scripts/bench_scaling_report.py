@@ -12,7 +12,9 @@ threads and the lowest share of their CPUs they got, below 1 when other load
 ran there or a thread slept on a lock) and the headline `engine_2_over_1`: Mpps at 2 threads
 over 1, rss layout, of the lockfree backend when it was measured, else of
 table-lock (`engine_2_over_1_backend` names it; null when T=1 or T=2 was not
-run), with `core_round_trip_ns`, the CPU-to-CPU cache-line round trip
+run; `engine_2_over_1_seq_lanes`: the same for the steered layout, what
+switchd's seq lanes with a NIC rule per lane make of one job), with
+`core_round_trip_ns`, the CPU-to-CPU cache-line round trip
 measured around that configuration's runs (per run the larger of before
 and after, median): on a virtual machine it moves as the hypervisor moves
 the CPUs, and the layouts that share a job between threads follow it. So
@@ -205,6 +207,9 @@ def main():
         "engine_2_over_1_layout": "rss",
         "engine_2_over_1_rank_blocks": ratio_2_over_1(report["runs"], backend, "rank-blocks"),
         "engine_2_over_1_steered": ratio_2_over_1(report["runs"], backend, "steered"),
+        # What switchd's seq lanes with a NIC rule per lane give one job:
+        # every contribution of a chunk on one thread (the steered layout).
+        "engine_2_over_1_seq_lanes": ratio_2_over_1(report["runs"], backend, "steered"),
         "engine_2_over_1_job_per_thread": ratio_2_over_1(report["runs"], backend, "job-per-thread"),
         # Software seq lanes in front of the same engine, DATA arriving as rss.
         "engine_2_over_1_lanes_rss": ratio_2_over_1(report["runs"], "lanes", "rss"),
@@ -228,6 +233,10 @@ def main():
         if r is not None:
             print(f"  2 over 1 with the CPUs near (round trip < {NEAR_NS:.0f} ns before and "
                   f"after; {k} repeat(s)): {lay} {r:.2f}")
+    sl = report["engine_2_over_1_seq_lanes"]
+    if sl is not None:
+        print(f"engine_2_over_1_seq_lanes: {sl:.2f} (one job with switchd's seq lanes steered "
+              f"by NIC rules: the steered layout; goal {GOAL_2_OVER_1})")
     lanes = report["engine_2_over_1_lanes_rss"]
     if lanes is not None:
         print(f"  lanes (software seq lanes), DATA arriving as rss: 2 over 1 {lanes:.2f}")

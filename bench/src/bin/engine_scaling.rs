@@ -91,7 +91,8 @@ enum LayoutArg {
     /// thread, as switchd deals a port per worker).
     RankBlocks,
     /// One job; seq s's DATA, of every rank, on thread s mod T (slots
-    /// steered to threads, as NIC ntuple rules per seq lane would).
+    /// steered to threads: switchd's seq lanes with an ntuple rule per lane
+    /// port).
     Steered,
     /// T jobs; thread t feeds every rank of job t.
     JobPerThread,

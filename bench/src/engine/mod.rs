@@ -46,10 +46,10 @@
 //! with a port per worker, or NIC rules steering workers by source), so a
 //! rank-order sum passes between threads T − 1 times per seq, not n − 1;
 //! `steered`, one job whose seq s arrives, from every rank, on thread
-//! s mod T (what a NIC would do with one destination port per seq lane
-//! and ntuple rules: the "slots sharded to threads" design; switchd does
-//! not steer so today, see docs/BENCHMARKS.md; no thread owns a rank's
-//! queue, so the completing thread sends the RESULTs); `job-per-thread`,
+//! s mod T (switchd's seq lanes with an ntuple rule per lane port: the
+//! "slots sharded to threads" design; the completing thread sends the
+//! RESULTs from its own socket, as switchd does with seq lanes);
+//! `job-per-thread`,
 //! T jobs, thread t feeding (and answering) every rank of job t.
 //!
 //! Checks (a wrong engine fails the run, never reports a number): every
