@@ -8,8 +8,8 @@
 # Mutex<JobTable> per batch, switchd before issue 21; lockfree: the lock-free
 # DATA path; lanes: lockfree behind software seq lanes) and each layout (rss
 # and rank-blocks: one job of 4 ranks whose ranks arrive on different
-# threads; steered: one job whose seqs arrive by lane; job-per-thread: T
-# jobs), it reports DATA Mpps, payload GB/s summed, RESULTs/s and DATA per
+# threads; steered: one job whose seqs arrive by lane, as switchd's seq
+# lanes with NIC rules make them; job-per-thread: T jobs), it reports DATA Mpps, payload GB/s summed, RESULTs/s and DATA per
 # CPU-second of the feeding threads, the median of the repeats, and the
 # lowest share of their CPUs the threads got.
 #
@@ -26,7 +26,8 @@
 #
 # Prints the table (Markdown) and writes results/scaling-STAMP.json (its key
 # engine_2_over_1: median Mpps at 2 threads over 1, rss layout, lockfree, or
-# table-lock while lockfree is not built, named by engine_2_over_1_backend)
+# table-lock while lockfree is not built, named by engine_2_over_1_backend;
+# and engine_2_over_1_seq_lanes, the same for the steered layout)
 # and results/scaling-STAMP.png (scripts/bench_scaling_report.py, with the
 # project venv's Python). No root needed; nothing touches the network.
 # Warns when the 1-min load average says the machine is busy: the threads
