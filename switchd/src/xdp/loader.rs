@@ -888,6 +888,22 @@ mod tests {
         attr.retval
     }
 
+    /// Whether `test` may run the program in the kernel (root); without,
+    /// prints the skip, or fails under CI=true.
+    fn has_root(test: &str) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return true;
+        }
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "{test} needs root; under CI=true that is a failure"
+        );
+        eprintln!("SKIPPED {test}: needs root");
+        false
+    }
+
     /// Seq lanes: with `seq_lanes = 4` the program takes UDP to agg_port
     /// and the three ports after it (here: drops them, the xdp-drop
     /// baseline, so that the verdict shows it) and passes the ports around
@@ -895,15 +911,7 @@ mod tests {
     /// without, a failure under CI=true).
     #[test]
     fn program_steers_every_seq_lanes_port_and_no_other() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "program_steers_every_seq_lanes_port_and_no_other needs root; under CI=true \
-                 that is a failure"
-            );
-            eprintln!("SKIPPED program_steers_every_seq_lanes_port_and_no_other: needs root");
+        if !has_root("program_steers_every_seq_lanes_port_and_no_other") {
             return;
         }
         const XDP_DROP: u32 = 1;
@@ -952,15 +960,7 @@ mod tests {
             PortInfo, BR_STATE_DISABLED, BR_STATE_FORWARDING, BR_STATE_LEARNING, PORT_F_ISOLATED,
             PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING, PORT_F_XMIT_SG,
         };
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "program_forwards_only_where_the_bridge_would needs root; under CI=true \
-                 that is a failure"
-            );
-            eprintln!("SKIPPED program_forwards_only_where_the_bridge_would: needs root");
+        if !has_root("program_forwards_only_where_the_bridge_would") {
             return;
         }
         const XDP_PASS: u32 = 2;
