@@ -155,6 +155,8 @@ impl DatagramBatch {
     /// [`proto::wire::seq_lanes_from_wire`] gives; 1: everything to the
     /// connected address). Called at a join, not per send.
     pub fn set_lanes(&mut self, switch: SocketAddrV4, lanes: u16) {
+        // Whatever the caller read: a power of two, at most 64.
+        let lanes = proto::wire::seq_lanes_from_wire(lanes);
         self.lanes.clear();
         if lanes > 1 {
             let ip = u32::from_ne_bytes(switch.ip().octets());
