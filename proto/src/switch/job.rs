@@ -320,6 +320,26 @@ pub(super) struct UpTimer {
     pub(super) fast_resent: bool,
 }
 
+/// The slot engine of `config`'s job for `n` ranks, allocated fallibly:
+/// one place for a new job and a resized one, so that a resize keeps
+/// everything the job declared (its statistics, its seq lanes).
+fn job_engine(
+    config: &JobConfig,
+    n: u16,
+    seq_lanes: u16,
+) -> Result<SlotEngine, std::collections::TryReserveError> {
+    SlotEngine::try_with_stats(
+        config.pool_slots,
+        n,
+        config.elems_per_chunk,
+        config.dtype,
+        config.upstream.is_some(),
+        config.window.min(config.pool_slots),
+        config.stats,
+    )?
+    .try_with_lanes(seq_lanes)
+}
+
 impl Job {
     /// Allocates the job (its pool is the bulk; see
     /// [`JobConfig::pool_bytes`]); nonces below `min_serial` are replays.
@@ -335,17 +355,8 @@ impl Job {
             need: config.pool_bytes(),
         };
         let leaf = config.upstream.is_some();
-        let engine = SlotEngine::try_with_stats(
-            config.pool_slots,
-            config.n_workers,
-            config.elems_per_chunk,
-            config.dtype,
-            leaf,
-            config.window.min(config.pool_slots),
-            config.stats,
-        )
-        .and_then(|e| e.try_with_lanes(seq_lanes))
-        .map_err(|_| oom.clone())?;
+        let engine =
+            job_engine(&config, config.n_workers, seq_lanes).map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,
             config.dtype,
@@ -747,16 +758,7 @@ impl Job {
             id: config.id,
             need: resized_config.pool_bytes(),
         };
-        let engine = SlotEngine::try_new(
-            config.pool_slots,
-            n,
-            config.elems_per_chunk,
-            config.dtype,
-            config.upstream.is_some(),
-            config.window.min(config.pool_slots),
-        )
-        .and_then(|e| e.try_with_lanes(seq_lanes))
-        .map_err(|_| oom.clone())?;
+        let engine = job_engine(config, n, seq_lanes).map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,
             config.dtype,

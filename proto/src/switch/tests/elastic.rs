@@ -434,3 +434,36 @@ fn a_resize_under_fast_path_traffic_swaps_the_engine_safely() {
     let (c, s) = rejoin_all(&mut t, 3);
     all_reduce_chunk(&mut t, 3, s, c);
 }
+
+/// A `stats = true` job keeps its statistics through a resize: its new
+/// pool sums them, and every RESULT after the resize carries the trailer
+/// its JOIN_ACK promises (the new pool was once built without them).
+#[test]
+fn a_stats_job_keeps_its_statistics_through_a_resize() {
+    let mut cfg = config(4, 8, 4);
+    cfg.stats = true;
+    let mut t = active_table_of(cfg);
+    assert!(t.get(5).unwrap().core().engine.stats());
+    assert_eq!(t.resize_job(5, 2), Ok(true));
+    let (collective, seq) = rejoin_all(&mut t, 2);
+    assert!(
+        t.get(5).unwrap().core().engine.stats(),
+        "the resized pool sums statistics"
+    );
+    drain(&mut t);
+    for r in 0..2 {
+        data_c(&mut t, r, seq, collective, &input(r, seq));
+    }
+    let results: Vec<_> = drain(&mut t)
+        .into_iter()
+        .filter(|(_, h, _)| h.msg_type == MsgType::Result)
+        .collect();
+    assert_eq!(results.len(), 2);
+    for (_, h, p) in results {
+        assert_eq!(
+            p.len(),
+            usize::from(h.count) * 4 + crate::stats::STATS_LEN,
+            "values and the statistics trailer"
+        );
+    }
+}
