@@ -355,8 +355,7 @@ impl Job {
             need: config.pool_bytes(),
         };
         let leaf = config.upstream.is_some();
-        let engine =
-            job_engine(&config, config.n_workers, seq_lanes).map_err(|_| oom.clone())?;
+        let engine = job_engine(&config, config.n_workers, seq_lanes).map_err(|_| oom.clone())?;
         let core = Arc::new(JobCore::new(
             config.id,
             config.dtype,
