@@ -107,24 +107,16 @@ impl<'a> Out<'a> {
             let lanes = shared.seq_lanes > 1;
             core.for_each_member(|rank, to| {
                 let mut r = Reply::result(*to, job, rank, seq);
-                n += 1;
-                if lanes {
-                    match self.own_queue(to.port_idx) {
-                        Some(q) => {
-                            r.to.queue = q;
-                            self.transmit_fanned(core, &r, res.as_mut());
-                        }
-                        // Only this member: its owner thread must not send
-                        // the others again.
-                        None => self.result_out(core, &r),
-                    }
-                    return;
-                }
+                self.steer_to_own_socket(&mut r);
                 match self.owner(&r) {
-                    Some(t) if t != self.idx && t < 64 => others |= 1 << t,
+                    // With seq lanes, only this member: this thread sent to
+                    // the members on ports it has a socket on, which the
+                    // owner's whole-seq hand-off would send again.
+                    Some(t) if t != self.idx && t < 64 && !lanes => others |= 1 << t,
                     Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(r)),
                     _ => self.transmit_fanned(core, &r, res.as_mut()),
                 }
+                n += 1;
             });
             while others != 0 {
                 let t = others.trailing_zeros() as usize;
@@ -172,11 +164,7 @@ impl<'a> Out<'a> {
     /// own socket on its port, if any), or via the owning thread's outbox.
     fn result_out(&mut self, core: &JobCore, r: &Reply) {
         let mut r = *r;
-        if self.shared.seq_lanes > 1 {
-            if let Some(q) = self.own_queue(r.to.port_idx) {
-                r.to.queue = q;
-            }
-        }
+        self.steer_to_own_socket(&mut r);
         let r = &r;
         match self.owner(r) {
             Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
@@ -200,10 +188,20 @@ impl<'a> Out<'a> {
         }
     }
 
-    /// A queue of `port` whose socket this thread owns, if any.
-    fn own_queue(&self, port: u32) -> Option<u32> {
-        let queues = self.txs.get(port as usize)?;
-        queues.iter().position(Option::is_some).map(|q| q as u32)
+    /// With seq lanes, points RESULT `r` at this thread's own socket on
+    /// its member's port, if it has one (module docs); otherwise leaves it
+    /// at the queue the member joined on.
+    fn steer_to_own_socket(&self, r: &mut Reply) {
+        if self.shared.seq_lanes <= 1 {
+            return;
+        }
+        let own = self
+            .txs
+            .get(r.to.port_idx as usize)
+            .and_then(|queues| queues.iter().position(Option::is_some));
+        if let Some(q) = own {
+            r.to.queue = q as u32;
+        }
     }
 
     /// The thread that owns the socket `r` goes out of.
