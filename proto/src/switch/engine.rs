@@ -457,6 +457,15 @@ impl<T> core::ops::Deref for CacheLine<T> {
     }
 }
 
+/// The floor words of `lanes` seq lanes of a new engine: epoch 1, lane l
+/// from seq l.
+fn floor_words(lanes: usize) -> Result<Vec<CacheLine<AtomicU64>>, TryReserveError> {
+    let mut words = Vec::new();
+    words.try_reserve_exact(lanes)?;
+    words.extend((0..lanes).map(|l| CacheLine(AtomicU64::new(tag(1, l as u32)))));
+    Ok(words)
+}
+
 fn tag(epoch: u32, seq: u32) -> u64 {
     (u64::from(epoch) << 32) | u64::from(seq)
 }
@@ -557,11 +566,8 @@ impl SlotEngine {
                 }),
             });
         }
-        let mut lanes = Vec::new();
-        lanes.try_reserve_exact(1)?;
-        lanes.push(CacheLine(AtomicU64::new(tag(1, 0))));
         Ok(SlotEngine {
-            lanes,
+            lanes: floor_words(1)?,
             resets: Mutex::new(()),
             window: AtomicU16::new(window.clamp(1, slots.max(1))),
             slots: all,
@@ -579,13 +585,7 @@ impl SlotEngine {
     pub fn try_with_lanes(mut self, lanes: u16) -> Result<SlotEngine, TryReserveError> {
         let most = self.slots.len().max(1);
         let lanes = usize::from(lanes).clamp(1, most);
-        let lanes = 1usize << lanes.ilog2();
-        let mut words = Vec::new();
-        words.try_reserve_exact(lanes)?;
-        for l in 0..lanes {
-            words.push(CacheLine(AtomicU64::new(tag(1, l as u32))));
-        }
-        self.lanes = words;
+        self.lanes = floor_words(1usize << lanes.ilog2())?;
         Ok(self)
     }
 
