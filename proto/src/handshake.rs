@@ -89,12 +89,18 @@ pub enum JoinAckError {
         "the switch names auth mode {0}, which this worker does not know (upgrade the worker)"
     )]
     UnknownAuth(u8),
+    #[error(
+        "the switch sends auth = \"port\" RESULTs without a token (JOIN_ACK auth 0), which \
+         any host could forge: upgrade switchd to a version with RESULT tokens"
+    )]
+    UntokenedResults,
     #[error("bad JOIN_ACK: {0}")]
     Wire(#[from] WireError),
 }
 
-/// An authenticated JOIN_ACK: the job's parameters and, in an
-/// `auth = "mac"` job, the keys of this membership's DATA and RESULTs.
+/// An authenticated JOIN_ACK: the job's parameters, the key its RESULTs
+/// are checked under and, in an `auth = "mac"` job, this membership's DATA
+/// key.
 #[derive(Debug, Clone)]
 pub struct JoinAck {
     pub payload: JoinAckPayload,
@@ -291,18 +297,21 @@ impl Handshake {
         if !tag::verify_join_ack(&session, hdr, &payload[..JOIN_ACK_TAGGED_LEN], &ack.tag) {
             return Err(JoinAckError::BadTag);
         }
+        if ack.auth == tag::AUTH_PORT_UNTOKENED {
+            return Err(JoinAckError::UntokenedResults);
+        }
         let auth = AuthMode::from_u8(ack.auth).ok_or(JoinAckError::UnknownAuth(ack.auth))?;
-        let (data_key, result_key) = match auth {
-            AuthMode::Port => (None, None),
-            AuthMode::Mac => (
-                Some(PacketKey::data(&session)),
-                Some(PacketKey::result(
-                    &self.params.secret,
-                    hdr.job,
-                    hdr.gen,
-                    &ack.epoch,
-                )),
-            ),
+        // Every RESULT is checked under this key: a mac job's tag, a port
+        // job's token.
+        let result_key = Some(PacketKey::result(
+            &self.params.secret,
+            hdr.job,
+            hdr.gen,
+            &ack.epoch,
+        ));
+        let data_key = match auth {
+            AuthMode::Port => None,
+            AuthMode::Mac => Some(PacketKey::data(&session)),
         };
         Ok(JoinAck {
             payload: ack,

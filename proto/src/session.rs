@@ -598,7 +598,7 @@ impl WorkerSession {
                         self.stats.bad_tag_join_acks += 1;
                         return None;
                     }
-                    Err(e @ JoinAckError::UnknownAuth(_)) => {
+                    Err(e @ (JoinAckError::UnknownAuth(_) | JoinAckError::UntokenedResults)) => {
                         return Some(self.fail(SessionError::JoinAck(e)))
                     }
                     Err(_) => return None,
@@ -687,16 +687,21 @@ impl WorkerSession {
                     0
                 };
                 let payload = h.payload();
-                if payload.len() != n + trailer + self.auth.tag_len() {
+                if payload.len() != n + trailer + self.auth.result_tag_len() {
                     self.stats.bad_length_results += 1;
                     return None;
                 }
+                // A mac job's tag covers the values (and trailer); a port
+                // job's token only the header (docs/PROTOCOL.md, "RESULT
+                // tokens"). Without the key nothing is taken.
                 let (covered, tag) = payload.split_at(n + trailer);
-                if let Some(k) = &self.result_key {
-                    if !k.verify(r, covered, tag) {
-                        self.stats.bad_tag_results += 1;
-                        return None;
-                    }
+                let authentic = self.result_key.as_ref().is_some_and(|k| match self.auth {
+                    AuthMode::Mac => k.verify(r, covered, tag),
+                    AuthMode::Port => k.verify_token(r, tag),
+                });
+                if !authentic {
+                    self.stats.bad_tag_results += 1;
+                    return None;
                 }
                 let stats = if trailer == 0 {
                     None
@@ -802,6 +807,7 @@ mod tests {
     use super::*;
     use crate::auth;
     use crate::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+    use crate::tag::TAG_LEN;
     use crate::wire::{ChallengePayload, HelloPayload, NACK_PAYLOAD_LEN, OP_SUM};
 
     const JOB: u16 = 1;
@@ -1335,7 +1341,7 @@ mod tests {
             h.emit_to(&mut b).unwrap();
             b.extend_from_slice(&values);
             b.extend(s.data_tag(&h, &values).into_iter().flatten());
-            assert_eq!(b.len(), HEADER_LEN + 8 + auth.tag_len());
+            assert_eq!(b.len(), HEADER_LEN + 8 + auth.data_tag_len());
             t.handle(&b, endpoint(0), false, t0);
             let res = replies(&mut t);
             assert_eq!(msg_type(&res[0]), MsgType::Result);
@@ -1353,8 +1359,9 @@ mod tests {
             }
             // One byte short.
             assert!(s.handle(&res[0][..res[0].len() - 1], t0).is_none());
-            // A changed value fails the tag in a mac job (a port job cannot
-            // tell).
+            // A changed value fails the tag in a mac job (a port job's
+            // token does not cover the values: only a host that sees the
+            // RESULT can make that change).
             let mut changed = res[0].clone();
             changed[HEADER_LEN] ^= 1;
             let ev = s.handle(&changed, t0);
@@ -1365,6 +1372,19 @@ mod tests {
                 }
                 AuthMode::Port => assert!(matches!(ev, Some(Event::Result { .. }))),
             }
+            // A RESULT forged without the key (its token guessed, or left
+            // out) is ignored in both modes, whatever the values.
+            let before = s.stats().bad_tag_results;
+            let mut forged = res[0].clone();
+            let n = forged.len();
+            forged[n - 1] ^= 0x40;
+            assert!(s.handle(&forged, t0).is_none());
+            let mut zero = res[0].clone();
+            zero[n - TAG_LEN..].fill(0);
+            assert!(s.handle(&zero, t0).is_none());
+            assert_eq!(s.stats().bad_tag_results, before + 2);
+            // Without the 16 bytes: the wrong length.
+            assert!(s.handle(&res[0][..n - TAG_LEN], t0).is_none());
             // Another generation: not ours; probe.
             let mut other = res[0].clone();
             let mut r = HeaderRepr::parse(&Header::new_checked(&other[..]).unwrap()).unwrap();
@@ -1452,7 +1472,7 @@ mod tests {
             assert!(joined(&ev).is_some_and(|j| j.stats), "{ev:?}");
             let key = PacketKey::result(&SECRET, JOB, 1, &epoch);
             // A RESULT of `kind` with `values` (none: NOVAL) and `extra`
-            // after them, tagged in a mac job.
+            // after them, tagged in a mac job, with a token in a port job.
             let result = |kind: Kind, values: &[f32], extra: &[u8]| {
                 let mut h = HeaderRepr::new(MsgType::Result, JOB);
                 h.gen = 1;
@@ -1462,10 +1482,11 @@ mod tests {
                 h.emit_to(&mut b).unwrap();
                 b.extend(values.iter().flat_map(|v| v.to_le_bytes()));
                 b.extend_from_slice(extra);
-                if auth == AuthMode::Mac {
-                    let tag = key.tag(&h, &b[HEADER_LEN..]);
-                    b.extend_from_slice(&tag);
-                }
+                let tag = match auth {
+                    AuthMode::Mac => key.tag(&h, &b[HEADER_LEN..]),
+                    AuthMode::Port => key.token(&h),
+                };
+                b.extend_from_slice(&tag);
                 b
             };
             let mut tb = [0u8; STATS_LEN];

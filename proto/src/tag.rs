@@ -1,6 +1,7 @@
-//! Per-packet authentication of `auth = "mac"` jobs (docs/PROTOCOL.md,
-//! "Per-packet authentication"): the 16-byte tag after every DATA and RESULT
-//! payload, and the tag of a JOIN_ACK.
+//! Per-packet authentication (docs/PROTOCOL.md, "Per-packet
+//! authentication" and "RESULT tokens"): the 16-byte tag after every DATA
+//! and RESULT payload of an `auth = "mac"` job, the 16-byte token after
+//! every RESULT of an `auth = "port"` job, and the tag of a JOIN_ACK.
 //!
 //! Owns: [`AuthMode`] (a job's declared mode), [`PacketKey`] (AES-128-GMAC
 //! under a DATA or RESULT key, with its key derivations) and
@@ -19,6 +20,11 @@
 //!   differ per destination (one tag serves every member); `job`, `gen`
 //!   (and a DATA's `rank`) are bound by the key; `count` by the payload's
 //!   length.
+//! * A RESULT token is the RESULT tag over an empty payload: it proves that
+//!   its sender holds the job's RESULT key of this activation (so the
+//!   secret), not that the values are the switch's. It is what keeps a host
+//!   that cannot see a port job's RESULTs from forging them; one that can see
+//!   them can replay a token with other values (`auth = "mac"` stops that).
 //! * Tags are compared in constant time; keys never print.
 
 use aes_gcm::aead::AeadInOut;
@@ -40,16 +46,22 @@ const DATA_KEY_LABEL: &[u8] = b"aggswitch v3 data key";
 const RESULT_KEY_LABEL: &[u8] = b"aggswitch v3 result key";
 const JOIN_ACK_LABEL: &[u8] = b"aggswitch v3 join ack";
 
-/// How a job's DATA and RESULT are authenticated.
+/// How a job's DATA and RESULT are authenticated; the discriminant is the
+/// JOIN_ACK's `auth` byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum AuthMode {
-    /// By the member's source and switch port only (no tag).
+    /// DATA by the member's source and switch port only (no tag); every
+    /// RESULT carries a 16-byte token after its payload.
     #[default]
-    Port = 0,
+    Port = 2,
     /// A 16-byte AES-GMAC tag after every DATA and RESULT payload.
     Mac = 1,
 }
+
+/// The JOIN_ACK `auth` byte of a switch from before RESULT tokens, whose
+/// `auth = "port"` RESULTs anyone could forge: a worker refuses it.
+pub const AUTH_PORT_UNTOKENED: u8 = 0;
 
 /// An auth mode name that is not `port` or `mac`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,7 +72,7 @@ impl AuthMode {
     /// The mode a JOIN_ACK's `auth` byte names, if any.
     pub const fn from_u8(v: u8) -> Option<AuthMode> {
         match v {
-            0 => Some(AuthMode::Port),
+            2 => Some(AuthMode::Port),
             1 => Some(AuthMode::Mac),
             _ => None,
         }
@@ -74,12 +86,18 @@ impl AuthMode {
         }
     }
 
-    /// Bytes after a DATA/RESULT payload in this mode.
-    pub const fn tag_len(self) -> usize {
+    /// Bytes after a DATA payload in this mode.
+    pub const fn data_tag_len(self) -> usize {
         match self {
             AuthMode::Port => 0,
             AuthMode::Mac => TAG_LEN,
         }
+    }
+
+    /// Bytes after a RESULT payload in this mode: a tag or a token, 16 in
+    /// both.
+    pub const fn result_tag_len(self) -> usize {
+        TAG_LEN
     }
 }
 
@@ -182,6 +200,18 @@ impl PacketKey {
             // Only a plaintext over 2^36 bytes fails; ours is empty.
             Err(_) => unreachable!("GCM accepts an empty plaintext"),
         }
+    }
+
+    /// The token of an `auth = "port"` RESULT with header `hdr`: its tag
+    /// over an empty payload (module docs).
+    pub fn token(&self, hdr: &HeaderRepr) -> Tag {
+        self.tag(hdr, &[])
+    }
+
+    /// Whether `token` is the token of a RESULT with header `hdr`
+    /// (constant time).
+    pub fn verify_token(&self, hdr: &HeaderRepr, token: &[u8]) -> bool {
+        self.verify(hdr, &[], token)
     }
 
     /// Whether `tag` is the tag of this header and payload (constant time).
@@ -394,6 +424,11 @@ mod tests {
         assert_eq!("port".parse::<AuthMode>(), Ok(AuthMode::Port));
         let e = "hmac".parse::<AuthMode>().unwrap_err().to_string();
         assert!(e.contains("\"port\" or \"mac\""), "{e}");
-        assert_eq!(AuthMode::from_u8(2), None);
+        // The JOIN_ACK byte: 2 port (with RESULT tokens), 1 mac; 0 (a
+        // switch from before tokens) and anything else name no mode.
+        assert_eq!(AuthMode::from_u8(2), Some(AuthMode::Port));
+        assert_eq!(AuthMode::from_u8(1), Some(AuthMode::Mac));
+        assert_eq!(AuthMode::from_u8(AUTH_PORT_UNTOKENED), None);
+        assert_eq!(AuthMode::from_u8(3), None);
     }
 }

@@ -16,6 +16,7 @@ use proto::stats::{tree_chunk_stats, GradStats, STATS_LEN};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
+use proto::tag::TAG_LEN;
 use proto::wire::{flags, write_f32s, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
 use proto::worker::Collective;
 
@@ -122,9 +123,9 @@ impl Tree {
         base: Instant,
         stats: bool,
     ) -> Tree {
-        // The frames' float32 capacity: a stats job's chunk leaves room for
-        // the trailer (6 floats).
-        let frame = elems + if stats { 6 } else { 0 };
+        // The frames' float32 capacity: a chunk leaves room for the
+        // RESULT's token (4 floats) and a stats job's for the trailer (6).
+        let frame = elems + 4 + if stats { 6 } else { 0 };
         let spines = (0..k)
             .map(|s| {
                 let mut t = JobTable::new(TableConfig::new(100 + s as u32, [s as u8; 32]), base);
@@ -485,8 +486,13 @@ fn run_tree(
                         if stats && h.msg_type == MsgType::Result && h.gen == 1 + leaf as u32 {
                             let n = dtype.payload_len(h.count);
                             let body = &m.bytes[HEADER_LEN..];
-                            assert_eq!(body.len(), n + STATS_LEN, "leaf {leaf} rank {rank}");
-                            let s = GradStats::parse(&body[n..]).unwrap();
+                            // Values, trailer, the RESULT's token.
+                            assert_eq!(
+                                body.len(),
+                                n + STATS_LEN + TAG_LEN,
+                                "leaf {leaf} rank {rank}"
+                            );
+                            let s = GradStats::parse(&body[n..n + STATS_LEN]).unwrap();
                             let first = trailers[leaf][rank as usize].entry(h.seq).or_insert(s);
                             assert!(first.bits_eq(&s), "a resent RESULT, the same trailer");
                             wk.take_result(&h, &body[..n], dtype, base + now);
@@ -934,7 +940,8 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
     };
     let mut f = Fabric::new(1, 1, 2);
     f.tree.spines[1].remove(JOB);
-    f.tree.spines[1].add(spine_job([7; 32], 8), 8).unwrap();
+    // 8 elements and the RESULT's token (4 floats' room).
+    f.tree.spines[1].add(spine_job([7; 32], 8), 12).unwrap();
     f.worker_sends(0, 0, MsgType::Data, 1);
     f.run_for(Duration::from_millis(3500));
     let refusals: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].poll_event())
@@ -966,7 +973,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
 
     // The right secret, the wrong chunk size: the JOIN_ACK gives it away.
     f.tree.spines[1].remove(JOB);
-    f.tree.spines[1].add(spine_job(SECRET, 16), 16).unwrap();
+    f.tree.spines[1].add(spine_job(SECRET, 16), 20).unwrap();
     f.run_for(Duration::from_millis(1500));
     let (_, p) = f.heartbeat_answer(0, 0, 1);
     assert_eq!(
@@ -990,7 +997,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         stats: true,
         ..spine_job(SECRET, 8)
     };
-    f.tree.spines[1].add(with_stats, 14).unwrap();
+    f.tree.spines[1].add(with_stats, 18).unwrap();
     f.run_for(Duration::from_millis(1500));
     let (_, p) = f.heartbeat_answer(0, 0, 1);
     let why = SpineRefusal::StatsDiffer { spine: 1 };
@@ -1004,7 +1011,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
 
     // Fixed: the leaf joins within its retry, and chunk 1 completes.
     f.tree.spines[1].remove(JOB);
-    f.tree.spines[1].add(spine_job(SECRET, 8), 8).unwrap();
+    f.tree.spines[1].add(spine_job(SECRET, 8), 12).unwrap();
     f.to_workers.clear();
     f.run_for(Duration::from_millis(1500));
     assert!(
@@ -1106,7 +1113,8 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
                 stats: false,
                 auth: Default::default(),
             },
-            8,
+            // 8 elements and the RESULT's token.
+            12,
         )
         .unwrap();
     f.tree.spines[0] = restarted;

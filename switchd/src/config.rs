@@ -864,7 +864,8 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
     fn defaults_fill_in() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.switch.agg_port, 48879);
-        assert_eq!(c.jobs[0].elems_per_chunk, 362);
+        // (1500 - 50) / 4 floats less the RESULT's token (4 floats' room).
+        assert_eq!(c.jobs[0].elems_per_chunk, 358);
         assert_eq!(c.jobs[0].pool_slots, 256);
         assert_eq!(c.jobs[0].window, 256);
         assert_eq!(c.jobs[0].secret[31], 1);
@@ -994,24 +995,26 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
 
     #[test]
     fn mtu_sets_chunk_size_and_frames_cap_it() {
+        // A frame's floats less the RESULT's token (16 bytes).
         let c = Config::parse(GOOD, Path::new("t"), |_| Some(3500)).unwrap();
-        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3500));
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3500) - 4);
         assert!(!c.multi_buffer);
         let c = Config::parse(GOOD, Path::new("t"), |_| Some(3826)).unwrap();
         assert!(c.multi_buffer, "above one page needs multi-buffer");
-        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3826));
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(3826) - 4);
         let c = Config::parse(GOOD, Path::new("t"), |p| {
             Some(if p == "sw-w1" { 1000 } else { 1500 })
         })
         .unwrap();
-        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(1000));
+        assert_eq!(c.jobs[0].elems_per_chunk, elems_per_chunk_for_mtu(1000) - 4);
     }
 
     #[test]
     fn jumbo_mtu_grants_the_9000_byte_chunk_and_refuses_larger_mtus() {
         let c = Config::parse(GOOD, Path::new("t"), |_| Some(9000)).unwrap();
         assert!(c.multi_buffer);
-        assert_eq!(c.jobs[0].elems_per_chunk, 2237);
+        // 2237 floats less the RESULT's token.
+        assert_eq!(c.jobs[0].elems_per_chunk, 2233);
         let e = Config::parse(GOOD, Path::new("t"), |p| {
             Some(if p == "sw-w1" { 9216 } else { 9000 })
         })
@@ -1085,18 +1088,18 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         let st = format!("{GOOD}stats = true\n");
         let c = parse(&st).unwrap();
         assert!(c.jobs[0].stats);
-        // 24 bytes less payload: 362 - 6 floats at MTU 1500, 724 - 12 bf16;
-        // with a mac tag too, 40 bytes less.
-        assert_eq!(c.jobs[0].elems_per_chunk, 356);
+        // 24 bytes less payload, and the RESULT's 16-byte token or tag
+        // (either auth mode): 362 - 10 floats at MTU 1500, 724 - 20 bf16.
+        assert_eq!(c.jobs[0].elems_per_chunk, 352);
         let c = parse(&format!("{st}dtype = \"bf16\"\n")).unwrap();
-        assert_eq!(c.jobs[0].elems_per_chunk, 712);
+        assert_eq!(c.jobs[0].elems_per_chunk, 704);
         let c = parse(&format!("{st}auth = \"mac\"\n")).unwrap();
         assert_eq!(c.jobs[0].elems_per_chunk, 352);
-        // The limit (a frame's floats, 944) leaves room for it too.
-        let e = parse(&format!("{st}elems_per_chunk = 939\n"))
+        // The limit (a frame's floats, 944) leaves room for them too.
+        let e = parse(&format!("{st}elems_per_chunk = 935\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("elems_per_chunk must be 1..=938"), "{e}");
+        assert!(e.contains("elems_per_chunk must be 1..=934"), "{e}");
         // switchctl's section says it only when on (older switchds refuse
         // unknown keys).
         let mut j = toml::from_str::<ConfigFile>(&st).unwrap().jobs[0].clone();
@@ -1114,8 +1117,8 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             let c = parse(&format!("{GOOD}dtype = \"{name}\"\n")).unwrap();
             assert_eq!(c.jobs[0].dtype, dtype);
             assert_eq!(
-                c.jobs[0].elems_per_chunk, 724,
-                "twice the f32 chunk at MTU 1500"
+                c.jobs[0].elems_per_chunk, 716,
+                "twice the f32 chunk at MTU 1500 (the token's room less)"
             );
             // So does the jumbo chunk (multi-buffer sockets).
             let c = Config::parse(
@@ -1124,7 +1127,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
                 |_| Some(9000),
             )
             .unwrap();
-            assert_eq!(c.jobs[0].elems_per_chunk, 2 * 2237);
+            assert_eq!(c.jobs[0].elems_per_chunk, 2 * 2233);
         }
         // A leaf's partials go up as float32: its default chunk is float32's.
         let leaf = GOOD.replace("[switch]\n", "[switch]\nuplink = \"198.19.0.2:48880\"\n");
@@ -1135,16 +1138,17 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         let c = parse(&leaf).unwrap();
         assert_eq!(
             (c.jobs[0].dtype, c.jobs[0].elems_per_chunk),
-            (Dtype::Bf16, 362)
+            (Dtype::Bf16, 358)
         );
         let e = parse(&format!("{GOOD}dtype = \"fp8\"\n"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("job 1") && e.contains("f32, bf16 or f16"), "{e}");
+        // A frame's 944 floats, as bf16, less the RESULT's token (8 elements).
         let e = parse(&format!("{GOOD}dtype = \"bf16\"\nelems_per_chunk = 2000\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("elems_per_chunk must be 1..=1888"), "{e}");
+        assert!(e.contains("elems_per_chunk must be 1..=1880"), "{e}");
     }
 
     #[test]

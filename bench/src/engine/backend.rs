@@ -27,7 +27,7 @@ use crossbeam_queue::ArrayQueue;
 use proto::switch::engine::ResultRef;
 use proto::switch::{
     DataOutcome, DataPath, Encoded, Endpoint, Fast, Job, JobCore, JobTable, Reply, ReplyMsg,
-    Verdict,
+    ResultTokens, Verdict,
 };
 use proto::wire::HEADER_LEN;
 
@@ -160,9 +160,12 @@ impl LockFree {
     ) -> (u64, u64) {
         let gen = self.dp.gen();
         let (mut others, mut members) = (0u64, 0u64);
-        // One read lock for every member this thread sends to, as switchd's
-        // fan-out takes it.
+        // One read lock, one window and one token for every member this
+        // thread sends to, as switchd's fan-out takes them.
         let mut res = core.engine.result(seq);
+        let tokens = res
+            .as_ref()
+            .and_then(|res| core.result_tokens(res, seq, gen, core.advertised_window()));
         core.for_each_member(|rank, to| {
             members += 1;
             match self.owner(to) {
@@ -177,7 +180,9 @@ impl LockFree {
             let r = Reply::result(*to, job, rank, seq);
             // No shadow (overwritten: a bug here) fails the encoding, and
             // the run.
-            out.reply(&r, |buf| encode_result(core, gen, &r, res.as_mut()?, buf));
+            out.reply(&r, |buf| {
+                encode_result(core, gen, &r, res.as_mut()?, tokens.as_ref()?, buf)
+            });
         });
         (others, members)
     }
@@ -217,25 +222,29 @@ impl LockFree {
 }
 
 /// Writes the RESULT `r` of `core`'s job whole into `buf` from `res` (the
-/// shadow of `r`'s seq, read-locked once for the fan-out), as switchd's
-/// transmit path does (header, then the shadow's payload).
+/// shadow of `r`'s seq, read-locked once for the fan-out) and the fan-out's
+/// `tokens`, as switchd's transmit path does (header, the shadow's payload,
+/// the token).
 fn encode_result(
     core: &JobCore,
     gen: u32,
     r: &Reply,
     res: &mut ResultRef<'_>,
+    tokens: &ResultTokens,
     buf: &mut [u8],
 ) -> Option<Encoded> {
     let ReplyMsg::Result { seq, retx } = r.msg else {
         return None;
     };
-    let hdr = core.result_header(res, seq, r.rank, retx, gen, core.engine.window());
+    let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
     hdr.emit_to(buf).ok()?;
     let payload = res.bytes();
-    buf.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?
-        .copy_from_slice(payload);
+    let token = tokens.for_header(&hdr);
+    let end = HEADER_LEN + payload.len();
+    buf.get_mut(HEADER_LEN..end)?.copy_from_slice(payload);
+    buf.get_mut(end..end + token.len())?.copy_from_slice(token);
     Some(Encoded {
-        len: HEADER_LEN + payload.len(),
+        len: end + token.len(),
         ce: res.shadow().ece,
     })
 }

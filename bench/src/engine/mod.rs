@@ -455,14 +455,15 @@ impl Sink {
                 h.msg_type_raw(),
                 h.seq()
             ))
-        } else if e.len != HEADER_LEN + want.len() {
+        } else if e.len != HEADER_LEN + want.len() + TAG_LEN {
+            // The values, then the RESULT's token.
             Some(format!(
                 "{} bytes encoded, not {}",
                 e.len,
-                HEADER_LEN + want.len()
+                HEADER_LEN + want.len() + TAG_LEN
             ))
         } else {
-            let got = &self.buf[HEADER_LEN..e.len];
+            let got = &self.buf[HEADER_LEN..e.len - TAG_LEN];
             got.chunks_exact(4)
                 .zip(want.chunks_exact(4))
                 .position(|(g, w)| g != w)

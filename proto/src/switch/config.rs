@@ -223,8 +223,9 @@ impl JobConfig {
     }
 
     /// Most elements per chunk when `max_f32_elems` float32 elements fill a
-    /// frame: the same bytes in the job's chunk dtype, less the tag of an
-    /// `auth = "mac"` job and the trailer of a `stats` job.
+    /// frame: the same bytes in the job's chunk dtype, less the RESULT's tag
+    /// or token (16 bytes in either auth mode) and the trailer of a `stats`
+    /// job.
     pub fn max_elems(&self, max_f32_elems: u16) -> u16 {
         max_elems_for(max_f32_elems, self.chunk_dtype(), self.auth, self.stats)
     }
@@ -283,12 +284,12 @@ impl JobConfig {
 pub const MAC_BYTES_PER_RANK: u64 = 512;
 
 /// Most elements of `dtype` in the payload bytes of `f32_elems` float32
-/// elements, less the tag of `auth` and, with `stats`, the statistics
-/// trailer (the default and the limit of an `auth = "mac"` job's chunk
-/// size: 16 bytes less payload; of a `stats` job's: 24 bytes less).
+/// elements, less what follows a RESULT's values: its tag (`auth = "mac"`)
+/// or token (`auth = "port"`), 16 bytes either way, and with `stats` the
+/// statistics trailer (the default and the limit of a job's chunk size).
 pub const fn max_elems_for(f32_elems: u16, dtype: Dtype, auth: AuthMode, stats: bool) -> u16 {
     let bytes = f32_elems as usize * 4;
-    let tag = auth.tag_len() + if stats { crate::stats::STATS_LEN } else { 0 };
+    let tag = auth.result_tag_len() + if stats { crate::stats::STATS_LEN } else { 0 };
     if bytes <= tag {
         return 0;
     }

@@ -68,6 +68,9 @@ counter_schema! {
         spoofed_triggers,
         /// Probes answered under a new generation: it restarted; rejoined.
         probed_restarts,
+        /// RESULTs of its generation whose token did not verify (forged, or
+        /// from its previous activation): ignored.
+        bad_tokens,
     }
 }
 

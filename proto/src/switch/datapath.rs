@@ -48,6 +48,7 @@ use super::counters::{DropReason, JobCounters, JobDrops};
 use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
 use super::job::DataOutcome;
 use super::priority::{JobPriority, PriorityBoard};
+use crate::tag::{PacketKey, Tag};
 use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
 
 /// The jobs the data path serves, by id (sorted: a handful, binary-searched).
@@ -181,6 +182,31 @@ pub(super) struct Admission {
     pub(super) kinds: bool,
     /// Per rank, its bound member while the job is active.
     pub(super) members: Box<[Option<Endpoint>]>,
+    /// The RESULT key of the activation, while the job is active: it makes
+    /// the tokens of an `auth = "port"` job's RESULTs.
+    pub(super) result_key: Option<PacketKey>,
+}
+
+/// The tokens of one chunk's RESULTs (docs/PROTOCOL.md, "RESULT tokens"),
+/// made once per fan-out or resend: a token leaves out `rank` and `RETX`,
+/// so the RESULTs with values share one and the NOVAL ones another.
+#[derive(Debug, Clone, Copy)]
+pub struct ResultTokens {
+    /// The window the tokens cover: every RESULT they go with carries it.
+    pub window: u16,
+    values: Tag,
+    /// The NOVAL RESULT's (a reduce-scatter's or all-gather's chunk).
+    noval: Option<Tag>,
+}
+
+impl ResultTokens {
+    /// The token of the RESULT with header `hdr` (one of this chunk's).
+    pub fn for_header(&self, hdr: &HeaderRepr) -> &Tag {
+        match &self.noval {
+            Some(t) if hdr.no_values() => t,
+            _ => &self.values,
+        }
+    }
 }
 
 /// The data-path half of one job, shared by the table and the threads.
@@ -252,28 +278,61 @@ impl JobCore {
         window: u16,
     ) -> HeaderRepr {
         res.set_rank(rank);
-        let sh = res.shadow();
-        let mut f = sh.kind.flag_bits();
+        let mut h = self.values_header(res, seq, gen, window);
+        h.rank = rank;
         if res.no_values() {
-            f |= flags::NOVAL;
-        }
-        if sh.ece {
-            f |= flags::ECE;
+            h.flags |= flags::NOVAL;
         }
         if retx {
-            f |= flags::RETX;
+            h.flags |= flags::RETX;
+        }
+        h
+    }
+
+    /// The header of `res`'s RESULT with values, to rank 0, not a resend.
+    fn values_header(&self, res: &ResultRef<'_>, seq: u32, gen: u32, window: u16) -> HeaderRepr {
+        let sh = res.shadow();
+        let mut f = sh.kind.flag_bits();
+        if sh.ece {
+            f |= flags::ECE;
         }
         HeaderRepr {
             msg_type: MsgType::Result,
             flags: f,
             job: self.id,
-            rank,
+            rank: 0,
             count: sh.count,
             seq,
             collective: sh.collective,
             window,
             gen,
         }
+    }
+
+    /// The tokens of `res`'s RESULTs (the shadow of `seq`) sent with
+    /// `window` under generation `gen`: `None` in an `auth = "mac"` job
+    /// (the table tags its RESULTs) or while the job is not active, when no
+    /// RESULT is sent.
+    pub fn result_tokens(
+        &self,
+        res: &ResultRef<'_>,
+        seq: u32,
+        gen: u32,
+        window: u16,
+    ) -> Option<ResultTokens> {
+        let a = self.admission.load();
+        let key = a.result_key.as_ref()?;
+        let mut h = self.values_header(res, seq, gen, window);
+        let values = key.token(&h);
+        let noval = (res.shadow().kind != Kind::AllReduce).then(|| {
+            h.flags |= flags::NOVAL;
+            key.token(&h)
+        });
+        Some(ResultTokens {
+            window,
+            values,
+            noval,
+        })
     }
 
     /// The window its RESULTs advertise now: the declared one (which the

@@ -249,13 +249,11 @@ pub struct JoinContext<'a> {
     pub epoch: [u8; EPOCH_LEN],
 }
 
-/// An `auth = "mac"` job's keys and RESULT tags.
+/// An `auth = "mac"` job's DATA keys and RESULT tags.
 #[derive(Debug)]
 struct MacState {
     /// Per rank, the DATA key of its accepted JOIN.
     data_keys: Vec<Option<PacketKey>>,
-    /// The RESULT key of the current activation.
-    result_key: Option<PacketKey>,
     /// Per slot: the tags of its shadow's RESULT.
     result_tags: Vec<Option<ResultTags>>,
 }
@@ -303,6 +301,9 @@ pub struct Job {
     pub(super) up_timers: Vec<UpTimer>,
     /// The RESULT epoch of the current (or last) activation.
     epoch: [u8; EPOCH_LEN],
+    /// The RESULT key of the current activation, in either auth mode: it
+    /// tags a mac job's RESULTs and makes a port job's tokens.
+    result_key: Option<PacketKey>,
     mac: Option<MacState>,
     /// Counts of the control path (under the table lock); the data path's
     /// are in `core` ([`Job::counters`] sums both).
@@ -399,7 +400,6 @@ impl Job {
                 result_tags.resize(slots, None);
                 Some(MacState {
                     data_keys,
-                    result_key: None,
                     result_tags,
                 })
             }
@@ -418,6 +418,7 @@ impl Job {
             uplink,
             up_timers,
             epoch: [0; EPOCH_LEN],
+            result_key: None,
             mac,
             ctl: JobCounters::default(),
             ctl_drops: JobDrops::default(),
@@ -494,11 +495,18 @@ impl Job {
                     .map(|m| m.endpoint)
             })
             .collect();
+        // Tokens (auth = "port") are made only while the job is active (its
+        // key is this activation's); a RESULT without one is not sent. A mac
+        // job's RESULTs are tagged by the table.
+        let result_key = (self.state == JobState::Active && self.mac.is_none())
+            .then(|| self.result_key.clone())
+            .flatten();
         self.core.admit(Admission {
             fast,
             kinds,
             epoch: self.core.engine.epoch(),
             members,
+            result_key,
         });
     }
     /// Whether this job serves collective kinds other than all-reduce: not
@@ -631,6 +639,17 @@ impl Job {
         })
     }
 
+    /// The 16 bytes that follow the payload of the RESULT `view` sent with
+    /// header `hdr`: its tag in an `auth = "mac"` job, its token in an
+    /// `auth = "port"` job (docs/PROTOCOL.md, "RESULT tokens"); `None`
+    /// before the job's first activation (nothing is sent then).
+    pub fn result_trailer(&self, hdr: &HeaderRepr, view: &ResultView<'_>) -> Option<Tag> {
+        match self.config.auth {
+            AuthMode::Mac => view.tag,
+            AuthMode::Port => self.result_key.as_ref().map(|k| k.token(hdr)),
+        }
+    }
+
     /// In an `auth = "mac"` job, the window and tags of `seq`'s RESULT, if
     /// its slot still holds them.
     fn result_tag(&self, seq: u32) -> Option<ResultTags> {
@@ -689,7 +708,7 @@ impl Job {
         let Some(m) = &mut self.mac else {
             return;
         };
-        let Some(key) = &m.result_key else {
+        let Some(key) = &self.result_key else {
             return;
         };
         // The header as sent, but `window` as of now: resends carry it.
@@ -829,9 +848,9 @@ impl Job {
         for (b, old) in bound.iter_mut().zip(&self.bound) {
             *b = *old;
         }
+        self.result_key = None;
         if let (Some(m), Some(keys)) = (&mut self.mac, data_keys) {
             m.data_keys = keys;
-            m.result_key = None;
             m.result_tags.iter_mut().for_each(|t| *t = None);
         }
         core.engine.set_window(self.window());
@@ -1021,13 +1040,13 @@ impl Job {
 
     fn activate(&mut self, cx: &JoinContext<'_>) {
         self.epoch = cx.epoch;
+        self.result_key = Some(PacketKey::result(
+            &self.config.secret,
+            self.config.id,
+            cx.gen,
+            &cx.epoch,
+        ));
         if let Some(m) = &mut self.mac {
-            m.result_key = Some(PacketKey::result(
-                &self.config.secret,
-                self.config.id,
-                cx.gen,
-                &cx.epoch,
-            ));
             m.result_tags.iter_mut().for_each(|t| *t = None);
         }
         // The resume point is the lowest (collective, seq) any rank reported.
@@ -1165,7 +1184,7 @@ impl Job {
         } else {
             0
         };
-        if values.len() != len + trailer + self.config.auth.tag_len() {
+        if values.len() != len + trailer + self.config.auth.data_tag_len() {
             return self.drop(DropReason::PayloadLength);
         }
         let (values, tag) = values.split_at(len + trailer);

@@ -76,7 +76,7 @@ pub use config::{
 pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, SpineCounters, TableCounters, MALFORMED_KINDS,
 };
-pub use datapath::{DataPath, Fast, JobCore};
+pub use datapath::{DataPath, Fast, JobCore, ResultTokens};
 pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
 pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
@@ -290,6 +290,9 @@ pub struct ResultHead<'a> {
     /// The payload's folded Internet checksum sum ([`crate::checksum`]),
     /// made when the result was.
     pub payload_sum: u16,
+    /// The RESULT token, sent after the payload (docs/PROTOCOL.md, "RESULT
+    /// tokens").
+    pub token: crate::tag::Tag,
 }
 
 impl ResultHead<'_> {
@@ -1388,9 +1391,9 @@ impl JobTable {
     }
 
     /// For a RESULT: writes only its aggregation header into `buf` and
-    /// returns the payload that follows it (the shadow's bytes), so that a
-    /// shell can copy the payload once, straight to where it is sent;
-    /// `Encoded::len` counts both. With it comes the payload's checksum sum,
+    /// returns the payload that follows it (the shadow's bytes) and the
+    /// token after that, so that a shell can copy the payload once,
+    /// straight to where it is sent; `Encoded::len` counts all three. With it comes the payload's checksum sum,
     /// made once per result, so that a shell sums only the headers per
     /// destination. `None` for any other reply, if the header does not fit,
     /// or if the result is gone (as [`encode`]).
@@ -1408,13 +1411,15 @@ impl JobTable {
             // `encode`.
             return None;
         }
+        let token = job.result_trailer(&hdr, &res)?;
         hdr.emit_to(buf).ok()?;
         Some(ResultHead {
             encoded: Encoded {
-                len: HEADER_LEN + res.payload().len(),
+                len: HEADER_LEN + res.payload().len() + token.len(),
                 ce: res.ece,
             },
             payload_sum: res.payload_sum,
+            token,
             data: res,
         })
     }
@@ -1434,13 +1439,10 @@ impl JobTable {
                 let res = job.result_to(seq, r.rank)?;
                 let n = res.payload().len();
                 body.get_mut(..n)?.copy_from_slice(res.payload());
-                match res.tag {
-                    Some(t) => {
-                        body.get_mut(n..n + t.len())?.copy_from_slice(&t);
-                        (n + t.len(), res.ece)
-                    }
-                    None => (n, res.ece),
-                }
+                // A mac job's tag or a port job's token.
+                let t = job.result_trailer(&hdr, &res)?;
+                body.get_mut(n..n + t.len())?.copy_from_slice(&t);
+                (n + t.len(), res.ece)
             }
             ReplyMsg::JoinAck => {
                 let job = self.jobs.get(&r.job)?;

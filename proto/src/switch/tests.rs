@@ -70,9 +70,27 @@ fn drain_encoded(t: &mut JobTable) -> Vec<(Reply, [u8; HEADER_LEN], HeaderRepr, 
         let h = crate::wire::Header::new_checked(&buf[..e.len]).unwrap();
         let hdr = HeaderRepr::parse(&h).unwrap();
         let head = *buf.first_chunk::<HEADER_LEN>().unwrap();
-        out.push((r, head, hdr, buf[HEADER_LEN..e.len].to_vec()));
+        let mut end = e.len;
+        if hdr.msg_type == MsgType::Result {
+            end -= checked_token(t, &hdr, &buf[..e.len]);
+        }
+        out.push((r, head, hdr, buf[HEADER_LEN..end].to_vec()));
     }
     out
+}
+
+/// Checks the token that ends an `auth = "port"` RESULT `frame` (under the
+/// key a member of the job's activation derives) and returns its length,
+/// for the caller to strip; 0 in a mac job, whose tests check its tags.
+fn checked_token(t: &JobTable, hdr: &HeaderRepr, frame: &[u8]) -> usize {
+    let job = t.get(hdr.job).expect("a RESULT of a declared job");
+    if job.auth() == crate::tag::AuthMode::Mac {
+        return 0;
+    }
+    let key = crate::tag::PacketKey::result(&job.config.secret, hdr.job, t.gen(), &job.epoch());
+    let token = &frame[frame.len() - crate::tag::TAG_LEN..];
+    assert!(key.verify_token(hdr, token), "the RESULT's token: {hdr:?}");
+    crate::tag::TAG_LEN
 }
 
 /// Every reply queued so far, encoded: (reply, header, payload).
@@ -560,7 +578,10 @@ fn a_result_head_and_its_payload_are_the_whole_encoded_result() {
         let payload = rh.payload();
         assert_eq!((rh.encoded.len, rh.encoded.ce), (e.len, e.ce));
         assert_eq!(&whole[..HEADER_LEN], &head[..]);
-        assert_eq!(&whole[HEADER_LEN..e.len], payload);
+        // The payload, then the token.
+        let end = e.len - crate::tag::TAG_LEN;
+        assert_eq!(&whole[HEADER_LEN..end], payload);
+        assert_eq!(&whole[end..e.len], &rh.token[..]);
         assert_eq!(payload, bytemuck::cast_slice::<f32, u8>(&[1.5, 2.25, 0.0]));
         // The sum made once per result is the payload's.
         assert_eq!(

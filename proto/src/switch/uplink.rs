@@ -28,7 +28,7 @@ use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams, ProbeAnswer, SessionGuard};
 use crate::session::{nack_meaning, NackMeaning};
-use crate::tag::AuthMode;
+use crate::tag::{AuthMode, PacketKey, TAG_LEN};
 use crate::wire::{
     flags, HeaderRepr, NackPayload, Nonce, SpineRefusal, SpineSessionState, UpstreamWaitPayload,
     DTYPE_F32, HEADER_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
@@ -159,6 +159,9 @@ pub struct SpineSession {
     /// spine's NACKs must be tagged under, and the probe after an
     /// unauthenticated one (docs/PROTOCOL.md, "Sessions").
     pub guard: Option<SessionGuard>,
+    /// The spine's RESULT key of that activation: its RESULTs' tokens are
+    /// checked under it (docs/PROTOCOL.md, "RESULT tokens").
+    result_key: Option<PacketKey>,
     /// Probes so far (a counter in the probe's nonce).
     probes: u64,
     /// Window the spine allows, and the RTT to it.
@@ -239,6 +242,7 @@ impl Uplink {
                 .as_leaf(),
                 joined_gen: None,
                 guard: None,
+                result_key: None,
                 probes: 0,
                 window: 1,
                 rtt: RttEstimator::new(&transport),
@@ -286,6 +290,7 @@ impl Uplink {
         s.hs.restart(nonce);
         s.joined_gen = None;
         s.guard = None;
+        s.result_key = None;
         s.join_due = Some(now);
     }
 
@@ -504,6 +509,7 @@ impl Job {
             return u.refused_by(id, spine, SpineRefusal::AuthDiffers, now);
         }
         let guard = ack.session;
+        let result_key = ack.result_key;
         let ack = ack.payload;
         if ack.elems_per_chunk != elems {
             let why = SpineRefusal::ElemsDiffer {
@@ -519,6 +525,7 @@ impl Job {
         s.refused = None;
         s.joined_gen = Some(hdr.gen);
         s.guard = Some(guard);
+        s.result_key = result_key;
         s.window = hdr.window.max(1);
         s.join_due = None;
         let k = u.cfg.k().max(1) as usize;
@@ -608,6 +615,21 @@ impl Job {
         if u.spines[spine].joined_gen != Some(hdr.gen) {
             // The caller checked: only a RESULT of an unjoined spine.
             self.ctl_drops.bump(DropReason::StaleGeneration);
+            return None;
+        }
+        // Its token, after everything else, proves the spine made it.
+        let Some(at) = payload.len().checked_sub(TAG_LEN) else {
+            self.ctl_drops.bump(DropReason::PayloadLength);
+            return None;
+        };
+        let (payload, token) = payload.split_at(at);
+        let authentic = u.spines[spine]
+            .result_key
+            .as_ref()
+            .is_some_and(|k| k.verify_token(hdr, token));
+        if !authentic {
+            u.spines[spine].counters.bad_tokens += 1;
+            self.ctl_drops.bump(DropReason::BadTag);
             return None;
         }
         let seq = u.cfg.leaf_seq(spine, hdr.seq);

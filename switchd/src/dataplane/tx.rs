@@ -23,7 +23,8 @@
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
-use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg};
+use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg, ResultTokens};
+use proto::tag::Tag;
 use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
 use super::rx::LazyTable;
@@ -102,8 +103,10 @@ impl<'a> Out<'a> {
         shared.data_path.with_job(job, |core| {
             let mut n = 0;
             let mut others = 0u64;
-            // One read lock of the shadow for every RESULT sent from here.
+            // One read lock of the shadow, and one window and one token,
+            // for every RESULT sent from here.
             let mut res = core.engine.result(seq);
+            let tokens = tokens_for(shared, core, res.as_ref(), seq);
             let lanes = shared.seq_lanes > 1;
             core.for_each_member(|rank, to| {
                 let mut r = Reply::result(*to, job, rank, seq);
@@ -114,7 +117,7 @@ impl<'a> Out<'a> {
                     // owner's whole-seq hand-off would send again.
                     Some(t) if t != self.idx && t < 64 && !lanes => others |= 1 << t,
                     Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(r)),
-                    _ => self.transmit_fanned(core, &r, res.as_mut()),
+                    _ => self.transmit_fanned(core, &r, res.as_mut(), tokens.as_ref()),
                 }
                 n += 1;
             });
@@ -133,19 +136,30 @@ impl<'a> Out<'a> {
         let shared = self.shared;
         shared.data_path.with_job(job, |core| {
             let mut res = core.engine.result(seq);
+            let tokens = tokens_for(shared, core, res.as_ref(), seq);
             core.for_each_member(|rank, to| {
                 let r = Reply::result(*to, job, rank, seq);
                 if self.owner(&r).is_some_and(|t| t == self.idx) {
-                    self.transmit_fanned(core, &r, res.as_mut());
+                    self.transmit_fanned(core, &r, res.as_mut(), tokens.as_ref());
                 }
             });
         });
     }
 
     /// Sends one member's RESULT of a fan-out from `res`, the shadow the
-    /// fan-out read-locked once (None: it is gone, counted as not sent).
-    fn transmit_fanned(&mut self, core: &JobCore, r: &Reply, res: Option<&mut ResultRef<'_>>) {
-        let sent = res.is_some_and(|res| self.transmit_result_from(core, r, res));
+    /// fan-out read-locked once, with the fan-out's `tokens` (None: the
+    /// shadow is gone or the job is no longer active, counted as not sent).
+    fn transmit_fanned(
+        &mut self,
+        core: &JobCore,
+        r: &Reply,
+        res: Option<&mut ResultRef<'_>>,
+        tokens: Option<&ResultTokens>,
+    ) {
+        let sent = match (res, tokens) {
+            (Some(res), Some(tokens)) => self.transmit_result_from(core, r, res, tokens),
+            _ => false,
+        };
         if !sent {
             self.counters.tx_ring_full += 1;
         }
@@ -238,15 +252,25 @@ impl<'a> Out<'a> {
         let ReplyMsg::Result { seq, .. } = r.msg else {
             return false;
         };
-        match core.engine.result(seq) {
-            Some(mut res) => self.transmit_result_from(core, r, &mut res),
+        let Some(mut res) = core.engine.result(seq) else {
+            return false;
+        };
+        match tokens_for(self.shared, core, Some(&res), seq) {
+            Some(tokens) => self.transmit_result_from(core, r, &mut res, &tokens),
             None => false,
         }
     }
 
     /// [`Out::transmit_result`] from `res`, the shadow of `r`'s seq already
-    /// read-locked (a fan-out's).
-    fn transmit_result_from(&mut self, core: &JobCore, r: &Reply, res: &mut ResultRef<'_>) -> bool {
+    /// read-locked, with its `tokens` (a fan-out's: the window they cover is
+    /// the one every RESULT of the fan-out carries).
+    fn transmit_result_from(
+        &mut self,
+        core: &JobCore,
+        r: &Reply,
+        res: &mut ResultRef<'_>,
+        tokens: &ResultTokens,
+    ) -> bool {
         let ReplyMsg::Result { seq, retx } = r.msg else {
             return false;
         };
@@ -254,9 +278,9 @@ impl<'a> Out<'a> {
             return false;
         };
         let gen = self.shared.data_path.gen();
-        let window = core.advertised_window();
-        let hdr = core.result_header(res, seq, r.rank, retx, gen, window);
-        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, res, &r.to, buf));
+        let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
+        let token = tokens.for_header(&hdr);
+        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, res, token, &r.to, buf));
         if sent {
             self.counters.tx_frames += 1;
         }
@@ -321,25 +345,42 @@ impl<'a> Out<'a> {
     }
 }
 
+/// The tokens of `seq`'s RESULTs (`res`, its shadow) as this switch sends
+/// them now: its generation and the job's advertised window.
+fn tokens_for(
+    shared: &Shared,
+    core: &JobCore,
+    res: Option<&ResultRef<'_>>,
+    seq: u32,
+) -> Option<ResultTokens> {
+    let gen = shared.data_path.gen();
+    core.result_tokens(res?, seq, gen, core.advertised_window())
+}
+
 /// Writes a RESULT's Ethernet, IPv4, UDP and aggregation headers (`hdr`)
-/// for `to` into `buf` and returns their length and the payload that
-/// follows them (the shadow `res`, read-locked). The UDP checksum adds the
-/// payload's sum, made once per result by the engine, to the sum of this
-/// destination's headers: no pass over the payload per destination.
+/// for `to` into `buf` and returns their length and what follows them: the
+/// payload (the shadow `res`, read-locked), then `token`. The UDP checksum
+/// adds the payload's sum, made once per result by the engine, to the sum
+/// of this destination's headers and the token: no pass over the payload
+/// per destination.
 pub fn result_frame_head<'r>(
     hdr: &HeaderRepr,
     res: &'r ResultRef<'_>,
+    token: &'r Tag,
     to: &Endpoint,
     buf: &mut [u8],
-) -> Option<(usize, &'r [u8])> {
+) -> Option<(usize, [&'r [u8]; 2])> {
     let sh = res.shadow();
     let payload = res.bytes();
     hdr.emit_to(buf.get_mut(L2_L4_LEN..)?).ok()?;
+    let token_at = HEADER_LEN + payload.len();
+    let token_sum = Sum::ZERO.add_bytes(token).fold();
     let sum = Sum::ZERO
         .add_bytes(buf.get(L2_L4_LEN..L2_L4_LEN + HEADER_LEN)?)
-        .add_folded_at(res.payload_sum(), HEADER_LEN);
-    write_l2_l4_headers(buf, to, sh.ece, HEADER_LEN + payload.len(), sum)?;
-    Some((L2_L4_LEN + HEADER_LEN, payload))
+        .add_folded_at(res.payload_sum(), HEADER_LEN)
+        .add_folded_at(token_sum, token_at);
+    write_l2_l4_headers(buf, to, sh.ece, token_at + token.len(), sum)?;
+    Some((L2_L4_LEN + HEADER_LEN, [payload, &token[..]]))
 }
 
 /// Writes any other reply whole into `buf` (its UDP checksum summed over
@@ -427,10 +468,15 @@ mod tests {
                 let (hdr, res) = core
                     .result_for(seq, r.rank, retx, t.gen(), window)
                     .expect("the shadow");
-                let (head, payload) =
-                    result_frame_head(&hdr, &res, &r.to, &mut buf).expect("RESULT head");
+                let tokens = core
+                    .result_tokens(&res, seq, t.gen(), window)
+                    .expect("an active port job's tokens");
+                let token = tokens.for_header(&hdr);
+                let (head, [payload, token]) =
+                    result_frame_head(&hdr, &res, token, &r.to, &mut buf).expect("RESULT head");
                 let mut f = buf[..head].to_vec();
                 f.extend_from_slice(payload);
+                f.extend_from_slice(token);
                 f
             } else {
                 let n = reply_frame(t, &r, &mut buf);
@@ -448,6 +494,14 @@ mod tests {
             out.push((h, f.payload.to_vec()));
         }
         out
+    }
+
+    /// Whether a RESULT's last 16 bytes are its tag (mac) or token (port).
+    fn authentic(auth: AuthMode, k: &PacketKey, h: &HeaderRepr, vals: &[u8], tag: &[u8]) -> bool {
+        match auth {
+            AuthMode::Mac => k.verify(h, vals, tag),
+            AuthMode::Port => k.verify_token(h, tag) && !k.verify_token(h, &[0; TAG_LEN]),
+        }
     }
 
     fn table(dtype: Dtype, n: u16, auth: AuthMode) -> JobTable {
@@ -595,11 +649,10 @@ mod tests {
                         assert_eq!(h.has_flag(flags::RETX), want == 1);
                         let body = &p[HEADER_LEN..];
                         let len = if gets { vals.len() } else { 0 };
-                        assert_eq!(body.len(), len + auth.tag_len(), "{kind} {auth} to {r}");
+                        assert_eq!(body.len(), len + TAG_LEN, "{kind} {auth} to {r}");
                         let (v, tag) = body.split_at(len);
-                        if let Some(k) = &acks[r as usize].result_key {
-                            assert!(k.verify(&h, v, tag), "{kind}: the tag verifies");
-                        }
+                        let k = acks[r as usize].result_key.as_ref().unwrap();
+                        assert!(authentic(auth, k, &h, v, tag), "{kind}: the tag verifies");
                         if kind == Kind::AllGather && gets {
                             assert_eq!(v, &vals[..], "the owner's bytes, the sNaN too");
                         }
@@ -655,13 +708,14 @@ mod tests {
                         let len = if gets { dtype.payload_len(3) } else { 0 };
                         assert_eq!(
                             body.len(),
-                            len + STATS_LEN,
+                            len + STATS_LEN + TAG_LEN,
                             "{kind} {dtype:?} to {}",
                             h.rank
                         );
-                        let s = GradStats::parse(&body[len..]).unwrap();
+                        let s = GradStats::parse(&body[len..len + STATS_LEN]).unwrap();
                         assert!(s.bits_eq(&want), "{kind} {dtype:?}: {s:?} {want:?}");
-                        trailers.push((h.has_flag(flags::RETX), body[len..].to_vec()));
+                        trailers
+                            .push((h.has_flag(flags::RETX), body[len..len + STATS_LEN].to_vec()));
                     }
                 }
                 assert_eq!(
@@ -712,7 +766,7 @@ mod tests {
                     let vals: Vec<f32> =
                         (0..count).map(|i| i as f32 * 0.37 - rank as f32).collect();
                     let len = dtype.payload_len(count);
-                    let mut p = vec![0u8; HEADER_LEN + len + auth.tag_len()];
+                    let mut p = vec![0u8; HEADER_LEN + len + auth.data_tag_len()];
                     h.emit_to(&mut p).unwrap();
                     if dtype == Dtype::F32 {
                         write_f32s(&vals, &mut p[HEADER_LEN..]);
@@ -735,11 +789,10 @@ mod tests {
                     kinds.extend(drain(&mut t).into_iter().map(|(h, p)| {
                         if h.msg_type == MsgType::Result {
                             let body = &p[HEADER_LEN..];
-                            assert_eq!(body.len(), dtype.payload_len(h.count) + auth.tag_len());
-                            if let Some(k) = &result_key {
-                                let (vals, tag) = body.split_at(body.len() - TAG_LEN);
-                                assert!(k.verify(&h, vals, tag), "{auth}: RESULT tag verifies");
-                            }
+                            assert_eq!(body.len(), dtype.payload_len(h.count) + TAG_LEN);
+                            let k = result_key.as_ref().unwrap();
+                            let (vals, tag) = body.split_at(body.len() - TAG_LEN);
+                            assert!(authentic(auth, k, &h, vals, tag), "{auth}: RESULT tag");
                         }
                         h.msg_type
                     }));

@@ -837,20 +837,20 @@ impl XskTx {
         let Some(first) = self.free.pop() else {
             return false;
         };
-        self.queue_chained(first, 0, &buf[..len])
+        self.queue_chained(first, 0, [&buf[..len], &[]])
     }
 
-    /// Sends one packet from its two parts with no scratch copy: `f` writes
+    /// Sends one packet from its parts with no scratch copy: `f` writes
     /// the head (the link to aggregation headers) into a free TX frame and
-    /// returns its length and the tail that follows it (a RESULT's payload,
-    /// read where the job keeps it), or None to cancel. The tail is copied
-    /// once, after the head and, on a multi-buffer socket, on into as many
-    /// chained frames as it needs. False, with nothing queued, if frames or
+    /// returns its length and the tail that follows it, in two pieces (a
+    /// RESULT's payload, read where the job keeps it, and its token), or
+    /// None to cancel. The tail is copied once, after the head and, on a
+    /// multi-buffer socket, on into as many chained frames as it needs. False, with nothing queued, if frames or
     /// ring room lack, if the packet needs several frames on a socket
     /// without multi-buffer, or if `f` cancelled.
     pub fn send_head_tail<'t>(
         &mut self,
-        f: impl FnOnce(&mut [u8]) -> Option<(usize, &'t [u8])>,
+        f: impl FnOnce(&mut [u8]) -> Option<(usize, [&'t [u8]; 2])>,
     ) -> bool {
         if self.queued.len() == self.queued.capacity() {
             return false;
@@ -875,13 +875,14 @@ impl XskTx {
     }
 
     /// Queues one packet: `head` bytes already in the free TX frame `first`,
-    /// then `tail`, copied after the head and on across as many further free
-    /// frames as it needs, chained with `XDP_PKT_CONTD` (several frames only
-    /// on a multi-buffer socket). False, with `first` back on the free list
-    /// and nothing queued, if frames or queue room lack.
-    fn queue_chained(&mut self, first: u64, head: usize, tail: &[u8]) -> bool {
+    /// then `tail` (its two pieces one after the other), copied after the
+    /// head and on across as many further free frames as it needs, chained
+    /// with `XDP_PKT_CONTD` (several frames only on a multi-buffer socket).
+    /// False, with `first` back on the free list and nothing queued, if
+    /// frames or queue room lack.
+    fn queue_chained(&mut self, first: u64, head: usize, tail: [&[u8]; 2]) -> bool {
         let size = self.layout.frame_size as usize;
-        let len = head + tail.len();
+        let len = head + tail[0].len() + tail[1].len();
         let frames = len.div_ceil(size);
         let mut room = (frames == 1 || self.scatter.is_some())
             && frames <= self.queued.capacity() - self.queued.len();
@@ -902,7 +903,7 @@ impl XskTx {
             // until queued, inside the live mapping; `piece.len <= size`.
             let frame = unsafe { std::slice::from_raw_parts_mut(self.shared.area.at(addr), size) };
             let (at, part) = tail_part(&piece, head);
-            frame[at..piece.len].copy_from_slice(&tail[part]);
+            copy_split(&mut frame[at..piece.len], tail, part.start);
             self.queued.push(XdpDesc {
                 addr,
                 len: piece.len as u32,
@@ -1062,6 +1063,20 @@ fn tail_part(piece: &Piece, head: usize) -> (usize, std::ops::Range<usize>) {
         start - piece.offset,
         start - head..piece.offset + piece.len - head,
     )
+}
+
+/// Copies the bytes of `tail` (its two pieces one after the other) from
+/// offset `from` into `dst`, as many as `dst` holds.
+fn copy_split(dst: &mut [u8], tail: [&[u8]; 2], from: usize) {
+    let [a, b] = tail;
+    let n = dst.len();
+    let in_a = a.len().saturating_sub(from).min(n);
+    if in_a > 0 {
+        dst[..in_a].copy_from_slice(&a[from..from + in_a]);
+    }
+    let b_from = from.saturating_sub(a.len());
+    let rest = n - in_a;
+    dst[in_a..].copy_from_slice(&b[b_from..b_from + rest]);
 }
 
 /// What [`Gather::push`] made of one buffer.

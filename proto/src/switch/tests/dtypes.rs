@@ -211,11 +211,12 @@ fn a_join_of_another_dtype_is_refused_naming_both() {
 
 #[test]
 fn half_jobs_carry_twice_the_elements_but_a_leaf_only_float32_many() {
+    // 1000 float32 elements of payload less a RESULT's token (16 bytes).
     let max_f32 = 1000;
     let mut c = half_config(Dtype::F16);
-    c.elems_per_chunk = 2000;
+    c.elems_per_chunk = 1992;
     assert_eq!(c.validate(max_f32), Ok(()));
-    c.elems_per_chunk = 2001;
+    c.elems_per_chunk = 1993;
     assert!(c.validate(max_f32).is_err());
     // A leaf sends float32 partials up: its chunk must fit them.
     c.upstream = Some(Upstream {
@@ -229,12 +230,12 @@ fn half_jobs_carry_twice_the_elements_but_a_leaf_only_float32_many() {
         local_port: 48880,
     });
     assert_eq!(c.chunk_dtype(), Dtype::F32);
-    c.elems_per_chunk = 1000;
+    c.elems_per_chunk = 996;
     assert_eq!(c.validate(max_f32), Ok(()));
-    c.elems_per_chunk = 1001;
+    c.elems_per_chunk = 997;
     let e = c.validate(max_f32).unwrap_err();
     assert!(
-        e.to_string().contains("elems_per_chunk must be 1..=1000"),
+        e.to_string().contains("elems_per_chunk must be 1..=996"),
         "{e}"
     );
 }

@@ -352,10 +352,13 @@ fn run_collective_with_stats(
             }
             if up {
                 t.handle(&bytes, endpoint(r), false, t0());
-                for (reply, hdr, payload) in drain(t) {
-                    let mut b = vec![0u8; HEADER_LEN + payload.len()];
-                    hdr.emit_to(&mut b).unwrap();
-                    b[HEADER_LEN..].copy_from_slice(&payload);
+                // Whole datagrams, the RESULT's tag or token included.
+                while let Some(reply) = t.poll_reply() {
+                    let mut b = vec![0u8; 4096];
+                    let Some(e) = t.encode(&reply, &mut b) else {
+                        continue;
+                    };
+                    b.truncate(e.len);
                     net.push((false, reply.rank, b));
                 }
                 continue;
@@ -369,7 +372,8 @@ fn run_collective_with_stats(
             let noval = !kind.receives_values(r, c.owner);
             assert_eq!(h.no_values(), noval, "rank {r} chunk {c:?}");
             let body = &bytes[HEADER_LEN..];
-            let tag_len = t.get(5).unwrap().auth().tag_len();
+            let auth = t.get(5).unwrap().auth();
+            let tag_len = auth.result_tag_len();
             let len = if noval { 0 } else { dtype.payload_len(c.count) };
             assert_eq!(
                 body.len(),
@@ -377,12 +381,12 @@ fn run_collective_with_stats(
                 "rank {r} chunk {c:?}"
             );
             let (covered, tag) = body.split_at(len + stats_len);
-            if let Some(k) = acks[r as usize].result_key.as_ref() {
-                assert!(
-                    k.verify(&h, covered, tag),
-                    "the RESULT's tag, rank {r} {c:?}"
-                );
-            }
+            let k = acks[r as usize].result_key.as_ref().unwrap();
+            let ok = match auth {
+                AuthMode::Mac => k.verify(&h, covered, tag),
+                AuthMode::Port => k.verify_token(&h, tag),
+            };
+            assert!(ok, "the RESULT's tag or token, rank {r} {c:?}");
             let (values, trailer) = covered.split_at(len);
             let got = (!noval).then(|| values.to_vec());
             let slot = &mut ranks[r as usize].got[i];
@@ -851,6 +855,7 @@ fn result_heads_match_the_encoded_result_for_every_rank() {
         assert_eq!(rh.encoded, e);
         let mut joined = head.to_vec();
         joined.extend_from_slice(rh.payload());
+        joined.extend_from_slice(&rh.token);
         assert_eq!(joined, whole[..e.len]);
         let sum = crate::checksum::Sum::ZERO.add_bytes(rh.payload()).fold();
         assert_eq!(rh.payload_sum, sum);

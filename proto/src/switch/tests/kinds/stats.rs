@@ -199,7 +199,10 @@ fn the_result_head_carries_the_trailer_and_its_checksum() {
         let rh = t.encode_result_head(&r, &mut head).unwrap();
         let payload = rh.payload();
         assert_eq!(rh.encoded.len, e.len);
-        assert_eq!(&whole[HEADER_LEN..e.len], payload);
+        // The payload (values and trailer), then the token.
+        let end = e.len - crate::tag::TAG_LEN;
+        assert_eq!(&whole[HEADER_LEN..end], payload);
+        assert_eq!(&whole[end..e.len], &rh.token[..]);
         let values = if r.rank == 2 { 10 } else { 0 };
         assert_eq!(payload.len(), values + STATS_LEN, "rank {}", r.rank);
         let s = GradStats::parse(&payload[values..]).unwrap();
@@ -252,12 +255,15 @@ fn a_job_without_stats_is_unchanged() {
 #[test]
 fn a_stats_job_s_chunk_leaves_room_for_the_trailer() {
     use crate::switch::config::max_elems_for;
-    assert_eq!(max_elems_for(362, Dtype::F32, AuthMode::Port, true), 356);
-    assert_eq!(max_elems_for(362, Dtype::Bf16, AuthMode::Port, true), 712);
+    // 1448 payload bytes, less the trailer (24) and the RESULT's token
+    // (port) or tag (mac), 16 bytes either way.
+    assert_eq!(max_elems_for(362, Dtype::F32, AuthMode::Port, true), 352);
+    assert_eq!(max_elems_for(362, Dtype::Bf16, AuthMode::Port, true), 704);
     assert_eq!(max_elems_for(362, Dtype::F32, AuthMode::Mac, true), 352);
-    let mut c = stats_config(Dtype::F32, AuthMode::Port, 357);
+    assert_eq!(max_elems_for(362, Dtype::F32, AuthMode::Port, false), 358);
+    let mut c = stats_config(Dtype::F32, AuthMode::Port, 353);
     assert!(c.validate(362).is_err());
-    c.elems_per_chunk = 356;
+    c.elems_per_chunk = 352;
     c.validate(362).unwrap();
 }
 
