@@ -57,7 +57,15 @@
  * needs it); the DEVMAP only to a port with PORT_F_XMIT_SG, as a driver
  * without it would drop them at redirect time.
  *
- * It FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
+ * Before anything else, a frame on a known port whose source MAC is in
+ * `local_macs` (the switch's own interfaces) or, for IPv4 with a whole
+ * header, whose source address is in `own_addrs`, is DROPPED and counted as
+ * `own_address_forged`: the switch never receives its own frames, so it is
+ * spoofed (a host on another port forging the switch's RESULTs or NACKs)
+ * or looped. Neither the fast path nor the bridge ever forwards it, and it
+ * is never steered. This is the one check that drops rather than passes.
+ *
+ * Otherwise it FAILS OPEN: a frame it cannot parse is passed, never dropped. Frames
  * that claim IPv4 (or IPv4/UDP) but are truncated or carry a bad IHL are
  * counted as `malformed` and passed.
  *
@@ -139,7 +147,7 @@ struct {
 } counters SEC(".maps");
 
 /* Every counter kind must fit in a port's block of `counters`. */
-_Static_assert(CNT_FWD_MULTI_BUFFER < CNT_PER_PORT, "counter kinds overflow CNT_PER_PORT");
+_Static_assert(CNT_OWN_ADDRESS_FORGED < CNT_PER_PORT, "counter kinds overflow CNT_PER_PORT");
 
 static __always_inline void count(__u32 port_idx, __u32 kind)
 {
@@ -159,6 +167,14 @@ static __always_inline int pass(__u32 port_idx, __u32 kind)
 	if (kind != CNT_PASSED)
 		count(port_idx, kind);
 	return XDP_PASS;
+}
+
+/* A frame that claims one of the switch's own addresses as its source:
+ * dropped and counted, whatever it is and wherever it was going. */
+static __always_inline int forged(__u32 port_idx)
+{
+	count(port_idx, CNT_OWN_ADDRESS_FORGED);
+	return XDP_DROP;
 }
 
 static __always_inline __u64 mac_key(const __u8 *mac)
@@ -295,6 +311,8 @@ int agg_xdp(struct xdp_md *ctx)
 	struct agg_config *cfg;
 	__u32 zero = 0;
 	__u32 daddr;
+	__u32 saddr;
+	__u64 mac;
 	__u32 queue;
 	struct port_info *in_info;
 	struct port_info in = {}; /* all zeros: in no bridge */
@@ -329,6 +347,12 @@ int agg_xdp(struct xdp_md *ctx)
 			learn(eth, port_idx, now);
 	}
 
+	/* The switch's own MAC as a source: never forwarded, on the fast path
+	 * or through the bridge (a host on a port spoofing it, or a loop). */
+	mac = mac_key(eth->h_source);
+	if (bpf_map_lookup_elem(&local_macs, &mac))
+		return forged(port_idx);
+
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return forward(ctx, eth, port_idx, fwd, now, &in);
 
@@ -337,6 +361,11 @@ int agg_xdp(struct xdp_md *ctx)
 		return pass(port_idx, CNT_MALFORMED); /* claims IPv4, truncated */
 	if (ip->version != 4 || ip->ihl < 5)
 		return pass(port_idx, CNT_MALFORMED);
+	/* The same for one of its own IPv4 addresses: a RESULT or NACK forged
+	 * from the switch's address reaches no worker through it. */
+	saddr = ip->saddr;
+	if (bpf_map_lookup_elem(&own_addrs, &saddr))
+		return forged(port_idx);
 	if (ip->ihl != 5)
 		return forward(ctx, eth, port_idx, fwd, now, &in); /* IP options */
 	if (ip->frag_off & bpf_htons(0x3fff))

@@ -69,7 +69,8 @@
 #define PORT_F_XMIT_SG 8
 
 /* Counters per port in `counters`: key port_idx * CNT_PER_PORT + kind.
- * `passed` counts every passed frame on a known port; `malformed` and the
+ * `passed` counts every passed frame on a known port; `dropped` and
+ * `own_address_forged` count dropped ones; `malformed` and the
  * `fwd_*` refusals are subsets of `passed`. A refusal is counted only for a
  * frame the fast path would otherwise have forwarded (plain unicast to a
  * destination learned on another port): the bridge's rules forbid it, or the
@@ -94,6 +95,10 @@ enum counter_kind {
 	CNT_FWD_ISOLATED = 10,
 	/* a frame in several buffers to a port not known to transmit one */
 	CNT_FWD_MULTI_BUFFER = 11,
+	/* dropped: its source IPv4 address is in `own_addrs` or its source MAC
+	 * in `local_macs`, from whatever port (the switch never receives its
+	 * own frames: spoofed or looped); not a subset of `passed` */
+	CNT_OWN_ADDRESS_FORGED = 12,
 	CNT_PER_PORT = 16,
 };
 

@@ -220,7 +220,15 @@ impl<'a> ControlPlane<'a> {
     /// checksum or a spoofed source since the last one: what it likely
     /// means and what to do.
     fn log_integrity(&mut self, snap: &SwitchStats) {
-        let now = ["bad_ip_checksum", "bad_udp_checksum", "own_source"].map(|k| snap.counter(k));
+        let mut now =
+            ["bad_ip_checksum", "bad_udp_checksum", "own_source"].map(|k| snap.counter(k));
+        // Those the XDP program dropped before they were steered or
+        // forwarded, on any port.
+        now[2] += snap
+            .ports
+            .iter()
+            .map(|p| p.xdp_own_address_forged)
+            .sum::<u64>();
         let new: Vec<u64> = now
             .iter()
             .zip(self.prev_integrity)
@@ -238,10 +246,11 @@ impl<'a> ControlPlane<'a> {
         }
         if new[2] > 0 {
             tracing::warn!(
-                own_source = new[2],
+                own_address_forged = new[2],
                 "frames claiming one of this switch's own addresses as their source dropped \
                  since the last summary: a host on a switch port is spoofing, or a loop \
-                 returns the switch's frames"
+                 returns the switch's frames (per port: `switchctl stats`, \
+                 own_address_forged)"
             );
         }
     }

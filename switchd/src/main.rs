@@ -88,6 +88,7 @@ fn port_stats(prog: &SteeringProgram, ports: &[String]) -> Vec<PortStats> {
                 xdp_malformed: c.malformed,
                 xdp_dropped: c.dropped,
                 xdp_forwarded: c.forwarded,
+                xdp_own_address_forged: c.own_address_forged,
                 xdp_fwd_refused: xdp::REFUSAL_NAMES.into_iter().zip(c.refusals()).collect(),
             }
         })
@@ -149,13 +150,13 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         },
     )
     .context("loading the XDP steering program")?;
-    if forward {
-        // Frames to the bridge's (or any local interface's) MAC are for the
-        // switch itself: the fast path leaves them to the stack.
-        for mac in xdp::local_macs() {
-            prog.add_local_mac(mac)
-                .context("registering the switch's own MAC addresses")?;
-        }
+    // Frames to the bridge's (or any local interface's) MAC are for the
+    // switch itself: the fast path leaves them to the stack. Frames *from*
+    // one of them are forged or looped: dropped at ingress, in every
+    // forwarding mode (`own_address_forged`).
+    for mac in xdp::local_macs() {
+        prog.add_local_mac(mac)
+            .context("registering the switch's own MAC addresses")?;
     }
     let xcfg = XskConfig {
         frame_count: cfg.switch.frames_per_socket,

@@ -591,7 +591,7 @@ fn render_switch(s: &SwitchStats) -> String {
         sample(&mut o, "aggswitch_spine_joined", labels, u8::from(*joined));
     }
     type PortCounter = fn(&crate::stats::PortStats) -> u64;
-    let port_counters: [(&str, &str, PortCounter); 5] = [
+    let port_counters: [(&str, &str, PortCounter); 6] = [
         (
             "aggswitch_port_xdp_steered_total",
             "Frames the XDP program steered to AF_XDP.",
@@ -616,6 +616,11 @@ fn render_switch(s: &SwitchStats) -> String {
             "aggswitch_port_xdp_forwarded_total",
             "Frames the XDP fast path forwarded to another port (by ingress port).",
             |p| p.xdp_forwarded,
+        ),
+        (
+            "aggswitch_port_xdp_own_address_forged_total",
+            "Frames dropped in XDP for claiming one of the switch's own addresses as their source.",
+            |p| p.xdp_own_address_forged,
         ),
     ];
     for (name, help, get) in port_counters {
@@ -870,6 +875,7 @@ mod tests {
                 xdp_malformed: 0,
                 xdp_dropped: 5,
                 xdp_forwarded: 6,
+                xdp_own_address_forged: 3,
                 xdp_fwd_refused: [("fwd_other_bridge", 7)].into_iter().collect(),
             }],
             rings: vec![RingStats {
@@ -982,6 +988,7 @@ mod tests {
             "aggswitch_spine_joined{job=\"4\",tree=\"1\",spine=\"198.19.255.2:48879\"} 1",
             "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
             "aggswitch_port_xdp_dropped_total{port=\"sw-w0\"} 5",
+            "aggswitch_port_xdp_own_address_forged_total{port=\"sw-w0\"} 3",
             "aggswitch_port_xdp_forwarded_total{port=\"sw-w0\"} 6",
             "aggswitch_port_xdp_fwd_refused_total{port=\"sw-w0\",reason=\"fwd_other_bridge\"} 7",
             "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",

@@ -139,6 +139,10 @@ pub struct PortStats {
     pub xdp_dropped: u64,
     /// Frames the forwarding fast path redirected to another port.
     pub xdp_forwarded: u64,
+    /// Frames dropped in XDP because they claimed one of the switch's own
+    /// addresses (IPv4 source or source MAC) as their source: spoofed or
+    /// looped, never forwarded nor steered.
+    pub xdp_own_address_forged: u64,
     /// Frames the fast path left to the bridge, by the first rule they
     /// failed ([`crate::xdp::REFUSAL_NAMES`]; docs/FASTPATH.md).
     pub xdp_fwd_refused: BTreeMap<&'static str, u64>,
@@ -576,6 +580,7 @@ mod tests {
                 xdp_malformed: 0,
                 xdp_dropped: 0,
                 xdp_forwarded: 0,
+                xdp_own_address_forged: 0,
                 xdp_fwd_refused: BTreeMap::new(),
             })
             .collect();

@@ -439,13 +439,15 @@ fn run() -> Result<()> {
                     })
                     .unwrap_or_default();
                 println!(
-                    "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}{}",
+                    "port {}: XDP steered {}, passed {}, malformed {}, dropped {}, forwarded {}, \
+                     own_address_forged {}{}",
                     p["name"].as_str().unwrap_or("?"),
                     p["xdp_steered"],
                     p["xdp_passed"],
                     p["xdp_malformed"],
                     p["xdp_dropped"],
                     p["xdp_forwarded"],
+                    p["xdp_own_address_forged"],
                     if refused.is_empty() {
                         String::new()
                     } else {

@@ -74,8 +74,8 @@ use super::bridge::{BridgeView, Refusals};
 use super::maps::{
     AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_FWD_ISOLATED, CNT_FWD_MULTI_BUFFER,
     CNT_FWD_NOT_BRIDGED, CNT_FWD_NOT_FORWARDING, CNT_FWD_OTHER_BRIDGE, CNT_FWD_VLAN_FILTERING,
-    CNT_FWD_VLAN_HIDDEN, CNT_MALFORMED, CNT_PASSED, CNT_PER_PORT, CNT_STEERED, MODE_STEER,
-    MODE_XDP_DROP,
+    CNT_FWD_VLAN_HIDDEN, CNT_MALFORMED, CNT_OWN_ADDRESS_FORGED, CNT_PASSED, CNT_PER_PORT,
+    CNT_STEERED, MODE_STEER, MODE_XDP_DROP,
 };
 pub use super::maps::{MAX_PORTS, MAX_QUEUES};
 
@@ -111,6 +111,9 @@ pub struct SteerCounters {
     pub fwd_vlan_hidden: u64,
     pub fwd_isolated: u64,
     pub fwd_multi_buffer: u64,
+    /// Dropped: the frame claimed one of the switch's own addresses (IPv4
+    /// source in `own_addrs` or source MAC in `local_macs`) as its source.
+    pub own_address_forged: u64,
 }
 
 impl SteerCounters {
@@ -694,6 +697,7 @@ impl SteeringProgram {
             fwd_vlan_hidden: read(CNT_FWD_VLAN_HIDDEN)?,
             fwd_isolated: read(CNT_FWD_ISOLATED)?,
             fwd_multi_buffer: read(CNT_FWD_MULTI_BUFFER)?,
+            own_address_forged: read(CNT_OWN_ADDRESS_FORGED)?,
         })
     }
 
@@ -947,6 +951,106 @@ mod tests {
             (48883, XDP_PASS),
         ] {
             assert_eq!(test_run(&mut prog, LO, &frame(dport)), want, "port {dport}");
+        }
+    }
+
+    /// A frame claiming one of the switch's own addresses as its source, an
+    /// IPv4 source in `own_addrs` or a source MAC in `local_macs`, is
+    /// dropped and counted as `own_address_forged`, whoever it is for
+    /// (another host: what a forged RESULT is; the switch: steerable) and
+    /// whether or not the fast path is on; the same frame from another
+    /// source passes. Runs the real program in the kernel: needs root
+    /// (skipped without, a failure under CI=true).
+    #[test]
+    fn program_drops_frames_that_claim_the_switchs_own_addresses() {
+        if !has_root("program_drops_frames_that_claim_the_switchs_own_addresses") {
+            return;
+        }
+        const XDP_DROP: u32 = 1;
+        const XDP_PASS: u32 = 2;
+        const LO: u32 = 1; // ifindex of lo in every namespace
+        let own = Ipv4Addr::new(198, 18, 0, 1);
+        let own_mac = [0x02, 0, 0, 0, 0, 0x01];
+        let host_mac = [0x02, 0, 0, 0, 0, 0x07];
+        let worker = [198, 18, 0, 2];
+        // Ethernet from `smac`, IPv4 UDP `src` -> `dst`, port 48879 -> 40000
+        // (a RESULT's ports, as a forger would send it).
+        let frame = |smac: [u8; 6], src: [u8; 4], dst: [u8; 4], dport: u16| {
+            let mut f = vec![0x02, 0, 0, 0, 0, 0x09];
+            f.extend_from_slice(&smac);
+            f.extend_from_slice(&[0x08, 0x00]);
+            f.extend_from_slice(&[0x45, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0]);
+            f.extend_from_slice(&src);
+            f.extend_from_slice(&dst);
+            f.extend_from_slice(&48879u16.to_be_bytes());
+            f.extend_from_slice(&dport.to_be_bytes());
+            f.extend_from_slice(&[0, 12, 0, 0, 1, 2, 3, 4]);
+            f
+        };
+        for forward in [false, true] {
+            let mut prog = SteeringProgram::load_with(
+                &[own],
+                &ProgramOptions {
+                    agg_port: 48879,
+                    forward,
+                    ..Default::default()
+                },
+            )
+            .expect("loading the program");
+            prog.ports.insert(LO, 0, 0).unwrap();
+            prog.add_local_mac(own_mac).unwrap();
+            let cases = [
+                (
+                    "own IPv4 to a worker",
+                    frame(host_mac, own.octets(), worker, 40000),
+                    true,
+                ),
+                (
+                    "own MAC to a worker",
+                    frame(own_mac, [198, 18, 0, 3], worker, 40000),
+                    true,
+                ),
+                (
+                    "own IPv4 to itself",
+                    frame(host_mac, own.octets(), own.octets(), 48879),
+                    true,
+                ),
+                (
+                    "a host to a worker",
+                    frame(host_mac, [198, 18, 0, 3], worker, 40000),
+                    false,
+                ),
+            ];
+            for (what, f, forged) in cases {
+                let before = prog.counters(0).unwrap();
+                let action = test_run(&mut prog, LO, &f);
+                let after = prog.counters(0).unwrap();
+                let counted = after.own_address_forged - before.own_address_forged;
+                if forged {
+                    assert_eq!(
+                        (action, counted),
+                        (XDP_DROP, 1),
+                        "{what}, forward {forward}"
+                    );
+                    assert_eq!(after.passed, before.passed, "{what}: not passed");
+                } else {
+                    assert_eq!(
+                        (action, counted),
+                        (XDP_PASS, 0),
+                        "{what}, forward {forward}"
+                    );
+                }
+            }
+            // An ARP from the switch's MAC (a spoofed reply) too.
+            let mut arp = vec![0x02, 0, 0, 0, 0, 0x09];
+            arp.extend_from_slice(&own_mac);
+            arp.extend_from_slice(&[0x08, 0x06]);
+            arp.resize(42, 0);
+            assert_eq!(
+                test_run(&mut prog, LO, &arp),
+                XDP_DROP,
+                "ARP, forward {forward}"
+            );
         }
     }
 
