@@ -28,7 +28,9 @@
 //!   lines); readers sum the stripes.
 //! * Every admitted DATA, on either path, is judged against the priority
 //!   board in [`JobCore::take`] ([`super::priority`]): relaxed loads, and a
-//!   store only when a stamp or the yield flag changes.
+//!   store only when a stamp or the yield flag changes. Only a DATA the
+//!   engine took (not a duplicate, a resend answered from the shadow, or a
+//!   drop) marks its class busy.
 //! * Leaf and `auth = "mac"` jobs take the table lock for DATA: their
 //!   completions touch per-job state kept under it (a partial's resend
 //!   timer, the RESULT tag). So does a leaf's partial to a `stats` spine:
@@ -445,6 +447,8 @@ impl JobCore {
             }
             _ => {}
         }
+        // Opened or added to a slot: only this makes the class busy.
+        self.priority.took_data();
         c.contributions.fetch_add(1, Ordering::Relaxed);
         c.bytes_aggregated
             .fetch_add(values.len() as u64, Ordering::Relaxed);

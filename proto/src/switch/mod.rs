@@ -831,7 +831,8 @@ impl JobTable {
                     }
                 }
                 // A version-2 worker's HELLO: refused in its own version, so
-                // that it names the problem instead of timing out.
+                // that it names the problem instead of timing out; on the
+                // HELLO budget, as every refusal of a HELLO.
                 if let Some((job, rank, echo)) = wire::peek_v2_hello(datagram) {
                     let allowed = self
                         .jobs
@@ -839,7 +840,9 @@ impl JobTable {
                         .is_some_and(|j| j.source_allowed(from.source.ip));
                     if allowed {
                         self.counters.version_refused += 1;
-                        self.reply(from, job, rank, ReplyMsg::V2Refusal { echo });
+                        if self.hello_allowed(&from, now) {
+                            self.reply(from, job, rank, ReplyMsg::V2Refusal { echo });
+                        }
                         self.refused(job, rank, from.source.ip, Refusal::Version(2));
                     }
                 }

@@ -10,6 +10,11 @@
 //! * A job yields exactly while some job of a strictly higher class took
 //!   DATA within [`BUSY_FOR`]; equal classes never affect each other, so a
 //!   switch whose jobs share one class behaves as one without classes.
+//! * Busy is earned by work: only DATA that opened or added to a slot
+//!   ([`JobPriority::took_data`]) marks a class busy. Duplicates, resends
+//!   answered from the shadow, and DATA dropped for any reason do not, so a
+//!   member resending one finished chunk cannot hold the lower classes at
+//!   their yield share for free.
 //! * While a job yields, its RESULTs advertise [`yield_window`] of its
 //!   declared window, and its contributions count as CE-marked (its
 //!   RESULTs carry ECE); from its first DATA after the higher classes went
@@ -217,16 +222,22 @@ impl JobPriority {
         }
     }
 
-    /// A DATA of this job arrived: marks its class busy and tells whether
-    /// it yields now (the flag is stored only when it changes).
+    /// A DATA of this job arrived: tells whether it yields now (the flag
+    /// is stored only when it changes). Marks nothing: only
+    /// [`JobPriority::took_data`] makes the class busy.
     pub(super) fn on_data(&self) -> bool {
         let now = self.board.clock.0.load(Ordering::Relaxed);
-        self.board.mark_busy(self.class, now);
         let y = self.class < Priority::High && self.board.outranked_at(self.class, now);
         if self.yielding.load(Ordering::Relaxed) != y {
             self.yielding.store(y, Ordering::Relaxed);
         }
         y
+    }
+
+    /// A DATA of this job opened or added to a slot: its class is busy.
+    pub(super) fn took_data(&self) {
+        let now = self.board.clock.0.load(Ordering::Relaxed);
+        self.board.mark_busy(self.class, now);
     }
 }
 
@@ -252,6 +263,11 @@ mod tests {
         let high = JobPriority::new(Priority::High, b.clone());
         assert!(!low.on_data(), "nobody above is busy yet");
         assert!(!high.on_data(), "the top class never yields");
+        assert!(
+            !low.on_data(),
+            "a DATA the high job did not take marks nothing"
+        );
+        high.took_data();
         assert!(low.on_data());
         assert_eq!((low.advertise(64), high.advertise(64)), (8, 64));
         b.tick(t0 + BUSY_FOR / 2);

@@ -472,6 +472,53 @@ fn version_2_hello_gets_a_version_2_refusal_it_takes_as_its_own() {
     assert!(t.poll_reply().is_none(), "nothing outside the prefixes");
 }
 
+/// Every refusal is rate-limited: 3000 version-2 HELLOs from one address
+/// on one switch port within a millisecond get at most the HELLO burst of
+/// answers (256); the rest are counted `hello_rate_limited`, and so are
+/// those of version 1 on the NACK budget (a burst of 128).
+#[test]
+fn version_1_and_2_refusals_are_rate_limited_per_source() {
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    let mut hello = vec![0u8; HEADER_LEN + 40];
+    hello[0] = 0x28;
+    hello[3] = 5;
+    let mut answered = 0;
+    for i in 0..3000u32 {
+        hello[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&i.to_be_bytes());
+        let at = t0() + Duration::from_nanos(u64::from(i) * 300);
+        t.handle(&hello, endpoint(0), false, at);
+        while t.poll_reply().is_some() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 256, "the HELLO burst, no more");
+    assert_eq!(t.counters.hello_rate_limited, 3000 - 256);
+    assert_eq!(t.counters.version_refused, 3000, "every one counted");
+    // Another source has its own budget.
+    let mut other = endpoint(0);
+    other.source.ip = [198, 18, 0, 99];
+    t.handle(&hello, other, false, t0() + Duration::from_millis(1));
+    assert!(t.poll_reply().is_some());
+    // Version 1: on the NACK budget.
+    let mut v1 = vec![0u8; HEADER_LEN + 36];
+    v1[0] = 0x13;
+    v1[3] = 5;
+    let mut v1_answered = 0;
+    for i in 0..3000u64 {
+        t.handle(
+            &v1,
+            endpoint(1),
+            false,
+            t0() + Duration::from_nanos(i * 300),
+        );
+        while t.poll_reply().is_some() {
+            v1_answered += 1;
+        }
+    }
+    assert_eq!(v1_answered, 128, "the NACK burst, no more");
+}
+
 #[test]
 fn leave_needs_the_mac_of_the_accepted_join() {
     let mut t = table();

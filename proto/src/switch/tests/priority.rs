@@ -115,6 +115,37 @@ fn a_lower_class_gets_ece_and_the_yield_window_while_a_higher_class_is_busy() {
     assert_eq!(t.get(LOW).unwrap().counters().priority_marked, 2);
 }
 
+/// Busy is earned by work: a member of the high job resending a chunk it
+/// already has the RESULT of, 400 times a second (each answered from the
+/// shadow, `RETX`), keeps no class busy, so the normal job runs with its
+/// declared window and no ECE throughout; DATA the high job's engine takes
+/// still makes the normal one yield.
+#[test]
+fn resends_answered_from_the_shadow_do_not_make_a_class_busy() {
+    let mut t = two_jobs(Priority::Normal, Priority::High);
+    assert_eq!(send(&mut t, HIGH, 0, ms(0)), Some((false, W)));
+    let start = BUSY_FOR + ms(1);
+    for i in 0..40u32 {
+        let at = start + Duration::from_micros(2500 * u64::from(i));
+        t.handle(&data_bytes(HIGH, 0), member(HIGH), false, t0() + at);
+        let resent = drain(&mut t)
+            .into_iter()
+            .any(|(_, h, _)| h.job == HIGH && h.seq == 0 && h.has_flag(flags::RETX));
+        assert!(resent, "resend {i} answered from the shadow");
+        let low = send(&mut t, LOW, i, at + Duration::from_micros(100));
+        assert_eq!(low, Some((false, W)), "the normal job's chunk {i}");
+    }
+    assert_eq!(t.get(LOW).unwrap().counters().priority_marked, 0);
+    assert_eq!(t.get(HIGH).unwrap().counters().retransmits_served, 40);
+    // New work of the high job does make the normal one yield.
+    let at = start + ms(101);
+    assert_eq!(send(&mut t, HIGH, 1, at), Some((false, W)));
+    assert_eq!(
+        send(&mut t, LOW, 40, at + ms(1)),
+        Some((true, yield_window(W)))
+    );
+}
+
 #[test]
 fn equal_classes_are_unchanged() {
     for p in Priority::ALL {
