@@ -16,6 +16,7 @@
 //! seq_lanes = 1                     # DATA of seq s on agg_port + s mod seq_lanes (power of two ≤ 64)
 //! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
+//! metrics_per_job = true            # false: no aggswitch_job_*/aggswitch_spine_* series
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
 //! watchdog_secs = 5                 # a stuck dataplane thread ends switchd (0: off)
@@ -175,6 +176,11 @@ pub struct SwitchSection {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve the per-job series (`aggswitch_job_*`, `aggswitch_spine_*`)
+    /// on `/metrics`; false leaves them out, keeping the switch-wide, port,
+    /// socket and thread series.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub metrics_per_job: bool,
     /// Dataplane threads; the sockets (ports × queues) are dealt among them.
     #[serde(default = "default_threads")]
     pub dataplane_threads: u32,
@@ -252,6 +258,10 @@ fn default_seq_lanes() -> u16 {
 
 fn default_true() -> bool {
     true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn default_ecn_threshold() -> f64 {
@@ -974,6 +984,16 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert_eq!(with("2.5").unwrap().switch.watchdog_secs, 2.5);
         let e = with("-1").unwrap_err().to_string();
         assert!(e.contains("watchdog_secs"), "{e}");
+    }
+
+    #[test]
+    fn metrics_per_job_defaults_to_true_and_is_written_only_when_false() {
+        assert!(parse(GOOD).unwrap().switch.metrics_per_job);
+        let off = GOOD.replace("[switch]\n", "[switch]\nmetrics_per_job = false\n");
+        assert!(!parse(&off).unwrap().switch.metrics_per_job);
+        let out = |t: &str| toml::to_string(&toml::from_str::<ConfigFile>(t).unwrap()).unwrap();
+        assert!(!out(GOOD).contains("metrics_per_job"));
+        assert!(out(&off).contains("metrics_per_job = false"));
     }
 
     #[test]

@@ -244,8 +244,11 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     )
     .context("creating the dataplane threads' wake-up eventfds")?;
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
+    let content = switchd::metrics::Content {
+        per_job: cfg.switch.metrics_per_job,
+    };
     let _metrics = match cfg.switch.metrics_listen {
-        Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone()) {
+        Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone(), content) {
             Ok(m) => Some(m),
             Err(e) => {
                 let _ = prog.detach_all();
