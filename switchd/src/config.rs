@@ -15,7 +15,7 @@
 //! dataplane_threads = 1             # sockets are dealt among the threads
 //! seq_lanes = 1                     # DATA of seq s on agg_port + s mod seq_lanes (power of two ≤ 64)
 //! pin_threads = true                # thread i on CPU i
-//! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
+//! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (the default; "off": none)
 //! metrics_per_job = true            # false: no aggswitch_job_*/aggswitch_spine_* series
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
@@ -35,11 +35,15 @@
 //! priority = "normal"               # "low" | "normal" | "high": yields to busy higher classes
 //! ```
 //!
+//! `/metrics` listens on loopback (`127.0.0.1:9100`) when `metrics_listen`
+//! is absent; if that port is taken switchd warns and runs without it, while
+//! an address the operator named that cannot be bound stops switchd.
+//!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
 //! would make, so the daemon never starts half-configured. Errors name the
 //! file, the line and the key.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
@@ -173,9 +177,10 @@ pub struct SwitchSection {
     /// 1.0 or more turns ring-based marking off.
     #[serde(default = "default_ecn_threshold")]
     pub ecn_ring_threshold: f64,
-    /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: [`MetricsListen`]
+    /// (absent: loopback, [`DEFAULT_METRICS_LISTEN`]; `"off"`).
+    #[serde(default, skip_serializing_if = "MetricsListen::is_default")]
+    pub metrics_listen: MetricsListen,
     /// Serve the per-job series (`aggswitch_job_*`, `aggswitch_spine_*`)
     /// on `/metrics`; false leaves them out, keeping the switch-wide, port,
     /// socket and thread series.
@@ -262,6 +267,77 @@ fn default_true() -> bool {
 
 fn is_true(b: &bool) -> bool {
     *b
+}
+
+/// Where `/metrics` listens when `metrics_listen` is absent: loopback, on
+/// the management side.
+pub const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9100));
+
+/// `[switch] metrics_listen`: absent, `"off"`, or `"ADDR:PORT"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsListen {
+    /// Absent: [`DEFAULT_METRICS_LISTEN`]. If that cannot be bound (the
+    /// port is taken), switchd warns and runs without `/metrics`.
+    #[default]
+    Default,
+    /// `"off"`: no endpoint.
+    Off,
+    /// An address the operator named: failing to bind it is an error.
+    At(SocketAddr),
+}
+
+impl MetricsListen {
+    /// The address to listen on, `None` when off.
+    pub fn addr(self) -> Option<SocketAddr> {
+        match self {
+            MetricsListen::Default => Some(DEFAULT_METRICS_LISTEN),
+            MetricsListen::Off => None,
+            MetricsListen::At(a) => Some(a),
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == MetricsListen::Default
+    }
+}
+
+impl std::str::FromStr for MetricsListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MetricsListen, String> {
+        if s == "off" {
+            return Ok(MetricsListen::Off);
+        }
+        s.parse().map(MetricsListen::At).map_err(|_| {
+            format!(
+                "metrics_listen must be \"ADDR:PORT\" (e.g. \"127.0.0.1:9100\", \"[::1]:9100\") \
+                 or \"off\", got {s:?}"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for MetricsListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricsListen::Default => write!(f, "{DEFAULT_METRICS_LISTEN}"),
+            MetricsListen::Off => f.write_str("off"),
+            MetricsListen::At(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl Serialize for MetricsListen {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsListen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MetricsListen, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 fn default_ecn_threshold() -> f64 {
@@ -986,14 +1062,68 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert!(e.contains("watchdog_secs"), "{e}");
     }
 
+    /// GOOD with `extra` lines at the top of `[switch]`.
+    fn with_switch(extra: &str) -> String {
+        GOOD.replace("[switch]\n", &format!("[switch]\n{extra}\n"))
+    }
+
     #[test]
-    fn metrics_per_job_defaults_to_true_and_is_written_only_when_false() {
+    fn metrics_listen_defaults_to_loopback_and_off_turns_it_off() {
+        let sw = parse(GOOD).unwrap().switch;
+        assert_eq!(sw.metrics_listen, MetricsListen::Default);
+        assert_eq!(
+            sw.metrics_listen.addr(),
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
+        assert!(sw.metrics_per_job);
+        let off = parse(&with_switch("metrics_listen = \"off\"")).unwrap();
+        assert_eq!(off.switch.metrics_listen, MetricsListen::Off);
+        assert_eq!(off.switch.metrics_listen.addr(), None);
+        for (text, addr) in [
+            ("127.0.0.1:9200", "127.0.0.1:9200"),
+            ("[::1]:9100", "[::1]:9100"),
+        ] {
+            let c = parse(&with_switch(&format!("metrics_listen = \"{text}\""))).unwrap();
+            assert_eq!(
+                c.switch.metrics_listen,
+                MetricsListen::At(addr.parse().unwrap())
+            );
+        }
+        for bad in ["\"localhost:9100\"", "\"Off\"", "\"127.0.0.1\"", "9100"] {
+            let e = parse(&with_switch(&format!("metrics_listen = {bad}")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("metrics_listen"), "{bad}: {e}");
+        }
+        let e = parse(&with_switch("metrics_listen = \"localhost:9100\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"ADDR:PORT\"") && e.contains("or \"off\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn metrics_per_job_defaults_to_true_and_the_metrics_keys_round_trip() {
         assert!(parse(GOOD).unwrap().switch.metrics_per_job);
-        let off = GOOD.replace("[switch]\n", "[switch]\nmetrics_per_job = false\n");
-        assert!(!parse(&off).unwrap().switch.metrics_per_job);
-        let out = |t: &str| toml::to_string(&toml::from_str::<ConfigFile>(t).unwrap()).unwrap();
-        assert!(!out(GOOD).contains("metrics_per_job"));
-        assert!(out(&off).contains("metrics_per_job = false"));
+        let c = parse(&with_switch("metrics_per_job = false")).unwrap();
+        assert!(!c.switch.metrics_per_job);
+        // Written back (switchd testbed-config, the e2e configs): defaults
+        // left out, the rest as read.
+        let file = |extra: &str| toml::from_str::<ConfigFile>(&with_switch(extra)).unwrap();
+        let out = |extra: &str| toml::to_string(&file(extra)).unwrap();
+        let plain = out("");
+        assert!(!plain.contains("metrics"), "{plain}");
+        let set = "metrics_listen = \"off\"\nmetrics_per_job = false";
+        let text = out(set);
+        for line in set.lines() {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+        let back: ConfigFile = toml::from_str(&text).unwrap();
+        assert_eq!(back.switch.metrics_listen, MetricsListen::Off);
+        let at = out("metrics_listen = \"[::1]:9100\"");
+        assert!(at.contains("metrics_listen = \"[::1]:9100\""), "{at}");
     }
 
     #[test]

@@ -247,9 +247,21 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     let content = switchd::metrics::Content {
         per_job: cfg.switch.metrics_per_job,
     };
-    let _metrics = match cfg.switch.metrics_listen {
+    let _metrics = match cfg.switch.metrics_listen.addr() {
         Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone(), content) {
             Ok(m) => Some(m),
+            // The default port may be another service's (node_exporter's
+            // is 9100 too): switchd runs on without /metrics.
+            Err(e) if e.is_bind() && cfg.switch.metrics_listen.is_default() => {
+                tracing::warn!(
+                    "metrics endpoint: cannot listen on {addr}, the default of \
+                     switch.metrics_listen ({}); switchd runs on without /metrics. Set \
+                     [switch] metrics_listen = \"ADDR:PORT\" (a free port on a management \
+                     address) to serve it there, or metrics_listen = \"off\"",
+                    e.cause()
+                );
+                None
+            }
             Err(e) => {
                 let _ = prog.detach_all();
                 return Err(e).context("starting the metrics endpoint");
@@ -467,6 +479,22 @@ fn check_config(path: &Path) -> Result<()> {
         },
         switchd::config::max_elems_per_chunk(cfg.multi_buffer)
     );
+    match cfg.switch.metrics_listen.addr() {
+        None => println!("  metrics: off"),
+        Some(addr) => println!(
+            "  metrics: http://{addr}/metrics{}, {}",
+            if cfg.switch.metrics_listen.is_default() {
+                " (the default; if the port is taken switchd runs without it)"
+            } else {
+                ""
+            },
+            if cfg.switch.metrics_per_job {
+                "per-job series included"
+            } else {
+                "without per-job series"
+            }
+        ),
+    }
     for j in &cfg.jobs {
         println!(
             "  job {}: {} workers, {} slots, {} {} elements per chunk, window {}, pool {}, \

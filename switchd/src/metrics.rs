@@ -24,7 +24,7 @@
 //!
 //! Content ([`Content`]): with `[switch] metrics_per_job = false` the
 //! per-job series (`aggswitch_job_*`, a leaf's `aggswitch_spine_*`) are
-//! left out.
+//! left out. Where it listens: [`crate::config::MetricsListen`].
 //!
 //! Supervision ([`crate::supervise`]): a panic or an unexpected return of
 //! the server is logged and the server restarted on the same listener, with
@@ -130,6 +130,20 @@ pub struct MetricsError {
     addr: SocketAddr,
     call: &'static str,
     source: std::io::Error,
+}
+
+impl MetricsError {
+    /// The listening socket could not be bound (the port is taken, the
+    /// address is not this machine's): the error a default address may
+    /// meet, as opposed to a thread or runtime that could not start.
+    pub fn is_bind(&self) -> bool {
+        self.call == "bind"
+    }
+
+    /// What failed, without the advice: `bind: Address in use (os error 98)`.
+    pub fn cause(&self) -> String {
+        format!("{}: {}", self.call, self.source)
+    }
 }
 
 /// The running endpoint; stops on drop.
