@@ -16,6 +16,7 @@
 //! seq_lanes = 1                     # DATA of seq s on agg_port + s mod seq_lanes (power of two ≤ 64)
 //! pin_threads = true                # thread i on CPU i
 //! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (the default; "off": none)
+//! metrics_on_data_network = false   # true: allow a metrics_listen the workers reach
 //! metrics_per_job = true            # false: no aggswitch_job_*/aggswitch_spine_* series
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
@@ -37,7 +38,11 @@
 //!
 //! `/metrics` listens on loopback (`127.0.0.1:9100`) when `metrics_listen`
 //! is absent; if that port is taken switchd warns and runs without it, while
-//! an address the operator named that cannot be bound stops switchd.
+//! an address the operator named that cannot be bound stops switchd. An
+//! address the workers' network reaches (`0.0.0.0`, `::`, one of
+//! `addresses` or `uplink`, and at start any address of a port or its
+//! bridge) is refused unless `metrics_on_data_network = true`
+//! ([`crate::exposure`]).
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
 //! would make, so the daemon never starts half-configured. Errors name the
@@ -181,6 +186,10 @@ pub struct SwitchSection {
     /// (absent: loopback, [`DEFAULT_METRICS_LISTEN`]; `"off"`).
     #[serde(default, skip_serializing_if = "MetricsListen::is_default")]
     pub metrics_listen: MetricsListen,
+    /// Allow `metrics_listen` on an address the workers' network reaches
+    /// (refused otherwise: [`crate::exposure`]); switchd then warns.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metrics_on_data_network: bool,
     /// Serve the per-job series (`aggswitch_job_*`, `aggswitch_spine_*`)
     /// on `/metrics`; false leaves them out, keeping the switch-wide, port,
     /// socket and thread series.
@@ -238,6 +247,30 @@ pub fn machine_memory() -> Option<u64> {
 }
 
 impl SwitchSection {
+    /// Whether `/metrics` would listen where the workers' network reaches
+    /// ([`crate::exposure`]): the unspecified address, the switch's own
+    /// addresses, or one of `interfaces` (the ports' and their bridges'
+    /// addresses, [`crate::exposure::data_interfaces`]). `Err`: refused,
+    /// the message naming the address, why and the fix; `Ok(Some)`:
+    /// allowed by `metrics_on_data_network`, the warning to log.
+    pub fn check_metrics_exposure(
+        &self,
+        interfaces: &[crate::exposure::InterfaceAddr],
+    ) -> Result<Option<String>, String> {
+        let Some(addr) = self.metrics_listen.addr() else {
+            return Ok(None);
+        };
+        let why = crate::exposure::exposure(addr.ip(), &self.addresses, self.uplink, interfaces);
+        crate::exposure::check(
+            addr,
+            why,
+            crate::exposure::Policy {
+                allow: self.metrics_on_data_network,
+                per_job: self.metrics_per_job,
+            },
+        )
+    }
+
     /// The slot-pool memory budget in bytes.
     pub fn pool_budget_bytes(&self) -> u64 {
         match self.pool_memory_mib {
@@ -892,6 +925,9 @@ impl Config {
                 _ => {}
             }
         }
+        // The file alone: the ports' own addresses are checked at start
+        // ([`SwitchSection::check_metrics_exposure`]).
+        sw.check_metrics_exposure(&[]).map_err(invalid)?;
         let multi_buffer = needs_multi_buffer(&sw.ports, &mtu_of);
         let max_elems = max_elems_per_chunk(multi_buffer);
         let default_elems = default_elems_per_chunk(&sw.ports, &mtu_of);
@@ -1075,7 +1111,8 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
             sw.metrics_listen.addr(),
             Some("127.0.0.1:9100".parse().unwrap())
         );
-        assert!(sw.metrics_per_job);
+        assert!(sw.metrics_per_job && !sw.metrics_on_data_network);
+        assert_eq!(sw.check_metrics_exposure(&[]), Ok(None));
         let off = parse(&with_switch("metrics_listen = \"off\"")).unwrap();
         assert_eq!(off.switch.metrics_listen, MetricsListen::Off);
         assert_eq!(off.switch.metrics_listen.addr(), None);
@@ -1105,6 +1142,59 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
     }
 
     #[test]
+    fn metrics_on_the_data_network_is_refused_naming_the_address_why_and_the_fix() {
+        let leaf = "uplink = \"198.19.0.2:40000\"";
+        for (listen, why) in [
+            (
+                "0.0.0.0:9100",
+                "is the unspecified address, which listens on every interface",
+            ),
+            ("[::]:9100", "is the unspecified address"),
+            (
+                "198.18.0.1:9100",
+                "is one of the switch's own aggregation addresses (switch.addresses)",
+            ),
+            ("198.19.0.2:9100", "is the address of switch.uplink"),
+        ] {
+            let text = with_switch(&format!("{leaf}\nmetrics_listen = \"{listen}\""));
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("config test.toml: ")
+                    && e.contains(&format!("switch.metrics_listen = \"{listen}\" {why}"))
+                    && e.contains("read every job's progress")
+                    && e.contains("leave metrics_listen out for 127.0.0.1:9100")
+                    && e.contains("set metrics_on_data_network = true"),
+                "{listen}: {e}"
+            );
+            // The operator's override: loaded, with a warning to log.
+            let c =
+                parse(&text.replace("[switch]\n", "[switch]\nmetrics_on_data_network = true\n"))
+                    .unwrap();
+            let w = c.switch.check_metrics_exposure(&[]).unwrap().unwrap();
+            assert!(
+                w.contains(&format!("\"{listen}\" {why}"))
+                    && w.contains("metrics_on_data_network = true")
+                    && w.contains("set metrics_per_job = false"),
+                "{w}"
+            );
+        }
+        // A management address is not refused.
+        assert!(parse(&with_switch("metrics_listen = \"10.9.8.7:9100\"")).is_ok());
+        // An address the machine has on a port's bridge, found at start.
+        let c = parse(&with_switch("metrics_listen = \"10.9.8.7:9100\"")).unwrap();
+        let br = crate::exposure::InterfaceAddr {
+            ifname: "br0".into(),
+            port: "sw-w1".into(),
+            addr: "10.9.8.7".parse().unwrap(),
+        };
+        let e = c.switch.check_metrics_exposure(&[br]).unwrap_err();
+        assert!(
+            e.contains("\"10.9.8.7:9100\" is an address of br0, the bridge of port sw-w1"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn metrics_per_job_defaults_to_true_and_the_metrics_keys_round_trip() {
         assert!(parse(GOOD).unwrap().switch.metrics_per_job);
         let c = parse(&with_switch("metrics_per_job = false")).unwrap();
@@ -1115,7 +1205,8 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         let out = |extra: &str| toml::to_string(&file(extra)).unwrap();
         let plain = out("");
         assert!(!plain.contains("metrics"), "{plain}");
-        let set = "metrics_listen = \"off\"\nmetrics_per_job = false";
+        let set =
+            "metrics_listen = \"off\"\nmetrics_per_job = false\nmetrics_on_data_network = true";
         let text = out(set);
         for line in set.lines() {
             assert!(text.contains(line), "{line} not in:\n{text}");

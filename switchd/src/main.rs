@@ -102,6 +102,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     for w in cfg.layout_warnings() {
         tracing::warn!("{w}");
     }
+    if let Some(w) = check_metrics_exposure(config_path, &cfg)? {
+        tracing::warn!("{w}");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -430,10 +433,24 @@ fn final_counters<'a>(
     control::write_stats(p, &snap).err().map(|e| (p, e))
 }
 
+/// The file's `metrics_listen` against the addresses this machine has on
+/// the switch's ports and their bridges now (the file alone was checked at
+/// load): an error when the workers' network reaches it and the operator
+/// did not allow that, else the warning to give when allowed.
+fn check_metrics_exposure(path: &Path, cfg: &Config) -> Result<Option<String>> {
+    let interfaces = switchd::exposure::data_interfaces(&cfg.switch.ports);
+    cfg.switch
+        .check_metrics_exposure(&interfaces)
+        .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+}
+
 fn check_config(path: &Path) -> Result<()> {
     let cfg = Config::load(path)?;
     if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
         tracing::warn!("{w}");
+    }
+    if let Some(w) = check_metrics_exposure(path, &cfg)? {
+        eprintln!("{}: warning: {w}", path.display());
     }
     println!(
         "{}: ok: {} ports, addresses {:?}, aggregation port {}, slot-pool memory budget {}",

@@ -24,7 +24,9 @@
 //!
 //! Content ([`Content`]): with `[switch] metrics_per_job = false` the
 //! per-job series (`aggswitch_job_*`, a leaf's `aggswitch_spine_*`) are
-//! left out. Where it listens: [`crate::config::MetricsListen`].
+//! left out. Where it listens: [`crate::config::MetricsListen`] (loopback
+//! by default), never where the workers' network reaches unless the
+//! operator allows it ([`crate::exposure`]).
 //!
 //! Supervision ([`crate::supervise`]): a panic or an unexpected return of
 //! the server is logged and the server restarted on the same listener, with
