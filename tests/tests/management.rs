@@ -1,7 +1,9 @@
 //! End-to-end tests of issue 20's management-plane findings: `/metrics`
 //! attacked from a host on another port of the switch (an endless header,
 //! 1 500 slow connections, and switchd under a 1 024 open-file limit) stays
-//! bounded in memory, threads and fds, and answers afterwards.
+//! bounded in memory, threads and fds, and answers afterwards. And where
+//! `/metrics` listens: loopback by default, never where the workers'
+//! network reaches unless `metrics_on_data_network = true`.
 //!
 //! The attacks run from host namespace h0 with `tests/mgmt_attack.py`;
 //! switchd's side is read from `/proc/PID` while they run. Each test prints
