@@ -15,7 +15,9 @@
 //! dataplane_threads = 1             # sockets are dealt among the threads
 //! seq_lanes = 1                     # DATA of seq s on agg_port + s mod seq_lanes (power of two ≤ 64)
 //! pin_threads = true                # thread i on CPU i
-//! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (off when absent)
+//! metrics_listen = "127.0.0.1:9100" # Prometheus /metrics (the default; "off": none)
+//! metrics_on_data_network = false   # true: allow a metrics_listen the workers reach
+//! metrics_per_job = true            # false: no aggswitch_job_*/aggswitch_spine_* series
 //! mode = "aggregate"                # "aggregate" | "echo" | "xdp-drop" (benchmarks)
 //! forwarding = "xdp"                # "xdp": unicast fast path in XDP | "bridge": all via br0
 //! watchdog_secs = 5                 # a stuck dataplane thread ends switchd (0: off)
@@ -34,11 +36,19 @@
 //! priority = "normal"               # "low" | "normal" | "high": yields to busy higher classes
 //! ```
 //!
+//! `/metrics` listens on loopback (`127.0.0.1:9100`) when `metrics_listen`
+//! is absent; if that port is taken switchd warns and runs without it, while
+//! an address the operator named that cannot be bound stops switchd. An
+//! address the workers' network reaches (`0.0.0.0`, `::`, one of
+//! `addresses` or `uplink`, and at start any address of a port or its
+//! bridge) is refused unless `metrics_on_data_network = true`
+//! ([`crate::exposure`]).
+//!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
 //! would make, so the daemon never starts half-configured. Errors name the
 //! file, the line and the key.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
@@ -172,9 +182,19 @@ pub struct SwitchSection {
     /// 1.0 or more turns ring-based marking off.
     #[serde(default = "default_ecn_threshold")]
     pub ecn_ring_threshold: f64,
-    /// Serve Prometheus metrics at http://ADDR/metrics (off when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: [`MetricsListen`]
+    /// (absent: loopback, [`DEFAULT_METRICS_LISTEN`]; `"off"`).
+    #[serde(default, skip_serializing_if = "MetricsListen::is_default")]
+    pub metrics_listen: MetricsListen,
+    /// Allow `metrics_listen` on an address the workers' network reaches
+    /// (refused otherwise: [`crate::exposure`]); switchd then warns.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metrics_on_data_network: bool,
+    /// Serve the per-job series (`aggswitch_job_*`, `aggswitch_spine_*`)
+    /// on `/metrics`; false leaves them out, keeping the switch-wide, port,
+    /// socket and thread series.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub metrics_per_job: bool,
     /// Dataplane threads; the sockets (ports × queues) are dealt among them.
     #[serde(default = "default_threads")]
     pub dataplane_threads: u32,
@@ -227,6 +247,30 @@ pub fn machine_memory() -> Option<u64> {
 }
 
 impl SwitchSection {
+    /// Whether `/metrics` would listen where the workers' network reaches
+    /// ([`crate::exposure`]): the unspecified address, the switch's own
+    /// addresses, or one of `interfaces` (the ports' and their bridges'
+    /// addresses, [`crate::exposure::data_interfaces`]). `Err`: refused,
+    /// the message naming the address, why and the fix; `Ok(Some)`:
+    /// allowed by `metrics_on_data_network`, the warning to log.
+    pub fn check_metrics_exposure(
+        &self,
+        interfaces: &[crate::exposure::InterfaceAddr],
+    ) -> Result<Option<String>, String> {
+        let Some(addr) = self.metrics_listen.addr() else {
+            return Ok(None);
+        };
+        let why = crate::exposure::exposure(addr.ip(), &self.addresses, self.uplink, interfaces);
+        crate::exposure::check(
+            addr,
+            why,
+            crate::exposure::Policy {
+                allow: self.metrics_on_data_network,
+                per_job: self.metrics_per_job,
+            },
+        )
+    }
+
     /// The slot-pool memory budget in bytes.
     pub fn pool_budget_bytes(&self) -> u64 {
         match self.pool_memory_mib {
@@ -252,6 +296,81 @@ fn default_seq_lanes() -> u16 {
 
 fn default_true() -> bool {
     true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// Where `/metrics` listens when `metrics_listen` is absent: loopback, on
+/// the management side.
+pub const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9100));
+
+/// `[switch] metrics_listen`: absent, `"off"`, or `"ADDR:PORT"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsListen {
+    /// Absent: [`DEFAULT_METRICS_LISTEN`]. If that cannot be bound (the
+    /// port is taken), switchd warns and runs without `/metrics`.
+    #[default]
+    Default,
+    /// `"off"`: no endpoint.
+    Off,
+    /// An address the operator named: failing to bind it is an error.
+    At(SocketAddr),
+}
+
+impl MetricsListen {
+    /// The address to listen on, `None` when off.
+    pub fn addr(self) -> Option<SocketAddr> {
+        match self {
+            MetricsListen::Default => Some(DEFAULT_METRICS_LISTEN),
+            MetricsListen::Off => None,
+            MetricsListen::At(a) => Some(a),
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == MetricsListen::Default
+    }
+}
+
+impl std::str::FromStr for MetricsListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MetricsListen, String> {
+        if s == "off" {
+            return Ok(MetricsListen::Off);
+        }
+        s.parse().map(MetricsListen::At).map_err(|_| {
+            format!(
+                "metrics_listen must be \"ADDR:PORT\" (e.g. \"127.0.0.1:9100\", \"[::1]:9100\") \
+                 or \"off\", got {s:?}"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for MetricsListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricsListen::Default => write!(f, "{DEFAULT_METRICS_LISTEN}"),
+            MetricsListen::Off => f.write_str("off"),
+            MetricsListen::At(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl Serialize for MetricsListen {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricsListen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MetricsListen, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 fn default_ecn_threshold() -> f64 {
@@ -806,6 +925,9 @@ impl Config {
                 _ => {}
             }
         }
+        // The file alone: the ports' own addresses are checked at start
+        // ([`SwitchSection::check_metrics_exposure`]).
+        sw.check_metrics_exposure(&[]).map_err(invalid)?;
         let multi_buffer = needs_multi_buffer(&sw.ports, &mtu_of);
         let max_elems = max_elems_per_chunk(multi_buffer);
         let default_elems = default_elems_per_chunk(&sw.ports, &mtu_of);
@@ -975,6 +1097,125 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         assert_eq!(with("2.5").unwrap().switch.watchdog_secs, 2.5);
         let e = with("-1").unwrap_err().to_string();
         assert!(e.contains("watchdog_secs"), "{e}");
+    }
+
+    /// GOOD with `extra` lines at the top of `[switch]`.
+    fn with_switch(extra: &str) -> String {
+        GOOD.replace("[switch]\n", &format!("[switch]\n{extra}\n"))
+    }
+
+    #[test]
+    fn metrics_listen_defaults_to_loopback_and_off_turns_it_off() {
+        let sw = parse(GOOD).unwrap().switch;
+        assert_eq!(sw.metrics_listen, MetricsListen::Default);
+        assert_eq!(
+            sw.metrics_listen.addr(),
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
+        assert!(sw.metrics_per_job && !sw.metrics_on_data_network);
+        assert_eq!(sw.check_metrics_exposure(&[]), Ok(None));
+        let off = parse(&with_switch("metrics_listen = \"off\"")).unwrap();
+        assert_eq!(off.switch.metrics_listen, MetricsListen::Off);
+        assert_eq!(off.switch.metrics_listen.addr(), None);
+        for (text, addr) in [
+            ("127.0.0.1:9200", "127.0.0.1:9200"),
+            ("[::1]:9100", "[::1]:9100"),
+        ] {
+            let c = parse(&with_switch(&format!("metrics_listen = \"{text}\""))).unwrap();
+            assert_eq!(
+                c.switch.metrics_listen,
+                MetricsListen::At(addr.parse().unwrap())
+            );
+        }
+        for bad in ["\"localhost:9100\"", "\"Off\"", "\"127.0.0.1\"", "9100"] {
+            let e = parse(&with_switch(&format!("metrics_listen = {bad}")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("metrics_listen"), "{bad}: {e}");
+        }
+        let e = parse(&with_switch("metrics_listen = \"localhost:9100\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"ADDR:PORT\"") && e.contains("or \"off\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn metrics_on_the_data_network_is_refused_naming_the_address_why_and_the_fix() {
+        let leaf = "uplink = \"198.19.0.2:40000\"";
+        for (listen, why) in [
+            (
+                "0.0.0.0:9100",
+                "is the unspecified address, which listens on every interface",
+            ),
+            ("[::]:9100", "is the unspecified address"),
+            (
+                "198.18.0.1:9100",
+                "is one of the switch's own aggregation addresses (switch.addresses)",
+            ),
+            ("198.19.0.2:9100", "is the address of switch.uplink"),
+        ] {
+            let text = with_switch(&format!("{leaf}\nmetrics_listen = \"{listen}\""));
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("config test.toml: ")
+                    && e.contains(&format!("switch.metrics_listen = \"{listen}\" {why}"))
+                    && e.contains("read every job's progress")
+                    && e.contains("leave metrics_listen out for 127.0.0.1:9100")
+                    && e.contains("set metrics_on_data_network = true"),
+                "{listen}: {e}"
+            );
+            // The operator's override: loaded, with a warning to log.
+            let c =
+                parse(&text.replace("[switch]\n", "[switch]\nmetrics_on_data_network = true\n"))
+                    .unwrap();
+            let w = c.switch.check_metrics_exposure(&[]).unwrap().unwrap();
+            assert!(
+                w.contains(&format!("\"{listen}\" {why}"))
+                    && w.contains("metrics_on_data_network = true")
+                    && w.contains("set metrics_per_job = false"),
+                "{w}"
+            );
+        }
+        // A management address is not refused.
+        assert!(parse(&with_switch("metrics_listen = \"10.9.8.7:9100\"")).is_ok());
+        // An address the machine has on a port's bridge, found at start.
+        let c = parse(&with_switch("metrics_listen = \"10.9.8.7:9100\"")).unwrap();
+        let br = crate::exposure::InterfaceAddr {
+            ifname: "br0".into(),
+            port: "sw-w1".into(),
+            addr: "10.9.8.7".parse().unwrap(),
+        };
+        let e = c.switch.check_metrics_exposure(&[br]).unwrap_err();
+        assert!(
+            e.contains("\"10.9.8.7:9100\" is an address of br0, the bridge of port sw-w1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn metrics_per_job_defaults_to_true_and_the_metrics_keys_round_trip() {
+        assert!(parse(GOOD).unwrap().switch.metrics_per_job);
+        let c = parse(&with_switch("metrics_per_job = false")).unwrap();
+        assert!(!c.switch.metrics_per_job);
+        // Written back (switchd testbed-config, the e2e configs): defaults
+        // left out, the rest as read.
+        let file = |extra: &str| toml::from_str::<ConfigFile>(&with_switch(extra)).unwrap();
+        let out = |extra: &str| toml::to_string(&file(extra)).unwrap();
+        let plain = out("");
+        assert!(!plain.contains("metrics"), "{plain}");
+        let set =
+            "metrics_listen = \"off\"\nmetrics_per_job = false\nmetrics_on_data_network = true";
+        let text = out(set);
+        for line in set.lines() {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+        let back: ConfigFile = toml::from_str(&text).unwrap();
+        assert_eq!(back.switch.metrics_listen, MetricsListen::Off);
+        let at = out("metrics_listen = \"[::1]:9100\"");
+        assert!(at.contains("metrics_listen = \"[::1]:9100\""), "{at}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! * [`control`]: the control thread (admin, summary, stats file, the log
 //!   of the table's events).
 //! * [`echo`]: echo mode, the AF_XDP I/O baseline for benchmarks.
+//! * [`exposure`]: whether `/metrics` listens where the workers reach it.
 //! * [`stats`]: counter snapshots for logs and the stats file.
 //! * [`metrics`]: the Prometheus text endpoint.
 //! * [`supervise`]: restarting the admin and metrics threads.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod echo;
+pub mod exposure;
 pub mod frame;
 pub mod metrics;
 pub mod ratelog;

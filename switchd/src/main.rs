@@ -103,6 +103,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     for w in cfg.layout_warnings() {
         tracing::warn!("{w}");
     }
+    if let Some(w) = check_metrics_exposure(config_path, &cfg)? {
+        tracing::warn!("{w}");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -245,9 +248,24 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     )
     .context("creating the dataplane threads' wake-up eventfds")?;
     let (admin_tx, admin_rx) = std::sync::mpsc::channel();
-    let _metrics = match cfg.switch.metrics_listen {
-        Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone()) {
+    let content = switchd::metrics::Content {
+        per_job: cfg.switch.metrics_per_job,
+    };
+    let _metrics = match cfg.switch.metrics_listen.addr() {
+        Some(addr) => match switchd::metrics::serve(addr, admin_tx.clone(), content) {
             Ok(m) => Some(m),
+            // The default port may be another service's (node_exporter's
+            // is 9100 too): switchd runs on without /metrics.
+            Err(e) if e.is_bind() && cfg.switch.metrics_listen.is_default() => {
+                tracing::warn!(
+                    "metrics endpoint: cannot listen on {addr}, the default of \
+                     switch.metrics_listen ({}); switchd runs on without /metrics. Set \
+                     [switch] metrics_listen = \"ADDR:PORT\" (a free port on a management \
+                     address) to serve it there, or metrics_listen = \"off\"",
+                    e.cause()
+                );
+                None
+            }
             Err(e) => {
                 let _ = prog.detach_all();
                 return Err(e).context("starting the metrics endpoint");
@@ -416,10 +434,24 @@ fn final_counters<'a>(
     control::write_stats(p, &snap).err().map(|e| (p, e))
 }
 
+/// The file's `metrics_listen` against the addresses this machine has on
+/// the switch's ports and their bridges now (the file alone was checked at
+/// load): an error when the workers' network reaches it and the operator
+/// did not allow that, else the warning to give when allowed.
+fn check_metrics_exposure(path: &Path, cfg: &Config) -> Result<Option<String>> {
+    let interfaces = switchd::exposure::data_interfaces(&cfg.switch.ports);
+    cfg.switch
+        .check_metrics_exposure(&interfaces)
+        .map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+}
+
 fn check_config(path: &Path) -> Result<()> {
     let cfg = Config::load(path)?;
     if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
         tracing::warn!("{w}");
+    }
+    if let Some(w) = check_metrics_exposure(path, &cfg)? {
+        eprintln!("{}: warning: {w}", path.display());
     }
     println!(
         "{}: ok: {} ports, addresses {:?}, aggregation port {}, slot-pool memory budget {}",
@@ -465,6 +497,22 @@ fn check_config(path: &Path) -> Result<()> {
         },
         switchd::config::max_elems_per_chunk(cfg.multi_buffer)
     );
+    match cfg.switch.metrics_listen.addr() {
+        None => println!("  metrics: off"),
+        Some(addr) => println!(
+            "  metrics: http://{addr}/metrics{}, {}",
+            if cfg.switch.metrics_listen.is_default() {
+                " (the default; if the port is taken switchd runs without it)"
+            } else {
+                ""
+            },
+            if cfg.switch.metrics_per_job {
+                "per-job series included"
+            } else {
+                "without per-job series"
+            }
+        ),
+    }
     for j in &cfg.jobs {
         println!(
             "  job {}: {} workers, {} slots, {} {} elements per chunk, window {}, pool {}, \

@@ -22,6 +22,12 @@
 //! accepting resumes after `accept_backoff`. Only `GET`/`HEAD /metrics` is
 //! served: another path is a 404, another method a 405.
 //!
+//! Content ([`Content`]): with `[switch] metrics_per_job = false` the
+//! per-job series (`aggswitch_job_*`, a leaf's `aggswitch_spine_*`) are
+//! left out. Where it listens: [`crate::config::MetricsListen`] (loopback
+//! by default), never where the workers' network reaches unless the
+//! operator allows it ([`crate::exposure`]).
+//!
 //! Supervision ([`crate::supervise`]): a panic or an unexpected return of
 //! the server is logged and the server restarted on the same listener, with
 //! backoff; after too many failures switchd stops and exits non-zero (its
@@ -46,6 +52,22 @@ use crate::dataplane::DataplaneCounters;
 use crate::ratelog::LogLimiter;
 use crate::stats::SwitchStats;
 use crate::supervise::{self, Health, Policy};
+
+/// Which series `/metrics` serves; [`Content::default`] serves all.
+#[derive(Debug, Clone, Copy)]
+pub struct Content {
+    /// The per-job series: `aggswitch_job_*` and a leaf's per-spine
+    /// `aggswitch_spine_*` (labelled by job). `[switch] metrics_per_job`;
+    /// false leaves them out, keeping the switch-wide, port, socket and
+    /// thread series.
+    pub per_job: bool,
+}
+
+impl Default for Content {
+    fn default() -> Content {
+        Content { per_job: true }
+    }
+}
 
 /// The endpoint's limits; [`Limits::default`] is what switchd uses.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +134,20 @@ pub struct MetricsError {
     source: std::io::Error,
 }
 
+impl MetricsError {
+    /// The listening socket could not be bound (the port is taken, the
+    /// address is not this machine's): the error a default address may
+    /// meet, as opposed to a thread or runtime that could not start.
+    pub fn is_bind(&self) -> bool {
+        self.call == "bind"
+    }
+
+    /// What failed, without the advice: `bind: Address in use (os error 98)`.
+    pub fn cause(&self) -> String {
+        format!("{}: {}", self.call, self.source)
+    }
+}
+
 /// The running endpoint; stops on drop.
 pub struct MetricsServer {
     addr: SocketAddr,
@@ -147,6 +183,7 @@ impl Drop for MetricsServer {
 /// What every connection task shares.
 struct Endpoint {
     calls: mpsc::Sender<AdminCall>,
+    content: Content,
     limits: Limits,
     counters: Mutex<EndpointCounters>,
     health: Arc<Health>,
@@ -183,18 +220,21 @@ impl Drop for OpenGuard {
     }
 }
 
-/// Listens on `addr` and serves `/metrics` with [`Limits::default`].
+/// Listens on `addr` and serves `content` at `/metrics` with
+/// [`Limits::default`].
 pub fn serve(
     addr: SocketAddr,
     calls: mpsc::Sender<AdminCall>,
+    content: Content,
 ) -> Result<MetricsServer, MetricsError> {
-    serve_with(addr, calls, Limits::default())
+    serve_with(addr, calls, content, Limits::default())
 }
 
 /// [`serve`] with other limits (tests use small ones).
 pub fn serve_with(
     addr: SocketAddr,
     calls: mpsc::Sender<AdminCall>,
+    content: Content,
     limits: Limits,
 ) -> Result<MetricsServer, MetricsError> {
     let err = |call| move |source| MetricsError { addr, call, source };
@@ -209,6 +249,7 @@ pub fn serve_with(
     let health = supervise::health();
     let endpoint = Arc::new(Endpoint {
         calls,
+        content,
         limits,
         counters: Mutex::new(EndpointCounters::default()),
         health: health.clone(),
@@ -397,7 +438,7 @@ async fn switch_text(ep: &Endpoint) -> Result<Arc<String>, String> {
     let taken = Instant::now();
     match tokio::time::timeout(ep.limits.snapshot_timeout, rx).await {
         Ok(Ok(stats)) => {
-            let t = Arc::new(render_switch(&stats));
+            let t = Arc::new(render_switch(&stats, ep.content));
             *ep.rendered.lock().unwrap_or_else(|e| e.into_inner()) = Some((taken, t.clone()));
             Ok(t)
         }
@@ -473,9 +514,10 @@ fn schema_families<T: CounterSchema + Default>(
 /// (dataplane counters summed over the threads, and the table's),
 /// `aggswitch_thread_<name>_total{thread}` (each dataplane thread's own)
 /// or `aggswitch_metrics_<name>_total`, with the schema's help text; the
-/// gauges and labelled families are the fields of [`SwitchStats`].
-pub fn render(s: &SwitchStats, endpoint: &EndpointCounters) -> String {
-    let mut o = render_switch(s);
+/// gauges and labelled families are the fields of [`SwitchStats`]. Without
+/// [`Content::per_job`], no `aggswitch_job_*` or `aggswitch_spine_*` series.
+pub fn render(s: &SwitchStats, endpoint: &EndpointCounters, content: Content) -> String {
+    let mut o = render_switch(s, content);
     render_endpoint(&mut o, endpoint);
     o
 }
@@ -486,15 +528,25 @@ fn render_endpoint(o: &mut String, endpoint: &EndpointCounters) {
 }
 
 /// Everything of [`render`] but the endpoint's own counters.
-fn render_switch(s: &SwitchStats) -> String {
+fn render_switch(s: &SwitchStats, content: Content) -> String {
     let mut o = String::new();
+    if content.per_job {
+        render_jobs(&mut o, s);
+    }
+    render_switch_wide(&mut o, s);
+    o
+}
+
+/// The per-job series: `aggswitch_job_*`, and `aggswitch_spine_*` (a
+/// leaf's, labelled by job).
+fn render_jobs(o: &mut String, s: &SwitchStats) {
     let job_label = |id: u16| format!("job=\"{id}\"");
     let job_rows: Vec<(String, &JobCounters)> = s
         .jobs
         .iter()
         .map(|j| (job_label(j.id), &j.job_counters))
         .collect();
-    schema_families(&mut o, "aggswitch_job_", &job_rows);
+    schema_families(o, "aggswitch_job_", &job_rows);
     type JobGauge = fn(&crate::stats::JobStats) -> u64;
     let job_gauges: [(&str, &str, JobGauge); 8] = [
         (
@@ -537,13 +589,13 @@ fn render_switch(s: &SwitchStats) -> String {
         ),
     ];
     for (name, help, get) in job_gauges {
-        family(&mut o, name, "gauge", help);
+        family(o, name, "gauge", help);
         for j in &s.jobs {
-            sample(&mut o, name, &job_label(j.id), get(j));
+            sample(o, name, &job_label(j.id), get(j));
         }
     }
     family(
-        &mut o,
+        o,
         "aggswitch_job_drops_total",
         "counter",
         "Messages of the job dropped, by reason.",
@@ -552,7 +604,7 @@ fn render_switch(s: &SwitchStats) -> String {
         for r in DropReason::ALL {
             let labels = format!("job=\"{}\",reason=\"{}\"", j.id, r.name());
             sample(
-                &mut o,
+                o,
                 "aggswitch_job_drops_total",
                 &labels,
                 j.drop_counts.count(r),
@@ -580,16 +632,21 @@ fn render_switch(s: &SwitchStats) -> String {
         .collect();
     let rows: Vec<(String, &SpineCounters)> =
         spine_rows.iter().map(|(l, c, _)| (l.clone(), *c)).collect();
-    schema_families(&mut o, "aggswitch_spine_", &rows);
+    schema_families(o, "aggswitch_spine_", &rows);
     family(
-        &mut o,
+        o,
         "aggswitch_spine_joined",
         "gauge",
         "1 when the leaf's session with the spine is up.",
     );
     for (labels, _, joined) in &spine_rows {
-        sample(&mut o, "aggswitch_spine_joined", labels, u8::from(*joined));
+        sample(o, "aggswitch_spine_joined", labels, u8::from(*joined));
     }
+}
+
+/// Everything but the per-job series: ports, sockets, the dataplane's
+/// counters (switch-wide and per thread), the table's and the gauges.
+fn render_switch_wide(o: &mut String, s: &SwitchStats) {
     type PortCounter = fn(&crate::stats::PortStats) -> u64;
     let port_counters: [(&str, &str, PortCounter); 6] = [
         (
@@ -624,13 +681,13 @@ fn render_switch(s: &SwitchStats) -> String {
         ),
     ];
     for (name, help, get) in port_counters {
-        family(&mut o, name, "counter", help);
+        family(o, name, "counter", help);
         for p in &s.ports {
-            sample(&mut o, name, &format!("port=\"{}\"", esc(&p.name)), get(p));
+            sample(o, name, &format!("port=\"{}\"", esc(&p.name)), get(p));
         }
     }
     family(
-        &mut o,
+        o,
         "aggswitch_port_xdp_fwd_refused_total",
         "counter",
         "Frames the fast path left to the bridge, by the first rule they failed (by ingress port).",
@@ -638,7 +695,7 @@ fn render_switch(s: &SwitchStats) -> String {
     for p in &s.ports {
         for (reason, v) in &p.xdp_fwd_refused {
             let labels = format!("port=\"{}\",reason=\"{reason}\"", esc(&p.name));
-            sample(&mut o, "aggswitch_port_xdp_fwd_refused_total", &labels, v);
+            sample(o, "aggswitch_port_xdp_fwd_refused_total", &labels, v);
         }
     }
     type RingValue = fn(&crate::stats::RingStats) -> u64;
@@ -675,17 +732,17 @@ fn render_switch(s: &SwitchStats) -> String {
         ),
     ];
     for (name, kind, help, get) in ring_values {
-        family(&mut o, name, kind, help);
+        family(o, name, kind, help);
         for r in &s.rings {
             let port = s
                 .ports
                 .get(r.port_idx as usize)
                 .map_or_else(|| r.port_idx.to_string(), |p| esc(&p.name));
             let labels = format!("port=\"{port}\",queue=\"{}\"", r.queue);
-            sample(&mut o, name, &labels, get(r));
+            sample(o, name, &labels, get(r));
         }
     }
-    schema_families::<DataplaneCounters>(&mut o, "aggswitch_", &[(String::new(), &s.dataplane)]);
+    schema_families::<DataplaneCounters>(o, "aggswitch_", &[(String::new(), &s.dataplane)]);
     // The same counters per dataplane thread, under their own names so
     // that the totals above stay (summing both would count twice).
     let thread_label = |t: &crate::stats::ThreadStats| format!("thread=\"{}\"", t.thread);
@@ -694,23 +751,23 @@ fn render_switch(s: &SwitchStats) -> String {
         .iter()
         .map(|t| (thread_label(t), &t.dataplane))
         .collect();
-    schema_families(&mut o, "aggswitch_thread_", &thread_rows);
+    schema_families(o, "aggswitch_thread_", &thread_rows);
     family(
-        &mut o,
+        o,
         "aggswitch_thread_busy_ratio",
         "gauge",
         "Share of the last second the dataplane thread was awake, not asleep in poll(2).",
     );
     for t in &s.threads {
         sample(
-            &mut o,
+            o,
             "aggswitch_thread_busy_ratio",
             &thread_label(t),
             t.busy_share,
         );
     }
     family(
-        &mut o,
+        o,
         "aggswitch_thread_socket",
         "gauge",
         "1 for each AF_XDP socket (port, queue) the dataplane thread serves.",
@@ -723,19 +780,19 @@ fn render_switch(s: &SwitchStats) -> String {
                 esc(&so.port),
                 so.queue
             );
-            sample(&mut o, "aggswitch_thread_socket", &labels, 1);
+            sample(o, "aggswitch_thread_socket", &labels, 1);
         }
     }
-    schema_families(&mut o, "aggswitch_", &[(String::new(), &s.table)]);
+    schema_families(o, "aggswitch_", &[(String::new(), &s.table)]);
     family(
-        &mut o,
+        o,
         "aggswitch_malformed_total",
         "counter",
         "Malformed aggregation frames, by kind.",
     );
     for (kind, v) in &s.malformed {
         sample(
-            &mut o,
+            o,
             "aggswitch_malformed_total",
             &format!("kind=\"{kind}\""),
             v,
@@ -758,17 +815,16 @@ fn render_switch(s: &SwitchStats) -> String {
             s.pool_in_use_bytes,
         ),
     ] {
-        family(&mut o, name, "gauge", help);
-        sample(&mut o, name, "", v);
+        family(o, name, "gauge", help);
+        sample(o, name, "", v);
     }
     family(
-        &mut o,
+        o,
         "aggswitch_uptime_seconds",
         "gauge",
         "Seconds since switchd started.",
     );
-    sample(&mut o, "aggswitch_uptime_seconds", "", s.uptime_secs);
-    o
+    sample(o, "aggswitch_uptime_seconds", "", s.uptime_secs);
 }
 
 #[cfg(test)]
@@ -901,7 +957,7 @@ mod tests {
         let mut ep = EndpointCounters::default();
         let mut next = 90_000;
         let ep_set = fill(&mut next, |f| ep.visit_mut(f));
-        let t = render(&s, &ep);
+        let t = render(&s, &ep, Content::default());
         for j in &s.jobs {
             j.job_counters.visit(&mut |name, help, v| {
                 has(
@@ -975,7 +1031,7 @@ mod tests {
 
     #[test]
     fn renders_the_gauges_and_labelled_families() {
-        let t = render(&stats(), &EndpointCounters::default());
+        let t = render(&stats(), &EndpointCounters::default(), Content::default());
         for line in [
             "aggswitch_job_window{job=\"4\"} 64",
             "aggswitch_job_ranks_joined{job=\"4\"} 3",
@@ -1009,6 +1065,63 @@ mod tests {
     }
 
     #[test]
+    fn without_per_job_series_no_job_or_spine_line_is_rendered_and_the_rest_is() {
+        let s = stats();
+        let ep = EndpointCounters::default();
+        let t = render(&s, &ep, Content { per_job: false });
+        for l in t.lines() {
+            assert!(
+                !l.contains("aggswitch_job_")
+                    && !l.contains("aggswitch_spine_")
+                    && !l.contains("job=\""),
+                "a per-job line with metrics_per_job = false: `{l}`"
+            );
+        }
+        // The switch-wide schemas, ports, sockets, threads and gauges stay.
+        for schema in [&s.dataplane as &dyn CounterSchema, &s.table] {
+            schema.visit(&mut |name, _, v| has(&t, &format!("aggswitch_{name}_total {v}")));
+        }
+        for line in [
+            "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} 8",
+            "aggswitch_ring_rx_occupancy{port=\"sw-w0\",queue=\"0\"} 12",
+            "aggswitch_thread_busy_ratio{thread=\"1\"} 0.5",
+            "aggswitch_malformed_total{kind=\"truncated\"} 3",
+            "aggswitch_generation 7",
+            "aggswitch_pool_in_use_bytes 1048576",
+            "aggswitch_metrics_requests_served_total 0",
+        ] {
+            has(&t, line);
+        }
+        // Exactly the full page less its per-job lines.
+        let full = render(&s, &ep, Content::default());
+        let kept: Vec<&str> = full
+            .lines()
+            .filter(|l| !l.contains("aggswitch_job_") && !l.contains("aggswitch_spine_"))
+            .collect();
+        assert!(kept.len() < full.lines().count());
+        assert_eq!(kept, t.lines().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_endpoint_serves_what_its_content_says() {
+        let (calls, _control) = fake_control();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content { per_job: false },
+            limits(),
+        )
+        .unwrap();
+        let body = http(
+            m.local_addr(),
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(!body.contains("aggswitch_job_"), "{body}");
+        assert!(body.contains("\naggswitch_generation 7\n"), "{body}");
+    }
+
+    #[test]
     fn label_values_are_escaped() {
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
@@ -1033,7 +1146,13 @@ mod tests {
     #[test]
     fn a_panic_in_the_server_is_counted_and_it_is_restarted() {
         let (calls, _snapshots) = fake_control();
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            limits(),
+        )
+        .unwrap();
         m.endpoint.panic_on_accept.store(true, Ordering::SeqCst);
         // This connection meets the panic: closed unanswered.
         let lost = http(
@@ -1052,7 +1171,13 @@ mod tests {
     #[test]
     fn a_busy_keep_alive_connection_ends_at_its_deadline() {
         let (calls, _snapshots) = fake_control();
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            limits(),
+        )
+        .unwrap();
         let mut s = std::net::TcpStream::connect(m.local_addr()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let t0 = Instant::now();
@@ -1094,7 +1219,13 @@ mod tests {
             snapshot_reuse: Duration::from_millis(300),
             ..limits()
         };
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, lim).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            lim,
+        )
+        .unwrap();
         let t0 = Instant::now();
         for _ in 0..5 {
             assert_eq!(
@@ -1147,7 +1278,13 @@ mod tests {
     #[test]
     fn serves_get_metrics_and_refuses_other_paths_and_methods() {
         let (calls, _control) = fake_control();
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            limits(),
+        )
+        .unwrap();
         let ok = http(
             m.local_addr(),
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -1173,7 +1310,13 @@ mod tests {
     #[test]
     fn an_endless_header_is_cut_off_at_the_head_limit() {
         let (calls, _control) = fake_control();
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            limits(),
+        )
+        .unwrap();
         let mut s = std::net::TcpStream::connect(m.local_addr()).unwrap();
         s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1203,7 +1346,13 @@ mod tests {
     #[test]
     fn connections_beyond_the_limit_are_closed_and_counted_then_it_answers() {
         let (calls, _control) = fake_control();
-        let m = serve_with("127.0.0.1:0".parse().unwrap(), calls, limits()).unwrap();
+        let m = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            calls,
+            Content::default(),
+            limits(),
+        )
+        .unwrap();
         // Silent clients: 4 fill the limit, 6 more are closed at once.
         let idle: Vec<_> = (0..10)
             .map(|_| std::net::TcpStream::connect(m.local_addr()).unwrap())

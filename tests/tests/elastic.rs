@@ -15,26 +15,19 @@ use std::time::{Duration, Instant};
 use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
 
-/// The metrics endpoint's port, on the switch's bridge address (reachable
-/// from h0).
-const METRICS_PORT: u16 = 9188;
-
-/// The metrics endpoint, `switch_addr:METRICS_PORT`.
-fn metrics_addr(tb: &Testbed) -> String {
-    format!("{}:{METRICS_PORT}", tb.switch_addr())
-}
-
-/// GET /metrics from h0: the body (asserting a 200).
+/// GET /metrics where an operator reads it: switchd's default address,
+/// loopback in the switch's namespace (the workers' network does not reach
+/// it). The body, asserting a 200.
 fn metrics(tb: &Testbed) -> String {
     let out = tb
-        .cmd_in(&tb.host_ns(0), "python3")
+        .cmd_in(&tb.switch_ns(), "python3")
         .arg(repo_root().join("tests/mgmt_attack.py"))
-        .args(["get", &format!("http://{}/metrics", metrics_addr(tb))])
+        .args(["get", "http://127.0.0.1:9100/metrics"])
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "GET /metrics from h0 failed:\n{}",
+        "GET /metrics in the switch's namespace failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -95,11 +88,8 @@ fn a_job_goes_from_4_to_2_to_4_workers_bit_exact() {
         return;
     }
     let tb = Testbed::up("el1", 4, 1);
-    let mut sw = Switchd::start_with(
-        &tb,
-        &[JobSpec::new(1, 4)],
-        &format!("metrics_listen = \"{}\"\n", metrics_addr(&tb)),
-    );
+    // /metrics at its default, 127.0.0.1:9100.
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
     // 100 000 elements: 277 chunks of 362 per all-reduce.
     let (elements, iterations) = (100_000, 3);
     let chunks = 277 * u64::from(iterations);

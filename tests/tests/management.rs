@@ -1,7 +1,9 @@
 //! End-to-end tests of issue 20's management-plane findings: `/metrics`
 //! attacked from a host on another port of the switch (an endless header,
 //! 1 500 slow connections, and switchd under a 1 024 open-file limit) stays
-//! bounded in memory, threads and fds, and answers afterwards.
+//! bounded in memory, threads and fds, and answers afterwards. And where
+//! `/metrics` listens: loopback by default, never where the workers'
+//! network reaches unless `metrics_on_data_network = true`.
 //!
 //! The attacks run from host namespace h0 with `tests/mgmt_attack.py`;
 //! switchd's side is read from `/proc/PID` while they run. Each test prints
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 use agg_e2e::*;
 
 /// The metrics endpoint's port, on the switch's bridge address (reachable
-/// from h0).
+/// from h0, so only with `metrics_on_data_network = true`).
 const METRICS_PORT: u16 = 9188;
 
 /// The metrics endpoint, `switch_addr:METRICS_PORT`.
@@ -23,12 +25,21 @@ fn metrics_addr(tb: &Testbed) -> String {
 
 /// A testbed with switchd serving /metrics on [`metrics_addr`], and
 /// switchd's PID.
+///
+/// These tests are about the endpoint itself under attack from a host on
+/// another switch port: the exposure an operator accepts with
+/// `metrics_on_data_network = true` (switchd refuses the switch's own
+/// address otherwise, and serves on loopback by default; see
+/// [`metrics_stays_off_the_data_network_unless_allowed`]).
 fn start(prefix: &str) -> (Testbed, Switchd, u32) {
     let tb = Testbed::up(prefix, 2, 1);
     let sw = Switchd::start_with(
         &tb,
         &[JobSpec::new(1, 2)],
-        &format!("metrics_listen = \"{}\"\n", metrics_addr(&tb)),
+        &format!(
+            "metrics_listen = \"{}\"\nmetrics_on_data_network = true\n",
+            metrics_addr(&tb)
+        ),
     );
     let pid = switchd_pid(&sw);
     (tb, sw, pid)
@@ -471,4 +482,217 @@ fn metrics_request_flood_costs_little_cpu() {
         "{per_request_us:.0} us of switchd CPU per /metrics request"
     );
     stop(&mut sw);
+}
+
+/// GET `url` from inside namespace `ns`: `Some((status, body))`, `None`
+/// when nothing answers there.
+fn get_in(tb: &Testbed, ns: &str, url: &str) -> Option<(u64, String)> {
+    let out = tb
+        .cmd_in(ns, "python3")
+        .arg(attack_script())
+        .args(["get", url])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Some((
+        v["status"].as_u64().unwrap(),
+        v["body"].as_str().unwrap().to_string(),
+    ))
+}
+
+/// `switchd SUBCOMMAND --config` in the switch's namespace on `config` (a
+/// `[switch]` for `tb` with `extra` lines, job 1): its output.
+fn switchd_on(tb: &Testbed, dir: &std::path::Path, sub: &str, extra: &str) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    let text = SwitchConfig::for_testbed(tb)
+        .set("admin_socket", dir.join("admin.sock").display().to_string())
+        .set_lines(extra)
+        .job(Job::new(1, 2, &tb.worker_sources()))
+        .render();
+    let cfg = dir.join("switchd.toml");
+    std::fs::write(&cfg, text).unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    tb.cmd_in(&tb.switch_ns(), switchd_bin())
+        .args([sub, "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_listens_on_loopback_by_default_and_runs_on_when_that_port_is_taken() {
+    if !can_run("metrics_default_loopback") {
+        return;
+    }
+    let tb = Testbed::up("mg5", 2, 1);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
+    // The operator reads it in the switch's namespace (or on its host).
+    let (status, body) = get_in(&tb, &tb.switch_ns(), "http://127.0.0.1:9100/metrics")
+        .expect("nothing answers at 127.0.0.1:9100 in the switch's namespace");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("aggswitch_job_window{job=\"1\"} "), "{body}");
+    // A host on a switch port finds nothing on the switch's address.
+    let url = format!("http://{}:9100/metrics", tb.switch_addr());
+    assert_eq!(get_in(&tb, &tb.host_ns(0), &url), None, "h0 reached {url}");
+    stop(&mut sw);
+
+    // Without the per-job series: the switch-wide ones stay.
+    let mut sw = Switchd::start_with(
+        &tb,
+        &[JobSpec::new(1, 2)],
+        "metrics_listen = \"127.0.0.1:9189\"\nmetrics_per_job = false\n",
+    );
+    let (status, body) = get_in(&tb, &tb.switch_ns(), "http://127.0.0.1:9189/metrics")
+        .expect("nothing answers at 127.0.0.1:9189");
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("aggswitch_job_"), "{body}");
+    for line in [
+        "aggswitch_rx_frames_total ",
+        "aggswitch_port_xdp_steered_total{port=\"sw-w0\"} ",
+        "aggswitch_thread_busy_ratio{thread=\"0\"} ",
+        "aggswitch_generation ",
+    ] {
+        assert!(body.contains(line), "no `{line}` in:\n{body}");
+    }
+    stop(&mut sw);
+
+    // Another service has the default port (node_exporter's is 9100 too):
+    // switchd says so once, with the fix, and runs without /metrics. (The
+    // holder reuses the address: the GET above left 127.0.0.1:9100 in
+    // TIME_WAIT.)
+    let mut holder = tb
+        .cmd_in(&tb.switch_ns(), "python3")
+        .args([
+            "-c",
+            "import socket,time\ns=socket.socket()\n\
+             s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('127.0.0.1',9100))\ns.listen()\n\
+             print('ready',flush=True)\ntime.sleep(300)",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 2)]);
+    let log = sw.log_text();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("cannot listen on 127.0.0.1:9100"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(
+        warned[0].contains("the default of switch.metrics_listen")
+            && warned[0].contains("metrics_listen = \"ADDR:PORT\"")
+            && warned[0].contains("metrics_listen = \"off\""),
+        "{log}"
+    );
+    run_ranks_ok(&tb);
+    stop(&mut sw);
+    // A port the operator named that is taken stops switchd.
+    let dir = std::env::temp_dir().join(format!("agg-e2e-mg5-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = switchd_on(&tb, &dir, "run", "metrics_listen = \"127.0.0.1:9100\"\n");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = text(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("starting the metrics endpoint") && err.contains("127.0.0.1:9100"),
+        "{err}"
+    );
+    assert!(tb.ports_with_xdp().is_empty());
+}
+
+/// Job 1's two workers all-reduce once, verified.
+fn run_ranks_ok(tb: &Testbed) {
+    let children: Vec<Child> = (0..2)
+        .map(|r| spawn_allreduce(tb, 1, r, 2, 1000, 1))
+        .collect();
+    expect_verified(children);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn metrics_stays_off_the_data_network_unless_allowed() {
+    if !can_run("metrics_data_network") {
+        return;
+    }
+    let tb = Testbed::up("mg6", 2, 1);
+    let dir = std::env::temp_dir().join(format!("agg-e2e-mg6-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let own = format!("{}:9188", tb.switch_addr());
+    // The switch's own address and the unspecified one: refused by
+    // check-config and by run, naming the address, why and the fix.
+    for (listen, why) in [
+        (
+            own.as_str(),
+            "is one of the switch's own aggregation addresses",
+        ),
+        ("0.0.0.0:9188", "is the unspecified address"),
+    ] {
+        for sub in ["check-config", "run"] {
+            let out = switchd_on(&tb, &dir, sub, &format!("metrics_listen = \"{listen}\"\n"));
+            let err = text(&out);
+            assert!(!out.status.success(), "{sub} {listen}: {err}");
+            assert!(
+                err.contains(&format!("switch.metrics_listen = \"{listen}\" {why}"))
+                    && err.contains("set metrics_on_data_network = true"),
+                "{sub} {listen}: {err}"
+            );
+        }
+    }
+    // An address of the ports' bridge that is not an aggregation address:
+    // found on the machine at start.
+    let bridge = tb.env("switch_bridge");
+    let st = Command::new("ip")
+        .args([
+            "-n",
+            &tb.switch_ns(),
+            "addr",
+            "add",
+            "192.0.2.77/32",
+            "dev",
+            &bridge,
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip addr add on {bridge}");
+    for sub in ["check-config", "run"] {
+        let out = switchd_on(&tb, &dir, sub, "metrics_listen = \"192.0.2.77:9188\"\n");
+        let err = text(&out);
+        assert!(!out.status.success(), "{sub}: {err}");
+        assert!(
+            err.contains(&format!(
+                "switch.metrics_listen = \"192.0.2.77:9188\" is an address of {bridge}, the \
+                 bridge of port sw-w0"
+            )),
+            "{sub}: {err}"
+        );
+    }
+    assert!(tb.ports_with_xdp().is_empty());
+    // Allowed by the operator: switchd starts and warns once.
+    let mut sw = Switchd::start_with(
+        &tb,
+        &[JobSpec::new(1, 2)],
+        "metrics_listen = \"192.0.2.77:9188\"\nmetrics_on_data_network = true\n",
+    );
+    let log = sw.log_text();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("metrics_on_data_network = true: /metrics is served"))
+        .count();
+    assert_eq!(warned, 1, "{log}");
+    stop(&mut sw);
+    let _ = std::fs::remove_dir_all(&dir);
 }
