@@ -15,6 +15,13 @@ in on gives them away.
       send the UDP payloads of FILE from SRC to DST over and over, back to
       back, for SECS seconds. Prints the number sent.
 
+  attack_port.py local SRC DST FILE SECS
+      send the UDP payloads of FILE from SRC to DST over and over for SECS
+      seconds as IPv4 packets through a raw IP socket, so that the kernel
+      routes them: to an address of this namespace they are delivered
+      here, as from a host that reaches the worker without crossing the
+      switch. Prints the number sent.
+
   attack_port.py probe IFACE SRC DST PAYLOAD COUNT WAIT
       send the UDP payload PAYLOAD (hex) COUNT times from SRC to DST, then
       listen WAIT seconds more for what DST sends back to SRC. Prints one
@@ -68,6 +75,24 @@ def flood(iface, src, dst, path, secs):
     print(sent, flush=True)
 
 
+def local(src, dst, path, secs):
+    # udp_frame's IPv4 packet, without its Ethernet header.
+    packets = [frame(src, dst, bytes.fromhex(l))[14:] for l in open(path).read().split()]
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    to = (socket.inet_ntoa(dst[1]), 0)
+    sent = 0
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        for p in packets:
+            try:
+                s.sendto(p, to)
+                sent += 1
+            except (BlockingIOError, PermissionError):
+                pass
+        time.sleep(0.001)
+    print(sent, flush=True)
+
+
 def probe(iface, src, dst, payload, count, wait):
     rx = sniffer(iface, 0.05)
     tx = sender(iface)
@@ -105,6 +130,8 @@ def main(argv):
         send(argv[2], addr(argv[3]), addr(argv[4]), argv[5], float(argv[6]))
     elif cmd == "flood" and len(argv) == 7:
         flood(argv[2], addr(argv[3]), addr(argv[4]), argv[5], float(argv[6]))
+    elif cmd == "local" and len(argv) == 6:
+        local(addr(argv[2]), addr(argv[3]), argv[4], float(argv[5]))
     elif cmd == "probe" and len(argv) == 8:
         payload = bytes.fromhex(argv[5])
         probe(argv[2], addr(argv[3]), addr(argv[4]), payload, int(argv[6]), float(argv[7]))
