@@ -29,6 +29,11 @@
 //! the worker), to weigh against `engine` (docs/PROTOCOL.md, "DATA
 //! authentication").
 //!
+//! `auth/result_token` and `auth/result_token_verify`: the token of one
+//! `auth = "port"` RESULT (the RESULT key's GMAC over an empty payload),
+//! made by the switch once per fan-out, and checked by a worker once per
+//! RESULT; `engine` above includes the switch's share.
+//!
 //! `auth/engine_port/870` and `auth/engine_mac/870`: `engine` (as above)
 //! for DATA of 870 float32 elements in a job of `auth = "port"` and one of
 //! `auth = "mac"` (each DATA's AES-GMAC tag checked before summing, each
@@ -646,6 +651,17 @@ fn auth_cost(c: &mut Criterion) {
     let gmac = PacketKey::data(&[3; 32]);
     g.bench_with_input(BenchmarkId::new("gmac_tag", E), &E, |b, _| {
         b.iter(|| black_box(gmac.tag(black_box(&h), black_box(payload))))
+    });
+    // A port job's RESULT token (docs/PROTOCOL.md, "RESULT tokens"): what
+    // the switch adds once per fan-out (not per member) and the worker
+    // once per RESULT, whatever the payload's size.
+    let result_key = PacketKey::result(&SECRET, JOB, GEN, &[5; 8]);
+    let token = result_key.token(&h);
+    g.bench_function("result_token", |b| {
+        b.iter(|| black_box(result_key.token(black_box(&h))))
+    });
+    g.bench_function("result_token_verify", |b| {
+        b.iter(|| black_box(result_key.verify_token(black_box(&h), black_box(&token))))
     });
     {
         use chacha20poly1305::aead::{AeadInPlace, KeyInit};

@@ -27,6 +27,7 @@
 //!   them can replay a token with other values (`auth = "mac"` stops that).
 //! * Tags are compared in constant time; keys never print.
 
+use aes::cipher::BlockCipherEncrypt;
 use aes_gcm::aead::AeadInOut;
 use aes_gcm::{Aes128Gcm, KeyInit};
 use hmac::{Hmac, Mac as _};
@@ -136,6 +137,8 @@ fn hmac(key: &[u8]) -> Hmac<Sha256> {
 #[derive(Clone)]
 pub struct PacketKey {
     cipher: Aes128Gcm,
+    /// The same key as a bare block cipher, for tokens.
+    block: aes::Aes128,
 }
 
 impl core::fmt::Debug for PacketKey {
@@ -150,6 +153,7 @@ impl PacketKey {
         key.copy_from_slice(&prk[..16]);
         PacketKey {
             cipher: Aes128Gcm::new(&key.into()),
+            block: aes::Aes128::new(&key.into()),
         }
     }
 
@@ -203,15 +207,24 @@ impl PacketKey {
     }
 
     /// The token of an `auth = "port"` RESULT with header `hdr`: its tag
-    /// over an empty payload (module docs).
+    /// over an empty payload (module docs). With nothing to hash, GCM's
+    /// tag is E_K(nonce ‖ 0x00000001) XOR GHASH of an all-zero length
+    /// block, which is zero: one AES block, computed here directly (a test
+    /// checks it against [`PacketKey::tag`]).
     pub fn token(&self, hdr: &HeaderRepr) -> Tag {
-        self.tag(hdr, &[])
+        let mut block = [0u8; 16];
+        block[..12].copy_from_slice(&Self::nonce(hdr));
+        block[15] = 1;
+        let mut b = block.into();
+        self.block.encrypt_block(&mut b);
+        b.into()
     }
 
     /// Whether `token` is the token of a RESULT with header `hdr`
     /// (constant time).
     pub fn verify_token(&self, hdr: &HeaderRepr, token: &[u8]) -> bool {
-        self.verify(hdr, &[], token)
+        let want = self.token(hdr);
+        token.len() == TAG_LEN && bool::from(subtle::ConstantTimeEq::ct_eq(&want[..], token))
     }
 
     /// Whether `tag` is the tag of this header and payload (constant time).
@@ -336,6 +349,48 @@ mod tests {
         let mut bad = t;
         bad[15] ^= 0x80;
         assert!(!k.verify(&h, p, &bad));
+    }
+
+    /// A token is the GMAC tag of an empty input, computed as one AES
+    /// block: the same 16 bytes for every header, and it binds what the tag
+    /// binds (every covered field, not `rank` or `RETX`).
+    #[test]
+    fn a_token_is_the_tag_of_an_empty_input_and_binds_the_header() {
+        let k = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
+        for (ty, flags) in [
+            (MsgType::Result, 0),
+            (MsgType::Result, flags::ECE | flags::LAST),
+            (MsgType::Result, flags::NOVAL | 0x10),
+            (MsgType::Data, flags::RETX),
+        ] {
+            let f = frame(ty, 3, flags);
+            let h = hr(&f);
+            assert_eq!(k.token(&h), k.tag(&h, &[]), "{h:?}");
+            assert!(k.verify_token(&h, &k.tag(&h, &[])));
+        }
+        let h = hr(&frame(MsgType::Result, 0, 0));
+        let t = k.token(&h);
+        let changes: [fn(&mut HeaderRepr); 6] = [
+            |h| h.flags ^= flags::ECE,
+            |h| h.flags ^= flags::NOVAL,
+            |h| h.seq += 1,
+            |h| h.collective += 1,
+            |h| h.window += 1,
+            |h| h.msg_type = MsgType::Data,
+        ];
+        for change in changes {
+            let mut g = h;
+            change(&mut g);
+            assert!(!k.verify_token(&g, &t), "{g:?}");
+        }
+        let (mut g, mut r) = (h, h);
+        g.rank = 2;
+        r.flags |= flags::RETX;
+        assert!(k.verify_token(&g, &t) && k.verify_token(&r, &t));
+        assert!(!k.verify_token(&h, &[0; TAG_LEN]));
+        assert!(!k.verify_token(&h, &t[..15]));
+        let other = PacketKey::result(&[1; 32], 7, 9, &[6; EPOCH_LEN]);
+        assert!(!other.verify_token(&h, &t), "another activation");
     }
 
     #[test]
