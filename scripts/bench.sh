@@ -133,8 +133,9 @@
 #      docs/bench-rates.json and docs/bench-rates.png instead.
 #
 # Times are per all-reduce of the whole tensor. The line-rate bound on
-# 1 Gbit/s links is the bytes each link must carry one way (every chunk of
-# 362 floats is a 14+20+8+22+1448 = 1512-byte frame) over 1 Gbit/s; tc counts
+# 1 Gbit/s links is the bytes each link must carry the longer way (every
+# chunk of 358 floats is a 14+20+8+22+1432 = 1496-byte DATA frame and a
+# 1512-byte RESULT, its 16-byte token added) over 1 Gbit/s; tc counts
 # frames without FCS, preamble and gap, so that is the bound on this testbed
 # ("l2"); "l1" adds 24 bytes a frame as a real Ethernet NIC would.
 #

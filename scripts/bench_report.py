@@ -54,6 +54,12 @@ from benchkit import (  # noqa: E402
     shaper_delta, snapshot_stat, write_json)
 
 HEADER_BYTES = 14 + 20 + 8 + 22
+# After a RESULT's values: its 16-byte token (auth = "port", the bench's
+# jobs) or tag ("mac"); a port job's DATA carries none.
+RESULT_TAIL = 16
+# The largest float32 chunk a job can have: MTU 9000's (9000 - 50) / 4 less
+# the RESULT's tail.
+MAX_F32_CHUNK = (9000 - 50) // 4 - RESULT_TAIL // 4
 L1_EXTRA = 24  # FCS 4, preamble 8, inter-frame gap 12
 
 
@@ -244,19 +250,23 @@ def build(a):
     links = [link_report(os.path.join(run, n), n) for n in ("unlimited", "1gbit")]
     unl, lim = links
     epc = lim["switch"]["elems_per_chunk"]
-    if not isinstance(epc, int) or not 1 <= epc <= 2237:
+    if not isinstance(epc, int) or not 1 <= epc <= MAX_F32_CHUNK:
         raise SystemExit("bench_report.py: no elems_per_chunk in the worker's report")
     chunks = -(-elements // epc)
-    l2 = chunks * HEADER_BYTES + elements * 4
+    # DATA up, RESULTs down: each RESULT is RESULT_TAIL bytes longer, so the
+    # RESULTs' way bounds the all-reduce.
+    data_l2 = chunks * HEADER_BYTES + elements * 4
+    l2 = data_l2 + chunks * RESULT_TAIL
     l1 = l2 + chunks * L1_EXTRA
     bound_l2, bound_l1 = l2 * 8 / a.rate_bps, l1 * 8 / a.rate_bps
-    expected = 2 * a.repeats * a.workers * l2
+    runs = 2 * a.repeats * a.workers
+    expected = {"worker_egress": runs * data_l2, "worker_ingress_ifb": runs * l2}
     for l in links:
         sh = l["switch"]["shapers"]
-        sh["expected_bytes_each_way_l2"] = expected
-        for k in ("worker_egress", "worker_ingress_ifb"):
+        for k, want in expected.items():
             if k in sh:
-                sh[k]["over_expected"] = sh[k]["bytes"] / expected
+                sh[k]["expected_bytes_l2"] = want
+                sh[k]["over_expected"] = sh[k]["bytes"] / want
     thr = load(os.path.join(run, "threads", "threads.json"))
     fwd = load(os.path.join(run, "forward.json"))
     pp = load(os.path.join(run, "per-packet.json"))
@@ -322,9 +332,10 @@ def build(a):
         },
         "line_rate_1gbit": {
             "elems_per_chunk": epc, "chunks": chunks, "header_bytes_per_frame": HEADER_BYTES,
-            "frame_bytes": HEADER_BYTES + epc * 4, "bytes_one_way_l2": l2, "bytes_one_way_l1": l1,
+            "frame_bytes": HEADER_BYTES + epc * 4 + RESULT_TAIL, "data_frame_bytes": HEADER_BYTES + epc * 4,
+            "bytes_one_way_l2": l2, "bytes_one_way_l1": l1,
             "bound_l2_s": bound_l2, "bound_l1_s": bound_l1,
-            "note": "l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)",
+            "note": "the RESULTs' way (frame_bytes: the values and a 16-byte token; a DATA is data_frame_bytes); l2 = frame without FCS, as tc tbf counts it (the bound on this testbed); l1 adds FCS, preamble and inter-frame gap (24 B a frame)",
         },
         "rates": rates,
         "forwarding": fwd,
@@ -403,7 +414,7 @@ def table(b):
     lines += [
         "",
         f"line-rate bound at 1 Gbit/s: {fmt(lr['bound_l2_s'])} s (MTU {b['setup']['mtu']}, L2, "
-        f"{lr['frame_bytes']} B frames of {lr['elems_per_chunk']} floats, as tc counts), {fmt(lr['bound_l1_s'])} s (L1)",
+        f"{lr['frame_bytes']} B RESULT frames of {lr['elems_per_chunk']} floats, as tc counts), {fmt(lr['bound_l1_s'])} s (L1)",
     ]
     if lk[0]["gloo"]:
         lines += [

@@ -78,9 +78,10 @@ readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=10
 readonly LEAVES=2
 readonly WPL=2
-# Bytes of one full chunk: 362 floats + 22 (header) + 8 (UDP) + 20 (IPv4)
-# + 14 (Ethernet).
-readonly CHUNK_PAYLOAD=1448
+# Bytes of one full chunk's RESULT, the longer way of a leaf-spine link
+# (both are shaped): 358 floats + 16 (the RESULT's token) + 22 (header) + 8
+# (UDP) + 20 (IPv4) + 14 (Ethernet); the partial going up is 16 shorter.
+readonly CHUNK_PAYLOAD=1432
 readonly CHUNK_WIRE=1512
 
 ORIG_ARGS=("$@")

@@ -248,8 +248,10 @@ def trees_summary(runs, rate_mbit, mib):
                     pairs.append(r2["seconds_per_allreduce"] / r1[0]["seconds_per_allreduce"])
             rows["ratio_each_repeat"] = pairs
         out[key] = rows
-    # The link's bound: one partial of 1512 bytes per 362-float chunk per leaf.
-    chunks = -(-mib * 1024 * 1024 // 4 // 362)
+    # The link's bound: per 358-float chunk per leaf, one partial of 1496
+    # bytes up and one RESULT of 1512 (its 16-byte token) down; both ways are
+    # shaped, so the RESULTs bound it.
+    chunks = -(-mib * 1024 * 1024 // 4 // 358)
     one_tree_bound = chunks * 1512 * 8 / (rate_mbit * 1e6)
     out["line_rate_bound_s"] = {"1tree": one_tree_bound, "2tree": one_tree_bound / 2}
     shaped = out.get("shaped", {})
@@ -574,7 +576,7 @@ def plot(doc, path):
         ax.legend(fontsize=8)
         ax = axes[k]
         loaded = [r for r in runs if r["jobs"]]
-        bound = doc["settings"]["rate_mbit"] * 1448 / 1512 / 2
+        bound = doc["settings"]["rate_mbit"] * 1432 / 1512 / 2
         for i, r in enumerate(loaded):
             ys = [(j["gbit_per_s_during_probe"] or 0) * 1000 for j in r["jobs"]]
             ax.bar([i - 0.2, i + 0.2], ys, 0.4, color=[colors.get(r["name"]), "#ff9896" if r["name"] == "no_cc" else "#aec7e8"], edgecolor="black")

@@ -23,7 +23,7 @@
 #   --iterations K  all-reduce rounds per worker
 #   --queues Q      veth queues (testbed.sh --queues)
 #   --mtu M         MTU of every testbed link, 576..9000 (testbed.sh --mtu);
-#                   switchd sizes its chunks from it (2237 floats at 9000)
+#                   switchd sizes its chunks from it (2233 floats at 9000)
 #   --timeout T     seconds the workers get before they are stopped
 #   --prefix P      testbed namespace prefix (default agg: agg-sw, agg-w0, ...)
 #   --keep-logs     keep the folder of logs and config also on success

@@ -73,10 +73,10 @@ readonly SOCKPERF_PORT=11111
 readonly MSG_SIZE=64
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=10
-# Bytes of one full chunk on the wire: 362 floats + 22 (header) + 8 (UDP)
-# + 20 (IPv4) + 14 (Ethernet).
-readonly CHUNK_PAYLOAD=1448
-readonly CHUNK_WIRE=1512
+# Bytes of one full chunk's DATA on the wire (the shaped way, worker egress):
+# 358 floats + 22 (header) + 8 (UDP) + 20 (IPv4) + 14 (Ethernet).
+readonly CHUNK_PAYLOAD=1432
+readonly CHUNK_WIRE=1496
 
 ORIG_ARGS=("$@")
 RUN_SECONDS=20

@@ -465,9 +465,10 @@ def tables(doc):
 COLORS = {"idle": "#7f7f7f", "no_cc": "#d62728", "cc": "#1f77b4"}
 NAMES = {"idle": "idle (probe alone)", "no_cc": "load, no CC", "cc": "load, DCTCP CC"}
 PCTS = [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")]
-# Payload share of a full chunk on the wire (1448 of 1512 bytes): the
-# shaper's goodput limit drawn over the throughputs.
-GOODPUT_SHARE = 1448 / 1512
+# Payload share of a full chunk's DATA on the wire (1432 of 1496 bytes:
+# 358 floats at MTU 1500): the worker egress shaper's goodput limit drawn
+# over the throughputs.
+GOODPUT_SHARE = 1432 / 1496
 
 
 def _label(run):

@@ -28,7 +28,7 @@
 //! allowed_sources = ["198.18.0.0/24"]
 //! secret = "<64 hex digits>"        # 32 bytes
 //! pool_slots = 256                  # power of two
-//! elems_per_chunk = 362             # default: from the ports' MTU (×2 for bf16/f16)
+//! elems_per_chunk = 358             # default: from the ports' MTU less the RESULT's token (×2 for bf16/f16)
 //! window = 256                      # default: pool_slots
 //! dtype = "f32"                     # "f32" | "bf16" | "f16" (JOINs must match)
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT

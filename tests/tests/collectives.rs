@@ -16,6 +16,9 @@ use agg_e2e::*;
 
 const WORKERS: u16 = 4;
 const ITERATIONS: u32 = 3;
+/// Float32 elements per chunk at MTU 1500: (1500 − 50) / 4 less the
+/// RESULT's 16-byte token.
+const E: usize = 358;
 
 /// `worker allreduce --collective KIND --dtype DTYPE --verify --json` for
 /// every rank of job `job`; returns their reports once all verified.
@@ -69,9 +72,9 @@ fn kinds_test(test: &str, prefix: &str, faults: Option<(f64, f64)>) {
             Err(why) => return unavailable(test, &why),
         },
     };
-    // Shards of 20 chunks and a short one (f32 E = 362 at MTU 1500), 10
-    // and a short one in bf16 (E = 724).
-    let elements = usize::from(WORKERS) * (20 * 362 + 5);
+    // Shards of 20 chunks and a short one (f32 E = 358 at MTU 1500), 10
+    // and a short one in bf16 (E = 716).
+    let elements = usize::from(WORKERS) * (20 * E + 5);
     let mut expected = [0u64; 2];
     let mut resent = 0;
     for (i, (job, dtype)) in [(1u16, "f32"), (2, "bf16")].into_iter().enumerate() {

@@ -11,6 +11,12 @@ use std::time::{Duration, Instant};
 
 use agg_e2e::*;
 
+/// Float32 elements per chunk at MTU 1500: (1500 − 50) / 4 less the
+/// RESULT's 16-byte token.
+const E: u64 = 358;
+/// Half-precision elements per chunk: the same bytes.
+const E16: u64 = 2 * E;
+
 /// `worker allreduce --dtype DTYPE --verify --json` for rank `rank` of job
 /// `job` (4 ranks), in the rank's namespace.
 fn spawn_typed(tb: &Testbed, job: u16, dtype: &str, rank: u16, elements: usize) -> Child {
@@ -43,7 +49,7 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
     let mut sw = Switchd::start(&tb, &[f32_job, bf16_job, f16_job]);
 
     // A chunk and a bit more than 100 chunks, and a short last chunk.
-    let elements = 100 * 724 + 5;
+    let elements = 100 * E16 as usize + 5;
     let mut per_chunk = Vec::new();
     for (job, dtype) in [(1u16, "f32"), (2, "bf16"), (3, "f16")] {
         let children: Vec<Child> = (0..4)
@@ -56,8 +62,8 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
         }
         per_chunk.push(reports[0]["elems_per_chunk"].as_u64().unwrap());
     }
-    // MTU 1500: 362 float32 elements, 724 half-precision ones (same bytes).
-    assert_eq!(per_chunk, vec![362, 724, 724]);
+    // MTU 1500: 358 float32 elements, 716 half-precision ones (same bytes).
+    assert_eq!(per_chunk, vec![E, E16, E16]);
 
     // A worker joining the bf16 job as f32 is refused, both sides naming
     // the dtypes.
@@ -125,10 +131,10 @@ fn bf16_and_f16_jobs_are_bit_exact_with_twice_the_elements_per_chunk() {
         .map(|j| j["dtype"].as_str().unwrap())
         .collect();
     assert_eq!(dtypes, ["f32", "bf16", "f16", "f16"]);
-    assert_eq!(jobs[3]["elems_per_chunk"], 724, "{jobs}");
+    assert_eq!(jobs[3]["elems_per_chunk"], E16, "{jobs}");
 
     let stats = stop_clean(&tb, &mut sw);
-    for (id, per) in [(1, 362u64), (2, 724), (3, 724)] {
+    for (id, per) in [(1, E), (2, E16), (3, E16)] {
         let j = job(&stats, id);
         let chunks = 2 * (elements as u64).div_ceil(per);
         assert_eq!(j["chunks_completed"].as_u64().unwrap(), chunks, "{j}");
@@ -198,9 +204,9 @@ fn a_bf16_tree_is_the_float32_tree_order_sum_rounded_once() {
     for r in &reports {
         assert_eq!(r["dtype"], "bf16", "{r}");
         // A leaf's chunk is bounded by its float32 partials.
-        assert_eq!(r["elems_per_chunk"], 362, "{r}");
+        assert_eq!(r["elems_per_chunk"], E, "{r}");
     }
-    let chunks = 2 * (elements as u64).div_ceil(362);
+    let chunks = 2 * (elements as u64).div_ceil(E);
     for (i, sw) in leaves.iter_mut().enumerate() {
         let (ok, stats) = sw.stop();
         assert!(ok, "leaf {i} did not stop cleanly:\n{}", sw.log_text());

@@ -12,12 +12,16 @@ fn hexs(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Chunks a job completes for `iterations` all-reduces of each size, at 362
-/// elements per chunk (MTU 1500).
+/// Elements per chunk at MTU 1500: (1500 − 50) / 4 floats less the
+/// RESULT's 16-byte token.
+const E: usize = 358;
+
+/// Chunks a job completes for `iterations` all-reduces of each size, at
+/// `E` elements per chunk.
 fn chunks_for(sizes: &[usize], iterations: u32) -> u64 {
     sizes
         .iter()
-        .map(|n| u64::from(iterations) * n.div_ceil(362) as u64)
+        .map(|n| u64::from(iterations) * n.div_ceil(E) as u64)
         .sum()
 }
 
@@ -41,12 +45,13 @@ fn allreduce_is_bit_exact_for_one_element_a_chunk_plus_one_and_10_mib() {
     }
     let tb = Testbed::up("e2a", 4, 0);
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
-    // 362 elements per chunk at MTU 1500: 363 is one chunk plus one element.
-    run_sizes(&tb, &[1, 363, 10 * 1024 * 1024 / 4], 2);
+    // E + 1 is one chunk plus one element.
+    let sizes = [1, E + 1, 10 * 1024 * 1024 / 4];
+    run_sizes(&tb, &sizes, 2);
     let stats = stop_clean(&tb, &mut sw);
     let j = job(&stats, 1);
-    // 2 iterations each of 1, 2 and ⌈2621440 / 362⌉ = 7242 chunks.
-    let want = chunks_for(&[1, 363, 10 * 1024 * 1024 / 4], 2);
+    // 2 iterations each of 1, 2 and ⌈2621440 / 358⌉ = 7323 chunks.
+    let want = chunks_for(&sizes, 2);
     assert_eq!(j["chunks_completed"].as_u64().unwrap(), want, "{j}");
     assert_eq!(stats["malformed_total"], 0);
 }
@@ -329,7 +334,7 @@ fn two_dataplane_threads_hand_results_across_and_sum_exactly() {
     // over its outbox.
     let tb = Testbed::up("e2t", 4, 0);
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, 4)], "dataplane_threads = 2\n");
-    let sizes = [1, 363, 4 * 1024 * 1024 / 4];
+    let sizes = [1, E + 1, 4 * 1024 * 1024 / 4];
     run_sizes(&tb, &sizes, 2);
     // The operator's view: one table row per thread, with its sockets.
     let ctl = sw.switchctl(&["stats"]);

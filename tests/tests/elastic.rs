@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 use agg_e2e::torch::{venv_python, Ranks, Report, Run, WorkDir};
 use agg_e2e::*;
 
+/// Elements per chunk at MTU 1500: (1500 − 50) / 4 floats less the
+/// RESULT's 16-byte token.
+const E: u64 = 358;
+
 /// GET /metrics where an operator reads it: switchd's default address,
 /// loopback in the switch's namespace (the workers' network does not reach
 /// it). The body, asserting a 200.
@@ -90,9 +94,9 @@ fn a_job_goes_from_4_to_2_to_4_workers_bit_exact() {
     let tb = Testbed::up("el1", 4, 1);
     // /metrics at its default, 127.0.0.1:9100.
     let mut sw = Switchd::start(&tb, &[JobSpec::new(1, 4)]);
-    // 100 000 elements: 277 chunks of 362 per all-reduce.
+    // 100 000 elements: 280 chunks of 358 per all-reduce.
     let (elements, iterations) = (100_000, 3);
-    let chunks = 277 * u64::from(iterations);
+    let chunks = (elements as u64).div_ceil(E) * u64::from(iterations);
 
     run_workers(&tb, 4, elements, iterations);
     wait_joining(&sw, 4);

@@ -10,8 +10,9 @@ use std::process::Child;
 use agg_e2e::*;
 
 const MTU: u16 = 9000;
-/// Floats in a chunk at MTU 9000: (9000 − 20 − 8 − 22) / 4.
-const JUMBO_CHUNK: u64 = 2237;
+/// Floats in a chunk at MTU 9000: (9000 − 20 − 8 − 22) / 4 less the
+/// RESULT's 16-byte token.
+const JUMBO_CHUNK: u64 = 2233;
 
 /// Three pings of `size` payload bytes with DF set (`-M do`), so a frame
 /// the path cannot carry fails instead of being fragmented.
@@ -94,8 +95,9 @@ fn jumbo_allreduce_is_bit_exact_with_9000_mtu_chunks_and_jumbo_traffic_crosses()
     let job = job(&stats, 1);
     let chunks = u64::from(iterations) * elements.div_ceil(JUMBO_CHUNK);
     assert_eq!(job["chunks_completed"], chunks, "{job}");
-    // Every full chunk is a 9012-byte frame: several AF_XDP buffers each
-    // way (the last chunk of each all-reduce is small).
+    // Every full chunk is a 8996-byte DATA frame and a 9012-byte RESULT
+    // (its token): several AF_XDP buffers each way (the last chunk of each
+    // all-reduce is small).
     let full = 4 * u64::from(iterations) * (elements / JUMBO_CHUNK);
     assert!(
         counter(&stats, "rx_multi_buffer") >= full,

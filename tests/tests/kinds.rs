@@ -3,8 +3,9 @@
 //! endpoint in its namespace (tests/kinds_agent.py) whose every message this
 //! test builds and checks with `proto`. Every rank's RESULTs are checked bit
 //! for bit (the owner's shard sum; the owners' bytes, a signalling NaN
-//! included), NOVAL RESULTs are header-only, resends get each rank's own
-//! RESULT again, and a DATA naming another owner is counted
+//! included), every RESULT's 16-byte token (docs/PROTOCOL.md, "RESULT
+//! tokens") is checked, NOVAL RESULTs are a header and a token, resends get
+//! each rank's own RESULT again, and a DATA naming another owner is counted
 //! `kind_mismatch`; switchd runs two dataplane threads. Worker-side logic
 //! (windows, timers) is not under test here: each rank sends all its
 //! chunks, then resends those without a RESULT.
@@ -15,12 +16,14 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use agg_e2e::*;
 use proto::handshake::{Handshake, JoinParams};
 use proto::reference::rank_order_sum;
+use proto::tag::{PacketKey, TAG_LEN};
 use proto::wire::{flags, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
 
 const N: u16 = 4;
-/// Elements per chunk at a 1500-byte MTU (switchd's default).
-const E: usize = 362;
-/// Elements per shard: two chunks, the second of 38.
+/// Elements per chunk at a 1500-byte MTU (switchd's default): (1500 − 50)
+/// / 4 floats less the RESULT's 16-byte token.
+const E: usize = 358;
+/// Elements per shard: two chunks, the second of 42.
 const M: usize = 400;
 
 /// One rank's UDP endpoint in its namespace.
@@ -113,8 +116,9 @@ fn parse(d: &[u8]) -> HeaderRepr {
 }
 
 /// Joins every rank (HELLO, CHALLENGE, JOIN, JOIN_ACK); returns the
-/// switch's generation.
-fn join_all(agents: &mut [Agent]) -> u32 {
+/// switch's generation and the key its RESULTs' tokens are checked under
+/// (the same for every rank).
+fn join_all(agents: &mut [Agent]) -> (u32, PacketKey) {
     let mut hss: Vec<Handshake> = (0..N)
         .map(|r| {
             let params = JoinParams {
@@ -151,7 +155,7 @@ fn join_all(agents: &mut [Agent]) -> u32 {
         let n = hs.emit_join(0, 0, &mut b).unwrap();
         a.send(&b[..n]);
     }
-    let mut gen = 0;
+    let mut joined = None;
     for (r, (a, hs)) in agents.iter_mut().zip(&hss).enumerate() {
         let acks: Vec<_> = a
             .recv(500)
@@ -160,10 +164,11 @@ fn join_all(agents: &mut [Agent]) -> u32 {
             .collect();
         assert_eq!(acks.len(), 1, "rank {r}: one JOIN_ACK");
         let h = parse(&acks[0]);
-        hs.on_join_ack(&h, &acks[0][HEADER_LEN..]).unwrap();
-        gen = h.gen;
+        let ack = hs.on_join_ack(&h, &acks[0][HEADER_LEN..]).unwrap();
+        let key = ack.result_key.expect("a JOIN_ACK names the RESULT key");
+        joined = Some((h.gen, key));
     }
-    gen
+    joined.expect("no rank joined")
 }
 
 /// A chunk: its seq, owner, and `count` elements from `offset` of the
@@ -224,11 +229,12 @@ fn data(
 
 /// Runs one collective: every rank sends every chunk (`payload(rank,
 /// chunk)`: None for NOVAL), then resends those it has no RESULT for, until
-/// all have one. Checks each RESULT's header and returns per rank, per
-/// chunk, its payload (None: a NOVAL RESULT).
+/// all have one. Checks each RESULT's header and token and returns per
+/// rank, per chunk, its values (None: a NOVAL RESULT).
 fn run(
     agents: &mut [Agent],
     gen: u32,
+    key: &PacketKey,
     kind: Kind,
     collective: u32,
     chunks: &[Chunk],
@@ -262,9 +268,13 @@ fn run(
                 let c = &chunks[i];
                 let noval = !kind.receives_values(r as u16, c.owner);
                 assert_eq!((h.kind(), h.count, h.no_values()), (kind, c.count, noval));
-                let body = d[HEADER_LEN..].to_vec();
-                assert_eq!(body.len(), if noval { 0 } else { c.count as usize * 4 });
-                got[r][i] = Some((!noval).then_some(body));
+                // The values (none: NOVAL), then the 16-byte token.
+                let body = &d[HEADER_LEN..];
+                let values = if noval { 0 } else { c.count as usize * 4 };
+                assert_eq!(body.len(), values + TAG_LEN, "{h:?}");
+                let (values, token) = body.split_at(values);
+                assert!(key.verify_token(&h, token), "rank {r}: a bad token: {h:?}");
+                got[r][i] = Some((!noval).then(|| values.to_vec()));
             }
         }
         if got.iter().flatten().all(Option::is_some) {
@@ -308,7 +318,7 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
     // thread's outbox, and NOVAL RESULTs take that path too.
     let mut sw = Switchd::start_with(&tb, &[JobSpec::new(1, N)], "dataplane_threads = 2\n");
     let mut agents: Vec<Agent> = (0..N).map(|r| Agent::start(&tb, r)).collect();
-    let gen = join_all(&mut agents);
+    let (gen, key) = join_all(&mut agents);
 
     // Reduce-scatter of 4 shards of 400: magnitudes far apart, so that
     // another order of summation gives other bits.
@@ -325,7 +335,7 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
         let at = c.owner as usize * M + c.offset;
         Some(bytes(&inputs[r as usize][at..at + c.count as usize]))
     };
-    let got = run(&mut agents, gen, Kind::ReduceScatter, 0, &rs, &send);
+    let got = run(&mut agents, gen, &key, Kind::ReduceScatter, 0, &rs, &send);
     for r in 0..N {
         let mut shard = Vec::new();
         for (i, c) in rs.iter().enumerate() {
@@ -359,7 +369,7 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
         (c.owner == r)
             .then(|| shard_of(r)[c.offset * 4..(c.offset + c.count as usize) * 4].to_vec())
     };
-    let got = run(&mut agents, gen, Kind::AllGather, 1, &ag, &send);
+    let got = run(&mut agents, gen, &key, Kind::AllGather, 1, &ag, &send);
     let whole: Vec<u8> = (0..N).flat_map(shard_of).collect();
     for r in 0..N {
         let mut out = Vec::new();
@@ -402,8 +412,16 @@ fn reduce_scatter_and_all_gather_through_switchd_are_bit_exact() {
         let h = parse(&again[0]);
         assert!(h.has_flag(flags::RETX) && h.kind() == Kind::AllGather);
         assert_eq!(h.no_values(), r == c.owner, "rank {r}");
+        let (values, token) =
+            again[0][HEADER_LEN..].split_at(again[0].len() - HEADER_LEN - TAG_LEN);
+        assert!(
+            key.verify_token(&h, token),
+            "rank {r}: a resend's bad token"
+        );
         if r != c.owner {
-            assert!(again[0][HEADER_LEN..] == send(c.owner, c).unwrap()[..]);
+            assert!(values == &send(c.owner, c).unwrap()[..]);
+        } else {
+            assert!(values.is_empty(), "rank {r}: a NOVAL resend with values");
         }
     }
     // A resend naming another owner for a completed seq: dropped, counted,

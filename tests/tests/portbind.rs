@@ -75,10 +75,10 @@ fn drop_count(stats: &serde_json::Value, reason: &str) -> u64 {
 }
 
 /// Elements per chunk of a job on 1500-byte ports (switchd's default,
-/// (MTU − 50) / 4, docs/PROTOCOL.md "Limits"), and the tensor the workers
-/// sum: the forged DATA carries the chunk's real collective and count, so
-/// only the binding stops it.
-const ELEMS: u32 = 362;
+/// (MTU − 50) / 4 less the RESULT's 16-byte token, docs/PROTOCOL.md
+/// "Limits"), and the tensor the workers sum: the forged DATA carries the
+/// chunk's real collective and count, so only the binding stops it.
+const ELEMS: u32 = 358;
 const TENSOR: u32 = 4_000_000;
 
 #[test]

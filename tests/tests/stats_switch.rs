@@ -50,8 +50,9 @@ fn a_stats_job_is_added_and_listed_with_room_for_its_trailer() {
             )
         })
         .collect();
-    // MTU 1500: 362 float32 elements, 6 fewer (24 bytes) with statistics.
-    assert_eq!(got, [(7, true, 356), (8, false, 362)], "{jobs}");
+    // MTU 1500: 358 float32 elements ((1500 − 50) / 4 less the RESULT's
+    // 16-byte token), 6 fewer (24 bytes) with statistics.
+    assert_eq!(got, [(7, true, 352), (8, false, 358)], "{jobs}");
 
     let listing = text(&sw.switchctl(&["jobs"]));
     // The column named "stats" (auth stays last: other tests read it).

@@ -12,6 +12,9 @@ use agg_e2e::*;
 const LEAVES: u16 = 2;
 const SPINES: u16 = 2;
 const WPL: u16 = 2;
+/// Elements per chunk at MTU 1500: (1500 − 50) / 4 floats less the
+/// RESULT's 16-byte token.
+const E: usize = 358;
 
 /// Worker `k` under leaf `i`: `iterations` all-reduces of `elements`,
 /// verified against the tree-order sum; it fails after `stall_timeout` s
@@ -93,10 +96,10 @@ fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
     let fabric = LeafSpine::up("tre", LEAVES, SPINES, WPL, 0);
     let (mut spines, mut leaves) = start_tree(&fabric, "tre");
     let mut total_chunks = 0u64;
-    for elements in [1usize, 363, 10 << 18] {
+    for elements in [1, E + 1, 10 << 18] {
         let workers = spawn_all(&fabric, elements, 1, 20.0);
         expect_verified(workers);
-        total_chunks += elements.div_ceil(362) as u64;
+        total_chunks += elements.div_ceil(E) as u64;
         // The switches' stats files are written once a second.
         std::thread::sleep(Duration::from_millis(1500));
         let per_spine: Vec<u64> = spines.iter().map(spine_chunks).collect();
