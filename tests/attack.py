@@ -25,7 +25,12 @@ Run inside a testbed namespace; only testbed addresses are used.
                                         collective, claiming to be SRC (the
                                         switch): NACK 1, 6 and 7 with a zero
                                         and a made-up tag, and a RESULT of
-                                        generation GEN ^ 1
+                                        generation GEN ^ 1. IFACE "-": as
+                                        IPv4 packets through a raw IP
+                                        socket, which the kernel routes (to
+                                        an address of this namespace: the
+                                        member's own, as from a host that
+                                        reaches it without the switch)
 
 It builds frames from docs/PROTOCOL.md (version 3) directly: it plays a
 peer that does not know the secret, which the package never does.
@@ -180,12 +185,22 @@ def spoof_control(iface, src_mac, src_ip, sport, dst_mac, dst_ip, dport, job, ra
     src = mac_bytes(src_mac), socket.inet_aton(src_ip)
     dst = mac_bytes(dst_mac), socket.inet_aton(dst_ip)
     frames = [udp_frame(src[0], src[1], sport, dst[0], dst[1], dport, p) for p in payloads]
-    s = sender(iface)
+    if iface == "-":
+        raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        packets = [f[14:] for f in frames]  # without the Ethernet header
+
+        def send(i):
+            raw.sendto(packets[i], (dst_ip, 0))
+    else:
+        s = sender(iface)
+
+        def send(i):
+            s.send(frames[i])
     sent = 0
     end = time.monotonic() + secs
     while time.monotonic() < end:
-        for f in frames:
-            s.send(f)
+        for i in range(len(frames)):
+            send(i)
             sent += 1
         time.sleep(0.005)
     print(sent, flush=True)

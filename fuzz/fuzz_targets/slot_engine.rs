@@ -1279,8 +1279,19 @@ impl Harness {
                     .get(&(r.job, seq))
                     .unwrap_or_else(|| panic!("a RESULT for seq {seq} that did not complete"));
                 assert_eq!(h.count as usize, want.len());
-                let got = o
+                // The values, then the token of the job's activation
+                // (docs/PROTOCOL.md, "RESULT tokens").
+                let (values, token) = o
                     .payload()
+                    .split_at(o.payload().len().saturating_sub(proto::tag::TAG_LEN));
+                let job = self.table.get(r.job).unwrap();
+                let key =
+                    proto::tag::PacketKey::result(&secret(r.job), r.job, self.gen(), &job.epoch());
+                assert!(
+                    key.verify_token(&h, token),
+                    "a RESULT without its token: {h:?}"
+                );
+                let got = values
                     .chunks_exact(4)
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                 check_sum(seq, got, want);

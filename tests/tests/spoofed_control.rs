@@ -1,9 +1,10 @@
 //! End-to-end test of issue 20, finding 2: what ends or resets a collective
-//! is authenticated (docs/PROTOCOL.md, "Sessions"). A host on another port
-//! of the switch forges, with the switch's MAC, IP address and UDP port,
-//! NACKs 1, 6 and 7 and RESULTs of another generation to a member during a
-//! verified all-reduce: nothing ends or resets, every rank verifies, and the
-//! member counts what it ignored.
+//! is authenticated (docs/PROTOCOL.md, "Sessions"). A host forges, with the
+//! switch's MAC, IP address and UDP port, NACKs 1, 6 and 7 and RESULTs of
+//! another generation to a member during a verified all-reduce: from
+//! another switch port they are dropped at ingress (`own_address_forged`,
+//! issue 35); sent to the member without crossing the switch, nothing ends
+//! or resets, every rank verifies, and the member counts what it ignored.
 
 use std::process::Child;
 
@@ -27,24 +28,36 @@ fn spoofed_nacks_and_results_to_a_worker_are_ignored() {
     let port = worker_port(&tb, &tb.worker_ns(1));
     let switch_mac = mac_of(&tb.switch_ns(), "br0");
     let victim_mac = mac_of(&tb.worker_ns(1), "eth0");
-    let sent = attack_py(
-        &tb,
-        &tb.host_ns(0),
-        &[
+    let (switch_ip, agg_port) = (tb.switch_addr().to_string(), AGG_PORT.to_string());
+    let (victim_ip, gen) = (tb.worker_addr(1).to_string(), gen.to_string());
+    let port = port.to_string();
+    let spoof = |ns: &str, iface: &str| {
+        let args = [
             "spoof-control",
-            "eth0",
+            iface,
             &switch_mac,
-            &tb.switch_addr().to_string(),
-            &AGG_PORT.to_string(),
+            &switch_ip,
+            &agg_port,
             &victim_mac,
-            &tb.worker_addr(1).to_string(),
-            &port.to_string(),
+            &victim_ip,
+            &port,
             "1",
             "1",
-            &gen.to_string(),
-            "4",
-        ],
-    );
+            &gen,
+            "3",
+        ];
+        attack_py(&tb, ns, &args)
+    };
+    // From another port: dropped at the switch, whoever they are for.
+    let forged = |s: &serde_json::Value| port_sum(s, "sw-h0", "xdp_own_address_forged");
+    let before = forged(&sw.stats());
+    let through = spoof(&tb.host_ns(0), "eth0");
+    assert!(through >= 7 * 100, "only {through} forged frames sent");
+    sw.wait_stats(10, "the forged frames dropped at ingress", |s| {
+        forged(s) >= before + through
+    });
+    // Straight to the member, from its own namespace.
+    let sent = spoof(&tb.worker_ns(1), "-");
     assert!(sent >= 7 * 100, "only {sent} forged frames sent");
     let reports = expect_verified(workers);
     for (rank, r) in reports.iter().enumerate() {
