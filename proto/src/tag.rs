@@ -220,6 +220,22 @@ impl PacketKey {
         b.into()
     }
 
+    /// [`PacketKey::token`], remembered in `cache` with the header fields
+    /// it covers: the RESULTs of one fan-out (every member's, `rank` and
+    /// `RETX` left out) share one, made once. The cache must be cleared
+    /// whenever the key it serves changes.
+    pub fn token_cached(&self, hdr: &HeaderRepr, cache: &TokenCache) -> Tag {
+        let n: [u8; 12] = Self::nonce(hdr).into();
+        match cache.0.get() {
+            Some((m, t)) if m == n => t,
+            _ => {
+                let t = self.token(hdr);
+                cache.0.set(Some((n, t)));
+                t
+            }
+        }
+    }
+
     /// Whether `token` is the token of a RESULT with header `hdr`
     /// (constant time).
     pub fn verify_token(&self, hdr: &HeaderRepr, token: &[u8]) -> bool {
@@ -240,6 +256,18 @@ impl PacketKey {
                 &tag.into(),
             )
             .is_ok()
+    }
+}
+
+/// The last RESULT token one key made, with the nonce it covers
+/// ([`PacketKey::token_cached`]): single-threaded, kept beside the key.
+#[derive(Debug, Default)]
+pub struct TokenCache(core::cell::Cell<Option<([u8; 12], Tag)>>);
+
+impl TokenCache {
+    /// Forgets the token (its key changed).
+    pub fn clear(&self) {
+        self.0.set(None);
     }
 }
 
@@ -391,6 +419,34 @@ mod tests {
         assert!(!k.verify_token(&h, &t[..15]));
         let other = PacketKey::result(&[1; 32], 7, 9, &[6; EPOCH_LEN]);
         assert!(!other.verify_token(&h, &t), "another activation");
+    }
+
+    /// A cached token is the token of the header asked for: one per
+    /// fan-out (any rank, resends too), a new one when a covered field
+    /// changes, and none left over from another key once cleared.
+    #[test]
+    fn a_cached_token_is_always_the_headers_own() {
+        let k = PacketKey::result(&[1; 32], 7, 9, &[5; EPOCH_LEN]);
+        let cache = TokenCache::default();
+        let mut h = hr(&frame(MsgType::Result, 0, 0));
+        for rank in 0..4 {
+            h.rank = rank;
+            assert_eq!(k.token_cached(&h, &cache), k.token(&h));
+        }
+        h.flags |= flags::RETX;
+        assert_eq!(k.token_cached(&h, &cache), k.token(&h));
+        for change in [
+            |h: &mut HeaderRepr| h.window += 1,
+            |h| h.seq += 1,
+            |h| h.flags ^= flags::NOVAL,
+        ] {
+            change(&mut h);
+            assert_eq!(k.token_cached(&h, &cache), k.token(&h), "{h:?}");
+        }
+        let other = PacketKey::result(&[1; 32], 7, 9, &[6; EPOCH_LEN]);
+        cache.clear();
+        assert_eq!(other.token_cached(&h, &cache), other.token(&h));
+        assert_ne!(other.token(&h), k.token(&h));
     }
 
     #[test]

@@ -1076,7 +1076,7 @@ impl fmt::Display for SpineRefusal {
 /// the spine's elements per chunk.
 const ELEMS_DIFFER: u16 = 0x8000;
 /// `reason` of a refusal for a spine job of `auth = "mac"` (below any
-/// chunk size, which is at most 2 × 2237).
+/// chunk size, which is at most 2 × 2233).
 const AUTH_DIFFERS: u16 = 0x4000;
 /// `reason` of a refusal for a spine job whose `stats` differs: this, plus
 /// the spine's `stats` byte (0 or 1).

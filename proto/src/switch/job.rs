@@ -57,7 +57,7 @@ use std::time::Instant;
 
 use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::serial_lt;
-use crate::tag::{self, AuthMode, PacketKey, Tag, EPOCH_LEN, TAG_LEN};
+use crate::tag::{self, AuthMode, PacketKey, Tag, TokenCache, EPOCH_LEN, TAG_LEN};
 use crate::wire::{
     flags, Dtype, HeaderRepr, JoinAckPayload, JoinPayload, Kind, LeavePayload, MsgType, NackReason,
     Nonce, OP_SUM,
@@ -304,6 +304,9 @@ pub struct Job {
     /// The RESULT key of the current activation, in either auth mode: it
     /// tags a mac job's RESULTs and makes a port job's tokens.
     result_key: Option<PacketKey>,
+    /// The last token `result_key` made: a fan-out the table encodes
+    /// RESULT by RESULT makes one (cleared with every new key).
+    last_token: TokenCache,
     mac: Option<MacState>,
     /// Counts of the control path (under the table lock); the data path's
     /// are in `core` ([`Job::counters`] sums both).
@@ -419,6 +422,7 @@ impl Job {
             up_timers,
             epoch: [0; EPOCH_LEN],
             result_key: None,
+            last_token: TokenCache::default(),
             mac,
             ctl: JobCounters::default(),
             ctl_drops: JobDrops::default(),
@@ -639,6 +643,12 @@ impl Job {
         })
     }
 
+    /// Sets the activation's RESULT key, and forgets the last token.
+    fn set_result_key(&mut self, key: Option<PacketKey>) {
+        self.result_key = key;
+        self.last_token.clear();
+    }
+
     /// The 16 bytes that follow the payload of the RESULT `view` sent with
     /// header `hdr`: its tag in an `auth = "mac"` job, its token in an
     /// `auth = "port"` job (docs/PROTOCOL.md, "RESULT tokens"); `None`
@@ -646,7 +656,10 @@ impl Job {
     pub fn result_trailer(&self, hdr: &HeaderRepr, view: &ResultView<'_>) -> Option<Tag> {
         match self.config.auth {
             AuthMode::Mac => view.tag,
-            AuthMode::Port => self.result_key.as_ref().map(|k| k.token(hdr)),
+            AuthMode::Port => self
+                .result_key
+                .as_ref()
+                .map(|k| k.token_cached(hdr, &self.last_token)),
         }
     }
 
@@ -848,7 +861,7 @@ impl Job {
         for (b, old) in bound.iter_mut().zip(&self.bound) {
             *b = *old;
         }
-        self.result_key = None;
+        self.set_result_key(None);
         if let (Some(m), Some(keys)) = (&mut self.mac, data_keys) {
             m.data_keys = keys;
             m.result_tags.iter_mut().for_each(|t| *t = None);
@@ -1040,12 +1053,12 @@ impl Job {
 
     fn activate(&mut self, cx: &JoinContext<'_>) {
         self.epoch = cx.epoch;
-        self.result_key = Some(PacketKey::result(
+        self.set_result_key(Some(PacketKey::result(
             &self.config.secret,
             self.config.id,
             cx.gen,
             &cx.epoch,
-        ));
+        )));
         if let Some(m) = &mut self.mac {
             m.result_tags.iter_mut().for_each(|t| *t = None);
         }
