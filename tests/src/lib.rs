@@ -1158,6 +1158,27 @@ pub fn attack_py(tb: &impl Netns, ns: &str, args: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("attack.py {args:?} printed no count: {}", text(&out)))
 }
 
+/// Runs `tests/attack_port.py ARGS` in `ns` to success; returns its last
+/// line (a count, or the JSON of a probe).
+pub fn attack_port_py(tb: &impl Netns, ns: &str, args: &[&str]) -> String {
+    let out = tb
+        .cmd_in(ns, "python3")
+        .arg(repo_root().join("tests/attack_port.py"))
+        .args(args)
+        .output()
+        .expect("running tests/attack_port.py");
+    assert!(
+        out.status.success(),
+        "attack_port.py {args:?}: {}",
+        text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("attack_port.py {args:?} printed nothing: {}", text(&out)))
+        .to_owned()
+}
+
 /// The MAC address of `dev` in namespace `ns`.
 pub fn mac_of(ns: &str, dev: &str) -> String {
     let out = Command::new("ip")

@@ -25,26 +25,6 @@ use proto::wire::{flags, HeaderRepr, MsgType, HEADER_LEN};
 const ELEMS: u32 = 358;
 const TENSOR: u32 = 4_000_000;
 
-/// Runs tests/attack_port.py ARGS in namespace `ns`; returns its last line.
-fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
-    let out = tb
-        .cmd_in(ns, "python3")
-        .arg(repo_root().join("tests/attack_port.py"))
-        .args(args)
-        .output()
-        .expect("running tests/attack_port.py");
-    assert!(
-        out.status.success(),
-        "attack_port.py {args:?}: {}",
-        text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("attack_port.py {args:?} printed nothing: {}", text(&out)))
-        .to_owned()
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -137,7 +117,7 @@ fn forged_results_are_dropped_at_the_switch_and_refused_by_the_worker() {
     let mut sent_through = 0u64;
     for mac in [&host_mac, &switch_mac] {
         let src = format!("{mac},{switch_ip},{AGG_PORT}");
-        let n: u64 = attack(
+        let n: u64 = attack_port_py(
             &tb,
             &tb.host_ns(0),
             &["flood", "eth0", &src, &dest, file.to_str().unwrap(), "1.5"],
@@ -182,7 +162,7 @@ fn forged_results_are_dropped_at_the_switch_and_refused_by_the_worker() {
         &forged_results(victim, gen, held..held + 300),
     );
     let src = format!("{switch_mac},{switch_ip},{AGG_PORT}");
-    let sent_direct: u64 = attack(
+    let sent_direct: u64 = attack_port_py(
         &tb,
         &vns,
         &["local", &src, &dest, file.to_str().unwrap(), "1.5"],
@@ -315,7 +295,7 @@ fn version_2_hellos_are_answered_within_the_hello_budget() {
     let limited_before = sw.stats()["hello_rate_limited"].as_u64().unwrap_or(0);
     let flood = 3000u64;
     let started = std::time::Instant::now();
-    let line = attack(
+    let line = attack_port_py(
         &tb,
         &tb.host_ns(0),
         &[

@@ -11,26 +11,6 @@ use std::time::Duration;
 use agg_e2e::*;
 use proto::wire::{self, HeaderRepr, MsgType, NackPayload, NackReason, HEADER_LEN};
 
-/// Runs tests/attack_port.py ARGS in namespace `ns`; returns its last line.
-fn attack(tb: &Testbed, ns: &str, args: &[&str]) -> String {
-    let out = tb
-        .cmd_in(ns, "python3")
-        .arg(repo_root().join("tests/attack_port.py"))
-        .args(args)
-        .output()
-        .expect("running tests/attack_port.py");
-    assert!(
-        out.status.success(),
-        "attack_port.py {args:?}: {}",
-        text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("attack_port.py {args:?} printed nothing: {}", text(&out)))
-        .to_owned()
-}
-
 /// Worker `rank`'s "MAC,IP,UDP port", as a host that saw its traffic
 /// would know it: its interface's MAC, its address, and the local port of
 /// its UDP socket to the switch.
@@ -127,7 +107,7 @@ fn port_spoofed_data_is_never_summed() {
     let file = dir.join("data.hex");
     std::fs::write(&file, lines.join("\n")).unwrap();
     let victim = worker_source(&tb, 1);
-    let sent: u64 = attack(
+    let sent: u64 = attack_port_py(
         &tb,
         &tb.host_ns(0),
         &[
@@ -194,7 +174,7 @@ fn probing_heartbeats_tell_members_from_strangers_nothing() {
         let mut h = HeaderRepr::new(MsgType::Heartbeat, 1);
         h.rank = 1;
         h.gen = gen;
-        let line = attack(
+        let line = attack_port_py(
             &tb,
             &tb.host_ns(0),
             &[
