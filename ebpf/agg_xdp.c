@@ -59,7 +59,8 @@
  *
  * Before anything else, a frame on a known port whose source MAC is in
  * `local_macs` (the switch's own interfaces) or, for IPv4 with a whole
- * header, whose source address is in `own_addrs`, is DROPPED and counted as
+ * header, whose source address is in `own_addrs`, or an ARP whose sender
+ * address is in `own_addrs`, is DROPPED and counted as
  * `own_address_forged`: the switch never receives its own frames, so it is
  * spoofed (a host on another port forging the switch's RESULTs or NACKs)
  * or looped. Neither the fast path nor the bridge ever forwards it, and it
@@ -168,6 +169,18 @@ static __always_inline int pass(__u32 port_idx, __u32 kind)
 		count(port_idx, kind);
 	return XDP_PASS;
 }
+
+/* An ARP for IPv4 over Ethernet: the fixed header, then the sender's
+ * hardware and protocol addresses (the rest is not read). */
+struct arp_ipv4 {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 op;
+	__u8 sha[ETH_ALEN];
+	__u8 spa[4];
+};
 
 /* A frame that claims one of the switch's own addresses as its source:
  * dropped and counted, whatever it is and wherever it was going. */
@@ -312,6 +325,7 @@ int agg_xdp(struct xdp_md *ctx)
 	__u32 zero = 0;
 	__u32 daddr;
 	__u32 saddr;
+	struct arp_ipv4 *arp;
 	__u64 mac;
 	__u32 queue;
 	struct port_info *in_info;
@@ -352,6 +366,19 @@ int agg_xdp(struct xdp_md *ctx)
 	mac = mac_key(eth->h_source);
 	if (bpf_map_lookup_elem(&local_macs, &mac))
 		return forged(port_idx);
+
+	/* An ARP that claims one of its IPv4 addresses as the sender's: a
+	 * host announcing itself as the switch (to draw the workers' DATA). */
+	if (eth->h_proto == bpf_htons(ETH_P_ARP)) {
+		arp = (void *)(eth + 1);
+		if ((void *)(arp + 1) <= data_end &&
+		    arp->ptype == bpf_htons(ETH_P_IP) && arp->plen == 4 &&
+		    arp->hlen == ETH_ALEN) {
+			__builtin_memcpy(&saddr, arp->spa, 4);
+			if (bpf_map_lookup_elem(&own_addrs, &saddr))
+				return forged(port_idx);
+		}
+	}
 
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return forward(ctx, eth, port_idx, fwd, now, &in);

@@ -1041,16 +1041,38 @@ mod tests {
                     );
                 }
             }
-            // An ARP from the switch's MAC (a spoofed reply) too.
-            let mut arp = vec![0x02, 0, 0, 0, 0, 0x09];
-            arp.extend_from_slice(&own_mac);
-            arp.extend_from_slice(&[0x08, 0x06]);
-            arp.resize(42, 0);
-            assert_eq!(
-                test_run(&mut prog, LO, &arp),
-                XDP_DROP,
-                "ARP, forward {forward}"
-            );
+            // ARP: from the switch's MAC, or a host's MAC claiming the
+            // switch's IPv4 address as the sender's (drawing the workers'
+            // DATA to itself); a host's own ARP passes.
+            let arp = |smac: [u8; 6], spa: [u8; 4]| {
+                let mut f = vec![0xff; 6];
+                f.extend_from_slice(&smac);
+                f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 2]);
+                f.extend_from_slice(&smac);
+                f.extend_from_slice(&spa);
+                f.resize(42, 0);
+                f
+            };
+            for (what, f, forged) in [
+                (
+                    "ARP from the switch's MAC",
+                    arp(own_mac, [198, 18, 0, 3]),
+                    true,
+                ),
+                (
+                    "ARP claiming the switch's IPv4",
+                    arp(host_mac, own.octets()),
+                    true,
+                ),
+                ("a host's ARP", arp(host_mac, [198, 18, 0, 3]), false),
+            ] {
+                let want = if forged { XDP_DROP } else { XDP_PASS };
+                assert_eq!(
+                    test_run(&mut prog, LO, &f),
+                    want,
+                    "{what}, forward {forward}"
+                );
+            }
         }
     }
 
