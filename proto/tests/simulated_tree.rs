@@ -1029,6 +1029,63 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
 /// the next chunk completes. A real restart of that spine (a new
 /// generation) is found by the probe its untagged NACK 7 triggers, and the
 /// leaf joins it again.
+/// A RESULT with the spine's address and generation but without the spine's
+/// token (docs/PROTOCOL.md, "RESULT tokens") is ignored by the leaf,
+/// counted per spine (`bad_tokens`), and never reaches the tensor: the
+/// chunk it names completes with the spine's own sum.
+#[test]
+fn a_leaf_takes_no_spine_result_without_its_token() {
+    let mut f = Fabric::new(1, 1, 1);
+    f.run_for(Duration::from_millis(50));
+    let spine = |f: &Fabric| {
+        let s = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0];
+        (s.joined_gen, s.counters.clone())
+    };
+    assert_eq!(spine(&f).0, Some(100), "joined spine 0");
+    // The worker's DATA reaches the leaf, whose partial is then on its way
+    // to the spine: chunk 0's RESULT, forged (1e9 everywhere, a zero token,
+    // then one guessed at random), reaches the leaf before the spine's.
+    f.worker_sends(0, 0, MsgType::Data, 0);
+    f.run_for(Duration::from_millis(1));
+    for token in [[0u8; TAG_LEN], [0x5a; TAG_LEN]] {
+        let mut h = HeaderRepr::new(MsgType::Result, JOB);
+        h.gen = 100;
+        h.count = 8;
+        h.window = 16;
+        let mut p = vec![0u8; 32];
+        write_f32s(&[1e9; 8], &mut p);
+        p.extend_from_slice(&token);
+        let now = f.now;
+        f.net.send(
+            now,
+            Msg {
+                to: Node::Leaf(0),
+                from: spine_ep(0),
+                bytes: frame(&h, &p),
+            },
+        );
+    }
+    f.run_for(Duration::from_millis(20));
+    let (gen, c) = spine(&f);
+    assert_eq!(gen, Some(100), "still joined");
+    assert_eq!(c.bad_tokens, 2, "{c:?}");
+    assert_eq!(c.unauthenticated, 0, "the generation was right: {c:?}");
+    let result = f
+        .to_workers
+        .iter()
+        .map(|(_, b)| b)
+        .find(|b| {
+            let h = parse(b);
+            h.msg_type == MsgType::Result && h.seq == 0
+        })
+        .expect("chunk 0 completes");
+    let values: Vec<f32> = result[HEADER_LEN..HEADER_LEN + 32]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(values, [1.0; 8], "the spine's sum, not the forgery's");
+}
+
 #[test]
 fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
     use proto::wire::{NackPayload, NackReason, NACK_PAYLOAD_LEN};
