@@ -759,6 +759,19 @@ impl Fabric {
         );
     }
 
+    /// `bytes` to `leaf` from spine `spine`'s address and port, now (what
+    /// a forger sends as the spine).
+    fn spine_sends(&mut self, spine: usize, leaf: usize, bytes: Vec<u8>) {
+        self.net.send(
+            self.now,
+            Msg {
+                to: Node::Leaf(leaf),
+                from: spine_ep(spine),
+                bytes,
+            },
+        );
+    }
+
     /// The last HEARTBEAT answer worker `rank` under `leaf` got about `seq`.
     fn heartbeat_answer(&mut self, leaf: usize, rank: u16, seq: u32) -> (HeaderRepr, Vec<u8>) {
         self.to_workers.clear();
@@ -1055,15 +1068,7 @@ fn a_leaf_takes_no_spine_result_without_its_token() {
         let mut p = vec![0u8; 32];
         write_f32s(&[1e9; 8], &mut p);
         p.extend_from_slice(&token);
-        let now = f.now;
-        f.net.send(
-            now,
-            Msg {
-                to: Node::Leaf(0),
-                from: spine_ep(0),
-                bytes: frame(&h, &p),
-            },
-        );
+        f.spine_sends(0, 0, frame(&h, &p));
     }
     f.run_for(Duration::from_millis(20));
     let (gen, c) = spine(&f);
@@ -1097,17 +1102,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
     };
     let (gen, _) = session(&f);
     assert_eq!(gen, Some(100), "joined spine 0");
-    let forge = |f: &mut Fabric, bytes: Vec<u8>| {
-        let now = f.now;
-        f.net.send(
-            now,
-            Msg {
-                to: Node::Leaf(0),
-                from: spine_ep(0),
-                bytes,
-            },
-        );
-    };
+    let forge = |f: &mut Fabric, bytes: Vec<u8>| f.spine_sends(0, 0, bytes);
     for reason in [
         NackReason::UnknownJob,
         NackReason::JobNotActive,
@@ -1208,15 +1203,7 @@ fn a_leaf_sorts_authentic_spine_nacks_as_a_worker_does() {
         }
         .emit(&mut p)
         .unwrap();
-        let now = f.now;
-        f.net.send(
-            now,
-            Msg {
-                to: Node::Leaf(0),
-                from: spine_ep(0),
-                bytes: frame(&h, &p),
-            },
-        );
+        f.spine_sends(0, 0, frame(&h, &p));
         f.run_for(Duration::from_millis(1));
     };
     let mut f = Fabric::new(1, 1, 1);
