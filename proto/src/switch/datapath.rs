@@ -311,6 +311,14 @@ impl JobCore {
         }
     }
 
+    /// The token of the one RESULT with header `hdr`, as sent (a resend, or
+    /// a RESULT the table queued): `None` when [`JobCore::result_tokens`]
+    /// gives none.
+    pub fn result_token(&self, hdr: &HeaderRepr) -> Option<Tag> {
+        let a = self.admission.load();
+        a.result_key.as_ref().map(|k| k.token(hdr))
+    }
+
     /// The tokens of `res`'s RESULTs (the shadow of `seq`) sent with
     /// `window` under generation `gen`: `None` in an `auth = "mac"` job
     /// (the table tags its RESULTs) or while the job is not active, when no

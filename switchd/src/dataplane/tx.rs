@@ -249,14 +249,18 @@ impl<'a> Out<'a> {
     /// also when a jumbo RESULT spans several frames). False if it could
     /// not be sent.
     fn transmit_result(&mut self, core: &JobCore, r: &Reply) -> bool {
-        let ReplyMsg::Result { seq, .. } = r.msg else {
+        let ReplyMsg::Result { seq, retx } = r.msg else {
             return false;
         };
         let Some(mut res) = core.engine.result(seq) else {
             return false;
         };
-        match tokens_for(self.shared, core, Some(&res), seq) {
-            Some(tokens) => self.transmit_result_from(core, r, &mut res, &tokens),
+        let gen = self.shared.data_path.gen();
+        let window = core.advertised_window();
+        let hdr = core.result_header(&mut res, seq, r.rank, retx, gen, window);
+        // One RESULT: its own token only.
+        match core.result_token(&hdr) {
+            Some(token) => self.send_result(r, &hdr, &res, &token),
             None => false,
         }
     }
@@ -274,13 +278,24 @@ impl<'a> Out<'a> {
         let ReplyMsg::Result { seq, retx } = r.msg else {
             return false;
         };
+        let gen = self.shared.data_path.gen();
+        let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
+        self.send_result(r, &hdr, res, tokens.for_header(&hdr))
+    }
+
+    /// Queues RESULT `r` (header `hdr`, the payload from `res`, then
+    /// `token`) on our transmit ring of its port and queue.
+    fn send_result(
+        &mut self,
+        r: &Reply,
+        hdr: &HeaderRepr,
+        res: &ResultRef<'_>,
+        token: &Tag,
+    ) -> bool {
         let Some(tx) = socket_mut(self.txs, r.to.port_idx, r.to.queue) else {
             return false;
         };
-        let gen = self.shared.data_path.gen();
-        let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
-        let token = tokens.for_header(&hdr);
-        let sent = tx.send_head_tail(|buf| result_frame_head(&hdr, res, token, &r.to, buf));
+        let sent = tx.send_head_tail(|buf| result_frame_head(hdr, res, token, &r.to, buf));
         if sent {
             self.counters.tx_frames += 1;
         }
