@@ -1396,9 +1396,9 @@ impl JobTable {
     /// For a RESULT: writes only its aggregation header into `buf` and
     /// returns the payload that follows it (the shadow's bytes) and the
     /// token after that, so that a shell can copy the payload once,
-    /// straight to where it is sent; `Encoded::len` counts all three. With it comes the payload's checksum sum,
-    /// made once per result, so that a shell sums only the headers per
-    /// destination. `None` for any other reply, if the header does not fit,
+    /// straight to where it is sent; `Encoded::len` counts all three. With
+    /// it comes the payload's checksum sum, made once per result, so that a
+    /// shell sums only the headers per destination. `None` for any other reply, if the header does not fit,
     /// or if the result is gone (as [`encode`]).
     ///
     /// [`encode`]: JobTable::encode

@@ -845,9 +845,10 @@ impl XskTx {
     /// returns its length and the tail that follows it, in two pieces (a
     /// RESULT's payload, read where the job keeps it, and its token), or
     /// None to cancel. The tail is copied once, after the head and, on a
-    /// multi-buffer socket, on into as many chained frames as it needs. False, with nothing queued, if frames or
-    /// ring room lack, if the packet needs several frames on a socket
-    /// without multi-buffer, or if `f` cancelled.
+    /// multi-buffer socket, on into as many chained frames as it needs.
+    /// False, with nothing queued, if frames or ring room lack, if the
+    /// packet needs several frames on a socket without multi-buffer, or if
+    /// `f` cancelled.
     pub fn send_head_tail<'t>(
         &mut self,
         f: impl FnOnce(&mut [u8]) -> Option<(usize, [&'t [u8]; 2])>,
@@ -1315,6 +1316,33 @@ mod tests {
             .map(|p| tail_part(&p, 64))
             .collect();
         assert_eq!(bare, [(64, 0..0)]);
+    }
+
+    /// A head, then a tail in two pieces (a RESULT's payload and its
+    /// token), laid across chained frames as the transmit path does: the
+    /// frames hold exactly head ‖ payload ‖ token, the token split across a
+    /// frame boundary too.
+    #[test]
+    fn a_tail_in_two_pieces_fills_the_frames_as_one() {
+        for (payload_len, size) in [(8932usize, 4096usize), (100, 4096), (4032 - 8, 4096)] {
+            let head = 64;
+            let payload: Vec<u8> = (0..payload_len).map(|i| (i % 251) as u8).collect();
+            let token = [0xa5u8; 16];
+            let mut want = vec![0xeeu8; head];
+            want.extend_from_slice(&payload);
+            want.extend_from_slice(&token);
+            let mut got = Vec::new();
+            for piece in scatter_pieces(want.len(), size) {
+                let mut frame = vec![0u8; piece.len];
+                if piece.offset == 0 {
+                    frame[..head].fill(0xee);
+                }
+                let (at, part) = tail_part(&piece, head);
+                copy_split(&mut frame[at..piece.len], [&payload, &token], part.start);
+                got.extend_from_slice(&frame);
+            }
+            assert_eq!(got, want, "payload {payload_len}");
+        }
     }
 
     /// A packet split like `scatter_pieces` splits it comes back whole and
