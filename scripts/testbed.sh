@@ -31,7 +31,7 @@
 # port receives them on that queue (on a real NIC, RSS hashes flows to
 # queues, or ntuple rules by source place them). IPv6 is disabled in every namespace,
 # lo is up everywhere, and eth0 has GRO on (needed by XDP redirects into a
-# veth, see DESIGN.md) and transmit checksum offload off, so that frames on
+# veth, see docs/PLATFORM.md) and transmit checksum offload off, so that frames on
 # the wire carry complete UDP/TCP checksums as from a real NIC (an AF_XDP
 # reader sees the frame's bytes as they are; with offload on, it would see
 # only a partial pseudo-header sum), and transmit VLAN offload off (a tag

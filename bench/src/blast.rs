@@ -4,7 +4,7 @@
 //! frames and drives the protocol itself once the ranks have joined.)
 //!
 //! Why hand-written raw sockets: there is no pktgen in this kernel and
-//! Debian's xdp-tools do not load on it (DESIGN.md, "Toolchain facts"); a
+//! Debian's xdp-tools do not load on it (docs/PLATFORM.md, "Packet generators"); a
 //! plain UDP `sendmmsg` reaches ≈ 0.28 Mpps from one core here, an
 //! AF_PACKET socket with `PACKET_QDISC_BYPASS` and `sendmmsg` ≈ 0.7 Mpps.
 //! No crate in the workspace wraps AF_PACKET transmit, and the few calls

@@ -9,7 +9,7 @@
 //! table, its replies out) and [`tx`] (replies to a transmit ring, or to the
 //! outbox of the thread that owns the member's socket).
 //!
-//! Multi-core (DESIGN.md, "Multi-core"): a socket belongs to exactly one
+//! Multi-core (docs/PLATFORM.md, "Multi-core"): a socket belongs to exactly one
 //! thread, and contributions to one slot arrive on different sockets, so
 //! the slot state is shared. A DATA from a bound member of an active job
 //! goes through the lock-free data path ([`proto::switch::DataPath`]:
