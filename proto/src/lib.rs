@@ -1,4 +1,4 @@
-//! The aggregation protocol (version 2, docs/PROTOCOL.md), with no I/O.
+//! The aggregation protocol (version 3, docs/PROTOCOL.md), with no I/O.
 //!
 //! * [`wire`]: header views and payload codecs for every message type.
 //! * [`switch`]: the switch's job table and slot pools, fed datagrams and
@@ -12,6 +12,8 @@
 //! * [`worker`]: a worker's chunking, window, retransmission and congestion
 //!   control for one collective, fed results and time.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
+//! * [`host_sum`]: the same sums done on a host, for the host path (a
+//!   collective finished without the switch, with its bits).
 //! * [`stats`]: a `stats = true` job's gradient statistics: the trailer and
 //!   the reference float64 order.
 //! * [`secret`]: a job secret from a file, the environment or an argument,
@@ -25,6 +27,7 @@ pub mod auth;
 pub mod checksum;
 pub mod elements;
 pub mod handshake;
+pub mod host_sum;
 pub mod reference;
 pub mod secret;
 pub mod seq;

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from . import Worker
+from ._path import CollectivePath as _Path
 from .errors import AggSwitchError
 
 __all__ = [
@@ -88,18 +89,34 @@ class AggSwitchState:
 
     def __init__(
         self,
-        switch: str,
+        switch: str | None,
         job: int,
-        secret: str,
+        secret: str | None,
         rank: int | None = None,
         world_size: int | None = None,
         *,
         group: "dist.ProcessGroup | None" = None,
+        mode: str = "switch",
+        fallback: bool = True,
+        probe_interval: float = 5.0,
+        leaf_sizes: "list[int] | None" = None,
         **worker_options: Any,
     ) -> None:
         # Rank and world size are taken when the state first joins, not here:
         # trainers (Lightning) make the process group after the state.
-        _check_secret(secret, "secret")
+        if mode not in ("switch", "hosts"):
+            raise ValueError(f"AggSwitchState: mode={mode!r}: expected 'switch' or 'hosts'")
+        if mode == "switch":
+            if not switch:
+                raise ValueError("AggSwitchState: no switch address; pass switch='address[:port]' or mode='hosts'")
+            _check_secret(secret or "", "secret")
+        if not (probe_interval > 0):
+            raise ValueError(f"AggSwitchState: probe_interval={probe_interval!r} must be positive seconds")
+        self.mode = mode
+        self.fallback = bool(fallback)
+        self.probe_interval = float(probe_interval)
+        self.leaf_sizes = None if leaf_sizes is None else [int(x) for x in leaf_sizes]
+        self._path = _Path(self)
         self.switch = switch
         self.job = int(job)
         self._rank = None if rank is None else int(rank)
@@ -159,20 +176,30 @@ class AggSwitchState:
         raise TypeError("AggSwitchState cannot be pickled; make one per process")
 
     def stats(self) -> dict:
-        """The worker's counters (empty before the first bucket)."""
-        return self._worker.stats() if self._worker is not None else {}
+        """The switch worker's counters (while joined) and the state's own:
+        ``path`` (``"switch"`` or ``"hosts"``: where the next collective
+        goes), ``fallbacks`` (times the job left the switch for the host
+        path), ``returns`` (times it came back), ``failed_returns``,
+        ``switch_collectives``, ``host_collectives`` and
+        ``last_fallback_reason``."""
+        w = self._worker
+        out = dict(w.stats()) if w is not None else {}
+        out.update(self._path.counters())
+        return out
 
     def close(self) -> None:
         """Waits for buckets in flight, then leaves the job. Idempotent."""
         self._executor.shutdown(wait=True)
+        self._path.stop()
         with self._lock:
             w, self._worker = self._worker, None
         if w is not None:
             w.close()
 
-    def _reduce_sum(self, host: torch.Tensor) -> None:
-        """On the background thread: join if needed, sum in place."""
-        self._joined().all_reduce(host)
+    def _reduce_sum(self, host: torch.Tensor, group: "dist.ProcessGroup | None" = None) -> None:
+        """On the background thread: sum ``host`` in place over every rank,
+        on the switch (joining if needed) or on the host path."""
+        self._path.all_reduce(host, group)
 
     def _feed_gns(self, scale: float) -> None:
         """On the background thread, after a DDP bucket's all-reduce: hands
@@ -181,9 +208,8 @@ class AggSwitchState:
         gns = self._gns
         if gns is None:
             return
-        w = self._joined()
         try:
-            got = w.gradient_stats()
+            got = self._path.gradient_stats()
         except AggSwitchError as e:
             raise AggSwitchError(
                 f"job {self.job} rank {self._rank}: GradientNoiseScale needs the switch's gradient "
@@ -202,6 +228,8 @@ class AggSwitchState:
             )
         if self._worker is None:
             rank, world_size = self._resolve(group)
+            if self.mode == "hosts":
+                raise AggSwitchError(f"job {self.job} rank {rank}: the state runs with mode='hosts', without a switch")
             self._worker = Worker(
                 self.switch,
                 job=self.job,
@@ -250,16 +278,38 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
     missing or malformed. Rank and world size are not read here but when the
     state first joins, so the process group may be made later.
     """
-    switch = _env("AGGSWITCH_SWITCH", "the switch's address[:port], e.g. 198.18.0.1:48879")
+    mode = os.environ.get("AGGSWITCH_MODE", "").strip() or worker_options.pop("mode", "switch")
+    if mode not in ("switch", "hosts"):
+        raise ValueError(f"AGGSWITCH_MODE={mode!r}: expected switch or hosts")
+    hosts = mode == "hosts"
+    fallback_text = os.environ.get("AGGSWITCH_FALLBACK", "").strip().lower()
+    if fallback_text and "fallback" not in worker_options:
+        if fallback_text not in ("on", "off"):
+            raise ValueError(f"AGGSWITCH_FALLBACK={fallback_text!r}: expected on or off")
+        worker_options["fallback"] = fallback_text == "on"
+    tree = os.environ.get("AGGSWITCH_TREE", "").strip()
+    if tree and "leaf_sizes" not in worker_options:
+        try:
+            worker_options["leaf_sizes"] = [int(x) for x in tree.split(",")]
+        except ValueError:
+            raise ValueError(f"AGGSWITCH_TREE={tree!r}: expected the workers per leaf, e.g. 2,2") from None
+    if hosts:
+        switch = os.environ.get("AGGSWITCH_SWITCH", "").strip() or None
+    else:
+        switch = _env("AGGSWITCH_SWITCH", "the switch's address[:port], e.g. 198.18.0.1:48879 (or AGGSWITCH_MODE=hosts to run without a switch)")
     if job is None:
-        job_text = _env("AGGSWITCH_JOB", "the job id declared on the switch (1..65535)")
+        job_text = os.environ.get("AGGSWITCH_JOB", "").strip() or ("1" if hosts else "")
+        if not job_text:
+            job_text = _env("AGGSWITCH_JOB", "the job id declared on the switch (1..65535)")
         try:
             job = int(job_text)
         except ValueError:
             raise ValueError(f"AGGSWITCH_JOB={job_text!r}: expected a job id (1..65535)") from None
     job += job_offset
     secret = os.environ.get("AGGSWITCH_SECRET", "").strip()
-    if not secret:
+    if not secret and hosts and not os.environ.get("AGGSWITCH_SECRET_FILE", "").strip():
+        pass
+    elif not secret:
         path = _env(
             "AGGSWITCH_SECRET_FILE",
             "set AGGSWITCH_SECRET (64 hex digits) or AGGSWITCH_SECRET_FILE (a file holding them)",
@@ -282,14 +332,18 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
         if transport not in ("auto", "mmsg", "udp-gso"):
             raise ValueError(f"AGGSWITCH_TRANSPORT={transport!r}: expected auto, mmsg or udp-gso")
         worker_options["transport"] = transport
-    for var, key in (("AGGSWITCH_STALL_TIMEOUT", "stall_timeout"), ("AGGSWITCH_JOIN_TIMEOUT", "join_timeout")):
+    for var, key in (
+        ("AGGSWITCH_STALL_TIMEOUT", "stall_timeout"),
+        ("AGGSWITCH_JOIN_TIMEOUT", "join_timeout"),
+        ("AGGSWITCH_PROBE_INTERVAL", "probe_interval"),
+    ):
         text = os.environ.get(var, "").strip()
         if text and key not in worker_options:
             try:
                 worker_options[key] = float(text)
             except ValueError:
                 raise ValueError(f"{var}={text!r}: expected seconds") from None
-    return AggSwitchState(switch, job, secret, **worker_options)
+    return AggSwitchState(switch, job, secret or None, mode=mode, **worker_options)
 
 
 def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -564,7 +618,7 @@ class SwitchReduceScatter(_SwitchComm, _ReduceScatter):  # type: ignore[misc,val
         src, out = _host(input_tensor), _host_out(output_tensor)
 
         def work() -> None:
-            state._joined(group).reduce_scatter(src, out)
+            state._path.reduce_scatter(src, out, group)
             if kind == "avg":
                 out.div_(n)
 
@@ -607,7 +661,7 @@ class SwitchAllGather(_SwitchComm, _AllGather):  # type: ignore[misc,valid-type]
             out = torch.empty(n * padded // elem, dtype=job_dtype)
 
         def work() -> None:
-            state._joined(group).all_gather(src.view(job_dtype), out)
+            state._path.all_gather(src, out, job_dtype, group)
 
         def finish() -> None:
             shards = out.view(torch.uint8).view(n, padded)[:, :nbytes]
@@ -700,7 +754,7 @@ class _ReplicaAllReduce:
         host = _host(reduce_output)
 
         def work() -> None:
-            state._joined().all_reduce(host)
+            state._reduce_sum(host)
             host.div_(replicas)
 
         _submit(state, work, False, _copy_back(host, reduce_output))

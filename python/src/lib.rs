@@ -583,6 +583,40 @@ impl PyWorker {
         r
     }
 
+    /// Copies the input of this worker's last collective (completed or
+    /// failed; `worker::Worker::last_input`) into `out`, a writable byte
+    /// buffer of exactly its length: what a host path redoes a failed
+    /// in-place all-reduce from.
+    fn restore_input(&self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ov = self.byte_view("output", out, true)?;
+        let len = ov.len_bytes();
+        let dst: &mut [u8] = match len {
+            0 => &mut [],
+            // SAFETY: checked C-contiguous and writable by byte_view; the
+            // view lives until this function returns.
+            n => unsafe { std::slice::from_raw_parts_mut(ov.buf_ptr().cast::<u8>(), n) },
+        };
+        let copied = py.detach(|| {
+            let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let w = guard.as_ref()?;
+            let last = w.last_input();
+            Some(if last.len() == dst.len() {
+                dst.copy_from_slice(last);
+                Ok(())
+            } else {
+                Err(last.len())
+            })
+        });
+        drop(ov);
+        match copied {
+            None => Err(self.closed_error(py)),
+            Some(Ok(())) => Ok(()),
+            Some(Err(have)) => Err(PyValueError::new_err(format!(
+                "restore_input: the last collective's input is {have} bytes, the buffer {len}"
+            ))),
+        }
+    }
+
     /// Broadcast: every rank's `buf` becomes rank `root`'s, bit for bit.
     fn broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: i64) -> PyResult<()> {
         let root = u16::try_from(root).map_err(|_| {
@@ -877,11 +911,139 @@ fn reference_stats<'py>(
     stats_dict(py, s)
 }
 
+/// A C-contiguous byte view of `buf` for a module function.
+fn bytes_of(view: &mut PyBuffer<u8>) -> &mut [u8] {
+    match view.len_bytes() {
+        0 => &mut [],
+        // SAFETY: callers pass views checked C-contiguous (and writable when
+        // written) by `checked_view`; the slice lives no longer than the view.
+        n => unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), n) },
+    }
+}
+
+/// The switch's sum computed here (`proto::host_sum`): `inputs` holds the
+/// n ranks' wire bytes (little-endian `dtype` elements) back to back, rank
+/// r's at `r * len(out)`; `out` gets their sum. `leaf_sizes`: a tree's
+/// order; `owner`: a reduce-scatter owner that keeps its values
+/// (`kept_sum`); `stats_chunk`: also return each chunk's statistics, as
+/// (sum_of_squares, square_of_sum, ranks) per chunk of that many elements.
+/// Releases the GIL while it sums.
+#[pyfunction]
+#[pyo3(signature = (inputs, out, n, dtype, *, leaf_sizes = None, owner = None, stats_chunk = None))]
+#[allow(clippy::too_many_arguments)]
+fn host_sum(
+    py: Python<'_>,
+    inputs: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    n: i64,
+    dtype: &str,
+    leaf_sizes: Option<Vec<u16>>,
+    owner: Option<i64>,
+    stats_chunk: Option<i64>,
+) -> PyResult<Vec<(f64, f64, u32)>> {
+    use proto::host_sum::{kept_sum, sum, SumOrder};
+    let dtype = parse_dtype(dtype)?;
+    let n = usize::from(u16_arg("n", n, 1)?);
+    let expected = || "expected a C-contiguous buffer of bytes (format \"B\")".to_string();
+    let mut iv = checked_view::<u8>("host_sum", expected, "inputs", inputs, false)?;
+    let mut ov = checked_view::<u8>("host_sum", expected, "out", out, true)?;
+    refuse_overlap("host_sum", byte_range(&iv), byte_range(&ov))?;
+    let (src, dst) = (
+        bytes_of("host_sum", "inputs", &mut iv),
+        bytes_of("host_sum", "out", &mut ov),
+    );
+    if src.len() != n * dst.len() {
+        return Err(PyValueError::new_err(format!(
+            "host_sum: inputs of {} bytes are not {n} ranks of the output's {} bytes",
+            src.len(),
+            dst.len()
+        )));
+    }
+    let owner = owner
+        .map(|o| {
+            usize::try_from(o)
+                .map_err(|_| PyValueError::new_err(format!("host_sum: owner {o} < 0")))
+        })
+        .transpose()?;
+    let stats_chunk = stats_chunk
+        .map(|e| {
+            usize::try_from(e)
+                .map_err(|_| PyValueError::new_err(format!("host_sum: stats_chunk {e} < 0")))
+        })
+        .transpose()?;
+    let r = py.detach(|| {
+        let ranks: Vec<&[u8]> = if dst.is_empty() {
+            vec![&[][..]; n]
+        } else {
+            src.chunks(dst.len()).collect()
+        };
+        match (owner, &leaf_sizes) {
+            (Some(o), _) => kept_sum(dtype, &ranks, o, dst).map(|()| Vec::new()),
+            (None, Some(sizes)) => sum(dtype, SumOrder::Tree(sizes), &ranks, dst, stats_chunk),
+            (None, None) => sum(dtype, SumOrder::Rank, &ranks, dst, stats_chunk),
+        }
+    });
+    drop((iv, ov));
+    let stats = r.map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(stats
+        .into_iter()
+        .map(|s| (s.sum_of_squares, s.square_of_sum, s.ranks))
+        .collect())
+}
+
+/// One HELLO to the switch for (job, rank), resent every 200 ms, waiting up
+/// to `timeout` seconds (`worker::probe::probe_switch`): `("alive", gen,
+/// None)`, `("refused", None, reason)` or `("silent", None, None)`. Joins
+/// nothing.
+#[pyfunction]
+#[pyo3(signature = (switch, job, rank, world_size, secret, *, timeout = 1.0, dtype = "f32", bind = None))]
+#[allow(clippy::too_many_arguments)]
+fn probe_switch(
+    py: Python<'_>,
+    switch: &str,
+    job: i64,
+    rank: i64,
+    world_size: i64,
+    secret: &str,
+    timeout: f64,
+    dtype: &str,
+    bind: Option<&str>,
+) -> PyResult<(&'static str, Option<u32>, Option<&'static str>)> {
+    use worker::probe::SwitchAnswer;
+    let sw = parse_switch(switch)?;
+    let mut cfg = WorkerConfig::new(
+        sw,
+        u16_arg("job", job, 1)?,
+        u16_arg("rank", rank, 0)?,
+        u16_arg("world_size", world_size, 1)?,
+        parse_secret(secret)?,
+    );
+    cfg.dtype = parse_dtype(dtype)?;
+    cfg.bind =
+        match bind {
+            None => None,
+            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
+                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
+            })?),
+        };
+    let timeout = secs("timeout", timeout)?;
+    let a = py
+        .detach(|| worker::probe::probe_switch(&cfg, timeout))
+        .map_err(|e| map_err(py, e))?;
+    Ok(match a {
+        SwitchAnswer::Alive { gen } => ("alive", Some(gen), None),
+        SwitchAnswer::Refused(r) => ("refused", None, Some(reason_name(r))),
+        SwitchAnswer::Silent => ("silent", None, None),
+    })
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorker>()?;
     m.add_class::<PyLoopbackSwitch>()?;
     m.add_function(wrap_pyfunction!(reference_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(host_sum, m)?)?;
+    m.add_function(wrap_pyfunction!(probe_switch, m)?)?;
     m.add("DEFAULT_PORT", DEFAULT_AGG_PORT)?;
     Ok(())
 }

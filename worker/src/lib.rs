@@ -41,6 +41,7 @@
 pub mod gso;
 pub mod loopback;
 pub mod mmsg;
+pub mod probe;
 
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
@@ -571,7 +572,10 @@ pub struct Worker {
     last_grad: Option<(u32, Option<GradStats>)>,
 }
 
-fn io_err(call: &'static str, switch: SocketAddrV4) -> impl FnOnce(io::Error) -> WorkerError {
+pub(crate) fn io_err(
+    call: &'static str,
+    switch: SocketAddrV4,
+) -> impl FnOnce(io::Error) -> WorkerError {
     move |source| WorkerError::Io {
         call,
         switch,
@@ -665,6 +669,16 @@ impl Worker {
 
     pub fn rank(&self) -> u16 {
         self.cfg.rank
+    }
+
+    /// The input of the last collective this worker ran, completed or
+    /// failed, as wire bytes (a reduce-scatter's whole input, an
+    /// all-gather's shard); empty before the first. An all-reduce writes its
+    /// RESULTs into its buffer as they come, so after a failed one only this
+    /// copy still holds what the rank contributed: a host path that finishes
+    /// the collective without the switch starts from it.
+    pub fn last_input(&self) -> &[u8] {
+        &self.prev_input
     }
     /// The transport in use (`Mmsg` or `UdpGso`, never `Auto`).
     pub fn transport(&self) -> TransportKind {
@@ -1509,7 +1523,7 @@ fn size_buffers(s: &socket2::Socket, bytes: usize) {
     }
 }
 
-fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
+pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     // ECT(0): the switch ORs CE marks into its RESULTs (docs/PROTOCOL.md).

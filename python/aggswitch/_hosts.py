@@ -1,0 +1,157 @@
+"""The host path: the switch's collectives done by the ranks themselves over
+a torch.distributed process group (gloo), with the switch's arithmetic, so
+every result is the bits the switch would have returned.
+
+Used by ``aggswitch.torch`` when a job runs with ``mode="hosts"`` (no
+switch at all) and when it falls back after the switch failed mid-job.
+
+All-reduce is bandwidth-optimal, as a ring is: the tensor is cut into n
+shards (at chunk boundaries, so per-chunk statistics come out as the
+switch's), an all-to-all gives rank r every rank's shard r, rank r sums it
+in the switch's order (``_native.host_sum``: Rust, the switch's own
+element functions), and an all-gather hands the summed shards round. Each
+rank sends and receives 2(n−1)/n of the tensor. Reduce-scatter is the
+all-to-all and the local sum (the owner's kept shard added as the switch's
+worker adds it); all-gather is the process group's. Buffers move as bytes,
+so bf16 and f16 never go through gloo's arithmetic.
+
+Invariants: every rank calls these in the same order with the same shapes
+(they are collectives on ``group``); nothing here talks to the switch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _native
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def shard_bounds(elems: int, n: int, align: int) -> list[tuple[int, int]]:
+    """Rank r's shard of an all-reduce of ``elems`` elements: contiguous,
+    in rank order, each a whole number of ``align``-element chunks but the
+    last (some may be empty)."""
+    chunks = -(-elems // align) if elems else 0
+    per = -(-chunks // n) if chunks else 0
+    out = []
+    for r in range(n):
+        a = min(elems, r * per * align)
+        b = min(elems, (r + 1) * per * align)
+        out.append((a, b))
+    return out
+
+
+def all_reduce(
+    t: torch.Tensor,
+    rank: int,
+    n: int,
+    dtype: str,
+    group: "dist.ProcessGroup | None",
+    *,
+    leaf_sizes: list[int] | None = None,
+    stats_chunk: int | None = None,
+) -> tuple[float, float, int] | None:
+    """Sums the CPU-contiguous ``t`` over the group's ``n`` ranks in place,
+    in the switch's order. With ``stats_chunk`` (the job's elements per
+    chunk), returns the collective's (sum_of_squares, square_of_sum, ranks)
+    as the switch's trailers folded in seq order would give them."""
+    elems, size = t.numel(), t.element_size()
+    raw = _bytes(t)
+    bounds = shard_bounds(elems, n, stats_chunk or 1)
+    lens = [(b - a) * size for a, b in bounds]
+    mine = lens[rank]
+    gathered_in = torch.empty(n * mine, dtype=torch.uint8)
+    if n > 1:
+        dist.all_to_all_single(gathered_in, raw, [mine] * n, lens, group=group)
+    else:
+        gathered_in.copy_(raw)
+    a, b = bounds[rank]
+    summed = torch.empty(mine, dtype=torch.uint8)
+    stats = _native.host_sum(
+        gathered_in.numpy(), summed.numpy(), n, dtype, leaf_sizes=leaf_sizes, stats_chunk=stats_chunk
+    )
+    # Every shard but the last is the same length: pad to it for the gather.
+    width = max(lens)
+    if n > 1 and width:
+        padded = torch.zeros(n * width, dtype=torch.uint8)
+        mine_padded = torch.zeros(width, dtype=torch.uint8)
+        mine_padded[:mine].copy_(summed)
+        dist.all_gather(list(padded.view(n, width).unbind(0)), mine_padded, group=group)
+        for r, ln in enumerate(lens):
+            if ln:
+                s = bounds[r][0] * size
+                raw[s : s + ln].copy_(padded[r * width : r * width + ln])
+    elif n == 1:
+        raw[a * size : b * size].copy_(summed)
+    if stats_chunk is None:
+        return None
+    return _fold_stats(stats, rank, n, group)
+
+
+def _fold_stats(mine: list, rank: int, n: int, group) -> tuple[float, float, int]:
+    """Every rank's per-chunk statistics, folded in seq order (rank 0's
+    chunks first, each rank's in order, from 0.0), as a worker folds the
+    trailers: the same float64 bits on every rank."""
+    k = torch.tensor([len(mine)], dtype=torch.int64)
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    if n > 1:
+        dist.all_gather(counts, k, group=group)
+    else:
+        counts = [k]
+    width = max(int(c.item()) for c in counts)
+    buf = torch.zeros(width, 2, dtype=torch.float64)
+    for i, (s, q, _) in enumerate(mine):
+        buf[i, 0], buf[i, 1] = s, q
+    outs = [torch.zeros(width, 2, dtype=torch.float64) for _ in range(n)]
+    if n > 1 and width:
+        dist.all_gather(outs, buf, group=group)
+    else:
+        outs = [buf]
+    sos = sq = 0.0
+    for r in range(n):
+        for i in range(int(counts[r].item())):
+            sos += float(outs[r][i, 0].item())
+            sq += float(outs[r][i, 1].item())
+    return sos, sq, n
+
+
+def reduce_scatter(
+    src: torch.Tensor,
+    out: torch.Tensor,
+    rank: int,
+    n: int,
+    dtype: str,
+    group: "dist.ProcessGroup | None",
+    *,
+    owner_keeps: bool,
+) -> None:
+    """``out`` (m elements) gets this rank's shard of the sum of every
+    rank's ``src`` (n·m): the others' rank-order sum rounded, then this
+    rank's own added (``owner_keeps``, the worker's default), or all n
+    summed in rank order (a stats job, whose owners send their values)."""
+    m_bytes = out.numel() * out.element_size()
+    recv = torch.empty(n * m_bytes, dtype=torch.uint8)
+    if n > 1:
+        dist.all_to_all_single(recv, _bytes(src), group=group)
+    else:
+        recv.copy_(_bytes(src))
+    dst = _bytes(out)
+    staged = dst if dst.is_contiguous() else torch.empty_like(dst)
+    _native.host_sum(
+        recv.numpy(), staged.numpy(), n, dtype, owner=rank if (owner_keeps and n > 1) else None
+    )
+    if staged is not dst:
+        dst.copy_(staged)
+
+
+def all_gather(src: torch.Tensor, out: torch.Tensor, n: int, group: "dist.ProcessGroup | None") -> None:
+    """``out`` (n × ``src``) gets every rank's ``src`` bytes, rank r's at r."""
+    s, o = _bytes(src), _bytes(out)
+    if n > 1 and s.numel():
+        dist.all_gather(list(o.view(n, s.numel()).unbind(0)), s.contiguous(), group=group)
+    else:
+        o.copy_(s)

@@ -1,0 +1,341 @@
+"""Where an ``AggSwitchState``'s collectives run: on the switch, or on the
+host path (``_hosts``), and the agreement that moves every rank between the
+two at the same collective.
+
+Owns: the state's path (switch or hosts), its counters, the host path's
+own gloo process group, and the prober thread that watches for the switch
+while the job runs without it.
+
+The agreement (``fallback`` on, the default): after every collective tried
+on the switch, the ranks all-reduce one small int32 vector on the host
+group, each rank's outcome at its own index (0: done). If every entry is 0
+the collective is done. Otherwise **every** rank finishes that same
+collective on the host path, from its own input (an all-reduce restores
+it from the worker library's copy, since RESULTs already overwrote part of
+the buffer; ranks that had all their RESULTs recompute the same bits), and
+the job stays on the host path. So no rank moves on while another is
+stuck, no gradient is counted twice or lost, and the bits are the switch's
+either way.
+
+Before a join (the first collective, or a return), every rank probes the
+switch with a HELLO (``_native.probe_switch``) and the ranks agree on the
+answers first, so a dead switch costs seconds, not the join timeout, and no
+rank waits in a join the others never start. While on the host path a
+thread probes every ``probe_interval`` seconds; at each collective the
+ranks agree on their latest answers, and once every rank has seen the
+switch alive they join again and run that collective on it.
+
+Invariants: every method here runs on the state's one background thread,
+in the order the ranks issue collectives (the same on every rank), so the
+host group's collectives pair up; the host group carries nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from . import _hosts, _native
+from .errors import (
+    AggSwitchError,
+    GradientStatsError,
+    JoinTimeoutError,
+    ProtocolError,
+    RefusedError,
+    StalledError,
+    SwitchRestartedError,
+    TransportError,
+)
+
+_log = logging.getLogger("aggswitch.torch")
+
+# A rank's outcome in the vote (index = rank).
+_OK, _STALLED, _UNREACHABLE, _REFUSED, _RESTARTED, _TRANSPORT, _OTHER = range(7)
+_OUTCOME = {
+    _STALLED: "stalled",
+    _UNREACHABLE: "switch unreachable",
+    _REFUSED: "refused by the switch",
+    _RESTARTED: "switch restarted past the resume point",
+    _TRANSPORT: "socket error",
+    _OTHER: "protocol error",
+}
+
+
+def _outcome(e: BaseException) -> int:
+    for cls, code in (
+        (StalledError, _STALLED),
+        (JoinTimeoutError, _UNREACHABLE),
+        (_SwitchSilent, _UNREACHABLE),
+        (RefusedError, _REFUSED),
+        (SwitchRestartedError, _RESTARTED),
+        (TransportError, _TRANSPORT),
+        (ProtocolError, _OTHER),
+    ):
+        if isinstance(e, cls):
+            return code
+    return _OTHER
+
+
+class _SwitchSilent(AggSwitchError):
+    """The probe before a join got no answer."""
+
+
+def default_chunk(dtype: str, mtu: int = 1500) -> int:
+    """Elements per chunk of a ``stats = true`` job at ``mtu`` on a switch's
+    defaults (proto::switch::config::max_elems_for: the float32 chunk's
+    bytes, less the RESULT's 16-byte token and 24-byte statistics trailer):
+    how a host path cuts statistics when it never saw a switch's JOIN_ACK."""
+    f32 = (mtu - 20 - 8 - 22) // 4
+    return (f32 * 4 - 16 - 24) // {"f32": 4, "bf16": 2, "f16": 2}[dtype]
+
+
+class CollectivePath:
+    def __init__(self, state: Any) -> None:
+        self._state = state
+        self._on_hosts = state.mode == "hosts"
+        self._groups: dict[Any, Any] = {}
+        self._counts = dict(fallbacks=0, returns=0, failed_returns=0, switch_collectives=0, host_collectives=0)
+        self._last_reason: str | None = None
+        self._host_stats: tuple[float, float, int] | None = None
+        self._last_on_hosts = False
+        self._chunk: int | None = None
+        self._stats_job = False
+        # The prober's latest answer: (monotonic time, alive).
+        self._seen: tuple[float, bool] | None = None
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+
+    # --- what the state reads -------------------------------------------------
+
+    def counters(self) -> dict:
+        out: dict[str, Any] = dict(self._counts)
+        out["path"] = "hosts" if self._on_hosts else "switch"
+        out["last_fallback_reason"] = self._last_reason
+        return out
+
+    def gradient_stats(self) -> dict:
+        """The last all-reduce's statistics, from the switch or the host path."""
+        if self._last_on_hosts:
+            if self._host_stats is None:
+                raise GradientStatsError("no statistics were computed for the last collective", "no_collective")
+            s, q, n = self._host_stats
+            return {"sum_of_squares": s, "square_of_sum": q, "n": n}
+        return self._state._joined().gradient_stats()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # --- the collectives ----------------------------------------------------
+
+    def all_reduce(self, host: torch.Tensor, group: Any) -> None:
+        st = self._state
+
+        def on_hosts(hg: Any, rank: int, n: int) -> None:
+            chunk = None
+            if st._gns is not None:
+                chunk = self._chunk or default_chunk(st.dtype)
+            self._host_stats = _hosts.all_reduce(
+                host, rank, n, st.dtype, hg, leaf_sizes=st.leaf_sizes, stats_chunk=chunk
+            )
+
+        def restore(w: Any) -> None:
+            w.restore_input(host.reshape(-1).view(torch.uint8).numpy())
+
+        self._run(group, lambda w: w.all_reduce(host), on_hosts, restore)
+
+    def reduce_scatter(self, src: torch.Tensor, out: torch.Tensor, group: Any) -> None:
+        st = self._state
+
+        def on_hosts(hg: Any, rank: int, n: int) -> None:
+            _hosts.reduce_scatter(src, out, rank, n, st.dtype, hg, owner_keeps=not self._stats_job)
+
+        self._run(group, lambda w: w.reduce_scatter(src, out), on_hosts, None)
+
+    def all_gather(self, src: torch.Tensor, out: torch.Tensor, job_dtype: torch.dtype, group: Any) -> None:
+        def on_hosts(hg: Any, rank: int, n: int) -> None:
+            _hosts.all_gather(src, out, n, hg)
+
+        self._run(group, lambda w: w.all_gather(src.view(job_dtype), out), on_hosts, None)
+
+    # --- the agreement ------------------------------------------------------
+
+    def _run(
+        self,
+        group: Any,
+        on_switch: Callable[[Any], None],
+        on_hosts: Callable[[Any, int, int], None],
+        restore: Callable[[Any], None] | None,
+    ) -> None:
+        st = self._state
+        if st.mode == "hosts":
+            self._hosts(group, on_hosts)
+            return
+        if not st.fallback:
+            on_switch(st._joined(group))
+            self._switch_done()
+            return
+        hg = self._host_group(group)
+        returning = False
+        if self._on_hosts:
+            if not self._agree_back(hg):
+                self._hosts(group, on_hosts)
+                return
+            returning = True
+        err: BaseException | None = None
+        ran = None
+        try:
+            if st._worker is None:
+                self._probe_together(hg, group)
+            w = st._joined(group)
+            ran = w
+            on_switch(w)
+        except _SwitchSilent as e:
+            err = e  # every rank saw the probe vote fail: no second vote
+        except AggSwitchError as e:
+            err = e
+        else:
+            pass
+        if not isinstance(err, _SwitchSilent):
+            codes = self._vote(hg, 0 if err is None else _outcome(err))
+            if not any(codes):
+                if returning:
+                    self._counts["returns"] += 1
+                    _log.warning(
+                        "aggswitch job %d rank %d: the switch is back; collectives run on it again",
+                        st.job, st.rank,
+                    )
+                self._on_hosts = False
+                self._switch_done()
+                return
+            reason = self._reason(codes, err)
+            if ran is not None and restore is not None:
+                restore(ran)
+        else:
+            reason = str(err)
+        self._drop_worker()
+        self._hosts(group, on_hosts)
+        if returning:
+            self._counts["failed_returns"] += 1
+            _log.info("aggswitch job %d rank %d: the switch answered but could not take the job back (%s); staying on the hosts", st.job, st.rank, reason)
+        else:
+            self._counts["fallbacks"] += 1
+            self._last_reason = reason
+            _log.warning(
+                "aggswitch job %d rank %d: %s; this collective and the next ones run on the hosts over "
+                "the process group, with the switch's bits; probing the switch every %.0f s to come back",
+                st.job, st.rank, reason, st.probe_interval,
+            )
+        self._on_hosts = True
+        self._start_prober()
+
+    def _switch_done(self) -> None:
+        w = self._state._worker
+        if self._chunk is None and w is not None:
+            self._chunk = int(w.elems_per_chunk)
+            self._stats_job = bool(w.has_gradient_stats)
+        self._counts["switch_collectives"] += 1
+        self._last_on_hosts = False
+
+    def _hosts(self, group: Any, on_hosts: Callable[[Any, int, int], None]) -> None:
+        st = self._state
+        rank, n = st._resolve(group)
+        on_hosts(self._host_group(group), rank, n)
+        self._counts["host_collectives"] += 1
+        self._last_on_hosts = True
+
+    def _reason(self, codes: list[int], err: BaseException | None) -> str:
+        if err is not None:
+            return f"this rank's collective failed on the switch ({type(err).__name__}: {err})"
+        failed = [f"rank {r}: {_OUTCOME.get(c, 'failed')}" for r, c in enumerate(codes) if c]
+        return "the switch failed for other ranks (" + "; ".join(failed) + ")"
+
+    def _vote(self, hg: Any, code: int) -> list[int]:
+        st = self._state
+        rank, n = st._resolve()
+        t = torch.zeros(n, dtype=torch.int32)
+        t[rank] = code
+        if n > 1:
+            dist.all_reduce(t, group=hg)
+        return [int(x) for x in t.tolist()]
+
+    def _probe_together(self, hg: Any, group: Any) -> None:
+        """Before a join: every rank probes; unless all saw the switch,
+        every rank raises _SwitchSilent (so none waits in a join)."""
+        st = self._state
+        alive = self._probe_once(group, timeout=2.0)
+        codes = self._vote(hg, 0 if alive else _UNREACHABLE)
+        if any(codes):
+            silent = [r for r, c in enumerate(codes) if c]
+            raise _SwitchSilent(
+                f"the switch {st.switch} did not answer a HELLO from rank(s) {silent} within 2 s"
+            )
+
+    def _probe_once(self, group: Any, timeout: float) -> bool:
+        st = self._state
+        rank, n = st._resolve(group)
+        opts = st._options
+        try:
+            what, _, _ = _native.probe_switch(
+                st.switch, st.job, rank, n, st._secret, timeout=timeout,
+                dtype=st.dtype, bind=opts.get("bind"),
+            )
+        except AggSwitchError:
+            return False
+        return what == "alive"
+
+    def _agree_back(self, hg: Any) -> bool:
+        seen = self._seen
+        fresh = seen is not None and seen[1] and time.monotonic() - seen[0] < 2 * self._state.probe_interval + 2
+        if not any(self._vote(hg, 0 if fresh else _UNREACHABLE)):
+            self._seen = None
+            return True
+        return False
+
+    def _start_prober(self) -> None:
+        if self._prober is not None and self._prober.is_alive():
+            return
+        self._seen = None
+        st = self._state
+
+        def probe() -> None:
+            while not self._stop.is_set() and self._on_hosts:
+                alive = self._probe_once(st._group, timeout=1.0)
+                self._seen = (time.monotonic(), alive)
+                self._stop.wait(st.probe_interval)
+
+        self._prober = threading.Thread(target=probe, name=f"aggswitch-probe-job{st.job}", daemon=True)
+        self._prober.start()
+
+    def _drop_worker(self) -> None:
+        st = self._state
+        with st._lock:
+            w, st._worker = st._worker, None
+        if w is not None:
+            try:
+                w.close()  # a LEAVE: frees the rank at a switch that still runs
+            except AggSwitchError:
+                pass
+
+    def _host_group(self, group: Any) -> Any:
+        """The host path's own gloo group over ``group``'s ranks (made once,
+        by every member, the first time): its collectives never interleave
+        with the application's on ``group``."""
+        st = self._state
+        base = group if group is not None else st._group
+        key = id(base) if base is not None else None
+        hg = self._groups.get(key)
+        if hg is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise AggSwitchError(
+                    f"job {st.job}: the host path runs over torch.distributed; call "
+                    "torch.distributed.init_process_group first"
+                )
+            ranks = dist.get_process_group_ranks(base) if base is not None else list(range(dist.get_world_size()))
+            hg = dist.new_group(ranks, backend="gloo", use_local_synchronization=True, group_desc=f"aggswitch_job{st.job}_hosts")
+            self._groups[key] = hg
+        return hg

@@ -1,0 +1,111 @@
+"""The host path (aggswitch._hosts via AggSwitchState): DDP with
+mode="hosts" ends with the weights a run through the (loopback) switch
+gives, bit for bit, in every dtype; with fallback on, a switch that dies
+mid-run is left for the hosts and, once back, rejoined, and the weights are
+still those bits. The 4-rank runs through switchd are
+tests/tests/torch_fallback.rs."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import SECRET, launch, require_torch
+
+torch = require_torch()
+
+import aggswitch  # noqa: E402
+from aggswitch import _native  # noqa: E402
+
+import hosts_ranks  # noqa: E402
+
+WORLD = 4
+
+
+def _run(address, mode, dtype, steps, gate=None, **kw):
+    got = launch(hosts_ranks.ddp_train, WORLD, address, mode, dtype, steps, gate, kw, timeout=240)
+    digests = {r["digest"] for r in got}
+    assert len(digests) == 1, f"{mode}: ranks ended with different weights: {got}"
+    return digests.pop(), sorted(got, key=lambda r: r["rank"])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_hosts_mode_gives_the_switchs_bits(switch, dtype):
+    sw = switch(WORLD, dtype=dtype)
+    through_switch, ranks = _run(sw.address, "switch", dtype, 8)
+    assert ranks[0]["stats"]["switch_collectives"] >= 8 and ranks[0]["stats"]["host_collectives"] == 0
+    on_hosts, ranks = _run(None, "hosts", dtype, 8)
+    assert on_hosts == through_switch, f"{dtype}: hosts mode ended with other weights than the switch"
+    st = ranks[0]["stats"]
+    assert st["path"] == "hosts" and st["host_collectives"] >= 8 and st["switch_collectives"] == 0
+
+
+def test_host_sum_matches_the_reference_on_ieee_corners():
+    # Rank-order sum with -0, subnormals, inf and NaN against numpy's float32
+    # rank-order addition (the switch's arithmetic for f32).
+    rng = np.random.default_rng(1)
+    corners = np.array([-0.0, 0.0, 1e-40, -3e-41, np.inf, -np.inf, np.nan, 1e38, -1e38], dtype=np.float32)
+    for n in range(1, 9):
+        x = rng.standard_normal((n, 4000)).astype(np.float32)
+        x[:, ::7] = rng.choice(corners, size=x[:, ::7].shape)
+        want = x[0].copy()
+        for r in range(1, n):
+            want = want + x[r]
+        out = np.empty(4000, dtype=np.float32)
+        _native.host_sum(x.view(np.uint8).reshape(-1), out.view(np.uint8), n, "f32")
+        same = (out.view(np.uint32) == want.view(np.uint32)) | (np.isnan(out) & np.isnan(want))
+        assert same.all(), f"n={n}: {np.flatnonzero(~same)[:5]}"
+
+
+def test_host_sum_names_a_bad_shape():
+    with pytest.raises(ValueError, match="not 3 ranks"):
+        _native.host_sum(np.zeros(10, np.uint8), np.zeros(4, np.uint8), 3, "f32")
+    with pytest.raises(ValueError, match="owner 5 is not one of the 2 ranks"):
+        _native.host_sum(np.zeros(8, np.uint8), np.zeros(4, np.uint8), 2, "f32", owner=5)
+
+
+def test_probe_says_alive_and_silent(switch):
+    sw = switch(2)
+    what, gen, _ = _native.probe_switch(sw.address, 1, 0, 2, SECRET, timeout=2.0)
+    assert what == "alive" and gen is not None
+    assert _native.probe_switch(sw.address, 9, 0, 2, SECRET, timeout=2.0)[0] == "refused"
+    assert _native.probe_switch("127.0.0.1:9", 1, 0, 2, SECRET, timeout=0.3) == ("silent", None, None)
+
+
+def test_a_switch_that_dies_mid_run_is_left_for_the_hosts_and_rejoined(switch):
+    """Rank 0 tells the test at step 4; the test closes the switch while the
+    ranks go on (a collective fails mid-way: stall or socket error), and at
+    step 12 starts a new one on the same port (a restarted switchd: new
+    generation, empty job). Every rank finishes, with the uninterrupted
+    run's weights, having left the switch once and come back once."""
+    from conftest import _CTX
+
+    dtype, steps = "f32", 24
+    sw = switch(WORLD, dtype=dtype)
+    address = sw.address
+    port = int(address.rsplit(":", 1)[1])
+    uninterrupted, _ = _run(address, "switch", dtype, steps)
+
+    kill, restart, restarted = _CTX.Event(), _CTX.Event(), _CTX.Event()
+    revived = []
+
+    def operator():
+        kill.wait(120)
+        sw.close()
+        restart.wait(120)
+        revived.append(aggswitch.LoopbackSwitch(job=1, world_size=WORLD, secret=SECRET, port=port, dtype=dtype))
+        restarted.set()
+
+    t = threading.Thread(target=operator, daemon=True)
+    t.start()
+    gate = [(4, kill, None), (12, restart, restarted)]
+    got, ranks = _run(address, "switch", dtype, steps, gate, stall_timeout=1.0, probe_interval=0.5)
+    t.join(10)
+    for r in revived:
+        r.close()
+    assert got == uninterrupted, "the weights after a fallback and a return differ from the uninterrupted run's"
+    for r in ranks:
+        st = r["stats"]
+        assert st["fallbacks"] == 1 and st["returns"] == 1, f"rank {r['rank']}: {st}"
+        assert st["host_collectives"] > 0 and st["path"] == "switch", f"rank {r['rank']}: {st}"
+        assert "hosts" in r["paths"] and r["paths"][-1] == "switch", r["paths"]
