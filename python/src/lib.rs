@@ -948,10 +948,7 @@ fn host_sum(
     let mut iv = checked_view::<u8>("host_sum", expected, "inputs", inputs, false)?;
     let mut ov = checked_view::<u8>("host_sum", expected, "out", out, true)?;
     refuse_overlap("host_sum", byte_range(&iv), byte_range(&ov))?;
-    let (src, dst) = (
-        bytes_of("host_sum", "inputs", &mut iv),
-        bytes_of("host_sum", "out", &mut ov),
-    );
+    let (src, dst) = (bytes_of(&mut iv), bytes_of(&mut ov));
     if src.len() != n * dst.len() {
         return Err(PyValueError::new_err(format!(
             "host_sum: inputs of {} bytes are not {n} ranks of the output's {} bytes",
