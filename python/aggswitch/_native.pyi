@@ -45,6 +45,10 @@ class Worker:
     def broadcast(self, buf: Any, root: int) -> None:
         """Every rank's ``buf`` becomes rank ``root``'s, bit for bit (the
         root's may be read-only)."""
+    def restore_input(self, out: Any) -> None:
+        """Copies the input of this worker's last collective (completed or
+        failed) into ``out``, a writable byte buffer of exactly its length:
+        what the host path redoes a failed in-place all-reduce from."""
     def stats(self) -> dict[str, int | float]:
         """Counters as of the last completed collective."""
     def gradient_stats(self) -> dict[str, int | float]:
@@ -120,3 +124,37 @@ def reference_stats(
     for the ranks' ``inputs`` (float32 buffers in rank order, half precision
     widened), chunks of ``elems_per_chunk``: the Rust reference
     (proto::worker::reference_grad_stats), bit for bit."""
+
+def host_sum(
+    inputs: Any,
+    out: Any,
+    n: int,
+    dtype: Literal["f32", "bf16", "f16"],
+    *,
+    leaf_sizes: list[int] | None = None,
+    owner: int | None = None,
+    stats_chunk: int | None = None,
+) -> list[tuple[float, float, int]]:
+    """The switch's sum computed on this host (proto::host_sum): ``inputs``
+    holds the ``n`` ranks' little-endian ``dtype`` bytes back to back (rank
+    r's at ``r * len(out)``), ``out`` gets their sum in rank order (or a
+    tree's order with ``leaf_sizes``), rounded once; ``owner``: a
+    reduce-scatter owner that keeps its own values. With ``stats_chunk``,
+    returns each chunk's (sum_of_squares, square_of_sum, ranks). Raises
+    ValueError naming a bad shape."""
+
+def probe_switch(
+    switch: str,
+    job: int,
+    rank: int,
+    world_size: int,
+    secret: str,
+    *,
+    timeout: float = 1.0,
+    dtype: Literal["f32", "bf16", "f16"] = "f32",
+    bind: str | None = None,
+) -> tuple[Literal["alive", "refused", "silent"], int | None, str | None]:
+    """One HELLO for (job, rank), resent every 200 ms, answered within
+    ``timeout`` seconds or not: ``("alive", generation, None)``,
+    ``("refused", None, reason)`` or ``("silent", None, None)``. Joins
+    nothing; a HELLO changes nothing at the switch."""

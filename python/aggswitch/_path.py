@@ -175,7 +175,9 @@ class CollectivePath:
         if st.mode == "hosts":
             self._hosts(group, on_hosts)
             return
-        if not st.fallback:
+        if not st.fallback or not (dist.is_available() and dist.is_initialized()):
+            # Without a process group there is no host path to fall back to
+            # (a state used with rank= and world_size= alone): fail fast.
             on_switch(st._joined(group))
             self._switch_done()
             return
@@ -201,7 +203,15 @@ class CollectivePath:
         else:
             pass
         if not isinstance(err, _SwitchSilent):
-            codes = self._vote(hg, 0 if err is None else _outcome(err))
+            try:
+                codes = self._vote(hg, 0 if err is None else _outcome(err))
+            except RuntimeError as gone:
+                # The process group cannot agree either: a peer rank is gone
+                # (it died), which no path survives. The switch's own error
+                # names it (StalledError's missing ranks).
+                if err is not None:
+                    raise err from gone
+                raise
             if not any(codes):
                 if returning:
                     self._counts["returns"] += 1
@@ -268,7 +278,7 @@ class CollectivePath:
         every rank raises _SwitchSilent (so none waits in a join)."""
         st = self._state
         alive = self._probe_once(group, timeout=2.0)
-        codes = self._vote(hg, 0 if alive else _UNREACHABLE)
+        codes = self._vote(hg, _OK if alive else _UNREACHABLE)
         if any(codes):
             silent = [r for r, c in enumerate(codes) if c]
             raise _SwitchSilent(

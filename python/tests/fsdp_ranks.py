@@ -89,8 +89,9 @@ def _train(model, rank, steps, seed, lr=0.1, die_at=None, q=None, device="cpu"):
 
 
 def fsdp_runs(rank, world, port, runs, steps, q):
-    """runs: list of (name, switch address or None for gloo, job dtype,
-    MixedPrecisionPolicy kwargs or None). The same seed for every run."""
+    """runs: list of (name, switch address or None for gloo or "hosts" for
+    the host path, job dtype, MixedPrecisionPolicy kwargs or None). The same
+    seed for every run."""
     import aggswitch.torch as agt
 
     _init(rank, world, port)
@@ -100,7 +101,10 @@ def fsdp_runs(rank, world, port, runs, steps, q):
         mp_policy = None if mp is None else MixedPrecisionPolicy(**{k: getattr(torch, v) for k, v in mp.items()})
         model = _model(0, mp=mp_policy)
         state = None
-        if address is not None:
+        if address == "hosts":
+            state = agt.AggSwitchState(None, job=1, secret=None, mode="hosts", dtype=dtype)
+            agt.register_fsdp_comms(model, state)
+        elif address is not None:
             state = agt.AggSwitchState(address, job=1, secret=SECRET, dtype=dtype, join_timeout=30.0)
             agt.register_fsdp_comms(model, state)
         loss = _train(model, rank, steps, seed=1)

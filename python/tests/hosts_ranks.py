@@ -54,3 +54,15 @@ def ddp_train(rank, world, port, address, mode, dtype, steps, gate, state_kw, q)
     state.close()
     q.put(dict(rank=rank, digest=_digest(model), stats=stats, paths=events))
     dist.destroy_process_group()
+
+
+def host_stats(rank, world, port, elems, chunk, q):
+    """One host-path all-reduce of a fixed input with statistics: the sum's
+    bits and the (sum_of_squares, square_of_sum, ranks) it gives."""
+    from aggswitch import _hosts
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    x = torch.randn(elems, generator=torch.Generator().manual_seed(rank))
+    stats = _hosts.all_reduce(x, rank, world, "f32", None, stats_chunk=chunk)
+    q.put(dict(rank=rank, sum=x.numpy().tobytes(), stats=stats))
+    dist.destroy_process_group()

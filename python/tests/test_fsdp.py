@@ -39,6 +39,9 @@ def runs():
         # bf16 parameters gathered as raw bytes through a float32 job
         # (odd shard sizes: padded to whole float32 elements)
         ("bf16_params_f32_job", sw(elems_per_chunk=64), "f32", dict(param_dtype="bfloat16", reduce_dtype="float32")),
+        # The host path (mode="hosts", no switch): the switch's bits
+        ("hosts", "hosts", "f32", None),
+        ("bf16_hosts", "hosts", "bf16", dict(param_dtype="bfloat16", reduce_dtype="bfloat16")),
     ]
     t0 = time.monotonic()
     got = launch(fsdp_ranks.fsdp_runs, WORLD, plan, STEPS, timeout=300.0)
@@ -268,3 +271,10 @@ def test_all_gather_moves_the_bytes_of_any_dtype(switch, job_dtype, dtype, m):
     got = _on_threads(world, body)
     for r in range(world):
         assert torch.equal(got[r].view(torch.uint8), want), f"rank {r}"
+
+
+@pytest.mark.parametrize("hosts, switch", [("hosts", "switch"), ("bf16_hosts", "bf16")])
+def test_the_host_path_ends_with_the_switchs_parameters(runs, hosts, switch):
+    assert runs[0][hosts]["full"] == runs[0][switch]["full"], f"{hosts}: other parameters than {switch}"
+    assert runs[0][hosts]["stats"]["host_collectives"] >= STEPS * 9
+    assert runs[0][hosts]["stats"]["switch_collectives"] == 0

@@ -3,6 +3,7 @@
 4-rank runs through switchd are tests/tests/torch_ddp.rs."""
 
 import socket
+import time
 
 import pytest
 
@@ -68,12 +69,40 @@ def test_a_failed_bucket_fails_the_backward_with_the_library_message(process_gro
     # backward() raises the JoinTimeoutError's message.
     model = torch.nn.Linear(4, 2)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    state = agt.AggSwitchState("127.0.0.1:9", job=1, secret=SECRET, join_timeout=0.3)
+    state = agt.AggSwitchState("127.0.0.1:9", job=1, secret=SECRET, join_timeout=0.3, fallback=False)
     ddp.register_comm_hook(state, agt.allreduce_hook)
     with pytest.raises(Exception, match="no JOIN_ACK"):
         ddp(torch.zeros(3, 4)).sum().backward()
     with pytest.raises(Exception, match="earlier collective failed"):
         ddp(torch.zeros(3, 4)).sum().backward()
+    state.close()
+
+
+def test_with_no_switch_and_fallback_on_training_starts_on_the_hosts_within_seconds(process_group, caplog):
+    # Nothing listens there: the probe before the join gets no answer in
+    # 2 s, and the bucket is summed on the host path instead (world 1: the
+    # gradient itself), with one warning that says so.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    ref = torch.nn.Linear(4, 2)
+    ref.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState("127.0.0.1:9", job=1, secret=SECRET, probe_interval=60.0)
+    ddp.register_comm_hook(state, agt.allreduce_hook)
+    x = torch.randn(3, 4)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="aggswitch.torch"):
+        for _ in range(2):
+            ddp(x).sum().backward()
+    assert time.monotonic() - t0 < 10
+    ref(x).sum().backward()
+    ref(x).sum().backward()
+    assert torch.equal(model.weight.grad, ref.weight.grad)
+    st = state.stats()
+    assert st["path"] == "hosts" and st["fallbacks"] == 1 and st["host_collectives"] == 2, st
+    assert "did not answer a HELLO" in st["last_fallback_reason"]
+    warned = [r for r in caplog.records if "run on the hosts" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
     state.close()
 
 
