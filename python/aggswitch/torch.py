@@ -19,6 +19,13 @@ once), and cast back into the bucket. The job is declared with
 ``dtype = "bf16"`` (``"f16"``) on the switch and the state made with
 ``AggSwitchState(..., dtype="bf16")`` (or ``AGGSWITCH_DTYPE=bf16``).
 
+Surviving the switch: with fallback on (the default; ``AGGSWITCH_FALLBACK=off``
+or ``fallback=False`` to fail fast), a collective that fails on the switch
+is finished on the hosts over the process group, with the switch's bits,
+and the job comes back to the switch once every rank sees it answer
+(``aggswitch._path``; README, "When something goes wrong").
+``AGGSWITCH_MODE=hosts`` (``mode="hosts"``) runs on the host path alone.
+
 The process group (gloo) stays in charge of everything else DDP does:
 parameter broadcast at construction, barriers, ``find_unused_parameters``
 bookkeeping.
@@ -85,6 +92,14 @@ class AggSwitchState:
     ``dtype``: the job's element type, which picks the hook: ``"f32"`` for
     ``allreduce_hook``, ``"bf16"`` for ``bf16_compress_hook``, ``"f16"`` for
     ``fp16_compress_hook``).
+
+    ``mode``: ``"switch"`` (default) or ``"hosts"`` (no switch: every
+    collective on the host path, with the switch's bits; ``switch`` and
+    ``secret`` may be None). ``fallback`` (default True): finish a
+    collective that fails on the switch on the host path, and come back
+    once the switch answers again, probing it every ``probe_interval``
+    seconds. ``leaf_sizes``: the workers per leaf when the job runs on an
+    aggregation tree, so the host path sums in the tree's order.
     """
 
     def __init__(
@@ -267,7 +282,11 @@ def _env(name: str, what: str) -> str:
 def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_options: Any) -> AggSwitchState:
     """An ``AggSwitchState`` from the environment (see the module doc).
 
-    Optional: ``AGGSWITCH_DTYPE`` (``f32``, ``bf16``, ``f16``: the job's),
+    Optional: ``AGGSWITCH_MODE`` (``switch`` or ``hosts``; with ``hosts``
+    the switch, job and secret are not needed), ``AGGSWITCH_FALLBACK``
+    (``on``, the default, or ``off``), ``AGGSWITCH_PROBE_INTERVAL``
+    (seconds), ``AGGSWITCH_TREE`` (workers per leaf, e.g. ``2,2``),
+    ``AGGSWITCH_DTYPE`` (``f32``, ``bf16``, ``f16``: the job's),
     ``AGGSWITCH_TRANSPORT`` (``auto``, ``mmsg``, ``udp-gso``: the worker's
     UDP data path), ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
     (seconds). Keyword arguments override them: ``job`` overrides
