@@ -190,6 +190,22 @@ class AggSwitchState:
         # and thread cannot travel, and the secret should not either.
         raise TypeError("AggSwitchState cannot be pickled; make one per process")
 
+    @property
+    def error(self) -> BaseException | None:
+        """The typed exception (``aggswitch.errors``) that failed this
+        state's first failed collective, or None. DDP hands a hook's error to
+        ``backward()`` as a plain ``RuntimeError`` whose message names the
+        type; this is the exception itself, to catch by type::
+
+            try:
+                loss.backward()
+            except RuntimeError:
+                if isinstance(state.error, aggswitch.errors.StalledError):
+                    print("waiting for ranks", state.error.missing_ranks)
+                raise
+        """
+        return self._failure
+
     def stats(self) -> dict:
         """The switch worker's counters (while joined) and the state's own:
         ``path`` (``"switch"`` or ``"hosts"``: where the next collective

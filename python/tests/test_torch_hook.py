@@ -73,6 +73,8 @@ def test_a_failed_bucket_fails_the_backward_with_the_library_message(process_gro
     ddp.register_comm_hook(state, agt.allreduce_hook)
     with pytest.raises(Exception, match="no JOIN_ACK"):
         ddp(torch.zeros(3, 4)).sum().backward()
+    # DDP raises a RuntimeError; the typed error is on the state.
+    assert isinstance(state.error, aggswitch.errors.JoinTimeoutError), state.error
     with pytest.raises(Exception, match="earlier collective failed"):
         ddp(torch.zeros(3, 4)).sum().backward()
     state.close()
