@@ -33,6 +33,7 @@ host group's collectives pair up; the host group carries nothing else.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -54,24 +55,36 @@ from .errors import (
 
 _log = logging.getLogger("aggswitch.torch")
 
-# A rank's outcome in the vote (index = rank).
-_OK, _STALLED, _UNREACHABLE, _REFUSED, _RESTARTED, _TRANSPORT, _OTHER = range(7)
+# A rank's outcome in a vote (index = rank in the host group); a refusal
+# carries its reason: _REFUSED + the index in _REASONS.
+_OK, _STALLED, _UNREACHABLE, _JOINING, _RESTARTED, _TRANSPORT, _OTHER = range(7)
+_REFUSED = 16
+_REASONS = [
+    "unknown_job", "bad_secret", "source_not_allowed", "rank_out_of_range", "parameters_differ",
+    "malformed", "stale_nonce", "kind_not_supported",
+]
 _OUTCOME = {
     _STALLED: "stalled",
-    _UNREACHABLE: "switch unreachable",
-    _REFUSED: "refused by the switch",
-    _RESTARTED: "switch restarted past the resume point",
+    _UNREACHABLE: "the switch did not answer",
+    _JOINING: "still joining",
+    _RESTARTED: "the switch restarted past the resume point",
     _TRANSPORT: "socket error",
     _OTHER: "protocol error",
 }
 
+# A join waits for every rank; it is tried in slices of this many seconds
+# with a vote between them, so a rank refused at once (a wrong secret) is
+# known to every rank within a slice, not after the whole join timeout.
+_JOIN_SLICE = 2.0
+
 
 def _outcome(e: BaseException) -> int:
+    if isinstance(e, RefusedError):
+        r = getattr(e, "reason", "")
+        return _REFUSED + (_REASONS.index(r) if r in _REASONS else len(_REASONS))
     for cls, code in (
         (StalledError, _STALLED),
         (JoinTimeoutError, _UNREACHABLE),
-        (_SwitchSilent, _UNREACHABLE),
-        (RefusedError, _REFUSED),
         (SwitchRestartedError, _RESTARTED),
         (TransportError, _TRANSPORT),
         (ProtocolError, _OTHER),
@@ -81,8 +94,38 @@ def _outcome(e: BaseException) -> int:
     return _OTHER
 
 
-class _SwitchSilent(AggSwitchError):
-    """The probe before a join got no answer."""
+def _describe(code: int) -> str:
+    if code >= _REFUSED:
+        i = code - _REFUSED
+        return "refused by the switch: " + (_REASONS[i] if i < len(_REASONS) else "another reason")
+    return _OUTCOME.get(code, "failed")
+
+
+def _others_error(job: int, rank: int, codes: list[int], what: str) -> AggSwitchError:
+    """The error a rank raises when *other* ranks failed (fail-fast): it names
+    them and why, typed as the first one's failure."""
+    failed = [(r, c) for r, c in enumerate(codes) if c not in (_OK, _JOINING)]
+    text = "; ".join(f"rank {r}: {_describe(c)}" for r, c in failed)
+    msg = f"job {job} rank {rank}: {what} failed for other ranks ({text}); their own errors say what to fix"
+    first = failed[0][1] if failed else _UNREACHABLE
+    if first >= _REFUSED:
+        i = first - _REFUSED
+        return RefusedError(msg, _REASONS[i] if i < len(_REASONS) else "other")
+    if first == _UNREACHABLE:
+        return JoinTimeoutError(msg)
+    if first == _STALLED:
+        return StalledError(msg, None, -1, -1)
+    return AggSwitchError(msg)
+
+
+class _Agreed(Exception):
+    """A join failed and every rank knows it (the votes said so): ``error``
+    is what this rank raises when it fails fast."""
+
+    def __init__(self, error: BaseException, codes: list[int]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.codes = codes
 
 
 def default_chunk(dtype: str, mtu: int = 1500) -> int:
@@ -109,6 +152,9 @@ class CollectivePath:
         self._seen: tuple[float, bool] | None = None
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
+        # After a failed return, wait this long before the next try.
+        self._backoff = float(state.probe_interval)
+        self._not_before = 0.0
 
     # --- what the state reads -------------------------------------------------
 
@@ -175,13 +221,26 @@ class CollectivePath:
         if st.mode == "hosts":
             self._hosts(group, on_hosts)
             return
-        if not st.fallback or not (dist.is_available() and dist.is_initialized()):
+        if not (dist.is_available() and dist.is_initialized()):
             # Without a process group there is no host path to fall back to
-            # (a state used with rank= and world_size= alone): fail fast.
+            # and nothing to agree on (a state used with rank= and
+            # world_size= alone): fail fast.
             on_switch(st._joined(group))
             self._switch_done()
             return
         hg = self._host_group(group)
+        if not st.fallback:
+            # Fail fast, but every rank learns at once why a join failed.
+            if st._failure is not None:
+                st._joined(group)  # raises: an earlier collective failed
+            if st._worker is None:
+                try:
+                    self._join_together(hg, group)
+                except _Agreed as a:
+                    raise a.error from None
+            on_switch(st._joined(group))
+            self._switch_done()
+            return
         returning = False
         if self._on_hosts:
             if not self._agree_back(hg):
@@ -192,17 +251,15 @@ class CollectivePath:
         ran = None
         try:
             if st._worker is None:
-                self._probe_together(hg, group)
+                self._join_together(hg, group)
             w = st._joined(group)
             ran = w
             on_switch(w)
-        except _SwitchSilent as e:
-            err = e  # every rank saw the probe vote fail: no second vote
+        except _Agreed as e:
+            err = e  # every rank knows from the join's votes: no second vote
         except AggSwitchError as e:
             err = e
-        else:
-            pass
-        if not isinstance(err, _SwitchSilent):
+        if not isinstance(err, _Agreed):
             try:
                 codes = self._vote(hg, 0 if err is None else _outcome(err))
             except RuntimeError as gone:
@@ -214,6 +271,7 @@ class CollectivePath:
                 raise
             if not any(codes):
                 if returning:
+                    self._backoff = st.probe_interval
                     self._counts["returns"] += 1
                     _log.warning(
                         "aggswitch job %d rank %d: the switch is back; collectives run on it again",
@@ -226,12 +284,21 @@ class CollectivePath:
             if ran is not None and restore is not None:
                 restore(ran)
         else:
-            reason = str(err)
+            reason = str(err.error)
+        # The errors' messages start with "job J rank R: ", as the log does.
+        reason = re.sub(rf"^job {st.job} rank {st.rank}: ", "", reason)
         self._drop_worker()
         self._hosts(group, on_hosts)
         if returning:
             self._counts["failed_returns"] += 1
-            _log.info("aggswitch job %d rank %d: the switch answered but could not take the job back (%s); staying on the hosts", st.job, st.rank, reason)
+            # A switch that answers HELLOs but cannot finish a collective (a
+            # leaf whose spine is dead): try less and less often.
+            self._backoff = min(self._backoff * 2, 64 * st.probe_interval)
+            self._not_before = time.monotonic() + self._backoff
+            _log.info(
+                "aggswitch job %d rank %d: the switch answered but could not take the job back (%s); "
+                "staying on the hosts, next try in %.0f s", st.job, st.rank, reason, self._backoff,
+            )
         else:
             self._counts["fallbacks"] += 1
             self._last_reason = reason
@@ -252,56 +319,102 @@ class CollectivePath:
         self._last_on_hosts = False
 
     def _hosts(self, group: Any, on_hosts: Callable[[Any, int, int], None]) -> None:
-        st = self._state
-        rank, n = st._resolve(group)
-        on_hosts(self._host_group(group), rank, n)
+        hg = self._host_group(group)
+        on_hosts(hg, dist.get_rank(hg), dist.get_world_size(hg))
         self._counts["host_collectives"] += 1
         self._last_on_hosts = True
 
     def _reason(self, codes: list[int], err: BaseException | None) -> str:
         if err is not None:
             return f"this rank's collective failed on the switch ({type(err).__name__}: {err})"
-        failed = [f"rank {r}: {_OUTCOME.get(c, 'failed')}" for r, c in enumerate(codes) if c]
+        failed = [f"rank {r}: {_describe(c)}" for r, c in enumerate(codes) if c]
         return "the switch failed for other ranks (" + "; ".join(failed) + ")"
 
     def _vote(self, hg: Any, code: int) -> list[int]:
-        st = self._state
-        rank, n = st._resolve()
+        # Indexed by the host group's ranks: a tree's job at a leaf numbers
+        # its ranks per leaf, the host path by the process group.
+        rank, n = dist.get_rank(hg), dist.get_world_size(hg)
         t = torch.zeros(n, dtype=torch.int32)
         t[rank] = code
         if n > 1:
             dist.all_reduce(t, group=hg)
         return [int(x) for x in t.tolist()]
 
-    def _probe_together(self, hg: Any, group: Any) -> None:
-        """Before a join: every rank probes; unless all saw the switch,
-        every rank raises _SwitchSilent (so none waits in a join)."""
+    def _join_together(self, hg: Any, group: Any) -> None:
+        """Joins with every rank or with none, so no rank waits in a join
+        the others never finish: first every rank probes the switch and the
+        ranks agree on the answers; then they join in slices of
+        ``_JOIN_SLICE`` seconds with a vote after each, until all joined,
+        one failed (a refusal: every rank knows which and why within a
+        slice), or the join timeout passed. A failure raises the same
+        ``_Agreed`` on every rank (fail-fast: this rank's own error, or one
+        naming the ranks that failed)."""
         st = self._state
-        alive = self._probe_once(group, timeout=2.0)
-        codes = self._vote(hg, _OK if alive else _UNREACHABLE)
+        what, _, refused = self._probe_once(group, timeout=2.0)
+        code = _OK if what == "alive" else _UNREACHABLE
+        if what == "refused":
+            code = _REFUSED + (_REASONS.index(refused) if refused in _REASONS else len(_REASONS))
+        codes = self._vote(hg, code)
         if any(codes):
-            silent = [r for r, c in enumerate(codes) if c]
-            raise _SwitchSilent(
-                f"the switch {st.switch} did not answer a HELLO from rank(s) {silent} within 2 s"
-            )
+            silent = [r for r, c in enumerate(codes) if c == _UNREACHABLE]
+            own = None
+            if code == _UNREACHABLE:
+                own = JoinTimeoutError(
+                    f"job {st.job} rank {st.rank}: the switch {st.switch} did not answer a HELLO within 2 s "
+                    f"(ranks {silent} got no answer): is switchd running, and is it reachable from this host?"
+                )
+            elif code != _OK:
+                own = RefusedError(f"job {st.job} rank {st.rank}: the switch refused this rank's HELLO: {_describe(code)}", refused or "other")
+            raise _Agreed(own or _others_error(st.job, st.rank, codes, "joining"), codes)
+        timeout = float(st._options.get("join_timeout", 30.0))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            err: BaseException | None = None
+            try:
+                if st._worker is None:
+                    st._joined(group, join_timeout=max(0.2, min(_JOIN_SLICE, left)))
+                code = _OK
+            except JoinTimeoutError as e:
+                err, code = e, _JOINING
+            except AggSwitchError as e:
+                err, code = e, _outcome(e)
+            codes = self._vote(hg, code)
+            if not any(codes):
+                return
+            if any(c not in (_OK, _JOINING) for c in codes) or time.monotonic() >= deadline:
+                self._drop_worker()
+                if all(c in (_OK, _JOINING) for c in codes):
+                    waiting = [r for r, c in enumerate(codes) if c == _JOINING]
+                    own = JoinTimeoutError(
+                        f"job {st.job} rank {st.rank}: the switch answered, but the job did not start within "
+                        f"{timeout:.0f} s (ranks {waiting} still waiting for the others to join): are all "
+                        f"{len(codes)} ranks pointed at the same switch and job?"
+                    )
+                    raise _Agreed(own, codes)
+                raise _Agreed(err if code not in (_OK, _JOINING) else _others_error(st.job, st.rank, codes, "joining"), codes)
+            # Some ranks joined and some are still joining (a JOIN_ACK
+            # crossing the slice's end): those go on joining; a member whose
+            # job went back to joining meanwhile re-joins on its first DATA.
 
-    def _probe_once(self, group: Any, timeout: float) -> bool:
+    def _probe_once(self, group: Any, timeout: float) -> tuple[str, Any, Any]:
         st = self._state
         rank, n = st._resolve(group)
         opts = st._options
         try:
-            what, _, _ = _native.probe_switch(
+            return _native.probe_switch(
                 st.switch, st.job, rank, n, st._secret, timeout=timeout,
                 dtype=st.dtype, bind=opts.get("bind"),
             )
         except AggSwitchError:
-            return False
-        return what == "alive"
+            return ("silent", None, None)
 
     def _agree_back(self, hg: Any) -> bool:
         seen = self._seen
-        fresh = seen is not None and seen[1] and time.monotonic() - seen[0] < 2 * self._state.probe_interval + 2
-        if not any(self._vote(hg, 0 if fresh else _UNREACHABLE)):
+        now = time.monotonic()
+        fresh = seen is not None and seen[1] and now - seen[0] < 2 * self._state.probe_interval + 2
+        ready = fresh and now >= self._not_before
+        if not any(self._vote(hg, _OK if ready else _UNREACHABLE)):
             self._seen = None
             return True
         return False
@@ -314,7 +427,7 @@ class CollectivePath:
 
         def probe() -> None:
             while not self._stop.is_set() and self._on_hosts:
-                alive = self._probe_once(st._group, timeout=1.0)
+                alive = self._probe_once(st._group, timeout=1.0)[0] == "alive"
                 self._seen = (time.monotonic(), alive)
                 self._stop.wait(st.probe_interval)
 

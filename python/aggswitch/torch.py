@@ -249,7 +249,7 @@ class AggSwitchState:
             ) from e
         gns._add_bucket(got["sum_of_squares"] * scale, got["square_of_sum"] * scale, int(got["n"]))
 
-    def _joined(self, group: "dist.ProcessGroup | None" = None) -> Worker:
+    def _joined(self, group: "dist.ProcessGroup | None" = None, join_timeout: float | None = None) -> Worker:
         """The joined worker (joining on first use), or the error that ended
         this state: after one failed collective the ranks are out of step."""
         if self._failure is not None:
@@ -261,13 +261,16 @@ class AggSwitchState:
             rank, world_size = self._resolve(group)
             if self.mode == "hosts":
                 raise AggSwitchError(f"job {self.job} rank {rank}: the state runs with mode='hosts', without a switch")
+            options = dict(self._options)
+            if join_timeout is not None:
+                options["join_timeout"] = join_timeout
             self._worker = Worker(
                 self.switch,
                 job=self.job,
                 rank=rank,
                 world_size=world_size,
                 secret=self._secret,
-                **self._options,
+                **options,
             )
         return self._worker
 

@@ -66,3 +66,28 @@ def host_stats(rank, world, port, elems, chunk, q):
     stats = _hosts.all_reduce(x, rank, world, "f32", None, stats_chunk=chunk)
     q.put(dict(rank=rank, sum=x.numpy().tobytes(), stats=stats))
     dist.destroy_process_group()
+
+
+def join_outcome(rank, world, port, address, bad_rank, fallback, q):
+    """One DDP step where rank `bad_rank` holds a wrong secret: reports what
+    this rank raised (and when), or the state's counters."""
+    import aggswitch.torch as agt
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    secret = SECRET if rank != bad_rank else "1" + SECRET[1:]
+    model = torch.nn.Linear(8, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = agt.AggSwitchState(address, job=1, secret=secret, fallback=fallback, join_timeout=30.0)
+    ddp.register_comm_hook(state, agt.allreduce_hook)
+    t0 = time.monotonic()
+    out = dict(rank=rank)
+    try:
+        ddp(torch.ones(4, 8)).sum().backward()
+        out.update(error=None, stats=state.stats())
+    except RuntimeError as e:
+        err = state.error
+        out.update(error=type(err).__name__, reason=getattr(err, "reason", None), message=str(err), raw=str(e)[:200])
+    out["seconds"] = time.monotonic() - t0
+    state.close()
+    q.put(out)
+    dist.destroy_process_group()

@@ -126,3 +126,28 @@ def test_a_switch_that_dies_mid_run_is_left_for_the_hosts_and_rejoined(switch):
         assert st["fallbacks"] == 1 and st["returns"] == 1, f"rank {r['rank']}: {st}"
         assert st["host_collectives"] > 0 and st["path"] == "switch", f"rank {r['rank']}: {st}"
         assert "hosts" in r["paths"] and r["paths"][-1] == "switch", r["paths"]
+
+
+def test_a_rank_with_a_wrong_secret_is_named_to_every_rank_within_seconds(switch):
+    # Fail-fast: rank 2 is refused at once (bad_secret); the others, which
+    # would wait in the join for the whole 30 s join timeout, learn from the
+    # vote after the first join slice which rank failed and why.
+    sw = switch(WORLD)
+    got = sorted(launch(hosts_ranks.join_outcome, WORLD, sw.address, 2, False), key=lambda r: r["rank"])
+    for r in got:
+        assert r["error"] == "RefusedError" and r["reason"] == "bad_secret", r
+        assert r["seconds"] < 10, r
+        if r["rank"] != 2:
+            assert "rank 2: refused by the switch: bad_secret" in r["message"], r
+
+
+def test_with_fallback_a_refused_rank_takes_every_rank_to_the_hosts(switch):
+    sw = switch(WORLD)
+    got = sorted(launch(hosts_ranks.join_outcome, WORLD, sw.address, 1, True), key=lambda r: r["rank"])
+    for r in got:
+        assert r["error"] is None, r
+        st = r["stats"]
+        assert st["path"] == "hosts" and st["fallbacks"] == 1 and st["host_collectives"] == 1, st
+        reason = st["last_fallback_reason"]
+        assert "bad_secret" in reason or "bad secret" in reason, st
+        assert r["seconds"] < 10, r
