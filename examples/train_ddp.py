@@ -93,6 +93,10 @@ weights = b"".join(t.detach().cpu().numpy().tobytes() for t in model.state_dict(
 result = dict(rank=rank, world=world, device=str(dev), comm=a.comm, dtype=state.dtype if a.comm == "switch" else a.dtype or "f32", steps=a.steps, loss=full_loss,
               params=sum(t.numel() for t in model.parameters()),
               digest=hashlib.sha256(weights).hexdigest(), step_times=step_times, gns=records)
+if a.comm == "switch":  # where the collectives ran: AGGSWITCH_MODE, AGGSWITCH_FALLBACK and the state's counters
+    st = state.stats()
+    result["path"] = dict(mode=state.mode, fallback=state.fallback, **{k: st[k] for k in (
+        "path", "switch_collectives", "host_collectives", "fallbacks", "returns", "failed_returns", "last_fallback_reason")})
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)
 if a.out:
     with open(a.out, "w") as f:

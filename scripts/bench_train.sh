@@ -2,13 +2,15 @@
 #
 # bench_train.sh: DDP training step time through the switch against DDP's
 # default gloo all-reduce, on the same veth testbed, in the same run, on
-# unlimited links and on links limited to 1 Gbit/s each way.
+# unlimited links and on links limited to 1 Gbit/s each way; optionally also
+# aggswitch.torch's host path (AGGSWITCH_MODE=hosts) and the switch without
+# the fallback's per-collective agreement (AGGSWITCH_FALLBACK=off).
 #
 # Usage:
 #   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
 #                               [--hidden 5000] [--mtu 1500] [--dtype f32]
 #                               [--transport auto] [--device cpu] [--links unlimited,1gbit]
-#                               [--switch-threads 1]
+#                               [--comms gloo,switch] [--switch-threads 1]
 #                               [--timeout 600] [--wait-idle SECS] [--no-build] [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
@@ -31,11 +33,18 @@
 #   --device D    cpu or cuda (default cpu): where the ranks compute; with
 #                 cuda every rank uses GPU (rank mod GPUs), and the switch's
 #                 hook stages each bucket through host memory (gloo does too)
-#   --links L     comma-separated link settings, each run with both comms:
-#                 unlimited, or a rate NNmbit / NNgbit (default
+#   --links L     comma-separated link settings, each run with every comm of
+#                 --comms: unlimited, or a rate NNmbit / NNgbit (default
 #                 unlimited,1gbit); a rate shapes every worker link both ways
 #                 with tbf (burst 256 kB per Gbit/s, at least 256 kB;
 #                 latency 50 ms)
+#   --comms C     comma-separated configurations run on each link setting, in
+#                 this order (default gloo,switch): gloo, switch,
+#                 switch-nofallback (the switch with AGGSWITCH_FALLBACK=off:
+#                 no agreement after each collective) and hosts
+#                 (AGGSWITCH_MODE=hosts: aggswitch.torch's host path, every
+#                 collective over gloo with the switch's arithmetic; switchd
+#                 is not started); see the configurations below
 #   --switch-threads T  switchd's dataplane threads and queues per veth
 #                 (default 1); with T > 1 worker I of N sends on queue floor(I*T/N)
 #                 (testbed.sh --queue-per-worker), so T threads share the
@@ -54,15 +63,30 @@
 # ranks, one process per worker namespace (`ip netns exec btr-wI
 # .venv/bin/python examples/train_ddp.py`, RANK/WORLD_SIZE/MASTER_ADDR
 # worker 0's address/MASTER_PORT from the environment, GLOO_SOCKET_IFNAME=eth0,
-# OMP_NUM_THREADS=1), in 2 configurations per link setting:
-#   comm gloo (DDP's default all-reduce over the gloo process group, TCP
-#   between the workers through the bridge) | switch (aggswitch.torch's DDP
-#   hook: every bucket summed in switchd).
+# OMP_NUM_THREADS=1), in the configurations of --comms per link setting
+# (results in RUN/LINK-COMM/):
+#   gloo               DDP's default all-reduce over the gloo process group,
+#                      TCP between the workers through the bridge
+#                      (train_ddp.py --comm gloo)
+#   switch             aggswitch.torch's DDP hook: every bucket summed in
+#                      switchd, with the fallback on (AGGSWITCH_FALLBACK=on,
+#                      the default: after each collective the ranks agree
+#                      in one small gloo all-reduce that all succeeded)
+#                      (--comm switch)
+#   switch-nofallback  the same with AGGSWITCH_FALLBACK=off: no agreement,
+#                      fail-fast; switch / switch-nofallback is the
+#                      agreement's cost (goal <= 1.02)
+#   hosts              --comm switch with AGGSWITCH_MODE=hosts: every bucket
+#                      summed on the host path over gloo (all-to-all, the
+#                      switch's sum, all-gather), no switchd, the switch's
+#                      bits; hosts / gloo is the host path's cost (goal at
+#                      1 Gbit/s: <= 1.05)
 # A rate setting shapes every worker link both ways as bench.sh does
 # (shape_worker_links in lib.sh: e.g. tbf rate 1gbit burst 256kb latency 50ms
 # on worker eth0 egress, switch port egress and worker eth0 ingress via ifb0).
 # switchd (job 1 of 4 workers, pool_slots 256, a fresh random secret) runs
-# only during the switch configurations.
+# only during the switch and switch-nofallback configurations (a fresh
+# switchd for each).
 #
 # What it needs: the project venv .venv with torch, scikit-learn and
 # aggswitch (scripts/setup.sh makes it), or another interpreter that imports
@@ -78,9 +102,13 @@
 # their medians differ little; the slowest is the conservative one and what
 # bench.sh reports for the all-reduce). samples/s = 4 x batch / step time.
 # The ratio switch / gloo is taken per link setting (goal at 1 Gbit/s:
-# <= 0.75, issue 24). Sanity: the final loss over all 1797 samples of the switch run
+# <= 0.75, issue 24); hosts / gloo and switch / switch-nofallback likewise,
+# when those run. Sanity: the final loss over all 1797 samples of the switch run
 # must be within 2 % of the gloo run's, every rank must end with the same
-# weights, and all switch runs (same seed) with bit-identical weights.
+# weights, all switch runs (same seed) with bit-identical weights, the
+# switch-nofallback and hosts runs with the switch runs' weights, and no
+# switch or switch-nofallback run may have left the switch (train_ddp.py's
+# path counters: no fallback).
 #
 # Output: the table on stdout, results/bench-train-STAMP.json and .png with
 # every rank's JSON and log in results/bench-train-STAMP/, and unless
@@ -117,6 +145,7 @@ DTYPE=f32
 TRANSPORT=auto
 DEVICE=cpu
 LINKS=unlimited,1gbit
+COMMS=gloo,switch
 SWITCH_THREADS=1
 TIMEOUT=600
 WAIT_IDLE=0
@@ -125,7 +154,7 @@ DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--device|--links|--switch-threads|--timeout|--wait-idle)
+        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--device|--links|--comms|--switch-threads|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
@@ -137,6 +166,7 @@ while [[ $# -gt 0 ]]; do
                 --transport) TRANSPORT="$2" ;;
                 --device) DEVICE="$2" ;;
                 --links) LINKS="$2" ;;
+                --comms) COMMS="$2" ;;
                 --switch-threads) SWITCH_THREADS="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
@@ -146,6 +176,8 @@ while [[ $# -gt 0 ]]; do
         --warmup=*) WARMUP="${1#*=}"; shift ;;
         --batch=*) BATCH="${1#*=}"; shift ;;
         --hidden=*) HIDDEN="${1#*=}"; shift ;;
+        --links=*) LINKS="${1#*=}"; shift ;;
+        --comms=*) COMMS="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
         --no-build) BUILD=0; shift ;;
@@ -168,12 +200,24 @@ for link in "${LINK_LIST[@]}"; do
     [[ "$link" =~ ^(unlimited|[1-9][0-9]{0,5}(mbit|gbit))$ ]] ||
         die "--links: '$link' is neither unlimited nor a rate like 1gbit or 500mbit"
 done
+IFS=, read -r -a COMM_LIST <<<"$COMMS"
+((${#COMM_LIST[@]} > 0)) || die "--comms needs at least one configuration, e.g. gloo,switch"
+seen_comms=","
+for comm in "${COMM_LIST[@]}"; do
+    [[ "$comm" =~ ^(gloo|switch|switch-nofallback|hosts)$ ]] ||
+        die "--comms: '$comm' is none of gloo, switch, switch-nofallback, hosts"
+    [[ "$seen_comms" != *",$comm,"* ]] || die "--comms: '$comm' is listed twice"
+    seen_comms+="$comm,"
+done
+# The lists as the report reads them (no empty entries).
+LINKS="$(IFS=,; echo "${LINK_LIST[*]}")"
+COMMS="$(IFS=,; echo "${COMM_LIST[*]}")"
 uint_in_range "$SWITCH_THREADS" 1 64 || die "--switch-threads must be 1..64, got '$SWITCH_THREADS'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
 HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); SWITCH_THREADS=$((10#$SWITCH_THREADS)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
-readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT DEVICE LINKS LINK_LIST SWITCH_THREADS TIMEOUT WAIT_IDLE BUILD DOCS
+readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT DEVICE LINKS LINK_LIST COMMS COMM_LIST SWITCH_THREADS TIMEOUT WAIT_IDLE BUILD DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
@@ -191,7 +235,7 @@ trap 'exit 143' TERM
 
 # --- testbed, switchd config ---------------------------------------------------------
 MEASURE_T0=$SECONDS
-log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration; logs in $RUN"
+log "run $STAMP: 4 ranks, MLP 64-$HIDDEN-$HIDDEN-10, batch $BATCH per rank, $WARMUP warm-up + $STEPS timed steps per configuration ($COMMS on $LINKS); logs in $RUN"
 TESTBED_MADE=1
 QUEUE_ARGS=()
 ((SWITCH_THREADS == 1)) || QUEUE_ARGS=(--queues "$SWITCH_THREADS" --queue-per-worker)
@@ -209,15 +253,25 @@ write_testbed_switchd_config "$CFG" "scripts/bench_train.sh" "$WORKERS" "$SECRET
 
 # --- measurements ------------------------------------------------------------------
 
-# run_config LINK COMM: the 4 ranks of one configuration; results in
-# $RUN/LINK-COMM/.
+# run_config LINK COMM: the 4 ranks of one configuration (COMM one of
+# --comms); results in $RUN/LINK-COMM/.
 CONFIG_NO=0
 run_config() {
-    local link="$1" comm="$2" out="$RUN/$1-$2" r port
+    local link="$1" comm="$2" out="$RUN/$1-$2" r port on_switch=0 ddp_comm=switch
+    local -a env_=()
     mkdir -p "$out"
     port=$((MASTER_PORT_BASE + CONFIG_NO))
     CONFIG_NO=$((CONFIG_NO + 1))
-    if [[ "$comm" == switch ]]; then
+    # train_ddp.py --comm switch builds its state with state_from_env(),
+    # which reads AGGSWITCH_MODE and AGGSWITCH_FALLBACK.
+    case "$comm" in
+        gloo) ddp_comm=gloo ;;
+        switch) on_switch=1; env_=(AGGSWITCH_MODE=switch AGGSWITCH_FALLBACK=on) ;;
+        switch-nofallback) on_switch=1; env_=(AGGSWITCH_MODE=switch AGGSWITCH_FALLBACK=off) ;;
+        hosts) env_=(AGGSWITCH_MODE=hosts) ;;
+        *) die "run_config: unknown comm '$comm'" ;;
+    esac
+    if ((on_switch)); then
         start_switchd "$PREFIX-sw" "$SWITCHD" "$out/switchd.log" run --config "$CFG"
     fi
     log "[$link] $comm: $((WARMUP + STEPS)) steps on 4 ranks"
@@ -226,12 +280,17 @@ run_config() {
         (
             export RANK="$r" WORLD_SIZE="$WORKERS" MASTER_ADDR="$MASTER_IP" MASTER_PORT="$port"
             export GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1
-            export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
-            export AGGSWITCH_TRANSPORT="$TRANSPORT" LOCAL_RANK="$r"
+            export LOCAL_RANK="$r"
+            unset AGGSWITCH_MODE AGGSWITCH_FALLBACK AGGSWITCH_SWITCH AGGSWITCH_JOB AGGSWITCH_SECRET AGGSWITCH_SECRET_FILE
+            if ((on_switch)); then
+                export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
+                export AGGSWITCH_TRANSPORT="$TRANSPORT"
+            fi
+            ((${#env_[@]} == 0)) || export "${env_[@]}"
             cd "$REPO_ROOT"
             exec timeout -k 10 "$TIMEOUT" ip netns exec "$PREFIX-w$r" \
                 /usr/bin/time -f '%M %e %U %S' -o "$out/rank$r.time" \
-                "$PY" examples/train_ddp.py --comm "$comm" --steps $((WARMUP + STEPS)) \
+                "$PY" examples/train_ddp.py --comm "$ddp_comm" --steps $((WARMUP + STEPS)) \
                 --batch "$BATCH" --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" \
                 --dtype "$DTYPE" --device "$DEVICE" --out "$out/rank$r.json"
         ) >"$out/rank$r.log" 2>&1 &
@@ -245,7 +304,7 @@ run_config() {
         die "[$link] $comm: training failed; see $out"
     fi
     snapshot "$out/after.jsonl"
-    if [[ "$comm" == switch ]]; then
+    if ((on_switch)); then
         # switchd's CPU-seconds (user + system, all threads) for the report.
         awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$SWITCHD_PID/stat" \
             >"$out/switchd-cpu-seconds" 2>/dev/null || true
@@ -285,7 +344,7 @@ for link in "${LINK_LIST[@]}"; do
         shape_worker_links "$PREFIX" "$WORKERS" "${tbf[@]}"
         TBF_REPORT+=(--tbf "$link=${tbf[*]}")
     fi
-    for comm in gloo switch; do run_config "$link" "$comm"; done
+    for comm in "${COMM_LIST[@]}"; do run_config "$link" "$comm"; done
 done
 
 # --- report ------------------------------------------------------------------------
@@ -296,7 +355,7 @@ report_rc=0
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
     --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" --dtype "$DTYPE" \
-    --transport "$TRANSPORT" --device "$DEVICE" --links "$LINKS" --switch-threads "$SWITCH_THREADS" \
+    --transport "$TRANSPORT" --device "$DEVICE" --links "$LINKS" --comms "$COMMS" --switch-threads "$SWITCH_THREADS" \
     "${TBF_REPORT[@]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"

@@ -1,8 +1,10 @@
 """The benchmark reports' arithmetic (scripts/bench_rates_report.py,
-bench_transports_report.py, bench_per_packet_report.py, bench_report.py),
+bench_transports_report.py, bench_per_packet_report.py, bench_report.py,
+bench_train_report.py),
 on small run folders written here: the shell scripts only leave raw
 readings behind, so these numbers are the published ones."""
 
+import importlib.util
 import json
 import os
 import sys
@@ -14,6 +16,7 @@ sys.path.insert(0, SCRIPTS)
 import bench_per_packet_report  # noqa: E402
 import bench_rates_report  # noqa: E402
 import bench_report  # noqa: E402
+import bench_train_report  # noqa: E402
 import bench_transports_report  # noqa: E402
 import benchkit  # noqa: E402
 
@@ -238,3 +241,159 @@ def test_iperf_rate_and_a_failed_iperf(tmp_path):
     dump(tmp_path / "failed.json", {"error": "unable to connect"})
     assert bench_report.iperf_gbps(str(tmp_path / "ok.json")) == 2.5
     assert bench_report.iperf_gbps(str(tmp_path / "failed.json")) is None
+
+
+# --- DDP training (bench_train.sh) ---------------------------------------------------------
+
+
+def train_config(d, link, comm, step_s, loss=0.5, digest="d0", path="default", warmup=1):
+    """One LINK-COMM folder as bench_train.sh leaves it: 4 ranks' train_ddp.py
+    JSON (ranks 1..3 take step_s, rank 0 half of it; one warm-up step of
+    9 s), GNU time lines, the snapshots and, for switchd's runs, its CPU."""
+    out = d / f"{link}-{comm}"
+    out.mkdir()
+    if path == "default":  # what the state reports when the run went as configured
+        path = None if comm == "gloo" else {
+            "mode": "hosts" if comm == "hosts" else "switch", "fallback": comm != "switch-nofallback",
+            "path": "hosts" if comm == "hosts" else "switch",
+            "switch_collectives": 0 if comm == "hosts" else 99, "host_collectives": 99 if comm == "hosts" else 0,
+            "fallbacks": 0, "returns": 0, "failed_returns": 0, "last_fallback_reason": None}
+    for r in range(4):
+        s = step_s / 2 if r == 0 else step_s
+        rank = {"rank": r, "world": 4, "params": 1000, "loss": loss, "digest": digest,
+                "step_times": [9.0] * warmup + [s, s * 1.25, s * 0.75]}
+        if path is not None:
+            rank["path"] = path
+        dump(out / f"rank{r}.json", rank)
+        write(out / f"rank{r}.time", "1024 10.0 5.0 1.0\n")
+    snapshot(out / "before.jsonl", 0, 0, 0)
+    snapshot(out / "after.jsonl", 30, 10, 0)
+    if comm in ("switch", "switch-nofallback"):
+        write(out / "switchd-cpu-seconds", "2.5\n")
+
+
+def run_train_report(tmp_path, monkeypatch, links, comms=None):
+    monkeypatch.setattr(bench_train_report, "versions", lambda: {})  # no torch import
+    argv = ["bench_train_report.py", str(tmp_path), "--json", str(tmp_path / "r.json"),
+            "--table", str(tmp_path / "t.md"), "--png", str(tmp_path / "p.png"), "--stamp", "S",
+            "--warmup", "1", "--steps", "3", "--batch", "32", "--hidden", "10", "--layers", "2",
+            "--seed", "0", "--mtu", "9000", "--links", links]
+    monkeypatch.setattr(sys, "argv", argv + (["--comms", comms] if comms else []))
+    rc = bench_train_report.main()
+    return rc, json.loads((tmp_path / "r.json").read_text()), (tmp_path / "t.md").read_text()
+
+
+ALL_COMMS = "gloo,switch,switch-nofallback,hosts"
+
+
+def test_train_report_default_comms_keep_the_switch_over_gloo_report(tmp_path, monkeypatch):
+    for link, gloo_s, switch_s in (("unlimited", 1.0, 1.5), ("1gbit", 2.0, 1.25)):
+        train_config(tmp_path, link, "gloo", gloo_s, loss=0.5, digest="g")
+        train_config(tmp_path, link, "switch", switch_s, loss=0.501, digest="s")
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit")
+    assert rc == 0
+    assert res["setup"]["comms"] == ["gloo", "switch"]
+    assert [(c["link"], c["comm"]) for c in res["configs"]] == [
+        ("unlimited", "gloo"), ("unlimited", "switch"), ("1gbit", "gloo"), ("1gbit", "switch")]
+    assert res["configs"][3]["step_s"] == 1.25 and res["configs"][3]["rank0_median_s"] == 0.625
+    assert res["ratios"]["1gbit"]["step"] == 0.625
+    assert res["ratios"]["unlimited"]["samples_per_s_gain"] == pytest.approx(1 / 1.5)
+    assert res["headline"] == {"switch_over_gloo_unlimited": 1.5, "switch_over_gloo_1gbit": 0.625,
+                               "switch_over_gloo_1gbit_goal": 0.75, "switch_over_gloo_1gbit_goal_met": True,
+                               "sanity_ok": True}
+    assert res["checks"]["loss"]["1gbit"]["switch"] == 0.501 and res["checks"]["loss"]["1gbit"]["ok"]
+    assert res["checks"]["switch_runs_identical"] and res["checks"]["same_weights_as_switch"] == {}
+    assert "| 1 Gbit/s links | **switch** | **1.250** |" in table
+    assert "| 1 Gbit/s links | gloo (DDP default) | **2.000** |" in table
+    assert "switch / gloo step time, 1 Gbit/s links: **0.62**" in table
+    assert "hosts (" not in table and "agreement" not in table and "the switch's weights" not in table
+    assert "ran as configured (" in table and "1gbit switch yes" in table
+
+
+def test_train_report_hosts_and_agreement_ratios_and_their_digest_check(tmp_path, monkeypatch):
+    steps = {"unlimited": {"gloo": 1.0, "switch": 1.5, "switch-nofallback": 1.5, "hosts": 1.25},
+             "1gbit": {"gloo": 2.0, "switch": 1.28125, "switch-nofallback": 1.25, "hosts": 2.0625}}
+    for link, by_comm in steps.items():
+        for comm, s in by_comm.items():
+            train_config(tmp_path, link, comm, s, loss=0.5 if comm == "gloo" else 0.5005,
+                         digest="g" if comm == "gloo" else "s")
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", ALL_COMMS)
+    assert rc == 0
+    r = res["ratios"]
+    assert r["1gbit"]["step"] == 0.640625  # switch / gloo as before
+    assert r["1gbit"]["hosts_over_gloo"] == 1.03125
+    assert r["1gbit"]["agreement_cost"] == 1.025
+    assert r["unlimited"]["hosts_over_gloo"] == 1.25 and r["unlimited"]["agreement_cost"] == 1.0
+    # The slowest rank's time of each step: the same ratios here.
+    assert r["1gbit"]["agreement_cost_per_step_max_median"] == 1.025
+    h = res["headline"]
+    assert h["hosts_over_gloo_1gbit"] == 1.03125 and h["hosts_over_gloo_unlimited"] == 1.25
+    assert h["hosts_over_gloo_1gbit_goal"] == 1.05 and h["hosts_over_gloo_1gbit_goal_met"] is True
+    assert h["agreement_cost_1gbit"] == 1.025 and h["agreement_cost_unlimited"] == 1.0
+    assert h["agreement_cost_goal"] == 1.02
+    assert h["agreement_cost_unlimited_goal_met"] is True and h["agreement_cost_1gbit_goal_met"] is False
+    assert h["agreement_cost_goal_met"] is False
+    assert h["switch_over_gloo_1gbit_goal_met"] is True and h["sanity_ok"] is True
+    ch = res["checks"]
+    assert ch["same_weights_as_switch"] == {"unlimited switch-nofallback": True, "unlimited hosts": True,
+                                            "1gbit switch-nofallback": True, "1gbit hosts": True}
+    assert all(ch["ran_as_configured"].values()) and len(ch["ran_as_configured"]) == 6
+    assert "| 1 Gbit/s links | hosts (host path over gloo) | **2.062** |" in table
+    # switchd's CPU for both switch configurations, none for hosts.
+    assert "| 1 Gbit/s links | switch, fallback off | **1.250** | 1.094–1.406 | 0.625 | 102.4 | 0.5005 | 1 | 75 % | 24 / 2.5 |" in table
+    assert ("hosts / gloo step time (host path against gloo's all-reduce), 1 Gbit/s links: **1.031** "
+            "(medians of per-step slowest 1.031); goal <= 1.05: met") in table
+    assert ("agreement cost, switch / switch-nofallback step time, 1 Gbit/s links: **1.025** "
+            "(medians of per-step slowest 1.025); goal <= 1.02: NOT met") in table
+    if _has_matplotlib():
+        assert (tmp_path / "p.png").stat().st_size > 0
+
+    # A hosts run that ends with other weights than the switch's fails the
+    # sanity check (exit status 3), though its loss is as close to gloo's.
+    for rank in range(4):
+        f = tmp_path / "1gbit-hosts" / f"rank{rank}.json"
+        dump(f, {**json.loads(f.read_text()), "digest": "other"})
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", ALL_COMMS)
+    assert rc == 3
+    assert res["checks"]["same_weights_as_switch"]["1gbit hosts"] is False
+    assert res["checks"]["same_weights_as_switch"]["unlimited hosts"] is True
+    assert res["checks"]["same_weights_as_switch_ok"] is False
+    assert res["checks"]["digests_equal_across_ranks"] and res["checks"]["loss"]["1gbit"]["ok"]
+    assert res["checks"]["ok"] is False and res["headline"]["sanity_ok"] is False
+    assert "1gbit hosts NO" in table
+
+
+def test_train_report_a_switch_run_that_fell_back_is_not_measuring_the_switch(tmp_path, monkeypatch):
+    fell_back = {"mode": "switch", "fallback": True, "path": "hosts", "switch_collectives": 3,
+                 "host_collectives": 96, "fallbacks": 1, "returns": 0, "failed_returns": 0,
+                 "last_fallback_reason": "rank 2 stalled"}
+    train_config(tmp_path, "1gbit", "switch", 1.0, path=fell_back)
+    train_config(tmp_path, "1gbit", "switch-nofallback", 1.0)
+    # An older train_ddp.py, without path counters: nothing to check.
+    train_config(tmp_path, "1gbit", "hosts", 1.0, path=None)
+    rc, res, _ = run_train_report(tmp_path, monkeypatch, "1gbit", "switch,switch-nofallback,hosts")
+    assert rc == 3
+    assert res["checks"]["ran_as_configured"] == {"1gbit switch": False, "1gbit switch-nofallback": True,
+                                                  "1gbit hosts": None}
+    assert res["checks"]["loss"] == {} and "switch_over_gloo_1gbit" not in res["headline"]
+    assert res["headline"]["agreement_cost_1gbit"] == 1.0
+    # AGGSWITCH_FALLBACK that did not take: the "nofallback" run voted.
+    train_config(tmp_path, "1gbit", "gloo", 1.0)
+    rc, res, _ = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch-nofallback")
+    assert rc == 0  # with the fallback off, as configured
+    nf = tmp_path / "1gbit-switch-nofallback" / "rank3.json"
+    dump(nf, {**json.loads(nf.read_text()), "path": {**json.loads(nf.read_text())["path"], "fallback": True}})
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch-nofallback")
+    assert rc == 3 and res["checks"]["ran_as_configured"] == {"1gbit switch-nofallback": False}
+    # Without a switch run the loss is compared with the first run of the switch's arithmetic.
+    assert res["checks"]["loss"]["1gbit"]["compared"] == "switch-nofallback"
+    assert "loss, 1 Gbit/s links: switch-nofallback 0.5000, gloo 0.5000" in table
+
+
+def test_train_report_refuses_an_unknown_comm(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit):
+        run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,nccl")
+
+
+def _has_matplotlib():
+    return importlib.util.find_spec("matplotlib") is not None
