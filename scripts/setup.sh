@@ -108,7 +108,7 @@ fi
 readonly VENV="$REPO_ROOT/.venv"
 readonly PY_REQUIREMENTS="$REPO_ROOT/python/requirements-dev.txt"
 # Import names of what requirements-dev.txt installs (maturin is a command).
-readonly PY_MODULES="numpy, pytest, sklearn, torch, matplotlib, lightning"
+readonly PY_MODULES="numpy, pytest, sklearn, torch, matplotlib, lightning, transformers, accelerate"
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "making the project venv $VENV"
     if ! python3 -m venv "$VENV" >"$OUT" 2>&1; then
