@@ -158,8 +158,10 @@ def hsdp(rank, world, port, addresses, steps, q):
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     shard = mesh["shard"].get_local_rank()
     model = _model(0, mesh=mesh["shard"])
+    hosts = addresses[shard] == "hosts"
     state = agt.AggSwitchState(
-        addresses[shard], job=1, secret=SECRET, group=mesh["replicate"].get_group(), join_timeout=30.0
+        None if hosts else addresses[shard], job=1, secret=None if hosts else SECRET,
+        group=mesh["replicate"].get_group(), join_timeout=30.0, mode="hosts" if hosts else "switch",
     )
     agt.register_hsdp_all_reduce(model, state)
     loss = _train(model, rank, steps, seed=1)
@@ -169,7 +171,7 @@ def hsdp(rank, world, port, addresses, steps, q):
         loss=loss,
         local=_digest(p.to_local() for p in model.parameters()),
         full=_digest(_full_params(model)),
-        collectives=state.stats().get("collectives", 0),
+        collectives=state.stats().get("collectives", 0) + state.stats().get("host_collectives", 0),
     ))
     state.close()
     dist.destroy_process_group()

@@ -108,13 +108,29 @@ def test_a_killed_rank_makes_the_others_raise_within_seconds(switch):
         assert g["at"] - died[0] < 6.0, f"rank {g['rank']} took {g['at'] - died[0]:.1f} s"
 
 
-def test_hsdp_replicas_end_bit_identical():
+@pytest.fixture(scope="module")
+def hsdp_switch():
     switches = [aggswitch.LoopbackSwitch(job=1, world_size=2, secret=SECRET, elems_per_chunk=64) for _ in range(2)]
     try:
         got = launch(fsdp_ranks.hsdp, WORLD, [s.address for s in switches], STEPS, timeout=180.0)
     finally:
         for s in switches:
             s.close()
+    return got
+
+
+def test_hsdp_on_the_host_path_ends_with_the_switchs_parameters(hsdp_switch):
+    # Each replica group's state makes its own host group (2 of the 4
+    # ranks): the replicas' all-reduce on gloo with the switch's bits.
+    got = launch(fsdp_ranks.hsdp, WORLD, ["hosts", "hosts"], STEPS, timeout=180.0)
+    want = {g["rank"]: g["full"] for g in hsdp_switch}
+    for g in got:
+        assert g["full"] == want[g["rank"]], f"rank {g['rank']}: other parameters on the host path"
+        assert g["collectives"] >= STEPS * 3
+
+
+def test_hsdp_replicas_end_bit_identical(hsdp_switch):
+    got = hsdp_switch
     by = {g["rank"]: g for g in got}
     # mesh (replicate, shard): ranks 0,1 are node 0; ranks 0 and 2 hold shard 0
     assert by[0]["shard"] == by[2]["shard"] == 0 and by[1]["shard"] == by[3]["shard"] == 1
