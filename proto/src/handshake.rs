@@ -325,11 +325,18 @@ impl Handshake {
     /// Writes a LEAVE for the membership this attempt's JOIN made; `None`
     /// before a CHALLENGE.
     pub fn emit_leave(&self, buf: &mut [u8]) -> Option<usize> {
+        self.emit_leave_because(0, buf)
+    }
+
+    /// [`Handshake::emit_leave`] with `count` = `reason` (0, or
+    /// [`crate::wire::LEAVE_FOR_HOSTS`]).
+    pub fn emit_leave_because(&self, reason: u16, buf: &mut [u8]) -> Option<usize> {
         let (nonce, gen) = self.challenge?;
         let p = &self.params;
         let mut h = HeaderRepr::new(MsgType::Leave, p.job);
         h.rank = p.rank;
         h.gen = gen;
+        h.count = reason;
         h.emit_to(buf).ok()?;
         let mac = auth::leave_mac(&p.secret, p.job, p.rank, gen, &nonce);
         LeavePayload { mac }.emit(buf.get_mut(HEADER_LEN..)?).ok()?;

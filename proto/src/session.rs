@@ -798,6 +798,13 @@ impl WorkerSession {
     pub fn emit_leave(&self, buf: &mut [u8]) -> Option<usize> {
         self.hs.emit_leave(buf)
     }
+
+    /// The LEAVE of a member that goes on with its job on the host path
+    /// (`count` = [`crate::wire::LEAVE_FOR_HOSTS`]).
+    pub fn emit_leave_for_hosts(&self, buf: &mut [u8]) -> Option<usize> {
+        self.hs
+            .emit_leave_because(crate::wire::LEAVE_FOR_HOSTS, buf)
+    }
 }
 
 #[cfg(test)]

@@ -329,6 +329,11 @@ impl core::str::FromStr for Dtype {
 /// Reduction operations (JOIN `op`).
 pub const OP_SUM: u8 = 0;
 
+/// A LEAVE's `count` when the member leaves to finish its job on the host
+/// path (a fallback: docs/PROTOCOL.md, "Leaving"); 0 otherwise. The switch
+/// counts it (`members_left_for_hosts`) and changes nothing else for it.
+pub const LEAVE_FOR_HOSTS: u16 = 1;
+
 /// Why the switch refused something (NACK payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]

@@ -303,13 +303,15 @@ class Worker(_native.Worker):
             taken["error"] = e
         return result
 
-    def close(self) -> None:
-        """Waits for collectives in flight, then leaves the job. Idempotent."""
+    def close(self, *, for_hosts: bool = False) -> None:
+        """Waits for collectives in flight, then leaves the job. Idempotent.
+        ``for_hosts``: the job goes on without the switch (the host path);
+        the LEAVE says so and a live switch counts it."""
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)
-        super().close()
+        super().close(for_hosts=for_hosts)
 
     def __enter__(self) -> "Worker":
         return self

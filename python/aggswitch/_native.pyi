@@ -59,8 +59,9 @@ class Worker:
     @property
     def has_gradient_stats(self) -> bool:
         """Whether the job is ``stats = true`` (from the switch's JOIN_ACK)."""
-    def close(self) -> None:
-        """Leaves the job; idempotent."""
+    def close(self, *, for_hosts: bool = False) -> None:
+        """Leaves the job; idempotent. ``for_hosts``: the LEAVE says the job
+        goes on on the host path (a live switch counts it)."""
     @property
     def closed(self) -> bool: ...
     @property

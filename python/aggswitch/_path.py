@@ -383,7 +383,7 @@ class CollectivePath:
             if not any(codes):
                 return
             if any(c not in (_OK, _JOINING) for c in codes) or time.monotonic() >= deadline:
-                self._drop_worker()
+                self._drop_worker(for_hosts=st.fallback)
                 if all(c in (_OK, _JOINING) for c in codes):
                     waiting = [r for r, c in enumerate(codes) if c == _JOINING]
                     own = JoinTimeoutError(
@@ -434,13 +434,15 @@ class CollectivePath:
         self._prober = threading.Thread(target=probe, name=f"aggswitch-probe-job{st.job}", daemon=True)
         self._prober.start()
 
-    def _drop_worker(self) -> None:
+    def _drop_worker(self, for_hosts: bool = True) -> None:
         st = self._state
         with st._lock:
             w, st._worker = st._worker, None
         if w is not None:
             try:
-                w.close()  # a LEAVE: frees the rank at a switch that still runs
+                # A LEAVE: frees the rank at a switch that still runs, which
+                # counts it (members_left_for_hosts).
+                w.close(for_hosts=for_hosts)
             except AggSwitchError:
                 pass
 

@@ -682,9 +682,11 @@ impl PyWorker {
 
     /// Leaves the job (best effort: one LEAVE datagram). Idempotent; waits
     /// for a collective in progress to end first.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
+    #[pyo3(signature = (*, for_hosts = false))]
+    fn close(&self, py: Python<'_>, for_hosts: bool) -> PyResult<()> {
         let w = py.detach(|| self.inner.lock().unwrap_or_else(|p| p.into_inner()).take());
         match w {
+            Some(w) if for_hosts => w.leave_for_hosts().map_err(|e| map_err(py, e)),
             Some(w) => w.leave().map_err(|e| map_err(py, e)),
             None => Ok(()),
         }

@@ -1486,6 +1486,16 @@ impl Worker {
             None => Ok(()),
         }
     }
+
+    /// [`Worker::leave`] for a member whose job goes on without the switch,
+    /// on the host path: the LEAVE says so (`LEAVE_FOR_HOSTS`), and a switch
+    /// that is still alive counts it (`members_left_for_hosts`).
+    pub fn leave_for_hosts(mut self) -> Result<(), WorkerError> {
+        match self.session.emit_leave_for_hosts(&mut self.buf) {
+            Some(len) => self.send(len),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Sets both socket buffers to `bytes`: with SO_RCVBUFFORCE/SO_SNDBUFFORCE

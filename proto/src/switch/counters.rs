@@ -212,6 +212,10 @@ counter_schema! {
         nacks,
         /// Times the job became active (every rank joined).
         activations,
+        /// Members that left to go on with the job on the host path (a
+        /// LEAVE with count 1: aggswitch.torch's fallback after a collective
+        /// failed here); each rank of a job that falls back counts once.
+        members_left_for_hosts,
         /// Times an active job went back to joining because a rank re-joined.
         resets,
         /// A restarted leaf switch re-joined keeping its place (no reset).

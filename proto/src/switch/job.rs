@@ -1115,6 +1115,9 @@ impl Job {
             if let Some(b) = &mut self.bound[hdr.rank as usize] {
                 b.left = true;
             }
+            if hdr.count == crate::wire::LEAVE_FOR_HOSTS {
+                self.ctl.members_left_for_hosts += 1;
+            }
             None
         };
         match why {

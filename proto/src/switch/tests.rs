@@ -540,6 +540,32 @@ fn leave_needs_the_mac_of_the_accepted_join() {
 }
 
 #[test]
+fn a_leave_for_the_host_path_is_counted_and_otherwise_a_leave() {
+    // config(n, ...) makes job 5; one rank joins, leaves "for the hosts"
+    // (LEAVE count 1): counted once, and the job goes back to joining as
+    // on any LEAVE. A plain LEAVE (count 0) is not counted.
+    let mut t = table();
+    t.add(config(1, 4, 8), 1000).unwrap();
+    for (round, (for_hosts, counted)) in [(true, 1), (false, 1)].into_iter().enumerate() {
+        let mut hs = handshake(&t, 0, endpoint(0), SECRET);
+        let at = t0() + Duration::from_secs(round as u64);
+        hello(&mut t, &mut hs, endpoint(0), at);
+        t.handle(&join_bytes(&hs, (0, 0)), endpoint(0), false, at);
+        assert_eq!(t.get(5).unwrap().state(), JobState::Active);
+        let mut b = [0u8; 64];
+        let n = if for_hosts {
+            hs.emit_leave_because(crate::wire::LEAVE_FOR_HOSTS, &mut b)
+        } else {
+            hs.emit_leave(&mut b)
+        }
+        .unwrap();
+        assert_eq!(t.handle(&b[..n], endpoint(0), false, at), Verdict::Noted);
+        assert_eq!(t.get(5).unwrap().state(), JobState::Joining);
+        assert_eq!(t.get(5).unwrap().counters().members_left_for_hosts, counted);
+    }
+}
+
+#[test]
 fn memory_budget_refuses_with_numbers_and_frees_on_remove() {
     let mut cfg = TableConfig::new(GEN, [1; 32]);
     cfg.pool_budget = 64 << 20;
