@@ -39,8 +39,12 @@ def train(rank, world, port, address, steps, q):
     # Lightning makes the process group.
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank), LOCAL_RANK="0",
-        AGGSWITCH_SWITCH=address, AGGSWITCH_JOB="1", AGGSWITCH_SECRET=SECRET,
+        AGGSWITCH_JOB="1",
     )
+    if address == "hosts":  # the host path: no switch at all
+        os.environ.update(AGGSWITCH_MODE="hosts")
+    else:
+        os.environ.update(AGGSWITCH_SWITCH=address, AGGSWITCH_SECRET=SECRET)
     from aggswitch.lightning import AggSwitchDDPStrategy
 
     strategy = AggSwitchDDPStrategy(process_group_backend="gloo")

@@ -28,6 +28,10 @@ def test_trainer_on_cpu_sums_in_the_switch(switch):
     for g in got:
         assert g["stats"]["collectives"] == STEPS, g["stats"]  # one bucket per step
     assert len({g["digest"] for g in got}) == 1, "ranks hold different weights"
+    # The same training on the host path (AGGSWITCH_MODE=hosts): the same bits.
+    hosts = launch(lightning_ranks.train, WORLD, "hosts", STEPS, timeout=120.0)
+    assert {g["digest"] for g in hosts} == {got[0]["digest"]}, "the host path ended with other weights"
+    assert all(g["stats"]["host_collectives"] == STEPS for g in hosts)
 
 
 def test_a_comm_wrapper_is_refused_with_what_to_do():
