@@ -184,7 +184,7 @@ class CollectivePath:
         def on_hosts(hg: Any, rank: int, n: int) -> None:
             chunk = None
             if st._gns is not None:
-                chunk = self._chunk or default_chunk(st.dtype)
+                chunk = self._chunk or st.elems_per_chunk or default_chunk(st.dtype)
             self._host_stats = _hosts.all_reduce(
                 host, rank, n, st.dtype, hg, leaf_sizes=st.leaf_sizes, stats_chunk=chunk
             )

@@ -100,6 +100,10 @@ class AggSwitchState:
     once the switch answers again, probing it every ``probe_interval``
     seconds. ``leaf_sizes``: the workers per leaf when the job runs on an
     aggregation tree, so the host path sums in the tree's order.
+    ``elems_per_chunk``: the job's chunk length for the host path's
+    gradient statistics (per-chunk sums, as the switch's trailers) before it
+    has joined the switch; once joined it uses the switch's. Default: a
+    ``stats = true`` job's at MTU 1500.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class AggSwitchState:
         fallback: bool = True,
         probe_interval: float = 5.0,
         leaf_sizes: "list[int] | None" = None,
+        elems_per_chunk: int | None = None,
         **worker_options: Any,
     ) -> None:
         # Rank and world size are taken when the state first joins, not here:
@@ -131,6 +136,7 @@ class AggSwitchState:
         self.fallback = bool(fallback)
         self.probe_interval = float(probe_interval)
         self.leaf_sizes = None if leaf_sizes is None else [int(x) for x in leaf_sizes]
+        self.elems_per_chunk = None if elems_per_chunk is None else int(elems_per_chunk)
         self._path = _Path(self)
         self.switch = switch
         self.job = int(job)

@@ -67,7 +67,11 @@ def gns_runs(rank, world, port, plan, q):
         ref = copy.deepcopy(model)
         # Small buckets: several per step, so the step's numbers are sums over buckets.
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.008)
-        state = agt.AggSwitchState(address, job=1, secret=SECRET, dtype=dtype, join_timeout=30.0)
+        if address.startswith("hosts:"):  # the host path, chunks of the given length
+            state = agt.AggSwitchState(None, job=1, secret=None, dtype=dtype, mode="hosts",
+                                       elems_per_chunk=int(address.split(":")[1]))
+        else:
+            state = agt.AggSwitchState(address, job=1, secret=SECRET, dtype=dtype, join_timeout=30.0)
         gns = agt.GradientNoiseScale(state, batch_per_rank=BATCH, beta=0.8)
         hook = {"f32": agt.allreduce_hook, "bf16": agt.bf16_compress_hook}[dtype]
         ddp.register_comm_hook(state, hook)
@@ -89,7 +93,7 @@ def gns_runs(rank, world, port, plan, q):
             gns.step()
             steps.append(dict(switch=gns.last_stats, ref=want, grad_sq=gns.grad_sq, trace=gns.trace,
                               noise_scale=gns.noise_scale))
-        out[name] = dict(steps=steps, resent=state.stats()["chunks_resent"])
+        out[name] = dict(steps=steps, resent=state.stats().get("chunks_resent", 0))
         state.close()
     q.put(out)
     dist.destroy_process_group()

@@ -46,6 +46,9 @@ def runs():
         ("f32", sw(elems_per_chunk=100), "f32"),
         ("f32_lossy", sw(elems_per_chunk=100, drop_every=30), "f32"),
         ("bf16", sw(elems_per_chunk=100, dtype="bf16"), "bf16"),
+        # The host path: the same statistics, bit for bit
+        ("f32_hosts", "hosts:100", "f32"),
+        ("bf16_hosts", "hosts:100", "bf16"),
     ]
     got = launch(gns_ranks.gns_runs, WORLD, plan, timeout=240.0)
     for s in made:
@@ -170,3 +173,13 @@ def test_train_ddp_adaptive_grows_the_batch_and_logs_every_step(tmp_path):
     assert b > b0, "30 steps of this run grow the batch once (B_noise ≈ 77 > 32 at step 19)"
     digests = re.findall(r"weights sha256 ([0-9a-f]{16})", r.stdout)  # ranks' lines may interleave
     assert len(digests) == WORLD and len(set(digests)) == 1, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("hosts, switch", [("f32_hosts", "f32"), ("bf16_hosts", "bf16")])
+def test_the_host_path_gives_the_switchs_statistics_bit_for_bit(runs, hosts, switch):
+    # An adaptive-batch run decides the same whether the switch or the
+    # hosts summed a step.
+    for r in range(WORLD):
+        for a, b in zip(runs[r][hosts]["steps"], runs[r][switch]["steps"]):
+            assert a["switch"] == b["switch"]
+            assert a["noise_scale"] == b["noise_scale"]
