@@ -6,7 +6,7 @@ Launch one process per worker with torchrun (README, "Train with PyTorch").
 gradient noise scale from the switch's statistics and grows the batch with
 aggswitch.torch.AdaptiveBatch; rank 0 prints step, loss, B_noise, global
 batch and learning rate every step (README, "Gradient noise scale")."""
-import argparse, hashlib, json, os, time
+import argparse, hashlib, json, os, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn
 from sklearn.datasets import load_digits
@@ -106,3 +106,15 @@ if a.adaptive and log:
 if a.comm == "switch":
     state.close()
 dist.destroy_process_group()
+# Leave without Python's interpreter finalization. gloo's worker threads
+# (pt_gloo_runloop) free a finished collective's tensors a moment after the
+# caller got its result; freeing one that Python made takes the GIL, and a
+# thread taking the GIL while the interpreter finalizes is ended with
+# pthread_exit, whose unwinding through a noexcept destructor aborts the
+# process ("terminate called without an active exception", SIGABRT) after the
+# run succeeded and wrote --out (pytorch/pytorch#190489; destroy_process_group
+# does not wait for those threads). Everything this run produces is written
+# and flushed by now.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

@@ -4,7 +4,7 @@ gradient reduce-scatter and parameter all-gather go through the switch
 world/R shards; with the switch, shards stay on gloo within a node and each
 replica group's all-reduce goes through the switch, the group of shard g as
 job AGGSWITCH_JOB + g. Launch with torchrun (README, "Train with FSDP")."""
-import argparse, hashlib, json, time
+import argparse, hashlib, json, os, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -81,3 +81,15 @@ if a.out:
 if a.comm == "switch":
     state.close()
 dist.destroy_process_group()
+# Leave without Python's interpreter finalization. gloo's worker threads
+# (pt_gloo_runloop) free a finished collective's tensors a moment after the
+# caller got its result; freeing one that Python made takes the GIL, and a
+# thread taking the GIL while the interpreter finalizes is ended with
+# pthread_exit, whose unwinding through a noexcept destructor aborts the
+# process ("terminate called without an active exception", SIGABRT) after the
+# run succeeded and wrote --out (pytorch/pytorch#190489; destroy_process_group
+# does not wait for those threads). Everything this run produces is written
+# and flushed by now.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

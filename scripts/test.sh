@@ -48,6 +48,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly FUZZ_SECONDS=30
+# Lines of each failed test's panic message in the closing summary.
+readonly PANIC_LINES=60
 
 QUICK=0
 while [[ $# -gt 0 ]]; do
@@ -74,14 +76,33 @@ FAILED=()
 TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-test.XXXXXX")"
 PY_LOG="$(mktemp "${TMPDIR:-/tmp}/agg-pytest.XXXXXX")"
 
-# failures: each failed test's name and the start of its panic, and
-# pytest's FAILED lines, so that the end of the log says what failed.
+# panic_message NAME: the panic of test NAME in the cargo test log, from its
+# "thread 'NAME' (TID) panicked at" line to the end of the message (the
+# backtrace, the note about RUST_BACKTRACE, the next test's output or the
+# failures list), at most PANIC_LINES lines, then how many more the log has.
+panic_message() {
+    awk -v name="$1" -v max="$PANIC_LINES" '
+        !on && index($0, "thread '"'"'" name "'"'"' ") { on = 1 }
+        !on { next }
+        /^stack backtrace:/ || /^note: run with `RUST_BACKTRACE/ || /^---- / || /^failures:$/ { exit }
+        /^$/ { blank++; next }
+        {
+            for (; blank > 0; blank--) if (++n <= max) print ""; else more++
+            if (++n <= max) print; else more++
+        }
+        END { if (more) printf "... (%d more lines in the log)\n", more }
+    ' "$TEST_LOG"
+}
+
+# failures: each failed test's name and its panic message (the torch tests'
+# include the failed ranks' stderr), and pytest's FAILED lines, so that the
+# end of the log says what failed and why.
 failures() {
     local name
     echo "failed tests:"
     while read -r name; do
         echo "  $name"
-        grep -A3 -F "thread '$name' " "$TEST_LOG" | head -n 4 | sed -e '/^stack backtrace:/,$d' -e 's/^/    /' || true
+        panic_message "$name" | sed 's/^/    /' || true
     done < <(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$TEST_LOG" | head -n 20)
     grep -F "process didn't exit successfully" "$TEST_LOG" | head -n 5 | sed 's/^/  /' || true
     grep -E '^(FAILED|ERROR) ' "$PY_LOG" | head -n 20 | sed 's/^/  /' || true

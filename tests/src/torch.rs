@@ -92,6 +92,14 @@ pub struct Run {
     pub env: Vec<(&'static str, String)>,
 }
 
+/// Lines of stderr [`RankProc::tails`] shows for a rank that failed: a
+/// Python traceback, or an abort's message with the thread stacks
+/// `PYTHONFAULTHANDLER` adds after it.
+const FAILED_STDERR_LINES: usize = 30;
+/// Lines of stderr shown for a rank that did not fail (it often only says
+/// that a peer went away).
+const OTHER_STDERR_LINES: usize = 8;
+
 /// One rank's process; its stdout and stderr go to files.
 pub struct RankProc {
     pub rank: u16,
@@ -111,17 +119,35 @@ impl RankProc {
     pub fn stderr_text(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
-    /// The last lines of stdout and stderr, for failure messages.
+    /// Whether it has exited unsuccessfully (non-zero status or a signal).
+    pub fn failed(&self) -> bool {
+        self.status.is_some_and(|s| !s.success())
+    }
+    /// Its status, and the last lines of its stderr (where an error or an
+    /// abort's message is; more of it when it failed) and stdout, for
+    /// failure messages. Says when a failed rank had written its `--out`
+    /// report: it died after training, on its way out.
     pub fn tails(&self) -> String {
+        let status = self
+            .status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "running".into());
+        let wrote = if self.failed() && self.out.exists() {
+            "; it had written its --out report: it died after training, on its way out"
+        } else {
+            ""
+        };
+        let stderr_lines = if self.failed() {
+            FAILED_STDERR_LINES
+        } else {
+            OTHER_STDERR_LINES
+        };
         format!(
-            "--- rank {} ({}) stdout tail:\n{}\n--- rank {} stderr tail:\n{}",
+            "--- rank {} ({status}{wrote}) stderr tail:\n{}\n--- rank {} stdout tail:\n{}",
             self.rank,
-            self.status
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "running".into()),
-            tail(&self.stdout_text(), 5),
+            tail(&self.stderr_text(), stderr_lines),
             self.rank,
-            tail(&self.stderr_text(), 15)
+            tail(&self.stdout_text(), 5)
         )
     }
     /// The exit status, once it has exited (reaped here).
@@ -189,8 +215,8 @@ impl Ranks {
     /// Starts every rank of `run` with the torchrun environment (RANK,
     /// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR = worker 0, MASTER_PORT),
     /// `GLOO_SOCKET_IFNAME=eth0` (gloo otherwise binds the hostname's
-    /// address, which is not in the testbed), one thread, and `AGGSWITCH_*`
-    /// for job 1 on the testbed's switch.
+    /// address, which is not in the testbed), one thread, `AGGSWITCH_*` for
+    /// job 1 on the testbed's switch, and `PYTHONFAULTHANDLER=1`.
     pub fn spawn(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> Ranks {
         let script = repo_root().join(run.script);
         let procs = (0..run.world)
@@ -212,6 +238,9 @@ impl Ranks {
                     .env("GLOO_SOCKET_IFNAME", "eth0")
                     .env("OMP_NUM_THREADS", "1")
                     .env("PYTHONUNBUFFERED", "1")
+                    // A rank killed by a signal (SIGABRT, SIGSEGV) writes
+                    // every thread's Python stack to stderr.
+                    .env("PYTHONFAULTHANDLER", "1")
                     .env("AGGSWITCH_SWITCH", tb.switch_endpoint().to_string())
                     .env("AGGSWITCH_JOB", "1")
                     .env("AGGSWITCH_SECRET", SECRET)
@@ -332,9 +361,11 @@ impl Ranks {
         exited_after.into_iter().flatten().collect()
     }
 
+    /// Every rank's [`RankProc::tails`], the failed ranks first.
     pub fn all_tails(&self) -> String {
-        self.procs
-            .iter()
+        let (failed, others): (Vec<&RankProc>, Vec<&RankProc>) =
+            self.procs.iter().partition(|p| p.failed());
+        (failed.into_iter().chain(others))
             .map(RankProc::tails)
             .collect::<Vec<_>>()
             .join("\n")
@@ -346,22 +377,26 @@ impl Ranks {
         let deadline = self.started + limit;
         loop {
             let mut running = 0;
-            let mut failed = None;
+            let mut failed = false;
             for p in &mut self.procs {
                 match p.poll() {
                     None => running += 1,
-                    Some(s) if !s.success() => failed = Some(p.rank),
+                    Some(s) if !s.success() => failed = true,
                     Some(_) => {}
                 }
             }
-            if let Some(r) = failed {
+            if failed {
                 // One rank failing leaves the others waiting for it: give
                 // them a moment to report their side, then show everything.
                 std::thread::sleep(Duration::from_secs(2));
                 for p in &mut self.procs {
                     p.poll();
                 }
-                panic!("{what}: rank {r} failed\n{}", self.all_tails());
+                let failed: Vec<u16> = (self.procs.iter())
+                    .filter(|p| p.failed())
+                    .map(|p| p.rank)
+                    .collect();
+                panic!("{what}: ranks {failed:?} failed\n{}", self.all_tails());
             }
             if running == 0 {
                 break;
