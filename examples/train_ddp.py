@@ -51,7 +51,14 @@ model = nn.Sequential(*[m for i, o in zip(dims, dims[1:]) for m in (nn.Linear(i,
 ddp = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
 if a.comm == "switch":
     import aggswitch.torch as agt
-    state = agt.state_from_env(**({"dtype": a.dtype} if a.dtype else {}))  # or AGGSWITCH_DTYPE=bf16
+    opts = {"dtype": a.dtype} if a.dtype else {}  # or AGGSWITCH_DTYPE=bf16
+    # On an aggregation tree each rank joins its leaf: AGGSWITCH_RANK is its rank at the leaf and
+    # AGGSWITCH_WORLD_SIZE the leaf's workers (default: torch.distributed's rank and world size);
+    # AGGSWITCH_TREE=2,2 gives the host path the tree's order (process-group ranks: leaf 0's first).
+    for key, var in (("rank", "AGGSWITCH_RANK"), ("world_size", "AGGSWITCH_WORLD_SIZE")):
+        if os.environ.get(var, "").strip():
+            opts[key] = int(os.environ[var])
+    state = agt.state_from_env(**opts)
     hooks = {"f32": agt.allreduce_hook, "bf16": agt.bf16_compress_hook, "f16": agt.fp16_compress_hook}
     ddp.register_comm_hook(state, hooks[state.dtype])
 elif a.dtype in ("bf16", "f16"):  # gloo at its best with half the bytes: PyTorch's own hooks

@@ -832,6 +832,13 @@ impl Switchd {
         stats
     }
 
+    /// Starts switchd again after a [`Switchd::kill`] (a crashed switch
+    /// brought back: a new generation, with the same configuration).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "switchd still runs");
+        self.launch();
+    }
+
     /// Runs `switchctl --socket ADMIN ARGS` (the admin socket is a file, so
     /// no namespace is needed).
     pub fn switchctl(&self, args: &[&str]) -> Output {

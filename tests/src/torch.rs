@@ -1,17 +1,19 @@
-//! PyTorch ranks as processes in a testbed's worker namespaces, for the
-//! torch end-to-end tests (`examples/train_fsdp.py`): the venv check, the
-//! torchrun environment of each rank, and collecting the `--out` reports.
+//! PyTorch ranks as processes in a testbed's worker namespaces (one switch,
+//! or an aggregation tree's leaves), for the torch end-to-end tests
+//! (`examples/train_ddp.py`, `train_fsdp.py`): the venv check, the torchrun
+//! environment of each rank, and collecting the `--out` reports.
 //!
 //! Invariants: every rank process still running when its [`Ranks`] drops is
 //! killed by PID (also when the test panics); a rank's stdout and stderr go
 //! to files in a [`WorkDir`], kept on panic for the failure's diagnosis.
 
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{repo_root, unavailable, Testbed, SECRET};
+use crate::{repo_root, unavailable, LeafSpine, Netns, Testbed, AGG_PORT, SECRET};
 
 /// The venv python that has torch and `aggswitch.torch` (`AGG_PYTHON`,
 /// else the repo's `.venv/bin/python`), or None after [`unavailable`].
@@ -193,6 +195,10 @@ pub struct Report {
     pub digest: String,
     pub params: u64,
     pub step_ms_median: f64,
+    /// Where the collectives ran (train_ddp.py's `path`: the state's mode,
+    /// `path`, `fallbacks`, `returns`, `failed_returns`, `switch_collectives`,
+    /// `host_collectives`, ...); null for `--comm gloo`.
+    pub path: serde_json::Value,
 }
 
 /// The ranks of one run; every process still running is killed (by PID) on
@@ -218,12 +224,59 @@ impl Ranks {
     /// address, which is not in the testbed), one thread, `AGGSWITCH_*` for
     /// job 1 on the testbed's switch, and `PYTHONFAULTHANDLER=1`.
     pub fn spawn(tb: &Testbed, py: &Path, dir: &Path, run: &Run) -> Ranks {
+        let switch = tb.switch_endpoint().to_string();
+        Ranks::spawn_placed(dir, run, tb.worker_addr(0), |rank| {
+            let cmd = tb.cmd_in(&tb.worker_ns(rank / run.ranks_per_ns), py);
+            (cmd, vec![("AGGSWITCH_SWITCH", switch.clone())])
+        })
+    }
+
+    /// As [`Ranks::spawn`], on an aggregation tree: rank r (one per worker
+    /// namespace, leaf 0's first: r = i * W + k for worker k of leaf i, as
+    /// the host path's tree order needs) joins its leaf's gateway as rank k
+    /// of the leaf's W (`AGGSWITCH_RANK`, `AGGSWITCH_WORLD_SIZE`, read by
+    /// `examples/train_ddp.py`), with `AGGSWITCH_TREE` the workers per leaf.
+    pub fn spawn_tree(fabric: &LeafSpine, py: &Path, dir: &Path, run: &Run) -> Ranks {
+        let wpl = fabric.workers_per_leaf;
+        assert_eq!(
+            run.ranks_per_ns, 1,
+            "a tree's ranks: one per worker namespace"
+        );
+        assert_eq!(
+            run.world,
+            fabric.leaves * wpl,
+            "a tree's ranks: every worker"
+        );
+        let tree = vec![wpl.to_string(); usize::from(fabric.leaves)].join(",");
+        Ranks::spawn_placed(dir, run, fabric.worker_addr(0, 0), |rank| {
+            let (i, k) = (rank / wpl, rank % wpl);
+            let cmd = fabric.cmd_in(&fabric.worker_ns(i, k), py);
+            let switch = SocketAddrV4::new(fabric.leaf_gateway(i), AGG_PORT);
+            let env = vec![
+                ("AGGSWITCH_SWITCH", switch.to_string()),
+                ("AGGSWITCH_RANK", k.to_string()),
+                ("AGGSWITCH_WORLD_SIZE", wpl.to_string()),
+                ("AGGSWITCH_TREE", tree.clone()),
+            ];
+            (cmd, env)
+        })
+    }
+
+    /// Starts every rank of `run`: `place(rank)` is the command (python in
+    /// the rank's namespace) and the rank's own environment; the rest is
+    /// what [`Ranks::spawn`] says, with MASTER_ADDR `master`.
+    fn spawn_placed(
+        dir: &Path,
+        run: &Run,
+        master: Ipv4Addr,
+        place: impl Fn(u16) -> (Command, Vec<(&'static str, String)>),
+    ) -> Ranks {
         let script = repo_root().join(run.script);
         let procs = (0..run.world)
             .map(|rank| {
                 let f = |ext: &str| dir.join(format!("{}-rank{rank}.{ext}", run.tag));
                 let (stdout, stderr, out) = (f("stdout"), f("stderr"), f("json"));
-                let mut cmd = tb.cmd_in(&tb.worker_ns(rank / run.ranks_per_ns), py);
+                let (mut cmd, env) = place(rank);
                 cmd.arg(&script)
                     .args(&run.args)
                     .arg("--out")
@@ -233,7 +286,7 @@ impl Ranks {
                     .env("LOCAL_RANK", (rank % run.ranks_per_ns).to_string())
                     .env("WORLD_SIZE", run.world.to_string())
                     .env("LOCAL_WORLD_SIZE", run.ranks_per_ns.to_string())
-                    .env("MASTER_ADDR", tb.worker_addr(0).to_string())
+                    .env("MASTER_ADDR", master.to_string())
                     .env("MASTER_PORT", run.master_port.to_string())
                     .env("GLOO_SOCKET_IFNAME", "eth0")
                     .env("OMP_NUM_THREADS", "1")
@@ -241,9 +294,9 @@ impl Ranks {
                     // A rank killed by a signal (SIGABRT, SIGSEGV) writes
                     // every thread's Python stack to stderr.
                     .env("PYTHONFAULTHANDLER", "1")
-                    .env("AGGSWITCH_SWITCH", tb.switch_endpoint().to_string())
                     .env("AGGSWITCH_JOB", "1")
                     .env("AGGSWITCH_SECRET", SECRET)
+                    .envs(env)
                     .envs(run.env.iter().map(|(k, v)| (k, v)))
                     .stdin(Stdio::null())
                     .stdout(std::fs::File::create(&stdout).unwrap())
@@ -438,6 +491,7 @@ impl Ranks {
                     digest: v["digest"].as_str().expect("digest").to_owned(),
                     params: v["params"].as_u64().expect("params"),
                     step_ms_median: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
+                    path: v["path"].clone(),
                 }
             })
             .collect();
