@@ -337,10 +337,7 @@ class CollectivePath:
                 if returning:
                     self._backoff = st.probe_interval
                     self._counts["returns"] += 1
-                    _log.warning(
-                        "aggswitch job %d rank %d: the switch is back; collectives run on it again",
-                        st.job, st.rank,
-                    )
+                    _log.warning("%s: the switch is back; collectives run on it again", self._who(hg))
                 self._on_hosts = False
                 self._switch_done()
                 return
@@ -360,19 +357,27 @@ class CollectivePath:
             self._backoff = min(self._backoff * 2, 64 * st.probe_interval)
             self._not_before = time.monotonic() + self._backoff
             _log.info(
-                "aggswitch job %d rank %d: the switch answered but could not take the job back (%s); "
-                "staying on the hosts, next try in %.0f s", st.job, st.rank, reason, self._backoff,
+                "%s: the switch answered but could not take the job back (%s); "
+                "staying on the hosts, next try in %.0f s", self._who(hg), reason, self._backoff,
             )
         else:
             self._counts["fallbacks"] += 1
             self._last_reason = reason
             _log.warning(
-                "aggswitch job %d rank %d: %s; this collective and the next ones run on the hosts over "
+                "%s: %s; this collective and the next ones run on the hosts over "
                 "the process group, with the switch's bits; probing the switch every %.0f s to come back",
-                st.job, st.rank, reason, st.probe_interval,
+                self._who(hg), reason, st.probe_interval,
             )
         self._on_hosts = True
         self._start_prober()
+
+    def _who(self, hg: Any) -> str:
+        """"aggswitch job J rank R" for the log, with the process group's
+        rank when it differs (a tree's job numbers its ranks per leaf)."""
+        st = self._state
+        who = f"aggswitch job {st.job} rank {st.rank}"
+        pg = dist.get_rank(hg)
+        return who if pg == st.rank else f"{who} (process rank {pg})"
 
     def _switch_done(self) -> None:
         w = self._state._worker
@@ -390,7 +395,10 @@ class CollectivePath:
 
     def _reason(self, codes: list[int], err: BaseException | None) -> str:
         if err is not None:
-            return f"this rank's collective failed on the switch ({type(err).__name__}: {err})"
+            # The library's advice to restart the job is for fail-fast; here
+            # the job goes on.
+            text = str(err).replace(" and restart the job", "")
+            return f"this rank's collective failed on the switch ({type(err).__name__}: {text})"
         failed = [f"rank {r}: {_describe(c)}" for r, c in enumerate(codes) if c]
         return "the switch failed for other ranks (" + "; ".join(failed) + ")"
 

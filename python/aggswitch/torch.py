@@ -165,6 +165,15 @@ class AggSwitchState:
         """The job's number of ranks (resolved on first use)."""
         return self._resolve()[1]
 
+    @property
+    def ranks_summed(self) -> int:
+        """How many ranks' gradients a sum covers: the job's world size, or
+        on an aggregation tree (``leaf_sizes``) every leaf's workers, while
+        ``world_size`` is this rank's leaf's. A mean divides by this."""
+        if self.leaf_sizes is not None:
+            return sum(self.leaf_sizes)
+        return self.world_size
+
     def _resolve(self, group: "dist.ProcessGroup | None" = None) -> tuple[int, int]:
         """Fixes rank and world size: the ones passed to the constructor,
         else those of ``group`` (the constructor's, else the one a collective
@@ -412,7 +421,7 @@ def allreduce_hook(state: AggSwitchState, bucket: dist.GradBucket) -> torch.futu
     def work() -> None:
         state._reduce_sum(host)
         state._feed_gns(1.0)
-        host.div_(state.world_size)
+        host.div_(state.ranks_summed)
         if host is not tensor:
             tensor.copy_(host)
 
@@ -468,13 +477,13 @@ def _compress_hook(
     # devices that also changes the dtype converts on the CPU, in float32
     # over the bus, both ways: torch's copy_.) Round to nearest even on
     # either device, so the bytes sent are the same.
-    compressed = tensor.to(dtype=wire).div_(state.world_size)
+    compressed = tensor.to(dtype=wire).div_(state.ranks_summed)
     host = compressed if compressed.device.type == "cpu" else compressed.to("cpu")
 
     def work() -> None:
         state._reduce_sum(host)
         # The switch measured g/n (divided before the sum): n² restores Σ‖gᵢ‖², ‖Σgᵢ‖².
-        state._feed_gns(float(state.world_size) ** 2)
+        state._feed_gns(float(state.ranks_summed) ** 2)
         tensor.copy_(host if host is compressed else host.to(tensor.device))
 
     return _on_state_thread(state, work, tensor)

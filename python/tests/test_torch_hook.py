@@ -252,3 +252,14 @@ def test_a_hook_of_another_dtype_than_the_state_says_so(switch, process_group):
     with pytest.raises(ValueError, match="state's job is f32; this hook sends bf16"):
         ddp(torch.zeros(3, 4)).sum().backward()
     state.close()
+
+
+def test_on_a_tree_the_mean_divides_by_every_leafs_ranks():
+    # A tree's state joins its leaf as one of the leaf's ranks, but the sum
+    # covers every leaf's: the DDP hooks divide by ranks_summed.
+    st = agt.AggSwitchState(None, 1, None, rank=1, world_size=2, mode="hosts", leaf_sizes=[2, 3])
+    assert (st.world_size, st.ranks_summed) == (2, 5)
+    flat = agt.AggSwitchState(None, 1, None, rank=1, world_size=4, mode="hosts")
+    assert flat.ranks_summed == 4
+    st.close()
+    flat.close()
