@@ -167,6 +167,9 @@ pub struct Report {
     pub digest: String,
     pub params: u64,
     pub step_ms_median: f64,
+    /// The whole `--out` JSON (e.g. `path`: where the collectives ran, the
+    /// state's counters).
+    pub json: serde_json::Value,
 }
 
 /// The ranks of one run; every process still running is killed (by PID) on
@@ -403,6 +406,7 @@ impl Ranks {
                     digest: v["digest"].as_str().expect("digest").to_owned(),
                     params: v["params"].as_u64().expect("params"),
                     step_ms_median: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
+                    json: v,
                 }
             })
             .collect();
