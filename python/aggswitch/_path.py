@@ -72,9 +72,9 @@ _OUTCOME = {
     _OTHER: "protocol error",
 }
 
-# A join waits for every rank; it is tried in slices of this many seconds
-# with a vote between them, so a rank refused at once (a wrong secret) is
-# known to every rank within a slice, not after the whole join timeout.
+# A join waits for every rank; the ranks vote on how far theirs got every
+# this many seconds, so a rank refused at once (a wrong secret) is known to
+# every rank within one interval, not after the whole join timeout.
 _JOIN_SLICE = 2.0
 
 
@@ -116,6 +116,70 @@ def _others_error(job: int, rank: int, codes: list[int], what: str) -> AggSwitch
     if first == _STALLED:
         return StalledError(msg, None, -1, -1)
     return AggSwitchError(msg)
+
+
+class _BackgroundJoin:
+    """One ``Worker`` join on a thread of its own, so the state's thread can
+    vote while it waits. Abandoned (the ranks agreed to give up), a worker
+    that still gets in later is closed at once."""
+
+    def __init__(self, state: Any, group: Any, timeout: float) -> None:
+        from . import Worker
+
+        rank, n = state._resolve(group)
+        options = dict(state._options, join_timeout=timeout)
+        self._lock = threading.Lock()
+        self._worker: Any = None
+        self._error: BaseException | None = None
+        self._abandoned: bool | None = None  # None: not abandoned; else for_hosts
+
+        def run() -> None:
+            try:
+                w = Worker(state.switch, job=state.job, rank=rank, world_size=n, secret=state._secret, **options)
+            except BaseException as e:  # noqa: BLE001 - reported by outcome()
+                with self._lock:
+                    self._error = e
+                return
+            with self._lock:
+                abandoned, self._worker = self._abandoned, w
+            if abandoned is not None:
+                _close_quietly(w, abandoned)
+
+        self._thread = threading.Thread(target=run, name=f"aggswitch-join-job{state.job}", daemon=True)
+        self._thread.start()
+
+    def wait(self, seconds: float) -> None:
+        self._thread.join(seconds)
+
+    def outcome(self) -> tuple[int, BaseException | None]:
+        with self._lock:
+            if self._worker is not None:
+                return _OK, None
+            if self._error is None:
+                return _JOINING, None
+            e = self._error
+        if isinstance(e, JoinTimeoutError):
+            return _JOINING, e
+        return (_outcome(e), e) if isinstance(e, AggSwitchError) else (_OTHER, e)
+
+    def take(self) -> Any:
+        with self._lock:
+            w, self._worker = self._worker, None
+        return w
+
+    def abandon(self, for_hosts: bool) -> None:
+        with self._lock:
+            self._abandoned = for_hosts
+            w, self._worker = self._worker, None
+        if w is not None:
+            _close_quietly(w, for_hosts)
+
+
+def _close_quietly(w: Any, for_hosts: bool) -> None:
+    try:
+        w.close(for_hosts=for_hosts)
+    except AggSwitchError:
+        pass
 
 
 class _Agreed(Exception):
@@ -343,10 +407,10 @@ class CollectivePath:
     def _join_together(self, hg: Any, group: Any) -> None:
         """Joins with every rank or with none, so no rank waits in a join
         the others never finish: first every rank probes the switch and the
-        ranks agree on the answers; then they join in slices of
-        ``_JOIN_SLICE`` seconds with a vote after each, until all joined,
-        one failed (a refusal: every rank knows which and why within a
-        slice), or the join timeout passed. A failure raises the same
+        ranks agree on the answers; then each joins (one join, on a thread)
+        and the ranks vote every ``_JOIN_SLICE`` seconds until all joined,
+        one failed (a refusal: every rank knows which and why within one
+        interval), or the join timeout passed. A failure raises the same
         ``_Agreed`` on every rank (fail-fast: this rank's own error, or one
         naming the ranks that failed)."""
         st = self._state
@@ -368,22 +432,19 @@ class CollectivePath:
             raise _Agreed(own or _others_error(st.job, st.rank, codes, "joining"), codes)
         timeout = float(st._options.get("join_timeout", 30.0))
         deadline = time.monotonic() + timeout
+        join = _BackgroundJoin(st, group, timeout)
         while True:
-            left = deadline - time.monotonic()
-            err: BaseException | None = None
-            try:
-                if st._worker is None:
-                    st._joined(group, join_timeout=max(0.2, min(_JOIN_SLICE, left)))
-                code = _OK
-            except JoinTimeoutError as e:
-                err, code = e, _JOINING
-            except AggSwitchError as e:
-                err, code = e, _outcome(e)
+            # One join, never restarted (a new one from a new socket would
+            # reset the job at the switch for the ranks that got in); the
+            # votes between slices only say how far each rank is.
+            join.wait(_JOIN_SLICE)
+            code, err = join.outcome()
             codes = self._vote(hg, code)
             if not any(codes):
+                st._worker = join.take()
                 return
             if any(c not in (_OK, _JOINING) for c in codes) or time.monotonic() >= deadline:
-                self._drop_worker(for_hosts=st.fallback)
+                join.abandon(for_hosts=st.fallback)
                 if all(c in (_OK, _JOINING) for c in codes):
                     waiting = [r for r, c in enumerate(codes) if c == _JOINING]
                     own = JoinTimeoutError(
@@ -392,10 +453,7 @@ class CollectivePath:
                         f"{len(codes)} ranks pointed at the same switch and job?"
                     )
                     raise _Agreed(own, codes)
-                raise _Agreed(err if code not in (_OK, _JOINING) else _others_error(st.job, st.rank, codes, "joining"), codes)
-            # Some ranks joined and some are still joining (a JOIN_ACK
-            # crossing the slice's end): those go on joining; a member whose
-            # job went back to joining meanwhile re-joins on its first DATA.
+                raise _Agreed(err if err is not None else _others_error(st.job, st.rank, codes, "joining"), codes)
 
     def _probe_once(self, group: Any, timeout: float) -> tuple[str, Any, Any]:
         st = self._state
