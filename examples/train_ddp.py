@@ -29,6 +29,8 @@ p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt", help=
 p.add_argument("--gns-log", help="--adaptive: rank 0 writes each step's record here (JSON lines)")
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model computes; with cuda every "
                "rank uses GPU LOCAL_RANK (default 0) and DDP's buckets are staged through host memory for the switch")
+p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to pause after each step (a test's time to act "
+               "mid-run, e.g. kill the switch at a given step; the weights do not depend on it)")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
 if a.adaptive and a.comm != "switch":
@@ -94,6 +96,8 @@ for step in range(a.steps):
                 log.flush()
     elif rank == 0 and (step % 10 == 0 or step == a.steps - 1):
         print(f"step {step} loss {loss.item():.4f} {step_times[-1] * 1e3:.1f} ms", flush=True)
+    if a.step_sleep:
+        time.sleep(a.step_sleep)
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
 weights = b"".join(t.detach().cpu().numpy().tobytes() for t in model.state_dict().values())

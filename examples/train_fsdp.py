@@ -20,6 +20,8 @@ p.add_argument("--layers", type=int, default=2, help="hidden layers")
 p.add_argument("--lr", type=float, default=0.05)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--hsdp", type=int, default=1, help="replicas (HSDP); 1: plain FSDP over all ranks")
+p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to pause after each step (a test's time to act "
+               "mid-run, e.g. kill the switch at a given step; the weights do not depend on it)")
 p.add_argument("--out", help="write the final loss, a digest of the weights and step times here (JSON)")
 a = p.parse_args()
 
@@ -62,6 +64,8 @@ for step in range(a.steps):
     step_times.append(time.perf_counter() - t0)
     if rank == 0 and (step % 10 == 0 or step == a.steps - 1):
         print(f"step {step} loss {loss.item():.4f} {step_times[-1] * 1e3:.1f} ms", flush=True)
+    if a.step_sleep:
+        time.sleep(a.step_sleep)
 with torch.no_grad():
     full_loss = nn.functional.cross_entropy(model(x), y).item()
 blocks = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -74,6 +78,10 @@ result = dict(rank=rank, world=world, comm=a.comm, hsdp=a.hsdp, steps=a.steps, l
               params=sum(t.numel() for t in full),
               digest=hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in full)).hexdigest(),
               step_times=step_times)
+if a.comm == "switch":  # where the collectives ran: AGGSWITCH_MODE, AGGSWITCH_FALLBACK and the state's counters
+    st = state.stats()
+    result["path"] = dict(mode=state.mode, fallback=state.fallback, **{k: st[k] for k in (
+        "path", "switch_collectives", "host_collectives", "fallbacks", "returns", "failed_returns", "last_fallback_reason")})
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)
 if a.out:
     with open(a.out, "w") as f:

@@ -32,8 +32,9 @@
 #   fuzz       each cargo-fuzz target of fuzz/ for 30 s, when cargo-fuzz is
 #              installed and fuzz/ exists
 # The e2e stage includes the PyTorch DDP and FSDP runs (tests/tests/
-# torch_ddp.rs, torch_fsdp.rs, torch_tree_fallback.rs), which use the venv's
-# python and the package the python stage built.
+# torch_ddp.rs, torch_fsdp.rs, torch_fallback.rs: switchd killed or stopped
+# mid-run, torch_tree_fallback.rs: a tree's spine killed), which use the
+# venv's python and the package the python stage built.
 # --quick skips e2e and fuzz. Without root, e2e is skipped with a message,
 # except under CI=true, where not being root is an error. A failing stage
 # does not stop the later ones (but build failing skips e2e and setup failing

@@ -77,6 +77,11 @@ _OUTCOME = {
 # every rank within one interval, not after the whole join timeout.
 _JOIN_SLICE = 2.0
 
+# How long the probe before a join waits for the switch's CHALLENGE (its
+# HELLO is resent every 200 ms): a switchd starved of CPU on a loaded host
+# was seen to take 4 s, and a dead switch costs this once, at start.
+_START_PROBE = 5.0
+
 
 def _outcome(e: BaseException) -> int:
     if isinstance(e, RefusedError):
@@ -422,7 +427,7 @@ class CollectivePath:
         ``_Agreed`` on every rank (fail-fast: this rank's own error, or one
         naming the ranks that failed)."""
         st = self._state
-        what, _, refused = self._probe_once(group, timeout=2.0)
+        what, _, refused = self._probe_once(group, timeout=_START_PROBE)
         code = _OK if what == "alive" else _UNREACHABLE
         if what == "refused":
             code = _REFUSED + (_REASONS.index(refused) if refused in _REASONS else len(_REASONS))
@@ -432,7 +437,7 @@ class CollectivePath:
             own = None
             if code == _UNREACHABLE:
                 own = JoinTimeoutError(
-                    f"job {st.job} rank {st.rank}: the switch {st.switch} did not answer a HELLO within 2 s "
+                    f"job {st.job} rank {st.rank}: the switch {st.switch} did not answer a HELLO within {_START_PROBE:.0f} s "
                     f"(ranks {silent} got no answer): is switchd running, and is it reachable from this host?"
                 )
             elif code != _OK:

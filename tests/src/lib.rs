@@ -675,6 +675,9 @@ pub struct Switchd {
     bin: PathBuf,
     /// Extra environment for switchd.
     env: Vec<(String, String)>,
+    /// Stopped by [`Switchd::pause`] (SIGSTOP) and not yet continued: a
+    /// stop or drop continues it first, so that it can exit on SIGTERM.
+    paused: bool,
 }
 
 /// Writes a file only its owner can read (switchd warns about a config
@@ -715,8 +718,9 @@ impl Switchd {
             dir,
             bin: switchd_bin(),
             env: Vec::new(),
+            paused: false,
         };
-        sw.launch();
+        sw.launch(false);
         sw
     }
 
@@ -774,13 +778,23 @@ impl Switchd {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            paused: false,
         };
-        sw.launch();
+        sw.launch(false);
         sw
     }
 
-    fn launch(&mut self) {
+    /// Starts switchd and waits until it is ready; `again`: a restart, whose
+    /// log follows the previous run's in the same file.
+    fn launch(&mut self, again: bool) {
         let _ = std::fs::remove_file(&self.stats);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(again)
+            .truncate(!again)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", self.log.display()));
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
             .arg(&self.bin)
@@ -790,7 +804,7 @@ impl Switchd {
             .arg("--stats-file")
             .arg(&self.stats)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&self.log).unwrap())
+            .stderr(log)
             .spawn()
             .expect("starting switchd");
         let pid = child.id().to_string();
@@ -828,15 +842,8 @@ impl Switchd {
     pub fn restart(&mut self) -> serde_json::Value {
         let (ok, stats) = self.stop();
         assert!(ok, "switchd did not stop cleanly:\n{}", self.log_text());
-        self.launch();
+        self.launch(true);
         stats
-    }
-
-    /// Starts switchd again after a [`Switchd::kill`] (a crashed switch
-    /// brought back: a new generation, with the same configuration).
-    pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "switchd still runs");
-        self.launch();
     }
 
     /// Runs `switchctl --socket ADMIN ARGS` (the admin socket is a file, so
@@ -902,8 +909,51 @@ impl Switchd {
         }
     }
 
+    /// Starts switchd again with the same configuration after [`Switchd::kill`]
+    /// (a crash and its restart: a new generation, every job's state lost).
+    /// Panics if it still runs; returns once the new one is ready.
+    pub fn start_again(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "switchd still runs (PID {:?}); kill or stop it first",
+            self.pid()
+        );
+        self.launch(true);
+    }
+
+    /// SIGSTOP to the running switchd, by its PID: it stays in memory, its
+    /// XDP program keeps redirecting frames to its sockets, but nothing
+    /// answers them until [`Switchd::resume`].
+    pub fn pause(&mut self) {
+        self.signal(libc::SIGSTOP);
+        self.paused = true;
+    }
+
+    /// SIGCONT after [`Switchd::pause`]: it goes on with the state it had.
+    pub fn resume(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.paused = false;
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.pid().expect("switchd is not running");
+        let pid = libc::pid_t::try_from(pid).expect("a PID fits pid_t");
+        // SAFETY: kill has no memory preconditions; the PID is our child's,
+        // not yet reaped (self.child holds it), so it names switchd.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {sig}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// SIGTERM, wait for exit; returns the exit status success and the final stats.
     pub fn stop(&mut self) -> (bool, serde_json::Value) {
+        if self.paused {
+            self.resume();
+        }
         let Some(mut child) = self.child.take() else {
             return (false, self.stats());
         };
@@ -928,6 +978,9 @@ impl Switchd {
 
 impl Drop for Switchd {
     fn drop(&mut self) {
+        if self.paused && self.child.is_some() {
+            self.resume();
+        }
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])

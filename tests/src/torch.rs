@@ -195,10 +195,9 @@ pub struct Report {
     pub digest: String,
     pub params: u64,
     pub step_ms_median: f64,
-    /// Where the collectives ran (train_ddp.py's `path`: the state's mode,
-    /// `path`, `fallbacks`, `returns`, `failed_returns`, `switch_collectives`,
-    /// `host_collectives`, ...); null for `--comm gloo`.
-    pub path: serde_json::Value,
+    /// The whole `--out` JSON (e.g. `path`: where the collectives ran, the
+    /// state's counters; null for `--comm gloo`).
+    pub json: serde_json::Value,
 }
 
 /// The ranks of one run; every process still running is killed (by PID) on
@@ -491,7 +490,7 @@ impl Ranks {
                     digest: v["digest"].as_str().expect("digest").to_owned(),
                     params: v["params"].as_u64().expect("params"),
                     step_ms_median: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
-                    path: v["path"].clone(),
+                    json: v,
                 }
             })
             .collect();

@@ -73,9 +73,9 @@ fn run(tag: &str, master_port: u16) -> Run {
 
 /// Counter `key` of where a rank's collectives ran (`state.stats()`).
 fn stat(r: &Report, key: &str) -> u64 {
-    r.path[key]
+    r.json["path"][key]
         .as_u64()
-        .unwrap_or_else(|| panic!("rank {}: no counter {key} in {}", r.rank, r.path))
+        .unwrap_or_else(|| panic!("rank {}: no counter {key} in {}", r.rank, r.json["path"]))
 }
 
 /// Every rank's digest is the first's; prints the run.
@@ -95,7 +95,7 @@ fn same_weights(what: &str, reports: &[Report], wall: f64) {
         let keys = keys
             .into_iter()
             .chain(["switch_collectives", "host_collectives"]);
-        let counts: Vec<String> = keys.map(|k| format!("{k} {}", r.path[k])).collect();
+        let counts: Vec<String> = keys.map(|k| format!("{k} {}", r.json["path"][k])).collect();
         eprintln!("  rank {}: {}", r.rank, counts.join(", "));
     }
 }
@@ -203,13 +203,13 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
             (0, 0),
             "rank {}: the clean run left the switch: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
         assert!(
             stat(r, "switch_collectives") >= u64::from(STEPS),
             "rank {}: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
     }
     for (j, sw) in spines.iter().enumerate() {
@@ -233,20 +233,20 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
             1,
             "rank {}: one fallback, at the kill: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
         assert!(
             stat(r, "host_collectives") > 0 && stat(r, "switch_collectives") >= KILL_AT,
             "rank {}: switch until the kill, then hosts: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
         assert_eq!(
             stat(r, "host_collectives") + stat(r, "switch_collectives"),
             stat(&clean[0], "switch_collectives"),
             "rank {}: every collective once, on one path: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
     }
     assert_eq!(
@@ -263,17 +263,19 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
     let (back, _) = run_killing_spine_1(&fabric, &mut spines, &py, &dir.0, "spine-back", true);
     for r in &back {
         assert!(
-            stat(r, "fallbacks") == 1 && stat(r, "returns") >= 1 && r.path["path"] == "switch",
+            stat(r, "fallbacks") == 1
+                && stat(r, "returns") >= 1
+                && r.json["path"]["path"] == "switch",
             "rank {}: one fallback, then back on the switches: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
         assert_eq!(
             stat(r, "host_collectives") + stat(r, "switch_collectives"),
             stat(&clean[0], "switch_collectives"),
             "rank {}: every collective once, on one path: {}",
             r.rank,
-            r.path
+            r.json["path"]
         );
     }
     assert_eq!(
