@@ -1474,6 +1474,14 @@ impl Impairment {
         Ok(Impairment { links })
     }
 
+    /// Removes the impairment from every link (`impair.sh --clear`): the
+    /// links carry everything again.
+    pub fn clear(self) {
+        for (ns, dev) in &self.links {
+            impair_dev(ns, dev, &["--clear"]).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
     /// What was injected so far, from `impair.sh --stats`.
     pub fn injected(&self) -> Injected {
         let mut sum = Injected::default();

@@ -225,19 +225,28 @@ enum Outage {
     Crash,
     /// SIGSTOP, then SIGCONT: the same switchd goes on with its state.
     Freeze,
+    /// Every aggregation frame (UDP port 48879) on the last rank's link
+    /// dropped, both ways, for [`LINK_DOWN`]: only that rank loses the
+    /// switch (gloo's TCP between the ranks goes on); the switch runs on.
+    LinkLoss,
 }
+
+/// How long [`Outage::LinkLoss`] cuts the last rank off the switch.
+const LINK_DOWN: Duration = Duration::from_secs(10);
 
 impl Outage {
     fn went(self) -> &'static str {
         match self {
             Outage::Crash => "killed (SIGKILL)",
             Outage::Freeze => "stopped (SIGSTOP)",
+            Outage::LinkLoss => "cut off from the last rank (100 % loss)",
         }
     }
     fn came(self) -> &'static str {
         match self {
             Outage::Crash => "started again",
             Outage::Freeze => "continued (SIGCONT)",
+            Outage::LinkLoss => "reachable again",
         }
     }
 }
@@ -278,9 +287,17 @@ fn train_through_outage(
     }
     let pid = sw.pid().expect("switchd runs");
     let down = Instant::now();
+    let mut cut = None;
     match outage {
         Outage::Crash => sw.kill(),
         Outage::Freeze => sw.pause(),
+        Outage::LinkLoss => {
+            let last = (tb.worker_ns(WORLD - 1), "eth0".to_owned());
+            cut = Some(
+                Impairment::apply_on(vec![last], 100.0, 0.0, 0.0)
+                    .unwrap_or_else(|e| panic!("{what}: cutting the last rank off: {e}")),
+            );
+        }
     }
     let at = ranks.procs[0].last_step_printed();
     let fell_back = wait_for_log(&mut ranks, FELL_BACK, left, down, Duration::from_secs(30));
@@ -291,20 +308,37 @@ fn train_through_outage(
         outage.went(),
         ranks.all_tails()
     );
-    ranks.wait_for_step(BACK_AT, RUN_LIMIT);
+    match outage {
+        Outage::LinkLoss => std::thread::sleep(LINK_DOWN.saturating_sub(down.elapsed())),
+        _ => ranks.wait_for_step(BACK_AT, RUN_LIMIT),
+    }
     let up = Instant::now();
     match outage {
         Outage::Crash => sw.start_again(),
         Outage::Freeze => sw.resume(),
+        Outage::LinkLoss => {
+            let cut = cut.take().expect("the link was cut");
+            let lost = cut.injected();
+            cut.clear();
+            eprintln!(
+                "{what}: the cut dropped {} of {} aggregation frames",
+                lost.dropped, lost.frames
+            );
+            assert!(lost.dropped > 0, "{what}: the cut dropped nothing");
+        }
     }
     let ready = up.elapsed().as_secs_f64();
     let came_back = wait_for_log(&mut ranks, CAME_BACK, back, up, Duration::from_secs(60));
     eprintln!(
         "{what}: switchd (PID {pid}) {} after rank 0 printed step {at:?}; rank 0 logged the \
-         fallback {fell_back:?} s later; switchd {} after step {BACK_AT} ({ready:.2} s to \
-         ready), rank 0 logged the return {came_back:?} s after that",
+         fallback {fell_back:?} s later; switchd {} {} ({ready:.2} s to ready), rank 0 \
+         logged the return {came_back:?} s after that",
         outage.went(),
         outage.came(),
+        match outage {
+            Outage::LinkLoss => format!("{LINK_DOWN:?} after the cut"),
+            _ => format!("after step {BACK_AT}"),
+        },
     );
     let (reports, wall) = ranks.finish(&what, RUN_LIMIT);
     let digest = same_weights(&what, &reports, wall);
@@ -457,6 +491,47 @@ fn ddp_bf16_switchd_stopped_and_continued_ends_with_the_switchs_bits() {
              activations (the uninterrupted run, the interrupted one, its return): {j}"
         );
     }
+    assert_eq!(stats["malformed_total"], 0, "{stats}");
+}
+
+/// DDP, 4 ranks: the last rank's link to the switch loses every
+/// aggregation frame for 10 s from step 20 (the switch runs on; only that
+/// rank loses it, gloo between the ranks is untouched). The other ranks
+/// stall waiting for it, every rank falls back at the same collective, and
+/// all come back once the last rank's prober hears the switch again: the
+/// uninterrupted run's bits.
+#[test]
+#[ignore = "needs root"]
+fn ddp_one_ranks_link_lost_for_10_s_ends_with_the_switchs_bits() {
+    let test = "fallback_ddp_link";
+    if !can_run(test) {
+        return;
+    }
+    let Some(py) = venv_python(test) else {
+        return;
+    };
+    let tb = Testbed::up("fb4", WORLD, 0);
+    let mut sw = Switchd::start(&tb, &[JobSpec::new(JOB, WORLD)]);
+    let dir = WorkDir::new("fb4");
+    const SCRIPT: &str = "examples/train_ddp.py";
+
+    let (reference, refs) = train(&tb, &py, &dir.0, &run(SCRIPT, "switch", 29741, &[]));
+    assert_all_on("uninterrupted run", &refs, "switch");
+    let before = chunks_completed(&sw.stats());
+    let r = interrupted(run(SCRIPT, "cut", 29742, &[]));
+    let (cut, _) = train_through_outage(&tb, &mut sw, &py, &dir.0, &r, Outage::LinkLoss);
+    assert_switch_summed_again(&sw, before);
+    let stats = stop_clean(&tb, &mut sw);
+    eprintln!(
+        "weights sha256: uninterrupted {reference}, last rank cut off for {LINK_DOWN:?} {cut}; \
+         members left for the hosts {}",
+        job(&stats, u64::from(JOB))["members_left_for_hosts"]
+    );
+    assert_eq!(
+        cut, reference,
+        "one rank cut off the switch for {LINK_DOWN:?}: the weights differ from the \
+         uninterrupted run's"
+    );
     assert_eq!(stats["malformed_total"], 0, "{stats}");
 }
 
