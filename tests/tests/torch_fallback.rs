@@ -2,13 +2,13 @@
 //! real switchd: `examples/train_ddp.py` and `examples/train_fsdp.py` run as
 //! 4 ranks, one process per worker namespace, while the test kills switchd
 //! (SIGKILL) or stops it (SIGSTOP) at step 20 and starts or continues it at
-//! step 40. Every rank must finish, having left the switch once (every rank
+//! step 40, or cuts the last rank's link to it for 10 s. Every rank must finish, having left the switch once (every rank
 //! moves to the host path at the same collective, by the state's vote) and
 //! come back once (the prober saw the switch again), with weights
 //! bit-identical to an uninterrupted run through the switch and (DDP) to a
 //! run with `AGGSWITCH_MODE=hosts` (the host path sums as the switch does).
 //! A fallback before the outage that came back (the first collective's
-//! 2 s probe, or a stall, on a loaded machine) is allowed and printed; the
+//! probe, or a stall, on a loaded machine) is allowed and printed; the
 //! outage must then add exactly one.
 //! Each test makes its own testbed (prefix `fb…`) and removes it, also on
 //! failure; every rank is killed by PID when its guard drops
