@@ -861,6 +861,23 @@ impl Switchd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The counters as they are now, asked of switchd on its admin socket
+    /// (`switchctl --json stats`: the same snapshot as the stats file's).
+    /// Unlike [`Switchd::stats`], whose file may be up to a second old, they
+    /// hold everything done before this call, e.g. every chunk of a run whose
+    /// ranks have exited.
+    pub fn live_stats(&self) -> serde_json::Value {
+        let out = self.switchctl(&["--json", "stats"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "switchctl --json stats failed: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("switchctl --json stats: not JSON ({e}): {text}"))
+    }
+
     /// The latest counters (written every second and at exit).
     pub fn stats(&self) -> serde_json::Value {
         let text = std::fs::read_to_string(&self.stats).unwrap_or_else(|_| "{}".into());
