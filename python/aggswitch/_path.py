@@ -334,10 +334,12 @@ class CollectivePath:
             except RuntimeError as gone:
                 # The process group cannot agree either: a peer rank is gone
                 # (it died), which no path survives. The switch's own error
-                # names it (StalledError's missing ranks).
+                # names it (StalledError's missing ranks). A rank whose
+                # collective completed keeps its result: its next collective
+                # stalls on the switch and says which rank is missing.
                 if err is not None:
                     raise err from gone
-                raise
+                codes = [0]
             if not any(codes):
                 if returning:
                     self._backoff = st.probe_interval
