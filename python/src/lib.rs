@@ -198,6 +198,15 @@ struct PyWorker {
     seq_lanes: usize,
 }
 
+/// `bind=`: the local IPv4:port to bind, or None for any.
+fn parse_bind(bind: Option<&str>) -> PyResult<Option<SocketAddrV4>> {
+    bind.map(|b| {
+        b.parse::<SocketAddrV4>()
+            .map_err(|e| PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})")))
+    })
+    .transpose()
+}
+
 /// `dtype=` of a Worker or LoopbackSwitch.
 fn parse_dtype(s: &str) -> PyResult<Dtype> {
     s.parse::<Dtype>()
@@ -497,12 +506,7 @@ impl PyWorker {
         };
         cfg.dtype = dtype;
         cfg.transport_kind = kind;
-        cfg.bind = match bind {
-            None => None,
-            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
-                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
-            })?),
-        };
+        cfg.bind = parse_bind(bind)?;
         let w = py
             .detach(|| Worker::join(cfg))
             .map_err(|e| map_err(py, e))?;
@@ -1018,13 +1022,7 @@ fn probe_switch(
         parse_secret(secret)?,
     );
     cfg.dtype = parse_dtype(dtype)?;
-    cfg.bind =
-        match bind {
-            None => None,
-            Some(b) => Some(b.parse::<SocketAddrV4>().map_err(|e| {
-                PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})"))
-            })?),
-        };
+    cfg.bind = parse_bind(bind)?;
     let timeout = secs("timeout", timeout)?;
     let a = py
         .detach(|| worker::probe::probe_switch(&cfg, timeout))

@@ -502,6 +502,25 @@ pub struct LeafSpine {
 impl Netns for LeafSpine {}
 
 impl LeafSpine {
+    /// Starts every spine's and every leaf's switchd with job 1 across the
+    /// whole tree (`spine_config`, `leaf_config`); logs tagged `TAG-sJ`,
+    /// `TAG-lI`. Returns (spines, leaves).
+    pub fn start_tree(&self, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
+        let spines = (0..self.spines)
+            .map(|j| {
+                let cfg = spine_config(self, j, self.leaves);
+                Switchd::start_in(&self.spine_ns(j), &format!("{tag}-s{j}"), &cfg)
+            })
+            .collect();
+        let leaves = (0..self.leaves)
+            .map(|i| {
+                let cfg = leaf_config(self, i, self.workers_per_leaf, self.leaves, self.spines);
+                Switchd::start_in(&self.leaf_ns(i), &format!("{tag}-l{i}"), &cfg)
+            })
+            .collect();
+        (spines, leaves)
+    }
+
     pub fn up(prefix: &str, leaves: u16, spines: u16, wpl: u16, hpl: u16) -> LeafSpine {
         // The guard exists before the script runs: a failed `up` is removed too.
         let dir = std::env::temp_dir().join(format!("agg-e2e-{prefix}-{}", std::process::id()));

@@ -35,23 +35,6 @@ const STEPS: u32 = 200;
 /// The step at which spine 1 is killed (about: rank 0's last printed one).
 const KILL_AT: u64 = 20;
 
-/// Every spine's and leaf's switchd (trees.rs's `start_tree`).
-fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
-    let spines = (0..SPINES)
-        .map(|j| {
-            let cfg = spine_config(fabric, j, LEAVES);
-            Switchd::start_in(&fabric.spine_ns(j), &format!("{tag}-s{j}"), &cfg)
-        })
-        .collect();
-    let leaves = (0..LEAVES)
-        .map(|i| {
-            let cfg = leaf_config(fabric, i, WPL, LEAVES, SPINES);
-            Switchd::start_in(&fabric.leaf_ns(i), &format!("{tag}-l{i}"), &cfg)
-        })
-        .collect();
-    (spines, leaves)
-}
-
 /// train_ddp.py --comm switch --steps STEPS on every worker of the tree,
 /// with a short stall timeout and probe interval.
 fn run(tag: &str, master_port: u16) -> Run {
@@ -188,7 +171,7 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
         return;
     };
     let fabric = LeafSpine::up("ft1", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "ft1");
+    let (mut spines, mut leaves) = fabric.start_tree("ft1");
     let dir = WorkDir::new("ft1");
     let limit = Duration::from_secs(300);
 

@@ -45,23 +45,6 @@ fn spawn_tree_worker(
         .expect("starting worker")
 }
 
-/// Every spine's and leaf's switchd, started on `fabric`.
-fn start_tree(fabric: &LeafSpine, tag: &str) -> (Vec<Switchd>, Vec<Switchd>) {
-    let spines = (0..SPINES)
-        .map(|j| {
-            let cfg = spine_config(fabric, j, LEAVES);
-            Switchd::start_in(&fabric.spine_ns(j), &format!("{tag}-s{j}"), &cfg)
-        })
-        .collect();
-    let leaves = (0..LEAVES)
-        .map(|i| {
-            let cfg = leaf_config(fabric, i, WPL, LEAVES, SPINES);
-            Switchd::start_in(&fabric.leaf_ns(i), &format!("{tag}-l{i}"), &cfg)
-        })
-        .collect();
-    (spines, leaves)
-}
-
 /// Every worker of the tree: `iterations` all-reduces of `elements`.
 fn spawn_all(fabric: &LeafSpine, elements: usize, iterations: u32, stall: f64) -> Vec<Child> {
     (0..LEAVES)
@@ -94,7 +77,7 @@ fn two_leaves_two_spines_are_bit_exact_and_split_chunks_between_spines() {
         return;
     }
     let fabric = LeafSpine::up("tre", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "tre");
+    let (mut spines, mut leaves) = fabric.start_tree("tre");
     let mut total_chunks = 0u64;
     for elements in [1, E + 1, 10 << 18] {
         let workers = spawn_all(&fabric, elements, 1, 20.0);
@@ -178,7 +161,7 @@ fn loss_and_reordering_on_the_leaf_spine_links_stay_bit_exact() {
         return;
     }
     let fabric = LeafSpine::up("trl", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "trl");
+    let (mut spines, mut leaves) = fabric.start_tree("trl");
     // Both directions of every leaf–spine link, on the leaf's end: what
     // the leaf sends up (egress of its uplink) and what the spine answers
     // (the leaf's ingress: switchd's AF_XDP transmit skips the spine's
@@ -233,7 +216,7 @@ fn a_spine_killed_mid_collective_fails_every_worker_naming_it() {
     }
     const STALL: f64 = 3.0;
     let fabric = LeafSpine::up("trk", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "trk");
+    let (mut spines, mut leaves) = fabric.start_tree("trk");
     let workers = spawn_all(&fabric, 4 << 20, 1000, STALL);
     // Mid-collective: every leaf has sent partials to spine 1.
     wait_chunks(&spines[1], 1000, "spine 1 summing chunks");
@@ -284,7 +267,7 @@ fn a_leaf_restarted_mid_collective_completes_bit_exact() {
         return;
     }
     let fabric = LeafSpine::up("trr", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "trr");
+    let (mut spines, mut leaves) = fabric.start_tree("trr");
     let workers = spawn_all(&fabric, 4 << 20, 3, 20.0);
     wait_chunks(&leaves[0], 5000, "leaf 0 half way through a collective");
     leaves[0].restart();
@@ -326,7 +309,7 @@ fn a_spine_restarted_mid_collective_resumes_bit_exact() {
         return;
     }
     let fabric = LeafSpine::up("trs", LEAVES, SPINES, WPL, 0);
-    let (mut spines, mut leaves) = start_tree(&fabric, "trs");
+    let (mut spines, mut leaves) = fabric.start_tree("trs");
     let workers = spawn_all(&fabric, 4 << 20, 3, 20.0);
     wait_chunks(&spines[1], 2000, "spine 1 half way through a collective");
     spines[1].restart();

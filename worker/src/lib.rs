@@ -572,6 +572,28 @@ pub struct Worker {
     last_grad: Option<(u32, Option<GradStats>)>,
 }
 
+/// What `cfg`'s worker joins with from `sock`: its job and rank, and the
+/// address and port the socket is bound to (the JOIN's MAC covers them).
+pub(crate) fn join_params(cfg: &WorkerConfig, sock: &UdpSocket) -> Result<JoinParams, WorkerError> {
+    let local = match sock
+        .local_addr()
+        .map_err(io_err("getsockname", cfg.switch))?
+    {
+        std::net::SocketAddr::V4(a) => a,
+        std::net::SocketAddr::V6(_) => SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0),
+    };
+    Ok(JoinParams {
+        job: cfg.job,
+        rank: cfg.rank,
+        n_workers: cfg.n_workers,
+        dtype: cfg.dtype as u8,
+        op: OP_SUM,
+        secret: cfg.secret,
+        ip: local.ip().octets(),
+        port: local.port(),
+    })
+}
+
 pub(crate) fn io_err(
     call: &'static str,
     switch: SocketAddrV4,
@@ -611,20 +633,7 @@ impl Worker {
                     false
                 }
             };
-        let local = match sock.local_addr().map_err(io_err("getsockname", sw))? {
-            std::net::SocketAddr::V4(a) => a,
-            std::net::SocketAddr::V6(_) => SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0),
-        };
-        let params = JoinParams {
-            job: cfg.job,
-            rank: cfg.rank,
-            n_workers: cfg.n_workers,
-            dtype: cfg.dtype as u8,
-            op: OP_SUM,
-            secret: cfg.secret,
-            ip: local.ip().octets(),
-            port: local.port(),
-        };
+        let params = join_params(&cfg, &sock)?;
         let session_cfg = SessionConfig {
             join_timeout: cfg.join_timeout,
             stall_timeout: cfg.stall_timeout,

@@ -14,8 +14,8 @@ use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use proto::handshake::{Handshake, JoinParams};
-use proto::wire::{Header, HeaderRepr, MsgType, NackPayload, NackReason, OP_SUM};
+use proto::handshake::Handshake;
+use proto::wire::{Header, HeaderRepr, MsgType, NackPayload, NackReason};
 
 use crate::{io_err, wait_readable, WorkerConfig, WorkerError};
 
@@ -43,25 +43,7 @@ pub fn probe_switch(cfg: &WorkerConfig, timeout: Duration) -> Result<SwitchAnswe
     let mut probe_cfg = cfg.clone();
     probe_cfg.bind = cfg.bind.map(|b| std::net::SocketAddrV4::new(*b.ip(), 0));
     let sock: UdpSocket = crate::open_socket(&probe_cfg).map_err(io_err("opening", sw))?;
-    let local = match sock.local_addr().map_err(io_err("getsockname", sw))? {
-        std::net::SocketAddr::V4(a) => a,
-        std::net::SocketAddr::V6(_) => {
-            std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0)
-        }
-    };
-    let mut hs = Handshake::new(
-        JoinParams {
-            job: cfg.job,
-            rank: cfg.rank,
-            n_workers: cfg.n_workers,
-            dtype: cfg.dtype as u8,
-            op: OP_SUM,
-            secret: cfg.secret,
-            ip: local.ip().octets(),
-            port: local.port(),
-        },
-        rand::random(),
-    );
+    let mut hs = Handshake::new(crate::join_params(cfg, &sock)?, rand::random());
     let mut hello = [0u8; 128];
     let len = hs
         .emit_hello(&mut hello)
