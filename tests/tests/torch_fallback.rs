@@ -457,7 +457,7 @@ fn ddp_bf16_switchd_stopped_and_continued_ends_with_the_switchs_bits() {
     let (hosts, reps) = train(&tb, &py, &dir.0, &r);
     assert_all_on("bf16 hosts-mode run", &reps, "hosts");
 
-    let before = chunks_completed(&sw.stats());
+    let before = chunks_completed(&sw.live_stats());
     let r = interrupted(run(SCRIPT, "stopped", 29723, &bf16));
     let (stopped, earlier) = train_through_outage(&tb, &mut sw, &py, &dir.0, &r, Outage::Freeze);
     // The same switchd, continued, took the job back.
@@ -517,7 +517,7 @@ fn ddp_one_ranks_link_lost_for_10_s_ends_with_the_switchs_bits() {
 
     let (reference, refs) = train(&tb, &py, &dir.0, &run(SCRIPT, "switch", 29741, &[]));
     assert_all_on("uninterrupted run", &refs, "switch");
-    let before = chunks_completed(&sw.stats());
+    let before = chunks_completed(&sw.live_stats());
     let r = interrupted(run(SCRIPT, "cut", 29742, &[]));
     let (cut, _) = train_through_outage(&tb, &mut sw, &py, &dir.0, &r, Outage::LinkLoss);
     assert_switch_summed_again(&sw, before);
