@@ -3,14 +3,15 @@
 # bench_train.sh: DDP training step time through the switch against DDP's
 # default gloo all-reduce, on the same veth testbed, in the same run, on
 # unlimited links and on links limited to 1 Gbit/s each way; optionally also
-# aggswitch.torch's host path (AGGSWITCH_MODE=hosts) and the switch without
-# the fallback's per-collective agreement (AGGSWITCH_FALLBACK=off).
+# aggswitch.torch's host path (AGGSWITCH_MODE=hosts), the switch without
+# the fallback's per-collective agreement (AGGSWITCH_FALLBACK=off) and the
+# switch killed mid-run (the time from the kill to the host path).
 #
 # Usage:
 #   sudo scripts/bench_train.sh [--steps 30] [--warmup 3] [--batch 32]
 #                               [--hidden 5000] [--mtu 1500] [--dtype f32]
 #                               [--transport auto] [--device cpu] [--links unlimited,1gbit]
-#                               [--comms gloo,switch] [--switch-threads 1]
+#                               [--comms gloo,switch] [--switch-threads 1] [--stall-timeout 2]
 #                               [--timeout 600] [--wait-idle SECS] [--no-build] [--no-docs]
 #
 #   --steps N     timed steps per configuration (default 30)
@@ -41,14 +42,21 @@
 #   --comms C     comma-separated configurations run on each link setting, in
 #                 this order (default gloo,switch): gloo, switch,
 #                 switch-nofallback (the switch with AGGSWITCH_FALLBACK=off:
-#                 no agreement after each collective) and hosts
+#                 no agreement after each collective), hosts
 #                 (AGGSWITCH_MODE=hosts: aggswitch.torch's host path, every
 #                 collective over gloo with the switch's arithmetic; switchd
-#                 is not started); see the configurations below
+#                 is not started) and switch-killed (switch, with switchd
+#                 killed by SIGKILL about a third into the run: the time
+#                 from the kill to the host path); see the configurations
+#                 below
 #   --switch-threads T  switchd's dataplane threads and queues per veth
 #                 (default 1); with T > 1 worker I of N sends on queue floor(I*T/N)
 #                 (testbed.sh --queue-per-worker), so T threads share the
 #                 4 ranks' frames
+#   --stall-timeout S  switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT,
+#                 seconds without progress before a collective fails and the
+#                 ranks vote to move to the host path (default 2; the other
+#                 configurations keep the library's default, 5 s)
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
 #                 to fall below half the cores (step times are only meaningful
@@ -81,12 +89,29 @@
 #                      switch's sum, all-gather), no switchd, the switch's
 #                      bits; hosts / gloo is the host path's cost (goal at
 #                      1 Gbit/s: <= 1.05)
+#   switch-killed      switch (fresh switchd, fallback on) with
+#                      AGGSWITCH_STALL_TIMEOUT=--stall-timeout; once rank 0
+#                      has printed step K (about a third of the warm-up +
+#                      timed steps, rounded to the multiple of 10 that
+#                      train_ddp.py prints, at least 10; 10 of the default
+#                      33), switchd is killed by its PID (SIGKILL) and not
+#                      restarted: the ranks stall, vote, and finish on the
+#                      host path. Rank 0's log is read every 50 ms from the
+#                      kill until it shows aggswitch.torch's fallback warning
+#                      ("... run on the hosts over the process group", logged
+#                      once the first collective is done on the host path);
+#                      both moments (bash EPOCHREALTIME) go to killed.json.
+#                      kill to host path = the difference (goal <= stall
+#                      timeout + 1 s); the run must end with the switch run's
+#                      weights, every rank having fallen back once. Its step
+#                      time is compared with nothing. Needs at least 13
+#                      warm-up + timed steps.
 # A rate setting shapes every worker link both ways as bench.sh does
 # (shape_worker_links in lib.sh: e.g. tbf rate 1gbit burst 256kb latency 50ms
 # on worker eth0 egress, switch port egress and worker eth0 ingress via ifb0).
 # switchd (job 1 of 4 workers, pool_slots 256, a fresh random secret) runs
-# only during the switch and switch-nofallback configurations (a fresh
-# switchd for each).
+# only during the switch, switch-nofallback and switch-killed configurations
+# (a fresh switchd for each).
 #
 # What it needs: the project venv .venv with torch, scikit-learn and
 # aggswitch (scripts/setup.sh makes it), or another interpreter that imports
@@ -106,9 +131,11 @@
 # when those run. Sanity: the final loss over all 1797 samples of the switch run
 # must be within 2 % of the gloo run's, every rank must end with the same
 # weights, all switch runs (same seed) with bit-identical weights, the
-# switch-nofallback and hosts runs with the switch runs' weights, and no
-# switch or switch-nofallback run may have left the switch (train_ddp.py's
-# path counters: no fallback).
+# switch-nofallback, hosts and switch-killed runs with the switch runs'
+# weights, and no switch or switch-nofallback run may have left the switch
+# (train_ddp.py's path counters: no fallback), while every rank of a
+# switch-killed run must have fallen back exactly once, never come back, and
+# run collectives on the hosts.
 #
 # Output: the table on stdout, results/bench-train-STAMP.json and .png with
 # every rank's JSON and log in results/bench-train-STAMP/, and unless
@@ -135,6 +162,11 @@ readonly AGG_PORT=48879
 readonly JOB_ID=1
 readonly READY_TIMEOUT=30
 readonly STOP_TIMEOUT=15
+# switch-killed: aggswitch.torch's warning (logger aggswitch.torch, on
+# stderr) once a rank's first collective is done on the host path, and how
+# often rank 0's log is read for it and for the step to kill at.
+readonly FALLBACK_LINE="run on the hosts over the process group"
+readonly POLL_S=0.05
 
 STEPS=30
 WARMUP=3
@@ -147,6 +179,7 @@ DEVICE=cpu
 LINKS=unlimited,1gbit
 COMMS=gloo,switch
 SWITCH_THREADS=1
+STALL_TIMEOUT=2
 TIMEOUT=600
 WAIT_IDLE=0
 BUILD=1
@@ -154,7 +187,7 @@ DOCS=1
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--device|--links|--comms|--switch-threads|--timeout|--wait-idle)
+        --steps|--warmup|--batch|--hidden|--mtu|--dtype|--transport|--device|--links|--comms|--switch-threads|--stall-timeout|--timeout|--wait-idle)
             [[ $# -ge 2 ]] || die "$1 needs a value"
             case "$1" in
                 --steps) STEPS="$2" ;;
@@ -168,6 +201,7 @@ while [[ $# -gt 0 ]]; do
                 --links) LINKS="$2" ;;
                 --comms) COMMS="$2" ;;
                 --switch-threads) SWITCH_THREADS="$2" ;;
+                --stall-timeout) STALL_TIMEOUT="$2" ;;
                 --timeout) TIMEOUT="$2" ;;
                 --wait-idle) WAIT_IDLE="$2" ;;
             esac
@@ -178,6 +212,7 @@ while [[ $# -gt 0 ]]; do
         --hidden=*) HIDDEN="${1#*=}"; shift ;;
         --links=*) LINKS="${1#*=}"; shift ;;
         --comms=*) COMMS="${1#*=}"; shift ;;
+        --stall-timeout=*) STALL_TIMEOUT="${1#*=}"; shift ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --wait-idle=*) WAIT_IDLE="${1#*=}"; shift ;;
         --no-build) BUILD=0; shift ;;
@@ -204,8 +239,8 @@ IFS=, read -r -a COMM_LIST <<<"$COMMS"
 ((${#COMM_LIST[@]} > 0)) || die "--comms needs at least one configuration, e.g. gloo,switch"
 seen_comms=","
 for comm in "${COMM_LIST[@]}"; do
-    [[ "$comm" =~ ^(gloo|switch|switch-nofallback|hosts)$ ]] ||
-        die "--comms: '$comm' is none of gloo, switch, switch-nofallback, hosts"
+    [[ "$comm" =~ ^(gloo|switch|switch-nofallback|hosts|switch-killed)$ ]] ||
+        die "--comms: '$comm' is none of gloo, switch, switch-nofallback, hosts, switch-killed"
     [[ "$seen_comms" != *",$comm,"* ]] || die "--comms: '$comm' is listed twice"
     seen_comms+="$comm,"
 done
@@ -215,9 +250,24 @@ COMMS="$(IFS=,; echo "${COMM_LIST[*]}")"
 uint_in_range "$SWITCH_THREADS" 1 64 || die "--switch-threads must be 1..64, got '$SWITCH_THREADS'"
 uint_in_range "$TIMEOUT" 10 86400 || die "--timeout must be 10..86400 s, got '$TIMEOUT'"
 uint_in_range "$WAIT_IDLE" 0 86400 || die "--wait-idle must be 0..86400 s, got '$WAIT_IDLE'"
+if ! [[ "$STALL_TIMEOUT" =~ ^[0-9]{1,3}(\.[0-9]{1,3})?$ ]] ||
+    ! awk -v s="$STALL_TIMEOUT" 'BEGIN { exit !(s >= 0.1 && s <= 600) }'; then
+    die "--stall-timeout must be 0.1..600 s (up to 3 decimals), got '$STALL_TIMEOUT'"
+fi
+STALL_TIMEOUT="$(awk -v s="$STALL_TIMEOUT" 'BEGIN { printf "%g", s }')"  # a JSON number: 2, 0.5
 STEPS=$((10#$STEPS)); WARMUP=$((10#$WARMUP)); BATCH=$((10#$BATCH))
 HIDDEN=$((10#$HIDDEN)); MTU=$((10#$MTU)); SWITCH_THREADS=$((10#$SWITCH_THREADS)); TIMEOUT=$((10#$TIMEOUT)); WAIT_IDLE=$((10#$WAIT_IDLE))
-readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT DEVICE LINKS LINK_LIST COMMS COMM_LIST SWITCH_THREADS TIMEOUT WAIT_IDLE BUILD DOCS
+# switch-killed: switchd is killed once rank 0 has printed step KILL_STEP,
+# about a third of the steps rounded to the multiple of 10 train_ddp.py
+# prints (it prints steps 0, 10, 20, ... and the last), at least 10, with
+# two steps after it at least (the one the kill lands in, one more).
+# shellcheck disable=SC2017  # rounded to a multiple of 10 on purpose
+KILL_STEP=$(( (WARMUP + STEPS + 15) / 30 * 10 ))
+((KILL_STEP >= 10)) || KILL_STEP=10
+if [[ "$seen_comms" == *",switch-killed,"* ]] && ((WARMUP + STEPS < KILL_STEP + 3)); then
+    die "--comms switch-killed needs at least $((KILL_STEP + 3)) warm-up + timed steps (switchd is killed after step $KILL_STEP), got $((WARMUP + STEPS))"
+fi
+readonly STEPS WARMUP BATCH HIDDEN MTU DTYPE TRANSPORT DEVICE LINKS LINK_LIST COMMS COMM_LIST SWITCH_THREADS STALL_TIMEOUT KILL_STEP TIMEOUT WAIT_IDLE BUILD DOCS
 
 require_root "$@"
 BENCH_T0=$SECONDS
@@ -253,6 +303,64 @@ write_testbed_switchd_config "$CFG" "scripts/bench_train.sh" "$WORKERS" "$SECRET
 
 # --- measurements ------------------------------------------------------------------
 
+# ranks_all_running: true while every rank of RANK_PIDS runs (bash reaps
+# its children as they exit, so kill -0 fails for one that ended).
+ranks_all_running() {
+    local pid
+    for pid in "${RANK_PIDS[@]}"; do
+        kill -0 "$pid" 2>/dev/null || return 1
+    done
+}
+
+# kill_switchd_mid_run OUT: (switch-killed, while the ranks run) wait until
+# rank 0's log (OUT/rank0.log) shows step KILL_STEP or a later one, kill
+# switchd (SWITCHD_PID, started by run_config) with SIGKILL, then read rank
+# 0's log every POLL_S s until it holds FALLBACK_LINE; writes OUT/killed.json
+# (both moments as Unix seconds; null for what did not happen: the ranks
+# ended first) and switchd's CPU-seconds up to the kill. Reaps switchd and
+# empties SWITCHD_PID once it killed it; leaves it running (run_config stops
+# it) when the ranks ended or one failed before that step.
+kill_switchd_mid_run() {
+    local out="$1" log0="$1/rank0.log" step="" kill_s=null seen_s=null alive
+    until step="$(awk -v k="$KILL_STEP" '$1 == "step" && $2 ~ /^[0-9]+$/ && $2 + 0 >= k { print $2; exit }' "$log0" 2>/dev/null)" &&
+        [[ -n "$step" ]]; do
+        ranks_all_running || break
+        sleep "$POLL_S"
+    done
+    if [[ -n "$step" ]]; then
+        awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$SWITCHD_PID/stat" \
+            >"$out/switchd-cpu-seconds" 2>/dev/null || true
+        kill -KILL "$SWITCHD_PID" 2>/dev/null || warn "switchd (pid $SWITCHD_PID) had ended before the kill; see $out/switchd.log"
+        kill_s="${EPOCHREALTIME/,/.}"  # no fork; a decimal point whatever the locale
+        # Reaped at once (a SIGKILLed process is gone in milliseconds; the
+        # fallback takes the stall timeout): SWITCHD_PID never names a PID
+        # the system could give to another process.
+        wait "$SWITCHD_PID" 2>/dev/null || true
+        SWITCHD_PID=""
+        while :; do
+            # Whether the ranks ran before the log is read: a rank that
+            # ended had written everything by then.
+            alive=0
+            ! ranks_all_running || alive=1
+            if grep -qF -- "$FALLBACK_LINE" "$log0" 2>/dev/null; then
+                seen_s="${EPOCHREALTIME/,/.}"
+                break
+            fi
+            ((alive)) || break
+            sleep "$POLL_S"
+        done
+    fi
+    printf '{"kill_s": %s, "fallback_seen_s": %s, "stall_timeout_s": %s, "kill_after_step": %d, "step_seen": %s, "poll_interval_s": %s, "fallback_line": "%s"}\n' \
+        "$kill_s" "$seen_s" "$STALL_TIMEOUT" "$KILL_STEP" "${step:-null}" "$POLL_S" "$FALLBACK_LINE" >"$out/killed.json"
+    if [[ "$seen_s" != null ]]; then
+        log "switchd killed (SIGKILL) after rank 0's step $step; rank 0 on the host path $(awk -v a="$kill_s" -v b="$seen_s" 'BEGIN { printf "%.2f", b - a }') s later (stall timeout $STALL_TIMEOUT s)"
+    elif [[ "$kill_s" != null ]]; then
+        warn "switchd killed after rank 0's step $step, but the ranks ended without rank 0 logging '$FALLBACK_LINE'"
+    else
+        warn "the ranks ended before rank 0 printed step $KILL_STEP: switchd not killed"
+    fi
+}
+
 # run_config LINK COMM: the 4 ranks of one configuration (COMM one of
 # --comms); results in $RUN/LINK-COMM/.
 CONFIG_NO=0
@@ -267,6 +375,9 @@ run_config() {
     case "$comm" in
         gloo) ddp_comm=gloo ;;
         switch) on_switch=1; env_=(AGGSWITCH_MODE=switch AGGSWITCH_FALLBACK=on) ;;
+        switch-killed)
+            on_switch=1
+            env_=(AGGSWITCH_MODE=switch AGGSWITCH_FALLBACK=on "AGGSWITCH_STALL_TIMEOUT=$STALL_TIMEOUT") ;;
         switch-nofallback) on_switch=1; env_=(AGGSWITCH_MODE=switch AGGSWITCH_FALLBACK=off) ;;
         hosts) env_=(AGGSWITCH_MODE=hosts) ;;
         *) die "run_config: unknown comm '$comm'" ;;
@@ -281,7 +392,8 @@ run_config() {
             export RANK="$r" WORLD_SIZE="$WORKERS" MASTER_ADDR="$MASTER_IP" MASTER_PORT="$port"
             export GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1
             export LOCAL_RANK="$r"
-            unset AGGSWITCH_MODE AGGSWITCH_FALLBACK AGGSWITCH_SWITCH AGGSWITCH_JOB AGGSWITCH_SECRET AGGSWITCH_SECRET_FILE
+            unset AGGSWITCH_MODE AGGSWITCH_FALLBACK AGGSWITCH_SWITCH AGGSWITCH_JOB AGGSWITCH_SECRET AGGSWITCH_SECRET_FILE \
+                AGGSWITCH_STALL_TIMEOUT
             if ((on_switch)); then
                 export AGGSWITCH_SWITCH="$SWITCH_ADDR:$AGG_PORT" AGGSWITCH_JOB="$JOB_ID" AGGSWITCH_SECRET="$SECRET"
                 export AGGSWITCH_TRANSPORT="$TRANSPORT"
@@ -296,6 +408,7 @@ run_config() {
         ) >"$out/rank$r.log" 2>&1 &
         RANK_PIDS+=("$!")
     done
+    [[ "$comm" != switch-killed ]] || kill_switchd_mid_run "$out"
     if ! wait_ranks; then
         for ((r = 0; r < WORKERS; r++)); do
             echo "---- rank $r ($out/rank$r.log) ----" >&2
@@ -304,8 +417,9 @@ run_config() {
         die "[$link] $comm: training failed; see $out"
     fi
     snapshot "$out/after.jsonl"
-    if ((on_switch)); then
-        # switchd's CPU-seconds (user + system, all threads) for the report.
+    if ((on_switch)) && [[ -n "$SWITCHD_PID" ]]; then
+        # switchd's CPU-seconds (user + system, all threads) for the report
+        # (switch-killed: up to the kill, written by kill_switchd_mid_run).
         awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$SWITCHD_PID/stat" \
             >"$out/switchd-cpu-seconds" 2>/dev/null || true
         stop_pid "$SWITCHD_PID"
@@ -356,7 +470,7 @@ report_rc=0
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
     --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" --dtype "$DTYPE" \
     --transport "$TRANSPORT" --device "$DEVICE" --links "$LINKS" --comms "$COMMS" --switch-threads "$SWITCH_THREADS" \
-    "${TBF_REPORT[@]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
+    --stall-timeout "$STALL_TIMEOUT" "${TBF_REPORT[@]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
 [[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"
 echo

@@ -5,14 +5,18 @@ Usage: scripts/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
            [--png OUT.png] --stamp STAMP --warmup W --steps N --batch B
            --hidden H --layers L --seed S [--links unlimited,1gbit]
            [--comms gloo,switch] [--tbf LINK="TBF ARGS"]... [--device cpu|cuda]
-           [--bench-seconds T] [--measure-seconds T]
+           [--stall-timeout S] [--bench-seconds T] [--measure-seconds T]
 
 RUN_DIR holds one folder per configuration, LINK-COMM (LINK one of --links:
 unlimited or a rate such as 1gbit, COMM one of --comms: gloo, switch,
-switch-nofallback or hosts), each with rankI.json (examples/train_ddp.py
---out), rankI.time (GNU time: max RSS KiB, elapsed, user, system seconds)
-and before.jsonl / after.jsonl (bench_train.sh's snapshot: /proc/stat's cpu
-line, load average, tc -s -j counters of every shaper).
+switch-nofallback, hosts or switch-killed), each with rankI.json
+(examples/train_ddp.py --out), rankI.time (GNU time: max RSS KiB, elapsed,
+user, system seconds) and before.jsonl / after.jsonl (bench_train.sh's
+snapshot: /proc/stat's cpu line, load average, tc -s -j counters of every
+shaper); a switch-killed folder also killed.json (kill_s: when switchd was
+killed, fallback_seen_s: when rank 0's log first showed the fallback
+warning, Unix seconds or null; stall_timeout_s: the ranks'
+AGGSWITCH_STALL_TIMEOUT; kill_after_step, poll_interval_s).
 
 Per configuration: the first W step times of every rank are dropped; the
 step time is the slowest rank's median over the N timed steps (rank 0's and
@@ -21,17 +25,22 @@ time. Ratios per link setting, each when both its configurations ran:
 switch / gloo (goal at 1 Gbit/s <= 0.75, issue 24); hosts / gloo, the host
 path against gloo's own all-reduce (goal at 1 Gbit/s <= 1.05); switch /
 switch-nofallback, the cost of the fallback's agreement with nothing
-failing (goal <= 1.02).
+failing (goal <= 1.02). A switch-killed run's step time is compared with
+nothing; its kill to host path (fallback_seen_s - kill_s: from switchd's
+SIGKILL to rank 0's log saying its first collective was done on the host
+path, read every poll_interval_s) has the goal stall timeout + 1 s.
 
 Sanity (exit status 3 when one fails, after writing everything): the switch
 run's final loss within 2 % of the gloo run's on the same links (without a
 switch run, the switch-nofallback or else the hosts run's); every rank of a
 run ends with the same weights; all switch runs (same seed, the switch sums
 in rank order) end with bit-identical weights, and every switch-nofallback
-and hosts run with the switch run's weights on the same links; every run
-whose ranks report their path counters (train_ddp.py's "path") ran as
-configured: switch and switch-nofallback entirely on the switch (no
-fallback), with the fallback on and off, hosts entirely on the hosts.
+hosts and switch-killed run with the switch run's weights on the same
+links; every run whose ranks report their path counters (train_ddp.py's
+"path") ran as configured: switch and switch-nofallback entirely on the
+switch (no fallback), with the fallback on and off, hosts entirely on the
+hosts, switch-killed on the switch first, then every rank fell back exactly
+once, never came back, and ran collectives on the hosts.
 
 The plot (matplotlib, Agg) is skipped with a warning when matplotlib is
 missing.
@@ -47,21 +56,26 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import busy_fraction as cpu_busy, json_lines, quantile, shaper_counters, shaper_delta  # noqa: E402
 
-COMMS = ["gloo", "switch", "switch-nofallback", "hosts"]  # every configuration bench_train.sh runs
+COMMS = ["gloo", "switch", "switch-nofallback", "hosts", "switch-killed"]  # every configuration bench_train.sh runs
 DEFAULT_COMMS = "gloo,switch"
-SWITCH_BITS = ["switch", "switch-nofallback", "hosts"]  # the switch's arithmetic: the same weights
+SWITCH_BITS = ["switch", "switch-nofallback", "hosts", "switch-killed"]  # the switch's arithmetic: the same weights
 GOAL_1GBIT = 0.75  # switch / gloo
 GOAL_HOSTS_1GBIT = 1.05  # hosts / gloo
 GOAL_AGREEMENT = 1.02  # switch / switch-nofallback
+GOAL_KILL_OVER_STALL_S = 1.0  # switch-killed: kill to host path <= stall timeout + this
 LOSS_TOLERANCE = 0.02  # relative
 # Table, legend and colour of each configuration.
 TABLE_LABEL = {"gloo": "gloo (DDP default)", "switch": "**switch**",
-               "switch-nofallback": "switch, fallback off", "hosts": "hosts (host path over gloo)"}
+               "switch-nofallback": "switch, fallback off", "hosts": "hosts (host path over gloo)",
+               "switch-killed": "switch, switchd killed mid-run"}
 PLOT_LABEL = {"gloo": "gloo (DDP default all-reduce)", "switch": "switch (aggswitch.torch hook)",
               "switch-nofallback": "switch, AGGSWITCH_FALLBACK=off (no agreement)",
-              "hosts": "hosts (AGGSWITCH_MODE=hosts, over gloo)"}
-COLORS = {"gloo": "#ff7f0e", "switch": "#1f77b4", "switch-nofallback": "#9467bd", "hosts": "#2ca02c"}
-ON_SWITCH = ("switch", "switch-nofallback")  # the configurations switchd runs for
+              "hosts": "hosts (AGGSWITCH_MODE=hosts, over gloo)",
+              "switch-killed": "switch, switchd killed mid-run (then the host path)"}
+COLORS = {"gloo": "#ff7f0e", "switch": "#1f77b4", "switch-nofallback": "#9467bd", "hosts": "#2ca02c",
+          "switch-killed": "#d62728"}
+ON_SWITCH = ("switch", "switch-nofallback")  # entirely on the switch, as configured
+WITH_SWITCHD = ON_SWITCH + ("switch-killed",)  # the configurations switchd runs for (switch-killed: until the kill)
 
 
 def link_label(link):
@@ -121,7 +135,7 @@ def load_config(run_dir, link, comm, warmup):
             switchd_cpu = float(f.read())
     except (OSError, ValueError):
         pass
-    return {
+    c = {
         "link": link, "comm": comm,
         "step_s": slowest["median_s"],
         "step_rank": slowest["rank"],
@@ -147,18 +161,44 @@ def load_config(run_dir, link, comm, warmup):
         "world": world, "params": ranks[0]["params"],
         "ranks": ranks,
     }
+    if comm == "switch-killed":
+        c["killed"] = load_killed(d)
+    return c
+
+
+def load_killed(d):
+    """A switch-killed folder's killed.json (bench_train.sh's
+    kill_switchd_mid_run) with kill_to_host_path_s (None when switchd was
+    not killed or rank 0 never logged the fallback) and its goal."""
+    path = os.path.join(d, "killed.json")
+    try:
+        with open(path) as fh:
+            k = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: {e}") from None
+    kill, seen = k.get("kill_s"), k.get("fallback_seen_s")
+    k["kill_to_host_path_s"] = seen - kill if kill is not None and seen is not None else None
+    k["goal_s"] = k["stall_timeout_s"] + GOAL_KILL_OVER_STALL_S
+    k["goal_met"] = k["kill_to_host_path_s"] is not None and k["kill_to_host_path_s"] <= k["goal_s"]
+    return k
 
 
 def ran_as_configured(comm, paths):
     """Whether every rank's path counters (train_ddp.py's "path": the
     state's mode, fallback and stats()) match COMM: switch and
     switch-nofallback all collectives on the switch with the fallback on
-    resp. off and none moved to the hosts, hosts all on the hosts. None
+    resp. off and none moved to the hosts, hosts all on the hosts,
+    switch-killed (fallback on) some on the switch, then exactly one
+    fallback, no return (switchd stays dead) and some on the hosts. None
     for gloo, or when a rank reported no counters (an older train_ddp.py)."""
     if comm == "gloo" or any(p is None for p in paths):
         return None
     for p in paths:
-        if comm in ON_SWITCH:
+        if comm == "switch-killed":
+            if (p["mode"] != "switch" or not p["fallback"] or p["fallbacks"] != 1 or p["returns"]
+                    or not p["host_collectives"] or not p["switch_collectives"]):
+                return False
+        elif comm in ON_SWITCH:
             if (p["mode"] != "switch" or p["fallback"] != (comm == "switch") or p["fallbacks"]
                     or p["host_collectives"] or not p["switch_collectives"]):
                 return False
@@ -192,6 +232,14 @@ def analyse(configs, links, comms):
         if sw and nf:
             r["agreement_cost"] = sw["step_s"] / nf["step_s"]
             r["agreement_cost_per_step_max_median"] = sw["median_of_per_step_max_s"] / nf["median_of_per_step_max_s"]
+        # switch-killed: not a step-time ratio; the time from the kill to
+        # the host path, beside its goal.
+        ki = by.get((link, "switch-killed"))
+        if ki:
+            k = ki["killed"]
+            r["kill_to_host_path_s"] = k["kill_to_host_path_s"]
+            r["kill_to_host_path_goal_s"] = k["goal_s"]
+            r["kill_to_host_path_goal_met"] = k["goal_met"]
         # The loss against gloo's: the switch run's, else the first other
         # run with the switch's arithmetic (all of them end the same).
         compared = next((c for c in SWITCH_BITS if (link, c) in by), None)
@@ -205,9 +253,9 @@ def analyse(configs, links, comms):
         digests = {c["digest"] for c in configs if c["comm"] == comm}
         return len(digests) == 1 if digests else None
 
-    # Every switch-nofallback and hosts run ends with the weights of the
-    # switch run on the same links (without a switch run: of the first
-    # run with the switch's arithmetic).
+    # Every switch-nofallback, hosts and switch-killed run ends with the
+    # weights of the switch run on the same links (without a switch run:
+    # of the first run with the switch's arithmetic).
     bits = [c for c in configs if c["comm"] in SWITCH_BITS]
     same_as_switch = {}
     for c in bits:
@@ -247,6 +295,12 @@ def analyse(configs, links, comms):
     if cost:
         headline["agreement_cost_goal"] = GOAL_AGREEMENT
         headline["agreement_cost_goal_met"] = all(x <= GOAL_AGREEMENT for x in cost.values())
+    killed = {link: ratios[link] for link in links if "kill_to_host_path_s" in ratios[link]}
+    for link, r in killed.items():
+        headline[f"kill_to_host_path_s_{link}"] = r["kill_to_host_path_s"]
+    if killed:
+        headline["kill_to_host_path_goal_s"] = max(r["kill_to_host_path_goal_s"] for r in killed.values())
+        headline["kill_to_host_path_goal_met"] = all(r["kill_to_host_path_goal_met"] for r in killed.values())
     headline["sanity_ok"] = checks["ok"]
     return ratios, checks, headline
 
@@ -301,7 +355,7 @@ def table(res):
             f"| **{f(c['step_s'])}** | {f(c['step_p25_s'])}–{f(c['step_p75_s'])} | {f(c['rank0_median_s'])} "
             f"| {f(c['samples_per_s'], 1)} | {f(c['loss'], 4)} "
             f"| {f(c['max_rss_mib_per_rank'], 0)} | {busy} "
-            f"| {f(c['ranks_cpu_s'], 0)} / {f(c['switchd_cpu_s'], 1) if c['comm'] in ON_SWITCH else '-'} |")
+            f"| {f(c['ranks_cpu_s'], 0)} / {f(c['switchd_cpu_s'], 1) if c['comm'] in WITH_SWITCHD else '-'} |")
     h = res["headline"]
     links = res["setup"]["links"]
     rows.append("")
@@ -336,6 +390,24 @@ def table(res):
                     f"**{f(r['agreement_cost'], 3)}** (medians of per-step slowest "
                     f"{f(r['agreement_cost_per_step_max_median'], 3)}); goal <= {GOAL_AGREEMENT}: "
                     f"{met(h[f'agreement_cost_{link}_goal_met'])}")
+    by = {(c["link"], c["comm"]): c for c in res["configs"]}
+    for link in links:
+        r = res["ratios"][link]
+        if "kill_to_host_path_s" not in r:
+            continue
+        k = by[(link, "switch-killed")]["killed"]
+        if k["kill_s"] is None:
+            what = f"switchd NOT killed (the ranks ended before rank 0 printed step {k['kill_after_step']})"
+        elif k["fallback_seen_s"] is None:
+            what = (f"switchd killed after rank 0's step {k['step_seen']}, rank 0 NEVER logged that it "
+                    "runs on the hosts")
+        else:
+            what = (f"from switchd's kill (SIGKILL, after rank 0's step {k['step_seen']}) to rank 0's first "
+                    f"collective done on the host path **{f(r['kill_to_host_path_s'], 2)} s** (rank 0's log "
+                    f"read every {k['poll_interval_s'] * 1e3:.0f} ms)")
+        rows.append(f"switch killed mid-run, {link_label(link)}: {what}; goal <= stall timeout "
+                    f"{k['stall_timeout_s']:g} s + {GOAL_KILL_OVER_STALL_S:g} s = {r['kill_to_host_path_goal_s']:g} s: "
+                    f"{met(r['kill_to_host_path_goal_met'])}")
     for link in links:
         chk = res["checks"]["loss"].get(link)
         if chk is None:
@@ -360,7 +432,9 @@ def table(res):
             f"{k} {yes(v)}" for k, v in ch["same_weights_as_switch"].items()))
     if ch["ran_as_configured"]:
         rows.append("ran as configured (switch runs never fell back to the hosts, hosts runs never used the "
-                    "switch; - where train_ddp.py reported no path counters): " + ", ".join(
+                    "switch" + ("; switch-killed: on the switch, then every rank fell back once and stayed on the hosts"
+                                if any(c["comm"] == "switch-killed" for c in res["configs"]) else "")
+                    + "; - where train_ddp.py reported no path counters): " + ", ".join(
                         f"{k} {yes(v)}" for k, v in ch["ran_as_configured"].items()))
     for c in res["configs"]:
         sh = c["shapers"]
@@ -394,12 +468,19 @@ def plot(res, path):
     import matplotlib.ticker
 
     links = res["setup"]["links"]
-    comms = res["setup"].get("comms", ["gloo", "switch"])
+    # A bar per configuration whose step time means something: not
+    # switch-killed's (it stalls once and ends on the host path); its steps
+    # are in the second panel.
+    comms = [c for c in res["setup"].get("comms", ["gloo", "switch"]) if c != "switch-killed"]
     # One line under each link setting per ratio that ran.
     ratio_lines = {link: [f"{name}: {res['ratios'][link][key]:.{d}f}"
                           for key, name, d in (("step", "switch / gloo", 2), ("hosts_over_gloo", "hosts / gloo", 3),
                                                ("agreement_cost", "switch / no fallback", 3))
                           if key in res["ratios"][link]] for link in links}
+    for link in links:
+        if "kill_to_host_path_s" in res["ratios"][link]:
+            x = res["ratios"][link]["kill_to_host_path_s"]
+            ratio_lines[link].append("kill to host path: " + ("never" if x is None else f"{x:.2f} s"))
     extra = max((len(v) for v in ratio_lines.values()), default=0)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12 if len(comms) <= 2 else 13.5, 4.8 + 0.15 * max(0, extra - 1)),
                                   gridspec_kw={"width_ratios": [1, 1.4]})
@@ -426,7 +507,8 @@ def plot(res, path):
     ax.set_xticklabels([link_label(link) for link in links])
     ax.set_ylabel("seconds per training step (lower is better)")
     # Room above the bars for the legend, one line per configuration.
-    ax.set_ylim(0, max(c["step_p75_s"] for c in res["configs"]) * (1.3 + 0.12 * max(0, len(comms) - 2)))
+    ax.set_ylim(0, max((c["step_p75_s"] for c in res["configs"] if c["comm"] in comms), default=1.0)
+                * (1.3 + 0.12 * max(0, len(comms) - 2)))
     ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
 
@@ -476,6 +558,8 @@ def main():
                    help="the tbf arguments of a rate setting (repeat per setting)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--switch-threads", type=int, default=1)
+    p.add_argument("--stall-timeout", type=float, default=2.0,
+                   help="switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT (bench_train.sh --stall-timeout)")
     p.add_argument("--bench-seconds", type=float)
     p.add_argument("--measure-seconds", type=float)
     a = p.parse_args()
@@ -510,21 +594,34 @@ def main():
             "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0"
                      + ("; model and data on the GPU, DDP buckets staged through host memory for the switch's hook"
                         if a.device == "cuda" else ""),
-            "comm": {k: v for k, v in ({
+            # (The dtype's two descriptions, then the others for every dtype.)
+            "comm": {k: v for k, v in (({
                 "gloo": "DDP's default all-reduce hook over the gloo process group (TCP through the bridge)",
                 "switch": "aggswitch.torch.allreduce_hook: every bucket summed in switchd (job 1 of 4, pool_slots 256, "
                           f"{a.switch_threads} dataplane thread(s) and queue(s)), mean over ranks"}
                 if a.dtype == "f32" else {
                 "gloo": f"PyTorch's {a.dtype} compression hook (default_hooks.{'bf16' if a.dtype == 'bf16' else 'fp16'}_compress_hook) over gloo",
-                "switch": f"aggswitch.torch's {a.dtype} compress hook: buckets sent as {a.dtype}, summed in switchd (job dtype {a.dtype}), mean over ranks"} | {
+                "switch": f"aggswitch.torch's {a.dtype} compress hook: buckets sent as {a.dtype}, summed in switchd (job dtype {a.dtype}), mean over ranks"}) | {
                 "switch-nofallback": "as switch, with AGGSWITCH_FALLBACK=off: no agreement (one gloo all-reduce of "
                                      "world int32) after each collective, fail-fast",
                 "hosts": "the same aggswitch.torch hook with AGGSWITCH_MODE=hosts: every bucket summed on the host path "
-                         "over gloo (all-to-all, the switch's sum, all-gather) with the switch's bits; no switchd"}).items()
+                         "over gloo (all-to-all, the switch's sum, all-gather) with the switch's bits; no switchd",
+                "switch-killed": f"as switch (a fresh switchd, fallback on) with AGGSWITCH_STALL_TIMEOUT={a.stall_timeout:g}; "
+                                 "switchd killed by its PID (SIGKILL) once rank 0 printed step K (about a third of the "
+                                 "steps, a multiple of 10, at least 10) and not restarted: the ranks stall, vote and finish "
+                                 "on the host path. Its step time is compared with nothing"}).items()
                 if k in comms},
             **({"fallback": "switch: AGGSWITCH_FALLBACK=on (the default): after each collective the ranks agree in one "
                             "gloo all-reduce of world int32 on a dedicated group that every rank succeeded"}
                if "switch" in comms else {}),
+            **({"stall_timeout_s": a.stall_timeout,
+                "kill_to_host_path": "switch-killed: from switchd's SIGKILL (bash EPOCHREALTIME right after kill) to "
+                                     "the moment rank 0's log (stdout and stderr) first holds aggswitch.torch's warning "
+                                     "'... run on the hosts over the process group', which it logs once its first "
+                                     "collective is done on the host path; the log is read every poll_interval_s "
+                                     "(killed.json) from the kill. Goal: <= the stall timeout + "
+                                     f"{GOAL_KILL_OVER_STALL_S:g} s"}
+               if "switch-killed" in comms else {}),
             "step_time": "train_ddp.py's per-step time (sample, forward, backward incl. the all-reduce, optimizer step); "
                          "warm-up steps dropped; a configuration's step time = the slowest rank's median over the timed steps",
             "samples_per_s": "world x batch per rank / step time",

@@ -246,13 +246,29 @@ def test_iperf_rate_and_a_failed_iperf(tmp_path):
 # --- DDP training (bench_train.sh) ---------------------------------------------------------
 
 
+KILLED_DEFAULT = {"kill_s": 1000.25, "fallback_seen_s": 1002.75, "stall_timeout_s": 2, "kill_after_step": 10,
+                  "step_seen": 10, "poll_interval_s": 0.05,
+                  "fallback_line": "run on the hosts over the process group"}
+
+
+def killed_json(d, link, **changes):
+    """(Re)write LINK-switch-killed/killed.json: KILLED_DEFAULT with CHANGES."""
+    dump(d / f"{link}-switch-killed" / "killed.json", {**KILLED_DEFAULT, **changes})
+
+
 def train_config(d, link, comm, step_s, loss=0.5, digest="d0", path="default", warmup=1):
     """One LINK-COMM folder as bench_train.sh leaves it: 4 ranks' train_ddp.py
     JSON (ranks 1..3 take step_s, rank 0 half of it; one warm-up step of
-    9 s), GNU time lines, the snapshots and, for switchd's runs, its CPU."""
+    9 s), GNU time lines, the snapshots and, for switchd's runs, its CPU;
+    for switch-killed, killed.json (KILLED_DEFAULT: on the host path 2.5 s
+    after the kill)."""
     out = d / f"{link}-{comm}"
     out.mkdir()
-    if path == "default":  # what the state reports when the run went as configured
+    if path == "default" and comm == "switch-killed":  # killed after 10 steps, the rest on the hosts
+        path = {"mode": "switch", "fallback": True, "path": "hosts", "switch_collectives": 30,
+                "host_collectives": 69, "fallbacks": 1, "returns": 0, "failed_returns": 0,
+                "last_fallback_reason": "this rank's collective failed on the switch (StalledError: ...)"}
+    elif path == "default":  # what the state reports when the run went as configured
         path = None if comm == "gloo" else {
             "mode": "hosts" if comm == "hosts" else "switch", "fallback": comm != "switch-nofallback",
             "path": "hosts" if comm == "hosts" else "switch",
@@ -268,16 +284,18 @@ def train_config(d, link, comm, step_s, loss=0.5, digest="d0", path="default", w
         write(out / f"rank{r}.time", "1024 10.0 5.0 1.0\n")
     snapshot(out / "before.jsonl", 0, 0, 0)
     snapshot(out / "after.jsonl", 30, 10, 0)
-    if comm in ("switch", "switch-nofallback"):
+    if comm in ("switch", "switch-nofallback", "switch-killed"):
         write(out / "switchd-cpu-seconds", "2.5\n")
+    if comm == "switch-killed":
+        killed_json(d, link)
 
 
-def run_train_report(tmp_path, monkeypatch, links, comms=None):
+def run_train_report(tmp_path, monkeypatch, links, comms=None, extra=()):
     monkeypatch.setattr(bench_train_report, "versions", lambda: {})  # no torch import
     argv = ["bench_train_report.py", str(tmp_path), "--json", str(tmp_path / "r.json"),
             "--table", str(tmp_path / "t.md"), "--png", str(tmp_path / "p.png"), "--stamp", "S",
             "--warmup", "1", "--steps", "3", "--batch", "32", "--hidden", "10", "--layers", "2",
-            "--seed", "0", "--mtu", "9000", "--links", links]
+            "--seed", "0", "--mtu", "9000", "--links", links, *extra]
     monkeypatch.setattr(sys, "argv", argv + (["--comms", comms] if comms else []))
     rc = bench_train_report.main()
     return rc, json.loads((tmp_path / "r.json").read_text()), (tmp_path / "t.md").read_text()
@@ -388,6 +406,108 @@ def test_train_report_a_switch_run_that_fell_back_is_not_measuring_the_switch(tm
     # Without a switch run the loss is compared with the first run of the switch's arithmetic.
     assert res["checks"]["loss"]["1gbit"]["compared"] == "switch-nofallback"
     assert "loss, 1 Gbit/s links: switch-nofallback 0.5000, gloo 0.5000" in table
+
+
+def test_train_report_switch_killed_kill_to_host_path_and_its_goal(tmp_path, monkeypatch):
+    for link, gloo_s, switch_s in (("unlimited", 1.0, 1.5), ("1gbit", 2.0, 1.25)):
+        train_config(tmp_path, link, "gloo", gloo_s, loss=0.5, digest="g")
+        train_config(tmp_path, link, "switch", switch_s, loss=0.5005, digest="s")
+        # Its step times (a stall, then the host path) are compared with nothing.
+        train_config(tmp_path, link, "switch-killed", 7.0, loss=0.5005, digest="s")
+    killed_json(tmp_path, "unlimited", kill_s=500.0, fallback_seen_s=502.125)
+    comms = "gloo,switch,switch-killed"
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", comms, ["--stall-timeout", "2"])
+    assert rc == 0
+    assert res["setup"]["stall_timeout_s"] == 2.0 and "switch-killed" in res["setup"]["comm"]
+    r = res["ratios"]
+    assert r["1gbit"] == {**r["1gbit"], "step": 0.625, "kill_to_host_path_s": 2.5,
+                          "kill_to_host_path_goal_s": 3.0, "kill_to_host_path_goal_met": True}
+    assert r["unlimited"]["kill_to_host_path_s"] == 2.125
+    # No ratio of step times has the switch-killed run's.
+    assert not {"hosts_over_gloo", "agreement_cost"} & set(r["1gbit"])
+    killed = next(c for c in res["configs"] if c["comm"] == "switch-killed" and c["link"] == "1gbit")
+    assert killed["step_s"] == 7.0 and killed["killed"]["kill_to_host_path_s"] == 2.5
+    assert killed["switchd_cpu_s"] == 2.5
+    h = res["headline"]
+    assert h == {"switch_over_gloo_unlimited": 1.5, "switch_over_gloo_1gbit": 0.625,
+                 "switch_over_gloo_1gbit_goal": 0.75, "switch_over_gloo_1gbit_goal_met": True,
+                 "kill_to_host_path_s_unlimited": 2.125, "kill_to_host_path_s_1gbit": 2.5,
+                 "kill_to_host_path_goal_s": 3.0, "kill_to_host_path_goal_met": True, "sanity_ok": True}
+    ch = res["checks"]
+    assert ch["same_weights_as_switch"] == {"unlimited switch-killed": True, "1gbit switch-killed": True}
+    assert ch["ran_as_configured"]["1gbit switch-killed"] is True and ch["ok"]
+    assert ("switch killed mid-run, 1 Gbit/s links: from switchd's kill (SIGKILL, after rank 0's step 10) to "
+            "rank 0's first collective done on the host path **2.50 s** (rank 0's log read every 50 ms); "
+            "goal <= stall timeout 2 s + 1 s = 3 s: met") in table
+    assert "| 1 Gbit/s links | switch, switchd killed mid-run | **7.000** |" in table
+    # switchd's CPU up to the kill.
+    assert table.split("switchd killed mid-run")[1].splitlines()[0].endswith("| 24 / 2.5 |")
+    assert "1gbit switch-killed yes" in table
+    if _has_matplotlib():
+        assert (tmp_path / "p.png").stat().st_size > 0
+
+    # Later than the stall timeout + 1 s on one link: the goal is not met,
+    # which is a measurement, not a failed sanity check.
+    killed_json(tmp_path, "1gbit", fallback_seen_s=1003.5)
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", comms, ["--stall-timeout", "2"])
+    assert rc == 0 and res["checks"]["ok"]
+    assert res["headline"]["kill_to_host_path_s_1gbit"] == 3.25
+    assert res["headline"]["kill_to_host_path_goal_met"] is False
+    assert res["ratios"]["unlimited"]["kill_to_host_path_goal_met"] is True
+    assert "**3.25 s**" in table and "= 3 s: NOT met" in table
+    # The goal follows the stall timeout the ranks ran with (killed.json).
+    killed_json(tmp_path, "1gbit", fallback_seen_s=1003.5, stall_timeout_s=5)
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", comms, ["--stall-timeout", "5"])
+    assert res["ratios"]["1gbit"]["kill_to_host_path_goal_s"] == 6.0
+    assert res["headline"]["kill_to_host_path_goal_s"] == 6.0
+    # Rank 0 never logged the fallback: no time, the goal not met.
+    killed_json(tmp_path, "1gbit", fallback_seen_s=None)
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", comms)
+    assert res["headline"]["kill_to_host_path_s_1gbit"] is None
+    assert res["headline"]["kill_to_host_path_goal_met"] is False
+    assert "rank 0 NEVER logged that it runs on the hosts" in table
+    # A switch-killed folder without killed.json is no run of it.
+    (tmp_path / "1gbit-switch-killed" / "killed.json").unlink()
+    with pytest.raises(SystemExit, match="killed.json"):
+        run_train_report(tmp_path, monkeypatch, "unlimited,1gbit", comms)
+
+
+def test_train_report_switch_killed_must_end_with_the_switchs_weights_having_fallen_back_once(tmp_path, monkeypatch):
+    train_config(tmp_path, "1gbit", "gloo", 2.0, digest="g")
+    train_config(tmp_path, "1gbit", "switch", 1.25, digest="s")
+    train_config(tmp_path, "1gbit", "switch-killed", 3.0, digest="other")
+    rc, res, table = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch,switch-killed")
+    assert rc == 3
+    assert res["checks"]["same_weights_as_switch"] == {"1gbit switch-killed": False}
+    assert res["checks"]["ok"] is False and res["headline"]["sanity_ok"] is False
+    # The kill-to-host-path time is still reported.
+    assert res["headline"]["kill_to_host_path_s_1gbit"] == 2.5 and res["headline"]["kill_to_host_path_goal_met"]
+    assert "1gbit switch-killed NO" in table
+
+    # The switch's weights, but one rank never fell back (it would have
+    # stalled: the counters are the check), or fell back twice, or came
+    # back to a dead switch, or ran nothing on the hosts.
+    rank3 = tmp_path / "1gbit-switch-killed" / "rank3.json"
+    for rank in range(4):
+        f = tmp_path / "1gbit-switch-killed" / f"rank{rank}.json"
+        dump(f, {**json.loads(f.read_text()), "digest": "s"})
+    rc, res, _ = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch,switch-killed")
+    assert rc == 0 and res["checks"]["ran_as_configured"] == {"1gbit switch": True, "1gbit switch-killed": True}
+    good = json.loads(rank3.read_text())
+    for bad in ({"fallbacks": 0}, {"fallbacks": 2}, {"returns": 1}, {"host_collectives": 0}):
+        dump(rank3, {**good, "path": {**good["path"], **bad}})
+        rc, res, _ = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch,switch-killed")
+        assert rc == 3, bad
+        assert res["checks"]["ran_as_configured"]["1gbit switch-killed"] is False
+        assert res["checks"]["ran_as_configured_ok"] is False
+        assert res["checks"]["same_weights_as_switch"] == {"1gbit switch-killed": True}
+    # A switch run that fell back is still not measuring the switch.
+    dump(rank3, good)
+    sw3 = tmp_path / "1gbit-switch" / "rank3.json"
+    sw = json.loads(sw3.read_text())
+    dump(sw3, {**sw, "path": good["path"]})
+    rc, res, _ = run_train_report(tmp_path, monkeypatch, "1gbit", "gloo,switch,switch-killed")
+    assert rc == 3 and res["checks"]["ran_as_configured"] == {"1gbit switch": False, "1gbit switch-killed": True}
 
 
 def test_train_report_refuses_an_unknown_comm(tmp_path, monkeypatch):
