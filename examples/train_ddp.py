@@ -6,10 +6,14 @@ Launch one process per worker with torchrun (README, "Train with PyTorch").
 gradient noise scale from the switch's statistics and grows the batch with
 aggswitch.torch.AdaptiveBatch; rank 0 prints step, loss, B_noise, global
 batch and learning rate every step (README, "Gradient noise scale")."""
-import argparse, hashlib, json, os, sys, time
+import argparse, faulthandler, hashlib, json, os, signal, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn
 from sklearn.datasets import load_digits
+
+# `kill -USR1 PID` prints every thread's stack to stderr: where a rank that
+# seems hung is waiting (the end-to-end tests do this before giving up).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--comm", choices=["switch", "gloo"], default="switch")

@@ -4,12 +4,16 @@ gradient reduce-scatter and parameter all-gather go through the switch
 world/R shards; with the switch, shards stay on gloo within a node and each
 replica group's all-reduce goes through the switch, the group of shard g as
 job AGGSWITCH_JOB + g. Launch with torchrun (README, "Train with FSDP")."""
-import argparse, hashlib, json, os, sys, time
+import argparse, faulthandler, hashlib, json, os, signal, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from sklearn.datasets import load_digits
+
+# `kill -USR1 PID` prints every thread's stack to stderr: where a rank that
+# seems hung is waiting (the end-to-end tests do this before giving up).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 p = argparse.ArgumentParser(description=__doc__)
 p.add_argument("--comm", choices=["switch", "gloo"], default="switch")

@@ -7,9 +7,9 @@ own gloo process group, and the prober thread that watches for the switch
 while the job runs without it.
 
 The agreement (``fallback`` on, the default): after every collective tried
-on the switch, the ranks all-reduce one small int32 vector on the host
-group, each rank's outcome at its own index (0: done). If every entry is 0
-the collective is done. Otherwise **every** rank finishes that same
+on the switch, every rank sends its outcome (0: done) to every other rank
+on the host group, one all-to-all of int32s. If every outcome is 0 the
+collective is done. Otherwise **every** rank finishes that same
 collective on the host path, from its own input (an all-reduce restores
 it from the worker library's copy, since RESULTs already overwrote part of
 the buffer; ranks that had all their RESULTs recompute the same bits), and
@@ -412,12 +412,18 @@ class CollectivePath:
     def _vote(self, hg: Any, code: int) -> list[int]:
         # Indexed by the host group's ranks: a tree's job at a leaf numbers
         # its ranks per leaf, the host path by the process group.
-        rank, n = dist.get_rank(hg), dist.get_world_size(hg)
-        t = torch.zeros(n, dtype=torch.int32)
-        t[rank] = code
-        if n > 1:
-            dist.all_reduce(t, group=hg)
-        return [int(x) for x in t.tolist()]
+        #
+        # An all-to-all, not an all-reduce: every rank hears from every
+        # other one directly, so a dead rank's closed connection fails the
+        # vote on every survivor at once. In a ring, a survivor that is not
+        # the dead rank's neighbour waits for a neighbour that has already
+        # given up on the vote, until that neighbour's process exits.
+        n = dist.get_world_size(hg)
+        if n == 1:
+            return [code]
+        out = torch.zeros(n, dtype=torch.int32)
+        dist.all_to_all_single(out, torch.full((n,), code, dtype=torch.int32), group=hg)
+        return [int(x) for x in out.tolist()]
 
     def _join_together(self, hg: Any, group: Any) -> None:
         """Joins with every rank or with none, so no rank waits in a join

@@ -101,6 +101,10 @@ const FAILED_STDERR_LINES: usize = 30;
 /// Lines of stderr shown for a rank that did not fail (it often only says
 /// that a peer went away).
 const OTHER_STDERR_LINES: usize = 8;
+/// Lines of stderr shown for a rank still running when a test gives up on
+/// it: the end holds every thread's stack, printed on SIGUSR1 by
+/// `faulthandler` (`Ranks::dump_stacks`), which says where it hung.
+const RUNNING_STDERR_LINES: usize = 80;
 
 /// One rank's process; its stdout and stderr go to files.
 pub struct RankProc {
@@ -139,10 +143,10 @@ impl RankProc {
         } else {
             ""
         };
-        let stderr_lines = if self.failed() {
-            FAILED_STDERR_LINES
-        } else {
-            OTHER_STDERR_LINES
+        let stderr_lines = match self.status {
+            None => RUNNING_STDERR_LINES,
+            Some(_) if self.failed() => FAILED_STDERR_LINES,
+            Some(_) => OTHER_STDERR_LINES,
         };
         format!(
             "--- rank {} ({status}{wrote}) stderr tail:\n{}\n--- rank {} stdout tail:\n{}",
@@ -388,15 +392,18 @@ impl Ranks {
         );
         // The dead rank is among the ones the switch waits for. It may not
         // be alone: with the fallback on (the default) the ranks vote after
-        // every collective, and a survivor whose vote the dead rank broke
-        // can be held in it until a peer that left the vote exits, so the
-        // switch also waits for that survivor for a moment.
+        // every collective, and a survivor that is still in the vote the
+        // dead rank broke (each hears the dead rank's closed connection at
+        // its own moment) has not sent the next collective's DATA yet.
         let names_dead = |err: &str| {
             err.split("waiting for ranks [").skip(1).any(|rest| {
                 let list = rest.split(']').next().unwrap_or("");
                 list.split(',').any(|r| r.trim() == last.to_string())
             })
         };
+        if exited_after.iter().any(Option::is_none) {
+            self.dump_stacks();
+        }
         for (i, p) in self.procs[..last].iter().enumerate() {
             assert!(
                 exited_after[i].is_some(),
@@ -430,6 +437,24 @@ impl Ranks {
     }
 
     /// Every rank's [`RankProc::tails`], the failed ranks first.
+    /// Asks every rank still running for its threads' stacks (SIGUSR1:
+    /// the example scripts register `faulthandler` on it) and gives them a
+    /// second to print, so a failure message shows where a rank hung.
+    pub fn dump_stacks(&mut self) {
+        let mut asked = false;
+        for p in &mut self.procs {
+            if p.poll().is_none() {
+                // SAFETY: kill(2) on the PID of a child this harness started
+                // and has not reaped (poll said it is running).
+                unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGUSR1) };
+                asked = true;
+            }
+        }
+        if asked {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
     pub fn all_tails(&self) -> String {
         let (failed, others): (Vec<&RankProc>, Vec<&RankProc>) =
             self.procs.iter().partition(|p| p.failed());
@@ -470,6 +495,7 @@ impl Ranks {
                 break;
             }
             if Instant::now() > deadline {
+                self.dump_stacks();
                 panic!(
                     "{what}: ranks still running after {} s (hung?)\n{}",
                     limit.as_secs(),
