@@ -85,7 +85,8 @@ result = dict(rank=rank, world=world, comm=a.comm, hsdp=a.hsdp, steps=a.steps, l
 if a.comm == "switch":  # where the collectives ran: AGGSWITCH_MODE, AGGSWITCH_FALLBACK and the state's counters
     st = state.stats()
     result["path"] = dict(mode=state.mode, fallback=state.fallback, **{k: st[k] for k in (
-        "path", "switch_collectives", "host_collectives", "fallbacks", "returns", "failed_returns", "last_fallback_reason")})
+        "path", "switch_collectives", "host_collectives", "fallbacks", "returns", "failed_returns", "last_fallback_reason",
+        "last_fallback_timing")})
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)
 if a.out:
     with open(a.out, "w") as f:

@@ -78,6 +78,32 @@ ON_SWITCH = ("switch", "switch-nofallback")  # entirely on the switch, as config
 WITH_SWITCHD = ON_SWITCH + ("switch-killed",)  # the configurations switchd runs for (switch-killed: until the kill)
 
 
+def link_bits_per_s(link):
+    """'1gbit' -> 1e9, '500mbit' -> 5e8; None for 'unlimited'."""
+    if link == "unlimited":
+        return None
+    return float(link[:-4]) * {"g": 1e9, "m": 1e6}[link[-4]]
+
+
+def fallback_breakdown(k, timing, world, link):
+    """Where a switch-killed run's kill-to-host-path time went, from rank
+    0's last_fallback_timing (aggswitch's state stats): until the failing
+    collective started (the ranks were computing; the rest of the measured
+    time), on the switch (the stall timeout), the agreement, and the
+    collective redone on the host path, beside what a ring of its bytes
+    needs at the link's rate (None on unlimited links). None without a
+    timing (an older aggswitch) or without a measured time."""
+    if not timing or k.get("kill_to_host_path_s") is None:
+        return None
+    parts = timing["on_switch_s"] + timing["agreement_s"] + timing["host_collective_s"]
+    rate = link_bits_per_s(link)
+    ring = 2 * (world - 1) / world * timing["bytes"] * 8 / rate if rate else None
+    return {"before_collective_s": max(0.0, k["kill_to_host_path_s"] - parts),
+            "on_switch_s": timing["on_switch_s"], "agreement_s": timing["agreement_s"],
+            "host_collective_s": timing["host_collective_s"], "host_collective_bytes": timing["bytes"],
+            "host_collective_line_rate_s": ring}
+
+
 def link_label(link):
     """'unlimited' -> 'unlimited links', '1gbit' -> '1 Gbit/s links', '500mbit' -> '500 Mbit/s links'."""
     if link == "unlimited":
@@ -163,6 +189,8 @@ def load_config(run_dir, link, comm, warmup):
     }
     if comm == "switch-killed":
         c["killed"] = load_killed(d)
+        c["killed"]["breakdown"] = fallback_breakdown(
+            c["killed"], (ranks[0].get("path") or {}).get("last_fallback_timing"), world, link)
     return c
 
 
@@ -240,6 +268,7 @@ def analyse(configs, links, comms):
             r["kill_to_host_path_s"] = k["kill_to_host_path_s"]
             r["kill_to_host_path_goal_s"] = k["goal_s"]
             r["kill_to_host_path_goal_met"] = k["goal_met"]
+            r["kill_to_host_path_breakdown"] = k.get("breakdown")
         # The loss against gloo's: the switch run's, else the first other
         # run with the switch's arithmetic (all of them end the same).
         compared = next((c for c in SWITCH_BITS if (link, c) in by), None)
@@ -408,6 +437,14 @@ def table(res):
         rows.append(f"switch killed mid-run, {link_label(link)}: {what}; goal <= stall timeout "
                     f"{k['stall_timeout_s']:g} s + {GOAL_KILL_OVER_STALL_S:g} s = {r['kill_to_host_path_goal_s']:g} s: "
                     f"{met(r['kill_to_host_path_goal_met'])}")
+        b = k.get("breakdown")
+        if b:
+            ring = (f"; a ring needs {f(b['host_collective_line_rate_s'], 2)} s for these bytes at the link's rate"
+                    if b["host_collective_line_rate_s"] is not None else "")
+            rows.append(f"  of which: {f(b['before_collective_s'], 2)} s until the failing collective started "
+                        f"(the ranks were computing), {f(b['on_switch_s'], 2)} s on the switch (the stall), "
+                        f"{f(b['agreement_s'], 2)} s agreeing to fall back, {f(b['host_collective_s'], 2)} s "
+                        f"redoing it on the host path ({b['host_collective_bytes'] / 1e6:.1f} MB{ring})")
     for link in links:
         chk = res["checks"]["loss"].get(link)
         if chk is None:

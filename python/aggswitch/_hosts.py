@@ -97,10 +97,14 @@ def all_reduce(
     return _fold_stats(stats, rank, n, group)
 
 
-# Bytes per piece of a pipelined all-reduce: small enough that several are
-# in flight (gloo runs a group's queued operations on its worker threads),
-# large enough that each is one efficient transfer.
-_PIECE_BYTES = 1 << 20
+# A pipelined all-reduce is cut into about _PIECES pieces of at least
+# _MIN_PIECE_BYTES: enough pieces that the network, the sums and the copies
+# overlap (gloo runs a group's queued operations on its worker threads), few
+# enough that each operation's fixed cost (a millisecond or two of Python and
+# gloo scheduling on a busy host) stays small: 1 MiB pieces made a 100 MB
+# all-reduce half again slower than 16 pieces did, on loopback.
+_PIECES = 16
+_MIN_PIECE_BYTES = 1 << 20
 
 
 def _pipelined_all_reduce(
@@ -117,7 +121,8 @@ def _pipelined_all_reduce(
     size = t.element_size()
     raw = _bytes(t)
     elems = t.numel()
-    per_piece = max(n, (_PIECE_BYTES // size) // n * n)
+    piece_bytes = max(_MIN_PIECE_BYTES, -(-elems * size // _PIECES))
+    per_piece = max(n, (piece_bytes // size) // n * n)
     starts = list(range(0, elems, per_piece))
     sent = []
     for a in starts:
@@ -135,8 +140,10 @@ def _pipelined_all_reduce(
         mine = torch.empty(width, dtype=torch.uint8)
         _native.host_sum(recv.numpy(), mine[: lens[rank]].numpy(), n, dtype, leaf_sizes=leaf_sizes)
         if all(ln == width for ln in lens):
-            outs = list(raw[a * size : b * size].view(n, width).unbind(0))
-            gathers.append((None, dist.all_gather(outs, mine, group=group, async_op=True)))
+            # Straight into the tensor (a list of outputs would make gloo
+            # gather into a buffer of its own and copy out).
+            out = raw[a * size : b * size]
+            gathers.append((None, dist.all_gather_into_tensor(out, mine, group=group, async_op=True)))
         else:
             padded = torch.empty(n * width, dtype=torch.uint8)
             outs = list(padded.view(n, width).unbind(0))

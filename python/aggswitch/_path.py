@@ -213,6 +213,7 @@ class CollectivePath:
         self._groups: dict[Any, Any] = {}
         self._counts = dict(fallbacks=0, returns=0, failed_returns=0, switch_collectives=0, host_collectives=0)
         self._last_reason: str | None = None
+        self._last_timing: dict | None = None
         self._host_stats: tuple[float, float, int] | None = None
         self._last_on_hosts = False
         self._chunk: int | None = None
@@ -231,6 +232,7 @@ class CollectivePath:
         out: dict[str, Any] = dict(self._counts)
         out["path"] = "hosts" if self._on_hosts else "switch"
         out["last_fallback_reason"] = self._last_reason
+        out["last_fallback_timing"] = None if self._last_timing is None else dict(self._last_timing)
         return out
 
     def gradient_stats(self) -> dict:
@@ -261,7 +263,7 @@ class CollectivePath:
         def restore(w: Any) -> None:
             w.restore_input(host.reshape(-1).view(torch.uint8).numpy())
 
-        self._run(group, lambda w: w.all_reduce(host), on_hosts, restore)
+        self._run(group, lambda w: w.all_reduce(host), on_hosts, restore, host.numel() * host.element_size())
 
     def reduce_scatter(self, src: torch.Tensor, out: torch.Tensor, group: Any) -> None:
         st = self._state
@@ -269,13 +271,13 @@ class CollectivePath:
         def on_hosts(hg: Any, rank: int, n: int) -> None:
             _hosts.reduce_scatter(src, out, rank, n, st.dtype, hg, owner_keeps=not self._stats_job)
 
-        self._run(group, lambda w: w.reduce_scatter(src, out), on_hosts, None)
+        self._run(group, lambda w: w.reduce_scatter(src, out), on_hosts, None, src.numel() * src.element_size())
 
     def all_gather(self, src: torch.Tensor, out: torch.Tensor, job_dtype: torch.dtype, group: Any) -> None:
         def on_hosts(hg: Any, rank: int, n: int) -> None:
             _hosts.all_gather(src, out, n, hg)
 
-        self._run(group, lambda w: w.all_gather(src.view(job_dtype), out), on_hosts, None)
+        self._run(group, lambda w: w.all_gather(src.view(job_dtype), out), on_hosts, None, out.numel() * out.element_size())
 
     # --- the agreement ------------------------------------------------------
 
@@ -285,6 +287,7 @@ class CollectivePath:
         on_switch: Callable[[Any], None],
         on_hosts: Callable[[Any, int, int], None],
         restore: Callable[[Any], None] | None,
+        nbytes: int,
     ) -> None:
         st = self._state
         if st.mode == "hosts":
@@ -318,6 +321,7 @@ class CollectivePath:
             returning = True
         err: BaseException | None = None
         ran = None
+        started = time.monotonic()
         try:
             if st._worker is None:
                 self._join_together(hg, group)
@@ -328,6 +332,7 @@ class CollectivePath:
             err = e  # every rank knows from the join's votes: no second vote
         except AggSwitchError as e:
             err = e
+        failed_at = time.monotonic()
         if not isinstance(err, _Agreed):
             try:
                 codes = self._vote(hg, 0 if err is None else _outcome(err))
@@ -356,7 +361,9 @@ class CollectivePath:
         # The errors' messages start with "job J rank R: ", as the log does.
         reason = re.sub(rf"^job {st.job} rank {st.rank}: ", "", reason)
         self._drop_worker()
+        agreed = time.monotonic()
         self._hosts(group, on_hosts)
+        done = time.monotonic()
         if returning:
             self._counts["failed_returns"] += 1
             # A switch that answers HELLOs but cannot finish a collective (a
@@ -370,6 +377,12 @@ class CollectivePath:
         else:
             self._counts["fallbacks"] += 1
             self._last_reason = reason
+            self._last_timing = {
+                "on_switch_s": failed_at - started,
+                "agreement_s": agreed - failed_at,
+                "host_collective_s": done - agreed,
+                "bytes": nbytes,
+            }
             _log.warning(
                 "%s: %s; this collective and the next ones run on the hosts over "
                 "the process group, with the switch's bits; probing the switch every %.0f s to come back",

@@ -226,8 +226,13 @@ class AggSwitchState:
         ``path`` (``"switch"`` or ``"hosts"``: where the next collective
         goes), ``fallbacks`` (times the job left the switch for the host
         path), ``returns`` (times it came back), ``failed_returns``,
-        ``switch_collectives``, ``host_collectives`` and
-        ``last_fallback_reason``."""
+        ``switch_collectives``, ``host_collectives``,
+        ``last_fallback_reason`` and ``last_fallback_timing`` (None before
+        any fallback; else the collective that fell back: ``on_switch_s``,
+        its time on the switch until this rank's attempt ended,
+        ``agreement_s``, until every rank had agreed to fall back,
+        ``host_collective_s``, the collective redone on the host path, and
+        its ``bytes``)."""
         w = self._worker
         out = dict(w.stats()) if w is not None else {}
         out.update(self._path.counters())

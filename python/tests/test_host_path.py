@@ -126,6 +126,13 @@ def test_a_switch_that_dies_mid_run_is_left_for_the_hosts_and_rejoined(switch):
         assert st["fallbacks"] == 1 and st["returns"] == 1, f"rank {r['rank']}: {st}"
         assert st["host_collectives"] > 0 and st["path"] == "switch", f"rank {r['rank']}: {st}"
         assert "hosts" in r["paths"] and r["paths"][-1] == "switch", r["paths"]
+        # The fallback's own timing: the stall it waited out on the switch
+        # (stall_timeout 1 s), then the agreement and the collective redone
+        # on the hosts, of one of the model's buckets.
+        tm = st["last_fallback_timing"]
+        assert tm is not None and set(tm) == {"on_switch_s", "agreement_s", "host_collective_s", "bytes"}, tm
+        assert 0 < tm["bytes"] and 0 <= tm["agreement_s"] and 0 < tm["host_collective_s"] < 10, tm
+        assert tm["on_switch_s"] < 10, tm
 
 
 def test_a_rank_with_a_wrong_secret_is_named_to_every_rank_within_seconds(switch):
