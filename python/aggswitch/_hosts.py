@@ -127,7 +127,7 @@ def _pipelined_all_reduce(
     sent = []
     for a in starts:
         b = min(elems, a + per_piece)
-        lens = [len(r) * size for r in _split(a, b, n)]
+        lens = [(y - x) * size for x, y in shard_bounds(b - a, n, 1)]
         recv = torch.empty(n * lens[rank], dtype=torch.uint8)
         work = dist.all_to_all_single(
             recv, raw[a * size : b * size], [lens[rank]] * n, lens, group=group, async_op=True
@@ -156,13 +156,6 @@ def _pipelined_all_reduce(
             for r, ln in enumerate(lens):
                 raw[off : off + ln].copy_(padded[r * max(lens) : r * max(lens) + ln])
                 off += ln
-
-
-def _split(a: int, b: int, n: int) -> list[range]:
-    """Elements a..b in n contiguous shards, rank order, equal but the last
-    ones (shorter or empty)."""
-    per = -(-(b - a) // n)
-    return [range(min(b, a + r * per), min(b, a + (r + 1) * per)) for r in range(n)]
 
 
 def _fold_stats(mine: list, rank: int, n: int, group) -> tuple[float, float, int]:

@@ -159,3 +159,9 @@ def probe_switch(
     ``timeout`` seconds or not: ``("alive", generation, None)``,
     ``("refused", None, reason)`` or ``("silent", None, None)``. Joins
     nothing; a HELLO changes nothing at the switch."""
+
+def default_stats_chunk(dtype: Literal["f32", "bf16", "f16"], mtu: int = 1500) -> int:
+    """Elements per chunk of a ``stats = true`` job of ``dtype`` on a switch
+    whose ports have ``mtu``, with the switch's defaults (352 float32 at
+    1500): how the host path cuts a collective's statistics when this rank
+    never saw a JOIN_ACK. Raises ValueError for an MTU too small."""

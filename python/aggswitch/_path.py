@@ -83,10 +83,14 @@ _JOIN_SLICE = 2.0
 _START_PROBE = 5.0
 
 
+def _refusal_code(reason: Any) -> int:
+    """A refusal's outcome in a vote: _REFUSED + its reason's index."""
+    return _REFUSED + (_REASONS.index(reason) if reason in _REASONS else len(_REASONS))
+
+
 def _outcome(e: BaseException) -> int:
     if isinstance(e, RefusedError):
-        r = getattr(e, "reason", "")
-        return _REFUSED + (_REASONS.index(r) if r in _REASONS else len(_REASONS))
+        return _refusal_code(getattr(e, "reason", ""))
     for cls, code in (
         (StalledError, _STALLED),
         (JoinTimeoutError, _UNREACHABLE),
@@ -197,15 +201,6 @@ class _Agreed(Exception):
         self.codes = codes
 
 
-def default_chunk(dtype: str, mtu: int = 1500) -> int:
-    """Elements per chunk of a ``stats = true`` job at ``mtu`` on a switch's
-    defaults (proto::switch::config::max_elems_for: the float32 chunk's
-    bytes, less the RESULT's 16-byte token and 24-byte statistics trailer):
-    how a host path cuts statistics when it never saw a switch's JOIN_ACK."""
-    f32 = (mtu - 20 - 8 - 22) // 4
-    return (f32 * 4 - 16 - 24) // {"f32": 4, "bf16": 2, "f16": 2}[dtype]
-
-
 class CollectivePath:
     def __init__(self, state: Any) -> None:
         self._state = state
@@ -255,7 +250,7 @@ class CollectivePath:
         def on_hosts(hg: Any, rank: int, n: int) -> None:
             chunk = None
             if st._gns is not None:
-                chunk = self._chunk or st.elems_per_chunk or default_chunk(st.dtype)
+                chunk = self._chunk or st.elems_per_chunk or _native.default_stats_chunk(st.dtype)
             self._host_stats = _hosts.all_reduce(
                 host, rank, n, st.dtype, hg, leaf_sizes=st.leaf_sizes, stats_chunk=chunk
             )
@@ -451,7 +446,7 @@ class CollectivePath:
         what, _, refused = self._probe_once(group, timeout=_START_PROBE)
         code = _OK if what == "alive" else _UNREACHABLE
         if what == "refused":
-            code = _REFUSED + (_REASONS.index(refused) if refused in _REASONS else len(_REASONS))
+            code = _refusal_code(refused)
         codes = self._vote(hg, code)
         if any(codes):
             silent = [r for r, c in enumerate(codes) if c == _UNREACHABLE]
@@ -531,12 +526,9 @@ class CollectivePath:
         with st._lock:
             w, st._worker = st._worker, None
         if w is not None:
-            try:
-                # A LEAVE: frees the rank at a switch that still runs, which
-                # counts it (members_left_for_hosts).
-                w.close(for_hosts=for_hosts)
-            except AggSwitchError:
-                pass
+            # A LEAVE: frees the rank at a switch that still runs, which
+            # counts it (members_left_for_hosts).
+            _close_quietly(w, for_hosts)
 
     def _host_group(self, group: Any) -> Any:
         """The host path's own gloo group over ``group``'s ranks (made once,

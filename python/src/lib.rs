@@ -479,17 +479,9 @@ impl PyWorker {
         let kind = transport
             .parse::<TransportKind>()
             .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
-        let sw = parse_switch(switch)?;
-        let dtype = parse_dtype(dtype)?;
-        let job = u16_arg("job", job, 1)?;
-        let world = u16_arg("world_size", world_size, 1)?;
-        let rank = u16_arg("rank", rank, 0)?;
-        if rank >= world {
-            return Err(PyValueError::new_err(format!(
-                "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
-            )));
-        }
-        let mut cfg = WorkerConfig::new(sw, job, rank, world, parse_secret(secret)?);
+        let mut cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind)?;
+        let (sw, job, rank, world, dtype) =
+            (cfg.switch, cfg.job, cfg.rank, cfg.n_workers, cfg.dtype);
         cfg.join_timeout = secs("join_timeout", join_timeout)?;
         cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
         cfg.transport.congestion_control = congestion_control;
@@ -504,9 +496,7 @@ impl PyWorker {
                 )))
             }
         };
-        cfg.dtype = dtype;
         cfg.transport_kind = kind;
-        cfg.bind = parse_bind(bind)?;
         let w = py
             .detach(|| Worker::join(cfg))
             .map_err(|e| map_err(py, e))?;
@@ -1013,16 +1003,7 @@ fn probe_switch(
     bind: Option<&str>,
 ) -> PyResult<(&'static str, Option<u32>, Option<&'static str>)> {
     use worker::probe::SwitchAnswer;
-    let sw = parse_switch(switch)?;
-    let mut cfg = WorkerConfig::new(
-        sw,
-        u16_arg("job", job, 1)?,
-        u16_arg("rank", rank, 0)?,
-        u16_arg("world_size", world_size, 1)?,
-        parse_secret(secret)?,
-    );
-    cfg.dtype = parse_dtype(dtype)?;
-    cfg.bind = parse_bind(bind)?;
+    let cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind)?;
     let timeout = secs("timeout", timeout)?;
     let a = py
         .detach(|| worker::probe::probe_switch(&cfg, timeout))
@@ -1034,6 +1015,53 @@ fn probe_switch(
     })
 }
 
+/// What `Worker(...)` and `probe_switch` share: the switch, the job, this
+/// rank, the job's secret, dtype and source address, checked.
+fn worker_config(
+    switch: &str,
+    job: i64,
+    rank: i64,
+    world_size: i64,
+    secret: &str,
+    dtype: &str,
+    bind: Option<&str>,
+) -> PyResult<WorkerConfig> {
+    let job = u16_arg("job", job, 1)?;
+    let world = u16_arg("world_size", world_size, 1)?;
+    let rank = u16_arg("rank", rank, 0)?;
+    if rank >= world {
+        return Err(PyValueError::new_err(format!(
+            "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
+        )));
+    }
+    let mut cfg = WorkerConfig::new(
+        parse_switch(switch)?,
+        job,
+        rank,
+        world,
+        parse_secret(secret)?,
+    );
+    cfg.dtype = parse_dtype(dtype)?;
+    cfg.bind = parse_bind(bind)?;
+    Ok(cfg)
+}
+
+/// Elements per chunk of a `stats = true` job of `dtype` on a switch whose
+/// ports have `mtu`, with the switch's defaults: how the host path cuts a
+/// collective's statistics when this rank never saw a JOIN_ACK.
+#[pyfunction]
+#[pyo3(signature = (dtype, mtu = 1500))]
+fn default_stats_chunk(dtype: &str, mtu: u16) -> PyResult<u16> {
+    let dtype = parse_dtype(dtype)?;
+    let f32_elems = proto::wire::elems_per_chunk_for_mtu(mtu);
+    match proto::switch::config::max_elems_for(f32_elems, dtype, proto::tag::AuthMode::Port, true) {
+        0 => Err(PyValueError::new_err(format!(
+            "mtu {mtu}: too small for a chunk with statistics"
+        ))),
+        n => Ok(n),
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorker>()?;
@@ -1041,6 +1069,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reference_stats, m)?)?;
     m.add_function(wrap_pyfunction!(host_sum, m)?)?;
     m.add_function(wrap_pyfunction!(probe_switch, m)?)?;
+    m.add_function(wrap_pyfunction!(default_stats_chunk, m)?)?;
     m.add("DEFAULT_PORT", DEFAULT_AGG_PORT)?;
     Ok(())
 }

@@ -74,6 +74,18 @@ def test_host_all_reduce_gives_the_switchs_sum_and_statistics():
         assert (s, q, n) == (ref["sum_of_squares"], ref["square_of_sum"], ref["n"]), (r["stats"], ref)
 
 
+def test_default_stats_chunk_is_the_switchs():
+    # proto's max_elems_for at the default MTU: 362 float32 in the frame,
+    # less the RESULT's 16-byte token and 24-byte statistics trailer.
+    assert _native.default_stats_chunk("f32") == 352
+    assert _native.default_stats_chunk("bf16") == 704
+    assert _native.default_stats_chunk("f16", mtu=9000) == 2 * ((9000 - 50) // 4) - 20
+    with pytest.raises(ValueError, match="mtu 60"):
+        _native.default_stats_chunk("f32", mtu=60)
+    with pytest.raises(ValueError):
+        _native.default_stats_chunk("f64")
+
+
 def test_host_sum_names_a_bad_shape():
     with pytest.raises(ValueError, match="not 3 ranks"):
         _native.host_sum(np.zeros(10, np.uint8), np.zeros(4, np.uint8), 3, "f32")

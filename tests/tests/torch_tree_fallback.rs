@@ -61,6 +61,18 @@ fn stat(r: &Report, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("rank {}: no counter {key} in {}", r.rank, r.json["path"]))
 }
 
+/// Every collective of the uninterrupted run ran exactly once, on the
+/// switches or on the hosts: none lost, none done twice.
+fn assert_every_collective_once(r: &Report, clean: &Report) {
+    assert_eq!(
+        stat(r, "host_collectives") + stat(r, "switch_collectives"),
+        stat(clean, "switch_collectives"),
+        "rank {}: every collective once, on one path: {}",
+        r.rank,
+        r.json["path"]
+    );
+}
+
 /// Every rank's digest is the first's; prints the run.
 fn same_weights(what: &str, reports: &[Report], wall: f64) {
     let digests: Vec<&str> = reports.iter().map(|r| r.digest.as_str()).collect();
@@ -224,13 +236,7 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
             r.rank,
             r.json["path"]
         );
-        assert_eq!(
-            stat(r, "host_collectives") + stat(r, "switch_collectives"),
-            stat(&clean[0], "switch_collectives"),
-            "rank {}: every collective once, on one path: {}",
-            r.rank,
-            r.json["path"]
-        );
+        assert_every_collective_once(r, &clean[0]);
     }
     assert_eq!(
         faulty[0].digest, clean[0].digest,
@@ -253,13 +259,7 @@ fn ddp_through_a_tree_survives_a_dead_spine_with_the_same_bits() {
             r.rank,
             r.json["path"]
         );
-        assert_eq!(
-            stat(r, "host_collectives") + stat(r, "switch_collectives"),
-            stat(&clean[0], "switch_collectives"),
-            "rank {}: every collective once, on one path: {}",
-            r.rank,
-            r.json["path"]
-        );
+        assert_every_collective_once(r, &clean[0]);
     }
     assert_eq!(
         back[0].digest, clean[0].digest,
