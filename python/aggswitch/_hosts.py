@@ -97,14 +97,13 @@ def all_reduce(
     return _fold_stats(stats, rank, n, group)
 
 
-# A pipelined all-reduce is cut into about _PIECES pieces of at least
-# _MIN_PIECE_BYTES: enough pieces that the network, the sums and the copies
-# overlap (gloo runs a group's queued operations on its worker threads), few
-# enough that each operation's fixed cost (a millisecond or two of Python and
-# gloo scheduling on a busy host) stays small: 1 MiB pieces made a 100 MB
-# all-reduce half again slower than 16 pieces did, on loopback.
-_PIECES = 16
-_MIN_PIECE_BYTES = 1 << 20
+# Bytes per piece of a pipelined all-reduce: small enough that several are
+# in flight (gloo runs a group's queued operations on its worker threads),
+# large enough that each is one efficient transfer. At 1 Gbit/s 1 MiB kept
+# the host path at gloo's time and larger pieces did not (docs/BENCHMARKS.md,
+# "Surviving the switch"); on unlimited links a busy host favours fewer,
+# larger ones (each operation's fixed cost).
+_PIECE_BYTES = 1 << 20
 
 
 def _pipelined_all_reduce(
@@ -121,8 +120,7 @@ def _pipelined_all_reduce(
     size = t.element_size()
     raw = _bytes(t)
     elems = t.numel()
-    piece_bytes = max(_MIN_PIECE_BYTES, -(-elems * size // _PIECES))
-    per_piece = max(n, (piece_bytes // size) // n * n)
+    per_piece = max(n, (_PIECE_BYTES // size) // n * n)
     starts = list(range(0, elems, per_piece))
     sent = []
     for a in starts:
