@@ -1,11 +1,11 @@
 """Train an MLP on scikit-learn's bundled digits with DDP; gradients summed in
 the switch (--comm switch) or by DDP's default gloo all-reduce (--comm gloo).
-Launch one process per worker with torchrun (README, "Train with PyTorch").
+Launch one process per worker with torchrun (docs/PYTORCH.md, "Train with PyTorch").
 
 --adaptive (needs --comm switch and a job declared stats = true) estimates the
 gradient noise scale from the switch's statistics and grows the batch with
 aggswitch.torch.AdaptiveBatch; rank 0 prints step, loss, B_noise, global
-batch and learning rate every step (README, "Gradient noise scale")."""
+batch and learning rate every step (docs/PYTORCH.md, "Gradient noise scale")."""
 import argparse, faulthandler, hashlib, json, os, signal, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn

@@ -3,7 +3,7 @@ gradient reduce-scatter and parameter all-gather go through the switch
 (--comm switch) or gloo (--comm gloo). --hsdp R: R replicas ("nodes") of
 world/R shards; with the switch, shards stay on gloo within a node and each
 replica group's all-reduce goes through the switch, the group of shard g as
-job AGGSWITCH_JOB + g. Launch with torchrun (README, "Train with FSDP")."""
+job AGGSWITCH_JOB + g. Launch with torchrun (docs/PYTORCH.md, "Train with FSDP")."""
 import argparse, faulthandler, hashlib, json, os, signal, sys, time
 
 import torch, torch.distributed as dist, torch.nn as nn

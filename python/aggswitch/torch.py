@@ -23,7 +23,7 @@ Surviving the switch: with fallback on (the default; ``AGGSWITCH_FALLBACK=off``
 or ``fallback=False`` to fail fast), a collective that fails on the switch
 is finished on the hosts over the process group, with the switch's bits,
 and the job comes back to the switch once every rank sees it answer
-(``aggswitch._path``; README, "When something goes wrong").
+(``aggswitch._path``; docs/PYTORCH.md, "When something goes wrong").
 ``AGGSWITCH_MODE=hosts`` (``mode="hosts"``) runs on the host path alone.
 
 The process group (gloo) stays in charge of everything else DDP does:
@@ -35,12 +35,12 @@ per collective, every rank's squared gradient norm and the squared norm of
 their sum. ``GradientNoiseScale(state, batch_per_rank=b)`` collects them from
 the DDP hooks and estimates McCandlish et al.'s B_noise once per step (call
 its ``step()`` after each ``backward()``); ``AdaptiveBatch`` grows the global
-batch from it (README, "Gradient noise scale").
+batch from it (docs/PYTORCH.md, "Gradient noise scale").
 
 FSDP2 (``fully_shard``): ``register_fsdp_comms(model, state)`` sends every
 FSDPModule's gradient reduce-scatter and parameter all-gather through the
 switch; ``register_hsdp_all_reduce(model, state)`` sends HSDP's replica
-all-reduce (README, "Train with FSDP"). The state takes rank and world size
+all-reduce (docs/PYTORCH.md, "Train with FSDP"). The state takes rank and world size
 when it first joins (from its ``group``, the collective's process group, or
 torch.distributed's), so it may be made before the process group.
 """

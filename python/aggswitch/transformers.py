@@ -12,8 +12,8 @@ registers ours on that wrapper (``trainer.model_wrapped``) when training
 begins, before the first backward. The state defaults to
 ``aggswitch.torch.state_from_env()`` and the hook to the one of its dtype
 (``AGGSWITCH_DTYPE=bf16``: ``bf16_compress_hook``). Fallback to the hosts
-and ``AGGSWITCH_MODE=hosts`` work as everywhere (README, "When something
-goes wrong"). FSDP through the Trainer is not covered here: call
+and ``AGGSWITCH_MODE=hosts`` work as everywhere (docs/PYTORCH.md, "When
+something goes wrong"). FSDP through the Trainer is not covered here: call
 ``aggswitch.torch.register_fsdp_comms`` on the prepared model instead.
 Needs ``transformers``.
 """
