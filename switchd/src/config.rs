@@ -201,7 +201,8 @@ pub struct SwitchSection {
     /// Seq lanes (docs/PROTOCOL.md, "Seq lanes"): DATA of seq s is taken on
     /// `agg_port` + (s mod seq_lanes), and the CHALLENGE tells workers, so
     /// that NIC ntuple rules can steer each lane to a queue and thread of
-    /// its own (docs/NICS.md, "Seq lanes: one large job over every core"). A power of two, 1..=64.
+    /// its own (docs/NICS.md, "Seq lanes: one large job over every core").
+    /// A power of two, 1..=64.
     #[serde(default = "default_seq_lanes")]
     pub seq_lanes: u16,
     /// Pin dataplane thread i to CPU i (mod the CPUs available).
