@@ -48,9 +48,6 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest an admin connection stays open.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Default path of the admin socket.
-pub const DEFAULT_SOCKET: &str = "/run/aggswitch/switchd.sock";
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum AdminRequest {

@@ -378,8 +378,12 @@ fn default_ecn_threshold() -> f64 {
     0.5
 }
 
+/// The admin socket ([`crate::admin`], switchctl's default) when
+/// `admin_socket` is absent.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/aggswitch/switchd.sock";
+
 fn default_admin_socket() -> PathBuf {
-    PathBuf::from(crate::admin::DEFAULT_SOCKET)
+    PathBuf::from(DEFAULT_ADMIN_SOCKET)
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -1559,7 +1563,7 @@ secret = "0000000000000000000000000000000000000000000000000000000000000001"
         std::fs::write(&plain, "[switch]\nports = [\"a\"]\n").unwrap();
         assert_eq!(
             admin_socket_in(&plain).unwrap(),
-            PathBuf::from(crate::admin::DEFAULT_SOCKET)
+            PathBuf::from(DEFAULT_ADMIN_SOCKET)
         );
         let e = admin_socket_in(&dir.join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");

@@ -698,7 +698,7 @@ fn render_switch_wide(o: &mut String, s: &SwitchStats) {
             sample(o, "aggswitch_port_xdp_fwd_refused_total", &labels, v);
         }
     }
-    type RingValue = fn(&crate::stats::RingStats) -> u64;
+    type RingValue = fn(&crate::dataplane::RingStats) -> u64;
     let ring_values: [(&str, &str, &str, RingValue); 5] = [
         (
             "aggswitch_ring_rx_occupancy",
@@ -830,7 +830,8 @@ fn render_switch_wide(o: &mut String, s: &SwitchStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{JobStats, PortStats, RingStats, SpineStats, ThreadSocket, ThreadStats};
+    use crate::dataplane::RingStats;
+    use crate::stats::{JobStats, PortStats, SpineStats, ThreadSocket, ThreadStats};
     use proto::switch::{JobDrops, TableCounters};
     use std::collections::BTreeMap;
     use std::io::{Read, Write as _};

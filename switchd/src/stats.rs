@@ -15,7 +15,7 @@ use proto::switch::{
 };
 use serde::Serialize;
 
-use crate::dataplane::{DataplaneCounters, ThreadCounters};
+use crate::dataplane::counters::{DataplaneCounters, RingStats, ThreadCounters};
 
 /// Every counter of a schema, by name.
 pub fn counter_map(c: &dyn CounterSchema) -> BTreeMap<&'static str, u64> {
@@ -146,20 +146,6 @@ pub struct PortStats {
     /// Frames the fast path left to the bridge, by the first rule they
     /// failed ([`crate::xdp::REFUSAL_NAMES`]; docs/FASTPATH.md).
     pub xdp_fwd_refused: BTreeMap<&'static str, u64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RingStats {
-    pub port_idx: u32,
-    pub queue: u32,
-    pub rx_occupancy: u32,
-    pub tx_occupancy: u32,
-    /// The kernel's count of frames it dropped for this socket (receive
-    /// ring full, fill ring empty, bad descriptors): traffic that reached
-    /// the port but never the switch's counters. Read once a second.
-    pub kernel_rx_dropped: u64,
-    pub kernel_rx_ring_full: u64,
-    pub kernel_fill_ring_empty: u64,
 }
 
 /// One AF_XDP socket: the port's name and the queue.

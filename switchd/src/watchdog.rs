@@ -3,9 +3,11 @@
 //! (systemd `Restart=on-failure`) restarts it, rather than leave a switch
 //! that answers its admin socket but moves no packet.
 //!
-//! Owns: [`Heartbeat`] (one per dataplane thread: its progress written by
-//! that thread only, its stall count by the watchdog thread), [`Watchdog`] (the decision, fed samples and time, no I/O) and the
-//! watchdog thread ([`spawn`]), which samples every [`CHECK_EVERY`].
+//! Owns: [`Watchdog`] (the decision, fed samples and time, no I/O) and the
+//! watchdog thread ([`spawn`]), which every [`CHECK_EVERY`] samples the
+//! dataplane threads' [`Heartbeat`]s ([`crate::dataplane::heartbeat`]: one
+//! per thread, its progress written by that thread only, its stall count
+//! by the watchdog thread).
 //!
 //! Invariants: a dataplane thread writes its heartbeat once per loop
 //! iteration and once per receive batch (Relaxed stores, never per packet);
@@ -15,10 +17,11 @@
 //! every few milliseconds and beats, and it reports no pending work.
 //! switchd leaves through [`exit_for_restart`] only, once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::dataplane::heartbeat::Heartbeat;
 use crate::dataplane::Shared;
 
 /// How often the watchdog looks at the heartbeats.
@@ -30,57 +33,6 @@ pub const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// The exit status after a stall (EX_SOFTWARE): non-zero, so that a
 /// supervisor restarts switchd.
 pub const STALL_EXIT_CODE: i32 = 70;
-
-/// What a dataplane thread publishes for the watchdog. Aligned to its own
-/// cache lines so that threads' beats do not share one.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub struct Heartbeat {
-    /// Loop iterations so far.
-    progress: AtomicU64,
-    /// The thread has work in hand: it received frames in its last
-    /// iteration, or found frames or hand-offs waiting and went to take
-    /// them. Cleared by an iteration that received nothing.
-    busy: AtomicBool,
-    /// Times the watchdog found this thread stuck (written by the watchdog
-    /// thread, at most once before switchd exits).
-    stalls: AtomicU64,
-}
-
-impl Heartbeat {
-    /// End of a loop iteration: `iteration` is the count so far, `busy`
-    /// whether it received anything (more is likely waiting).
-    #[inline]
-    pub fn beat(&self, iteration: u64, busy: bool) {
-        self.progress.store(iteration, Ordering::Relaxed);
-        self.busy.store(busy, Ordering::Relaxed);
-    }
-
-    /// The thread is about to take waiting work (before it locks anything):
-    /// if it never comes back, the watchdog knows work was pending.
-    #[inline]
-    pub fn taking_work(&self) {
-        self.busy.store(true, Ordering::Relaxed);
-    }
-
-    /// The watchdog found this thread stuck.
-    pub fn count_stall(&self) {
-        self.stalls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Times the watchdog found this thread stuck.
-    pub fn stalls(&self) -> u64 {
-        self.stalls.load(Ordering::Relaxed)
-    }
-
-    /// (iterations, busy) as last published.
-    pub fn sample(&self) -> (u64, bool) {
-        (
-            self.progress.load(Ordering::Relaxed),
-            self.busy.load(Ordering::Relaxed),
-        )
-    }
-}
 
 /// A thread found stuck.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,16 +224,5 @@ mod tests {
         let mut d = Watchdog::new(1, Duration::ZERO, t0);
         d.check(t0, &[(1, true)]);
         assert_eq!(d.check(at(t0, 3_600_000), &[(1, true)]), None);
-    }
-
-    #[test]
-    fn heartbeat_publishes_progress_and_work_in_hand() {
-        let h = Heartbeat::default();
-        h.beat(5, false);
-        assert_eq!(h.sample(), (5, false));
-        h.taking_work();
-        assert_eq!(h.sample(), (5, true));
-        h.beat(6, false);
-        assert_eq!(h.sample(), (6, false));
     }
 }

@@ -1,17 +1,19 @@
 //! The engines the scaling benchmark compares, each behind [`Backend`]: a
 //! batch of DATA datagrams in, every reply they cause encoded out.
 //!
-//! Owns: [`Backend`], [`BackendKind`] (the names the CLI takes) and the
-//! backends themselves. `table-lock` ([`TableLock`]) is switchd's design
-//! before issue 21: one `Mutex<JobTable>` taken per receive batch, the
-//! replies drained and encoded while it is held (as
-//! `switchd/src/dataplane/rx.rs` does per frame). `lockfree` ([`LockFree`])
-//! is the lock-free DATA path of issue 21 with switchd's RESULT hand-off
-//! (`switchd/src/dataplane/tx.rs`, `Out::fan_out`): a RESULT goes out from
-//! the thread that owns the queue its rank joined on, so the completing
-//! thread sends those of its own ranks and hands the seq once to each
-//! other thread that owns some, which sends them to its ranks; every
-//! thread empties its outbox before each batch.
+//! Owns: [`Backend`], [`Batch`] (at most [`BATCH`] datagrams) and two of
+//! the backends; [`super::BackendKind`] names them for the CLI and builds
+//! them, and `lanes`, built on `lockfree`, is in lanes.rs. `table-lock`
+//! ([`TableLock`]) is switchd's design before issue 21: one
+//! `Mutex<JobTable>` taken per receive batch, the replies drained and
+//! encoded while it is held (as `switchd/src/dataplane/rx.rs` does per
+//! frame). `lockfree` ([`LockFree`]) is the lock-free DATA path of issue
+//! 21 with switchd's RESULT hand-off (`switchd/src/dataplane/tx.rs`,
+//! `Out::fan_out`): a RESULT goes out from the thread that owns the queue
+//! its rank joined on, so the completing thread sends those of its own
+//! ranks and hands the seq once to each other thread that owns some, which
+//! sends them to its ranks; every thread empties its outbox before each
+//! batch.
 //!
 //! Invariants: `feed` and `drain` allocate nothing and make no syscall;
 //! every reply a batch causes is encoded (through [`Sink::reply`]) before
@@ -31,8 +33,10 @@ use proto::switch::{
 };
 use proto::wire::HEADER_LEN;
 
-use super::lanes::Lanes;
-use super::{EngineError, Sink};
+use super::sink::Sink;
+
+/// Datagrams per hand-over to the backend (switchd's `RX_BATCH`).
+pub const BATCH: usize = 64;
 
 /// One engine under test, shared by every feeding thread.
 pub trait Backend: Sync {
@@ -56,54 +60,6 @@ pub trait Backend: Sync {
     /// above it (threads fed by seq lane complete out of order).
     fn completed(&self, job: u16) -> u64 {
         u64::from(self.floor(job))
-    }
-}
-
-/// Which engine to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    TableLock,
-    LockFree,
-    /// `lockfree` behind software seq lanes ([`Lanes`]).
-    Lanes,
-}
-
-impl BackendKind {
-    pub const ALL: [BackendKind; 3] = [
-        BackendKind::TableLock,
-        BackendKind::LockFree,
-        BackendKind::Lanes,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::TableLock => "table-lock",
-            BackendKind::LockFree => "lockfree",
-            BackendKind::Lanes => "lanes",
-        }
-    }
-
-    /// The engine over `table` (every job declared and active), whose
-    /// `handle` calls are made at `now`, fed by `threads` threads (thread
-    /// q owns queue q of every port; a member that joined on another queue
-    /// is answered by the thread that completes its seq).
-    pub fn build(
-        self,
-        table: JobTable,
-        now: Instant,
-        threads: usize,
-    ) -> Result<Box<dyn Backend>, EngineError> {
-        match self {
-            BackendKind::TableLock => Ok(Box::new(TableLock {
-                table: Mutex::new(table),
-                now,
-            })),
-            BackendKind::LockFree => Ok(Box::new(lock_free(table, now, threads))),
-            BackendKind::Lanes => Ok(Box::new(Lanes::new(
-                lock_free(table, now, threads),
-                threads,
-            ))),
-        }
     }
 }
 
@@ -292,8 +248,17 @@ impl Backend for LockFree {
     }
 }
 
+/// switchd before issue 21 over `table`, whose `handle` calls are made at
+/// `now`.
+pub(super) fn table_lock(table: JobTable, now: Instant) -> TableLock {
+    TableLock {
+        table: Mutex::new(table),
+        now,
+    }
+}
+
 /// switchd before issue 21: one table mutex, held for a whole batch.
-struct TableLock {
+pub(super) struct TableLock {
     table: Mutex<JobTable>,
     now: Instant,
 }
@@ -326,7 +291,7 @@ impl Backend for TableLock {
     }
 }
 
-/// Up to [`super::BATCH`] DATA datagrams of one thread, in the order
+/// Up to [`BATCH`] DATA datagrams of one thread, in the order
 /// received: slices of the thread's frame ring, each with its sender.
 pub struct Batch<'a> {
     /// The feeding thread's index in the run (0..T): the queue it owns,

@@ -29,8 +29,8 @@ use rtrb::{Consumer, Producer, RingBuffer};
 use proto::switch::Endpoint;
 use proto::wire::Header;
 
-use super::backend::{Backend, Batch, LockFree};
-use super::{Sink, BATCH};
+use super::backend::{Backend, Batch, LockFree, BATCH};
+use super::sink::Sink;
 
 /// Datagram bytes a ring entry holds: a DATA of a 1500-byte MTU and more.
 const ENTRY: usize = 2048;

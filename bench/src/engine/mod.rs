@@ -3,9 +3,11 @@
 //! RESULTs it answers with, as switchd's dataplane threads do, with no
 //! kernel, NIC or socket in the way.
 //!
-//! Owns: [`Spec`] (what to run), [`run`] (set up, feed, check), [`Sink`]
-//! (one thread's reply buffer, counters and result check) and the
-//! [`backend`]s.
+//! Owns: [`Spec`] (what to run, on which [`BackendKind`] and [`Layout`])
+//! and [`run`] (set up, feed, check). Its parts: the [`backend`]s
+//! (backend.rs, lanes.rs), [`Sink`] (sink.rs: one thread's reply buffer,
+//! counters and result check), the result windows (window.rs) and
+//! [`EngineError`] (error.rs).
 //!
 //! Setup (untimed): a fresh `JobTable` per run, its jobs declared and every
 //! rank joined the honest way (HELLO, CHALLENGE, JOIN), so each job is
@@ -58,32 +60,34 @@
 //! encoded = ranks × completed seqs of every job.
 
 pub mod backend;
+mod error;
 mod lanes;
 pub mod probe;
+mod sink;
+mod window;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use proto::handshake::{Handshake, JoinParams};
-use proto::reference::{fill_pattern, rank_order_sum};
+use proto::reference::fill_pattern;
 use proto::switch::{
-    DataOutcome, Encoded, Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Reply, ReplyMsg,
-    Source, TableConfig, Verdict,
+    Endpoint, Ipv4Prefix, JobConfig, JobTable, JoinOutcome, Source, TableConfig, Verdict,
 };
-use proto::tag::TAG_LEN;
 use proto::wire::{
     write_f32s, Header, HeaderRepr, MsgType, DTYPE_F32, HEADER_LEN, MAX_ELEMS_PER_CHUNK, OP_SUM,
 };
 use serde::Serialize;
 
-pub use backend::{Backend, BackendKind, Batch};
+use backend::{lock_free, table_lock};
+use lanes::Lanes;
+use sink::Reference;
+use window::{ResultWindow, Windows};
 
-/// Datagrams per hand-over to the backend (switchd's `RX_BATCH`).
-pub const BATCH: usize = 64;
-/// RESULTs of every seq that is a multiple of this are checked against the
-/// reference (a prime, so the checked seqs walk over every slot and frame).
-pub const SAMPLE_EVERY: u32 = 61;
+pub use backend::{Backend, Batch, BATCH};
+pub use error::EngineError;
+pub use sink::{Sink, SAMPLE_EVERY};
 
 const GEN: u32 = 0x5ca1_ab1e;
 const SECRET: [u8; 32] = [0x5c; 32];
@@ -116,6 +120,51 @@ impl Layout {
             Layout::RankBlocks => "rank-blocks",
             Layout::Steered => "steered",
             Layout::JobPerThread => "job-per-thread",
+        }
+    }
+}
+
+/// Which engine to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    TableLock,
+    LockFree,
+    /// `lockfree` behind software seq lanes ([`Lanes`]).
+    Lanes,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 3] = [
+        BackendKind::TableLock,
+        BackendKind::LockFree,
+        BackendKind::Lanes,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::TableLock => "table-lock",
+            BackendKind::LockFree => "lockfree",
+            BackendKind::Lanes => "lanes",
+        }
+    }
+
+    /// The engine over `table` (every job declared and active), whose
+    /// `handle` calls are made at `now`, fed by `threads` threads (thread
+    /// q owns queue q of every port; a member that joined on another queue
+    /// is answered by the thread that completes its seq).
+    pub fn build(
+        self,
+        table: JobTable,
+        now: Instant,
+        threads: usize,
+    ) -> Result<Box<dyn Backend>, EngineError> {
+        match self {
+            BackendKind::TableLock => Ok(Box::new(table_lock(table, now))),
+            BackendKind::LockFree => Ok(Box::new(lock_free(table, now, threads))),
+            BackendKind::Lanes => Ok(Box::new(Lanes::new(
+                lock_free(table, now, threads),
+                threads,
+            ))),
         }
     }
 }
@@ -209,282 +258,6 @@ impl Measured {
     pub fn cpu_share(&self) -> f64 {
         let feeding = self.per_thread_taken.iter().filter(|t| **t > 0).count();
         self.cpu_seconds / (self.seconds * feeding.max(1) as f64)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(
-        "backend {backend} is not built yet: the lock-free DATA path of issue 21 plugs in at \
-         bench/src/engine/backend.rs, fn lock_free; measure --backend table-lock meanwhile"
-    )]
-    NotBuilt { backend: &'static str },
-    #[error("invalid benchmark parameters: {0}")]
-    Spec(String),
-    #[error("setup: JobTable::add of job {job}: {why}")]
-    AddJob { job: u16, why: String },
-    #[error("setup: the JOIN of job {job} rank {rank} got {verdict:?}, not {want:?}")]
-    Join {
-        job: u16,
-        rank: u16,
-        verdict: Verdict,
-        want: JoinOutcome,
-    },
-    #[error("setup: the HELLO of job {job} rank {rank} was not answered with a CHALLENGE")]
-    NoChallenge { job: u16, rank: u16 },
-    #[error(
-        "backend {backend}: wrong RESULT of job {job} seq {seq} to rank {rank}: {what} \
-         (the rank-order reference sum differs)"
-    )]
-    WrongResult {
-        backend: &'static str,
-        job: u16,
-        seq: u32,
-        rank: u16,
-        what: String,
-    },
-    #[error("backend {backend}: {count} DATA refused (first: {first:?}); the harness feeds only in-window, fresh DATA")]
-    Refused {
-        backend: &'static str,
-        count: u64,
-        first: Verdict,
-    },
-    #[error("backend {backend}: {count} replies other than RESULT, or that failed to encode (first: {first:?})")]
-    UnexpectedReply {
-        backend: &'static str,
-        count: u64,
-        first: Option<Reply>,
-    },
-    #[error(
-        "backend {backend}: {results} RESULTs encoded for {seqs} completed seqs of {ranks} ranks \
-         each: fan-out lost or duplicated RESULTs"
-    )]
-    ResultCount {
-        backend: &'static str,
-        results: u64,
-        seqs: u64,
-        ranks: u16,
-    },
-    #[error(
-        "backend {backend}: job {job}: a window stuck at seq {seq} for {secs:.1} s: {encoded} \
-         of the {ranks} RESULTs it counts were encoded (a RESULT was lost)"
-    )]
-    WindowStuck {
-        backend: &'static str,
-        job: u16,
-        seq: u32,
-        encoded: u32,
-        ranks: u16,
-        secs: f64,
-    },
-    #[error(
-        "backend {backend}: job {job} seq {seq} could not be handed to a thread that sends \
-         its RESULTs (outbox full)"
-    )]
-    HandOffRefused {
-        backend: &'static str,
-        job: u16,
-        seq: u32,
-    },
-    #[error("backend {backend}: no seq completed in the run; run longer (--seconds)")]
-    NothingCompleted { backend: &'static str },
-}
-
-/// The reference RESULT payloads, one per frame index `k < K`.
-struct Reference {
-    payload_len: usize,
-    bytes: Vec<u8>,
-}
-
-impl Reference {
-    fn new(ranks: u16, elems: u16, frames: u32) -> Reference {
-        let payload_len = 4 * elems as usize;
-        let mut bytes = vec![0u8; frames as usize * payload_len];
-        let mut inputs = vec![vec![0f32; elems as usize]; ranks as usize];
-        for k in 0..frames {
-            for (r, v) in inputs.iter_mut().enumerate() {
-                fill_pattern(r as u16, k, v);
-            }
-            let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-            let at = k as usize * payload_len;
-            write_f32s(&rank_order_sum(&refs), &mut bytes[at..at + payload_len]);
-        }
-        Reference { payload_len, bytes }
-    }
-
-    fn payload(&self, seq: u32, frames: u32) -> &[u8] {
-        let at = (seq % frames) as usize * self.payload_len;
-        &self.bytes[at..at + self.payload_len]
-    }
-}
-
-/// One thread's reply buffer and counters; backends report into it.
-pub struct Sink {
-    backend: &'static str,
-    buf: Vec<u8>,
-    frames: u32,
-    reference: Arc<Reference>,
-    payload_len: u64,
-    taken: u64,
-    refused: u64,
-    first_refusal: Option<Verdict>,
-    results: u64,
-    checked: u64,
-    unexpected: u64,
-    first_unexpected: Option<Reply>,
-    wrong: Option<EngineError>,
-    /// Per rank of the job (steered: per seq lane), the window that counts
-    /// its RESULTs; and the RESULTs of seq `run_seq` (its place in that
-    /// window) for window `run_window` encoded here and not yet counted in
-    /// it (`run_len`): one count per run.
-    windows: Windows,
-    /// Steered: the seq lanes, T (a window per lane); otherwise 0.
-    lanes: u32,
-    run_window: usize,
-    run_seq: u32,
-    run_len: u32,
-}
-
-impl Sink {
-    fn new(
-        backend: &'static str,
-        spec: &Spec,
-        reference: Arc<Reference>,
-        windows: Windows,
-        lanes: u32,
-    ) -> Sink {
-        Sink {
-            backend,
-            // A RESULT: header, payload and (auth = mac) its tag.
-            buf: vec![0; HEADER_LEN + reference.payload_len + TAG_LEN],
-            frames: spec.frames,
-            payload_len: reference.payload_len as u64,
-            reference,
-            taken: 0,
-            refused: 0,
-            first_refusal: None,
-            results: 0,
-            checked: 0,
-            unexpected: 0,
-            first_unexpected: None,
-            wrong: None,
-            windows,
-            lanes,
-            run_window: 0,
-            run_seq: 0,
-            run_len: 0,
-        }
-    }
-
-    /// Counts the RESULTs encoded here in their ranks' window.
-    fn flush(&mut self) {
-        if self.run_len > 0 {
-            if let Some(w) = self.windows.get(self.run_window) {
-                w.encoded(self.run_seq, self.run_len);
-            }
-            self.run_len = 0;
-        }
-    }
-
-    /// The engine's verdict on one DATA.
-    #[inline]
-    pub fn data(&mut self, v: Verdict) {
-        match v {
-            Verdict::Data(DataOutcome::Taken | DataOutcome::Completed { .. }) => self.taken += 1,
-            _ => {
-                self.refused += 1;
-                self.first_refusal.get_or_insert(v);
-            }
-        }
-    }
-
-    /// One reply, which `encode` writes into this thread's buffer (as
-    /// `JobTable::encode` does): counted, and checked when it is a sampled
-    /// RESULT.
-    #[inline]
-    pub fn reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
-        let encoded = encode(&mut self.buf);
-        let (ReplyMsg::Result { seq, retx: false }, Some(e)) = (r.msg, encoded) else {
-            self.unexpected += 1;
-            self.first_unexpected.get_or_insert(*r);
-            return;
-        };
-        self.results += 1;
-        let (w, at) = match self.lanes {
-            0 => (r.rank as usize, seq),
-            l => ((seq % l) as usize, seq / l),
-        };
-        let same = self
-            .windows
-            .get(w)
-            .zip(self.windows.get(self.run_window))
-            .is_some_and(|(a, b)| Arc::ptr_eq(a, b));
-        if self.run_len > 0 && (self.run_seq != at || !same) {
-            self.flush();
-        }
-        self.run_window = w;
-        self.run_seq = at;
-        self.run_len += 1;
-        if seq.is_multiple_of(SAMPLE_EVERY) {
-            self.check(r, seq, e);
-        }
-    }
-
-    /// The backend could not hand job `job`'s `seq` to the thread that
-    /// sends some of its RESULTs: the run fails.
-    pub fn hand_off_refused(&mut self, job: u16, seq: u32) {
-        self.wrong.get_or_insert(EngineError::HandOffRefused {
-            backend: self.backend,
-            job,
-            seq,
-        });
-    }
-
-    /// Compares the encoded RESULT of `seq` with the reference.
-    #[cold]
-    fn check(&mut self, r: &Reply, seq: u32, e: Encoded) {
-        self.checked += 1;
-        if self.wrong.is_some() {
-            return;
-        }
-        let want = self.reference.payload(seq, self.frames);
-        let h = Header::new_unchecked(&self.buf[..HEADER_LEN]);
-        let what = if h.msg_type_raw() != MsgType::Result as u8 || h.seq() != seq {
-            Some(format!(
-                "header type {} seq {}, not RESULT seq {seq}",
-                h.msg_type_raw(),
-                h.seq()
-            ))
-        } else if e.len != HEADER_LEN + want.len() + TAG_LEN {
-            // The values, then the RESULT's token.
-            Some(format!(
-                "{} bytes encoded, not {}",
-                e.len,
-                HEADER_LEN + want.len() + TAG_LEN
-            ))
-        } else {
-            let got = &self.buf[HEADER_LEN..e.len - TAG_LEN];
-            got.chunks_exact(4)
-                .zip(want.chunks_exact(4))
-                .position(|(g, w)| g != w)
-                .map(|i| {
-                    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    format!(
-                        "element {i} is {:e}, not {:e}",
-                        f(&got[4 * i..]),
-                        f(&want[4 * i..])
-                    )
-                })
-        };
-        if let Some(what) = what {
-            self.wrong = Some(EngineError::WrongResult {
-                backend: self.backend,
-                job: r.job,
-                seq,
-                rank: r.rank,
-                what,
-            });
-        }
     }
 }
 
@@ -724,9 +497,6 @@ impl Feeder {
     }
 }
 
-/// Windows shared by the threads: per rank of a job, or per seq lane.
-type Windows = Arc<[Arc<ResultWindow>]>;
-
 /// The job's window over every seq lane, steered: a worker's window is
 /// one, over every seq, but the worker is another machine, so the
 /// threads' lanes should not meet on a cache line per seq for it. Each
@@ -760,96 +530,6 @@ impl JobWindow {
         }
         self.floor = lowest.unwrap_or(self.floor);
         seq.wrapping_sub(self.floor) < self.len
-    }
-}
-
-/// The window of some ranks of a job as their workers see it: `[floor,
-/// floor + W)`, where the floor is the lowest seq whose RESULTs to those
-/// ranks are not all encoded yet. Steered, a lane's: its places are the
-/// lane's seqs (seq / T).
-struct ResultWindow {
-    /// Per `seq mod W`. Every seq in flight lies in the window, so no two
-    /// share an entry.
-    entries: Vec<WindowEntry>,
-    ranks: u32,
-    floor: AtomicU32,
-}
-
-/// One seq's place in a [`ResultWindow`], on cache lines of its own: the
-/// threads that encode neighbouring seqs must not share a line.
-#[repr(align(128))]
-struct WindowEntry {
-    /// 1 + the last seq whose RESULTs were all encoded (0: none yet).
-    done: AtomicU32,
-    /// RESULTs of the seq in flight encoded so far (back to 0 when it is
-    /// marked, before the next seq can use the entry).
-    count: AtomicU32,
-}
-
-impl ResultWindow {
-    fn new(window: u16, ranks: u16) -> ResultWindow {
-        ResultWindow {
-            entries: (0..window)
-                .map(|_| WindowEntry {
-                    done: AtomicU32::new(0),
-                    count: AtomicU32::new(0),
-                })
-                .collect(),
-            ranks: u32::from(ranks),
-            floor: AtomicU32::new(0),
-        }
-    }
-
-    fn entry(&self, seq: u32) -> &WindowEntry {
-        &self.entries[(seq % self.len()) as usize]
-    }
-
-    /// W.
-    fn len(&self) -> u32 {
-        self.entries.len() as u32
-    }
-
-    fn floor(&self) -> u32 {
-        self.floor.load(Ordering::Acquire)
-    }
-
-    /// `k` more RESULTs of `seq` are encoded; the last of its `ranks`
-    /// marks it.
-    fn encoded(&self, seq: u32, k: u32) {
-        let e = self.entry(seq);
-        if e.count.fetch_add(k, Ordering::AcqRel) + k == self.ranks {
-            e.count.store(0, Ordering::Relaxed);
-            // Release: the reset is seen by whoever feeds the entry's next
-            // seq, which waits for this mark.
-            e.done.store(seq.wrapping_add(1), Ordering::Release);
-        }
-    }
-
-    /// The ranks whose RESULTs it counts.
-    fn ranks(&self) -> u16 {
-        self.ranks as u16
-    }
-
-    /// RESULTs of `seq` (in flight) encoded so far.
-    fn count(&self, seq: u32) -> u32 {
-        self.entry(seq).count.load(Ordering::Acquire)
-    }
-
-    /// Moves the floor past the seqs marked above it; returns it.
-    fn advance(&self) -> u32 {
-        let mut f = self.floor();
-        while self.entry(f).done.load(Ordering::Acquire) == f.wrapping_add(1) {
-            f = match self.floor.compare_exchange_weak(
-                f,
-                f.wrapping_add(1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => f.wrapping_add(1),
-                Err(now) => now,
-            };
-        }
-        f
     }
 }
 
@@ -1156,7 +836,7 @@ fn run_on(
                     let lane = lanes.then_some((i as u32, t as u32, every_lane));
                     let mut feeder = Feeder::new(i, job, ranks, lane, spec);
                     let by = if lanes { t as u32 } else { 0 };
-                    let sink = Sink::new(name, spec, reference, by_rank, by);
+                    let sink = Sink::new(name, spec.frames, reference, by_rank, by);
                     ready.wait();
                     let cpu = thread_cpu_time();
                     let mut sink = feeder.run(backend, spec, stop, &window, sink);

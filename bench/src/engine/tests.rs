@@ -1,4 +1,7 @@
+use std::sync::atomic::AtomicU32;
 use std::sync::Mutex;
+
+use proto::switch::{DataOutcome, Reply, ReplyMsg};
 
 use super::backend::table_floor;
 use super::*;

@@ -17,15 +17,15 @@ use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use proto::secret;
 use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
-use switchd::admin::{request, request_from, AdminRequest, DEFAULT_SOCKET};
-use switchd::config::{JobSection, UpstreamSection};
+use switchd::admin::{request, request_from, AdminRequest};
+use switchd::config::{JobSection, UpstreamSection, DEFAULT_ADMIN_SOCKET};
 use switchd::dataplane::DataplaneCounters;
 
 #[derive(Parser)]
 #[command(version, about = "Control a running switchd")]
 struct Cli {
     /// The admin socket of switchd.
-    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
+    #[arg(long, global = true, default_value = DEFAULT_ADMIN_SOCKET)]
     socket: PathBuf,
     /// Take the admin socket from this switchd config file (its
     /// `admin_socket`) instead of --socket.

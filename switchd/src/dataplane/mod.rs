@@ -3,11 +3,14 @@
 //! transmit rings of the ports the workers are behind.
 //!
 //! Owns: [`Shared`] (the job table, which thread owns which socket, the
-//! per-thread outboxes and published counters) and [`DataplaneThread`] (one
-//! per pinned core: the receive and transmit halves of the sockets it owns,
-//! its own counters). Its parts: [`rx`] (one frame in: L2–L4 checks, the
-//! table, its replies out) and [`tx`] (replies to a transmit ring, or to the
-//! outbox of the thread that owns the member's socket).
+//! per-thread outboxes and published counters), [`LazyTable`] (the table's
+//! lock as a receive batch takes it) and [`DataplaneThread`] (one per
+//! pinned core: the receive and transmit halves of the sockets it owns, its
+//! own counters). Its parts: [`rx`] (one frame in: L2–L4 checks, the
+//! table, its replies out), [`tx`] (replies to a transmit ring, or to the
+//! outbox of the thread that owns the member's socket), [`counters`] (what
+//! the threads publish: [`DataplaneCounters`], [`RingStats`]) and
+//! [`heartbeat`] (each thread's progress, for the watchdog).
 //!
 //! Multi-core (docs/PLATFORM.md, "Multi-core"): a socket belongs to exactly one
 //! thread, and contributions to one slot arrive on different sockets, so
@@ -45,7 +48,9 @@
 //! round by [`crate::echo`]: no table, no outbox, every frame straight back.
 
 pub mod busy;
+pub mod counters;
 pub mod fault;
+pub mod heartbeat;
 pub mod rx;
 pub mod tx;
 pub mod uplink;
@@ -57,10 +62,11 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use proto::switch::{DataPath, JobTable, Reply};
 
-use crate::stats::RingStats;
 use crate::wake::ThreadWaker;
-use crate::watchdog::Heartbeat;
 use crate::xdp::{XskRx, XskTx};
+use heartbeat::Heartbeat;
+
+pub use counters::{DataplaneCounters, DataplaneSnapshot, RingStats, ThreadCounters};
 
 /// Frames taken from one receive ring per round.
 pub const RX_BATCH: u32 = 64;
@@ -75,51 +81,6 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(20);
 /// How often a thread reads its sockets' kernel statistics (a getsockopt
 /// each).
 const KERNEL_STATS_EVERY: Duration = Duration::from_secs(1);
-
-proto::counter_schema! {
-    /// Counters of one dataplane thread (not of any one job).
-    pub struct DataplaneCounters {
-        /// Frames taken from the AF_XDP receive rings.
-        rx_frames,
-        /// Frames written to the AF_XDP transmit rings.
-        tx_frames,
-        /// Replies dropped because a transmit ring, its frames or an outbox were exhausted (the worker's resend recovers them).
-        tx_ring_full,
-        /// Steered frames that are not Ethernet/IPv4/UDP as the program promised.
-        bad_frame,
-        /// Steered frames to another UDP port than the aggregation port.
-        wrong_port,
-        /// Frames taken while an AF_XDP ring was over the ECN threshold (their slots' RESULTs carry ECE).
-        ring_congested_frames,
-        /// Hand-offs to the thread that owns a member's socket: one per reply, or one per completed seq and thread for its members' RESULTs.
-        forwarded,
-        /// Hand-offs that found the owning thread asleep and woke it.
-        thread_wakeups,
-        /// Echo mode: frames sent back.
-        echoed,
-        /// A leaf's datagrams to its spines (HELLO, JOIN, partial sums).
-        uplink_sent,
-        /// Of those, not sent: the uplink socket's buffer was full or the
-        /// route failed (the timers resend them).
-        uplink_send_failed,
-        /// Datagrams from the spines (CHALLENGE, JOIN_ACK, RESULT, NACK).
-        uplink_received,
-        /// Frames received in several AF_XDP buffers and gathered into one (jumbo frames).
-        rx_multi_buffer,
-        /// Frames dropped because they came in more buffers than the gather buffer holds.
-        rx_too_many_buffers,
-        /// Frames sent in several AF_XDP buffers (jumbo frames).
-        tx_multi_buffer,
-        /// Dataplane threads the watchdog found stuck with work pending (switchd then exits for its supervisor to restart it).
-        dataplane_stalls,
-        /// Steered frames dropped for a wrong IPv4 header checksum (corrupted on the way: never summed).
-        bad_ip_checksum,
-        /// Steered frames dropped for a wrong UDP checksum (corrupted on the way: never summed; a checksum of 0 means none and is taken).
-        bad_udp_checksum,
-        /// Steered frames dropped because their source IPv4 or MAC address is one of the switch's own (spoofed: the switch never sends to itself).
-        own_source,
-    }
-}
 
 /// How often thread 0 runs the table's timers (a leaf's resends to spines).
 const TIMER_EVERY: Duration = Duration::from_millis(1);
@@ -150,29 +111,6 @@ struct Published {
     counters: DataplaneCounters,
     rings: Vec<RingStats>,
     busy_share: f64,
-}
-
-/// One dataplane thread's counters as last published.
-#[derive(Debug, Clone, Default)]
-pub struct ThreadCounters {
-    /// Its own counters; `dataplane_stalls` counts the watchdog's finds of
-    /// this thread stuck.
-    pub counters: DataplaneCounters,
-    /// The sockets it serves, as (port index, queue).
-    pub sockets: Vec<(u32, u32)>,
-    /// Share of the last second it was awake ([`busy::BusyShare`]).
-    pub busy_share: f64,
-}
-
-/// Every dataplane counter, read in one pass over the threads.
-#[derive(Debug, Clone, Default)]
-pub struct DataplaneSnapshot {
-    /// Summed over the threads.
-    pub total: DataplaneCounters,
-    /// Every socket's ring gauges, by (port, queue).
-    pub rings: Vec<RingStats>,
-    /// Per thread, in thread order (the sum of these is `total`).
-    pub threads: Vec<ThreadCounters>,
 }
 
 /// What one dataplane thread hands another through its outbox.
@@ -289,6 +227,23 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking thread stops switchd (main re-raises it); the table it
     // held is still consistent between two messages, so keep serving reads.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The table lock, taken the first time a frame of the batch needs it.
+pub struct LazyTable<'a> {
+    table: &'a Mutex<JobTable>,
+    held: Option<MutexGuard<'a, JobTable>>,
+}
+
+impl<'a> LazyTable<'a> {
+    pub fn new(table: &'a Mutex<JobTable>) -> LazyTable<'a> {
+        LazyTable { table, held: None }
+    }
+
+    /// The table, locked until this is dropped.
+    pub fn get(&mut self) -> &mut JobTable {
+        self.held.get_or_insert_with(|| lock(self.table))
+    }
 }
 
 /// Builds the shared state and one [`DataplaneThread`] per thread; sockets
@@ -526,7 +481,7 @@ impl DataplaneThread {
             let congested = self.congested(p, q, waiting);
             heartbeat.taking_work();
             // The table's lock only if a frame of the batch needs it.
-            let mut table = rx::LazyTable::new(&shared.table);
+            let mut table = LazyTable::new(&shared.table);
             let data_path = &*shared.data_path;
             let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
             #[cfg(feature = "fault-injection")]

@@ -6,34 +6,17 @@
 //!
 //! Invariants: a DATA from a bound member of an active job never takes the
 //! table lock; the lock, when a frame of the batch needs it, is taken once
-//! and held to the end of the batch ([`LazyTable`]); nothing here
+//! and held to the end of the batch ([`super::LazyTable`]); nothing here
 //! allocates, logs or makes a syscall (the table's events are logged by the
 //! control thread).
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use proto::switch::{DataPath, Fast, JobTable, Reply, ReplyMsg};
+use proto::switch::{DataPath, Fast, Reply, ReplyMsg};
 
 use super::tx::Out;
+use super::LazyTable;
 use crate::frame::{parse_udp_frame, reply_endpoint, FrameError};
-
-/// The table lock, taken the first time a frame of the batch needs it.
-pub struct LazyTable<'a> {
-    table: &'a Mutex<JobTable>,
-    held: Option<MutexGuard<'a, JobTable>>,
-}
-
-impl<'a> LazyTable<'a> {
-    pub fn new(table: &'a Mutex<JobTable>) -> LazyTable<'a> {
-        LazyTable { table, held: None }
-    }
-
-    /// The table, locked until this is dropped.
-    pub fn get(&mut self) -> &mut JobTable {
-        self.held.get_or_insert_with(|| super::lock(self.table))
-    }
-}
 
 /// Handles one received frame, then sends every reply it caused.
 #[allow(clippy::too_many_arguments)]

@@ -27,8 +27,7 @@ use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg, ResultTokens};
 use proto::tag::Tag;
 use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
-use super::rx::LazyTable;
-use super::{DataplaneCounters, DataplaneThread, Handoff, Shared, TxSockets};
+use super::{DataplaneCounters, DataplaneThread, Handoff, LazyTable, Shared, TxSockets};
 use crate::frame::{write_l2_l4_headers, write_udp_headers};
 use crate::xdp::XskTx;
 

@@ -60,12 +60,12 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{Array, MapData};
 
+use super::error::XdpError;
 use super::maps::{
     PortInfo, BR_STATE_BLOCKING, BR_STATE_DISABLED, BR_STATE_FORWARDING, BR_STATE_LEARNING,
     BR_STATE_LISTENING, PORT_F_ISOLATED, PORT_F_TAGS_VISIBLE, PORT_F_VLAN_FILTERING,
     PORT_F_XMIT_SG,
 };
-use super::XdpError;
 
 /// Where interfaces are described.
 pub const SYSFS_NET: &str = "/sys/class/net";
@@ -749,7 +749,7 @@ impl BridgeView {
 
     /// Writes one entry as is (the refresh logic's primitive; tests use it
     /// to put the program in a given situation).
-    pub(in crate::xdp) fn set(&mut self, port_idx: u32, info: PortInfo) -> Result<(), XdpError> {
+    pub(super) fn set(&mut self, port_idx: u32, info: PortInfo) -> Result<(), XdpError> {
         self.map.set(port_idx, info, 0).map_err(|e| XdpError::Map {
             map: "port_info",
             detail: format!("setting port {port_idx}: {e}"),

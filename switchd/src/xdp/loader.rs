@@ -71,6 +71,7 @@ use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{include_bytes_aligned, Ebpf};
 
 use super::bridge::{BridgeView, Refusals};
+use super::error::XdpError;
 use super::maps::{
     AggConfig, FdbEntry, CNT_DROPPED, CNT_FORWARDED, CNT_FWD_ISOLATED, CNT_FWD_MULTI_BUFFER,
     CNT_FWD_NOT_BRIDGED, CNT_FWD_NOT_FORWARDING, CNT_FWD_OTHER_BRIDGE, CNT_FWD_VLAN_FILTERING,
@@ -156,49 +157,6 @@ pub enum AttachMode {
     /// Try driver mode, fall back to skb mode; logs which one was used.
     #[default]
     Auto,
-}
-
-/// Errors of the XDP loader. Each names the failing call and object and
-/// says what to do.
-#[derive(Debug, thiserror::Error)]
-pub enum XdpError {
-    #[error("loading the XDP program requires root (euid is {euid}): run switchd as root")]
-    NotRoot { euid: u32 },
-    #[error("loading the XDP program failed: {detail} (kernel lacks BPF or not root)")]
-    Load { detail: String },
-    #[error("XDP object has no {what} `{name}`: rebuild switchd (ebpf/agg_xdp.c and loader.rs disagree)")]
-    Object { what: &'static str, name: String },
-    #[error("writing BPF map `{map}` failed: {detail}")]
-    Map { map: &'static str, detail: String },
-    #[error("no such interface `{0}`")]
-    NoSuchInterface(String),
-    #[error("port index {0} out of range (0..{MAX_PORTS})")]
-    PortOutOfRange(u32),
-    #[error("queue {0} out of range (0..{MAX_QUEUES})")]
-    QueueOutOfRange(u32),
-    #[error("port index {port_idx} is already used by interface `{other}`")]
-    PortInUse { port_idx: u32, other: String },
-    #[error("interface `{0}` is already attached by this switch")]
-    InterfaceInUse(String),
-    #[error(
-        "attaching XDP program to interface {ifname} failed: another XDP program is already \
-         attached ({detail}); inspect with `ip link show dev {ifname}` and remove it with \
-         `ip link set dev {ifname} xdp off` (or `xdpgeneric off`)"
-    )]
-    AlreadyAttached { ifname: String, detail: String },
-    #[error(
-        "attaching XDP program to interface {ifname} in {mode} mode failed: {detail} ({hint})"
-    )]
-    Attach {
-        ifname: String,
-        mode: &'static str,
-        detail: String,
-        hint: String,
-    },
-    #[error("detaching XDP program from interface {ifname} failed: {detail} (remove it by hand: `ip link set dev {ifname} xdp off`)")]
-    Detach { ifname: String, detail: String },
-    #[error("reading BPF map `counters` for port {port_idx} failed: {detail}")]
-    Counters { port_idx: u32, detail: String },
 }
 
 /// What to do about a failed attach with errno `code`.

@@ -1,5 +1,5 @@
-//! Kernel-facing I/O: the XDP steering program (`loader`) and the AF_XDP
-//! sockets (`xsk`) the dataplane reads and writes.
+//! Kernel-facing I/O: the XDP steering program (`loader`, its errors in
+//! `error`) and the AF_XDP sockets (`xsk`) the dataplane reads and writes.
 //!
 //! Order of operations the caller follows:
 //! 1. [`SteeringProgram::load`] (root; fills own addresses and the port),
@@ -18,14 +18,16 @@
 //! closes the socket, which the kernel also removes from the XSKMAP.
 
 pub mod bridge;
+pub mod error;
 pub mod loader;
 pub mod maps;
 pub mod xsk;
 
 pub use bridge::{BridgeView, PORT_REFRESH_EVERY, REFUSAL_NAMES};
+pub use error::XdpError;
 pub use loader::{
     is_unicast_mac, local_macs, mac_key, parse_mac, xsk_slot, AttachMode, ProgramOptions,
-    SteerCounters, SteeringProgram, XdpError, MAX_PORTS, MAX_QUEUES,
+    SteerCounters, SteeringProgram, MAX_PORTS, MAX_QUEUES,
 };
 pub use maps::FdbEntry;
 pub use xsk::{
