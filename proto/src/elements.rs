@@ -1,11 +1,16 @@
-//! Half-precision elements on the wire: widening bf16/f16 payloads to the
-//! float32 a slot sums in, and rounding a finished float32 sum once to the
-//! job's dtype.
+//! Elements on the wire: the float32 payload codec, widening bf16/f16
+//! payloads to the float32 a slot sums in, and rounding a finished float32
+//! sum once to the job's dtype.
 //!
-//! Owns: [`read_le`] (widen a payload, for rank 0 and parked contributions),
-//! [`add_le`] (widen and fold a payload into a sum), [`round_to_le`] (the
-//! one rounding of a completed sum into payload bytes) and [`round_f32`] (the
-//! same rounding, kept in float32, for references).
+//! Owns: [`write_f32s`] and [`read_f32s`] (float32 values to and from
+//! little-endian payload bytes; `wire` re-exports them under their old
+//! paths), [`read_le`] (widen a payload, for rank 0 and parked
+//! contributions), [`add_le`] (widen and fold a payload into a sum),
+//! [`round_to_le`] (the one rounding of a completed sum into payload bytes)
+//! and [`round_f32`] (the same rounding, kept in float32, for references).
+//!
+//! Layering: below the wire format; it names only [`crate::dtype`] and
+//! [`crate::simd`].
 //!
 //! Invariants:
 //! * Widening is exact: every bf16 and f16 value, infinity included, is a
@@ -17,14 +22,14 @@
 //! * [`add_le`] on a payload equals [`read_le`] into a scratch then
 //!   element-wise float32 addition in index order; the engine folds parked
 //!   contributions with that addition, so both paths give the same bits.
-//! * Float32 payloads never come here: their kernels are [`crate::simd`].
-//!   Each function handles `min(out.len(), bytes.len() / 2)` elements and
-//!   never panics.
+//! * Float32 payloads are only copied here ([`write_f32s`], [`read_f32s`]);
+//!   their kernels are [`crate::simd`]. Each half-precision function
+//!   handles `min(out.len(), bytes.len() / 2)` elements; none panics.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use crate::wire::Dtype;
+use crate::dtype::Dtype;
 
 /// Elements widened per step of [`add_le`] (a stack scratch, no allocation).
 const STEP: usize = 256;
@@ -78,7 +83,7 @@ pub fn round_to_le(dtype: Dtype, sum: &[f32], out: &mut [u8]) -> usize {
     let size = dtype.size();
     let n = sum.len().min(out.len() / size);
     match dtype {
-        Dtype::F32 => return crate::wire::write_f32s(&sum[..n], out),
+        Dtype::F32 => return write_f32s(&sum[..n], out),
         Dtype::Bf16 => {
             for (o, v) in out.chunks_exact_mut(2).zip(&sum[..n]) {
                 o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
@@ -141,6 +146,22 @@ pub fn round_f32(dtype: Dtype, v: f32) -> f32 {
         Dtype::Bf16 => bf16::from_f32(v).to_f32(),
         Dtype::F16 => f16::from_f32(v).to_f32(),
     }
+}
+
+/// Writes `values` as little-endian float32 into `out`; returns bytes written.
+/// `out` must hold `values.len() * 4` bytes (it is truncated otherwise).
+pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
+    let n = values.len().min(out.len() / 4);
+    // The f32 side is cast (always aligned); payload bytes may not be.
+    out[..n * 4].copy_from_slice(bytemuck::cast_slice(&values[..n]));
+    n * 4
+}
+
+/// Reads little-endian float32 from `bytes` into `out` (as many as fit).
+pub fn read_f32s(bytes: &[u8], out: &mut [f32]) -> usize {
+    let n = out.len().min(bytes.len() / 4);
+    bytemuck::cast_slice_mut::<f32, u8>(&mut out[..n]).copy_from_slice(&bytes[..n * 4]);
+    n
 }
 
 #[cfg(test)]

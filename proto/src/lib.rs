@@ -1,6 +1,8 @@
 //! The aggregation protocol (version 3, docs/PROTOCOL.md), with no I/O.
 //!
 //! * [`wire`]: header views and payload codecs for every message type.
+//! * [`dtype`]: the element types of payloads (float32, bf16, f16); the
+//!   bottom layer, re-exported by [`wire`].
 //! * [`switch`]: the switch's job table and slot pools, fed datagrams and
 //!   time; it queues the replies the I/O shells send.
 //! * [`auth`]: the HMAC-SHA256 of the JOIN handshake and the switch's nonces.
@@ -19,12 +21,19 @@
 //! * [`secret`]: a job secret from a file, the environment or an argument,
 //!   and the weak-secret rule.
 //!
+//! Layers: a file imports only from files below it. Bottom to top:
+//! [`dtype`], [`simd`], [`seq`], [`checksum`]; [`elements`]; [`wire`] and
+//! [`reference`](mod@reference); [`tag`], [`auth`], [`secret`], [`stats`];
+//! the state machines ([`handshake`], [`worker`], [`host_sum`],
+//! [`session`], [`switch`]), each above what it uses.
+//!
 //! Everything here is deterministic: time is passed in, nothing is read from
 //! the system, so loss, duplication and reordering are tested without sockets.
 #![deny(unsafe_code)]
 
 pub mod auth;
 pub mod checksum;
+pub mod dtype;
 pub mod elements;
 pub mod handshake;
 pub mod host_sum;

@@ -13,8 +13,8 @@
 //! ([`rank_order_sum_half`], [`expected_sum_dtype`]); its workers contribute
 //! the pattern rounded to the dtype ([`pattern_dtype`]).
 
+use crate::dtype::Dtype;
 use crate::elements::round_f32;
-use crate::wire::Dtype;
 
 /// The pattern rank `rank` contributes at `iteration`, element `index`:
 /// deterministic, varied in sign and magnitude, so that rounding order shows.

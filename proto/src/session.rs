@@ -77,7 +77,7 @@ pub const CONTROL_LEN: usize = 128;
 /// nonce, or, once joined, our probe's, or its tag verifies under the
 /// session key (docs/PROTOCOL.md, "Joining" and "Sessions"). One table for
 /// every joiner: [`WorkerSession`] and a leaf towards its spines
-/// (`switch::uplink`), which differ only in what they do with a refusal
+/// (`switch::leaf`), which differ only in what they do with a refusal
 /// (a worker stops; a leaf asks again later).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NackMeaning {

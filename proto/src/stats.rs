@@ -6,6 +6,8 @@
 //! partial), [`squared_norm`] and its half-precision form (the one float64
 //! order), [`chunk_stats`] and [`tree_chunk_stats`] (a chunk's reference),
 //! [`CollectiveStats`] (the worker's fold of its chunks, in seq order).
+//! The trailer's length, [`STATS_LEN`], is the wire format's
+//! ([`crate::wire`], below this module), re-exported here.
 //!
 //! Invariants:
 //! * Every value is a function of the inputs and of the documented order
@@ -19,12 +21,11 @@
 //! * `square_of_sum` is the squared norm of the float32 sum before it is
 //!   rounded to the job's dtype (for f32 jobs, the RESULT itself).
 
+use crate::dtype::Dtype;
 use crate::elements;
-use crate::wire::{Dtype, WireError};
+use crate::wire::WireError;
+pub use crate::wire::STATS_LEN;
 
-/// Bytes of the statistics trailer: `sum_of_squares` f64, `square_of_sum`
-/// f64, `ranks` u32, 4 zero bytes; big-endian, as every header integer.
-pub const STATS_LEN: usize = 24;
 /// Lanes of [`squared_norm`]'s float64 sum (part of the definition).
 pub const LANES: usize = 8;
 

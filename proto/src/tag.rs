@@ -5,7 +5,8 @@
 //!
 //! Owns: [`AuthMode`] (a job's declared mode), [`PacketKey`] (AES-128-GMAC
 //! under a DATA or RESULT key, with its key derivations) and
-//! [`join_ack_tag`].
+//! [`join_ack_tag`]. The lengths ([`TAG_LEN`], [`Tag`], [`EPOCH_LEN`]) are
+//! the wire format's ([`crate::wire`], below this module), re-exported here.
 //!
 //! Invariants:
 //! * GMAC is a nonce-based MAC: one (key, nonce) pair must never tag two
@@ -34,14 +35,7 @@ use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
 use crate::wire::{flags, HeaderRepr, HEADER_LEN, SECRET_LEN, VERSION};
-
-/// Bytes of the tag after an `auth = "mac"` DATA or RESULT payload, and at
-/// the end of a JOIN_ACK.
-pub const TAG_LEN: usize = 16;
-/// A tag.
-pub type Tag = [u8; TAG_LEN];
-/// Length of a job's RESULT epoch (JOIN_ACK).
-pub const EPOCH_LEN: usize = 8;
+pub use crate::wire::{Tag, EPOCH_LEN, TAG_LEN};
 
 const DATA_KEY_LABEL: &[u8] = b"aggswitch v3 data key";
 const RESULT_KEY_LABEL: &[u8] = b"aggswitch v3 result key";

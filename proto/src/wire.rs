@@ -2,7 +2,15 @@
 //!
 //! Owns: the 22-byte aggregation header as a view over a byte buffer
 //! ([`Header`]), its high-level form ([`HeaderRepr`]) with `parse`/`emit`,
-//! and the payloads of HELLO, CHALLENGE, JOIN, JOIN_ACK, NACK and LEAVE.
+//! and the payloads of HELLO, CHALLENGE, JOIN, JOIN_ACK, NACK and LEAVE;
+//! the lengths of what may follow a DATA/RESULT's values or end a JOIN_ACK
+//! ([`TAG_LEN`], [`EPOCH_LEN`], [`STATS_LEN`]), which `parse` checks
+//! payload lengths with (`tag` and `stats`, which make those bytes,
+//! re-export them under their old paths). It re-exports, under their old paths, the element types
+//! of [`crate::dtype`] and the float32 codec of [`crate::elements`].
+//!
+//! Layering: it imports only those two; everything that makes or reads
+//! messages (`tag`, `auth`, `stats`, the state machines) is above it.
 //!
 //! Invariants: accessors of a [`Header`] made by [`Header::new_checked`] never
 //! panic; [`HeaderRepr::parse`] accepts only what version 3 allows (known type,
@@ -15,6 +23,9 @@
 //! (float32, or a u16 per bf16/f16 element). Secrets and MACs never print.
 
 use core::fmt;
+
+pub use crate::dtype::{Dtype, UnknownDtype, DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+pub use crate::elements::{read_f32s, write_f32s};
 
 // Float payloads are little-endian on the wire and copied as native bytes.
 #[cfg(not(target_endian = "little"))]
@@ -38,6 +49,17 @@ pub const SECRET_LEN: usize = 32;
 pub const NONCE_LEN: usize = 16;
 /// Length of a MAC (HMAC-SHA256).
 pub const MAC_LEN: usize = 32;
+/// Bytes of the tag after an `auth = "mac"` DATA or RESULT payload, and at
+/// the end of a JOIN_ACK (`tag` makes and checks them, and re-exports this).
+pub const TAG_LEN: usize = 16;
+/// A tag.
+pub type Tag = [u8; TAG_LEN];
+/// Length of a job's RESULT epoch (JOIN_ACK).
+pub const EPOCH_LEN: usize = 8;
+/// Bytes of the statistics trailer: `sum_of_squares` f64, `square_of_sum`
+/// f64, `ranks` u32, 4 zero bytes; big-endian, as every header integer
+/// (`stats` parses and writes it, and re-exports this).
+pub const STATS_LEN: usize = 24;
 /// Length of a CHALLENGE payload: hello nonce, switch nonce, observed
 /// source address and port, 2 reserved bytes.
 pub const CHALLENGE_PAYLOAD_LEN: usize = 2 * NONCE_LEN + 4 + 2 + 2;
@@ -49,7 +71,7 @@ pub const JOIN_PAYLOAD_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
 /// Length of a JOIN_ACK payload: pool_slots, elems_per_chunk, n_workers,
 /// auth, stats, the RESULT epoch (8 B) and a tag (16 B) under the
 /// member's session key.
-pub const JOIN_ACK_PAYLOAD_LEN: usize = 6 + 2 + crate::tag::EPOCH_LEN + crate::tag::TAG_LEN;
+pub const JOIN_ACK_PAYLOAD_LEN: usize = 6 + 2 + EPOCH_LEN + TAG_LEN;
 /// Length of a NACK's tag: the first 16 bytes of an HMAC-SHA256 under the
 /// recipient's session key ([`crate::auth::nack_tag`]).
 pub const NACK_TAG_LEN: usize = 16;
@@ -67,12 +89,7 @@ pub const UPSTREAM_WAIT_LEN: usize = 16;
 /// What may follow a DATA/RESULT's values (or stand alone in a NOVAL one):
 /// nothing, a tag (`auth = "mac"`), a statistics trailer (`stats = true`),
 /// or both (docs/PROTOCOL.md, "Gradient statistics").
-const TRAILERS: [usize; 4] = [
-    0,
-    crate::tag::TAG_LEN,
-    crate::stats::STATS_LEN,
-    crate::stats::STATS_LEN + crate::tag::TAG_LEN,
-];
+const TRAILERS: [usize; 4] = [0, TAG_LEN, STATS_LEN, STATS_LEN + TAG_LEN];
 /// Largest `count` a DATA frame may carry at a 9000-byte MTU.
 pub const MAX_ELEMS_PER_CHUNK: u16 = elems_per_chunk_for_mtu(9000);
 
@@ -227,102 +244,6 @@ impl MsgType {
             9 => MsgType::Challenge,
             _ => return None,
         })
-    }
-}
-
-/// Data types a job may aggregate (JOIN `dtype`).
-pub const DTYPE_F32: u8 = 0;
-/// bfloat16, a little-endian u16 per element.
-pub const DTYPE_BF16: u8 = 1;
-/// IEEE binary16, a little-endian u16 per element.
-pub const DTYPE_F16: u8 = 2;
-
-/// The element type of a job's DATA and RESULT payloads. The switch sums
-/// every type in float32 (half-precision values widen exactly) and rounds a
-/// half-precision sum once, to nearest even, when its slot completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum Dtype {
-    #[default]
-    F32 = DTYPE_F32,
-    Bf16 = DTYPE_BF16,
-    F16 = DTYPE_F16,
-}
-
-/// A dtype name that is not `f32`, `bf16` or `f16`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown dtype {0:?} (expected f32, bf16 or f16)")]
-pub struct UnknownDtype(pub String);
-
-impl Dtype {
-    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
-
-    /// The dtype a JOIN's `dtype` byte names, if any.
-    pub const fn from_u8(v: u8) -> Option<Dtype> {
-        match v {
-            DTYPE_F32 => Some(Dtype::F32),
-            DTYPE_BF16 => Some(Dtype::Bf16),
-            DTYPE_F16 => Some(Dtype::F16),
-            _ => None,
-        }
-    }
-
-    /// Bytes per element on the wire.
-    pub const fn size(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::Bf16 | Dtype::F16 => 2,
-        }
-    }
-
-    /// The name used in configs, CLIs and logs.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "f32",
-            Dtype::Bf16 => "bf16",
-            Dtype::F16 => "f16",
-        }
-    }
-
-    /// Bytes of a DATA/RESULT payload of `count` elements.
-    pub const fn payload_len(self, count: u16) -> usize {
-        count as usize * self.size()
-    }
-
-    /// Elements of this type in the bytes of `f32_elems` float32 elements
-    /// (saturating at u16::MAX).
-    pub const fn scale_f32_elems(self, f32_elems: u16) -> u16 {
-        let v = f32_elems as usize * 4 / self.size();
-        if v > u16::MAX as usize {
-            u16::MAX
-        } else {
-            v as u16
-        }
-    }
-
-    /// Names a JOIN's `dtype` byte for a log or an error: the type's name,
-    /// or the unknown number.
-    pub fn describe(v: u8) -> String {
-        match Dtype::from_u8(v) {
-            Some(d) => d.name().to_string(),
-            None => format!("unknown dtype {v}"),
-        }
-    }
-}
-
-impl fmt::Display for Dtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl core::str::FromStr for Dtype {
-    type Err = UnknownDtype;
-    fn from_str(s: &str) -> Result<Dtype, UnknownDtype> {
-        Dtype::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| UnknownDtype(s.to_string()))
     }
 }
 
@@ -893,14 +814,14 @@ pub struct JoinAckPayload {
     /// value is the receiver's to refuse.
     pub stats: u8,
     /// The RESULT epoch of this activation ([`crate::tag::PacketKey::result`]).
-    pub epoch: [u8; crate::tag::EPOCH_LEN],
+    pub epoch: [u8; EPOCH_LEN],
     /// [`crate::tag::join_ack_tag`] under the member's session key, over the
     /// header and the payload before it.
-    pub tag: crate::tag::Tag,
+    pub tag: Tag,
 }
 
 /// Bytes of a JOIN_ACK payload before its tag (what the tag covers).
-pub const JOIN_ACK_TAGGED_LEN: usize = JOIN_ACK_PAYLOAD_LEN - crate::tag::TAG_LEN;
+pub const JOIN_ACK_TAGGED_LEN: usize = JOIN_ACK_PAYLOAD_LEN - TAG_LEN;
 
 impl JoinAckPayload {
     pub fn parse(b: &[u8]) -> Result<JoinAckPayload, WireError> {
@@ -1240,15 +1161,6 @@ pub fn emit_v2_refusal(
     Ok(len)
 }
 
-/// Writes `values` as little-endian float32 into `out`; returns bytes written.
-/// `out` must hold `values.len() * 4` bytes (it is truncated otherwise).
-pub fn write_f32s(values: &[f32], out: &mut [u8]) -> usize {
-    let n = values.len().min(out.len() / 4);
-    // The f32 side is cast (always aligned); payload bytes may not be.
-    out[..n * 4].copy_from_slice(bytemuck::cast_slice(&values[..n]));
-    n * 4
-}
-
 /// The first `n` big-endian u16s of `b` (as many as it holds): the ranks or
 /// leaves of a HEARTBEAT answer.
 pub fn read_u16s(b: &[u8], n: usize) -> impl Iterator<Item = u16> + '_ {
@@ -1265,13 +1177,6 @@ pub fn write_u16s(values: impl IntoIterator<Item = u16>, out: &mut [u8]) -> usiz
         o.copy_from_slice(&v.to_be_bytes());
         n += 1;
     }
-    n
-}
-
-/// Reads little-endian float32 from `bytes` into `out` (as many as fit).
-pub fn read_f32s(bytes: &[u8], out: &mut [f32]) -> usize {
-    let n = out.len().min(bytes.len() / 4);
-    bytemuck::cast_slice_mut::<f32, u8>(&mut out[..n]).copy_from_slice(&bytes[..n * 4]);
     n
 }
 
@@ -1369,7 +1274,7 @@ mod tests {
         h.flags = Kind::AllGather.flag_bits() | flags::NOVAL;
         h.count = 362;
         h.window = 1;
-        for extra in [0, crate::tag::TAG_LEN] {
+        for extra in [0, TAG_LEN] {
             let mut buf = vec![0u8; HEADER_LEN + extra];
             h.emit_to(&mut buf).unwrap();
             let p = HeaderRepr::parse(&Header::new_checked(&buf[..]).unwrap()).unwrap();

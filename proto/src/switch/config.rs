@@ -1,6 +1,12 @@
 //! What an operator declares: a job ([`JobConfig`], checked by
-//! [`JobConfig::validate`]), and where its workers are ([`Ipv4Prefix`],
-//! [`Source`], [`Endpoint`]).
+//! [`JobConfig::validate`]), where its workers are ([`Ipv4Prefix`],
+//! [`Source`], [`Endpoint`]) and, on a leaf of an aggregation tree, where
+//! its partials go ([`Upstream`], [`SpineAddr`], routed by
+//! [`Upstream::route`]; [`UPSTREAM`] marks a reply to a spine).
+//!
+//! Layering: the bottom of the switch's declarations; it names only
+//! [`super::priority`] (a job's class) of the switch, so every other part
+//! (the job, its uplink, the replies, the table) may name it.
 //!
 //! Invariants: a validated config has every size inside the limits of
 //! docs/PROTOCOL.md ("Limits"), and [`JobConfig::pool_bytes`] is the memory
@@ -52,10 +58,95 @@ pub struct Endpoint {
     pub queue: u32,
 }
 
+/// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends
+/// it through its uplink socket to `to.source`, not out of a switch port.
+pub const UPSTREAM: u32 = u32::MAX;
+
 /// Most slots a job's pool may have (docs/PROTOCOL.md, "Limits").
 pub const MAX_POOL_SLOTS: u16 = 32768;
 /// Most allowed-source prefixes a job may list.
 pub const MAX_ALLOWED_SOURCES: usize = 256;
+/// Most spines a job may have.
+pub const MAX_SPINES: usize = 64;
+
+/// A spine's address: its aggregation address and UDP port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpineAddr {
+    pub ip: [u8; 4],
+    pub port: u16,
+}
+
+/// A leaf's place in the trees of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// This leaf's rank in the spines' job (leaves are summed in this order).
+    pub leaf_index: u16,
+    /// Leaves of the job (the spines' job has this many ranks).
+    pub n_leaves: u16,
+    /// The spines, in tree order: chunk seq `s` goes through `spines[s mod K]`.
+    pub spines: Vec<SpineAddr>,
+    /// The leaf's own address and UDP port on the uplink (the JOIN's MAC
+    /// covers it; the spine must see the same).
+    pub local_ip: [u8; 4],
+    pub local_port: u16,
+}
+
+impl std::fmt::Display for SpineAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d] = self.ip;
+        write!(f, "{a}.{b}.{c}.{d}:{}", self.port)
+    }
+}
+
+impl SpineAddr {
+    /// Where a reply to this spine goes: the leaf's uplink, not a port.
+    pub fn endpoint(self) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [0; 6],
+                ip: self.ip,
+                port: self.port,
+            },
+            port_idx: UPSTREAM,
+            ..Endpoint::default()
+        }
+    }
+}
+
+impl Upstream {
+    pub fn k(&self) -> u32 {
+        self.spines.len() as u32
+    }
+
+    /// The spine of leaf seq `seq`, and the seq it has there.
+    pub fn route(&self, seq: u32) -> (usize, u32) {
+        let k = self.k().max(1);
+        ((seq % k) as usize, seq / k)
+    }
+
+    /// The leaf seq of seq `spine_seq` at spine `spine`.
+    pub fn leaf_seq(&self, spine: usize, spine_seq: u32) -> u32 {
+        spine_seq.wrapping_mul(self.k()).wrapping_add(spine as u32)
+    }
+
+    /// The first seq at spine `spine` of chunks from leaf seq `seq` on.
+    pub fn spine_seq_from(&self, spine: usize, seq: u32) -> u32 {
+        let k = self.k().max(1);
+        let (s, r) = (seq / k, seq % k);
+        if (spine as u32) < r {
+            s + 1
+        } else {
+            s
+        }
+    }
+
+    /// The index of the spine at `ip`:`port`, if it is one of ours.
+    pub fn spine_at(&self, ip: [u8; 4], port: u16) -> Option<usize> {
+        self.spines
+            .iter()
+            .position(|s| s.ip == ip && s.port == port)
+    }
+}
 
 /// A job as declared to the switch.
 #[derive(Clone)]
@@ -80,7 +171,7 @@ pub struct JobConfig {
     pub auth: AuthMode,
     /// On a leaf of an aggregation tree: where partial sums go
     /// ([`super::uplink`]); `None` on a single switch or a spine.
-    pub upstream: Option<super::uplink::Upstream>,
+    pub upstream: Option<Upstream>,
     /// Gradient statistics: every summed RESULT carries a 24-byte trailer
     /// (docs/PROTOCOL.md, "Gradient statistics").
     pub stats: bool,
@@ -209,7 +300,7 @@ impl JobConfig {
                 return Err(JobConfigError::MacOnLeaf(self.id));
             }
             let bad = |why| Err(JobConfigError::Upstream(self.id, why));
-            if u.spines.is_empty() || u.spines.len() > super::uplink::MAX_SPINES {
+            if u.spines.is_empty() || u.spines.len() > MAX_SPINES {
                 return bad("list 1 to 64 spines");
             }
             if u.n_leaves == 0 || u.leaf_index >= u.n_leaves {

@@ -6,7 +6,12 @@
 //! the jobs: every frame loads it, the table swaps a new one in when a job
 //! is added or removed), [`JobCore`] (what the data path needs of one job:
 //! its [`SlotEngine`], an admission snapshot the table swaps in whenever
-//! the job's state or membership changes, and per-thread counters).
+//! the job's state or membership changes, and per-thread counters) and
+//! [`DataOutcome`] (what one DATA did, on this path or under the table's
+//! lock: both take it through `JobCore::take`).
+//!
+//! Layering: below `job` (a job holds its `JobCore` and publishes its
+//! admission snapshots), which is why a DATA's outcome is defined here.
 //!
 //! Invariants:
 //! * The fast path takes only DATA the table would take: the job is active
@@ -48,10 +53,26 @@ use arc_swap::ArcSwap;
 use super::config::Endpoint;
 use super::counters::{DropReason, JobCounters, JobDrops};
 use super::engine::{Contributed, Contribution, ResultRef, SlotEngine};
-use super::job::DataOutcome;
 use super::priority::{JobPriority, PriorityBoard};
 use crate::tag::{PacketKey, Tag};
-use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, HEADER_LEN};
+use crate::wire::{flags, Dtype, Header, HeaderRepr, Kind, MsgType, NackReason, HEADER_LEN};
+
+/// What to do after a DATA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataOutcome {
+    /// Taken into the slot; nothing to send yet.
+    Taken,
+    /// The slot completed: send its RESULT to every member.
+    Completed { seq: u32 },
+    /// A leaf's local sum of `seq` is ready: send it up to its spine.
+    PartialReady { seq: u32 },
+    /// The sender lost this RESULT: send the shadow copy to it, flagged RETX.
+    Retransmit { seq: u32 },
+    /// Refuse with a NACK to the sender (counted as a drop too).
+    Nack(NackReason),
+    /// Dropped and counted; send nothing.
+    Dropped(DropReason),
+}
 
 /// The jobs the data path serves, by id (sorted: a handful, binary-searched).
 type JobList = Vec<(u16, Arc<JobCore>)>;

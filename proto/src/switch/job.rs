@@ -2,8 +2,12 @@
 //! the resume point, the window floor, and DATA into the slot pool.
 //!
 //! Owns: [`Job`] (its declaration, members, pool and counters) and the
-//! outcomes of its messages ([`JoinOutcome`], [`DataOutcome`]); the table
-//! turns outcomes into queued replies.
+//! outcome of a JOIN ([`JoinOutcome`]); the table turns outcomes into
+//! queued replies. A DATA's outcome ([`DataOutcome`]) is the data path's.
+//!
+//! Layering: above `datapath` (a job's [`JobCore`]) and `uplink` (a leaf
+//! job's [`Uplink`] sessions); the methods of a leaf job that drive those
+//! sessions are in `leaf.rs`, above this module.
 //!
 //! Invariants:
 //! * A seq is taken only inside the window `[floor, floor + W)`, where
@@ -65,7 +69,7 @@ use crate::wire::{
 
 use super::config::{Endpoint, JobConfig, JobConfigError};
 use super::counters::{DropReason, JobCounters, JobDrops};
-use super::datapath::{Admission, JobCore};
+use super::datapath::{Admission, DataOutcome, JobCore};
 use super::engine::{ResultRef, SlotEngine};
 use super::priority::{JobPriority, Priority, PriorityBoard};
 use super::uplink::Uplink;
@@ -178,23 +182,6 @@ pub enum JoinOutcome {
     AckAgain,
     /// A nonce older than the rank's accepted one: dropped, unanswered.
     Replayed,
-}
-
-/// What to do after a DATA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DataOutcome {
-    /// Taken into the slot; nothing to send yet.
-    Taken,
-    /// The slot completed: send its RESULT to every member.
-    Completed { seq: u32 },
-    /// A leaf's local sum of `seq` is ready: send it up to its spine.
-    PartialReady { seq: u32 },
-    /// The sender lost this RESULT: send the shadow copy to it, flagged RETX.
-    Retransmit { seq: u32 },
-    /// Refuse with a NACK to the sender (counted as a drop too).
-    Nack(NackReason),
-    /// Dropped and counted; send nothing.
-    Dropped(DropReason),
 }
 
 /// A completed or cached result, ready to be sent; no completion can

@@ -7,7 +7,13 @@
 //! [`job`] (one job's membership and DATA), [`engine`] (the sums, which
 //! any number of threads feed at once), [`datapath`] (DATA taken without
 //! the table's lock, by the dataplane threads),
-//! [`reply`] (what to send), [`counters`] (the counter schema).
+//! [`reply`] (what to send), [`counters`] (the counter schema), [`uplink`]
+//! (a leaf's sessions with the spines of its aggregation trees) and `leaf`
+//! (a leaf job's half of [`Job`]).
+//!
+//! Layers: a file imports only from files below it. Bottom to top:
+//! [`counters`], [`ratelimit`], [`priority`]; [`engine`], [`config`];
+//! [`reply`], [`datapath`], [`uplink`]; [`job`]; `leaf`; this table.
 //!
 //! How a shell uses it: [`JobTable::handle`] each received datagram, then
 //! drain [`JobTable::poll_reply`] (encode each with [`JobTable::encode`]
@@ -51,6 +57,7 @@ pub mod counters;
 pub mod datapath;
 pub mod engine;
 pub mod job;
+mod leaf;
 pub mod priority;
 pub mod ratelimit;
 pub mod reply;
@@ -70,17 +77,16 @@ use crate::wire::{
 };
 
 pub use config::{
-    human_bytes, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, Source, MAX_ALLOWED_SOURCES,
-    MAX_POOL_SLOTS,
+    human_bytes, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, Source, SpineAddr, Upstream,
+    MAX_ALLOWED_SOURCES, MAX_POOL_SLOTS, UPSTREAM,
 };
 pub use counters::{
     CounterSchema, DropReason, JobCounters, JobDrops, SpineCounters, TableCounters, MALFORMED_KINDS,
 };
-pub use datapath::{DataPath, Fast, JobCore, ResultTokens};
-pub use job::{DataOutcome, Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
+pub use datapath::{DataOutcome, DataPath, Fast, JobCore, ResultTokens};
+pub use job::{Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
 pub use priority::{Priority, PriorityBoard, UnknownPriority};
-pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY, UPSTREAM};
-pub use uplink::{SpineAddr, Upstream};
+pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
 
 use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};

@@ -94,10 +94,6 @@ pub enum ReplyMsg {
     },
 }
 
-/// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends
-/// it through its uplink socket to `to.source`, not out of a switch port.
-pub const UPSTREAM: u32 = u32::MAX;
-
 impl Reply {
     /// The RESULT of `seq` (a completion's, not a resend) to member `rank`
     /// of `job` at `to`.
