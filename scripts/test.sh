@@ -10,6 +10,8 @@
 #   lint       shellcheck --severity=warning on scripts/*.sh and .ci/run
 #              (setup installs shellcheck; skipped only if it is missing)
 #   fmt        cargo fmt --all --check
+#   layout     scripts/module_cycles.py: no import cycle between the files
+#              of any crate (docs/ARCHITECTURE.md, layer rules)
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
 #   unit       cargo test --workspace --exclude agg-e2e
@@ -226,6 +228,7 @@ else
     skip lint "shellcheck not installed"
 fi
 stage fmt cargo fmt --all --check || true
+stage layout "$VENV_PYTHON" "$REPO_ROOT/scripts/module_cycles.py" "$REPO_ROOT" || true
 stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
 
 # --- build and unit tests ---------------------------------------------------------
