@@ -112,7 +112,8 @@ def drop_test_modules(code: str) -> str:
 def use_paths(tree: str) -> list[tuple[list[str], str | None]]:
     """A use tree's leaves as (path segments, alias or None); `*` is a
     segment; `self` inside braces names the prefix itself."""
-    tree = re.sub(r"\s+", "", tree)
+    # `as` marked with "@" (no path has one) before the whitespace goes.
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+", "@", tree))
 
     def expand(prefix: list[str], t: str) -> list[tuple[list[str], str | None]]:
         if "{" in t and t.endswith("}"):
@@ -135,13 +136,8 @@ def use_paths(tree: str) -> list[tuple[list[str], str | None]]:
                 else:
                     out.extend(expand(prefix + head_segs, p))
             return out
-        alias = None
-        if "as" in t and re.search(r"[\w*]as[A-Za-z_]", t):
-            # Whitespace was removed: "Xas Y" became "XasY"; split on the last "as".
-            m = re.match(r"(.*\w)as([A-Za-z_]\w*)$", t)
-            if m and "::" in m.group(1) or (m and not t.startswith("as")):
-                t, alias = m.group(1), m.group(2)
-        return [(prefix + [s for s in t.split("::") if s], alias)]
+        t, _, alias = t.partition("@")
+        return [(prefix + [s for s in t.split("::") if s], alias or None)]
 
     return expand([], tree)
 
@@ -242,6 +238,7 @@ def load_crate(root: str, name: str) -> Crate:
     crate = Crate(name=name, root=root)
     src = os.path.join(root, "src")
     codes: dict[str, str] = {}
+    file_paths: dict[str, tuple[str, ...]] = {}
     for d, _, files in os.walk(src):
         for fn in sorted(files):
             if not fn.endswith(".rs"):
@@ -253,12 +250,13 @@ def load_crate(root: str, name: str) -> Crate:
             with open(f, encoding="utf-8") as fh:
                 code = drop_test_modules(strip(fh.read()))
             codes[f] = code
+            file_paths[f] = path
             crate.modules[path] = Module(path=path, file=f)
+    spans_of = {f: inline_mod_spans(code) for f, code in codes.items()}
     res = Resolver(crate)
     # Items, inline modules (as modules of the same file) and re-exports.
     for f, code in codes.items():
-        path = next(p for p, m in crate.modules.items() if m.file == f)
-        spans = inline_mod_spans(code)
+        path, spans = file_paths[f], spans_of[f]
         for a, b, name in spans:
             inner = path + tuple(scope_at(spans, a + 1))
             crate.modules.setdefault(inner, Module(path=inner, file=f))
@@ -266,9 +264,7 @@ def load_crate(root: str, name: str) -> Crate:
             scope = path + tuple(scope_at(spans, m.start()))
             crate.modules.setdefault(scope, Module(path=scope, file=f)).items.add(m.group(1) or m.group(2))
     for f, code in codes.items():
-        path = next(p for p, m in crate.modules.items() if m.file == f and len(p) == min(
-            len(q) for q, mm in crate.modules.items() if mm.file == f))
-        spans = inline_mod_spans(code)
+        path, spans = file_paths[f], spans_of[f]
         for m in USE.finditer(code):
             if not m.group(1):
                 continue
@@ -284,8 +280,7 @@ def load_crate(root: str, name: str) -> Crate:
                     mod.reexports[alias or absolute[-1]] = absolute
     # Edges.
     for f, code in codes.items():
-        path = min((p for p, m in crate.modules.items() if m.file == f), key=len)
-        spans = inline_mod_spans(code)
+        path, spans = file_paths[f], spans_of[f]
         out = crate.edges.setdefault(f, {})
 
         def add(absolute: list[str] | None, shown: str) -> None:
@@ -310,7 +305,8 @@ def load_crate(root: str, name: str) -> Crate:
                 add(absolute, alias or (absolute[-1] if absolute else "crate"))
                 if tuple(absolute) in crate.modules:
                     aliases[alias or absolute[-1]] = absolute
-        for m in INLINE.finditer(code):
+        # Outside the use statements, read above (their blanks keep offsets).
+        for m in INLINE.finditer(USE.sub(lambda u: " " * len(u.group(0)), code)):
             scope = path + tuple(scope_at(spans, m.start()))
             segs = m.group(1).split("::")
             absolute = res.absolute(scope, segs)

@@ -80,3 +80,17 @@ def test_a_cycle_hidden_behind_a_reexport_and_an_alias_is_found(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "demo/src/tag.rs -> demo/src/wire.rs: Header" in r.stdout, r.stdout
     assert "demo/src/wire.rs -> demo/src/tag.rs: LEN" in r.stdout, r.stdout
+
+
+def test_names_with_as_inside_them_are_not_taken_for_aliases(tmp_path):
+    # "Broadcast" holds "as"; "Tag as T" is an alias. Both edges count.
+    repo = _workspace(tmp_path, {
+        "lib.rs": LIB,
+        "wire.rs": "use crate::tag::{Broadcast};\npub struct Header;\n",
+        "tag.rs": "pub struct Broadcast;\nuse crate::wire::{Header as H};\n",
+        "net/mod.rs": "",
+    })
+    r = _run(repo)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "demo/src/wire.rs -> demo/src/tag.rs: Broadcast" in r.stdout, r.stdout
+    assert "demo/src/tag.rs -> demo/src/wire.rs: H" in r.stdout, r.stdout
