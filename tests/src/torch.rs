@@ -401,9 +401,7 @@ impl Ranks {
                 list.split(',').any(|r| r.trim() == last.to_string())
             })
         };
-        if exited_after.iter().any(Option::is_none) {
-            self.dump_stacks();
-        }
+        self.dump_stacks(); // of any rank still running, for the assertion below
         for (i, p) in self.procs[..last].iter().enumerate() {
             assert!(
                 exited_after[i].is_some(),
@@ -436,7 +434,6 @@ impl Ranks {
         exited_after.into_iter().flatten().collect()
     }
 
-    /// Every rank's [`RankProc::tails`], the failed ranks first.
     /// Asks every rank still running for its threads' stacks (SIGUSR1:
     /// the example scripts register `faulthandler` on it) and gives them a
     /// second to print, so a failure message shows where a rank hung.
@@ -455,6 +452,7 @@ impl Ranks {
         }
     }
 
+    /// Every rank's [`RankProc::tails`], the failed ranks first.
     pub fn all_tails(&self) -> String {
         let (failed, others): (Vec<&RankProc>, Vec<&RankProc>) =
             self.procs.iter().partition(|p| p.failed());
