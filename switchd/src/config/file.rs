@@ -302,7 +302,7 @@ pub struct ConfigFile {
 pub struct Config {
     pub switch: SwitchSection,
     pub jobs: Vec<JobConfig>,
-    /// Some port's MTU is above [`SINGLE_BUFFER_MTU`]: sockets are bound
+    /// Some port's MTU is above [`SINGLE_BUFFER_MTU`](super::SINGLE_BUFFER_MTU): sockets are bound
     /// with multi-buffer and chunks may be up to a 9000-byte MTU's.
     pub multi_buffer: bool,
 }

@@ -5,9 +5,9 @@
 //! thread (no thread per connection), and counters of its own
 //! ([`EndpointCounters`]). It reads the switch's counters the way
 //! `switchctl stats` does, over the control channel
-//! ([`AdminCall::Snapshot`]), typed: [`render`] walks the counter schemas
+//! ([`AdminCall::Snapshot`](crate::admin::AdminCall::Snapshot)), typed: [`render`] walks the counter schemas
 //! ([`proto::switch::CounterSchema`]) and the fields of
-//! [`SwitchStats`], never a map looked up by name, so a counter renamed in a
+//! [`SwitchStats`](crate::stats::SwitchStats), never a map looked up by name, so a counter renamed in a
 //! schema is rendered under its new name and a renamed field fails to
 //! compile. The dataplane's counters are plain integers owned by its
 //! threads, so nothing on the hot path locks or shares a cache line.

@@ -35,7 +35,7 @@ pub enum TagVisibility {
     Unknown(String),
 }
 
-/// Everything [`BridgeView`] knows about one port.
+/// Everything [`BridgeView`](super::BridgeView) knows about one port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortFacts {
     /// `Ok(None)`: in no bridge. `Err`: could not be read.

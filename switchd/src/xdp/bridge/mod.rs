@@ -28,7 +28,7 @@
 //!   generic (skb) mode alike. A NIC with `rx-vlan-offload` on strips the tag
 //!   into the receive descriptor the same way. A redirected frame loses such
 //!   a tag, so it would reach the other port untagged. Hence
-//!   [`PORT_F_TAGS_VISIBLE`] is set only when:
+//!   [`PORT_F_TAGS_VISIBLE`](super::maps::PORT_F_TAGS_VISIBLE) is set only when:
 //!   * a **veth** port's peer has `tx-vlan-hw-insert` and
 //!     `tx-vlan-stag-hw-insert` off; switchd reads the peer's features in
 //!     the peer's network namespace (its netnsid from rtnetlink, matched
