@@ -276,7 +276,7 @@ pub struct SteeringProgram {
     // Kept for later updates; the program also holds references to them.
     _own_addrs: HashMap<MapData, u32, u8>,
     _config: Array<MapData, AggConfig>,
-    /// `port_info`: what the bridge would do, per port (bridge.rs). A mutex
+    /// `port_info`: what the bridge would do, per port (bridge/). A mutex
     /// so that `refresh_ports` takes `&self` (the stats closures share the
     /// program); only the main thread uses it.
     bridges: Mutex<BridgeView>,
