@@ -259,7 +259,7 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::Data { seq, retx } => {
-                let t = proto::worker::Transmit {
+                let t = proto::member::Transmit {
                     seq: seq.into(),
                     chunk: seq.into(),
                     offset: 0,
