@@ -40,7 +40,7 @@
 //!   and the stall (no progress for the stall timeout).
 //! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
 //!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
-//!   which the simulators and the fuzzer build DATA with.
+//!   which [`crate::member::Member`] builds DATA with.
 //!
 //! Invariants: nothing here reads a clock or a random source (nonces come
 //! from an HMAC of a caller-given key and a counter, so a run is

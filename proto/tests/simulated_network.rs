@@ -490,3 +490,155 @@ fn a_switch_restart_mid_collective_is_found_and_rejoined_over_lossy_links() {
         }
     }
 }
+
+/// What [`run_windowed`] saw.
+struct WindowRun {
+    /// DATA the switch dropped as beyond its window in the first collective
+    /// (in the second, the first round still goes under the old window).
+    beyond_window: u64,
+    /// The most chunks any member had in flight in the first collective.
+    max_in_flight: u32,
+    /// After the switch's RESULTs advertised the smaller window: the
+    /// largest window a member then sent under.
+    window_after: u16,
+}
+
+/// Two all-reduces of 4 ranks, 400 chunks each, on a clean network, against
+/// a job with a pool of 16 slots whose declared window is `window`; before
+/// the second the switch's window drops to `later`, which its RESULTs
+/// advertise. `window_override` makes the members ignore what the switch
+/// advertises (the testing knob).
+fn run_windowed(window: u16, later: u16, window_override: Option<u16>) -> WindowRun {
+    let (n, elems, slots, len) = (4u16, 8u16, 16u16, 400 * 8usize);
+    let base = Instant::now();
+    let mut table = JobTable::new(proto::switch::TableConfig::new(GEN, [5; 32]), base);
+    let mut job = common::job_config(n, elems, slots, (Dtype::F32, AuthMode::Port));
+    job.window = window;
+    table.add(job, elems + 8).unwrap();
+    let cfg = proto::member::TransportConfig {
+        window_override,
+        ..common::transport()
+    };
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|r| {
+            let from = endpoint(r);
+            let params = join_params(1, n, Dtype::F32, [3; 32], r, &from);
+            let mut m = Member::new(params, SessionConfig::default(), cfg, [r as u8; 32]);
+            m.start_join(0, 0, base);
+            let hello = m.poll_control(base).expect("a HELLO");
+            table.handle(hello.bytes(), from, false, base);
+            let mut b = [0u8; 128];
+            let r = table.poll_reply().expect("a CHALLENGE");
+            let e = table.encode(&r, &mut b).unwrap();
+            assert!(m.handle(&b[..e.len], base).is_none());
+            let join = m.poll_control(base).expect("a JOIN");
+            table.handle(join.bytes(), from, false, base);
+            Worker::new(m, Dtype::F32)
+        })
+        .collect();
+    while let Some(r) = table.poll_reply() {
+        let mut b = [0u8; 128];
+        let e = table.encode(&r, &mut b).unwrap();
+        let w = &mut workers[r.rank as usize].m;
+        assert!(matches!(
+            w.handle(&b[..e.len], base),
+            Some(Event::Joined(_))
+        ));
+        assert_eq!(w.advertised_window(), window, "the JOIN_ACK's window");
+    }
+    let mut net: Links<Msg> = Links::new(5);
+    let mut now = Duration::ZERO;
+    let mut seq = 0;
+    let mut run = WindowRun {
+        beyond_window: 0,
+        max_in_flight: 0,
+        window_after: 0,
+    };
+    for it in 0..2u32 {
+        if it == 1 {
+            run.beyond_window = table
+                .get(1)
+                .unwrap()
+                .drops()
+                .count(proto::switch::DropReason::BeyondWindow);
+            table.get_mut(1).unwrap().set_window(later);
+        }
+        for (r, w) in workers.iter_mut().enumerate() {
+            w.input = (0..len)
+                .map(|i| proto::reference::pattern_dtype(Dtype::F32, r as u16, it, i))
+                .collect();
+            w.output = vec![f32::NAN; len];
+            w.begin(it, seq, Shape::all_reduce(len));
+        }
+        while !workers.iter().all(|w| w.coll().is_complete()) {
+            for (r, w) in workers.iter_mut().enumerate() {
+                while let Some((_, bytes)) = w.poll_data(base + now) {
+                    net.send(CLEAN, now, || Msg::ToSwitch {
+                        rank: r as u16,
+                        bytes: bytes.clone(),
+                    });
+                }
+                if it == 0 {
+                    run.max_in_flight = run.max_in_flight.max(w.coll().in_flight());
+                }
+            }
+            let next_timer = workers
+                .iter()
+                .filter_map(|w| w.coll().next_timeout())
+                .min()
+                .map(|t| t - base);
+            now = now.max(common::next_event(net.next_delivery(), next_timer));
+            while let Some(m) = net.pop_due(now) {
+                match m {
+                    Msg::ToSwitch { rank, bytes } => {
+                        at_switch(&mut table, &mut net, CLEAN, rank, &bytes, (base, now))
+                    }
+                    Msg::ToWorker { rank, bytes } => {
+                        let w = &mut workers[rank as usize];
+                        let Some(Event::Result {
+                            header,
+                            outcome,
+                            values,
+                            ..
+                        }) = w.m.handle(&bytes, base + now)
+                        else {
+                            panic!("rank {rank}: not a RESULT");
+                        };
+                        w.take(&outcome, &bytes[values]);
+                        if it == 1 && header.window == later {
+                            run.window_after = run.window_after.max(w.m.window());
+                        }
+                    }
+                }
+            }
+        }
+        seq = workers[0].coll().end_seq();
+    }
+    run
+}
+
+/// The switch's advertised window is the members' ceiling: a declared
+/// window below the pool (the JOIN_ACK's) keeps every member's chunks in
+/// flight within it, so the switch drops nothing as beyond its window, and
+/// a smaller window its RESULTs advertise later (a yielding job's) is the
+/// one the members send under from then on. Members that ignore the
+/// advertised window overrun it and are dropped.
+#[test]
+fn members_keep_to_the_window_the_switch_advertises() {
+    let obeyed = run_windowed(3, 2, None);
+    assert_eq!(obeyed.beyond_window, 0, "DATA beyond the advertised window");
+    assert!(
+        (1..=3).contains(&obeyed.max_in_flight),
+        "in flight {}",
+        obeyed.max_in_flight
+    );
+    assert!(
+        (1..=2).contains(&obeyed.window_after),
+        "window {} after the switch advertised 2",
+        obeyed.window_after
+    );
+    // The check can fail: members sending 16 at once are dropped.
+    let ignored = run_windowed(3, 2, Some(16));
+    assert!(ignored.beyond_window > 0);
+    assert!(ignored.max_in_flight > 3);
+}

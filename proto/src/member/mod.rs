@@ -457,3 +457,140 @@ impl Member {
         self.session.emit_leave_for_hosts(buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A member against the real switch table, in virtual time.
+    use std::time::Duration;
+
+    use super::*;
+    use crate::session::HEARTBEAT_EVERY;
+    use crate::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+    use crate::tag::AuthMode;
+    use crate::wire::OP_SUM;
+
+    fn endpoint(rank: u16) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [2, 0, 0, 0, 0, rank as u8],
+                ip: [198, 18, 0, 10],
+                port: 1000 + rank,
+            },
+            ..Endpoint::default()
+        }
+    }
+
+    /// Two ranks of job 1, 8 slots of 2 float32 elements.
+    fn table(now: Instant) -> JobTable {
+        let mut t = JobTable::new(TableConfig::new(1, [5; 32]), now);
+        let job = JobConfig {
+            id: 1,
+            n_workers: 2,
+            allowed_sources: vec![Ipv4Prefix {
+                addr: [198, 18, 0, 0],
+                len: 24,
+            }],
+            secret: [3; 32],
+            pool_slots: 8,
+            elems_per_chunk: 2,
+            dtype: Dtype::F32,
+            window: 8,
+            priority: Default::default(),
+            auth: AuthMode::Port,
+            upstream: None,
+            stats: false,
+        };
+        t.add(job, 64).unwrap();
+        t
+    }
+
+    fn member(rank: u16) -> Member {
+        let e = endpoint(rank);
+        let params = JoinParams {
+            job: 1,
+            rank,
+            n_workers: 2,
+            dtype: Dtype::F32 as u8,
+            op: OP_SUM,
+            secret: [3; 32],
+            ip: e.source.ip,
+            port: e.source.port,
+        };
+        let cfg = SessionConfig {
+            join_timeout: Duration::from_secs(3),
+            stall_timeout: Duration::from_secs(2),
+        };
+        Member::new(
+            params,
+            cfg,
+            TransportConfig::default(),
+            [rank as u8 + 9; 32],
+        )
+    }
+
+    /// Sends the members' control messages to `t` and feeds every reply
+    /// to its rank's member; returns rank 0's events.
+    fn exchange(ms: &mut [Member], t: &mut JobTable, now: Instant) -> Vec<Event> {
+        for (rank, m) in ms.iter_mut().enumerate() {
+            while let Some(x) = m.poll_control(now) {
+                t.handle(x.bytes(), endpoint(rank as u16), false, now);
+            }
+        }
+        let mut ev = Vec::new();
+        let mut b = [0u8; 2048];
+        while let Some(r) = t.poll_reply() {
+            let e = t.encode(&r, &mut b).unwrap();
+            let got = ms[r.rank as usize].handle(&b[..e.len], now);
+            if r.rank == 0 {
+                ev.extend(got);
+            }
+        }
+        ev
+    }
+
+    /// Rank 0 sends its chunks; rank 1 never does. The switch's HEARTBEAT
+    /// answer names rank 1 and advertises a window that has shrunk since
+    /// the JOIN_ACK: the member's window follows it, and its stall names
+    /// rank 1.
+    #[test]
+    fn a_heartbeat_answer_sets_the_window_and_names_who_a_stall_waits_for() {
+        let t0 = Instant::now();
+        let mut t = table(t0);
+        let mut ms = [member(0), member(1)];
+        for m in &mut ms {
+            m.start_join(0, 0, t0);
+        }
+        // HELLO → CHALLENGE, then JOIN → JOIN_ACK once both joined.
+        exchange(&mut ms, &mut t, t0);
+        let ev = exchange(&mut ms, &mut t, t0);
+        assert!(ev.iter().any(|e| matches!(e, Event::Joined(_))), "{ev:?}");
+        let a = &mut ms[0];
+        assert_eq!((a.advertised_window(), a.elems_per_chunk()), (8, 2));
+        a.begin(0, 0, Shape::all_reduce(8));
+        let input = [0u8; 32];
+        let mut buf = [0u8; 64];
+        let mut sent = 0;
+        while let Some(f) = a.poll_data(t0, &input, &mut buf) {
+            assert_eq!(f.len, HEADER_LEN + 8);
+            t.handle(&buf[..f.len], endpoint(0), false, t0);
+            sent += 1;
+        }
+        assert_eq!(sent, 4);
+        t.get_mut(1).unwrap().set_window(3);
+        let later = t0 + HEARTBEAT_EVERY;
+        assert!(a.poll_timeout().unwrap() <= later);
+        assert!(a.handle_timeout(later).is_none());
+        assert!(exchange(&mut ms, &mut t, later).is_empty());
+        let a = &mut ms[0];
+        assert_eq!(a.advertised_window(), 3);
+        assert!(a.window() <= 3);
+        assert_eq!(a.stats().heartbeat_answers, 1);
+        match a.handle_timeout(t0 + Duration::from_secs(2)) {
+            Some(Event::Stalled { seq, waiting, .. }) => {
+                assert_eq!(seq, 0);
+                assert_eq!(waiting, Some(Waiting::Ranks(vec![1])));
+            }
+            other => panic!("no stall: {other:?}"),
+        }
+    }
+}
