@@ -570,6 +570,7 @@ fn run_windowed(window: u16, later: u16, window_override: Option<u16>) -> Window
             w.output = vec![f32::NAN; len];
             w.begin(it, seq, Shape::all_reduce(len));
         }
+        let mut done = vec![false; n as usize];
         while !workers.iter().all(|w| w.coll().is_complete()) {
             for (r, w) in workers.iter_mut().enumerate() {
                 while let Some((_, bytes)) = w.poll_data(base + now) {
@@ -599,12 +600,16 @@ fn run_windowed(window: u16, later: u16, window_override: Option<u16>) -> Window
                             header,
                             outcome,
                             values,
+                            completed,
                             ..
                         }) = w.m.handle(&bytes, base + now)
                         else {
                             panic!("rank {rank}: not a RESULT");
                         };
                         w.take(&outcome, &bytes[values]);
+                        // Once per collective, with its last RESULT.
+                        assert_eq!(completed, w.coll().is_complete() && !done[rank as usize]);
+                        done[rank as usize] |= completed;
                         if it == 1 && header.window == later {
                             run.window_after = run.window_after.max(w.m.window());
                         }
@@ -612,6 +617,10 @@ fn run_windowed(window: u16, later: u16, window_override: Option<u16>) -> Window
                 }
             }
         }
+        assert!(
+            done.iter().all(|&d| d),
+            "every member was told it completed"
+        );
         seq = workers[0].coll().end_seq();
     }
     run

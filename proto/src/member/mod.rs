@@ -73,12 +73,14 @@ pub enum Event {
     /// ([`ResultOutcome::Fresh`]: copy its `values`, which lie at this range
     /// of the datagram, where the outcome says); `stats` its chunk's
     /// statistics trailer (a `stats = true` job's summed kinds), which the
-    /// collective already recorded.
+    /// collective already recorded; `completed`: this RESULT was the
+    /// collective's last missing one (the collective is done).
     Result {
         header: HeaderRepr,
         outcome: ResultOutcome,
         values: Range<usize>,
         stats: Option<GradStats>,
+        completed: bool,
     },
     /// The switch lost our session; a rejoin has started from the oldest
     /// unanswered chunk of the current collective.
@@ -394,11 +396,14 @@ impl Member {
                 if let ResultOutcome::ShapeMismatch { .. } = outcome {
                     self.mismatched_results += 1;
                 }
+                let completed =
+                    matches!(outcome, ResultOutcome::Fresh { .. }) && self.coll.is_complete();
                 Some(Event::Result {
                     header,
                     outcome,
                     values,
                     stats,
+                    completed,
                 })
             }
             session::Event::Waiting { header, payload } => {
