@@ -22,9 +22,10 @@ pub struct TransportConfig {
     pub congestion_control: bool,
     /// A RESULT whose RTT sample exceeds the path's minimum RTT by more
     /// than this counts as marked, as ECE does, while the window is above
-    /// [`DELAY_WINDOW_FLOOR`]; `None`: ECE alone. A queue at a bottleneck
-    /// that marks nothing (tail-drop shapers, most NICs) otherwise grows
-    /// until it drops, and the resends of a full window follow.
+    /// [`DELAY_WINDOW_FLOOR`](crate::member::dctcp::DELAY_WINDOW_FLOOR);
+    /// `None`: ECE alone. A queue at a bottleneck that marks nothing
+    /// (tail-drop shapers, most NICs) otherwise grows until it drops, and
+    /// the resends of a full window follow.
     pub delay_target: Option<Duration>,
     /// Testing only: send with this window whatever the switch advertises,
     /// to exercise the switch's window enforcement.

@@ -340,7 +340,9 @@ impl Member {
     }
 
     /// Lets time pass: the join's deadline, heartbeats and the stall of the
-    /// current collective.
+    /// current collective. A stall is reported again at every call while
+    /// the collective makes no progress: the worker library fails the
+    /// collective at the first.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
         if self.session.is_joined() && !self.coll.is_complete() {
             let since = self.coll.last_progress().unwrap_or(now);
