@@ -1,17 +1,22 @@
-//! A worker's `proto::session::WorkerSession` against a real `JobTable`
-//! (one job, two ranks: the session's and one the target plays), fed the
-//! table's replies, copies and byte-flipped versions of them, and arbitrary
-//! datagrams, with time advancing by fuzz-chosen steps, the switch
-//! restarting (a new generation) and collectives tracked.
+//! A worker's `proto::member::Member` (its session, collective, window)
+//! against a real `JobTable` (one job, two ranks: the member's and one the
+//! target plays), fed the table's replies, copies and byte-flipped versions
+//! of them, and arbitrary datagrams, with time advancing by fuzz-chosen
+//! steps, the switch restarting (a new generation) and all-reduces begun
+//! and sent as the worker library does.
 //!
 //! Asserts: nothing panics; a datagram that did not come from the table
-//! (arbitrary bytes, a flipped copy) never joins the session, and it ends,
-//! resets or refuses it (SessionLost, Failed) only if it echoes a nonce the
-//! session sent (which an off-path stranger cannot know); a RESULT event's
+//! (arbitrary bytes, a flipped copy) never joins the member, and it ends,
+//! resets or refuses it (Rejoining, Failed) only if it echoes a nonce the
+//! member sent (which an off-path stranger cannot know); a RESULT event's
 //! values lie inside the datagram and are exactly `count` elements (none
-//! with NOVAL), under the session's generation; after `handle_timeout(now)`
-//! and draining `poll_transmit(now)`, `poll_timeout()` is never at or
-//! before `now` (the shell cannot spin); a failed session sends nothing.
+//! with NOVAL), under the session's generation, and a fresh chunk's go
+//! inside the collective's output; the window is within 1..=S and never
+//! above the advertised window; every DATA frame is a header, `count`
+//! values or none, and a tag where the job has one; after
+//! `handle_timeout(now)` and draining `poll_control(now)` and
+//! `poll_data(now)`, `poll_timeout()` is never at or before `now` (the
+//! shell cannot spin); a failed member sends nothing.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -19,9 +24,10 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use proto::handshake::JoinParams;
-use proto::session::{Event, SessionConfig, WorkerSession};
+use proto::member::{Event, Member, ResultOutcome, Shape, TransportConfig};
+use proto::session::SessionConfig;
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
-use proto::tag::AuthMode;
+use proto::tag::{AuthMode, TAG_LEN};
 use proto::wire::{
     Dtype, Header, HeaderRepr, HelloPayload, MsgType, Nonce, HEADER_LEN, NONCE_LEN, OP_SUM,
 };
@@ -38,14 +44,14 @@ enum Op {
     Exchange { copies: u8 },
     /// The other rank joins (HELLO, then JOIN): the job activates.
     Peer,
-    /// The session sends DATA for `seq` of collective 0 (with values).
-    Data { seq: u8, retx: bool },
+    /// The member begins an all-reduce of `len` elements (if joined).
+    Begin { len: u8 },
+    /// The member sends the DATA its window and timers allow.
+    Send,
     /// The last reply, one byte XORed.
     Flip { at: u8, with: u8 },
     /// Arbitrary bytes.
     Raw(Vec<u8>),
-    /// A collective in progress (or none).
-    Track { seq: u8, progress: bool },
     /// The switch restarts: a new generation, nobody joined.
     Restart,
     /// Join again (after SessionLost).
@@ -113,8 +119,11 @@ struct World {
     table: JobTable,
     gen: u32,
     auth: AuthMode,
-    s: WorkerSession,
-    /// Every nonce the session sent (HELLOs and probes).
+    m: Member,
+    /// The collectives' input, as wire bytes (float32 ones).
+    input: Vec<u8>,
+    next_collective: u32,
+    /// Every nonce the member sent (HELLOs and probes).
     sent: Vec<Nonce>,
     last_reply: Vec<u8>,
     now: Instant,
@@ -137,8 +146,8 @@ impl World {
     }
 
     fn send_all(&mut self) {
-        while let Some(t) = self.s.poll_transmit(self.now) {
-            assert!(!self.s.is_failed(), "a failed session sent {t:?}");
+        while let Some(t) = self.m.poll_control(self.now) {
+            assert!(!self.m.session().is_failed(), "a failed member sent {t:?}");
             if t.msg_type == MsgType::Hello {
                 let p = HelloPayload::parse(&t.bytes()[HEADER_LEN..]).unwrap();
                 self.sent.push(p.nonce);
@@ -147,19 +156,54 @@ impl World {
         }
     }
 
+    /// Sends the DATA the member has now.
+    fn send_data(&mut self) {
+        let mut buf = [0u8; 256];
+        while let Some(f) = self.m.poll_data(self.now, &self.input, &mut buf) {
+            assert!(self.m.is_joined(), "DATA from a member not joined");
+            let h = HeaderRepr::parse(&Header::new_checked(&buf[..f.len]).unwrap()).unwrap();
+            assert_eq!(h.msg_type, MsgType::Data);
+            let tag = if self.auth == AuthMode::Mac {
+                TAG_LEN
+            } else {
+                0
+            };
+            let values = if f.values { h.count as usize * 4 } else { 0 };
+            assert_eq!(f.len, HEADER_LEN + values + tag);
+            self.table
+                .handle(&buf[..f.len], endpoint(0), false, self.now);
+        }
+    }
+
+    /// The window is within 1..=S and never above what the switch
+    /// advertised.
+    fn check_window(&self) {
+        let w = self.m.window();
+        assert!(w >= 1 && w <= self.m.pool_slots().max(1), "window {w}");
+        assert!(
+            w <= self.m.advertised_window(),
+            "window {w} above advertised"
+        );
+    }
+
     /// Feeds a datagram; `trusted` when it is the table's own reply.
     fn deliver(&mut self, d: &[u8], trusted: bool) {
-        let joined_before = self.s.is_joined();
-        let gen_before = self.s.gen();
-        let ev = self.s.handle(d, self.now);
+        let joined_before = self.m.is_joined();
+        let gen_before = self.m.session().gen();
+        let ev = self.m.handle(d, self.now);
         let echoes_ours = || {
             self.sent
                 .iter()
                 .any(|n| d.windows(NONCE_LEN).any(|w| w == &n[..]))
         };
         match &ev {
-            None | Some(Event::Waiting { .. }) => {}
-            Some(Event::Result { header, values, .. }) => {
+            None => {}
+            Some(Event::Result {
+                header,
+                values,
+                outcome,
+                ..
+            }) => {
                 assert!(joined_before);
                 assert_eq!(header.gen, gen_before);
                 assert!(values.end <= d.len() && values.start == HEADER_LEN);
@@ -169,12 +213,27 @@ impl World {
                     header.count as usize * 4
                 };
                 assert_eq!(values.len(), want);
+                if let ResultOutcome::Fresh {
+                    into: Some(at),
+                    count,
+                    ..
+                } = *outcome
+                {
+                    let out = self.m.collective().shape().output_len();
+                    assert!(at + count as usize <= out, "{outcome:?} outside {out}");
+                    assert_eq!(count, header.count);
+                }
             }
             Some(Event::Joined(j)) => {
                 assert!(trusted, "joined by a datagram not from the switch: {j:?}");
                 assert_eq!(j.gen, self.gen);
+                // As the worker library: resend the collective from the
+                // job's resume point.
+                if j.collective == self.m.collective().collective() {
+                    self.m.restart_from(j.seq);
+                }
             }
-            Some(Event::SessionLost(_) | Event::Failed(_)) => {
+            Some(Event::Rejoining(_) | Event::Failed(_)) => {
                 assert!(
                     trusted || echoes_ours(),
                     "a stranger's datagram ended or reset the session: {ev:?}"
@@ -182,16 +241,22 @@ impl World {
             }
             Some(Event::Stalled { .. }) => panic!("handle() reported a stall"),
         }
+        self.check_window();
     }
 
     fn check_timeout(&mut self) {
-        let ev = self.s.handle_timeout(self.now);
+        let ev = self.m.handle_timeout(self.now);
         if let Some(Event::Failed(_)) = ev {
-            assert!(self.s.is_failed());
+            assert!(self.m.session().is_failed());
         }
         self.send_all();
-        if let Some(t) = self.s.poll_timeout() {
-            assert!(t > self.now, "poll_timeout {t:?} not after now {:?}", self.now);
+        self.send_data();
+        if let Some(t) = self.m.poll_timeout() {
+            assert!(
+                t > self.now,
+                "poll_timeout {t:?} not after now {:?}",
+                self.now
+            );
         }
     }
 }
@@ -211,12 +276,16 @@ fuzz_target!(|input: Input| {
         table: table(1, auth, base),
         gen: 1,
         auth,
-        s: WorkerSession::new(params(0), cfg, [7; 32]),
+        m: Member::new(params(0), cfg, TransportConfig::default(), [7; 32]),
+        input: (0..255u32 * 2)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect(),
+        next_collective: 0,
         sent: Vec::new(),
         last_reply: Vec::new(),
         now: base,
     };
-    w.s.start_join(0, 0, base);
+    w.m.start_join(0, 0, base);
     for op in input.ops.into_iter().take(64) {
         match op {
             Op::Advance(ms) => {
@@ -258,27 +327,15 @@ fuzz_target!(|input: Input| {
                     w.table.handle(&b[..n], endpoint(1), false, w.now);
                 }
             }
-            Op::Data { seq, retx } => {
-                let t = proto::worker::Transmit {
-                    seq: seq.into(),
-                    chunk: seq.into(),
-                    offset: 0,
-                    count: 2,
-                    last: false,
-                    retx,
-                    kind: proto::wire::Kind::AllReduce,
-                    owner: 0,
-                    values: Some(0),
-                };
-                let h = w.s.data_header(&t, 0);
-                let mut b = vec![0u8; HEADER_LEN];
-                if h.emit_to(&mut b).is_ok() {
-                    let values = [0u8, 0, 128, 63, 0, 0, 0, 64];
-                    b.extend_from_slice(&values);
-                    b.extend(w.s.data_tag(&h, &values).into_iter().flatten());
-                    w.table.handle(&b, endpoint(0), false, w.now);
+            Op::Begin { len } => {
+                if w.m.is_joined() {
+                    let c = w.m.collective();
+                    let (id, seq) = (w.next_collective, c.end_seq());
+                    w.m.begin(id, seq, Shape::all_reduce(len.into()));
+                    w.next_collective += 1;
                 }
             }
+            Op::Send => w.send_data(),
             Op::Flip { at, with } => {
                 let mut d = w.last_reply.clone();
                 if !d.is_empty() && with != 0 {
@@ -288,17 +345,15 @@ fuzz_target!(|input: Input| {
                 }
             }
             Op::Raw(d) => w.deliver(&d, false),
-            Op::Track { seq, progress } => {
-                w.s.track(0, seq.into(), progress.then_some(w.now));
-                w.check_timeout();
-            }
             Op::Restart => {
                 w.gen += 1;
                 w.table = table(w.gen, w.auth, w.now);
             }
             Op::Rejoin => {
-                if !w.s.is_joined() {
-                    w.s.start_join(0, 0, w.now);
+                if !w.m.is_joined() {
+                    let c = w.m.collective();
+                    let (id, seq) = (c.collective(), c.oldest_unacked_seq());
+                    w.m.start_join(id, seq, w.now);
                 }
             }
         }

@@ -11,8 +11,9 @@
 //! * [`handshake`]: the worker's side of joining (HELLO, CHALLENGE, JOIN).
 //! * [`session`]: a worker's membership (join, NACKs, rejoin, heartbeats,
 //!   the stall decision), fed datagrams and time; it queues what to send.
-//! * [`worker`]: a worker's chunking, window, retransmission and congestion
-//!   control for one collective, fed results and time.
+//! * [`member`]: one worker's member of a job: its session, the collective
+//!   in progress (chunking, window, retransmission), RTT, DCTCP and the
+//!   advertised window, fed datagrams and time; it writes whole DATA frames.
 //! * [`reference`]: the rank-order sum every result must equal bit for bit.
 //! * [`host_sum`]: the same sums done on a host, for the host path (a
 //!   collective finished without the switch, with its bits).
@@ -24,8 +25,8 @@
 //! Layers: a file imports only from files below it. Bottom to top:
 //! [`dtype`], [`simd`], [`seq`], [`checksum`]; [`elements`]; [`wire`] and
 //! [`reference`](mod@reference); [`tag`], [`auth`], [`secret`], [`stats`];
-//! the state machines ([`handshake`], [`worker`], [`host_sum`],
-//! [`session`], [`switch`]), each above what it uses.
+//! the state machines ([`handshake`], [`host_sum`], [`session`],
+//! [`member`], [`switch`]), each above what it uses.
 //!
 //! Everything here is deterministic: time is passed in, nothing is read from
 //! the system, so loss, duplication and reordering are tested without sockets.
@@ -37,6 +38,7 @@ pub mod dtype;
 pub mod elements;
 pub mod handshake;
 pub mod host_sum;
+pub mod member;
 pub mod reference;
 pub mod secret;
 pub mod seq;
@@ -46,4 +48,3 @@ pub mod stats;
 pub mod switch;
 pub mod tag;
 pub mod wire;
-pub mod worker;

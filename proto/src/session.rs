@@ -5,8 +5,8 @@
 //! ([`WorkerSession::handle`]) and time ([`WorkerSession::handle_timeout`]),
 //! sends what [`WorkerSession::poll_transmit`] gives and sleeps until
 //! [`WorkerSession::poll_timeout`]. The chunks, window and resends of a
-//! collective stay in [`crate::worker::Collective`], which the caller drives
-//! beside this.
+//! collective stay in [`crate::member::collective::Collective`];
+//! [`crate::member::Member`] drives both.
 //!
 //! Decisions that live here (they were the worker library's I/O shell's):
 //! * The handshake: HELLO, then JOIN once a CHALLENGE echoes this attempt's
@@ -40,7 +40,7 @@
 //!   and the stall (no progress for the stall timeout).
 //! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
 //!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
-//!   which the simulators and the fuzzer build DATA with.
+//!   which [`crate::member::Member`] builds DATA with.
 //!
 //! Invariants: nothing here reads a clock or a random source (nonces come
 //! from an HMAC of a caller-given key and a counter, so a run is
@@ -399,7 +399,11 @@ impl WorkerSession {
     /// session: its kind, and in kinds other than all-reduce the chunk's
     /// owner in `window` and `NOVAL` when `t` carries no values
     /// (docs/PROTOCOL.md, "Collective kinds").
-    pub fn data_header(&self, t: &crate::worker::Transmit, collective: u32) -> HeaderRepr {
+    pub fn data_header(
+        &self,
+        t: &crate::member::collective::Transmit,
+        collective: u32,
+    ) -> HeaderRepr {
         let p = self.hs.params();
         let mut h = HeaderRepr::new(MsgType::Data, p.job);
         h.rank = p.rank;
@@ -1181,8 +1185,8 @@ mod tests {
 
         let t1 = t0 + Duration::from_secs(1);
         let mut t = table(2, 1, AuthMode::Port, t1);
-        let c = crate::worker::Collective::new(3, 40, 8, 2);
-        let tx = crate::worker::Transmit {
+        let c = crate::member::collective::Collective::new(3, 40, 8, 2);
+        let tx = crate::member::collective::Transmit {
             seq: 41,
             chunk: 1,
             offset: 2,
@@ -1327,7 +1331,7 @@ mod tests {
             let mut t = table(1, 1, auth, t0);
             let mut s = session(0, 1);
             join(&mut s, &mut t, (0, 0), t0);
-            let tx = crate::worker::Transmit {
+            let tx = crate::member::collective::Transmit {
                 seq: 0,
                 chunk: 0,
                 offset: 0,
@@ -1580,7 +1584,7 @@ mod tests {
             let acks = exchange(&mut s, &mut t, t0);
             let ev = feed(&mut s, &acks, t0);
             assert!(joined(&ev).is_some_and(|j| j.stats), "{ev:?}");
-            let tx = crate::worker::Transmit {
+            let tx = crate::member::collective::Transmit {
                 seq: 0,
                 chunk: 0,
                 offset: 0,

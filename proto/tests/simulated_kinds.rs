@@ -1,7 +1,7 @@
 //! Reduce-scatter, all-gather and broadcast over a simulated network that
 //! loses, duplicates and reorders, in virtual time: workers (a
-//! `proto::worker::Collective` of each kind's `Shape`, joined and framed
-//! through `proto::session`) against the real switch table. Kinds follow
+//! `proto::member::Member` running each kind's `Shape`, joined and
+//! framed by the member) against the real switch table. Kinds follow
 //! each other in one job (reduce-scatter, all-gather, all-reduce,
 //! broadcast, ...), and every output element must be bit-exact: a
 //! reduce-scatter's shard of the rank-order sum (rounded once for bf16/f16;
@@ -13,13 +13,12 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use proto::elements::{read_le, round_f32};
+use proto::elements::round_f32;
+use proto::member::{Event, Member, ResultOutcome, Shape};
 use proto::reference::{expected_kept_sum_dtype, pattern_dtype, rank_order_sum};
-use proto::session::{Event, WorkerSession};
 use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
-use proto::worker::{Collective, ResultOutcome, Shape};
 
 mod common;
 use common::{join_lossless, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
@@ -30,10 +29,10 @@ fn endpoint(rank: u16) -> Endpoint {
     common::endpoint(rank, 2000)
 }
 
-/// Every rank joined through its session (a lossless join: the session's
+/// Every rank joined through its member (a lossless join: the session's
 /// own tests cover a lossy one).
-fn join_all(table: &mut JobTable, n: u16, dtype: Dtype, now: Instant) -> Vec<WorkerSession> {
-    let mut sessions: Vec<WorkerSession> = (0..n)
+fn join_all(table: &mut JobTable, n: u16, dtype: Dtype, now: Instant) -> Vec<Member> {
+    let mut sessions: Vec<Member> = (0..n)
         .map(|rank| {
             let from = endpoint(rank);
             let params = join_params(1, n, dtype, [3; 32], rank, &from);
@@ -93,10 +92,9 @@ fn run(
 ) {
     let base = Instant::now();
     let mut table = common::job_table(GEN, n, elems, slots, (dtype, auth), base);
-    let cfg = common::transport();
     let mut workers: Vec<Worker> = join_all(&mut table, n, dtype, base)
         .into_iter()
-        .map(|session| Worker::new(session, elems, slots, &cfg))
+        .map(|m| Worker::new(m, dtype))
         .collect();
     // (to the switch?, rank, bytes)
     let mut net: Links<(bool, u16, Vec<u8>)> = Links::new(seed);
@@ -126,20 +124,20 @@ fn run(
                 // The rank's own shard is copied locally, as the library does.
                 w.output[r * m..(r + 1) * m].copy_from_slice(&w.input);
             }
-            w.coll = Collective::with_shape(it, seq, shape, elems);
+            w.begin(it, seq, shape);
         }
         let mut rounds = 0u64;
-        while !workers.iter().all(|w| w.coll.is_complete()) {
+        while !workers.iter().all(|w| w.coll().is_complete()) {
             rounds += 1;
             assert!(rounds < 5_000_000, "hang: step {it} {step:?}");
             for (r, w) in workers.iter_mut().enumerate() {
-                while let Some((_, bytes)) = w.poll_data(base + now, &cfg, dtype) {
+                while let Some((_, bytes)) = w.poll_data(base + now) {
                     net.send(faults, now, || (true, r as u16, bytes.clone()));
                 }
             }
             let next_timer = workers
                 .iter()
-                .filter_map(|w| w.coll.next_timeout())
+                .filter_map(|w| w.coll().next_timeout())
                 .min()
                 .map(|t| t - base);
             now = now.max(common::next_event(net.next_delivery(), next_timer));
@@ -151,32 +149,20 @@ fn run(
                     continue;
                 }
                 let w = &mut workers[rank as usize];
-                let (h, v) = match w.session.handle(&bytes, base + now) {
-                    Some(Event::Result { header, values, .. }) => (header, values),
-                    other => panic!("rank {rank}: not a RESULT the session takes: {other:?}"),
-                };
-                match w
-                    .coll
-                    .on_result_header(&h, base + now, &mut w.rtt, &mut w.cc)
-                {
-                    ResultOutcome::Fresh {
-                        into: Some(at),
-                        count,
-                        own,
+                let (h, outcome, v) = match w.m.handle(&bytes, base + now) {
+                    Some(Event::Result {
+                        header,
+                        outcome,
+                        values,
                         ..
-                    } => {
-                        let out = &mut w.output[at..at + count as usize];
-                        read_le(dtype, &bytes[v], out);
-                        if let Some(o) = own {
-                            // The kept shard, added as the library does.
-                            for (x, mine) in out.iter_mut().zip(&w.input[o..]) {
-                                *x = round_f32(dtype, *x + mine);
-                            }
-                        }
-                    }
-                    ResultOutcome::Fresh { into: None, .. }
-                    | ResultOutcome::Duplicate
-                    | ResultOutcome::Foreign => {}
+                    }) => (header, outcome, values),
+                    other => panic!("rank {rank}: not a RESULT the member takes: {other:?}"),
+                };
+                match outcome {
+                    // Into the output (a kept shard added as the library
+                    // does).
+                    ResultOutcome::Fresh { .. } => w.take(&outcome, &bytes[v]),
+                    ResultOutcome::Duplicate | ResultOutcome::Foreign => {}
                     // The switch answers each rank as its shape says.
                     other => panic!("rank {rank} step {it} {step:?}: {other:?} for {h:?}"),
                 }
@@ -202,7 +188,7 @@ fn run(
                 "{dtype} rank {r} step {it} {step:?}"
             );
         }
-        seq = workers[0].coll.end_seq();
+        seq = workers[0].coll().end_seq();
     }
 }
 

@@ -4,7 +4,7 @@
 //! jobs and bf16/f16 jobs (inputs in the dtype, the sum rounded once), with
 //! and without per-packet tags (`auth = "mac"`: every DATA tagged, every
 //! RESULT's tag checked). Each worker joins, builds its DATA headers and
-//! accepts RESULTs through `proto::session`, as the worker library does;
+//! accepts RESULTs through `proto::member::Member`, as the worker library does;
 //! one run sends the joins over the faulty links too and restarts the
 //! switch, so that finding the restart and rejoining are simulated as well.
 
@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::elements::round_f32;
+use proto::member::{Event, Member, Shape};
 use proto::reference::rank_order_sum;
-use proto::session::{Event, SessionConfig, WorkerSession};
+use proto::session::SessionConfig;
 use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
 use proto::wire::{Dtype, HEADER_LEN};
-use proto::worker::Collective;
 
 mod common;
 use common::{join_lossless, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
@@ -41,7 +41,7 @@ fn join(
     start_seq: u32,
     dtype: Dtype,
     now: Instant,
-) -> WorkerSession {
+) -> Member {
     let from = endpoint(rank);
     let params = join_params(1, n, dtype, [3; 32], rank, &from);
     join_lossless(table, from, params, [rank as u8; 32], start_seq, now)
@@ -116,7 +116,7 @@ fn run_from(
 ) -> Duration {
     let base = Instant::now();
     let mut table = common::job_table(GEN, n, elems, slots, (dtype, auth), base);
-    let mut sessions: Vec<WorkerSession> = (0..n)
+    let mut sessions: Vec<Member> = (0..n)
         .map(|r| join(&mut table, r, n, start_seq, dtype, base))
         .collect();
     // Every rank's JOIN_ACK, its tag checked by the session.
@@ -132,13 +132,12 @@ fn run_from(
         }
     }
     assert!(sessions.iter().all(|s| s.is_joined()));
-    let cfg = common::transport();
     let mut net: Links<Msg> = Links::new(seed);
     let mut now = Duration::ZERO;
     let mut seq = start_seq;
     let mut workers: Vec<Worker> = sessions
         .into_iter()
-        .map(|session| Worker::new(session, elems, slots, &cfg))
+        .map(|m| Worker::new(m, dtype))
         .collect();
     for it in 0..iterations {
         for (r, w) in workers.iter_mut().enumerate() {
@@ -146,7 +145,7 @@ fn run_from(
                 .map(|i| proto::reference::pattern_dtype(dtype, r as u16, it, i))
                 .collect();
             w.output = vec![f32::NAN; len];
-            w.coll = Collective::new(it, seq, len, elems);
+            w.begin(it, seq, Shape::all_reduce(len));
         }
         let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
         // Half-precision inputs widen exactly; the switch rounds the float32
@@ -156,11 +155,11 @@ fn run_from(
             .map(|v| round_f32(dtype, v))
             .collect();
         let mut steps = 0u64;
-        while !workers.iter().all(|w| w.coll.is_complete()) {
+        while !workers.iter().all(|w| w.coll().is_complete()) {
             steps += 1;
             assert!(steps < 5_000_000, "hang: iteration {it}");
             for (r, w) in workers.iter_mut().enumerate() {
-                while let Some((_, bytes)) = w.poll_data(base + now, &cfg, dtype) {
+                while let Some((_, bytes)) = w.poll_data(base + now) {
                     net.send(faults, now, || Msg::ToSwitch {
                         rank: r as u16,
                         bytes: bytes.clone(),
@@ -170,7 +169,7 @@ fn run_from(
             // Next event: a delivery or a worker timeout.
             let next_timer = workers
                 .iter()
-                .filter_map(|w| w.coll.next_timeout())
+                .filter_map(|w| w.coll().next_timeout())
                 .min()
                 .map(|t| t - base);
             now = now.max(common::next_event(net.next_delivery(), next_timer));
@@ -182,15 +181,17 @@ fn run_from(
                     Msg::ToWorker { rank, bytes } => {
                         let w = &mut workers[rank as usize];
                         // Only RESULTs in this run, each of them authentic.
-                        let (h, v) = match w.session.handle(&bytes, base + now) {
-                            Some(Event::Result { header, values, .. }) => (header, values),
+                        let (outcome, v) = match w.m.handle(&bytes, base + now) {
+                            Some(Event::Result {
+                                outcome, values, ..
+                            }) => (outcome, values),
                             other => panic!(
-                                "rank {rank}: the session did not take header {:?}: {other:?} {:?}",
+                                "rank {rank}: the member did not take header {:?}: {other:?} {:?}",
                                 &bytes[..HEADER_LEN.min(bytes.len())],
-                                w.session.stats()
+                                w.m.session().stats()
                             ),
                         };
-                        w.take_result(&h, &bytes[v], dtype, base + now);
+                        w.take(&outcome, &bytes[v]);
                     }
                 }
             }
@@ -203,7 +204,7 @@ fn run_from(
                 "rank {r} iteration {it}: result differs from the rank-order sum"
             );
         }
-        seq = workers[0].coll.end_seq();
+        seq = workers[0].coll().end_seq();
     }
     now
 }
@@ -357,14 +358,13 @@ fn run_with_restart(
         .map(|rank| {
             let from = endpoint(rank);
             let params = join_params(1, n, Dtype::F32, [3; 32], rank, &from);
-            let mut session = WorkerSession::new(params, scfg, [rank as u8 + 40; 32]);
-            session.start_join(0, 0, base);
-            let mut w = Worker::new(session, elems, slots, &cfg);
+            let mut m = Member::new(params, scfg, cfg, [rank as u8 + 40; 32]);
+            m.start_join(0, 0, base);
+            let mut w = Worker::new(m, Dtype::F32);
             w.input = (0..len)
                 .map(|i| proto::reference::pattern_dtype(Dtype::F32, rank, 0, i))
                 .collect();
             w.output = vec![f32::NAN; len];
-            w.coll = Collective::new(0, 0, len, elems);
             w
         })
         .collect();
@@ -376,31 +376,26 @@ fn run_with_restart(
     let mut now = Duration::ZERO;
     let mut restarted = false;
     let mut steps = 0u64;
-    while !workers.iter().all(|w| w.coll.is_complete()) {
+    // The collective begins at the first JOIN_ACK (which tells E): until
+    // then the member's is the empty one.
+    let done = |w: &Worker| w.coll().n_chunks() > 0 && w.coll().is_complete();
+    while !workers.iter().all(done) {
         steps += 1;
         assert!(steps < 5_000_000, "hang at {now:?}");
         let at = base + now;
         for (r, w) in workers.iter_mut().enumerate() {
-            if w.session.is_joined() {
-                let since = w.coll.last_progress().unwrap_or(at);
-                let (c, s) = (w.coll.collective(), w.coll.oldest_unacked_seq());
-                w.session.track(c, s, Some(since));
-            }
-            match w.session.handle_timeout(at) {
+            match w.m.handle_timeout(at) {
                 None => {}
-                Some(e) => panic!("rank {r} at {now:?}: {e:?} {:?}", w.session.stats()),
+                Some(e) => panic!("rank {r} at {now:?}: {e:?} {:?}", w.m.session().stats()),
             }
-            while let Some(t) = w.session.poll_transmit(at) {
+            while let Some(t) = w.m.poll_control(at) {
                 let bytes = t.bytes().to_vec();
                 net.send(faults, now, || Msg::ToSwitch {
                     rank: r as u16,
                     bytes: bytes.clone(),
                 });
             }
-            if !w.session.is_joined() {
-                continue;
-            }
-            while let Some((_, bytes)) = w.poll_data(at, &cfg, Dtype::F32) {
+            while let Some((_, bytes)) = w.poll_data(at) {
                 net.send(faults, now, || Msg::ToSwitch {
                     rank: r as u16,
                     bytes: bytes.clone(),
@@ -408,10 +403,7 @@ fn run_with_restart(
             }
         }
         // Next event: a delivery, a worker's timer, a session's, the restart.
-        let timers = workers.iter().flat_map(|w| {
-            let coll = w.session.is_joined().then(|| w.coll.next_timeout());
-            [coll.flatten(), w.session.poll_timeout()]
-        });
+        let timers = workers.iter().map(|w| w.m.poll_timeout());
         let next = net
             .next_delivery()
             .into_iter()
@@ -426,12 +418,12 @@ fn run_with_restart(
         let due = match restart {
             RestartAt::Never => false,
             RestartAt::Time(t) => now >= t,
-            RestartAt::Chunks(k) => workers[0].coll.oldest_unacked_seq() >= k,
+            RestartAt::Chunks(k) => workers[0].coll().oldest_unacked_seq() >= k,
         };
         if !restarted && due {
             restarted = true;
             assert!(
-                workers.iter().all(|w| !w.coll.is_complete()),
+                workers.iter().all(|w| !done(w)),
                 "restart_at is too late: a worker already finished"
             );
             table = job_table(2, n, elems, slots, base + now);
@@ -443,23 +435,21 @@ fn run_with_restart(
                 }
                 Msg::ToWorker { rank, bytes } => {
                     let w = &mut workers[rank as usize];
-                    match w.session.handle(&bytes, base + now) {
-                        None | Some(Event::Waiting { .. }) => {}
+                    match w.m.handle(&bytes, base + now) {
+                        // The member started the rejoin itself.
+                        None | Some(Event::Rejoining(_)) => {}
                         Some(Event::Joined(j)) => {
                             assert_eq!(j.collective, 0);
+                            if j.first {
+                                w.begin(0, 0, Shape::all_reduce(len));
+                            }
                             // The job's resume point: every rank resends
                             // from there (results come again, identical).
-                            w.coll.restart_from(j.seq);
-                        }
-                        Some(Event::SessionLost(_)) => {
-                            let seq = w.coll.oldest_unacked_seq();
-                            w.session.start_join(0, seq, base + now);
+                            w.m.restart_from(j.seq);
                         }
                         Some(Event::Result {
-                            header: h, values, ..
-                        }) => {
-                            w.take_result(&h, &bytes[values], Dtype::F32, base + now);
-                        }
+                            outcome, values, ..
+                        }) => w.take(&outcome, &bytes[values]),
                         Some(e) => panic!("rank {rank}: {e:?}"),
                     }
                 }
@@ -469,9 +459,9 @@ fn run_with_restart(
     for (r, w) in workers.iter().enumerate() {
         let got: Vec<u32> = w.output.iter().map(|x| x.to_bits()).collect();
         assert_eq!(got, want, "rank {r}: not the rank-order sum");
-        assert_eq!(w.session.gen(), if restarted { 2 } else { 1 });
+        assert_eq!(w.m.session().gen(), if restarted { 2 } else { 1 });
     }
-    workers.iter().map(|w| w.session.stats()).collect()
+    workers.iter().map(|w| w.m.session().stats()).collect()
 }
 
 #[test]
@@ -499,4 +489,165 @@ fn a_switch_restart_mid_collective_is_found_and_rejoined_over_lossy_links() {
             assert_eq!(s.bad_length_results + s.bad_tag_results, 0, "{s:?}");
         }
     }
+}
+
+/// What [`run_windowed`] saw.
+struct WindowRun {
+    /// DATA the switch dropped as beyond its window in the first collective
+    /// (in the second, the first round still goes under the old window).
+    beyond_window: u64,
+    /// The most chunks any member had in flight in the first collective.
+    max_in_flight: u32,
+    /// After the switch's RESULTs advertised the smaller window: the
+    /// largest window a member then sent under.
+    window_after: u16,
+}
+
+/// Two all-reduces of 4 ranks, 400 chunks each, on a clean network, against
+/// a job with a pool of 16 slots whose declared window is `window`; before
+/// the second the switch's window drops to `later`, which its RESULTs
+/// advertise. `window_override` makes the members ignore what the switch
+/// advertises (the testing knob).
+fn run_windowed(window: u16, later: u16, window_override: Option<u16>) -> WindowRun {
+    let (n, elems, slots, len) = (4u16, 8u16, 16u16, 400 * 8usize);
+    let base = Instant::now();
+    let mut table = JobTable::new(proto::switch::TableConfig::new(GEN, [5; 32]), base);
+    let mut job = common::job_config(n, elems, slots, (Dtype::F32, AuthMode::Port));
+    job.window = window;
+    table.add(job, elems + 8).unwrap();
+    let cfg = proto::member::TransportConfig {
+        window_override,
+        ..common::transport()
+    };
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|r| {
+            let from = endpoint(r);
+            let params = join_params(1, n, Dtype::F32, [3; 32], r, &from);
+            let mut m = Member::new(params, SessionConfig::default(), cfg, [r as u8; 32]);
+            m.start_join(0, 0, base);
+            let hello = m.poll_control(base).expect("a HELLO");
+            table.handle(hello.bytes(), from, false, base);
+            let mut b = [0u8; 128];
+            let r = table.poll_reply().expect("a CHALLENGE");
+            let e = table.encode(&r, &mut b).unwrap();
+            assert!(m.handle(&b[..e.len], base).is_none());
+            let join = m.poll_control(base).expect("a JOIN");
+            table.handle(join.bytes(), from, false, base);
+            Worker::new(m, Dtype::F32)
+        })
+        .collect();
+    while let Some(r) = table.poll_reply() {
+        let mut b = [0u8; 128];
+        let e = table.encode(&r, &mut b).unwrap();
+        let w = &mut workers[r.rank as usize].m;
+        assert!(matches!(
+            w.handle(&b[..e.len], base),
+            Some(Event::Joined(_))
+        ));
+        assert_eq!(w.advertised_window(), window, "the JOIN_ACK's window");
+    }
+    let mut net: Links<Msg> = Links::new(5);
+    let mut now = Duration::ZERO;
+    let mut seq = 0;
+    let mut run = WindowRun {
+        beyond_window: 0,
+        max_in_flight: 0,
+        window_after: 0,
+    };
+    for it in 0..2u32 {
+        if it == 1 {
+            run.beyond_window = table
+                .get(1)
+                .unwrap()
+                .drops()
+                .count(proto::switch::DropReason::BeyondWindow);
+            table.get_mut(1).unwrap().set_window(later);
+        }
+        for (r, w) in workers.iter_mut().enumerate() {
+            w.input = (0..len)
+                .map(|i| proto::reference::pattern_dtype(Dtype::F32, r as u16, it, i))
+                .collect();
+            w.output = vec![f32::NAN; len];
+            w.begin(it, seq, Shape::all_reduce(len));
+        }
+        let mut done = vec![false; n as usize];
+        while !workers.iter().all(|w| w.coll().is_complete()) {
+            for (r, w) in workers.iter_mut().enumerate() {
+                while let Some((_, bytes)) = w.poll_data(base + now) {
+                    net.send(CLEAN, now, || Msg::ToSwitch {
+                        rank: r as u16,
+                        bytes: bytes.clone(),
+                    });
+                }
+                if it == 0 {
+                    run.max_in_flight = run.max_in_flight.max(w.coll().in_flight());
+                }
+            }
+            let next_timer = workers
+                .iter()
+                .filter_map(|w| w.coll().next_timeout())
+                .min()
+                .map(|t| t - base);
+            now = now.max(common::next_event(net.next_delivery(), next_timer));
+            while let Some(m) = net.pop_due(now) {
+                match m {
+                    Msg::ToSwitch { rank, bytes } => {
+                        at_switch(&mut table, &mut net, CLEAN, rank, &bytes, (base, now))
+                    }
+                    Msg::ToWorker { rank, bytes } => {
+                        let w = &mut workers[rank as usize];
+                        let Some(Event::Result {
+                            header,
+                            outcome,
+                            values,
+                            completed,
+                            ..
+                        }) = w.m.handle(&bytes, base + now)
+                        else {
+                            panic!("rank {rank}: not a RESULT");
+                        };
+                        w.take(&outcome, &bytes[values]);
+                        // Once per collective, with its last RESULT.
+                        assert_eq!(completed, w.coll().is_complete() && !done[rank as usize]);
+                        done[rank as usize] |= completed;
+                        if it == 1 && header.window == later {
+                            run.window_after = run.window_after.max(w.m.window());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            done.iter().all(|&d| d),
+            "every member was told it completed"
+        );
+        seq = workers[0].coll().end_seq();
+    }
+    run
+}
+
+/// The switch's advertised window is the members' ceiling: a declared
+/// window below the pool (the JOIN_ACK's) keeps every member's chunks in
+/// flight within it, so the switch drops nothing as beyond its window, and
+/// a smaller window its RESULTs advertise later (a yielding job's) is the
+/// one the members send under from then on. Members that ignore the
+/// advertised window overrun it and are dropped.
+#[test]
+fn members_keep_to_the_window_the_switch_advertises() {
+    let obeyed = run_windowed(3, 2, None);
+    assert_eq!(obeyed.beyond_window, 0, "DATA beyond the advertised window");
+    assert!(
+        (1..=3).contains(&obeyed.max_in_flight),
+        "in flight {}",
+        obeyed.max_in_flight
+    );
+    assert!(
+        (1..=2).contains(&obeyed.window_after),
+        "window {} after the switch advertised 2",
+        obeyed.window_after
+    );
+    // The check can fail: members sending 16 at once are dropped.
+    let ignored = run_windowed(3, 2, Some(16));
+    assert!(ignored.beyond_window > 0);
+    assert!(ignored.max_in_flight > 3);
 }

@@ -1,19 +1,18 @@
 //! Gradient statistics end to end in virtual time: workers and the real
 //! switch table of a `stats = true` job over a simulated network that loses,
 //! duplicates and reorders. Every worker's RESULTs go through
-//! `proto::session` (which checks and parses the trailer) into
-//! `proto::worker::Collective` (which folds the trailers in seq order), as
-//! the worker library's do; every rank must end each collective with the
-//! same bits as `proto::worker::reference_grad_stats` of the inputs, for
+//! `proto::member::Member` (its session checks and parses the trailer, its
+//! collective folds the trailers in seq order), as the worker library's
+//! do; every rank must end each collective with the same bits as
+//! `proto::member::reference_grad_stats` of the inputs, for
 //! f32, bf16 and f16, with and without tags, all-reduce and reduce-scatter.
 
 use std::time::{Duration, Instant};
 
-use proto::session::{Event, WorkerSession};
+use proto::member::{reference_grad_stats, Event, Member, ResultOutcome, Shape};
 use proto::switch::{Endpoint, JobConfig, JobTable, TableConfig};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
-use proto::worker::{reference_grad_stats, Collective, ResultOutcome, Shape};
 
 mod common;
 use common::{join_lossless, join_params, Links, Worker, ALL_FAULTS};
@@ -60,7 +59,7 @@ fn run(
 ) {
     let base = Instant::now();
     let mut table = stats_table(n, elems, 16, dtype, auth);
-    let mut sessions: Vec<WorkerSession> = (0..n)
+    let mut sessions: Vec<Member> = (0..n)
         .map(|r| {
             let from = endpoint(r);
             let params = join_params(1, n, dtype, [3; 32], r, &from);
@@ -75,14 +74,10 @@ fn run(
             other => panic!("rank {}: no JOIN_ACK: {other:?}", r.rank),
         }
     }
-    let cfg = common::transport();
     let mut net: Links<Msg> = Links::new(seed);
     let mut now = Duration::ZERO;
     let mut seq = 0;
-    let mut workers: Vec<Worker> = sessions
-        .drain(..)
-        .map(|s| Worker::new(s, elems, 16, &cfg))
-        .collect();
+    let mut workers: Vec<Worker> = sessions.drain(..).map(|s| Worker::new(s, dtype)).collect();
     let mut trailers = 0u64;
     for it in 0..iterations {
         for (r, w) in workers.iter_mut().enumerate() {
@@ -90,16 +85,16 @@ fn run(
             w.input = (0..layout)
                 .map(|i| proto::reference::pattern_dtype(dtype, r as u16, it, i))
                 .collect();
-            w.coll = Collective::with_shape(it, seq, shape(r as u16), elems);
+            w.begin(it, seq, shape(r as u16));
         }
         let inputs: Vec<&[f32]> = workers.iter().map(|w| &w.input[..]).collect();
         let want = reference_grad_stats(shape(0), elems, &inputs).unwrap();
         let mut steps = 0u64;
-        while !workers.iter().all(|w| w.coll.is_complete()) {
+        while !workers.iter().all(|w| w.coll().is_complete()) {
             steps += 1;
             assert!(steps < 5_000_000, "hang: iteration {it}");
             for (r, w) in workers.iter_mut().enumerate() {
-                while let Some((_, bytes)) = w.poll_data(base + now, &cfg, dtype) {
+                while let Some((_, bytes)) = w.poll_data(base + now) {
                     net.send(ALL_FAULTS, now, || Msg::ToSwitch {
                         rank: r as u16,
                         bytes: bytes.clone(),
@@ -108,7 +103,7 @@ fn run(
             }
             let next_timer = workers
                 .iter()
-                .filter_map(|w| w.coll.next_timeout())
+                .filter_map(|w| w.coll().next_timeout())
                 .min()
                 .map(|t| t - base);
             now = now.max(common::next_event(net.next_delivery(), next_timer));
@@ -125,23 +120,17 @@ fn run(
                     Msg::ToWorker { rank, bytes } => {
                         let w = &mut workers[rank as usize];
                         let Some(Event::Result {
-                            header,
+                            outcome: out,
                             values,
                             stats,
-                        }) = w.session.handle(&bytes, base + now)
+                            ..
+                        }) = w.m.handle(&bytes, base + now)
                         else {
-                            panic!("rank {rank}: not a RESULT the session takes");
+                            panic!("rank {rank}: not a RESULT the member takes");
                         };
                         assert!(stats.is_some(), "every summed RESULT has a trailer");
                         trailers += 1;
                         // Values are simulated_network.rs's to check.
-                        let out = w.coll.on_result_with_stats(
-                            &header,
-                            stats,
-                            base + now,
-                            &mut w.rtt,
-                            &mut w.cc,
-                        );
                         // Foreign: a late copy of the previous collective's.
                         assert!(
                             !matches!(out, ResultOutcome::CountMismatch { .. }),
@@ -153,13 +142,13 @@ fn run(
             }
         }
         for (r, w) in workers.iter().enumerate() {
-            let got = w.coll.grad_stats().expect("every chunk's trailer");
+            let got = w.coll().grad_stats().expect("every chunk's trailer");
             assert!(
                 got.bits_eq(&want),
                 "{dtype:?} {auth:?} rank {r} iteration {it}: {got:?} != {want:?}"
             );
         }
-        seq = workers[0].coll.end_seq();
+        seq = workers[0].coll().end_seq();
     }
     assert!(trailers > 0);
 }

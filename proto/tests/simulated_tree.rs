@@ -4,21 +4,20 @@
 //! the tree-order sum (ranks in order within a leaf, leaves in order at the
 //! spine), bit for bit, without hanging; chunks must spread over the spines
 //! as seq mod K. Workers join, build their DATA headers and accept RESULTs
-//! through `proto::session`, as the worker library does.
+//! through `proto::member::Member`, as the worker library does.
 
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proto::elements::round_f32;
+use proto::member::{Event, Member, Shape};
 use proto::reference::{pattern, rank_order_sum};
-use proto::session::{Event, WorkerSession};
 use proto::stats::{tree_chunk_stats, GradStats, STATS_LEN};
 use proto::switch::{
     Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
 };
 use proto::tag::TAG_LEN;
 use proto::wire::{flags, write_f32s, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
-use proto::worker::Collective;
 
 mod common;
 use common::{frame, join_lossless, join_params, Faults, Links, Worker, CLEAN};
@@ -241,7 +240,7 @@ fn join_workers(
     w: u16,
     dtype: Dtype,
     base: Instant,
-) -> Vec<Vec<WorkerSession>> {
+) -> Vec<Vec<Member>> {
     let mut all = Vec::new();
     for (i, leaf) in tree.leaves.iter_mut().enumerate() {
         let mut sessions = Vec::new();
@@ -339,8 +338,7 @@ fn run_typed(
 
 /// [`run_typed`] with every job declared `stats`: each worker's every
 /// RESULT must also carry the trailer `proto::stats::tree_chunk_stats`
-/// gives for its chunk, bit for bit, resends the same. (The RESULTs are
-/// taken here, not by the session, which does not read trailers.)
+/// gives for its chunk, bit for bit, resends the same.
 #[allow(clippy::too_many_arguments)]
 fn run_tree(
     l: usize,
@@ -358,7 +356,6 @@ fn run_tree(
 ) -> Vec<u64> {
     let base = Instant::now();
     let mut tree = Tree::new_with_stats(l, w, k, slots, elems, dtype, base, stats);
-    let cfg = common::transport();
     let mut net = Net {
         links: Links::new(seed),
         edge,
@@ -368,11 +365,7 @@ fn run_tree(
     let sessions = join_workers(&mut tree, &mut net, w, dtype, base);
     let mut workers: Vec<Vec<Worker>> = sessions
         .into_iter()
-        .map(|ss| {
-            ss.into_iter()
-                .map(|session| Worker::new(session, elems, slots, &cfg))
-                .collect()
-        })
+        .map(|ss| ss.into_iter().map(|m| Worker::new(m, dtype)).collect())
         .collect();
     let mut seq = 0u32;
     let tick = Duration::from_micros(500);
@@ -385,7 +378,7 @@ fn run_tree(
                     .map(|x| round_f32(dtype, pattern(global, it, x)))
                     .collect();
                 wk.output = vec![f32::NAN; len];
-                wk.coll = Collective::new(it, seq, len, elems);
+                wk.begin(it, seq, Shape::all_reduce(len));
             }
             let inputs: Vec<&[f32]> = ws.iter().map(|x| &x.input[..]).collect();
             partials.push(rank_order_sum(&inputs));
@@ -397,7 +390,7 @@ fn run_tree(
         let mut trailers: Vec<Vec<std::collections::HashMap<u32, GradStats>>> =
             vec![vec![Default::default(); w as usize]; l];
         let mut steps = 0u64;
-        while !workers.iter().flatten().all(|x| x.coll.is_complete()) {
+        while !workers.iter().flatten().all(|x| x.coll().is_complete()) {
             steps += 1;
             if steps >= 3_000_000 {
                 // What each node was waiting for, then fail.
@@ -431,8 +424,8 @@ fn run_tree(
                     for (r, wk) in ws.iter().enumerate() {
                         eprintln!(
                             "worker {i}/{r}: oldest {} complete {}",
-                            wk.coll.oldest_unacked_seq(),
-                            wk.coll.is_complete()
+                            wk.coll().oldest_unacked_seq(),
+                            wk.coll().is_complete()
                         );
                     }
                 }
@@ -440,7 +433,7 @@ fn run_tree(
             }
             for (i, ws) in workers.iter_mut().enumerate() {
                 for (r, wk) in ws.iter_mut().enumerate() {
-                    while let Some((h, bytes)) = wk.poll_data(base + now, &cfg, dtype) {
+                    while let Some((h, bytes)) = wk.poll_data(base + now) {
                         assert_eq!(h.gen, 1 + i as u32);
                         net.send(
                             now,
@@ -458,7 +451,7 @@ fn run_tree(
             let next_timer = workers
                 .iter()
                 .flatten()
-                .filter_map(|x| x.coll.next_timeout())
+                .filter_map(|x| x.coll().next_timeout())
                 .min()
                 .map(|t| t - base);
             let mut next = now + tick;
@@ -495,17 +488,17 @@ fn run_tree(
                             let s = GradStats::parse(&body[n..n + STATS_LEN]).unwrap();
                             let first = trailers[leaf][rank as usize].entry(h.seq).or_insert(s);
                             assert!(first.bits_eq(&s), "a resent RESULT, the same trailer");
-                            wk.take_result(&h, &body[..n], dtype, base + now);
-                            continue;
                         }
-                        let (h, v) = match wk.session.handle(&m.bytes, base + now) {
-                            Some(Event::Result { header, values, .. }) => (header, values),
-                            Some(e @ (Event::SessionLost(_) | Event::Failed(_))) => {
+                        let (outcome, v) = match wk.m.handle(&m.bytes, base + now) {
+                            Some(Event::Result {
+                                outcome, values, ..
+                            }) => (outcome, values),
+                            Some(e @ (Event::Rejoining(_) | Event::Failed(_))) => {
                                 panic!("leaf {leaf} rank {rank}: {e:?}")
                             }
                             _ => continue,
                         };
-                        wk.take_result(&h, &m.bytes[v], dtype, base + now);
+                        wk.take(&outcome, &m.bytes[v]);
                     }
                 }
             }
@@ -545,7 +538,7 @@ fn run_tree(
                 );
             }
         }
-        seq = workers[0][0].coll.end_seq();
+        seq = workers[0][0].coll().end_seq();
     }
     tree.spines
         .iter()
@@ -674,7 +667,7 @@ struct Fabric {
     lose_result: Option<(usize, u32)>,
     to_workers: Vec<(Node, Vec<u8>)>,
     /// Each leaf's workers' sessions (their generation).
-    sessions: Vec<Vec<WorkerSession>>,
+    sessions: Vec<Vec<Member>>,
 }
 
 impl Fabric {
@@ -740,7 +733,7 @@ impl Fabric {
         let mut h = HeaderRepr::new(ty, JOB);
         h.rank = rank;
         h.seq = seq;
-        h.gen = self.sessions[leaf][rank as usize].gen();
+        h.gen = self.sessions[leaf][rank as usize].session().gen();
         let payload = if ty == MsgType::Data {
             h.count = 8;
             let mut p = vec![0u8; 32];

@@ -13,8 +13,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use proto::member::{reference_grad_stats, Shape};
 use proto::wire::{Dtype, NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
-use proto::worker::{reference_grad_stats, Shape};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -852,7 +852,7 @@ impl PyLoopbackSwitch {
 }
 
 /// The statistics a single switch's `stats = true` job gives every rank
-/// (`proto::worker::reference_grad_stats`): `inputs` are the ranks' inputs
+/// (`proto::member::reference_grad_stats`): `inputs` are the ranks' inputs
 /// in rank order as float32 buffers (half-precision values widened), each
 /// the collective's whole layout; chunks of `elems_per_chunk` (the
 /// worker's `elems_per_chunk`); `kind` "all_reduce" or "reduce_scatter".

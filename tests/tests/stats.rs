@@ -4,7 +4,7 @@
 //! four `worker allreduce --verify --json` ranks each, with loss,
 //! duplication and reordering on every worker link (`Impairment`, as in
 //! `faults.rs`). Each worker checks every collective's statistics bit for
-//! bit against `proto::worker::reference_grad_stats` of every rank's
+//! bit against `proto::member::reference_grad_stats` of every rank's
 //! pattern; the test checks that every rank reported them, the same bits on
 //! every rank, that frames were really lost, and that a job without
 //! `--stats` reports none (prefix `sw1`). And a stats tree of 2 leaves of

@@ -3,7 +3,7 @@
 //! `all_gather(&[T], &mut [T])` or `broadcast(root, &mut [T])` as many times
 //! as the training loop needs, `T` the job's element type ([`Element`]: f32,
 //! bf16 or f16). Every kind runs through the same loop (window, resends,
-//! ECE, stall errors, re-join); `proto::worker::Shape` says which chunks
+//! ECE, stall errors, re-join); `proto::member::Shape` says which chunks
 //! carry values each way (docs/PROTOCOL.md, "Collective kinds").
 //!
 //! Owns: one UDP socket connected to the switch, the job session (switch
@@ -14,18 +14,19 @@
 //! dtype), so one drive loop serves every element type: DATA payloads are
 //! slices of them and RESULT payloads are copied back as they came.
 //!
-//! The protocol logic lives in proto (sans-IO): `proto::session` decides the
-//! membership (join, NACKs, rejoin, probes, heartbeats, the stall) and
-//! `proto::worker` a collective's chunks, window and resends; this is the
-//! thin I/O shell around them: build DATA, send, poll, receive, copy
-//! results.
+//! The protocol logic lives in proto (sans-IO): `proto::member::Member`
+//! owns the membership (join, NACKs, rejoin, probes, heartbeats and their
+//! answers, the stall), the collective's chunks and resends, RTT, DCTCP and
+//! the advertised window, and writes whole DATA frames; this is the byte
+//! mover around it: sockets, batches (mmsg/GSO), seq lanes' ports, waiting,
+//! copying RESULT values out, and which inputs to resend after a re-join.
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 //!
 //! Gradient statistics: in a `stats = true` job the switch measures
 //! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
 //! RESULT; [`Worker::gradient_stats`] gives the last collective's, folded
-//! by `proto::worker::Collective` in seq order (docs/PROTOCOL.md,
+//! by `proto::member::Collective` in seq order (docs/PROTOCOL.md,
 //! "Gradient statistics").
 //!
 //! Transports ([`TransportKind`], `WorkerConfig::transport_kind`): `mmsg`
@@ -50,14 +51,14 @@ use std::time::{Duration, Instant};
 
 pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, JoinParams};
+pub use proto::member::SpineWait;
+use proto::member::{Event as MemberEvent, Member, ResultOutcome, Shape, TransportConfig, Waiting};
 use proto::seq::serial_offset;
-use proto::session::{Event as SessionEvent, SessionConfig, SessionError, WorkerSession};
+use proto::session::{SessionConfig, SessionError};
 pub use proto::stats::GradStats;
 pub use proto::tag::AuthMode;
-use proto::tag::{PacketKey, TAG_LEN};
 pub use proto::wire::Kind;
-use proto::wire::{flags, Dtype, HeaderRepr, MsgType, NackReason, HEADER_LEN, OP_SUM, SECRET_LEN};
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, Shape, TransportConfig};
+use proto::wire::{Dtype, MsgType, NackReason, OP_SUM, SECRET_LEN};
 
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
@@ -121,60 +122,9 @@ impl WorkerConfig {
     }
 }
 
-/// A leaf switch's answer to a stalled chunk: it has every local
-/// contribution and waits for its spine (docs/PROTOCOL.md, "Aggregation
-/// trees").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpineWait {
-    /// The spine's aggregation address.
-    pub spine: SocketAddrV4,
-    /// Its index in the job's spines (the tree).
-    pub tree: u16,
-    /// How long the spine had been silent towards the leaf (None: never
-    /// heard from).
-    pub silent_for: Option<Duration>,
-    /// The leaves the spine said the chunk waits for.
-    pub leaves: Vec<u16>,
-    /// The spine refuses the leaf: the tree is declared inconsistently.
-    pub refused: Option<proto::wire::SpineRefusal>,
-}
-
 /// A spine silent this long is reported as dead or unreachable: an alive
 /// one answers its leaf's HEARTBEATs, sent every 0.5 s while it waits.
 pub const SPINE_SILENT: Duration = Duration::from_millis(1500);
-
-/// A HEARTBEAT answer: what a stalled seq waits for.
-#[derive(Debug, Clone)]
-enum Waiting {
-    /// These ranks' contributions (none: the switch has them all).
-    Ranks(Vec<u16>),
-    /// A spine, says the leaf switch.
-    Spine(SpineWait),
-}
-
-impl Waiting {
-    fn parse(r: &HeaderRepr, payload: &[u8]) -> Waiting {
-        let u16s = |b: &[u8]| proto::wire::read_u16s(b, r.count.into()).collect();
-        if !r.has_flag(flags::UPSTREAM) {
-            return Waiting::Ranks(u16s(payload));
-        }
-        // The header's length check guarantees the block.
-        let Ok(w) = proto::wire::UpstreamWaitPayload::parse(payload) else {
-            return Waiting::Ranks(Vec::new());
-        };
-        Waiting::Spine(SpineWait {
-            spine: SocketAddrV4::new(w.spine_ip.into(), w.spine_port),
-            tree: w.tree,
-            silent_for: (w.silent_ms != proto::wire::UpstreamWaitPayload::NEVER)
-                .then(|| Duration::from_millis(w.silent_ms.into())),
-            leaves: u16s(&payload[proto::wire::UPSTREAM_WAIT_LEN..]),
-            refused: match w.session {
-                proto::wire::SpineSessionState::Refused(r) => Some(r),
-                _ => None,
-            },
-        })
-    }
-}
 
 /// The end of a stall error: what the switch said the chunk waits for.
 fn stall_reason(missing: Option<&[u16]>, upstream: Option<&SpineWait>) -> String {
@@ -520,18 +470,12 @@ enum Event {
 pub struct Worker {
     cfg: WorkerConfig,
     sock: UdpSocket,
-    /// The membership (docs/PROTOCOL.md, "Joining" and "Sessions"): it
-    /// decides what each message from the switch means and which control
-    /// messages go; the fields below mirror its last JOIN_ACK.
-    session: WorkerSession,
-    gen: u32,
-    pool_slots: u16,
-    elems_per_chunk: u16,
-    advertised_window: u16,
+    /// The member (docs/PROTOCOL.md, "Joining" and "Sessions"): it decides
+    /// what each message from the switch means, which control messages go,
+    /// which chunk goes next under which window, and writes the DATA.
+    member: Member,
     next_seq: u32,
     next_collective: u32,
-    rtt: RttEstimator,
-    cc: Dctcp,
     /// Input of the current collective as wire bytes (resends read from
     /// here).
     input: Vec<u8>,
@@ -555,13 +499,6 @@ pub struct Worker {
     /// Datagrams per GSO super-datagram while chunks are being lost.
     burst: gso::BurstLimit,
     stats: WorkerStats,
-    /// What the switch said the stalled seq waits for (HEARTBEAT reply).
-    missing: Option<(u32, Waiting)>,
-    /// The job's auth mode and, in an `auth = "mac"` job, the key of this
-    /// membership's DATA (from the last authenticated JOIN_ACK; the session
-    /// checks RESULT tags).
-    auth: AuthMode,
-    data_key: Option<PacketKey>,
     /// A collective of an `auth = "mac"` job failed: its (seq, collective)
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
@@ -639,16 +576,10 @@ impl Worker {
             stall_timeout: cfg.stall_timeout,
         };
         let mut w = Worker {
-            session: WorkerSession::new(params, session_cfg, rand::random()),
+            member: Member::new(params, session_cfg, cfg.transport, rand::random()),
             sock,
-            gen: 0,
-            pool_slots: 1,
-            elems_per_chunk: 1,
-            advertised_window: 1,
             next_seq: 0,
             next_collective: 0,
-            rtt: RttEstimator::new(&cfg.transport),
-            cc: Dctcp::new(&cfg.transport, 1),
             input: Vec::new(),
             prev_input: Vec::new(),
             prev_first_seq: 0,
@@ -663,14 +594,12 @@ impl Worker {
             probe_gso: gro,
             burst: gso::BurstLimit::default(),
             stats: WorkerStats::default(),
-            missing: None,
-            auth: AuthMode::Port,
-            data_key: None,
             data_key_spent: false,
             last_grad: None,
             cfg,
         };
-        let (c, s) = w.join_round(0, 0)?;
+        w.member.start_join(0, 0, Instant::now());
+        let (c, s) = w.join_round()?;
         w.next_collective = c;
         w.next_seq = s;
         Ok(w)
@@ -742,14 +671,14 @@ impl Worker {
         }
     }
     pub fn elems_per_chunk(&self) -> u16 {
-        self.elems_per_chunk
+        self.member.elems_per_chunk()
     }
     pub fn pool_slots(&self) -> u16 {
-        self.pool_slots
+        self.member.pool_slots()
     }
     /// The switch generation this worker joined under.
     pub fn generation(&self) -> u32 {
-        self.gen
+        self.member.session().gen()
     }
     /// The UDP socket to the switch (connected, nonblocking): for tools
     /// that drive the protocol themselves after joining (`aggblast`, bench/).
@@ -758,9 +687,10 @@ impl Worker {
     pub fn socket(&self) -> &UdpSocket {
         &self.sock
     }
-    /// The window the switch advertised in its last JOIN_ACK or RESULT.
+    /// The window the switch advertised in its last JOIN_ACK, RESULT or
+    /// HEARTBEAT answer.
     pub fn advertised_window(&self) -> u16 {
-        self.advertised_window
+        self.member.advertised_window()
     }
     /// The next chunk's seq and collective (the resume point after a join).
     pub fn next_seq(&self) -> (u32, u32) {
@@ -768,7 +698,16 @@ impl Worker {
     }
     pub fn stats(&self) -> WorkerStats {
         let mut s = self.stats;
-        let ss = self.session.stats();
+        let ms = self.member.stats();
+        s.chunks_sent = ms.chunks.sent;
+        s.values_sent = ms.values_sent;
+        s.chunks_resent = ms.chunks.resent;
+        s.chunks_fast_resent = ms.chunks.fast_resent;
+        s.results = ms.chunks.results;
+        s.duplicate_results = ms.chunks.duplicate_results;
+        s.ece_results = ms.chunks.ece_results;
+        s.mismatched_results = ms.mismatched_results;
+        let ss = self.member.session().stats();
         s.rejoins = ss.rejoins;
         s.nacks = ss.nacks;
         s.unauthenticated_dropped = ss.unauthenticated_dropped;
@@ -777,20 +716,13 @@ impl Worker {
         s.bad_length_results = ss.bad_length_results;
         s.bad_tag_results = ss.bad_tag_results;
         s.bad_tag_join_acks = ss.bad_tag_join_acks;
-        s.window = self.window();
-        s.alpha = self.cc.alpha();
-        s.srtt_us = self.rtt.srtt().map_or(0, |d| d.as_micros() as u64);
-        s.rto_us = self.rtt.rto().as_micros() as u64;
+        s.window = self.member.window();
+        s.alpha = self.member.dctcp().alpha();
+        s.srtt_us = self.member.rtt().srtt().map_or(0, |d| d.as_micros() as u64);
+        s.rto_us = self.member.rtt().rto().as_micros() as u64;
         s.tx_coalesced = self.txb.coalesced();
         s.rx_coalesced = self.rxb.coalesced();
         s
-    }
-
-    fn window(&self) -> u16 {
-        if let Some(w) = self.cfg.transport.window_override {
-            return w.max(1);
-        }
-        self.cc.window().min(self.advertised_window).max(1)
     }
 
     fn send(&self, len: usize) -> Result<(), WorkerError> {
@@ -847,7 +779,7 @@ impl Worker {
     /// Sends the control messages the session has now (HELLO, JOIN, probe,
     /// HEARTBEAT); the join's first HELLO is the GSO probe.
     fn send_control(&mut self, now: Instant) -> Result<(), WorkerError> {
-        while let Some(t) = self.session.poll_transmit(now) {
+        while let Some(t) = self.member.poll_control(now) {
             let len = t.bytes().len();
             self.buf[..len].copy_from_slice(t.bytes());
             if self.probe_gso && t.msg_type == MsgType::Hello && !t.probe {
@@ -860,12 +792,12 @@ impl Worker {
     }
 
     /// Joins (HELLO → CHALLENGE → JOIN, each repeated until answered) until
-    /// a JOIN_ACK; returns the resume point.
-    fn join_round(&mut self, collective: u32, seq: u32) -> Result<(u32, u32), WorkerError> {
-        self.session.start_join(collective, seq, Instant::now());
+    /// a JOIN_ACK, the member having started the join; returns the resume
+    /// point.
+    fn join_round(&mut self) -> Result<(u32, u32), WorkerError> {
         loop {
             let now = Instant::now();
-            if let Some(ev) = self.session.handle_timeout(now) {
+            if let Some(ev) = self.member.handle_timeout(now) {
                 if let Some(resume) = self.on_join_event(ev)? {
                     return Ok(resume);
                 }
@@ -873,7 +805,7 @@ impl Worker {
             self.send_control(now)?;
             let Some(n) = self.recv()? else {
                 let until = self
-                    .session
+                    .member
                     .poll_timeout()
                     .map_or(Duration::from_millis(50), |d| {
                         d.saturating_duration_since(now)
@@ -881,7 +813,7 @@ impl Worker {
                 wait_readable(self.sock.as_raw_fd(), until);
                 continue;
             };
-            if let Some(ev) = self.session.handle(&self.rx[..n], Instant::now()) {
+            if let Some(ev) = self.member.handle(&self.rx[..n], Instant::now()) {
                 if let Some(resume) = self.on_join_event(ev)? {
                     return Ok(resume);
                 }
@@ -890,30 +822,16 @@ impl Worker {
     }
 
     /// What the session said while joining: the resume point once joined.
-    fn on_join_event(&mut self, ev: SessionEvent) -> Result<Option<(u32, u32)>, WorkerError> {
+    fn on_join_event(&mut self, ev: MemberEvent) -> Result<Option<(u32, u32)>, WorkerError> {
         let j = match ev {
-            SessionEvent::Joined(j) => j,
-            SessionEvent::Failed(e) => return Err(self.session_failed(e)),
+            MemberEvent::Joined(j) => j,
+            MemberEvent::Failed(e) => return Err(self.session_failed(e)),
             _ => return Ok(None),
         };
-        self.gen = j.gen;
-        self.pool_slots = j.pool_slots;
-        self.elems_per_chunk = j.elems_per_chunk;
-        self.advertised_window = j.window;
-        self.auth = j.auth;
-        self.data_key = j.data_key;
         // DATA of seq s to the switch's port + (s mod lanes): its NIC may
         // steer each lane to a core of its own (docs/PROTOCOL.md, "Seq
         // lanes").
         self.txb.set_lanes(self.cfg.switch, j.seq_lanes);
-        let ceiling = self.pool_slots.min(self.advertised_window);
-        // The first JOIN_ACK tells the ceiling: open the window there; a
-        // re-join keeps what DCTCP has learnt.
-        if j.first {
-            self.cc.reset(&self.cfg.transport, ceiling);
-        } else {
-            self.cc.set_ceiling(ceiling);
-        }
         tracing::debug!(
             job = self.cfg.job,
             rank = self.cfg.rank,
@@ -960,7 +878,7 @@ impl Worker {
     /// JOIN_ACK, whose tag proves it came from the switch that took our
     /// JOIN).
     pub fn auth(&self) -> AuthMode {
-        self.auth
+        self.member.session().auth()
     }
 
     /// The switch's seq lanes (from its CHALLENGE): DATA of seq s goes to
@@ -976,7 +894,7 @@ impl Worker {
 
     /// Whether the job is `stats = true` (the switch's JOIN_ACK says).
     pub fn has_gradient_stats(&self) -> bool {
-        self.session.grad_stats()
+        self.member.session().grad_stats()
     }
 
     /// The gradient statistics of the last completed collective, an
@@ -988,7 +906,7 @@ impl Worker {
     /// cover the whole n·m input, every shard.
     pub fn gradient_stats(&self) -> Result<GradStats, GradStatsError> {
         let (job, rank) = (self.cfg.job, self.cfg.rank);
-        if !self.session.grad_stats() {
+        if !self.member.session().grad_stats() {
             return Err(GradStatsError::NotAStatsJob { job, rank });
         }
         match self.last_grad {
@@ -1048,7 +966,7 @@ impl Worker {
     /// switch.
     pub fn reduce_scatter_shape(&self, m: usize) -> Shape {
         let shape = Shape::reduce_scatter(self.cfg.rank, self.cfg.n_workers, m);
-        if self.session.grad_stats() {
+        if self.member.session().grad_stats() {
             shape.sending_own_shard()
         } else {
             shape
@@ -1164,7 +1082,7 @@ impl Worker {
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
         let len = shape.layout_len();
-        let max = (self.elems_per_chunk as usize) * (i32::MAX as usize);
+        let max = (self.member.elems_per_chunk() as usize) * (i32::MAX as usize);
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
         }
@@ -1179,22 +1097,21 @@ impl Worker {
         let mut kept = std::mem::take(&mut self.input);
         kept.clear();
         kept.extend_from_slice(input.unwrap_or(out));
-        let mut cur = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
-            .with_seq_lanes(self.txb.lanes());
+        self.member.begin(collective, first_seq, shape);
         self.last_grad = None;
-        let result = self.run_collective(&mut cur, &kept, out);
+        let result = self.run_collective((collective, first_seq, shape), &kept, out);
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
         self.input = std::mem::replace(&mut self.prev_input, kept);
-        if result.is_err() && self.auth == AuthMode::Mac {
+        if result.is_err() && self.auth() == AuthMode::Mac {
             // The next call would tag other data under the same (seq,
             // collective) and key: a GMAC nonce used twice gives its key
             // away. Only a new join (a new DATA key) may send again.
-            self.data_key = None;
             self.data_key_spent = true;
         }
         result?;
-        let grad = match (self.session.grad_stats(), shape.kind()) {
+        let cur = self.member.collective();
+        let grad = match (self.member.session().grad_stats(), shape.kind()) {
             (false, _) | (true, Kind::AllGather) => None,
             // An empty collective has no chunk to carry a trailer: it sums
             // nothing.
@@ -1214,30 +1131,33 @@ impl Worker {
         Ok(())
     }
 
+    /// Drives the member's current collective (`cur`: its id, first seq
+    /// and shape) to its end, through re-joins.
     fn run_collective(
         &mut self,
-        cur: &mut Collective,
+        cur: (u32, u32, Shape),
         input: &[u8],
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
         loop {
-            match self.drive(cur, input, Some(out))? {
+            match self.drive(input, Some(out))? {
                 Event::Completed => return Ok(()),
                 Event::Resumed { collective, seq } => {
-                    if collective == cur.collective() {
-                        cur.restart_from(seq);
+                    if collective == cur.0 {
+                        self.member.restart_from(seq);
                     } else if Some(collective) == self.prev_collective
                         && serial_offset(self.prev_first_seq, seq) >= 0
                     {
                         self.catch_up_previous(seq)?;
-                        cur.restart_from(cur.first_seq());
+                        // Ours again, from its first chunk.
+                        self.member.begin(cur.0, cur.1, cur.2);
                     } else {
                         return Err(WorkerError::ResumeOutOfReach {
                             job: self.cfg.job,
                             rank: self.cfg.rank,
                             resume_collective: collective,
                             resume_seq: seq,
-                            collective: cur.collective(),
+                            collective: cur.0,
                         });
                     }
                 }
@@ -1250,18 +1170,14 @@ impl Worker {
     fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
         let prev = std::mem::take(&mut self.prev_input);
         let c = self.prev_collective.unwrap_or(0);
-        let mut coll = Collective::with_shape(
-            c,
-            self.prev_first_seq,
-            self.prev_shape,
-            self.elems_per_chunk,
-        )
-        .with_seq_lanes(self.txb.lanes());
-        coll.restart_from(seq);
+        self.member.begin(c, self.prev_first_seq, self.prev_shape);
+        self.member.restart_from(seq);
         let r = loop {
-            match self.drive(&mut coll, &prev, None) {
+            match self.drive(&prev, None) {
                 Ok(Event::Completed) => break Ok(()),
-                Ok(Event::Resumed { collective, seq }) if collective == c => coll.restart_from(seq),
+                Ok(Event::Resumed { collective, seq }) if collective == c => {
+                    self.member.restart_from(seq)
+                }
                 Ok(Event::Resumed { collective, seq }) => {
                     break Err(WorkerError::ResumeOutOfReach {
                         job: self.cfg.job,
@@ -1278,18 +1194,11 @@ impl Worker {
         r
     }
 
-    /// Sends and receives until `coll` completes or the switch asks for a
-    /// re-join (which this function performs before returning).
-    fn drive(
-        &mut self,
-        coll: &mut Collective,
-        input: &[u8],
-        mut out: Option<&mut [u8]>,
-    ) -> Result<Event, WorkerError> {
-        let size = self.cfg.dtype.size();
-        let tcfg = self.cfg.transport;
-        self.missing = None;
-        while !coll.is_complete() {
+    /// Sends and receives until the member's collective completes or the
+    /// switch asks for a re-join (which this function performs before
+    /// returning).
+    fn drive(&mut self, input: &[u8], mut out: Option<&mut [u8]>) -> Result<Event, WorkerError> {
+        while !self.member.is_complete() {
             let mut progressed = false;
             // Results first: a worker that was not scheduled for a while has
             // RESULTs waiting, and its resend timers must not fire for them.
@@ -1303,98 +1212,76 @@ impl Worker {
                 }
                 progressed = true;
                 for i in 0..n {
-                    if let Some(ev) = self.on_datagram(i, coll, input, out.as_deref_mut())? {
+                    if let Some(ev) = self.on_datagram(i, input, out.as_deref_mut())? {
                         return Ok(ev);
                     }
                 }
             }
-            if coll.is_complete() {
+            if self.member.is_complete() {
                 break;
             }
             let now = Instant::now();
-            let window = self.window();
-            let burst = self.burst.update(coll.stats.resent, coll.stats.results);
+            let c = self.member.collective();
+            let burst = self.burst.update(c.stats.resent, c.stats.results);
             self.txb.set_max_segments(burst);
-            while let Some(t) = coll.poll_transmit(now, window, &self.rtt, &tcfg) {
-                // Kind, owner and NOVAL as the chunk's shape says.
-                let h = self.session.data_header(&t, coll.collective());
+            loop {
                 if self.txb.is_full() {
                     self.flush_tx()?;
                 }
                 let slot = self.txb.next_slot().expect("flushed when full");
-                h.emit_to(slot).expect("slot holds a header");
-                let bytes = match t.values {
-                    Some(at) => {
-                        self.stats.values_sent += 1;
-                        &input[at * size..(at + t.count as usize) * size]
-                    }
-                    None => &[],
+                let Some(f) = self.member.poll_data(now, input, slot) else {
+                    break;
                 };
-                let end = HEADER_LEN + bytes.len();
-                slot[HEADER_LEN..end].copy_from_slice(bytes);
-                let len = match &self.data_key {
-                    Some(k) => {
-                        slot[end..end + TAG_LEN].copy_from_slice(&k.tag(&h, bytes));
-                        end + TAG_LEN
-                    }
-                    None => end,
-                };
-                self.txb.commit_seq(len, h.seq);
+                self.txb.commit_seq(f.len, f.seq);
                 progressed = true;
             }
             self.flush_tx()?;
-            if coll.is_complete() {
+            if self.member.is_complete() {
                 break;
             }
             let now = Instant::now();
-            let since = coll.last_progress().unwrap_or(now);
-            self.session
-                .track(coll.collective(), coll.oldest_unacked_seq(), Some(since));
-            if let Some(SessionEvent::Stalled {
-                collective,
-                seq,
-                waited,
-            }) = self.session.handle_timeout(now)
-            {
-                // What the switch last said about this very seq.
-                let (missing, upstream) = match self.missing.take().filter(|(s, _)| *s == seq) {
-                    Some((_, Waiting::Ranks(r))) => (Some(r), None),
-                    Some((_, Waiting::Spine(w))) => (None, Some(w)),
-                    None => (None, None),
-                };
-                return Err(WorkerError::Stalled {
-                    job: self.cfg.job,
-                    rank: self.cfg.rank,
+            match self.member.handle_timeout(now) {
+                Some(MemberEvent::Stalled {
                     collective,
                     seq,
                     waited,
-                    missing,
-                    upstream,
-                });
+                    waiting,
+                }) => {
+                    let (missing, upstream) = match waiting {
+                        Some(Waiting::Ranks(r)) => (Some(r), None),
+                        Some(Waiting::Spine(w)) => (None, Some(w)),
+                        None => (None, None),
+                    };
+                    return Err(WorkerError::Stalled {
+                        job: self.cfg.job,
+                        rank: self.cfg.rank,
+                        collective,
+                        seq,
+                        waited,
+                        missing,
+                        upstream,
+                    });
+                }
+                Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+                _ => {}
             }
-            // A HEARTBEAT, when the session wants one.
+            // A HEARTBEAT, when the member wants one.
             self.send_control(now)?;
             if !progressed {
-                let until = coll.next_timeout().map_or(Duration::from_millis(50), |d| {
-                    d.saturating_duration_since(now)
-                });
+                let until = self
+                    .member
+                    .collective()
+                    .next_timeout()
+                    .map_or(Duration::from_millis(50), |d| {
+                        d.saturating_duration_since(now)
+                    });
                 wait_readable(
                     self.sock.as_raw_fd(),
                     until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
                 );
             }
         }
-        self.sync_stats(coll);
         Ok(Event::Completed)
-    }
-
-    fn sync_stats(&mut self, coll: &Collective) {
-        self.stats.chunks_sent += coll.stats.sent;
-        self.stats.chunks_resent += coll.stats.resent;
-        self.stats.chunks_fast_resent += coll.stats.fast_resent;
-        self.stats.results += coll.stats.results;
-        self.stats.duplicate_results += coll.stats.duplicate_results;
-        self.stats.ece_results += coll.stats.ece_results;
     }
 
     /// Handles datagram `i` of the last receive batch (`input`: the
@@ -1402,95 +1289,70 @@ impl Worker {
     fn on_datagram(
         &mut self,
         i: usize,
-        coll: &mut Collective,
         input: &[u8],
         out: Option<&mut [u8]>,
     ) -> Result<Option<Event>, WorkerError> {
         let now = Instant::now();
-        let ev = self.session.handle(self.rxb.get(i), now);
+        let ev = self.member.handle(self.rxb.get(i), now);
         // A probe, if the datagram made the session ask the switch.
         self.send_control(now)?;
-        let rejoin = match ev {
-            None => false,
-            Some(SessionEvent::Result {
-                header: r,
+        match ev {
+            Some(MemberEvent::Result {
+                outcome:
+                    ResultOutcome::Fresh {
+                        into: Some(at),
+                        count,
+                        own,
+                        ..
+                    },
                 values,
-                stats,
+                ..
             }) => {
-                if r.window != 0 {
-                    self.advertised_window = r.window.clamp(1, self.pool_slots);
-                    self.cc
-                        .set_ceiling(self.pool_slots.min(self.advertised_window));
-                }
-                let outcome =
-                    coll.on_result_with_stats(&r, stats, now, &mut self.rtt, &mut self.cc);
-                match (outcome, out) {
-                    (
-                        ResultOutcome::Fresh {
-                            into: Some(at),
-                            count,
-                            own,
-                            ..
-                        },
-                        Some(out),
-                    ) => {
-                        let size = self.cfg.dtype.size();
-                        let n = count as usize * size;
-                        let got = &self.rxb.get(i)[values][..n];
-                        let to = &mut out[at * size..at * size + n];
-                        match own {
-                            // The others' sum plus this rank's kept shard.
-                            Some(o) => {
-                                let mine = &input[o * size..o * size + n];
-                                proto::elements::add_own_le(self.cfg.dtype, got, mine, to);
-                            }
-                            None => to.copy_from_slice(got),
-                        }
+                let Some(out) = out else {
+                    return Ok(None);
+                };
+                let size = self.cfg.dtype.size();
+                let n = count as usize * size;
+                let got = &self.rxb.get(i)[values][..n];
+                let to = &mut out[at * size..at * size + n];
+                match own {
+                    // The others' sum plus this rank's kept shard.
+                    Some(o) => {
+                        let mine = &input[o * size..o * size + n];
+                        proto::elements::add_own_le(self.cfg.dtype, got, mine, to);
                     }
-                    (ResultOutcome::ShapeMismatch { .. }, _) => self.stats.mismatched_results += 1,
-                    _ => {}
+                    None => to.copy_from_slice(got),
                 }
-                false
+                Ok(None)
             }
-            Some(SessionEvent::Waiting { header, payload }) => {
-                let w = Waiting::parse(&header, &self.rxb.get(i)[payload]);
-                self.missing = Some((header.seq, w));
-                false
+            Some(MemberEvent::Rejoining(_)) => {
+                let c = self.member.collective();
+                tracing::info!(
+                    job = self.cfg.job,
+                    rank = self.cfg.rank,
+                    collective = c.collective(),
+                    seq = c.oldest_unacked_seq(),
+                    "switch lost our session (restart or re-join); joining again"
+                );
+                let (collective, seq) = self.join_round()?;
+                Ok(Some(Event::Resumed { collective, seq }))
             }
-            Some(SessionEvent::SessionLost(_)) => true,
-            Some(SessionEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
-                return Err(WorkerError::KindNotSupported {
+            Some(MemberEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
+                Err(WorkerError::KindNotSupported {
                     job: self.cfg.job,
                     rank: self.cfg.rank,
-                    kind: coll.shape().kind(),
+                    kind: self.member.collective().shape().kind(),
                 })
             }
-            Some(SessionEvent::Failed(e)) => return Err(self.session_failed(e)),
-            Some(_) => false,
-        };
-        if !rejoin {
-            return Ok(None);
+            Some(MemberEvent::Failed(e)) => Err(self.session_failed(e)),
+            _ => Ok(None),
         }
-        tracing::info!(
-            job = self.cfg.job,
-            rank = self.cfg.rank,
-            collective = coll.collective(),
-            seq = coll.oldest_unacked_seq(),
-            "switch lost our session (restart or re-join); joining again"
-        );
-        self.sync_stats(coll);
-        coll.stats = Default::default();
-        let (c, s) = self.join_round(coll.collective(), coll.oldest_unacked_seq())?;
-        Ok(Some(Event::Resumed {
-            collective: c,
-            seq: s,
-        }))
     }
 
     /// Tells the switch this rank is done (best effort; the LEAVE carries a
     /// MAC over the accepted JOIN's nonce, so nobody else can send it).
     pub fn leave(mut self) -> Result<(), WorkerError> {
-        match self.session.emit_leave(&mut self.buf) {
+        match self.member.emit_leave(&mut self.buf) {
             Some(len) => self.send(len),
             None => Ok(()),
         }
@@ -1500,7 +1362,7 @@ impl Worker {
     /// on the host path: the LEAVE says so (`LEAVE_FOR_HOSTS`), and a switch
     /// that is still alive counts it (`members_left_for_hosts`).
     pub fn leave_for_hosts(mut self) -> Result<(), WorkerError> {
-        match self.session.emit_leave_for_hosts(&mut self.buf) {
+        match self.member.emit_leave_for_hosts(&mut self.buf) {
             Some(len) => self.send(len),
             None => Ok(()),
         }
@@ -1562,6 +1424,7 @@ pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::wire::{flags, HeaderRepr};
 
     fn answer(flags: u8, count: u16, payload: &[u8]) -> Waiting {
         let mut h = HeaderRepr::new(MsgType::Heartbeat, 1);

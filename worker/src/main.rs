@@ -18,7 +18,7 @@
 //!   for bit.
 //!   In a `stats = true` job every all-reduce and reduce-scatter reports the
 //!   switch's gradient statistics (Σᵢ‖gᵢ‖², ‖Σᵢ gᵢ‖², ranks); `--verify`
-//!   checks them bit for bit against `proto::worker::reference_grad_stats`
+//!   checks them bit for bit against `proto::member::reference_grad_stats`
 //!   of every rank's pattern (in a tree, `reference_tree_grad_stats` over
 //!   every leaf's ranks).
 //! * `worker join …`: join once and report the switch's answer (a probe for
@@ -36,13 +36,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use proto::member::{reference_grad_stats, reference_tree_grad_stats, Shape};
 use proto::reference::{
     expected_kept_sum_dtype, expected_sum_dtype, expected_tree_sum_dtype, pattern, pattern_dtype,
     tree_global_rank,
 };
 use proto::secret;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
-use proto::worker::{reference_grad_stats, reference_tree_grad_stats, Shape};
 use worker::{Element, GradStats, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
 
 /// `--collective`: which collective the iterations run.
@@ -811,7 +811,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     if stats_mismatches > 0 {
         eprintln!(
             "FAILED: the gradient statistics of {stats_mismatches} collectives differ from the \
-             reference (proto::worker::reference_grad_stats of every rank's pattern)"
+             reference (proto::member::reference_grad_stats of every rank's pattern)"
         );
         return Ok(ExitCode::from(2));
     }

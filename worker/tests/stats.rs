@@ -6,8 +6,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
+use proto::member::{reference_grad_stats, Shape};
 use proto::reference::fill_pattern;
-use proto::worker::{reference_grad_stats, Shape};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
 use worker::{GradStats, GradStatsError, Worker, WorkerConfig};
 

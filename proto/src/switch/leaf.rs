@@ -16,10 +16,10 @@
 use std::time::Instant;
 
 use crate::handshake::ProbeAnswer;
+use crate::member::collective::FAST_RETRANSMIT_GAP;
 use crate::session::{nack_meaning, NackMeaning};
 use crate::tag::{AuthMode, TAG_LEN};
 use crate::wire::{flags, HeaderRepr, NackPayload, SpineRefusal, UpstreamWaitPayload, HEADER_LEN};
-use crate::worker::FAST_RETRANSMIT_GAP;
 
 use super::config::{SpineAddr, MAX_SPINES};
 use super::counters::DropReason;

@@ -35,11 +35,12 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::handshake::{Handshake, JoinParams, SessionGuard};
+use crate::member::config::TransportConfig;
+use crate::member::rtt::RttEstimator;
 use crate::tag::PacketKey;
 use crate::wire::{
     Nonce, SpineRefusal, SpineSessionState, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
 };
-use crate::worker::{RttEstimator, TransportConfig};
 
 use super::config::Upstream;
 use super::counters::SpineCounters;

@@ -2,21 +2,21 @@
 //! faults of a link and the delivery times they give one datagram, the
 //! links' queue in virtual time, message framing, and both ends: the switch
 //! side (a job table and its encoded replies) and the worker side (a rank
-//! joined, framed and answered through `proto::session`, as the worker
-//! library does). Each test binary uses its own part of it.
+//! joined, framed and answered through `proto::member::Member`, as the
+//! worker library does). Each test binary uses its own part of it.
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use proto::elements::{read_le, round_to_le};
+use proto::elements::{read_le, round_f32, round_to_le};
 use proto::handshake::JoinParams;
-use proto::session::WorkerSession;
+use proto::member::{Collective, Member, ResultOutcome, Shape, TransportConfig};
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
 use proto::tag::AuthMode;
-use proto::wire::{flags, Dtype, HeaderRepr, HEADER_LEN};
-use proto::worker::{Collective, Dctcp, ResultOutcome, RttEstimator, TransportConfig};
+use proto::tag::TAG_LEN;
+use proto::wire::{Dtype, Header, HeaderRepr, HEADER_LEN};
 
 /// xorshift64*: a tiny deterministic generator, enough for schedules.
 pub struct Rng(pub u64);
@@ -234,7 +234,7 @@ pub fn join_params(
     }
 }
 
-/// A session started at resume point `start_seq` that has sent `table` its
+/// A member started at resume point `start_seq` that has sent `table` its
 /// HELLO and the JOIN the CHALLENGE allows, on a lossless path (loss while
 /// joining is the session's own tests'); the JOIN_ACKs stay queued at the
 /// table until every rank has joined.
@@ -245,18 +245,18 @@ pub fn join_lossless(
     key: [u8; 32],
     start_seq: u32,
     now: Instant,
-) -> WorkerSession {
-    let mut s = WorkerSession::new(params, Default::default(), key);
-    s.start_join(0, start_seq, now);
+) -> Member {
+    let mut m = Member::new(params, Default::default(), transport(), key);
+    m.start_join(0, start_seq, now);
     let mut b = [0u8; 128];
-    let hello = s.poll_transmit(now).expect("a HELLO");
+    let hello = m.poll_control(now).expect("a HELLO");
     table.handle(hello.bytes(), from, false, now);
     let r = table.poll_reply().expect("a CHALLENGE");
     let e = table.encode(&r, &mut b).unwrap();
-    assert!(s.handle(&b[..e.len], now).is_none());
-    let join = s.poll_transmit(now).expect("a JOIN");
+    assert!(m.handle(&b[..e.len], now).is_none());
+    let join = m.poll_control(now).expect("a JOIN");
     table.handle(join.bytes(), from, false, now);
-    s
+    m
 }
 
 /// The workers' transport: timers short enough for runs in virtual time.
@@ -268,72 +268,74 @@ pub fn transport() -> TransportConfig {
     }
 }
 
-/// One rank: its membership (DATA headers and tags, which RESULTs count)
-/// and the collective it runs.
+/// One rank: its member (membership, collective, window) and the
+/// collective's input and output as the test sees them (float32).
 pub struct Worker {
-    pub session: WorkerSession,
+    pub m: Member,
     pub input: Vec<f32>,
     pub output: Vec<f32>,
-    pub coll: Collective,
-    pub rtt: RttEstimator,
-    pub cc: Dctcp,
+    dtype: Dtype,
+    /// `input` as wire bytes of the dtype (what DATA carry).
+    wire: Vec<u8>,
+    buf: Vec<u8>,
 }
 
 impl Worker {
-    /// A rank with no collective yet.
-    pub fn new(session: WorkerSession, elems: u16, slots: u16, cfg: &TransportConfig) -> Worker {
+    /// A rank whose member has joined (or is joining), with no collective
+    /// yet.
+    pub fn new(m: Member, dtype: Dtype) -> Worker {
         Worker {
-            session,
+            m,
             input: vec![],
             output: vec![],
-            coll: Collective::new(0, 0, 0, elems),
-            rtt: RttEstimator::new(cfg),
-            cc: Dctcp::new(cfg, slots),
+            dtype,
+            wire: vec![],
+            buf: vec![0u8; 9216],
         }
     }
 
-    /// The next DATA the collective sends at `at`: its header and the
-    /// framed message (values in `dtype`, or none for a NOVAL chunk, then
-    /// the session's tag where the job has one).
-    pub fn poll_data(
-        &mut self,
-        at: Instant,
-        cfg: &TransportConfig,
-        dtype: Dtype,
-    ) -> Option<(HeaderRepr, Vec<u8>)> {
-        let t = self
-            .coll
-            .poll_transmit(at, self.cc.window(), &self.rtt, cfg)?;
-        let h = self.session.data_header(&t, self.coll.collective());
-        let mut p = match t.values {
-            Some(at) => {
-                let mut p = vec![0u8; dtype.payload_len(t.count)];
-                round_to_le(dtype, &self.input[at..at + t.count as usize], &mut p);
-                p
-            }
-            None => Vec::new(),
-        };
-        if let Some(tag) = self.session.data_tag(&h, &p) {
-            p.extend_from_slice(&tag);
-        }
-        let bytes = frame(&h, &p);
+    /// Starts collective `collective` of `shape` at `seq` over `self.input`.
+    pub fn begin(&mut self, collective: u32, seq: u32, shape: Shape) {
+        self.wire = vec![0u8; self.dtype.size() * self.input.len()];
+        round_to_le(self.dtype, &self.input, &mut self.wire);
+        self.m.begin(collective, seq, shape);
+    }
+
+    /// The collective in progress.
+    pub fn coll(&self) -> &Collective {
+        self.m.collective()
+    }
+
+    /// The next DATA the member sends at `at`: its header and the framed
+    /// message (values in the dtype, or none for a NOVAL chunk, then the
+    /// session's tag where the job has one), as `Member::poll_data` wrote it.
+    pub fn poll_data(&mut self, at: Instant) -> Option<(HeaderRepr, Vec<u8>)> {
+        let f = self.m.poll_data(at, &self.wire, &mut self.buf)?;
+        assert!(f.len <= HEADER_LEN + self.dtype.size() * 9000 + TAG_LEN);
+        let bytes = self.buf[..f.len].to_vec();
+        let h = HeaderRepr::parse(&Header::new_checked(&bytes[..]).expect("a header"))
+            .expect("a DATA header");
         Some((h, bytes))
     }
 
-    /// An all-reduce's RESULT `h` the session took, its `values` in
-    /// `dtype`: copied into the output where fresh.
-    pub fn take_result(&mut self, h: &HeaderRepr, values: &[u8], dtype: Dtype, at: Instant) {
-        let mut v = vec![0f32; h.count as usize];
-        read_le(dtype, values, &mut v);
-        if let ResultOutcome::Fresh { offset, count, .. } = self.coll.on_result(
-            h.seq,
-            h.count,
-            h.has_flag(flags::ECE),
-            at,
-            &mut self.rtt,
-            &mut self.cc,
-        ) {
-            self.output[offset..offset + count as usize].copy_from_slice(&v);
+    /// What a RESULT meant, its `values` in the dtype: a fresh chunk's go
+    /// into the output where the outcome says (plus the rank's own kept
+    /// values, rounded again, as the library adds them).
+    pub fn take(&mut self, outcome: &ResultOutcome, values: &[u8]) {
+        if let ResultOutcome::Fresh {
+            into: Some(at),
+            count,
+            own,
+            ..
+        } = *outcome
+        {
+            let out = &mut self.output[at..at + count as usize];
+            read_le(self.dtype, values, out);
+            if let Some(o) = own {
+                for (x, mine) in out.iter_mut().zip(&self.input[o..]) {
+                    *x = round_f32(self.dtype, *x + mine);
+                }
+            }
         }
     }
 }

@@ -1,0 +1,603 @@
+//! One member of a job on the worker's side, with no I/O: [`Member`] owns
+//! the membership ([`WorkerSession`]), the collective in progress
+//! ([`Collective`]), the path's RTT estimate ([`RttEstimator`]), its
+//! DCTCP window ([`Dctcp`]) and the window the switch advertises, as
+//! quinn-proto's `Connection` owns its path's RTT, congestion and pacing
+//! state. The caller moves bytes and time: it feeds datagrams
+//! ([`Member::handle`]) and time ([`Member::handle_timeout`]), sends what
+//! [`Member::poll_control`] and [`Member::poll_data`] give, and sleeps
+//! until [`Member::poll_timeout`]. The worker library, the simulated
+//! networks (proto/tests) and the fuzzer all drive this one object.
+//!
+//! Parts: [`config`] (the transport's tunables), [`rtt`], [`dctcp`],
+//! [`shape`] (what each collective kind sends and gets), [`collective`]
+//! (one collective's chunks, resends and RESULTs) and [`heartbeat`] (what
+//! a HEARTBEAT answer says a stalled seq waits for).
+//!
+//! Invariants:
+//! * The window a collective sends with is `min(DCTCP, advertised)` (or the
+//!   testing override), at least 1; the advertised window comes from the
+//!   last JOIN_ACK, RESULT or HEARTBEAT answer that named one, clamped to
+//!   1..=S, and DCTCP's ceiling is the same bound, so the switch can always
+//!   answer a lost RESULT from its shadow copy.
+//! * A DATA frame is written whole into the caller's buffer: header,
+//!   values (wire bytes of the job's dtype, read from the caller's input)
+//!   and, in an `auth = "mac"` job, its tag; nothing is allocated per
+//!   datagram.
+//! * The switch losing the session (authenticated NACK 6/7, a probe
+//!   answered under a new generation) starts a rejoin at once, from the
+//!   current collective's oldest unanswered chunk; the JOIN_ACK's resume
+//!   point comes back as [`Event::Joined`] and the caller decides what to
+//!   resend ([`Member::restart_from`], or [`Member::begin`] of the previous
+//!   collective).
+//! * Nothing here reads a clock or a random source.
+//!
+//! One Member carries one socket's share of a job: today every chunk of
+//! its collectives. The chunks of one collective can be split by seq lane
+//! ([`Collective::with_seq_lanes`]) so that later T Members, one per lane
+//! and thread, each with its own window, RTT and DCTCP, carry one
+//! collective between them.
+
+pub mod collective;
+pub mod config;
+pub mod dctcp;
+pub mod heartbeat;
+pub mod rtt;
+pub mod shape;
+
+use std::ops::Range;
+use std::time::Instant;
+
+pub use self::collective::{
+    reference_grad_stats, reference_tree_grad_stats, Collective, CollectiveStats, ResultOutcome,
+    Transmit, FAST_RETRANSMIT_GAP, TIMEOUT_RESEND_BURST,
+};
+pub use self::config::{TransportConfig, DEFAULT_DELAY_TARGET};
+pub use self::dctcp::{Dctcp, DELAY_WINDOW_FLOOR};
+pub use self::heartbeat::{SpineWait, Waiting};
+pub use self::rtt::{RttEstimator, MIN_RTT_PERIOD};
+pub use self::shape::{interleave_block, Shape};
+use crate::handshake::JoinParams;
+use crate::session::{self, Joined, Lost, SessionConfig, SessionError, WorkerSession};
+use crate::stats::GradStats;
+use crate::tag::TAG_LEN;
+use crate::wire::{Dtype, HeaderRepr, HEADER_LEN};
+
+/// What a datagram or a timeout meant to the member.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A JOIN_ACK made us a member (the first join or a rejoin): send from
+    /// its resume point (`collective`, `seq`).
+    Joined(Box<Joined>),
+    /// An authenticated RESULT and what it meant to the collective
+    /// ([`ResultOutcome::Fresh`]: copy its `values`, which lie at this range
+    /// of the datagram, where the outcome says); `stats` its chunk's
+    /// statistics trailer (a `stats = true` job's summed kinds), which the
+    /// collective already recorded; `completed`: this RESULT was the
+    /// collective's last missing one (the collective is done).
+    Result {
+        header: HeaderRepr,
+        outcome: ResultOutcome,
+        values: Range<usize>,
+        stats: Option<GradStats>,
+        completed: bool,
+    },
+    /// The switch lost our session; a rejoin has started from the oldest
+    /// unanswered chunk of the current collective.
+    Rejoining(Lost),
+    /// The collective made no progress for the stall timeout; `waiting` is
+    /// what the switch last said about this very seq (None: no answer).
+    Stalled {
+        collective: u32,
+        seq: u32,
+        waited: std::time::Duration,
+        waiting: Option<Waiting>,
+    },
+    /// Final: the session cannot go on (a refusal with its reason, a join
+    /// timeout, a bad JOIN_ACK).
+    Failed(SessionError),
+}
+
+/// A DATA frame [`Member::poll_data`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataFrame {
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+    /// The chunk's seq (its seq lane picks the switch's port).
+    pub seq: u32,
+    /// It carries values (else NOVAL).
+    pub values: bool,
+    /// It is a resend.
+    pub retx: bool,
+}
+
+/// Counters of a member, over every collective it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemberStats {
+    /// The collectives' counters, summed.
+    pub chunks: CollectiveStats,
+    /// DATA that carried values (the others were NOVAL).
+    pub values_sent: u64,
+    /// RESULTs of another kind than the chunk's, or with values where a
+    /// NOVAL RESULT was due (or the reverse): ignored.
+    pub mismatched_results: u64,
+    /// HEARTBEAT answers taken.
+    pub heartbeat_answers: u64,
+}
+
+/// One worker's member of a job: membership, collective, RTT, DCTCP and
+/// the advertised window.
+pub struct Member {
+    session: WorkerSession,
+    cfg: TransportConfig,
+    rtt: RttEstimator,
+    cc: Dctcp,
+    dtype: Dtype,
+    pool_slots: u16,
+    elems_per_chunk: u16,
+    advertised_window: u16,
+    seq_lanes: u16,
+    coll: Collective,
+    /// Counters of the collectives before the current one.
+    done: CollectiveStats,
+    values_sent: u64,
+    mismatched_results: u64,
+    heartbeat_answers: u64,
+    /// The last HEARTBEAT answer: its seq and what it says.
+    waiting: Option<(u32, Waiting)>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("session", &self.session)
+            .field("window", &self.window())
+            .field("collective", &self.coll.collective())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Member {
+    /// A member for `params` that has not joined yet; `nonce_key` must be
+    /// random (every nonce of the session derives from it).
+    pub fn new(
+        params: JoinParams,
+        session: SessionConfig,
+        transport: TransportConfig,
+        nonce_key: [u8; 32],
+    ) -> Member {
+        Member::with_session(WorkerSession::new(params, session, nonce_key), transport)
+    }
+
+    /// A member around `session` (which may have started joining: a test's
+    /// lossless join).
+    pub fn with_session(session: WorkerSession, transport: TransportConfig) -> Member {
+        let dtype = Dtype::from_u8(session.params().dtype).unwrap_or(Dtype::F32);
+        Member {
+            session,
+            rtt: RttEstimator::new(&transport),
+            cc: Dctcp::new(&transport, 1),
+            cfg: transport,
+            dtype,
+            pool_slots: 1,
+            elems_per_chunk: 1,
+            advertised_window: 1,
+            seq_lanes: 1,
+            coll: Collective::new(0, 0, 0, 1),
+            done: CollectiveStats::default(),
+            values_sent: 0,
+            mismatched_results: 0,
+            heartbeat_answers: 0,
+            waiting: None,
+        }
+    }
+
+    /// Starts joining now with resume point (`collective`, `seq`).
+    pub fn start_join(&mut self, collective: u32, seq: u32, now: Instant) {
+        self.session.start_join(collective, seq, now);
+    }
+
+    /// Starts collective `collective` of `shape` at `first_seq` (its input
+    /// is the caller's, passed to [`Member::poll_data`]): it replaces the
+    /// current one, whose counters are kept.
+    pub fn begin(&mut self, collective: u32, first_seq: u32, shape: Shape) {
+        let next = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
+            .with_seq_lanes(self.seq_lanes.into());
+        let old = std::mem::replace(&mut self.coll, next);
+        self.done.add(&old.stats);
+        self.waiting = None;
+    }
+
+    /// Resends the current collective from `seq` (a JOIN_ACK's resume
+    /// point); a `seq` before it restarts it whole.
+    pub fn restart_from(&mut self, seq: u32) {
+        self.coll.restart_from(seq);
+    }
+
+    /// The collective in progress (or the last one).
+    pub fn collective(&self) -> &Collective {
+        &self.coll
+    }
+
+    pub fn session(&self) -> &WorkerSession {
+        &self.session
+    }
+
+    pub fn is_joined(&self) -> bool {
+        self.session.is_joined()
+    }
+
+    /// Whether the current collective has every RESULT.
+    pub fn is_complete(&self) -> bool {
+        self.coll.is_complete()
+    }
+
+    /// The window new chunks go under: `min(DCTCP, advertised)`, at least 1
+    /// (the testing override, when set, instead).
+    pub fn window(&self) -> u16 {
+        if let Some(w) = self.cfg.window_override {
+            return w.max(1);
+        }
+        self.cc.window().min(self.advertised_window).max(1)
+    }
+
+    /// The window the switch advertised last (JOIN_ACK, RESULT, HEARTBEAT).
+    pub fn advertised_window(&self) -> u16 {
+        self.advertised_window
+    }
+    pub fn pool_slots(&self) -> u16 {
+        self.pool_slots
+    }
+    pub fn elems_per_chunk(&self) -> u16 {
+        self.elems_per_chunk
+    }
+    /// The switch's seq lanes (1 before a join).
+    pub fn seq_lanes(&self) -> u16 {
+        self.seq_lanes
+    }
+    pub fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+    pub fn dctcp(&self) -> &Dctcp {
+        &self.cc
+    }
+    /// The current collective's gradient statistics (see
+    /// [`Collective::grad_stats`]).
+    pub fn grad_stats(&self) -> Option<GradStats> {
+        self.coll.grad_stats()
+    }
+
+    pub fn stats(&self) -> MemberStats {
+        let mut chunks = self.done;
+        chunks.add(&self.coll.stats);
+        MemberStats {
+            chunks,
+            values_sent: self.values_sent,
+            mismatched_results: self.mismatched_results,
+            heartbeat_answers: self.heartbeat_answers,
+        }
+    }
+
+    /// The next control message to send now (HELLO, JOIN, probe,
+    /// HEARTBEAT).
+    pub fn poll_control(&mut self, now: Instant) -> Option<session::Transmit> {
+        self.session.poll_transmit(now)
+    }
+
+    /// Writes the next DATA to send now, if the window or a resend timer
+    /// allows one, into `buf` (room for a header, a chunk's values and a
+    /// tag: `HEADER_LEN + E·size + TAG_LEN`); its values are read from
+    /// `input`, the collective's input as wire bytes of the job's dtype.
+    ///
+    /// Panics if `buf` is too short or `input` shorter than the shape's
+    /// input: both are the caller's sizing.
+    pub fn poll_data(&mut self, now: Instant, input: &[u8], buf: &mut [u8]) -> Option<DataFrame> {
+        if !self.session.is_joined() {
+            return None;
+        }
+        let window = self.window();
+        let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg)?;
+        // Kind, owner and NOVAL as the chunk's shape says.
+        let h = self.session.data_header(&t, self.coll.collective());
+        h.emit_to(buf).expect("the buffer holds a header");
+        let size = self.dtype.size();
+        let values = match t.values {
+            Some(at) => {
+                self.values_sent += 1;
+                &input[at * size..(at + t.count as usize) * size]
+            }
+            None => &[],
+        };
+        let end = HEADER_LEN + values.len();
+        buf[HEADER_LEN..end].copy_from_slice(values);
+        let len = match self.session.data_tag(&h, values) {
+            Some(tag) => {
+                buf[end..end + TAG_LEN].copy_from_slice(&tag);
+                end + TAG_LEN
+            }
+            None => end,
+        };
+        Some(DataFrame {
+            len,
+            seq: t.seq,
+            values: t.values.is_some(),
+            retx: t.retx,
+        })
+    }
+
+    /// When [`Member::handle_timeout`] or [`Member::poll_data`] next has
+    /// something to do (a resend, a JOIN, a HEARTBEAT, the stall).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let coll = self
+            .session
+            .is_joined()
+            .then(|| self.coll.next_timeout())
+            .flatten();
+        match (coll, self.session.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Lets time pass: the join's deadline, heartbeats and the stall of the
+    /// current collective. A stall is reported again at every call while
+    /// the collective makes no progress: the worker library fails the
+    /// collective at the first.
+    pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
+        if self.session.is_joined() && !self.coll.is_complete() {
+            let since = self.coll.last_progress().unwrap_or(now);
+            self.session.track(
+                self.coll.collective(),
+                self.coll.oldest_unacked_seq(),
+                Some(since),
+            );
+        } else {
+            self.session.track(0, 0, None);
+        }
+        match self.session.handle_timeout(now)? {
+            session::Event::Stalled {
+                collective,
+                seq,
+                waited,
+            } => Some(Event::Stalled {
+                collective,
+                seq,
+                waited,
+                waiting: self
+                    .waiting
+                    .take()
+                    .filter(|(s, _)| *s == seq)
+                    .map(|(_, w)| w),
+            }),
+            session::Event::Failed(e) => Some(Event::Failed(e)),
+            // A timeout gives nothing else.
+            _ => None,
+        }
+    }
+
+    /// Takes a datagram from the switch.
+    pub fn handle(&mut self, datagram: &[u8], now: Instant) -> Option<Event> {
+        match self.session.handle(datagram, now)? {
+            session::Event::Joined(j) => {
+                self.on_joined(&j);
+                Some(Event::Joined(j))
+            }
+            session::Event::Result {
+                header,
+                values,
+                stats,
+            } => {
+                self.advertise(header.window);
+                let outcome = self.coll.on_result_with_stats(
+                    &header,
+                    stats,
+                    now,
+                    &mut self.rtt,
+                    &mut self.cc,
+                );
+                if let ResultOutcome::ShapeMismatch { .. } = outcome {
+                    self.mismatched_results += 1;
+                }
+                let completed =
+                    matches!(outcome, ResultOutcome::Fresh { .. }) && self.coll.is_complete();
+                Some(Event::Result {
+                    header,
+                    outcome,
+                    values,
+                    stats,
+                    completed,
+                })
+            }
+            session::Event::Waiting { header, payload } => {
+                self.advertise(header.window);
+                self.heartbeat_answers += 1;
+                let w = Waiting::parse(&header, &datagram[payload]);
+                self.waiting = Some((header.seq, w));
+                None
+            }
+            session::Event::SessionLost(lost) => {
+                self.session.start_join(
+                    self.coll.collective(),
+                    self.coll.oldest_unacked_seq(),
+                    now,
+                );
+                Some(Event::Rejoining(lost))
+            }
+            session::Event::Stalled { .. } => None,
+            session::Event::Failed(e) => Some(Event::Failed(e)),
+        }
+    }
+
+    /// A JOIN_ACK's parameters: S, E, the advertised window and the seq
+    /// lanes; the first opens DCTCP at its initial window under the
+    /// ceiling, a rejoin keeps what DCTCP has learnt.
+    fn on_joined(&mut self, j: &Joined) {
+        self.pool_slots = j.pool_slots.max(1);
+        self.elems_per_chunk = j.elems_per_chunk;
+        self.advertised_window = j.window.clamp(1, self.pool_slots);
+        self.seq_lanes = crate::wire::seq_lanes_from_wire(j.seq_lanes).max(1);
+        let ceiling = self.pool_slots.min(self.advertised_window);
+        if j.first {
+            self.cc.reset(&self.cfg, ceiling);
+        } else {
+            self.cc.set_ceiling(ceiling);
+        }
+    }
+
+    /// The window a RESULT or HEARTBEAT answer advertises (0: none).
+    fn advertise(&mut self, window: u16) {
+        if window != 0 {
+            self.advertised_window = window.clamp(1, self.pool_slots);
+            self.cc
+                .set_ceiling(self.pool_slots.min(self.advertised_window));
+        }
+    }
+
+    /// The LEAVE to send when done (None before a join).
+    pub fn emit_leave(&self, buf: &mut [u8]) -> Option<usize> {
+        self.session.emit_leave(buf)
+    }
+
+    /// [`Member::emit_leave`] for a member whose job goes on without the
+    /// switch, on the host path (`LEAVE_FOR_HOSTS`).
+    pub fn emit_leave_for_hosts(&self, buf: &mut [u8]) -> Option<usize> {
+        self.session.emit_leave_for_hosts(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A member against the real switch table, in virtual time.
+    use std::time::Duration;
+
+    use super::*;
+    use crate::session::HEARTBEAT_EVERY;
+    use crate::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
+    use crate::tag::AuthMode;
+    use crate::wire::OP_SUM;
+
+    fn endpoint(rank: u16) -> Endpoint {
+        Endpoint {
+            source: Source {
+                mac: [2, 0, 0, 0, 0, rank as u8],
+                ip: [198, 18, 0, 10],
+                port: 1000 + rank,
+            },
+            ..Endpoint::default()
+        }
+    }
+
+    /// Two ranks of job 1, 8 slots of 2 float32 elements.
+    fn table(now: Instant) -> JobTable {
+        let mut t = JobTable::new(TableConfig::new(1, [5; 32]), now);
+        let job = JobConfig {
+            id: 1,
+            n_workers: 2,
+            allowed_sources: vec![Ipv4Prefix {
+                addr: [198, 18, 0, 0],
+                len: 24,
+            }],
+            secret: [3; 32],
+            pool_slots: 8,
+            elems_per_chunk: 2,
+            dtype: Dtype::F32,
+            window: 8,
+            priority: Default::default(),
+            auth: AuthMode::Port,
+            upstream: None,
+            stats: false,
+        };
+        t.add(job, 64).unwrap();
+        t
+    }
+
+    fn member(rank: u16) -> Member {
+        let e = endpoint(rank);
+        let params = JoinParams {
+            job: 1,
+            rank,
+            n_workers: 2,
+            dtype: Dtype::F32 as u8,
+            op: OP_SUM,
+            secret: [3; 32],
+            ip: e.source.ip,
+            port: e.source.port,
+        };
+        let cfg = SessionConfig {
+            join_timeout: Duration::from_secs(3),
+            stall_timeout: Duration::from_secs(2),
+        };
+        Member::new(
+            params,
+            cfg,
+            TransportConfig::default(),
+            [rank as u8 + 9; 32],
+        )
+    }
+
+    /// Sends the members' control messages to `t` and feeds every reply
+    /// to its rank's member; returns rank 0's events.
+    fn exchange(ms: &mut [Member], t: &mut JobTable, now: Instant) -> Vec<Event> {
+        for (rank, m) in ms.iter_mut().enumerate() {
+            while let Some(x) = m.poll_control(now) {
+                t.handle(x.bytes(), endpoint(rank as u16), false, now);
+            }
+        }
+        let mut ev = Vec::new();
+        let mut b = [0u8; 2048];
+        while let Some(r) = t.poll_reply() {
+            let e = t.encode(&r, &mut b).unwrap();
+            let got = ms[r.rank as usize].handle(&b[..e.len], now);
+            if r.rank == 0 {
+                ev.extend(got);
+            }
+        }
+        ev
+    }
+
+    /// Rank 0 sends its chunks; rank 1 never does. The switch's HEARTBEAT
+    /// answer names rank 1 and advertises a window that has shrunk since
+    /// the JOIN_ACK: the member's window follows it, and its stall names
+    /// rank 1.
+    #[test]
+    fn a_heartbeat_answer_sets_the_window_and_names_who_a_stall_waits_for() {
+        let t0 = Instant::now();
+        let mut t = table(t0);
+        let mut ms = [member(0), member(1)];
+        for m in &mut ms {
+            m.start_join(0, 0, t0);
+        }
+        // HELLO → CHALLENGE, then JOIN → JOIN_ACK once both joined.
+        exchange(&mut ms, &mut t, t0);
+        let ev = exchange(&mut ms, &mut t, t0);
+        assert!(ev.iter().any(|e| matches!(e, Event::Joined(_))), "{ev:?}");
+        let a = &mut ms[0];
+        assert_eq!((a.advertised_window(), a.elems_per_chunk()), (8, 2));
+        a.begin(0, 0, Shape::all_reduce(8));
+        let input = [0u8; 32];
+        let mut buf = [0u8; 64];
+        let mut sent = 0;
+        while let Some(f) = a.poll_data(t0, &input, &mut buf) {
+            assert_eq!(f.len, HEADER_LEN + 8);
+            t.handle(&buf[..f.len], endpoint(0), false, t0);
+            sent += 1;
+        }
+        assert_eq!(sent, 4);
+        t.get_mut(1).unwrap().set_window(3);
+        let later = t0 + HEARTBEAT_EVERY;
+        assert!(a.poll_timeout().unwrap() <= later);
+        assert!(a.handle_timeout(later).is_none());
+        assert!(exchange(&mut ms, &mut t, later).is_empty());
+        let a = &mut ms[0];
+        assert_eq!(a.advertised_window(), 3);
+        assert!(a.window() <= 3);
+        assert_eq!(a.stats().heartbeat_answers, 1);
+        match a.handle_timeout(t0 + Duration::from_secs(2)) {
+            Some(Event::Stalled { seq, waiting, .. }) => {
+                assert_eq!(seq, 0);
+                assert_eq!(waiting, Some(Waiting::Ranks(vec![1])));
+            }
+            other => panic!("no stall: {other:?}"),
+        }
+    }
+}
