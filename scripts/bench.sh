@@ -19,13 +19,13 @@
 #                 with multi-buffer, docs/PROTOCOL.md "Limits"). The switch
 #                 sizes its chunks from it and OpenMPI's TCP runs on the same
 #                 links. With M != 1500 the docs files are
-#                 docs/bench-mtuM.{json,png}
+#                 bench/results/bench-mtuM.{json,png}
 #   --quick       a fast check: 8 MiB, 3 repeats (unless given), results/ only
 #   --timeout T   seconds any one measurement may take (default 900)
 #   --wait-idle W before measuring, wait up to W s for the 1-min load average
 #                 to fall below half the cores (the times are only meaningful
 #                 on a machine nothing else is loading; default 0: no wait)
-#   --no-docs     write results/ only, leave docs/bench.{json,png} alone
+#   --no-docs     write results/ only, leave bench/results/bench.{json,png} alone
 #   --rates-only  only the packet-rate section (below), then stop
 #   --no-rates    skip the packet-rate section
 #   --rate-seconds D  seconds per rate measurement (default 5; --quick: 2)
@@ -40,7 +40,7 @@
 #   --cores-only  only what scaling over cores needs: the packet rates and
 #                 the switch's all-reduce by dataplane thread count (no
 #                 per-packet, forwarding, OpenMPI, shaped-link or efficiency
-#                 parts; docs/ left alone); needs jq, python3, ip, tc,
+#                 parts; bench/results/ left alone); needs jq, python3, ip, tc,
 #                 ethtool and taskset, and nothing from apt when they are
 #                 there. For a many-core machine, e.g. --threads 1,2,4,8
 #   --no-build    use target/release as it is (binaries built elsewhere: a
@@ -63,7 +63,7 @@
 #                 worker transport and in bfloat16, OpenMPI with TSO and
 #                 gloo, at MTU 1500 and 9000, unlimited and 1 Gbit/s links;
 #                 runs last, its ratios and goals go under "efficiency" and
-#                 are printed; docs/bench-efficiency.{json,png})
+#                 are printed; bench/results/bench-efficiency.{json,png})
 #
 # Aggregation trees (several switches: leaves and spines) are measured by
 # scripts/bench_tree.sh on the leaf-spine testbed: 1 tree against 2 on
@@ -81,7 +81,7 @@
 # generator; DATA frames/s, chunks/s, float32 elements/s) with each
 # dataplane thread count of --threads (default 1 and 2). Ratios: aggregation / echo (goal >= 0.9), echo /
 # XDP_DROP, 2 threads / 1 thread. They go under "rates" in the JSON
-# (scripts/bench_rates_report.py computes them from the counters, the
+# (bench/harness/bench_rates_report.py computes them from the counters, the
 # generator's JSON and switchd's /proc/PID/stat left in results/.../rates/).
 #
 # What it does:
@@ -121,16 +121,16 @@
 #      thread floor(I*T/4), neighbouring ranks together (with 4 workers, at
 #      most 4 threads get frames). Times, their
 #      ratio to 1 thread and the frames each queue (thread) received go under
-#      "threads" in the JSON (scripts/bench_threads_report.py), the times
+#      "threads" in the JSON (bench/harness/bench_threads_report.py), the times
 #      also under headline.allreduce_threads;
-#   4. scripts/bench_report.py takes the statistics from the raw results
+#   4. bench/harness/bench_report.py takes the statistics from the raw results
 #      each phase left (the programs' JSON, snapshots of /proc/stat and of
 #      the shapers' counters; medians, ratios, the headline: switch / gloo
 #      first, switch / OpenMPI beside it), prints a
 #      table and writes results/bench-STAMP.json (+ logs in
-#      results/bench-STAMP/), and unless --quick or --no-docs, docs/bench.json
-#      and docs/bench.png (scripts/bench_plot.py); with --rates-only,
-#      docs/bench-rates.json and docs/bench-rates.png instead.
+#      results/bench-STAMP/), and unless --quick or --no-docs, bench/results/bench.json
+#      and bench/results/bench.png (bench/harness/bench_plot.py); with --rates-only,
+#      bench/results/bench-rates.json and bench/results/bench-rates.png instead.
 #
 # Times are per all-reduce of the whole tensor. The line-rate bound on
 # 1 Gbit/s links is the bytes each link must carry the longer way (every
@@ -435,22 +435,22 @@ if [[ "$DO_PER_PACKET" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
         tee "$RUN/per-packet-table.md" || die "scripts/bench_per_packet.sh failed (see above)"
 fi
 
-# plot_and_publish JSON PNG NAME: draw PNG from JSON (scripts/bench_plot.py,
+# plot_and_publish JSON PNG NAME: draw PNG from JSON (bench/harness/bench_plot.py,
 # with the system Python: Debian's python3-matplotlib lives there, whatever
 # python3 comes first on PATH), and unless --quick/--no-docs copy both to
 # docs/NAME.json and docs/NAME.png.
 plot_and_publish() {
     local json="$1" png="$2" name="$3" python=/usr/bin/python3
     [[ -x "$python" ]] || python=python3
-    "$python" "$REPO_ROOT/scripts/bench_plot.py" "$json" "$png" ||
-        warn "plot failed (scripts/bench_plot.py)"
+    "$python" "$REPO_ROOT/bench/harness/bench_plot.py" "$json" "$png" ||
+        warn "plot failed (bench/harness/bench_plot.py)"
     if [[ "$DOCS" -eq 1 ]]; then
         mkdir -p "$REPO_ROOT/docs"
-        cp "$json" "$REPO_ROOT/docs/$name.json"
-        [[ -s "$png" ]] && cp "$png" "$REPO_ROOT/docs/$name.png"
-        log "wrote docs/$name.json, docs/$name.png and $json"
+        cp "$json" "$REPO_ROOT/bench/results/$name.json"
+        [[ -s "$png" ]] && cp "$png" "$REPO_ROOT/bench/results/$name.png"
+        log "wrote bench/results/$name.json, bench/results/$name.png and $json"
     else
-        log "wrote $json and $png (docs/ left alone)"
+        log "wrote $json and $png (bench/results/ left alone)"
     fi
 }
 
@@ -525,10 +525,10 @@ rate_stats() {
     "$SWITCHCTL" --socket "$RATES/switchd.sock" --json stats
 }
 
-# rates_report ARGS...: scripts/bench_rates_report.py, which owns the rate
+# rates_report ARGS...: bench/harness/bench_rates_report.py, which owns the rate
 # section's arithmetic (rates, medians, ratios, rates.json, the table).
 rates_report() {
-    python3 "$REPO_ROOT/scripts/bench_rates_report.py" "$@"
+    python3 "$REPO_ROOT/bench/harness/bench_rates_report.py" "$@"
 }
 
 # rate_mark TAG EDGE K: before or after blast K of TAG, switchd's counters
@@ -566,7 +566,7 @@ rate_open() {
         rate_mark "$tag" after "$k"
     done
     line="$(rates_report open "$RATES" "$tag" --repeats "$RATE_REPEATS")" ||
-        die "scripts/bench_rates_report.py open failed on $RATES ($tag)"
+        die "bench/harness/bench_rates_report.py open failed on $RATES ($tag)"
     log "[rates] $line"
 }
 
@@ -584,7 +584,7 @@ rate_agg() {
         rate_mark "$tag" after "$k"
     done
     line="$(rates_report agg "$RATES" "$n" "$t" --repeats "$RATE_REPEATS")" ||
-        die "scripts/bench_rates_report.py agg failed on $RATES ($tag)"
+        die "bench/harness/bench_rates_report.py agg failed on $RATES ($tag)"
     [[ "$(jq -r .verify_failed "$RATES/$tag.json")" == 0 ]] ||
         die "aggregation rate run $tag: sampled RESULTs differ from N x value"
     log "[rates] $line"
@@ -626,7 +626,7 @@ run_rates() {
         --seconds "$RATE_SECONDS" --repeats "$RATE_REPEATS" --queues "$RATE_QUEUES" \
         --flows "$RATE_FLOWS" --inflight "$RATE_INFLIGHT_FRAMES" --gen-cpu "${GEN_CPU:-none}" \
         --load-start "$RATE_LOAD_START" >"$RUN/rates-table.md" ||
-        die "scripts/bench_rates_report.py report failed on $RATES"
+        die "bench/harness/bench_rates_report.py report failed on $RATES"
     bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$RATE_PREFIX" >/dev/null 2>&1 || true
     RATE_TESTBED_MADE=0
 }
@@ -651,9 +651,9 @@ fi
 
 if [[ "$RATES_ONLY" -eq 1 ]]; then
     OUT_JSON="$REPO_ROOT/results/bench-$STAMP.json"
-    python3 "$REPO_ROOT/scripts/bench_report.py" rates-only --json "$OUT_JSON" --stamp "$STAMP" \
+    python3 "$REPO_ROOT/bench/harness/bench_report.py" rates-only --json "$OUT_JSON" --stamp "$STAMP" \
         --repo "$REPO_ROOT" --rates "$RATES/rates.json" ||
-        die "scripts/bench_report.py rates-only failed; the raw results are in $RUN"
+        die "bench/harness/bench_report.py rates-only failed; the raw results are in $RUN"
     plot_and_publish "$OUT_JSON" "$RUN/rates.png" bench-rates
     exit 0
 fi
@@ -692,8 +692,8 @@ shape_links() {
 
 # phase_snapshot TAG before|after: lib.sh's snapshot (/proc/stat's cpu
 # line and every shaper's counters, tc -s -j) into $OUT/snap-TAG-EDGE.jsonl;
-# scripts/bench_report.py takes the differences: the phase's shapers and its
-# busy share of all CPUs (scripts/benchkit.py's definition, as every
+# bench/harness/bench_report.py takes the differences: the phase's shapers and its
+# busy share of all CPUs (bench/harness/benchkit.py's definition, as every
 # report's). Before a phase a fresh /proc/stat line follows the shaper
 # reads, so that their CPU falls outside the phase.
 phase_snapshot() {
@@ -705,7 +705,7 @@ phase_snapshot() {
 }
 
 # iperf NAME SERVER_NS ADDR CLIENT_NS [-R]: iperf3's report (TCP, -J) into
-# $OUT/iperf-NAME.json; scripts/bench_report.py reads the Gbit/s received.
+# $OUT/iperf-NAME.json; bench/harness/bench_report.py reads the Gbit/s received.
 iperf() {
     local name="$1" sns="$2" addr="$3" cns="$4" i spid rc=0
     shift 4
@@ -742,7 +742,7 @@ run_mpi() {
         die "mpirun failed (status ${WAIT_RCS[0]}); see $OUT/$tag.log"
     fi
     phase_snapshot "$tag" after
-    python3 "$REPO_ROOT/scripts/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag.json" ||
+    python3 "$REPO_ROOT/bench/harness/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag.json" ||
         die "OpenMPI '$tag' gave no verified result (see above and $OUT/$tag.log)"
 }
 
@@ -769,7 +769,7 @@ run_gloo() {
         die "gloo all-reduce '$tag' failed; see $OUT"
     fi
     phase_snapshot "$tag" after
-    python3 "$REPO_ROOT/scripts/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag-rank0.out" ||
+    python3 "$REPO_ROOT/bench/harness/bench_report.py" peer "$OUT" "$tag" --output "$OUT/$tag-rank0.out" ||
         die "gloo '$tag' gave no verified result (see above and $OUT/$tag-rank0.log)"
 }
 
@@ -804,7 +804,7 @@ run_workers() {
     fi
 }
 
-# run_switch: one K-iteration run and K single runs; scripts/bench_report.py
+# run_switch: one K-iteration run and K single runs; bench/harness/bench_report.py
 # takes the slowest rank of each, the shapers and the CPU into
 # $OUT/switch.raw.json and their statistics into $OUT/switch.result.json.
 run_switch() {
@@ -818,11 +818,11 @@ run_switch() {
     done
     phase_snapshot switch after
     stop_switchd
-    python3 "$REPO_ROOT/scripts/bench_report.py" switch "$OUT" --repeats "$REPEATS" \
-        --elements "$ELEMENTS" --workers "$WORKERS" || die "scripts/bench_report.py switch failed on $OUT"
+    python3 "$REPO_ROOT/bench/harness/bench_report.py" switch "$OUT" --repeats "$REPEATS" \
+        --elements "$ELEMENTS" --workers "$WORKERS" || die "bench/harness/bench_report.py switch failed on $OUT"
 }
 
-# measure LINK: everything for one link setting into $OUT (scripts/bench_report.py
+# measure LINK: everything for one link setting into $OUT (bench/harness/bench_report.py
 # reads it).
 measure() {
     LINK="$1"
@@ -893,18 +893,18 @@ run_threads() {
                 warn "ethtool -S sw-w$i failed; frames per queue unknown"
         done
     done
-    python3 "$REPO_ROOT/scripts/bench_threads_report.py" "$THREADS_DIR" "$THREADS_ARG" \
+    python3 "$REPO_ROOT/bench/harness/bench_threads_report.py" "$THREADS_DIR" "$THREADS_ARG" \
         "$THREADS_DIR/threads.json" >"$RUN/threads-table.md" ||
-        die "scripts/bench_threads_report.py failed"
+        die "bench/harness/bench_threads_report.py failed"
 }
 run_threads
 
 if [[ "$CORES_ONLY" -eq 1 ]]; then
     OUT_JSON="$REPO_ROOT/results/bench-cores-$STAMP.json"
-    python3 "$REPO_ROOT/scripts/bench_report.py" cores-only --json "$OUT_JSON" --stamp "$STAMP" \
+    python3 "$REPO_ROOT/bench/harness/bench_report.py" cores-only --json "$OUT_JSON" --stamp "$STAMP" \
         --repo "$REPO_ROOT" --rates "$RATES/rates.json" --threads-json "$THREADS_DIR/threads.json" \
         --mib "$MIB" --repeats "$REPEATS" --workers "$WORKERS" --mtu "$MTU" --load-start "$LOAD_START" ||
-        die "scripts/bench_report.py cores-only failed; the raw results are in $RUN"
+        die "bench/harness/bench_report.py cores-only failed; the raw results are in $RUN"
     echo
     echo "=== bench $STAMP (cores only): $WORKERS workers, $MIB MiB float32, $(nproc) cores ==="
     echo "switch all-reduce, unlimited links, by dataplane threads:"
@@ -935,8 +935,8 @@ report_args=(report "$RUN" --json "$OUT_JSON" --table "$TABLE" --stamp "$STAMP"
     --openmpi-version "$(mpirun --version 2>/dev/null | head -n 1)")
 [[ "$QUICK" -eq 1 ]] && report_args+=(--quick)
 [[ "$DO_RATES" -eq 1 ]] && report_args+=(--rates)
-python3 "$REPO_ROOT/scripts/bench_report.py" "${report_args[@]}" ||
-    die "scripts/bench_report.py failed; the raw results are in $RUN"
+python3 "$REPO_ROOT/bench/harness/bench_report.py" "${report_args[@]}" ||
+    die "bench/harness/bench_report.py failed; the raw results are in $RUN"
 echo
 echo "=== bench $STAMP: $WORKERS workers, $MIB MiB float32 all-reduce, $REPEATS repeats, MTU $MTU ==="
 cat "$TABLE"
@@ -950,7 +950,7 @@ if [[ "$DO_RATES" -eq 1 ]]; then
 fi
 if [[ -s "$RUN/efficiency-table.md" ]]; then
     echo
-    echo "per-byte efficiency (scripts/bench_efficiency.sh; under \"efficiency\" in the JSON, every run in docs/bench-efficiency.json):"
+    echo "per-byte efficiency (scripts/bench_efficiency.sh; under \"efficiency\" in the JSON, every run in bench/results/bench-efficiency.json):"
     cat "$RUN/efficiency-table.md"
 fi
 if [[ -s "$RUN/per-packet-table.md" ]]; then

@@ -28,11 +28,11 @@
 #                    (first transport) at the largest MTU on unlimited links,
 #                    not counted in the results; the summaries by process
 #                    and by symbol go to RUN/profile-*.txt
-#   --quick          8 MiB, 2 repeats, MTU 1500 only; docs/ left alone
+#   --quick          8 MiB, 2 repeats, MTU 1500 only; bench/results/ left alone
 #   --timeout T      seconds any one measurement may take (default 600)
 #   --json FILE, --png FILE  where to write the results (default
 #                    results/efficiency-STAMP.{json,png}); unless --quick or
-#                    --no-docs also docs/bench-efficiency.{json,png}
+#                    --no-docs also bench/results/bench-efficiency.{json,png}
 #
 # Every measurement is K all-reduces of the tensor by 4 workers on the
 # veth testbed of scripts/testbed.sh (prefix "eff"), after one untimed
@@ -46,7 +46,7 @@
 # transmit offload on (TSO, as on a real NIC); the switch runs with switchd
 # and the testbed's offload settings. 1 Gbit/s links: tc tbf on every
 # worker's eth0 egress and ingress (ifb) and on every switch port
-# (shape_worker_links in lib.sh). scripts/bench_efficiency_report.py turns
+# (shape_worker_links in lib.sh). bench/harness/bench_efficiency_report.py turns
 # the runs into the table, the JSON (with the goals' ratios) and the PNG.
 #
 # Everything runs inside the eff-* namespaces; every process started is
@@ -356,15 +356,15 @@ OUT_JSON="${OUT_JSON:-$REPO_ROOT/results/efficiency-$STAMP.json}"
 OUT_PNG="${OUT_PNG:-$REPO_ROOT/results/efficiency-$STAMP.png}"
 PLOT_PYTHON=/usr/bin/python3
 [[ -x "$PLOT_PYTHON" ]] || PLOT_PYTHON=python3
-"$PLOT_PYTHON" "$REPO_ROOT/scripts/bench_efficiency_report.py" \
+"$PLOT_PYTHON" "$REPO_ROOT/bench/harness/bench_efficiency_report.py" \
     --runs "$RUN/runs.jsonl" --stamp "$STAMP" --mib "$MIB" --repeats "$REPEATS" \
     --workers "$WORKERS" --json "$OUT_JSON" --png "$OUT_PNG" --table "$RUN/table.md" ||
-    die "scripts/bench_efficiency_report.py failed"
+    die "bench/harness/bench_efficiency_report.py failed"
 cat "$RUN/table.md"
 if [[ "$DOCS" -eq 1 ]]; then
-    cp "$OUT_JSON" "$REPO_ROOT/docs/bench-efficiency.json"
-    cp "$OUT_PNG" "$REPO_ROOT/docs/bench-efficiency.png"
-    log "wrote docs/bench-efficiency.{json,png}, $OUT_JSON and $OUT_PNG"
+    cp "$OUT_JSON" "$REPO_ROOT/bench/results/bench-efficiency.json"
+    cp "$OUT_PNG" "$REPO_ROOT/bench/results/bench-efficiency.png"
+    log "wrote bench/results/bench-efficiency.{json,png}, $OUT_JSON and $OUT_PNG"
 else
-    log "wrote $OUT_JSON and $OUT_PNG (docs/ left alone)"
+    log "wrote $OUT_JSON and $OUT_PNG (bench/results/ left alone)"
 fi

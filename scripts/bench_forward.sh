@@ -221,5 +221,5 @@ ATTACH_MODE="$(grep -o 'attached in [a-z]* ([a-z]*) mode' "$WORK/switchd.log" | 
 # ---------------------------------------------------------------------------
 # Summary (python3: medians, ratios, JSON, table)
 
-python3 "$REPO_ROOT/scripts/bench_forward_report.py" "$WORK" "$JSON_OUT" "$ROUNDS" "$SECS" \
+python3 "$REPO_ROOT/bench/harness/bench_forward_report.py" "$WORK" "$JSON_OUT" "$ROUNDS" "$SECS" \
     "$MSG_SIZE" "$STAMP" "$ATTACH_MODE" "${SETUPS[@]}"

@@ -19,9 +19,9 @@
 #                 25.38 M float32 parameters, communication-bound)
 #   --mtu M       MTU of every testbed link (default 1500; 576..9000): the
 #                 switch's chunks and gloo's TCP segments both follow it; with
-#                 M != 1500 the docs files are docs/bench-fsdp-mtuM.{json,png}
+#                 M != 1500 the docs files are bench/results/bench-fsdp-mtuM.{json,png}
 #   --timeout T   seconds one configuration (4 ranks) may take (default 600)
-#   --no-docs     write results/ only, leave docs/bench-fsdp.{json,png} alone
+#   --no-docs     write results/ only, leave bench/results/bench-fsdp.{json,png} alone
 #   -h, --help    this text
 #
 # Each configuration runs bench/fsdp_bench.py as 4 ranks, one process per
@@ -32,11 +32,11 @@
 # (shape_worker_links in lib.sh). switchd (job 1 of 4 workers, float32,
 # pool_slots 256, a fresh random secret) runs during the switch
 # configurations only. bench/fsdp_bench.py's docstring says what is timed;
-# scripts/bench_fsdp_report.py takes the medians of the slowest rank, the
+# bench/harness/bench_fsdp_report.py takes the medians of the slowest rank, the
 # ratios switch / gloo (goals at 1 Gbit/s: reduce-scatter <= 0.5, FSDP2 step
 # <= 0.8), checks every FSDP2 run's ranks ended with the same parameters,
 # and writes the table, results/bench-fsdp-STAMP.json and .png (and unless
-# --no-docs, docs/bench-fsdp.json and docs/bench-fsdp.png).
+# --no-docs, bench/results/bench-fsdp.json and bench/results/bench-fsdp.png).
 #
 # Everything runs in the namespaces bfs-sw, bfs-w0..3; every process started
 # is stopped by PID and the testbed removed on exit, also on failure.
@@ -190,27 +190,27 @@ done
 OUT_JSON="$REPO_ROOT/results/bench-fsdp-$STAMP.json"
 OUT_PNG="$REPO_ROOT/results/bench-fsdp-$STAMP.png"
 report_rc=0
-"$PY" "$REPO_ROOT/scripts/bench_fsdp_report.py" "$RUN" \
+"$PY" "$REPO_ROOT/bench/harness/bench_fsdp_report.py" "$RUN" \
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --mib "$MIB" --mtu "$MTU" --repeats "$REPEATS" --warmup "$WARMUP" --steps "$STEPS" \
     --hidden "$HIDDEN" --tbf "${TBF_ARGS[*]}" --bench-seconds $((SECONDS - BENCH_T0)) ||
     report_rc=$?
-[[ -s "$OUT_JSON" ]] || die "scripts/bench_fsdp_report.py wrote no JSON (status $report_rc)"
+[[ -s "$OUT_JSON" ]] || die "bench/harness/bench_fsdp_report.py wrote no JSON (status $report_rc)"
 echo
 echo "=== bench_fsdp $STAMP: 4 ranks; reduce-scatter and all-gather of $MIB MiB; FSDP2 step, hidden $HIDDEN ==="
 cat "$RUN/table.md"
 echo
-[[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "scripts/bench_fsdp_report.py failed (status $report_rc)"
+[[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "bench/harness/bench_fsdp_report.py failed (status $report_rc)"
 if [[ "$report_rc" -eq 3 ]]; then
-    die "sanity check failed (see the table): docs/ left alone; $OUT_JSON"
+    die "sanity check failed (see the table): bench/results/ left alone; $OUT_JSON"
 fi
 if [[ "$DOCS" -eq 1 ]]; then
     doc=bench-fsdp
     ((MTU == 1500)) || doc="bench-fsdp-mtu$MTU"
-    cp "$OUT_JSON" "$REPO_ROOT/docs/$doc.json"
-    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/docs/$doc.png"
-    log "wrote docs/$doc.json, docs/$doc.png, $OUT_JSON and $OUT_PNG"
+    cp "$OUT_JSON" "$REPO_ROOT/bench/results/$doc.json"
+    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/bench/results/$doc.png"
+    log "wrote bench/results/$doc.json, bench/results/$doc.png, $OUT_JSON and $OUT_PNG"
 else
-    log "wrote $OUT_JSON and $OUT_PNG (docs/ left alone)"
+    log "wrote $OUT_JSON and $OUT_PNG (bench/results/ left alone)"
 fi
 log "bench took $((SECONDS - BENCH_T0)) s"

@@ -21,7 +21,7 @@
 #   sum_only  the engine's arithmetic alone (rank 0 copies into the slot,
 #             ranks 1..3 add), without any protocol work.
 # and reports criterion's median per benchmark, engine / copy (the goal is
-# <= 1.5) and sum_only / copy (scripts/bench_per_packet_report.py reads
+# <= 1.5) and sum_only / copy (bench/harness/bench_per_packet_report.py reads
 # criterion's estimates and writes the JSON and the table). No root needed;
 # nothing touches the network.
 
@@ -66,5 +66,5 @@ taskset -c "$CPU" cargo bench -q -p agg-proto --bench data_path -- data_packet \
 
 report_args=("$OUT_DIR" --secs "$SECS" --cpu "$CPU")
 [[ -n "$JSON" ]] && report_args+=(--json "$JSON")
-python3 "$REPO_ROOT/scripts/bench_per_packet_report.py" "${report_args[@]}" ||
-    die "scripts/bench_per_packet_report.py failed on $OUT_DIR (see above; criterion's log: $CRITERION_LOG)"
+python3 "$REPO_ROOT/bench/harness/bench_per_packet_report.py" "${report_args[@]}" ||
+    die "bench/harness/bench_per_packet_report.py failed on $OUT_DIR (see above; criterion's log: $CRITERION_LOG)"

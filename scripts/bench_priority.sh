@@ -27,7 +27,7 @@
 #                   load over the run weighs on both sides)
 #
 # The short job is --iterations all-reduces of --elements float32 on each
-# rank. scripts/bench_priority_report.py computes the short job's completion
+# rank. bench/harness/bench_priority_report.py computes the short job's completion
 # time and p99 per all-reduce, the long job's throughput in each window, the
 # probe's p99, and the two ratios of the goal:
 #   short_job_with_priority_over_alone  (goal <= 1.3)
@@ -295,5 +295,5 @@ jq -n --arg stamp "$STAMP" --arg commit "$(git rev-parse --short HEAD 2>/dev/nul
     >"$RESULTS_DIR/meta.json"
 
 [[ -n "${PYTHON:-}" ]] || PYTHON=python3
-"$PYTHON" "$REPO_ROOT/scripts/bench_priority_report.py" "$RESULTS_DIR" \
+"$PYTHON" "$REPO_ROOT/bench/harness/bench_priority_report.py" "$RESULTS_DIR" \
     "$REPO_ROOT/results/priority-$STAMP.json" "$REPO_ROOT/results/priority-$STAMP.png"

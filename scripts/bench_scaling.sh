@@ -28,7 +28,7 @@
 # engine_2_over_1: median Mpps at 2 threads over 1, rss layout, lockfree, or
 # table-lock while lockfree is not built, named by engine_2_over_1_backend;
 # and engine_2_over_1_seq_lanes, the same for the steered layout)
-# and results/scaling-STAMP.png (scripts/bench_scaling_report.py, with the
+# and results/scaling-STAMP.png (bench/harness/bench_scaling_report.py, with the
 # project venv's Python). No root needed; nothing touches the network.
 # Warns when the 1-min load average says the machine is busy: the threads
 # are pinned one per CPU, and other load on those CPUs is measured too.
@@ -120,9 +120,9 @@ log "engine_scaling: threads $THREADS, ${SECONDS_EACH} s x $REPEATS repeats per 
     die "engine_scaling failed (see above): a wrong RESULT or refused DATA is a bug in the engine"
 LOAD_END="$(loadavg)"
 
-"$PY" "$REPO_ROOT/scripts/bench_scaling_report.py" "$RAW" "$OUT_JSON" "$OUT_PNG" \
+"$PY" "$REPO_ROOT/bench/harness/bench_scaling_report.py" "$RAW" "$OUT_JSON" "$OUT_PNG" \
     --stamp "$STAMP" --load-start "$LOAD_START" --load-end "$LOAD_END" ||
-    die "scripts/bench_scaling_report.py failed (see above)"
+    die "bench/harness/bench_scaling_report.py failed (see above)"
 if [[ -s "$OUT_PNG" ]]; then
     log "wrote $OUT_JSON and $OUT_PNG"
 else

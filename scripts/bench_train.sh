@@ -63,7 +63,7 @@
 #                 on a machine nothing else loads; default 0: no wait)
 #   --no-build    use the binaries in target/release as they are (built on
 #                 another machine and copied there): no cargo, no apt-get
-#   --no-docs     write results/ only, leave docs/bench-train.{json,png} alone
+#   --no-docs     write results/ only, leave bench/results/bench-train.{json,png} alone
 #   -h, --help    this text
 #
 # The model is examples/train_ddp.py's MLP on scikit-learn's digits (2 hidden
@@ -139,8 +139,8 @@
 #
 # Output: the table on stdout, results/bench-train-STAMP.json and .png with
 # every rank's JSON and log in results/bench-train-STAMP/, and unless
-# --no-docs, docs/bench-train.json and docs/bench-train.png
-# (scripts/bench_train_report.py makes the JSON, table and plot).
+# --no-docs, bench/results/bench-train.json and bench/results/bench-train.png
+# (bench/harness/bench_train_report.py makes the JSON, table and plot).
 #
 # Everything runs in the namespaces btr-sw, btr-w0..3 (scripts/testbed.sh up
 # --workers 4 --prefix btr); every process started is stopped by PID and the
@@ -465,27 +465,27 @@ done
 OUT_JSON="$REPO_ROOT/results/bench-train-$STAMP.json"
 OUT_PNG="$REPO_ROOT/results/bench-train-$STAMP.png"
 report_rc=0
-"$PY" "$REPO_ROOT/scripts/bench_train_report.py" "$RUN" \
+"$PY" "$REPO_ROOT/bench/harness/bench_train_report.py" "$RUN" \
     --json "$OUT_JSON" --table "$RUN/table.md" --png "$OUT_PNG" \
     --stamp "$STAMP" --warmup "$WARMUP" --steps "$STEPS" --batch "$BATCH" \
     --hidden "$HIDDEN" --layers "$LAYERS" --seed "$SEED" --mtu "$MTU" --dtype "$DTYPE" \
     --transport "$TRANSPORT" --device "$DEVICE" --links "$LINKS" --comms "$COMMS" --switch-threads "$SWITCH_THREADS" \
     --stall-timeout "$STALL_TIMEOUT" "${TBF_REPORT[@]}" --bench-seconds $((SECONDS - BENCH_T0)) --measure-seconds $((SECONDS - MEASURE_T0)) ||
     report_rc=$?
-[[ -s "$OUT_JSON" ]] || die "scripts/bench_train_report.py wrote no JSON (status $report_rc)"
+[[ -s "$OUT_JSON" ]] || die "bench/harness/bench_train_report.py wrote no JSON (status $report_rc)"
 echo
 echo "=== bench_train $STAMP: DDP step time, 4 ranks on $DEVICE, batch $BATCH per rank, hidden $HIDDEN, $STEPS timed steps ==="
 cat "$RUN/table.md"
 echo
-[[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "scripts/bench_train_report.py failed (status $report_rc)"
+[[ "$report_rc" -eq 0 || "$report_rc" -eq 3 ]] || die "bench/harness/bench_train_report.py failed (status $report_rc)"
 if [[ "$report_rc" -eq 3 ]]; then
-    die "sanity check failed (see the table): docs/ left alone; $OUT_JSON"
+    die "sanity check failed (see the table): bench/results/ left alone; $OUT_JSON"
 fi
 if [[ "$DOCS" -eq 1 ]]; then
-    cp "$OUT_JSON" "$REPO_ROOT/docs/bench-train.json"
-    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/docs/bench-train.png"
-    log "wrote docs/bench-train.json, docs/bench-train.png, $OUT_JSON and $OUT_PNG"
+    cp "$OUT_JSON" "$REPO_ROOT/bench/results/bench-train.json"
+    [[ -s "$OUT_PNG" ]] && cp "$OUT_PNG" "$REPO_ROOT/bench/results/bench-train.png"
+    log "wrote bench/results/bench-train.json, bench/results/bench-train.png, $OUT_JSON and $OUT_PNG"
 else
-    log "wrote $OUT_JSON and $OUT_PNG (docs/ left alone)"
+    log "wrote $OUT_JSON and $OUT_PNG (bench/results/ left alone)"
 fi
 log "bench took $((SECONDS - BENCH_T0)) s"

@@ -27,7 +27,7 @@
 # others' work too), that window's wall seconds, the CPU-seconds of the
 # worker processes themselves (user+system, with the softirq work their
 # sends run inline) and of switchd in the window, and the ranks' coalescing
-# counters; then the medians per transport. scripts/bench_transports_report.py
+# counters; then the medians per transport. bench/harness/bench_transports_report.py
 # does that arithmetic from the raw readings this script leaves in its
 # folder (the workers' JSON and each window's edges). The testbed is
 # removed at the end, also on failure. Needs root and
@@ -120,8 +120,8 @@ one_run() {
     WORKER_PIDS=()
     mark "$OUT/$t-$run.after" stat wall switchd children
     ((rc == 0)) || die "a worker failed ($t run $run, status $rc); see $OUT"
-    python3 "$REPO_ROOT/scripts/bench_transports_report.py" run "$OUT" "$t" "$run" --workers "$WORKERS" ||
-        die "scripts/bench_transports_report.py run failed on $OUT ($t run $run)"
+    python3 "$REPO_ROOT/bench/harness/bench_transports_report.py" run "$OUT" "$t" "$run" --workers "$WORKERS" ||
+        die "bench/harness/bench_transports_report.py run failed on $OUT ($t run $run)"
 }
 
 for ((run = 0; run < RUNS; run++)); do
@@ -129,6 +129,6 @@ for ((run = 0; run < RUNS; run++)); do
         one_run "$t" "$run" | tee -a "$OUT/runs.jsonl"
     done
 done
-python3 "$REPO_ROOT/scripts/bench_transports_report.py" summary "$OUT/runs.jsonl" ||
-    die "scripts/bench_transports_report.py summary failed on $OUT/runs.jsonl"
+python3 "$REPO_ROOT/bench/harness/bench_transports_report.py" summary "$OUT/runs.jsonl" ||
+    die "bench/harness/bench_transports_report.py summary failed on $OUT/runs.jsonl"
 log "worker tx offload $WORKER_TX; runs in $OUT"

@@ -54,14 +54,14 @@
 #   --trees-no-ecn   trees: shaped links without CE marking (plain FIFOs;
 #                    the workers' windows then grow to the pool, 256 chunks)
 #   --prefix P       testbed namespace prefix (default tbch)
-#   --no-docs        write results/ only, leave docs/bench-tree.* alone
+#   --no-docs        write results/ only, leave bench/results/bench-tree.* alone
 #   --no-install     do not apt-get install missing packages
 #   --no-build       do not run cargo build (use target/release as is)
 #
 # Prints the table, writes results/bench-tree-STAMP/bench-tree.{json,png}
 # beside every raw log, worker report, switch counter file and qdisc
-# snapshot of the run, and (unless --no-docs) docs/bench-tree.json and
-# docs/bench-tree.png. scripts/bench_tree_report.py makes the table, JSON and
+# snapshot of the run, and (unless --no-docs) bench/results/bench-tree.json and
+# bench/results/bench-tree.png. bench/harness/bench_tree_report.py makes the table, JSON and
 # plot from that folder (run it again to redo them). Needs root. Everything
 # it starts is stopped by PID, and the testbed removed, on exit.
 
@@ -494,16 +494,16 @@ fi
 # --- report ------------------------------------------------------------------------
 OUT_JSON="$RESULTS_DIR/bench-tree.json"
 OUT_PNG="$RESULTS_DIR/bench-tree.png"
-"$PYTHON" "$REPO_ROOT/scripts/bench_tree_report.py" "$RESULTS_DIR" --json "$OUT_JSON" \
+"$PYTHON" "$REPO_ROOT/bench/harness/bench_tree_report.py" "$RESULTS_DIR" --json "$OUT_JSON" \
     --png "$OUT_PNG" --rate "$RATE_MBIT" --mib "$MIB" --iterations "$ITERATIONS" \
     --repeat "$REPEAT" --seconds "$RUN_SECONDS" --fair-mib "$FAIR_MIB" --mps "$MPS" \
     --mark-min "$MARK_MIN" --mark-max "$MARK_MAX" --prefix "$PREFIX" \
     --command "sudo scripts/bench_tree.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}" \
     --commit "$(git -C "$REPO_ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
 if ((WRITE_DOCS == 1)); then
-    cp "$OUT_JSON" "$REPO_ROOT/docs/bench-tree.json"
-    cp "$OUT_PNG" "$REPO_ROOT/docs/bench-tree.png"
-    log "wrote docs/bench-tree.json and docs/bench-tree.png (copies in results/bench-tree-$STAMP/)"
+    cp "$OUT_JSON" "$REPO_ROOT/bench/results/bench-tree.json"
+    cp "$OUT_PNG" "$REPO_ROOT/bench/results/bench-tree.png"
+    log "wrote bench/results/bench-tree.json and bench/results/bench-tree.png (copies in results/bench-tree-$STAMP/)"
 else
     log "wrote results/bench-tree-$STAMP/bench-tree.{json,png}"
 fi

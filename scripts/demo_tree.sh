@@ -217,7 +217,7 @@ status_csv="$(IFS=,; echo "${statuses[*]}")"
 spine_args=()
 for ((j = 0; j < SPINES; j++)); do spine_args+=(--spine-stats "$WORK/spine$j-stats.json"); done
 ALL_OK=1
-python3 "$REPO_ROOT/scripts/demo_report.py" "$WORK" --workers "$WORKERS" \
+python3 "$REPO_ROOT/bench/harness/demo_report.py" "$WORK" --workers "$WORKERS" \
     --stats "$WORK/leaf0-stats.json" --status "$status_csv" --switchd-status "$SWITCHD_RC" \
     --ping "$PING_RESULT" --json "$JSON_OUT" --mib "$MIB" --iterations "$ITERATIONS" \
     --job "$JOB_ID" "${spine_args[@]}" || ALL_OK=0

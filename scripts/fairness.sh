@@ -18,10 +18,10 @@
 # job's all-reduce throughput (Gbit/s of gradient per rank), Jain's fairness
 # index between the two jobs, the workers' final window/alpha/ECE counts, the
 # queue's CE marks and mean depth, and the switch's per-job counters. Prints a
-# table, writes docs/fairness.json and docs/fairness.png (plus timestamped
+# table, writes bench/results/fairness.json and bench/results/fairness.png (plus timestamped
 # copies and all raw logs under results/fairness-STAMP/). This script only
 # orchestrates and leaves raw counter dumps, sockperf output and worker
-# reports in results/fairness-STAMP/; scripts/fairness_report.py computes
+# reports in results/fairness-STAMP/; bench/harness/fairness_report.py computes
 # every figure, the JSON, the tables and the plot from them.
 #
 # Usage:
@@ -48,7 +48,7 @@
 #   --mps M|max      sockperf messages per second (default 1000; sockperf
 #                    busy-waits one core to pace them)
 #   --runs LIST      which runs, comma-separated (default idle,no_cc,cc)
-#   --no-docs        write results/ only, leave docs/fairness.{json,png} alone
+#   --no-docs        write results/ only, leave bench/results/fairness.{json,png} alone
 #   --no-install     do not apt-get install missing packages
 #   --no-build       do not run cargo build (use target/release as is)
 #
@@ -386,7 +386,7 @@ done
 OUT_JSON="$REPO_ROOT/results/fairness-$STAMP.json"
 OUT_PNG="$REPO_ROOT/results/fairness-$STAMP.png"
 echo
-"$PYTHON" "$REPO_ROOT/scripts/fairness_report.py" report "$RESULTS_DIR" --json "$OUT_JSON" --png "$OUT_PNG" \
+"$PYTHON" "$REPO_ROOT/bench/harness/fairness_report.py" report "$RESULTS_DIR" --json "$OUT_JSON" --png "$OUT_PNG" \
     --prefix "$PREFIX" --marker "$MARKER" --rate "$RATE_MBIT" --mark-min "$MARK_MIN" --mark-max "$MARK_MAX" \
     --elements "$ELEMENTS" --iterations "$ITERATIONS" --seconds "$RUN_SECONDS" --repeat "$REPEAT" \
     --runs "$RUNS" --mps "$MPS" --msg-size "$MSG_SIZE" --probe-mode "$PROBE_MODE" --host-addr "$HOST_ADDR" \
@@ -395,9 +395,9 @@ echo
     die "fairness_report.py failed (raw outputs in ${RESULTS_DIR#"$REPO_ROOT"/})"
 if ((WRITE_DOCS == 1)); then
     mkdir -p "$REPO_ROOT/docs"
-    cp "$OUT_JSON" "$REPO_ROOT/docs/fairness.json"
-    cp "$OUT_PNG" "$REPO_ROOT/docs/fairness.png"
-    log "wrote docs/fairness.json and docs/fairness.png (copies: results/fairness-$STAMP.{json,png})"
+    cp "$OUT_JSON" "$REPO_ROOT/bench/results/fairness.json"
+    cp "$OUT_PNG" "$REPO_ROOT/bench/results/fairness.png"
+    log "wrote bench/results/fairness.json and bench/results/fairness.png (copies: results/fairness-$STAMP.{json,png})"
 else
     log "wrote results/fairness-$STAMP.{json,png}"
 fi

@@ -1,4 +1,4 @@
-"""The benchmark reports' arithmetic (scripts/bench_rates_report.py,
+"""The benchmark reports' arithmetic (bench/harness/bench_rates_report.py,
 bench_transports_report.py, bench_per_packet_report.py, bench_report.py,
 bench_train_report.py),
 on small run folders written here: the shell scripts only leave raw
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "harness")
 sys.path.insert(0, SCRIPTS)
 import bench_per_packet_report  # noqa: E402
 import bench_rates_report  # noqa: E402

@@ -1,4 +1,4 @@
-"""scripts/fairness_report.py: the arithmetic behind docs/fairness.json
+"""bench/harness/fairness_report.py: the arithmetic behind bench/results/fairness.json
 (Jain's index, counter differences, medians over repeats, the probe's
 quantiles), on a small run folder laid out as scripts/fairness.sh leaves
 it (issue 24: benchmark logic in Python, not jq)."""
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "harness")
 _spec = importlib.util.spec_from_file_location("fairness_report", os.path.join(SCRIPTS, "fairness_report.py"))
 fr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fr)

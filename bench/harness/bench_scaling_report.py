@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_scaling_report.py: the report of scripts/bench_scaling.sh.
 
-Usage: scripts/bench_scaling_report.py RAW_JSON OUT_JSON OUT_PNG --stamp STAMP
+Usage: bench/harness/bench_scaling_report.py RAW_JSON OUT_JSON OUT_PNG --stamp STAMP
            --load-start L --load-end L
 
 RAW_JSON is what `engine_scaling --json` wrote. Writes OUT_JSON: the raw

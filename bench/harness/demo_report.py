@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """demo_report.py: the closing tables of scripts/demo.sh, and its full JSON.
 
-Usage: scripts/demo_report.py WORK_DIR --workers N --status S0,S1,..
+Usage: bench/harness/demo_report.py WORK_DIR --workers N --status S0,S1,..
            --switchd-status RC --ping TEXT --json OUT.json
            [--stats STATS.json] [--mib S] [--iterations K] [--job J]
 

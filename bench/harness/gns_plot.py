@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gns_plot.py: a gradient noise scale curve from a short adaptive training.
 
-Usage: .venv/bin/python scripts/gns_plot.py [--png docs/gns-curve.png]
+Usage: .venv/bin/python bench/harness/gns_plot.py [--png bench/results/gns-curve.png]
            [--log FILE.jsonl] [--workers 4] [--steps 200] [--batch 8]
            [--max-batch 128] [--seed 0] [--from-log FILE.jsonl]
 
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def train(a, log):
@@ -88,7 +88,7 @@ def plot(recs, png, title):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--png", default=os.path.join(ROOT, "docs", "gns-curve.png"))
+    p.add_argument("--png", default=os.path.join(ROOT, "bench", "results", "gns-curve.png"))
     p.add_argument("--log", help="keep rank 0's records here (default: a temporary file)")
     p.add_argument("--from-log", help="plot this log instead of training")
     p.add_argument("--workers", type=int, default=4)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_plot.py: draw the all-reduce comparison that scripts/bench.sh measured.
 
-Usage: scripts/bench_plot.py BENCH_JSON OUT_PNG
+Usage: bench/harness/bench_plot.py BENCH_JSON OUT_PNG
 
 Bars: the time of one all-reduce (seconds, lower is better) through the
 switch and with OpenMPI's MPI_Allreduce (with the testbed's offloads, and

@@ -9,7 +9,7 @@ W.t0/W.t1 (the window's wall-clock bounds) and W.sockperf.txt (the probe).
 Numbers:
 * short job completion time: the slower rank's `seconds` (its all-reduces,
   back to back, without the join); p99 per all-reduce: per iteration the
-  slower rank's time, then the 99th percentile (scripts/benchkit.py's
+  slower rank's time, then the 99th percentile (bench/harness/benchkit.py's
   quantile, as every report: linear between order statistics).
 * long job throughput: job 1's `bytes_aggregated` over the window (every
   rank's payload), per rank, in Gbit/s of gradient reduced.

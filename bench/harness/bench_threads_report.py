@@ -2,7 +2,7 @@
 """bench_threads_report.py: the switch's all-reduce time with 1, 2, ...
 dataplane threads, as scripts/bench.sh measured it (its "threads" section).
 
-Usage: scripts/bench_threads_report.py DIR THREADS OUT_JSON
+Usage: bench/harness/bench_threads_report.py DIR THREADS OUT_JSON
 
 THREADS is a comma-separated list (e.g. 1,2). For each T, DIR/tT/ holds
 switch.result.json (bench.sh's run_switch summary: mean/best/median seconds

@@ -181,7 +181,7 @@ def main() -> int:
         "stamp": a.stamp,
         "setup": {"workers": a.workers, "mib": a.mib, "elements": elements, "repeats": a.repeats,
                   "time": "slowest rank, per all-reduce (mean of K in one run)",
-                  "cpu": "whole machine busy CPU (/proc/stat, scripts/benchkit.py's definition) over the all-reduces, per all-reduce",
+                  "cpu": "whole machine busy CPU (/proc/stat, bench/harness/benchkit.py's definition) over the all-reduces, per all-reduce",
                   "workers_cpu": "the worker processes' own CPU (user + system, summed over ranks) over the same all-reduces: what a training host pays when the switch is another box; on veth a sender's transmit runs the receiver's softirq in the sender's context, so this also holds part of the switch's and the peers' receive work",
                   "cpu_s_per_gib": "per GiB of float32 gradient (elements x 4 bytes)"},
         "runs": runs,

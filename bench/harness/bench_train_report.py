@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_train_report.py: the JSON, table and plot of scripts/bench_train.sh.
 
-Usage: scripts/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
+Usage: bench/harness/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
            [--png OUT.png] --stamp STAMP --warmup W --steps N --batch B
            --hidden H --layers L --seed S [--links unlimited,1gbit]
            [--comms gloo,switch] [--tbf LINK="TBF ARGS"]... [--device cpu|cuda]

@@ -27,7 +27,7 @@ Commands:
       iperf-{up,down,w2w}.json (iperf3 -J), loadavg-{start,end}.txt; and,
       when present, rates/rates.json, forward.json, per-packet.json,
       efficiency.json, threads/threads.json. Writes results/bench-STAMP.json
-      (the schema docs/bench.json has had since issue 3, plus `gloo` per
+      (the schema bench/results/bench.json has had since issue 3, plus `gloo` per
       link and the switch/gloo ratios) and RUN/table.md. The headline ratios
       are taken against gloo (PyTorch's all-reduce with TSO on: what a
       PyTorch user runs; issue 24), OpenMPI's beside them;
@@ -328,7 +328,7 @@ def build(a):
             "gloo": "bench/gloo_allreduce.py: torch.distributed gloo on eth0, worker transmit offload (TSO) on, one warm-up then K timed",
             "shaping": "tbf rate 1gbit burst 256kb latency 50ms on worker eth0 egress, switch port sw-wI egress, and worker eth0 ingress via ifb0",
             "switch_time": "slowest rank: seconds / K from one run of K iterations (mean); best/median over K runs of 1 iteration",
-            "cpu_definition": "whole machine busy share over each phase (scripts/benchkit.py)",
+            "cpu_definition": "whole machine busy share over each phase (bench/harness/benchkit.py)",
         },
         "line_rate_1gbit": {
             "elems_per_chunk": epc, "chunks": chunks, "header_bytes_per_frame": HEADER_BYTES,
