@@ -45,13 +45,13 @@
 #                 there. For a many-core machine, e.g. --threads 1,2,4,8
 #   --no-build    use target/release as it is (binaries built elsewhere: a
 #                 machine without a Rust toolchain)
-#   --no-forward  skip the forwarding comparison (scripts/bench_forward.sh:
+#   --no-forward  skip the forwarding comparison (scripts/bench forward:
 #                 iperf3 and sockperf between two hosts through a plain
 #                 bridge, through switchd with forwarding = "bridge", and
 #                 through the XDP fast path; runs after the packet rates,
 #                 its JSON goes under "forwarding")
 #   --no-per-packet  skip the in-memory per-packet cost
-#                 (scripts/bench_per_packet.sh: criterion's engine vs copy of
+#                 (scripts/bench per-packet: criterion's engine vs copy of
 #                 the payload, pinned to one CPU, before anything else runs;
 #                 its JSON goes under "per_packet")
 #   --no-gloo     skip gloo (the headline peer: PyTorch's all-reduce, which
@@ -431,8 +431,8 @@ readonly AGGBLAST="$RUN/bin/aggblast"
 if [[ "$DO_PER_PACKET" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
     pp_secs=3
     [[ "$QUICK" -eq 1 ]] && pp_secs=1
-    bash "$REPO_ROOT/scripts/bench_per_packet.sh" --secs "$pp_secs" --json "$RUN/per-packet.json" |
-        tee "$RUN/per-packet-table.md" || die "scripts/bench_per_packet.sh failed (see above)"
+    "$REPO_ROOT/scripts/bench" per-packet --secs "$pp_secs" --json "$RUN/per-packet.json" |
+        tee "$RUN/per-packet-table.md" || die "scripts/bench per-packet failed (see above)"
 fi
 
 # plot_and_publish JSON PNG NAME: draw PNG from JSON (bench/harness/bench_plot.py,
@@ -643,10 +643,10 @@ fi
 if [[ "$DO_FORWARD" -eq 1 && "$RATES_ONLY" -eq 0 ]]; then
     fwd_args=(--json "$RUN/forward.json")
     [[ "$QUICK" -eq 1 ]] && fwd_args+=(--secs 2 --rounds 1)
-    log "forwarding comparison (scripts/bench_forward.sh ${fwd_args[*]})"
+    log "forwarding comparison (scripts/bench forward ${fwd_args[*]})"
     AGG_SWITCHD="$REPO_ROOT/target/release/switchd" \
-        bash "$REPO_ROOT/scripts/bench_forward.sh" "${fwd_args[@]}" | tee "$RUN/forward-table.txt" ||
-        die "scripts/bench_forward.sh failed (see above)"
+        "$REPO_ROOT/scripts/bench" forward "${fwd_args[@]}" | tee "$RUN/forward-table.txt" ||
+        die "scripts/bench forward failed (see above)"
 fi
 
 if [[ "$RATES_ONLY" -eq 1 ]]; then

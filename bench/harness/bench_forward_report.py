@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_forward_report.py: scripts/bench_forward.sh's summary: the
+"""bench_forward_report.py: `scripts/bench forward`'s summary: the
 median over rounds of each setup's TCP throughput (iperf3) and UDP round
 trip percentiles (sockperf), the ratios against the plain bridge, the
 fast-path counter checks, the JSON and the table.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_per_packet_report.py: scripts/bench_per_packet.sh's result and
+"""bench_per_packet_report.py: `scripts/bench per-packet`'s result and
 table from criterion's estimates.
 
 Usage: bench_per_packet_report.py CRITERION_DIR --secs S --cpu N [--json FILE]

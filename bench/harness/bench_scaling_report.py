@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_scaling_report.py: the report of scripts/bench_scaling.sh.
+"""bench_scaling_report.py: the report of `scripts/bench scaling`.
 
 Usage: bench/harness/bench_scaling_report.py RAW_JSON OUT_JSON OUT_PNG --stamp STAMP
            --load-start L --load-end L
@@ -177,7 +177,7 @@ def plot(report, path):
     return True
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("raw_json")
     ap.add_argument("out_json")
@@ -185,7 +185,7 @@ def main():
     ap.add_argument("--stamp", required=True)
     ap.add_argument("--load-start", type=float, required=True)
     ap.add_argument("--load-end", type=float, required=True)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     with open(a.raw_json, encoding="utf-8") as f:
         report = json.load(f)
     if not report.get("runs"):

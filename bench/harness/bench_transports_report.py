@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""bench_transports_report.py: scripts/bench_transports.sh's arithmetic:
-each run's JSON line from the raw files the shell left, and the medians per
+"""bench_transports_report.py: `scripts/bench transports`'s arithmetic:
+each run's JSON line from the raw files the scenario left, and the medians per
 transport.
 
 Commands:
