@@ -66,7 +66,7 @@
 #                 are printed; bench/results/bench-efficiency.{json,png})
 #
 # Aggregation trees (several switches: leaves and spines) are measured by
-# scripts/bench_tree.sh on the leaf-spine testbed: 1 tree against 2 on
+# `scripts/bench tree` on the leaf-spine testbed: 1 tree against 2 on
 # rate-limited leaf-spine links, and the fairness experiment on a shared
 # spine link (docs/BENCHMARKS.md, "Aggregation trees").
 #

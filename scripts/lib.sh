@@ -9,7 +9,7 @@
 # is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
 # start_switchd, pkg_installed, find_python, ensure_debian_packages,
 # build_release, shape_worker_links,
-# redirect_ingress_to_ifb, toml_list, write_spine_config, write_leaf_config,
+# redirect_ingress_to_ifb,
 # build_ecn_marker, shape_htb, shape_ecn_bpf,
 # shape_ecn_red, setup_ecn_bottleneck, ecn_marker_map_id.
 
@@ -585,94 +585,7 @@ write_testbed_switchd_config() {
         die "switchd testbed-config failed for $file"
 }
 
-# --- aggregation trees (scripts/demo_tree.sh, bench_tree.sh) ------------------------
-
-# toml_list ITEM...: print the TOML list ["a", "b"].
-toml_list() {
-    local out="" x
-    for x in "$@"; do out+="\"$x\", "; done
-    echo "[${out%, }]"
-}
-
-# write_spine_config FILE WRITER ADDR ADMIN_SOCK N_LEAVES ID:SECRET...: a
-# switchd config for a spine of a scripts/testbed.sh leaf-spine testbed:
-# ports dn-l0..dn-l(N_LEAVES-1), address ADDR (spine J's 198.19.255.(J+1)),
-# and one job per ID:SECRET whose N_LEAVES ranks are the leaves (from
-# 198.18.0.0/16), 256 slots. WRITER names the script in the first line.
-# Mode 0600: it holds secrets.
-write_spine_config() {
-    local file="$1" writer="$2" addr="$3" sock="$4" n_leaves="$5" i spec
-    local -a downlinks=()
-    shift 5
-    for ((i = 0; i < n_leaves; i++)); do downlinks+=("dn-l$i"); done
-    (
-        umask 077
-        {
-            echo "# Written by $writer."
-            echo "[switch]"
-            echo "ports = $(toml_list "${downlinks[@]}")"
-            echo "addresses = [\"$addr\"]"
-            echo 'forwarding = "bridge"'
-            echo "admin_socket = \"$sock\""
-            for spec in "$@"; do
-                echo
-                echo "[[job]]"
-                echo "id = ${spec%%:*}"
-                echo "n_workers = $n_leaves"
-                echo 'allowed_sources = ["198.18.0.0/16"]'
-                echo "secret = \"${spec#*:}\""
-                echo "pool_slots = 256"
-            done
-        } >"$file"
-    )
-    chmod 600 "$file"
-}
-
-# write_leaf_config FILE WRITER GATEWAY UPLINK_PORT ADMIN_SOCK LEAF_INDEX
-#                   N_LEAVES SPINES PORTS JOB...: a switchd config for leaf
-# LEAF_INDEX of a scripts/testbed.sh leaf-spine testbed: the comma-separated
-# PORTS (sw-w0,sw-h0,...), address and uplink GATEWAY (198.18.I.1, uplink on
-# UPLINK_PORT), and one job per JOB = ID:N_WORKERS:ALLOWED:SECRET (ALLOWED a
-# comma-separated list of prefixes) with 256 slots, whose partials go to the
-# comma-separated SPINES (ADDR:PORT, in tree order). Mode 0600.
-write_leaf_config() {
-    local file="$1" writer="$2" gw="$3" uplink_port="$4" sock="$5" leaf="$6"
-    local n_leaves="$7" spines_csv="$8" ports_csv="$9" spec id nw allowed secret
-    local -a spine_list port_list allowed_list
-    shift 9
-    IFS=, read -r -a spine_list <<<"$spines_csv"
-    IFS=, read -r -a port_list <<<"$ports_csv"
-    (
-        umask 077
-        {
-            echo "# Written by $writer."
-            echo "[switch]"
-            echo "ports = $(toml_list "${port_list[@]}")"
-            echo "addresses = [\"$gw\"]"
-            echo "uplink = \"$gw:$uplink_port\""
-            echo "admin_socket = \"$sock\""
-            for spec in "$@"; do
-                IFS=: read -r id nw allowed secret <<<"$spec"
-                IFS=, read -r -a allowed_list <<<"$allowed"
-                echo
-                echo "[[job]]"
-                echo "id = $id"
-                echo "n_workers = $nw"
-                echo "allowed_sources = $(toml_list "${allowed_list[@]}")"
-                echo "secret = \"$secret\""
-                echo "pool_slots = 256"
-                echo
-                echo "[job.upstream]"
-                echo "leaf_index = $leaf"
-                echo "n_leaves = $n_leaves"
-                echo "spines = $(toml_list "${spine_list[@]}")"
-            done
-        } >"$file"
-    )
-    chmod 600 "$file"
-}
-
-# --- a shaped, CE-marking bottleneck (scripts/fairness.sh, bench_tree.sh) ----------
+# --- a shaped, CE-marking bottleneck (scripts/fairness.sh, scripts/bench tree) ----------
 
 # build_ecn_marker DIR MIN_BYTES MAX_BYTES: compile the CE marker
 # (scripts/bpf/ecn_mark.bpf.c: marks ECT packets by the depth of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The report of scripts/bench_priority.sh: table, JSON and PNG.
+"""The report of `scripts/bench priority`: table, JSON and PNG.
 
 Reads RUN/meta.json, and per window W (short_alone, long_alone, short_equal,
 short_priority, long_after): W.short.w{0,1}.json (the short job's worker reports, in the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table, JSON and plot of a scripts/bench_tree.sh run.
+"""Table, JSON and plot of a `scripts/bench tree` run.
 
 Usage: bench_tree_report.py RESULTS_DIR --json OUT.json --png OUT.png [settings]
 

@@ -123,10 +123,11 @@ class Processes:
         self._running.append(p)
         return p
 
-    def wait(self, procs, timeout):
+    def wait(self, procs, timeout, stop_on_failure=True):
         """Wait for every one of procs; the ones still running after timeout
-        seconds are stopped and reported as "timeout". When one fails, the
-        others are stopped (they would wait on it). Returns their statuses."""
+        seconds are stopped and reported as "timeout". When one fails (and
+        stop_on_failure), the others are stopped as "stopped": they would
+        wait on it. Returns their statuses."""
         deadline = time.monotonic() + timeout
         status = {}
         while len(status) < len(procs):
@@ -134,7 +135,7 @@ class Processes:
                 if i not in status and p.poll() is not None:
                     status[i] = p.returncode
                     self._forget(p)
-            failed = any(s != 0 for s in status.values())
+            failed = stop_on_failure and any(s != 0 for s in status.values())
             if len(status) < len(procs) and (failed or time.monotonic() >= deadline):
                 if not failed:
                     warn(f"still running after {timeout:g} s; stopping them")
@@ -241,17 +242,22 @@ class Testbed:
 
 
 def write_switchd_config(switchd, tb, out, writer, workers=None, secret=None, sets=(),
-                         host_ports=False):
+                         host_ports=False, jobs=()):
     """A switchd config for testbed tb from `switchd testbed-config`: its
     worker ports (and host ports with host_ports), its address, and with
     workers one job (id 1, the first `workers` workers, secret, 256 slots).
     sets are KEY=VALUE strings (switch.admin_socket="...", job.1.dtype=...);
-    a key switchd does not know is an error. Mode 0600 (it holds the secret)."""
+    a key switchd does not know is an error. jobs are more --job specs
+    (ID:WORKERS:env:AGGSWITCH_TESTBED_SECRET: that variable holds secret).
+    Mode 0600 (it holds the secret)."""
     argv = [switchd, "testbed-config", "--env", tb.env_file, "--out", out, "--writer", writer]
     env = dict(os.environ)
+    if secret is not None:
+        env["AGGSWITCH_TESTBED_SECRET"] = secret
     if workers is not None:
         argv += ["--job", f"1:0-{workers - 1}:env:AGGSWITCH_TESTBED_SECRET"]
-        env["AGGSWITCH_TESTBED_SECRET"] = secret
+    for j in jobs:
+        argv += ["--job", j]
     if host_ports:
         argv.append("--host-ports")
     for s in sets:

@@ -116,3 +116,22 @@ def test_children_times_line_reads_as_bash_times():
     # bench_transports_report reads the workers' CPU from this line.
     assert bench_transports_report.times_seconds(machine.children_times_line()) >= 0
     assert bench_transports_report.times_seconds("1m2.500s 0m0.250s") == pytest.approx(62.75)
+
+
+def test_tree_run_lengths():
+    from scenarios import tree
+    # 30 Mbit/s, 4 MiB tensors, 20 s probe: each job's fair share of the
+    # payload rate (14.2 Mbit/s) must outlast the probe by 3 s.
+    n = tree.fair_iterations(20, 4, 30)
+    per_iter_s = 4 * 1024 * 1024 * 8 / (30e6 * tree.CHUNK_PAYLOAD / tree.CHUNK_WIRE / 2)
+    assert n == 11 and (n - 2) * per_iter_s <= 23 < (n - 1) * per_iter_s
+    assert tree.tree_timeout(2, 16, 30) == 2 * 16 * 8388608 * 2 // 30000000 + 300
+
+
+def test_tree_options():
+    s = SCENARIOS["tree"]
+    a = parse(s, ["--parts", "fairness", "--rate", "100", "--no-docs"])
+    assert a.parts == ["fairness"] and a.rate == 100 and a.no_docs and not a.no_build
+    for bad in (["--parts", "trees,forest"], ["--prefix", "a b"], ["--seconds", "1"], ["--rate", "0"]):
+        with pytest.raises(SystemExit):
+            parse(s, bad)

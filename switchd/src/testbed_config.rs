@@ -42,6 +42,10 @@ pub enum TestbedConfigError {
         source_name: String,
         why: String,
     },
+    #[error("`{0}`: not a switch of this leaf-spine testbed (the form is leaf:I or spine:J)")]
+    BadRole(String),
+    #[error("--trees {trees}: the testbed has {spines} spines (1..={spines} trees)")]
+    BadTrees { trees: u16, spines: u16 },
     #[error("the config does not check: {0}")]
     Invalid(String),
 }
@@ -319,7 +323,12 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
             .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
         jobs.push(job);
     }
-    let file = ConfigFile { switch, jobs };
+    finish(ConfigFile { switch, jobs }, env, req)
+}
+
+/// Applies `req`'s overrides to `file`, checks the result by deserialising it
+/// into switchd's typed sections, and returns it with its header line.
+fn finish(file: ConfigFile, env: &TestbedEnv, req: &Request) -> Result<String> {
     // Overrides go through the TOML tree and back into the typed sections,
     // so that a misspelt key or a value of the wrong type is refused here
     // with switchd's own message, not when switchd starts.
@@ -354,6 +363,227 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
         req.writer,
         env.get("prefix")?
     ))
+}
+
+/// Which switch of a leaf-spine testbed a config is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leaf(u16),
+    Spine(u16),
+}
+
+impl FromStr for Role {
+    type Err = TestbedConfigError;
+
+    fn from_str(s: &str) -> Result<Role> {
+        let bad = || TestbedConfigError::BadRole(s.to_owned());
+        let (kind, index) = s.split_once(':').ok_or_else(bad)?;
+        let index: u16 = index.parse().map_err(|_| bad())?;
+        match kind {
+            "leaf" => Ok(Role::Leaf(index)),
+            "spine" => Ok(Role::Spine(index)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The leaf-spine parts of a request (`--topology leaf-spine`).
+#[derive(Debug, Clone)]
+pub struct Fabric {
+    pub role: Role,
+    /// How many spines carry the jobs' trees: a leaf sends its partials to
+    /// spines 0..trees (chunk seq s through spine s mod trees); `None`:
+    /// every spine.
+    pub trees: Option<u16>,
+    /// The spines' aggregation port (the leaves send partials to it).
+    pub agg_port: u16,
+    /// The UDP port of a leaf's uplink address (`[switch] uplink`).
+    pub uplink_port: u16,
+}
+
+fn number_in(env: &TestbedEnv, key: &str, what: &str, index: u16) -> Result<u16> {
+    let n = env.number(key)?;
+    if index >= n {
+        return Err(TestbedConfigError::BadRole(format!(
+            "{what}:{index} (the testbed has {key}={n})"
+        )));
+    }
+    Ok(n)
+}
+
+fn job_table(id: u16, n: u16, sources: &[ipnet::Ipv4Net], secret: String) -> toml::Table {
+    toml::Table::from_iter([
+        ("id".to_owned(), toml::Value::Integer(id.into())),
+        ("n_workers".to_owned(), toml::Value::Integer(n.into())),
+        (
+            "allowed_sources".to_owned(),
+            toml::Value::Array(sources.iter().map(|s| s.to_string().into()).collect()),
+        ),
+        ("secret".to_owned(), toml::Value::String(secret)),
+        ("pool_slots".to_owned(), toml::Value::Integer(256)),
+    ])
+}
+
+fn typed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
+    table
+        .try_into()
+        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))
+}
+
+fn net(env: &TestbedEnv, key: &str, text: String) -> Result<ipnet::Ipv4Net> {
+    text.parse()
+        .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
+            key: key.to_owned(),
+            value: text,
+            why: e.to_string(),
+        })
+        .and_then(|n| env.get(key).map(|_| n))
+}
+
+/// The config text of one switch of `env`'s leaf-spine testbed
+/// (`scripts/testbed.sh up --leaves L --spines K ...`):
+/// * spine J: ports dn-l0..dn-l(L-1), address spine J's, forwarding
+///   "bridge", one `[[job]]` per spec (WORKERS must be `all`: its ranks are
+///   the L leaves, from the leaves' /16), 256 slots;
+/// * leaf I: its worker ports (and host ports if asked), address and
+///   uplink its gateway (uplink port `fabric.uplink_port`), one `[[job]]`
+///   per spec over its own workers (`all`: its subnet; a list: those
+///   workers' /32s), 256 slots, `[job.upstream]` leaf_index I, n_leaves L
+///   and the first `fabric.trees` spines at `fabric.agg_port`;
+///
+/// Then the overrides, checked as [`write`] checks them.
+pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Result<String> {
+    let leaves = env.number("leaves")?;
+    let spines = env.number("spines")?;
+    let trees = fabric.trees.unwrap_or(spines);
+    if trees == 0 || trees > spines {
+        return Err(TestbedConfigError::BadTrees { trees, spines });
+    }
+    let (switch, jobs) = match fabric.role {
+        Role::Spine(j) => {
+            number_in(env, "spines", "spine", j)?;
+            let ports = (0..leaves)
+                .map(|i| {
+                    env.get(&format!("spine_{j}_downlink_{i}_port"))
+                        .map(str::to_owned)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let switch = toml::Table::from_iter([
+                (
+                    "ports".to_owned(),
+                    toml::Value::try_from(&ports).expect("strings"),
+                ),
+                (
+                    "addresses".to_owned(),
+                    toml::Value::Array(vec![env
+                        .addr(&format!("spine_{j}_addr"))?
+                        .to_string()
+                        .into()]),
+                ),
+                (
+                    "forwarding".to_owned(),
+                    toml::Value::String("bridge".into()),
+                ),
+            ]);
+            // The leaves' partials come from their gateways, 198.18.I.1:
+            // every leaf subnet lies in leaf 0's /16.
+            let leaf0 = net(env, "leaf_0_subnet", env.get("leaf_0_subnet")?.to_owned())?;
+            let leaves_net = ipnet::Ipv4Net::new(leaf0.network(), 16)
+                .expect("16 is a valid prefix length")
+                .trunc();
+            let mut jobs = Vec::new();
+            for spec in &req.jobs {
+                if spec.workers.is_some() {
+                    return Err(TestbedConfigError::BadJob(
+                        spec.id.to_string(),
+                        "a spine's job has the leaves as its ranks: WORKERS must be `all`".into(),
+                    ));
+                }
+                let secret = read_secret(spec.id, &spec.secret)?;
+                jobs.push(typed(job_table(spec.id, leaves, &[leaves_net], secret))?);
+            }
+            (typed::<SwitchSection>(switch)?, jobs)
+        }
+        Role::Leaf(i) => {
+            number_in(env, "leaves", "leaf", i)?;
+            let wpl = env.number("workers_per_leaf")?;
+            let hpl = env.number("hosts_per_leaf")?;
+            let mut ports = Vec::new();
+            for k in 0..wpl {
+                ports.push(env.get(&format!("leaf_{i}_worker_{k}_port"))?.to_owned());
+            }
+            if req.host_ports {
+                for k in 0..hpl {
+                    ports.push(env.get(&format!("leaf_{i}_host_{k}_port"))?.to_owned());
+                }
+            }
+            let gw = env.addr(&format!("leaf_{i}_gateway"))?;
+            let switch = toml::Table::from_iter([
+                (
+                    "ports".to_owned(),
+                    toml::Value::try_from(&ports).expect("strings"),
+                ),
+                (
+                    "addresses".to_owned(),
+                    toml::Value::Array(vec![gw.to_string().into()]),
+                ),
+                (
+                    "uplink".to_owned(),
+                    toml::Value::String(format!("{gw}:{}", fabric.uplink_port)),
+                ),
+            ]);
+            let tree_spines = (0..trees)
+                .map(|j| {
+                    Ok(format!(
+                        "{}:{}",
+                        env.addr(&format!("spine_{j}_addr"))?,
+                        fabric.agg_port
+                    )
+                    .into())
+                })
+                .collect::<Result<Vec<toml::Value>>>()?;
+            let subnet_key = format!("leaf_{i}_subnet");
+            let mut jobs = Vec::new();
+            for spec in &req.jobs {
+                let (n, sources) = match &spec.workers {
+                    None => (
+                        wpl,
+                        vec![net(env, &subnet_key, env.get(&subnet_key)?.to_owned())?],
+                    ),
+                    Some(list) => {
+                        if let Some(w) = list.iter().find(|&&w| w >= wpl) {
+                            return Err(TestbedConfigError::BadJob(
+                                spec.id.to_string(),
+                                format!(
+                                    "worker {w} is not under leaf {i} ({wpl} workers per leaf)"
+                                ),
+                            ));
+                        }
+                        let srcs = list
+                            .iter()
+                            .map(|w| {
+                                let key = format!("leaf_{i}_worker_{w}_addr");
+                                net(env, &key, format!("{}/32", env.addr(&key)?))
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        (list.len() as u16, srcs)
+                    }
+                };
+                let mut job = job_table(spec.id, n, &sources, read_secret(spec.id, &spec.secret)?);
+                job.insert(
+                    "upstream".to_owned(),
+                    toml::Value::Table(toml::Table::from_iter([
+                        ("leaf_index".to_owned(), toml::Value::Integer(i.into())),
+                        ("n_leaves".to_owned(), toml::Value::Integer(leaves.into())),
+                        ("spines".to_owned(), toml::Value::Array(tree_spines.clone())),
+                    ])),
+                );
+                jobs.push(typed(job)?);
+            }
+            (typed::<SwitchSection>(switch)?, jobs)
+        }
+    };
+    finish(ConfigFile { switch, jobs }, env, req)
 }
 
 #[cfg(test)]
@@ -454,5 +684,126 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("--print-env"), "{e}");
         assert!(TestbedEnv::parse("no equals sign\n").is_err());
+    }
+
+    const FABRIC_ENV: &str = "prefix=ls\ntopology=leafspine\nleaves=2\nspines=2\n\
+        workers_per_leaf=2\nhosts_per_leaf=1\n\
+        leaf_0_ns=ls-leaf0\nleaf_0_gateway=198.18.0.1\nleaf_0_subnet=198.18.0.0/24\n\
+        leaf_0_worker_0_addr=198.18.0.10\nleaf_0_worker_0_port=sw-w0\n\
+        leaf_0_worker_1_addr=198.18.0.11\nleaf_0_worker_1_port=sw-w1\nleaf_0_host_0_port=sw-h0\n\
+        leaf_1_ns=ls-leaf1\nleaf_1_gateway=198.18.1.1\nleaf_1_subnet=198.18.1.0/24\n\
+        leaf_1_worker_0_addr=198.18.1.10\nleaf_1_worker_0_port=sw-w0\n\
+        leaf_1_worker_1_addr=198.18.1.11\nleaf_1_worker_1_port=sw-w1\nleaf_1_host_0_port=sw-h0\n\
+        spine_0_ns=ls-spine0\nspine_0_addr=198.19.255.1\n\
+        spine_0_downlink_0_port=dn-l0\nspine_0_downlink_1_port=dn-l1\n\
+        spine_1_ns=ls-spine1\nspine_1_addr=198.19.255.2\n\
+        spine_1_downlink_0_port=dn-l0\nspine_1_downlink_1_port=dn-l1\n";
+
+    fn fabric(role: &str, trees: Option<u16>) -> Fabric {
+        Fabric {
+            role: role.parse().unwrap(),
+            trees,
+            agg_port: 48879,
+            uplink_port: 40000,
+        }
+    }
+
+    fn parsed(text: &str) -> crate::config::Config {
+        crate::config::Config::parse(text, std::path::Path::new("x"), |_| Some(1500))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn a_spine_config_has_the_downlinks_and_the_leaves_as_ranks() {
+        std::env::set_var("TBCFG_TEST_SECRET4", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let req = request(
+            &["3:all:env:TBCFG_TEST_SECRET4"],
+            &["switch.admin_socket=\"/tmp/s1.sock\""],
+        );
+        let text = write_leaf_spine(&env, &req, &fabric("spine:1", None)).unwrap();
+        let cfg = parsed(&text);
+        assert_eq!(cfg.switch.ports, ["dn-l0", "dn-l1"]);
+        assert_eq!(cfg.switch.addresses, [Ipv4Addr::new(198, 19, 255, 2)]);
+        assert_eq!(cfg.switch.admin_socket, PathBuf::from("/tmp/s1.sock"));
+        assert!(text.contains("forwarding = \"bridge\""), "{text}");
+        assert!(text.contains("\"198.18.0.0/16\""), "{text}");
+        assert_eq!((cfg.jobs[0].id, cfg.jobs[0].n_workers), (3, 2));
+        assert!(cfg.jobs[0].upstream.is_none());
+        let e = write_leaf_spine(
+            &env,
+            &request(&["3:0:env:TBCFG_TEST_SECRET4"], &[]),
+            &fabric("spine:0", None),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("must be `all`"), "{e}");
+    }
+
+    #[test]
+    fn a_leaf_config_sends_its_partials_to_the_tree_spines() {
+        std::env::set_var("TBCFG_TEST_SECRET5", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let mut req = request(
+            &["1:all:env:TBCFG_TEST_SECRET5", "2:1:env:TBCFG_TEST_SECRET5"],
+            &[],
+        );
+        req.host_ports = true;
+        let text = write_leaf_spine(&env, &req, &fabric("leaf:1", Some(1))).unwrap();
+        let cfg = parsed(&text);
+        assert_eq!(cfg.switch.ports, ["sw-w0", "sw-w1", "sw-h0"]);
+        assert_eq!(cfg.switch.addresses, [Ipv4Addr::new(198, 18, 1, 1)]);
+        assert_eq!(cfg.switch.uplink, Some("198.18.1.1:40000".parse().unwrap()));
+        assert!(text.contains("\"198.18.1.0/24\""), "{text}");
+        assert!(text.contains("\"198.18.1.11/32\""), "{text}");
+        assert!(!text.contains("198.18.1.10/32"), "{text}");
+        assert_eq!((cfg.jobs[1].id, cfg.jobs[1].n_workers), (2, 1));
+        let up = cfg.jobs[0]
+            .upstream
+            .as_ref()
+            .expect("a leaf's job has an upstream");
+        assert_eq!((up.leaf_index, up.n_leaves), (1, 2));
+        assert_eq!(up.spines.len(), 1);
+        assert_eq!(
+            (up.spines[0].ip, up.spines[0].port),
+            ([198, 19, 255, 1], 48879)
+        );
+        let two = write_leaf_spine(&env, &req, &fabric("leaf:0", None)).unwrap();
+        assert!(two.contains("\"198.19.255.2:48879\""), "{two}");
+    }
+
+    #[test]
+    fn a_switch_or_tree_count_not_on_the_fabric_is_refused() {
+        std::env::set_var("TBCFG_TEST_SECRET6", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let req = request(&["1:all:env:TBCFG_TEST_SECRET6"], &[]);
+        for (role, trees, why) in [
+            ("leaf:2", None, "leaves=2"),
+            ("spine:2", None, "spines=2"),
+            ("leaf:0", Some(3), "--trees 3"),
+            ("leaf:0", Some(0), "--trees 0"),
+        ] {
+            let e = write_leaf_spine(&env, &req, &fabric(role, trees))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{role} {trees:?}: {e}");
+        }
+        let e = write_leaf_spine(
+            &env,
+            &request(&["1:2:env:TBCFG_TEST_SECRET6"], &[]),
+            &fabric("leaf:0", None),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("worker 2 is not under leaf 0"), "{e}");
+        assert!("root:0".parse::<Role>().is_err());
+        assert!("leaf".parse::<Role>().is_err());
+        assert!("leaf:x".parse::<Role>().is_err());
+        let e = write_leaf_spine(
+            &TestbedEnv::parse(ENV).unwrap(),
+            &req,
+            &fabric("leaf:0", None),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("leaves"), "{e}");
     }
 }
