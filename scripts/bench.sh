@@ -58,7 +58,7 @@
 #                 needs torch in the project venv; scripts/setup.sh installs
 #                 it); the headline then has only the OpenMPI ratios
 #   --no-efficiency  skip the per-byte efficiency section
-#                 (scripts/bench_efficiency.sh: time and whole-machine
+#                 (scripts/bench efficiency: time and whole-machine
 #                 CPU-seconds per GiB for the switch in float32 with each
 #                 worker transport and in bfloat16, OpenMPI with TSO and
 #                 gloo, at MTU 1500 and 9000, unlimited and 1 Gbit/s links;
@@ -920,9 +920,9 @@ if [[ "$DO_EFFICIENCY" -eq 1 ]]; then
     eff_args=(--mib "$MIB" --repeats "$REPEATS" --json "$RUN/efficiency.json" --png "$RUN/efficiency.png")
     [[ "$QUICK" -eq 1 ]] && eff_args+=(--quick)
     [[ "$DOCS" -eq 1 ]] || eff_args+=(--no-docs)
-    log "per-byte efficiency (scripts/bench_efficiency.sh ${eff_args[*]})"
-    bash "$REPO_ROOT/scripts/bench_efficiency.sh" "${eff_args[@]}" >"$RUN/efficiency.log" 2>&1 ||
-        { tail -n 30 "$RUN/efficiency.log" >&2; die "scripts/bench_efficiency.sh failed; see $RUN/efficiency.log"; }
+    log "per-byte efficiency (scripts/bench efficiency ${eff_args[*]})"
+    "$REPO_ROOT/scripts/bench" efficiency "${eff_args[@]}" >"$RUN/efficiency.log" 2>&1 ||
+        { tail -n 30 "$RUN/efficiency.log" >&2; die "scripts/bench efficiency failed; see $RUN/efficiency.log"; }
     sed -n '/^| MTU/,$p' "$RUN/efficiency.log" >"$RUN/efficiency-table.md"
 fi
 
@@ -950,7 +950,7 @@ if [[ "$DO_RATES" -eq 1 ]]; then
 fi
 if [[ -s "$RUN/efficiency-table.md" ]]; then
     echo
-    echo "per-byte efficiency (scripts/bench_efficiency.sh; under \"efficiency\" in the JSON, every run in bench/results/bench-efficiency.json):"
+    echo "per-byte efficiency (scripts/bench efficiency; under \"efficiency\" in the JSON, every run in bench/results/bench-efficiency.json):"
     cat "$RUN/efficiency-table.md"
 fi
 if [[ -s "$RUN/per-packet-table.md" ]]; then

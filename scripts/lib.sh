@@ -585,7 +585,7 @@ write_testbed_switchd_config() {
         die "switchd testbed-config failed for $file"
 }
 
-# --- a shaped, CE-marking bottleneck (scripts/fairness.sh, scripts/bench tree) ----------
+# --- a shaped, CE-marking bottleneck (scripts/bench fairness and tree, through scripts/net.sh) ----------
 
 # build_ecn_marker DIR MIN_BYTES MAX_BYTES: compile the CE marker
 # (scripts/bpf/ecn_mark.bpf.c: marks ECT packets by the depth of the

@@ -13,6 +13,7 @@
 #   scripts/net.sh ecn-bottleneck DIR RATE_MBIT MIN_BYTES MAX_BYTES NS:DEV...
 #   scripts/net.sh ecn-map-id NS DEV
 #   scripts/net.sh mpi-hosts ENV_FILE WORKERS HOSTFILE RSH MPI_TMP
+#   scripts/net.sh mpirun PREFIX WORKERS HOSTFILE RSH MPI_TMP PROGRAM ARGS...
 #
 #   worker-tx       transmit checksum offload of every worker's eth0
 #                   (set_worker_tx)
@@ -26,6 +27,8 @@
 #   ecn-map-id      the id of the CE marker's counter map on DEV's egress
 #   mpi-hosts       the hostfile and ssh stand-in that let mpirun run one
 #                   rank per worker namespace (write_mpi_hosts)
+#   mpirun          exec mpirun PROGRAM in PREFIX-w0 over those namespaces,
+#                   TCP on eth0 (run_mpirun)
 
 set -euo pipefail
 
@@ -51,6 +54,7 @@ case "$cmd" in
         shift
         write_mpi_hosts "$@"
         ;;
+    mpirun) run_mpirun "$@" ;;
     -h | --help) usage ;;
     *) die "unknown command '$cmd' (see --help)" ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The report of scripts/bench_fsdp.sh: medians, ratios, checks, table, JSON, PNG.
+"""The report of `scripts/bench fsdp`: medians, ratios, checks, table, JSON, PNG.
 
 Reads RUN/LINK-MODE-COMM/rank*.json (bench/fsdp_bench.py; LINK unlimited or
 1gbit, MODE collectives or fsdp, COMM gloo or switch) and RUN/LINK-MODE-COMM/

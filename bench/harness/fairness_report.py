@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Results of scripts/fairness.sh: every run's JSON, the summary JSON, the
+"""Results of `scripts/bench fairness`: every run's JSON, the summary JSON, the
 tables and the plot, from the raw files the script leaves in its run folder.
 
 Usage:
     fairness_report.py report RESULTS_DIR --json OUT.json --png OUT.png [settings]
     fairness_report.py plot RESULTS.json OUT.png     (redraw from the JSON alone)
 
-RESULTS_DIR is results/fairness-STAMP/ as fairness.sh leaves it, one folder
+RESULTS_DIR is results/fairness-STAMP/ as the fairness scenario leaves it, one folder
 NAME-REPEAT per run (NAME idle, no_cc or cc), each holding the raw inputs:
   queue-wI.{before,after}.tc.json    `tc -s -j qdisc show dev eth0` of worker I
   queue-wI.{before,after}.map.json   `bpftool map dump -j` of worker I's CE
@@ -183,7 +183,7 @@ def queue_run(run_dir, i, ns, marker):
 
 
 def switch_snapshot(path):
-    """A `switchctl stats --json` snapshot; None when it failed (fairness.sh
+    """A `switchctl stats --json` snapshot; None when it failed (the scenario
     writes {} then) or is missing."""
     s = read_json(path)
     return s if isinstance(s, dict) and s else None
@@ -401,7 +401,7 @@ def build(res, a):
 
 
 def tables(doc):
-    """The two tables fairness.sh prints: per kind of run, and per worker."""
+    """The two tables the fairness scenario prints: per kind of run, and per worker."""
     s, bn, pr = doc["setup"], doc["setup"]["bottleneck"], doc["setup"]["probe"]
     head = (
         f"=== fairness: {bn['rate_mbit']} Mbit/s per worker egress, CE marks "

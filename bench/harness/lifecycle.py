@@ -108,14 +108,15 @@ class Processes:
             self.stop(p, grace=5)
         return False
 
-    def start(self, argv, ns=None, stdout=None, stderr=None, env=None, cwd=None):
+    def start(self, argv, ns=None, stdout=None, stderr=None, env=None, cwd=None, base_env=None):
         """Start argv (inside network namespace ns when given); stdout and
-        stderr are paths (stderr None: to stdout's file) or None (inherited)."""
+        stderr are paths (stderr None: to stdout's file) or None (inherited).
+        Its environment: base_env (default this process's) with env added."""
         out = open(stdout, "w") if stdout else None
         err = open(stderr, "w") if stderr else (subprocess.STDOUT if out else None)
         try:
             p = subprocess.Popen(netns_argv(ns, argv), stdout=out, stderr=err,
-                                 env=None if env is None else {**os.environ, **env}, cwd=cwd)
+                                 env={**(os.environ if base_env is None else base_env), **(env or {})}, cwd=cwd)
         finally:
             for f in (out, err):
                 if hasattr(f, "close"):

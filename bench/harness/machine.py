@@ -1,10 +1,13 @@
 """machine.py: what the scenarios read about the machine they run on: the
 load average (is it busy?), /proc/stat's cpu line and a process's
-/proc/PID/stat, the CPU count. The arithmetic on those readings is
+/proc/PID/stat, the CPU count, and snapshots of a testbed's shaper
+counters. The arithmetic on those readings is
 benchkit's (the one definition of busy CPU); this file only reads them.
 """
 
+import json
 import os
+import subprocess
 import time
 
 
@@ -59,3 +62,25 @@ def children_times_line():
         return f"{int(s // 60)}m{s % 60:.3f}s"
 
     return f"{fmt(t.children_user)} {fmt(t.children_system)}"
+
+
+def snapshot(path, prefix, workers):
+    """/proc/stat's cpu line, the load average and every shaper's counters
+    (tc -s -j), as JSON lines; the reports take the differences."""
+
+    def tc(ns, dev):
+        r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return json.loads(r.stdout) if r.stdout.strip() else []
+
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    lines = [{"t": time.time(), "stat": cpu_line(), "loadavg": load}]
+    for i in range(workers):
+        lines.append({"kind": "worker_egress", "rank": i, "tc": tc(f"{prefix}-w{i}", "eth0")})
+        lines.append({"kind": "switch_port_egress", "rank": i, "tc": tc(f"{prefix}-sw", f"sw-w{i}")})
+        if subprocess.run(["ip", "-n", f"{prefix}-w{i}", "link", "show", "ifb0"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0:
+            lines.append({"kind": "worker_ingress_ifb", "rank": i, "tc": tc(f"{prefix}-w{i}", "ifb0")})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)

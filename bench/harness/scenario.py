@@ -15,8 +15,9 @@ from typing import Any, Callable, Optional, Sequence
 
 @dataclass(frozen=True)
 class Option:
-    """One option: --flag VALUE parsed by `type` (options.py), or a switch
-    (type None: store_true)."""
+    """One option: --flag VALUE parsed by `type` (options.py), a switch
+    (type None: store_true), or an optional positional argument (a flag
+    without a leading '-')."""
 
     flag: str
     help: str
@@ -47,10 +48,13 @@ def parser(scenario, prog="scripts/bench"):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for o in scenario.options:
-        if o.type is None:
+        shown = "" if o.default is None else f" (default {_shown(o.default)})"
+        if not o.flag.startswith("-"):
+            p.add_argument(o.flag, nargs="?", type=o.type, default=o.default, metavar=o.metavar or o.flag.upper(),
+                           help=o.help + shown)
+        elif o.type is None:
             p.add_argument(o.flag, dest=o.dest, action="store_true", help=o.help)
         else:
-            shown = "" if o.default is None else f" (default {_shown(o.default)})"
             p.add_argument(o.flag, dest=o.dest, type=o.type, default=o.default,
                            metavar=o.metavar or o.dest.upper(), help=o.help + shown)
     return p

@@ -135,3 +135,65 @@ def test_tree_options():
     for bad in (["--parts", "trees,forest"], ["--prefix", "a b"], ["--seconds", "1"], ["--rate", "0"]):
         with pytest.raises(SystemExit):
             parse(s, bad)
+
+
+def test_train_options_and_arithmetic():
+    from scenarios import train
+    s = SCENARIOS["train"]
+    a = parse(s, ["--links", "unlimited,500mbit", "--comms", "hosts,switch-killed", "--stall-timeout", "0.5"])
+    assert a.links == ["unlimited", "500mbit"] and a.comms == ["hosts", "switch-killed"]
+    assert a.stall_timeout == 0.5 and train.stall_json(a.stall_timeout) == 0.5
+    assert train.stall_json(parse(s, []).stall_timeout) == 2
+    for bad in (["--links", "fast"], ["--links", "0gbit"], ["--comms", "gloo,gloo"], ["--comms", "nccl"],
+                ["--stall-timeout", "0.05"], ["--stall-timeout", "1.2345"], ["--dtype", "f64"]):
+        with pytest.raises(SystemExit):
+            parse(s, bad)
+    assert train.tbf_args("1gbit") == ["rate", "1gbit", "burst", "256kb", "latency", "50ms"]
+    assert train.tbf_args("10gbit")[3] == "2560kb"
+    assert train.tbf_args("500mbit")[3] == "256kb"
+    # A third of the steps, to the multiple of 10 train_ddp.py prints, >= 10.
+    assert train.kill_step(3, 30) == 10
+    assert train.kill_step(5, 100) == 40
+    assert train.kill_step(0, 1) == 10
+
+
+def test_efficiency_quick_and_fairness_iterations():
+    from scenarios import efficiency, fairness
+    s = SCENARIOS["efficiency"]
+    assert efficiency.settings(parse(s, [])) == (64, 5, [1500, 9000], True)
+    assert efficiency.settings(parse(s, ["--quick"])) == (8, 2, [1500], False)
+    assert efficiency.settings(parse(s, ["--quick", "--mib", "4", "--mtus", "9000"])) == (4, 2, [9000], False)
+    assert efficiency.settings(parse(s, ["--no-docs"]))[3] is False
+    with pytest.raises(SystemExit):
+        parse(s, ["--mtus", "1000"])
+    with pytest.raises(SystemExit):
+        parse(s, ["--dtypes", "f32,f64"])
+    # 100 Mbit/s of 1496-byte frames carrying 1432 bytes; 16 MiB tensors, 20 s.
+    n = fairness.iterations(20, 4194304, 100)
+    assert n == 23 * (100000000 * 1432 // 1496) // (4194304 * 32) + 2 == 18
+    assert parse(SCENARIOS["fairness"], ["--mps", "max"]).mps == "max"
+    with pytest.raises(SystemExit):
+        parse(SCENARIOS["fairness"], ["--probe", "xx"])
+
+
+def test_allreduce_settings():
+    from scenarios import allreduce
+    s = SCENARIOS["allreduce"]
+    d = allreduce.settings(parse(s, []))
+    assert (d.mib, d.repeats, d.rate_seconds, d.rate_repeats, d.docs) == (64, 5, 5, 3, True)
+    assert d.elements == 64 * 1024 * 1024 // 4 and d.per_packet and d.forward and d.efficiency and d.rates
+    q = allreduce.settings(parse(s, ["--quick", "--repeats", "7"]))
+    assert (q.mib, q.repeats, q.rate_seconds, q.rate_repeats, q.docs) == (8, 7, 2, 1, False)
+    c = allreduce.settings(parse(s, ["--cores-only", "--threads", "1,2,4,8"]))
+    assert not (c.docs or c.per_packet or c.forward or c.efficiency) and c.rates
+    r = allreduce.settings(parse(s, ["--rates-only"]))
+    assert r.rates and not (r.per_packet or r.forward)
+    with pytest.raises(lifecycle.HarnessError):
+        allreduce.settings(parse(s, ["--rates-only", "--no-rates"]))
+    with pytest.raises(lifecycle.HarnessError):
+        allreduce.settings(parse(s, ["--rates-only", "--cores-only"]))
+    assert parse(s, ["--threads", "1,2,4"]).threads == [1, 2, 4]
+    for bad in ("2,4", "1,1", "1,4,2", "1,65", ""):
+        with pytest.raises(SystemExit):
+            parse(s, ["--threads", bad])
+    assert allreduce.rate_queues([1, 2]) == 2 and allreduce.rate_queues([1, 2, 4, 8]) == 8

@@ -1,6 +1,6 @@
 """bench/harness/fairness_report.py: the arithmetic behind bench/results/fairness.json
 (Jain's index, counter differences, medians over repeats, the probe's
-quantiles), on a small run folder laid out as scripts/fairness.sh leaves
+quantiles), on a small run folder laid out as `scripts/bench fairness` leaves
 it (issue 24: benchmark logic in Python, not jq)."""
 
 import importlib.util

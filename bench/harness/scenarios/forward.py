@@ -6,6 +6,7 @@ and switchd with forwarding = "xdp" (xdp-fwd), interleaved over rounds;
 bench_forward_report.py takes the medians and ratios and writes the JSON.
 """
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed,
 from machine import nproc
 from options import uint_range
 from scenario import Option, Scenario
+from tools import ensure_packages
 
 PREFIX = "fwd"
 IPERF_PORT = 5201
@@ -38,17 +40,13 @@ stopped by PID and the testbed removed on exit, also on failure."""
 
 
 def ensure_tools():
+    # By command, not by package: tools installed another way count.
     missing = [t for t in ("iperf3", "sockperf", "ethtool") if shutil.which(t) is None]
     if missing:
-        log(f"installing {' '.join(missing)}")
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
-            if subprocess.run(argv, stdout=subprocess.DEVNULL, env={**__import__("os").environ, **env}).returncode:
-                raise HarnessError(f"{' '.join(argv)} failed")
+        ensure_packages(True, missing)
 
 
 def switchd_binary():
-    import os
     path = Path(os.environ.get("AGG_SWITCHD", REPO_ROOT / "target" / "release" / "switchd"))
     if not os.access(path, os.X_OK):
         log("building switchd (cargo build --release -p switchd --bins)")

@@ -8,7 +8,6 @@ writes the table, JSON and PNG.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import time
