@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_efficiency_report.py: turn scripts/bench_efficiency.sh's runs into
+"""bench_efficiency_report.py: turn `scripts/bench efficiency`'s runs into
 its table (markdown), its JSON (every measurement plus the goals' ratios)
 and its PNG (time per all-reduce and CPU-seconds per GiB, per setting).
 

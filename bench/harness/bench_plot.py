@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_plot.py: draw the all-reduce comparison that scripts/bench.sh measured.
+"""bench_plot.py: draw the all-reduce comparison that scripts/bench allreduce measured.
 
 Usage: bench/harness/bench_plot.py BENCH_JSON OUT_PNG
 
@@ -9,7 +9,7 @@ with transmit offload/TSO on), on unlimited links and on 1 Gbit/s links; the bar
 runs. A dashed line marks the line-rate bound on the 1 Gbit/s links.
 When the JSON has the "threads" section, the switch's all-reduce on
 unlimited links with each dataplane thread count follows as more bars.
-When the JSON has packet rates ("rates", from bench.sh's rate section), a
+When the JSON has packet rates ("rates", from the allreduce scenario's rate section), a
 second panel shows them as bars (packets/s, median of the repeats): XDP_DROP,
 AF_XDP echo, and aggregation DATA frames/s for 2, 4, 8 ranks with 1 and 2
 dataplane threads; a --rates-only JSON gets that panel alone.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_rates_report.py: scripts/bench.sh's packet-rate section: the rate
+"""bench_rates_report.py: scripts/bench allreduce's packet-rate section: the rate
 of each run, the median over the repeats, the ratios, rates.json and the
 table, from the raw files the shell left in the rates folder.
 

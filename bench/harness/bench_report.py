@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_report.py: scripts/bench.sh's statistics, JSON and table, from the
+"""bench_report.py: scripts/bench allreduce's statistics, JSON and table, from the
 raw results its phases left in the run directory (the shell only runs
 things and records what they printed).
 
@@ -26,7 +26,7 @@ Commands:
       mpi.result.json, mpi_tso.result.json, gloo.result.json,
       iperf-{up,down,w2w}.json (iperf3 -J), loadavg-{start,end}.txt; and,
       when present, rates/rates.json, forward.json, per-packet.json,
-      efficiency.json, threads/threads.json. Writes results/bench-STAMP.json
+      efficiency.json, threads/threads.json. Writes the JSON (bench/results/bench-STAMP.json)
       (the schema bench/results/bench.json has had since issue 3, plus `gloo` per
       link and the switch/gloo ratios) and RUN/table.md. The headline ratios
       are taken against gloo (PyTorch's all-reduce with TSO on: what a
@@ -85,7 +85,7 @@ def phase(d, tag):
             raise ReportError(f"{path}: {e}") from None
     a, b = snaps
     busy = busy_fraction(snapshot_stat(a), snapshot_stat(b))
-    # Three decimals, as bench.sh has always published it.
+    # Three decimals, as the all-reduce benchmark has always published it.
     return shaper_delta(a, b), round(busy, 3) if busy is not None else None
 
 

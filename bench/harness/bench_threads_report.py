@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """bench_threads_report.py: the switch's all-reduce time with 1, 2, ...
-dataplane threads, as scripts/bench.sh measured it (its "threads" section).
+dataplane threads, as scripts/bench allreduce measured it (its "threads" section).
 
 Usage: bench/harness/bench_threads_report.py DIR THREADS OUT_JSON
 
 THREADS is a comma-separated list (e.g. 1,2). For each T, DIR/tT/ holds
-switch.result.json (bench.sh's run_switch summary: mean/best/median seconds
+switch.result.json (the allreduce scenario's run_switch summary: mean/best/median seconds
 of the slowest rank) and ethtool-sw-wI.txt (`ethtool -S` of switch port I
 after the runs: veth's per-queue counters rx_queue_N_xdp_redirect, the
 frames the XDP program handed to the socket on queue N). Thread T owns

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_train_report.py: the JSON, table and plot of scripts/bench_train.sh.
+"""bench_train_report.py: the JSON, table and plot of `scripts/bench train`.
 
 Usage: bench/harness/bench_train_report.py RUN_DIR --json OUT.json --table OUT.md
            [--png OUT.png] --stamp STAMP --warmup W --steps N --batch B
@@ -11,7 +11,7 @@ RUN_DIR holds one folder per configuration, LINK-COMM (LINK one of --links:
 unlimited or a rate such as 1gbit, COMM one of --comms: gloo, switch,
 switch-nofallback, hosts or switch-killed), each with rankI.json
 (examples/train_ddp.py --out), rankI.time (GNU time: max RSS KiB, elapsed,
-user, system seconds) and before.jsonl / after.jsonl (bench_train.sh's
+user, system seconds) and before.jsonl / after.jsonl (the train scenario's
 snapshot: /proc/stat's cpu line, load average, tc -s -j counters of every
 shaper); a switch-killed folder also killed.json (kill_s: when switchd was
 killed, fallback_seen_s: when rank 0's log first showed the fallback
@@ -56,7 +56,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchkit import busy_fraction as cpu_busy, json_lines, quantile, shaper_counters, shaper_delta  # noqa: E402
 
-COMMS = ["gloo", "switch", "switch-nofallback", "hosts", "switch-killed"]  # every configuration bench_train.sh runs
+COMMS = ["gloo", "switch", "switch-nofallback", "hosts", "switch-killed"]  # every configuration the train scenario runs
 DEFAULT_COMMS = "gloo,switch"
 SWITCH_BITS = ["switch", "switch-nofallback", "hosts", "switch-killed"]  # the switch's arithmetic: the same weights
 GOAL_1GBIT = 0.75  # switch / gloo
@@ -195,7 +195,7 @@ def load_config(run_dir, link, comm, warmup):
 
 
 def load_killed(d):
-    """A switch-killed folder's killed.json (bench_train.sh's
+    """A switch-killed folder's killed.json (the train scenario's
     kill_switchd_mid_run) with kill_to_host_path_s (None when switchd was
     not killed or rank 0 never logged the fallback) and its goal."""
     path = os.path.join(d, "killed.json")
@@ -596,7 +596,7 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--switch-threads", type=int, default=1)
     p.add_argument("--stall-timeout", type=float, default=2.0,
-                   help="switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT (bench_train.sh --stall-timeout)")
+                   help="switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT (scripts/bench train --stall-timeout)")
     p.add_argument("--bench-seconds", type=float)
     p.add_argument("--measure-seconds", type=float)
     a = p.parse_args()

@@ -3,7 +3,7 @@
 
 Usage: bench_tree_report.py RESULTS_DIR --json OUT.json --png OUT.png [settings]
 
-RESULTS_DIR is results/bench-tree-STAMP/ as bench_tree.sh leaves it:
+RESULTS_DIR is results/bench-tree-STAMP/ as `scripts/bench tree` leaves it:
   trees/{unshaped,shaped}-{1,2}tree-rN/   one all-reduce run each: worker
       reports (worker-lIwK.json), switch stats files (leafI-stats.json,
       spineJ-stats.json), qdisc snapshots (tc-*.json), /proc/stat before and

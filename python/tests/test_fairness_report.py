@@ -108,7 +108,7 @@ LAT = dict(n=1550, avg=80.5, dropped=2, max=4000.0, p999=3000.0, p99=1000.0, p50
 def settings(**kw):
     a = dict(prefix="fair", marker="bpf", rate=100, mark_min=6000, mark_max=18000, elements=4194304,
              iterations=5, seconds=2, repeat=1, runs="idle,no_cc,cc", mps="1000", msg_size=64,
-             probe_mode="under-load", host_addr="198.18.0.100", command="sudo scripts/fairness.sh", commit="abc")
+             probe_mode="under-load", host_addr="198.18.0.100", command="sudo scripts/bench fairness", commit="abc")
     a.update(kw)
     return type("Args", (), a)
 

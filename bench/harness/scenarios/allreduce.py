@@ -421,7 +421,7 @@ def run(a):
         if a.rates_only:
             run_.report("bench_report.py", "rates-only", "--json", out_json, "--stamp", run_.stamp, "--repo", REPO_ROOT,
                         "--rates", run_.dir / "rates" / "rates.json")
-            run_.publish(out_json, run_.dir / "rates.png", "bench-rates")
+            run_.publish(out_json, out_json.with_suffix(".png"), "bench-rates")
             return 0
         mpi_bin = run_.dir / "mpi_allreduce"
         if not a.cores_only:
@@ -506,7 +506,7 @@ def run(a):
         print("per-packet cost, in memory (criterion medians; also under \"per_packet\" in the JSON; goal "
               "engine / copy <= 1.5):")
         print(pp.read_text())
-    run_.publish(out_json, run_.dir / "bench.png", "bench" if a.mtu == 1500 else f"bench-mtu{a.mtu}")
+    run_.publish(out_json, out_json.with_suffix(".png"), "bench" if a.mtu == 1500 else f"bench-mtu{a.mtu}")
     return 0
 
 
