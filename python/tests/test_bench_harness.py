@@ -197,3 +197,18 @@ def test_allreduce_settings():
         with pytest.raises(SystemExit):
             parse(s, ["--threads", bad])
     assert allreduce.rate_queues([1, 2]) == 2 and allreduce.rate_queues([1, 2, 4, 8]) == 8
+
+
+def test_switchctl_reads_active_jobs_and_survives_a_silent_switch(tmp_path):
+    from switchctl import Switchctl
+    fake = tmp_path / "switchctl"
+    fake.write_text("#!/bin/sh\n[ -e \"$2\" ] || exit 1\ncat \"$2\"\n")
+    fake.chmod(0o755)
+    sock = tmp_path / "stats"
+    ctl = Switchctl(fake, sock)
+    assert ctl.stats_text() == "{}\n" and ctl.active_jobs() == set()
+    sock.write_text('{"jobs": [{"id": 1, "state": "active"}, {"id": 2, "state": "joining"}]}')
+    assert ctl.active_jobs() == {1}
+    ctl.wait_active({1}, 1, "test")
+    with pytest.raises(lifecycle.HarnessError, match="not active"):
+        ctl.wait_active({1, 2}, 0.2, "test")

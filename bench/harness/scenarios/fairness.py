@@ -22,6 +22,7 @@ from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed,
                        run_report, stamp, start_switchd, tail, warn, write_switchd_config)
 from options import uint_range, word_list
 from scenario import Option, Scenario
+from switchctl import Switchctl
 from tools import ensure_packages, net, private_binaries
 
 AGG_PORT = 48879
@@ -79,21 +80,11 @@ def run(a):
     rd = REPO_ROOT / "results" / f"fairness-{st}"
     rd.mkdir(parents=True)
     sock = rd / "switchd.sock"
-    ctl = f"{bins}/switchctl"
     n_iter = iterations(a.seconds, a.elements, a.rate)
     worker_timeout = a.seconds * 10 + 120
 
-    def switch_stats():
-        r = subprocess.run([ctl, "--socket", str(sock), "stats", "--json"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True)
-        return r.stdout if r.returncode == 0 and r.stdout.strip() else "{}\n"
-
-    def active_jobs():
-        import json
-        try:
-            return sum(j.get("state") == "active" for j in json.loads(switch_stats()).get("jobs") or [])
-        except ValueError:
-            return 0
+    ctl = Switchctl(f"{bins}/switchctl", sock)
+    switch_stats = ctl.stats_text
 
     try:
         with Testbed(prefix, ["--workers", 4, "--hosts", 1], rd) as tb, Processes() as procs:
@@ -150,12 +141,7 @@ def run(a):
                                            ns=f"{prefix}-w{i}", env={"AGGSWITCH_SECRET": secrets[i // 2 + 1]},
                                            stdout=d / f"worker-w{i}.json", stderr=d / f"worker-w{i}.log")
                                for i in range(4)]
-                    deadline = time.monotonic() + READY_TIMEOUT
-                    while active_jobs() < 2:
-                        if time.monotonic() >= deadline:
-                            raise HarnessError(f"run '{name}': the jobs did not become active within "
-                                               f"{READY_TIMEOUT} s (see {d})")
-                        time.sleep(0.1)
+                    ctl.wait_active({1, 2}, READY_TIMEOUT, f"run '{name}' (see {d})")
                     time.sleep(1)  # past slow start: the window has met the queue
                 (d / "switch.start.json").write_text(switch_stats())
                 (d / "probe.t0").write_text(f"{time.time():.9f}\n")

@@ -17,6 +17,7 @@ from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed,
 from machine import nproc
 from options import uint_range
 from scenario import Option, Scenario
+from switchctl import Switchctl
 from tools import ensure_packages, net, private_binaries
 
 PREFIX = "prio"
@@ -46,19 +47,9 @@ def run(a):
     tbf = ["rate", f"{a.rate}mbit", "burst", "256kb", "latency", "50ms"]
     secret = random_secret()
     sock = rd / "switchd.sock"
-    ctl = f"{bins}/switchctl"
 
-    def switch_stats():
-        r = subprocess.run([ctl, "--socket", str(sock), "stats", "--json"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True)
-        return r.stdout if r.returncode == 0 and r.stdout.strip() else "{}\n"
-
-    def job_active(job):
-        try:
-            jobs = json.loads(switch_stats()).get("jobs") or []
-        except ValueError:
-            return False
-        return any(j.get("id") == job and j.get("state") == "active" for j in jobs)
+    ctl = Switchctl(f"{bins}/switchctl", sock)
+    switch_stats = ctl.stats_text
 
     try:
         with Testbed(PREFIX, ["--workers", WORKERS, "--hosts", 1], rd) as tb, Processes() as procs:
@@ -122,11 +113,7 @@ def run(a):
             window("short_alone", 2)
             log("starting the long job (job 1)")
             longs = start_workers(1, 100000000, rd / "long", False)
-            deadline = time.monotonic() + READY_TIMEOUT
-            while not job_active(1):
-                if time.monotonic() >= deadline:
-                    raise HarnessError(f"the long job did not become active within {READY_TIMEOUT} s")
-                time.sleep(0.1)
+            ctl.wait_active({1}, READY_TIMEOUT, "the long job")
             time.sleep(2)  # past slow start
             window("long_alone")
             window("short_equal", 2)

@@ -9,7 +9,6 @@ bench_tree_report.py makes the table, JSON and plot from the run folder
 file and qdisc snapshot).
 """
 
-import json
 import os
 import shlex
 import shutil
@@ -22,6 +21,7 @@ from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed,
 from machine import proc_stat
 from options import uint_range, word_list
 from scenario import Option, Scenario
+from switchctl import Switchctl
 from tools import ensure_packages, net, private_binaries
 
 AGG_PORT = 48879
@@ -227,7 +227,6 @@ def fairness_part(a, run_dir, bins):
     elements = a.fair_mib * 1024 * 1024 // 4
     iterations = fair_iterations(a.seconds, a.fair_mib, a.rate)
     (run_dir / "fair-iterations").write_text(f"{iterations}\n")
-    ctl = f"{bins}/switchctl"
     with Testbed(a.prefix, ["--leaves", LEAVES, "--spines", 1, "--workers-per-leaf", WPL,
                             "--hosts-per-leaf", 1], run_dir) as tb, Processes() as procs:
         shutil.copy(tb.env_file, run_dir / "fabric-1spines.env")
@@ -241,22 +240,10 @@ def fairness_part(a, run_dir, bins):
         (run_dir / "marker").write_text(f"{marker}\n")
         fabric = Fabric(procs, tb, bins, 1)
 
-        def spine_stats(d, name):
-            r = subprocess.run([ctl, "--socket", str(d / "spine0.sock"), "--json", "stats"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            (d / name).write_text(r.stdout if r.returncode == 0 else "{}\n")
-
-        def active_jobs(d):
-            r = subprocess.run([ctl, "--socket", str(d / "spine0.sock"), "--json", "jobs"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            try:
-                return sum(j.get("state") == "active" for j in json.loads(r.stdout))
-            except ValueError:
-                return 0
-
         def one(name, rep):
             d = run_dir / "fairness" / f"{name}-r{rep}"
             d.mkdir(parents=True)
+            spine = Switchctl(f"{bins}/switchctl", d / "spine0.sock")
             cc = ["--no-congestion-control"] if name == "no_cc" else []
             log(f"fairness: run {name} ({rep} of {a.repeat}), {a.seconds} s probe")
             s1, s2 = random_secret(), random_secret()
@@ -270,14 +257,9 @@ def fairness_part(a, run_dir, bins):
                 workers = run_workers(procs, tb, bins, d, specs, elements, iterations, cc)
                 # Until both jobs are active at the spine, then 1 s more:
                 # past slow start, the windows have met the queue.
-                deadline = time.monotonic() + READY_TIMEOUT
-                while active_jobs(d) < 2:
-                    if time.monotonic() >= deadline:
-                        raise HarnessError(f"fairness run {name}: the jobs were not active at the spine within "
-                                           f"{READY_TIMEOUT} s (see {d})")
-                    time.sleep(0.1)
+                spine.wait_active({1, 2}, READY_TIMEOUT, f"fairness run {name} (see {d})")
                 time.sleep(1)
-            spine_stats(d, "spine0.start.json")
+            (d / "spine0.start.json").write_text(spine.stats_text())
             (d / "probe.t0").write_text(f"{time.time():.9f}\n")
             probe = procs.start(["sockperf", "under-load", "-i", host, "-p", SOCKPERF_PORT, "-t", a.seconds,
                                  "--msg-size", MSG_SIZE, "--full-rtt", "--mps", a.mps, "--reply-every", 1,
@@ -285,7 +267,7 @@ def fairness_part(a, run_dir, bins):
                                 stdout=d / "sockperf.txt")
             rc = procs.wait([probe], a.seconds + 60)[0]
             (d / "probe.t1").write_text(f"{time.time():.9f}\n")
-            spine_stats(d, "spine0.end.json")
+            (d / "spine0.end.json").write_text(spine.stats_text())
             if rc != 0:
                 warn(f"fairness run {name}: sockperf exited with status {rc} (see {d}/sockperf.txt)")
             if workers:
