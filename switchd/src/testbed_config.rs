@@ -5,17 +5,20 @@
 //! the address plan nor write a key switchd would refuse.
 //!
 //! Owns: [`TestbedEnv`] (the `key=value` lines), [`JobSpec`] (`ID:WORKERS:
-//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`) and
-//! [`write`]. Invariant: what [`write`] returns deserialises into switchd's
-//! typed [`ConfigFile`] (unknown keys and wrong types are errors naming the
-//! key), and holds no secret that was given on the command line.
+//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`), [`Role`]
+//! and [`Fabric`] (`--topology leaf-spine`), [`write`] and
+//! [`write_leaf_spine`]; the configs themselves are built by
+//! [`crate::config_builder`]. Invariant: what they return deserialises into
+//! switchd's typed [`crate::config::ConfigFile`] (unknown keys and wrong
+//! types are errors naming the key), and holds no secret that was given on
+//! the command line.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::config::{ConfigFile, JobSection, SwitchSection};
+use crate::config_builder::{ConfigBuilder, JobBuilder};
 
 /// What can be wrong with a testbed config request.
 #[derive(Debug, thiserror::Error)]
@@ -258,24 +261,13 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
             ports.push(env.get(&format!("host_{j}_port"))?.to_owned());
         }
     }
-    let switch = toml::Table::from_iter([
-        (
-            "ports".to_owned(),
-            toml::Value::try_from(&ports).expect("strings"),
-        ),
-        (
-            "addresses".to_owned(),
-            toml::Value::Array(vec![env.addr("switch_addr")?.to_string().into()]),
-        ),
-    ]);
-    let switch: SwitchSection = switch
-        .try_into()
-        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-    let subnet = env.get("subnet")?;
-    let mut jobs = Vec::new();
+    let mut config = ConfigBuilder::new(&ports, env.addr("switch_addr")?);
     for spec in &req.jobs {
         let (n, sources) = match &spec.workers {
-            None => (workers, vec![subnet.parse()]),
+            None => (
+                workers,
+                vec![net(env, "subnet", env.get("subnet")?.to_owned())?],
+            ),
             Some(list) => {
                 if let Some(w) = list.iter().find(|&&w| w >= workers) {
                     return Err(TestbedConfigError::BadJob(
@@ -285,79 +277,39 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
                 }
                 let srcs = list
                     .iter()
-                    .map(|w| Ok(format!("{}/32", env.addr(&format!("worker_{w}_addr"))?).parse()))
+                    .map(|w| {
+                        let key = format!("worker_{w}_addr");
+                        net(env, &key, format!("{}/32", env.addr(&key)?))
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 (list.len() as u16, srcs)
             }
         };
-        let allowed_sources = sources
-            .into_iter()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
-                key: "subnet".into(),
-                value: subnet.into(),
-                why: e.to_string(),
-            })?;
-        // Through the TOML tree, so that every key this does not set takes
-        // switchd's own default.
-        let job = toml::Table::from_iter([
-            ("id".to_owned(), toml::Value::Integer(spec.id.into())),
-            ("n_workers".to_owned(), toml::Value::Integer(n.into())),
-            (
-                "allowed_sources".to_owned(),
-                toml::Value::Array(
-                    allowed_sources
-                        .iter()
-                        .map(|s: &ipnet::Ipv4Net| s.to_string().into())
-                        .collect(),
-                ),
-            ),
-            (
-                "secret".to_owned(),
-                toml::Value::String(read_secret(spec.id, &spec.secret)?),
-            ),
-            ("pool_slots".to_owned(), toml::Value::Integer(256)),
-        ]);
-        let job: JobSection = job
-            .try_into()
-            .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-        jobs.push(job);
+        let secret = read_secret(spec.id, &spec.secret)?;
+        config = config.job(JobBuilder::new(spec.id, n, &sources, &secret));
     }
-    finish(ConfigFile { switch, jobs }, env, req)
+    finish(config, env, req)
 }
 
-/// Applies `req`'s overrides to `file`, checks the result by deserialising it
-/// into switchd's typed sections, and returns it with its header line.
-fn finish(file: ConfigFile, env: &TestbedEnv, req: &Request) -> Result<String> {
-    // Overrides go through the TOML tree and back into the typed sections,
-    // so that a misspelt key or a value of the wrong type is refused here
-    // with switchd's own message, not when switchd starts.
-    let mut tree =
-        toml::Table::try_from(&file).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+/// Applies `req`'s overrides to `config`, checks the result by
+/// deserialising it into switchd's typed sections (a misspelt key or a
+/// value of the wrong type is refused here with switchd's own message, not
+/// when switchd starts), and returns it with its header line.
+fn finish(mut config: ConfigBuilder, env: &TestbedEnv, req: &Request) -> Result<String> {
     for o in &req.overrides {
-        let section = match o.target {
-            Target::Switch => tree.get_mut("switch").and_then(|v| v.as_table_mut()),
-            Target::Job(id) => tree
-                .get_mut("job")
-                .and_then(|v| v.as_array_mut())
-                .and_then(|jobs| {
-                    jobs.iter_mut()
-                        .find(|j| j.get("id").and_then(|i| i.as_integer()) == Some(id.into()))
-                })
-                .and_then(|v| v.as_table_mut()),
+        config = match o.target {
+            Target::Switch => config.set(&o.key, o.value.clone()),
+            Target::Job(id) => config.set_job(id, &o.key, o.value.clone()).map_err(|_| {
+                TestbedConfigError::BadOverride(
+                    format!("job.{id}.{}", o.key),
+                    "no such job among the --job specs".into(),
+                )
+            })?,
         };
-        let section = section.ok_or_else(|| {
-            TestbedConfigError::BadOverride(
-                format!("{:?}.{}", o.target, o.key),
-                "no such job among the --job specs".into(),
-            )
-        })?;
-        section.insert(o.key.clone(), o.value.clone());
     }
-    let checked: ConfigFile = tree
-        .try_into()
-        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-    let body = toml::to_string(&checked).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+    let body = config
+        .render()
+        .map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
     Ok(format!(
         "# Written by switchd testbed-config for {} (testbed '{}').\n{body}",
         req.writer,
@@ -411,25 +363,6 @@ fn number_in(env: &TestbedEnv, key: &str, what: &str, index: u16) -> Result<u16>
     Ok(n)
 }
 
-fn job_table(id: u16, n: u16, sources: &[ipnet::Ipv4Net], secret: String) -> toml::Table {
-    toml::Table::from_iter([
-        ("id".to_owned(), toml::Value::Integer(id.into())),
-        ("n_workers".to_owned(), toml::Value::Integer(n.into())),
-        (
-            "allowed_sources".to_owned(),
-            toml::Value::Array(sources.iter().map(|s| s.to_string().into()).collect()),
-        ),
-        ("secret".to_owned(), toml::Value::String(secret)),
-        ("pool_slots".to_owned(), toml::Value::Integer(256)),
-    ])
-}
-
-fn typed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
-    table
-        .try_into()
-        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))
-}
-
 fn net(env: &TestbedEnv, key: &str, text: String) -> Result<ipnet::Ipv4Net> {
     text.parse()
         .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
@@ -459,7 +392,7 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
     if trees == 0 || trees > spines {
         return Err(TestbedConfigError::BadTrees { trees, spines });
     }
-    let (switch, jobs) = match fabric.role {
+    let config = match fabric.role {
         Role::Spine(j) => {
             number_in(env, "spines", "spine", j)?;
             let ports = (0..leaves)
@@ -468,30 +401,14 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                         .map(str::to_owned)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let switch = toml::Table::from_iter([
-                (
-                    "ports".to_owned(),
-                    toml::Value::try_from(&ports).expect("strings"),
-                ),
-                (
-                    "addresses".to_owned(),
-                    toml::Value::Array(vec![env
-                        .addr(&format!("spine_{j}_addr"))?
-                        .to_string()
-                        .into()]),
-                ),
-                (
-                    "forwarding".to_owned(),
-                    toml::Value::String("bridge".into()),
-                ),
-            ]);
             // The leaves' partials come from their gateways, 198.18.I.1:
             // every leaf subnet lies in leaf 0's /16.
             let leaf0 = net(env, "leaf_0_subnet", env.get("leaf_0_subnet")?.to_owned())?;
             let leaves_net = ipnet::Ipv4Net::new(leaf0.network(), 16)
                 .expect("16 is a valid prefix length")
                 .trunc();
-            let mut jobs = Vec::new();
+            let mut config = ConfigBuilder::new(&ports, env.addr(&format!("spine_{j}_addr"))?)
+                .set("forwarding", "bridge");
             for spec in &req.jobs {
                 if spec.workers.is_some() {
                     return Err(TestbedConfigError::BadJob(
@@ -500,9 +417,9 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                     ));
                 }
                 let secret = read_secret(spec.id, &spec.secret)?;
-                jobs.push(typed(job_table(spec.id, leaves, &[leaves_net], secret))?);
+                config = config.job(JobBuilder::new(spec.id, leaves, &[leaves_net], &secret));
             }
-            (typed::<SwitchSection>(switch)?, jobs)
+            config
         }
         Role::Leaf(i) => {
             number_in(env, "leaves", "leaf", i)?;
@@ -518,32 +435,18 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                 }
             }
             let gw = env.addr(&format!("leaf_{i}_gateway"))?;
-            let switch = toml::Table::from_iter([
-                (
-                    "ports".to_owned(),
-                    toml::Value::try_from(&ports).expect("strings"),
-                ),
-                (
-                    "addresses".to_owned(),
-                    toml::Value::Array(vec![gw.to_string().into()]),
-                ),
-                (
-                    "uplink".to_owned(),
-                    toml::Value::String(format!("{gw}:{}", fabric.uplink_port)),
-                ),
-            ]);
             let tree_spines = (0..trees)
                 .map(|j| {
                     Ok(format!(
                         "{}:{}",
                         env.addr(&format!("spine_{j}_addr"))?,
                         fabric.agg_port
-                    )
-                    .into())
+                    ))
                 })
-                .collect::<Result<Vec<toml::Value>>>()?;
+                .collect::<Result<Vec<String>>>()?;
             let subnet_key = format!("leaf_{i}_subnet");
-            let mut jobs = Vec::new();
+            let mut config = ConfigBuilder::new(&ports, gw)
+                .set("uplink", format!("{gw}:{}", fabric.uplink_port));
             for spec in &req.jobs {
                 let (n, sources) = match &spec.workers {
                     None => (
@@ -569,21 +472,17 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                         (list.len() as u16, srcs)
                     }
                 };
-                let mut job = job_table(spec.id, n, &sources, read_secret(spec.id, &spec.secret)?);
-                job.insert(
-                    "upstream".to_owned(),
-                    toml::Value::Table(toml::Table::from_iter([
-                        ("leaf_index".to_owned(), toml::Value::Integer(i.into())),
-                        ("n_leaves".to_owned(), toml::Value::Integer(leaves.into())),
-                        ("spines".to_owned(), toml::Value::Array(tree_spines.clone())),
-                    ])),
-                );
-                jobs.push(typed(job)?);
+                let secret = read_secret(spec.id, &spec.secret)?;
+                config = config.job(JobBuilder::new(spec.id, n, &sources, &secret).upstream(
+                    i,
+                    leaves,
+                    &tree_spines,
+                ));
             }
-            (typed::<SwitchSection>(switch)?, jobs)
+            config
         }
     };
-    finish(ConfigFile { switch, jobs }, env, req)
+    finish(config, env, req)
 }
 
 #[cfg(test)]
