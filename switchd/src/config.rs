@@ -109,7 +109,7 @@ pub enum ConfigError {
 }
 
 /// What the switch does with aggregation frames. Only `Aggregate` is a
-/// switch; the others are baselines for `scripts/bench allreduce`.
+/// switch; the others are baselines for `scripts/bench.sh`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum DataplaneMode {
