@@ -1,4 +1,4 @@
-"""One rank of scripts/bench_fsdp.sh: reduce-scatter and all-gather of one
+"""One rank of `scripts/bench fsdp`: reduce-scatter and all-gather of one
 tensor, or FSDP2 training steps, through the switch (--comm switch) or gloo
 (--comm gloo), with the gloo process group from the environment (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT) as torchrun would set it.

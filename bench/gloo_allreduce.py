@@ -1,5 +1,5 @@
 """gloo_allreduce.py: PyTorch's gloo all-reduce, the peer a PyTorch user on
-CPUs would run instead of the switch (scripts/bench_efficiency.sh).
+CPUs would run instead of the switch (scripts/bench efficiency).
 
 One process per rank, started in its worker namespace with RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME set. Every rank fills a

@@ -1,5 +1,5 @@
 /*
- * mpi_allreduce.c: the peer all-reduce that scripts/bench.sh compares the
+ * mpi_allreduce.c: the peer all-reduce that scripts/bench allreduce compares the
  * switch with. Every rank fills a float32 tensor, runs one warm-up
  * MPI_Allreduce (MPI_FLOAT, MPI_SUM, in place), then K timed ones, each
  * between two barriers and timed with MPI_Wtime. An all-reduce's time is the

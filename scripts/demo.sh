@@ -6,7 +6,7 @@
 # through it (verified), pings between two plain hosts meanwhile to show that
 # ordinary traffic crosses the same switch, then prints a table of per-rank
 # time, throughput and verification, the switch's main counters
-# (scripts/demo_report.py), the path of the full JSON and DEMO PASSED /
+# (bench/harness/demo_report.py), the path of the full JSON and DEMO PASSED /
 # DEMO FAILED.
 #
 # Usage:
@@ -207,13 +207,13 @@ SWITCHD_RC=$STOP_RC
 SWITCHD_PID=""
 
 # --- summary ----------------------------------------------------------------------
-# The tables and the full JSON: scripts/demo_report.py (exit 0 = every rank
+# The tables and the full JSON: bench/harness/demo_report.py (exit 0 = every rank
 # exited 0 and verified).
 statuses=()
 for ((i = 0; i < WORKERS; i++)); do statuses+=("${STATUS[$i]:-?}"); done
 status_csv="$(IFS=,; echo "${statuses[*]}")"
 ALL_OK=1
-python3 "$REPO_ROOT/scripts/demo_report.py" "$WORK" --workers "$WORKERS" --stats "$STATS" \
+python3 "$REPO_ROOT/bench/harness/demo_report.py" "$WORK" --workers "$WORKERS" --stats "$STATS" \
     --status "$status_csv" --switchd-status "$SWITCHD_RC" --ping "$PING_RESULT" \
     --json "$JSON_OUT" --mib "$MIB" --iterations "$ITERATIONS" --job "$JOB_ID" ||
     ALL_OK=0

@@ -142,28 +142,28 @@ env_of() {
 SECRET="$(random_secret)"
 
 # --- spines, then leaves -------------------------------------------------------------
-spine_addrs=()
+# fabric_config ROLE FILE ARGS...: switchd's config for one switch of the
+# fabric (`switchd testbed-config --topology leaf-spine`, typed and checked).
+fabric_config() {
+    local role="$1" file="$2"
+    shift 2
+    AGGSWITCH_TESTBED_SECRET="$SECRET" "$SWITCHD" testbed-config --topology leaf-spine \
+        --role "$role" --env "$WORK/fabric.env" --out "$file" --writer scripts/demo_tree.sh \
+        --agg-port "$AGG_PORT" --uplink-port "$UPLINK_PORT" \
+        --job "$JOB_ID:all:env:AGGSWITCH_TESTBED_SECRET" "$@" ||
+        die "switchd testbed-config --role $role failed"
+}
 for ((j = 0; j < SPINES; j++)); do
-    addr="$(env_of "spine_${j}_addr")"
-    spine_addrs+=("$addr:$AGG_PORT")
-    write_spine_config "$WORK/spine$j.toml" "scripts/demo_tree.sh: spine $j of testbed '$PREFIX'" \
-        "$addr" "$WORK/spine$j.sock" "$LEAVES" "$JOB_ID:$SECRET"
-    log "starting switchd in $(env_of "spine_${j}_ns") (spine $j, $addr)"
+    fabric_config "spine:$j" "$WORK/spine$j.toml" --set "switch.admin_socket=\"$WORK/spine$j.sock\""
+    log "starting switchd in $(env_of "spine_${j}_ns") (spine $j, $(env_of "spine_${j}_addr"))"
     start_switchd "$(env_of "spine_${j}_ns")" "$SWITCHD" "$WORK/spine$j.log" \
         run --config "$WORK/spine$j.toml" --stats-file "$WORK/spine$j-stats.json"
     SWITCHD_PIDS+=("$SWITCHD_PID")
 done
-spines_csv="$(IFS=,; echo "${spine_addrs[*]}")"
-
 for ((i = 0; i < LEAVES; i++)); do
-    gw="$(env_of "leaf_${i}_gateway")"
-    ports=()
-    for ((k = 0; k < WPL; k++)); do ports+=("sw-w$k"); done
-    ports+=("sw-h0")
-    write_leaf_config "$WORK/leaf$i.toml" "scripts/demo_tree.sh: leaf $i of testbed '$PREFIX'" \
-        "$gw" "$UPLINK_PORT" "$WORK/leaf$i.sock" "$i" "$LEAVES" "$spines_csv" \
-        "$(IFS=,; echo "${ports[*]}")" "$JOB_ID:$WPL:$(env_of "leaf_${i}_subnet"):$SECRET"
-    log "starting switchd in $(env_of "leaf_${i}_ns") (leaf $i, $gw)"
+    fabric_config "leaf:$i" "$WORK/leaf$i.toml" --host-ports \
+        --set "switch.admin_socket=\"$WORK/leaf$i.sock\""
+    log "starting switchd in $(env_of "leaf_${i}_ns") (leaf $i, $(env_of "leaf_${i}_gateway"))"
     start_switchd "$(env_of "leaf_${i}_ns")" "$SWITCHD" "$WORK/leaf$i.log" \
         run --config "$WORK/leaf$i.toml" --stats-file "$WORK/leaf$i-stats.json"
     SWITCHD_PIDS+=("$SWITCHD_PID")
@@ -217,7 +217,7 @@ status_csv="$(IFS=,; echo "${statuses[*]}")"
 spine_args=()
 for ((j = 0; j < SPINES; j++)); do spine_args+=(--spine-stats "$WORK/spine$j-stats.json"); done
 ALL_OK=1
-python3 "$REPO_ROOT/scripts/demo_report.py" "$WORK" --workers "$WORKERS" \
+python3 "$REPO_ROOT/bench/harness/demo_report.py" "$WORK" --workers "$WORKERS" \
     --stats "$WORK/leaf0-stats.json" --status "$status_csv" --switchd-status "$SWITCHD_RC" \
     --ping "$PING_RESULT" --json "$JSON_OUT" --mib "$MIB" --iterations "$ITERATIONS" \
     --job "$JOB_ID" "${spine_args[@]}" || ALL_OK=0

@@ -6,12 +6,14 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
-# is_uint, uint_in_range, netns_exists, stop_pid, random_secret,
-# start_switchd, pkg_installed, find_python, ensure_debian_packages,
-# build_release, shape_worker_links,
-# redirect_ingress_to_ifb, toml_list, write_spine_config, write_leaf_config,
-# build_ecn_marker, shape_htb, shape_ecn_bpf,
-# shape_ecn_red, setup_ecn_bottleneck, ecn_marker_map_id.
+# is_uint, uint_in_range, netns_exists, stop_pid, wait_workers,
+# random_secret, start_switchd, pkg_installed, set_worker_tx, build_release,
+# redirect_ingress_to_ifb, shape_worker_links, unshape_worker_links,
+# write_mpi_hosts, run_mpirun, build_python_package, testbed_up, tb,
+# write_testbed_switchd_config, build_ecn_marker, shape_htb, shape_ecn_bpf,
+# shape_ecn_red, setup_ecn_bottleneck, ecn_marker_map_id, usage.
+# The benchmarks (scripts/bench, bench/harness/) use the ip/tc ones through
+# scripts/net.sh.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -193,68 +195,6 @@ pkg_installed() {
     [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
 }
 
-# find_python: set PYTHON to an interpreter that imports matplotlib
-# (Debian's python3-matplotlib installs into /usr/bin/python3's path, which
-# may not be the first python3 on PATH); false when there is none.
-PYTHON=""
-export PYTHON  # read by the sourcing scripts
-find_python() {
-    local p
-    for p in python3 /usr/bin/python3; do
-        if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import matplotlib' >/dev/null 2>&1; then
-            PYTHON="$(command -v "$p")"
-            return 0
-        fi
-    done
-    return 1
-}
-
-# ensure_debian_packages INSTALL PACKAGE...: apt-get install the PACKAGEs
-# not installed (one apt-get update first), or die naming them when INSTALL
-# is 0. python3-matplotlib counts as installed when find_python finds one;
-# PYTHON is set on return.
-ensure_debian_packages() {
-    local install="$1" p
-    local -a missing=()
-    shift
-    for p in "$@"; do
-        if [[ "$p" == python3-matplotlib ]]; then
-            find_python || missing+=("$p")
-        elif ! pkg_installed "$p"; then
-            missing+=("$p")
-        fi
-    done
-    if ((${#missing[@]} > 0)); then
-        ((install == 1)) || die "missing packages: ${missing[*]} (run without --no-install, or apt-get install them)"
-        log "installing Debian packages: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >/dev/null || die "apt-get update failed"
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-            die "apt-get install ${missing[*]} failed"
-    fi
-    if [[ " $* " == *" python3-matplotlib "* ]]; then
-        find_python || die "no python3 with matplotlib (apt-get install python3-matplotlib)"
-    fi
-}
-
-# stop_testbed_processes PREFIX WORKERS: stop, by PID, anything still running
-# inside the testbed's namespaces PREFIX-sw and PREFIX-w0..WORKERS-1 (e.g. a
-# rank whose `timeout` wrapper was stopped): TERM, half a second, KILL.
-stop_testbed_processes() {
-    local prefix="$1" workers="$2" ns pid sig i
-    local -a spaces=("$prefix-sw")
-    for ((i = 0; i < workers; i++)); do spaces+=("$prefix-w$i"); done
-    for sig in TERM KILL; do
-        for ns in "${spaces[@]}"; do
-            netns_exists "$ns" || continue
-            for pid in $(ip netns pids "$ns" 2>/dev/null); do
-                kill -"$sig" "$pid" 2>/dev/null || true
-            done
-        done
-        [[ "$sig" == KILL ]] || sleep 0.5
-    done
-}
-
 # set_worker_tx PREFIX WORKERS on|off: transmit checksum offload (and with
 # it TSO) of every worker's eth0. testbed.sh turns it off, so that the
 # switch sees complete UDP checksums as from a real NIC; on veth that also
@@ -267,127 +207,6 @@ set_worker_tx() {
         ip netns exec "$prefix-w$i" ethtool -K eth0 tx "$mode" >/dev/null ||
             die "ethtool -K eth0 tx $mode failed in $prefix-w$i"
     done
-}
-
-# wait_ranks: wait for the caller's RANK_PIDS (one per rank, in rank order;
-# TIMEOUT names the per-configuration limit in the message); when one fails,
-# stop the others (they would wait on it until the timeout). Returns 0 when
-# all exited with 0; RANK_PIDS is empty afterwards.
-wait_ranks() {
-    local i rc left failed=0
-    local -a done_=()
-    left=${#RANK_PIDS[@]}
-    while ((left > 0)); do
-        for i in "${!RANK_PIDS[@]}"; do
-            [[ -z "${done_[i]:-}" ]] || continue
-            kill -0 "${RANK_PIDS[i]}" 2>/dev/null && continue
-            rc=0
-            wait "${RANK_PIDS[i]}" || rc=$?
-            done_[i]=$rc
-            left=$((left - 1))
-            if [[ "$rc" -ne 0 ]]; then
-                warn "rank $i exited with status $rc$( [[ "$rc" -eq 124 ]] && echo " (timeout after $TIMEOUT s)")"
-                failed=1
-            fi
-        done
-        if ((failed && left > 0)); then
-            for i in "${!RANK_PIDS[@]}"; do
-                [[ -n "${done_[i]:-}" ]] || stop_pid "${RANK_PIDS[i]}" 5
-            done
-            break
-        fi
-        ((left > 0)) && sleep 0.2
-    done
-    RANK_PIDS=()
-    return "$failed"
-}
-
-# --- the torch benchmarks (scripts/bench_train.sh, scripts/bench_fsdp.sh) ---------------
-# They share what they need, their run folder, their clean-up and their
-# snapshots. Callers set PREFIX and WORKERS (the testbed) and use RANK_PIDS,
-# SWITCHD_PID and TESTBED_MADE as cleanup_torch_bench reads them.
-readonly TORCH_BENCH_PACKAGES=(clang llvm libbpf-dev linux-libc-dev iproute2 ethtool gcc time)
-TORCH_BENCH_VENV="$REPO_ROOT/.venv"
-# AGGSWITCH_BENCH_PYTHON: another interpreter that imports torch, sklearn and
-# aggswitch (e.g. a machine's own torch install with PYTHONPATH=python).
-TORCH_BENCH_PY="${AGGSWITCH_BENCH_PYTHON:-$TORCH_BENCH_VENV/bin/python}"
-
-# prepare_torch_bench NAME [BUILD]: check the project venv (torch, scikit-learn,
-# aggswitch; matplotlib installed into it when missing, for the plot); unless
-# BUILD is 0 (the scripts' --no-build: binaries built elsewhere and copied to
-# target/release), install the Debian packages that are missing and build;
-# make the run folder
-# results/NAME-STAMP with a private copy of switchd (so that a rebuild
-# meanwhile cannot change what is measured). Sets STAMP, RUN and SWITCHD.
-prepare_torch_bench() {
-    local name="$1" build="${2:-1}" c b py="$TORCH_BENCH_PY" venv="$TORCH_BENCH_VENV"
-    [[ -x "$py" ]] || die "no Python at $py: run scripts/setup.sh (or set AGGSWITCH_BENCH_PYTHON)"
-    "$py" -c 'import torch, sklearn, aggswitch.torch' 2>/dev/null ||
-        die "$py cannot import torch, scikit-learn or aggswitch ($py -c 'import torch, sklearn, aggswitch.torch' fails): run scripts/setup.sh"
-    if ! "$py" -c 'import matplotlib' 2>/dev/null; then
-        log "installing matplotlib into $venv (for the plot)"
-        "$py" -m pip install -q matplotlib >/dev/null ||
-            warn "pip install matplotlib failed; the plot will be skipped"
-    fi
-    if [[ "$build" -eq 1 ]]; then
-        ensure_debian_packages 1 "${TORCH_BENCH_PACKAGES[@]}"
-        build_release
-    else
-        for b in switchd switchctl; do
-            [[ -x "$REPO_ROOT/target/release/$b" ]] ||
-                die "--no-build: target/release/$b missing (build with: cargo build --release --workspace --bins)"
-        done
-    fi
-    for c in tc ip timeout /usr/bin/time; do
-        command -v "$c" >/dev/null 2>&1 || die "$c not found (apt-get install iproute2 coreutils time)"
-    done
-    STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
-    RUN="$REPO_ROOT/results/$name-$STAMP"
-    mkdir -p "$RUN/bin"
-    # switchctl beside switchd: start_switchd asks it whether switchd is ready.
-    cp "$REPO_ROOT/target/release/switchd" "$REPO_ROOT/target/release/switchctl" "$RUN/bin/"
-    # shellcheck disable=SC2034  # read by the sourcing script
-    SWITCHD="$RUN/bin/switchd"
-}
-
-# cleanup_torch_bench: the EXIT trap of the torch benchmarks: stop the ranks
-# and switchd by PID, anything left in the testbed's namespaces, remove the
-# testbed and the private binaries; keeps the exit status.
-cleanup_torch_bench() {
-    local rc=$? pid
-    trap - EXIT INT TERM
-    for pid in "${RANK_PIDS[@]}"; do
-        stop_pid "$pid" 5
-    done
-    stop_pid "$SWITCHD_PID"
-    if [[ "$TESTBED_MADE" -eq 1 ]]; then
-        stop_testbed_processes "$PREFIX" "$WORKERS"
-        bash "$REPO_ROOT/scripts/testbed.sh" down --prefix "$PREFIX" >/dev/null 2>&1 ||
-            warn "testbed down failed; run: scripts/testbed.sh down --prefix $PREFIX"
-    fi
-    [[ -n "${RUN:-}" ]] && rm -rf -- "${RUN:?}/bin"
-    [[ "$rc" -eq 0 ]] || log "failed (status $rc); logs in ${RUN:-results/}"
-    exit "$rc"
-}
-
-# snapshot FILE: (the torch benchmarks) /proc/stat's cpu line, the load average and every shaper's
-# counters (tc -s -j), as JSON lines; the report takes the differences.
-snapshot() {
-    local i
-    {
-        printf '{"t": %s, "stat": "%s", "loadavg": "%s"}\n' "$(date +%s.%N)" \
-            "$(head -n 1 /proc/stat)" "$(cut -d' ' -f1-3 /proc/loadavg)"
-        for ((i = 0; i < WORKERS; i++)); do
-            printf '{"kind": "worker_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev eth0)"
-            printf '{"kind": "switch_port_egress", "rank": %d, "tc": %s}\n' "$i" \
-                "$(ip netns exec "$PREFIX-sw" tc -s -j qdisc show dev "sw-w$i")"
-            if ip -n "$PREFIX-w$i" link show ifb0 >/dev/null 2>&1; then
-                printf '{"kind": "worker_ingress_ifb", "rank": %d, "tc": %s}\n' "$i" \
-                    "$(ip netns exec "$PREFIX-w$i" tc -s -j qdisc show dev ifb0)"
-            fi
-        done
-    } >"$1"
 }
 
 # build_release: `cargo build --release --workspace --bins` in the repository
@@ -428,7 +247,7 @@ redirect_ingress_to_ifb() {
 # (worker -> switch), on every switch port sw-wI egress (bridged traffic ->
 # worker), and on every worker's eth0 ingress through an ifb device ifb0,
 # because switchd's AF_XDP transmit bypasses the qdisc of sw-wI. Used by
-# bench.sh and bench_train.sh; the testbed's removal removes it all.
+# scripts/bench (through scripts/net.sh); the testbed's removal removes it all.
 shape_worker_links() {
     local prefix="$1" workers="$2" i ns
     shift 2
@@ -585,94 +404,7 @@ write_testbed_switchd_config() {
         die "switchd testbed-config failed for $file"
 }
 
-# --- aggregation trees (scripts/demo_tree.sh, bench_tree.sh) ------------------------
-
-# toml_list ITEM...: print the TOML list ["a", "b"].
-toml_list() {
-    local out="" x
-    for x in "$@"; do out+="\"$x\", "; done
-    echo "[${out%, }]"
-}
-
-# write_spine_config FILE WRITER ADDR ADMIN_SOCK N_LEAVES ID:SECRET...: a
-# switchd config for a spine of a scripts/testbed.sh leaf-spine testbed:
-# ports dn-l0..dn-l(N_LEAVES-1), address ADDR (spine J's 198.19.255.(J+1)),
-# and one job per ID:SECRET whose N_LEAVES ranks are the leaves (from
-# 198.18.0.0/16), 256 slots. WRITER names the script in the first line.
-# Mode 0600: it holds secrets.
-write_spine_config() {
-    local file="$1" writer="$2" addr="$3" sock="$4" n_leaves="$5" i spec
-    local -a downlinks=()
-    shift 5
-    for ((i = 0; i < n_leaves; i++)); do downlinks+=("dn-l$i"); done
-    (
-        umask 077
-        {
-            echo "# Written by $writer."
-            echo "[switch]"
-            echo "ports = $(toml_list "${downlinks[@]}")"
-            echo "addresses = [\"$addr\"]"
-            echo 'forwarding = "bridge"'
-            echo "admin_socket = \"$sock\""
-            for spec in "$@"; do
-                echo
-                echo "[[job]]"
-                echo "id = ${spec%%:*}"
-                echo "n_workers = $n_leaves"
-                echo 'allowed_sources = ["198.18.0.0/16"]'
-                echo "secret = \"${spec#*:}\""
-                echo "pool_slots = 256"
-            done
-        } >"$file"
-    )
-    chmod 600 "$file"
-}
-
-# write_leaf_config FILE WRITER GATEWAY UPLINK_PORT ADMIN_SOCK LEAF_INDEX
-#                   N_LEAVES SPINES PORTS JOB...: a switchd config for leaf
-# LEAF_INDEX of a scripts/testbed.sh leaf-spine testbed: the comma-separated
-# PORTS (sw-w0,sw-h0,...), address and uplink GATEWAY (198.18.I.1, uplink on
-# UPLINK_PORT), and one job per JOB = ID:N_WORKERS:ALLOWED:SECRET (ALLOWED a
-# comma-separated list of prefixes) with 256 slots, whose partials go to the
-# comma-separated SPINES (ADDR:PORT, in tree order). Mode 0600.
-write_leaf_config() {
-    local file="$1" writer="$2" gw="$3" uplink_port="$4" sock="$5" leaf="$6"
-    local n_leaves="$7" spines_csv="$8" ports_csv="$9" spec id nw allowed secret
-    local -a spine_list port_list allowed_list
-    shift 9
-    IFS=, read -r -a spine_list <<<"$spines_csv"
-    IFS=, read -r -a port_list <<<"$ports_csv"
-    (
-        umask 077
-        {
-            echo "# Written by $writer."
-            echo "[switch]"
-            echo "ports = $(toml_list "${port_list[@]}")"
-            echo "addresses = [\"$gw\"]"
-            echo "uplink = \"$gw:$uplink_port\""
-            echo "admin_socket = \"$sock\""
-            for spec in "$@"; do
-                IFS=: read -r id nw allowed secret <<<"$spec"
-                IFS=, read -r -a allowed_list <<<"$allowed"
-                echo
-                echo "[[job]]"
-                echo "id = $id"
-                echo "n_workers = $nw"
-                echo "allowed_sources = $(toml_list "${allowed_list[@]}")"
-                echo "secret = \"$secret\""
-                echo "pool_slots = 256"
-                echo
-                echo "[job.upstream]"
-                echo "leaf_index = $leaf"
-                echo "n_leaves = $n_leaves"
-                echo "spines = $(toml_list "${spine_list[@]}")"
-            done
-        } >"$file"
-    )
-    chmod 600 "$file"
-}
-
-# --- a shaped, CE-marking bottleneck (scripts/fairness.sh, bench_tree.sh) ----------
+# --- a shaped, CE-marking bottleneck (scripts/bench fairness and tree, through scripts/net.sh) ----------
 
 # build_ecn_marker DIR MIN_BYTES MAX_BYTES: compile the CE marker
 # (scripts/bpf/ecn_mark.bpf.c: marks ECT packets by the depth of the

@@ -18,7 +18,7 @@
 #   scaling    target/release/engine_scaling for 0.2 s per configuration
 #              (1 and 2 threads, both layouts, every built backend; a few
 #              seconds): fails on a RESULT that differs from the rank-order
-#              reference (scripts/bench_scaling.sh is the measurement)
+#              reference (scripts/bench scaling is the measurement)
 #   loom       model checks of the concurrent slot engine: RUSTFLAGS="--cfg loom"
 #              LOOM_MAX_PREEMPTIONS=2 cargo test --release -p agg-proto --lib engine
 #              (in target/loom, so that the normal build stays valid)

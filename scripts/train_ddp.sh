@@ -126,7 +126,7 @@ done
 RANK_PIDS=()
 ((failed == 0)) || die "TRAIN FAILED"
 
-"$VENV_PYTHON" "$REPO_ROOT/scripts/train_ddp_report.py" "$WORK"/rank*.json
+"$VENV_PYTHON" "$REPO_ROOT/bench/harness/train_ddp_report.py" "$WORK"/rank*.json
 if [[ "$COMM" == switch ]]; then
     "$REPO_ROOT/target/release/switchctl" --socket "$WORK/admin.sock" stats "$JOB_ID" 2>/dev/null || true
 fi

@@ -1,5 +1,5 @@
 //! `aggblast`'s generators: a packet generator for the switch's rate
-//! benchmarks (`scripts/bench.sh`, rate section), fast enough not to be
+//! benchmarks (`scripts/bench allreduce`, rate section), fast enough not to be
 //! what is measured. (Moved out of the worker library: it builds its own
 //! frames and drives the protocol itself once the ranks have joined.)
 //!

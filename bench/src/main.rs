@@ -1,5 +1,5 @@
 //! `aggblast`: the packet generator of the switch's rate benchmarks
-//! (`scripts/bench.sh`, rate section), on raw AF_PACKET frames ([`blast`]).
+//! (`scripts/bench allreduce`, rate section), on raw AF_PACKET frames ([`blast`]).
 //! Prints one JSON object.
 //!
 //! * `aggblast echo …`: open loop, frames of one size to the switch's

@@ -1,4 +1,4 @@
-"""The benchmark reports' arithmetic (scripts/bench_rates_report.py,
+"""The benchmark reports' arithmetic (bench/harness/bench_rates_report.py,
 bench_transports_report.py, bench_per_packet_report.py, bench_report.py,
 bench_train_report.py),
 on small run folders written here: the shell scripts only leave raw
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "harness")
 sys.path.insert(0, SCRIPTS)
 import bench_per_packet_report  # noqa: E402
 import bench_rates_report  # noqa: E402
@@ -179,7 +179,7 @@ def test_per_packet_ratios_from_criterion_medians(tmp_path):
         bench_per_packet_report.result(str(tmp_path), 3, 1)
 
 
-# --- bench.sh's phases ---------------------------------------------------------------------
+# --- the allreduce scenario's phases ---------------------------------------------------------------------
 
 
 def snapshot(path, busy, idle, tbf_bytes, fresh_stat=None):
@@ -243,7 +243,7 @@ def test_iperf_rate_and_a_failed_iperf(tmp_path):
     assert bench_report.iperf_gbps(str(tmp_path / "failed.json")) is None
 
 
-# --- DDP training (bench_train.sh) ---------------------------------------------------------
+# --- DDP training (the train scenario) ---------------------------------------------------------
 
 
 KILLED_DEFAULT = {"kill_s": 1000.25, "fallback_seen_s": 1002.75, "stall_timeout_s": 2, "kill_after_step": 10,
@@ -257,7 +257,7 @@ def killed_json(d, link, **changes):
 
 
 def train_config(d, link, comm, step_s, loss=0.5, digest="d0", path="default", warmup=1):
-    """One LINK-COMM folder as bench_train.sh leaves it: 4 ranks' train_ddp.py
+    """One LINK-COMM folder as the train scenario leaves it: 4 ranks' train_ddp.py
     JSON (ranks 1..3 take step_s, rank 0 half of it; one warm-up step of
     9 s), GNU time lines, the snapshots and, for switchd's runs, its CPU;
     for switch-killed, killed.json (KILLED_DEFAULT: on the host path 2.5 s

@@ -1,4 +1,4 @@
-"""scripts/benchkit.py: the one CPU definition and the quantiles every
+"""bench/harness/benchkit.py: the one CPU definition and the quantiles every
 benchmark report uses (issue 24: a published figure must not depend on
 which script made it)."""
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "harness"))
 import benchkit  # noqa: E402
 
 #            user nice system idle iowait irq softirq steal guest guest_nice

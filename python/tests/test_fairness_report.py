@@ -1,6 +1,6 @@
-"""scripts/fairness_report.py: the arithmetic behind docs/fairness.json
+"""bench/harness/fairness_report.py: the arithmetic behind bench/results/fairness.json
 (Jain's index, counter differences, medians over repeats, the probe's
-quantiles), on a small run folder laid out as scripts/fairness.sh leaves
+quantiles), on a small run folder laid out as `scripts/bench fairness` leaves
 it (issue 24: benchmark logic in Python, not jq)."""
 
 import importlib.util
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "harness")
 _spec = importlib.util.spec_from_file_location("fairness_report", os.path.join(SCRIPTS, "fairness_report.py"))
 fr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fr)
@@ -108,7 +108,7 @@ LAT = dict(n=1550, avg=80.5, dropped=2, max=4000.0, p999=3000.0, p99=1000.0, p50
 def settings(**kw):
     a = dict(prefix="fair", marker="bpf", rate=100, mark_min=6000, mark_max=18000, elements=4194304,
              iterations=5, seconds=2, repeat=1, runs="idle,no_cc,cc", mps="1000", msg_size=64,
-             probe_mode="under-load", host_addr="198.18.0.100", command="sudo scripts/fairness.sh", commit="abc")
+             probe_mode="under-load", host_addr="198.18.0.100", command="sudo scripts/bench fairness", commit="abc")
     a.update(kw)
     return type("Args", (), a)
 

@@ -1,6 +1,6 @@
 // ECN marking on the depth of a device's root qdisc: a tc-BPF program for
 // the device's clsact egress hook (scripts/lib.sh build_ecn_marker, used by
-// scripts/fairness.sh and bench_tree.sh). It marks CE on ECT(0)/ECT(1) IPv4
+// scripts/bench fairness and tree). It marks CE on ECT(0)/ECT(1) IPv4
 // packets about to enter the root qdisc when that qdisc already holds more
 // than MIN_BYTES (a -D at build time): with probability (backlog - MIN) /
 // (MAX - MIN), always at MAX_BYTES or more. It counts what it saw in the

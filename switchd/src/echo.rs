@@ -3,7 +3,7 @@
 //! port and queue with its Ethernet, IPv4 and UDP source and destination
 //! swapped. No job table, no parsing beyond the offsets of the three
 //! headers. Its rate is what AF_XDP I/O alone allows on this machine, so
-//! that `scripts/bench.sh` can report the aggregation rate as a fraction
+//! that `scripts/bench allreduce` can report the aggregation rate as a fraction
 //! of it.
 //!
 //! Checksums: swapping the two IPv4 addresses and the two UDP ports only

@@ -19,6 +19,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod config_builder;
 pub mod control;
 pub mod dataplane;
 pub mod echo;

@@ -5,7 +5,9 @@
 //!   SIGINT/SIGTERM detach everything and write the final counters.
 //! * `switchd check-config --config FILE`: validate a configuration.
 //! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET …`: write a
-//!   config for a `scripts/testbed.sh` testbed ([`switchd::testbed_config`]).
+//!   config for a `scripts/testbed.sh` testbed ([`switchd::testbed_config`]);
+//!   with `--topology leaf-spine --role leaf:I|spine:J`, for one switch of
+//!   a leaf-spine testbed.
 //!
 //! A dataplane thread stuck with work pending ([`switchd::watchdog`]) ends
 //! the process with status 70, for its supervisor to restart it.
@@ -72,6 +74,24 @@ enum Cmd {
         /// Who is writing (the script's name), for the file's first line.
         #[arg(long, default_value = "switchd testbed-config")]
         writer: String,
+        /// `single` (one switch, `testbed.sh up --workers N`) or
+        /// `leaf-spine` (one switch of `testbed.sh up --leaves L --spines
+        /// K`, named by --role).
+        #[arg(long, value_enum, default_value = "single")]
+        topology: Topology,
+        /// With --topology leaf-spine: the switch, `leaf:I` or `spine:J`.
+        #[arg(long)]
+        role: Option<switchd::testbed_config::Role>,
+        /// With --topology leaf-spine: the spines the leaves send their
+        /// partials to are 0..TREES (default: every spine).
+        #[arg(long)]
+        trees: Option<u16>,
+        /// With --topology leaf-spine: the spines' aggregation port.
+        #[arg(long, default_value_t = 48879)]
+        agg_port: u16,
+        /// With --topology leaf-spine: the port of a leaf's uplink address.
+        #[arg(long, default_value_t = 40000)]
+        uplink_port: u16,
     },
 }
 
@@ -530,13 +550,28 @@ fn check_config(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn testbed_config(env: &Path, out: &Path, req: switchd::testbed_config::Request) -> Result<()> {
+/// The testbed shape `switchd testbed-config` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Topology {
+    Single,
+    LeafSpine,
+}
+
+fn testbed_config(
+    env: &Path,
+    out: &Path,
+    req: switchd::testbed_config::Request,
+    fabric: Option<switchd::testbed_config::Fabric>,
+) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let text = std::fs::read_to_string(env)
         .with_context(|| format!("reading the testbed env {}", env.display()))?;
     let env = switchd::testbed_config::TestbedEnv::parse(&text)?;
-    let config = switchd::testbed_config::write(&env, &req)?;
+    let config = match fabric {
+        None => switchd::testbed_config::write(&env, &req)?,
+        Some(f) => switchd::testbed_config::write_leaf_spine(&env, &req, &f)?,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -568,16 +603,41 @@ fn main() -> std::process::ExitCode {
             sets,
             host_ports,
             writer,
-        } => testbed_config(
-            &env,
-            &out,
-            switchd::testbed_config::Request {
-                writer,
-                host_ports,
-                jobs,
-                overrides: sets,
-            },
-        ),
+            topology,
+            role,
+            trees,
+            agg_port,
+            uplink_port,
+        } => {
+            let fabric = match (topology, role) {
+                (Topology::LeafSpine, Some(role)) => Ok(Some(switchd::testbed_config::Fabric {
+                    role,
+                    trees,
+                    agg_port,
+                    uplink_port,
+                })),
+                (Topology::LeafSpine, None) => Err(anyhow::anyhow!(
+                    "--topology leaf-spine needs --role leaf:I or spine:J"
+                )),
+                (Topology::Single, _) if role.is_some() || trees.is_some() => Err(anyhow::anyhow!(
+                    "--role and --trees are for --topology leaf-spine"
+                )),
+                (Topology::Single, _) => Ok(None),
+            };
+            fabric.and_then(|fabric| {
+                testbed_config(
+                    &env,
+                    &out,
+                    switchd::testbed_config::Request {
+                        writer,
+                        host_ports,
+                        jobs,
+                        overrides: sets,
+                    },
+                    fabric,
+                )
+            })
+        }
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,17 +5,20 @@
 //! the address plan nor write a key switchd would refuse.
 //!
 //! Owns: [`TestbedEnv`] (the `key=value` lines), [`JobSpec`] (`ID:WORKERS:
-//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`) and
-//! [`write`]. Invariant: what [`write`] returns deserialises into switchd's
-//! typed [`ConfigFile`] (unknown keys and wrong types are errors naming the
-//! key), and holds no secret that was given on the command line.
+//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`), [`Role`]
+//! and [`Fabric`] (`--topology leaf-spine`), [`write`] and
+//! [`write_leaf_spine`]; the configs themselves are built by
+//! [`crate::config_builder`]. Invariant: what they return deserialises into
+//! switchd's typed [`crate::config::ConfigFile`] (unknown keys and wrong
+//! types are errors naming the key), and holds no secret that was given on
+//! the command line.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::config::{ConfigFile, JobSection, SwitchSection};
+use crate::config_builder::{ConfigBuilder, JobBuilder};
 
 /// What can be wrong with a testbed config request.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +45,10 @@ pub enum TestbedConfigError {
         source_name: String,
         why: String,
     },
+    #[error("`{0}`: not a switch of this leaf-spine testbed (the form is leaf:I or spine:J)")]
+    BadRole(String),
+    #[error("--trees {trees}: the testbed has {spines} spines (1..={spines} trees)")]
+    BadTrees { trees: u16, spines: u16 },
     #[error("the config does not check: {0}")]
     Invalid(String),
 }
@@ -254,24 +261,13 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
             ports.push(env.get(&format!("host_{j}_port"))?.to_owned());
         }
     }
-    let switch = toml::Table::from_iter([
-        (
-            "ports".to_owned(),
-            toml::Value::try_from(&ports).expect("strings"),
-        ),
-        (
-            "addresses".to_owned(),
-            toml::Value::Array(vec![env.addr("switch_addr")?.to_string().into()]),
-        ),
-    ]);
-    let switch: SwitchSection = switch
-        .try_into()
-        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-    let subnet = env.get("subnet")?;
-    let mut jobs = Vec::new();
+    let mut config = ConfigBuilder::new(&ports, env.addr("switch_addr")?);
     for spec in &req.jobs {
         let (n, sources) = match &spec.workers {
-            None => (workers, vec![subnet.parse()]),
+            None => (
+                workers,
+                vec![net(env, "subnet", env.get("subnet")?.to_owned())?],
+            ),
             Some(list) => {
                 if let Some(w) = list.iter().find(|&&w| w >= workers) {
                     return Err(TestbedConfigError::BadJob(
@@ -281,79 +277,212 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
                 }
                 let srcs = list
                     .iter()
-                    .map(|w| Ok(format!("{}/32", env.addr(&format!("worker_{w}_addr"))?).parse()))
+                    .map(|w| {
+                        let key = format!("worker_{w}_addr");
+                        net(env, &key, format!("{}/32", env.addr(&key)?))
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 (list.len() as u16, srcs)
             }
         };
-        let allowed_sources = sources
-            .into_iter()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
-                key: "subnet".into(),
-                value: subnet.into(),
-                why: e.to_string(),
-            })?;
-        // Through the TOML tree, so that every key this does not set takes
-        // switchd's own default.
-        let job = toml::Table::from_iter([
-            ("id".to_owned(), toml::Value::Integer(spec.id.into())),
-            ("n_workers".to_owned(), toml::Value::Integer(n.into())),
-            (
-                "allowed_sources".to_owned(),
-                toml::Value::Array(
-                    allowed_sources
-                        .iter()
-                        .map(|s: &ipnet::Ipv4Net| s.to_string().into())
-                        .collect(),
-                ),
-            ),
-            (
-                "secret".to_owned(),
-                toml::Value::String(read_secret(spec.id, &spec.secret)?),
-            ),
-            ("pool_slots".to_owned(), toml::Value::Integer(256)),
-        ]);
-        let job: JobSection = job
-            .try_into()
-            .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-        jobs.push(job);
+        let secret = read_secret(spec.id, &spec.secret)?;
+        config = config.job(JobBuilder::new(spec.id, n, &sources, &secret));
     }
-    let file = ConfigFile { switch, jobs };
-    // Overrides go through the TOML tree and back into the typed sections,
-    // so that a misspelt key or a value of the wrong type is refused here
-    // with switchd's own message, not when switchd starts.
-    let mut tree =
-        toml::Table::try_from(&file).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+    finish(config, env, req)
+}
+
+/// Applies `req`'s overrides to `config`, checks the result by
+/// deserialising it into switchd's typed sections (a misspelt key or a
+/// value of the wrong type is refused here with switchd's own message, not
+/// when switchd starts), and returns it with its header line.
+fn finish(mut config: ConfigBuilder, env: &TestbedEnv, req: &Request) -> Result<String> {
     for o in &req.overrides {
-        let section = match o.target {
-            Target::Switch => tree.get_mut("switch").and_then(|v| v.as_table_mut()),
-            Target::Job(id) => tree
-                .get_mut("job")
-                .and_then(|v| v.as_array_mut())
-                .and_then(|jobs| {
-                    jobs.iter_mut()
-                        .find(|j| j.get("id").and_then(|i| i.as_integer()) == Some(id.into()))
-                })
-                .and_then(|v| v.as_table_mut()),
+        config = match o.target {
+            Target::Switch => config.set(&o.key, o.value.clone()),
+            Target::Job(id) => config.set_job(id, &o.key, o.value.clone()).map_err(|_| {
+                TestbedConfigError::BadOverride(
+                    format!("job.{id}.{}", o.key),
+                    "no such job among the --job specs".into(),
+                )
+            })?,
         };
-        let section = section.ok_or_else(|| {
-            TestbedConfigError::BadOverride(
-                format!("{:?}.{}", o.target, o.key),
-                "no such job among the --job specs".into(),
-            )
-        })?;
-        section.insert(o.key.clone(), o.value.clone());
     }
-    let checked: ConfigFile = tree
-        .try_into()
-        .map_err(|e: toml::de::Error| TestbedConfigError::Invalid(e.to_string()))?;
-    let body = toml::to_string(&checked).map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
+    let body = config
+        .render()
+        .map_err(|e| TestbedConfigError::Invalid(e.to_string()))?;
     Ok(format!(
         "# Written by switchd testbed-config for {} (testbed '{}').\n{body}",
         req.writer,
         env.get("prefix")?
     ))
+}
+
+/// Which switch of a leaf-spine testbed a config is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leaf(u16),
+    Spine(u16),
+}
+
+impl FromStr for Role {
+    type Err = TestbedConfigError;
+
+    fn from_str(s: &str) -> Result<Role> {
+        let bad = || TestbedConfigError::BadRole(s.to_owned());
+        let (kind, index) = s.split_once(':').ok_or_else(bad)?;
+        let index: u16 = index.parse().map_err(|_| bad())?;
+        match kind {
+            "leaf" => Ok(Role::Leaf(index)),
+            "spine" => Ok(Role::Spine(index)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The leaf-spine parts of a request (`--topology leaf-spine`).
+#[derive(Debug, Clone)]
+pub struct Fabric {
+    pub role: Role,
+    /// How many spines carry the jobs' trees: a leaf sends its partials to
+    /// spines 0..trees (chunk seq s through spine s mod trees); `None`:
+    /// every spine.
+    pub trees: Option<u16>,
+    /// The spines' aggregation port (the leaves send partials to it).
+    pub agg_port: u16,
+    /// The UDP port of a leaf's uplink address (`[switch] uplink`).
+    pub uplink_port: u16,
+}
+
+fn number_in(env: &TestbedEnv, key: &str, what: &str, index: u16) -> Result<u16> {
+    let n = env.number(key)?;
+    if index >= n {
+        return Err(TestbedConfigError::BadRole(format!(
+            "{what}:{index} (the testbed has {key}={n})"
+        )));
+    }
+    Ok(n)
+}
+
+fn net(env: &TestbedEnv, key: &str, text: String) -> Result<ipnet::Ipv4Net> {
+    text.parse()
+        .map_err(|e: ipnet::AddrParseError| TestbedConfigError::BadValue {
+            key: key.to_owned(),
+            value: text,
+            why: e.to_string(),
+        })
+        .and_then(|n| env.get(key).map(|_| n))
+}
+
+/// The config text of one switch of `env`'s leaf-spine testbed
+/// (`scripts/testbed.sh up --leaves L --spines K ...`):
+/// * spine J: ports dn-l0..dn-l(L-1), address spine J's, forwarding
+///   "bridge", one `[[job]]` per spec (WORKERS must be `all`: its ranks are
+///   the L leaves, from the leaves' /16), 256 slots;
+/// * leaf I: its worker ports (and host ports if asked), address and
+///   uplink its gateway (uplink port `fabric.uplink_port`), one `[[job]]`
+///   per spec over its own workers (`all`: its subnet; a list: those
+///   workers' /32s), 256 slots, `[job.upstream]` leaf_index I, n_leaves L
+///   and the first `fabric.trees` spines at `fabric.agg_port`;
+///
+/// Then the overrides, checked as [`write`] checks them.
+pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Result<String> {
+    let leaves = env.number("leaves")?;
+    let spines = env.number("spines")?;
+    let trees = fabric.trees.unwrap_or(spines);
+    if trees == 0 || trees > spines {
+        return Err(TestbedConfigError::BadTrees { trees, spines });
+    }
+    let config = match fabric.role {
+        Role::Spine(j) => {
+            number_in(env, "spines", "spine", j)?;
+            let ports = (0..leaves)
+                .map(|i| {
+                    env.get(&format!("spine_{j}_downlink_{i}_port"))
+                        .map(str::to_owned)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // The leaves' partials come from their gateways, 198.18.I.1:
+            // every leaf subnet lies in leaf 0's /16.
+            let leaf0 = net(env, "leaf_0_subnet", env.get("leaf_0_subnet")?.to_owned())?;
+            let leaves_net = ipnet::Ipv4Net::new(leaf0.network(), 16)
+                .expect("16 is a valid prefix length")
+                .trunc();
+            let mut config = ConfigBuilder::new(&ports, env.addr(&format!("spine_{j}_addr"))?)
+                .set("forwarding", "bridge");
+            for spec in &req.jobs {
+                if spec.workers.is_some() {
+                    return Err(TestbedConfigError::BadJob(
+                        spec.id.to_string(),
+                        "a spine's job has the leaves as its ranks: WORKERS must be `all`".into(),
+                    ));
+                }
+                let secret = read_secret(spec.id, &spec.secret)?;
+                config = config.job(JobBuilder::new(spec.id, leaves, &[leaves_net], &secret));
+            }
+            config
+        }
+        Role::Leaf(i) => {
+            number_in(env, "leaves", "leaf", i)?;
+            let wpl = env.number("workers_per_leaf")?;
+            let hpl = env.number("hosts_per_leaf")?;
+            let mut ports = Vec::new();
+            for k in 0..wpl {
+                ports.push(env.get(&format!("leaf_{i}_worker_{k}_port"))?.to_owned());
+            }
+            if req.host_ports {
+                for k in 0..hpl {
+                    ports.push(env.get(&format!("leaf_{i}_host_{k}_port"))?.to_owned());
+                }
+            }
+            let gw = env.addr(&format!("leaf_{i}_gateway"))?;
+            let tree_spines = (0..trees)
+                .map(|j| {
+                    Ok(format!(
+                        "{}:{}",
+                        env.addr(&format!("spine_{j}_addr"))?,
+                        fabric.agg_port
+                    ))
+                })
+                .collect::<Result<Vec<String>>>()?;
+            let subnet_key = format!("leaf_{i}_subnet");
+            let mut config = ConfigBuilder::new(&ports, gw)
+                .set("uplink", format!("{gw}:{}", fabric.uplink_port));
+            for spec in &req.jobs {
+                let (n, sources) = match &spec.workers {
+                    None => (
+                        wpl,
+                        vec![net(env, &subnet_key, env.get(&subnet_key)?.to_owned())?],
+                    ),
+                    Some(list) => {
+                        if let Some(w) = list.iter().find(|&&w| w >= wpl) {
+                            return Err(TestbedConfigError::BadJob(
+                                spec.id.to_string(),
+                                format!(
+                                    "worker {w} is not under leaf {i} ({wpl} workers per leaf)"
+                                ),
+                            ));
+                        }
+                        let srcs = list
+                            .iter()
+                            .map(|w| {
+                                let key = format!("leaf_{i}_worker_{w}_addr");
+                                net(env, &key, format!("{}/32", env.addr(&key)?))
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        (list.len() as u16, srcs)
+                    }
+                };
+                let secret = read_secret(spec.id, &spec.secret)?;
+                config = config.job(JobBuilder::new(spec.id, n, &sources, &secret).upstream(
+                    i,
+                    leaves,
+                    &tree_spines,
+                ));
+            }
+            config
+        }
+    };
+    finish(config, env, req)
 }
 
 #[cfg(test)]
@@ -454,5 +583,126 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("--print-env"), "{e}");
         assert!(TestbedEnv::parse("no equals sign\n").is_err());
+    }
+
+    const FABRIC_ENV: &str = "prefix=ls\ntopology=leafspine\nleaves=2\nspines=2\n\
+        workers_per_leaf=2\nhosts_per_leaf=1\n\
+        leaf_0_ns=ls-leaf0\nleaf_0_gateway=198.18.0.1\nleaf_0_subnet=198.18.0.0/24\n\
+        leaf_0_worker_0_addr=198.18.0.10\nleaf_0_worker_0_port=sw-w0\n\
+        leaf_0_worker_1_addr=198.18.0.11\nleaf_0_worker_1_port=sw-w1\nleaf_0_host_0_port=sw-h0\n\
+        leaf_1_ns=ls-leaf1\nleaf_1_gateway=198.18.1.1\nleaf_1_subnet=198.18.1.0/24\n\
+        leaf_1_worker_0_addr=198.18.1.10\nleaf_1_worker_0_port=sw-w0\n\
+        leaf_1_worker_1_addr=198.18.1.11\nleaf_1_worker_1_port=sw-w1\nleaf_1_host_0_port=sw-h0\n\
+        spine_0_ns=ls-spine0\nspine_0_addr=198.19.255.1\n\
+        spine_0_downlink_0_port=dn-l0\nspine_0_downlink_1_port=dn-l1\n\
+        spine_1_ns=ls-spine1\nspine_1_addr=198.19.255.2\n\
+        spine_1_downlink_0_port=dn-l0\nspine_1_downlink_1_port=dn-l1\n";
+
+    fn fabric(role: &str, trees: Option<u16>) -> Fabric {
+        Fabric {
+            role: role.parse().unwrap(),
+            trees,
+            agg_port: 48879,
+            uplink_port: 40000,
+        }
+    }
+
+    fn parsed(text: &str) -> crate::config::Config {
+        crate::config::Config::parse(text, std::path::Path::new("x"), |_| Some(1500))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn a_spine_config_has_the_downlinks_and_the_leaves_as_ranks() {
+        std::env::set_var("TBCFG_TEST_SECRET4", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let req = request(
+            &["3:all:env:TBCFG_TEST_SECRET4"],
+            &["switch.admin_socket=\"/tmp/s1.sock\""],
+        );
+        let text = write_leaf_spine(&env, &req, &fabric("spine:1", None)).unwrap();
+        let cfg = parsed(&text);
+        assert_eq!(cfg.switch.ports, ["dn-l0", "dn-l1"]);
+        assert_eq!(cfg.switch.addresses, [Ipv4Addr::new(198, 19, 255, 2)]);
+        assert_eq!(cfg.switch.admin_socket, PathBuf::from("/tmp/s1.sock"));
+        assert!(text.contains("forwarding = \"bridge\""), "{text}");
+        assert!(text.contains("\"198.18.0.0/16\""), "{text}");
+        assert_eq!((cfg.jobs[0].id, cfg.jobs[0].n_workers), (3, 2));
+        assert!(cfg.jobs[0].upstream.is_none());
+        let e = write_leaf_spine(
+            &env,
+            &request(&["3:0:env:TBCFG_TEST_SECRET4"], &[]),
+            &fabric("spine:0", None),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("must be `all`"), "{e}");
+    }
+
+    #[test]
+    fn a_leaf_config_sends_its_partials_to_the_tree_spines() {
+        std::env::set_var("TBCFG_TEST_SECRET5", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let mut req = request(
+            &["1:all:env:TBCFG_TEST_SECRET5", "2:1:env:TBCFG_TEST_SECRET5"],
+            &[],
+        );
+        req.host_ports = true;
+        let text = write_leaf_spine(&env, &req, &fabric("leaf:1", Some(1))).unwrap();
+        let cfg = parsed(&text);
+        assert_eq!(cfg.switch.ports, ["sw-w0", "sw-w1", "sw-h0"]);
+        assert_eq!(cfg.switch.addresses, [Ipv4Addr::new(198, 18, 1, 1)]);
+        assert_eq!(cfg.switch.uplink, Some("198.18.1.1:40000".parse().unwrap()));
+        assert!(text.contains("\"198.18.1.0/24\""), "{text}");
+        assert!(text.contains("\"198.18.1.11/32\""), "{text}");
+        assert!(!text.contains("198.18.1.10/32"), "{text}");
+        assert_eq!((cfg.jobs[1].id, cfg.jobs[1].n_workers), (2, 1));
+        let up = cfg.jobs[0]
+            .upstream
+            .as_ref()
+            .expect("a leaf's job has an upstream");
+        assert_eq!((up.leaf_index, up.n_leaves), (1, 2));
+        assert_eq!(up.spines.len(), 1);
+        assert_eq!(
+            (up.spines[0].ip, up.spines[0].port),
+            ([198, 19, 255, 1], 48879)
+        );
+        let two = write_leaf_spine(&env, &req, &fabric("leaf:0", None)).unwrap();
+        assert!(two.contains("\"198.19.255.2:48879\""), "{two}");
+    }
+
+    #[test]
+    fn a_switch_or_tree_count_not_on_the_fabric_is_refused() {
+        std::env::set_var("TBCFG_TEST_SECRET6", SECRET);
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let req = request(&["1:all:env:TBCFG_TEST_SECRET6"], &[]);
+        for (role, trees, why) in [
+            ("leaf:2", None, "leaves=2"),
+            ("spine:2", None, "spines=2"),
+            ("leaf:0", Some(3), "--trees 3"),
+            ("leaf:0", Some(0), "--trees 0"),
+        ] {
+            let e = write_leaf_spine(&env, &req, &fabric(role, trees))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{role} {trees:?}: {e}");
+        }
+        let e = write_leaf_spine(
+            &env,
+            &request(&["1:2:env:TBCFG_TEST_SECRET6"], &[]),
+            &fabric("leaf:0", None),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("worker 2 is not under leaf 0"), "{e}");
+        assert!("root:0".parse::<Role>().is_err());
+        assert!("leaf".parse::<Role>().is_err());
+        assert!("leaf:x".parse::<Role>().is_err());
+        let e = write_leaf_spine(
+            &TestbedEnv::parse(ENV).unwrap(),
+            &req,
+            &fabric("leaf:0", None),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("leaves"), "{e}");
     }
 }

@@ -4,7 +4,7 @@
  * testbed interface sends or receives, standing in for netem and RED-ECN,
  * which this project's CI kernel lacks. The one copy used by
  * scripts/impair.sh (and through it tests/tests/faults.rs,
- * tests/tests/congestion.rs and scripts/soak.sh), built per use with the
+ * tests/tests/congestion.rs and scripts/bench soak), built per use with the
  * parameters as -D defines:
  *
  *   LOSS_PPM        drop this many packets per million

@@ -1,18 +1,19 @@
-//! switchd configs for the e2e testbeds, written from switchd's own typed
-//! sections ([`switchd::config::ConfigFile`]) as `switchd testbed-config`
-//! writes the scripts' (issue 24): no test writes TOML by hand, and a key
+//! switchd configs for the e2e testbeds, written by switchd's own typed
+//! builder ([`switchd::config_builder`], the one `switchd testbed-config`
+//! writes the scripts' configs with): no test writes TOML by hand, and a key
 //! or value switchd would refuse fails the test where it is set, with
 //! switchd's message.
 //!
-//! Owns: [`SwitchConfig`] (a `[switch]` section and its jobs), [`Job`],
-//! and the aggregation trees' configs ([`spine_config`], [`leaf_config`]).
-//! Ports and addresses come from the testbed ([`SwitchConfig::for_testbed`],
-//! [`LeafSpine`]'s accessors), as `testbed.sh --print-env` printed them.
+//! Owns: [`SwitchConfig`] (a `[switch]` section and its jobs, one summary
+//! line a second), [`Job`] (the tests' secret), and the aggregation trees'
+//! configs ([`spine_config`], [`leaf_config`]). Ports and addresses come
+//! from the testbed ([`SwitchConfig::for_testbed`], [`LeafSpine`]'s
+//! accessors), as `testbed.sh --print-env` printed them.
 
 use std::fmt::Display;
 use std::net::Ipv4Addr;
 
-use switchd::config::ConfigFile;
+use switchd::config_builder::{ConfigBuilder, JobBuilder};
 
 use crate::{LeafSpine, Testbed, AGG_PORT, SECRET};
 
@@ -22,49 +23,29 @@ pub const UPLINK_PORT: u16 = 40000;
 /// One `[[job]]`: id, workers, sources, the tests' secret, 256 slots, and
 /// whatever [`Job::set`] adds.
 #[derive(Debug, Clone)]
-pub struct Job(toml::Table);
+pub struct Job(JobBuilder);
 
 impl Job {
     /// `allowed`: the job's source prefixes (`Ipv4Net`s, or text as
     /// switchd reads it).
     pub fn new(id: u16, n_workers: u16, allowed: &[impl Display]) -> Job {
-        let mut t = toml::Table::new();
-        t.insert("id".into(), i64::from(id).into());
-        t.insert("n_workers".into(), i64::from(n_workers).into());
-        t.insert(
-            "allowed_sources".into(),
-            toml::Value::Array(allowed.iter().map(|a| a.to_string().into()).collect()),
-        );
-        t.insert("secret".into(), SECRET.into());
-        t.insert("pool_slots".into(), 256.into());
-        Job(t)
+        Job(JobBuilder::new(id, n_workers, allowed, SECRET))
     }
 
     /// Sets a job key (`dtype`, `stats`, `window`, `auth`, …).
-    pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> Job {
-        self.0.insert(key.into(), value.into());
-        self
+    pub fn set(self, key: &str, value: impl Into<toml::Value>) -> Job {
+        Job(self.0.set(key, value))
     }
 
     /// A leaf's place in its trees (`[job.upstream]`).
     pub fn upstream(self, leaf_index: u16, n_leaves: u16, spines: &[String]) -> Job {
-        let mut up = toml::Table::new();
-        up.insert("leaf_index".into(), i64::from(leaf_index).into());
-        up.insert("n_leaves".into(), i64::from(n_leaves).into());
-        up.insert(
-            "spines".into(),
-            toml::Value::Array(spines.iter().map(|s| s.as_str().into()).collect()),
-        );
-        self.set("upstream", up)
+        Job(self.0.upstream(leaf_index, n_leaves, spines))
     }
 }
 
 /// A whole switchd config.
 #[derive(Debug, Clone)]
-pub struct SwitchConfig {
-    switch: toml::Table,
-    jobs: Vec<Job>,
-}
+pub struct SwitchConfig(ConfigBuilder);
 
 impl SwitchConfig {
     /// `[switch]` of the single switch of `tb`: its ports, at its address.
@@ -74,65 +55,35 @@ impl SwitchConfig {
 
     /// `[switch]` on `ports` at `address`, one summary line a second.
     pub fn new(ports: &[String], address: Ipv4Addr) -> SwitchConfig {
-        let mut switch = toml::Table::new();
-        switch.insert(
-            "ports".into(),
-            toml::Value::Array(ports.iter().map(|p| p.as_str().into()).collect()),
-        );
-        switch.insert(
-            "addresses".into(),
-            toml::Value::Array(vec![address.to_string().into()]),
-        );
-        switch.insert("summary_interval_secs".into(), 1.0.into());
-        SwitchConfig {
-            switch,
-            jobs: Vec::new(),
-        }
+        SwitchConfig(ConfigBuilder::new(ports, address).set("summary_interval_secs", 1.0))
     }
 
     /// Sets a `[switch]` key.
-    pub fn set(mut self, key: &str, value: impl Into<toml::Value>) -> SwitchConfig {
-        self.switch.insert(key.into(), value.into());
-        self
+    pub fn set(self, key: &str, value: impl Into<toml::Value>) -> SwitchConfig {
+        SwitchConfig(self.0.set(key, value))
     }
 
     /// Sets the `[switch]` keys of TOML `key = value` lines (the tests'
     /// extra switch settings, e.g. `"queues = 2\ndataplane_threads = 2\n"`).
-    pub fn set_lines(mut self, lines: &str) -> SwitchConfig {
+    pub fn set_lines(self, lines: &str) -> SwitchConfig {
         let t: toml::Table = toml::from_str(lines)
             .unwrap_or_else(|e| panic!("switch settings {lines:?} are not TOML: {e}"));
-        self.switch.extend(t);
-        self
+        SwitchConfig(self.0.extend(t))
     }
 
-    pub fn job(mut self, job: Job) -> SwitchConfig {
-        self.jobs.push(job);
-        self
+    pub fn job(self, job: Job) -> SwitchConfig {
+        SwitchConfig(self.0.job(job.0))
     }
 
     /// Sets `key` of every job (trees: the one job of a spine or leaf).
-    pub fn set_jobs(mut self, key: &str, value: impl Into<toml::Value> + Clone) -> SwitchConfig {
-        self.jobs = self
-            .jobs
-            .into_iter()
-            .map(|j| j.set(key, value.clone()))
-            .collect();
-        self
+    pub fn set_jobs(self, key: &str, value: impl Into<toml::Value> + Clone) -> SwitchConfig {
+        SwitchConfig(self.0.set_jobs(key, value))
     }
 
     /// The file's text, after switchd's typed sections took it (a typo or a
     /// wrong type panics here with switchd's own message).
     pub fn render(&self) -> String {
-        let mut tree = toml::Table::new();
-        tree.insert("switch".into(), self.switch.clone().into());
-        tree.insert(
-            "job".into(),
-            toml::Value::Array(self.jobs.iter().map(|j| j.0.clone().into()).collect()),
-        );
-        let typed: ConfigFile = tree
-            .try_into()
-            .unwrap_or_else(|e| panic!("switchd would refuse this config: {e}"));
-        toml::to_string(&typed).expect("a typed config serialises")
+        self.0.render().unwrap_or_else(|e| panic!("{e}"))
     }
 }
 

@@ -373,7 +373,7 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     process_cpu_s: Option<[f64; 2]>,
     /// Each timed iteration's seconds, in order (tail latencies per
-    /// all-reduce: scripts/bench_priority.sh); omitted past 10 000.
+    /// all-reduce: `scripts/bench priority`); omitted past 10 000.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     iteration_seconds: Vec<f64>,
 }

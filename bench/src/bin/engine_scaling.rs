@@ -14,7 +14,7 @@
 //! of the two, the median of the repeats). A wrong
 //! RESULT, or any refused DATA, fails the run (exit status 1) instead of
 //! reporting a number.
-//! `scripts/bench_scaling.sh` runs it.
+//! `scripts/bench scaling` runs it.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -16,7 +16,7 @@ use proto::wire::DEFAULT_AGG_PORT;
 use serde::{Deserialize, Serialize};
 
 /// What the switch does with aggregation frames. Only `Aggregate` is a
-/// switch; the others are baselines for `scripts/bench.sh`.
+/// switch; the others are baselines for `scripts/bench allreduce`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum DataplaneMode {

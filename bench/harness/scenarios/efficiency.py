@@ -1,0 +1,235 @@
+"""efficiency.py: the `efficiency` scenario: what a gradient all-reduce
+costs per byte, in time and in CPU: the switch (float32 with each worker
+transport, and the narrower dtypes) against OpenMPI's TCP ring with TSO and
+PyTorch's gloo, in the same run, at each MTU, on unlimited links and on
+links limited to 1 Gbit/s each way (root).
+
+The peers run on the plain bridge with switchd stopped and the workers'
+transmit offload on (TSO, as on a real NIC); the switch with switchd and
+the testbed's offload settings. bench_efficiency_report.py turns the runs
+manifest (runs.jsonl) into the table, JSON and PNG.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+                       run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
+from options import uint_list, uint_range, word_list
+from scenario import Option, Scenario
+from tools import NET_SH, build_release, ensure_packages, net
+
+PREFIX = "eff"
+WORKERS = 4
+GLOO_PORT = 29517
+TBF_ARGS = ["rate", "1gbit", "burst", "256kb", "latency", "50ms"]
+PACKAGES = ["clang", "llvm", "libbpf-dev", "linux-libc-dev", "iproute2", "ethtool", "gcc", "openmpi-bin",
+            "libopenmpi-dev", "python3", "python3-matplotlib"]
+JOB_OF = {"f32": 1, "bf16": 2, "f16": 3}
+
+DESCRIPTION = """\
+Every measurement is K all-reduces of the tensor by 4 workers on the veth
+testbed (prefix "eff"), after one untimed warm-up. Time: the slowest rank's,
+per all-reduce. CPU: the whole machine's busy CPU time (/proc/stat) over the
+all-reduces only, in CPU-seconds per GiB of float32 gradient reduced.
+1 Gbit/s links: tbf on every worker link, both ways. Writes
+bench/results/efficiency-STAMP.{json,png} (or --json/--png) and, unless
+--quick or --no-docs, bench/results/bench-efficiency.{json,png}. Every
+process started is stopped by PID and the testbed removed on exit."""
+
+
+def settings(a):
+    """(mib, repeats, mtus, docs) after --quick and the defaults."""
+    mib = a.mib if a.mib is not None else (8 if a.quick else 64)
+    repeats = a.repeats if a.repeats is not None else (2 if a.quick else 5)
+    mtus = a.mtus or ([1500] if a.quick else [1500, 9000])
+    return mib, repeats, mtus, not (a.quick or a.no_docs)
+
+
+def run(a):
+    mib, repeats, mtus, docs = settings(a)
+    elements = mib * 1024 * 1024 // 4
+    venv_py = str(REPO_ROOT / ".venv" / "bin" / "python")
+    ensure_packages(True, PACKAGES)
+    if a.profile and shutil.which("perf") is None:
+        ensure_packages(True, ["linux-perf"])
+    build_release()
+    if not a.no_gloo and subprocess.run([venv_py, "-c", "import torch"], stderr=subprocess.DEVNULL).returncode:
+        log("gloo needs torch in the project venv: running scripts/setup.sh")
+        if subprocess.run(["bash", str(REPO_ROOT / "scripts" / "setup.sh")]).returncode:
+            raise HarnessError("scripts/setup.sh failed; fix what it says, or pass --no-gloo")
+    st = stamp()
+    rd = REPO_ROOT / "results" / f"efficiency-{st}"
+    (rd / "bin").mkdir(parents=True)
+    for b in ("switchd", "switchctl", "worker"):
+        shutil.copy2(REPO_ROOT / "target" / "release" / b, rd / "bin")
+    switchd, worker, mpi_bin = rd / "bin" / "switchd", rd / "bin" / "worker", rd / "bin" / "mpi_allreduce"
+    run_checked(["mpicc", "-O2", "-o", mpi_bin, REPO_ROOT / "bench" / "mpi_allreduce.c"], "mpicc on bench/mpi_allreduce.c")
+    mpi_tmp = Path(tempfile.mkdtemp(prefix="eff-mpi."))
+    hostfile, rsh = rd / "hostfile", rd / "netns-ssh.sh"
+    secret = random_secret()
+    manifest = rd / "runs.jsonl"
+    manifest.write_text("")
+    profiled_mtu = max(mtus)
+
+    def record(d, mtu, lnk, method, dtype, transport):
+        with open(manifest, "a") as f:
+            f.write(json.dumps({"dir": str(d), "mtu": mtu, "link": lnk, "method": method, "dtype": dtype,
+                                "transport": transport}, separators=(",", ":")) + "\n")
+
+    log(f"run {st}: {WORKERS} workers, {mib} MiB, {repeats} all-reduces per measurement; MTUs "
+        f"{' '.join(map(str, mtus))}; logs in {rd}")
+    try:
+        for mtu in mtus:
+            with Testbed(PREFIX, ["--workers", WORKERS, "--mtu", mtu], rd) as tb, Processes() as procs:
+                shutil.copy(tb.env_file, rd / f"testbed-mtu{mtu}.env")
+                cfg = rd / "switchd.toml"
+                jobs, sets = [], []
+                for d in a.dtypes:
+                    jobs.append(f"{JOB_OF[d]}:all:env:AGGSWITCH_TESTBED_SECRET")
+                    sets.append(f"job.{JOB_OF[d]}.dtype={d}")
+                write_switchd_config(switchd, tb, cfg, "scripts/bench efficiency", secret=secret, jobs=jobs, sets=sets)
+                net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
+
+                def run_switch(d, dtype, transport):
+                    d.mkdir(parents=True, exist_ok=True)
+                    extra = ([] if dtype == "f32" else ["--dtype", dtype]) + \
+                        ([] if transport == "auto" else ["--transport", transport])
+                    ranks = [procs.start([worker, "allreduce", "--switch", tb["switch_addr"], "--job", JOB_OF[dtype],
+                                          "--rank", r, "--workers", WORKERS, "--elements", elements, "--warmup", 1,
+                                          "--iterations", repeats, "--json", "--machine-cpu", *extra],
+                                         ns=f"{PREFIX}-w{r}", env={"AGGSWITCH_SECRET": secret},
+                                         stdout=d / f"rank{r}.json", stderr=d / f"rank{r}.log") for r in range(WORKERS)]
+                    if any(s != 0 for s in procs.wait(ranks, a.timeout)):
+                        raise HarnessError(f"switch all-reduce ({dtype}, transport {transport}) failed; see {d}/rank*.log")
+
+                def run_peer(d, kind, dtype="f32"):
+                    d.mkdir(parents=True, exist_ok=True)
+                    if kind == "openmpi":
+                        ps = [procs.start(["bash", NET_SH, "mpirun", PREFIX, WORKERS, hostfile, rsh, mpi_tmp, mpi_bin,
+                                           elements, repeats], stdout=d / "peer.out", stderr=d / "peer.log", cwd=d)]
+                    else:
+                        ps = [procs.start(["env", f"RANK={r}", f"WORLD_SIZE={WORKERS}", f"MASTER_ADDR={tb['worker_0_addr']}",
+                                           f"MASTER_PORT={GLOO_PORT}", "GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1",
+                                           venv_py, REPO_ROOT / "bench" / "gloo_allreduce.py", elements, repeats, dtype],
+                                          ns=f"{PREFIX}-w{r}", stdout=d / f"rank{r}.out", stderr=d / f"rank{r}.log")
+                              for r in range(WORKERS)]
+                    if any(s != 0 for s in procs.wait(ps, a.timeout)):
+                        raise HarnessError(f"{kind} all-reduce failed; see {d}")
+                    for out in (d / "peer.out", d / "rank0.out"):
+                        if out.exists() and out.stat().st_size:
+                            lines = [ln for ln in out.read_text().splitlines() if ln.startswith("{")]
+                            if lines:
+                                (d / "peer.json").write_text(lines[-1] + "\n")
+                    if not (d / "peer.json").exists():
+                        raise HarnessError(f"{kind} printed no JSON; see {d}")
+                    if json.loads((d / "peer.json").read_text()).get("verified") is not True:
+                        raise HarnessError(f"{kind} gave a wrong sum; see {d}")
+
+                def profiled(d):
+                    data = rd / "perf.data"
+                    perf = procs.start(["perf", "record", "-a", "-g", "-q", "-o", data], stdout=rd / "perf-record.log")
+                    time.sleep(0.5)
+                    run_switch(d, "f32", a.transports[0])
+                    perf.send_signal(2)
+                    if procs.wait([perf], 60) != [0]:
+                        warn(f"perf record did not end cleanly; see {rd}/perf-record.log")
+                    for out, extra in (("profile-comm.txt", ["--sort", "comm"]),
+                                       ("profile-sym.txt", ["--sort", "comm,sym", "-g", "none", "--percent-limit", "0.7"])):
+                        with open(rd / out, "w") as f:
+                            if subprocess.run(["perf", "report", "-i", str(data), "--no-children", *extra, "--stdio"],
+                                              stdout=f, stderr=subprocess.DEVNULL).returncode:
+                                warn("perf report failed")
+                    data.unlink(missing_ok=True)
+                    log(f"profile: {rd}/profile-comm.txt, {rd}/profile-sym.txt")
+
+                def measure(lnk):
+                    base = rd / f"mtu{mtu}" / lnk
+                    log(f"[MTU {mtu}, {lnk}] OpenMPI with TSO")
+                    net("worker-tx", PREFIX, WORKERS, "on")
+                    run_peer(base / "openmpi_tso", "openmpi")
+                    record(base / "openmpi_tso", mtu, lnk, "openmpi_tso", "f32", "tcp")
+                    if not a.no_gloo:
+                        log(f"[MTU {mtu}, {lnk}] gloo with TSO")
+                        run_peer(base / "gloo_tso", "gloo")
+                        record(base / "gloo_tso", mtu, lnk, "gloo_tso", "f32", "tcp")
+                        if "bf16" in a.dtypes:
+                            log(f"[MTU {mtu}, {lnk}] gloo with TSO, bf16 (PyTorch's bf16 compression)")
+                            run_peer(base / "gloo_tso_bf16", "gloo", "bf16")
+                            record(base / "gloo_tso_bf16", mtu, lnk, "gloo_tso", "bf16", "tcp")
+                    net("worker-tx", PREFIX, WORKERS, "off")
+                    sw = start_switchd(procs, f"{PREFIX}-sw", switchd, base / "switchd.log", ["run", "--config", cfg])
+                    for d in a.dtypes:
+                        for t in a.transports:
+                            # One transport is enough to show what the narrower type saves.
+                            if d != "f32" and t != a.transports[0]:
+                                continue
+                            log(f"[MTU {mtu}, {lnk}] switch, {d}, transport {t}")
+                            run_switch(base / f"switch-{d}-{t}", d, t)
+                            record(base / f"switch-{d}-{t}", mtu, lnk, "switch", d, t)
+                    if a.profile and mtu == profiled_mtu and lnk == "unlimited":
+                        # An extra run: perf's own cost must not reach the measured ones.
+                        log(f"[MTU {mtu}, {lnk}] switch, f32, transport {a.transports[0]}, under perf record")
+                        profiled(base / "profile-run")
+                    procs.stop(sw)
+
+                measure("unlimited")
+                net("shape-workers", PREFIX, WORKERS, *TBF_ARGS)
+                measure("1gbit")
+    except BaseException:
+        log(f"failed; logs in {rd}")
+        raise
+    finally:
+        shutil.rmtree(mpi_tmp, ignore_errors=True)
+        shutil.rmtree(rd / "bin", ignore_errors=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out_json = Path(a.json) if a.json else RESULTS_DIR / f"efficiency-{st}.json"
+    out_png = Path(a.png) if a.png else RESULTS_DIR / f"efficiency-{st}.png"
+    run_report("bench_efficiency_report.py", ["--runs", manifest, "--stamp", st, "--mib", mib, "--repeats", repeats,
+                                              "--workers", WORKERS, "--json", out_json, "--png", out_png,
+                                              "--table", rd / "table.md"])
+    sys.stdout.write((rd / "table.md").read_text())
+    if docs:
+        shutil.copy(out_json, RESULTS_DIR / "bench-efficiency.json")
+        shutil.copy(out_png, RESULTS_DIR / "bench-efficiency.png")
+        log(f"wrote bench/results/bench-efficiency.{{json,png}}, {out_json} and {out_png}")
+    else:
+        log(f"wrote {out_json} and {out_png} (bench/results/bench-efficiency.* left alone)")
+    return 0
+
+
+SCENARIO = Scenario(
+    name="efficiency",
+    summary="time and CPU per GiB: the switch against OpenMPI and gloo, per MTU and link (root)",
+    description=DESCRIPTION,
+    run=run,
+    needs_root=True,
+    options=(
+        Option("--mib", "tensor per worker in MiB of float32 (default 64; --quick: 8)", type=uint_range(1, 1024),
+               metavar="S"),
+        Option("--repeats", "all-reduces per measurement, in one run (default 5; --quick: 2)",
+               type=uint_range(1, 1000), metavar="K"),
+        Option("--mtus", "MTUs of the testbed's links, one testbed each (default 1500,9000; --quick: 1500)",
+               type=uint_list(1280, 9000), metavar="LIST"),
+        Option("--dtypes", "the switch's element types", type=word_list(list(JOB_OF), sep=","),
+               default=["f32", "bf16"], metavar="LIST"),
+        Option("--transports", "worker transports for the float32 runs; the narrower dtypes run with the first",
+               type=word_list(["auto", "mmsg", "udp-gso"], sep=","), default=["auto", "mmsg"], metavar="LIST"),
+        Option("--no-gloo", "skip gloo (it needs torch in the project venv)"),
+        Option("--profile", "also record a system-wide profile (perf record -a -g) of one more float32 switch "
+               "run at the largest MTU on unlimited links, not counted"),
+        Option("--quick", "8 MiB, 2 repeats, MTU 1500 only; bench/results/bench-efficiency.* left alone"),
+        Option("--timeout", "seconds any one measurement may take", type=uint_range(10, 86400), default=600,
+               metavar="T"),
+        Option("--json", "where to write the JSON (default bench/results/efficiency-STAMP.json)", type=str,
+               metavar="FILE"),
+        Option("--png", "where to write the PNG (default bench/results/efficiency-STAMP.png)", type=str,
+               metavar="FILE"),
+        Option("--no-docs", "leave bench/results/bench-efficiency.{json,png} alone"),
+    ),
+)

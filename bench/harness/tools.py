@@ -1,0 +1,62 @@
+"""tools.py: what a scenario needs before it measures: Debian packages
+(installed when missing, unless told not to), the release binaries (built
+with cargo unless told not to), private copies of them (a rebuild of
+target/ while a run goes on must not change what is measured), and the
+scripts/net.sh commands (the ip/tc/namespace work, which stays in bash).
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+from lifecycle import REPO_ROOT, RELEASE, HarnessError, log, run_checked
+
+NET_SH = REPO_ROOT / "scripts" / "net.sh"
+
+
+def pkg_installed(name):
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    return r.stdout.strip() == "install ok installed"
+
+
+def ensure_packages(install, packages):
+    """apt-get install the packages not installed (one apt-get update
+    first); HarnessError naming them when install is False."""
+    missing = [p for p in packages if not pkg_installed(p)]
+    if not missing:
+        return
+    if not install:
+        raise HarnessError(f"missing packages: {' '.join(missing)} (run without --no-install, or apt-get install them)")
+    log(f"installing Debian packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]):
+        if subprocess.run(argv, stdout=subprocess.DEVNULL, env=env).returncode:
+            raise HarnessError(f"{' '.join(argv)} failed")
+
+
+def build_release():
+    log("building (cargo build --release --workspace --bins)")
+    if subprocess.run(["cargo", "build", "--release", "--workspace", "--bins"], cwd=REPO_ROOT).returncode:
+        raise HarnessError("cargo build --release --workspace --bins failed")
+
+
+def private_binaries(names, build=True):
+    """A temporary folder with copies of target/release/NAMES (switchctl
+    beside switchd: start_switchd asks it); the caller removes it."""
+    if build:
+        build_release()
+    d = tempfile.mkdtemp(prefix="bench-bin.")
+    for n in names:
+        src = RELEASE / n
+        if not os.access(src, os.X_OK):
+            shutil.rmtree(d, ignore_errors=True)
+            raise HarnessError(f"target/release/{n} missing (build with: cargo build --release --workspace --bins)")
+        shutil.copy2(src, d)
+    return d
+
+
+def net(*args):
+    """scripts/net.sh ARGS (ip/tc/namespace work); its stdout."""
+    return run_checked(["bash", NET_SH, *args], f"scripts/net.sh {args[0]}").stdout.strip()
