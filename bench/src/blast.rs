@@ -505,6 +505,20 @@ pub fn join_all(cfg: &WorkerConfig) -> Result<Vec<Worker>, WorkerError> {
     })
 }
 
+/// Whether a RESULT's payload holds `e` float32 elements, each with the bits
+/// `want`. Only the values are read: what follows them (the RESULT token
+/// of an `auth = "port"` job, the tag of an `auth = "mac"` one, a stats
+/// trailer) is not part of the sum.
+fn result_holds(payload: &[u8], count: u16, e: u16, want: u32) -> bool {
+    let Some(values) = payload.get(..usize::from(e) * 4) else {
+        return false;
+    };
+    count == e
+        && values
+            .chunks_exact(4)
+            .all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == want)
+}
+
 /// All ranks of one job from this process; see the module docs.
 pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
     use anyhow::Context;
@@ -678,11 +692,7 @@ pub fn blast_aggregate(cfg: &AggConfig) -> anyhow::Result<AggReport> {
                         && rep.chunks_completed % cfg.verify_every == 1 % cfg.verify_every
                     {
                         rep.verify_checked += 1;
-                        let p = h.payload();
-                        let ok = r.count == e
-                            && p.chunks_exact(4)
-                                .all(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == want);
-                        if !ok {
+                        if !result_holds(h.payload(), r.count, e, want) {
                             rep.verify_failed += 1;
                         }
                     }
@@ -730,6 +740,26 @@ mod tests {
             src_port: 40000,
             dst_port: 48879,
         }
+    }
+
+    /// A RESULT of an `auth = "port"` job ends in its 16-byte token: the
+    /// check reads the sums and not the token (reading the token too made
+    /// every sampled RESULT a failure).
+    #[test]
+    fn a_result_is_checked_on_its_values_not_its_token() {
+        let want = (4.0f32 * 1.5).to_bits();
+        let mut p: Vec<u8> = std::iter::repeat_n(want.to_le_bytes(), 3)
+            .flatten()
+            .collect();
+        p.extend([0xa5; 16]);
+        assert!(result_holds(&p, 3, 3, want));
+        p[4] ^= 1;
+        assert!(!result_holds(&p, 3, 3, want), "a wrong sum is caught");
+        assert!(
+            !result_holds(&p[..8], 3, 3, want),
+            "a short payload is caught"
+        );
+        assert!(!result_holds(&p, 2, 3, want), "a short count is caught");
     }
 
     #[test]
