@@ -15,7 +15,7 @@ import lifecycle  # noqa: E402
 import machine  # noqa: E402
 import options  # noqa: E402
 from scenario import parse, parser  # noqa: E402
-from scenarios import SCENARIOS, scaling  # noqa: E402
+from scenarios import SCENARIOS, builds, scaling  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -41,7 +41,7 @@ def test_every_scenario_refuses_an_unknown_option(name):
 
 def test_scenario_names_are_the_documented_ones():
     assert set(SCENARIOS) <= {"allreduce", "efficiency", "forward", "fsdp", "per-packet", "priority",
-                              "scaling", "train", "transports", "tree", "fairness", "soak"}
+                              "scaling", "train", "transports", "tree", "fairness", "soak", "builds"}
     for s in SCENARIOS.values():
         flags = [o.flag for o in s.options]
         assert len(flags) == len(set(flags)), s.name
@@ -212,3 +212,17 @@ def test_switchctl_reads_active_jobs_and_survives_a_silent_switch(tmp_path):
     ctl.wait_active({1}, 1, "test")
     with pytest.raises(lifecycle.HarnessError, match="not active"):
         ctl.wait_active({1, 2}, 0.2, "test")
+
+
+def test_builds_takes_dirs_of_the_three_binaries_and_alternates_their_order(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match="switchd is not an executable"):
+        builds.build_dir(str(tmp_path))
+    for b in ("switchd", "switchctl"):
+        (tmp_path / b).write_text("#!/bin/sh\n")
+        (tmp_path / b).chmod(0o755)
+    with pytest.raises(argparse.ArgumentTypeError, match="worker is not an executable"):
+        builds.build_dir(str(tmp_path))
+    (tmp_path / "worker").write_text("#!/bin/sh\n")
+    (tmp_path / "worker").chmod(0o755)
+    assert builds.build_dir(str(tmp_path)) == tmp_path
+    assert [builds.order(i, ["A", "B"]) for i in range(3)] == [["A", "B"], ["B", "A"], ["A", "B"]]

@@ -1,0 +1,112 @@
+"""builds.py: the `builds` scenario: the same all-reduce through two builds
+of the switch and worker (each DIR holds its switchd, switchctl and worker),
+interleaved run by run on one testbed, so a refactor's cost is measured in
+one run on a noisy machine (root).
+
+Each run starts the build's switchd (one dataplane thread), runs its
+workers, and stops its switchd; the order alternates (A B, B A, ...) so
+neither build always runs first. Each run's figures are the transports
+scenario's (bench_transports_report.py), with the build's label in place of
+the transport.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import bench_transports_report as report
+from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
+from options import uint_range
+from scenario import Option, Scenario
+from scenarios.transports import mark
+
+DESCRIPTION = """\
+Prints one JSON line per run and the medians per build, then the ratio of
+the second build's median time to the first's. Writes
+bench/results/builds-STAMP.json. Build a DIR with, e.g.:
+git worktree add /tmp/old REV && cargo build --release --bins
+--manifest-path /tmp/old/Cargo.toml, then DIR = /tmp/old/target/release."""
+
+
+def build_dir(text):
+    d = Path(text)
+    for b in ("switchd", "switchctl", "worker"):
+        if not os.access(d / b, os.X_OK):
+            raise argparse.ArgumentTypeError(f"{d / b} is not an executable (a DIR holds switchd, switchctl and worker)")
+    return d
+
+
+def order(run_i, labels):
+    """The builds' order in run run_i: as given, reversed every other run."""
+    return list(labels) if run_i % 2 == 0 else list(reversed(labels))
+
+
+def run(a):
+    if a.a is None or a.b is None:
+        raise HarnessError("name both builds: scripts/bench builds --a DIR --b DIR")
+    builds = {"A": a.a, "B": a.b}
+    out = Path(tempfile.mkdtemp(prefix="bench-builds."))
+    secret = random_secret()
+    runs = []
+    with Testbed(a.prefix, ["--workers", a.workers], out) as tb, Processes() as procs:
+        for run_i in range(a.runs):
+            for label in order(run_i, builds):
+                d = builds[label]
+                cfg = out / f"switchd-{label}.toml"
+                write_switchd_config(d / "switchd", tb, cfg, "scripts/bench builds", a.workers, secret,
+                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"'])
+                sw = start_switchd(procs, f"{a.prefix}-sw", d / "switchd", out / f"switchd-{label}-{run_i}.log",
+                                   ["run", "--config", cfg])
+                mark(out / f"{label}-{run_i}.before", ["children", "switchd", "wall", "stat"], sw.pid)
+                ranks = [procs.start([d / "worker", "allreduce", "--switch", tb["switch_addr"], "--job", 1,
+                                      "--rank", r, "--workers", a.workers, "--elements", a.elements,
+                                      "--iterations", a.iterations, "--json"],
+                                     ns=f"{a.prefix}-w{r}", env={"AGGSWITCH_SECRET": secret},
+                                     stdout=out / f"{label}-{run_i}-rank{r}.json",
+                                     stderr=out / f"{label}-{run_i}-rank{r}.log")
+                         for r in range(a.workers)]
+                status = procs.wait(ranks, a.timeout)
+                mark(out / f"{label}-{run_i}.after", ["stat", "wall", "switchd", "children"], sw.pid)
+                procs.stop(sw)
+                if any(s != 0 for s in status):
+                    raise HarnessError(f"a worker of build {label} failed (run {run_i}, status {status}); see {out}")
+                line = report.one_run(str(out), label, run_i, a.workers)
+                line["build"] = str(d)
+                print(json.dumps(line, separators=(",", ":")), flush=True)
+                runs.append(line)
+    summary = report.summary(runs)
+    for line in summary:
+        print(json.dumps(line, separators=(",", ":")))
+    by = {s["transport"]: s for s in summary}
+    ratio = by["B"]["median_seconds"] / by["A"]["median_seconds"]
+    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b})")
+    path = RESULTS_DIR / f"builds-{stamp()}.json"
+    path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
+                                "iterations": a.iterations, "runs": runs, "summary": summary,
+                                "b_over_a_seconds": ratio}, indent=1) + "\n")
+    log(f"wrote {path}; runs in {out}")
+    return 0
+
+
+SCENARIO = Scenario(
+    name="builds",
+    summary="two builds' all-reduce, interleaved run by run: a change's cost in one run (root)",
+    description=DESCRIPTION,
+    run=run,
+    needs_root=True,
+    options=(
+        Option("--a", "the first build's DIR (switchd, switchctl, worker)", type=build_dir,
+               metavar="DIR"),
+        Option("--b", "the second build's DIR", type=build_dir, metavar="DIR"),
+        Option("--prefix", "testbed namespace prefix", type=str, default="ab", metavar="P"),
+        Option("--workers", "ranks, one namespace each", type=uint_range(1, 90), default=4, metavar="W"),
+        Option("--elements", "float32 elements per tensor", type=uint_range(1, 1 << 30), default=16777216,
+               metavar="N"),
+        Option("--iterations", "all-reduces per worker run", type=uint_range(1, 100000), default=3, metavar="K"),
+        Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
+        Option("--timeout", "seconds a run's workers may take before they are stopped",
+               type=uint_range(1, 86400), default=600, metavar="S"),
+    ),
+)
