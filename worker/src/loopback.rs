@@ -1,5 +1,7 @@
-//! A userspace stand-in for the switch on loopback: the same `proto` job
-//! table that switchd runs, behind a plain UDP socket on 127.0.0.1, one job.
+//! A userspace stand-in for the switch on loopback: the same entry point
+//! that switchd runs (`proto::switch::entry::Switch`: the lock-free data
+//! path, else the job table), behind a plain UDP socket on 127.0.0.1, one
+//! job.
 //!
 //! For trying the library (and the Python package and DDP hook) on one
 //! machine without root or XDP, and for the tests of the worker's I/O shell.
@@ -17,9 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use proto::switch::engine::ResultRef;
+use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
-    Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig,
+    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Reply, Source, TableConfig,
 };
+use proto::tag::Tag;
+use proto::wire::HeaderRepr;
 use proto::wire::{Dtype, MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.
@@ -255,6 +261,44 @@ fn wait_any(socks: &[UdpSocket]) {
     }
 }
 
+/// The stand-in's [`Transmit`]: one thread owns the one socket; every
+/// reply is encoded whole and sent to the member's address (a failed send
+/// is loss, which the workers' timers cover).
+struct Shell<'a> {
+    sock: &'a UdpSocket,
+    out: Vec<u8>,
+}
+
+impl Shell<'_> {
+    fn send(&self, r: &Reply, len: usize) {
+        let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
+        let _ = self.sock.send_to(&self.out[..len], to);
+    }
+}
+
+impl Transmit for Shell<'_> {
+    fn route(&mut self, _: &mut Reply) -> Option<usize> {
+        Some(0)
+    }
+
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        if let Some(e) = encode_result(hdr, res, token, &mut self.out) {
+            self.send(r, e.len);
+        }
+    }
+
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        if let Some(e) = encode(&mut self.out) {
+            self.send(r, e.len);
+        }
+    }
+
+    /// One thread: nothing is handed off.
+    fn hand_off(&mut self, _: usize, _: Handoff) {}
+
+    fn unsent(&mut self, _: &Reply) {}
+}
+
 fn serve(
     socks: &[UdpSocket],
     cfg: LoopbackConfig,
@@ -263,12 +307,14 @@ fn serve(
     restarts: &AtomicU32,
     per_lane: &[AtomicU64],
 ) {
-    let mut table = first;
+    let mut switch = Switch::new(first);
     let mut restarted = 0;
     let mut buf = vec![0u8; DATAGRAM_MAX];
-    let mut out = vec![0u8; DATAGRAM_MAX];
+    let mut shell = Shell {
+        sock: &socks[0],
+        out: vec![0u8; DATAGRAM_MAX],
+    };
     let mut seen = 0u64;
-    let sock = &socks[0];
     let mut lane = 0;
     while !stop.load(Ordering::SeqCst) {
         let r = restarts.load(Ordering::SeqCst);
@@ -276,7 +322,7 @@ fn serve(
             restarted = r;
             // Validated at start; the same config cannot fail now.
             if let Ok(t) = cfg.table(1 + r) {
-                table = t;
+                switch = Switch::new(t);
             }
         }
         // Each lane's socket in turn; a poll once none has anything.
@@ -305,15 +351,12 @@ fn serve(
             },
             ..Endpoint::default()
         };
-        table.handle(&buf[..len], ep, false, Instant::now());
-        // The table decided every reply; a failed send is loss, which the
-        // workers' timers cover.
-        while let Some(r) = table.poll_reply() {
-            if let Some(e) = table.encode(&r, &mut out) {
-                let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
-                let _ = sock.send_to(&out[..e.len], to);
-            }
+        // The switch decides every reply.
+        let h = switch.on_datagram(0, &buf[..len], ep, false, Instant::now(), &mut shell);
+        if !h.lock_free {
+            // The table's events (the data path logs none): not kept.
+            let mut table = switch.table();
+            while table.poll_event().is_some() {}
         }
-        while table.poll_event().is_some() {}
     }
 }
