@@ -191,7 +191,11 @@ impl World {
         }
         self.send_all();
         if let Some(t) = self.s.poll_timeout() {
-            assert!(t > self.now, "poll_timeout {t:?} not after now {:?}", self.now);
+            assert!(
+                t > self.now,
+                "poll_timeout {t:?} not after now {:?}",
+                self.now
+            );
         }
     }
 }
