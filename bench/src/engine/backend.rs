@@ -29,7 +29,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 
 use proto::switch::engine::ResultRef;
-use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
+use proto::switch::entry::{encode_result, Batch as SwitchBatch, Handoff, Switch, Transmit};
 use proto::switch::{Encoded, Endpoint, Job, JobTable, Reply, ReplyMsg};
 use proto::tag::Tag;
 use proto::wire::HeaderRepr;
@@ -69,7 +69,7 @@ pub trait Backend: Sync {
 /// table (locked) takes only what it hands back, and a completion's RESULT
 /// is encoded from the job's shadow for every member, with no lock, by the
 /// thread that owns the member's queue.
-pub(super) fn lock_free(table: JobTable, now: Instant, threads: usize) -> LockFree {
+pub(super) fn lock_free(table: JobTable, threads: usize) -> LockFree {
     // Room for a hand-off per seq of every job's window: none is ever
     // refused (switchd counts a refused one in tx_ring_full).
     let room = table
@@ -79,14 +79,12 @@ pub(super) fn lock_free(table: JobTable, now: Instant, threads: usize) -> LockFr
         .max(1);
     LockFree {
         switch: Switch::new(table),
-        now,
         outboxes: (0..threads).map(|_| ArrayQueue::new(room)).collect(),
     }
 }
 
 pub(super) struct LockFree {
     switch: Switch,
-    now: Instant,
     /// Per thread, what other threads handed it: mostly the (job, seq)s
     /// they completed that have RESULTs for ranks on its queue.
     outboxes: Vec<ArrayQueue<Handoff>>,
@@ -134,16 +132,27 @@ impl Transmit for Shell<'_> {
 }
 
 impl LockFree {
-    /// One datagram received by thread `thread`, as switchd's receive loop
-    /// takes it.
-    pub(super) fn take(&self, thread: usize, datagram: &[u8], from: &Endpoint, out: &mut Sink) {
+    /// A batch of thread `thread`'s datagrams, received now: the table's
+    /// lock at most once, and the priority board's clock moved, as
+    /// switchd's receive loop does per batch.
+    pub(super) fn batch(&self, thread: usize) -> SwitchBatch<'_> {
+        self.switch.batch(thread, Instant::now())
+    }
+
+    /// One datagram of `batch` (of thread `thread`), as switchd's receive
+    /// loop takes it.
+    pub(super) fn take(
+        &self,
+        batch: &mut SwitchBatch<'_>,
+        datagram: &[u8],
+        from: &Endpoint,
+        out: &mut Sink,
+    ) {
         let mut shell = Shell {
             outboxes: &self.outboxes,
             out,
         };
-        let h = self
-            .switch
-            .on_datagram(thread, datagram, *from, false, self.now, &mut shell);
+        let h = batch.on_datagram(datagram, *from, false, &mut shell);
         shell.out.data(h.verdict);
     }
 }
@@ -152,15 +161,9 @@ impl Backend for LockFree {
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let thread = batch.thread;
         self.drain(thread, out);
-        // One batch: the table's lock at most once, as switchd takes it.
-        let mut b = self.switch.batch(thread, self.now);
-        let mut shell = Shell {
-            outboxes: &self.outboxes,
-            out,
-        };
+        let mut b = self.batch(thread);
         for (datagram, from) in batch.iter() {
-            let h = b.on_datagram(datagram, *from, false, &mut shell);
-            shell.out.data(h.verdict);
+            self.take(&mut b, datagram, from, out);
         }
     }
 
@@ -171,7 +174,7 @@ impl Backend for LockFree {
         if outbox.is_empty() {
             return 0;
         }
-        let mut b = self.switch.batch(thread, self.now);
+        let mut b = self.batch(thread);
         let mut shell = Shell {
             outboxes: &self.outboxes,
             out,
