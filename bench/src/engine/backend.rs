@@ -6,8 +6,7 @@
 //! them, and `lanes`, built on `lockfree`, is in lanes.rs. `table-lock`
 //! ([`TableLock`]) is switchd's design before issue 21: one
 //! `Mutex<JobTable>` taken per receive batch, the replies drained and
-//! encoded while it is held (as `switchd/src/dataplane/rx.rs` does per
-//! frame). `lockfree` ([`LockFree`]) is switchd's dataplane since issue
+//! encoded while it is held (as switchd did per frame). `lockfree` ([`LockFree`]) is switchd's dataplane since issue
 //! 21, through the same entry point ([`Switch::on_datagram`]: the
 //! lock-free DATA path, the table for what it hands back, the fan-out and
 //! its hand-offs decided in proto): a RESULT goes out from the thread that
