@@ -128,6 +128,8 @@ pub struct LoopbackSwitch {
     restarts: Arc<AtomicU32>,
     /// Datagrams received on each lane's port.
     per_lane: Arc<[AtomicU64]>,
+    /// Datagrams the lock-free data path took (no table lock).
+    lock_free: Arc<AtomicU64>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -152,10 +154,15 @@ impl LoopbackSwitch {
         let stop = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU32::new(0));
         let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
+        let lock_free = Arc::new(AtomicU64::new(0));
         let (st, rs, pl) = (stop.clone(), restarts.clone(), per_lane.clone());
+        let counts = Counts {
+            per_lane: pl,
+            lock_free: lock_free.clone(),
+        };
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
-            .spawn(move || serve(&socks, cfg, first, &st, &rs, &pl))
+            .spawn(move || serve(&socks, cfg, first, &st, &rs, &counts))
             .map_err(bind_err)?;
         Ok(LoopbackSwitch {
             addr,
@@ -163,6 +170,7 @@ impl LoopbackSwitch {
             stop,
             restarts,
             per_lane,
+            lock_free,
             handle: Some(handle),
         })
     }
@@ -173,6 +181,12 @@ impl LoopbackSwitch {
             .iter()
             .map(|c| c.load(Ordering::SeqCst))
             .collect()
+    }
+
+    /// Datagrams the switch's lock-free data path took so far (DATA from
+    /// the members of the active job), as switchd takes them.
+    pub fn lock_free_datagrams(&self) -> u64 {
+        self.lock_free.load(Ordering::SeqCst)
     }
 
     /// Where workers send to.
@@ -299,13 +313,19 @@ impl Transmit for Shell<'_> {
     fn unsent(&mut self, _: &Reply) {}
 }
 
+/// What the serving thread counts for [`LoopbackSwitch`].
+struct Counts {
+    per_lane: Arc<[AtomicU64]>,
+    lock_free: Arc<AtomicU64>,
+}
+
 fn serve(
     socks: &[UdpSocket],
     cfg: LoopbackConfig,
     first: JobTable,
     stop: &AtomicBool,
     restarts: &AtomicU32,
-    per_lane: &[AtomicU64],
+    counts: &Counts,
 ) {
     let mut switch = Switch::new(first);
     let mut restarted = 0;
@@ -338,7 +358,7 @@ fn serve(
             wait_any(socks);
             continue;
         };
-        per_lane[lane].fetch_add(1, Ordering::SeqCst);
+        counts.per_lane[lane].fetch_add(1, Ordering::SeqCst);
         seen += 1;
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;
@@ -353,7 +373,9 @@ fn serve(
         };
         // The switch decides every reply.
         let h = switch.on_datagram(0, &buf[..len], ep, false, Instant::now(), &mut shell);
-        if !h.lock_free {
+        if h.lock_free {
+            counts.lock_free.fetch_add(1, Ordering::SeqCst);
+        } else {
             // The table's events (the data path logs none): not kept.
             let mut table = switch.table();
             while table.poll_event().is_some() {}
