@@ -78,22 +78,34 @@ pub(super) fn lock_free(table: JobTable, threads: usize) -> LockFree {
         .max(1);
     LockFree {
         switch: Switch::new(table),
-        outboxes: (0..threads).map(|_| ArrayQueue::new(room)).collect(),
+        outboxes: (0..threads)
+            .map(|_| Outbox {
+                seqs: ArrayQueue::new(room),
+                replies: ArrayQueue::new(room),
+            })
+            .collect(),
     }
 }
 
 pub(super) struct LockFree {
     switch: Switch,
-    /// Per thread, what other threads handed it: mostly the (job, seq)s
-    /// they completed that have RESULTs for ranks on its queue.
-    outboxes: Vec<ArrayQueue<Handoff>>,
+    /// Per thread, what other threads handed it.
+    outboxes: Vec<Outbox>,
+}
+
+/// What other threads handed one thread: the (job, seq)s they completed
+/// that have RESULTs for ranks on its queue (a [`Handoff::Results`] in 8
+/// bytes, the hand-off of every completion here), and single replies.
+struct Outbox {
+    seqs: ArrayQueue<(u16, u32)>,
+    replies: ArrayQueue<Reply>,
 }
 
 /// One feeding thread's [`Transmit`]: a RESULT goes out from the thread
 /// that owns the queue its rank joined on (queue `t` is thread `t`'s);
 /// every reply is encoded whole into the sink.
 struct Shell<'a> {
-    outboxes: &'a [ArrayQueue<Handoff>],
+    outboxes: &'a [Outbox],
     out: &'a mut Sink,
 }
 
@@ -112,14 +124,15 @@ impl Transmit for Shell<'_> {
     }
 
     fn hand_off(&mut self, thread: usize, h: Handoff) {
-        if self.outboxes[thread].push(h).is_err() {
-            let (job, seq) = match h {
-                Handoff::Results { job, seq } => (job, seq),
-                Handoff::Reply(r) => match r.msg {
-                    ReplyMsg::Result { seq, .. } => (r.job, seq),
-                    _ => (r.job, 0),
-                },
-            };
+        let outbox = &self.outboxes[thread];
+        let refused = match h {
+            Handoff::Results { job, seq } => outbox.seqs.push((job, seq)).err(),
+            Handoff::Reply(r) => outbox.replies.push(r).err().map(|r| match r.msg {
+                ReplyMsg::Result { seq, .. } => (r.job, seq),
+                _ => (r.job, 0),
+            }),
+        };
+        if let Some((job, seq)) = refused {
             self.out.hand_off_refused(job, seq);
         }
     }
@@ -170,7 +183,7 @@ impl Backend for LockFree {
         let Some(outbox) = self.outboxes.get(thread) else {
             return 0;
         };
-        if outbox.is_empty() {
+        if outbox.seqs.is_empty() && outbox.replies.is_empty() {
             return 0;
         }
         let mut b = self.batch(thread);
@@ -179,8 +192,12 @@ impl Backend for LockFree {
             out,
         };
         let mut n = 0;
-        while let Some(h) = outbox.pop() {
-            b.on_handoff(h, &mut shell);
+        while let Some(r) = outbox.replies.pop() {
+            b.on_handoff(Handoff::Reply(r), &mut shell);
+            n += 1;
+        }
+        while let Some((job, seq)) = outbox.seqs.pop() {
+            b.on_handoff(Handoff::Results { job, seq }, &mut shell);
             n += 1;
         }
         n

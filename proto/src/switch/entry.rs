@@ -198,6 +198,7 @@ impl Batch<'_> {
     /// One received datagram (a UDP payload) from `from`, `ce` if it or
     /// the queue it waited in was congestion-marked: the lock-free path,
     /// else the table; every reply it causes goes to `out`.
+    #[inline]
     pub fn on_datagram(
         &mut self,
         datagram: &[u8],
@@ -425,6 +426,7 @@ fn tokens_for(
 /// Writes an untagged RESULT whole into `buf` (header `hdr`, the payload
 /// from `res`, then `token`), for shells that send a datagram from one
 /// buffer ([`Transmit::send_result`]): None if it does not fit.
+#[inline]
 pub fn encode_result(
     hdr: &HeaderRepr,
     res: &ResultRef<'_>,
