@@ -110,9 +110,7 @@ fuzz_target!(|data: &[u8]| {
             let n = repr.count as usize;
             let extra = [0usize, 16, 24, 40]
                 .into_iter()
-                .find(|e| {
-                    payload.len() >= *e && [n * 4, n * 2].contains(&(payload.len() - e))
-                })
+                .find(|e| payload.len() >= *e && [n * 4, n * 2].contains(&(payload.len() - e)))
                 .expect("parse vouched for a DATA/RESULT length");
             if extra >= 24 {
                 // A trailer's codec never panics, whatever the bytes.

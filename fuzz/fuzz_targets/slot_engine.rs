@@ -1,6 +1,8 @@
-//! The switch's job table (protocol version 3) as a state machine under
-//! arbitrary message sequences, driven as a shell drives it: datagram bytes
-//! into `JobTable::handle`, replies drained with `poll_reply` and `encode`.
+//! The switch (protocol version 3) as a state machine under arbitrary
+//! message sequences, driven as switchd drives it: datagram bytes into its
+//! one entry point, `Switch::on_datagram` (the lock-free data path, else
+//! the job table), on two threads' counter stripes, every reply it sends
+//! collected through the fuzzer's `Transmit`.
 //! One or two small jobs (1..=5 workers, 1..=8 slots, 1..=8 elements per
 //! chunk), removed and declared again at will; workers join through the real
 //! handshake (`Handshake`: HELLO, CHALLENGE, JOIN), with faults: a wrong
@@ -16,6 +18,11 @@
 //! run is deterministic.
 //!
 //! Asserts, besides "never panics":
+//! * A DATA from a rank's bound member of an active job, at the current
+//!   generation, with the job's count and payload length, is taken by the
+//!   lock-free data path, and nothing else is (so a harness that only
+//!   reached the table fails here); every reply the switch sent is the
+//!   very bytes `JobTable::encode` writes for it.
 //! * Every RESULT the table encodes equals, bit for bit, the rank-order sum
 //!   (rank 0 + rank 1 + …, f32 additions in that order) of the first
 //!   contribution each rank had accepted for its seq in the current
@@ -57,7 +64,7 @@
 #![no_main]
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::OnceLock;
+use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
@@ -65,11 +72,14 @@ use libfuzzer_sys::fuzz_target;
 use proto::auth::{self, JoinClaim};
 use proto::handshake::{Handshake, JoinParams};
 use proto::seq::serial_lt;
+use proto::switch::engine::ResultRef;
+use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
-    CounterSchema, DataOutcome, DropReason, Endpoint, Event, Ipv4Prefix, JobConfig, JobCounters,
-    JobState, JobTable, JoinOutcome, Refusal, RefusalSample, Reply, ReplyMsg, Source, TableConfig,
-    Verdict, DEFAULT_NONCE_LIFETIME, REFUSAL_KINDS,
+    CounterSchema, DataOutcome, DropReason, Encoded, Endpoint, Event, Ipv4Prefix, JobConfig,
+    JobCounters, JobState, JobTable, JoinOutcome, Refusal, RefusalSample, Reply, ReplyMsg, Source,
+    TableConfig, Verdict, DEFAULT_NONCE_LIFETIME, REFUSAL_KINDS,
 };
+use proto::tag::Tag;
 use proto::wire::{
     self, flags, write_f32s, ChallengePayload, Header, HeaderRepr, HelloPayload, JoinAckPayload,
     JoinPayload, LeavePayload, MsgType, NackPayload, NackReason, Nonce, WireError, DTYPE_F32,
@@ -535,11 +545,46 @@ struct SentJoin {
     accepted: bool,
 }
 
+/// The fuzzer's shell: every reply the switch sends, encoded whole as a
+/// socket sends it, in order. One thread owns every socket.
+struct Collect {
+    thread: usize,
+    sent: Vec<(Reply, Vec<u8>, bool)>,
+}
+
+impl Transmit for Collect {
+    fn route(&mut self, _: &mut Reply) -> Option<usize> {
+        Some(self.thread)
+    }
+
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        let mut buf = [0u8; 2048];
+        let e = encode_result(hdr, res, token, &mut buf)
+            .unwrap_or_else(|| panic!("{r:?} does not encode"));
+        self.sent.push((*r, buf[..e.len].to_vec(), e.ce));
+    }
+
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        let mut buf = [0u8; 2048];
+        let e = encode(&mut buf).unwrap_or_else(|| panic!("{r:?}, sent at once, does not encode"));
+        self.sent.push((*r, buf[..e.len].to_vec(), e.ce));
+    }
+
+    fn hand_off(&mut self, thread: usize, h: Handoff) {
+        panic!("{h:?} handed to thread {thread}: this thread owns every socket");
+    }
+
+    fn unsent(&mut self, r: &Reply) {
+        panic!("{r:?}, decided at once, could not be made");
+    }
+}
+
 /// Per job: seq → per-rank first accepted contribution (f32 bit patterns).
 type Contributions = HashMap<u32, Vec<Option<Vec<u32>>>>;
 
 struct Harness {
-    table: JobTable,
+    /// The switch, fed through its one entry point as switchd feeds it.
+    switch: Switch,
     clock_ms: u64,
     issued: HashMap<Nonce, Issued>,
     n_issued: u64,
@@ -644,6 +689,11 @@ fn f32_payload(values: &[u32], count: u16, mix: u32) -> Vec<u8> {
 }
 
 impl Harness {
+    /// The job table, locked until the guard is dropped.
+    fn table(&self) -> MutexGuard<'_, JobTable> {
+        self.switch.table()
+    }
+
     fn now(&self) -> Instant {
         base() + Duration::from_millis(self.clock_ms)
     }
@@ -653,12 +703,12 @@ impl Harness {
     }
 
     fn gen(&self) -> u32 {
-        self.table.gen()
+        self.switch.gen()
     }
 
     fn declare(&mut self, id: u16, spec: JobSpec) {
         let config = spec.config(id);
-        self.table
+        self.table()
             .add(config.clone(), MAX_ELEMS_PER_CHUNK)
             .expect("a valid job");
         let epoch = self.epochs.entry(id).or_default();
@@ -688,12 +738,12 @@ impl Harness {
     }
 
     fn floor(&self, job: u16) -> u32 {
-        self.table.get(job).map_or(0, |j| j.floor())
+        self.table().get(job).map_or(0, |j| j.floor())
     }
 
     fn snapshot(&self) -> BTreeMap<u16, Snap> {
         let mut out = BTreeMap::new();
-        for job in self.table.jobs() {
+        for job in self.table().jobs() {
             let s = job.config.pool_slots as u32;
             let f = job.floor();
             let slots = (0..4 * s)
@@ -955,7 +1005,7 @@ impl Harness {
         let parsed = parse(bytes);
         let before = self.snapshot();
         let counters_before: HashMap<u16, JobCounters> = self
-            .table
+            .table()
             .jobs()
             .map(|j| (j.id(), j.counters().clone()))
             .collect();
@@ -964,17 +1014,49 @@ impl Harness {
             Err(e) => Expect::exact(Verdict::Malformed(*e)),
         };
         let now = self.now();
-        let refusals_before = *self.table.refusals();
-        let limited_before = (
-            self.table.counters.hello_rate_limited,
-            self.table.counters.nack_rate_limited,
+        let refusals_before = *self.table().refusals();
+        let limited_before = {
+            let c = &self.table().counters;
+            (c.hello_rate_limited, c.nack_rate_limited)
+        };
+        // DATA the lock-free path must take: from the rank's bound member
+        // of an active job at this generation, with the job's count and
+        // length (the model's view; a port-auth job, not a leaf).
+        let must_be_lock_free = parsed.as_ref().is_ok_and(|h| {
+            let Some(m) = self.models.get(&h.job) else {
+                return false;
+            };
+            let c = &m.config;
+            let len = if h.no_values() {
+                0
+            } else {
+                c.dtype.payload_len(h.count)
+            };
+            h.msg_type == MsgType::Data
+                && m.active
+                && self.admit(m, h, &from).is_none()
+                && h.count <= c.elems_per_chunk
+                && bytes.len() == HEADER_LEN + len
+        });
+        // Thread by source: the data path's counter stripes of two threads;
+        // every socket is this thread's (no hand-offs, replies in order).
+        let mut shell = Collect {
+            thread: usize::from(src) % 2,
+            sent: Vec::new(),
+        };
+        let handled = self
+            .switch
+            .on_datagram(shell.thread, bytes, from, ce, now, &mut shell);
+        let v = handled.verdict;
+        assert_eq!(
+            handled.lock_free, must_be_lock_free,
+            "{parsed:?} from source {src}: {v:?} took the wrong path"
         );
-        let v = self.table.handle(bytes, from, ce, now);
         // Rate limits (per address and switch port, keyed buckets the
         // model cannot see): a HELLO of a declared job may be dropped, and
         // any NACK may go unsent, each counted once.
-        let hello_limited = self.table.counters.hello_rate_limited - limited_before.0;
-        let nack_limited = self.table.counters.nack_rate_limited - limited_before.1;
+        let hello_limited = self.table().counters.hello_rate_limited - limited_before.0;
+        let nack_limited = self.table().counters.nack_rate_limited - limited_before.1;
         assert!(hello_limited <= 1 && nack_limited <= 1);
         if v == Verdict::RateLimited {
             assert_eq!(hello_limited, 1, "RateLimited not counted");
@@ -998,7 +1080,7 @@ impl Harness {
         {
             self.check_counters(h, v, expect, cb);
         }
-        let outs = self.drain();
+        let outs = self.drain(shell.sent);
         self.check_replies(hdr.as_ref(), bytes, &from, v, &outs, nack_limited == 1);
         self.check_log(hdr.as_ref(), bytes, &from, v, &refusals_before);
         self.check_model();
@@ -1044,7 +1126,8 @@ impl Harness {
                 if out == JoinOutcome::Activated {
                     m.active = true;
                     let want = lowest_resume(m);
-                    let job = self.table.get(h.job).unwrap();
+                    let table = self.table();
+                    let job = table.get(h.job).unwrap();
                     assert_eq!(job.state(), JobState::Active);
                     assert_eq!(job.joined_ranks(), job.n_workers());
                     for r in 0..job.n_workers() {
@@ -1052,6 +1135,7 @@ impl Harness {
                     }
                     assert_eq!(job.resume_point(), want, "not the lowest resume point");
                     assert_eq!(job.floor(), want.1);
+                    drop(table);
                     // A new activation: slots start afresh.
                     self.forget_sums(h.job);
                 }
@@ -1091,9 +1175,11 @@ impl Harness {
                     "DATA for rank {} taken from a source or switch port that is not its recorded one",
                     h.rank
                 );
-                let job = self.table.get(h.job).unwrap();
+                let table = self.table();
+                let job = table.get(h.job).unwrap();
                 let n = job.n_workers() as usize;
                 assert!(h.count <= job.config.elems_per_chunk);
+                drop(table);
                 let payload = &bytes[HEADER_LEN..];
                 assert_eq!(payload.len(), h.count as usize * 4);
                 let per_seq = self
@@ -1119,7 +1205,8 @@ impl Harness {
             (Change::Data, Verdict::Data(DataOutcome::Retransmit { seq })) => {
                 let h = hdr.unwrap();
                 assert_eq!(seq, h.seq);
-                let job = self.table.get(h.job).unwrap();
+                let table = self.table();
+                let job = table.get(h.job).unwrap();
                 assert!(
                     job.result(seq).is_some(),
                     "Retransmit of seq {seq} with no result"
@@ -1141,7 +1228,8 @@ impl Harness {
     }
 
     fn check_counters(&self, h: &HeaderRepr, v: Verdict, expect: Expect, cb: &JobCounters) {
-        let Some(job) = self.table.get(h.job) else {
+        let table = self.table();
+        let Some(job) = table.get(h.job) else {
             return;
         };
         let c = job.counters();
@@ -1184,7 +1272,8 @@ impl Harness {
             .get_mut(&job_id)
             .and_then(|m| m.remove(&seq))
             .expect("completed a seq nobody contributed to");
-        let job = self.table.get(job_id).unwrap();
+        let table = self.table();
+        let job = table.get(job_id).unwrap();
         let mut expected: Vec<f32> = Vec::new();
         for (r, c) in contribs.iter().enumerate() {
             let c = c
@@ -1214,25 +1303,33 @@ impl Harness {
             .expect("result_header of a completed seq");
         assert_eq!(rh.count, count);
         assert_eq!(rh.seq, seq);
+        drop(result);
+        drop(table);
         self.results.insert((job_id, seq), expected);
     }
 
-    /// Every queued reply, encoded as the shell does.
-    fn drain(&mut self) -> Vec<Out> {
+    /// Every reply the switch sent for one datagram, checked as encoded
+    /// again by the table: a buffer too short is refused, never overrun,
+    /// and the table writes the very bytes the entry point sent (the data
+    /// path's RESULT encoding is the table's).
+    fn drain(&mut self, sent: Vec<(Reply, Vec<u8>, bool)>) -> Vec<Out> {
         let mut outs = Vec::new();
-        while let Some(r) = self.table.poll_reply() {
+        let table = self.table();
+        for (r, bytes, ce) in sent {
             let mut buf = [0u8; 2048];
-            let e = self
-                .table
+            let e = table
                 .encode(&r, &mut buf)
-                .unwrap_or_else(|| panic!("{r:?}, drained at once, does not encode"));
-            // A buffer too short is refused, never overrun.
-            assert!(self.table.encode(&r, &mut [0u8; HEADER_LEN - 1]).is_none());
+                .unwrap_or_else(|| panic!("{r:?}, sent at once, does not encode again"));
+            assert_eq!(
+                (&buf[..e.len], e.ce),
+                (&bytes[..], ce),
+                "{r:?}: the table encodes other bytes than were sent"
+            );
+            assert!(table.encode(&r, &mut [0u8; HEADER_LEN - 1]).is_none());
             let mut short = vec![0u8; e.len - 1];
-            if let Some(s) = self.table.encode(&r, &mut short) {
+            if let Some(s) = table.encode(&r, &mut short) {
                 assert!(s.len < e.len);
             }
-            let bytes = buf[..e.len].to_vec();
             let hdr = match r.msg {
                 ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => None,
                 _ => Some(parse(&bytes).unwrap_or_else(|err| {
@@ -1243,10 +1340,10 @@ impl Harness {
                 reply: r,
                 hdr,
                 bytes,
-                ce: e.ce,
+                ce,
             });
         }
-        assert!(!self.table.has_replies());
+        assert!(!table.has_replies());
         outs
     }
 
@@ -1284,7 +1381,8 @@ impl Harness {
                 let (values, token) = o
                     .payload()
                     .split_at(o.payload().len().saturating_sub(proto::tag::TAG_LEN));
-                let job = self.table.get(r.job).unwrap();
+                let table = self.table();
+                let job = table.get(r.job).unwrap();
                 let key =
                     proto::tag::PacketKey::result(&secret(r.job), r.job, self.gen(), &job.epoch());
                 assert!(
@@ -1299,7 +1397,8 @@ impl Harness {
             ReplyMsg::JoinAck => {
                 assert_eq!(h.msg_type, MsgType::JoinAck);
                 assert_eq!(Some(r.to), member_ep, "JOIN_ACK to someone not the member");
-                let job = self.table.get(r.job).unwrap();
+                let table = self.table();
+                let job = table.get(r.job).unwrap();
                 assert_eq!((h.collective, h.seq), job.resume_point());
                 assert_eq!(
                     JoinAckPayload::parse(o.payload()).ok(),
@@ -1314,8 +1413,8 @@ impl Harness {
                 // rank at that source (always for a current member), and
                 // then the tag verifies under it (docs/PROTOCOL.md,
                 // "Sessions").
-                let key = self
-                    .table
+                let table = self.table();
+                let key = table
                     .get(r.job)
                     .and_then(|j| j.session_key_for(r.rank, &r.to));
                 let head = o.bytes.first_chunk::<HEADER_LEN>().unwrap();
@@ -1353,7 +1452,8 @@ impl Harness {
             ReplyMsg::Missing { seq } => {
                 assert_eq!(h.msg_type, MsgType::Heartbeat);
                 assert_eq!(h.seq, seq);
-                let job = self.table.get(r.job).unwrap();
+                let table = self.table();
+                let job = table.get(r.job).unwrap();
                 assert_eq!(h.window, job.window());
                 let mut want = [0u8; 16];
                 let k = job.write_missing_ranks(seq, &mut want);
@@ -1615,18 +1715,19 @@ impl Harness {
                 ip: from.source.ip,
                 why,
             };
-            assert_eq!(self.table.last_refusal(k), Some(sample));
+            assert_eq!(self.table().last_refusal(k), Some(sample));
         }
-        assert_eq!(self.table.refusals(), &want, "refusals counted for {v:?}");
+        assert_eq!(self.table().refusals(), &want, "refusals counted for {v:?}");
 
         let mut events = Vec::new();
-        while let Some(e) = self.table.poll_event() {
+        while let Some(e) = self.table().poll_event() {
             events.push(e);
         }
         match v {
             Verdict::Join(JoinOutcome::Activated) => {
                 let h = req.unwrap();
-                let job = self.table.get(h.job).unwrap();
+                let table = self.table();
+                let job = table.get(h.job).unwrap();
                 let want = Event::JobActive {
                     job: h.job,
                     ranks: job.n_workers(),
@@ -1647,10 +1748,11 @@ impl Harness {
 
     /// The table's membership is the model's.
     fn check_model(&self) {
-        let ids: Vec<u16> = self.table.jobs().map(|j| j.id()).collect();
+        let table = self.table();
+        let ids: Vec<u16> = table.jobs().map(|j| j.id()).collect();
         assert_eq!(ids.len(), self.models.len());
         for (&id, m) in &self.models {
-            let job = self.table.get(id).expect("a declared job is gone");
+            let job = table.get(id).expect("a declared job is gone");
             let state = if m.active {
                 JobState::Active
             } else {
@@ -1676,9 +1778,9 @@ impl Harness {
         let gen = self.gen();
         let mut sink = 0u64;
         let mut visit = |_: &'static str, _: &'static str, v: u64| sink = sink.wrapping_add(v);
-        self.table.counters.visit(&mut visit);
-        let _ = self.table.pool_memory();
-        for job in self.table.jobs() {
+        self.table().counters.visit(&mut visit);
+        let _ = self.table().pool_memory();
+        for job in self.table().jobs() {
             job.counters().visit(&mut visit);
             let _ = job.missing_on_floor();
             let _ = job.members().count();
@@ -2004,7 +2106,7 @@ fn run(input: Input) {
     let mut key = [0x42u8; 32];
     key[..4].copy_from_slice(&input.nonce_key);
     let mut h = Harness {
-        table: JobTable::new(TableConfig::new(input.gen, key), base()),
+        switch: Switch::new(JobTable::new(TableConfig::new(input.gen, key), base())),
         clock_ms: 0,
         issued: HashMap::new(),
         n_issued: 0,
@@ -2149,7 +2251,7 @@ fn run(input: Input) {
                 h.feed(&frame(&repr, &[]), si, false);
             }
             Op::SetWindow { job, window } => {
-                if let Some(j) = h.table.get_mut(job.id()) {
+                if let Some(j) = h.table().get_mut(job.id()) {
                     j.set_window(window as u16);
                     assert!(j.window() >= 1 && j.window() <= j.config.pool_slots);
                 }
@@ -2158,7 +2260,7 @@ fn run(input: Input) {
             Op::Expire { extra_ms } => h.advance(LIFETIME_MS + 1 + extra_ms as u64),
             Op::Redeclare { job, spec } => {
                 let id = job.id();
-                if h.table.remove(id).is_some() {
+                if h.table().remove(id).is_some() {
                     if let Some(m) = h.models.remove(&id) {
                         h.removed.insert(id, m.config.clone());
                     }

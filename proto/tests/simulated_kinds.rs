@@ -16,6 +16,7 @@ use proptest::prelude::*;
 use proto::elements::round_f32;
 use proto::member::{Event, Member, ResultOutcome, Shape};
 use proto::reference::{expected_kept_sum_dtype, pattern_dtype, rank_order_sum};
+use proto::switch::entry::Switch;
 use proto::switch::{Endpoint, JobTable};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
@@ -91,8 +92,8 @@ fn run(
     auth: AuthMode,
 ) {
     let base = Instant::now();
-    let mut table = common::job_table(GEN, n, elems, slots, (dtype, auth), base);
-    let mut workers: Vec<Worker> = join_all(&mut table, n, dtype, base)
+    let switch = Switch::new(common::job_table(GEN, n, elems, slots, (dtype, auth), base));
+    let mut workers: Vec<Worker> = join_all(&mut switch.table(), n, dtype, base)
         .into_iter()
         .map(|m| Worker::new(m, dtype))
         .collect();
@@ -143,7 +144,9 @@ fn run(
             now = now.max(common::next_event(net.next_delivery(), next_timer));
             while let Some((to_switch, rank, bytes)) = net.pop_due(now) {
                 if to_switch {
-                    common::at_switch(&mut table, &bytes, endpoint(rank), base + now, |rank, b| {
+                    let from = endpoint(rank);
+                    let thread = common::thread_of(rank);
+                    common::at_switch(&switch, thread, &bytes, from, base + now, |rank, b| {
                         net.send(faults, now, || (false, rank, b.to_vec()))
                     });
                     continue;

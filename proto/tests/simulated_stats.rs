@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use proto::member::{reference_grad_stats, Event, Member, ResultOutcome, Shape};
+use proto::switch::entry::Switch;
 use proto::switch::{Endpoint, JobConfig, JobTable, TableConfig};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
@@ -58,7 +59,8 @@ fn run(
     seed: u64,
 ) {
     let base = Instant::now();
-    let mut table = stats_table(n, elems, 16, dtype, auth);
+    let switch = Switch::new(stats_table(n, elems, 16, dtype, auth));
+    let mut table = switch.table();
     let mut sessions: Vec<Member> = (0..n)
         .map(|r| {
             let from = endpoint(r);
@@ -74,6 +76,7 @@ fn run(
             other => panic!("rank {}: no JOIN_ACK: {other:?}", r.rank),
         }
     }
+    drop(table);
     let mut net: Links<Msg> = Links::new(seed);
     let mut now = Duration::ZERO;
     let mut seq = 0;
@@ -110,12 +113,13 @@ fn run(
             while let Some(m) = net.pop_due(now) {
                 match m {
                     Msg::ToSwitch { rank, bytes } => {
-                        common::at_switch(&mut table, &bytes, endpoint(rank), base + now, |r, b| {
+                        let (from, thread) = (endpoint(rank), common::thread_of(rank));
+                        common::at_switch(&switch, thread, &bytes, from, base + now, |r, b| {
                             net.send(ALL_FAULTS, now, || Msg::ToWorker {
                                 rank: r,
                                 bytes: b.to_vec(),
                             })
-                        })
+                        });
                     }
                     Msg::ToWorker { rank, bytes } => {
                         let w = &mut workers[rank as usize];

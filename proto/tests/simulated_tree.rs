@@ -4,7 +4,10 @@
 //! the tree-order sum (ranks in order within a leaf, leaves in order at the
 //! spine), bit for bit, without hanging; chunks must spread over the spines
 //! as seq mod K. Workers join, build their DATA headers and accept RESULTs
-//! through `proto::member::Member`, as the worker library does.
+//! through `proto::member::Member`, as the worker library does. Every
+//! switch, leaf or spine, is fed through its one entry point
+//! (`proto::switch::entry::Switch`), as switchd feeds it: a spine takes the
+//! leaves' partials on the lock-free path.
 
 use std::time::{Duration, Instant};
 
@@ -13,14 +16,18 @@ use proto::elements::round_f32;
 use proto::member::{Event, Member, Shape};
 use proto::reference::{pattern, rank_order_sum};
 use proto::stats::{tree_chunk_stats, GradStats, STATS_LEN};
+use proto::switch::engine::ResultRef;
+use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
-    Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, SpineAddr, TableConfig, Upstream,
+    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobTable, Reply, Source, SpineAddr, TableConfig,
+    Upstream,
 };
+use proto::tag::Tag;
 use proto::tag::TAG_LEN;
 use proto::wire::{flags, write_f32s, Dtype, Header, HeaderRepr, MsgType, HEADER_LEN};
 
 mod common;
-use common::{frame, join_lossless, join_params, Faults, Links, Worker, CLEAN};
+use common::{frame, join_lossless, join_params, Faults, Links, Paths, Worker, CLEAN};
 
 const JOB: u16 = 3;
 const SECRET: [u8; 32] = [9; 32];
@@ -89,10 +96,74 @@ fn parse(b: &[u8]) -> HeaderRepr {
     HeaderRepr::parse(&Header::new_checked(b).unwrap()).unwrap()
 }
 
-/// The tree: leaf tables, spine tables, and where each node is.
+/// The tree: the leaf switches and the spine switches.
 struct Tree {
-    leaves: Vec<JobTable>,
-    spines: Vec<JobTable>,
+    leaves: Vec<Switch>,
+    spines: Vec<Switch>,
+    /// How the spines took the leaves' partials (DATA).
+    spine_data: Paths,
+}
+
+/// One switch's replies into the network (one dataplane thread): each
+/// encoded whole, to the node its address names.
+struct NodeShell<'a> {
+    node: Node,
+    net: &'a mut Net,
+    now: Duration,
+}
+
+impl NodeShell<'_> {
+    /// Sends `r`, `len` bytes of `buf`, to the node its address names.
+    fn send(&mut self, r: &Reply, mut buf: Vec<u8>, len: usize) {
+        buf.truncate(len);
+        let ip = r.to.source.ip;
+        let (to, from) = match (self.node, r.is_upstream()) {
+            (Node::Leaf(i), true) => (Node::Spine(ip[3] as usize - 1), uplink_ep(i)),
+            (Node::Leaf(i), false) => (
+                Node::Worker {
+                    leaf: i,
+                    rank: (ip[3] - 10) as u16,
+                },
+                ep([198, 18, i as u8, 1], SPINE_PORT + 1),
+            ),
+            (Node::Spine(k), _) => (Node::Leaf(ip[2] as usize), spine_ep(k)),
+            (Node::Worker { .. }, _) => unreachable!(),
+        };
+        self.net.send(
+            self.now,
+            Msg {
+                to,
+                from,
+                bytes: buf,
+            },
+        );
+    }
+}
+
+impl Transmit for NodeShell<'_> {
+    fn route(&mut self, _: &mut Reply) -> Option<usize> {
+        Some(0)
+    }
+
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        let mut buf = vec![0u8; 4096];
+        if let Some(e) = encode_result(hdr, res, token, &mut buf) {
+            self.send(r, buf, e.len);
+        }
+    }
+
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        let mut buf = vec![0u8; 4096];
+        if let Some(e) = encode(&mut buf) {
+            self.send(r, buf, e.len);
+        }
+    }
+
+    fn hand_off(&mut self, t: usize, h: Handoff) {
+        unreachable!("{h:?} to thread {t}: one thread per switch");
+    }
+
+    fn unsent(&mut self, _: &Reply) {}
 }
 
 impl Tree {
@@ -149,7 +220,7 @@ impl Tree {
                     frame,
                 )
                 .unwrap();
-                t
+                Switch::new(t)
             })
             .collect();
         let leaves = (0..l)
@@ -187,46 +258,41 @@ impl Tree {
                     frame,
                 )
                 .unwrap();
-                t
+                Switch::new(t)
             })
             .collect();
-        Tree { leaves, spines }
+        Tree {
+            leaves,
+            spines,
+            spine_data: Paths::default(),
+        }
     }
 
-    /// Drains a node's replies into the network.
-    fn flush(&mut self, node: Node, net: &mut Net, now: Duration) {
-        let (table, from_ep) = match node {
-            Node::Leaf(i) => (&mut self.leaves[i], None),
-            Node::Spine(k) => (&mut self.spines[k], Some(spine_ep(k))),
+    /// `bytes` from `from` reach `node` at `at` (None: its timers are
+    /// due); its replies go into the network.
+    fn deliver(
+        &mut self,
+        node: Node,
+        bytes: Option<(&[u8], Endpoint)>,
+        at: Instant,
+        net: &mut Net,
+        now: Duration,
+    ) {
+        let switch = match node {
+            Node::Leaf(i) => &self.leaves[i],
+            Node::Spine(k) => &self.spines[k],
             Node::Worker { .. } => return,
         };
-        while let Some(r) = table.poll_reply() {
-            let mut buf = vec![0u8; 4096];
-            let Some(e) = table.encode(&r, &mut buf) else {
-                continue;
-            };
-            buf.truncate(e.len);
-            let ip = r.to.source.ip;
-            let (to, from) = match (node, r.is_upstream()) {
-                (Node::Leaf(i), true) => (Node::Spine(ip[3] as usize - 1), uplink_ep(i)),
-                (Node::Leaf(i), false) => (
-                    Node::Worker {
-                        leaf: i,
-                        rank: (ip[3] - 10) as u16,
-                    },
-                    from_ep.unwrap_or_else(|| ep([198, 18, i as u8, 1], SPINE_PORT + 1)),
-                ),
-                (Node::Spine(_), _) => (Node::Leaf(ip[2] as usize), from_ep.unwrap()),
-                (Node::Worker { .. }, _) => unreachable!(),
-            };
-            net.send(
-                now,
-                Msg {
-                    to,
-                    from,
-                    bytes: buf,
-                },
-            );
+        let mut shell = NodeShell { node, net, now };
+        let mut batch = switch.batch(0, at);
+        match bytes {
+            Some((b, from)) => {
+                let h = batch.on_datagram(b, from, false, &mut shell);
+                if let Node::Spine(_) = node {
+                    self.spine_data.count(b, h);
+                }
+            }
+            None => batch.on_timeout(&mut shell),
         }
     }
 }
@@ -247,7 +313,7 @@ fn join_workers(
         for r in 0..w {
             let from = worker_ep(i, r);
             let params = join_params(JOB, w, dtype, SECRET, r, &from);
-            let s = join_lossless(leaf, from, params, [r as u8 + 1; 32], 0, base);
+            let s = join_lossless(&mut leaf.table(), from, params, [r as u8 + 1; 32], 0, base);
             sessions.push(s);
         }
         all.push(sessions);
@@ -255,6 +321,7 @@ fn join_workers(
     for (i, (t, sessions)) in tree.leaves.iter_mut().zip(&mut all).enumerate() {
         // The workers' JOIN_ACKs go to their sessions; the uplink HELLOs
         // into the network.
+        let mut t = t.table();
         let mut kept = Vec::new();
         while let Some(r) = t.poll_reply() {
             if r.is_upstream() {
@@ -395,6 +462,7 @@ fn run_tree(
             if steps >= 3_000_000 {
                 // What each node was waiting for, then fail.
                 for (i, t) in tree.leaves.iter().enumerate() {
+                    let t = t.table();
                     let j = t.get(JOB).unwrap();
                     let u = j.uplink().unwrap();
                     let sessions: Vec<_> = u
@@ -411,6 +479,7 @@ fn run_tree(
                     eprintln!("leaf {i}: floor {} state {:?} sessions {sessions:?} partials {:?} counters {:?}", j.floor(), j.state(), (0..64u32).filter_map(|q| j.with_partial(q, |p, _| p.seq)).collect::<Vec<_>>(), j.counters());
                 }
                 for (k, t) in tree.spines.iter().enumerate() {
+                    let t = t.table();
                     let j = t.get(JOB).unwrap();
                     eprintln!(
                         "spine {k}: floor {} state {:?} counters {:?} drops {:?}",
@@ -460,18 +529,13 @@ fn run_tree(
             }
             now = next;
             for i in 0..l {
-                tree.leaves[i].handle_timeout(base + now);
-                tree.flush(Node::Leaf(i), &mut net, now);
+                tree.deliver(Node::Leaf(i), None, base + now, &mut net, now);
             }
             while let Some(m) = net.links.pop_due(now) {
                 match m.to {
-                    Node::Leaf(i) => {
-                        tree.leaves[i].handle(&m.bytes, m.from, false, base + now);
-                        tree.flush(m.to, &mut net, now);
-                    }
-                    Node::Spine(s) => {
-                        tree.spines[s].handle(&m.bytes, m.from, false, base + now);
-                        tree.flush(m.to, &mut net, now);
+                    Node::Leaf(_) | Node::Spine(_) => {
+                        let got = Some((&m.bytes[..], m.from));
+                        tree.deliver(m.to, got, base + now, &mut net, now);
                     }
                     Node::Worker { leaf, rank } => {
                         let wk = &mut workers[leaf][rank as usize];
@@ -540,9 +604,19 @@ fn run_tree(
         }
         seq = workers[0][0].coll().end_seq();
     }
+    // The spines take the leaves' partials on the lock-free path, as
+    // switchd does (a stats spine reads their trailers under the table's
+    // lock); nearly all of them: a partial before the spine's job is
+    // active, or from a leaf not yet joined again, is the table's.
+    let p = tree.spine_data;
+    if stats {
+        assert_eq!(p.lock_free, 0, "{p:?}");
+    } else {
+        assert!(p.lock_free > 0 && p.lock_free >= 9 * p.table, "{p:?}");
+    }
     tree.spines
         .iter()
-        .map(|t| t.get(JOB).unwrap().counters().chunks_completed)
+        .map(|t| t.table().get(JOB).unwrap().counters().chunks_completed)
         .collect()
 }
 
@@ -700,8 +774,8 @@ impl Fabric {
             self.now += Duration::from_millis(1);
             let at = self.base + self.now;
             for i in 0..self.tree.leaves.len() {
-                self.tree.leaves[i].handle_timeout(at);
-                self.tree.flush(Node::Leaf(i), &mut self.net, self.now);
+                let leaf = Node::Leaf(i);
+                self.tree.deliver(leaf, None, at, &mut self.net, self.now);
             }
             while let Some(m) = self.net.links.pop_due(self.now) {
                 if let Node::Leaf(i) = m.to {
@@ -715,15 +789,15 @@ impl Fabric {
                     }
                 }
                 match m.to {
-                    Node::Leaf(i) => self.tree.leaves[i].handle(&m.bytes, m.from, false, at),
                     Node::Spine(k) if self.dead[k] => continue,
-                    Node::Spine(k) => self.tree.spines[k].handle(&m.bytes, m.from, false, at),
                     Node::Worker { .. } => {
                         self.to_workers.push((m.to, m.bytes));
                         continue;
                     }
+                    Node::Leaf(_) | Node::Spine(_) => {}
                 };
-                self.tree.flush(m.to, &mut self.net, self.now);
+                let got = Some((&m.bytes[..], m.from));
+                self.tree.deliver(m.to, got, at, &mut self.net, self.now);
             }
         }
     }
@@ -839,7 +913,7 @@ fn a_dead_spine_is_named_by_the_leaf() {
     assert!(!h.has_flag(flags::UPSTREAM));
     assert_eq!((h.count, p.len()), (0, 0));
 
-    let silent: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+    let silent: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].table().poll_event())
         .filter_map(|e| match e {
             Event::SpineSilent {
                 tree,
@@ -887,6 +961,7 @@ fn a_lost_spine_result_is_recovered_by_the_later_ones_not_the_backed_off_timer()
     // Leaf 0's partials wait 2 s for leaf 1: resent, backed off.
     f.run_for(Duration::from_secs(2));
     let resent_waiting = f.tree.leaves[0]
+        .table()
         .get(JOB)
         .unwrap()
         .counters()
@@ -945,12 +1020,15 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         stats: false,
     };
     let mut f = Fabric::new(1, 1, 2);
-    f.tree.spines[1].remove(JOB);
+    f.tree.spines[1].table().remove(JOB);
     // 8 elements and the RESULT's token (4 floats' room).
-    f.tree.spines[1].add(spine_job([7; 32], 8), 12).unwrap();
+    f.tree.spines[1]
+        .table()
+        .add(spine_job([7; 32], 8), 12)
+        .unwrap();
     f.worker_sends(0, 0, MsgType::Data, 1);
     f.run_for(Duration::from_millis(3500));
-    let refusals: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+    let refusals: Vec<_> = std::iter::from_fn(|| f.tree.leaves[0].table().poll_event())
         .filter_map(|e| match e {
             Event::SpineRefused { tree, why, .. } => Some((tree, why)),
             _ => None,
@@ -961,7 +1039,15 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         [(1, SpineRefusal::Nack(NackReason::BadSecret))],
         "one event for one refusal"
     );
-    let c = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[1].counters;
+    let c = f.tree.leaves[0]
+        .table()
+        .get(JOB)
+        .unwrap()
+        .uplink()
+        .unwrap()
+        .spines[1]
+        .counters
+        .clone();
     assert!(
         (3..=5).contains(&c.refusals),
         "asked again about once a second in 3.5 s: {c:?}"
@@ -978,8 +1064,11 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
     );
 
     // The right secret, the wrong chunk size: the JOIN_ACK gives it away.
-    f.tree.spines[1].remove(JOB);
-    f.tree.spines[1].add(spine_job(SECRET, 16), 20).unwrap();
+    f.tree.spines[1].table().remove(JOB);
+    f.tree.spines[1]
+        .table()
+        .add(spine_job(SECRET, 16), 20)
+        .unwrap();
     f.run_for(Duration::from_millis(1500));
     let (_, p) = f.heartbeat_answer(0, 0, 1);
     assert_eq!(
@@ -987,7 +1076,7 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         SpineSessionState::Refused(SpineRefusal::ElemsDiffer { spine: 16 })
     );
     assert!(
-        std::iter::from_fn(|| f.tree.leaves[0].poll_event()).any(|e| matches!(
+        std::iter::from_fn(|| f.tree.leaves[0].table().poll_event()).any(|e| matches!(
             e,
             Event::SpineRefused {
                 why: SpineRefusal::ElemsDiffer { spine: 16 },
@@ -998,12 +1087,12 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
 
     // The right chunk size, but the spine's job has gradient statistics
     // and the leaf's not: declared inconsistently, named as such.
-    f.tree.spines[1].remove(JOB);
+    f.tree.spines[1].table().remove(JOB);
     let with_stats = JobConfig {
         stats: true,
         ..spine_job(SECRET, 8)
     };
-    f.tree.spines[1].add(with_stats, 18).unwrap();
+    f.tree.spines[1].table().add(with_stats, 18).unwrap();
     f.run_for(Duration::from_millis(1500));
     let (_, p) = f.heartbeat_answer(0, 0, 1);
     let why = SpineRefusal::StatsDiffer { spine: 1 };
@@ -1012,12 +1101,15 @@ fn a_spine_that_refuses_the_leaf_is_named_with_the_reason() {
         SpineSessionState::Refused(why)
     );
     assert!(why.to_string().contains("stats = true"), "{why}");
-    assert!(std::iter::from_fn(|| f.tree.leaves[0].poll_event())
+    assert!(std::iter::from_fn(|| f.tree.leaves[0].table().poll_event())
         .any(|e| matches!(e, Event::SpineRefused { why: w, .. } if w == why)));
 
     // Fixed: the leaf joins within its retry, and chunk 1 completes.
-    f.tree.spines[1].remove(JOB);
-    f.tree.spines[1].add(spine_job(SECRET, 8), 12).unwrap();
+    f.tree.spines[1].table().remove(JOB);
+    f.tree.spines[1]
+        .table()
+        .add(spine_job(SECRET, 8), 12)
+        .unwrap();
     f.to_workers.clear();
     f.run_for(Duration::from_millis(1500));
     assert!(
@@ -1044,7 +1136,8 @@ fn a_leaf_takes_no_spine_result_without_its_token() {
     let mut f = Fabric::new(1, 1, 1);
     f.run_for(Duration::from_millis(50));
     let spine = |f: &Fabric| {
-        let s = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0];
+        let leaf = f.tree.leaves[0].table();
+        let s = &leaf.get(JOB).unwrap().uplink().unwrap().spines[0];
         (s.joined_gen, s.counters.clone())
     };
     assert_eq!(spine(&f).0, Some(100), "joined spine 0");
@@ -1090,7 +1183,8 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
     let mut f = Fabric::new(1, 1, 1);
     f.run_for(Duration::from_millis(50));
     let session = |f: &Fabric| {
-        let s = &f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0];
+        let leaf = f.tree.leaves[0].table();
+        let s = &leaf.get(JOB).unwrap().uplink().unwrap().spines[0];
         (s.joined_gen, s.counters.clone())
     };
     let (gen, _) = session(&f);
@@ -1162,7 +1256,7 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
             12,
         )
         .unwrap();
-    f.tree.spines[0] = restarted;
+    f.tree.spines[0] = Switch::new(restarted);
     f.worker_sends(0, 0, MsgType::Data, 1);
     f.run_for(Duration::from_secs(2));
     let (gen, c) = session(&f);
@@ -1180,7 +1274,10 @@ fn a_leaf_ignores_forged_spine_nacks_and_results_but_finds_a_restart() {
 fn a_leaf_sorts_authentic_spine_nacks_as_a_worker_does() {
     use proto::auth::nack_tag;
     use proto::wire::{NackPayload, NackReason, SpineRefusal, SpineSessionState, NACK_PAYLOAD_LEN};
-    let spine = |f: &Fabric| f.tree.leaves[0].get(JOB).unwrap().uplink().unwrap().spines[0].clone();
+    let spine = |f: &Fabric| {
+        let leaf = f.tree.leaves[0].table();
+        leaf.get(JOB).unwrap().uplink().unwrap().spines[0].clone()
+    };
     let tagged = |f: &mut Fabric, reason: NackReason| {
         let key = spine(f).hs.session_key().expect("joined");
         let mut h = HeaderRepr::new(MsgType::Nack, JOB);

@@ -1,5 +1,7 @@
-//! A userspace stand-in for the switch on loopback: the same `proto` job
-//! table that switchd runs, behind a plain UDP socket on 127.0.0.1, one job.
+//! A userspace stand-in for the switch on loopback: the same entry point
+//! that switchd runs (`proto::switch::entry::Switch`: the lock-free data
+//! path, else the job table), behind a plain UDP socket on 127.0.0.1, one
+//! job.
 //!
 //! For trying the library (and the Python package and DDP hook) on one
 //! machine without root or XDP, and for the tests of the worker's I/O shell.
@@ -17,9 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use proto::switch::engine::ResultRef;
+use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
-    Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Source, TableConfig,
+    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Reply, Source, TableConfig,
 };
+use proto::tag::Tag;
+use proto::wire::HeaderRepr;
 use proto::wire::{Dtype, MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.
@@ -122,6 +128,8 @@ pub struct LoopbackSwitch {
     restarts: Arc<AtomicU32>,
     /// Datagrams received on each lane's port.
     per_lane: Arc<[AtomicU64]>,
+    /// Datagrams the lock-free data path took (no table lock).
+    lock_free: Arc<AtomicU64>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -146,10 +154,15 @@ impl LoopbackSwitch {
         let stop = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU32::new(0));
         let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
+        let lock_free = Arc::new(AtomicU64::new(0));
         let (st, rs, pl) = (stop.clone(), restarts.clone(), per_lane.clone());
+        let counts = Counts {
+            per_lane: pl,
+            lock_free: lock_free.clone(),
+        };
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
-            .spawn(move || serve(&socks, cfg, first, &st, &rs, &pl))
+            .spawn(move || serve(&socks, cfg, first, &st, &rs, &counts))
             .map_err(bind_err)?;
         Ok(LoopbackSwitch {
             addr,
@@ -157,6 +170,7 @@ impl LoopbackSwitch {
             stop,
             restarts,
             per_lane,
+            lock_free,
             handle: Some(handle),
         })
     }
@@ -167,6 +181,12 @@ impl LoopbackSwitch {
             .iter()
             .map(|c| c.load(Ordering::SeqCst))
             .collect()
+    }
+
+    /// Datagrams the switch's lock-free data path took so far (DATA from
+    /// the members of the active job), as switchd takes them.
+    pub fn lock_free_datagrams(&self) -> u64 {
+        self.lock_free.load(Ordering::SeqCst)
     }
 
     /// Where workers send to.
@@ -255,20 +275,66 @@ fn wait_any(socks: &[UdpSocket]) {
     }
 }
 
+/// The stand-in's [`Transmit`]: one thread owns the one socket; every
+/// reply is encoded whole and sent to the member's address (a failed send
+/// is loss, which the workers' timers cover).
+struct Shell<'a> {
+    sock: &'a UdpSocket,
+    out: Vec<u8>,
+}
+
+impl Shell<'_> {
+    fn send(&self, r: &Reply, len: usize) {
+        let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
+        let _ = self.sock.send_to(&self.out[..len], to);
+    }
+}
+
+impl Transmit for Shell<'_> {
+    fn route(&mut self, _: &mut Reply) -> Option<usize> {
+        Some(0)
+    }
+
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        if let Some(e) = encode_result(hdr, res, token, &mut self.out) {
+            self.send(r, e.len);
+        }
+    }
+
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        if let Some(e) = encode(&mut self.out) {
+            self.send(r, e.len);
+        }
+    }
+
+    /// One thread: nothing is handed off.
+    fn hand_off(&mut self, _: usize, _: Handoff) {}
+
+    fn unsent(&mut self, _: &Reply) {}
+}
+
+/// What the serving thread counts for [`LoopbackSwitch`].
+struct Counts {
+    per_lane: Arc<[AtomicU64]>,
+    lock_free: Arc<AtomicU64>,
+}
+
 fn serve(
     socks: &[UdpSocket],
     cfg: LoopbackConfig,
     first: JobTable,
     stop: &AtomicBool,
     restarts: &AtomicU32,
-    per_lane: &[AtomicU64],
+    counts: &Counts,
 ) {
-    let mut table = first;
+    let mut switch = Switch::new(first);
     let mut restarted = 0;
     let mut buf = vec![0u8; DATAGRAM_MAX];
-    let mut out = vec![0u8; DATAGRAM_MAX];
+    let mut shell = Shell {
+        sock: &socks[0],
+        out: vec![0u8; DATAGRAM_MAX],
+    };
     let mut seen = 0u64;
-    let sock = &socks[0];
     let mut lane = 0;
     while !stop.load(Ordering::SeqCst) {
         let r = restarts.load(Ordering::SeqCst);
@@ -276,7 +342,7 @@ fn serve(
             restarted = r;
             // Validated at start; the same config cannot fail now.
             if let Ok(t) = cfg.table(1 + r) {
-                table = t;
+                switch = Switch::new(t);
             }
         }
         // Each lane's socket in turn; a poll once none has anything.
@@ -292,7 +358,7 @@ fn serve(
             wait_any(socks);
             continue;
         };
-        per_lane[lane].fetch_add(1, Ordering::SeqCst);
+        counts.per_lane[lane].fetch_add(1, Ordering::SeqCst);
         seen += 1;
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;
@@ -305,15 +371,14 @@ fn serve(
             },
             ..Endpoint::default()
         };
-        table.handle(&buf[..len], ep, false, Instant::now());
-        // The table decided every reply; a failed send is loss, which the
-        // workers' timers cover.
-        while let Some(r) = table.poll_reply() {
-            if let Some(e) = table.encode(&r, &mut out) {
-                let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
-                let _ = sock.send_to(&out[..e.len], to);
-            }
+        // The switch decides every reply.
+        let h = switch.on_datagram(0, &buf[..len], ep, false, Instant::now(), &mut shell);
+        if h.lock_free {
+            counts.lock_free.fetch_add(1, Ordering::SeqCst);
+        } else {
+            // The table's events (the data path logs none): not kept.
+            let mut table = switch.table();
+            while table.poll_event().is_some() {}
         }
-        while table.poll_event().is_some() {}
     }
 }

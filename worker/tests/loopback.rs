@@ -1,6 +1,6 @@
 //! The worker library against `worker::loopback`, the userspace stand-in
-//! for the switch on loopback (the same `proto` job table behind a plain UDP
-//! socket, with optional loss). Tests the worker's I/O shell (join, windows,
+//! for the switch on loopback (the same `proto` switch, its lock-free data
+//! path and job table, behind a plain UDP socket, with optional loss). Tests the worker's I/O shell (join, windows,
 //! resends, re-join after a switch restart) and each of its transports
 //! without XDP or root.
 
@@ -73,6 +73,11 @@ fn run_workers(
 fn four_workers_bit_exact_over_loopback() {
     let sw = stand_in(4, 0);
     run_workers(&sw, TransportKind::Auto, 4, 10_001, 3, |_| {});
+    // The stand-in runs switchd's path: every DATA (4 ranks × 3 × 101
+    // chunks, and any resend) on the lock-free data path, not the table.
+    let data = 4 * 3 * 101;
+    let lock_free = sw.lock_free_datagrams();
+    assert!(lock_free >= data, "{lock_free} of {data} DATA lock-free");
 }
 
 #[test]

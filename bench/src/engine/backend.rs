@@ -6,14 +6,15 @@
 //! them, and `lanes`, built on `lockfree`, is in lanes.rs. `table-lock`
 //! ([`TableLock`]) is switchd's design before issue 21: one
 //! `Mutex<JobTable>` taken per receive batch, the replies drained and
-//! encoded while it is held (as `switchd/src/dataplane/rx.rs` does per
-//! frame). `lockfree` ([`LockFree`]) is the lock-free DATA path of issue
-//! 21 with switchd's RESULT hand-off (`switchd/src/dataplane/tx.rs`,
-//! `Out::fan_out`): a RESULT goes out from the thread that owns the queue
-//! its rank joined on, so the completing thread sends those of its own
-//! ranks and hands the seq once to each other thread that owns some, which
-//! sends them to its ranks; every thread empties its outbox before each
-//! batch.
+//! encoded while it is held (as switchd did per frame). `lockfree` ([`LockFree`]) is switchd's dataplane since issue
+//! 21, through the same entry point ([`Switch::on_datagram`]: the
+//! lock-free DATA path, the table for what it hands back, the fan-out and
+//! its hand-offs decided in proto): a RESULT goes out from the thread that
+//! owns the queue its rank joined on, so the completing thread sends those
+//! of its own ranks and hands the seq once to each other thread that owns
+//! some, which sends them to its ranks; every thread empties its outbox
+//! before each batch. Only the routing (queue `t` is thread `t`'s) and the
+//! bytes out (into the [`Sink`]) are this file's.
 //!
 //! Invariants: `feed` and `drain` allocate nothing and make no syscall;
 //! every reply a batch causes is encoded (through [`Sink::reply`]) before
@@ -21,17 +22,16 @@
 //! `drain`; so once every thread has stopped and drained, the RESULTs
 //! counted are exactly ranks × completed seqs.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
 
 use proto::switch::engine::ResultRef;
-use proto::switch::{
-    DataOutcome, DataPath, Encoded, Endpoint, Fast, Job, JobCore, JobTable, Reply, ReplyMsg,
-    ResultTokens, Verdict,
-};
-use proto::wire::HEADER_LEN;
+use proto::switch::entry::{encode_result, Batch as SwitchBatch, Handoff, Switch, Transmit};
+use proto::switch::{Encoded, Endpoint, Job, JobTable, Reply, ReplyMsg};
+use proto::tag::Tag;
+use proto::wire::HeaderRepr;
 
 use super::sink::Sink;
 
@@ -63,12 +63,12 @@ pub trait Backend: Sync {
     }
 }
 
-/// The lock-free DATA path of issue 21 over `table`: what switchd's
-/// dataplane threads do (`switchd/src/dataplane/rx.rs`): each DATA through
-/// [`DataPath::on_datagram`], the table (locked) only for what it hands
-/// back, a completion's RESULT encoded from the job's shadow for every
-/// member, with no lock, by the thread that owns the member's queue.
-pub(super) fn lock_free(table: JobTable, now: Instant, threads: usize) -> LockFree {
+/// The lock-free DATA path of issue 21 over `table`, through the entry
+/// point switchd runs ([`Switch`]): each DATA tries the data path, the
+/// table (locked) takes only what it hands back, and a completion's RESULT
+/// is encoded from the job's shadow for every member, with no lock, by the
+/// thread that owns the member's queue.
+pub(super) fn lock_free(table: JobTable, threads: usize) -> LockFree {
     // Room for a hand-off per seq of every job's window: none is ever
     // refused (switchd counts a refused one in tx_ring_full).
     let room = table
@@ -77,140 +77,105 @@ pub(super) fn lock_free(table: JobTable, now: Instant, threads: usize) -> LockFr
         .sum::<usize>()
         .max(1);
     LockFree {
-        dp: table.data_path(),
-        table: Mutex::new(table),
-        now,
-        outboxes: (0..threads).map(|_| ArrayQueue::new(room)).collect(),
+        switch: Switch::new(table),
+        outboxes: (0..threads)
+            .map(|_| Outbox {
+                seqs: ArrayQueue::new(room),
+                replies: ArrayQueue::new(room),
+            })
+            .collect(),
     }
 }
 
 pub(super) struct LockFree {
-    dp: Arc<DataPath>,
-    table: Mutex<JobTable>,
-    now: Instant,
-    /// Per thread, the (job, seq)s other threads completed that have
-    /// RESULTs for ranks on its queue.
-    outboxes: Vec<ArrayQueue<(u16, u32)>>,
+    switch: Switch,
+    /// Per thread, what other threads handed it.
+    outboxes: Vec<Outbox>,
 }
 
-impl LockFree {
-    /// The thread that sends `to`'s RESULTs: the owner of its queue, if a
-    /// thread owns it.
-    fn owner(&self, to: &Endpoint) -> Option<usize> {
-        let q = to.queue as usize;
+/// What other threads handed one thread: the (job, seq)s they completed
+/// that have RESULTs for ranks on its queue (a [`Handoff::Results`] in 8
+/// bytes, the hand-off of every completion here), and single replies.
+struct Outbox {
+    seqs: ArrayQueue<(u16, u32)>,
+    replies: ArrayQueue<Reply>,
+}
+
+/// One feeding thread's [`Transmit`]: a RESULT goes out from the thread
+/// that owns the queue its rank joined on (queue `t` is thread `t`'s);
+/// every reply is encoded whole into the sink.
+struct Shell<'a> {
+    outboxes: &'a [Outbox],
+    out: &'a mut Sink,
+}
+
+impl Transmit for Shell<'_> {
+    fn route(&mut self, r: &mut Reply) -> Option<usize> {
+        let q = r.to.queue as usize;
         (q < self.outboxes.len()).then_some(q)
     }
 
-    /// Encodes `seq`'s RESULT for each member of job `job` (`core`) that
-    /// thread `me` sends: those on its queue, and, when it completed the
-    /// seq, those on a queue no thread owns. Returns the other threads that
-    /// send some, as a bit set (the spec has at most 64 threads), and the
-    /// members.
-    fn send_results(
-        &self,
-        (job, core): (u16, &JobCore),
-        seq: u32,
-        me: usize,
-        completed: bool,
-        out: &mut Sink,
-    ) -> (u64, u64) {
-        let gen = self.dp.gen();
-        let (mut others, mut members) = (0u64, 0u64);
-        // One read lock, one window and one token for every member this
-        // thread sends to, as switchd's fan-out takes them.
-        let mut res = core.engine.result(seq);
-        let tokens = res
-            .as_ref()
-            .and_then(|res| core.result_tokens(res, seq, gen, core.advertised_window()));
-        core.for_each_member(|rank, to| {
-            members += 1;
-            match self.owner(to) {
-                Some(t) if t == me => {}
-                None if completed => {}
-                Some(t) if completed => {
-                    others |= 1 << t;
-                    return;
-                }
-                _ => return,
-            }
-            let r = Reply::result(*to, job, rank, seq);
-            // No shadow (overwritten: a bug here) fails the encoding, and
-            // the run.
-            out.reply(&r, |buf| {
-                encode_result(core, gen, &r, res.as_mut()?, tokens.as_ref()?, buf)
-            });
-        });
-        (others, members)
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        self.out.reply(r, |buf| encode_result(hdr, res, token, buf));
     }
 
-    /// One datagram received by thread `thread`, as switchd's receive loop
-    /// takes it.
-    pub(super) fn take(&self, thread: usize, datagram: &[u8], from: &Endpoint, out: &mut Sink) {
-        match self.dp.on_datagram(thread, datagram, from, false) {
-            Fast::Slow => {
-                let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-                out.data(t.handle(datagram, *from, false, self.now));
-                while let Some(r) = t.poll_reply() {
-                    out.reply(&r, |buf| t.encode(&r, buf));
-                }
-            }
-            Fast::Done(o) => out.data(Verdict::Data(o)),
-            Fast::Completed { job, seq } => {
-                out.data(Verdict::Data(DataOutcome::Completed { seq }));
-                self.dp.with_job(job, |core| {
-                    let (mut others, members) =
-                        self.send_results((job, core), seq, thread, true, out);
-                    while others != 0 {
-                        let t = others.trailing_zeros() as usize;
-                        others &= others - 1;
-                        if self.outboxes[t].push((job, seq)).is_err() {
-                            out.hand_off_refused(job, seq);
-                        }
-                    }
-                    self.dp.count_results_sent(thread, core, members);
-                });
-            }
-            Fast::Retransmit { seq, .. } => {
-                out.data(Verdict::Data(DataOutcome::Retransmit { seq }))
-            }
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        self.out.reply(r, encode);
+    }
+
+    fn hand_off(&mut self, thread: usize, h: Handoff) {
+        let outbox = &self.outboxes[thread];
+        let refused = match h {
+            Handoff::Results { job, seq } => outbox.seqs.push((job, seq)).err(),
+            Handoff::Reply(r) => outbox.replies.push(r).err().map(|r| match r.msg {
+                ReplyMsg::Result { seq, .. } => (r.job, seq),
+                _ => (r.job, 0),
+            }),
+        };
+        if let Some((job, seq)) = refused {
+            self.out.hand_off_refused(job, seq);
         }
+    }
+
+    /// No shadow (overwritten: a bug here) fails the encoding, and the run.
+    fn unsent(&mut self, r: &Reply) {
+        self.out.reply(r, |_| None);
     }
 }
 
-/// Writes the RESULT `r` of `core`'s job whole into `buf` from `res` (the
-/// shadow of `r`'s seq, read-locked once for the fan-out) and the fan-out's
-/// `tokens`, as switchd's transmit path does (header, the shadow's payload,
-/// the token).
-fn encode_result(
-    core: &JobCore,
-    gen: u32,
-    r: &Reply,
-    res: &mut ResultRef<'_>,
-    tokens: &ResultTokens,
-    buf: &mut [u8],
-) -> Option<Encoded> {
-    let ReplyMsg::Result { seq, retx } = r.msg else {
-        return None;
-    };
-    let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
-    hdr.emit_to(buf).ok()?;
-    let payload = res.bytes();
-    let token = tokens.for_header(&hdr);
-    let end = HEADER_LEN + payload.len();
-    buf.get_mut(HEADER_LEN..end)?.copy_from_slice(payload);
-    buf.get_mut(end..end + token.len())?.copy_from_slice(token);
-    Some(Encoded {
-        len: end + token.len(),
-        ce: res.shadow().ece,
-    })
+impl LockFree {
+    /// A batch of thread `thread`'s datagrams, received now: the table's
+    /// lock at most once, and the priority board's clock moved, as
+    /// switchd's receive loop does per batch.
+    pub(super) fn batch(&self, thread: usize) -> SwitchBatch<'_> {
+        self.switch.batch(thread, Instant::now())
+    }
+
+    /// One datagram of `batch` (of thread `thread`), as switchd's receive
+    /// loop takes it.
+    pub(super) fn take(
+        &self,
+        batch: &mut SwitchBatch<'_>,
+        datagram: &[u8],
+        from: &Endpoint,
+        out: &mut Sink,
+    ) {
+        let mut shell = Shell {
+            outboxes: &self.outboxes,
+            out,
+        };
+        let h = batch.on_datagram(datagram, *from, false, &mut shell);
+        shell.out.data(h.verdict);
+    }
 }
 
 impl Backend for LockFree {
     fn feed(&self, batch: &Batch<'_>, out: &mut Sink) {
         let thread = batch.thread;
         self.drain(thread, out);
+        let mut b = self.batch(thread);
         for (datagram, from) in batch.iter() {
-            self.take(thread, datagram, from, out);
+            self.take(&mut b, datagram, from, out);
         }
     }
 
@@ -218,24 +183,36 @@ impl Backend for LockFree {
         let Some(outbox) = self.outboxes.get(thread) else {
             return 0;
         };
+        if outbox.seqs.is_empty() && outbox.replies.is_empty() {
+            return 0;
+        }
+        let mut b = self.batch(thread);
+        let mut shell = Shell {
+            outboxes: &self.outboxes,
+            out,
+        };
         let mut n = 0;
-        while let Some((job, seq)) = outbox.pop() {
-            self.dp.with_job(job, |core| {
-                self.send_results((job, core), seq, thread, false, out);
-            });
+        while let Some(r) = outbox.replies.pop() {
+            b.on_handoff(Handoff::Reply(r), &mut shell);
+            n += 1;
+        }
+        while let Some((job, seq)) = outbox.seqs.pop() {
+            b.on_handoff(Handoff::Results { job, seq }, &mut shell);
             n += 1;
         }
         n
     }
 
     fn floor(&self, job: u16) -> u32 {
-        self.dp
+        self.switch
+            .data_path()
             .with_job(job, |core| core.engine.floor())
             .unwrap_or(0)
     }
 
     fn completed(&self, job: u16) -> u64 {
-        self.dp
+        self.switch
+            .data_path()
             .with_job(job, |core| {
                 let e = &core.engine;
                 let f = e.floor();

@@ -129,9 +129,10 @@ impl Backend for Lanes {
         let me = batch.thread;
         self.drain(me, out);
         let t = self.threads;
+        let mut taking = self.inner.batch(me);
         if t < 2 || me >= t {
             for (datagram, from) in batch.iter() {
-                self.inner.take(me, datagram, from, out);
+                self.inner.take(&mut taking, datagram, from, out);
             }
             return;
         }
@@ -155,7 +156,7 @@ impl Backend for Lanes {
         drop(ring);
         for (i, (datagram, from)) in batch.iter().enumerate() {
             if i >= BATCH || local[i] {
-                self.inner.take(me, datagram, from, out);
+                self.inner.take(&mut taking, datagram, from, out);
             }
         }
     }
@@ -173,8 +174,9 @@ impl Backend for Lanes {
                 continue;
             };
             let (a, b) = chunk.as_slices();
+            let mut taking = self.inner.batch(thread);
             for f in a.iter().chain(b) {
-                self.inner.take(thread, f.datagram(), &f.from, out);
+                self.inner.take(&mut taking, f.datagram(), &f.from, out);
             }
             n += chunk.len();
             chunk.commit_all();

@@ -148,8 +148,9 @@ impl BackendKind {
         }
     }
 
-    /// The engine over `table` (every job declared and active), whose
-    /// `handle` calls are made at `now`, fed by `threads` threads (thread
+    /// The engine over `table` (every job declared and active), fed by
+    /// `threads` threads (`table-lock`'s `handle` calls are made at `now`;
+    /// the others', as switchd's, at the time each batch is taken; thread
     /// q owns queue q of every port; a member that joined on another queue
     /// is answered by the thread that completes its seq).
     pub fn build(
@@ -160,11 +161,8 @@ impl BackendKind {
     ) -> Result<Box<dyn Backend>, EngineError> {
         match self {
             BackendKind::TableLock => Ok(Box::new(table_lock(table, now))),
-            BackendKind::LockFree => Ok(Box::new(lock_free(table, now, threads))),
-            BackendKind::Lanes => Ok(Box::new(Lanes::new(
-                lock_free(table, now, threads),
-                threads,
-            ))),
+            BackendKind::LockFree => Ok(Box::new(lock_free(table, threads))),
+            BackendKind::Lanes => Ok(Box::new(Lanes::new(lock_free(table, threads), threads))),
         }
     }
 }

@@ -8,17 +8,27 @@
 //! any number of threads feed at once), [`datapath`] (DATA taken without
 //! the table's lock, by the dataplane threads),
 //! [`reply`] (what to send), [`counters`] (the counter schema), [`uplink`]
-//! (a leaf's sessions with the spines of its aggregation trees) and `leaf`
-//! (a leaf job's half of [`Job`]).
+//! (a leaf's sessions with the spines of its aggregation trees), `leaf`
+//! (a leaf job's half of [`Job`]) and [`entry`] (the switch's one entry
+//! point, [`entry::Switch`]: the data path, else this table).
 //!
 //! Layers: a file imports only from files below it. Bottom to top:
 //! [`counters`], [`ratelimit`], [`priority`]; [`engine`], [`config`];
-//! [`reply`], [`datapath`], [`uplink`]; [`job`]; `leaf`; this table.
+//! [`reply`], [`datapath`], [`uplink`]; [`job`]; `leaf`; this table;
+//! [`entry`] (not re-exported here, so that it and the table do not import
+//! each other).
 //!
-//! How a shell uses it: [`JobTable::handle`] each received datagram, then
-//! drain [`JobTable::poll_reply`] (encode each with [`JobTable::encode`]
-//! into a transmit buffer) and [`JobTable::poll_event`] (for the log). The
-//! table decides every reply and every fan-out; shells only move bytes.
+//! How a shell uses it: through [`entry::Switch`], which owns this table
+//! behind its lock and the lock-free [`DataPath`] over the same jobs:
+//! [`entry::Batch::on_datagram`] each received datagram, with the shell's
+//! [`entry::Transmit`] (which thread owns the socket an endpoint is reached
+//! through, and the bytes out); drain [`JobTable::poll_event`] for the log.
+//! The switch (the data path's completions and resends, this table's
+//! queued replies, both expanded and encoded by [`entry`]) decides every
+//! reply and every fan-out; shells only route and move bytes. The table
+//! alone ([`JobTable::handle`], [`JobTable::poll_reply`],
+//! [`JobTable::encode`]) is what [`entry`] calls for what the data path
+//! hands back, and what unit tests of the table drive.
 //!
 //! Invariants:
 //! * A rejected message changes nothing but counters, and is answered with
@@ -56,6 +66,7 @@ pub mod config;
 pub mod counters;
 pub mod datapath;
 pub mod engine;
+pub mod entry;
 pub mod job;
 mod leaf;
 pub mod priority;

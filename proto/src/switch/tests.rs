@@ -983,6 +983,7 @@ fn removed_job_nacks_its_workers_and_heartbeat_names_missing_ranks() {
 mod auth_mac;
 mod dtypes;
 mod elastic;
+mod entry;
 mod kinds;
 mod priority;
 

@@ -1,9 +1,11 @@
 //! What the simulated networks share: a deterministic generator, the
 //! faults of a link and the delivery times they give one datagram, the
 //! links' queue in virtual time, message framing, and both ends: the switch
-//! side (a job table and its encoded replies) and the worker side (a rank
-//! joined, framed and answered through `proto::member::Member`, as the
-//! worker library does). Each test binary uses its own part of it.
+//! side (the production entry point, `proto::switch::entry::Switch`, on
+//! [`SIM_THREADS`] dataplane threads, and its encoded replies) and the
+//! worker side (a rank joined, framed and answered through
+//! `proto::member::Member`, as the worker library does). Each test binary
+//! uses its own part of it.
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
@@ -13,9 +15,12 @@ use std::time::{Duration, Instant};
 use proto::elements::{read_le, round_f32, round_to_le};
 use proto::handshake::JoinParams;
 use proto::member::{Collective, Member, ResultOutcome, Shape, TransportConfig};
-use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
-use proto::tag::AuthMode;
-use proto::tag::TAG_LEN;
+use proto::switch::engine::ResultRef;
+use proto::switch::entry::{encode_result, Handled, Handoff, Switch, Transmit};
+use proto::switch::{
+    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobTable, Reply, Source, TableConfig,
+};
+use proto::tag::{AuthMode, Tag, TAG_LEN};
 use proto::wire::{Dtype, Header, HeaderRepr, HEADER_LEN};
 
 /// xorshift64*: a tiny deterministic generator, enough for schedules.
@@ -193,23 +198,97 @@ pub fn job_config(n: u16, elems: u16, slots: u16, (dtype, auth): (Dtype, AuthMod
     }
 }
 
-/// The switch side of a delivery: `bytes` from `from` reach `table` at
-/// `at`; every reply it queues goes, encoded as the shells send them, to
-/// `send` with the rank it is for.
+/// Dataplane threads of the simulated switch: rank r's socket belongs to
+/// thread `r mod SIM_THREADS` (switchd deals a port per worker so), so a
+/// completion fans out across threads through hand-offs.
+pub const SIM_THREADS: usize = 2;
+
+/// The thread that receives rank `rank`'s datagrams and owns its socket.
+pub fn thread_of(rank: u16) -> usize {
+    usize::from(rank) % SIM_THREADS
+}
+
+/// The simulated shell of one thread: routes a reply to the thread that
+/// owns its rank's socket, encodes what it sends whole (as the loopback
+/// stand-in does) and queues hand-offs for the other threads.
+struct SimShell<'a, F: FnMut(u16, &[u8])> {
+    send: &'a mut F,
+    handoffs: Vec<(usize, Handoff)>,
+    buf: Vec<u8>,
+}
+
+impl<F: FnMut(u16, &[u8])> Transmit for SimShell<'_, F> {
+    fn route(&mut self, r: &mut Reply) -> Option<usize> {
+        Some(thread_of(r.rank))
+    }
+
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        if let Some(e) = encode_result(hdr, res, token, &mut self.buf) {
+            (self.send)(r.rank, &self.buf[..e.len]);
+        }
+    }
+
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        if let Some(e) = encode(&mut self.buf) {
+            (self.send)(r.rank, &self.buf[..e.len]);
+        }
+    }
+
+    fn hand_off(&mut self, thread: usize, h: Handoff) {
+        self.handoffs.push((thread, h));
+    }
+
+    fn unsent(&mut self, _: &Reply) {}
+}
+
+/// The switch side of a delivery: `bytes` from `from` reach `switch` on
+/// dataplane thread `thread` at `at`, through the entry point switchd
+/// runs; every reply it causes goes, encoded as the shells send them, to
+/// `send` with the rank it is for, hand-offs to other threads included
+/// (taken by their thread right after, in order).
 pub fn at_switch(
-    table: &mut JobTable,
+    switch: &Switch,
+    thread: usize,
     bytes: &[u8],
     from: Endpoint,
     at: Instant,
     mut send: impl FnMut(u16, &[u8]),
-) {
-    table.handle(bytes, from, false, at);
-    while let Some(r) = table.poll_reply() {
-        let mut buf = vec![0u8; 2048];
-        let Some(e) = table.encode(&r, &mut buf) else {
-            continue;
-        };
-        send(r.rank, &buf[..e.len]);
+) -> Handled {
+    let mut shell = SimShell {
+        send: &mut send,
+        handoffs: Vec::new(),
+        buf: vec![0u8; 2048],
+    };
+    let handled = switch.on_datagram(thread, bytes, from, false, at, &mut shell);
+    let mut handoffs = std::mem::take(&mut shell.handoffs);
+    while !handoffs.is_empty() {
+        for (t, h) in handoffs {
+            switch.batch(t, at).on_handoff(h, &mut shell);
+        }
+        handoffs = std::mem::take(&mut shell.handoffs);
+    }
+    handled
+}
+
+/// How the DATA a simulated switch received was taken: on the lock-free
+/// path, or by the table under its lock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Paths {
+    pub lock_free: u64,
+    pub table: u64,
+}
+
+impl Paths {
+    /// Counts `h`, what the switch did with datagram `bytes`, if it is a
+    /// DATA.
+    pub fn count(&mut self, bytes: &[u8], h: Handled) {
+        let data = proto::wire::Header::new_checked(bytes)
+            .is_ok_and(|hd| hd.msg_type_raw() == proto::wire::MsgType::Data as u8);
+        match (data, h.lock_free) {
+            (true, true) => self.lock_free += 1,
+            (true, false) => self.table += 1,
+            _ => {}
+        }
     }
 }
 

@@ -3,12 +3,13 @@
 //! transmit rings of the ports the workers are behind.
 //!
 //! Owns: [`Shared`] (the job table, which thread owns which socket, the
-//! per-thread outboxes and published counters), [`LazyTable`] (the table's
-//! lock as a receive batch takes it) and [`DataplaneThread`] (one per
-//! pinned core: the receive and transmit halves of the sockets it owns, its
-//! own counters). Its parts: [`rx`] (one frame in: L2–L4 checks, the
-//! table, its replies out), [`tx`] (replies to a transmit ring, or to the
-//! outbox of the thread that owns the member's socket), [`counters`] (what
+//! per-thread outboxes and published counters) and [`DataplaneThread`]
+//! (one per pinned core: the receive and transmit halves of the sockets it
+//! owns, its own counters). Its parts: [`rx`] (one frame in: L2–L4 checks,
+//! then proto's one entry point, [`proto::switch::entry::Switch`]), [`tx`]
+//! (the shell's [`proto::switch::entry::Transmit`]: replies to a transmit
+//! ring, or to the outbox of the thread that owns the member's socket),
+//! [`counters`] (what
 //! the threads publish: [`DataplaneCounters`], [`RingStats`]) and
 //! [`heartbeat`] (each thread's progress, for the watchdog).
 //!
@@ -20,9 +21,11 @@
 //! synchronisation only); everything else (handshakes, heartbeats, strangers,
 //! leaf and `auth = "mac"` jobs) goes to the job table under its mutex,
 //! taken at most once per receive batch (up to [`RX_BATCH`] frames) and
-//! only if a frame of the batch needs it. A reply for a member whose
-//! socket another thread owns goes to that thread's lock-free outbox
-//! (crossbeam `ArrayQueue`, fixed capacity) as a small [`Handoff`]: the
+//! only if a frame of the batch needs it ([`proto::switch::entry::Batch`]).
+//! Which replies a frame causes, and their fan-out, proto decides; a reply
+//! for a member whose socket another thread owns goes to that thread's
+//! lock-free outbox (crossbeam `ArrayQueue`, fixed capacity) as a small
+//! [`Handoff`], which that thread gives back to the switch: the
 //! table's `Reply` value, or, for a completed seq, one hand-off per thread
 //! that owns some member's socket, which sends the RESULT to each member
 //! it owns. That thread encodes them from the shadow copy, which stays
@@ -60,7 +63,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use proto::switch::{DataPath, JobTable, Reply};
+use proto::switch::entry::{Handoff, Switch};
+use proto::switch::JobTable;
 
 use crate::wake::ThreadWaker;
 use crate::xdp::{XskRx, XskTx};
@@ -113,24 +117,10 @@ struct Published {
     busy_share: f64,
 }
 
-/// What one dataplane thread hands another through its outbox.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Handoff {
-    /// A reply to a member whose socket the receiving thread owns.
-    Reply(Reply),
-    /// The RESULT of `seq` (completed) to every member of `job` whose
-    /// socket the receiving thread owns: one hand-off per thread, not per
-    /// member. Membership is read when it is sent: a member that moved to
-    /// another thread's socket meanwhile misses it, and its resend is
-    /// answered from the shadow.
-    Results { job: u16, seq: u32 },
-}
-
 /// State every dataplane thread (and the control thread) shares.
 pub struct Shared {
-    table: Mutex<JobTable>,
-    /// DATA without the table's lock ([`proto::switch::datapath`]).
-    data_path: Arc<DataPath>,
+    /// The job table and the lock-free data path over its jobs.
+    switch: Switch,
     agg_port: u16,
     /// Ports agg_port..agg_port + seq_lanes - 1 take aggregation traffic;
     /// above 1, RESULTs leave from the completing thread (`tx`'s docs).
@@ -229,23 +219,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The table lock, taken the first time a frame of the batch needs it.
-pub struct LazyTable<'a> {
-    table: &'a Mutex<JobTable>,
-    held: Option<MutexGuard<'a, JobTable>>,
-}
-
-impl<'a> LazyTable<'a> {
-    pub fn new(table: &'a Mutex<JobTable>) -> LazyTable<'a> {
-        LazyTable { table, held: None }
-    }
-
-    /// The table, locked until this is dropped.
-    pub fn get(&mut self) -> &mut JobTable {
-        self.held.get_or_insert_with(|| lock(self.table))
-    }
-}
-
 /// Builds the shared state and one [`DataplaneThread`] per thread; sockets
 /// are dealt as [`deal`] says, in the order given. Fails only if a thread's
 /// wake-up eventfd cannot be made.
@@ -288,8 +261,7 @@ pub fn build(
         ((cfg.ring_size as f64 * cfg.ecn_ring_fraction) as u32).max(1)
     };
     let shared = Arc::new(Shared {
-        data_path: table.data_path(),
-        table: Mutex::new(table),
+        switch: Switch::new(table),
         agg_port: cfg.agg_port,
         seq_lanes: cfg.seq_lanes.max(1),
         ecn_ring_entries,
@@ -331,7 +303,7 @@ impl Shared {
     /// The job table, locked (the control thread's reads and admin changes;
     /// keep it short: the dataplane waits meanwhile).
     pub fn table(&self) -> MutexGuard<'_, JobTable> {
-        lock(&self.table)
+        self.switch.table()
     }
 
     /// Dataplane counters as the threads last published them: per thread
@@ -449,7 +421,7 @@ impl DataplaneThread {
                 self.publish(busy.share(Instant::now()));
             }
         }
-        tx::drain_outbox(self);
+        tx::drain_outbox(self, Instant::now());
         self.flush_all();
         self.publish(busy.share(Instant::now()));
         // Returned: idle for good, never a stall.
@@ -463,11 +435,10 @@ impl DataplaneThread {
         if !shared.outboxes[self.idx].is_empty() {
             heartbeat.taking_work();
         }
-        tx::drain_outbox(self);
         let now = Instant::now();
-        // The priority board's clock: one relaxed load (a store at most
-        // every 100 µs) per poll, never per frame.
-        shared.data_path.tick(now);
+        // Each batch moves the priority board's clock: one relaxed load (a
+        // store at most every 100 µs) per batch, never per frame.
+        tx::drain_outbox(self, now);
         let mut got = 0;
         if self.idx == 0 && shared.uplink.is_some() {
             got += self.uplink_round(now);
@@ -481,16 +452,15 @@ impl DataplaneThread {
             let congested = self.congested(p, q, waiting);
             heartbeat.taking_work();
             // The table's lock only if a frame of the batch needs it.
-            let mut table = LazyTable::new(&shared.table);
-            let data_path = &*shared.data_path;
-            let mut out = tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters);
+            let mut batch = shared.switch.batch(self.idx, now);
+            let mut out = tx::Out::new(&shared, &mut self.txs, &mut self.counters);
             #[cfg(feature = "fault-injection")]
             let fault = &self.fault;
             got += self.rxs[i].rx.recv_batch(RX_BATCH, |frame| {
-                rx::handle_frame(frame, p, q, congested, now, data_path, &mut table, &mut out);
+                rx::handle_frame(frame, (p, q), congested, &mut batch, &mut out);
                 #[cfg(feature = "fault-injection")]
                 if fault.stops_holding_table(out.counters.rx_frames) {
-                    table.get();
+                    batch.table();
                 }
                 #[cfg(feature = "fault-injection")]
                 fault.after_frame(out.counters.rx_frames, true);
@@ -518,11 +488,12 @@ impl DataplaneThread {
         if first.is_some() {
             shared.heartbeats[self.idx].taking_work();
         }
-        let mut table = lock(&shared.table);
+        let mut batch = shared.switch.batch(self.idx, now);
+        let mut out = tx::Out::new(&shared, &mut self.txs, &mut self.counters);
         let mut got = 0;
         while let Some((n, from, ce)) = first.take() {
             got += 1;
-            self.counters.uplink_received += 1;
+            out.counters.uplink_received += 1;
             if let std::net::SocketAddr::V4(from) = from {
                 let from = proto::switch::Endpoint {
                     source: proto::switch::Source {
@@ -533,9 +504,9 @@ impl DataplaneThread {
                     port_idx: proto::switch::UPSTREAM,
                     ..Default::default()
                 };
-                table.handle(&self.scratch[..n], from, ce, now);
-                tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters)
-                    .send_queued(&mut table);
+                // A spine's datagram: the table's (the data path hands it
+                // back).
+                batch.on_datagram(&self.scratch[..n], from, ce, &mut out);
             }
             if got < RX_BATCH {
                 first = uplink::recv(sock, &mut self.scratch);
@@ -543,9 +514,7 @@ impl DataplaneThread {
         }
         if timers_due {
             self.last_timers = now;
-            table.handle_timeout(now);
-            tx::Out::new(self.idx, &shared, &mut self.txs, &mut self.counters)
-                .send_queued(&mut table);
+            batch.on_timeout(&mut out);
         }
         got
     }

@@ -1,33 +1,26 @@
 //! One received frame: the L2–L4 checks the XDP program promised, its
 //! checksums, that it does not claim the switch's own address, then the
-//! lock-free data path ([`proto::switch::DataPath`]) or, for what it hands
-//! back, the job table under its lock, and the replies either decided, out
-//! through [`super::tx`].
+//! switch's one entry point ([`proto::switch::entry::Batch::on_datagram`]:
+//! the lock-free data path, else the job table under its lock), which
+//! sends every reply it decides through [`super::tx::Out`].
 //!
 //! Invariants: a DATA from a bound member of an active job never takes the
 //! table lock; the lock, when a frame of the batch needs it, is taken once
-//! and held to the end of the batch ([`super::LazyTable`]); nothing here
-//! allocates, logs or makes a syscall (the table's events are logged by the
-//! control thread).
+//! and held to the end of the batch ([`proto::switch::entry::Batch`]);
+//! nothing here allocates, logs or makes a syscall (the table's events are
+//! logged by the control thread).
 
-use std::time::Instant;
-
-use proto::switch::{DataPath, Fast, Reply, ReplyMsg};
+use proto::switch::entry::Batch;
 
 use super::tx::Out;
-use super::LazyTable;
 use crate::frame::{parse_udp_frame, reply_endpoint, FrameError};
 
 /// Handles one received frame, then sends every reply it caused.
-#[allow(clippy::too_many_arguments)]
 pub fn handle_frame(
     frame: &[u8],
-    port_idx: u32,
-    queue: u32,
+    (port_idx, queue): (u32, u32),
     congested: bool,
-    now: Instant,
-    data_path: &DataPath,
-    table: &mut LazyTable<'_>,
+    batch: &mut Batch<'_>,
     out: &mut Out<'_>,
 ) {
     out.counters.rx_frames += 1;
@@ -64,22 +57,5 @@ pub fn handle_frame(
     // message came to: a worker's socket is connected to that one.
     from.local_port = out.agg_port();
     let ce = f.ce || congested;
-    match data_path.on_datagram(out.thread(), f.payload, &from, ce) {
-        Fast::Slow => {
-            let t = table.get();
-            t.handle(f.payload, from, ce, now);
-            out.send_queued(t);
-        }
-        Fast::Done(_) => {}
-        Fast::Completed { job, seq } => out.fan_out(job, seq),
-        Fast::Retransmit { job, rank, seq } => {
-            let r = Reply {
-                to: from,
-                job,
-                rank,
-                msg: ReplyMsg::Result { seq, retx: true },
-            };
-            out.resend_result(&r);
-        }
-    }
+    batch.on_datagram(f.payload, from, ce, out);
 }

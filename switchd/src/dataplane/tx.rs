@@ -1,33 +1,36 @@
-//! Replies out: to this thread's transmit ring of the member's port and
-//! queue, or, when another thread owns that socket, to its outbox (and a
-//! wake-up if it sleeps). With seq lanes (`[switch] seq_lanes` > 1) an
-//! untagged RESULT leaves from this thread's own socket on the member's
-//! port when it has one (threads ≤ queues: each serves a queue of every
-//! port), so the thread that completes a lane's chunk sends its RESULTs
-//! with no hand-off per chunk; the frames leave on its queue instead of
-//! the one the member joined on, which the worker cannot tell.
+//! Replies out, as [`proto::switch::entry::Switch`] decides them: [`Out`]
+//! is this thread's [`Transmit`], which says which thread owns the socket
+//! a member is reached through and writes the L2–L4 headers in front of
+//! what proto encodes. A reply goes to this thread's transmit ring of the
+//! member's port and queue, or, when another thread owns that socket, to
+//! its outbox (and a wake-up if it sleeps). With seq lanes (`[switch]
+//! seq_lanes` > 1) a RESULT leaves from this thread's own socket on the
+//! member's port when it has one (threads ≤ queues: each serves a queue of
+//! every port), so the thread that completes a lane's chunk sends its
+//! RESULTs with no hand-off per chunk; the frames leave on its queue
+//! instead of the one the member joined on, which the worker cannot tell.
 //!
 //! Owns: [`Out`] (where one thread's replies go) and [`drain_outbox`] (the
-//! replies other threads handed to this one).
+//! replies other threads handed to this one, given back to the switch).
 //!
 //! Invariants: a reply is encoded straight into a UMEM frame, after the
-//! Ethernet/IPv4/UDP headers; a full ring, missing socket or full outbox is
-//! counted in `tx_ring_full` (the worker's resend recovers it). An untagged
-//! RESULT is encoded from its job's shadow through the lock-free data path
-//! ([`proto::switch::JobCore::result_header`]), whoever decided it, as its
-//! rank gets it: the values, or a NOVAL RESULT (the header alone) where a
-//! reduce-scatter or all-gather gives that rank none; a fan-out read-locks
-//! the shadow once for all the members it sends to (a lock per member cost
-//! a fifth of the single-thread rate in the engine benchmark). Every other
-//! reply (a tagged RESULT included) needs the table, locked.
+//! Ethernet/IPv4/UDP headers; an untagged RESULT as a head and the
+//! shadow's payload (one copy, also when a jumbo RESULT spans several
+//! frames), with the payload's checksum sum made once per result; a full
+//! ring, missing socket, full outbox or a RESULT that could not be made is
+//! counted in `tx_ring_full` (the worker's resend recovers it). Which
+//! replies exist, their encoding, and a fan-out's single read lock of the
+//! shadow are proto's ([`proto::switch::entry`]); a leaf's datagrams to a
+//! spine leave through the uplink socket.
 
 use proto::checksum::Sum;
 use proto::switch::engine::ResultRef;
-use proto::switch::{Endpoint, JobCore, JobTable, Reply, ReplyMsg, ResultTokens};
+use proto::switch::entry::{Handoff, Transmit};
+use proto::switch::{Encoded, Endpoint, JobTable, Reply, ReplyMsg};
 use proto::tag::Tag;
 use proto::wire::{HeaderRepr, HEADER_LEN, L2_L4_LEN};
 
-use super::{DataplaneCounters, DataplaneThread, Handoff, LazyTable, Shared, TxSockets};
+use super::{DataplaneCounters, DataplaneThread, Shared, TxSockets};
 use crate::frame::{write_l2_l4_headers, write_udp_headers};
 use crate::xdp::XskTx;
 
@@ -45,7 +48,6 @@ pub(super) fn socket_mut(txs: &mut TxSockets, port: u32, queue: u32) -> Option<&
 
 /// Where one thread's replies go.
 pub struct Out<'a> {
-    idx: usize,
     shared: &'a Shared,
     txs: &'a mut TxSockets,
     pub counters: &'a mut DataplaneCounters,
@@ -53,22 +55,15 @@ pub struct Out<'a> {
 
 impl<'a> Out<'a> {
     pub(super) fn new(
-        idx: usize,
         shared: &'a Shared,
         txs: &'a mut TxSockets,
         counters: &'a mut DataplaneCounters,
     ) -> Out<'a> {
         Out {
-            idx,
             shared,
             txs,
             counters,
         }
-    }
-
-    /// This thread's index (its counter stripe in the data path).
-    pub fn thread(&self) -> usize {
-        self.idx
     }
 
     pub fn agg_port(&self) -> u16 {
@@ -86,126 +81,11 @@ impl<'a> Out<'a> {
         &self.shared.own
     }
 
-    /// Sends every reply the table has queued.
-    pub fn send_queued(&mut self, table: &mut JobTable) {
-        while let Some(r) = table.poll_reply() {
-            self.send(table, &r);
-        }
-    }
-
-    /// The RESULT of `seq` to every member of `job` (the data path
-    /// completed it), each from here or via its socket's owner: one
-    /// [`Handoff::Results`] per other thread that owns members (threads
-    /// from the 64th on get one hand-off per member).
-    pub fn fan_out(&mut self, job: u16, seq: u32) {
-        let shared = self.shared;
-        shared.data_path.with_job(job, |core| {
-            let mut n = 0;
-            let mut others = 0u64;
-            // One read lock of the shadow, and one window and one token,
-            // for every RESULT sent from here.
-            let mut res = core.engine.result(seq);
-            let tokens = tokens_for(shared, core, res.as_ref(), seq);
-            let lanes = shared.seq_lanes > 1;
-            core.for_each_member(|rank, to| {
-                let mut r = Reply::result(*to, job, rank, seq);
-                self.steer_to_own_socket(&mut r);
-                match self.owner(&r) {
-                    // With seq lanes, only this member: this thread sent to
-                    // the members on ports it has a socket on, which the
-                    // owner's whole-seq hand-off would send again.
-                    Some(t) if t != self.idx && t < 64 && !lanes => others |= 1 << t,
-                    Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(r)),
-                    _ => self.transmit_fanned(core, &r, res.as_mut(), tokens.as_ref()),
-                }
-                n += 1;
-            });
-            while others != 0 {
-                let t = others.trailing_zeros() as usize;
-                others &= others - 1;
-                self.hand_off(t, Handoff::Results { job, seq });
-            }
-            shared.data_path.count_results_sent(self.idx, core, n);
-        });
-    }
-
-    /// The RESULT of `seq` to every member of `job` whose socket this
-    /// thread owns (another thread completed it: [`Handoff::Results`]).
-    fn own_results(&mut self, job: u16, seq: u32) {
-        let shared = self.shared;
-        shared.data_path.with_job(job, |core| {
-            let mut res = core.engine.result(seq);
-            let tokens = tokens_for(shared, core, res.as_ref(), seq);
-            core.for_each_member(|rank, to| {
-                let r = Reply::result(*to, job, rank, seq);
-                if self.owner(&r).is_some_and(|t| t == self.idx) {
-                    self.transmit_fanned(core, &r, res.as_mut(), tokens.as_ref());
-                }
-            });
-        });
-    }
-
-    /// Sends one member's RESULT of a fan-out from `res`, the shadow the
-    /// fan-out read-locked once, with the fan-out's `tokens` (None: the
-    /// shadow is gone or the job is no longer active, counted as not sent).
-    fn transmit_fanned(
-        &mut self,
-        core: &JobCore,
-        r: &Reply,
-        res: Option<&mut ResultRef<'_>>,
-        tokens: Option<&ResultTokens>,
-    ) {
-        let sent = match (res, tokens) {
-            (Some(res), Some(tokens)) => self.transmit_result_from(core, r, res, tokens),
-            _ => false,
-        };
-        if !sent {
-            self.counters.tx_ring_full += 1;
-        }
-    }
-
-    /// A RESULT the data path decided to send again (to its sender only).
-    pub fn resend_result(&mut self, r: &Reply) {
-        let shared = self.shared;
-        shared.data_path.with_job(r.job, |core| {
-            self.result_out(core, r);
-            shared.data_path.count_results_sent(self.idx, core, 1);
-        });
-    }
-
-    /// Sends `core`'s untagged RESULT `r`: here (with seq lanes: from our
-    /// own socket on its port, if any), or via the owning thread's outbox.
-    fn result_out(&mut self, core: &JobCore, r: &Reply) {
-        let mut r = *r;
-        self.steer_to_own_socket(&mut r);
-        let r = &r;
-        match self.owner(r) {
-            Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
-            _ => {
-                if !self.transmit_result(core, r) {
-                    self.counters.tx_ring_full += 1;
-                }
-            }
-        }
-    }
-
-    /// Sends `r`: up to a spine, here, or via the owning thread's outbox.
-    pub fn send(&mut self, table: &JobTable, r: &Reply) {
-        if r.is_upstream() {
-            self.send_up(table, r);
-            return;
-        }
-        match self.owner(r) {
-            Some(t) if t != self.idx => self.hand_off(t, Handoff::Reply(*r)),
-            _ => self.transmit(table, r),
-        }
-    }
-
     /// With seq lanes, points RESULT `r` at this thread's own socket on
     /// its member's port, if it has one (module docs); otherwise leaves it
     /// at the queue the member joined on.
     fn steer_to_own_socket(&self, r: &mut Reply) {
-        if self.shared.seq_lanes <= 1 {
+        if self.shared.seq_lanes <= 1 || !matches!(r.msg, ReplyMsg::Result { .. }) {
             return;
         }
         let own = self
@@ -217,8 +97,31 @@ impl<'a> Out<'a> {
         }
     }
 
-    /// The thread that owns the socket `r` goes out of.
-    fn owner(&self, r: &Reply) -> Option<usize> {
+    /// A leaf's datagram to a spine, through the uplink socket (one
+    /// sendto: a partial per chunk, not per worker packet).
+    fn send_up(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        let Some(sock) = self.shared.uplink.as_ref() else {
+            self.counters.uplink_send_failed += 1;
+            return;
+        };
+        let mut buf = [0u8; 9216];
+        let Some(e) = encode(&mut buf) else {
+            self.counters.uplink_send_failed += 1;
+            return;
+        };
+        let to = std::net::SocketAddrV4::new(r.to.source.ip.into(), r.to.source.port);
+        match sock.send_to(&buf[..e.len], to) {
+            Ok(_) => self.counters.uplink_sent += 1,
+            Err(_) => self.counters.uplink_send_failed += 1,
+        }
+    }
+}
+
+impl Transmit for Out<'_> {
+    /// The thread that owns `r`'s socket (seq lanes: this thread's own on
+    /// the member's port, for a RESULT).
+    fn route(&mut self, r: &mut Reply) -> Option<usize> {
+        self.steer_to_own_socket(r);
         self.shared
             .owner
             .get(r.to.port_idx as usize)
@@ -227,96 +130,40 @@ impl<'a> Out<'a> {
             .filter(|t| *t != usize::MAX)
     }
 
-    /// Encodes `r` if it is a RESULT encoded without the table (module
-    /// docs): whether it was sent, or None if it needs the table.
-    fn transmit_untagged(&mut self, r: &Reply) -> Option<bool> {
-        if !matches!(r.msg, ReplyMsg::Result { .. }) {
-            return None;
-        }
-        let shared = self.shared;
-        shared
-            .data_path
-            .with_job(r.job, |core| {
-                (!core.tagged).then(|| self.transmit_result(core, r))
-            })
-            .flatten()
-    }
-
-    /// Encodes `core`'s untagged RESULT `r` into a frame of our transmit
-    /// ring of its port and queue, from the job's shadow: the payload goes
-    /// straight into the TX frames, the headers in front of it (one copy,
-    /// also when a jumbo RESULT spans several frames). False if it could
-    /// not be sent.
-    fn transmit_result(&mut self, core: &JobCore, r: &Reply) -> bool {
-        let ReplyMsg::Result { seq, retx } = r.msg else {
-            return false;
-        };
-        let Some(mut res) = core.engine.result(seq) else {
-            return false;
-        };
-        let gen = self.shared.data_path.gen();
-        let window = core.advertised_window();
-        let hdr = core.result_header(&mut res, seq, r.rank, retx, gen, window);
-        // One RESULT: its own token only.
-        match core.result_token(&hdr) {
-            Some(token) => self.send_result(r, &hdr, &res, &token),
-            None => false,
-        }
-    }
-
-    /// [`Out::transmit_result`] from `res`, the shadow of `r`'s seq already
-    /// read-locked, with its `tokens` (a fan-out's: the window they cover is
-    /// the one every RESULT of the fan-out carries).
-    fn transmit_result_from(
-        &mut self,
-        core: &JobCore,
-        r: &Reply,
-        res: &mut ResultRef<'_>,
-        tokens: &ResultTokens,
-    ) -> bool {
-        let ReplyMsg::Result { seq, retx } = r.msg else {
-            return false;
-        };
-        let gen = self.shared.data_path.gen();
-        let hdr = core.result_header(res, seq, r.rank, retx, gen, tokens.window);
-        self.send_result(r, &hdr, res, tokens.for_header(&hdr))
+    /// With seq lanes a member's route depends on the thread asking (its
+    /// own socket): a whole-seq hand-off would send again what this thread
+    /// sent, so each member is handed off alone.
+    fn hands_off_seqs(&self) -> bool {
+        self.shared.seq_lanes <= 1
     }
 
     /// Queues RESULT `r` (header `hdr`, the payload from `res`, then
     /// `token`) on our transmit ring of its port and queue.
-    fn send_result(
-        &mut self,
-        r: &Reply,
-        hdr: &HeaderRepr,
-        res: &ResultRef<'_>,
-        token: &Tag,
-    ) -> bool {
-        let Some(tx) = socket_mut(self.txs, r.to.port_idx, r.to.queue) else {
-            return false;
-        };
-        let sent = tx.send_head_tail(|buf| result_frame_head(hdr, res, token, &r.to, buf));
+    fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
+        let sent = socket_mut(self.txs, r.to.port_idx, r.to.queue).is_some_and(|tx| {
+            tx.send_head_tail(|buf| result_frame_head(hdr, res, token, &r.to, buf))
+        });
         if sent {
             self.counters.tx_frames += 1;
+        } else {
+            self.counters.tx_ring_full += 1;
         }
-        sent
     }
 
-    /// A leaf's datagram to a spine, through the uplink socket (one
-    /// sendto: a partial per chunk, not per worker packet).
-    fn send_up(&mut self, table: &JobTable, r: &Reply) {
-        let Some(sock) = self.shared.uplink.as_ref() else {
-            self.counters.uplink_send_failed += 1;
+    /// Encodes `r` into a frame of our transmit ring of its port and
+    /// queue (a tagged RESULT, header, payload and tag, whole into one
+    /// frame: its chunk size is bounded so), or up to a spine.
+    fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+        if r.is_upstream() {
+            self.send_up(r, encode);
             return;
-        };
-        let mut buf = [0u8; 9216];
-        let Some(e) = table.encode(r, &mut buf) else {
-            self.counters.uplink_send_failed += 1;
-            return;
-        };
-        let to = std::net::SocketAddrV4::new(r.to.source.ip.into(), r.to.source.port);
-        match sock.send_to(&buf[..e.len], to) {
-            Ok(_) => self.counters.uplink_sent += 1,
-            Err(_) => self.counters.uplink_send_failed += 1,
+        }
+        let sent = socket_mut(self.txs, r.to.port_idx, r.to.queue)
+            .is_some_and(|tx| tx.send_with(|buf| encoded_frame(r, buf, encode)));
+        if sent {
+            self.counters.tx_frames += 1;
+        } else {
+            self.counters.tx_ring_full += 1;
         }
     }
 
@@ -331,44 +178,9 @@ impl<'a> Out<'a> {
         }
     }
 
-    /// Encodes `r` into a frame of our transmit ring of its port and queue.
-    fn transmit(&mut self, table: &JobTable, r: &Reply) {
-        match self.transmit_untagged(r) {
-            Some(true) => {}
-            Some(false) => self.counters.tx_ring_full += 1,
-            None => self.transmit_with_table(table, r),
-        }
+    fn unsent(&mut self, _: &Reply) {
+        self.counters.tx_ring_full += 1;
     }
-
-    /// Encodes `r`, which needs the table (anything but an untagged
-    /// RESULT), into a frame of our transmit ring of its port and queue.
-    fn transmit_with_table(&mut self, table: &JobTable, r: &Reply) {
-        let to = r.to;
-        let Some(tx) = socket_mut(self.txs, to.port_idx, to.queue) else {
-            self.counters.tx_ring_full += 1;
-            return;
-        };
-        // A tagged RESULT (auth = "mac") is header, payload and tag: it is
-        // encoded whole into one frame (its chunk size is bounded so).
-        let sent = tx.send_with(|buf| reply_frame(table, r, buf));
-        if sent {
-            self.counters.tx_frames += 1;
-        } else {
-            self.counters.tx_ring_full += 1;
-        }
-    }
-}
-
-/// The tokens of `seq`'s RESULTs (`res`, its shadow) as this switch sends
-/// them now: its generation and the job's advertised window.
-fn tokens_for(
-    shared: &Shared,
-    core: &JobCore,
-    res: Option<&ResultRef<'_>>,
-    seq: u32,
-) -> Option<ResultTokens> {
-    let gen = shared.data_path.gen();
-    core.result_tokens(res?, seq, gen, core.advertised_window())
 }
 
 /// Writes a RESULT's Ethernet, IPv4, UDP and aggregation headers (`hdr`)
@@ -400,35 +212,35 @@ pub fn result_frame_head<'r>(
 /// Writes any other reply whole into `buf` (its UDP checksum summed over
 /// it: these are small); returns the frame length, 0 if it cannot be sent.
 pub fn reply_frame(table: &JobTable, r: &Reply, buf: &mut [u8]) -> usize {
-    let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(|b| table.encode(r, b)) else {
+    encoded_frame(r, buf, |b| table.encode(r, b))
+}
+
+/// [`reply_frame`] with `encode` writing the aggregation header and
+/// payload (the table's encoder, under its lock).
+fn encoded_frame(
+    r: &Reply,
+    buf: &mut [u8],
+    encode: impl FnOnce(&mut [u8]) -> Option<Encoded>,
+) -> usize {
+    let Some(e) = buf.get_mut(L2_L4_LEN..).and_then(encode) else {
         return 0;
     };
     write_udp_headers(buf, &r.to, e.ce, e.len).unwrap_or(0)
 }
 
-/// Writes the replies other threads handed to this one.
-pub(super) fn drain_outbox(t: &mut DataplaneThread) {
+/// Gives the replies other threads handed to this one back to the switch,
+/// which sends them through this thread's [`Out`] (the table's lock only
+/// for what is not an untagged RESULT).
+pub(super) fn drain_outbox(t: &mut DataplaneThread, now: std::time::Instant) {
     let shared = t.shared.clone();
     let outbox = &shared.outboxes[t.idx];
     if outbox.is_empty() {
         return;
     }
-    // Only what is not an untagged RESULT takes the table's lock.
-    let mut table = LazyTable::new(&shared.table);
-    let mut out = Out::new(t.idx, &shared, &mut t.txs, &mut t.counters);
+    let mut batch = shared.switch.batch(t.idx, now);
+    let mut out = Out::new(&shared, &mut t.txs, &mut t.counters);
     while let Some(h) = outbox.pop() {
-        let r = match h {
-            Handoff::Reply(r) => r,
-            Handoff::Results { job, seq } => {
-                out.own_results(job, seq);
-                continue;
-            }
-        };
-        match out.transmit_untagged(&r) {
-            Some(true) => {}
-            Some(false) => out.counters.tx_ring_full += 1,
-            None => out.transmit_with_table(table.get(), &r),
-        }
+        batch.on_handoff(h, &mut out);
     }
 }
 

@@ -211,3 +211,61 @@ fn low_window_after_idle(t: &mut JobTable) -> u16 {
     let at = ms(2) + BUSY_FOR + ms(1);
     send(t, LOW, 2, at).map_or(0, |(_, w)| w)
 }
+
+/// Every driver feeds the switch's one entry point, whose batches move the
+/// board's clock: a busy higher class makes the lower class's RESULTs,
+/// sent from the lock-free fan-out, advertise the yield window with ECE,
+/// the very bytes the table encodes; once idle, the declared window again.
+#[test]
+fn the_entry_point_s_results_carry_the_yield_window() {
+    use crate::switch::engine::ResultRef;
+    use crate::switch::entry::{encode_result, Handoff, Switch, Transmit};
+    use crate::tag::Tag;
+
+    /// One thread; the RESULTs sent, as (header, bytes).
+    struct Sent(Vec<(Reply, HeaderRepr, Vec<u8>)>);
+    impl Transmit for Sent {
+        fn route(&mut self, _: &mut Reply) -> Option<usize> {
+            Some(0)
+        }
+        fn send_result(&mut self, r: &Reply, h: &HeaderRepr, res: &ResultRef<'_>, tok: &Tag) {
+            let mut b = [0u8; 256];
+            let e = encode_result(h, res, tok, &mut b).unwrap();
+            self.0.push((*r, *h, b[..e.len].to_vec()));
+        }
+        fn send_reply(&mut self, r: &Reply, _: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
+            panic!("{r:?}: only RESULTs here");
+        }
+        fn hand_off(&mut self, _: usize, h: Handoff) {
+            panic!("{h:?}: one thread");
+        }
+        fn unsent(&mut self, r: &Reply) {
+            panic!("{r:?} unsent");
+        }
+    }
+    let s = Switch::new(two_jobs(Priority::Normal, Priority::High));
+    let send = |id: u16, seq: u32, at: Duration| {
+        let mut out = Sent(Vec::new());
+        let h = s.on_datagram(
+            0,
+            &data_bytes(id, seq),
+            member(id),
+            false,
+            t0() + at,
+            &mut out,
+        );
+        assert!(h.lock_free, "job {id} seq {seq}");
+        let [(r, hdr, ref bytes)] = out.0[..] else {
+            panic!("{:?}", out.0);
+        };
+        let mut b = [0u8; 256];
+        let e = s.table().encode(&r, &mut b).unwrap();
+        assert_eq!(&b[..e.len], &bytes[..], "the table's bytes");
+        (hdr.has_flag(flags::ECE), hdr.window)
+    };
+    let share = yield_window(W);
+    assert_eq!(send(LOW, 0, ms(1)), (false, W));
+    assert_eq!(send(HIGH, 0, ms(2)), (false, W));
+    assert_eq!(send(LOW, 1, ms(3)), (true, share));
+    assert_eq!(send(LOW, 2, ms(3) + BUSY_FOR + ms(1)), (false, W));
+}
