@@ -124,7 +124,7 @@ def reference_stats(
     """The gradient statistics a single switch's ``stats = true`` job gives
     for the ranks' ``inputs`` (float32 buffers in rank order, half precision
     widened), chunks of ``elems_per_chunk``: the Rust reference
-    (proto::worker::reference_grad_stats), bit for bit."""
+    (proto::member::reference_grad_stats), bit for bit."""
 
 def host_sum(
     inputs: Any,
