@@ -18,6 +18,7 @@ runs ip or tc itself except `ip netns exec` and `ip netns pids`.
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -296,6 +297,22 @@ def start_switchd(procs, ns, switchd, log_path, args, ready_timeout=30):
 
 
 HARNESS_DIR = Path(__file__).resolve().parent
+
+
+def publish(json_path, png, name, docs=True):
+    """The one way a run's result becomes the published one: with docs,
+    copy json_path and png (when it was drawn) to bench/results/NAME.json
+    and .png, which docs/BENCHMARKS.md quotes; without, leave those alone
+    and say so."""
+    json_path, png = Path(json_path), Path(png)
+    if not docs:
+        log(f"wrote {json_path} and {png} (bench/results/{name}.* left alone)")
+        return
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copy(json_path, RESULTS_DIR / f"{name}.json")
+    if png.exists() and png.stat().st_size:
+        shutil.copy(png, RESULTS_DIR / f"{name}.png")
+    log(f"wrote bench/results/{name}.{{json,png}} (copies: {json_path.name}, {png.name})")
 
 
 def run_report(script, args, what=None, stdout=None):

@@ -226,3 +226,17 @@ def test_builds_takes_dirs_of_the_three_binaries_and_alternates_their_order(tmp_
     (tmp_path / "worker").chmod(0o755)
     assert builds.build_dir(str(tmp_path)) == tmp_path
     assert [builds.order(i, ["A", "B"]) for i in range(3)] == [["A", "B"], ["B", "A"], ["A", "B"]]
+
+
+def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, monkeypatch):
+    monkeypatch.setattr(lifecycle, "RESULTS_DIR", tmp_path / "results")
+    run_json, run_png = tmp_path / "x-STAMP.json", tmp_path / "x-STAMP.png"
+    run_json.write_text('{"a": 1}\n')
+    lifecycle.publish(run_json, run_png, "bench-x", docs=False)
+    assert not (tmp_path / "results").exists()
+    lifecycle.publish(run_json, run_png, "bench-x")
+    assert (tmp_path / "results" / "bench-x.json").read_text() == '{"a": 1}\n'
+    assert not (tmp_path / "results" / "bench-x.png").exists(), "no plot was drawn: none is published"
+    run_png.write_bytes(b"\x89PNG")
+    lifecycle.publish(run_json, run_png, "bench-x")
+    assert (tmp_path / "results" / "bench-x.png").read_bytes() == b"\x89PNG"

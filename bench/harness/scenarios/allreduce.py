@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from lifecycle import (REPO_ROOT, RELEASE, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RELEASE, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, start_switchd, stamp, tail, warn, write_switchd_config)
 from machine import busy_machine, cpu_line, loadavg, nproc, proc_stat, snapshot, wait_idle
 from options import uint_range
@@ -362,13 +362,7 @@ class Run:
         to bench/results/NAME.{json,png}."""
         if subprocess.run([sys.executable, str(HARNESS / "bench_plot.py"), str(json_path), str(png)]).returncode:
             warn("plot failed (bench/harness/bench_plot.py)")
-        if self.s.docs:
-            shutil.copy(json_path, RESULTS_DIR / f"{name}.json")
-            if png.exists() and png.stat().st_size:
-                shutil.copy(png, RESULTS_DIR / f"{name}.png")
-            log(f"wrote bench/results/{name}.{{json,png}} and {json_path}")
-        else:
-            log(f"wrote {json_path} and {png} (bench/results/{name}.* left alone)")
+        publish(json_path, png, name, self.s.docs)
 
 
 def run(a):

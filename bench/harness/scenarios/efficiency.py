@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
 from options import uint_list, uint_range, word_list
 from scenario import Option, Scenario
@@ -194,12 +194,7 @@ def run(a):
                                               "--workers", WORKERS, "--json", out_json, "--png", out_png,
                                               "--table", rd / "table.md"])
     sys.stdout.write((rd / "table.md").read_text())
-    if docs:
-        shutil.copy(out_json, RESULTS_DIR / "bench-efficiency.json")
-        shutil.copy(out_png, RESULTS_DIR / "bench-efficiency.png")
-        log(f"wrote bench/results/bench-efficiency.{{json,png}}, {out_json} and {out_png}")
-    else:
-        log(f"wrote {out_json} and {out_png} (bench/results/bench-efficiency.* left alone)")
+    publish(out_json, out_png, "bench-efficiency", docs)
     return 0
 
 

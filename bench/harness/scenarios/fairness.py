@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_report, stamp, start_switchd, tail, warn, write_switchd_config)
 from options import uint_range, word_list
 from scenario import Option, Scenario
@@ -185,12 +185,7 @@ def run(a):
         "--mps", a.mps, "--msg-size", MSG_SIZE, "--probe-mode", PROBE_MODES[a.probe], "--host-addr", host,
         "--command", shlex.join(["sudo", "scripts/bench", "fairness", *sys.argv[2:]]),
         "--commit", commit or "unknown"])
-    if a.no_docs:
-        log(f"wrote {out_json} and {out_png}")
-    else:
-        shutil.copy(out_json, RESULTS_DIR / "fairness.json")
-        shutil.copy(out_png, RESULTS_DIR / "fairness.png")
-        log(f"wrote bench/results/fairness.{{json,png}} (copies: {out_json.name}, {out_png.name})")
+    publish(out_json, out_png, "fairness", not a.no_docs)
     return 0
 
 

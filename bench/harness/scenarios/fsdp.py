@@ -16,7 +16,7 @@ import time
 
 from benchkit import proc_jiffies
 
-from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, snapshot
 from options import uint_range
@@ -115,14 +115,7 @@ def run(a):
         raise HarnessError(f"bench_fsdp_report.py failed (status {rc})")
     if rc == 3:
         raise HarnessError(f"sanity check failed (see the table): bench/results/bench-fsdp.* left alone; {out_json}")
-    if a.no_docs:
-        log(f"wrote {out_json} and {out_png}")
-    else:
-        doc = "bench-fsdp" if a.mtu == 1500 else f"bench-fsdp-mtu{a.mtu}"
-        shutil.copy(out_json, RESULTS_DIR / f"{doc}.json")
-        if out_png.exists():
-            shutil.copy(out_png, RESULTS_DIR / f"{doc}.png")
-        log(f"wrote bench/results/{doc}.{{json,png}} (copies: {out_json.name}, {out_png.name})")
+    publish(out_json, out_png, "bench-fsdp" if a.mtu == 1500 else f"bench-fsdp-mtu{a.mtu}", not a.no_docs)
     log(f"bench took {int(time.monotonic() - t0)} s")
     return 0
 

@@ -20,7 +20,7 @@ import sys
 import time
 
 from benchkit import proc_jiffies
-from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, snapshot, wait_idle
 from options import uint_range, word_list
@@ -294,13 +294,7 @@ def run(a):
         raise HarnessError(f"bench_train_report.py failed (status {rc})")
     if rc == 3:
         raise HarnessError(f"sanity check failed (see the table): bench/results/bench-train.* left alone; {out_json}")
-    if a.no_docs:
-        log(f"wrote {out_json} and {out_png}")
-    else:
-        shutil.copy(out_json, RESULTS_DIR / "bench-train.json")
-        if out_png.exists():
-            shutil.copy(out_png, RESULTS_DIR / "bench-train.png")
-        log(f"wrote bench/results/bench-train.{{json,png}} (copies: {out_json.name}, {out_png.name})")
+    publish(out_json, out_png, "bench-train", not a.no_docs)
     log(f"bench took {int(time.monotonic() - t0)} s")
     return 0
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from lifecycle import (REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_report, stamp, start_switchd, warn)
 from machine import proc_stat
 from options import uint_range, word_list
@@ -307,12 +307,7 @@ def run(a):
         "--iterations", a.iterations, "--repeat", a.repeat, "--seconds", a.seconds, "--fair-mib", a.fair_mib,
         "--mps", a.mps, "--mark-min", a.mark_min, "--mark-max", a.mark_max, "--prefix", a.prefix,
         "--command", shlex.join(["sudo", "scripts/bench", "tree", *sys.argv[2:]]), "--commit", commit or "unknown"])
-    if a.no_docs:
-        log(f"wrote {out_json} and {out_png}")
-    else:
-        shutil.copy(out_json, RESULTS_DIR / "bench-tree.json")
-        shutil.copy(out_png, RESULTS_DIR / "bench-tree.png")
-        log(f"wrote bench/results/bench-tree.{{json,png}} (copies: {out_json.name}, {out_png.name})")
+    publish(out_json, out_png, "bench-tree", not a.no_docs)
     return 0
 
 
