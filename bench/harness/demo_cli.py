@@ -76,7 +76,6 @@ def main(argv=None):
         return mode.run(args) or 0
     except lifecycle.HarnessError as e:
         lifecycle.log(f"error: {e}")
-        print("DEMO FAILED", flush=True)
         return 1
     except KeyboardInterrupt:
         lifecycle.log("interrupted")

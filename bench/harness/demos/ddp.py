@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 
 from demos.common import BINARIES, JOB_ID, RunDir, prefix_type
 from lifecycle import (REPO_ROOT, HARNESS_DIR, HarnessError, Processes, Testbed, log, release_binary,
@@ -84,7 +85,7 @@ def rank_argv(a, rank, master_addr, out, train_args):
 
 
 def run(a):
-    train_args = getattr(a, "extra", [])
+    train_args = a.extra
     torchrun, python = VENV / "bin" / "torchrun", VENV / "bin" / "python"
     run_setup()
     if not a.no_build:
@@ -119,14 +120,14 @@ def run(a):
         for i, s in enumerate(statuses):
             if s != 0:
                 warn(f"rank {i} failed (status {124 if s == 'timeout' else s}); its log:")
-                print(tail(wd / f"rank{i}.log", FAILED_LOG_LINES), flush=True)
+                print(tail(wd / f"rank{i}.log", FAILED_LOG_LINES), file=sys.stderr, flush=True)
                 failed = True
         if failed:
             raise HarnessError("TRAIN FAILED")
 
         r = subprocess.run([str(python), str(HARNESS_DIR / "train_ddp_report.py"),
                             *sorted(str(p) for p in wd.glob("rank*.json"))])
-        if a.comm == "switch":
+        if r.returncode == 0 and a.comm == "switch":
             subprocess.run([str(release_binary("switchctl")), "--socket", str(wd / "admin.sock"), "stats",
                             str(JOB_ID)], stderr=subprocess.DEVNULL)
         work.passed = r.returncode == 0
