@@ -6,14 +6,13 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # Defines: REPO_ROOT, log, warn, die, require_root, ensure_cargo_path,
-# is_uint, uint_in_range, netns_exists, stop_pid, wait_workers,
-# random_secret, start_switchd, pkg_installed, set_worker_tx, build_release,
+# is_uint, uint_in_range, netns_exists, pkg_installed, set_worker_tx,
 # redirect_ingress_to_ifb, shape_worker_links, unshape_worker_links,
-# write_mpi_hosts, run_mpirun, build_python_package, testbed_up, tb,
-# write_testbed_switchd_config, build_ecn_marker, shape_htb, shape_ecn_bpf,
-# shape_ecn_red, setup_ecn_bottleneck, ecn_marker_map_id, usage.
-# The benchmarks (scripts/bench, bench/harness/) use the ip/tc ones through
-# scripts/net.sh.
+# write_mpi_hosts, run_mpirun, build_python_package, tb, build_ecn_marker,
+# shape_htb, shape_ecn_bpf, shape_ecn_red, setup_ecn_bottleneck,
+# ecn_marker_map_id, usage.
+# The benchmarks and the demos (scripts/bench, scripts/demo: bench/harness/)
+# use the ip/tc ones through scripts/net.sh.
 
 # Refuse to be run directly.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -85,111 +84,6 @@ netns_exists() {
     return 1
 }
 
-# stop_pid PID [GRACE_SECONDS]: SIGTERM, then SIGKILL after the grace period
-# (default STOP_TIMEOUT, else 15 s); reaps PID (a child of this shell) and
-# leaves its exit status in STOP_RC. An empty PID is a no-op. Only ever
-# given PIDs the calling script started itself.
-STOP_RC=0
-export STOP_RC  # read by the sourcing scripts
-stop_pid() {
-    local pid="$1" grace="${2:-${STOP_TIMEOUT:-15}}" i
-    STOP_RC=0
-    [[ -n "$pid" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 10; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        warn "pid $pid ignored SIGTERM for $grace s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || STOP_RC=$?
-}
-
-# wait_workers N TIMEOUT: waits for the N background workers whose PIDs are
-# WORKER_PIDS[0..N-1], recording each exit status (or "timeout") in the
-# caller's associative array STATUS; stops, by PID, those still running after
-# TIMEOUT seconds. Empties WORKER_PIDS.
-wait_workers() {
-    local n="$1" timeout="$2" deadline remaining i rc
-    deadline=$((SECONDS + timeout))
-    remaining=$n
-    while ((remaining > 0)); do
-        for ((i = 0; i < n; i++)); do
-            [[ -z "${STATUS[$i]:-}" ]] || continue
-            if ! kill -0 "${WORKER_PIDS[i]}" 2>/dev/null; then
-                rc=0
-                wait "${WORKER_PIDS[i]}" || rc=$?
-                STATUS[$i]=$rc
-                unset 'WORKER_PIDS[i]'
-                remaining=$((remaining - 1))
-            fi
-        done
-        ((remaining > 0)) || break
-        if ((SECONDS >= deadline)); then
-            warn "workers still running after $timeout s; stopping them"
-            for ((i = 0; i < n; i++)); do
-                if [[ -z "${STATUS[$i]:-}" ]]; then
-                    stop_pid "${WORKER_PIDS[i]}"
-                    STATUS[$i]="timeout"
-                fi
-            done
-            break
-        fi
-        sleep 0.1
-    done
-    WORKER_PIDS=()
-}
-
-# random_secret: print a fresh job secret (32 random bytes as 64 hex digits).
-random_secret() {
-    local s
-    s="$(od -An -v -tx1 -N32 /dev/urandom | tr -d ' \n')"
-    [[ "${#s}" -eq 64 ]] || die "could not make a secret from /dev/urandom"
-    printf '%s' "$s"
-}
-
-# start_switchd NETNS SWITCHD_BIN LOG [ARGS...]: start `SWITCHD_BIN ARGS...`
-# inside NETNS with output to LOG, set SWITCHD_PID, and wait up to
-# READY_TIMEOUT (default 30) s until that switchd answers on its admin
-# socket (`switchctl ready --pid`: the one named by ARGS' --config, asked
-# with the switchctl next to SWITCHD_BIN, or $SWITCHCTL). If it exits or is
-# not ready in time, print the log's tail and die (the caller's EXIT trap
-# still stops SWITCHD_PID).
-start_switchd() {
-    local ns="$1" bin="$2" logfile="$3" deadline rc cfg="" ctl a prev=""
-    shift 3
-    for a in "$@"; do
-        [[ "$prev" == --config ]] && cfg="$a"
-        prev="$a"
-    done
-    [[ -n "$cfg" ]] || die "start_switchd: no --config in: $*"
-    ctl="${SWITCHCTL:-$(dirname "$bin")/switchctl}"
-    [[ -x "$ctl" ]] || die "start_switchd: $ctl not found (build with cargo build --release --workspace --bins)"
-    # `ip netns exec` execs the command, so $! is switchd's own PID.
-    ip netns exec "$ns" "$bin" "$@" >"$logfile" 2>&1 &
-    SWITCHD_PID=$!
-    deadline=$((SECONDS + ${READY_TIMEOUT:-30}))
-    until "$ctl" --config "$cfg" ready --pid "$SWITCHD_PID" >/dev/null 2>"$logfile.ready"; do
-        if ! kill -0 "$SWITCHD_PID" 2>/dev/null; then
-            rc=0
-            wait "$SWITCHD_PID" || rc=$?
-            SWITCHD_PID=""
-            echo "---- switchd log ($logfile) ----" >&2
-            tail -n 40 "$logfile" >&2
-            die "switchd exited with status $rc before it was ready"
-        fi
-        if ((SECONDS >= deadline)); then
-            echo "---- switchd log ($logfile) ----" >&2
-            tail -n 40 "$logfile" >&2
-            die "switchd was not ready within ${READY_TIMEOUT:-30} s: $(cat "$logfile.ready")"
-        fi
-        sleep 0.1
-    done
-    rm -f "$logfile.ready"
-}
-
 # pkg_installed PACKAGE: true when the Debian package is installed.
 pkg_installed() {
     [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
@@ -206,19 +100,6 @@ set_worker_tx() {
     for ((i = 0; i < workers; i++)); do
         ip netns exec "$prefix-w$i" ethtool -K eth0 tx "$mode" >/dev/null ||
             die "ethtool -K eth0 tx $mode failed in $prefix-w$i"
-    done
-}
-
-# build_release: `cargo build --release --workspace --bins` in the repository
-# and check that target/release/{switchd,worker,switchctl} are there.
-build_release() {
-    local b
-    ensure_cargo_path
-    log "building (cargo build --release --workspace --bins)"
-    (cd "$REPO_ROOT" && cargo build --release --workspace --bins)
-    for b in switchd worker switchctl aggblast; do
-        [[ -x "$REPO_ROOT/target/release/$b" ]] ||
-            die "target/release/$b missing (build with: cargo build --release --workspace --bins)"
     done
 }
 
@@ -276,7 +157,7 @@ unshape_worker_links() {
 
 # write_mpi_hosts WORKERS HOSTFILE RSH MPI_TMP: let mpirun, started in worker
 # 0's namespace, run one rank in each of the first WORKERS workers'
-# namespaces of the testbed testbed_up made (`tb`) as if they were remote
+# namespaces of the testbed TESTBED_ENV describes (`tb`) as if they were remote
 # hosts: write a
 # HOSTFILE of the worker addresses and RSH, an ssh stand-in for
 # `--mca plm_rsh_agent RSH` that skips ssh options, maps the host address to
@@ -355,53 +236,14 @@ build_python_package() {
         die "aggswitch does not import after building it"
 }
 
-# testbed_up ENV_FILE ARGS...: scripts/testbed.sh up ARGS --print-env, its
-# key=value description of the testbed (addresses, ports, namespaces) into
-# ENV_FILE and TESTBED_ENV set to it; the summary goes to stderr. Scripts
-# read addresses with `tb KEY` instead of repeating the address plan.
+# tb KEY: a value of the testbed whose key=value description
+# (`scripts/testbed.sh up --print-env`) is in the file TESTBED_ENV (net.sh
+# mpi-hosts sets it), e.g. worker_2_addr, worker_2_ns.
 TESTBED_ENV=""
-testbed_up() {
-    local env_file="$1"
-    shift
-    bash "$REPO_ROOT/scripts/testbed.sh" up "$@" --print-env >"$env_file" ||
-        die "scripts/testbed.sh up $* failed"
-    TESTBED_ENV="$env_file"
-}
-
-# tb KEY: a value of the testbed that testbed_up made (e.g. switch_addr,
-# subnet, worker_2_addr, worker_2_ns).
 tb() {
-    [[ -n "$TESTBED_ENV" ]] || die "tb $1: no testbed (bring it up with testbed_up)"
+    [[ -n "$TESTBED_ENV" ]] || die "tb $1: no testbed (TESTBED_ENV is not set)"
     awk -F= -v k="$1" '$1 == k { sub(/^[^=]*=/, ""); print; found = 1; exit }
         END { exit !found }' "$TESTBED_ENV" || die "the testbed has no '$1' (see $TESTBED_ENV)"
-}
-
-# write_testbed_switchd_config FILE WRITER WORKERS SECRET [SWITCH_LINE...]:
-# a switchd config for the testbed testbed_up made, written by `switchd
-# testbed-config` (switchd's typed sections; addresses from the testbed):
-# its worker ports, its switch address, and one job (id 1, WORKERS ranks,
-# the first WORKERS workers, SECRET, 256 slots). SWITCH_LINEs (e.g.
-# 'admin_socket = "/tmp/x.sock"') set [switch] keys; one that starts with
-# "job:" sets a job key (e.g. 'job:dtype = "bf16"'); a key switchd does not
-# know is an error. WRITER names the script in the file's first line. Mode
-# 0600: it holds the secret. Uses $SWITCHD (default target/release/switchd).
-write_testbed_switchd_config() {
-    local file="$1" writer="$2" workers="$3" secret="$4" line key
-    shift 4
-    local -a sets=()
-    for line in "$@"; do
-        key="switch."
-        if [[ "$line" == job:* ]]; then
-            key="job.1."
-            line="${line#job:}"
-        fi
-        [[ "$line" == *=* ]] || die "write_testbed_switchd_config: '$line' is not KEY = VALUE"
-        sets+=(--set "$key$(sed -E 's/^ *([^ =]+) *= */\1=/' <<<"$line")")
-    done
-    AGGSWITCH_TESTBED_SECRET="$secret" "${SWITCHD:-$REPO_ROOT/target/release/switchd}" \
-        testbed-config --env "$TESTBED_ENV" --out "$file" --writer "$writer" \
-        --job "1:0-$((workers - 1)):env:AGGSWITCH_TESTBED_SECRET" "${sets[@]}" ||
-        die "switchd testbed-config failed for $file"
 }
 
 # --- a shaped, CE-marking bottleneck (scripts/bench fairness and tree, through scripts/net.sh) ----------

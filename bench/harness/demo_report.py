@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""demo_report.py: the closing tables of scripts/demo.sh, and its full JSON.
+"""demo_report.py: the closing tables of scripts/demo (modes single and
+tree, bench/harness/demos/), and its full JSON.
 
 Usage: bench/harness/demo_report.py WORK_DIR --workers N --status S0,S1,..
            --switchd-status RC --ping TEXT --json OUT.json
            [--stats STATS.json] [--mib S] [--iterations K] [--job J]
 
-WORK_DIR is demo.sh's folder: workerI.json (the last JSON line of
+WORK_DIR is the demo's run folder: workerI.json (the last JSON line of
 `worker allreduce --json`) and workerI.log (its stderr). STATS.json
 (default WORK_DIR/stats.json) is switchd's --stats-file, written on exit.
 --status holds each rank's exit

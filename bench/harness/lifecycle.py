@@ -38,10 +38,10 @@ class HarnessError(Exception):
     """A failure the user can act on; the CLI prints it and exits 1."""
 
 
-def set_name(name):
-    """Messages start with `bench NAME:`."""
+def set_name(name, prog="bench"):
+    """Messages start with `PROG NAME:` (`bench allreduce:`, `demo tree:`)."""
     global _name
-    _name = f"bench {name}"
+    _name = f"{prog} {name}"
 
 
 def log(msg):
@@ -57,9 +57,9 @@ def stamp():
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def require_root(scenario, argv):
+def require_root(scenario, argv, prog="scripts/bench"):
     if os.geteuid() != 0:
-        raise HarnessError(f"run as root: sudo scripts/bench {scenario} {' '.join(argv)}".rstrip())
+        raise HarnessError(f"run as root: sudo {prog} {scenario} {' '.join(argv)}".rstrip())
 
 
 def random_secret():
@@ -125,14 +125,17 @@ class Processes:
         self._running.append(p)
         return p
 
-    def wait(self, procs, timeout, stop_on_failure=True):
+    def wait(self, procs, timeout, stop_on_failure=True, on_tick=None):
         """Wait for every one of procs; the ones still running after timeout
         seconds are stopped and reported as "timeout". When one fails (and
         stop_on_failure), the others are stopped as "stopped": they would
-        wait on it. Returns their statuses."""
+        wait on it. on_tick (no arguments) is called at every poll, e.g. to
+        show a log's progress. Returns their statuses."""
         deadline = time.monotonic() + timeout
         status = {}
         while len(status) < len(procs):
+            if on_tick is not None:
+                on_tick()
             for i, p in enumerate(procs):
                 if i not in status and p.poll() is not None:
                     status[i] = p.returncode
@@ -179,23 +182,27 @@ def parse_env(text):
 
 class Testbed:
     """`scripts/testbed.sh up --prefix PREFIX ARGS --print-env` for the
-    length of a `with` block; its env file is workdir/testbed.env."""
+    length of a `with` block; its env file is workdir/testbed.env. With
+    show, testbed.sh's summary (its stderr) goes to the terminal (the
+    demos show it); otherwise it is only quoted when `up` fails."""
 
-    def __init__(self, prefix, args, workdir):
+    def __init__(self, prefix, args, workdir, show=False):
         self.prefix = prefix
         self.args = [str(a) for a in args]
         self.env_file = Path(workdir) / "testbed.env"
         self.env = {}
+        self.show = show
 
     def __enter__(self):
         try:
             with open(self.env_file, "w") as out:
                 r = subprocess.run(["bash", str(TESTBED_SH), "up", "--prefix", self.prefix,
-                                    *self.args, "--print-env"], stdout=out, stderr=subprocess.PIPE,
-                                   text=True)
+                                    *self.args, "--print-env"], stdout=out,
+                                   stderr=None if self.show else subprocess.PIPE, text=True)
             if r.returncode != 0:
+                why = (r.stderr or "see above").strip()[-2000:]
                 raise HarnessError(f"scripts/testbed.sh up --prefix {self.prefix} "
-                                   f"{' '.join(self.args)} failed: {r.stderr.strip()[-2000:]}")
+                                   f"{' '.join(self.args)} failed: {why}")
             self.env = parse_env(self.env_file.read_text())
         except BaseException:
             self._down()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""train_ddp_report.py: scripts/train_ddp.sh's verdict: each rank's loss,
-weight digest and median step time, and whether every rank ended with the
-same weights (exit status 1 if not).
+"""train_ddp_report.py: `scripts/demo ddp`'s verdict (demos/ddp.py):
+each rank's loss, weight digest and median step time, and whether every
+rank ended with the same weights (exit status 1 if not).
 
 Usage: train_ddp_report.py RANK_JSON...
 """
