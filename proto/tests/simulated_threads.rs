@@ -7,6 +7,13 @@
 //! s mod T, as the kernel delivers lane ports' replies to the socket
 //! connected to each. The links lose, duplicate and reorder.
 //!
+//! Another run restarts the switch mid-collective. The rank's joined
+//! member gets every message that is not a RESULT (replies from the
+//! aggregation port reach the socket connected to it) and rejoins from the
+//! oldest unanswered seq of all its shares; the lane members go idle, then
+//! follow the rejoined session and resend from the JOIN_ACK's resume
+//! point.
+//!
 //! What must hold:
 //! * every rank's output is the rank-order sum, bit for bit, for T = 1, 2
 //!   and 4;
@@ -18,9 +25,11 @@ use std::time::{Duration, Instant};
 
 use proto::member::{Event, Member, ResultOutcome, Shape};
 use proto::reference::{pattern_dtype, rank_order_sum};
+use proto::seq::serial_offset;
 use proto::switch::entry::Switch;
 use proto::switch::{Endpoint, JobTable, TableConfig};
 use proto::tag::AuthMode;
+use proto::wire::MsgType;
 use proto::wire::{Dtype, HEADER_LEN};
 
 mod common;
@@ -39,10 +48,10 @@ fn endpoint(rank: u16) -> Endpoint {
     common::endpoint(rank, 2000)
 }
 
-/// A switch whose job 1 (f32, `auth`) has `slots` slots of `elems`
-/// elements, on [`LANES`] seq lanes.
-fn switch(n: u16, elems: u16, slots: u16, auth: AuthMode, now: Instant) -> Switch {
-    let mut cfg = TableConfig::new(GEN, [5; 32]);
+/// A switch of generation `gen` whose job 1 (f32, `auth`) has `slots`
+/// slots of `elems` elements, on [`LANES`] seq lanes.
+fn switch(gen: u32, n: u16, elems: u16, slots: u16, auth: AuthMode, now: Instant) -> Switch {
+    let mut cfg = TableConfig::new(gen, [5; 32]);
     cfg.seq_lanes = LANES;
     let mut table = JobTable::new(cfg, now);
     table
@@ -69,7 +78,7 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
         let mut b = [0u8; 128];
         let e = table.encode(&r, &mut b).unwrap();
         match joined[r.rank as usize].handle(&b[..e.len], now) {
-            Some(Event::Joined(j)) => assert_eq!(j.gen, GEN),
+            Some(Event::Joined(j)) => assert!(j.first),
             other => panic!("rank {}: no JOIN_ACK: {other:?}", r.rank),
         }
     }
@@ -104,7 +113,7 @@ fn run(
     auth: AuthMode,
 ) -> (Vec<Vec<u32>>, u64) {
     let base = Instant::now();
-    let switch = switch(n, elems, slots, auth, base);
+    let switch = switch(GEN, n, elems, slots, auth, base);
     // ranks[r][t]: rank r's member of share t.
     let mut ranks: Vec<Vec<Worker>> = join_all(&switch, n, threads, base)
         .into_iter()
@@ -277,5 +286,163 @@ fn four_threads_under_all_faults_with_tagged_data() {
 fn partial_last_chunks_and_fewer_chunks_than_threads() {
     for len in [1usize, 17, 33, 100] {
         run(2, 4, len, 16, 8, 2, ALL_FAULTS, 13, AuthMode::Port);
+    }
+}
+
+/// One all-reduce over `n` ranks of `threads` members each, over lossy
+/// links, with the switch restarted (generation 2, no sessions) once rank
+/// 0's share 0 has `restart_after` chunks answered. Rejoins go over the
+/// lossy links. Panics on a wrong bit or a hang; returns the rejoins.
+fn run_with_restart(
+    n: u16,
+    threads: u32,
+    len: usize,
+    elems: u16,
+    faults: Faults,
+    seed: u64,
+    restart_after: u32,
+) -> u64 {
+    let base = Instant::now();
+    let mut sw = switch(1, n, elems, 16, AuthMode::Port, base);
+    let mut ranks: Vec<Vec<Worker>> = join_all(&sw, n, threads, base)
+        .into_iter()
+        .map(|ms| ms.into_iter().map(|m| Worker::new(m, Dtype::F32)).collect())
+        .collect();
+    for (r, ws) in ranks.iter_mut().enumerate() {
+        let input: Vec<f32> = (0..len)
+            .map(|i| pattern_dtype(Dtype::F32, r as u16, 0, i))
+            .collect();
+        for w in ws.iter_mut() {
+            w.input = input.clone();
+            w.output = vec![f32::NAN; len];
+            w.begin(0, 0, Shape::all_reduce(len));
+        }
+    }
+    let inputs: Vec<&[f32]> = ranks.iter().map(|ws| &ws[0].input[..]).collect();
+    let want: Vec<u32> = rank_order_sum(&inputs)
+        .into_iter()
+        .map(f32::to_bits)
+        .collect();
+    let mut net: Links<Msg> = Links::new(seed);
+    let mut now = Duration::ZERO;
+    let mut restarted = false;
+    let mut steps = 0u64;
+    while !ranks.iter().flatten().all(|w| w.coll().is_complete()) {
+        steps += 1;
+        assert!(steps < 5_000_000, "hang at {now:?}");
+        let at = base + now;
+        for (r, ws) in ranks.iter_mut().enumerate() {
+            if let Some(e) = ws[0].m.handle_timeout(at) {
+                panic!("rank {r} at {now:?}: {e:?}");
+            }
+            while let Some(t) = ws[0].m.poll_control(at) {
+                let bytes = t.bytes().to_vec();
+                net.send(faults, now, || Msg::ToSwitch {
+                    rank: r as u16,
+                    bytes: bytes.clone(),
+                });
+            }
+            for w in ws.iter_mut() {
+                assert!(w.m.poll_control(at).is_none(), "a lane member sent control");
+                while let Some((_, bytes)) = w.poll_data(at) {
+                    net.send(faults, now, || Msg::ToSwitch {
+                        rank: r as u16,
+                        bytes: bytes.clone(),
+                    });
+                }
+            }
+        }
+        let timers = ranks.iter().flatten().map(|w| w.m.poll_timeout());
+        let next = net
+            .next_delivery()
+            .into_iter()
+            .chain(timers.flatten().map(|t| t - base))
+            .min()
+            .expect("something in flight or due");
+        now = now.max(next);
+        if !restarted && ranks[0][0].coll().oldest_unacked_seq() >= restart_after {
+            restarted = true;
+            assert!(!ranks.iter().flatten().any(|w| w.coll().is_complete()));
+            sw = switch(2, n, elems, 16, AuthMode::Port, base + now);
+        }
+        while let Some(m) = net.pop_due(now) {
+            match m {
+                Msg::ToSwitch { rank, bytes } => {
+                    common::at_switch(
+                        &sw,
+                        common::thread_of(rank),
+                        &bytes,
+                        endpoint(rank),
+                        base + now,
+                        |rank, b| {
+                            net.send(faults, now, || Msg::ToWorker {
+                                rank,
+                                bytes: b.to_vec(),
+                            })
+                        },
+                    );
+                }
+                Msg::ToWorker { rank, bytes } => {
+                    let ws = &mut ranks[rank as usize];
+                    let seq = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
+                    let result = bytes[0] & 0x0f == MsgType::Result as u8;
+                    // RESULTs by lane; the rest to the joined member.
+                    let t = if result { (seq % threads) as usize } else { 0 };
+                    match ws[t].m.handle(&bytes, base + now) {
+                        None => {}
+                        Some(Event::Rejoining(_)) => {
+                            // Rejoin from the oldest unanswered seq of all
+                            // shares; the lane members stop.
+                            let oldest = ws
+                                .iter()
+                                .map(|w| w.coll().oldest_unacked_seq())
+                                .min_by_key(|&s| serial_offset(0, s))
+                                .unwrap();
+                            ws[0].m.start_join(0, oldest, base + now);
+                            for w in &mut ws[1..] {
+                                w.m.start_join(0, oldest, base + now);
+                                assert!(!w.m.is_joined(), "a lane member idles");
+                            }
+                        }
+                        Some(Event::Joined(j)) => {
+                            assert!(!j.first);
+                            let (control, lanes) = ws.split_first_mut().unwrap();
+                            control.m.restart_from(j.seq);
+                            for w in lanes {
+                                w.m.follow(&control.m);
+                                w.m.restart_from(j.seq);
+                            }
+                        }
+                        Some(Event::Result {
+                            outcome, values, ..
+                        }) => ws[t].take(&outcome, &bytes[values]),
+                        Some(e) => panic!("rank {rank}: {e:?}"),
+                    }
+                }
+            }
+        }
+    }
+    let mut rejoins = 0;
+    for (r, ws) in ranks.iter().enumerate() {
+        let out: Vec<u32> = (0..len)
+            .map(|i| ws[((i / usize::from(elems)) as u32 % threads) as usize].output[i].to_bits())
+            .collect();
+        assert_eq!(out, want, "rank {r}, T = {threads}: not the rank-order sum");
+        for w in ws {
+            assert_eq!(w.m.session().gen(), 2, "rank {r}: on the new switch");
+        }
+        rejoins += ws[0].m.session().stats().rejoins;
+    }
+    rejoins
+}
+
+#[test]
+fn a_switch_restart_mid_collective_is_rejoined_by_every_thread() {
+    for (threads, seed) in [(2, 5), (2, 6), (4, 7)] {
+        let rejoins = run_with_restart(3, threads, 3000, 16, ALL_FAULTS, seed, 40);
+        assert!(
+            rejoins >= 3,
+            "T = {threads}: every rank rejoined once: {rejoins}"
+        );
     }
 }

@@ -38,7 +38,11 @@
 //! ([`Member::set_share`]) and [`Member::lane`] makes shares 1..T, each
 //! with its own window, RTT and DCTCP and a lane copy of the one session
 //! ([`WorkerSession::lane_copy`]); share t carries the chunks whose seq is
-//! t mod T, and the RESULT of seq s belongs to share s mod T.
+//! t mod T, and the RESULT of seq s belongs to share s mod T. When the
+//! session is lost the caller rejoins from the oldest unanswered seq of
+//! all shares ([`Member::start_join`] on the joined member; the lane
+//! members go idle through theirs) and, at the JOIN_ACK, has each lane
+//! member [`Member::follow`] the rejoined one before resending.
 
 pub mod collective;
 pub mod config;
@@ -244,6 +248,21 @@ impl Member {
         m.cc.reset(&m.cfg, m.pool_slots.min(m.advertised_window));
         m.set_share(share, shares);
         m
+    }
+
+    /// After `control` (the member whose session joins) rejoined: takes a
+    /// fresh lane copy of its session and the JOIN_ACK's parameters, and
+    /// keeps this member's collective, RTT and DCTCP (as a rejoin keeps
+    /// what DCTCP learnt). The caller then resends from the JOIN_ACK's
+    /// resume point ([`Member::restart_from`]).
+    pub fn follow(&mut self, control: &Member) {
+        self.session = control.session.lane_copy();
+        self.pool_slots = control.pool_slots;
+        self.elems_per_chunk = control.elems_per_chunk;
+        self.advertised_window = control.advertised_window;
+        self.seq_lanes = control.seq_lanes;
+        self.cc
+            .set_ceiling(self.pool_slots.min(self.advertised_window));
     }
 
     /// Resends the current collective from `seq` (a JOIN_ACK's resume
