@@ -561,6 +561,17 @@ impl Collective {
         self.grad.as_ref()?.total()
     }
 
+    /// The gradient statistics of one collective carried by `shares`
+    /// ([`Collective::with_share`]): every chunk's trailer, from the share
+    /// that owns it, added in seq order, the same bits as one whole
+    /// collective's [`Collective::grad_stats`]. `None` until every share
+    /// has every one of its chunks' trailers.
+    pub fn grad_stats_of_shares(shares: &[&Collective]) -> Option<GradStats> {
+        let grads: Option<Vec<&stats::CollectiveStats>> =
+            shares.iter().map(|c| c.grad.as_ref()).collect();
+        stats::CollectiveStats::total_of(&grads?)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn take_result(
         &mut self,
@@ -1513,6 +1524,46 @@ mod tests {
         // A re-join's restart resends chunks; their trailers stay.
         c.restart_from(100);
         assert!(c.grad_stats().unwrap().bits_eq(&want));
+    }
+
+    /// Two shares of one collective: each records its own chunks'
+    /// trailers, in another order; the fold over both is the one
+    /// collective's seq-order fold, bit for bit, and is missing while one
+    /// share lacks a trailer.
+    #[test]
+    fn shares_gradient_statistics_fold_in_seq_order_across_shares() {
+        let (n, len, e) = (3u16, 50usize, 4u16);
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| stats_input(r, len)).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = reference_grad_stats(Shape::all_reduce(len), e, &refs).unwrap();
+        let e = e as usize;
+        let trailer = |i: u32| trailer_of(&inputs, i as usize * e..((i as usize + 1) * e).min(len));
+        let count = |i: u32| (((i as usize + 1) * e).min(len) - i as usize * e) as u16;
+        let res = |i: u32| result(Kind::AllReduce, 101 + i, count(i), false);
+
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let whole = Collective::new(9, 101, len, e as u16);
+        let mut shares: Vec<Collective> = (0..2).map(|t| whole.clone().with_share(t, 2)).collect();
+        for c in &mut shares {
+            while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+        }
+        let order = shuffled(whole.n_chunks(), 0x5eed);
+        for &i in &order {
+            // Chunk i has seq 101 + i: share (101 + i) mod 2.
+            let c = &mut shares[((101 + i) % 2) as usize];
+            let out = c.on_result_with_stats(&res(i), Some(trailer(i)), t0, &mut rtt, &mut cc);
+            assert!(matches!(out, ResultOutcome::Fresh { .. }), "{out:?}");
+            if i == order[order.len() / 2] {
+                let both: Vec<&Collective> = shares.iter().collect();
+                assert_eq!(Collective::grad_stats_of_shares(&both), None);
+            }
+        }
+        assert!(shares.iter().all(Collective::is_complete));
+        assert_eq!(shares[0].grad_stats(), None, "one share alone has half");
+        let both: Vec<&Collective> = shares.iter().collect();
+        let got = Collective::grad_stats_of_shares(&both).unwrap();
+        assert!(got.bits_eq(&want), "{got:?} != {want:?}");
     }
 
     /// A reduce-scatter: the rank's own chunks' RESULTs and the NOVAL

@@ -324,6 +324,14 @@ impl Member {
         self.coll.grad_stats()
     }
 
+    /// The gradient statistics of the collective that `members`, the
+    /// shares of one rank, carry together
+    /// ([`Collective::grad_stats_of_shares`]).
+    pub fn grad_stats_of_shares(members: &[&Member]) -> Option<GradStats> {
+        let colls: Vec<&Collective> = members.iter().map(|m| &m.coll).collect();
+        Collective::grad_stats_of_shares(&colls)
+    }
+
     pub fn stats(&self) -> MemberStats {
         let mut chunks = self.done;
         chunks.add(&self.coll.stats);
