@@ -267,6 +267,9 @@ impl Collective {
     /// Marks the chunks from `from` on that are another share's as
     /// answered (they are never sent or awaited here).
     fn mark_foreign(&mut self, from: u32) {
+        if self.share.1 == 1 {
+            return; // Every chunk is this share's.
+        }
         for i in from..self.n_chunks() {
             if !self.owns(i) {
                 self.chunks[i as usize].acked = true;
