@@ -374,7 +374,13 @@ impl WorkerSession {
             guard: self.guard.clone(),
             nonce_key: [0; 32],
             nonces: 0,
-            phase: self.phase,
+            // Only a joined session's copy frames anything; a copy taken
+            // while joining waits, idle, for the next copy.
+            phase: if self.phase == Phase::Joined {
+                Phase::Joined
+            } else {
+                Phase::Idle
+            },
             joined_once: self.joined_once,
             gen: self.gen,
             auth: self.auth,
