@@ -299,6 +299,10 @@ pub struct WorkerSession {
     tracked: Option<Tracked>,
     queue: VecDeque<Transmit>,
     stats: SessionStats,
+    /// This session sends control messages (HELLO, JOIN, HEARTBEAT) and
+    /// joins; false in a [`WorkerSession::lane_copy`], which only frames
+    /// DATA and checks RESULTs.
+    control: bool,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -335,6 +339,7 @@ impl WorkerSession {
             tracked: None,
             queue: VecDeque::new(),
             stats: SessionStats::default(),
+            control: true,
         };
         let n = s.fresh_nonce();
         s.hs.restart(n);
@@ -354,11 +359,56 @@ impl WorkerSession {
         n
     }
 
+    /// A copy of this joined session for another thread of the same rank
+    /// (docs/design/worker-threads.md): it frames DATA and checks RESULTs
+    /// under the same generation, keys and membership, but never sends a
+    /// control message, joins or watches for stalls. It has no nonce key
+    /// (every nonce stays this session's own). When the session is lost, a
+    /// lane copy goes idle ([`WorkerSession::start_join`]) until the caller
+    /// replaces it by a fresh copy of the rejoined session.
+    pub fn lane_copy(&self) -> WorkerSession {
+        WorkerSession {
+            cfg: self.cfg,
+            dtype: self.dtype,
+            hs: self.hs.clone(),
+            guard: self.guard.clone(),
+            nonce_key: [0; 32],
+            nonces: 0,
+            // Only a joined session's copy frames anything; a copy taken
+            // while joining waits, idle, for the next copy.
+            phase: if self.phase == Phase::Joined {
+                Phase::Joined
+            } else {
+                Phase::Idle
+            },
+            joined_once: self.joined_once,
+            gen: self.gen,
+            auth: self.auth,
+            grad_stats: self.grad_stats,
+            data_key: self.data_key.clone(),
+            result_key: self.result_key.clone(),
+            tracked: None,
+            queue: VecDeque::new(),
+            stats: SessionStats::default(),
+            control: false,
+        }
+    }
+
+    /// Whether this session sends control messages (false: a lane copy).
+    pub fn is_control(&self) -> bool {
+        self.control
+    }
+
     /// Starts joining now (a fresh handshake) with resume point
     /// (`collective`, `seq`): the first join, or a rejoin after
-    /// [`Event::SessionLost`].
+    /// [`Event::SessionLost`]. A lane copy goes idle instead: the control
+    /// session rejoins.
     pub fn start_join(&mut self, collective: u32, seq: u32, now: Instant) {
         if self.phase == Phase::Failed {
+            return;
+        }
+        if !self.control {
+            self.phase = Phase::Idle;
             return;
         }
         let n = self.fresh_nonce();
@@ -455,6 +505,9 @@ impl WorkerSession {
 
     /// The next control message to send now, if any.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if !self.control {
+            return None;
+        }
         if let Some(t) = self.queue.pop_front() {
             return Some(t);
         }
@@ -487,6 +540,9 @@ impl WorkerSession {
 
     /// When [`WorkerSession::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.control {
+            return None;
+        }
         match self.phase {
             Phase::Joining {
                 deadline,
@@ -509,6 +565,9 @@ impl WorkerSession {
 
     /// Lets time pass: the join's deadline, heartbeats, the stall.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
+        if !self.control {
+            return None;
+        }
         match self.phase {
             Phase::Joining { deadline, .. } if now >= deadline => {
                 Some(self.fail(SessionError::JoinTimeout(self.cfg.join_timeout)))

@@ -204,9 +204,23 @@ impl CollectiveStats {
     /// sums in seq order; `ranks` is the chunks' (all equal), or `None`
     /// while one is missing.
     pub fn total(&self) -> Option<GradStats> {
+        CollectiveStats::total_of(&[self])
+    }
+
+    /// [`CollectiveStats::total`] of one collective whose chunks were
+    /// recorded by several shares (docs/design/worker-threads.md): chunk
+    /// i's trailer is the first share's that has one, and the fold is in
+    /// seq order as one share's would be, so it is the same bits. `None`
+    /// while a chunk has no trailer in any share, or if the shares count
+    /// different chunks.
+    pub fn total_of(shares: &[&CollectiveStats]) -> Option<GradStats> {
+        let n = shares.first()?.per_chunk.len();
+        if shares.iter().any(|s| s.per_chunk.len() != n) {
+            return None;
+        }
         let mut t = GradStats::default();
-        for s in &self.per_chunk {
-            let s = (*s)?;
+        for i in 0..n {
+            let s = shares.iter().find_map(|c| c.per_chunk[i])?;
             t.sum_of_squares += s.sum_of_squares;
             t.square_of_sum += s.square_of_sum;
             t.ranks = s.ranks;

@@ -17,6 +17,13 @@
 //! * RTT samples follow Karn's rule: none from a resent chunk, nor from one
 //!   whose timer was re-armed without a resend.
 //! * Time is passed in ([`Instant`]); nothing here reads a clock.
+//! * A share ([`Collective::with_share`]) owns the chunks whose seq is
+//!   `share` mod `shares`: it sends and awaits only those. The others
+//!   count as answered from the start and stay so through restarts, so
+//!   `oldest_unacked`, the window and completion are the share's own, and
+//!   their RESULTs are [`ResultOutcome::Foreign`]. The window is still a
+//!   seq distance, so T shares of one rank keep within every seq lane's
+//!   window at the switch (docs/design/worker-threads.md, "Windows").
 //! * A `stats = true` job's chunk trailers ([`GradStats`]) are kept per
 //!   chunk, the first one of each chunk (a resend's is the same bits), and
 //!   added in seq order once every chunk has one
@@ -163,6 +170,9 @@ pub struct Collective {
     /// chunks have consecutive seqs), chunks of the lane below this were
     /// already checked for fast retransmit. One entry: one lane.
     fast_cursor: Vec<u32>,
+    /// This collective carries the chunks whose seq is `share.0` mod
+    /// `share.1` (`(0, 1)`: every chunk).
+    share: (u32, u32),
     /// Lower bound of every pending deadline.
     earliest_deadline: Option<Instant>,
     last_progress: Option<Instant>,
@@ -205,6 +215,7 @@ impl Collective {
             acked: 0,
             due: std::collections::VecDeque::new(),
             fast_cursor: vec![0],
+            share: (0, 1),
             earliest_deadline: None,
             last_progress: None,
             grad: None,
@@ -220,6 +231,56 @@ impl Collective {
     pub fn with_seq_lanes(mut self, lanes: usize) -> Collective {
         self.fast_cursor = vec![0; lanes.max(1)];
         self
+    }
+
+    /// Carries only the chunks whose seq is `share` mod `shares` (a power
+    /// of two dividing the switch's seq lanes, so that a share is a set of
+    /// whole lanes; `share < shares`): one of T threads' part of the
+    /// collective (docs/design/worker-threads.md). The other chunks are
+    /// another share's: never sent, never awaited. Call it before the first
+    /// [`Collective::poll_transmit`].
+    ///
+    /// Panics if `shares` is 0 or `share >= shares`: the caller's sizing.
+    pub fn with_share(mut self, share: u32, shares: u32) -> Collective {
+        assert!(share < shares, "share {share} of {shares}");
+        self.share = (share, shares);
+        self.mark_foreign(0);
+        while (self.oldest_unacked as usize) < self.chunks.len()
+            && self.chunks[self.oldest_unacked as usize].acked
+        {
+            self.oldest_unacked += 1;
+        }
+        self.next_new = self.oldest_unacked;
+        self
+    }
+
+    /// Which share of its collective this is, and of how many.
+    pub fn share(&self) -> (u32, u32) {
+        self.share
+    }
+
+    /// Whether chunk `i` is this share's.
+    fn owns(&self, i: u32) -> bool {
+        self.first_seq.wrapping_add(i) % self.share.1 == self.share.0
+    }
+
+    /// Marks the chunks from `from` on that are another share's as
+    /// answered (they are never sent or awaited here).
+    fn mark_foreign(&mut self, from: u32) {
+        if self.share.1 == 1 {
+            return; // Every chunk is this share's.
+        }
+        for i in from..self.n_chunks() {
+            if !self.owns(i) {
+                self.chunks[i as usize].acked = true;
+                self.acked += 1;
+            }
+        }
+    }
+
+    /// Chunks this share sends and awaits.
+    pub fn owned_chunks(&self) -> u32 {
+        (0..self.n_chunks()).filter(|&i| self.owns(i)).count() as u32
     }
 
     pub fn collective(&self) -> u32 {
@@ -390,6 +451,10 @@ impl Collective {
                 break (i, true);
             }
             let n = self.n_chunks();
+            // Another share's chunks are never sent here.
+            while self.next_new < n && !self.owns(self.next_new) {
+                self.next_new += 1;
+            }
             if self.next_new < n && self.next_new - self.oldest_unacked < window.max(1) as u32 {
                 self.next_new += 1;
                 break (
@@ -499,6 +564,17 @@ impl Collective {
         self.grad.as_ref()?.total()
     }
 
+    /// The gradient statistics of one collective carried by `shares`
+    /// ([`Collective::with_share`]): every chunk's trailer, from the share
+    /// that owns it, added in seq order, the same bits as one whole
+    /// collective's [`Collective::grad_stats`]. `None` until every share
+    /// has every one of its chunks' trailers.
+    pub fn grad_stats_of_shares(shares: &[&Collective]) -> Option<GradStats> {
+        let grads: Option<Vec<&stats::CollectiveStats>> =
+            shares.iter().map(|c| c.grad.as_ref()).collect();
+        stats::CollectiveStats::total_of(&grads?)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn take_result(
         &mut self,
@@ -515,6 +591,9 @@ impl Collective {
             return ResultOutcome::Foreign;
         }
         let i = off as u32;
+        if !self.owns(i) {
+            return ResultOutcome::Foreign;
+        }
         let p = self.place(i);
         let (offset, expected) = (p.offset, p.count);
         if count != expected {
@@ -613,7 +692,13 @@ impl Collective {
             }
             *c = ChunkState::default();
         }
+        self.mark_foreign(off);
         self.oldest_unacked = self.oldest_unacked.min(off);
+        while (self.oldest_unacked as usize) < self.chunks.len()
+            && self.chunks[self.oldest_unacked as usize].acked
+        {
+            self.oldest_unacked += 1;
+        }
         self.next_new = off;
         self.fast_cursor.iter_mut().for_each(|c| *c = (*c).min(off));
         // Chunks before `off` that were still unacked stay owed; make them
@@ -1127,6 +1212,93 @@ mod tests {
         assert!(c.is_complete());
     }
 
+    /// Two shares of one collective: each sends and awaits only its own
+    /// seqs (odd or even), the other's RESULTs are foreign to it, and the
+    /// window counts seq distance, so each share has half the chunks in
+    /// flight that one whole collective would.
+    #[test]
+    fn shares_split_a_collective_by_seq_and_window_by_seq_distance() {
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        // 9 chunks, seqs 7..16: share 0 of 2 owns 8, 10, 12, 14.
+        let whole = Collective::new(0, 7, 9, 1);
+        let mut even = whole.clone().with_share(0, 2);
+        let mut odd = whole.clone().with_share(1, 2);
+        assert_eq!((even.owned_chunks(), odd.owned_chunks()), (4, 5));
+        assert_eq!(even.oldest_unacked_seq(), 8);
+        let sent: Vec<(u32, usize, bool)> =
+            std::iter::from_fn(|| even.poll_transmit(t0, 4, &rtt, &cfg))
+                .map(|t| (t.seq, t.offset, t.last))
+                .collect();
+        assert_eq!(
+            sent,
+            vec![(8, 1, false), (10, 3, false)],
+            "window 4: seqs 8..12"
+        );
+        assert_eq!(
+            even.on_result(9, 1, false, t0, &mut rtt, &mut cc),
+            ResultOutcome::Foreign,
+            "seq 9 is the odd share's"
+        );
+        assert_eq!(
+            odd.on_result(8, 1, false, t0, &mut rtt, &mut cc),
+            ResultOutcome::Foreign
+        );
+        even.on_result(8, 1, false, t0, &mut rtt, &mut cc);
+        let more: Vec<u32> = std::iter::from_fn(|| even.poll_transmit(t0, 4, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(more, vec![12], "oldest unanswered is 10: seqs up to 13");
+        for s in [10, 12] {
+            even.on_result(s, 1, false, t0, &mut rtt, &mut cc);
+        }
+        let last: Vec<u32> = std::iter::from_fn(|| even.poll_transmit(t0, 4, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(last, vec![14]);
+        assert!(!even.is_complete());
+        even.on_result(14, 1, false, t0, &mut rtt, &mut cc);
+        assert!(even.is_complete(), "complete without any odd seq");
+        // The odd share carries the collective's last chunk and its LAST.
+        let odd_sent: Vec<(u32, bool)> =
+            std::iter::from_fn(|| odd.poll_transmit(t0, 16, &rtt, &cfg))
+                .map(|t| (t.seq, t.last))
+                .collect();
+        assert_eq!(
+            odd_sent,
+            vec![(7, false), (9, false), (11, false), (13, false), (15, true)]
+        );
+    }
+
+    /// A share restarted from a resume point resends its own chunks from
+    /// there and owes nothing of the other share's.
+    #[test]
+    fn a_restarted_share_resends_only_its_own_chunks() {
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let mut c = Collective::new(3, 50, 8, 1).with_share(1, 2);
+        while c.poll_transmit(t0, 16, &rtt, &cfg).is_some() {}
+        for s in [51, 53] {
+            c.on_result(s, 1, false, t0, &mut rtt, &mut cc);
+        }
+        c.restart_from(52);
+        assert_eq!(c.oldest_unacked_seq(), 53);
+        let again: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t0, 16, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(again, vec![53, 55, 57]);
+        for s in [53, 55, 57] {
+            c.on_result(s, 1, false, t0, &mut rtt, &mut cc);
+        }
+        assert!(c.is_complete());
+        // Restarting before the collective resends the whole share.
+        c.restart_from(40);
+        let whole: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t0, 16, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(whole, vec![51, 53, 55, 57]);
+    }
+
     #[test]
     fn restart_resends_from_resume_point() {
         let (cfg, mut rtt, mut cc) = setup();
@@ -1355,6 +1527,46 @@ mod tests {
         // A re-join's restart resends chunks; their trailers stay.
         c.restart_from(100);
         assert!(c.grad_stats().unwrap().bits_eq(&want));
+    }
+
+    /// Two shares of one collective: each records its own chunks'
+    /// trailers, in another order; the fold over both is the one
+    /// collective's seq-order fold, bit for bit, and is missing while one
+    /// share lacks a trailer.
+    #[test]
+    fn shares_gradient_statistics_fold_in_seq_order_across_shares() {
+        let (n, len, e) = (3u16, 50usize, 4u16);
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| stats_input(r, len)).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = reference_grad_stats(Shape::all_reduce(len), e, &refs).unwrap();
+        let e = e as usize;
+        let trailer = |i: u32| trailer_of(&inputs, i as usize * e..((i as usize + 1) * e).min(len));
+        let count = |i: u32| (((i as usize + 1) * e).min(len) - i as usize * e) as u16;
+        let res = |i: u32| result(Kind::AllReduce, 101 + i, count(i), false);
+
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let whole = Collective::new(9, 101, len, e as u16);
+        let mut shares: Vec<Collective> = (0..2).map(|t| whole.clone().with_share(t, 2)).collect();
+        for c in &mut shares {
+            while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+        }
+        let order = shuffled(whole.n_chunks(), 0x5eed);
+        for &i in &order {
+            // Chunk i has seq 101 + i: share (101 + i) mod 2.
+            let c = &mut shares[((101 + i) % 2) as usize];
+            let out = c.on_result_with_stats(&res(i), Some(trailer(i)), t0, &mut rtt, &mut cc);
+            assert!(matches!(out, ResultOutcome::Fresh { .. }), "{out:?}");
+            if i == order[order.len() / 2] {
+                let both: Vec<&Collective> = shares.iter().collect();
+                assert_eq!(Collective::grad_stats_of_shares(&both), None);
+            }
+        }
+        assert!(shares.iter().all(Collective::is_complete));
+        assert_eq!(shares[0].grad_stats(), None, "one share alone has half");
+        let both: Vec<&Collective> = shares.iter().collect();
+        let got = Collective::grad_stats_of_shares(&both).unwrap();
+        assert!(got.bits_eq(&want), "{got:?} != {want:?}");
     }
 
     /// A reduce-scatter: the rank's own chunks' RESULTs and the NOVAL

@@ -32,11 +32,17 @@
 //!   collective).
 //! * Nothing here reads a clock or a random source.
 //!
-//! One Member carries one socket's share of a job: today every chunk of
-//! its collectives. The chunks of one collective can be split by seq lane
-//! ([`Collective::with_seq_lanes`]) so that later T Members, one per lane
-//! and thread, each with its own window, RTT and DCTCP, carry one
-//! collective between them.
+//! One Member carries one thread's share of a job: by default every chunk
+//! of its collectives. T Members can carry one collective between them
+//! (docs/design/worker-threads.md): the joined Member takes share 0 of T
+//! ([`Member::set_share`]) and [`Member::lane`] makes shares 1..T, each
+//! with its own window, RTT and DCTCP and a lane copy of the one session
+//! ([`WorkerSession::lane_copy`]); share t carries the chunks whose seq is
+//! t mod T, and the RESULT of seq s belongs to share s mod T. When the
+//! session is lost the caller rejoins from the oldest unanswered seq of
+//! all shares ([`Member::start_join`] on the joined member; the lane
+//! members go idle through theirs) and, at the JOIN_ACK, has each lane
+//! member [`Member::follow`] the rejoined one before resending.
 
 pub mod collective;
 pub mod config;
@@ -137,6 +143,8 @@ pub struct Member {
     elems_per_chunk: u16,
     advertised_window: u16,
     seq_lanes: u16,
+    /// This member carries the chunks whose seq is `share.0` mod `share.1`.
+    share: (u32, u32),
     coll: Collective,
     /// Counters of the collectives before the current one.
     done: CollectiveStats,
@@ -183,6 +191,7 @@ impl Member {
             elems_per_chunk: 1,
             advertised_window: 1,
             seq_lanes: 1,
+            share: (0, 1),
             coll: Collective::new(0, 0, 0, 1),
             done: CollectiveStats::default(),
             values_sent: 0,
@@ -202,10 +211,58 @@ impl Member {
     /// current one, whose counters are kept.
     pub fn begin(&mut self, collective: u32, first_seq: u32, shape: Shape) {
         let next = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
-            .with_seq_lanes(self.seq_lanes.into());
+            .with_seq_lanes(self.seq_lanes.into())
+            .with_share(self.share.0, self.share.1);
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
         self.waiting = None;
+    }
+
+    /// From the next [`Member::begin`] on, carries only the chunks whose seq
+    /// is `share` mod `shares` (`shares` a power of two dividing the
+    /// switch's seq lanes; docs/design/worker-threads.md).
+    ///
+    /// Panics if `shares` is 0 or `share >= shares`: the caller's sizing.
+    pub fn set_share(&mut self, share: u32, shares: u32) {
+        assert!(share < shares, "share {share} of {shares}");
+        self.share = (share, shares);
+    }
+
+    /// Which share of each collective this member carries, of how many.
+    pub fn share(&self) -> (u32, u32) {
+        self.share
+    }
+
+    /// A member for share `share` of `shares` of this joined member's
+    /// collectives, on another thread: a lane copy of the session (it
+    /// sends no control message), the job's parameters from the JOIN_ACK,
+    /// and its own RTT and DCTCP, which start as a first join's.
+    ///
+    /// Panics if `shares` is 0 or `share >= shares`.
+    pub fn lane(&self, share: u32, shares: u32) -> Member {
+        let mut m = Member::with_session(self.session.lane_copy(), self.cfg);
+        m.pool_slots = self.pool_slots;
+        m.elems_per_chunk = self.elems_per_chunk;
+        m.advertised_window = self.advertised_window;
+        m.seq_lanes = self.seq_lanes;
+        m.cc.reset(&m.cfg, m.pool_slots.min(m.advertised_window));
+        m.set_share(share, shares);
+        m
+    }
+
+    /// After `control` (the member whose session joins) rejoined: takes a
+    /// fresh lane copy of its session and the JOIN_ACK's parameters, and
+    /// keeps this member's collective, RTT and DCTCP (as a rejoin keeps
+    /// what DCTCP learnt). The caller then resends from the JOIN_ACK's
+    /// resume point ([`Member::restart_from`]).
+    pub fn follow(&mut self, control: &Member) {
+        self.session = control.session.lane_copy();
+        self.pool_slots = control.pool_slots;
+        self.elems_per_chunk = control.elems_per_chunk;
+        self.advertised_window = control.advertised_window;
+        self.seq_lanes = control.seq_lanes;
+        self.cc
+            .set_ceiling(self.pool_slots.min(self.advertised_window));
     }
 
     /// Resends the current collective from `seq` (a JOIN_ACK's resume
@@ -265,6 +322,14 @@ impl Member {
     /// [`Collective::grad_stats`]).
     pub fn grad_stats(&self) -> Option<GradStats> {
         self.coll.grad_stats()
+    }
+
+    /// The gradient statistics of the collective that `members`, the
+    /// shares of one rank, carry together
+    /// ([`Collective::grad_stats_of_shares`]).
+    pub fn grad_stats_of_shares(members: &[&Member]) -> Option<GradStats> {
+        let colls: Vec<&Collective> = members.iter().map(|m| &m.coll).collect();
+        Collective::grad_stats_of_shares(&colls)
     }
 
     pub fn stats(&self) -> MemberStats {
