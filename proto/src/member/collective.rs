@@ -245,11 +245,7 @@ impl Collective {
         assert!(share < shares, "share {share} of {shares}");
         self.share = (share, shares);
         self.mark_foreign(0);
-        while (self.oldest_unacked as usize) < self.chunks.len()
-            && self.chunks[self.oldest_unacked as usize].acked
-        {
-            self.oldest_unacked += 1;
-        }
+        self.skip_answered();
         self.next_new = self.oldest_unacked;
         self
     }
@@ -259,9 +255,19 @@ impl Collective {
         self.share
     }
 
-    /// Whether chunk `i` is this share's.
+    /// Whether chunk `i` is this share's (one share: every chunk, with no
+    /// division on the send path).
     fn owns(&self, i: u32) -> bool {
-        self.first_seq.wrapping_add(i) % self.share.1 == self.share.0
+        self.share.1 == 1 || self.first_seq.wrapping_add(i) % self.share.1 == self.share.0
+    }
+
+    /// Moves `oldest_unacked` past the answered chunks at its front.
+    fn skip_answered(&mut self) {
+        while (self.oldest_unacked as usize) < self.chunks.len()
+            && self.chunks[self.oldest_unacked as usize].acked
+        {
+            self.oldest_unacked += 1;
+        }
     }
 
     /// Marks the chunks from `from` on that are another share's as
@@ -631,11 +637,7 @@ impl Collective {
         }
         cc.on_result_delay(ece, sample, rtt.min_rtt());
         self.last_progress = Some(now);
-        while (self.oldest_unacked as usize) < self.chunks.len()
-            && self.chunks[self.oldest_unacked as usize].acked
-        {
-            self.oldest_unacked += 1;
-        }
+        self.skip_answered();
         if self.next_new < self.oldest_unacked {
             self.next_new = self.oldest_unacked;
         }
@@ -694,11 +696,7 @@ impl Collective {
         }
         self.mark_foreign(off);
         self.oldest_unacked = self.oldest_unacked.min(off);
-        while (self.oldest_unacked as usize) < self.chunks.len()
-            && self.chunks[self.oldest_unacked as usize].acked
-        {
-            self.oldest_unacked += 1;
-        }
+        self.skip_answered();
         self.next_new = off;
         self.fast_cursor.iter_mut().for_each(|c| *c = (*c).min(off));
         // Chunks before `off` that were still unacked stay owed; make them

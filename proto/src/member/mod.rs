@@ -241,10 +241,7 @@ impl Member {
     /// Panics if `shares` is 0 or `share >= shares`.
     pub fn lane(&self, share: u32, shares: u32) -> Member {
         let mut m = Member::with_session(self.session.lane_copy(), self.cfg);
-        m.pool_slots = self.pool_slots;
-        m.elems_per_chunk = self.elems_per_chunk;
-        m.advertised_window = self.advertised_window;
-        m.seq_lanes = self.seq_lanes;
+        m.job_params_from(self);
         m.cc.reset(&m.cfg, m.pool_slots.min(m.advertised_window));
         m.set_share(share, shares);
         m
@@ -257,12 +254,18 @@ impl Member {
     /// resume point ([`Member::restart_from`]).
     pub fn follow(&mut self, control: &Member) {
         self.session = control.session.lane_copy();
+        self.job_params_from(control);
+        self.cc
+            .set_ceiling(self.pool_slots.min(self.advertised_window));
+    }
+
+    /// The job's parameters from the JOIN_ACK `control` took: pool, chunk
+    /// size, advertised window and seq lanes.
+    fn job_params_from(&mut self, control: &Member) {
         self.pool_slots = control.pool_slots;
         self.elems_per_chunk = control.elems_per_chunk;
         self.advertised_window = control.advertised_window;
         self.seq_lanes = control.seq_lanes;
-        self.cc
-            .set_ceiling(self.pool_slots.min(self.advertised_window));
     }
 
     /// Resends the current collective from `seq` (a JOIN_ACK's resume
