@@ -322,6 +322,22 @@ def publish(json_path, png, name, docs=True):
     log(f"wrote bench/results/{name}.{{json,png}} (copies: {json_path.name}, {png.name})")
 
 
+def run_checked_report(script, args, out_json, table, title, name):
+    """Run a report of bench/harness/ that checks the run's sanity (exit 3:
+    a check failed, its table says which), print `title` and its table,
+    and raise HarnessError unless the run may be published as
+    bench/results/NAME.* (the caller then calls publish)."""
+    rc = subprocess.run([sys.executable, str(HARNESS_DIR / script), *[str(a) for a in args]]).returncode
+    if not Path(out_json).exists():
+        raise HarnessError(f"{script} wrote no JSON (status {rc})")
+    print(f"\n{title}")
+    print(Path(table).read_text())
+    if rc not in (0, 3):
+        raise HarnessError(f"{script} failed (status {rc})")
+    if rc == 3:
+        raise HarnessError(f"sanity check failed (see the table): bench/results/{name}.* left alone; {out_json}")
+
+
 def run_report(script, args, what=None, stdout=None):
     """Run one of the reports in bench/harness/ (script name, e.g.
     bench_forward_report.py) under this Python; its output passes through

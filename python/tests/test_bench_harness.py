@@ -240,3 +240,27 @@ def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, m
     run_png.write_bytes(b"\x89PNG")
     lifecycle.publish(run_json, run_png, "bench-x")
     assert (tmp_path / "results" / "bench-x.png").read_bytes() == b"\x89PNG"
+
+
+@pytest.mark.parametrize("status,error", [(0, None), (3, "sanity check failed"), (1, r"failed \(status 1\)")])
+def test_checked_report_prints_the_table_and_refuses_a_failed_sanity_check(tmp_path, monkeypatch, capsys,
+                                                                           status, error):
+    monkeypatch.setattr(lifecycle, "HARNESS_DIR", tmp_path)
+    out_json, table = tmp_path / "run.json", tmp_path / "table.md"
+    (tmp_path / "fake_report.py").write_text(
+        "import sys\n"
+        f"open({str(out_json)!r}, 'w').write('{{}}')\n"
+        f"open({str(table)!r}, 'w').write('| the table |')\n"
+        f"sys.exit({status})\n")
+    run = lambda: lifecycle.run_checked_report("fake_report.py", [], out_json, table, "=== title ===", "bench-x")
+    if error is None:
+        run()
+    else:
+        with pytest.raises(lifecycle.HarnessError, match=error):
+            run()
+    out = capsys.readouterr().out
+    assert "=== title ===" in out and "| the table |" in out
+    out_json.unlink()
+    (tmp_path / "fake_report.py").write_text("import sys\nsys.exit(2)\n")
+    with pytest.raises(lifecycle.HarnessError, match="wrote no JSON"):
+        run()

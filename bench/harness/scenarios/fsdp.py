@@ -10,13 +10,11 @@ only; bench_fsdp_report.py takes the medians, ratios and checks.
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 from benchkit import proc_jiffies
 
-from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, run_checked_report, RESULTS_DIR, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, snapshot
 from options import uint_range
@@ -101,21 +99,16 @@ def run(a):
         shutil.rmtree(rd / "bin", ignore_errors=True)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out_json, out_png = RESULTS_DIR / f"bench-fsdp-{st}.json", RESULTS_DIR / f"bench-fsdp-{st}.png"
-    rc = subprocess.run([sys.executable, REPO_ROOT / "bench" / "harness" / "bench_fsdp_report.py", rd,
-                         "--json", out_json, "--table", rd / "table.md", "--png", out_png, "--stamp", st,
-                         "--mib", str(a.mib), "--mtu", str(a.mtu), "--repeats", str(a.repeats), "--warmup",
-                         str(a.warmup), "--steps", str(a.steps), "--hidden", str(a.hidden), "--tbf",
-                         " ".join(TBF_ARGS), "--bench-seconds", str(int(time.monotonic() - t0))]).returncode
-    if not out_json.exists():
-        raise HarnessError(f"bench_fsdp_report.py wrote no JSON (status {rc})")
-    print(f"\n=== bench fsdp {st}: 4 ranks; reduce-scatter and all-gather of {a.mib} MiB; FSDP2 step, "
-          f"hidden {a.hidden} ===")
-    print((rd / "table.md").read_text())
-    if rc not in (0, 3):
-        raise HarnessError(f"bench_fsdp_report.py failed (status {rc})")
-    if rc == 3:
-        raise HarnessError(f"sanity check failed (see the table): bench/results/bench-fsdp.* left alone; {out_json}")
-    publish(out_json, out_png, "bench-fsdp" if a.mtu == 1500 else f"bench-fsdp-mtu{a.mtu}", not a.no_docs)
+    name = "bench-fsdp" if a.mtu == 1500 else f"bench-fsdp-mtu{a.mtu}"
+    run_checked_report(
+        "bench_fsdp_report.py",
+        [rd, "--json", out_json, "--table", rd / "table.md", "--png", out_png, "--stamp", st, "--mib", a.mib,
+         "--mtu", a.mtu, "--repeats", a.repeats, "--warmup", a.warmup, "--steps", a.steps, "--hidden", a.hidden,
+         "--tbf", " ".join(TBF_ARGS), "--bench-seconds", int(time.monotonic() - t0)],
+        out_json, rd / "table.md",
+        f"=== bench fsdp {st}: 4 ranks; reduce-scatter and all-gather of {a.mib} MiB; FSDP2 step, "
+        f"hidden {a.hidden} ===", name)
+    publish(out_json, out_png, name, not a.no_docs)
     log(f"bench took {int(time.monotonic() - t0)} s")
     return 0
 

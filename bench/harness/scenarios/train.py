@@ -15,12 +15,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 from benchkit import proc_jiffies
-from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, snapshot, wait_idle
 from options import uint_range, word_list
@@ -277,23 +275,16 @@ def run(a):
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out_json, out_png = RESULTS_DIR / f"bench-train-{st}.json", RESULTS_DIR / f"bench-train-{st}.png"
     now = time.monotonic()
-    rc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "harness" / "bench_train_report.py"), str(rd),
-                         "--json", str(out_json), "--table", str(rd / "table.md"), "--png", str(out_png),
-                         "--stamp", st, "--warmup", str(a.warmup), "--steps", str(a.steps), "--batch", str(a.batch),
-                         "--hidden", str(a.hidden), "--layers", str(LAYERS), "--seed", str(SEED), "--mtu", str(a.mtu),
-                         "--dtype", a.dtype, "--transport", a.transport, "--device", a.device, "--links", links,
-                         "--comms", comms, "--switch-threads", str(a.switch_threads), "--stall-timeout",
-                         f"{a.stall_timeout:g}", *tbf_report, "--bench-seconds", str(int(now - t0)),
-                         "--measure-seconds", str(int(now - measure_t0))]).returncode
-    if not out_json.exists():
-        raise HarnessError(f"bench_train_report.py wrote no JSON (status {rc})")
-    print(f"\n=== bench train {st}: DDP step time, 4 ranks on {a.device}, batch {a.batch} per rank, hidden "
-          f"{a.hidden}, {a.steps} timed steps ===")
-    print((rd / "table.md").read_text())
-    if rc not in (0, 3):
-        raise HarnessError(f"bench_train_report.py failed (status {rc})")
-    if rc == 3:
-        raise HarnessError(f"sanity check failed (see the table): bench/results/bench-train.* left alone; {out_json}")
+    run_checked_report(
+        "bench_train_report.py",
+        [rd, "--json", out_json, "--table", rd / "table.md", "--png", out_png, "--stamp", st, "--warmup", a.warmup,
+         "--steps", a.steps, "--batch", a.batch, "--hidden", a.hidden, "--layers", LAYERS, "--seed", SEED,
+         "--mtu", a.mtu, "--dtype", a.dtype, "--transport", a.transport, "--device", a.device, "--links", links,
+         "--comms", comms, "--switch-threads", a.switch_threads, "--stall-timeout", f"{a.stall_timeout:g}",
+         *tbf_report, "--bench-seconds", int(now - t0), "--measure-seconds", int(now - measure_t0)],
+        out_json, rd / "table.md",
+        f"=== bench train {st}: DDP step time, 4 ranks on {a.device}, batch {a.batch} per rank, hidden "
+        f"{a.hidden}, {a.steps} timed steps ===", "bench-train")
     publish(out_json, out_png, "bench-train", not a.no_docs)
     log(f"bench took {int(time.monotonic() - t0)} s")
     return 0
