@@ -17,9 +17,10 @@ use proto::handshake::{ChallengeError, Handshake, JoinParams};
 use proto::wire::{
     emit_v1_refusal, flags, peek_v1, read_f32s, write_f32s, ChallengePayload, Dtype, Header,
     HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload, LeavePayload, MsgType, NackPayload,
-    NackReason, UpstreamWaitPayload, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN,
-    HELLO_PAYLOAD_LEN, JOIN_ACK_PAYLOAD_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN,
-    NONCE_LEN, UPSTREAM_WAIT_LEN, V1_NACK_PAYLOAD_LEN,
+    NackReason, ProvisionPayload, ProvisionedPayload, UpstreamWaitPayload, WireError,
+    CHALLENGE_PAYLOAD_LEN, HEADER_LEN, HELLO_PAYLOAD_LEN, JOIN_ACK_PAYLOAD_LEN, JOIN_PAYLOAD_LEN,
+    LEAVE_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN, PROVISIONED_PAYLOAD_LEN, PROVISION_PAYLOAD_LEN,
+    UPSTREAM_WAIT_LEN, V1_NACK_PAYLOAD_LEN,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -197,6 +198,25 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(payload.len(), CHALLENGE_PAYLOAD_LEN);
             assert!(ChallengePayload::parse(payload).is_ok());
             challenge(&repr, payload);
+        }
+        MsgType::Provision => {
+            // Whatever its bytes (names are the receiver's to check), a
+            // PROVISION re-emits exactly.
+            assert_eq!(payload.len(), PROVISION_PAYLOAD_LEN);
+            let p = ProvisionPayload::parse(payload).expect("the header vouched for it");
+            let mut out = [0u8; PROVISION_PAYLOAD_LEN];
+            p.emit(&mut out).unwrap();
+            assert_eq!(out[..103], payload[..103]);
+            assert_eq!(out[104..], payload[104..]);
+            let _ = proto::provision::TenantName::from_wire(&p.tenant);
+            let _ = proto::provision::JobName::from_wire(&p.job_name);
+        }
+        MsgType::Provisioned => {
+            assert_eq!(payload.len(), PROVISIONED_PAYLOAD_LEN);
+            let p = ProvisionedPayload::parse(payload).expect("the header vouched for it");
+            let mut out = [0u8; PROVISIONED_PAYLOAD_LEN];
+            p.emit(&mut out).unwrap();
+            assert_eq!(&out[..], payload);
         }
     }
 });

@@ -882,7 +882,7 @@ impl Harness {
     /// Whether `bytes` is a whole version-2 HELLO the switch answers (for a
     /// declared job, from inside its prefixes).
     fn v2_hello_answered(&self, bytes: &[u8], from: &Endpoint) -> bool {
-        wire::peek_v2_hello(bytes).is_some_and(|(job, _, _)| {
+        wire::peek_old_hello(bytes).is_some_and(|(_, job, _, _)| {
             self.models
                 .get(&job)
                 .is_some_and(|m| allowed(&m.config, from.source.ip))
@@ -992,7 +992,12 @@ impl Harness {
                 };
                 Expect::exact(v)
             }
-            MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
+            MsgType::Result
+            | MsgType::JoinAck
+            | MsgType::Nack
+            | MsgType::Challenge
+            | MsgType::Provision
+            | MsgType::Provisioned => {
                 Expect::exact(Verdict::Dropped(Some(DropReason::UnexpectedType)))
             }
         }
@@ -1331,7 +1336,7 @@ impl Harness {
                 assert!(s.len < e.len);
             }
             let hdr = match r.msg {
-                ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => None,
+                ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. } => None,
                 _ => Some(parse(&bytes).unwrap_or_else(|err| {
                     panic!("the switch sent an invalid message ({err}) for {r:?}: {bytes:?}")
                 })),
@@ -1353,12 +1358,12 @@ impl Harness {
         let Some(h) = o.hdr else {
             let mut want = [0u8; 64];
             let n = match r.msg {
-                ReplyMsg::V2Refusal { echo } => {
-                    wire::emit_v2_refusal(r.job, r.rank, &echo, &mut want).unwrap()
+                ReplyMsg::OldRefusal { version, echo } => {
+                    wire::emit_old_refusal(version, r.job, r.rank, &echo, &mut want).unwrap()
                 }
                 _ => wire::emit_v1_refusal(r.job, r.rank, &mut want).unwrap(),
             };
-            assert_eq!(&o.bytes[..], &want[..n], "version-1 or -2 refusal");
+            assert_eq!(&o.bytes[..], &want[..n], "version-1, -2 or -3 refusal");
             return;
         };
         assert_eq!((h.job, h.rank, h.gen), (r.job, r.rank, self.gen()), "{r:?}");
@@ -1467,7 +1472,7 @@ impl Harness {
                 assert!(ranks.windows(2).all(|w| w[0] < w[1]), "{ranks:?}");
                 assert!(ranks.iter().all(|&x| x < job.n_workers()), "{ranks:?}");
             }
-            ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => unreachable!(),
+            ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. } => unreachable!(),
             ReplyMsg::UpHello { .. }
             | ReplyMsg::UpProbe { .. }
             | ReplyMsg::UpJoin { .. }
@@ -1544,8 +1549,8 @@ impl Harness {
                     assert_eq!(kinds, [ReplyMsg::VersionRefusal]);
                     assert_eq!(outs[0].reply.to, *from);
                 } else if self.v2_hello_answered(bytes, from) {
-                    let (_, _, echo) = wire::peek_v2_hello(bytes).unwrap();
-                    assert_eq!(kinds, [ReplyMsg::V2Refusal { echo }]);
+                    let (version, _, _, echo) = wire::peek_old_hello(bytes).unwrap();
+                    assert_eq!(kinds, [ReplyMsg::OldRefusal { version, echo }]);
                     assert_eq!(outs[0].reply.to, *from);
                 } else {
                     assert!(outs.is_empty(), "{kinds:?}");
@@ -1641,7 +1646,7 @@ impl Harness {
                 );
             let v1 = matches!(
                 o.reply.msg,
-                ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. }
+                ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. }
             );
             assert!(
                 allowed(&m.config, o.reply.to.source.ip) || join_nack_3 || v1,
@@ -1701,7 +1706,8 @@ impl Harness {
                 wire::peek_v1(bytes).map(|(_, job, rank)| (job, rank, Refusal::Version(1)))
             }
             Verdict::Malformed(_) if self.v2_hello_answered(bytes, from) => {
-                wire::peek_v2_hello(bytes).map(|(job, rank, _)| (job, rank, Refusal::Version(2)))
+                wire::peek_old_hello(bytes)
+                    .map(|(v, job, rank, _)| (job, rank, Refusal::Version(v)))
             }
             _ => None,
         };

@@ -5,7 +5,8 @@
 //! computes them, the switch checks them), [`session_key`] and the NACK tag
 //! under it ([`nack_tag`], [`verify_nack`]: the switch computes it, a worker
 //! or leaf checks it), and [`NonceIssuer`] (the switch's
-//! nonces: unique, ordered, bound to a job, rank and address by a tag under
+//! nonces: unique, ordered, bound to a job, rank and address (or, for a
+//! PROVISION, to a tenant, a job name and an address) by a tag under
 //! a key that never leaves the switch, and carrying the time they were
 //! issued, so the switch keeps no state per CHALLENGE).
 //!
@@ -25,6 +26,7 @@ type HmacSha256 = Hmac<Sha256>;
 const JOIN_LABEL: &[u8] = b"aggswitch v2 join";
 const LEAVE_LABEL: &[u8] = b"aggswitch v2 leave";
 const NONCE_LABEL: &[u8] = b"aggswitch v2 nonce";
+const PROVISION_NONCE_LABEL: &[u8] = b"aggswitch v4 provision nonce";
 
 /// What a JOIN's MAC covers besides the nonce (docs/PROTOCOL.md lists the
 /// byte layout).
@@ -235,6 +237,64 @@ impl NonceIssuer {
         t
     }
 
+    fn provision_tag(
+        &self,
+        serial: u64,
+        tenant: &[u8; 32],
+        job_name: &[u8; 64],
+        ip: [u8; 4],
+        port: u16,
+    ) -> [u8; 8] {
+        let mut m = hmac(&self.key);
+        m.update(PROVISION_NONCE_LABEL);
+        m.update(&serial.to_be_bytes());
+        m.update(tenant);
+        m.update(job_name);
+        m.update(&ip);
+        m.update(&port.to_be_bytes());
+        let full = m.finalize().into_bytes();
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&full[..8]);
+        t
+    }
+
+    /// A fresh nonce for a PROVISION claim of tenant `tenant`'s job
+    /// `job_name` (their wire fields) from `ip`:`port`: the same serials as
+    /// [`NonceIssuer::issue`], a tag under its own label, so a JOIN nonce
+    /// never passes as a provisioning one nor the reverse.
+    pub fn issue_provision(
+        &mut self,
+        now: Instant,
+        tenant: &[u8; 32],
+        job_name: &[u8; 64],
+        ip: [u8; 4],
+        port: u16,
+    ) -> Nonce {
+        let serial = self.serial_floor(now);
+        self.last_serial = serial;
+        let mut n = [0u8; NONCE_LEN];
+        n[..8].copy_from_slice(&serial.to_be_bytes());
+        n[8..].copy_from_slice(&self.provision_tag(serial, tenant, job_name, ip, port));
+        n
+    }
+
+    /// The nonce's serial if this issuer made it by
+    /// [`NonceIssuer::issue_provision`] for these names and address (its
+    /// age is not checked).
+    pub fn verify_provision_tag(
+        &self,
+        nonce: &Nonce,
+        tenant: &[u8; 32],
+        job_name: &[u8; 64],
+        ip: [u8; 4],
+        port: u16,
+    ) -> Option<u64> {
+        let serial = Self::serial_of(nonce);
+        let tag = self.provision_tag(serial, tenant, job_name, ip, port);
+        let ok = bool::from(subtle::ConstantTimeEq::ct_eq(&tag[..], &nonce[8..]));
+        (ok && serial != 0).then_some(serial)
+    }
+
     fn millis(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.epoch).as_millis() as u64
     }
@@ -293,6 +353,31 @@ impl NonceIssuer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provisioning_nonces_are_bound_to_names_and_address_and_apart_from_join_nonces() {
+        let t0 = Instant::now();
+        let mut iss = NonceIssuer::new([3; 32], t0, Duration::from_secs(10));
+        let (tenant, name) = ([1u8; 32], [2u8; 64]);
+        let n = iss.issue_provision(t0, &tenant, &name, [198, 18, 0, 2], 7);
+        assert!(iss
+            .verify_provision_tag(&n, &tenant, &name, [198, 18, 0, 2], 7)
+            .is_some());
+        assert!(iss
+            .verify_provision_tag(&n, &tenant, &[3u8; 64], [198, 18, 0, 2], 7)
+            .is_none());
+        assert!(iss
+            .verify_provision_tag(&n, &tenant, &name, [198, 18, 0, 3], 7)
+            .is_none());
+        let j = iss.issue(t0, 1, 0, [198, 18, 0, 2], 7);
+        assert!(iss
+            .verify_provision_tag(&j, &tenant, &name, [198, 18, 0, 2], 7)
+            .is_none());
+        assert!(
+            NonceIssuer::serial_of(&j) > NonceIssuer::serial_of(&n),
+            "one serial order"
+        );
+    }
 
     fn claim() -> JoinClaim {
         JoinClaim {

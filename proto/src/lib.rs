@@ -1,4 +1,4 @@
-//! The aggregation protocol (version 3, docs/PROTOCOL.md), with no I/O.
+//! The aggregation protocol (version 4, docs/PROTOCOL.md), with no I/O.
 //!
 //! * [`wire`]: header views and payload codecs for every message type.
 //! * [`dtype`]: the element types of payloads (float32, bf16, f16); the
@@ -19,12 +19,14 @@
 //!   collective finished without the switch, with its bits).
 //! * [`stats`]: a `stats = true` job's gradient statistics: the trailer and
 //!   the reference float64 order.
+//! * [`provision`]: tenant and job names and the cryptography of
+//!   self-provisioned jobs (the derived job secret, the PROVISION MAC).
 //! * [`secret`]: a job secret from a file, the environment or an argument,
 //!   and the weak-secret rule.
 //!
 //! Layers: a file imports only from files below it. Bottom to top:
 //! [`dtype`], [`simd`], [`seq`], [`checksum`]; [`elements`]; [`wire`] and
-//! [`reference`](mod@reference); [`tag`], [`auth`], [`secret`], [`stats`];
+//! [`reference`](mod@reference); [`tag`], [`auth`], [`provision`], [`secret`], [`stats`];
 //! the state machines ([`handshake`], [`host_sum`], [`session`],
 //! [`member`], [`switch`]), each above what it uses.
 //!
@@ -39,6 +41,7 @@ pub mod elements;
 pub mod handshake;
 pub mod host_sum;
 pub mod member;
+pub mod provision;
 pub mod reference;
 pub mod secret;
 pub mod seq;

@@ -50,6 +50,8 @@ fn reason_name(r: NackReason) -> &'static str {
         NackReason::Malformed => "malformed",
         NackReason::StaleNonce => "stale_nonce",
         NackReason::KindNotSupported => "kind_not_supported",
+        NackReason::QuotaExceeded => "quota_exceeded",
+        NackReason::UnknownTenant => "unknown_tenant",
     }
 }
 

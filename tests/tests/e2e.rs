@@ -81,7 +81,7 @@ fn ordinary_traffic_crosses_unchanged() {
             (0..1400).map(|i| (i * 7 + 3) as u8).collect(),
             // Looks like an aggregation header: still not ours to take.
             vec![
-                0x31, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4,
+                0x41, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4,
             ],
         ]
         .iter()
@@ -217,19 +217,19 @@ fn malformed_frames_are_counted_and_dropped_while_a_job_completes() {
     };
     let frames = [
         // truncated header
-        hexs(&agg_header(0x31, 0, 1, 0, 1, 0, gen)[..10]),
+        hexs(&agg_header(0x41, 0, 1, 0, 1, 0, gen)[..10]),
         // wrong version (a version-1 DATA)
         with(agg_header(0x11, 0, 1, 0, 1, 0, gen), payload(1)),
         // count larger than the payload
-        with(agg_header(0x31, 0, 1, 0, 50, 0, gen), payload(2)),
+        with(agg_header(0x41, 0, 1, 0, 50, 0, gen), payload(2)),
         // nonzero reserved flags
-        with(agg_header(0x31, 0x80, 1, 0, 1, 0, gen), payload(1)),
+        with(agg_header(0x41, 0x80, 1, 0, 1, 0, gen), payload(1)),
         // unknown job
-        with(agg_header(0x31, 0, 77, 0, 1, 0, gen), payload(1)),
+        with(agg_header(0x41, 0, 77, 0, 1, 0, gen), payload(1)),
         // rank ≥ n, right job and generation
-        with(agg_header(0x31, 0, 1, 9, 1, 0, gen), payload(1)),
+        with(agg_header(0x41, 0, 1, 9, 1, 0, gen), payload(1)),
         // spoof of rank 0 from a host: valid in every field but the source
-        with(agg_header(0x31, 0, 1, 0, 1, 0, gen), payload(1)),
+        with(agg_header(0x41, 0, 1, 0, 1, 0, gen), payload(1)),
     ];
     const ROUNDS: usize = 20;
     // All rounds in one probe run, while the job is certainly still active.

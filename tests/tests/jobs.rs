@@ -239,7 +239,7 @@ fn spoofed_data_from_an_allowed_host_changes_no_sum() {
     let mut frames = Vec::new();
     for seq in 0u32..200 {
         for rank in 0u16..2 {
-            let mut h = vec![0x31, 0];
+            let mut h = vec![0x41, 0];
             h.extend_from_slice(&1u16.to_be_bytes());
             h.extend_from_slice(&rank.to_be_bytes());
             h.extend_from_slice(&1u16.to_be_bytes());

@@ -72,6 +72,7 @@ mod leaf;
 pub mod priority;
 pub mod ratelimit;
 pub mod reply;
+pub mod tenant;
 pub mod uplink;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -98,6 +99,7 @@ pub use datapath::{DataOutcome, DataPath, Fast, JobCore, ResultTokens};
 pub use job::{Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
 pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
+pub use tenant::{TenantConfig, TenantError};
 
 use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};
@@ -847,10 +849,10 @@ impl JobTable {
                         self.refused(job, rank, from.source.ip, Refusal::Version(1));
                     }
                 }
-                // A version-2 worker's HELLO: refused in its own version, so
-                // that it names the problem instead of timing out; on the
-                // HELLO budget, as every refusal of a HELLO.
-                if let Some((job, rank, echo)) = wire::peek_v2_hello(datagram) {
+                // A version-2 or version-3 worker's HELLO: refused in its
+                // own version, so that it names the problem instead of timing
+                // out; on the HELLO budget, as every refusal of a HELLO.
+                if let Some((version, job, rank, echo)) = wire::peek_old_hello(datagram) {
                     let allowed = self
                         .jobs
                         .get(&job)
@@ -858,9 +860,10 @@ impl JobTable {
                     if allowed {
                         self.counters.version_refused += 1;
                         if self.hello_allowed(&from, now) {
-                            self.reply(from, job, rank, ReplyMsg::V2Refusal { echo });
+                            let msg = ReplyMsg::OldRefusal { version, echo };
+                            self.reply(from, job, rank, msg);
                         }
-                        self.refused(job, rank, from.source.ip, Refusal::Version(2));
+                        self.refused(job, rank, from.source.ip, Refusal::Version(version));
                     }
                 }
                 return Verdict::Malformed(e);
@@ -996,7 +999,12 @@ impl JobTable {
                 Some(DataOutcome::Dropped(r)) => Verdict::Dropped(Some(r)),
                 Some(other) => Verdict::Data(other),
             },
-            MsgType::Result | MsgType::JoinAck | MsgType::Nack | MsgType::Challenge => {
+            MsgType::Result
+            | MsgType::JoinAck
+            | MsgType::Nack
+            | MsgType::Challenge
+            | MsgType::Provision
+            | MsgType::Provisioned => {
                 job.ctl_drops.bump(DropReason::UnexpectedType);
                 self.counters.unexpected_type += 1;
                 Verdict::Dropped(Some(DropReason::UnexpectedType))
@@ -1243,9 +1251,12 @@ impl JobTable {
                 None => Verdict::Dropped(Some(DropReason::Duplicate)),
             },
             // What only a worker sends (the caller passes none of these).
-            MsgType::Data | MsgType::Join | MsgType::Leave | MsgType::Hello => {
-                Verdict::Dropped(Some(DropReason::UnexpectedType))
-            }
+            MsgType::Data
+            | MsgType::Join
+            | MsgType::Leave
+            | MsgType::Hello
+            | MsgType::Provision
+            | MsgType::Provisioned => Verdict::Dropped(Some(DropReason::UnexpectedType)),
         }
     }
 
@@ -1378,7 +1389,7 @@ impl JobTable {
             }
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
             ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
-            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal | ReplyMsg::V2Refusal { .. } => {
+            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. } => {
                 self.counters.nacks_sent += 1
             }
             ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
@@ -1561,8 +1572,8 @@ impl JobTable {
                 let n = wire::emit_v1_refusal(r.job, r.rank, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
             }
-            ReplyMsg::V2Refusal { echo } => {
-                let n = wire::emit_v2_refusal(r.job, r.rank, &echo, buf).ok()?;
+            ReplyMsg::OldRefusal { version, echo } => {
+                let n = wire::emit_old_refusal(version, r.job, r.rank, &echo, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
             }
             ReplyMsg::UpHello { spine }

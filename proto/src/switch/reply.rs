@@ -61,8 +61,10 @@ pub enum ReplyMsg {
     },
     /// A version-1 NACK to a version-1 JOIN.
     VersionRefusal,
-    /// A version-2 NACK 8 to a version-2 HELLO, echoing its nonce.
-    V2Refusal {
+    /// A NACK 8 in version `version`'s layout (2 or 3) to a HELLO of that
+    /// version, echoing its nonce.
+    OldRefusal {
+        version: u8,
         echo: Nonce,
     },
     /// A leaf's messages to spine `spine` (docs/PROTOCOL.md, "Aggregation

@@ -465,11 +465,27 @@ fn version_2_hello_gets_a_version_2_refusal_it_takes_as_its_own() {
     assert_eq!(t.last_refusal(k).map(|r| r.why), Some(Refusal::Version(2)));
     assert!(Refusal::Version(2)
         .to_string()
-        .contains("protocol version 2: this switch speaks version 3"));
+        .contains("protocol version 2: this switch speaks version 4"));
     let mut stranger = endpoint(0);
     stranger.source.ip = [10, 9, 9, 9];
     t.handle(&hello, stranger, false, t0());
     assert!(t.poll_reply().is_none(), "nothing outside the prefixes");
+
+    // A version-3 worker's HELLO: a version-3 NACK 8 (58 bytes) echoing it.
+    hello[0] = 0x38;
+    assert_eq!(
+        t.handle(&hello, endpoint(0), false, t0()),
+        Verdict::Malformed(crate::wire::WireError::BadVersion(3))
+    );
+    let r = t.poll_reply().unwrap();
+    let e = t.encode(&r, &mut buf).unwrap();
+    assert_eq!(e.len, 58);
+    assert_eq!(&buf[..6], &[0x36, 0, 0, 5, 0, 0]);
+    assert_eq!(&buf[22..26], &[0, 8, 0, 0]);
+    assert_eq!(&buf[26..42], &[0x77; 16]);
+    assert_eq!(t.counters.version_refused, 2);
+    let k = Refusal::Version(3).index();
+    assert_eq!(t.last_refusal(k).map(|r| r.why), Some(Refusal::Version(3)));
 }
 
 /// Every refusal is rate-limited: 3000 version-2 HELLOs from one address

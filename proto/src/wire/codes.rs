@@ -2,7 +2,7 @@
 //! collective's kind, the reduction op, a LEAVE's reason and a NACK's
 //! reason, each with its wire value and the text users read.
 //!
-//! Invariant: `from_*` accepts exactly the values version 3 defines and
+//! Invariant: `from_*` accepts exactly the values version 4 defines and
 //! `as` casts give them back, so a code round-trips through the wire.
 
 use core::fmt;
@@ -103,6 +103,11 @@ pub enum MsgType {
     Heartbeat = 7,
     Hello = 8,
     Challenge = 9,
+    /// Worker (or leaf) → switch: ask for, or claim, a self-provisioned job
+    /// (docs/PROTOCOL.md, "Tenants and self-provisioned jobs").
+    Provision = 10,
+    /// Switch → worker: the id of the job a PROVISION claim reached.
+    Provisioned = 11,
 }
 
 impl MsgType {
@@ -117,6 +122,8 @@ impl MsgType {
             7 => MsgType::Heartbeat,
             8 => MsgType::Hello,
             9 => MsgType::Challenge,
+            10 => MsgType::Provision,
+            11 => MsgType::Provisioned,
             _ => return None,
         })
     }
@@ -148,6 +155,11 @@ pub enum NackReason {
     /// DATA of a reduce-scatter or all-gather to a job that cannot serve
     /// it (an aggregation tree's leaf or spine).
     KindNotSupported = 10,
+    /// A PROVISION would exceed one of its tenant's quotas; the NACK's
+    /// `detail` names which ([`Quota`]).
+    QuotaExceeded = 11,
+    /// A PROVISION names a tenant this switch does not have.
+    UnknownTenant = 12,
 }
 
 impl NackReason {
@@ -163,6 +175,8 @@ impl NackReason {
             8 => NackReason::Malformed,
             9 => NackReason::StaleNonce,
             10 => NackReason::KindNotSupported,
+            11 => NackReason::QuotaExceeded,
+            12 => NackReason::UnknownTenant,
             _ => return None,
         })
     }
@@ -191,6 +205,85 @@ impl fmt::Display for NackReason {
             NackReason::KindNotSupported => {
                 "collective kind not supported by this job (reduce-scatter and all-gather need a job on a single switch, not an aggregation tree)"
             }
+            NackReason::QuotaExceeded => "over a quota of the tenant",
+            NackReason::UnknownTenant => {
+                "unknown tenant: this switch has no such tenant (switchctl tenant list)"
+            }
         })
+    }
+}
+
+/// Which quota of a tenant a PROVISION hit (a NACK 11's `detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Quota {
+    /// The tenant already has `max_jobs` jobs.
+    MaxJobs = 1,
+    /// `n_workers` above `max_workers_per_job`.
+    MaxWorkersPerJob = 2,
+    /// The job's slot pool with the tenant's other jobs' above
+    /// `max_pool_bytes`.
+    MaxPoolBytes = 3,
+    /// A dtype the tenant may not use.
+    Dtype = 4,
+    /// An auth mode the tenant may not use.
+    Auth = 5,
+    /// A priority above the tenant's `max_priority`.
+    Priority = 6,
+    /// No free job id in the tenant's `job_ids` range (or the id asked
+    /// for is outside it or taken).
+    JobIds = 7,
+    /// The switch's own pool memory budget (`[switch] pool_memory_mib`).
+    SwitchPoolMemory = 8,
+}
+
+impl Quota {
+    pub const ALL: [Quota; 8] = [
+        Quota::MaxJobs,
+        Quota::MaxWorkersPerJob,
+        Quota::MaxPoolBytes,
+        Quota::Dtype,
+        Quota::Auth,
+        Quota::Priority,
+        Quota::JobIds,
+        Quota::SwitchPoolMemory,
+    ];
+
+    pub fn from_u16(v: u16) -> Option<Quota> {
+        Quota::ALL.into_iter().find(|q| *q as u16 == v)
+    }
+
+    /// The config key (or setting) the quota is, as operators write it.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Quota::MaxJobs => "max_jobs",
+            Quota::MaxWorkersPerJob => "max_workers_per_job",
+            Quota::MaxPoolBytes => "max_pool_bytes",
+            Quota::Dtype => "dtypes",
+            Quota::Auth => "auth",
+            Quota::Priority => "max_priority",
+            Quota::JobIds => "job_ids",
+            Quota::SwitchPoolMemory => "pool_memory_mib",
+        }
+    }
+
+    /// What a user who hit it can do (quoted in the worker's error).
+    pub const fn advice(self) -> &'static str {
+        match self {
+            Quota::MaxJobs => "wait for one of the tenant's jobs to end (switchctl jobs), or ask the operator to raise the tenant's max_jobs",
+            Quota::MaxWorkersPerJob => "use fewer ranks, or ask the operator to raise the tenant's max_workers_per_job",
+            Quota::MaxPoolBytes => "use fewer ranks, or wait for another of the tenant's jobs to end, or ask the operator to raise max_pool_bytes",
+            Quota::Dtype => "use a dtype the tenant allows (switchctl tenant list), or ask the operator to add it to the tenant's dtypes",
+            Quota::Auth => "use an auth mode the tenant allows, or ask the operator to add it to the tenant's auth",
+            Quota::Priority => "ask for a lower priority, or ask the operator to raise the tenant's max_priority",
+            Quota::JobIds => "wait for one of the tenant's jobs to end, or ask the operator to widen the tenant's job_ids",
+            Quota::SwitchPoolMemory => "the switch is full: wait for jobs to end, or ask the operator to raise [switch] pool_memory_mib",
+        }
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
     }
 }

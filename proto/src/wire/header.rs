@@ -190,7 +190,8 @@ impl HeaderRepr {
         if flags & !flags::DEFINED != 0 {
             return Err(WireError::ReservedFlags(flags));
         }
-        if h.job() == 0 {
+        // A PROVISION may leave the id to the switch (job 0).
+        if h.job() == 0 && msg_type != MsgType::Provision {
             return Err(WireError::ZeroJob);
         }
         let elements = matches!(msg_type, MsgType::Data | MsgType::Result);
@@ -224,6 +225,8 @@ impl HeaderRepr {
             MsgType::Nack => len == NACK_PAYLOAD_LEN,
             MsgType::Leave => len == LEAVE_PAYLOAD_LEN,
             MsgType::Hello | MsgType::Challenge => len == HELLO_PAYLOAD_LEN,
+            MsgType::Provision => len == PROVISION_PAYLOAD_LEN,
+            MsgType::Provisioned => len == PROVISIONED_PAYLOAD_LEN,
             // Worker → switch: empty; switch → worker: `count` u16 ranks,
             // after a spine block when a leaf says the seq waits upstream.
             MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => {
@@ -244,6 +247,8 @@ impl HeaderRepr {
                 MsgType::Nack => "a NACK payload (36 bytes)",
                 MsgType::Leave => "a LEAVE payload (32 bytes)",
                 MsgType::Hello | MsgType::Challenge => "a HELLO/CHALLENGE payload (40 bytes)",
+                MsgType::Provision => "a PROVISION payload (152 bytes)",
+                MsgType::Provisioned => "a PROVISIONED payload (40 bytes)",
                 MsgType::Heartbeat if flags & flags::UPSTREAM != 0 => "16 + count × 2",
                 MsgType::Heartbeat => "count × 2",
             };

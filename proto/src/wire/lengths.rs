@@ -9,7 +9,7 @@
 use crate::dtype::Dtype;
 
 /// Protocol version carried in the high nibble of `ver_type`.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Length of the aggregation header.
 pub const HEADER_LEN: usize = 22;
 /// Default UDP port of the switch's aggregation service (0xBEEF).
@@ -54,6 +54,16 @@ pub const NACK_TAG_LEN: usize = 16;
 /// refused HELLO or JOIN (zero for other messages), the tag (zero when the
 /// switch has no session with the recipient).
 pub const NACK_PAYLOAD_LEN: usize = 4 + NONCE_LEN + NACK_TAG_LEN;
+/// Length of a PROVISION payload: tenant name (32), job name (64), the
+/// shape (n_workers u16, dtype, op, auth, stats, priority, 1 reserved), a
+/// nonce (16) and a MAC (32).
+pub const PROVISION_PAYLOAD_LEN: usize = 32 + 64 + 8 + NONCE_LEN + MAC_LEN;
+/// Offset of the MAC in a PROVISION payload: the MAC covers every byte
+/// before it.
+pub const PROVISION_MAC_OFFSET: usize = PROVISION_PAYLOAD_LEN - MAC_LEN;
+/// Length of a PROVISIONED payload: the claim's switch nonce echoed (16),
+/// lease_secs u32, flags u32, a tag (16).
+pub const PROVISIONED_PAYLOAD_LEN: usize = NONCE_LEN + 4 + 4 + TAG_LEN;
 /// Length of a LEAVE payload: a MAC.
 pub const LEAVE_PAYLOAD_LEN: usize = MAC_LEN;
 /// Length of a version-1 NACK payload (sent to version-1 JOINs).

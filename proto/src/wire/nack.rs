@@ -1,4 +1,4 @@
-//! The NACK payload: the reason, the echoed nonce and the tag under the
+//! The NACK payload: the reason and its detail, the echoed nonce and the tag under the
 //! recipient's session key.
 //!
 //! Invariant: `parse` takes exactly [`NACK_PAYLOAD_LEN`] bytes and refuses
@@ -12,6 +12,9 @@ use super::lengths::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NackPayload {
     pub reason: NackReason,
+    /// What the reason refers to: for NACK 11 the [`super::Quota`] hit;
+    /// 0 otherwise (bytes 2–3, reserved zero before version 4).
+    pub detail: u16,
     /// The nonce of the refused HELLO or JOIN; zero for other messages.
     pub echo: Nonce,
     /// HMAC under the recipient's session key over the header as sent, the
@@ -27,6 +30,7 @@ impl NackPayload {
     pub fn new(reason: NackReason) -> NackPayload {
         NackPayload {
             reason,
+            detail: 0,
             echo: [0; NONCE_LEN],
             tag: [0; NACK_TAG_LEN],
         }
@@ -46,6 +50,7 @@ impl NackPayload {
         let reason = NackReason::from_u16(v).ok_or(WireError::UnknownNackReason(v))?;
         Ok(NackPayload {
             reason,
+            detail: u16::from_be_bytes([b[2], b[3]]),
             echo: array(&b[4..NACK_TAG_OFFSET]),
             tag: array(&b[NACK_TAG_OFFSET..]),
         })
@@ -54,7 +59,7 @@ impl NackPayload {
     pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
         check_room(b, NACK_PAYLOAD_LEN)?;
         b[..2].copy_from_slice(&(self.reason as u16).to_be_bytes());
-        b[2..4].fill(0);
+        b[2..4].copy_from_slice(&self.detail.to_be_bytes());
         b[4..NACK_TAG_OFFSET].copy_from_slice(&self.echo);
         b[NACK_TAG_OFFSET..NACK_PAYLOAD_LEN].copy_from_slice(&self.tag);
         Ok(NACK_PAYLOAD_LEN)

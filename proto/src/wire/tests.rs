@@ -1,12 +1,12 @@
 //! Round trips and fixtures of the wire format: every message type's
-//! parse and emit against known bytes, and what version 3 refuses.
+//! parse and emit against known bytes, and what version 4 refuses.
 
 use super::*;
 
 // A DATA header: job 7, rank 3, count 2, seq 0x01020304, collective 9,
 // window 0, gen 0xdeadbeef, flags RETX|LAST, then 1.0f32 and -2.5f32.
 const DATA_FIXTURE: [u8; 30] = [
-    0x31, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x09,
+    0x41, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x09,
     0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x20, 0xc0,
 ];
 
@@ -28,7 +28,7 @@ fn parse_data_fixture() {
 // The same DATA from a bf16 job: 1.0 and -2.5 as little-endian bf16
 // (0x3f80, 0xc020); an f16 job's would be 0x3c00, 0xc100.
 const BF16_DATA_FIXTURE: [u8; 26] = [
-    0x31, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x09,
+    0x41, 0x06, 0x00, 0x07, 0x00, 0x03, 0x00, 0x02, 0x01, 0x02, 0x03, 0x04, 0x00, 0x00, 0x00, 0x09,
     0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x80, 0x3f, 0x20, 0xc0,
 ];
 
@@ -142,8 +142,8 @@ fn collective_kinds_and_novalues() {
 }
 
 #[test]
-fn rejects_what_version_3_forbids() {
-    for (v, b0) in [(1, 0x11), (2, 0x21)] {
+fn rejects_what_version_4_forbids() {
+    for (v, b0) in [(1, 0x11), (2, 0x21), (3, 0x31)] {
         let mut b = DATA_FIXTURE;
         b[0] = b0;
         let h = Header::new_checked(&b[..]).unwrap();
@@ -151,9 +151,9 @@ fn rejects_what_version_3_forbids() {
     }
 
     let mut b = DATA_FIXTURE;
-    b[0] = 0x3a;
+    b[0] = 0x4c;
     let h = Header::new_checked(&b[..]).unwrap();
-    assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(10)));
+    assert_eq!(HeaderRepr::parse(&h), Err(WireError::UnknownType(12)));
 
     let mut b = DATA_FIXTURE;
     b[1] = 0x80;
@@ -264,6 +264,7 @@ fn nack_round_trip() {
     let mut b = [0u8; NACK_PAYLOAD_LEN];
     let n = NackPayload {
         reason: NackReason::StaleNonce,
+        detail: 0,
         echo: [5; 16],
         tag: [7; 16],
     };
@@ -300,8 +301,8 @@ fn v2_hello_gets_a_version_2_nack_8_echoing_it() {
     h.emit_to(&mut hello).unwrap();
     hello[0] = 0x28;
     hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[7; 16]);
-    assert_eq!(peek_v2_hello(&hello), Some((5, 3, [7; 16])));
-    assert_eq!(peek_v2_hello(&hello[..50]), None, "only a whole HELLO");
+    assert_eq!(peek_old_hello(&hello), Some((2, 5, 3, [7; 16])));
+    assert_eq!(peek_old_hello(&hello[..50]), None, "only a whole HELLO");
     let mut b = [0u8; 64];
     let n = emit_v2_refusal(5, 3, &[7; 16], &mut b).unwrap();
     assert_eq!(n, 42);
@@ -309,8 +310,100 @@ fn v2_hello_gets_a_version_2_nack_8_echoing_it() {
     assert_eq!(&b[..6], &[0x26, 0, 0, 5, 0, 3]);
     assert_eq!(&b[22..26], &[0, 8, 0, 0]);
     assert_eq!(&b[26..42], &[7; 16]);
+    hello[0] = 0x48;
+    assert_eq!(peek_old_hello(&hello), None, "a version-4 HELLO");
+}
+
+#[test]
+fn v3_hello_gets_a_version_3_nack_8_echoing_it() {
+    let mut hello = [0u8; HEADER_LEN + HELLO_PAYLOAD_LEN];
+    let mut h = HeaderRepr::new(MsgType::Hello, 5);
+    h.rank = 3;
+    h.emit_to(&mut hello).unwrap();
     hello[0] = 0x38;
-    assert_eq!(peek_v2_hello(&hello), None, "a version-3 HELLO");
+    hello[HEADER_LEN..HEADER_LEN + 16].copy_from_slice(&[7; 16]);
+    assert_eq!(peek_old_hello(&hello), Some((3, 5, 3, [7; 16])));
+    let mut b = [0u8; 64];
+    let n = emit_old_refusal(3, 5, 3, &[7; 16], &mut b).unwrap();
+    assert_eq!(n, 58);
+    assert!(n < hello.len(), "smaller than the HELLO it answers");
+    assert_eq!(&b[..6], &[0x36, 0, 0, 5, 0, 3]);
+    assert_eq!(&b[22..26], &[0, 8, 0, 0]);
+    assert_eq!(&b[26..42], &[7; 16]);
+    assert_eq!(&b[42..58], &[0; 16], "no session: a zero tag");
+    assert!(emit_old_refusal(4, 5, 3, &[7; 16], &mut b).is_err());
+}
+
+#[test]
+fn provision_payloads_round_trip_and_check_their_lengths() {
+    let p = ProvisionPayload {
+        tenant: crate::provision::TenantName::new("vision")
+            .unwrap()
+            .to_wire(),
+        job_name: crate::provision::JobName::new("run-1").unwrap().to_wire(),
+        n_workers: 4,
+        dtype: 1,
+        op: 0,
+        auth: 2,
+        stats: 1,
+        priority: 2,
+        nonce: [9; 16],
+        mac: [8; 32],
+    };
+    let mut f = [0u8; HEADER_LEN + PROVISION_PAYLOAD_LEN];
+    let mut h = HeaderRepr::new(MsgType::Provision, 1);
+    h.job = 0;
+    h.count = PROVISION_CLAIM;
+    h.emit_to(&mut f).unwrap();
+    assert_eq!(p.emit(&mut f[HEADER_LEN..]).unwrap(), 152);
+    let parsed = HeaderRepr::parse(&Header::new_checked(&f[..]).unwrap()).unwrap();
+    assert_eq!(
+        (parsed.msg_type, parsed.job),
+        (MsgType::Provision, 0),
+        "job 0 is allowed"
+    );
+    assert_eq!(ProvisionPayload::parse(&f[HEADER_LEN..]).unwrap(), p);
+    assert_eq!(
+        &p.covered()[..],
+        &f[HEADER_LEN..HEADER_LEN + PROVISION_MAC_OFFSET]
+    );
+    assert!(HeaderRepr::parse(&Header::new_checked(&f[..f.len() - 1]).unwrap()).is_err());
+    assert!(!format!("{p:?}").contains("8, 8"), "the MAC never prints");
+
+    let a = ProvisionedPayload {
+        nonce: [1; 16],
+        lease_secs: 60,
+        flags: PROVISIONED_CREATED,
+        tag: [2; 16],
+    };
+    let mut b = [0u8; 40];
+    assert_eq!(a.emit(&mut b).unwrap(), 40);
+    assert_eq!(ProvisionedPayload::parse(&b).unwrap(), a);
+    // Any other type with job 0 is still malformed.
+    let mut g = [0u8; HEADER_LEN + PROVISIONED_PAYLOAD_LEN];
+    let mut h = HeaderRepr::new(MsgType::Provisioned, 1);
+    h.job = 0;
+    h.emit_to(&mut g).unwrap();
+    assert_eq!(
+        HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()),
+        Err(WireError::ZeroJob)
+    );
+}
+
+#[test]
+fn a_nack_11_names_its_quota_in_detail() {
+    let mut n = NackPayload::echoing(NackReason::QuotaExceeded, [3; 16]);
+    n.detail = Quota::MaxJobs as u16;
+    let mut b = [0u8; NACK_PAYLOAD_LEN];
+    n.emit(&mut b).unwrap();
+    assert_eq!(&b[..4], &[0, 11, 0, 1]);
+    let back = NackPayload::parse(&b).unwrap();
+    assert_eq!(Quota::from_u16(back.detail), Some(Quota::MaxJobs));
+    assert_eq!(NackReason::from_u16(12), Some(NackReason::UnknownTenant));
+    for q in Quota::ALL {
+        assert_eq!(Quota::from_u16(q as u16), Some(q));
+    }
+    assert_eq!(Quota::from_u16(0), None);
 }
 
 #[test]
@@ -323,7 +416,7 @@ fn elems_per_chunk_matches_protocol() {
 // UPSTREAM; spine 198.19.255.2:48879, tree 1, silent 4200 ms, session
 // refused with reason 2 (bad secret); waiting for leaf 3.
 const UPSTREAM_WAIT_FIXTURE: [u8; 40] = [
-    0x37, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x00,
+    0x47, 0x08, 0x00, 0x07, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x00,
     0x00, 0x40, 0x00, 0x00, 0x00, 0x09, 198, 19, 255, 2, 0xbe, 0xef, 0x00, 0x01, 0x00, 0x00, 0x10,
     0x68, 0x00, 0x02, 0x00, 0x02, 0x00, 0x03,
 ];
