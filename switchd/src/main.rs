@@ -120,6 +120,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     if let Some(w) = switchd::config::secrets_exposure(config_path, &cfg) {
         tracing::warn!("{w}");
     }
+    for w in &cfg.key_warnings {
+        tracing::warn!("{w}");
+    }
     for w in cfg.layout_warnings() {
         tracing::warn!("{w}");
     }
@@ -470,6 +473,9 @@ fn check_config(path: &Path) -> Result<()> {
     if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
         tracing::warn!("{w}");
     }
+    for w in &cfg.key_warnings {
+        eprintln!("{}: warning: {w}", path.display());
+    }
     if let Some(w) = check_metrics_exposure(path, &cfg)? {
         eprintln!("{}: warning: {w}", path.display());
     }
@@ -545,6 +551,15 @@ fn check_config(path: &Path) -> Result<()> {
             j.window,
             human_bytes(j.pool_bytes()),
             j.auth
+        );
+    }
+    for t in &cfg.tenants {
+        println!("  tenant {}", switchd::tenants::describe(t));
+    }
+    if cfg.jobs.is_empty() && cfg.tenants.is_empty() {
+        println!(
+            "  no jobs and no tenants: the switch forwards until `switchctl job add` or \
+             `switchctl tenant add`"
         );
     }
     Ok(())
