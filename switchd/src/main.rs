@@ -4,7 +4,8 @@
 //!   serve the jobs, log a summary per job every few seconds, and on
 //!   SIGINT/SIGTERM detach everything and write the final counters.
 //! * `switchd check-config --config FILE`: validate a configuration.
-//! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET …`: write a
+//! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET
+//!   [--tenant NAME:KEYFILE] …`: write a
 //!   config for a `scripts/testbed.sh` testbed ([`switchd::testbed_config`]);
 //!   with `--topology leaf-spine --role leaf:I|spine:J`, for one switch of
 //!   a leaf-spine testbed.
@@ -64,6 +65,11 @@ enum Cmd {
         /// switch that only forwards until `switchctl job add`).
         #[arg(long = "job")]
         jobs: Vec<switchd::testbed_config::JobSpec>,
+        /// A tenant: NAME:KEYFILE (repeat for several; the job id range is
+        /// then split among them). On a leaf-spine testbed it goes on every
+        /// switch, the leaves' with [tenant.upstream].
+        #[arg(long = "tenant")]
+        tenants: Vec<switchd::testbed_config::TenantSpec>,
         /// switch.KEY=VALUE or job.ID.KEY=VALUE (VALUE in TOML, or a bare
         /// string), checked against switchd's config (repeat).
         #[arg(long = "set")]
@@ -615,6 +621,7 @@ fn main() -> std::process::ExitCode {
             env,
             out,
             jobs,
+            tenants,
             sets,
             host_ports,
             writer,
@@ -647,6 +654,7 @@ fn main() -> std::process::ExitCode {
                         writer,
                         host_ports,
                         jobs,
+                        tenants,
                         overrides: sets,
                     },
                     fabric,
