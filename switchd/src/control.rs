@@ -1,5 +1,5 @@
 //! The control thread: everything switchd does that is not moving packets.
-//! Admin requests (switchctl, the metrics endpoint), the periodic summary
+//! Admin requests (switchctl, the metrics endpoint; jobs and tenants), the periodic summary
 //! and stats file, BPF map reads, and the log of the job table's events,
 //! rate-limited (at most one line per kind per second, with the count).
 //!
@@ -17,14 +17,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use proto::switch::tenant::TenantConfig;
 use proto::switch::{
-    Event, JobConfig, JobConfigError, JobTable, RefusalSample, ResizeError, REFUSAL_KINDS,
+    Event, JobConfig, JobConfigError, JobTable, Refusal, RefusalSample, ResizeError, REFUSAL_KINDS,
 };
 
 use crate::admin::{AdminCall, AdminReply, AdminRequest};
+use crate::config::{TenantSection, DEFAULT_TENANT_JOB_IDS};
 use crate::dataplane::Shared;
 use crate::ratelog::LogLimiter;
 use crate::stats::{self, PortStats, SwitchStats};
+use crate::tenants::TenantRow;
 
 /// How often the table's events are drained into the log.
 const EVENT_EVERY: Duration = Duration::from_millis(100);
@@ -149,7 +152,13 @@ impl<'a> ControlPlane<'a> {
             if let Some(suppressed) = self.limiter.check_many(k, new, now) {
                 let source = std::net::Ipv4Addr::from(r.ip);
                 let (job, rank, why) = (r.job, r.rank, r.why);
-                tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+                // A PROVISION's refusal says so itself (and names the
+                // tenant, the job and the quota's numbers).
+                if matches!(why, Refusal::Quota(_) | Refusal::Provision(..)) {
+                    tracing::warn!(job, rank, %source, suppressed, "{why}");
+                } else {
+                    tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+                }
             }
         }
         if dropped > self.prev_events_dropped {
@@ -271,34 +280,10 @@ impl<'a> ControlPlane<'a> {
                 }
             }
             AdminRequest::Jobs => {
+                let now = Instant::now();
                 let table = self.shared.table();
-                let mut jobs: Vec<serde_json::Value> = table
-                    .jobs()
-                    .map(|j| {
-                        serde_json::json!({
-                            "id": j.id(),
-                            "state": j.state().name(),
-                            "n_workers": j.n_workers(),
-                            "ranks_joined": j.joined_ranks(),
-                            "pool_slots": j.config.pool_slots,
-                            "elems_per_chunk": j.config.elems_per_chunk,
-                            "dtype": j.config.dtype.name(),
-                            "auth": j.auth().name(),
-                            "stats": j.config.stats,
-                            "window": j.window(),
-                            "priority": j.priority().name(),
-                            "declared_window": j.declared_window(),
-                            "yielding": j.core().priority.outranked_now(),
-                            "priority_marked": j.counters().priority_marked,
-                            "pool_bytes": j.config.pool_bytes(),
-                            "upstream": j.uplink().map(|u| serde_json::json!({
-                                "leaf_index": u.cfg.leaf_index,
-                                "n_leaves": u.cfg.n_leaves,
-                                "spines": crate::stats::spine_stats(j, std::time::Instant::now()),
-                            })),
-                        })
-                    })
-                    .collect();
+                let mut jobs: Vec<serde_json::Value> =
+                    table.jobs().map(|j| stats::job_listing(j, now)).collect();
                 jobs.sort_by_key(|j| j["id"].as_u64());
                 AdminReply::ok(serde_json::Value::Array(jobs))
             }
@@ -328,6 +313,25 @@ impl<'a> ControlPlane<'a> {
                     None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
                 }
             }
+            AdminRequest::Tenants => {
+                let table = self.shared.table();
+                let rows: Vec<TenantRow> = table
+                    .tenants()
+                    .map(|t| TenantRow::new(t, table.tenant_usage(t.name.as_str())))
+                    .collect();
+                to_json(serde_json::to_value(rows))
+            }
+            AdminRequest::AddTenant { tenant } => self.add_tenant(&tenant),
+            AdminRequest::RemoveTenant { name } => {
+                let removed = self.shared.table().remove_tenant(&name);
+                match removed {
+                    Ok(t) => {
+                        tracing::info!(tenant = %t.name, "tenant removed");
+                        AdminReply::ok(serde_json::json!({ "removed": t.name.as_str() }))
+                    }
+                    Err(e) => AdminReply::err(e.to_string()),
+                }
+            }
             AdminRequest::ResizeJob { id, n_workers } => {
                 match resize_job(self.shared, id, n_workers) {
                     Ok(resized) => AdminReply::ok(serde_json::json!({
@@ -338,6 +342,39 @@ impl<'a> ControlPlane<'a> {
                     Err(e) => AdminReply::err(e.to_string()),
                 }
             }
+        }
+    }
+}
+
+impl ControlPlane<'_> {
+    /// `switchctl tenant add`: the key file read and checked here (as a
+    /// `[[tenant]]`'s: without the table lock), then the tenant handed to
+    /// the table, which refuses a duplicate name or an overlapping range.
+    /// Without `job_ids` it asks for [`DEFAULT_TENANT_JOB_IDS`].
+    fn add_tenant(&self, tenant: &TenantSection) -> AdminReply {
+        let (cfg, warning) =
+            match tenant.to_tenant_config(Some(DEFAULT_TENANT_JOB_IDS), self.cfg.uplink, None) {
+                Ok(c) => c,
+                Err(e) => return AdminReply::err(e),
+            };
+        if let Some(w) = &warning {
+            tracing::warn!("{w}");
+        }
+        let (name, (lo, hi)) = (cfg.name.clone(), cfg.job_ids);
+        let added = self.shared.table().add_tenant(cfg);
+        match added {
+            Ok(()) => {
+                tracing::info!(tenant = %name, job_ids = %format_args!("{lo}-{hi}"), "tenant added");
+                AdminReply::ok(serde_json::json!({
+                    "added": name.as_str(),
+                    "job_ids": [lo, hi],
+                    "warnings": warning.into_iter().collect::<Vec<_>>(),
+                }))
+            }
+            Err(e) if tenant.job_ids.is_none() => AdminReply::err(format!(
+                "{e} (it took the default job ids {lo}-{hi}: give it --job-ids FIRST-LAST)"
+            )),
+            Err(e) => AdminReply::err(e.to_string()),
         }
     }
 }
@@ -397,6 +434,18 @@ pub fn declare_jobs(
 ) -> Result<(), JobConfigError> {
     for j in jobs {
         table.add(j.clone(), max_elems)?;
+    }
+    Ok(())
+}
+
+/// Declares the configured tenants into a table before the dataplane
+/// starts (after the jobs: a tenant's range must not hold one's id).
+pub fn declare_tenants(
+    table: &mut JobTable,
+    tenants: &[TenantConfig],
+) -> Result<(), proto::switch::tenant::TenantError> {
+    for t in tenants {
+        table.add_tenant(t.clone())?;
     }
     Ok(())
 }

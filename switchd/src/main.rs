@@ -159,13 +159,21 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         }
     };
     let budget = cfg.switch.pool_budget_bytes();
+    let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
+    let default_elems =
+        switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let mut table_cfg = TableConfig::new(gen, rand::random());
     table_cfg.pool_budget = budget;
     table_cfg.seq_lanes = cfg.switch.seq_lanes;
+    // A provisioned job's chunk is what a declared job gets when it leaves
+    // elems_per_chunk out (JobSection::to_job_config): the ports' MTU,
+    // capped by what the sockets take.
+    table_cfg.max_f32_elems = default_elems.min(max_elems);
     let mut table = JobTable::new(table_cfg, Instant::now());
-    let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
     control::declare_jobs(&mut table, &cfg.jobs, max_elems)
         .context("declaring the configured jobs")?;
+    control::declare_tenants(&mut table, &cfg.tenants)
+        .context("declaring the configured tenants")?;
 
     let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
     let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
@@ -242,8 +250,6 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     }
 
     let started = Instant::now();
-    let default_elems =
-        switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let threads = cfg.switch.dataplane_threads as usize;
     let uplink = match cfg.switch.uplink {
         None => None,
@@ -316,6 +322,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         addresses = ?cfg.switch.addresses,
         agg_port = cfg.switch.agg_port,
         jobs = cfg.jobs.len(),
+        tenants = cfg.tenants.len(),
         mode = ?cfg.switch.mode,
         forwarding = ?cfg.switch.forwarding,
         pool_memory = %human_bytes(budget),
