@@ -357,13 +357,13 @@ impl ControlPlane<'_> {
                 Ok(c) => c,
                 Err(e) => return AdminReply::err(e),
             };
-        if let Some(w) = &warning {
-            tracing::warn!("{w}");
-        }
         let (name, (lo, hi)) = (cfg.name.clone(), cfg.job_ids);
         let added = self.shared.table().add_tenant(cfg);
         match added {
             Ok(()) => {
+                if let Some(w) = &warning {
+                    tracing::warn!("{w}");
+                }
                 tracing::info!(tenant = %name, job_ids = %format_args!("{lo}-{hi}"), "tenant added");
                 AdminReply::ok(serde_json::json!({
                     "added": name.as_str(),

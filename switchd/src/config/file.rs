@@ -361,7 +361,7 @@ pub struct TenantSection {
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     pub switch: SwitchSection,
-    #[serde(default, rename = "job")]
+    #[serde(default, rename = "job", skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobSection>,
     #[serde(default, rename = "tenant", skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<TenantSection>,
