@@ -61,9 +61,10 @@
 //!
 //! Files, bottom up (each imports only those before it): `mtu` (frame and
 //! chunk sizes from the ports' MTU), `file` (the TOML schema and the
-//! checked [`Config`]'s fields), `secrets` (a job secret, a tenant key file
-//! and the weak-key rule, a readable file's warning), `check` (loading and every check), `layout` (warnings
-//! about threads, queues and lanes). Everything is re-exported here, so
+//! checked [`Config`]'s fields), `secrets` (a job secret, a tenant key
+//! file and the weak-key rule, a readable file's warning), `check`
+//! (loading and every check), `layout` (warnings about threads, queues and
+//! lanes); tests in `tests.rs` and, for `[[tenant]]`, `tenant_tests.rs`. Everything is re-exported here, so
 //! `crate::config::X` is the one path users name.
 
 mod check;
