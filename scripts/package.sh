@@ -31,7 +31,7 @@
 #     and addresses filled in
 #   * with --demo: the demo passes with switchd run through a wrapper that
 #     applies the unit's CapabilityBoundingSet (setpriv, nothing else),
-#     NoNewPrivileges, and ProtectSystem=strict / ProtectHome /
+#     NoNewPrivileges, UMask, and ProtectSystem=strict / ProtectHome /
 #     ProtectKernelTunables / ProtectControlGroups as read-only mounts in a
 #     mount namespace of its own (writable: /run/aggswitch and the demo's
 #     run folder, which stands for /var/lib/aggswitch and /etc/aggswitch);
@@ -91,8 +91,9 @@ for b in "${BINARIES[@]}"; do
         die "target/release/$b missing: cargo build --release --workspace --bins (or drop --no-build)"
 done
 log "building the package (cargo deb -p switchd --no-build --strip)"
-DEB="$(cargo deb -p switchd --no-build --strip 2>&1 | tee /dev/stderr | tail -n 1)"
-[[ "$DEB" == *.deb && -f "$DEB" ]] || die "cargo deb did not print the path of a .deb (last line: $DEB)"
+out="$(cargo deb -p switchd --no-build --strip 2>&1)" || die "cargo deb -p switchd --no-build --strip failed: $out"
+DEB="$(tail -n 1 <<<"$out")"
+[[ "$DEB" == *.deb && -f "$DEB" ]] || die "cargo deb did not print the path of a .deb: $out"
 log "built $DEB ($(du -k "$DEB" | cut -f1) KiB)"
 
 # --- control fields -------------------------------------------------------------
@@ -183,7 +184,8 @@ CAPS="$(sed -n 's/^CapabilityBoundingSet=//p' "$UNIT_FILE")"
 [[ -n "$CAPS" ]] || die "the unit has no CapabilityBoundingSet="
 WANT="$(tr ' ' '\n' <<<"$CAPS" | sed 's/^CAP_//' | tr 'A-Z' 'a-z' | sort | paste -sd, -)"
 check "the unit sets NoNewPrivileges=yes" grep -qx 'NoNewPrivileges=yes' "$UNIT_FILE"
-for key in ProtectSystem=strict ProtectHome=yes PrivateTmp=yes ProtectKernelTunables=yes ProtectControlGroups=yes; do
+for key in ProtectSystem=strict ProtectHome=yes PrivateTmp=yes ProtectKernelTunables=yes ProtectControlGroups=yes \
+    UMask=0077; do
     check "the unit sets $key (the demo's confinement assumes it)" grep -qx "$key" "$UNIT_FILE"
 done
 BIN="$ROOT/confined"
@@ -191,8 +193,8 @@ mkdir "$BIN"
 ln -s "$ROOT/usr/bin/switchctl" "$ROOT/usr/bin/worker" "$BIN/"
 # inner: in a mount namespace of its own, every mount read-only but /dev
 # and /proc (/proc/sys too), /home and /root empty and closed, /run/aggswitch
-# and the demo's run folders writable; then switchd with the unit's
-# capabilities and no new privileges, after recording them.
+# and the demo's run folders writable, umask 0077; then switchd with the
+# unit's capabilities and no new privileges, after recording them.
 cat >"$BIN/inner" <<EOF
 #!/bin/bash
 set -euo pipefail
@@ -210,6 +212,7 @@ done
 for h in /home /root; do
     [[ ! -d "\$h" ]] || mount -t tmpfs -o ro,mode=000 tmpfs "\$h"
 done
+umask 0077
 exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all$(tr ',' '\n' <<<"$WANT" | sed 's/^/,+/' | tr -d '\n') \\
     /bin/sh -c 'setpriv --dump >"$BIN/dump"; exec "\$0" "\$@"' "$ROOT/usr/bin/switchd" "\$@"
 EOF
