@@ -2,11 +2,12 @@
 //! as /etc/aggswitch/switchd.toml) against this switchd: as shipped it is
 //! refused with the message that says to fill in the ports; with ports and
 //! addresses filled in `switchd check-config` accepts it; every `#key =
-//! value` line of `[switch]` shows switchd's default (uncommenting it
-//! changes nothing) unless the comment above it calls it an example; the
-//! examples of `[switch]` and `[[job]]` parse; the `[[tenant]]` example is
-//! all comments and names every tenant key. So the file cannot rot as
-//! switchd's keys and defaults change.
+//! value` line of `[switch]` and `[[tenant]]` shows switchd's default
+//! (uncommenting it changes nothing) unless the comment above it calls it
+//! an example, and every key switchd writes for them is there; with every
+//! setting uncommented (a real key file for the tenant) the file parses,
+//! one job and one tenant. So the file cannot rot as switchd's keys and
+//! defaults change.
 //!
 //! The file's convention: a setting is a line `#key = value` (no space
 //! after the `#`), a commented section header is `#[[job]]` or
@@ -15,27 +16,16 @@
 use std::path::Path;
 use std::process::Command;
 
-use switchd::config::{Config, ConfigError};
+use switchd::config::{Config, ConfigError, ConfigFile};
 
 const SHIPPED: &str = include_str!("../../packaging/switchd.toml");
 const PORTS: &str = r#"ports = ["ens1f0", "ens1f1"]"#;
 const ADDRESSES: &str = r#"addresses = ["198.18.0.1"]"#;
 /// A secret that parses (not one repeated byte), for the [[job]] example.
 const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
-/// The keys of a `[[tenant]]` section.
-const TENANT_KEYS: [&str; 11] = [
-    "name",
-    "key_file",
-    "allowed_sources",
-    "max_jobs",
-    "max_workers_per_job",
-    "max_pool_bytes",
-    "dtypes",
-    "auth",
-    "max_priority",
-    "job_ids",
-    "lease_secs",
-];
+/// The settings a `[[tenant]]` must have (the rest have defaults).
+const TENANT_REQUIRED: &str = "name = \"stand-in\"\nkey_file = \"/nonexistent/stand-in.key\"\n\
+                               allowed_sources = [\"10.0.0.0/8\"]\n";
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new("switchd.toml"), |_| Some(1500))
@@ -82,13 +72,60 @@ fn settings<'a>(lines: &[&'a str]) -> Vec<(&'a str, &'a str, bool)> {
         .collect()
 }
 
-/// `[switch]` of a config as switchd writes it back (every default filled in).
-fn switch_table(cfg: &Config) -> toml::Table {
-    toml::Table::try_from(&cfg.switch).expect("serializing [switch]")
+/// The file as written (serde only: no key file is read), its `[switch]`
+/// and its first `[[tenant]]` as switchd writes them back (every default
+/// filled in).
+fn written(text: &str) -> (toml::Table, Option<toml::Table>) {
+    let file: ConfigFile = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    (
+        toml::Table::try_from(&file.switch).expect("serializing [switch]"),
+        file.tenants
+            .first()
+            .map(|t| toml::Table::try_from(t).expect("serializing a [[tenant]]")),
+    )
 }
 
 fn minimal(extra: &str) -> String {
     format!("[switch]\n{PORTS}\n{ADDRESSES}\n{extra}\n")
+}
+
+/// Each `#key = value` of the part `start` of the file against `section`
+/// of `text(line)`, a config with only that line uncommented: a setting
+/// not called an example must leave the section as switchd's defaults,
+/// an example must change it. Then every key switchd writes for the
+/// defaults (but `skip`) must be among the settings. Returns how many
+/// settings there were.
+fn check_defaults(
+    start: &str,
+    text: impl Fn(&str) -> String,
+    section: impl Fn(&str) -> toml::Table,
+    skip: &[&str],
+) -> usize {
+    let defaults = section(&text(""));
+    let shown = settings(&part(SHIPPED, start));
+    for (key, line, example) in &shown {
+        let table = section(&text(line));
+        if *example {
+            assert_ne!(
+                table, defaults,
+                "`#{line}` is called an example but is the default"
+            );
+        } else {
+            assert_eq!(
+                table.get(*key),
+                defaults.get(*key),
+                "`#{line}` is shown as the default of {key}, but switchd's default differs"
+            );
+            assert_eq!(table, defaults, "uncommenting `#{line}` changes the config");
+        }
+    }
+    for key in defaults.keys() {
+        assert!(
+            skip.contains(&key.as_str()) || shown.iter().any(|(k, _, _)| k == key),
+            "{start} {key} is not in packaging/switchd.toml: add it with its default"
+        );
+    }
+    shown.len()
 }
 
 #[test]
@@ -129,71 +166,91 @@ fn with_ports_and_addresses_filled_in_switchd_check_config_accepts_it() {
 
 #[test]
 fn every_switch_setting_shown_is_the_default_unless_called_an_example() {
-    let defaults = switch_table(&parse(&minimal("")).unwrap());
-    let shown = settings(&part(SHIPPED, "[switch]"));
-    assert!(shown.len() >= 15, "too few settings found: {shown:?}");
-    for (key, line, example) in &shown {
-        let cfg = parse(&minimal(line))
-            .unwrap_or_else(|e| panic!("the line `{line}` does not parse: {e}"));
-        let table = switch_table(&cfg);
-        if *example {
-            assert_ne!(
-                table, defaults,
-                "`{line}` is called an example but is the default"
-            );
-        } else {
-            assert_eq!(
-                table.get(*key),
-                defaults.get(*key),
-                "`#{line}` is shown as the default of {key}, but switchd's default differs"
-            );
-            assert_eq!(table, defaults, "uncommenting `#{line}` changes the config");
-        }
-    }
-    // Every key switchd writes for a default [switch] is explained.
-    for key in defaults.keys() {
-        if key == "ports" || key == "addresses" {
-            continue;
-        }
-        assert!(
-            shown.iter().any(|(k, _, _)| k == key),
-            "[switch] {key} is not in packaging/switchd.toml: add it with its default"
-        );
-    }
+    let n = check_defaults(
+        "[switch]",
+        minimal,
+        |text| written(text).0,
+        &["ports", "addresses"],
+    );
+    assert!(n >= 19, "too few [switch] settings found: {n}");
 }
 
 #[test]
-fn the_switch_and_job_examples_parse_when_uncommented() {
-    let mut text = filled_in()
+fn every_tenant_setting_shown_is_the_default_unless_called_an_example() {
+    let n = check_defaults(
+        "#[[tenant]]",
+        // The line after the required keys: a shown required key replaces
+        // the stand-in's (TOML takes neither twice, so drop the stand-in).
+        |line| {
+            let key = line.split(" = ").next().unwrap_or_default();
+            let required: String = TENANT_REQUIRED
+                .lines()
+                .filter(|l| key.is_empty() || !l.starts_with(&format!("{key} = ")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            minimal(&format!("[[tenant]]\n{required}{line}"))
+        },
+        |text| written(text).1.expect("a [[tenant]]"),
+        &[],
+    );
+    assert!(n >= 12, "too few [[tenant]] settings found: {n}");
+}
+
+/// The shipped file with ports and addresses filled in and every setting
+/// and commented section header uncommented.
+fn all_uncommented() -> String {
+    filled_in()
         .lines()
         .map(|l| match setting(l) {
             Some((_, body)) => body.to_owned(),
-            None if l == "#[[job]]" => "[[job]]".to_owned(),
+            None if l == "#[[job]]" || l == "#[[tenant]]" => l[1..].to_owned(),
             None => l.to_owned(),
         })
-        .take_while(|l| l != "#[[tenant]]")
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+#[test]
+fn with_every_setting_uncommented_it_parses_one_job_and_one_tenant() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchd-shipped-tenant-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    let key = dir.join("team-a.key");
+    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut text = all_uncommented();
     assert_eq!(text.matches("secret = \"<64 hex digits>\"").count(), 1);
-    text = text.replace("<64 hex digits>", SECRET);
-    let cfg = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        text.matches("key_file = \"/etc/aggswitch/tenants/team-a.key\"")
+            .count(),
+        1
+    );
+    text = text
+        .replace("<64 hex digits>", SECRET)
+        .replace("/etc/aggswitch/tenants/team-a.key", &key.to_string_lossy());
+    let parsed = Config::parse(&text, &dir.join("switchd.toml"), |_| Some(1500));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let cfg = parsed.unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(cfg.jobs.len(), 1);
     let job = &cfg.jobs[0];
     assert_eq!((job.id, job.n_workers, job.pool_slots), (1, 4, 256));
     assert_eq!(cfg.switch.pool_memory_mib, Some(4096));
+    assert_eq!(cfg.tenants.len(), 1);
+    assert_eq!(cfg.tenants[0].job_ids, (32768, 65535));
 }
 
 #[test]
-fn the_tenant_example_is_all_comments_and_names_every_tenant_key() {
-    let tenant = part(SHIPPED, "#[[tenant]]");
-    for l in &tenant {
-        assert!(
-            l.is_empty() || l.starts_with('#'),
-            "a line of the [[tenant]] example is not commented out: {l:?}"
-        );
+fn the_job_and_tenant_examples_are_commented_out() {
+    for start in ["#[[job]]", "#[[tenant]]"] {
+        for l in part(SHIPPED, start) {
+            assert!(
+                l.is_empty() || l.starts_with('#'),
+                "a line of the {start} example is not commented out: {l:?}"
+            );
+        }
     }
-    let keys: Vec<&str> = settings(&tenant).iter().map(|(k, _, _)| *k).collect();
-    assert_eq!(keys, TENANT_KEYS);
-    let intro = SHIPPED.split("#[[tenant]]").next().unwrap();
-    assert!(intro.contains("A config with [[tenant]] sections\n# and no [[job]] is valid"));
+    assert!(SHIPPED.contains("A config with [[tenant]] sections and no [[job]]\n# is valid."));
 }
