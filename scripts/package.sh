@@ -160,6 +160,8 @@ if command -v systemd-tmpfiles >/dev/null 2>&1; then
     for d in /run/aggswitch /var/lib/aggswitch; do
         check "systemd-tmpfiles made $d in the root" test -d "$ROOT$d"
     done
+else
+    log "systemd-tmpfiles not installed: the tmpfiles.d entries are only read, not applied"
 fi
 
 # --- the shipped config with the packaged switchd -------------------------------
@@ -198,13 +200,13 @@ ln -s "$ROOT/usr/bin/switchctl" "$ROOT/usr/bin/worker" "$BIN/"
 cat >"$BIN/inner" <<EOF
 #!/bin/bash
 set -euo pipefail
+mkdir -p /run/aggswitch
 findmnt -rn -o TARGET | sort -u | while read -r m; do
     case "\$m" in /proc|/proc/*|/dev|/dev/*) continue ;; esac
     mount -o remount,bind,ro "\$m" 2>/dev/null || echo "confined switchd: could not make \$m read-only" >&2
 done
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
-mkdir -p /run/aggswitch
 for w in /run/aggswitch /tmp/agg-demo.* "$BIN"; do
     mount --bind "\$w" "\$w"
     mount -o remount,bind,rw "\$w"
