@@ -507,6 +507,7 @@ fn a_wrong_key_creates_nothing_and_costs_no_state() {
         key: [0x77; 32],
         ..want("run-1", 2)
     };
+    let serials_before: Vec<u64> = t.tenants.iter().map(|x| x.min_serial).collect();
     let (nonce, gen) = ask(&mut t, &w, endpoint(0), t0()).unwrap();
     let f = claim_frame(&w, nonce, gen, &endpoint(0));
     assert_eq!(
@@ -529,10 +530,10 @@ fn a_wrong_key_creates_nothing_and_costs_no_state() {
     }
     assert_eq!(t.jobs().count(), 0);
     assert_eq!(tenant_jobs(&t, "vision"), 0);
-    assert!(t
-        .tenants
-        .iter()
-        .all(|x| x.jobs.is_empty() && x.min_serial == 0));
+    assert!(t.tenants.iter().all(|x| x.jobs.is_empty()));
+    let serials: Vec<u64> = t.tenants.iter().map(|x| x.min_serial).collect();
+    assert_eq!(serials, serials_before, "no serial moved");
+    assert_eq!(t.tenants.len(), 2);
     assert!(t.reserved.is_empty() && t.removed.is_empty());
     assert_eq!(t.pool_memory().1, 0);
     assert_eq!(t.counters.provision_refused, 10_001);
@@ -623,6 +624,22 @@ fn a_claim_replayed_after_its_job_ended_gets_nack_9() {
     assert_eq!(tenant_jobs(&t, "vision"), 0);
     // A fresh ask and claim make it again.
     assert!(provision(&mut t, &w).unwrap().1);
+}
+
+#[test]
+fn a_claim_from_before_its_tenant_was_declared_again_is_a_replay() {
+    let mut t = ptable();
+    let w = want("run-1", 1);
+    let from = endpoint(0);
+    let (nonce, gen) = ask(&mut t, &w, from, t0()).unwrap();
+    let f = claim_frame(&w, nonce, gen, &from);
+    let c = t.remove_tenant("vision").unwrap();
+    t.add_tenant(c).unwrap();
+    assert_eq!(
+        claim_bytes(&mut t, &w, &f, nonce, from, t0()),
+        Err((NackReason::StaleNonce, 0))
+    );
+    assert_eq!(t.jobs().count(), 0);
 }
 
 #[test]
