@@ -784,3 +784,54 @@ fn a_flood_of_asks_gets_at_most_the_hello_burst_of_answers() {
     }
     assert!(replies(&mut t).len() <= HELLO_LIMIT.burst as usize + 1);
 }
+
+#[test]
+fn a_tenant_with_an_upstream_makes_leaf_jobs() {
+    let mut t = table();
+    let mut c = tenant("vision", KEY_A, (1000, 1999));
+    let up = Upstream {
+        leaf_index: 1,
+        n_leaves: 2,
+        spines: vec![SpineAddr {
+            ip: [198, 18, 1, 1],
+            port: 9000,
+        }],
+        local_ip: [198, 18, 1, 2],
+        local_port: 9001,
+    };
+    c.upstream = Some(up.clone());
+    t.add_tenant(c.clone()).unwrap();
+    let w = Want {
+        dtype: Dtype::Bf16,
+        ..want("run-1", 2)
+    };
+    let (id, _) = provision(&mut t, &w).unwrap();
+    let job = t.get(id).unwrap();
+    assert_eq!(job.config.upstream.as_ref(), Some(&up));
+    assert!(job.uplink().is_some());
+    // A leaf's chunks are float32 towards its spines.
+    assert_eq!(
+        job.config.elems_per_chunk,
+        config::max_elems_for(
+            crate::wire::elems_per_chunk_for_mtu(1500),
+            Dtype::F32,
+            AuthMode::Port,
+            false
+        )
+    );
+    // Leaf jobs take auth port only.
+    let mac = Want {
+        auth: AuthMode::Mac,
+        ..want("run-2", 2)
+    };
+    assert_eq!(
+        provision(&mut t, &mac),
+        Err((NackReason::QuotaExceeded, Quota::Auth as u16))
+    );
+    // A tenant upstream needs the uplink's address.
+    c.name = TenantName::new("other").unwrap();
+    c.job_ids = (3000, 3001);
+    c.upstream.as_mut().unwrap().local_port = 0;
+    let e = t.add_tenant(c).unwrap_err();
+    assert!(e.to_string().contains("[switch] uplink"), "{e}");
+}
