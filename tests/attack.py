@@ -2,7 +2,7 @@
 """What an attacker on the testbed does, for the end-to-end security tests.
 Run inside a testbed namespace; only testbed addresses are used.
 
-  attack.py capture IFACE SECS OUT      save every aggregation JOIN (v3) the
+  attack.py capture IFACE SECS OUT      save every aggregation JOIN (v4) the
                                         interface sends or sees, as hex lines
   attack.py replay IFACE FILE COUNT SECS
                                         send each saved frame COUNT times,
@@ -32,7 +32,7 @@ Run inside a testbed namespace; only testbed addresses are used.
                                         member's own, as from a host that
                                         reaches it without the switch)
 
-It builds frames from docs/PROTOCOL.md (version 3) directly: it plays a
+It builds frames from docs/PROTOCOL.md (version 4) directly: it plays a
 peer that does not know the secret, which the package never does.
 """
 import hashlib
@@ -70,7 +70,7 @@ def capture(iface, secs, out):
         except socket.timeout:
             continue
         p = agg_payload(frame)
-        if p is not None and len(p) >= HEADER.size and p[0] == 0x33:
+        if p is not None and len(p) >= HEADER.size and p[0] == 0x43:
             frames.append(frame.hex())
     with open(out, "w") as f:
         f.write("\n".join(frames) + "\n")
@@ -98,9 +98,9 @@ def flip_data(iface, secs, count):
         except socket.timeout:
             continue
         p = agg_payload(frame)
-        # Outgoing (PACKET_OUTGOING = 4) DATA (version 3, type 1) of one
+        # Outgoing (PACKET_OUTGOING = 4) DATA (version 4, type 1) of one
         # datagram: count elements plus a 16-byte tag.
-        if addr[2] != 4 or p is None or len(p) < HEADER.size + 1 or p[0] != 0x31:
+        if addr[2] != 4 or p is None or len(p) < HEADER.size + 1 or p[0] != 0x41:
             continue
         f = bytearray(frame)
         ihl = (f[14] & 0x0F) * 4
@@ -134,10 +134,10 @@ def bad_joins(addr, port, job, rank, workers, n):
     s.connect((addr, port))
     s.settimeout(2)
     hello_nonce = os.urandom(16)
-    s.send(HEADER.pack(0x38, 0, job, rank, 0, 0, 0, 0, 0) + hello_nonce + bytes(24))
+    s.send(HEADER.pack(0x48, 0, job, rank, 0, 0, 0, 0, 0) + hello_nonce + bytes(24))
     reply = s.recv(2048)
     ver_type, _, _, _, _, _, _, _, gen = HEADER.unpack(reply[: HEADER.size])
-    assert ver_type == 0x39, "expected a CHALLENGE, got %#x" % ver_type
+    assert ver_type == 0x49, "expected a CHALLENGE, got %#x" % ver_type
     body = reply[HEADER.size :]
     assert body[:16] == hello_nonce
     nonce, ip, lport = body[16:32], body[32:36], body[36:38]
@@ -150,7 +150,7 @@ def bad_joins(addr, port, job, rank, workers, n):
         + lport
     )
     mac = hmac.new(wrong_secret, msg, hashlib.sha256).digest()
-    join = HEADER.pack(0x33, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", workers, 0, 0)
+    join = HEADER.pack(0x43, 0, job, rank, 0, 0, 0, 0, gen) + struct.pack(">HBB", workers, 0, 0)
     join += nonce + mac
     s.setblocking(False)
     sent = 0
@@ -177,10 +177,10 @@ def spoof_control(iface, src_mac, src_ip, sport, dst_mac, dst_ip, dport, job, ra
     for reason in (1, 6, 7):
         for tag in (bytes(16), os.urandom(16)):
             nack = struct.pack(">HH", reason, 0) + bytes(16) + tag
-            payloads.append(HEADER.pack(0x36, 0, job, rank, 0, 0, 0, 0, gen) + nack)
+            payloads.append(HEADER.pack(0x46, 0, job, rank, 0, 0, 0, 0, gen) + nack)
     # A RESULT of another generation: one element, 1e30.
     payloads.append(
-        HEADER.pack(0x32, 0, job, rank, 1, 0, 0, 0, gen ^ 1) + struct.pack("<f", 1e30)
+        HEADER.pack(0x42, 0, job, rank, 1, 0, 0, 0, gen ^ 1) + struct.pack("<f", 1e30)
     )
     src = mac_bytes(src_mac), socket.inet_aton(src_ip)
     dst = mac_bytes(dst_mac), socket.inet_aton(dst_ip)

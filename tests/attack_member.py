@@ -22,7 +22,7 @@ import time
 
 from rawframe import HEADER
 
-VERSION = 3
+VERSION = 4
 HELLO, CHALLENGE, JOIN, JOIN_ACK, DATA, RESULT = 8, 9, 3, 4, 1, 2
 RETX, LAST = 0x02, 0x04
 

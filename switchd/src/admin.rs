@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::JobSection;
+use crate::config::{JobSection, TenantSection};
 use crate::ratelog::LogLimiter;
 use crate::stats::SwitchStats;
 use crate::supervise::{self, Health, Policy};
@@ -62,6 +62,15 @@ pub enum AdminRequest {
     /// Change a job's worker count between collectives (docs/PROTOCOL.md,
     /// "Elastic jobs").
     ResizeJob { id: u16, n_workers: u16 },
+    /// List the tenants ([`crate::tenants::TenantRow`]s).
+    Tenants,
+    /// Declare a tenant. Its `key_file` is an absolute path that switchd
+    /// reads itself: the key never crosses the admin socket, and switchd
+    /// applies its own checks (and the file's permissions) to the file, as
+    /// for a `[[tenant]]` of its config.
+    AddTenant { tenant: Box<TenantSection> },
+    /// Remove a tenant (refused while it has jobs).
+    RemoveTenant { name: String },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -431,6 +440,60 @@ mod tests {
             std::process::id(),
             rand::random::<u32>()
         ))
+    }
+
+    #[test]
+    fn tenant_requests_travel_as_one_json_line_and_carry_no_key() {
+        let tenant = TenantSection {
+            name: "team-a".into(),
+            key_file: "/etc/aggswitch/tenants/team-a.key".into(),
+            allowed_sources: vec!["198.18.0.0/24".parse().unwrap()],
+            max_jobs: 2,
+            max_workers_per_job: 8,
+            max_pool_bytes: 1 << 20,
+            dtypes: vec!["f32".into()],
+            auth: vec!["port".into()],
+            max_priority: "normal".into(),
+            job_ids: Some([100, 199]),
+            lease_secs: 30,
+            pool_slots: 64,
+            upstream: None,
+        };
+        let path = socket_path("tenant");
+        let _server = serve(&path, fake_control()).unwrap();
+        for (req, cmd, answered) in [
+            (
+                AdminRequest::AddTenant {
+                    tenant: Box::new(tenant),
+                },
+                "add_tenant",
+                "AddTenant { tenant: TenantSection { name: \"team-a\", key_file: \"/etc/aggswitch/tenants/team-a.key\"",
+            ),
+            (AdminRequest::Tenants, "tenants", "Tenants"),
+            (
+                AdminRequest::RemoveTenant {
+                    name: "team-a".into(),
+                },
+                "remove_tenant",
+                "RemoveTenant { name: \"team-a\" }",
+            ),
+        ] {
+            let line = serde_json::to_string(&req).unwrap();
+            assert!(line.contains(&format!("\"cmd\":\"{cmd}\"")), "{line}");
+            let reply = request(&path, &req).unwrap();
+            let got = reply.data["answered"].as_str().unwrap_or_default();
+            assert!(got.starts_with(answered), "{got}");
+        }
+        // A typo in a request is refused, naming the field.
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.write_all(b"{\"cmd\":\"remove_tenant\",\"nmae\":\"a\"}\n")
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        assert!(
+            line.contains("bad request") && line.contains("name"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The control thread: everything switchd does that is not moving packets.
-//! Admin requests (switchctl, the metrics endpoint), the periodic summary
+//! Admin requests (switchctl, the metrics endpoint; jobs and tenants), the periodic summary
 //! and stats file, BPF map reads, and the log of the job table's events,
 //! rate-limited (at most one line per kind per second, with the count).
 //!
@@ -17,14 +17,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use proto::switch::tenant::TenantConfig;
 use proto::switch::{
-    Event, JobConfig, JobConfigError, JobTable, RefusalSample, ResizeError, REFUSAL_KINDS,
+    Event, JobConfig, JobConfigError, JobTable, Refusal, RefusalSample, ResizeError, REFUSAL_KINDS,
 };
 
 use crate::admin::{AdminCall, AdminReply, AdminRequest};
+use crate::config::{TenantSection, DEFAULT_TENANT_JOB_IDS};
 use crate::dataplane::Shared;
 use crate::ratelog::LogLimiter;
 use crate::stats::{self, PortStats, SwitchStats};
+use crate::tenants::TenantRow;
 
 /// How often the table's events are drained into the log.
 const EVENT_EVERY: Duration = Duration::from_millis(100);
@@ -149,7 +152,13 @@ impl<'a> ControlPlane<'a> {
             if let Some(suppressed) = self.limiter.check_many(k, new, now) {
                 let source = std::net::Ipv4Addr::from(r.ip);
                 let (job, rank, why) = (r.job, r.rank, r.why);
-                tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+                // A PROVISION's refusal says so itself (and names the
+                // tenant, the job and the quota's numbers).
+                if matches!(why, Refusal::Quota(_) | Refusal::Provision(..)) {
+                    tracing::warn!(job, rank, %source, suppressed, "{why}");
+                } else {
+                    tracing::warn!(job, rank, %source, suppressed, "JOIN refused: {why}");
+                }
             }
         }
         if dropped > self.prev_events_dropped {
@@ -271,34 +280,10 @@ impl<'a> ControlPlane<'a> {
                 }
             }
             AdminRequest::Jobs => {
+                let now = Instant::now();
                 let table = self.shared.table();
-                let mut jobs: Vec<serde_json::Value> = table
-                    .jobs()
-                    .map(|j| {
-                        serde_json::json!({
-                            "id": j.id(),
-                            "state": j.state().name(),
-                            "n_workers": j.n_workers(),
-                            "ranks_joined": j.joined_ranks(),
-                            "pool_slots": j.config.pool_slots,
-                            "elems_per_chunk": j.config.elems_per_chunk,
-                            "dtype": j.config.dtype.name(),
-                            "auth": j.auth().name(),
-                            "stats": j.config.stats,
-                            "window": j.window(),
-                            "priority": j.priority().name(),
-                            "declared_window": j.declared_window(),
-                            "yielding": j.core().priority.outranked_now(),
-                            "priority_marked": j.counters().priority_marked,
-                            "pool_bytes": j.config.pool_bytes(),
-                            "upstream": j.uplink().map(|u| serde_json::json!({
-                                "leaf_index": u.cfg.leaf_index,
-                                "n_leaves": u.cfg.n_leaves,
-                                "spines": crate::stats::spine_stats(j, std::time::Instant::now()),
-                            })),
-                        })
-                    })
-                    .collect();
+                let mut jobs: Vec<serde_json::Value> =
+                    table.jobs().map(|j| stats::job_listing(j, now)).collect();
                 jobs.sort_by_key(|j| j["id"].as_u64());
                 AdminReply::ok(serde_json::Value::Array(jobs))
             }
@@ -328,6 +313,25 @@ impl<'a> ControlPlane<'a> {
                     None => AdminReply::err(format!("no job {id} (switchctl jobs lists them)")),
                 }
             }
+            AdminRequest::Tenants => {
+                let table = self.shared.table();
+                let rows: Vec<TenantRow> = table
+                    .tenants()
+                    .map(|t| TenantRow::new(t, table.tenant_usage(t.name.as_str())))
+                    .collect();
+                to_json(serde_json::to_value(rows))
+            }
+            AdminRequest::AddTenant { tenant } => self.add_tenant(&tenant),
+            AdminRequest::RemoveTenant { name } => {
+                let removed = self.shared.table().remove_tenant(&name);
+                match removed {
+                    Ok(t) => {
+                        tracing::info!(tenant = %t.name, "tenant removed");
+                        AdminReply::ok(serde_json::json!({ "removed": t.name.as_str() }))
+                    }
+                    Err(e) => AdminReply::err(e.to_string()),
+                }
+            }
             AdminRequest::ResizeJob { id, n_workers } => {
                 match resize_job(self.shared, id, n_workers) {
                     Ok(resized) => AdminReply::ok(serde_json::json!({
@@ -338,6 +342,39 @@ impl<'a> ControlPlane<'a> {
                     Err(e) => AdminReply::err(e.to_string()),
                 }
             }
+        }
+    }
+}
+
+impl ControlPlane<'_> {
+    /// `switchctl tenant add`: the key file read and checked here (as a
+    /// `[[tenant]]`'s: without the table lock), then the tenant handed to
+    /// the table, which refuses a duplicate name or an overlapping range.
+    /// Without `job_ids` it asks for [`DEFAULT_TENANT_JOB_IDS`].
+    fn add_tenant(&self, tenant: &TenantSection) -> AdminReply {
+        let (cfg, warning) =
+            match tenant.to_tenant_config(Some(DEFAULT_TENANT_JOB_IDS), self.cfg.uplink, None) {
+                Ok(c) => c,
+                Err(e) => return AdminReply::err(e),
+            };
+        let (name, (lo, hi)) = (cfg.name.clone(), cfg.job_ids);
+        let added = self.shared.table().add_tenant(cfg);
+        match added {
+            Ok(()) => {
+                if let Some(w) = &warning {
+                    tracing::warn!("{w}");
+                }
+                tracing::info!(tenant = %name, job_ids = %format_args!("{lo}-{hi}"), "tenant added");
+                AdminReply::ok(serde_json::json!({
+                    "added": name.as_str(),
+                    "job_ids": [lo, hi],
+                    "warnings": warning.into_iter().collect::<Vec<_>>(),
+                }))
+            }
+            Err(e) if tenant.job_ids.is_none() => AdminReply::err(format!(
+                "{e} (it took the default job ids {lo}-{hi}: give it --job-ids FIRST-LAST)"
+            )),
+            Err(e) => AdminReply::err(e.to_string()),
         }
     }
 }
@@ -397,6 +434,18 @@ pub fn declare_jobs(
 ) -> Result<(), JobConfigError> {
     for j in jobs {
         table.add(j.clone(), max_elems)?;
+    }
+    Ok(())
+}
+
+/// Declares the configured tenants into a table before the dataplane
+/// starts (after the jobs: a tenant's range must not hold one's id).
+pub fn declare_tenants(
+    table: &mut JobTable,
+    tenants: &[TenantConfig],
+) -> Result<(), proto::switch::tenant::TenantError> {
+    for t in tenants {
+        table.add_tenant(t.clone())?;
     }
     Ok(())
 }
@@ -501,4 +550,249 @@ pub fn snapshot(shared: &Shared, ports: Vec<PortStats>) -> SwitchStats {
 /// through a symlink, mode 0640).
 pub fn write_stats(path: &Path, s: &SwitchStats) -> std::io::Result<()> {
     stats::write_stats_file(path, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::provision::{provision_mac, ProvisionClaim};
+    use proto::switch::{Endpoint, Source, TableConfig};
+    use proto::wire::{
+        ChallengePayload, Header, HeaderRepr, MsgType, ProvisionPayload, HEADER_LEN, PROVISION_ASK,
+        PROVISION_CLAIM,
+    };
+    use std::sync::Arc;
+
+    const KEY: &str = "3c5e7a9b1d2f40618293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+
+    fn shared() -> Arc<Shared> {
+        let table = JobTable::new(TableConfig::new(7, [1; 32]), Instant::now());
+        let (shared, _lanes) = crate::dataplane::build(
+            table,
+            Vec::new(),
+            crate::dataplane::DataplaneConfig {
+                agg_port: 48879,
+                seq_lanes: 1,
+                ecn_ring_fraction: 1.0,
+                ring_size: 64,
+                threads: 1,
+                echo: false,
+                uplink: None,
+                own: crate::dataplane::OwnAddresses::new([[198, 18, 0, 1]], []),
+            },
+        )
+        .unwrap();
+        shared
+    }
+
+    fn control(shared: &Shared) -> ControlPlane<'_> {
+        let (_tx, rx) = mpsc::channel();
+        static NO_PORTS: fn() -> Vec<crate::stats::PortStats> = Vec::new;
+        static NOTHING: fn() = || {};
+        ControlPlane::new(
+            shared,
+            ControlConfig {
+                summary_every: Duration::from_secs(5),
+                stats_file: None,
+                default_elems: 358,
+                max_elems: 1000,
+                uplink: None,
+                echo_mode: false,
+                xdp_drop: false,
+            },
+            rx,
+            &NO_PORTS,
+            &NOTHING,
+        )
+    }
+
+    /// A directory with a good key file (0600) and a weak one.
+    fn keys(tag: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!(
+            "switchd-control-{tag}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        for (name, text, mode) in [
+            ("a.key", KEY.to_string(), 0o600),
+            ("open.key", KEY.replace("3c", "4d"), 0o644),
+            ("weak.key", "00".repeat(32), 0o600),
+        ] {
+            let p = d.join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        d
+    }
+
+    fn section(name: &str, key: PathBuf, ids: Option<[u16; 2]>) -> Box<TenantSection> {
+        Box::new(TenantSection {
+            name: name.into(),
+            key_file: key,
+            allowed_sources: vec!["198.18.0.0/24".parse().unwrap()],
+            max_jobs: 2,
+            max_workers_per_job: 8,
+            max_pool_bytes: 1 << 30,
+            dtypes: vec!["f32".into()],
+            auth: vec!["port".into()],
+            max_priority: "normal".into(),
+            job_ids: ids,
+            lease_secs: 60,
+            pool_slots: 16,
+            upstream: None,
+        })
+    }
+
+    fn err(r: AdminReply) -> String {
+        assert!(!r.ok, "succeeded: {:?}", r.data);
+        r.error.unwrap_or_default()
+    }
+
+    /// A worker of tenant `tenant` (key [`KEY`]) provisions job `name` of
+    /// 2 ranks: ask, CHALLENGE, claim, PROVISIONED (its job id).
+    fn provision(shared: &Shared, tenant: &str, name: &str) -> u16 {
+        let key: [u8; 32] = hex::decode(KEY).unwrap().try_into().unwrap();
+        let from = Endpoint {
+            source: Source {
+                mac: [2, 0, 0, 0, 0, 1],
+                ip: [198, 18, 0, 10],
+                port: 40000,
+            },
+            ..Endpoint::default()
+        };
+        let mut p = ProvisionPayload {
+            tenant: proto::provision::TenantName::new(tenant).unwrap().to_wire(),
+            job_name: proto::provision::JobName::new(name).unwrap().to_wire(),
+            n_workers: 2,
+            dtype: proto::wire::Dtype::F32 as u8,
+            op: 0,
+            auth: proto::tag::AuthMode::Port as u8,
+            stats: 0,
+            priority: proto::switch::Priority::Normal as u8,
+            nonce: [0x11; 16],
+            mac: [0; 32],
+        };
+        let frame = |p: &ProvisionPayload, count: u16, gen: u32| {
+            let mut h = HeaderRepr::new(MsgType::Provision, 0);
+            h.count = count;
+            h.gen = gen;
+            let mut b = vec![0u8; HEADER_LEN + proto::wire::PROVISION_PAYLOAD_LEN];
+            h.emit_to(&mut b).unwrap();
+            p.emit(&mut b[HEADER_LEN..]).unwrap();
+            b
+        };
+        let answer = |t: &mut JobTable| {
+            let r = t.poll_reply().expect("an answer");
+            let mut buf = [0u8; 2048];
+            let e = t.encode(&r, &mut buf).unwrap();
+            let h = HeaderRepr::parse(&Header::new_checked(&buf[..e.len]).unwrap()).unwrap();
+            (h, buf[HEADER_LEN..e.len].to_vec())
+        };
+        let mut t = shared.table();
+        let now = Instant::now();
+        t.handle(&frame(&p, PROVISION_ASK, 0), from, false, now);
+        let (h, c) = answer(&mut t);
+        assert_eq!(h.msg_type, MsgType::Challenge, "{h:?}");
+        let c = ChallengePayload::parse(&c).unwrap();
+        p.nonce = c.nonce;
+        let claim = ProvisionClaim {
+            job: 0,
+            gen: h.gen,
+            ip: from.source.ip,
+            port: from.source.port,
+        };
+        p.mac = provision_mac(&key, &claim, &p.covered());
+        t.handle(&frame(&p, PROVISION_CLAIM, h.gen), from, false, now);
+        let (h, _) = answer(&mut t);
+        assert_eq!(h.msg_type, MsgType::Provisioned, "{h:?}");
+        h.job
+    }
+
+    #[test]
+    fn tenants_are_added_listed_and_removed_over_the_admin_requests() {
+        let dir = keys("add");
+        let shared = shared();
+        let cp = control(&shared);
+        let r = cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-a", dir.join("a.key"), None),
+        });
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.data["added"], "team-a");
+        assert_eq!(r.data["job_ids"], serde_json::json!([32768, 65535]));
+        assert_eq!(r.data["warnings"], serde_json::json!([]));
+        // The default range is taken: a second tenant without one is told
+        // to give --job-ids.
+        let e = err(cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-b", dir.join("a.key"), None),
+        }));
+        assert!(
+            e.contains("overlap tenant team-a's") && e.contains("give it --job-ids FIRST-LAST"),
+            "{e}"
+        );
+        let e = err(cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-a", dir.join("a.key"), Some([1, 9])),
+        }));
+        assert!(e.contains("tenant team-a is already declared"), "{e}");
+        // switchd's own checks of the key file, as for a [[tenant]].
+        let e = err(cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-b", dir.join("weak.key"), Some([1, 9])),
+        }));
+        assert!(
+            e.contains("tenant team-b") && e.contains("tenant key is weak"),
+            "{e}"
+        );
+        let e = err(cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-b", "a.key".into(), Some([1, 9])),
+        }));
+        assert!(e.contains("must be an absolute path"), "{e}");
+        let r = cp.handle_admin(AdminRequest::AddTenant {
+            tenant: section("team-b", dir.join("open.key"), Some([1, 9])),
+        });
+        assert!(r.ok, "{r:?}");
+        let w = r.data["warnings"][0].as_str().unwrap_or_default();
+        assert!(w.contains("open.key") && w.contains("chmod 600"), "{w}");
+
+        let r = cp.handle_admin(AdminRequest::Tenants);
+        let rows: Vec<crate::tenants::TenantRow> = serde_json::from_value(r.data).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["team-a", "team-b"]);
+        assert_eq!(
+            (rows[1].job_ids, rows[1].jobs, rows[1].max_jobs),
+            ([1, 9], 0, 2)
+        );
+
+        // A provisioned job: listed with its tenant, name and lease; the
+        // tenant's usage counts it; the tenant cannot go while it is there.
+        let id = provision(&shared, "team-a", "run-1");
+        assert!((32768..=65535).contains(&id), "{id}");
+        let jobs = cp.handle_admin(AdminRequest::Jobs).data;
+        let j = &jobs[0];
+        assert_eq!(j["origin"], "provisioned");
+        assert_eq!(
+            (j["tenant"].as_str(), j["job_name"].as_str()),
+            (Some("team-a"), Some("run-1"))
+        );
+        let lease = j["lease_left_secs"].as_u64().unwrap();
+        assert!((59..=60).contains(&lease), "{lease}");
+        let rows: Vec<crate::tenants::TenantRow> =
+            serde_json::from_value(cp.handle_admin(AdminRequest::Tenants).data).unwrap();
+        assert_eq!(rows[0].jobs, 1);
+        assert!(rows[0].pool_bytes > 0);
+        let e = err(cp.handle_admin(AdminRequest::RemoveTenant {
+            name: "team-a".into(),
+        }));
+        assert!(e.contains("tenant team-a still has 1 job(s)"), "{e}");
+        assert!(cp.handle_admin(AdminRequest::RemoveJob { id }).ok);
+        let r = cp.handle_admin(AdminRequest::RemoveTenant {
+            name: "team-a".into(),
+        });
+        assert!(r.ok, "{r:?}");
+        let e = err(cp.handle_admin(AdminRequest::RemoveTenant {
+            name: "team-a".into(),
+        }));
+        assert!(e.contains("no tenant team-a"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

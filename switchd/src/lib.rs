@@ -15,6 +15,7 @@
 //! * [`supervise`]: restarting the admin and metrics threads.
 //! * [`ratelog`]: rate-limited log lines for events the network drives.
 //! * [`wake`]: waking a sleeping dataplane thread when another hands it work.
+//! * [`tenants`]: tenants as `switchctl tenant list` and check-config show them.
 //! * [`watchdog`]: noticing a stuck dataplane thread and exiting for a restart.
 
 pub mod admin;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod ratelog;
 pub mod stats;
 pub mod supervise;
+pub mod tenants;
 pub mod testbed_config;
 pub mod wake;
 pub mod watchdog;

@@ -4,7 +4,8 @@
 //!   serve the jobs, log a summary per job every few seconds, and on
 //!   SIGINT/SIGTERM detach everything and write the final counters.
 //! * `switchd check-config --config FILE`: validate a configuration.
-//! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET …`: write a
+//! * `switchd testbed-config --env FILE --job ID:WORKERS:SECRET
+//!   [--tenant NAME:KEYFILE] …`: write a
 //!   config for a `scripts/testbed.sh` testbed ([`switchd::testbed_config`]);
 //!   with `--topology leaf-spine --role leaf:I|spine:J`, for one switch of
 //!   a leaf-spine testbed.
@@ -64,6 +65,11 @@ enum Cmd {
         /// switch that only forwards until `switchctl job add`).
         #[arg(long = "job")]
         jobs: Vec<switchd::testbed_config::JobSpec>,
+        /// A tenant: NAME:KEYFILE (repeat for several; the job id range is
+        /// then split among them). On a leaf-spine testbed it goes on every
+        /// switch, the leaves' with [tenant.upstream].
+        #[arg(long = "tenant")]
+        tenants: Vec<switchd::testbed_config::TenantSpec>,
         /// switch.KEY=VALUE or job.ID.KEY=VALUE (VALUE in TOML, or a bare
         /// string), checked against switchd's config (repeat).
         #[arg(long = "set")]
@@ -120,6 +126,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     if let Some(w) = switchd::config::secrets_exposure(config_path, &cfg) {
         tracing::warn!("{w}");
     }
+    for w in &cfg.key_warnings {
+        tracing::warn!("{w}");
+    }
     for w in cfg.layout_warnings() {
         tracing::warn!("{w}");
     }
@@ -150,13 +159,21 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         }
     };
     let budget = cfg.switch.pool_budget_bytes();
+    let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
+    let default_elems =
+        switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let mut table_cfg = TableConfig::new(gen, rand::random());
     table_cfg.pool_budget = budget;
     table_cfg.seq_lanes = cfg.switch.seq_lanes;
+    // A provisioned job's chunk is what a declared job gets when it leaves
+    // elems_per_chunk out (JobSection::to_job_config): the ports' MTU,
+    // capped by what the sockets take.
+    table_cfg.max_f32_elems = default_elems.min(max_elems);
     let mut table = JobTable::new(table_cfg, Instant::now());
-    let max_elems = switchd::config::max_elems_per_chunk(cfg.multi_buffer);
     control::declare_jobs(&mut table, &cfg.jobs, max_elems)
         .context("declaring the configured jobs")?;
+    control::declare_tenants(&mut table, &cfg.tenants)
+        .context("declaring the configured tenants")?;
 
     let xdp_drop = cfg.switch.mode == DataplaneMode::XdpDrop;
     let forward = cfg.switch.forwarding == ForwardingSetting::Xdp;
@@ -233,8 +250,6 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     }
 
     let started = Instant::now();
-    let default_elems =
-        switchd::config::default_elems_per_chunk(&cfg.switch.ports, switchd::config::sysfs_mtu);
     let threads = cfg.switch.dataplane_threads as usize;
     let uplink = match cfg.switch.uplink {
         None => None,
@@ -307,6 +322,7 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         addresses = ?cfg.switch.addresses,
         agg_port = cfg.switch.agg_port,
         jobs = cfg.jobs.len(),
+        tenants = cfg.tenants.len(),
         mode = ?cfg.switch.mode,
         forwarding = ?cfg.switch.forwarding,
         pool_memory = %human_bytes(budget),
@@ -470,6 +486,9 @@ fn check_config(path: &Path) -> Result<()> {
     if let Some(w) = switchd::config::secrets_exposure(path, &cfg) {
         tracing::warn!("{w}");
     }
+    for w in &cfg.key_warnings {
+        eprintln!("{}: warning: {w}", path.display());
+    }
     if let Some(w) = check_metrics_exposure(path, &cfg)? {
         eprintln!("{}: warning: {w}", path.display());
     }
@@ -547,6 +566,15 @@ fn check_config(path: &Path) -> Result<()> {
             j.auth
         );
     }
+    for t in &cfg.tenants {
+        println!("  tenant {}", switchd::tenants::describe(t));
+    }
+    if cfg.jobs.is_empty() && cfg.tenants.is_empty() {
+        println!(
+            "  no jobs and no tenants: the switch forwards until `switchctl job add` or \
+             `switchctl tenant add`"
+        );
+    }
     Ok(())
 }
 
@@ -600,6 +628,7 @@ fn main() -> std::process::ExitCode {
             env,
             out,
             jobs,
+            tenants,
             sets,
             host_ports,
             writer,
@@ -632,6 +661,7 @@ fn main() -> std::process::ExitCode {
                         writer,
                         host_ports,
                         jobs,
+                        tenants,
                         overrides: sets,
                     },
                     fabric,

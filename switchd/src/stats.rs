@@ -341,6 +341,151 @@ pub fn snapshot(
     }
 }
 
+/// One job as `switchctl jobs` gets it (JSON): its state, shape and window,
+/// how it was made (`origin`: "declared" or "provisioned"; a provisioned
+/// one's `tenant`, `job_name` and `lease_left_secs`, else null), and a
+/// leaf's trees.
+pub fn job_listing(j: &proto::switch::Job, now: std::time::Instant) -> serde_json::Value {
+    use proto::switch::JobOrigin;
+    let (tenant, name) = match j.origin() {
+        JobOrigin::Provisioned { tenant, name } => (Some(tenant.as_str()), Some(name.as_str())),
+        JobOrigin::Declared => (None, None),
+    };
+    serde_json::json!({
+        "id": j.id(),
+        "state": j.state().name(),
+        "n_workers": j.n_workers(),
+        "ranks_joined": j.joined_ranks(),
+        "pool_slots": j.config.pool_slots,
+        "elems_per_chunk": j.config.elems_per_chunk,
+        "dtype": j.config.dtype.name(),
+        "auth": j.auth().name(),
+        "stats": j.config.stats,
+        "window": j.window(),
+        "priority": j.priority().name(),
+        "declared_window": j.declared_window(),
+        "yielding": j.core().priority.outranked_now(),
+        "priority_marked": j.counters().priority_marked,
+        "pool_bytes": j.config.pool_bytes(),
+        "origin": j.origin().kind(),
+        "tenant": tenant,
+        "job_name": name,
+        "lease_left_secs": j.lease_left(now).map(|d| d.as_secs()),
+        "upstream": j.uplink().map(|u| serde_json::json!({
+            "leaf_index": u.cfg.leaf_index,
+            "n_leaves": u.cfg.n_leaves,
+            "spines": spine_stats(j, now),
+        })),
+    })
+}
+
+/// `switchctl jobs`' table from [`job_listing`]s: a header and one line per
+/// job ("window" is what RESULTs advertise now, below "declared" while the
+/// job yields to a busy higher class; "marked" counts its chunks marked for
+/// priority; "origin", "tenant", "name" and "lease" say how it was made and,
+/// for a provisioned job, the seconds left of its idle lease). Auth stays
+/// last (tests read it). A leaf job's trees follow its line.
+pub fn jobs_table(jobs: &[serde_json::Value]) -> Vec<String> {
+    let row = |c: [&str; 16], auth: &str| {
+        format!(
+            "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>5} {:<11} \
+             {:<12} {:<16} {:>6} {:>4}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            c[6],
+            c[7],
+            c[8],
+            c[9],
+            c[10],
+            c[11],
+            c[12],
+            c[13],
+            c[14],
+            c[15],
+            auth
+        )
+    };
+    let mut out = vec![row(
+        [
+            "job", "state", "ranks", "joined", "slots", "window", "declared", "dtype", "elems",
+            "class", "marked", "stats", "origin", "tenant", "name", "lease",
+        ],
+        "auth",
+    )];
+    for j in jobs {
+        // Numbers as text: Value's Display ignores widths.
+        let n = |k: &str| j[k].as_u64().unwrap_or(0).to_string();
+        let t = |k: &str| j[k].as_str().unwrap_or("-").to_string();
+        let cells = [
+            n("id"),
+            j["state"].as_str().unwrap_or("?").to_string(),
+            n("n_workers"),
+            n("ranks_joined"),
+            n("pool_slots"),
+            n("window"),
+            n("declared_window"),
+            t("dtype"),
+            n("elems_per_chunk"),
+            t("priority"),
+            n("priority_marked"),
+            (if j["stats"].as_bool().unwrap_or(false) {
+                "on"
+            } else {
+                "off"
+            })
+            .to_string(),
+            t("origin"),
+            t("tenant"),
+            t("job_name"),
+            j["lease_left_secs"]
+                .as_u64()
+                .map_or_else(|| "-".to_string(), |s| format!("{s}s")),
+        ];
+        let cells: [&str; 16] = std::array::from_fn(|i| cells[i].as_str());
+        out.push(row(cells, j["auth"].as_str().unwrap_or("?")));
+        let up = &j["upstream"];
+        if let Some(spines) = up["spines"].as_array() {
+            out.push(format!(
+                "        leaf {} of {}, spines in tree order:",
+                up["leaf_index"], up["n_leaves"]
+            ));
+            out.extend(spine_lines(spines, "          "));
+        }
+    }
+    out
+}
+
+/// One line per tree of a leaf job: the spine, its session, its traffic
+/// (from [`SpineStats`] as JSON).
+pub fn spine_lines(spines: &[serde_json::Value], indent: &str) -> Vec<String> {
+    spines
+        .iter()
+        .map(|s| {
+            let state = match s["refused"].as_str() {
+                Some(why) => format!("REFUSED: {why}"),
+                None => s["state"].as_str().unwrap_or("?").to_string(),
+            };
+            let heard = s["last_heard_secs"]
+                .as_f64()
+                .map_or("never heard".to_string(), |t| format!("heard {t:.1} s ago"));
+            format!(
+                "{indent}tree {} {} {state}, {heard}: partials {} sent {} resent, {} results, \
+                 {} heartbeats",
+                s["tree"],
+                s["addr"].as_str().unwrap_or("?"),
+                s["partials_sent"],
+                s["partials_resent"],
+                s["results"],
+                s["heartbeats_sent"],
+            )
+        })
+        .collect()
+}
+
 /// One line per job for the log: state, progress and non-zero drops.
 pub fn summary_line(j: &JobStats, prev_bytes: u64, secs: f64) -> String {
     let bytes = j.counter("bytes_aggregated");
@@ -521,6 +666,68 @@ mod tests {
         let e = write_atomic(&target, b"{}").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_declared_job_is_listed_as_declared_with_no_tenant_name_or_lease() {
+        use proto::switch::{Ipv4Prefix, JobConfig};
+        let now = std::time::Instant::now();
+        let mut t = JobTable::new(proto::switch::TableConfig::new(7, [1; 32]), now);
+        t.add(
+            JobConfig {
+                id: 9,
+                n_workers: 2,
+                allowed_sources: vec![Ipv4Prefix {
+                    addr: [198, 18, 0, 0],
+                    len: 24,
+                }],
+                secret: [7; 32],
+                pool_slots: 4,
+                elems_per_chunk: 64,
+                dtype: proto::wire::Dtype::F32,
+                window: 4,
+                priority: Default::default(),
+                upstream: None,
+                stats: false,
+                auth: proto::tag::AuthMode::Mac,
+            },
+            1000,
+        )
+        .unwrap();
+        let jobs: Vec<serde_json::Value> = t.jobs().map(|j| job_listing(j, now)).collect();
+        let j = &jobs[0];
+        assert_eq!(
+            (j["id"].as_u64(), j["origin"].as_str()),
+            (Some(9), Some("declared"))
+        );
+        for k in ["tenant", "job_name", "lease_left_secs"] {
+            assert!(j[k].is_null(), "{k}: {j}");
+        }
+        let lines = jobs_table(&jobs);
+        let head: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            head[12..],
+            ["origin", "tenant", "name", "lease", "auth"],
+            "{}",
+            lines[0]
+        );
+        let row: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(row.len(), head.len(), "{}", lines[1]);
+        assert_eq!(
+            row[12..],
+            ["declared", "-", "-", "-", "mac"],
+            "{}",
+            lines[1]
+        );
+        // A provisioned job's row, from its JSON.
+        let mut p = j.clone();
+        p["origin"] = "provisioned".into();
+        p["tenant"] = "team-a".into();
+        p["job_name"] = "run-42".into();
+        p["lease_left_secs"] = 57.into();
+        let row = jobs_table(&[p]).pop().unwrap();
+        let row: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(row[12..], ["provisioned", "team-a", "run-42", "57s", "mac"]);
     }
 
     /// A snapshot of a switch with three dataplane threads: thread 0 serves

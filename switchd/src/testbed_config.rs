@@ -5,7 +5,8 @@
 //! the address plan nor write a key switchd would refuse.
 //!
 //! Owns: [`TestbedEnv`] (the `key=value` lines), [`JobSpec`] (`ID:WORKERS:
-//! SECRET`), [`Override`] (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`), [`Role`]
+//! SECRET`), [`TenantSpec`] (`NAME:KEYFILE`), [`Override`]
+//! (`switch.KEY=VALUE`, `job.ID.KEY=VALUE`, `tenant.NAME.KEY=VALUE`), [`Role`]
 //! and [`Fabric`] (`--topology leaf-spine`), [`write`] and
 //! [`write_leaf_spine`]; the configs themselves are built by
 //! [`crate::config_builder`]. Invariant: what they return deserialises into
@@ -18,7 +19,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::config_builder::{ConfigBuilder, JobBuilder};
+use crate::config_builder::{ConfigBuilder, JobBuilder, TenantBuilder};
 
 /// What can be wrong with a testbed config request.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +38,12 @@ pub enum TestbedConfigError {
     },
     #[error("--job `{0}`: {1} (the form is ID:WORKERS:SECRET, e.g. 1:0-3:env:AGGSWITCH_SECRET or 2:2,3:file:/run/s2)")]
     BadJob(String, String),
-    #[error("--set `{0}`: {1} (the form is switch.KEY=VALUE or job.ID.KEY=VALUE)")]
+    #[error("--tenant `{0}`: {1} (the form is NAME:KEYFILE, e.g. team-a:/etc/aggswitch/tenants/team-a.key)")]
+    BadTenant(String, String),
+    #[error(
+        "--set `{0}`: {1} (the form is switch.KEY=VALUE, job.ID.KEY=VALUE or \
+         tenant.NAME.KEY=VALUE)"
+    )]
     BadOverride(String, String),
     #[error("reading the secret of job {job} from {source_name}: {why}")]
     Secret {
@@ -169,11 +175,39 @@ impl FromStr for JobSpec {
     }
 }
 
+/// `NAME:KEYFILE`: a tenant on the testbed's switch (every switch of a
+/// leaf-spine testbed), its key (64 hex digits) in KEYFILE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    pub name: String,
+    pub key_file: PathBuf,
+}
+
+impl FromStr for TenantSpec {
+    type Err = TestbedConfigError;
+
+    fn from_str(s: &str) -> Result<TenantSpec> {
+        let bad = |why: String| TestbedConfigError::BadTenant(s.to_owned(), why);
+        let (name, key_file) = s
+            .split_once(':')
+            .ok_or_else(|| bad("no ':' between the name and the key file".into()))?;
+        proto::provision::TenantName::new(name).map_err(|e| bad(e.to_string()))?;
+        if key_file.is_empty() {
+            return Err(bad("the key file is missing".into()));
+        }
+        Ok(TenantSpec {
+            name: name.to_owned(),
+            key_file: key_file.into(),
+        })
+    }
+}
+
 /// Which section an [`Override`] changes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Target {
     Switch,
     Job(u16),
+    Tenant(String),
 }
 
 /// `switch.KEY=VALUE` or `job.ID.KEY=VALUE`; VALUE is a TOML value (`2`,
@@ -191,13 +225,20 @@ impl FromStr for Override {
     fn from_str(s: &str) -> Result<Override> {
         let bad = |why: &str| TestbedConfigError::BadOverride(s.to_owned(), why.to_owned());
         let (path, value) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
-        let (target, key) = match path.trim().split('.').collect::<Vec<_>>()[..] {
-            ["switch", key] => (Target::Switch, key),
-            ["job", id, key] => (
+        let path = path.trim();
+        // A tenant's name may hold dots: the key is after the last one.
+        let tenant = path
+            .strip_prefix("tenant.")
+            .and_then(|rest| rest.rsplit_once('.'));
+        let parts: Vec<&str> = path.split('.').collect();
+        let (target, key) = match (tenant, &parts[..]) {
+            (Some((name, key)), _) if !name.is_empty() => (Target::Tenant(name.to_owned()), key),
+            (_, &["switch", key]) => (Target::Switch, key),
+            (_, &["job", id, key]) => (
                 Target::Job(id.parse().map_err(|_| bad("the job id is a number"))?),
                 key,
             ),
-            _ => return Err(bad("the key is switch.KEY or job.ID.KEY")),
+            _ => return Err(bad("the key is switch.KEY, job.ID.KEY or tenant.NAME.KEY")),
         };
         if key.is_empty() {
             return Err(bad("empty key"));
@@ -223,7 +264,49 @@ pub struct Request {
     /// Also attach to the plain hosts' ports (`sw-hJ`).
     pub host_ports: bool,
     pub jobs: Vec<JobSpec>,
+    /// Tenants on the switch (on every switch of a leaf-spine testbed).
+    pub tenants: Vec<TenantSpec>,
     pub overrides: Vec<Override>,
+}
+
+/// The tenants of `req` on a switch whose workers (or leaves) send from
+/// `sources`: each key file checked and made absolute; with several
+/// tenants, [`crate::config::DEFAULT_TENANT_JOB_IDS`] split evenly among
+/// them (one alone takes switchd's default); `leaf`: on a leaf, each
+/// tenant's `[tenant.upstream]` (leaf index, leaves, tree spines).
+fn tenants(
+    req: &Request,
+    sources: &[ipnet::Ipv4Net],
+    leaf: Option<(u16, u16, &[String])>,
+) -> Result<Vec<TenantBuilder>> {
+    let [first, last] = crate::config::DEFAULT_TENANT_JOB_IDS;
+    let n = req.tenants.len() as u32;
+    let share = (u32::from(last) - u32::from(first) + 1) / n.max(1);
+    req.tenants
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let bad = |why: String| {
+                TestbedConfigError::BadTenant(
+                    format!("{}:{}", spec.name, spec.key_file.display()),
+                    why,
+                )
+            };
+            let path = std::fs::canonicalize(&spec.key_file)
+                .map_err(|e| bad(format!("reading {}: {e}", spec.key_file.display())))?;
+            crate::config::read_tenant_key(&path).map_err(bad)?;
+            let mut t = TenantBuilder::new(&spec.name, &path, sources);
+            if n > 1 {
+                let lo = u32::from(first) + i as u32 * share;
+                let ids = [lo, lo + share - 1].map(|v| toml::Value::Integer(i64::from(v)));
+                t = t.set("job_ids", toml::Value::Array(ids.to_vec()));
+            }
+            if let Some((index, leaves, spines)) = leaf {
+                t = t.upstream(index, leaves, spines);
+            }
+            Ok(t)
+        })
+        .collect()
 }
 
 fn read_secret(job: u16, src: &SecretSource) -> Result<String> {
@@ -247,8 +330,8 @@ fn read_secret(job: u16, src: &SecretSource) -> Result<String> {
 /// The config text for `env`'s testbed: `[switch]` on the worker ports (and
 /// host ports if asked) at the testbed's switch address, one `[[job]]` per
 /// spec (256 slots; sources: the subnet for every worker, else each
-/// worker's /32), then the overrides, checked by deserialising into
-/// switchd's typed sections.
+/// worker's /32), one `[[tenant]]` per tenant spec (the subnet), then the
+/// overrides, checked by deserialising into switchd's typed sections.
 pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
     let workers = env.number("workers")?;
     let hosts = env.number("hosts")?;
@@ -288,6 +371,10 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
         let secret = read_secret(spec.id, &spec.secret)?;
         config = config.job(JobBuilder::new(spec.id, n, &sources, &secret));
     }
+    let subnet = net(env, "subnet", env.get("subnet")?.to_owned())?;
+    for t in tenants(req, &[subnet], None)? {
+        config = config.tenant(t);
+    }
     finish(config, env, req)
 }
 
@@ -297,15 +384,24 @@ pub fn write(env: &TestbedEnv, req: &Request) -> Result<String> {
 /// when switchd starts), and returns it with its header line.
 fn finish(mut config: ConfigBuilder, env: &TestbedEnv, req: &Request) -> Result<String> {
     for o in &req.overrides {
-        config = match o.target {
-            Target::Switch => config.set(&o.key, o.value.clone()),
-            Target::Job(id) => config.set_job(id, &o.key, o.value.clone()).map_err(|_| {
-                TestbedConfigError::BadOverride(
-                    format!("job.{id}.{}", o.key),
-                    "no such job among the --job specs".into(),
-                )
-            })?,
-        };
+        config =
+            match o.target {
+                Target::Switch => config.set(&o.key, o.value.clone()),
+                Target::Job(id) => config.set_job(id, &o.key, o.value.clone()).map_err(|_| {
+                    TestbedConfigError::BadOverride(
+                        format!("job.{id}.{}", o.key),
+                        "no such job among the --job specs".into(),
+                    )
+                })?,
+                Target::Tenant(ref name) => config
+                    .set_tenant(name, &o.key, o.value.clone())
+                    .map_err(|_| {
+                        TestbedConfigError::BadOverride(
+                            format!("tenant.{name}.{}", o.key),
+                            "no such tenant among the --tenant specs".into(),
+                        )
+                    })?,
+            };
     }
     let body = config
         .render()
@@ -384,6 +480,8 @@ fn net(env: &TestbedEnv, key: &str, text: String) -> Result<ipnet::Ipv4Net> {
 ///   workers' /32s), 256 slots, `[job.upstream]` leaf_index I, n_leaves L
 ///   and the first `fabric.trees` spines at `fabric.agg_port`;
 ///
+/// Each `--tenant` is on every switch: a spine's allows the leaves' /16 (their
+/// uplinks), a leaf's its subnet, with `[tenant.upstream]` as its jobs'.
 /// Then the overrides, checked as [`write`] checks them.
 pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Result<String> {
     let leaves = env.number("leaves")?;
@@ -418,6 +516,9 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                 }
                 let secret = read_secret(spec.id, &spec.secret)?;
                 config = config.job(JobBuilder::new(spec.id, leaves, &[leaves_net], &secret));
+            }
+            for t in tenants(req, &[leaves_net], None)? {
+                config = config.tenant(t);
             }
             config
         }
@@ -479,6 +580,10 @@ pub fn write_leaf_spine(env: &TestbedEnv, req: &Request, fabric: &Fabric) -> Res
                     &tree_spines,
                 ));
             }
+            let subnet = net(env, &subnet_key, env.get(&subnet_key)?.to_owned())?;
+            for t in tenants(req, &[subnet], Some((i, leaves, &tree_spines)))? {
+                config = config.tenant(t);
+            }
             config
         }
     };
@@ -499,6 +604,7 @@ mod tests {
             writer: "a test".into(),
             host_ports: false,
             jobs: jobs.iter().map(|j| j.parse().unwrap()).collect(),
+            tenants: Vec::new(),
             overrides: sets.iter().map(|s| s.parse().unwrap()).collect(),
         }
     }
@@ -668,6 +774,72 @@ mod tests {
         );
         let two = write_leaf_spine(&env, &req, &fabric("leaf:0", None)).unwrap();
         assert!(two.contains("\"198.19.255.2:48879\""), "{two}");
+    }
+
+    fn key_file(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "switchd-tbcfg-{tag}-{}-{:x}.key",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::write(&p, format!("{SECRET}\n")).unwrap();
+        p
+    }
+
+    #[test]
+    fn tenants_go_on_every_switch_with_leaves_provisioning_upstream() {
+        let key = key_file("fabric");
+        let env = TestbedEnv::parse(FABRIC_ENV).unwrap();
+        let mut req = request(&[], &["tenant.team.a.max_jobs=2"]);
+        req.tenants = vec![format!("team.a:{}", key.display()).parse().unwrap()];
+        let leaf = parsed(&write_leaf_spine(&env, &req, &fabric("leaf:1", None)).unwrap());
+        assert!(leaf.jobs.is_empty());
+        let t = &leaf.tenants[0];
+        assert_eq!(
+            (t.name.as_str(), t.max_jobs, t.job_ids),
+            ("team.a", 2, (32768, 65535))
+        );
+        assert_eq!(t.allowed_sources[0].addr, [198, 18, 1, 0]);
+        let up = t
+            .upstream
+            .as_ref()
+            .expect("a leaf's tenant has an upstream");
+        assert_eq!((up.leaf_index, up.n_leaves, up.spines.len()), (1, 2, 2));
+        let spine = parsed(&write_leaf_spine(&env, &req, &fabric("spine:0", None)).unwrap());
+        let t = &spine.tenants[0];
+        assert!(t.upstream.is_none());
+        assert_eq!(
+            (t.allowed_sources[0].addr, t.allowed_sources[0].len),
+            ([198, 18, 0, 0], 16)
+        );
+        // Single switch, two tenants: the default range split between them.
+        let env = TestbedEnv::parse(ENV).unwrap();
+        req.overrides.clear();
+        req.tenants
+            .push(format!("b:{}", key.display()).parse().unwrap());
+        let one = parsed(&write(&env, &req).unwrap());
+        assert_eq!(one.tenants[0].job_ids, (32768, 49151));
+        assert_eq!(one.tenants[1].job_ids, (49152, 65535));
+        // A weak key is refused when the config is written, naming the tenant.
+        std::fs::write(&key, "00".repeat(32)).unwrap();
+        let e = write(&env, &req).unwrap_err().to_string();
+        assert!(
+            e.contains("--tenant `team.a:") && e.contains("tenant key is weak"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&key);
+        let e = write(&env, &req).unwrap_err().to_string();
+        assert!(e.contains("reading"), "{e}");
+        for bad in ["team-a", "team a:/k", ":/k", "a:"] {
+            assert!(bad.parse::<TenantSpec>().is_err(), "{bad}");
+        }
+        let e = write(
+            &env,
+            &request(&["1:all:env:TBCFG_TEST_SECRET6"], &["tenant.x.max_jobs=2"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no such tenant"), "{e}");
     }
 
     #[test]

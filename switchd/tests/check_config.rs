@@ -72,3 +72,60 @@ fn an_even_layout_within_the_cpus_gets_no_warning() {
     assert!(ok, "{out}{err}");
     assert!(!err.contains("warning"), "{err}");
 }
+
+/// A config of one tenant and no job (its key beside it, mode `mode`).
+fn check_tenant(key: &str, mode: u32) -> (bool, String, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!(
+        "switchd-check-tenant-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    let key_file = dir.join("team-a.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(mode)).unwrap();
+    let cfg = dir.join("switch.toml");
+    std::fs::write(
+        &cfg,
+        "[switch]\nports = [\"op1-a\"]\naddresses = [\"198.18.0.1\"]\n\n[[tenant]]\n\
+         name = \"team-a\"\nkey_file = \"team-a.key\"\nallowed_sources = [\"198.18.0.0/24\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchd"))
+        .args(["check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_config_of_tenants_and_no_jobs_checks_and_a_weak_key_does_not() {
+    let key = "3c5e7a9b1d2f40618293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+    let (ok, out, err) = check_tenant(key, 0o600);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("tenant team-a: from 198.18.0.0/24, up to 4 jobs")
+            && out.contains("job ids 32768-65535"),
+        "{out}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+    let (ok, out, err) = check_tenant(key, 0o644);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains("warning: tenant team-a: tenant key file") && err.contains("chmod 600"),
+        "{err}"
+    );
+    let (ok, _, err) = check_tenant(&"00".repeat(32), 0o600);
+    assert!(!ok);
+    assert!(
+        err.contains("tenant team-a") && err.contains("tenant key is weak"),
+        "{err}"
+    );
+}

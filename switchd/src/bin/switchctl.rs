@@ -5,8 +5,15 @@
 //!   switchctl job add --id 2 --workers 4 --allow 198.18.0.0/24 --secret-file PATH
 //!     (or the secret in AGGSWITCH_SECRET)
 //!   switchctl job rm 2
+//!   switchctl tenant add --name team-a --key-file /etc/aggswitch/tenants/team-a.key \
+//!     --allowed 198.18.0.0/24 [--max-jobs 4] [--job-ids 32768-65535] …
+//!   switchctl tenant list [--json]
+//!   switchctl tenant remove team-a
 //!   switchctl stats [ID] [--json]   (the switch's: with a table per
 //!                                    dataplane thread)
+//!
+//! Every argument is checked here first, so a typo gets an error naming the
+//! argument and the accepted values, before switchd is asked.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +25,7 @@ use ipnet::Ipv4Net;
 use proto::secret;
 use proto::switch::{human_bytes, CounterSchema, JobCounters, TableCounters};
 use switchd::admin::{request, request_from, AdminRequest};
-use switchd::config::{JobSection, UpstreamSection, DEFAULT_ADMIN_SOCKET};
+use switchd::config::{JobSection, TenantSection, UpstreamSection, DEFAULT_ADMIN_SOCKET};
 use switchd::dataplane::DataplaneCounters;
 
 #[derive(Parser)]
@@ -46,6 +53,12 @@ enum Cmd {
     Job {
         #[command(subcommand)]
         cmd: JobCmd,
+    },
+    /// Add, list or remove a tenant: who may create jobs by name
+    /// (docs/PROTOCOL.md, "Tenants and self-provisioned jobs").
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
     },
     /// Counters of one job (chunks, bytes, retransmissions, drops by reason,
     /// ranks joined, ranks missing on the oldest incomplete seq), or of the
@@ -127,6 +140,209 @@ enum JobCmd {
     Resize { id: u16, n_workers: u16 },
 }
 
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Declare a tenant while switchd runs (until it restarts: put it in
+    /// the config's [[tenant]] to keep it).
+    Add(Box<TenantAdd>),
+    /// Remove a tenant; refused while it has jobs.
+    Remove { name: String },
+    /// The tenants: sources, jobs and pool used of their quotas, dtypes,
+    /// auth, priority ceiling, job ids, lease.
+    List,
+}
+
+#[derive(clap::Args, Debug)]
+struct TenantAdd {
+    /// 1 to 32 characters of letters, digits, '.', '_', ':' and '-'.
+    #[arg(long, value_parser = parse_tenant_name)]
+    name: String,
+    /// The tenant key: 64 hex digits, mode 0600 (`openssl rand -hex 32 >
+    /// FILE; chmod 600 FILE`). switchd reads this file itself: the key
+    /// never crosses the admin socket, and switchd's own checks apply.
+    #[arg(long, value_name = "PATH", value_parser = parse_key_file)]
+    key_file: PathBuf,
+    /// Source prefixes its workers (on a spine: its leaves' uplinks) send
+    /// from, comma-separated or repeated.
+    #[arg(long = "allowed", value_name = "PREFIX[,PREFIX]", required = true, value_parser = parse_prefixes)]
+    allowed: Vec<Prefixes>,
+    /// Jobs it may have at once.
+    #[arg(long, default_value_t = 4, value_parser = nonzero_u16)]
+    max_jobs: u16,
+    /// Largest n_workers of one of its jobs.
+    #[arg(long, default_value_t = 256, value_parser = nonzero_u16)]
+    max_workers_per_job: u16,
+    /// Slot-pool bytes of all its jobs together (default 1 GiB).
+    #[arg(long, value_parser = nonzero_u64, conflicts_with = "max_pool_mib")]
+    max_pool_bytes: Option<u64>,
+    /// The same in MiB.
+    #[arg(long, value_parser = nonzero_u64)]
+    max_pool_mib: Option<u64>,
+    /// Element types its jobs may use: f32, bf16, f16 (comma-separated).
+    #[arg(long, default_value = "f32,bf16,f16", value_parser = parse_dtypes)]
+    dtypes: Names,
+    /// Auth modes its jobs may use: port, mac (comma-separated).
+    #[arg(long, default_value = "port,mac", value_parser = parse_auth)]
+    auth: Names,
+    /// Highest class its jobs may ask for: low, normal or high.
+    #[arg(long, default_value = "normal", value_parser = parse_priority)]
+    max_priority: String,
+    /// Ids its jobs get, FIRST-LAST (default 32768-65535, which only one
+    /// tenant can have).
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_job_ids)]
+    job_ids: Option<[u16; 2]>,
+    /// A job without traffic this long is removed (1..=86400).
+    #[arg(long, default_value_t = 60, value_parser = parse_lease)]
+    lease_secs: u64,
+    /// Slots of each of its jobs' pools (a power of two).
+    #[arg(long, default_value_t = 256, value_parser = parse_slots)]
+    pool_slots: u16,
+    /// On a leaf: this leaf's rank at the spines (with --leaves and
+    /// --spine; needs `[switch] uplink`): its jobs are provisioned on the
+    /// spines too.
+    #[arg(long, requires_all = ["leaves", "spines"])]
+    leaf_index: Option<u16>,
+    /// On a leaf: how many leaves there are.
+    #[arg(long, requires = "leaf_index")]
+    leaves: Option<u16>,
+    /// On a leaf: a spine's ADDR:PORT, in tree order (repeat for each).
+    #[arg(long = "spine", requires = "leaf_index")]
+    spines: Vec<std::net::SocketAddrV4>,
+}
+
+/// One `--allowed` value: its prefixes.
+#[derive(Debug, Clone)]
+struct Prefixes(Vec<Ipv4Net>);
+
+/// A checked comma-separated list of names (`--dtypes`, `--auth`).
+#[derive(Debug, Clone)]
+struct Names(Vec<String>);
+
+fn parse_tenant_name(s: &str) -> Result<String, String> {
+    proto::provision::TenantName::new(s)
+        .map(|n| n.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// The key file as an absolute path (switchd runs elsewhere): it must
+/// exist; switchd reads and checks it.
+fn parse_key_file(s: &str) -> Result<PathBuf, String> {
+    std::fs::canonicalize(s).map_err(|e| {
+        format!("{s}: {e} (make one with `openssl rand -hex 32 > {s}; chmod 600 {s}`)")
+    })
+}
+
+fn parse_prefixes(s: &str) -> Result<Prefixes, String> {
+    s.split(',')
+        .map(|p| {
+            p.trim().parse::<Ipv4Net>().map_err(|e| {
+                format!("`{p}` is not an IPv4 prefix ({e}): write ADDR/LEN, e.g. 198.18.0.0/24")
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(Prefixes)
+}
+
+fn nonzero_u16(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{e}: a whole number 1..=65535")),
+    }
+}
+
+fn nonzero_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{e}: a whole number of at least 1")),
+    }
+}
+
+/// A comma-separated list, each checked by `parse`, duplicates kept once.
+fn list_of<E: std::fmt::Display>(
+    s: &str,
+    parse: impl Fn(&str) -> Result<(), E>,
+) -> Result<Names, String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in s.split(',').map(str::trim) {
+        parse(v).map_err(|e| e.to_string())?;
+        if !out.iter().any(|o| o == v) {
+            out.push(v.to_owned());
+        }
+    }
+    Ok(Names(out))
+}
+
+fn parse_dtypes(s: &str) -> Result<Names, String> {
+    list_of(s, |v| v.parse::<proto::wire::Dtype>().map(drop))
+}
+
+fn parse_auth(s: &str) -> Result<Names, String> {
+    list_of(s, |v| v.parse::<proto::tag::AuthMode>().map(drop))
+}
+
+fn parse_priority(s: &str) -> Result<String, String> {
+    s.parse::<proto::switch::Priority>()
+        .map(|p| p.name().to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn parse_job_ids(s: &str) -> Result<[u16; 2], String> {
+    let bad = || {
+        format!("`{s}`: write FIRST-LAST, two ids 1..=65535 with FIRST <= LAST, e.g. 40000-40999")
+    };
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    match (a.trim().parse::<u16>(), b.trim().parse::<u16>()) {
+        (Ok(a), Ok(b)) if a >= 1 && a <= b => Ok([a, b]),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_lease(s: &str) -> Result<u64, String> {
+    let max = proto::switch::tenant::MAX_LEASE.as_secs();
+    match s.parse::<u64>() {
+        Ok(v) if (1..=max).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}`: seconds, 1..={max}")),
+    }
+}
+
+fn parse_slots(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(v) if v.is_power_of_two() => Ok(v),
+        _ => Err(format!("`{s}`: a power of two, e.g. 256")),
+    }
+}
+
+impl TenantAdd {
+    /// The section switchd checks, as a `[[tenant]]` of its config.
+    fn section(self) -> TenantSection {
+        TenantSection {
+            name: self.name,
+            key_file: self.key_file,
+            allowed_sources: self.allowed.into_iter().flat_map(|p| p.0).collect(),
+            max_jobs: self.max_jobs,
+            max_workers_per_job: self.max_workers_per_job,
+            max_pool_bytes: match (self.max_pool_bytes, self.max_pool_mib) {
+                (Some(b), _) => b,
+                (None, Some(mib)) => mib.saturating_mul(1 << 20),
+                (None, None) => 1 << 30,
+            },
+            dtypes: self.dtypes.0,
+            auth: self.auth.0,
+            max_priority: self.max_priority,
+            job_ids: self.job_ids,
+            lease_secs: self.lease_secs,
+            pool_slots: self.pool_slots,
+            upstream: self.leaf_index.map(|leaf_index| UpstreamSection {
+                leaf_index,
+                n_leaves: self.leaves.unwrap_or(0),
+                spines: self.spines,
+            }),
+        }
+    }
+}
+
 /// `name value` for every counter of `schema` that is non-zero in `v`,
 /// wrapped at about 100 columns.
 fn print_counters(v: &serde_json::Value, schema: &dyn CounterSchema, indent: &str) {
@@ -149,23 +365,8 @@ fn print_counters(v: &serde_json::Value, schema: &dyn CounterSchema, indent: &st
 
 /// One line per tree of a leaf job: the spine, its session, its traffic.
 fn print_spines(spines: &[serde_json::Value], indent: &str) {
-    for s in spines {
-        let state = match s["refused"].as_str() {
-            Some(why) => format!("REFUSED: {why}"),
-            None => s["state"].as_str().unwrap_or("?").to_string(),
-        };
-        let heard = s["last_heard_secs"]
-            .as_f64()
-            .map_or("never heard".to_string(), |t| format!("heard {t:.1} s ago"));
-        println!(
-            "{indent}tree {} {} {state}, {heard}: partials {} sent {} resent, {} results, {} heartbeats",
-            s["tree"],
-            s["addr"].as_str().unwrap_or("?"),
-            s["partials_sent"],
-            s["partials_resent"],
-            s["results"],
-            s["heartbeats_sent"],
-        );
+    for l in switchd::stats::spine_lines(spines, indent) {
+        println!("{l}");
     }
 }
 
@@ -296,6 +497,17 @@ fn run() -> Result<()> {
             return Ok(());
         }
         Cmd::Jobs => AdminRequest::Jobs,
+        Cmd::Tenant {
+            cmd: TenantCmd::List,
+        } => AdminRequest::Tenants,
+        Cmd::Tenant {
+            cmd: TenantCmd::Remove { name },
+        } => AdminRequest::RemoveTenant { name },
+        Cmd::Tenant {
+            cmd: TenantCmd::Add(add),
+        } => AdminRequest::AddTenant {
+            tenant: Box::new(add.section()),
+        },
         Cmd::Stats { id } => AdminRequest::Stats { job: id },
         Cmd::Job {
             cmd: JobCmd::Rm { id },
@@ -357,55 +569,8 @@ fn run() -> Result<()> {
             if jobs.is_empty() {
                 println!("no jobs");
             }
-            // "window" is what RESULTs advertise now: below "declared"
-            // while the job yields to a busy higher class; "marked" counts
-            // its chunks marked for priority so far. Auth stays last (tests read it).
-            println!(
-                "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>5} {:>4}",
-                "job",
-                "state",
-                "ranks",
-                "joined",
-                "slots",
-                "window",
-                "declared",
-                "dtype",
-                "elems",
-                "class",
-                "marked",
-                "stats",
-                "auth"
-            );
-            for j in jobs {
-                println!(
-                    "{:>6}  {:<8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>5} {:>6} {:<6} {:>8} {:>5} {:>4}",
-                    // Numbers, not JSON values: Value's Display ignores widths.
-                    j["id"].as_u64().unwrap_or(0),
-                    j["state"].as_str().unwrap_or("?"),
-                    j["n_workers"].as_u64().unwrap_or(0),
-                    j["ranks_joined"].as_u64().unwrap_or(0),
-                    j["pool_slots"].as_u64().unwrap_or(0),
-                    j["window"].as_u64().unwrap_or(0),
-                    j["declared_window"].as_u64().unwrap_or(0),
-                    j["dtype"].as_str().unwrap_or("?"),
-                    j["elems_per_chunk"].as_u64().unwrap_or(0),
-                    j["priority"].as_str().unwrap_or("?"),
-                    j["priority_marked"].as_u64().unwrap_or(0),
-                    if j["stats"].as_bool().unwrap_or(false) {
-                        "on"
-                    } else {
-                        "off"
-                    },
-                    j["auth"].as_str().unwrap_or("?")
-                );
-                let up = &j["upstream"];
-                if let Some(spines) = up["spines"].as_array() {
-                    println!(
-                        "        leaf {} of {}, spines in tree order:",
-                        up["leaf_index"], up["n_leaves"]
-                    );
-                    print_spines(spines, "          ");
-                }
+            for l in switchd::stats::jobs_table(&jobs) {
+                println!("{l}");
             }
         }
         AdminRequest::Stats { job: Some(_) } => print_job(&reply.data),
@@ -477,6 +642,29 @@ fn run() -> Result<()> {
             }
         }
         AdminRequest::AddJob { job } => println!("job {} added", job.id),
+        AdminRequest::Tenants => {
+            let rows: Vec<switchd::tenants::TenantRow> =
+                serde_json::from_value(reply.data).context("switchd's tenant list")?;
+            if rows.is_empty() {
+                println!("no tenants");
+            } else {
+                for l in switchd::tenants::table(&rows) {
+                    println!("{l}");
+                }
+            }
+        }
+        AdminRequest::AddTenant { tenant } => {
+            for w in reply.data["warnings"].as_array().into_iter().flatten() {
+                eprintln!("switchctl: warning: {}", w.as_str().unwrap_or_default());
+            }
+            let ids = &reply.data["job_ids"];
+            println!(
+                "tenant {} added: job ids {}-{}, until switchd restarts (add a [[tenant]] to \
+                 its config to keep it)",
+                tenant.name, ids[0], ids[1]
+            );
+        }
+        AdminRequest::RemoveTenant { name } => println!("tenant {name} removed"),
         AdminRequest::RemoveJob { id } => println!("job {id} removed"),
         AdminRequest::ResizeJob { id, n_workers } => {
             if reply.data["changed"].as_bool() == Some(false) {
@@ -490,4 +678,225 @@ fn run() -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `switchctl tenant add ARGS` as parsed, or clap's error text.
+    fn add(args: &[&str]) -> Result<TenantSection, String> {
+        let mut argv = vec!["switchctl", "tenant", "add"];
+        argv.extend(args);
+        match Cli::try_parse_from(argv) {
+            Ok(Cli {
+                cmd: Cmd::Tenant {
+                    cmd: TenantCmd::Add(a),
+                },
+                ..
+            }) => Ok(a.section()),
+            Ok(_) => Err("another command".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn key_file() -> String {
+        let p = std::env::temp_dir().join(format!("switchctl-test-{}.key", std::process::id()));
+        std::fs::write(&p, "x").unwrap();
+        p.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn tenant_add_takes_every_setting_and_defaults_the_rest() {
+        let key = key_file();
+        let t = add(&[
+            "--name",
+            "team-a",
+            "--key-file",
+            &key,
+            "--allowed",
+            "198.18.0.0/24",
+        ])
+        .unwrap();
+        assert_eq!(t.name, "team-a");
+        assert!(t.key_file.is_absolute());
+        assert_eq!(t.allowed_sources.len(), 1);
+        assert_eq!(
+            (t.max_jobs, t.max_workers_per_job, t.max_pool_bytes),
+            (4, 256, 1 << 30)
+        );
+        assert_eq!(
+            (t.dtypes.join(","), t.auth.join(",")),
+            ("f32,bf16,f16".into(), "port,mac".into())
+        );
+        assert_eq!(
+            (
+                t.max_priority.as_str(),
+                t.job_ids,
+                t.lease_secs,
+                t.pool_slots
+            ),
+            ("normal", None, 60, 256)
+        );
+        let t = add(&[
+            "--name",
+            "b",
+            "--key-file",
+            &key,
+            "--allowed",
+            "198.18.0.0/24,198.18.1.0/24",
+            "--allowed",
+            "198.18.2.7/32",
+            "--max-jobs",
+            "2",
+            "--max-workers-per-job",
+            "16",
+            "--max-pool-mib",
+            "64",
+            "--dtypes",
+            "bf16,f32,bf16",
+            "--auth",
+            "mac",
+            "--max-priority",
+            "high",
+            "--job-ids",
+            "40000-40999",
+            "--lease-secs",
+            "600",
+            "--pool-slots",
+            "64",
+            "--leaf-index",
+            "1",
+            "--leaves",
+            "2",
+            "--spine",
+            "198.19.255.1:48879",
+        ])
+        .unwrap();
+        assert_eq!(t.allowed_sources.len(), 3);
+        assert_eq!(
+            (t.max_jobs, t.max_workers_per_job, t.max_pool_bytes),
+            (2, 16, 64 << 20)
+        );
+        assert_eq!(t.dtypes, ["bf16", "f32"]);
+        assert_eq!(
+            (t.auth.join(","), t.max_priority.as_str()),
+            ("mac".into(), "high")
+        );
+        assert_eq!(
+            (t.job_ids, t.lease_secs, t.pool_slots),
+            (Some([40000, 40999]), 600, 64)
+        );
+        let up = t.upstream.unwrap();
+        assert_eq!((up.leaf_index, up.n_leaves, up.spines.len()), (1, 2, 1));
+        let t = add(&[
+            "--name",
+            "c",
+            "--key-file",
+            &key,
+            "--allowed",
+            "198.18.0.0/24",
+            "--max-pool-bytes",
+            "4096",
+        ])
+        .unwrap();
+        assert_eq!(t.max_pool_bytes, 4096);
+    }
+
+    #[test]
+    fn every_bad_tenant_argument_gets_its_own_error() {
+        let key = key_file();
+        let base = [
+            "--name",
+            "a",
+            "--key-file",
+            key.as_str(),
+            "--allowed",
+            "198.18.0.0/24",
+        ];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend(extra);
+            add(&v).unwrap_err()
+        };
+        for (extra, want) in [
+            (&["--max-jobs", "0"][..], "--max-jobs"),
+            (&["--max-jobs", "many"], "a whole number"),
+            (&["--max-workers-per-job", "70000"], "--max-workers-per-job"),
+            (&["--max-pool-bytes", "0"], "must be at least 1"),
+            (
+                &["--max-pool-bytes", "1", "--max-pool-mib", "1"],
+                "cannot be used with",
+            ),
+            (&["--dtypes", "f32,f64"], "f64"),
+            (&["--auth", "port,none"], "none"),
+            (&["--max-priority", "urgent"], "urgent"),
+            (&["--job-ids", "500"], "write FIRST-LAST"),
+            (&["--job-ids", "9-1"], "FIRST <= LAST"),
+            (&["--job-ids", "0-9"], "1..=65535"),
+            (&["--lease-secs", "0"], "1..=86400"),
+            (&["--lease-secs", "86401"], "1..=86400"),
+            (&["--pool-slots", "100"], "a power of two"),
+            (&["--leaf-index", "0"], "--leaves"),
+            (&["--max-jbos", "2"], "--max-jbos"),
+        ] {
+            let e = with(extra);
+            assert!(e.contains(want), "{extra:?}: {e}");
+        }
+        let e = add(&[
+            "--name",
+            "team a",
+            "--key-file",
+            &key,
+            "--allowed",
+            "198.18.0.0/24",
+        ])
+        .unwrap_err();
+        assert!(e.contains("not a valid name"), "{e}");
+        let e = add(&[
+            "--name",
+            "a",
+            "--key-file",
+            "/nonexistent/k",
+            "--allowed",
+            "198.18.0.0/24",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("/nonexistent/k") && e.contains("openssl rand -hex 32"),
+            "{e}"
+        );
+        let e = add(&[
+            "--name",
+            "a",
+            "--key-file",
+            &key,
+            "--allowed",
+            "198.18.0.0/24,10.0.0.0/33",
+        ])
+        .unwrap_err();
+        assert!(e.contains("`10.0.0.0/33` is not an IPv4 prefix"), "{e}");
+        let e = add(&["--name", "a", "--key-file", &key]).unwrap_err();
+        assert!(e.contains("--allowed"), "{e}");
+    }
+
+    #[test]
+    fn tenant_list_and_remove_parse() {
+        let cli = Cli::try_parse_from(["switchctl", "--json", "tenant", "list"]).unwrap();
+        assert!(
+            cli.json
+                && matches!(
+                    cli.cmd,
+                    Cmd::Tenant {
+                        cmd: TenantCmd::List
+                    }
+                )
+        );
+        let cli = Cli::try_parse_from(["switchctl", "tenant", "remove", "team-a"]).unwrap();
+        assert!(
+            matches!(cli.cmd, Cmd::Tenant { cmd: TenantCmd::Remove { ref name } } if name == "team-a")
+        );
+        assert!(Cli::try_parse_from(["switchctl", "tenant", "remove"]).is_err());
+        assert!(Cli::try_parse_from(["switchctl", "tenant", "rm", "a"]).is_err());
+    }
 }

@@ -1,8 +1,10 @@
 //! Loading and checking a configuration: [`Config::load`] and
 //! [`Config::parse`] (every check of the `[switch]` section, each job
 //! turned into a [`JobConfig`] by [`JobSection::to_job_config`], the slot
-//! pools' memory budget), the metrics address's exposure, and
-//! [`admin_socket_in`] for switchctl.
+//! pools' memory budget, each tenant turned into a [`TenantConfig`] by
+//! [`TenantSection::to_tenant_config`] with its key read, and the tenants'
+//! job id ranges against each other and the declared jobs), the metrics
+//! address's exposure, and [`admin_socket_in`] for switchctl.
 //!
 //! Invariant: a [`Config`] that loaded has passed every check a job table
 //! would make, so the daemon never starts half-configured. Errors name the
@@ -10,18 +12,23 @@
 
 use std::path::{Path, PathBuf};
 
+use proto::provision::TenantName;
 use proto::switch::config::max_elems_for;
+use proto::switch::tenant::TenantConfig;
 use proto::switch::{Ipv4Prefix, JobConfig, JobConfigError, Priority, SpineAddr, Upstream};
 use proto::tag::AuthMode;
 use proto::wire::Dtype;
 use serde::Deserialize;
 
-use super::file::{default_admin_socket, Config, ConfigFile, JobSection, SwitchSection};
+use super::file::{
+    default_admin_socket, Config, ConfigFile, JobSection, SwitchSection, TenantSection,
+    UpstreamSection, DEFAULT_TENANT_JOB_IDS,
+};
 use super::mtu::{
     default_elems_per_chunk, max_elems_per_chunk, needs_multi_buffer, sysfs_mtu,
     MAX_ELEMS_IN_FRAME, MAX_PORT_MTU,
 };
-use super::secrets::parse_secret;
+use super::secrets::{parse_secret, read_tenant_key};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -137,30 +144,8 @@ impl JobSection {
             window: self.window.unwrap_or(self.pool_slots),
             priority,
             auth,
-            upstream: match (&self.upstream, uplink) {
-                (None, _) => None,
-                (Some(_), None) => {
-                    return Err(format!(
-                        "job {}: [job.upstream] needs [switch] uplink = \"ADDR:PORT\", the \
-                         address partial sums go up from",
-                        self.id
-                    ))
-                }
-                (Some(u), Some(local)) => Some(Upstream {
-                    leaf_index: u.leaf_index,
-                    n_leaves: u.n_leaves,
-                    spines: u
-                        .spines
-                        .iter()
-                        .map(|a| SpineAddr {
-                            ip: a.ip().octets(),
-                            port: a.port(),
-                        })
-                        .collect(),
-                    local_ip: local.ip().octets(),
-                    local_port: local.port(),
-                }),
-            },
+            upstream: upstream_of(self.upstream.as_ref(), uplink)
+                .map_err(|e| format!("job {}: [job.upstream] {e}", self.id))?,
             stats: self.stats,
         };
         // A leaf's chunks are float32 towards its spines, whatever the
@@ -174,6 +159,148 @@ impl JobSection {
             .map_err(|e: JobConfigError| e.to_string())?;
         Ok(cfg)
     }
+}
+
+/// `[job.upstream]` / `[tenant.upstream]` with `[switch] uplink` (which
+/// it needs) as the table takes it.
+fn upstream_of(
+    up: Option<&UpstreamSection>,
+    uplink: Option<std::net::SocketAddrV4>,
+) -> Result<Option<Upstream>, String> {
+    match (up, uplink) {
+        (None, _) => Ok(None),
+        (Some(_), None) => {
+            Err("needs [switch] uplink = \"ADDR:PORT\", the address partial sums go up from".into())
+        }
+        (Some(u), Some(local)) => Ok(Some(Upstream {
+            leaf_index: u.leaf_index,
+            n_leaves: u.n_leaves,
+            spines: u
+                .spines
+                .iter()
+                .map(|a| SpineAddr {
+                    ip: a.ip().octets(),
+                    port: a.port(),
+                })
+                .collect(),
+            local_ip: local.ip().octets(),
+            local_port: local.port(),
+        })),
+    }
+}
+
+impl TenantSection {
+    /// Turns the section into a tenant declaration, reading its key from
+    /// `key_file` (a relative path is taken from `base`, the config file's
+    /// directory; without `base` it must be absolute). `job_ids` is used
+    /// when the section gives none. `uplink` is `[switch] uplink`, which a
+    /// tenant with `upstream` needs. Also returns the warning the key file
+    /// deserves (group or others can read it). Errors name the tenant and
+    /// the key.
+    pub fn to_tenant_config(
+        &self,
+        job_ids: Option<[u16; 2]>,
+        uplink: Option<std::net::SocketAddrV4>,
+        base: Option<&Path>,
+    ) -> Result<(TenantConfig, Option<String>), String> {
+        let name = TenantName::new(&self.name).map_err(|e| format!("tenant: name: {e}"))?;
+        let t = |e: String| format!("tenant {name}: {e}");
+        let key_path = match base {
+            _ if self.key_file.is_absolute() => self.key_file.clone(),
+            Some(dir) => dir.join(&self.key_file),
+            None => {
+                return Err(t(format!(
+                    "key_file {} must be an absolute path",
+                    self.key_file.display()
+                )))
+            }
+        };
+        let (key, warning) = read_tenant_key(&key_path).map_err(t)?;
+        let mut dtypes = Vec::new();
+        for d in &self.dtypes {
+            let d: Dtype = d.parse().map_err(|e| t(format!("dtypes: {e}")))?;
+            if !dtypes.contains(&d) {
+                dtypes.push(d);
+            }
+        }
+        let mut auth = Vec::new();
+        for a in &self.auth {
+            let a: AuthMode = a.parse().map_err(|e| t(format!("auth: {e}")))?;
+            if !auth.contains(&a) {
+                auth.push(a);
+            }
+        }
+        let max_priority: Priority = self
+            .max_priority
+            .parse()
+            .map_err(|e| t(format!("max_priority: {e}")))?;
+        let [lo, hi] = self.job_ids.or(job_ids).ok_or_else(|| {
+            t(format!(
+                "job_ids is missing: with more than one tenant, give each its own range, \
+                 job_ids = [FIRST, LAST] (one tenant alone gets [{}, {}])",
+                DEFAULT_TENANT_JOB_IDS[0], DEFAULT_TENANT_JOB_IDS[1]
+            ))
+        })?;
+        let upstream = upstream_of(self.upstream.as_ref(), uplink)
+            .map_err(|e| t(format!("[tenant.upstream] {e}")))?;
+        let cfg = TenantConfig {
+            name: name.clone(),
+            key,
+            allowed_sources: self
+                .allowed_sources
+                .iter()
+                .map(|n| Ipv4Prefix {
+                    addr: n.network().octets(),
+                    len: n.prefix_len(),
+                })
+                .collect(),
+            max_jobs: self.max_jobs,
+            max_workers_per_job: self.max_workers_per_job,
+            max_pool_bytes: self.max_pool_bytes,
+            dtypes,
+            auth,
+            max_priority,
+            job_ids: (lo, hi),
+            lease: std::time::Duration::from_secs(self.lease_secs),
+            pool_slots: self.pool_slots,
+            upstream,
+        };
+        cfg.validate().map_err(|e| e.to_string())?;
+        Ok((cfg, warning.map(t)))
+    }
+}
+
+/// Checks tenants against each other and the declared jobs: names and job
+/// id ranges their own, no declared job's id inside a tenant's range.
+pub fn check_tenants(tenants: &[TenantConfig], jobs: &[u16]) -> Result<(), String> {
+    for (i, t) in tenants.iter().enumerate() {
+        if let Some(o) = tenants[..i].iter().find(|o| o.name == t.name) {
+            return Err(proto::switch::tenant::TenantError::Duplicate(o.name.clone()).to_string());
+        }
+        if let Some(o) = tenants[..i].iter().find(|o| o.overlaps(t)) {
+            return Err(format!(
+                "{} (tenant {} has [{}, {}])",
+                proto::switch::tenant::TenantError::Overlap(
+                    t.name.clone(),
+                    t.job_ids.0,
+                    t.job_ids.1,
+                    o.name.clone()
+                ),
+                o.name,
+                o.job_ids.0,
+                o.job_ids.1
+            ));
+        }
+        let (lo, hi) = t.job_ids;
+        if let Some(id) = jobs.iter().find(|&&id| lo <= id && id <= hi) {
+            return Err(format!(
+                "tenant {}: job_ids [{lo}, {hi}] contain job {id}, a declared job: give the \
+                 tenant a job_ids range without it, or the job an id outside [{lo}, {hi}]",
+                t.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The admin socket a config file names (its `[switch] admin_socket`, or
@@ -328,9 +455,27 @@ impl Config {
             in_use += need;
             jobs.push(cfg);
         }
+        // The default range goes to the one tenant that gives none; with
+        // two or more such, each is asked for its own.
+        let without_ids = file.tenants.iter().filter(|t| t.job_ids.is_none()).count();
+        let default_ids = (without_ids == 1).then_some(DEFAULT_TENANT_JOB_IDS);
+        let base = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let mut tenants = Vec::new();
+        let mut key_warnings = Vec::new();
+        for t in &file.tenants {
+            let (cfg, warning) = t
+                .to_tenant_config(default_ids, sw.uplink, Some(base.unwrap_or(Path::new("."))))
+                .map_err(invalid)?;
+            tenants.push(cfg);
+            key_warnings.extend(warning);
+        }
+        let ids: Vec<u16> = jobs.iter().map(|j| j.id).collect();
+        check_tenants(&tenants, &ids).map_err(invalid)?;
         Ok(Config {
             switch: file.switch,
             jobs,
+            tenants,
+            key_warnings,
             multi_buffer,
         })
     }

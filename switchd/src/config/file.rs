@@ -1,7 +1,8 @@
-//! The configuration file's schema: the `[switch]` and `[[job]]` sections
-//! as serde types ([`ConfigFile`], [`SwitchSection`], [`JobSection`],
-//! [`UpstreamSection`]) with every default, and [`Config`], the checked
-//! form that `Config::parse` (in `check`) makes of them.
+//! The configuration file's schema: the `[switch]`, `[[job]]` and
+//! `[[tenant]]` sections as serde types ([`ConfigFile`], [`SwitchSection`],
+//! [`JobSection`], [`UpstreamSection`], [`TenantSection`]) with every
+//! default, and [`Config`], the checked form that `Config::parse` (in
+//! `check`) makes of them.
 //!
 //! Invariant: the serde types refuse unknown keys (`deny_unknown_fields`)
 //! and hold the file as written; nothing here checks values, so a
@@ -11,6 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use ipnet::Ipv4Net;
+use proto::switch::tenant::TenantConfig;
 use proto::switch::JobConfig;
 use proto::wire::DEFAULT_AGG_PORT;
 use serde::{Deserialize, Serialize};
@@ -287,14 +289,82 @@ pub struct UpstreamSection {
     pub spines: Vec<std::net::SocketAddrV4>,
 }
 
+/// The job ids of the one tenant that gives no `job_ids` (docs/PROTOCOL.md,
+/// "Tenants and self-provisioned jobs"): the upper half of the id space.
+pub const DEFAULT_TENANT_JOB_IDS: [u16; 2] = [32768, 65535];
+
+fn default_max_jobs() -> u16 {
+    4
+}
+fn default_max_workers_per_job() -> u16 {
+    256
+}
+fn default_max_pool_bytes() -> u64 {
+    1 << 30
+}
+fn default_tenant_dtypes() -> Vec<String> {
+    ["f32", "bf16", "f16"].map(String::from).to_vec()
+}
+fn default_tenant_auth() -> Vec<String> {
+    ["port", "mac"].map(String::from).to_vec()
+}
+fn default_max_priority() -> String {
+    "normal".into()
+}
+fn default_lease_secs() -> u64 {
+    proto::switch::tenant::DEFAULT_LEASE.as_secs()
+}
+
+/// `[[tenant]]`: who may create jobs by name on this switch, and within
+/// which quotas (docs/PROTOCOL.md, "Tenants and self-provisioned jobs",
+/// has the table of keys and defaults). Also what `switchctl tenant add`
+/// sends.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    pub name: String,
+    /// The tenant key's file: 64 hex digits, mode 0600. A relative path is
+    /// taken from the config file's directory.
+    pub key_file: PathBuf,
+    pub allowed_sources: Vec<Ipv4Net>,
+    #[serde(default = "default_max_jobs")]
+    pub max_jobs: u16,
+    #[serde(default = "default_max_workers_per_job")]
+    pub max_workers_per_job: u16,
+    #[serde(default = "default_max_pool_bytes")]
+    pub max_pool_bytes: u64,
+    /// Element types: "f32", "bf16", "f16".
+    #[serde(default = "default_tenant_dtypes")]
+    pub dtypes: Vec<String>,
+    /// Auth modes: "port", "mac".
+    #[serde(default = "default_tenant_auth")]
+    pub auth: Vec<String>,
+    /// "low", "normal" or "high".
+    #[serde(default = "default_max_priority")]
+    pub max_priority: String,
+    /// `[first, last]`; absent: [`DEFAULT_TENANT_JOB_IDS`] when this is the
+    /// only tenant without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_ids: Option<[u16; 2]>,
+    #[serde(default = "default_lease_secs")]
+    pub lease_secs: u64,
+    #[serde(default = "default_slots")]
+    pub pool_slots: u16,
+    /// On a leaf: its jobs are leaf jobs, provisioned on these spines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamSection>,
+}
+
 /// The file as written: its typed sections, before the checks of
 /// [`Config::parse`] (`switchd testbed-config` writes it).
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     pub switch: SwitchSection,
-    #[serde(default, rename = "job")]
+    #[serde(default, rename = "job", skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobSection>,
+    #[serde(default, rename = "tenant", skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantSection>,
 }
 
 /// A checked configuration.
@@ -302,6 +372,11 @@ pub struct ConfigFile {
 pub struct Config {
     pub switch: SwitchSection,
     pub jobs: Vec<JobConfig>,
+    /// The tenants, keys read and checked.
+    pub tenants: Vec<TenantConfig>,
+    /// One line per tenant key file that group or others can read (logged
+    /// at start, printed by `switchd check-config`).
+    pub key_warnings: Vec<String>,
     /// Some port's MTU is above [`SINGLE_BUFFER_MTU`](super::SINGLE_BUFFER_MTU): sockets are bound
     /// with multi-buffer and chunks may be up to a 9000-byte MTU's.
     pub multi_buffer: bool,

@@ -1,5 +1,5 @@
 //! switchd's configuration file (TOML): the switch's ports and addresses,
-//! and the jobs it serves.
+//! the jobs it serves, and the tenants that may create jobs by name.
 //!
 //! ```toml
 //! [switch]
@@ -34,7 +34,18 @@
 //! auth = "port"                     # "port" | "mac": a tag on every DATA/RESULT
 //! stats = false                     # true: gradient statistics on every summed RESULT
 //! priority = "normal"               # "low" | "normal" | "high": yields to busy higher classes
+//!
+//! [[tenant]]                        # docs/PROTOCOL.md, "Tenants and self-provisioned jobs"
+//! name = "team-a"                   # 1..=32 of [A-Za-z0-9._:-]
+//! key_file = "/etc/aggswitch/tenants/team-a.key"  # 64 hex digits, mode 0600
+//! allowed_sources = ["198.18.0.0/24"]
+//! max_jobs = 4                      # and max_workers_per_job, max_pool_bytes, dtypes,
+//! job_ids = [32768, 65535]          # auth, max_priority, lease_secs, pool_slots,
+//!                                   # [tenant.upstream] (the table there)
 //! ```
+//!
+//! A config with tenants and no `[[job]]` is whole: the jobs come when the
+//! tenants' workers provision them.
 //!
 //! `/metrics` listens on loopback (`127.0.0.1:9100`) when `metrics_listen`
 //! is absent; if that port is taken switchd warns and runs without it, while
@@ -50,9 +61,10 @@
 //!
 //! Files, bottom up (each imports only those before it): `mtu` (frame and
 //! chunk sizes from the ports' MTU), `file` (the TOML schema and the
-//! checked [`Config`]'s fields), `secrets` (a job secret, and a readable
-//! file's warning), `check` (loading and every check), `layout` (warnings
-//! about threads, queues and lanes). Everything is re-exported here, so
+//! checked [`Config`]'s fields), `secrets` (a job secret, a tenant key
+//! file and the weak-key rule, a readable file's warning), `check`
+//! (loading and every check), `layout` (warnings about threads, queues and
+//! lanes); tests in `tests.rs` and, for `[[tenant]]`, `tenant_tests.rs`. Everything is re-exported here, so
 //! `crate::config::X` is the one path users name.
 
 mod check;
@@ -61,15 +73,18 @@ mod layout;
 mod mtu;
 mod secrets;
 #[cfg(test)]
+mod tenant_tests;
+#[cfg(test)]
 mod tests;
 
 pub use check::{
-    admin_socket_in, machine_memory, ConfigError, DEFAULT_POOL_MEMORY_FRACTION,
+    admin_socket_in, check_tenants, machine_memory, ConfigError, DEFAULT_POOL_MEMORY_FRACTION,
     FALLBACK_POOL_MEMORY,
 };
 pub use file::{
     AttachModeSetting, Config, ConfigFile, DataplaneMode, ForwardingSetting, JobSection,
-    MetricsListen, SwitchSection, UpstreamSection, DEFAULT_ADMIN_SOCKET, DEFAULT_METRICS_LISTEN,
+    MetricsListen, SwitchSection, TenantSection, UpstreamSection, DEFAULT_ADMIN_SOCKET,
+    DEFAULT_METRICS_LISTEN, DEFAULT_TENANT_JOB_IDS,
 };
 pub use layout::{
     lane_warnings, layout_warnings, nic_queue_warnings, sysfs_rx_queues, LayoutWarning,
@@ -78,4 +93,6 @@ pub use mtu::{
     default_elems_per_chunk, max_elems_per_chunk, needs_multi_buffer, sysfs_mtu, FRAME_SIZE,
     MAX_ELEMS_IN_FRAME, MAX_PORT_MTU, SINGLE_BUFFER_MTU,
 };
-pub use secrets::{parse_secret, secrets_exposure};
+pub use secrets::{
+    key_file_warning, parse_secret, parse_tenant_key, read_tenant_key, secrets_exposure,
+};
