@@ -190,8 +190,14 @@ impl HeaderRepr {
         if flags & !flags::DEFINED != 0 {
             return Err(WireError::ReservedFlags(flags));
         }
-        // A PROVISION may leave the id to the switch (job 0).
-        if h.job() == 0 && msg_type != MsgType::Provision {
+        // A PROVISION may leave the id to the switch (job 0), and the
+        // switch's answers to its ask (CHALLENGE, NACK) echo that id.
+        if h.job() == 0
+            && !matches!(
+                msg_type,
+                MsgType::Provision | MsgType::Challenge | MsgType::Nack
+            )
+        {
             return Err(WireError::ZeroJob);
         }
         let elements = matches!(msg_type, MsgType::Data | MsgType::Result);
