@@ -528,6 +528,7 @@ pub(crate) fn join_params(cfg: &WorkerConfig, sock: &UdpSocket) -> Result<JoinPa
         secret: cfg.secret,
         ip: local.ip().octets(),
         port: local.port(),
+        provision: None,
     })
 }
 
