@@ -167,6 +167,21 @@ pub enum ProvisionError {
 }
 
 impl ProvisionError {
+    /// The NACK reason of a refusal by the switch (`None`: this side gave
+    /// up, an address mismatch).
+    pub fn reason(&self) -> Option<NackReason> {
+        Some(match self {
+            ProvisionError::UnknownTenant(_) => NackReason::UnknownTenant,
+            ProvisionError::SourceNotAllowed(_) => NackReason::SourceNotAllowed,
+            ProvisionError::BadKey(_) => NackReason::BadSecret,
+            ProvisionError::Quota { .. } => NackReason::QuotaExceeded,
+            ProvisionError::ParametersDiffer(_) => NackReason::ParametersDiffer,
+            ProvisionError::Malformed(_) => NackReason::Malformed,
+            ProvisionError::Refused { reason, .. } => *reason,
+            ProvisionError::AddressMismatch { .. } => return None,
+        })
+    }
+
     /// The quota a NACK 11 named.
     pub fn quota(&self) -> Option<Quota> {
         match self {
@@ -282,6 +297,18 @@ impl Provisioner {
     pub fn stats(&self) -> ProvisionStats {
         self.stats
     }
+    /// The switch's generation once a CHALLENGE answered this attempt's ask
+    /// (the switch runs and knows the tenant; the claim is under way).
+    pub fn challenged(&self) -> Option<u32> {
+        match self.phase {
+            Phase::Running {
+                claim: Some((_, gen, _)),
+                ..
+            } => Some(gen),
+            _ => None,
+        }
+    }
+
     /// Whether an ask or claim is in progress.
     pub fn is_running(&self) -> bool {
         matches!(self.phase, Phase::Running { .. })

@@ -90,7 +90,9 @@ fn provisions_through_lost_duplicated_and_forged_answers() {
     forged[HEADER_LEN] ^= 1;
     assert!(p.handle(&forged, t1).is_none());
     assert_eq!(p.stats().claims_sent, 0);
+    assert_eq!(p.challenged(), None);
     assert!(p.handle(&ch1, t1).is_none());
+    assert_eq!(p.challenged(), Some(7));
     let claim = send(&mut p, t1).expect("the claim goes at once");
     assert!(
         p.handle(&ch2, t1).is_none(),
@@ -191,6 +193,7 @@ fn refusals_are_typed_and_say_what_to_do() {
     // A wrong tenant key: the claim's MAC fails.
     let e = refusal(run(&mut prov(0, [0x33; 32], "j"), &mut sw, t0));
     assert!(matches!(e, ProvisionError::BadKey(_)));
+    assert_eq!(e.reason(), Some(NackReason::BadSecret));
     let msg = e.to_string();
     assert!(
         msg.contains("the tenant key does not match the switch's for tenant \"vision\"")
@@ -228,6 +231,7 @@ fn refusals_are_typed_and_say_what_to_do() {
     sw.max_jobs = 1;
     let e = refusal(run(&mut prov(0, KEY, "k"), &mut sw, t0));
     assert_eq!(e.quota(), Some(Quota::MaxJobs));
+    assert_eq!(e.reason(), Some(NackReason::QuotaExceeded));
     let msg = e.to_string();
     assert!(
         msg.contains("max_jobs") && msg.contains(Quota::MaxJobs.advice()),
