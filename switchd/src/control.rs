@@ -448,6 +448,26 @@ fn log_event(e: Event) {
              check that switch is running and reachable from this leaf (ranks get an error \
              naming it after their stall timeout)"
         ),
+        Event::JobProvisioned {
+            job,
+            label,
+            n_workers,
+            lease,
+        } => tracing::info!(
+            job,
+            tenant = %label.tenant_str(),
+            name = %label.job_str(),
+            n_workers,
+            lease_s = lease.as_secs(),
+            "job provisioned by its tenant's worker"
+        ),
+        Event::JobEnded { job, label, why } => tracing::info!(
+            job,
+            tenant = %label.tenant_str(),
+            name = %label.job_str(),
+            why = why.name(),
+            "provisioned job ended; its pool memory is back in the budget"
+        ),
         Event::SpineAnswering { job, tree, spine } => {
             tracing::info!(job, tree, %spine, "spine answers again")
         }

@@ -253,6 +253,11 @@ pub enum JobConfigError {
     MacOnLeaf(u16),
     #[error("job {0}: upstream: {1}")]
     Upstream(u16, &'static str),
+    #[error(
+        "job {0}: the id is in tenant {1}'s job_ids [{2}, {3}], which its self-provisioned \
+         jobs take; declare the job with an id outside every tenant's range"
+    )]
+    InTenantRange(u16, String, u16, u16),
     #[error("job {id}: allocating its slot pool ({}) failed: the machine is out of memory", human_bytes(*need))]
     OutOfMemory { id: u16, need: u64 },
 }

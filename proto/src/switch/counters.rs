@@ -280,5 +280,19 @@ counter_schema! {
         /// NACKs not sent: their destination (address and switch port) was
         /// sent more than its rate allows.
         nack_rate_limited,
+        /// PROVISION asks answered with a CHALLENGE.
+        provision_challenges,
+        /// Jobs created by a tenant's PROVISION claim.
+        provisioned_jobs,
+        /// PROVISIONED answers to claims of a job that existed already
+        /// (another rank's, or a resend).
+        provision_repeats,
+        /// PROVISION asks and claims refused (a NACK 2, 3, 5, 7, 8, 9, 11 or
+        /// 12, sent unless the source's rate is spent).
+        provision_refused,
+        /// Provisioned jobs removed because every member left.
+        jobs_ended_left,
+        /// Provisioned jobs removed because their idle lease ran out.
+        jobs_ended_lease,
     }
 }

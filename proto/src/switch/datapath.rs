@@ -501,6 +501,13 @@ impl JobCore {
     pub(super) fn add_counts(&self, c: &mut JobCounters, d: &mut JobDrops) {
         self.counters.add_to(c, d);
     }
+
+    /// DATA the data path took into a sum or answered with a resend, so
+    /// far: what a provisioned job's lease samples (read off the hot path;
+    /// the data path writes these counters anyway).
+    pub(super) fn activity(&self) -> u64 {
+        self.counters.activity()
+    }
 }
 
 /// Stripes of data-path counters: thread `t` writes stripe `t mod
@@ -535,6 +542,14 @@ impl StripedCounters {
 
     fn stripe(&self, thread: usize) -> &Stripe {
         &self.stripes[thread & (STRIPES - 1)]
+    }
+
+    fn activity(&self) -> u64 {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.stripes
+            .iter()
+            .map(|s| get(&s.contributions) + get(&s.retransmits_served))
+            .sum()
     }
 
     fn add_to(&self, c: &mut JobCounters, d: &mut JobDrops) {

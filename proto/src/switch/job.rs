@@ -57,7 +57,7 @@
 //!   old n did not have take only nonces issued after the resize.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::auth::{self, JoinClaim, NonceIssuer};
 use crate::seq::serial_lt;
@@ -72,7 +72,9 @@ use super::counters::{DropReason, JobCounters, JobDrops};
 use super::datapath::{Admission, DataOutcome, JobCore};
 use super::engine::{ResultRef, SlotEngine};
 use super::priority::{JobPriority, Priority, PriorityBoard};
+use super::tenant::JobOrigin;
 use super::uplink::Uplink;
+use crate::provision::{JobName, TenantName};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
@@ -299,6 +301,22 @@ pub struct Job {
     /// are in `core` ([`Job::counters`] sums both).
     pub(super) ctl: JobCounters,
     pub(super) ctl_drops: JobDrops,
+    /// Declared by the operator or provisioned by a tenant's worker.
+    origin: JobOrigin,
+    /// A provisioned job's idle lease; `None` for a declared job.
+    lease: Option<Lease>,
+}
+
+/// A provisioned job's idle lease (docs/PROTOCOL.md, "Leases"). Activity
+/// is sampled, not recorded per packet: the table compares the data
+/// path's DATA counts with the last value it saw ([`Job::lease_tick`]), and
+/// notes what it handles itself (JOIN, HEARTBEAT, claims).
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    lease: Duration,
+    last_active: Instant,
+    /// DATA counted by the data path when last sampled.
+    seen: u64,
 }
 
 /// When a leaf's partial went up, and when it goes again.
@@ -413,12 +431,73 @@ impl Job {
             mac,
             ctl: JobCounters::default(),
             ctl_drops: JobDrops::default(),
+            origin: JobOrigin::Declared,
+            lease: None,
             config,
         })
     }
 
     pub fn id(&self) -> u16 {
         self.config.id
+    }
+    /// How the job came to be.
+    pub fn origin(&self) -> &JobOrigin {
+        &self.origin
+    }
+    /// What is left of a provisioned job's idle lease at `now` (as of the
+    /// table's last look at its traffic, [`super::JobTable::handle_timeout`]);
+    /// `None` for a declared job, which has no lease.
+    pub fn lease_left(&self, now: Instant) -> Option<Duration> {
+        let l = self.lease?;
+        Some(
+            l.lease
+                .saturating_sub(now.saturating_duration_since(l.last_active)),
+        )
+    }
+    /// A provisioned job's idle lease, `None` for a declared one.
+    pub fn lease(&self) -> Option<Duration> {
+        self.lease.map(|l| l.lease)
+    }
+    /// Marks the job provisioned by `tenant` as `name`, its lease starting
+    /// at `now`.
+    pub(super) fn set_provisioned(
+        &mut self,
+        tenant: TenantName,
+        name: JobName,
+        lease: Duration,
+        now: Instant,
+    ) {
+        self.origin = JobOrigin::Provisioned { tenant, name };
+        self.lease = Some(Lease {
+            lease,
+            last_active: now,
+            seen: self.data_activity(),
+        });
+    }
+    /// Something the table handled for this job (a JOIN, a HEARTBEAT, a
+    /// claim) renews its lease.
+    pub(super) fn note_activity(&mut self, now: Instant) {
+        if let Some(l) = &mut self.lease {
+            l.last_active = l.last_active.max(now);
+        }
+    }
+    /// DATA taken or answered so far, on either path: what a lease samples.
+    fn data_activity(&self) -> u64 {
+        self.ctl.contributions + self.ctl.retransmits_served + self.core.activity()
+    }
+    /// Samples the job's DATA counts: renews the lease if they moved since
+    /// the last look. True when a provisioned job's lease has run out.
+    pub(super) fn lease_tick(&mut self, now: Instant) -> bool {
+        let Some(mut l) = self.lease else {
+            return false;
+        };
+        let seen = self.data_activity();
+        if seen != l.seen {
+            l.seen = seen;
+            l.last_active = l.last_active.max(now);
+        }
+        self.lease = Some(l);
+        now.saturating_duration_since(l.last_active) >= l.lease
     }
     pub fn state(&self) -> JobState {
         self.state

@@ -70,6 +70,7 @@ pub mod entry;
 pub mod job;
 mod leaf;
 pub mod priority;
+mod provisioning;
 pub mod ratelimit;
 pub mod reply;
 pub mod tenant;
@@ -84,8 +85,8 @@ use rustc_hash::FxHashMap;
 use crate::auth::NonceIssuer;
 use crate::wire::{
     self, ChallengePayload, Header, HeaderRepr, HelloPayload, JoinPayload, LeavePayload, MsgType,
-    NackPayload, NackReason, Nonce, WireError, CHALLENGE_PAYLOAD_LEN, HEADER_LEN,
-    JOIN_ACK_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN,
+    NackPayload, NackReason, Nonce, ProvisionedPayload, WireError, CHALLENGE_PAYLOAD_LEN,
+    HEADER_LEN, JOIN_ACK_PAYLOAD_LEN, NACK_PAYLOAD_LEN, NONCE_LEN, PROVISIONED_CREATED,
 };
 
 pub use config::{
@@ -99,8 +100,9 @@ pub use datapath::{DataOutcome, DataPath, Fast, JobCore, ResultTokens};
 pub use job::{Job, JobState, JoinContext, JoinOutcome, Resized, ResultView};
 pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
-pub use tenant::{TenantConfig, TenantError};
+pub use tenant::{JobLabel, JobOrigin, TenantConfig, TenantError};
 
+use provisioning::Tenant;
 use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};
 
@@ -127,6 +129,10 @@ pub struct TableConfig {
     /// [`engine`]'s module docs): the lanes the switch steers to its
     /// dataplane threads. 1: one floor per job.
     pub seq_lanes: u16,
+    /// Float32 elements that fit the switch's frames: a provisioned job's
+    /// chunk is [`config::max_elems_for`] of it for its dtype, auth and
+    /// statistics, as a declared job's default.
+    pub max_f32_elems: u16,
 }
 
 impl TableConfig {
@@ -138,6 +144,8 @@ impl TableConfig {
             nonce_lifetime: DEFAULT_NONCE_LIFETIME,
             pool_budget: u64::MAX,
             seq_lanes: 1,
+            // What a 1500-byte MTU carries: fits every port switchd serves.
+            max_f32_elems: wire::elems_per_chunk_for_mtu(1500),
         }
     }
 }
@@ -161,9 +169,17 @@ pub enum Verdict {
     NackUnknownJob,
     /// Not a version-2 message; counted by kind.
     Malformed(WireError),
-    /// A HELLO over its source's rate ([`ratelimit::HELLO_LIMIT`]):
-    /// dropped unanswered, counted on the table.
+    /// A HELLO or PROVISION over its source's rate
+    /// ([`ratelimit::HELLO_LIMIT`]): dropped unanswered, counted on the table.
     RateLimited,
+    /// A PROVISION claim answered with PROVISIONED for job `job`;
+    /// `created` if this claim created it.
+    Provisioned {
+        job: u16,
+        created: bool,
+    },
+    /// A PROVISION ask or claim refused with this NACK.
+    ProvisionRefused(NackReason),
 }
 
 /// Why a join attempt was refused (for the log; counters hold the totals).
@@ -185,19 +201,125 @@ pub enum Refusal {
     Replayed,
     /// A JOIN of another protocol version.
     Version(u8),
+    /// A PROVISION claim over a quota of its tenant (NACK 11).
+    Quota(QuotaRefusal),
+    /// A PROVISION ask or claim refused for another reason (NACK `1`),
+    /// naming the tenant and job it asked for.
+    Provision(JobLabel, NackReason),
+}
+
+/// A PROVISION claim refused by a quota, with the numbers for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaRefusal {
+    pub label: JobLabel,
+    pub quota: wire::Quota,
+    /// What the claim asked for: its dtype, auth or priority's wire value,
+    /// its n_workers, the job count it would make, its pool's bytes, the
+    /// job id asked for (0: any).
+    pub asked: u64,
+    /// The limit: max_jobs, max_workers_per_job, max_pool_bytes,
+    /// max_priority's wire value, the switch's pool budget; for `job_ids`
+    /// the range's last id.
+    pub limit: u64,
+    /// What is in use: the tenant's pool bytes, the switch's; for
+    /// `job_ids` the range's first id.
+    pub in_use: u64,
+}
+
+impl std::fmt::Display for QuotaRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use wire::Quota as Q;
+        let (t, j) = (self.label.tenant_str(), self.label.job_str());
+        let key = self.quota.key();
+        match self.quota {
+            Q::MaxJobs => write!(
+                f,
+                "tenant {t}: job {j} would be its {}; {key} is {}",
+                ordinal(self.asked),
+                self.limit
+            ),
+            Q::MaxWorkersPerJob => write!(
+                f,
+                "tenant {t}: job {j} asks for {} workers; {key} is {}",
+                self.asked, self.limit
+            ),
+            Q::MaxPoolBytes => write!(
+                f,
+                "tenant {t}: job {j}'s slot pool needs {} with {} in use by its other jobs; \
+                 {key} is {}",
+                human_bytes(self.asked),
+                human_bytes(self.in_use),
+                human_bytes(self.limit)
+            ),
+            Q::Dtype => write!(
+                f,
+                "tenant {t}: job {j} asks for dtype {}, which the tenant's {key} do not list",
+                wire::Dtype::describe(self.asked as u8)
+            ),
+            Q::Auth => write!(
+                f,
+                "tenant {t}: job {j} asks for auth {}, which the tenant's {key} does not list \
+                 (or the tenant's jobs are leaves of a tree, which take auth port only)",
+                crate::tag::AuthMode::from_u8(self.asked as u8)
+                    .map_or_else(|| format!("{}", self.asked), |a| a.to_string())
+            ),
+            Q::Priority => write!(
+                f,
+                "tenant {t}: job {j} asks for priority {}; {key} is {}",
+                Priority::from_u8(self.asked as u8)
+                    .map_or_else(|| format!("{}", self.asked), |p| p.to_string()),
+                Priority::from_u8(self.limit as u8)
+                    .map_or_else(|| format!("{}", self.limit), |p| p.to_string())
+            ),
+            Q::JobIds if self.asked != 0 => write!(
+                f,
+                "tenant {t}: job {j} asks for id {}, outside {key} [{}, {}] or taken",
+                self.asked, self.in_use, self.limit
+            ),
+            Q::JobIds => write!(
+                f,
+                "tenant {t}: job {j}: no free id left in {key} [{}, {}]",
+                self.in_use, self.limit
+            ),
+            Q::SwitchPoolMemory => write!(
+                f,
+                "tenant {t}: job {j}'s slot pool needs {}, but the switch's {key} budget is {} \
+                 with {} in use",
+                human_bytes(self.asked),
+                human_bytes(self.limit),
+                human_bytes(self.in_use)
+            ),
+        }?;
+        write!(f, " ({})", self.quota.advice())
+    }
+}
+
+/// "1st", "2nd", "3rd", "4th", ..., "11th", "12th", "21st".
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// Kinds of [`Refusal`], for per-kind totals and rate-limited logging.
-pub const REFUSAL_KINDS: usize = 11;
+pub const REFUSAL_KINDS: usize = 14;
 
 impl Refusal {
-    /// A small index per kind: 0 replayed, 1..=9 the NACK reason, 10 version.
+    /// A small index per kind: 0 replayed, 1..=12 the NACK reason (a
+    /// PROVISION's refusals under theirs: 11 quota, 12 unknown tenant), 13
+    /// version.
     pub fn index(self) -> usize {
         match self {
             Refusal::Replayed => 0,
-            Refusal::Nack(r) => (r as usize).min(REFUSAL_KINDS - 2),
+            Refusal::Nack(r) | Refusal::Provision(_, r) => (r as usize).min(REFUSAL_KINDS - 2),
             Refusal::DtypeDiffers { .. } => NackReason::ParametersDiffer as usize,
             Refusal::WorkersDiffer { .. } => NackReason::ParametersDiffer as usize,
+            Refusal::Quota(_) => NackReason::QuotaExceeded as usize,
             Refusal::Version(_) => REFUSAL_KINDS - 1,
         }
     }
@@ -235,6 +357,13 @@ impl std::fmt::Display for Refusal {
                 f,
                 "protocol version {v}: this switch speaks version {} (upgrade the worker)",
                 wire::VERSION
+            ),
+            Refusal::Quota(q) => write!(f, "PROVISION refused, over a quota: {q}"),
+            Refusal::Provision(label, r) => write!(
+                f,
+                "PROVISION of tenant {}'s job {} refused: {r}",
+                label.tenant_str(),
+                label.job_str()
             ),
         }
     }
@@ -280,6 +409,20 @@ pub enum Event {
         tree: u16,
         spine: SpineAddr,
     },
+    /// A tenant's worker created job `job` by name (docs/PROTOCOL.md,
+    /// "Tenants and self-provisioned jobs").
+    JobProvisioned {
+        job: u16,
+        label: JobLabel,
+        n_workers: u16,
+        lease: Duration,
+    },
+    /// A provisioned job was removed: `why` says what ended it.
+    JobEnded {
+        job: u16,
+        label: JobLabel,
+        why: JobEnd,
+    },
     /// A spine refused a leaf job's JOIN: the tree is declared
     /// inconsistently (`why` says how). The leaf asks again every second.
     SpineRefused {
@@ -288,6 +431,28 @@ pub enum Event {
         spine: SpineAddr,
         why: wire::SpineRefusal,
     },
+}
+
+/// Why a provisioned job was removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    /// Every member that joined left.
+    Left,
+    /// No traffic for its idle lease.
+    Lease,
+    /// Removed by the operator (`switchctl job rm`).
+    Removed,
+}
+
+impl JobEnd {
+    /// As `jobs_ended{why}` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobEnd::Left => "left",
+            JobEnd::Lease => "lease",
+            JobEnd::Removed => "removed",
+        }
+    }
 }
 
 /// A reply written by [`JobTable::encode`].
@@ -468,6 +633,11 @@ pub struct JobTable {
     pub counters: TableCounters,
     /// Malformed messages by kind ([`MALFORMED_KINDS`]).
     pub malformed: [u64; MALFORMED_KINDS.len()],
+    /// Tenants, in the order added, with their jobs by name
+    /// ([`provisioning`]).
+    tenants: Vec<Tenant>,
+    /// [`TableConfig::max_f32_elems`].
+    max_f32_elems: u16,
 }
 
 fn malformed_index(e: &WireError) -> usize {
@@ -505,6 +675,8 @@ impl JobTable {
             last_refusal: [None; REFUSAL_KINDS],
             counters: TableCounters::default(),
             malformed: [0; MALFORMED_KINDS.len()],
+            tenants: Vec::new(),
+            max_f32_elems: cfg.max_f32_elems,
         }
     }
 
@@ -540,7 +712,26 @@ impl JobTable {
     /// Checks a declaration and charges its pool against the budget. Cheap:
     /// call it under the table's lock, then [`Reservation::build`] outside
     /// it, then [`JobTable::insert`] (or [`JobTable::release`]).
+    /// A declared job's id may not be in a tenant's `job_ids`.
     pub fn reserve(
+        &mut self,
+        config: &JobConfig,
+        max_elems: u16,
+    ) -> Result<Reservation, JobConfigError> {
+        if let Some(t) = self.tenant_owning(config.id) {
+            return Err(JobConfigError::InTenantRange(
+                config.id,
+                t.name.to_string(),
+                t.job_ids.0,
+                t.job_ids.1,
+            ));
+        }
+        self.reserve_unchecked(config, max_elems)
+    }
+
+    /// [`JobTable::reserve`] without the tenant ranges (a provisioned
+    /// job's id is in its tenant's).
+    fn reserve_unchecked(
         &mut self,
         config: &JobConfig,
         max_elems: u16,
@@ -601,12 +792,20 @@ impl JobTable {
         }
     }
 
-    /// Removes a job and frees its memory; its workers then get NACK 1.
+    /// Removes a job and frees its memory; its workers then get NACK 1. A
+    /// provisioned job leaves its tenant, and claims made before now can no
+    /// longer bring it back (docs/PROTOCOL.md, "Replays").
     pub fn remove(&mut self, id: u16) -> Option<Job> {
+        self.remove_job(id, JobEnd::Removed)
+    }
+
+    /// Removes job `id`; a provisioned one leaves its tenant with `why`.
+    fn remove_job(&mut self, id: u16, why: JobEnd) -> Option<Job> {
         let job = self.jobs.remove(&id)?;
         self.publish_jobs();
         self.pool_in_use -= job.config.pool_bytes();
         self.removed.insert(id, job.config.allowed_sources.clone());
+        self.forget_provisioned(&job, why);
         Some(job)
     }
 
@@ -870,6 +1069,11 @@ impl JobTable {
             }
         };
         let payload = &datagram[HEADER_LEN..];
+        // A PROVISION names a job that need not exist (or 0): handled
+        // before the job is looked up.
+        if hdr.msg_type == MsgType::Provision {
+            return self.on_provision(&hdr, payload, from, now);
+        }
         let gen = self.gen;
         let Some(job) = self.jobs.get_mut(&hdr.job) else {
             self.counters.unknown_job += 1;
@@ -965,6 +1169,10 @@ impl JobTable {
                 };
                 match job.on_leave(&hdr, &leave, &from, gen) {
                     None => {
+                        // A provisioned job ends when every member left.
+                        let ended = job.lease().is_some()
+                            && job.state() == JobState::Joining
+                            && job.joined_ranks() == 0;
                         // A leaf whose ranks all left leaves its spines too,
                         // so their slots start afresh with its next ranks.
                         if job.state() == JobState::Joining {
@@ -979,6 +1187,9 @@ impl JobTable {
                                 }
                             }
                         }
+                        if ended {
+                            drop(self.remove_job(job_id, JobEnd::Left));
+                        }
                         Verdict::Noted
                     }
                     Some(r) => Verdict::Dropped(Some(r)),
@@ -986,6 +1197,7 @@ impl JobTable {
             }
             MsgType::Heartbeat => match job.admit(&hdr, &from, gen) {
                 None => {
+                    job.note_activity(now);
                     let answer = job
                         .upstream_wait(hdr.seq, now)
                         .unwrap_or(ReplyMsg::Missing { seq: hdr.seq });
@@ -1084,6 +1296,12 @@ impl JobTable {
         let job_dtype = job.config.dtype;
         let job_n = job.n_workers();
         let outcome = job.on_join(hdr, &join, from, &cx);
+        if matches!(
+            outcome,
+            JoinOutcome::Activated | JoinOutcome::Waiting | JoinOutcome::AckAgain
+        ) {
+            job.note_activity(now);
+        }
         let reset = job.ctl.resets != resets;
         let (n, joined, resume) = (job.n_workers(), job.joined_ranks(), job.resume_point());
         let (job_id, rank, ip) = (hdr.job, hdr.rank, from.source.ip);
@@ -1292,6 +1510,7 @@ impl JobTable {
     /// spines not joined, partials their spine has not answered in time.
     /// Shells call it every few milliseconds (cheap when nothing is due).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.expire_leases(now);
         let replies = &mut self.replies;
         let counters = &mut self.counters;
         let events = &mut self.events;
@@ -1388,10 +1607,14 @@ impl JobTable {
                 }
             }
             ReplyMsg::JoinAck => self.counters.join_acks_sent += 1,
-            ReplyMsg::Challenge { .. } => self.counters.challenges_sent += 1,
-            ReplyMsg::Nack { .. } | ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. } => {
-                self.counters.nacks_sent += 1
+            ReplyMsg::Challenge { .. } | ReplyMsg::ProvisionChallenge { .. } => {
+                self.counters.challenges_sent += 1
             }
+            ReplyMsg::Nack { .. }
+            | ReplyMsg::VersionRefusal
+            | ReplyMsg::OldRefusal { .. }
+            | ReplyMsg::ProvisionRefusal { .. } => self.counters.nacks_sent += 1,
+            ReplyMsg::Provisioned { .. } => {}
             ReplyMsg::Missing { .. } | ReplyMsg::UpstreamWait { .. } => {}
             ReplyMsg::UpHello { .. }
             | ReplyMsg::UpProbe { .. }
@@ -1497,7 +1720,42 @@ impl JobTable {
                     ce: false,
                 });
             }
-            ReplyMsg::Challenge { hello_nonce, nonce } => {
+            ReplyMsg::ProvisionRefusal {
+                reason,
+                detail,
+                echo,
+            } => {
+                // No session yet: untagged.
+                let nack = NackPayload {
+                    detail,
+                    ..NackPayload::echoing(reason, echo)
+                };
+                (nack.emit(body).ok()?, false)
+            }
+            ReplyMsg::Provisioned { nonce, created } => {
+                let job = self.jobs.get(&r.job)?;
+                let lease_secs = u32::try_from(job.lease()?.as_secs()).unwrap_or(u32::MAX);
+                hdr.msg_type = MsgType::Provisioned;
+                let p = ProvisionedPayload {
+                    nonce,
+                    lease_secs,
+                    flags: if created { PROVISIONED_CREATED } else { 0 },
+                    tag: crate::provision::provisioned_tag(
+                        &job.config.secret,
+                        r.job,
+                        gen,
+                        &nonce,
+                        lease_secs,
+                    ),
+                };
+                (p.emit(body).ok()?, false)
+            }
+            ReplyMsg::Challenge { .. } | ReplyMsg::ProvisionChallenge { .. } => {
+                let (hello_nonce, nonce) = match r.msg {
+                    ReplyMsg::Challenge { hello_nonce, nonce } => (hello_nonce, nonce),
+                    ReplyMsg::ProvisionChallenge { ask_nonce, nonce } => (ask_nonce, nonce),
+                    _ => return None,
+                };
                 hdr.msg_type = MsgType::Challenge;
                 let p = ChallengePayload {
                     hello_nonce,

@@ -54,6 +54,17 @@ impl Priority {
     /// Every class, lowest first.
     pub const ALL: [Priority; CLASSES] = [Priority::Low, Priority::Normal, Priority::High];
 
+    /// The class a PROVISION's `priority` byte names (0 low, 1 normal, 2
+    /// high), if any.
+    pub const fn from_u8(v: u8) -> Option<Priority> {
+        match v {
+            0 => Some(Priority::Low),
+            1 => Some(Priority::Normal),
+            2 => Some(Priority::High),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Priority::Low => "low",

@@ -47,6 +47,27 @@ pub enum ReplyMsg {
         hello_nonce: Nonce,
         nonce: Nonce,
     },
+    /// A PROVISION ask answered (docs/PROTOCOL.md, "Tenants and
+    /// self-provisioned jobs"): a CHALLENGE echoing the ask's nonce, with a
+    /// provisioning nonce; the header's job is the ask's.
+    ProvisionChallenge {
+        ask_nonce: Nonce,
+        nonce: Nonce,
+    },
+    /// A PROVISION refused: NACK `reason` with `detail` (the quota, for
+    /// NACK 11), echoing the ask's or claim's nonce; never tagged (there is
+    /// no session yet).
+    ProvisionRefusal {
+        reason: NackReason,
+        detail: u16,
+        echo: Nonce,
+    },
+    /// A claim answered: PROVISIONED for the reply's job, echoing the
+    /// claim's switch nonce, tagged under the job's secret.
+    Provisioned {
+        nonce: Nonce,
+        created: bool,
+    },
     /// A HEARTBEAT answered with the ranks `seq` still waits for.
     Missing {
         seq: u32,

@@ -1,7 +1,9 @@
 //! What an operator declares about a tenant (docs/PROTOCOL.md, "Tenants
 //! and self-provisioned jobs"): who may create jobs by name on this switch
 //! ([`TenantConfig`]), within which quotas, and the shape of the jobs it
-//! creates; checked by [`TenantConfig::validate`].
+//! creates; checked by [`TenantConfig::validate`]. Also how a job came to
+//! be ([`JobOrigin`]) and a copyable label of a provisioned job's names
+//! ([`JobLabel`], for events and refusal samples).
 //!
 //! Layering: names only [`super::config`] (prefixes, a leaf's upstream)
 //! and [`super::priority`], like `config.rs`, so the table may name it.
@@ -14,7 +16,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::provision::{TenantKey, TenantName};
+use crate::provision::{JobName, TenantKey, TenantName, JOB_NAME_LEN, TENANT_NAME_LEN};
 use crate::tag::AuthMode;
 use crate::wire::Dtype;
 
@@ -25,6 +27,72 @@ use super::priority::Priority;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// Longest idle lease a tenant may set.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// How a job came to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOrigin {
+    /// By an operator: `[[job]]` or `switchctl job add`.
+    Declared,
+    /// By a worker holding tenant `tenant`'s key, naming it `name`
+    /// (docs/PROTOCOL.md, "Tenants and self-provisioned jobs").
+    Provisioned { tenant: TenantName, name: JobName },
+}
+
+impl JobOrigin {
+    /// `declared` or `provisioned`, as `switchctl jobs` shows it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            JobOrigin::Declared => "declared",
+            JobOrigin::Provisioned { .. } => "provisioned",
+        }
+    }
+}
+
+/// A provisioned job's tenant and name in their wire fields: `Copy`, so
+/// that events and refusal samples (which are) can carry them; printed as
+/// `tenant/job`. Built from checked names, or from a request's raw fields
+/// (printed lossily).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct JobLabel {
+    pub tenant: [u8; TENANT_NAME_LEN],
+    pub job: [u8; JOB_NAME_LEN],
+}
+
+impl JobLabel {
+    pub fn new(tenant: &TenantName, job: &JobName) -> JobLabel {
+        JobLabel {
+            tenant: tenant.to_wire(),
+            job: job.to_wire(),
+        }
+    }
+
+    fn text(b: &[u8]) -> std::borrow::Cow<'_, str> {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end])
+    }
+
+    /// The tenant's name, as text.
+    pub fn tenant_str(&self) -> std::borrow::Cow<'_, str> {
+        Self::text(&self.tenant)
+    }
+
+    /// The job's name, as text.
+    pub fn job_str(&self) -> std::borrow::Cow<'_, str> {
+        Self::text(&self.job)
+    }
+}
+
+impl fmt::Display for JobLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant_str(), self.job_str())
+    }
+}
+
+impl fmt::Debug for JobLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobLabel({self})")
+    }
+}
 
 /// A tenant as declared (`[[tenant]]`, `switchctl tenant add`).
 #[derive(Clone)]
@@ -102,6 +170,11 @@ pub enum TenantError {
     Duplicate(TenantName),
     #[error("tenant {0}: job_ids [{1}, {2}] overlap tenant {3}'s; give each tenant its own range")]
     Overlap(TenantName, u16, u16, TenantName),
+    #[error(
+        "tenant {0}: job_ids [{1}, {2}] hold declared job {3}; give the tenant a range no \
+         declared job uses"
+    )]
+    DeclaredJobInRange(TenantName, u16, u16, u16),
     #[error("no tenant {0} (switchctl tenant list shows the tenants)")]
     Unknown(String),
     #[error(

@@ -1003,6 +1003,7 @@ mod elastic;
 mod entry;
 mod kinds;
 mod priority;
+mod provisioning;
 
 /// Encodes every queued reply: (header bytes as sent, parsed header, payload).
 fn drain_raw(t: &mut JobTable) -> Vec<([u8; HEADER_LEN], HeaderRepr, Vec<u8>)> {

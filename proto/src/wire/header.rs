@@ -191,7 +191,8 @@ impl HeaderRepr {
             return Err(WireError::ReservedFlags(flags));
         }
         // A PROVISION may leave the id to the switch (job 0), and the
-        // switch's answers to its ask (CHALLENGE, NACK) echo that id.
+        // switch's answers to it before a job exists (a CHALLENGE, a NACK)
+        // name the job the PROVISION named.
         if h.job() == 0
             && !matches!(
                 msg_type,
