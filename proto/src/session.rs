@@ -349,6 +349,8 @@ pub struct WorkerSession {
     provisioned: bool,
     /// Provisioning rounds since the last JOIN_ACK.
     prov_rounds: u32,
+    /// The last HEARTBEAT got no answer (yet).
+    heartbeat_unanswered: bool,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -389,6 +391,7 @@ impl WorkerSession {
             prov: None,
             provisioned: false,
             prov_rounds: 0,
+            heartbeat_unanswered: false,
         };
         if let Some(spec) = s.hs.params().provision.clone() {
             let p = s.hs.params();
@@ -460,6 +463,7 @@ impl WorkerSession {
             prov: None,
             provisioned: self.provisioned,
             prov_rounds: 0,
+            heartbeat_unanswered: false,
         }
     }
 
@@ -606,6 +610,10 @@ impl WorkerSession {
             .tracked
             .filter(|t| t.collective == collective)
             .and_then(|t| t.last_heartbeat);
+        if self.tracked.is_none_or(|t| t.since != since) {
+            // Progress: the switch is there.
+            self.heartbeat_unanswered = false;
+        }
         self.tracked = Some(Tracked {
             collective,
             seq,
@@ -713,6 +721,14 @@ impl WorkerSession {
                     });
                 }
                 if now >= self.next_heartbeat(&t) {
+                    // A switch that restarted without our provisioned job
+                    // answers neither DATA nor HEARTBEAT of it: a second
+                    // HEARTBEAT in a row unanswered makes such a member
+                    // ask (docs/PROTOCOL.md, "Workers and restarts").
+                    if self.prov.is_some() && self.heartbeat_unanswered {
+                        self.probe(now);
+                    }
+                    self.heartbeat_unanswered = true;
                     self.heartbeat(t.seq);
                     if let Some(t) = &mut self.tracked {
                         t.last_heartbeat = Some(now);
@@ -931,10 +947,13 @@ impl WorkerSession {
                     stats,
                 })
             }
-            MsgType::Heartbeat if r.gen == self.gen => Some(Event::Waiting {
-                header: *r,
-                payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
-            }),
+            MsgType::Heartbeat if r.gen == self.gen => {
+                self.heartbeat_unanswered = false;
+                Some(Event::Waiting {
+                    header: *r,
+                    payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
+                })
+            }
             MsgType::Nack => {
                 self.stats.nacks += 1;
                 let nack = NackPayload::parse(h.payload()).ok()?;
@@ -1026,6 +1045,12 @@ impl WorkerSession {
     /// switch restart is still noticed.
     fn unauthenticated(&mut self, now: Instant) {
         self.stats.unauthenticated_dropped += 1;
+        self.probe(now);
+    }
+
+    /// Queues a probe (a HELLO with a fresh nonce), at most one per
+    /// [`PROBE_EVERY`].
+    fn probe(&mut self, now: Instant) {
         let fresh = self.fresh_nonce();
         let Some(nonce) = self.guard.as_mut().and_then(|g| g.probe(now, fresh)) else {
             return;
