@@ -264,7 +264,11 @@ fn a_switch_restart_mid_collective_makes_every_rank_provision_again_and_resume()
         for p in &r.provisioned {
             assert_eq!(p.last().unwrap().0, r.provisioned[0].last().unwrap().0);
         }
-        assert!(r.provisioned.iter().any(|p| p.len() >= 2), "{:?}", r.provisioned);
+        assert!(
+            r.provisioned.iter().any(|p| p.len() >= 2),
+            "{:?}",
+            r.provisioned
+        );
         assert!(r.rejoins[0] >= 1, "rank 0 never rejoined: {:?}", r.rejoins);
         // One rank created the job on each switch.
         let created = r.provisioned.iter().flatten().filter(|p| p.1).count();
