@@ -159,3 +159,48 @@ def test_the_default_job_name_is_shared_by_one_run_and_new_for_the_next(tenant_s
     # Same seeds, same switch sums: the same weights in both runs, on every rank.
     digests = {r["digest"] for ranks in runs for r in ranks}
     assert len(digests) == 1, digests
+
+
+def test_a_provisioned_job_falls_back_to_the_hosts_and_provisions_again_to_return(key_file):
+    """As test_host_path's switch that dies mid-run, for a self-provisioned
+    job: the switch goes away at step 4 (the ranks finish on the host path,
+    leaving the job), a new one with the same tenant and no jobs comes up
+    at step 12, and the ranks provision the same name again and return.
+    The weights equal the host-path-only run's (the switch's bits)."""
+    require_torch()
+    import hosts_ranks
+    from conftest import _CTX
+
+    steps = 24
+    kw = dict(tenant="vision", tenant_key_file=key_file, job_name="fallback-run")
+    sw = aggswitch.LoopbackSwitch(job=1, world_size=2, secret=SECRET, tenant="vision", tenant_key=KEY)
+    address = sw.address
+    port = int(address.rsplit(":", 1)[1])
+    hosts_only = launch(hosts_ranks.ddp_train, WORLD, address, "hosts", "f32", steps, None, {}, timeout=240)
+    want = {r["digest"] for r in hosts_only}
+    assert len(want) == 1
+
+    kill, restart, restarted = _CTX.Event(), _CTX.Event(), _CTX.Event()
+    revived = []
+
+    def operator():
+        kill.wait(120)
+        sw.close()
+        restart.wait(120)
+        revived.append(aggswitch.LoopbackSwitch(job=1, world_size=2, secret=SECRET, port=port, tenant="vision",
+                                                tenant_key=KEY))
+        restarted.set()
+
+    t = threading.Thread(target=operator, daemon=True)
+    t.start()
+    gate = [(4, kill, None), (12, restart, restarted)]
+    got = launch(hosts_ranks.ddp_train, WORLD, address, "switch", "f32", steps, gate,
+                 dict(kw, stall_timeout=1.0, probe_interval=0.5), timeout=240)
+    t.join(10)
+    for r in revived:
+        r.close()
+    assert {r["digest"] for r in got} == want, "the weights differ from the host path's"
+    for r in got:
+        st = r["stats"]
+        assert st["fallbacks"] == 1 and st["returns"] == 1, f"rank {r['rank']}: {st}"
+        assert r["paths"][-1] == "switch", r["paths"]
