@@ -25,10 +25,15 @@ class Worker:
         tenant: str | None = None,
         tenant_key_file: str | None = None,
         job_name: str | None = None,
+        auth: Literal["port", "mac"] | None = None,
+        stats: bool | None = None,
+        priority: Literal["low", "normal", "high"] | None = None,
     ) -> "Worker":
         """With ``tenant``, ``tenant_key_file`` (or AGGSWITCH_TENANT_KEY) and
         ``job_name`` the job is self-provisioned: ``job`` and ``secret`` are
-        not used. A tenant at its quota raises aggswitch.errors.QuotaError."""
+        not used; ``auth``, ``stats`` and ``priority`` shape it (default
+        port, off, normal). A tenant at its quota raises
+        aggswitch.errors.QuotaError."""
     def all_reduce(self, buf: Any) -> None:
         """Sums a writable C-contiguous buffer over all ranks, in place:
         float32 items for an f32 job, uint16 (the elements' bits) for bf16

@@ -477,7 +477,8 @@ impl PyWorker {
     #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
                         stall_timeout = 5.0, congestion_control = true, delay_target = Some(0.002),
                         bind = None, dtype = "f32", transport = "auto", tenant = None,
-                        tenant_key_file = None, job_name = None))]
+                        tenant_key_file = None, job_name = None, auth = None, stats = None,
+                        priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -496,11 +497,24 @@ impl PyWorker {
         tenant: Option<&str>,
         tenant_key_file: Option<&str>,
         job_name: Option<&str>,
+        auth: Option<&str>,
+        stats: Option<bool>,
+        priority: Option<&str>,
     ) -> PyResult<Self> {
         let kind = transport
             .parse::<TransportKind>()
             .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
-        let prov = provision_spec(py, tenant, tenant_key_file, job_name)?;
+        let mut prov = provision_spec(py, tenant, tenant_key_file, job_name)?;
+        match prov.as_mut() {
+            Some(spec) => shape_provisioned(spec, auth, stats, priority)?,
+            None if auth.is_some() || stats.is_some() || priority.is_some() => {
+                return Err(PyValueError::new_err(
+                    "auth=, stats= and priority= shape a self-provisioned job (tenant=...); a \
+                     declared job's come from its declaration on the switch",
+                ))
+            }
+            None => {}
+        }
         let mut cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind, prov)?;
         let (sw, rank, world, dtype) = (cfg.switch, cfg.rank, cfg.n_workers, cfg.dtype);
         cfg.join_timeout = secs("join_timeout", join_timeout)?;
@@ -1103,6 +1117,37 @@ fn provision_spec(
         stats: false,
         priority: 1,
     }))
+}
+
+/// A self-provisioned job's shape beyond the join's: `auth` ("port" or
+/// "mac"), `stats` and `priority` ("low", "normal", "high").
+fn shape_provisioned(
+    spec: &mut ProvisionSpec,
+    auth: Option<&str>,
+    stats: Option<bool>,
+    priority: Option<&str>,
+) -> PyResult<()> {
+    spec.auth = match auth {
+        None | Some("port") => AuthMode::Port,
+        Some("mac") => AuthMode::Mac,
+        Some(o) => {
+            return Err(PyValueError::new_err(format!(
+                "auth {o:?}: expected \"port\" or \"mac\""
+            )))
+        }
+    };
+    spec.stats = stats.unwrap_or(false);
+    spec.priority = match priority {
+        Some("low") => 0,
+        None | Some("normal") => 1,
+        Some("high") => 2,
+        Some(o) => {
+            return Err(PyValueError::new_err(format!(
+                "priority {o:?}: expected \"low\", \"normal\" or \"high\""
+            )))
+        }
+    };
+    Ok(())
 }
 
 /// A key file's text and permission bits.

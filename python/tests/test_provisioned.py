@@ -101,6 +101,15 @@ def test_a_wrong_key_is_refused_and_a_half_given_tenant_is_a_value_error(tenant_
     assert e.value.reason == "bad_secret" and "tenant key" in str(e.value)
     with pytest.raises(ValueError, match="tenant="):
         aggswitch.Worker(sw.address, job=0, rank=0, world_size=1, secret="", tenant="vision")
+    with pytest.raises(ValueError, match="shape a self-provisioned job"):
+        aggswitch.Worker(sw.address, job=1, rank=0, world_size=2, secret=SECRET, stats=True)
+    # A stats job, provisioned as such: the switch's statistics come back.
+    with _worker(sw, 0, 1, key_file, "with-stats", stats=True) as w:
+        assert w.has_gradient_stats
+        w.all_reduce(np.ones(8, dtype=np.float32))
+        assert w.gradient_stats()["n"] == 1
+    with pytest.raises(ValueError, match="priority"):
+        _worker(sw, 0, 1, key_file, "j", priority="urgent")
     # The probe of a provisioned job: an ask the switch answers.
     what, gen, _ = aggswitch._native.probe_switch(sw.address, 0, 0, 1, "", timeout=2.0, tenant="vision",
                                                   tenant_key_file=key_file, job_name="j")
