@@ -145,6 +145,10 @@ pub struct TableConfig {
     /// chunk is [`config::max_elems_for`] of it for its dtype, auth and
     /// statistics, as a declared job's default.
     pub max_f32_elems: u16,
+    /// The same for an `auth = "mac"` job, whose tagged RESULT must leave
+    /// from one TX frame: at most [`TableConfig::max_f32_elems`], and at
+    /// most one frame's worth when the sockets are multi-buffer.
+    pub max_f32_elems_mac: u16,
 }
 
 impl TableConfig {
@@ -158,6 +162,7 @@ impl TableConfig {
             seq_lanes: 1,
             // What a 1500-byte MTU carries: fits every port switchd serves.
             max_f32_elems: wire::elems_per_chunk_for_mtu(1500),
+            max_f32_elems_mac: wire::elems_per_chunk_for_mtu(1500),
         }
     }
 }
@@ -648,8 +653,9 @@ pub struct JobTable {
     /// Tenants, in the order added, with their jobs by name
     /// ([`provisioning`]).
     tenants: Vec<Tenant>,
-    /// [`TableConfig::max_f32_elems`].
+    /// [`TableConfig::max_f32_elems`] and [`TableConfig::max_f32_elems_mac`].
     max_f32_elems: u16,
+    max_f32_elems_mac: u16,
 }
 
 fn malformed_index(e: &WireError) -> usize {
@@ -689,6 +695,7 @@ impl JobTable {
             malformed: [0; MALFORMED_KINDS.len()],
             tenants: Vec::new(),
             max_f32_elems: cfg.max_f32_elems,
+            max_f32_elems_mac: cfg.max_f32_elems_mac.min(cfg.max_f32_elems),
         }
     }
 

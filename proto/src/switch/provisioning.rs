@@ -373,12 +373,11 @@ impl JobTable {
             upstream: c.upstream.clone(),
             stats: shape.stats,
         };
-        cfg.elems_per_chunk = max_elems_for(
-            self.max_f32_elems,
-            cfg.chunk_dtype(),
-            shape.auth,
-            shape.stats,
-        );
+        let f32_elems = match shape.auth {
+            AuthMode::Port => self.max_f32_elems,
+            AuthMode::Mac => self.max_f32_elems_mac,
+        };
+        cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), shape.auth, shape.stats);
         let need = cfg.pool_bytes();
         let refusal = if !c.dtypes.contains(&shape.dtype) {
             Some(over(Quota::Dtype, u64::from(p.dtype), 0, 0))
@@ -432,7 +431,7 @@ impl JobTable {
         // job (a declared job is built outside the lock by switchd; a
         // provisioned one cannot be, since the claim arrives on the data
         // path's slow path, which holds the lock).
-        let r = match self.reserve_unchecked(&cfg, self.max_f32_elems) {
+        let r = match self.reserve_unchecked(&cfg, f32_elems) {
             Ok(r) => r,
             Err(JobConfigError::OverBudget { .. }) => {
                 return self.refuse_quota(hdr, p, from, over_budget);
