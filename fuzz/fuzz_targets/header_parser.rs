@@ -396,6 +396,7 @@ fn challenge(hdr: &HeaderRepr, payload: &[u8]) {
             [0; 4]
         },
         port: c.observed_port,
+        provision: None,
     };
     // Ours: the HELLO nonce it echoes.
     let mut hs = Handshake::new(params.clone(), c.hello_nonce);

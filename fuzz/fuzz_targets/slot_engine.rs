@@ -1844,6 +1844,7 @@ impl Harness {
             secret: secret(job),
             ip: s.ip,
             port: s.port,
+            provision: None,
         };
         let hs = self.hello(params, src);
         let mut b = [0u8; 128];
@@ -1877,6 +1878,7 @@ impl Harness {
             secret: secret(id),
             ip: if unbound { [0; 4] } else { s.ip },
             port: s.port,
+            provision: None,
         };
         match fault {
             JoinFault::BadSecret => params.secret[rank as usize % SECRET_LEN] ^= 0x80,
@@ -2165,6 +2167,7 @@ fn run(input: Input) {
                     secret: secret(id),
                     ip: s.ip,
                     port: s.port,
+                    provision: None,
                 };
                 h.hello(params, si);
             }

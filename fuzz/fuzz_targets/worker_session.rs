@@ -112,6 +112,7 @@ fn params(rank: u16) -> JoinParams {
         secret: SECRET,
         ip: e.source.ip,
         port: e.source.port,
+        provision: None,
     }
 }
 

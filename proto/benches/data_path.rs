@@ -149,6 +149,7 @@ fn handshake_of(rank: u16, dtype: u8) -> Handshake {
         secret: SECRET,
         ip: ep.source.ip,
         port: ep.source.port,
+        provision: None,
     };
     Handshake::new(params, [rank as u8 + 1; 16])
 }

@@ -18,6 +18,7 @@
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JoinClaim};
+use crate::provisioner::ProvisionSpec;
 use crate::tag::{self, AuthMode, PacketKey};
 use crate::wire::{
     seq_lanes_from_wire, ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload,
@@ -42,6 +43,11 @@ pub struct JoinParams {
     /// one: the address the switch reports is used then) and UDP port.
     pub ip: [u8; 4],
     pub port: u16,
+    /// A self-provisioned job (docs/PROTOCOL.md, "Tenants and
+    /// self-provisioned jobs"): the session provisions it first and joins
+    /// the id and derived secret the switch's PROVISIONED gives (`job` and
+    /// `secret` above are replaced then); `None` for a declared job.
+    pub provision: Option<ProvisionSpec>,
 }
 
 impl std::fmt::Debug for JoinParams {
@@ -53,6 +59,7 @@ impl std::fmt::Debug for JoinParams {
             .field("secret", &"<redacted>")
             .field("ip", &self.ip)
             .field("port", &self.port)
+            .field("provision", &self.provision)
             .finish_non_exhaustive()
     }
 }
@@ -152,6 +159,13 @@ impl Handshake {
 
     pub fn params(&self) -> &JoinParams {
         &self.params
+    }
+
+    /// The job a PROVISIONED named and its derived secret: what every
+    /// later HELLO, JOIN and LEAVE of this handshake is for.
+    pub fn set_job(&mut self, job: u16, secret: [u8; SECRET_LEN]) {
+        self.params.job = job;
+        self.params.secret = secret;
     }
 
     /// Starts a new attempt (after a NACK 7, a stale nonce, or a switch

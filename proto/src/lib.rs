@@ -21,13 +21,15 @@
 //!   the reference float64 order.
 //! * [`provision`]: tenant and job names and the cryptography of
 //!   self-provisioned jobs (the derived job secret, the PROVISION MAC).
+//! * [`provisioner`]: the requester's side of provisioning (ask, claim,
+//!   PROVISIONED or a typed refusal), fed datagrams and time.
 //! * [`secret`]: a job secret from a file, the environment or an argument,
 //!   and the weak-secret rule.
 //!
 //! Layers: a file imports only from files below it. Bottom to top:
 //! [`dtype`], [`simd`], [`seq`], [`checksum`]; [`elements`]; [`wire`] and
 //! [`reference`](mod@reference); [`tag`], [`auth`], [`provision`], [`secret`], [`stats`];
-//! the state machines ([`handshake`], [`host_sum`], [`session`],
+//! the state machines ([`handshake`], [`provisioner`], [`host_sum`], [`session`],
 //! [`member`], [`switch`]), each above what it uses.
 //!
 //! Everything here is deterministic: time is passed in, nothing is read from
@@ -42,6 +44,7 @@ pub mod handshake;
 pub mod host_sum;
 pub mod member;
 pub mod provision;
+pub mod provisioner;
 pub mod reference;
 pub mod secret;
 pub mod seq;

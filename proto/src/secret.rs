@@ -1,6 +1,8 @@
 //! Job secrets as operators hand them to the tools: 64 hex digits from a
 //! file (`--secret-file`), the environment ([`SECRET_ENV`]) or, discouraged,
-//! the command line (`--secret`), and the rules a secret must pass.
+//! the command line (`--secret`), and the rules a secret must pass; tenant
+//! keys (self-provisioned jobs) by the same rules from `--tenant-key-file`
+//! or [`TENANT_KEY_ENV`] ([`resolve_tenant_key`]; never the command line).
 //!
 //! Owns: parsing a secret's text, picking exactly one source, the warnings
 //! an exposed secret deserves, and the weak-secret rule switchd enforces.
@@ -198,9 +200,157 @@ pub fn resolve(inputs: SecretInputs) -> Result<Resolved, SecretError> {
     })
 }
 
+/// The environment variable `worker` reads a tenant key from.
+pub const TENANT_KEY_ENV: &str = "AGGSWITCH_TENANT_KEY";
+
+/// Where a tenant key came from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `--tenant-key-file PATH` (or the Python path's
+    /// `AGGSWITCH_TENANT_KEY_FILE`).
+    File(PathBuf),
+    /// The [`TENANT_KEY_ENV`] variable.
+    Env,
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::File(p) => write!(f, "tenant key file {}", p.display()),
+            KeySource::Env => write!(f, "environment variable {TENANT_KEY_ENV}"),
+        }
+    }
+}
+
+/// Why a tenant key could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantKeyError {
+    #[error(
+        "no tenant key: pass --tenant-key-file PATH (64 hex digits, mode 0600) or set \
+         {TENANT_KEY_ENV}"
+    )]
+    Missing,
+    #[error("the tenant key is given twice ({first} and {second}): give exactly one")]
+    Conflict { first: KeySource, second: KeySource },
+    #[error("reading the tenant key file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the tenant key from {from} is not hex digits ({detail}); {HOW_TO_MAKE}")]
+    NotHex { from: KeySource, detail: String },
+    #[error(
+        "the tenant key from {from} is {got} bytes, it must be {SECRET_LEN} bytes (64 hex \
+         digits); {HOW_TO_MAKE}"
+    )]
+    Length { from: KeySource, got: usize },
+    #[error(
+        "the tenant key from {from} is weak (every byte the same): no switch takes it; \
+         {HOW_TO_MAKE}"
+    )]
+    Weak { from: KeySource },
+}
+
+/// A tenant key and the warnings it deserves (a file group or others can
+/// read).
+#[derive(Debug)]
+pub struct ResolvedKey {
+    pub key: Secret,
+    pub source: KeySource,
+    pub warnings: Vec<String>,
+}
+
+/// The tenant key from exactly one of a file (its path, and what reading
+/// it gave: text and permission bits) and the value of [`TENANT_KEY_ENV`]:
+/// the rules of a job secret (64 hex digits, not weak, a warning for a file
+/// others can read).
+pub fn resolve_tenant_key(
+    file: Option<(PathBuf, std::io::Result<(String, u32)>)>,
+    env: Option<String>,
+) -> Result<ResolvedKey, TenantKeyError> {
+    let mut warnings = Vec::new();
+    let (text, source) = match (file, env) {
+        (Some((path, _)), Some(_)) => {
+            return Err(TenantKeyError::Conflict {
+                first: KeySource::File(path),
+                second: KeySource::Env,
+            })
+        }
+        (Some((path, read)), None) => {
+            let (text, mode) = read.map_err(|source| TenantKeyError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            warnings.extend(exposure_warning(&path, mode));
+            (text, KeySource::File(path))
+        }
+        (None, Some(e)) => (e, KeySource::Env),
+        (None, None) => return Err(TenantKeyError::Missing),
+    };
+    let v = decode_hex(text.trim()).map_err(|detail| TenantKeyError::NotHex {
+        from: source.clone(),
+        detail,
+    })?;
+    let key: Secret = v.try_into().map_err(|v: Vec<u8>| TenantKeyError::Length {
+        from: source.clone(),
+        got: v.len(),
+    })?;
+    if is_weak(&key) {
+        return Err(TenantKeyError::Weak { from: source });
+    }
+    Ok(ResolvedKey {
+        key,
+        source,
+        warnings,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_key_follows_the_secret_rules_and_says_tenant_key() {
+        let r = resolve_tenant_key(file(&format!("{HEX}\n"), 0o644), None).unwrap();
+        assert_eq!(r.key[1], 0x11);
+        assert_eq!(r.source, KeySource::File(PathBuf::from("/etc/job.key")));
+        assert!(r.warnings[0].contains("chmod 600"), "{:?}", r.warnings);
+        let r = resolve_tenant_key(None, Some(HEX.into())).unwrap();
+        assert!(r.warnings.is_empty());
+        let e = resolve_tenant_key(None, None).unwrap_err().to_string();
+        assert!(
+            e.contains("no tenant key")
+                && e.contains("--tenant-key-file")
+                && e.contains(TENANT_KEY_ENV),
+            "{e}"
+        );
+        let e = resolve_tenant_key(file(HEX, 0o600), Some(HEX.into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tenant key is given twice"), "{e}");
+        let e = resolve_tenant_key(file("abc", 0o600), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the tenant key from tenant key file /etc/job.key"),
+            "{e}"
+        );
+        let weak = "11".repeat(32);
+        let e = resolve_tenant_key(None, Some(weak))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weak") && !e.contains("1111"), "{e}");
+        let e = resolve_tenant_key(
+            Some((
+                PathBuf::from("/nope"),
+                Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            )),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("reading the tenant key file /nope"), "{e}");
+    }
 
     const HEX: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 

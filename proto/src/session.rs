@@ -19,6 +19,12 @@
 //! * NACKs while joining: only those echoing this attempt's nonce count;
 //!   9 (stale nonce) and 7 (stale generation) start a fresh handshake, 6
 //!   (job not active) is waited out, every other reason is fatal.
+//! * A self-provisioned job (`JoinParams::provision`): a provisioning
+//!   round ([`crate::provisioner::Provisioner`]) comes before the HELLO,
+//!   and its PROVISIONED gives the job id and secret the handshake uses; a
+//!   NACK 1 to our own HELLO, JOIN or probe starts another round (the
+//!   switch restarted or the job ended), at most [`MAX_PROVISION_ROUNDS`]
+//!   in a row without a JOIN_ACK; a refusal of the PROVISION is fatal.
 //! * NACKs once joined: only those whose tag verifies under the session key
 //!   or that echo the latest probe count; 6 and 7 mean the switch lost the
 //!   session (rejoin), 9 is ignored, every other reason is fatal.
@@ -58,6 +64,7 @@ pub use crate::handshake::PROBE_EVERY;
 use crate::handshake::{
     ChallengeError, Handshake, JoinAckError, JoinParams, ProbeAnswer, SessionGuard,
 };
+use crate::provisioner::{Asker, Outcome, ProvisionError, Provisioner};
 use crate::stats::{GradStats, STATS_LEN};
 use crate::tag::{AuthMode, PacketKey, Tag};
 use crate::wire::{
@@ -70,8 +77,12 @@ pub const JOIN_RESEND: Duration = Duration::from_millis(200);
 /// After this long without progress a member asks the switch (HEARTBEAT)
 /// what the oldest chunk waits for, and again this often.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
-/// Room for the largest control message (a JOIN).
-pub const CONTROL_LEN: usize = 128;
+/// Room for the largest control message (a PROVISION).
+pub const CONTROL_LEN: usize = 192;
+/// A member of a self-provisioned job provisions it at most this many
+/// times in a row without a JOIN_ACK before it stops (docs/PROTOCOL.md,
+/// "Workers and restarts").
+pub const MAX_PROVISION_ROUNDS: u32 = 5;
 
 /// What a NACK that answers us means: it echoes our HELLO's or JOIN's
 /// nonce, or, once joined, our probe's, or its tag verifies under the
@@ -97,8 +108,14 @@ pub enum NackMeaning {
 
 /// The meaning of an authentic NACK with `reason`, before or after the
 /// JOIN_ACK (`joined`).
+///
+/// NACK 1 (unknown job) is a refusal here; a member of a self-provisioned
+/// job provisions again instead ([`WorkerSession`]). NACK 11 (quota) and
+/// 12 (unknown tenant) answer only a PROVISION and are final refusals
+/// ([`crate::provisioner::ProvisionError`] says which).
 pub fn nack_meaning(reason: NackReason, joined: bool) -> NackMeaning {
     match (reason, joined) {
+        (NackReason::QuotaExceeded | NackReason::UnknownTenant, _) => NackMeaning::Refused,
         (NackReason::StaleNonce | NackReason::StaleGeneration, false) => NackMeaning::Restart,
         (NackReason::JobNotActive, false) => NackMeaning::Wait,
         (NackReason::JobNotActive | NackReason::StaleGeneration, true) => NackMeaning::Rejoin,
@@ -144,6 +161,14 @@ pub enum SessionError {
     UnknownStats(u8),
     #[error("no JOIN_ACK within {0:?}")]
     JoinTimeout(Duration),
+    #[error("provisioning the job failed: {0}")]
+    Provision(ProvisionError),
+    #[error(
+        "the switch forgot the provisioned job {rounds} times in a row before this rank could \
+         join it (NACK 1 after each PROVISIONED): check that no one removes it (switchctl jobs) \
+         and that the switch is not restarting in a loop"
+    )]
+    ProvisionedJobVanishes { rounds: u32 },
 }
 
 /// What the session's JOIN_ACK said.
@@ -183,6 +208,14 @@ pub enum Lost {
 /// What a datagram or a timeout meant.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The switch has (or made) the self-provisioned job: the session joins
+    /// job `job` now (the id may differ from a previous round's).
+    Provisioned {
+        job: u16,
+        lease_secs: u32,
+        /// This rank's claim created the job.
+        created: bool,
+    },
     /// A JOIN_ACK made us a member: send from its resume point.
     Joined(Box<Joined>),
     /// An authenticated RESULT: `header.seq`, `header.count` and its flags
@@ -262,6 +295,12 @@ enum Phase {
     /// Not started, or waiting for [`WorkerSession::start_join`] after the
     /// session was lost.
     Idle,
+    /// A self-provisioned job: asking the switch for it (the provisioner
+    /// sends), then joining from `resume`.
+    Provisioning {
+        resume: (u32, u32),
+        deadline: Instant,
+    },
     Joining {
         resume: (u32, u32),
         deadline: Instant,
@@ -303,6 +342,15 @@ pub struct WorkerSession {
     /// joins; false in a [`WorkerSession::lane_copy`], which only frames
     /// DATA and checks RESULTs.
     control: bool,
+    /// A self-provisioned job's provisioner (control sessions only).
+    prov: Option<Provisioner>,
+    /// The handshake's job id and secret come from a PROVISIONED the switch
+    /// has not since disowned (NACK 1).
+    provisioned: bool,
+    /// Provisioning rounds since the last JOIN_ACK.
+    prov_rounds: u32,
+    /// The last HEARTBEAT got no answer (yet).
+    heartbeat_unanswered: bool,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -340,7 +388,28 @@ impl WorkerSession {
             queue: VecDeque::new(),
             stats: SessionStats::default(),
             control: true,
+            prov: None,
+            provisioned: false,
+            prov_rounds: 0,
+            heartbeat_unanswered: false,
         };
+        if let Some(spec) = s.hs.params().provision.clone() {
+            let p = s.hs.params();
+            let asker = Asker {
+                job: 0,
+                rank: p.rank,
+                n_workers: p.n_workers,
+                dtype: p.dtype,
+                op: p.op,
+                ip: p.ip,
+                port: p.port,
+            };
+            // The provisioner's nonces derive from two of ours.
+            let mut key = [0u8; 32];
+            key[..NONCE_LEN].copy_from_slice(&s.fresh_nonce());
+            key[NONCE_LEN..].copy_from_slice(&s.fresh_nonce());
+            s.prov = Some(Provisioner::new(spec, asker, key));
+        }
         let n = s.fresh_nonce();
         s.hs.restart(n);
         s
@@ -391,6 +460,10 @@ impl WorkerSession {
             queue: VecDeque::new(),
             stats: SessionStats::default(),
             control: false,
+            prov: None,
+            provisioned: self.provisioned,
+            prov_rounds: 0,
+            heartbeat_unanswered: false,
         }
     }
 
@@ -414,11 +487,53 @@ impl WorkerSession {
         let n = self.fresh_nonce();
         self.hs.restart(n);
         self.queue.clear();
+        let resume = (collective, seq);
+        let deadline = now + self.cfg.join_timeout;
+        if self.prov.is_some() && !self.provisioned {
+            self.provision(resume, deadline, now);
+            return;
+        }
         self.phase = Phase::Joining {
-            resume: (collective, seq),
-            deadline: now + self.cfg.join_timeout,
+            resume,
+            deadline,
             next_send: now,
         };
+    }
+
+    /// Starts a provisioning round (ask, claim) for a self-provisioned job.
+    fn provision(&mut self, resume: (u32, u32), deadline: Instant, now: Instant) {
+        let Some(p) = &mut self.prov else {
+            return;
+        };
+        p.start(now);
+        self.prov_rounds += 1;
+        self.provisioned = false;
+        self.phase = Phase::Provisioning { resume, deadline };
+    }
+
+    /// A NACK 1 (unknown job) to our own HELLO, JOIN or probe: a
+    /// self-provisioned job is provisioned again (at most
+    /// [`MAX_PROVISION_ROUNDS`] rounds without a JOIN_ACK); `None` if this
+    /// is no self-provisioned job.
+    fn job_vanished(
+        &mut self,
+        resume: (u32, u32),
+        deadline: Instant,
+        now: Instant,
+    ) -> Option<Option<Event>> {
+        self.prov.as_ref()?;
+        if self.prov_rounds >= MAX_PROVISION_ROUNDS {
+            return Some(Some(self.fail(SessionError::ProvisionedJobVanishes {
+                rounds: self.prov_rounds,
+            })));
+        }
+        self.provision(resume, deadline, now);
+        Some(None)
+    }
+
+    /// Whether this session provisions its job (a self-provisioned job).
+    pub fn is_provisioned_job(&self) -> bool {
+        self.hs.params().provision.is_some()
     }
 
     pub fn is_joined(&self) -> bool {
@@ -495,6 +610,10 @@ impl WorkerSession {
             .tracked
             .filter(|t| t.collective == collective)
             .and_then(|t| t.last_heartbeat);
+        if self.tracked.is_none_or(|t| t.since != since) {
+            // Progress: the switch is there.
+            self.heartbeat_unanswered = false;
+        }
         self.tracked = Some(Tracked {
             collective,
             seq,
@@ -509,6 +628,16 @@ impl WorkerSession {
             return None;
         }
         if let Some(t) = self.queue.pop_front() {
+            return Some(t);
+        }
+        if let Phase::Provisioning { .. } = self.phase {
+            let mut t = Transmit {
+                msg_type: MsgType::Provision,
+                probe: false,
+                buf: [0; CONTROL_LEN],
+                len: 0,
+            };
+            t.len = self.prov.as_mut()?.poll_transmit(now, &mut t.buf)?;
             return Some(t);
         }
         let Phase::Joining {
@@ -549,6 +678,12 @@ impl WorkerSession {
                 next_send,
                 ..
             } => Some(deadline.min(next_send)),
+            Phase::Provisioning { deadline, .. } => Some(
+                self.prov
+                    .as_ref()
+                    .and_then(Provisioner::poll_timeout)
+                    .map_or(deadline, |t| t.min(deadline)),
+            ),
             Phase::Joined => self.tracked.map(|t| {
                 let stall = t.since + self.cfg.stall_timeout;
                 stall.min(self.next_heartbeat(&t))
@@ -569,7 +704,9 @@ impl WorkerSession {
             return None;
         }
         match self.phase {
-            Phase::Joining { deadline, .. } if now >= deadline => {
+            Phase::Joining { deadline, .. } | Phase::Provisioning { deadline, .. }
+                if now >= deadline =>
+            {
                 Some(self.fail(SessionError::JoinTimeout(self.cfg.join_timeout)))
             }
             Phase::Joined => {
@@ -584,6 +721,14 @@ impl WorkerSession {
                     });
                 }
                 if now >= self.next_heartbeat(&t) {
+                    // A switch that restarted without our provisioned job
+                    // answers neither DATA nor HEARTBEAT of it: a second
+                    // HEARTBEAT in a row unanswered makes such a member
+                    // ask (docs/PROTOCOL.md, "Workers and restarts").
+                    if self.prov.is_some() && self.heartbeat_unanswered {
+                        self.probe(now);
+                    }
+                    self.heartbeat_unanswered = true;
                     self.heartbeat(t.seq);
                     if let Some(t) = &mut self.tracked {
                         t.last_heartbeat = Some(now);
@@ -624,11 +769,18 @@ impl WorkerSession {
     pub fn handle(&mut self, datagram: &[u8], now: Instant) -> Option<Event> {
         let h = Header::new_checked(datagram).ok()?;
         let r = HeaderRepr::parse(&h).ok()?;
+        if let Phase::Provisioning { resume, deadline } = self.phase {
+            // Answers to an ask carry the id asked for (0), a PROVISIONED
+            // the job's: the provisioner judges them by their nonces.
+            let outcome = self.prov.as_mut()?.handle_parsed(&r, h.payload(), now)?;
+            return Some(self.provisioned(outcome, resume, deadline, now));
+        }
         if r.job != self.hs.params().job {
             return None;
         }
         match self.phase {
             Phase::Joining { .. } => self.on_joining(&h, &r, now),
+            Phase::Provisioning { .. } => None,
             Phase::Joined => self.on_joined(&h, &r, now),
             Phase::Idle | Phase::Failed => None,
         }
@@ -680,6 +832,7 @@ impl WorkerSession {
                 };
                 let first = !self.joined_once;
                 self.joined_once = true;
+                self.prov_rounds = 0;
                 self.phase = Phase::Joined;
                 self.gen = r.gen;
                 self.guard = Some(ack.session);
@@ -707,6 +860,16 @@ impl WorkerSession {
                 if !self.hs.nack_is_ours(&nack) {
                     // Left over from an earlier attempt, or not for us.
                     return None;
+                }
+                if nack.reason == NackReason::UnknownJob {
+                    if let Phase::Joining {
+                        resume, deadline, ..
+                    } = self.phase
+                    {
+                        if let Some(ev) = self.job_vanished(resume, deadline, now) {
+                            return ev;
+                        }
+                    }
                 }
                 match nack_meaning(nack.reason, false) {
                     NackMeaning::Restart => {
@@ -784,10 +947,13 @@ impl WorkerSession {
                     stats,
                 })
             }
-            MsgType::Heartbeat if r.gen == self.gen => Some(Event::Waiting {
-                header: *r,
-                payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
-            }),
+            MsgType::Heartbeat if r.gen == self.gen => {
+                self.heartbeat_unanswered = false;
+                Some(Event::Waiting {
+                    header: *r,
+                    payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
+                })
+            }
             MsgType::Nack => {
                 self.stats.nacks += 1;
                 let nack = NackPayload::parse(h.payload()).ok()?;
@@ -799,6 +965,12 @@ impl WorkerSession {
                     // Anyone on the path could have sent it: ask the switch.
                     self.unauthenticated(now);
                     return None;
+                }
+                if nack.reason == NackReason::UnknownJob && self.prov.is_some() {
+                    // The switch restarted or the job ended while we were
+                    // away: provision it again at the rejoin.
+                    self.provisioned = false;
+                    return Some(self.lost(Lost::Nack(nack.reason)));
                 }
                 match nack_meaning(nack.reason, true) {
                     NackMeaning::Rejoin | NackMeaning::Restart => {
@@ -826,6 +998,40 @@ impl WorkerSession {
         }
     }
 
+    fn provisioned(
+        &mut self,
+        outcome: Outcome,
+        resume: (u32, u32),
+        deadline: Instant,
+        now: Instant,
+    ) -> Event {
+        match outcome {
+            Outcome::Provisioned {
+                job,
+                secret,
+                lease_secs,
+                created,
+                ..
+            } => {
+                self.hs.set_job(job, secret);
+                self.provisioned = true;
+                let n = self.fresh_nonce();
+                self.hs.restart(n);
+                self.phase = Phase::Joining {
+                    resume,
+                    deadline,
+                    next_send: now,
+                };
+                Event::Provisioned {
+                    job,
+                    lease_secs,
+                    created,
+                }
+            }
+            Outcome::Refused(e) => self.fail(SessionError::Provision(e)),
+        }
+    }
+
     fn lost(&mut self, why: Lost) -> Event {
         self.stats.rejoins += 1;
         self.phase = Phase::Idle;
@@ -839,6 +1045,12 @@ impl WorkerSession {
     /// switch restart is still noticed.
     fn unauthenticated(&mut self, now: Instant) {
         self.stats.unauthenticated_dropped += 1;
+        self.probe(now);
+    }
+
+    /// Queues a probe (a HELLO with a fresh nonce), at most one per
+    /// [`PROBE_EVERY`].
+    fn probe(&mut self, now: Instant) {
         let fresh = self.fresh_nonce();
         let Some(nonce) = self.guard.as_mut().and_then(|g| g.probe(now, fresh)) else {
             return;
@@ -869,6 +1081,9 @@ impl WorkerSession {
             .emit_leave_because(crate::wire::LEAVE_FOR_HOSTS, buf)
     }
 }
+
+#[cfg(test)]
+mod provision_tests;
 
 #[cfg(test)]
 mod tests {
@@ -932,6 +1147,7 @@ mod tests {
             secret: SECRET,
             ip: e.source.ip,
             port: e.source.port,
+            provision: None,
         };
         let cfg = SessionConfig {
             join_timeout: Duration::from_secs(3),

@@ -130,6 +130,7 @@ fn join_all(agents: &mut [Agent]) -> (u32, PacketKey) {
                 secret: secret(),
                 ip: agents[usize::from(r)].ip.octets(),
                 port: port(r),
+                provision: None,
             };
             Handshake::new(params, [r as u8 + 1; 16])
         })

@@ -53,6 +53,7 @@ pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, JoinParams};
 pub use proto::member::SpineWait;
 use proto::member::{Event as MemberEvent, Member, ResultOutcome, Shape, TransportConfig, Waiting};
+pub use proto::provisioner::{ProvisionError, ProvisionSpec};
 use proto::seq::serial_offset;
 use proto::session::{SessionConfig, SessionError};
 pub use proto::stats::GradStats;
@@ -83,6 +84,12 @@ pub struct WorkerConfig {
     pub join_timeout: Duration,
     /// Fail a collective when no RESULT made progress for this long.
     pub stall_timeout: Duration,
+    /// A self-provisioned job (docs/PROTOCOL.md, "Tenants and
+    /// self-provisioned jobs"): the tenant, its key and the job's name; the
+    /// worker provisions the job and joins it with the id and derived
+    /// secret the switch gives (`job` and `secret` are replaced then).
+    /// `None`: a declared job, `job` and `secret` as given.
+    pub provision: Option<ProvisionSpec>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -94,6 +101,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("n_workers", &self.n_workers)
             .field("dtype", &self.dtype)
             .field("secret", &"<redacted>")
+            .field("provision", &self.provision)
             .finish_non_exhaustive()
     }
 }
@@ -118,6 +126,21 @@ impl WorkerConfig {
             transport_kind: TransportKind::Auto,
             join_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(5),
+            provision: None,
+        }
+    }
+
+    /// A worker of tenant `spec.tenant`'s self-provisioned job
+    /// `spec.job_name`: the job id and secret come from the switch.
+    pub fn provisioned(
+        switch: SocketAddrV4,
+        spec: ProvisionSpec,
+        rank: u16,
+        n_workers: u16,
+    ) -> WorkerConfig {
+        WorkerConfig {
+            provision: Some(spec),
+            ..WorkerConfig::new(switch, 0, rank, n_workers, [0; SECRET_LEN])
         }
     }
 }
@@ -234,6 +257,15 @@ fn length_rule(call: &str, input: usize, n: u16) -> String {
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    /// The switch refused to provision the job (a quota: `source.quota()`).
+    #[error("rank {rank}: {source}")]
+    Provision { rank: u16, source: ProvisionError },
+    #[error(
+        "job {job} rank {rank}: the switch forgot the provisioned job {rounds} times in a row \
+         before this rank could join it: check that no one removes it (switchctl jobs) and \
+         that the switch is not restarting in a loop"
+    )]
+    ProvisionedJobVanishes { job: u16, rank: u16, rounds: u32 },
     #[error("{call} failed on the UDP socket to switch {switch}: {source}")]
     Io {
         call: &'static str,
@@ -528,6 +560,7 @@ pub(crate) fn join_params(cfg: &WorkerConfig, sock: &UdpSocket) -> Result<JoinPa
         secret: cfg.secret,
         ip: local.ip().octets(),
         port: local.port(),
+        provision: cfg.provision.clone(),
     })
 }
 
@@ -826,6 +859,22 @@ impl Worker {
         let j = match ev {
             MemberEvent::Joined(j) => j,
             MemberEvent::Failed(e) => return Err(self.session_failed(e)),
+            MemberEvent::Provisioned {
+                job,
+                lease_secs,
+                created,
+            } => {
+                // Errors and logs name the job the switch gave.
+                self.cfg.job = job;
+                tracing::info!(
+                    job,
+                    rank = self.cfg.rank,
+                    lease_secs,
+                    created,
+                    "provisioned"
+                );
+                return Ok(None);
+            }
             _ => return Ok(None),
         };
         // DATA of seq s to the switch's port + (s mod lanes): its NIC may
@@ -861,6 +910,10 @@ impl Worker {
                 switch: self.cfg.switch,
                 waited,
             },
+            SessionError::Provision(source) => WorkerError::Provision { rank, source },
+            SessionError::ProvisionedJobVanishes { rounds } => {
+                WorkerError::ProvisionedJobVanishes { job, rank, rounds }
+            }
         }
     }
 
@@ -885,6 +938,12 @@ impl Worker {
     /// its port + (s mod lanes).
     pub fn seq_lanes(&self) -> usize {
         self.txb.lanes()
+    }
+
+    /// The job's id: the declared one, or the one the switch gave a
+    /// self-provisioned job.
+    pub fn job(&self) -> u16 {
+        self.cfg.job
     }
 
     /// The job's element type (what this worker joined with).

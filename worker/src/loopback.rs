@@ -1,7 +1,8 @@
 //! A userspace stand-in for the switch on loopback: the same entry point
 //! that switchd runs (`proto::switch::entry::Switch`: the lock-free data
 //! path, else the job table), behind a plain UDP socket on 127.0.0.1, one
-//! job.
+//! declared job and any tenants (whose workers provision jobs of their
+//! own, docs/PROTOCOL.md "Tenants and self-provisioned jobs").
 //!
 //! For trying the library (and the Python package and DDP hook) on one
 //! machine without root or XDP, and for the tests of the worker's I/O shell.
@@ -10,8 +11,10 @@
 //! Owns: its sockets (one per seq lane: ports P..P+L-1, replies from P)
 //! and thread; stopped and joined on drop. Invariants: it
 //! only binds loopback addresses and only admits sources in 127.0.0.0/8;
-//! `restart()` replaces the job table with a new generation, as a switchd
-//! restart does, so workers must re-join and resend.
+//! `restart()` replaces the job table with a new generation (the same
+//! tenants, no provisioned jobs), as a switchd restart does, so workers
+//! must re-join (or provision again) and resend. Tenants admit only
+//! 127.0.0.0/8 too, whatever their `allowed_sources` said.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -19,10 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use proto::provision::{TenantKey, TenantName};
 use proto::switch::engine::ResultRef;
 use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
-    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Reply, Source, TableConfig,
+    Encoded, Endpoint, Ipv4Prefix, JobConfig, JobConfigError, JobTable, Priority, Reply, Source,
+    TableConfig, TenantConfig, TenantError,
 };
 use proto::tag::Tag;
 use proto::wire::HeaderRepr;
@@ -50,6 +55,9 @@ pub struct LoopbackConfig {
     /// P + (s mod L) too, as switchd's `seq_lanes` (docs/PROTOCOL.md, "Seq
     /// lanes"); the CHALLENGE tells workers.
     pub seq_lanes: u16,
+    /// Tenants whose workers provision jobs here (see
+    /// [`LoopbackConfig::tenant`]).
+    pub tenants: Vec<TenantConfig>,
 }
 
 impl LoopbackConfig {
@@ -65,10 +73,32 @@ impl LoopbackConfig {
             auth: Default::default(),
             stats: false,
             seq_lanes: 1,
+            tenants: Vec::new(),
         }
     }
 
-    fn table(&self, gen: u32) -> Result<JobTable, JobConfigError> {
+    /// A tenant with the spec's defaults (docs/PROTOCOL.md, "Tenant
+    /// settings") but `max_jobs`, every dtype and auth mode, priority up to
+    /// high, job ids 32768..=65535 and sources on loopback.
+    pub fn tenant(name: TenantName, key: TenantKey, max_jobs: u16) -> TenantConfig {
+        TenantConfig {
+            name,
+            key,
+            allowed_sources: vec![LOOPBACK],
+            max_jobs,
+            max_workers_per_job: 256,
+            max_pool_bytes: 1 << 30,
+            dtypes: Dtype::ALL.to_vec(),
+            auth: vec![proto::tag::AuthMode::Port, proto::tag::AuthMode::Mac],
+            max_priority: Priority::High,
+            job_ids: (32768, 65535),
+            lease: proto::switch::tenant::DEFAULT_LEASE,
+            pool_slots: 64,
+            upstream: None,
+        }
+    }
+
+    fn table(&self, gen: u32) -> Result<JobTable, LoopbackError> {
         let mut t = JobTable::new(
             TableConfig {
                 seq_lanes: self.seq_lanes,
@@ -80,10 +110,7 @@ impl LoopbackConfig {
             JobConfig {
                 id: self.job,
                 n_workers: self.n_workers,
-                allowed_sources: vec![Ipv4Prefix {
-                    addr: [127, 0, 0, 0],
-                    len: 8,
-                }],
+                allowed_sources: vec![LOOPBACK],
                 secret: self.secret,
                 pool_slots: self.pool_slots,
                 elems_per_chunk: self.elems_per_chunk,
@@ -96,9 +123,21 @@ impl LoopbackConfig {
             },
             MAX_ELEMS_PER_CHUNK,
         )?;
+        for tenant in &self.tenants {
+            t.add_tenant(TenantConfig {
+                allowed_sources: vec![LOOPBACK],
+                ..tenant.clone()
+            })?;
+        }
         Ok(t)
     }
 }
+
+/// The only sources a loopback stand-in admits.
+const LOOPBACK: Ipv4Prefix = Ipv4Prefix {
+    addr: [127, 0, 0, 0],
+    len: 8,
+};
 
 /// Room for the largest datagram of the protocol (a 9000-MTU chunk).
 const DATAGRAM_MAX: usize = 9216;
@@ -108,6 +147,8 @@ const DATAGRAM_MAX: usize = 9216;
 pub enum LoopbackError {
     #[error("loopback switch: {0}")]
     Job(#[from] JobConfigError),
+    #[error("loopback switch: {0}")]
+    Tenant(#[from] TenantError),
     #[error("loopback switch: {addr} is not a loopback address (use 127.0.0.1)")]
     NotLoopback { addr: SocketAddrV4 },
     #[error("loopback switch: binding UDP {addr} failed: {source}")]

@@ -26,7 +26,10 @@
 //!
 //! The job secret comes from `--secret-file PATH` or `AGGSWITCH_SECRET`;
 //! `--secret HEX` still works but warns (other users see it in
-//! /proc/PID/cmdline). [`proto::secret`] holds the rules.
+//! /proc/PID/cmdline). [`proto::secret`] holds the rules. A self-provisioned
+//! job (docs/PROTOCOL.md, "Tenants and self-provisioned jobs") is named
+//! instead by `--tenant T --tenant-key-file F --job-name NAME` (the key by
+//! the same rules, or `AGGSWITCH_TENANT_KEY`): exactly one of the two ways.
 
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -37,13 +40,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use proto::member::{reference_grad_stats, reference_tree_grad_stats, Shape};
+use proto::provision::{JobName, TenantName};
 use proto::reference::{
     expected_kept_sum_dtype, expected_sum_dtype, expected_tree_sum_dtype, pattern, pattern_dtype,
     tree_global_rank,
 };
 use proto::secret;
+use proto::tag::AuthMode;
 use proto::wire::{Dtype, DEFAULT_AGG_PORT, SECRET_LEN};
-use worker::{Element, GradStats, Kind, TransportKind, Worker, WorkerConfig, WorkerError};
+use worker::{
+    Element, GradStats, Kind, ProvisionSpec, TransportKind, Worker, WorkerConfig, WorkerError,
+};
 
 /// `--collective`: which collective the iterations run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -90,8 +97,34 @@ struct SwitchJobArgs {
     /// The switch's aggregation UDP port.
     #[arg(long, default_value_t = DEFAULT_AGG_PORT)]
     port: u16,
+    /// The id of a declared job (with its secret: --secret-file or
+    /// AGGSWITCH_SECRET). Or, for a self-provisioned job: --tenant,
+    /// --tenant-key-file and --job-name instead.
     #[arg(long)]
-    job: u16,
+    job: Option<u16>,
+    /// A self-provisioned job: the tenant the operator declared on the
+    /// switch (in place of --job and the secret).
+    #[arg(long, value_name = "T")]
+    tenant: Option<String>,
+    /// File holding the tenant's key: 64 hex digits, mode 0600. Or set
+    /// AGGSWITCH_TENANT_KEY. The key never crosses the wire.
+    #[arg(long, value_name = "PATH")]
+    tenant_key_file: Option<PathBuf>,
+    /// A self-provisioned job's name, the same on every rank of a run
+    /// (1..=64 of letters, digits, '.', '_', ':' and '-'): the switch
+    /// creates the job on the first rank's request.
+    #[arg(long, value_name = "NAME")]
+    job_name: Option<String>,
+    /// A self-provisioned job's auth mode: port or mac (a declared job's
+    /// comes from its declaration).
+    #[arg(long, value_name = "port|mac")]
+    auth: Option<String>,
+    /// A self-provisioned job's priority: low, normal or high.
+    #[arg(long, value_name = "low|normal|high")]
+    priority: Option<String>,
+    /// A self-provisioned job with gradient statistics.
+    #[arg(long)]
+    stats: bool,
     /// Number of workers in the job.
     #[arg(long)]
     workers: u16,
@@ -307,18 +340,90 @@ fn parse_machine_busy_ticks(stat: &str) -> Option<u64> {
     Some(at(0)? + at(1)? + at(2)? + at(5)? + at(6)? + at(7)?)
 }
 
+/// How the job is named: exactly one of a declared job (`--job` and its
+/// secret) and a self-provisioned one (`--tenant`, the tenant key,
+/// `--job-name`).
+const ONE_WAY: &str = "name the job one way: --job ID with --secret-file (a declared job), or \
+                       --tenant T --tenant-key-file F --job-name NAME (a self-provisioned job)";
+
+/// The self-provisioned job's spec, or `None` for a declared job; refuses a
+/// mix of the two ways and a half-given one.
+fn provision_spec(t: &SwitchJobArgs) -> Result<Option<ProvisionSpec>> {
+    let declared = t.job.is_some() || t.secret.is_some() || t.secret_file.is_some();
+    let provisioned = t.tenant.is_some() || t.tenant_key_file.is_some() || t.job_name.is_some();
+    let shape = t.auth.is_some() || t.priority.is_some() || t.stats;
+    match (declared, provisioned) {
+        (true, true) => {
+            bail!("both a declared job and a self-provisioned one are given: {ONE_WAY}")
+        }
+        (false, false) => bail!("no job: {ONE_WAY}"),
+        (true, false) if shape => bail!(
+            "--auth, --priority and --stats shape a self-provisioned job; a declared job's \
+             come from its declaration: drop them, or {ONE_WAY}"
+        ),
+        (true, false) => {
+            if t.job.is_none() {
+                bail!("a secret without --job: {ONE_WAY}");
+            }
+            return Ok(None);
+        }
+        (false, true) => {}
+    }
+    let (Some(tenant), Some(job_name)) = (&t.tenant, &t.job_name) else {
+        bail!("a self-provisioned job needs --tenant and --job-name: {ONE_WAY}");
+    };
+    let tenant = TenantName::new(tenant).context("--tenant")?;
+    let job_name = JobName::new(job_name).context("--job-name")?;
+    let r = secret::resolve_tenant_key(
+        t.tenant_key_file
+            .as_ref()
+            .map(|p| (p.clone(), read_secret_file(p))),
+        std::env::var(secret::TENANT_KEY_ENV).ok(),
+    )?;
+    for w in &r.warnings {
+        tracing::warn!("{w}");
+    }
+    let auth = match t.auth.as_deref() {
+        None | Some("port") => AuthMode::Port,
+        Some("mac") => AuthMode::Mac,
+        Some(o) => bail!("--auth {o:?}: use port or mac"),
+    };
+    let priority = match t.priority.as_deref() {
+        Some("low") => 0,
+        None | Some("normal") => 1,
+        Some("high") => 2,
+        Some(o) => bail!("--priority {o:?}: use low, normal or high"),
+    };
+    Ok(Some(ProvisionSpec {
+        tenant,
+        key: r.key,
+        job_name,
+        auth,
+        stats: t.stats,
+        priority,
+    }))
+}
+
+/// How messages name the job before the switch gave it an id.
+fn job_label(t: &SwitchJobArgs) -> String {
+    match (t.job, &t.tenant, &t.job_name) {
+        (Some(id), _, _) => format!("job {id}"),
+        (None, Some(tenant), Some(name)) => format!("job {name:?} of tenant {tenant:?}"),
+        _ => "the job".into(),
+    }
+}
+
 fn config(a: &JobArgs) -> Result<WorkerConfig> {
     let t = &a.target;
     if a.rank >= t.workers {
         bail!("--rank {} must be below --workers {}", a.rank, t.workers);
     }
-    let mut c = WorkerConfig::new(
-        SocketAddrV4::new(t.switch, t.port),
-        t.job,
-        a.rank,
-        t.workers,
-        job_secret(t)?,
-    );
+    let switch = SocketAddrV4::new(t.switch, t.port);
+    let mut c = match (provision_spec(t)?, t.job) {
+        (Some(spec), _) => WorkerConfig::provisioned(switch, spec, a.rank, t.workers),
+        (None, Some(job)) => WorkerConfig::new(switch, job, a.rank, t.workers, job_secret(t)?),
+        (None, None) => bail!("no job: {ONE_WAY}"),
+    };
     c.dtype = t.dtype;
     c.join_timeout = Duration::from_secs_f64(t.join_timeout);
     c.stall_timeout = Duration::from_secs_f64(a.stall_timeout);
@@ -675,7 +780,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         (a.delay_target > 0.0).then(|| Duration::from_secs_f64(a.delay_target / 1e3));
     cfg.transport.window_override = a.window_override;
     cfg.transport_kind = a.transport;
-    let (job, rank, n) = (cfg.job, cfg.rank, cfg.n_workers);
+    let (rank, n) = (cfg.rank, cfg.n_workers);
+    let label = job_label(&a.job.target);
     let kind = a.collective.kind();
     // Refuse a bad --elements before joining (the other ranks would wait).
     let (_, out_len) = io_lengths(kind, a.elements, n)?;
@@ -685,7 +791,9 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
     // all-gather's, shard r is rank r's pattern (in a tree the switch
     // refuses both: NACK 10).
     let pattern_rank = tree.as_ref().map_or(rank, |t| t.global_rank);
-    let mut w = Worker::join(cfg).with_context(|| format!("joining job {job} as rank {rank}"))?;
+    let mut w = Worker::join(cfg).with_context(|| format!("joining {label} as rank {rank}"))?;
+    // A self-provisioned job's id is the switch's.
+    let job = w.job();
     // A reduce-scatter rank keeps its own shard (the others' sum plus its
     // own), as the library decides.
     let keeps = kind == Kind::ReduceScatter && w.reduce_scatter_shape(out_len).owner_keeps();
@@ -825,7 +933,7 @@ fn join(a: JobArgs) -> Result<ExitCode> {
             println!(
                 "joined job {} as rank {}: gen {:#010x}, {} slots, {} {} elements per chunk, \
                  transport {}, auth {}, gradient statistics {}",
-                a.target.job,
+                w.job(),
                 a.rank,
                 w.generation(),
                 w.pool_slots(),
@@ -837,7 +945,7 @@ fn join(a: JobArgs) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Err(e @ WorkerError::Refused { .. }) => {
+        Err(e @ (WorkerError::Refused { .. } | WorkerError::Provision { .. })) => {
             println!("refused: {e}");
             Ok(ExitCode::from(3))
         }
@@ -920,6 +1028,119 @@ mod tests {
         let e = format!("{:#}", job_secret(&args(&path)).unwrap_err());
         assert!(
             e.contains(&path.display().to_string()) && e.contains("os error 2"),
+            "{e}"
+        );
+    }
+
+    /// `worker allreduce` of a self-provisioned job, without its key.
+    fn provisioned_args(extra: &[&str]) -> SwitchJobArgs {
+        let mut argv = vec![
+            "worker",
+            "allreduce",
+            "--switch",
+            "198.18.0.1",
+            "--rank",
+            "1",
+            "--workers",
+            "3",
+            "--elements",
+            "8",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().cmd {
+            Cmd::Allreduce(a) => a.job.target,
+            Cmd::Join(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_self_provisioned_job_is_named_by_tenant_key_file_and_job_name_and_only_one_way() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("worker-tenant-key-{}", std::process::id()));
+        let hex = "0123456789abcdef".repeat(4);
+        std::fs::write(&path, format!("{hex}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let key = path.to_str().unwrap();
+        let base = [
+            "--tenant",
+            "vision",
+            "--tenant-key-file",
+            key,
+            "--job-name",
+            "run-7",
+        ];
+        let spec = provision_spec(&provisioned_args(&base)).unwrap().unwrap();
+        assert_eq!(
+            (spec.tenant.as_str(), spec.job_name.as_str()),
+            ("vision", "run-7")
+        );
+        assert_eq!(spec.key[..2], [0x01, 0x23]);
+        assert_eq!(
+            (spec.auth, spec.stats, spec.priority),
+            (AuthMode::Port, false, 1)
+        );
+        let mut shaped = base.to_vec();
+        shaped.extend(["--auth", "mac", "--priority", "high", "--stats"]);
+        let spec = provision_spec(&provisioned_args(&shaped)).unwrap().unwrap();
+        assert_eq!(
+            (spec.auth, spec.stats, spec.priority),
+            (AuthMode::Mac, true, 2)
+        );
+        let a = provisioned_args(&base);
+        assert_eq!(job_label(&a), "job \"run-7\" of tenant \"vision\"");
+        let cfg = config(&JobArgs {
+            target: a,
+            rank: 1,
+            stall_timeout: 5.0,
+        })
+        .unwrap();
+        assert_eq!(cfg.job, 0);
+        assert!(cfg.provision.is_some());
+
+        let err = |extra: &[&str]| {
+            format!(
+                "{:#}",
+                provision_spec(&provisioned_args(extra)).unwrap_err()
+            )
+        };
+        // Both ways, neither, half of one.
+        let mut both = base.to_vec();
+        both.extend(["--job", "3"]);
+        let e = err(&both);
+        assert!(
+            e.contains("both a declared job and a self-provisioned one")
+                && e.contains("--tenant-key-file F"),
+            "{e}"
+        );
+        let e = err(&[]);
+        assert!(
+            e.contains("no job") && e.contains("--job ID with --secret-file"),
+            "{e}"
+        );
+        let e = err(&["--tenant", "vision", "--tenant-key-file", key]);
+        assert!(e.contains("needs --tenant and --job-name"), "{e}");
+        let e = err(&[
+            "--tenant",
+            "vision",
+            "--tenant-key-file",
+            key,
+            "--job-name",
+            "a b",
+        ]);
+        assert!(
+            e.contains("--job-name") && e.contains("not a valid name"),
+            "{e}"
+        );
+        let e = err(&["--job", "3", "--secret", "00", "--stats"]);
+        assert!(e.contains("shape a self-provisioned job"), "{e}");
+        let mut bad = base.to_vec();
+        bad.extend(["--auth", "gmac"]);
+        assert!(err(&bad).contains("use port or mac"));
+        std::fs::remove_file(&path).unwrap();
+        // The key file is read by the secret rules: a missing one names it.
+        let e = err(&base);
+        assert!(
+            e.contains("reading the tenant key file") && e.contains(key),
             "{e}"
         );
     }

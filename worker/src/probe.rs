@@ -6,6 +6,11 @@
 //! ever answers with a CHALLENGE or a refusal, docs/PROTOCOL.md "Joining"),
 //! so probing costs the switch one CHALLENGE and a running job nothing.
 //!
+//! A self-provisioned job may not exist at the switch (it ended when its
+//! ranks left for the hosts, or the switch restarted): its probe is a
+//! PROVISION ask instead, whose CHALLENGE proves the switch runs and knows
+//! the tenant (and whose claim is never sent: the probe creates nothing).
+//!
 //! Owns: its own socket (ephemeral port, the worker's bind address), closed
 //! when the probe returns. An answer counts only if it echoes the probe's
 //! random nonce, so a stale or forged datagram cannot say "alive".
@@ -15,6 +20,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use proto::handshake::Handshake;
+use proto::provisioner::{Asker, Outcome, Provisioner, PROVISION_LEN};
 use proto::wire::{Header, HeaderRepr, MsgType, NackPayload, NackReason};
 
 use crate::{io_err, wait_readable, WorkerConfig, WorkerError};
@@ -26,8 +32,9 @@ const RESEND: Duration = Duration::from_millis(200);
 /// What a probe learned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SwitchAnswer {
-    /// A CHALLENGE echoing the probe: the switch runs and knows the job;
-    /// `gen` is its generation (it changes when switchd restarts).
+    /// A CHALLENGE echoing the probe: the switch runs and knows the job (a
+    /// self-provisioned job: the tenant); `gen` is its generation (it
+    /// changes when switchd restarts).
     Alive { gen: u32 },
     /// A refusal echoing the probe (unknown job, source not allowed, rank
     /// out of range).
@@ -43,6 +50,9 @@ pub fn probe_switch(cfg: &WorkerConfig, timeout: Duration) -> Result<SwitchAnswe
     let mut probe_cfg = cfg.clone();
     probe_cfg.bind = cfg.bind.map(|b| std::net::SocketAddrV4::new(*b.ip(), 0));
     let sock: UdpSocket = crate::open_socket(&probe_cfg).map_err(io_err("opening", sw))?;
+    if cfg.provision.is_some() {
+        return probe_provisioned(cfg, &sock, timeout);
+    }
     let mut hs = Handshake::new(crate::join_params(cfg, &sock)?, rand::random());
     let mut hello = [0u8; 128];
     let len = hs
@@ -88,5 +98,69 @@ fn answer(hs: &mut Handshake, datagram: &[u8], cfg: &WorkerConfig) -> Option<Swi
                 .then_some(SwitchAnswer::Refused(nack.reason))
         }
         _ => None,
+    }
+}
+
+/// The probe of a self-provisioned job: a PROVISION ask (resent every
+/// 200 ms); its CHALLENGE or refusal is the answer.
+fn probe_provisioned(
+    cfg: &WorkerConfig,
+    sock: &UdpSocket,
+    timeout: Duration,
+) -> Result<SwitchAnswer, WorkerError> {
+    let p = crate::join_params(cfg, sock)?;
+    let Some(spec) = p.provision else {
+        return Ok(SwitchAnswer::Silent);
+    };
+    let asker = Asker {
+        job: 0,
+        rank: p.rank,
+        n_workers: p.n_workers,
+        dtype: p.dtype,
+        op: p.op,
+        ip: p.ip,
+        port: p.port,
+    };
+    let mut prov = Provisioner::new(spec, asker, rand::random());
+    let start = Instant::now();
+    prov.start(start);
+    let deadline = start + timeout;
+    let mut ask = [0u8; PROVISION_LEN];
+    let mut rx = [0u8; 2048];
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(SwitchAnswer::Silent);
+        }
+        // Only asks go: the provisioner never claims before a CHALLENGE,
+        // and the probe returns at the CHALLENGE.
+        if let Some(len) = prov.poll_transmit(now, &mut ask) {
+            // A send error (no route yet, the link down) is a silent switch.
+            let _ = sock.send(&ask[..len]);
+        }
+        let next = prov.poll_timeout().unwrap_or(deadline).min(deadline);
+        wait_readable(sock.as_raw_fd(), next.saturating_duration_since(now));
+        while let Ok(n) = sock.recv(&mut rx) {
+            let Ok(h) = Header::new_checked(&rx[..n]) else {
+                continue;
+            };
+            let Ok(r) = HeaderRepr::parse(&h) else {
+                continue;
+            };
+            match prov.handle_parsed(&r, h.payload(), Instant::now()) {
+                // The switch answered; the join will report the mismatch.
+                Some(Outcome::Refused(e)) => {
+                    return Ok(match e.reason() {
+                        Some(reason) => SwitchAnswer::Refused(reason),
+                        None => SwitchAnswer::Alive { gen: r.gen },
+                    })
+                }
+                Some(Outcome::Provisioned { gen, .. }) => return Ok(SwitchAnswer::Alive { gen }),
+                None => {}
+            }
+            if let Some(gen) = prov.challenged() {
+                return Ok(SwitchAnswer::Alive { gen });
+            }
+        }
     }
 }

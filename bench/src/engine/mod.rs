@@ -598,6 +598,7 @@ fn join(
         secret: SECRET,
         ip: from.source.ip,
         port: from.source.port,
+        provision: None,
     };
     let [jh, jl] = job.to_be_bytes();
     let [rh, rl] = rank.to_be_bytes();

@@ -72,6 +72,13 @@ use crate::wire::{Dtype, HeaderRepr, HEADER_LEN};
 /// What a datagram or a timeout meant to the member.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The switch has (or made) our self-provisioned job `job`; joining it
+    /// follows (docs/PROTOCOL.md, "Tenants and self-provisioned jobs").
+    Provisioned {
+        job: u16,
+        lease_secs: u32,
+        created: bool,
+    },
     /// A JOIN_ACK made us a member (the first join or a rejoin): send from
     /// its resume point (`collective`, `seq`).
     Joined(Box<Joined>),
@@ -446,6 +453,15 @@ impl Member {
     /// Takes a datagram from the switch.
     pub fn handle(&mut self, datagram: &[u8], now: Instant) -> Option<Event> {
         match self.session.handle(datagram, now)? {
+            session::Event::Provisioned {
+                job,
+                lease_secs,
+                created,
+            } => Some(Event::Provisioned {
+                job,
+                lease_secs,
+                created,
+            }),
             session::Event::Joined(j) => {
                 self.on_joined(&j);
                 Some(Event::Joined(j))
@@ -590,6 +606,7 @@ mod tests {
             secret: [3; 32],
             ip: e.source.ip,
             port: e.source.port,
+            provision: None,
         };
         let cfg = SessionConfig {
             join_timeout: Duration::from_secs(3),

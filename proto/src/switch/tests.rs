@@ -111,6 +111,7 @@ fn handshake(t: &JobTable, rank: u16, from: Endpoint, secret: [u8; 32]) -> Hands
         secret,
         ip: from.source.ip,
         port: from.source.port,
+        provision: None,
     };
     Handshake::new(params, [(rank as u8).wrapping_add(1); 16])
 }

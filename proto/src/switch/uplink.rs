@@ -145,6 +145,7 @@ impl Uplink {
                         secret,
                         ip: cfg.local_ip,
                         port: cfg.local_port,
+                        provision: None,
                     },
                     [0; NONCE_LEN],
                 )

@@ -388,6 +388,18 @@ fn provision_payloads_round_trip_and_check_their_lengths() {
         HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()),
         Err(WireError::ZeroJob)
     );
+    // The answers to a worker's ask (job 0) echo its job: CHALLENGE, NACK.
+    for (t, len) in [
+        (MsgType::Challenge, CHALLENGE_PAYLOAD_LEN),
+        (MsgType::Nack, NACK_PAYLOAD_LEN),
+    ] {
+        let mut g = vec![0u8; HEADER_LEN + len];
+        let mut h = HeaderRepr::new(t, 0);
+        h.gen = 1;
+        h.emit_to(&mut g).unwrap();
+        let r = HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()).unwrap();
+        assert_eq!((r.msg_type, r.job), (t, 0));
+    }
 }
 
 #[test]

@@ -310,6 +310,7 @@ pub fn join_params(
         secret,
         ip: from.source.ip,
         port: from.source.port,
+        provision: None,
     }
 }
 

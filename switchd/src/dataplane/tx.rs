@@ -386,6 +386,7 @@ mod tests {
                     secret: SECRET,
                     ip: ep.source.ip,
                     port: ep.source.port,
+                    provision: None,
                 },
                 [rank as u8 + 1; 16],
             );

@@ -183,6 +183,7 @@ fn a_join_of_another_dtype_is_refused_naming_both() {
         secret: SECRET,
         ip: endpoint(0).source.ip,
         port: endpoint(0).source.port,
+        provision: None,
     };
     let mut hs = Handshake::new(params, [9; 16]);
     hello(&mut t, &mut hs, endpoint(0), t0());

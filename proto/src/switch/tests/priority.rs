@@ -39,6 +39,7 @@ fn join_job(t: &mut JobTable, id: u16) {
         secret: SECRET,
         ip: from.source.ip,
         port: from.source.port,
+        provision: None,
     };
     let mut hs = Handshake::new(params, [id as u8; 16]);
     hello(t, &mut hs, from, t0());

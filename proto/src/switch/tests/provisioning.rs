@@ -247,6 +247,7 @@ fn join_job(
         secret,
         ip: from.source.ip,
         port: from.source.port,
+        provision: None,
     };
     let mut hs = Handshake::new(params, [rank as u8 + 1; 16]);
     hello(t, &mut hs, from, now);
