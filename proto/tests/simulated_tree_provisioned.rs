@@ -219,6 +219,9 @@ struct Sim {
     now: Duration,
     /// Every worker's Provisioned events: (job, created).
     provisioned: Vec<(u16, bool)>,
+    /// Datagrams from spine `.1` to leaf `.0` but RESULTs are lost while
+    /// set.
+    cut: Option<(usize, usize)>,
     /// What each worker's first stall said it waits for, by (leaf, rank).
     stalls: Vec<((usize, u16), Option<Waiting>)>,
     len: usize,
@@ -280,6 +283,7 @@ impl Sim {
             base,
             now: Duration::ZERO,
             provisioned: Vec::new(),
+            cut: None,
             stalls: Vec::new(),
             len,
         }
@@ -401,6 +405,13 @@ impl Sim {
             self.deliver(node, None);
         }
         while let Some(m) = self.net.pop_due(self.now) {
+            if let (Some((i, k)), Node::Leaf(to)) = (self.cut, m.to) {
+                let result = proto::wire::Header::new_checked(&m.bytes[..])
+                    .is_ok_and(|h| h.msg_type_raw() == proto::wire::MsgType::Result as u8);
+                if to == i && m.from == spine_ep(k) && !result {
+                    continue;
+                }
+            }
             match m.to {
                 Node::Worker { leaf, rank } => self.at_worker(leaf, rank, &m.bytes),
                 node => self.deliver(node, Some((&m.bytes[..], m.from))),
@@ -437,6 +448,14 @@ impl Sim {
             .collect();
         assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
         ids[0]
+    }
+
+    /// Steps for `d` of virtual time.
+    fn run_for(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step();
+        }
     }
 
     /// Leaf `i`'s session with spine `k`: (joined generation, state,
@@ -626,4 +645,193 @@ fn a_spine_quota_refusal_is_named_and_asked_again_until_fixed() {
     for i in 0..LEAVES {
         assert_eq!(sim.session(i, 1).1, SpineSessionState::Joined, "leaf {i}");
     }
+}
+
+/// The operator removes the job from spine 1 mid-collective (`switchctl
+/// job rm`), the spine runs on under its generation. A leaf's partials get
+/// NACK 1 (untagged: it probes), the probe's NACK 1 says the job is gone,
+/// and it provisions it again at once (the spine had acknowledged its JOIN
+/// since its last PROVISIONED). The other leaf, if the job is back by
+/// then, gets NACK 6 from the new job (untagged), its probe is answered
+/// under the same generation, and its HEARTBEATs are not (it is no member
+/// of the new job): it provisions again too. Both resume; the sum is the
+/// tree-order sum. (Clean links: a RESULT lost to one leaf just before the
+/// removal would split the chunk, which no spine can sum again:
+/// docs/PROTOCOL.md, "Aggregation trees", What a dead spine means.)
+#[test]
+fn a_spine_job_removed_mid_collective_is_provisioned_again() {
+    let mut sim = Sim::new(9000, CLEAN, 11, [8; SPINES], Duration::from_secs(20));
+    sim.run_until(Duration::from_secs(20), |s| {
+        s.workers[1][1].coll().n_chunks() > 0 && s.workers[1][1].coll().oldest_unacked_seq() >= 5
+    });
+    assert!(!sim.done(), "the removal comes mid-collective");
+    let id = sim.job_id();
+    assert!(sim.spines[1].table().remove(id).is_some());
+    sim.run_until(Duration::from_secs(20), Sim::done);
+    sim.check_sums();
+    sim.check_spine_jobs();
+    for i in 0..LEAVES {
+        let (gen, state, provisions, refusals) = sim.session(i, 1);
+        assert_eq!((gen, state), (Some(101), SpineSessionState::Joined));
+        assert!(provisions >= 2, "leaf {i} provisioned again: {provisions}");
+        assert_eq!(refusals, 0, "leaf {i}: the spine had the job before");
+    }
+    assert_eq!(
+        sim.spines[1].table().table_counters().provisioned_jobs,
+        2,
+        "made, removed, made again"
+    );
+}
+
+/// A spine that forgets the job it has just provisioned (removed between
+/// its PROVISIONED and the leaf's HELLO): the HELLO's NACK 1 is a refusal
+/// (logged, "the spine has no such job"), not a reason to provision again
+/// at once: a second later the leaf provisions again, joins, and the
+/// collective completes.
+#[test]
+fn a_spine_that_forgets_a_job_it_just_made_is_asked_again_a_second_later() {
+    let mut sim = Sim::new(2000, CLEAN, 12, [8; SPINES], Duration::from_secs(20));
+    let provisioned_not_joined = |sim: &Sim| {
+        (0..LEAVES).find(|&i| {
+            let t = sim.leaves[i].table();
+            let spine1 = t.jobs().next().and_then(|j| j.uplink()).map(|u| {
+                let s = &u.spines[1];
+                s.provisioned && s.joined_gen.is_none()
+            });
+            spine1 == Some(true)
+        })
+    };
+    let mut found = None;
+    while found.is_none() {
+        assert!(
+            sim.now < Duration::from_secs(5),
+            "spine 1 never provisioned"
+        );
+        sim.step();
+        found = provisioned_not_joined(&sim);
+    }
+    let leaf = found.unwrap();
+    let id = sim.job_id();
+    let forgot_at = sim.now;
+    assert!(sim.spines[1].table().remove(id).is_some());
+    sim.run_until(Duration::from_secs(10), Sim::done);
+    assert!(
+        sim.now >= forgot_at + Duration::from_secs(1),
+        "not before the retry: {:?}",
+        sim.now - forgot_at
+    );
+    sim.check_sums();
+    sim.check_spine_jobs();
+    let (_, state, provisions, refusals) = sim.session(leaf, 1);
+    assert_eq!(state, SpineSessionState::Joined);
+    assert_eq!((provisions, refusals), (2, 1), "leaf {leaf}");
+    let why = SpineRefusal::Nack(proto::wire::NackReason::UnknownJob);
+    assert!(
+        std::iter::from_fn(|| sim.leaves[leaf].table().poll_event()).any(|e| matches!(
+            e,
+            SwitchEvent::SpineRefused { tree: 1, why: w, .. } if w == why
+        )),
+        "leaf {leaf} logged the refusal"
+    );
+}
+
+/// The job is removed from spine 1 (the spine runs on, same generation)
+/// and leaf 0 hears nothing from spine 1 meanwhile (the RESULTs in flight
+/// arrive: no chunk is split), while leaf 1 finds out
+/// and makes the job again there. Then leaf 0's partials get NACK 6 from
+/// the new job, untagged (leaf 0 is no member of it), which only makes it
+/// probe; the probe is answered under the same generation, so it is no
+/// restart, but the spine answers none of leaf 0's HEARTBEATs before or
+/// after: leaf 0 provisions again (the job is there: PROVISIONED, not
+/// created), joins, and the collective completes, the tree-order sum.
+#[test]
+fn a_leaf_that_missed_its_spine_job_being_made_again_provisions_again() {
+    let mut sim = Sim::new(9000, CLEAN, 13, [8; SPINES], Duration::from_secs(30));
+    sim.run_until(Duration::from_secs(20), |s| {
+        s.workers[0][0].coll().n_chunks() > 0 && s.workers[0][0].coll().oldest_unacked_seq() >= 5
+    });
+    assert!(!sim.done());
+    let id = sim.job_id();
+    // Spine 1 says nothing but the RESULTs in flight to leaf 0 meanwhile.
+    sim.cut = Some((0, 1));
+    assert!(sim.spines[1].table().remove(id).is_some());
+    sim.run_until(Duration::from_secs(5), |s| {
+        s.session(1, 1).2 >= 2 && s.spines[1].table().get(id).is_some()
+    });
+    sim.run_for(Duration::from_secs(1));
+    assert_eq!(
+        sim.session(0, 1).0,
+        Some(101),
+        "leaf 0 still thinks it is joined"
+    );
+    assert_eq!(sim.session(0, 1).2, 1);
+    sim.cut = None;
+    sim.run_until(Duration::from_secs(20), Sim::done);
+    sim.check_sums();
+    sim.check_spine_jobs();
+    let t = sim.leaves[0].table();
+    let s = &t.jobs().next().unwrap().uplink().unwrap().spines[1];
+    assert_eq!(s.joined_gen, Some(101));
+    assert_eq!(s.counters.provisions, 2, "{:?}", s.counters);
+    assert!(s.counters.spoofed_triggers >= 1, "{:?}", s.counters);
+    assert_eq!(s.counters.probed_restarts, 0, "{:?}", s.counters);
+    drop(t);
+    assert_eq!(sim.spines[1].table().table_counters().provisioned_jobs, 2);
+}
+
+/// NACKs forged with a spine's address (untagged: 1, 6, 7, 11, 12; a
+/// quota's detail too) change nothing at a leaf of a provisioned job: it
+/// probes, the probe is answered under its session's generation, and it
+/// neither provisions again nor leaves the spine; the next collective runs
+/// through the same sessions.
+#[test]
+fn forged_spine_nacks_do_not_make_a_leaf_provision_again() {
+    use proto::wire::{HeaderRepr, MsgType, NackPayload, NackReason, NACK_PAYLOAD_LEN};
+    let mut sim = Sim::new(3000, CLEAN, 14, [8; SPINES], Duration::from_secs(20));
+    sim.run_until(Duration::from_secs(20), Sim::done);
+    let id = sim.job_id();
+    for reason in [
+        NackReason::UnknownJob,
+        NackReason::JobNotActive,
+        NackReason::StaleGeneration,
+        NackReason::QuotaExceeded,
+        NackReason::UnknownTenant,
+    ] {
+        let mut h = HeaderRepr::new(MsgType::Nack, id);
+        h.gen = 101;
+        let mut p = [0u8; NACK_PAYLOAD_LEN];
+        NackPayload {
+            detail: Quota::MaxJobs as u16,
+            ..NackPayload::new(reason)
+        }
+        .emit(&mut p)
+        .unwrap();
+        let bytes = common::frame(&h, &p);
+        sim.net.send(CLEAN, sim.now, || Msg {
+            to: Node::Leaf(0),
+            from: spine_ep(1),
+            bytes: bytes.clone(),
+        });
+    }
+    sim.run_for(Duration::from_secs(2));
+    let (gen, state, provisions, refusals) = sim.session(0, 1);
+    assert_eq!((gen, state), (Some(101), SpineSessionState::Joined));
+    assert_eq!((provisions, refusals), (1, 0));
+    {
+        let t = sim.leaves[0].table();
+        let c = &t.jobs().next().unwrap().uplink().unwrap().spines[1].counters;
+        assert_eq!(c.unauthenticated, 5, "{c:?}");
+        assert_eq!(c.spoofed_triggers, 1, "{c:?}");
+    }
+    // A second collective, through the same sessions.
+    for ws in &mut sim.workers {
+        for w in ws.iter_mut() {
+            let seq = w.coll().end_seq();
+            w.output = vec![f32::NAN; sim.len];
+            w.begin(1, seq, Shape::all_reduce(sim.len));
+        }
+    }
+    sim.run_until(Duration::from_secs(10), Sim::done);
+    sim.check_sums();
+    assert_eq!(sim.session(0, 1).2, 1, "still the first round");
 }

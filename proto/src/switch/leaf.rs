@@ -291,7 +291,12 @@ impl Job {
             // An answer to our probe, perhaps (docs/PROTOCOL.md, "Sessions").
             match g.on_challenge(hdr, payload) {
                 ProbeAnswer::NotOurs => {}
-                ProbeAnswer::SameGeneration => s.counters.spoofed_triggers += 1,
+                ProbeAnswer::SameGeneration => {
+                    s.counters.spoofed_triggers += 1;
+                    // A provisioned job watches whether the spine still
+                    // answers its HEARTBEATs (`heartbeat_spines`).
+                    s.probed_alive = s.prov.is_some();
+                }
                 ProbeAnswer::Restarted { .. } => {
                     // A self-provisioned job provisions again: the
                     // restarted spine may not have it.
@@ -601,13 +606,21 @@ impl Job {
     }
 
     /// The spine's answer to our HEARTBEAT: the leaves its seq waits for.
-    pub(super) fn on_spine_heartbeat(&mut self, spine: usize, hdr: &HeaderRepr, payload: &[u8]) {
+    pub(super) fn on_spine_heartbeat(
+        &mut self,
+        spine: usize,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        now: Instant,
+    ) {
         let Some(s) = self.uplink.as_mut().and_then(|u| u.spines.get_mut(spine)) else {
             return;
         };
         if s.joined_gen != Some(hdr.gen) {
             return;
         }
+        s.last_answer = Some(now);
+        s.probed_alive = false;
         let leaves = crate::wire::read_u16s(payload, hdr.count.into()).collect();
         s.waiting_for = Some((hdr.seq, leaves));
     }
@@ -643,7 +656,10 @@ impl Job {
     /// it went unanswered, such a leaf probes it too (a HELLO; NACK 1, or a
     /// CHALLENGE under a new generation, makes it provision again), as a
     /// worker of a provisioned job does (docs/PROTOCOL.md, "Workers and
-    /// restarts").
+    /// restarts"). When the probe was answered under the session's
+    /// generation and the HEARTBEAT after it goes unanswered too, the spine
+    /// runs but no longer counts the leaf a member (it lost the job and
+    /// another leaf made it again): the leaf provisions again.
     fn heartbeat_spines(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) -> u64 {
         let id = self.config.id;
         let Some(u) = self.uplink.as_mut() else {
@@ -662,6 +678,7 @@ impl Job {
         }
         let mut silent = 0u64;
         let mut probe = 0u64;
+        let mut lost = 0u64;
         for (spine, s) in u.spines.iter_mut().enumerate() {
             let Some((sent, spine_seq)) = oldest[spine] else {
                 continue;
@@ -674,9 +691,13 @@ impl Job {
             }
             let unanswered = s
                 .last_heartbeat
-                .is_some_and(|hb| s.last_heard.is_none_or(|h| h < hb));
+                .is_some_and(|hb| s.last_answer.is_none_or(|a| a < hb));
             if s.prov.is_some() && unanswered {
-                probe |= 1 << spine;
+                if s.probed_alive {
+                    lost |= 1 << spine;
+                } else {
+                    probe |= 1 << spine;
+                }
             }
             s.last_heartbeat = Some(now);
             s.counters.heartbeats_sent += 1;
@@ -694,6 +715,9 @@ impl Job {
                 s.silent_since = Some(quiet_since);
                 silent |= 1 << spine;
             }
+        }
+        for spine in (0..u.spines.len()).filter(|k| lost & (1 << k) != 0) {
+            u.start_provision(spine, now);
         }
         for spine in (0..u.spines.len()).filter(|k| probe & (1 << k) != 0) {
             if u.want_probe(id, spine, now) {

@@ -1425,7 +1425,7 @@ impl JobTable {
         }
         match hdr.msg_type {
             MsgType::Heartbeat => {
-                job.on_spine_heartbeat(spine, hdr, payload);
+                job.on_spine_heartbeat(spine, hdr, payload, now);
                 Verdict::Noted
             }
             MsgType::Challenge => {

@@ -41,6 +41,12 @@
 //!   provisions again ([`Uplink::restart`]). A spine that forgets the job
 //!   it just provisioned (NACK 1 before any JOIN_ACK) is asked again only
 //!   after [`REFUSED_RETRY`], never in a tight loop.
+//! * A provisioned job's session is given up without an authenticated
+//!   word from the spine only when the spine answers a probe under the
+//!   session's generation and still not the HEARTBEATs before and after it:
+//!   the spine lost the job and made it again (removed, or its lease ran
+//!   out there, and another leaf provisioned it) without restarting. A
+//!   forged NACK alone never does it: it only makes the leaf probe.
 
 use std::time::{Duration, Instant};
 
@@ -98,6 +104,13 @@ pub struct SpineSession {
     pub last_heard: Option<Instant>,
     /// When it last sent the spine a HEARTBEAT.
     pub(super) last_heartbeat: Option<Instant>,
+    /// When the spine last answered one (as a member's: under our
+    /// session's generation).
+    pub(super) last_answer: Option<Instant>,
+    /// A probe of this session was answered under its generation since the
+    /// spine last answered a HEARTBEAT: the spine runs on, but (if its
+    /// HEARTBEAT answers stay away) it no longer counts us a member.
+    pub(super) probed_alive: bool,
     /// The spine's last HEARTBEAT answer: its seq and the leaves that seq
     /// waits for.
     pub waiting_for: Option<(u32, Vec<u16>)>,
@@ -192,6 +205,8 @@ impl Uplink {
                 attempts: 0,
                 last_heard: None,
                 last_heartbeat: None,
+                last_answer: None,
+                probed_alive: false,
                 waiting_for: None,
                 silent_since: None,
                 refused: None,
@@ -290,6 +305,7 @@ impl Uplink {
         s.guard = None;
         s.result_key = None;
         s.join_due = None;
+        s.probed_alive = false;
         s.provision_due = Some(now);
     }
 
@@ -309,6 +325,7 @@ impl Uplink {
         let s = &mut self.spines[spine];
         s.attempts = attempt;
         s.hs.restart(nonce);
+        s.probed_alive = false;
         s.joined_gen = None;
         s.guard = None;
         s.result_key = None;
