@@ -515,9 +515,13 @@ fn tree_provisions_and_sums(faults: Faults, seed: u64) {
             assert!(provisions >= 1, "leaf {i} spine {k}: {provisions}");
             assert_eq!(refusals, 0, "leaf {i} spine {k}");
         }
-        // The leaf's job is the tenant's, made by its workers.
+        // The leaf's job is the tenant's, made by its workers, and
+        // provisions itself on the spines.
         let t = sim.leaves[i].table();
         assert_eq!(t.tenant_usage("vision").unwrap().0, 1);
+        let job = t.get(id).unwrap();
+        assert!(job.uplink().unwrap().is_provisioned_job());
+        assert!(matches!(job.origin(), JobOrigin::Provisioned { .. }));
     }
 }
 
