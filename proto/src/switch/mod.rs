@@ -114,6 +114,7 @@ pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
 pub use tenant::{JobLabel, JobOrigin, TenantConfig, TenantError};
 
+use leaf::ProvisionStep;
 use provisioning::Tenant;
 use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};
@@ -1141,6 +1142,7 @@ impl JobTable {
                 | MsgType::Nack
                 | MsgType::Challenge
                 | MsgType::Heartbeat
+                | MsgType::Provisioned
         ) {
             let src = from.source;
             if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
@@ -1421,9 +1423,28 @@ impl JobTable {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Verdict::Dropped(None);
         };
+        // While a self-provisioned job is provisioned on this spine, its
+        // CHALLENGE, NACK and PROVISIONED answer the leaf's PROVISION.
+        if matches!(
+            hdr.msg_type,
+            MsgType::Challenge | MsgType::Nack | MsgType::Provisioned
+        ) && job.provisioning_on(spine)
+        {
+            return match job.on_spine_provision(spine, hdr, payload, now) {
+                ProvisionStep::Ignored => Verdict::Noted,
+                ProvisionStep::Progress | ProvisionStep::Provisioned => {
+                    self.handle_timeout(now);
+                    Verdict::Noted
+                }
+                ProvisionStep::Refused(why) => {
+                    self.spine_refused(job_id, spine, why);
+                    Verdict::Noted
+                }
+            };
+        }
         match hdr.msg_type {
             MsgType::Heartbeat => {
-                job.on_spine_heartbeat(spine, hdr, payload);
+                job.on_spine_heartbeat(spine, hdr, payload, now);
                 Verdict::Noted
             }
             MsgType::Challenge => {
@@ -1487,13 +1508,14 @@ impl JobTable {
                 }
                 None => Verdict::Dropped(Some(DropReason::Duplicate)),
             },
+            // A copy of a PROVISIONED already taken.
+            MsgType::Provisioned => Verdict::Noted,
             // What only a worker sends (the caller passes none of these).
             MsgType::Data
             | MsgType::Join
             | MsgType::Leave
             | MsgType::Hello
-            | MsgType::Provision
-            | MsgType::Provisioned => Verdict::Dropped(Some(DropReason::UnexpectedType)),
+            | MsgType::Provision => Verdict::Dropped(Some(DropReason::UnexpectedType)),
         }
     }
 
@@ -1640,7 +1662,8 @@ impl JobTable {
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
-            | ReplyMsg::UpHeartbeat { .. } => {}
+            | ReplyMsg::UpHeartbeat { .. }
+            | ReplyMsg::UpProvision { .. } => {}
         }
     }
 
@@ -1870,6 +1893,12 @@ impl JobTable {
                     let (c, seq) = job.spine_resume(spine as usize);
                     s.hs.emit_join(c, seq, buf)?
                 };
+                return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::UpProvision { spine } => {
+                let job = self.jobs.get(&r.job)?;
+                let s = job.uplink()?.spines.get(spine as usize)?;
+                let n = s.prov.as_ref()?.emit(buf)?;
                 return Some(Encoded { len: n, ce: false });
             }
             ReplyMsg::UpData { spine, seq, retx } => {

@@ -425,7 +425,7 @@ impl JobTable {
         cfg.id = id;
         let (budget, in_use) = (self.pool_budget, self.pool_in_use);
         let over_budget = over(Quota::SwitchPoolMemory, need, budget, in_use);
-        let (tenant, lease) = (c.name.clone(), c.lease);
+        let (tenant, lease, key) = (c.name.clone(), c.lease, c.key);
         // The pool is allocated here, under the table's lock, on the slow
         // path: a claim that passed the tenant's MAC and quotas, once per
         // job (a declared job is built outside the lock by switchd; a
@@ -449,6 +449,9 @@ impl JobTable {
         };
         let n_workers = job.n_workers();
         job.set_provisioned(tenant, name.clone(), lease, now);
+        // On a leaf (the tenant has an upstream), the job provisions itself
+        // on the spines before it joins them.
+        job.provision_uplink(&key, self.issuer.next_serial());
         self.insert(r, job);
         self.tenants[ti].jobs.insert(name, (id, p.nonce));
         self.counters.provisioned_jobs += 1;
