@@ -839,3 +839,55 @@ fn forged_spine_nacks_do_not_make_a_leaf_provision_again() {
     sim.check_sums();
     assert_eq!(sim.session(0, 1).2, 1, "still the first round");
 }
+
+/// Every rank leaves once the collective is done: each leaf's provisioned
+/// job ends (`left`) and, before it is gone, sends its LEAVEs to the
+/// spines, whose jobs end by `left` too at once, without waiting for
+/// their lease.
+#[test]
+fn the_ranks_leaving_end_the_jobs_on_the_leaves_and_the_spines() {
+    for (faults, seed) in [(CLEAN, 15), (ALL_FAULTS, 16)] {
+        let mut sim = Sim::new(2000, faults, seed, [8; SPINES], Duration::from_secs(20));
+        sim.run_until(Duration::from_secs(20), Sim::done);
+        sim.check_sums();
+        let id = sim.job_id();
+        // Lost LEAVEs would leave a job to its lease: these links only
+        // reorder and duplicate.
+        sim.faults = Faults {
+            loss: 0.0,
+            ..faults
+        };
+        for (i, ws) in sim.workers.iter().enumerate() {
+            for (r, w) in ws.iter().enumerate() {
+                let mut buf = [0u8; 256];
+                let n = w.m.emit_leave(&mut buf).expect("joined");
+                let bytes = buf[..n].to_vec();
+                sim.net.send(sim.faults, sim.now, || Msg {
+                    to: Node::Leaf(i),
+                    from: worker_ep(i, r as u16),
+                    bytes: bytes.clone(),
+                });
+            }
+        }
+        let left = sim.now;
+        sim.run_until(Duration::from_secs(1), |s| {
+            s.leaves.iter().all(|l| l.table().get(id).is_none())
+                && s.spines.iter().all(|sp| sp.table().get(id).is_none())
+        });
+        assert!(
+            sim.now - left < Duration::from_millis(100),
+            "{:?}",
+            sim.now - left
+        );
+        for (k, s) in sim.spines.iter().enumerate() {
+            let t = s.table();
+            let c = t.table_counters();
+            assert_eq!((c.jobs_ended_left, c.jobs_ended_lease), (1, 0), "spine {k}");
+            assert_eq!(t.tenant_usage("vision").unwrap().0, 0, "spine {k}");
+        }
+        for (i, l) in sim.leaves.iter().enumerate() {
+            let c = l.table().table_counters();
+            assert_eq!(c.jobs_ended_left, 1, "leaf {i}");
+        }
+    }
+}

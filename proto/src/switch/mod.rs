@@ -635,6 +635,12 @@ pub struct JobTable {
     /// workers' DATA gets NACK 1 (so they fail with a clear error instead
     /// of stalling), strangers' nothing.
     removed: HashMap<u16, Vec<Ipv4Prefix>>,
+    /// The LEAVEs to its spines of a provisioned leaf job that ended when
+    /// its last rank left (job, spine → the encoded LEAVE): the job is gone
+    /// before its queued [`ReplyMsg::UpLeave`]s are encoded, so they are
+    /// encoded from here. Cleared when no reply waits any more
+    /// ([`JobTable::handle_timeout`]) or the id is used again.
+    departing: HashMap<(u16, u16), Vec<u8>>,
     /// Ids reserved but not yet inserted.
     reserved: HashSet<u16>,
     pool_budget: u64,
@@ -682,6 +688,7 @@ impl JobTable {
             joins_judged: 0,
             jobs: FxHashMap::default(),
             removed: HashMap::new(),
+            departing: HashMap::new(),
             reserved: HashSet::new(),
             pool_budget: cfg.pool_budget,
             pool_in_use: 0,
@@ -791,6 +798,7 @@ impl JobTable {
     pub fn insert(&mut self, r: Reservation, job: Job) {
         self.reserved.remove(&r.id);
         self.removed.remove(&r.id);
+        self.departing.retain(|(id, _), _| *id != r.id);
         job.publish_admission();
         self.jobs.insert(r.id, job);
         self.publish_jobs();
@@ -1200,6 +1208,11 @@ impl JobTable {
                             // LEAVE is not acknowledged: a few copies make
                             // its loss rare (docs/PROTOCOL.md, "Leaving").
                             for spine in job.leave_uplink() {
+                                if ended {
+                                    // Encoded now: the job is removed
+                                    // before its replies are encoded.
+                                    self.keep_leave(job_id, spine);
+                                }
                                 let msg = ReplyMsg::UpLeave {
                                     spine: spine as u16,
                                 };
@@ -1385,6 +1398,24 @@ impl JobTable {
     }
 
     /// Queues `msg` up to spine `spine` of job `job`.
+    /// Keeps the LEAVE of leaf job `job` to spine `spine`, encoded, for
+    /// [`JobTable::encode`] after the job is removed.
+    fn keep_leave(&mut self, job: u16, spine: usize) {
+        let Some(s) = self
+            .jobs
+            .get(&job)
+            .and_then(|j| j.uplink())
+            .and_then(|u| u.spines.get(spine))
+        else {
+            return;
+        };
+        let mut buf = [0u8; HEADER_LEN + crate::wire::LEAVE_PAYLOAD_LEN];
+        if let Some(n) = s.hs.emit_leave(&mut buf) {
+            self.departing
+                .insert((job, spine as u16), buf[..n].to_vec());
+        }
+    }
+
     fn up(&mut self, job: u16, spine: usize, msg: ReplyMsg) {
         let Some(u) = self.jobs.get(&job).and_then(|j| j.uplink()) else {
             return;
@@ -1552,6 +1583,10 @@ impl JobTable {
     /// Shells call it every few milliseconds (cheap when nothing is due).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_leases(now);
+        if !self.departing.is_empty() && self.replies.is_empty() {
+            // Every queued LEAVE of an ended leaf job went out.
+            self.departing.clear();
+        }
         let replies = &mut self.replies;
         let counters = &mut self.counters;
         let events = &mut self.events;
@@ -1875,6 +1910,16 @@ impl JobTable {
             ReplyMsg::OldRefusal { version, echo } => {
                 let n = wire::emit_old_refusal(version, r.job, r.rank, &echo, buf).ok()?;
                 return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::UpLeave { spine } if !self.jobs.contains_key(&r.job) => {
+                // A provisioned leaf job that ended with its last rank.
+                let kept = self.departing.get(&(r.job, spine))?;
+                let at = buf.get_mut(..kept.len())?;
+                at.copy_from_slice(kept);
+                return Some(Encoded {
+                    len: kept.len(),
+                    ce: false,
+                });
             }
             ReplyMsg::UpHello { spine }
             | ReplyMsg::UpProbe { spine }
