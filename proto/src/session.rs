@@ -44,6 +44,19 @@
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
 //!   as often), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
+//! * A self-provisioned job's keepalive: while joined and idle (no
+//!   collective tracked) a member sends the same empty HEARTBEAT every
+//!   [`keepalive_interval`] of the job's lease since it last heard from or
+//!   sent to the switch, so a pause between collectives longer than the
+//!   lease does not end the job (docs/PROTOCOL.md, "Leases").
+//! * A self-provisioned job re-made under the same generation (removed
+//!   while its members lived, and provisioned again by another rank): a
+//!   HEARTBEAT unanswered makes the next one probe; a probe answered under
+//!   the session's generation while the HEARTBEAT sent with it stays
+//!   unanswered too means the switch runs but no longer has us as a
+//!   member: the session is lost ([`Lost::JobRemade`]) and provisions
+//!   again. A forged NACK alone only makes it probe (docs/PROTOCOL.md,
+//!   "Workers and restarts").
 //! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
 //!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
 //!   which [`crate::member::Member`] builds DATA with.
@@ -83,6 +96,19 @@ pub const CONTROL_LEN: usize = 192;
 /// times in a row without a JOIN_ACK before it stops (docs/PROTOCOL.md,
 /// "Workers and restarts").
 pub const MAX_PROVISION_ROUNDS: u32 = 5;
+/// The shortest keepalive interval of an idle member of a self-provisioned
+/// job ([`keepalive_interval`]).
+pub const KEEPALIVE_MIN: Duration = Duration::from_secs(1);
+/// The longest keepalive interval ([`keepalive_interval`]).
+pub const KEEPALIVE_MAX: Duration = Duration::from_secs(20);
+
+/// How often an idle member of a self-provisioned job with a lease of
+/// `lease_secs` sends a keepalive HEARTBEAT: a third of the lease (so two
+/// may be lost before the lease runs out), within
+/// [`KEEPALIVE_MIN`]..=[`KEEPALIVE_MAX`].
+pub fn keepalive_interval(lease_secs: u32) -> Duration {
+    (Duration::from_secs(lease_secs.into()) / 3).clamp(KEEPALIVE_MIN, KEEPALIVE_MAX)
+}
 
 /// What a NACK that answers us means: it echoes our HELLO's or JOIN's
 /// nonce, or, once joined, our probe's, or its tag verifies under the
@@ -203,6 +229,10 @@ pub enum Lost {
     Nack(NackReason),
     /// A CHALLENGE answering our probe under another generation.
     Restarted { gen: u32 },
+    /// A self-provisioned job: the switch answered our probe under the
+    /// session's generation but not the HEARTBEATs before and after it: it
+    /// lost the job and it was made again without us (provision again).
+    JobRemade,
 }
 
 /// What a datagram or a timeout meant.
@@ -351,6 +381,16 @@ pub struct WorkerSession {
     prov_rounds: u32,
     /// The last HEARTBEAT got no answer (yet).
     heartbeat_unanswered: bool,
+    /// A probe sent while a HEARTBEAT was unanswered came back under the
+    /// session's generation: the switch is up (a provisioned job only).
+    probed_alive: bool,
+    /// A self-provisioned job's keepalive interval (from its lease).
+    keepalive: Option<Duration>,
+    /// When the session last sent a HEARTBEAT or took an authentic answer
+    /// (JOIN_ACK, RESULT, HEARTBEAT answer): the keepalive counts from it.
+    last_active: Option<Instant>,
+    /// The seq of the last tracked chunk: an idle keepalive names it.
+    last_seq: u32,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -392,6 +432,10 @@ impl WorkerSession {
             provisioned: false,
             prov_rounds: 0,
             heartbeat_unanswered: false,
+            probed_alive: false,
+            keepalive: None,
+            last_active: None,
+            last_seq: 0,
         };
         if let Some(spec) = s.hs.params().provision.clone() {
             let p = s.hs.params();
@@ -464,6 +508,10 @@ impl WorkerSession {
             provisioned: self.provisioned,
             prov_rounds: 0,
             heartbeat_unanswered: false,
+            probed_alive: false,
+            keepalive: None,
+            last_active: None,
+            last_seq: 0,
         }
     }
 
@@ -613,7 +661,9 @@ impl WorkerSession {
         if self.tracked.is_none_or(|t| t.since != since) {
             // Progress: the switch is there.
             self.heartbeat_unanswered = false;
+            self.probed_alive = false;
         }
+        self.last_seq = seq;
         self.tracked = Some(Tracked {
             collective,
             seq,
@@ -684,12 +734,30 @@ impl WorkerSession {
                     .and_then(Provisioner::poll_timeout)
                     .map_or(deadline, |t| t.min(deadline)),
             ),
-            Phase::Joined => self.tracked.map(|t| {
-                let stall = t.since + self.cfg.stall_timeout;
-                stall.min(self.next_heartbeat(&t))
-            }),
+            Phase::Joined => match self.tracked {
+                Some(t) => {
+                    let stall = t.since + self.cfg.stall_timeout;
+                    Some(stall.min(self.next_heartbeat(&t)))
+                }
+                None => self.next_keepalive(),
+            },
             Phase::Idle | Phase::Failed => None,
         }
+    }
+
+    /// When an idle member of a self-provisioned job next sends its
+    /// keepalive HEARTBEAT (None: not such a member).
+    pub fn next_keepalive(&self) -> Option<Instant> {
+        if !self.control || self.phase != Phase::Joined {
+            return None;
+        }
+        Some(self.last_active? + self.keepalive?)
+    }
+
+    /// The keepalive interval of a self-provisioned job (from the lease its
+    /// PROVISIONED named; None for a declared job or before it).
+    pub fn keepalive(&self) -> Option<Duration> {
+        self.keepalive
     }
 
     fn next_heartbeat(&self, t: &Tracked) -> Instant {
@@ -710,7 +778,13 @@ impl WorkerSession {
                 Some(self.fail(SessionError::JoinTimeout(self.cfg.join_timeout)))
             }
             Phase::Joined => {
-                let t = self.tracked?;
+                let Some(t) = self.tracked else {
+                    // Idle: keep a provisioned job's lease.
+                    if self.next_keepalive().is_some_and(|k| now >= k) {
+                        return self.beat(now, self.last_seq);
+                    }
+                    return None;
+                };
                 if now >= t.since + self.cfg.stall_timeout {
                     // Reported once; a new `track` watches again.
                     self.tracked = None;
@@ -721,15 +795,9 @@ impl WorkerSession {
                     });
                 }
                 if now >= self.next_heartbeat(&t) {
-                    // A switch that restarted without our provisioned job
-                    // answers neither DATA nor HEARTBEAT of it: a second
-                    // HEARTBEAT in a row unanswered makes such a member
-                    // ask (docs/PROTOCOL.md, "Workers and restarts").
-                    if self.prov.is_some() && self.heartbeat_unanswered {
-                        self.probe(now);
+                    if let Some(ev) = self.beat(now, t.seq) {
+                        return Some(ev);
                     }
-                    self.heartbeat_unanswered = true;
-                    self.heartbeat(t.seq);
                     if let Some(t) = &mut self.tracked {
                         t.last_heartbeat = Some(now);
                     }
@@ -738,6 +806,28 @@ impl WorkerSession {
             }
             _ => None,
         }
+    }
+
+    /// A HEARTBEAT for `seq` is due (a stalled chunk's, or an idle
+    /// keepalive). A switch that restarted without our provisioned job
+    /// answers neither DATA nor HEARTBEAT of it: a second HEARTBEAT in a
+    /// row unanswered makes such a member probe; when the probe came back
+    /// under our generation and the HEARTBEAT sent with it is unanswered as
+    /// well, the switch lost the job and it was made again without us: the
+    /// session is lost and provisions again (docs/PROTOCOL.md, "Workers and
+    /// restarts").
+    fn beat(&mut self, now: Instant, seq: u32) -> Option<Event> {
+        if self.prov.is_some() && self.heartbeat_unanswered {
+            if self.probed_alive {
+                self.provisioned = false;
+                return Some(self.lost(Lost::JobRemade));
+            }
+            self.probe(now);
+        }
+        self.heartbeat_unanswered = true;
+        self.heartbeat(seq);
+        self.last_active = Some(now);
+        None
     }
 
     fn heartbeat(&mut self, seq: u32) {
@@ -834,6 +924,9 @@ impl WorkerSession {
                 self.joined_once = true;
                 self.prov_rounds = 0;
                 self.phase = Phase::Joined;
+                self.heartbeat_unanswered = false;
+                self.probed_alive = false;
+                self.last_active = Some(now);
                 self.gen = r.gen;
                 self.guard = Some(ack.session);
                 self.auth = ack.auth;
@@ -941,6 +1034,10 @@ impl WorkerSession {
                         }
                     }
                 };
+                // The switch has us: the keepalive counts from here.
+                self.last_active = Some(now);
+                self.heartbeat_unanswered = false;
+                self.probed_alive = false;
                 Some(Event::Result {
                     header: *r,
                     values: HEADER_LEN..HEADER_LEN + n,
@@ -949,6 +1046,8 @@ impl WorkerSession {
             }
             MsgType::Heartbeat if r.gen == self.gen => {
                 self.heartbeat_unanswered = false;
+                self.probed_alive = false;
+                self.last_active = Some(now);
                 Some(Event::Waiting {
                     header: *r,
                     payload: HEADER_LEN..HEADER_LEN + h.payload().len(),
@@ -989,6 +1088,9 @@ impl WorkerSession {
                     ProbeAnswer::Restarted { gen } => Some(self.lost(Lost::Restarted { gen })),
                     ProbeAnswer::SameGeneration => {
                         self.stats.spoofed_triggers += 1;
+                        // A provisioned job watches whether the switch
+                        // still answers its HEARTBEATs (`beat`).
+                        self.probed_alive = self.prov.is_some() && self.heartbeat_unanswered;
                         None
                     }
                     ProbeAnswer::NotOurs => None,
@@ -1015,6 +1117,7 @@ impl WorkerSession {
             } => {
                 self.hs.set_job(job, secret);
                 self.provisioned = true;
+                self.keepalive = Some(keepalive_interval(lease_secs));
                 let n = self.fresh_nonce();
                 self.hs.restart(n);
                 self.phase = Phase::Joining {

@@ -415,7 +415,10 @@ impl Member {
     }
 
     /// Lets time pass: the join's deadline, heartbeats and the stall of the
-    /// current collective. A stall is reported again at every call while
+    /// current collective, and an idle self-provisioned job's keepalive
+    /// (call it between collectives too, by [`Member::poll_timeout`]); a
+    /// provisioned job the switch made again without us starts a rejoin
+    /// ([`Event::Rejoining`]). A stall is reported again at every call while
     /// the collective makes no progress: the worker library fails the
     /// collective at the first.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
@@ -445,9 +448,19 @@ impl Member {
                     .map(|(_, w)| w),
             }),
             session::Event::Failed(e) => Some(Event::Failed(e)),
+            // A provisioned job the switch made again without us.
+            session::Event::SessionLost(lost) => Some(self.rejoin(lost, now)),
             // A timeout gives nothing else.
             _ => None,
         }
+    }
+
+    /// The switch lost our session: a rejoin from the oldest unanswered
+    /// chunk of the current collective starts now.
+    fn rejoin(&mut self, lost: Lost, now: Instant) -> Event {
+        self.session
+            .start_join(self.coll.collective(), self.coll.oldest_unacked_seq(), now);
+        Event::Rejoining(lost)
     }
 
     /// Takes a datagram from the switch.
@@ -499,14 +512,7 @@ impl Member {
                 self.waiting = Some((header.seq, w));
                 None
             }
-            session::Event::SessionLost(lost) => {
-                self.session.start_join(
-                    self.coll.collective(),
-                    self.coll.oldest_unacked_seq(),
-                    now,
-                );
-                Some(Event::Rejoining(lost))
-            }
+            session::Event::SessionLost(lost) => Some(self.rejoin(lost, now)),
             session::Event::Stalled { .. } => None,
             session::Event::Failed(e) => Some(Event::Failed(e)),
         }
