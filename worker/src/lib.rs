@@ -28,6 +28,10 @@
 //! tenant and name before it joins, and again after the switch forgot it;
 //! [`Worker::job`] is the id the switch gave, and a refusal is
 //! [`WorkerError::Provision`] (its `source.quota()` names a quota hit).
+//! Such a job ends after its lease without traffic: a caller idle between
+//! collectives for longer runs [`Worker::keepalive`] every
+//! [`Worker::keepalive_interval`] (it never blocks; a session lost
+//! meanwhile is joined again by the next collective).
 //!
 //! Gradient statistics: in a `stats = true` job the switch measures
 //! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
@@ -61,7 +65,7 @@ pub use proto::member::SpineWait;
 use proto::member::{Event as MemberEvent, Member, ResultOutcome, Shape, TransportConfig, Waiting};
 pub use proto::provisioner::{ProvisionError, ProvisionSpec};
 use proto::seq::serial_offset;
-use proto::session::{SessionConfig, SessionError};
+use proto::session::{Lost, SessionConfig, SessionError};
 pub use proto::stats::GradStats;
 pub use proto::tag::AuthMode;
 pub use proto::wire::Kind;
@@ -551,6 +555,9 @@ pub struct Worker {
     /// it was an all-gather or broadcast, or the job has no statistics);
     /// `None`: none completed, or the last one failed.
     last_grad: Option<(u32, Option<GradStats>)>,
+    /// The switch lost our session between collectives ([`Worker::keepalive`]
+    /// saw it): the next collective joins again before it sends.
+    rejoin_due: bool,
 }
 
 /// What `cfg`'s worker joins with from `sock`: its job and rank, and the
@@ -641,6 +648,7 @@ impl Worker {
             stats: WorkerStats::default(),
             data_key_spent: false,
             last_grad: None,
+            rejoin_due: false,
             cfg,
         };
         w.member.start_join(0, 0, Instant::now());
@@ -1170,7 +1178,11 @@ impl Worker {
         kept.extend_from_slice(input.unwrap_or(out));
         self.member.begin(collective, first_seq, shape);
         self.last_grad = None;
-        let result = self.run_collective((collective, first_seq, shape), &kept, out);
+        let result = self
+            .rejoin_if_due(collective, first_seq)
+            .and_then(|resume| {
+                self.run_collective((collective, first_seq, shape), resume, &kept, out)
+            });
         // Keep this input as the previous one: another rank may still need
         // this collective's chunks after a restart.
         self.input = std::mem::replace(&mut self.prev_input, kept);
@@ -1202,16 +1214,39 @@ impl Worker {
         Ok(())
     }
 
+    /// Joins again before collective `collective` (at `first_seq`) if the
+    /// session was lost while idle ([`Worker::keepalive`]); returns the
+    /// JOIN_ACK's resume point then.
+    fn rejoin_if_due(
+        &mut self,
+        collective: u32,
+        first_seq: u32,
+    ) -> Result<Option<(u32, u32)>, WorkerError> {
+        if !std::mem::take(&mut self.rejoin_due) {
+            return Ok(None);
+        }
+        self.member
+            .start_join(collective, first_seq, Instant::now());
+        self.join_round().map(Some)
+    }
+
     /// Drives the member's current collective (`cur`: its id, first seq
-    /// and shape) to its end, through re-joins.
+    /// and shape) to its end, through re-joins; `resume`: a rejoin before
+    /// it started gave this resume point.
     fn run_collective(
         &mut self,
         cur: (u32, u32, Shape),
+        resume: Option<(u32, u32)>,
         input: &[u8],
         out: &mut [u8],
     ) -> Result<(), WorkerError> {
+        let mut pending = resume.map(|(collective, seq)| Event::Resumed { collective, seq });
         loop {
-            match self.drive(input, Some(out))? {
+            let ev = match pending.take() {
+                Some(ev) => ev,
+                None => self.drive(input, Some(out))?,
+            };
+            match ev {
                 Event::Completed => return Ok(()),
                 Event::Resumed { collective, seq } => {
                     if collective == cur.0 {
@@ -1334,6 +1369,8 @@ impl Worker {
                     });
                 }
                 Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+                // The switch made our provisioned job again without us.
+                Some(MemberEvent::Rejoining(why)) => return self.rejoin(why),
                 _ => {}
             }
             // A HEARTBEAT, when the member wants one.
@@ -1396,18 +1433,7 @@ impl Worker {
                 }
                 Ok(None)
             }
-            Some(MemberEvent::Rejoining(_)) => {
-                let c = self.member.collective();
-                tracing::info!(
-                    job = self.cfg.job,
-                    rank = self.cfg.rank,
-                    collective = c.collective(),
-                    seq = c.oldest_unacked_seq(),
-                    "switch lost our session (restart or re-join); joining again"
-                );
-                let (collective, seq) = self.join_round()?;
-                Ok(Some(Event::Resumed { collective, seq }))
-            }
+            Some(MemberEvent::Rejoining(why)) => self.rejoin(why).map(Some),
             Some(MemberEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
                 Err(WorkerError::KindNotSupported {
                     job: self.cfg.job,
@@ -1418,6 +1444,79 @@ impl Worker {
             Some(MemberEvent::Failed(e)) => Err(self.session_failed(e)),
             _ => Ok(None),
         }
+    }
+
+    /// The member lost its session (`why`) and started joining again: joins
+    /// (blocking, as the first join) and returns the resume point.
+    fn rejoin(&mut self, why: Lost) -> Result<Event, WorkerError> {
+        let c = self.member.collective();
+        tracing::info!(
+            job = self.cfg.job,
+            rank = self.cfg.rank,
+            collective = c.collective(),
+            seq = c.oldest_unacked_seq(),
+            ?why,
+            "switch lost our session (restart, re-join or job made again); joining again"
+        );
+        let (collective, seq) = self.join_round()?;
+        Ok(Event::Resumed { collective, seq })
+    }
+
+    /// How often [`Worker::keepalive`] should run while this worker is idle
+    /// between collectives: a third of a self-provisioned job's lease,
+    /// within 1..=20 s (docs/PROTOCOL.md, "Leases"). `None` for a declared
+    /// job, which has no lease.
+    pub fn keepalive_interval(&self) -> Option<Duration> {
+        self.member.session().keepalive()
+    }
+
+    /// Keeps a self-provisioned job's lease while the caller is idle
+    /// between collectives (evaluation, checkpointing): takes what the
+    /// switch sent, and sends the keepalive HEARTBEAT when one is due. It
+    /// never blocks; call it at least every [`Worker::keepalive_interval`]
+    /// (more often is harmless: it sends only when due). A declared job
+    /// needs none: this does nothing then but take stray datagrams.
+    ///
+    /// If the switch lost the job meanwhile (removed, restarted, or made
+    /// again by another rank), the next collective joins it again first,
+    /// from where this rank stopped; the error is only a socket failure or
+    /// a final refusal.
+    pub fn keepalive(&mut self) -> Result<(), WorkerError> {
+        if self.rejoin_due {
+            return Ok(());
+        }
+        loop {
+            let Some(n) = self.recv()? else {
+                break;
+            };
+            match self.member.handle(&self.rx[..n], Instant::now()) {
+                Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
+                Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+                // Late RESULTs of the last collective, HEARTBEAT answers.
+                _ => {}
+            }
+            self.send_control(Instant::now())?;
+        }
+        let now = Instant::now();
+        match self.member.handle_timeout(now) {
+            Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
+            Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+            _ => {}
+        }
+        self.send_control(now)
+    }
+
+    /// The session was lost while idle: the rejoin waits for the next
+    /// collective (the other ranks may stay idle longer than a join may
+    /// take), which starts it afresh.
+    fn defer_rejoin(&mut self, why: Lost) {
+        tracing::info!(
+            job = self.cfg.job,
+            rank = self.cfg.rank,
+            ?why,
+            "switch lost our session between collectives; the next collective joins again"
+        );
+        self.rejoin_due = true;
     }
 
     /// Tells the switch this rank is done (best effort; the LEAVE carries a

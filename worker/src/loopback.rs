@@ -14,7 +14,9 @@
 //! `restart()` replaces the job table with a new generation (the same
 //! tenants, no provisioned jobs), as a switchd restart does, so workers
 //! must re-join (or provision again) and resend. Tenants admit only
-//! 127.0.0.0/8 too, whatever their `allowed_sources` said.
+//! 127.0.0.0/8 too, whatever their `allowed_sources` said. The table's
+//! timers run about every 10 ms, so a provisioned job's lease runs out
+//! here as on switchd.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -360,6 +362,9 @@ struct Counts {
     lock_free: Arc<AtomicU64>,
 }
 
+/// How often the serving loop runs the table's timers.
+const TIMERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 fn serve(
     socks: &[UdpSocket],
     cfg: LoopbackConfig,
@@ -377,7 +382,15 @@ fn serve(
     };
     let mut seen = 0u64;
     let mut lane = 0;
+    let mut timers_at = Instant::now();
     while !stop.load(Ordering::SeqCst) {
+        // The table's timers (provisioned jobs' leases, as switchd's
+        // slow path runs them), every 10 ms or so.
+        let now = Instant::now();
+        if now.saturating_duration_since(timers_at) >= TIMERS_EVERY {
+            timers_at = now;
+            switch.batch(0, now).on_timeout(&mut shell);
+        }
         let r = restarts.load(Ordering::SeqCst);
         if r != restarted {
             restarted = r;

@@ -3,7 +3,11 @@
 //! table switchd runs): ranks provision a job by tenant and name, join it
 //! and all-reduce bit for bit; after a switch restart they provision again
 //! and go on; after every rank left, the same name gives a job again; the
-//! tenant's quota and a wrong key are typed errors that say what to do.
+//! tenant's quota and a wrong key are typed errors that say what to do; a
+//! pause between collectives longer than the lease keeps the job while the
+//! ranks run `Worker::keepalive`, and without it the job ends by its lease
+//! (the stand-in runs the table's timers) and the next collective makes it
+//! again.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -18,12 +22,14 @@ use worker::{AuthMode, ProvisionError, ProvisionSpec, Worker, WorkerConfig, Work
 const KEY: [u8; 32] = [0x4d; 32];
 
 fn stand_in(max_jobs: u16) -> LoopbackSwitch {
+    stand_in_leased(max_jobs, proto::switch::tenant::DEFAULT_LEASE)
+}
+
+fn stand_in_leased(max_jobs: u16, lease: Duration) -> LoopbackSwitch {
     let mut cfg = LoopbackConfig::new(1, 2, [0x5a; 32]);
-    cfg.tenants = vec![LoopbackConfig::tenant(
-        TenantName::new("vision").unwrap(),
-        KEY,
-        max_jobs,
-    )];
+    let mut t = LoopbackConfig::tenant(TenantName::new("vision").unwrap(), KEY, max_jobs);
+    t.lease = lease;
+    cfg.tenants = vec![t];
     LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap()
 }
 
@@ -155,4 +161,82 @@ fn the_quota_and_a_wrong_key_are_typed_refusals() {
         SwitchAnswer::Refused(proto::wire::NackReason::UnknownTenant)
     );
     hold.leave().unwrap();
+}
+
+/// Two ranks of a job with a 2 s lease all-reduce, pause 3.5 s (longer
+/// than the lease) and all-reduce again. With `keepalive` they call
+/// `Worker::keepalive` every 100 ms while paused: the job stays (no
+/// rejoin). Without, the stand-in ends the job by its lease, and the next
+/// collective finds it gone and makes it again (a rejoin). Bit-exact
+/// either way. With `restart` the switch restarts 1 s into the pause: a
+/// keepalive finds the job gone and the next collective joins again.
+/// Returns each rank's (job id before, after, rejoins).
+fn pause(keepalive: bool, restart: bool) -> Vec<(u16, u16, u64)> {
+    let sw = stand_in_leased(4, Duration::from_secs(2));
+    let job = if keepalive {
+        "paused-alive"
+    } else {
+        "paused-dead"
+    };
+    let restarter = sw.restarter();
+    let restarter = &restarter;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u16)
+            .map(|rank| {
+                let sw = &sw;
+                s.spawn(move || {
+                    let mut w = Worker::join(config(sw, KEY, job, rank, 2)).expect("join");
+                    assert_eq!(w.keepalive_interval(), Some(Duration::from_secs(1)));
+                    let mut data = vec![0f32; 5_000];
+                    let mut check = |w: &mut Worker, it: u32| {
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data).expect("all_reduce");
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(v.to_bits(), expected_sum(2, it, i).to_bits());
+                        }
+                    };
+                    check(&mut w, 0);
+                    let before = w.job();
+                    let start = std::time::Instant::now();
+                    let mut restarted = !restart || rank != 0;
+                    while start.elapsed() < Duration::from_millis(3500) {
+                        if !restarted && start.elapsed() >= Duration::from_secs(1) {
+                            restarter();
+                            restarted = true;
+                        }
+                        if keepalive {
+                            w.keepalive().expect("keepalive");
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    check(&mut w, 1);
+                    let r = (before, w.job(), w.stats().rejoins);
+                    w.leave().expect("leave");
+                    r
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn a_pause_longer_than_the_lease_keeps_the_job_with_keepalives() {
+    let got = pause(true, false);
+    assert!(
+        got.iter().all(|&(a, b, rejoins)| a == b && rejoins == 0),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn without_keepalives_the_lease_ends_the_job_and_the_next_collective_makes_it_again() {
+    let got = pause(false, false);
+    assert!(got.iter().all(|&(_, _, rejoins)| rejoins >= 1), "{got:?}");
+}
+
+#[test]
+fn a_switch_restart_during_a_pause_is_found_by_a_keepalive_and_joined_again() {
+    let got = pause(true, true);
+    assert!(got.iter().all(|&(_, _, rejoins)| rejoins >= 1), "{got:?}");
 }
