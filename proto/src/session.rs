@@ -45,9 +45,9 @@
 //!   as often), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
 //! * A self-provisioned job's keepalive: while joined and idle (no
-//!   collective tracked) a member sends the same empty HEARTBEAT every
-//!   [`keepalive_interval`] of the job's lease since it last heard from or
-//!   sent to the switch, so a pause between collectives longer than the
+//!   collective tracked) a member sends the same empty HEARTBEAT
+//!   [`keepalive_interval`] (a third of the job's lease, at most 20 s)
+//!   after it last heard from or sent to the switch, so a pause between collectives longer than the
 //!   lease does not end the job (docs/PROTOCOL.md, "Leases").
 //! * A self-provisioned job re-made under the same generation (removed
 //!   while its members lived, and provisioned again by another rank): a
@@ -96,16 +96,17 @@ pub const CONTROL_LEN: usize = 192;
 /// times in a row without a JOIN_ACK before it stops (docs/PROTOCOL.md,
 /// "Workers and restarts").
 pub const MAX_PROVISION_ROUNDS: u32 = 5;
-/// The shortest keepalive interval of an idle member of a self-provisioned
-/// job ([`keepalive_interval`]).
-pub const KEEPALIVE_MIN: Duration = Duration::from_secs(1);
+/// The shortest keepalive interval ([`keepalive_interval`]): a floor
+/// for a PROVISIONED naming a lease of 0 (a tenant's lease is at least
+/// 1 s, whose third is longer).
+pub const KEEPALIVE_MIN: Duration = Duration::from_millis(250);
 /// The longest keepalive interval ([`keepalive_interval`]).
 pub const KEEPALIVE_MAX: Duration = Duration::from_secs(20);
 
 /// How often an idle member of a self-provisioned job with a lease of
 /// `lease_secs` sends a keepalive HEARTBEAT: a third of the lease (so two
-/// may be lost before the lease runs out), within
-/// [`KEEPALIVE_MIN`]..=[`KEEPALIVE_MAX`].
+/// in a row may be lost before the lease runs out), at most
+/// [`KEEPALIVE_MAX`] (a 60 s lease's), at least [`KEEPALIVE_MIN`].
 pub fn keepalive_interval(lease_secs: u32) -> Duration {
     (Duration::from_secs(lease_secs.into()) / 3).clamp(KEEPALIVE_MIN, KEEPALIVE_MAX)
 }

@@ -70,6 +70,14 @@ class Worker:
     @property
     def has_gradient_stats(self) -> bool:
         """Whether the job is ``stats = true`` (from the switch's JOIN_ACK)."""
+    def keepalive(self) -> None:
+        """Keeps a self-provisioned job's lease while idle between
+        collectives (sends the keepalive HEARTBEAT when due; never blocks on
+        the network). Call it every `keepalive_interval` seconds while idle."""
+    @property
+    def keepalive_interval(self) -> float | None:
+        """Seconds between keepalives of a self-provisioned job (a third of
+        its lease, at most 20); None for a declared job."""
     def close(self, *, for_hosts: bool = False) -> None:
         """Leaves the job; idempotent. ``for_hosts``: the LEAVE says the job
         goes on on the host path (a live switch counts it)."""
@@ -118,11 +126,13 @@ class LoopbackSwitch:
         tenant: str | None = None,
         tenant_key: str | None = None,
         max_jobs: int = 4,
+        lease: float = 60.0,
     ) -> "LoopbackSwitch":
         """`seq_lanes`: DATA of chunk seq s is also taken on port + s mod
         seq_lanes (a power of two, 1..=64), as switchd's `seq_lanes`.
         `tenant` with `tenant_key` (64 hex digits): a tenant whose workers
-        provision jobs of their own, at most `max_jobs` at once."""
+        provision jobs of their own, at most `max_jobs` at once, each ended
+        after `lease` seconds without traffic."""
     @property
     def address(self) -> str:
         """"127.0.0.1:PORT", to pass as Worker(switch=...)."""

@@ -14,7 +14,12 @@ joined ``aggswitch.Worker`` (joined on the first collective), the
 switch or on the host path, and the one background thread every
 collective of the state runs on, in the order the ranks submit them (the
 same on every rank), so that DDP buckets and FSDP collectives of one state
-never overlap or reorder.
+never overlap or reorder. A self-provisioned job ends after its lease
+without traffic; so that a pause between steps (evaluation,
+checkpointing) longer than that does not end it, a keepalive thread wakes
+every half ``Worker.keepalive_interval`` while the state is joined and
+queues ``Worker.keepalive`` on that same background thread (it sends a
+HEARTBEAT only when one is due, so none while collectives run).
 
 Invariants: rank and world size are fixed when the state first joins
 (from its ``group``, the collective's process group, or
@@ -143,6 +148,9 @@ class AggSwitchState:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"aggswitch-job{self.job}"
         )
+        # Keeps a self-provisioned job's lease while idle (see the module doc).
+        self._keepalive_stop = threading.Event()
+        self._keepalive_thread: threading.Thread | None = None
 
     @property
     def rank(self) -> int:
@@ -267,6 +275,7 @@ class AggSwitchState:
 
     def close(self) -> None:
         """Waits for buckets in flight, then leaves the job. Idempotent."""
+        self._keepalive_stop.set()
         self._executor.shutdown(wait=True)
         self._path.stop()
         with self._lock:
@@ -319,7 +328,42 @@ class AggSwitchState:
                 secret=self._secret or "",
                 **options,
             )
+            self._start_keepalive(self._worker.keepalive_interval)
         return self._worker
+
+    def _start_keepalive(self, interval: float | None) -> None:
+        """Starts the keepalive thread once, for a job with a lease."""
+        if interval is None or self._keepalive_thread is not None:
+            return
+        t = threading.Thread(
+            target=self._keepalive_loop,
+            args=(interval / 2,),
+            name=f"aggswitch-keepalive-job{self.job}",
+            daemon=True,
+        )
+        self._keepalive_thread = t
+        t.start()
+
+    def _keepalive_loop(self, every: float) -> None:
+        """Queues a keepalive on the background thread every ``every``
+        seconds until the state closes."""
+        while not self._keepalive_stop.wait(every):
+            try:
+                self._executor.submit(self._keepalive)
+            except RuntimeError:  # the executor shut down: the state closed
+                return
+
+    def _keepalive(self) -> None:
+        """On the background thread: the joined worker's keepalive. A
+        failure is left to the next collective, which reports it (the
+        worker keeps a session's final failure)."""
+        w = self._worker
+        if w is None or self._failure is not None:
+            return
+        try:
+            w.keepalive()
+        except AggSwitchError:
+            pass
 
     def _run(self, work: Callable[[], None]) -> None:
         """Runs ``work`` (on the background thread); a failure is kept so

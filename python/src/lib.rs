@@ -703,6 +703,28 @@ impl PyWorker {
         }
     }
 
+    /// Keeps a self-provisioned job's lease while idle between collectives:
+    /// takes what the switch sent and sends the keepalive HEARTBEAT when one
+    /// is due (never blocks on the network). Call it at least every
+    /// `keepalive_interval` seconds while idle; a job lost meanwhile is
+    /// joined again by the next collective.
+    fn keepalive(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_worker(py, |w| w.keepalive())
+    }
+
+    /// Seconds between keepalives of an idle self-provisioned job (a third
+    /// of its lease, at most 20); None for a declared job.
+    #[getter]
+    fn keepalive_interval(&self, py: Python<'_>) -> Option<f64> {
+        py.detach(|| {
+            let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            guard
+                .as_ref()
+                .and_then(|w| w.keepalive_interval())
+                .map(|d| d.as_secs_f64())
+        })
+    }
+
     /// Whether the job is `stats = true` (the switch's JOIN_ACK says).
     #[getter]
     fn has_gradient_stats(&self) -> bool {
@@ -807,7 +829,7 @@ impl PyLoopbackSwitch {
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
                         elems_per_chunk = 362, drop_every = 0, dtype = "f32",
                         stats = false, seq_lanes = 1, tenant = None, tenant_key = None,
-                        max_jobs = 4))]
+                        max_jobs = 4, lease = 60.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
@@ -823,6 +845,7 @@ impl PyLoopbackSwitch {
         tenant: Option<&str>,
         tenant_key: Option<&str>,
         max_jobs: u16,
+        lease: f64,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -840,7 +863,9 @@ impl PyLoopbackSwitch {
             (Some(name), Some(key)) => {
                 let name =
                     TenantName::new(name).map_err(|e| PyValueError::new_err(e.to_string()))?;
-                cfg.tenants = vec![LoopbackConfig::tenant(name, parse_secret(key)?, max_jobs)];
+                let mut t = LoopbackConfig::tenant(name, parse_secret(key)?, max_jobs);
+                t.lease = secs("lease", lease)?;
+                cfg.tenants = vec![t];
             }
             _ => {
                 return Err(PyValueError::new_err(

@@ -9,6 +9,7 @@ for the next."""
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -213,3 +214,66 @@ def test_a_provisioned_job_falls_back_to_the_hosts_and_provisions_again_to_retur
         st = r["stats"]
         assert st["fallbacks"] == 1 and st["returns"] == 1, f"rank {r['rank']}: {st}"
         assert r["paths"][-1] == "switch", r["paths"]
+
+
+def test_a_state_idle_three_times_its_lease_keeps_its_job(key_file):
+    """A LoopbackSwitch whose tenant leases jobs for 1 s (it runs the
+    lease): two ranks' states all-reduce, idle 3 s, and all-reduce again on
+    the same job, with no rejoin: the states' keepalive threads kept it. A
+    bare Worker idle as long without keepalive loses the job (the next
+    collective makes it again: a rejoin)."""
+    require_torch()
+    import torch
+
+    import aggswitch.torch as agt
+
+    sw = aggswitch.LoopbackSwitch(job=1, world_size=2, secret=SECRET, tenant="vision", tenant_key=KEY, lease=1.0)
+    got, errors = {}, []
+
+    def rank(r, use_state):
+        try:
+            if use_state:
+                st = agt.AggSwitchState(sw.address, job=1, secret=None, rank=r, world_size=2, tenant="vision",
+                                        tenant_key_file=key_file, job_name="idle-state", fallback=False,
+                                        join_timeout=10.0)
+
+                def reduce(t):
+                    st._executor.submit(st._run, lambda: st._reduce_sum(t)).result(30)
+
+                worker = lambda: st._worker  # noqa: E731
+            else:
+                w = _worker(sw, r, 2, key_file, "idle-bare")
+                reduce = w.all_reduce  # noqa: E731
+                worker = lambda: w  # noqa: E731
+            sums = []
+            for step in range(2):
+                t = torch.full((3000,), float(r + 1 + step), dtype=torch.float32)
+                reduce(t)
+                sums.append(float(t[0]))
+                if step == 0:
+                    job, interval = worker().job, worker().keepalive_interval
+                    time.sleep(3.0)
+            got[(use_state, r)] = (sums, job, worker().job, interval, worker().stats()["rejoins"])
+            if use_state:
+                st.close()
+            else:
+                w.close()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+
+    for use_state in (True, False):
+        threads = [threading.Thread(target=rank, args=(r, use_state)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    sw.close()
+    assert not errors, errors
+    for r in range(2):
+        sums, before, after, interval, rejoins = got[(True, r)]
+        assert sums == [3.0, 5.0], sums
+        assert abs(interval - 1 / 3) < 1e-6, interval
+        assert before == after and rejoins == 0, got
+        sums, _, _, _, rejoins = got[(False, r)]
+        assert sums == [3.0, 5.0], sums
+        assert rejoins >= 1, got

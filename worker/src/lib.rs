@@ -558,6 +558,9 @@ pub struct Worker {
     /// The switch lost our session between collectives ([`Worker::keepalive`]
     /// saw it): the next collective joins again before it sends.
     rejoin_due: bool,
+    /// The session failed for good while idle ([`Worker::keepalive`]):
+    /// every later collective fails with it at once.
+    failed: Option<SessionError>,
 }
 
 /// What `cfg`'s worker joins with from `sock`: its job and rank, and the
@@ -649,6 +652,7 @@ impl Worker {
             data_key_spent: false,
             last_grad: None,
             rejoin_due: false,
+            failed: None,
             cfg,
         };
         w.member.start_join(0, 0, Instant::now());
@@ -1165,6 +1169,9 @@ impl Worker {
         if len > max {
             return Err(WorkerError::TensorTooLong { len, max });
         }
+        if let Some(e) = self.failed {
+            return Err(self.session_failed(e));
+        }
         if self.data_key_spent {
             return Err(WorkerError::MacNeedsNewJoin {
                 job: self.cfg.job,
@@ -1463,8 +1470,8 @@ impl Worker {
     }
 
     /// How often [`Worker::keepalive`] should run while this worker is idle
-    /// between collectives: a third of a self-provisioned job's lease,
-    /// within 1..=20 s (docs/PROTOCOL.md, "Leases"). `None` for a declared
+    /// between collectives: a third of a self-provisioned job's lease, at
+    /// most 20 s (docs/PROTOCOL.md, "Leases"). `None` for a declared
     /// job, which has no lease.
     pub fn keepalive_interval(&self) -> Option<Duration> {
         self.member.session().keepalive()
@@ -1482,6 +1489,9 @@ impl Worker {
     /// from where this rank stopped; the error is only a socket failure or
     /// a final refusal.
     pub fn keepalive(&mut self) -> Result<(), WorkerError> {
+        if let Some(e) = self.failed {
+            return Err(self.session_failed(e));
+        }
         if self.rejoin_due {
             return Ok(());
         }
@@ -1491,7 +1501,7 @@ impl Worker {
             };
             match self.member.handle(&self.rx[..n], Instant::now()) {
                 Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
-                Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+                Some(MemberEvent::Failed(e)) => return Err(self.failed_idle(e)),
                 // Late RESULTs of the last collective, HEARTBEAT answers.
                 _ => {}
             }
@@ -1500,10 +1510,17 @@ impl Worker {
         let now = Instant::now();
         match self.member.handle_timeout(now) {
             Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
-            Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
+            Some(MemberEvent::Failed(e)) => return Err(self.failed_idle(e)),
             _ => {}
         }
         self.send_control(now)
+    }
+
+    /// The session failed for good while idle: kept, so that the next
+    /// collective fails with the same error instead of waiting.
+    fn failed_idle(&mut self, e: SessionError) -> WorkerError {
+        self.failed = Some(e);
+        self.session_failed(e)
     }
 
     /// The session was lost while idle: the rejoin waits for the next

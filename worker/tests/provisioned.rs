@@ -186,7 +186,7 @@ fn pause(keepalive: bool, restart: bool) -> Vec<(u16, u16, u64)> {
                 let sw = &sw;
                 s.spawn(move || {
                     let mut w = Worker::join(config(sw, KEY, job, rank, 2)).expect("join");
-                    assert_eq!(w.keepalive_interval(), Some(Duration::from_secs(1)));
+                    assert_eq!(w.keepalive_interval(), Some(Duration::from_secs(2) / 3));
                     let mut data = vec![0f32; 5_000];
                     let mut check = |w: &mut Worker, it: u32| {
                         fill_pattern(rank, it, &mut data);
