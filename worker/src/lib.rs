@@ -1495,12 +1495,9 @@ impl Worker {
         if self.rejoin_due {
             return Ok(());
         }
-        loop {
-            let Some(n) = self.recv()? else {
-                break;
-            };
+        while let Some(n) = self.recv()? {
             match self.member.handle(&self.rx[..n], Instant::now()) {
-                Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
+                Some(MemberEvent::Rejoining(why)) => return self.defer_rejoin(why),
                 Some(MemberEvent::Failed(e)) => return Err(self.failed_idle(e)),
                 // Late RESULTs of the last collective, HEARTBEAT answers.
                 _ => {}
@@ -1509,7 +1506,7 @@ impl Worker {
         }
         let now = Instant::now();
         match self.member.handle_timeout(now) {
-            Some(MemberEvent::Rejoining(why)) => return Ok(self.defer_rejoin(why)),
+            Some(MemberEvent::Rejoining(why)) => return self.defer_rejoin(why),
             Some(MemberEvent::Failed(e)) => return Err(self.failed_idle(e)),
             _ => {}
         }
@@ -1526,7 +1523,7 @@ impl Worker {
     /// The session was lost while idle: the rejoin waits for the next
     /// collective (the other ranks may stay idle longer than a join may
     /// take), which starts it afresh.
-    fn defer_rejoin(&mut self, why: Lost) {
+    fn defer_rejoin(&mut self, why: Lost) -> Result<(), WorkerError> {
         tracing::info!(
             job = self.cfg.job,
             rank = self.cfg.rank,
@@ -1534,6 +1531,7 @@ impl Worker {
             "switch lost our session between collectives; the next collective joins again"
         );
         self.rejoin_due = true;
+        Ok(())
     }
 
     /// Tells the switch this rank is done (best effort; the LEAVE carries a
