@@ -8,9 +8,14 @@
 # Idempotent and quiet when everything is there. Otherwise:
 #   * Debian packages (checked with dpkg): clang llvm libbpf-dev
 #     linux-libc-dev bpftool iproute2 ethtool iputils-ping python3 tcpdump
-#     iperf3 jq shellcheck (so that test.sh's lint stage runs everywhere); runs `apt-get update` once, then
+#     iperf3 jq shellcheck (so that test.sh's lint stage runs everywhere)
+#     dpkg-dev binutils (cargo-deb's dpkg-shlibdeps and strip, for
+#     scripts/package.sh); runs `apt-get update` once, then
 #     `apt-get install -y --no-install-recommends` of the missing ones
 #   * the rustup components rustfmt and clippy
+#   * cargo-fuzz and cargo-deb (cargo install --locked; cargo-deb builds in
+#     about a minute; a failed install is a warning: the fuzz stage is then
+#     skipped and the package stage fails saying what to install)
 #   * bpffs on /sys/fs/bpf (a failure to mount is only a warning)
 #   * the project venv .venv (git-ignored; the system Python is untouched)
 #     with python/requirements-dev.txt: maturin, numpy, pytest,
@@ -27,7 +32,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 readonly PACKAGES=(
     clang llvm libbpf-dev linux-libc-dev bpftool iproute2 ethtool
-    iputils-ping python3 tcpdump iperf3 jq shellcheck
+    iputils-ping python3 tcpdump iperf3 jq shellcheck dpkg-dev binutils
 )
 readonly COMPONENTS=(rustfmt clippy)
 
@@ -103,6 +108,17 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     fi
 fi
 # --- end cargo-fuzz ---
+
+# --- cargo-deb (scripts/package.sh, test.sh's package stage) ---
+if ! cargo deb --version >/dev/null 2>&1; then
+    log "installing cargo-deb (cargo install cargo-deb --locked, about a minute)"
+    if cargo install cargo-deb --locked >"$OUT" 2>&1; then
+        INSTALLED+=("cargo-deb")
+    else
+        tail -n 20 "$OUT" >&2
+        warn "could not install cargo-deb; scripts/package.sh (test.sh's package stage) will fail without it"
+    fi
+fi
 
 # --- the project venv (python/) ------------------------------------------------
 readonly VENV="$REPO_ROOT/.venv"

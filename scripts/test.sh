@@ -14,6 +14,13 @@
 #              of any crate (docs/ARCHITECTURE.md, layer rules)
 #   clippy     cargo clippy --workspace --all-targets -- -D warnings
 #   build      cargo build --release --workspace --bins
+#   package    scripts/package.sh --no-build [--demo]: the Debian package
+#              aggswitch (cargo-deb), its contents, conffile, unit
+#              (systemd-analyze verify where it exists) and shipped config;
+#              as root (not with --quick) also the single-switch demo with
+#              the binaries unpacked from it and switchd confined as the
+#              unit says (about 15 s); without root that part is skipped
+#              with a message
 #   unit       cargo test --workspace --exclude agg-e2e
 #   scaling    target/release/engine_scaling for 0.2 s per configuration
 #              (1 and 2 threads, both layouts, every built backend; a few
@@ -37,7 +44,7 @@
 # torch_ddp.rs, torch_fsdp.rs, torch_fallback.rs: switchd killed or stopped
 # mid-run, torch_tree_fallback.rs: a tree's spine killed), which use the
 # venv's python and the package the python stage built.
-# --quick skips e2e and fuzz. Without root, e2e is skipped with a message,
+# --quick skips e2e, fuzz and the package demo. Without root, e2e is skipped with a message,
 # except under CI=true, where not being root is an error. A failing stage
 # does not stop the later ones (but build failing skips e2e and setup failing
 # stops everything); the exit status is non-zero if any stage failed. The
@@ -234,6 +241,17 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings || true
 # --- build and unit tests ---------------------------------------------------------
 BUILD_OK=1
 stage build cargo build --release --workspace --bins || BUILD_OK=0
+if [[ "$BUILD_OK" -ne 1 ]]; then
+    skip package "build failed"
+elif [[ "$QUICK" -eq 1 ]]; then
+    skip "package demo" "--quick"
+    stage package bash "$REPO_ROOT/scripts/package.sh" --no-build || true
+elif [[ "$IS_ROOT" -ne 1 ]]; then
+    skip "package demo" "needs root: sudo scripts/test.sh"
+    stage package bash "$REPO_ROOT/scripts/package.sh" --no-build || true
+else
+    stage package bash "$REPO_ROOT/scripts/package.sh" --no-build --demo || true
+fi
 stage unit cargo_test --workspace --exclude agg-e2e || true
 if [[ "$BUILD_OK" -eq 1 ]]; then
     stage scaling "$REPO_ROOT/target/release/engine_scaling" --threads 1,2 --seconds 0.2 --repeats 1 || true

@@ -12,8 +12,9 @@
 //! replays of earlier JOINs and LEAVEs. Then DATA with arbitrary rank, seq,
 //! count, collective, generation, values and source, whole rounds of DATA in
 //! a random rank order, LEAVEs (with their MAC, forged or replayed),
-//! HEARTBEATs, window changes, version-1 JOINs, version-2 HELLOs, raw bytes,
-//! and time passing.
+//! HEARTBEATs, window changes, version-1 JOINs, version-2 HELLOs,
+//! PROVISIONs (asks, claims and other phases, of any job id, 0 included),
+//! raw bytes, and time passing.
 //! Time is a fixed base `Instant` plus fuzz-chosen whole milliseconds, so a
 //! run is deterministic.
 //!
@@ -38,6 +39,11 @@
 //!   answered (NACK 6 while joining), anyone else is dropped unanswered.
 //! * A HELLO or a NACK over its per-source rate is not answered and is
 //!   counted once (`hello_rate_limited`, `nack_rate_limited`).
+//! * The table has no tenants: every PROVISION, whatever its job id (an
+//!   existing job's included), is refused before any job is looked at with
+//!   NACK 12 (unknown tenant) echoing its nonce, to the sender, on the HELLO
+//!   budget (over it: dropped, counted), counted as a refusal and changing
+//!   nothing else.
 //! * JOIN verdicts match a model of the handshake (docs/PROTOCOL.md,
 //!   "Joining"): every check in order (source, generation, rank, parameters,
 //!   nonce issued to that job, rank and address, MAC), then replay (a nonce
@@ -76,15 +82,15 @@ use proto::switch::engine::ResultRef;
 use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
     CounterSchema, DataOutcome, DropReason, Encoded, Endpoint, Event, Ipv4Prefix, JobConfig,
-    JobCounters, JobState, JobTable, JoinOutcome, Refusal, RefusalSample, Reply, ReplyMsg, Source,
-    TableConfig, Verdict, DEFAULT_NONCE_LIFETIME, REFUSAL_KINDS,
+    JobCounters, JobLabel, JobState, JobTable, JoinOutcome, Refusal, RefusalSample, Reply,
+    ReplyMsg, Source, TableConfig, Verdict, DEFAULT_NONCE_LIFETIME, REFUSAL_KINDS,
 };
 use proto::tag::Tag;
 use proto::wire::{
     self, flags, write_f32s, ChallengePayload, Header, HeaderRepr, HelloPayload, JoinAckPayload,
-    JoinPayload, LeavePayload, MsgType, NackPayload, NackReason, Nonce, WireError, DTYPE_F32,
-    HEADER_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, MAC_LEN, MAX_ELEMS_PER_CHUNK,
-    NACK_PAYLOAD_LEN, NONCE_LEN, OP_SUM, SECRET_LEN,
+    JoinPayload, LeavePayload, MsgType, NackPayload, NackReason, Nonce, ProvisionPayload,
+    WireError, DTYPE_F32, HEADER_LEN, JOIN_PAYLOAD_LEN, LEAVE_PAYLOAD_LEN, MAC_LEN,
+    MAX_ELEMS_PER_CHUNK, NACK_PAYLOAD_LEN, NONCE_LEN, OP_SUM, PROVISION_PAYLOAD_LEN, SECRET_LEN,
 };
 
 const JOB_A: u16 = 1;
@@ -381,6 +387,16 @@ enum Op {
         rank: u16,
         src: u8,
         payload_len: u8,
+        nonce: [u8; 16],
+    },
+    /// A PROVISION (the table has no tenants): `count` 0 an ask, 1 a
+    /// claim, else another phase.
+    Provision {
+        job: u16,
+        rank: u16,
+        src: u8,
+        count: u8,
+        tenant: [u8; 4],
         nonce: [u8; 16],
     },
     Raw {
@@ -922,6 +938,10 @@ impl Harness {
     /// What a parsed message should get.
     fn expect(&self, hdr: &HeaderRepr, payload: &[u8], from: &Endpoint) -> Expect {
         let src = from.source;
+        // Before any job is looked at; no tenant exists here.
+        if hdr.msg_type == MsgType::Provision {
+            return Expect::exact(Verdict::ProvisionRefused(NackReason::UnknownTenant));
+        }
         let Some(m) = self.models.get(&hdr.job) else {
             let v = match hdr.msg_type {
                 MsgType::Hello | MsgType::Join => Verdict::NackUnknownJob,
@@ -1066,7 +1086,8 @@ impl Harness {
         if v == Verdict::RateLimited {
             assert_eq!(hello_limited, 1, "RateLimited not counted");
             assert!(
-                matches!(&parsed, Ok(h) if h.msg_type == MsgType::Hello && self.models.contains_key(&h.job)),
+                matches!(&parsed, Ok(h) if (h.msg_type == MsgType::Hello && self.models.contains_key(&h.job))
+                    || h.msg_type == MsgType::Provision),
                 "{parsed:?} rate-limited"
             );
             expect = Expect::exact(Verdict::RateLimited);
@@ -1434,6 +1455,20 @@ impl Harness {
                     assert!(key.is_some(), "a NACK to a member without its session");
                 }
             }
+            ReplyMsg::ProvisionRefusal {
+                reason,
+                detail,
+                echo,
+            } => {
+                // Untagged: there is no session before a job exists.
+                assert_eq!(h.msg_type, MsgType::Nack);
+                let n = NackPayload::parse(o.payload()).unwrap();
+                assert_eq!((n.reason, n.detail, n.echo), (reason, detail, echo));
+                assert_eq!(n.tag, [0; 16], "a PROVISION's NACK with a tag");
+            }
+            ReplyMsg::ProvisionChallenge { .. } | ReplyMsg::Provisioned { .. } => {
+                panic!("{r:?} from a table without tenants")
+            }
             ReplyMsg::Challenge { hello_nonce, nonce } => {
                 assert_eq!(h.msg_type, MsgType::Challenge);
                 let c = ChallengePayload::parse(o.payload()).unwrap();
@@ -1530,6 +1565,7 @@ impl Harness {
             match h.msg_type {
                 MsgType::Hello => HelloPayload::parse(p).unwrap().nonce,
                 MsgType::Join => JoinPayload::parse(p).unwrap().nonce,
+                MsgType::Provision => ProvisionPayload::parse(p).unwrap().nonce,
                 _ => [0; NONCE_LEN],
             }
         };
@@ -1564,6 +1600,16 @@ impl Harness {
                 };
                 assert_eq!(kinds, [msg]);
             }
+            Verdict::ProvisionRefused(reason) => {
+                one_to_sender("NACK to a PROVISION");
+                let msg = ReplyMsg::ProvisionRefusal {
+                    reason,
+                    detail: 0,
+                    echo: echo(),
+                };
+                assert_eq!(kinds, [msg]);
+            }
+            Verdict::Provisioned { .. } => panic!("{v:?} from a table without tenants"),
             Verdict::Challenged => {
                 one_to_sender("CHALLENGE");
                 assert!(
@@ -1612,6 +1658,7 @@ impl Harness {
                 | Verdict::Dropped(_)
                 | Verdict::RateLimited
                 | Verdict::NackUnknownJob
+                | Verdict::ProvisionRefused(_)
                 | Verdict::Join(JoinOutcome::Nack(_) | JoinOutcome::Replayed)
                 | Verdict::Data(DataOutcome::Nack(_) | DataOutcome::Dropped(_))
         );
@@ -1648,8 +1695,11 @@ impl Harness {
                 o.reply.msg,
                 ReplyMsg::VersionRefusal | ReplyMsg::OldRefusal { .. }
             );
+            // A PROVISION's refusal names the job id it asked for, which
+            // may be a declared job's: it goes to the sender, whoever it is.
+            let provision = matches!(o.reply.msg, ReplyMsg::ProvisionRefusal { .. });
             assert!(
-                allowed(&m.config, o.reply.to.source.ip) || join_nack_3 || v1,
+                allowed(&m.config, o.reply.to.source.ip) || join_nack_3 || v1 || provision,
                 "{:?} sent outside the job's prefixes",
                 o.reply
             );
@@ -1702,6 +1752,15 @@ impl Harness {
                 let h = req.unwrap();
                 Some((h.job, h.rank, Refusal::Replayed))
             }
+            Verdict::ProvisionRefused(r) => {
+                let h = req.unwrap();
+                let p = ProvisionPayload::parse(&bytes[HEADER_LEN..]).unwrap();
+                let label = JobLabel {
+                    tenant: p.tenant,
+                    job: p.job_name,
+                };
+                Some((h.job, h.rank, Refusal::Provision(label, r)))
+            }
             Verdict::Malformed(_) if self.v1_join_answered(bytes, from) => {
                 wire::peek_v1(bytes).map(|(_, job, rank)| (job, rank, Refusal::Version(1)))
             }
@@ -1744,6 +1803,7 @@ impl Harness {
             Verdict::Malformed(_)
             | Verdict::Dropped(_)
             | Verdict::NackUnknownJob
+            | Verdict::ProvisionRefused(_)
             | Verdict::Join(JoinOutcome::Nack(_) | JoinOutcome::Replayed)
             | Verdict::Data(DataOutcome::Nack(_) | DataOutcome::Dropped(_)) => {
                 assert!(events.is_empty(), "{v:?} logged {events:?}")
@@ -2309,6 +2369,33 @@ fn run(input: Input) {
                 b[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&nonce[..n]);
                 let (v, _) = h.feed(&b, src % (N_SOURCES + 1), false);
                 assert_eq!(v, Verdict::Malformed(WireError::BadVersion(2)));
+            }
+            Op::Provision {
+                job,
+                rank,
+                src,
+                count,
+                tenant,
+                nonce,
+            } => {
+                let mut hdr = HeaderRepr::new(MsgType::Provision, 1);
+                hdr.job = job;
+                hdr.rank = rank;
+                hdr.count = u16::from(count % 3);
+                hdr.gen = h.gen();
+                let mut p = [0u8; PROVISION_PAYLOAD_LEN];
+                p[..4].copy_from_slice(&tenant);
+                p[32..35].copy_from_slice(b"job");
+                p[96..98].copy_from_slice(&1u16.to_be_bytes());
+                p[104..120].copy_from_slice(&nonce);
+                let (v, _) = h.feed(&frame(&hdr, &p), src % (N_SOURCES + 1), false);
+                assert!(
+                    matches!(
+                        v,
+                        Verdict::ProvisionRefused(NackReason::UnknownTenant) | Verdict::RateLimited
+                    ),
+                    "{v:?}"
+                );
             }
             Op::Raw { src, ce, bytes } => {
                 h.feed(&bytes, src % (N_SOURCES + 1), ce);

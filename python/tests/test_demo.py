@@ -2,7 +2,8 @@
 demos/): which mode a command line selects, each mode's options (defaults,
 ranges, the names the bash demos took), and the arithmetic and parsing the
 verdict rests on (tensor elements, the ping's reply count, exit statuses,
-the tree's leaf sizes). Nothing here needs root or a testbed."""
+the tree's leaf sizes), and --bin-dir (the binaries of an unpacked
+package). Nothing here needs root or a testbed."""
 
 import os
 import sys
@@ -72,6 +73,43 @@ def test_unknown_mode_is_refused_and_help_lists_every_mode(capsys):
     out = capsys.readouterr().out
     for name in ("single", "tree", "--leaves", "--keep-logs", "--hosts"):
         assert name in out
+
+
+def test_bin_dir_is_an_option_of_single_and_tree_and_absent_by_default():
+    assert demo_cli.parse_args([])[1].bin_dir is None
+    assert demo_cli.parse_args(["--bin-dir", "/r/usr/bin"])[1].bin_dir == "/r/usr/bin"
+    assert demo_cli.parse_args(["tree", "--bin-dir", "d"])[1].bin_dir == "d"
+    assert demo_cli.parse_args(["tree"])[1].bin_dir is None
+
+
+def _fake_bin_dir(path, names, mode=0o755):
+    path.mkdir(exist_ok=True)
+    for n in names:
+        (path / n).write_text("#!/bin/sh\n")
+        (path / n).chmod(mode)
+    return path
+
+
+def test_binaries_in_a_bin_dir_are_absolute_and_need_all_three(tmp_path, monkeypatch):
+    d = _fake_bin_dir(tmp_path / "usr-bin", ("switchd", "worker", "switchctl"))
+    monkeypatch.chdir(tmp_path)
+    assert common.binaries_in("usr-bin") == (d / "switchd", d / "worker")
+    (d / "switchctl").unlink()
+    (d / "worker").chmod(0o644)
+    with pytest.raises(common.HarnessError) as e:
+        common.binaries_in("usr-bin")
+    assert "worker, switchctl" in str(e.value) and str(d) in str(e.value)
+    with pytest.raises(common.HarnessError, match="switchd, worker, switchctl"):
+        common.binaries_in(tmp_path / "nowhere")
+
+
+def test_prepare_with_a_bin_dir_runs_setup_but_builds_nothing(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(common, "run_setup", lambda: calls.append("setup"))
+    monkeypatch.setattr(common, "build_release", lambda: calls.append("build"))
+    d = _fake_bin_dir(tmp_path, ("switchd", "worker", "switchctl"))
+    assert common.prepare(str(d)) == (d / "switchd", d / "worker")
+    assert calls == ["setup"]
 
 
 def test_elements_are_float32s_in_the_mib():

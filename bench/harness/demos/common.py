@@ -1,14 +1,16 @@
 """demos/common.py: what the demo modes share. The run folder (a fresh
 /tmp/agg-demo*.XXXXXX, removed after a pass unless --keep-logs, kept and
 named otherwise), preparing the machine (scripts/setup.sh, then the
-release build), the ping between two hosts beside the all-reduce and its
+release build, or with --bin-dir the binaries of a folder such as an
+unpacked package's usr/bin), the ping between two hosts beside the all-reduce and its
 one-line verdict, and the closing verdict: bench/harness/demo_report.py's
 tables, then DEMO PASSED or DEMO FAILED. Pure helpers (prefix_type, elements,
 json_path, ping_received, ping_verdict, exit_status) touch nothing
-outside this process.
+outside this process; binaries_in only looks at a folder.
 """
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -16,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lifecycle import HARNESS_DIR, REPO_ROOT, log, release_binary, stamp
+from lifecycle import HARNESS_DIR, REPO_ROOT, HarnessError, log, release_binary, stamp
+from scenario import Option
 from tools import build_release, run_setup
 
 AGG_PORT = 48879
@@ -25,6 +28,12 @@ STOP_TIMEOUT = 15
 PING_COUNT = 5
 # Every binary the build must leave in target/release (as the bash demos checked).
 BINARIES = ("switchd", "worker", "switchctl", "aggblast")
+# What the single and tree demos run from a --bin-dir: what the package
+# aggswitch installs in /usr/bin (switchctl beside switchd: start_switchd
+# asks it whether switchd is ready).
+PACKAGED = ("switchd", "worker", "switchctl")
+BIN_DIR = Option("--bin-dir", "run switchd, switchctl and worker from DIR (e.g. usr/bin of the aggswitch package "
+                 "unpacked with dpkg-deb -x) instead of building them in target/release", str, None, "DIR")
 
 
 def prefix_type(max_len):
@@ -77,10 +86,27 @@ def exit_status(rc):
     return 128 - rc if isinstance(rc, int) and rc < 0 else rc
 
 
-def prepare():
-    """scripts/setup.sh, then the release build; (switchd, worker)."""
+def binaries_in(bin_dir):
+    """(switchd, worker) of folder bin_dir, an absolute path each; a
+    HarnessError naming every one of PACKAGED that is missing there or not
+    executable."""
+    d = Path(bin_dir).resolve()
+    missing = [n for n in PACKAGED if not ((d / n).is_file() and os.access(d / n, os.X_OK))]
+    if missing:
+        raise HarnessError(f"--bin-dir {bin_dir}: no executable {', '.join(missing)} in {d} (it needs "
+                           f"{', '.join(PACKAGED)}, as the aggswitch package installs them in /usr/bin)")
+    return d / "switchd", d / "worker"
+
+
+def prepare(bin_dir=None):
+    """scripts/setup.sh, then the release build, or with bin_dir no build
+    and the binaries of that folder; (switchd, worker)."""
     log("checking the tools (scripts/setup.sh)")
     run_setup()
+    if bin_dir is not None:
+        switchd, worker = binaries_in(bin_dir)
+        log(f"running the binaries of {switchd.parent} (--bin-dir; nothing built)")
+        return switchd, worker
     build_release()
     for b in BINARIES:
         release_binary(b)

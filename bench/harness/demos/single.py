@@ -11,7 +11,7 @@ testbed removed on exit, also on failure, Ctrl-C or SIGTERM.
 
 import os
 
-from demos.common import (AGG_PORT, JOB_ID, RunDir, elements, json_path, prefix_type, prepare, report,
+from demos.common import (AGG_PORT, BIN_DIR, JOB_ID, RunDir, elements, json_path, prefix_type, prepare, report,
                           start_ping, stop_switchds, verdict, wait_ping)
 from lifecycle import Processes, Testbed, log, random_secret, start_switchd, write_switchd_config
 from options import uint_range
@@ -38,12 +38,13 @@ OPTIONS = (
     Option("--keep-logs", "keep the folder of logs and config also on success"),
     Option("--json", "where the full JSON goes: every worker's report and the switch's counters "
            "(default results/demo-STAMP.json)", str, None, "FILE"),
+    BIN_DIR,
 )
 
 
 def run(a):
     json_out = json_path(a.json, "demo", os.getcwd())
-    switchd, worker = prepare()
+    switchd, worker = prepare(a.bin_dir)
     n = elements(a.mib)
     with RunDir("/tmp/agg-demo", a.keep_logs) as work, \
             Testbed(a.prefix, ["--workers", a.workers, "--hosts", a.hosts, "--queues", a.queues,

@@ -12,7 +12,7 @@ exit, also on failure, Ctrl-C or SIGTERM.
 
 import os
 
-from demos.common import (AGG_PORT, JOB_ID, RunDir, elements, json_path, prefix_type, prepare, report,
+from demos.common import (AGG_PORT, BIN_DIR, JOB_ID, RunDir, elements, json_path, prefix_type, prepare, report,
                           start_ping, stop_switchds, verdict, wait_ping)
 from lifecycle import Processes, Testbed, log, random_secret, run_checked, start_switchd
 from options import uint_range
@@ -35,6 +35,7 @@ OPTIONS = (
     Option("--prefix", "testbed namespace prefix", prefix_type(21), "tree", "P"),
     Option("--keep-logs", "keep the folder of logs and configs also on success"),
     Option("--json", "the full JSON (default results/demo-tree-STAMP.json)", str, None, "FILE"),
+    BIN_DIR,
 )
 
 
@@ -45,7 +46,7 @@ def leaf_sizes(leaves, per_leaf):
 
 def run(a):
     json_out = json_path(a.json, "demo-tree", os.getcwd())
-    switchd, worker = prepare()
+    switchd, worker = prepare(a.bin_dir)
     n = elements(a.mib)
     with RunDir("/tmp/agg-demo-tree", a.keep_logs) as work, \
             Testbed(a.prefix, ["--leaves", a.leaves, "--spines", a.spines, "--workers-per-leaf", a.workers,

@@ -1,9 +1,14 @@
-//! The switch side of the protocol (docs/PROTOCOL.md, version 3), as a state
+//! The switch side of the protocol (docs/PROTOCOL.md, version 4), as a state
 //! machine fed datagrams and time, with no I/O.
 //!
 //! Owns: [`JobTable`] (jobs by id, the switch generation, the nonce issuer,
-//! the slot-pool memory budget, the queue of replies and the queue of
-//! events for the log). Its parts: [`config`] (what an operator declares),
+//! the slot-pool memory budget, the tenants and their jobs by name, the
+//! queue of replies and the queue of events for the log). Its parts:
+//! [`config`] (what an operator declares), [`tenant`] (a tenant's
+//! declaration, a job's [`JobOrigin`]), `provisioning` (the tenants'
+//! jobs: PROVISION asks and claims, quotas, leases, the end of a
+//! self-provisioned job; docs/PROTOCOL.md, "Tenants and self-provisioned
+//! jobs"),
 //! [`job`] (one job's membership and DATA), [`engine`] (the sums, which
 //! any number of threads feed at once), [`datapath`] (DATA taken without
 //! the table's lock, by the dataplane threads),
@@ -14,7 +19,9 @@
 //!
 //! Layers: a file imports only from files below it. Bottom to top:
 //! [`counters`], [`ratelimit`], [`priority`]; [`engine`], [`config`];
-//! [`reply`], [`datapath`], [`uplink`]; [`job`]; `leaf`; this table;
+//! [`tenant`]; [`reply`], [`datapath`], [`uplink`]; [`job`]; `leaf`; this
+//! table with `provisioning` (the table's methods for tenants, in a file
+//! of their own);
 //! [`entry`] (not re-exported here, so that it and the table do not import
 //! each other).
 //!
@@ -56,6 +63,11 @@
 //!   - LEAVE is never answered.
 //! * Slot pools are charged against the budget before they are allocated;
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
+//! * A PROVISION is judged before its job is looked up (its job is 0 or
+//!   one that does not exist yet) and charged to its source's HELLO budget
+//!   first; its answers (CHALLENGE, NACK, PROVISIONED) are smaller than it.
+//!   A self-provisioned job is in its tenant's map exactly while it is in
+//!   the table; the data path never takes the table's lock for its lease.
 //! * Messages that fail before membership (unknown job, malformed) get no
 //!   reply, except a JOIN/HELLO for an unknown job (NACK 1, so a typo in a
 //!   job id fails fast), a version-1 JOIN from a job's prefixes (a

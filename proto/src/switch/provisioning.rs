@@ -122,10 +122,12 @@ impl JobTable {
         {
             return Err(TenantError::DeclaredJobInRange(t.name, lo, hi, id));
         }
+        // Claims made before the tenant was declared (under an earlier
+        // declaration of the same name) are replays.
         self.tenants.push(Tenant {
             wire: t.name.to_wire(),
             jobs: BTreeMap::new(),
-            min_serial: 0,
+            min_serial: self.issuer.next_serial(),
             config: t,
         });
         Ok(())

@@ -66,18 +66,30 @@ impl JobLabel {
         }
     }
 
-    fn text(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    /// The field up to its padding, every byte outside the names'
+    /// characters shown as `?` (a stranger's bytes never reach the log as
+    /// they are: no control characters, no line breaks).
+    fn text(b: &[u8]) -> String {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-        String::from_utf8_lossy(&b[..end])
+        b[..end]
+            .iter()
+            .map(|&c| {
+                if c.is_ascii_alphanumeric() || b"._:-".contains(&c) {
+                    char::from(c)
+                } else {
+                    '?'
+                }
+            })
+            .collect()
     }
 
     /// The tenant's name, as text.
-    pub fn tenant_str(&self) -> std::borrow::Cow<'_, str> {
+    pub fn tenant_str(&self) -> String {
         Self::text(&self.tenant)
     }
 
     /// The job's name, as text.
-    pub fn job_str(&self) -> std::borrow::Cow<'_, str> {
+    pub fn job_str(&self) -> String {
         Self::text(&self.job)
     }
 }
@@ -233,6 +245,12 @@ impl TenantConfig {
                     "leaf_index must be below n_leaves",
                 ));
             }
+            if u.local_port == 0 {
+                return Err(TenantError::Upstream(
+                    name(),
+                    "the uplink's local UDP port must not be 0 (set [switch] uplink)",
+                ));
+            }
         }
         Ok(())
     }
@@ -311,6 +329,17 @@ mod tests {
         let mut t = tenant("a", (1, 2));
         t.pool_slots = 100;
         assert!(t.validate().is_err());
+    }
+
+    #[test]
+    fn a_label_prints_only_name_characters() {
+        let mut l = JobLabel::new(
+            &TenantName::new("vision").unwrap(),
+            &JobName::new("run-1").unwrap(),
+        );
+        assert_eq!(l.to_string(), "vision/run-1");
+        l.job[..4].copy_from_slice(b"a\nb\x1b");
+        assert_eq!(l.job_str(), "a?b?1");
     }
 
     #[test]

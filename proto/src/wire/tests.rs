@@ -388,17 +388,18 @@ fn provision_payloads_round_trip_and_check_their_lengths() {
         HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()),
         Err(WireError::ZeroJob)
     );
-    // The answers to a worker's ask (job 0) echo its job: CHALLENGE, NACK.
-    for (t, len) in [
+    // The switch's CHALLENGE and NACK answering a PROVISION with job 0
+    // carry its job: they parse.
+    for (ty, len) in [
         (MsgType::Challenge, CHALLENGE_PAYLOAD_LEN),
         (MsgType::Nack, NACK_PAYLOAD_LEN),
     ] {
         let mut g = vec![0u8; HEADER_LEN + len];
-        let mut h = HeaderRepr::new(t, 0);
-        h.gen = 1;
+        let mut h = HeaderRepr::new(ty, 1);
+        h.job = 0;
         h.emit_to(&mut g).unwrap();
-        let r = HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()).unwrap();
-        assert_eq!((r.msg_type, r.job), (t, 0));
+        let parsed = HeaderRepr::parse(&Header::new_checked(&g[..]).unwrap()).unwrap();
+        assert_eq!((parsed.msg_type, parsed.job), (ty, 0));
     }
 }
 

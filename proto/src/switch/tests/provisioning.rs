@@ -508,6 +508,7 @@ fn a_wrong_key_creates_nothing_and_costs_no_state() {
         key: [0x77; 32],
         ..want("run-1", 2)
     };
+    let serials_before: Vec<u64> = t.tenants.iter().map(|x| x.min_serial).collect();
     let (nonce, gen) = ask(&mut t, &w, endpoint(0), t0()).unwrap();
     let f = claim_frame(&w, nonce, gen, &endpoint(0));
     assert_eq!(
@@ -530,10 +531,10 @@ fn a_wrong_key_creates_nothing_and_costs_no_state() {
     }
     assert_eq!(t.jobs().count(), 0);
     assert_eq!(tenant_jobs(&t, "vision"), 0);
-    assert!(t
-        .tenants
-        .iter()
-        .all(|x| x.jobs.is_empty() && x.min_serial == 0));
+    assert!(t.tenants.iter().all(|x| x.jobs.is_empty()));
+    let serials: Vec<u64> = t.tenants.iter().map(|x| x.min_serial).collect();
+    assert_eq!(serials, serials_before, "no serial moved");
+    assert_eq!(t.tenants.len(), 2);
     assert!(t.reserved.is_empty() && t.removed.is_empty());
     assert_eq!(t.pool_memory().1, 0);
     assert_eq!(t.counters.provision_refused, 10_001);
@@ -624,6 +625,22 @@ fn a_claim_replayed_after_its_job_ended_gets_nack_9() {
     assert_eq!(tenant_jobs(&t, "vision"), 0);
     // A fresh ask and claim make it again.
     assert!(provision(&mut t, &w).unwrap().1);
+}
+
+#[test]
+fn a_claim_from_before_its_tenant_was_declared_again_is_a_replay() {
+    let mut t = ptable();
+    let w = want("run-1", 1);
+    let from = endpoint(0);
+    let (nonce, gen) = ask(&mut t, &w, from, t0()).unwrap();
+    let f = claim_frame(&w, nonce, gen, &from);
+    let c = t.remove_tenant("vision").unwrap();
+    t.add_tenant(c).unwrap();
+    assert_eq!(
+        claim_bytes(&mut t, &w, &f, nonce, from, t0()),
+        Err((NackReason::StaleNonce, 0))
+    );
+    assert_eq!(t.jobs().count(), 0);
 }
 
 #[test]
@@ -767,4 +784,55 @@ fn a_flood_of_asks_gets_at_most_the_hello_burst_of_answers() {
         t.handle(&f, endpoint(0), false, t0());
     }
     assert!(replies(&mut t).len() <= HELLO_LIMIT.burst as usize + 1);
+}
+
+#[test]
+fn a_tenant_with_an_upstream_makes_leaf_jobs() {
+    let mut t = table();
+    let mut c = tenant("vision", KEY_A, (1000, 1999));
+    let up = Upstream {
+        leaf_index: 1,
+        n_leaves: 2,
+        spines: vec![SpineAddr {
+            ip: [198, 18, 1, 1],
+            port: 9000,
+        }],
+        local_ip: [198, 18, 1, 2],
+        local_port: 9001,
+    };
+    c.upstream = Some(up.clone());
+    t.add_tenant(c.clone()).unwrap();
+    let w = Want {
+        dtype: Dtype::Bf16,
+        ..want("run-1", 2)
+    };
+    let (id, _) = provision(&mut t, &w).unwrap();
+    let job = t.get(id).unwrap();
+    assert_eq!(job.config.upstream.as_ref(), Some(&up));
+    assert!(job.uplink().is_some());
+    // A leaf's chunks are float32 towards its spines.
+    assert_eq!(
+        job.config.elems_per_chunk,
+        config::max_elems_for(
+            crate::wire::elems_per_chunk_for_mtu(1500),
+            Dtype::F32,
+            AuthMode::Port,
+            false
+        )
+    );
+    // Leaf jobs take auth port only.
+    let mac = Want {
+        auth: AuthMode::Mac,
+        ..want("run-2", 2)
+    };
+    assert_eq!(
+        provision(&mut t, &mac),
+        Err((NackReason::QuotaExceeded, Quota::Auth as u16))
+    );
+    // A tenant upstream needs the uplink's address.
+    c.name = TenantName::new("other").unwrap();
+    c.job_ids = (3000, 3001);
+    c.upstream.as_mut().unwrap().local_port = 0;
+    let e = t.add_tenant(c).unwrap_err();
+    assert!(e.to_string().contains("[switch] uplink"), "{e}");
 }
