@@ -380,3 +380,86 @@ fn a_switchd_restart_mid_collective_is_reprovisioned_and_completes_verified() {
     eprintln!("test took {:.1?}", started.elapsed());
     stop_clean(&tb, &mut sw);
 }
+
+/// A tree of 2 leaves (2 workers each) and 2 spines with team-a declared
+/// on every switch and no job anywhere: the leaves provision the job their
+/// workers name, and on their spines (docs/PROTOCOL.md, "Trees"); the
+/// all-reduce is verified against the tree-order sum.
+#[test]
+#[ignore = "needs root"]
+fn a_tree_with_tenants_and_no_jobs_all_reduces_a_named_job_verified() {
+    if !can_run("tenants_tree") {
+        return;
+    }
+    let started = Instant::now();
+    const LEAVES: u16 = 2;
+    const SPINES: u16 = 2;
+    const WPL: u16 = 2;
+    let fabric = LeafSpine::up("tn5", LEAVES, SPINES, WPL, 0);
+    let keys = KeyDir::new("tn5");
+    let a = keys.key("team-a");
+    // Spines: team-a from the leaves' subnets (where their uplinks send
+    // from); leaves: team-a from their own subnet, its jobs up to both
+    // spines.
+    let leaf_nets: Vec<_> = (0..LEAVES).map(|i| fabric.leaf_subnet(i)).collect();
+    let spine_addrs: Vec<String> = (0..SPINES)
+        .map(|j| format!("{}:{AGG_PORT}", fabric.spine_addr(j)))
+        .collect();
+    let mut spines: Vec<Switchd> = (0..SPINES)
+        .map(|j| {
+            let ports: Vec<String> = (0..LEAVES).map(|i| fabric.downlink_port(j, i)).collect();
+            let cfg = SwitchConfig::new(&ports, fabric.spine_addr(j))
+                .set("forwarding", "bridge")
+                .tenant(tenant(&a, &leaf_nets));
+            Switchd::start_in(&fabric.spine_ns(j), &format!("tn5-s{j}"), &cfg)
+        })
+        .collect();
+    let mut leaves: Vec<Switchd> = (0..LEAVES)
+        .map(|i| {
+            let ports: Vec<String> = (0..WPL).map(|k| fabric.worker_port(i, k)).collect();
+            let gw = fabric.leaf_gateway(i);
+            let cfg = SwitchConfig::new(&ports, gw)
+                .set("uplink", format!("{gw}:{UPLINK_PORT}"))
+                .tenant(tenant(&a, &[fabric.leaf_subnet(i)]).upstream(i, LEAVES, &spine_addrs));
+            Switchd::start_in(&fabric.leaf_ns(i), &format!("tn5-l{i}"), &cfg)
+        })
+        .collect();
+    for sw in leaves.iter().chain(&spines) {
+        assert!(jobs_listing(sw).is_empty(), "no switch has a job before");
+    }
+    let sizes = vec![WPL.to_string(); usize::from(LEAVES)].join(",");
+    let ranks: Vec<Child> = (0..LEAVES)
+        .flat_map(|i| (0..WPL).map(move |k| (i, k)))
+        .map(|(i, k)| {
+            let job = Named::new(&a, "tree-run", k, WPL).size(100_000, 3);
+            let mut c = provisioned_cmd(
+                &fabric,
+                &fabric.worker_ns(i, k),
+                fabric.leaf_gateway(i),
+                &job,
+            );
+            c.args(["--tree-leaves", &sizes, "--leaf", &i.to_string()]);
+            spawn_piped(c)
+        })
+        .collect();
+    let reports = expect_verified(ranks);
+    let id = job_id(&reports);
+    for (j, sw) in spines.iter().enumerate() {
+        let s = sw.live_stats();
+        assert_eq!(counter(&s, "provisioned_jobs"), 1, "spine {j}: {s}");
+        eprintln!(
+            "spine {j}: provisioned_jobs {}, jobs_ended_left {}",
+            counter(&s, "provisioned_jobs"),
+            counter(&s, "jobs_ended_left")
+        );
+    }
+    for (i, sw) in leaves.iter().enumerate() {
+        let s = sw.live_stats();
+        assert_eq!(counter(&s, "provisioned_jobs"), 1, "leaf {i}: {s}");
+    }
+    eprintln!("tree job {id}; test took {:.1?}", started.elapsed());
+    for sw in leaves.iter_mut().chain(spines.iter_mut()) {
+        let (ok, _) = sw.stop();
+        assert!(ok, "switchd did not stop cleanly:\n{}", sw.log_text());
+    }
+}
