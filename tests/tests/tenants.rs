@@ -95,7 +95,7 @@ fn two_tenants_provision_three_jobs_by_name_and_a_fourth_is_refused_by_quota() {
     // Three jobs at once, 4 ranks each: every worker namespace runs one
     // rank of each (3 worker processes each). Long enough (seconds) that
     // team-a's quota is full while its third job asks.
-    let size = (200_000, 30);
+    let size = (200_000, 40);
     let mut children = spawn_job(&tb, &a, "a-one", 4, size);
     children.extend(spawn_job(&tb, &a, "a-two", 4, size));
     children.extend(spawn_job(&tb, &b, "b-one", 4, size));
@@ -211,11 +211,17 @@ fn another_tenants_key_neither_provisions_nor_joins_its_job_and_names_are_per_te
     let keys = KeyDir::new("tn2");
     let (mut sw, a, b) = start_two_tenants(&tb, &keys);
     let name = "shared-name";
-    // team-a's job on workers 0 and 1, running while team-b tries.
-    let a_ranks = spawn_job(&tb, &a, name, 2, (200_000, 40));
+    // team-a's job on workers 0 and 1: rank 0 provisions it and waits
+    // (it exists, joining) while team-b tries; rank 1 comes after.
+    let a_rank = |r: u16, join_timeout: &str| {
+        let job = Named::new(&a, name, r, 2).size(200_000, 10);
+        let mut c = provisioned_cmd(&tb, &tb.worker_ns(r), tb.switch_addr(), &job);
+        c.args(["--join-timeout", join_timeout]);
+        spawn_piped(c)
+    };
+    let a_rank0 = a_rank(0, "60");
     wait_jobs(&sw, 30.0, "team-a's job", |jobs| {
-        jobs.iter()
-            .any(|j| j["tenant"] == "team-a" && j["state"] == "active")
+        jobs.iter().any(|j| j["tenant"] == "team-a")
     });
     let a_job = provisioned_jobs(&sw, "team-a")[0].clone();
     let a_id = a_job["id"].as_u64().unwrap();
@@ -265,6 +271,7 @@ fn another_tenants_key_neither_provisions_nor_joins_its_job_and_names_are_per_te
             ))
         })
         .collect();
+    let a_ranks = vec![a_rank0, a_rank(1, "30")];
     let b_reports = expect_verified(b_ranks);
     let b_id = job_id(&b_reports);
     assert_ne!(b_id, a_id, "team-b's {name:?} is not team-a's");
