@@ -241,6 +241,8 @@ impl World {
                 );
             }
             Some(Event::Stalled { .. }) => panic!("handle() reported a stall"),
+            // A declared job's member never provisions.
+            Some(Event::Provisioned { .. }) => panic!("a declared job's member provisioned: {ev:?}"),
         }
         self.check_window();
     }

@@ -39,6 +39,7 @@ from .errors import (
     GradientStatsError,
     JoinTimeoutError,
     ProtocolError,
+    QuotaError,
     RefusedError,
     StalledError,
     SwitchRestartedError,
@@ -162,6 +163,12 @@ class Worker(_native.Worker):
     ``"auto"`` (udp-gso when the kernel takes it, else mmsg); ``.transport``
     says which one runs. A forced transport the kernel refuses raises
     ``TransportError``. A context manager: leaving the block closes it.
+
+    A self-provisioned job (a tenant the operator declared on the switch):
+    ``Worker(switch, job=0, rank=r, world_size=n, secret="", tenant="T",
+    tenant_key_file="F", job_name="NAME")``; the switch creates the job on
+    the first rank's request and ``.job`` is the id it gave. A tenant at
+    its quota raises ``QuotaError`` (``.quota`` names it).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -326,6 +333,7 @@ __all__ = [
     "DEFAULT_PORT",
     "AggSwitchError",
     "RefusedError",
+    "QuotaError",
     "JoinTimeoutError",
     "StalledError",
     "SwitchRestartedError",

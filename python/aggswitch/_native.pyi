@@ -22,7 +22,18 @@ class Worker:
         bind: str | None = None,
         dtype: Literal["f32", "bf16", "f16"] = "f32",
         transport: Literal["auto", "mmsg", "udp-gso"] = "auto",
-    ) -> "Worker": ...
+        tenant: str | None = None,
+        tenant_key_file: str | None = None,
+        job_name: str | None = None,
+        auth: Literal["port", "mac"] | None = None,
+        stats: bool | None = None,
+        priority: Literal["low", "normal", "high"] | None = None,
+    ) -> "Worker":
+        """With ``tenant``, ``tenant_key_file`` (or AGGSWITCH_TENANT_KEY) and
+        ``job_name`` the job is self-provisioned: ``job`` and ``secret`` are
+        not used; ``auth``, ``stats`` and ``priority`` shape it (default
+        port, off, normal). A tenant at its quota raises
+        aggswitch.errors.QuotaError."""
     def all_reduce(self, buf: Any) -> None:
         """Sums a writable C-contiguous buffer over all ranks, in place:
         float32 items for an f32 job, uint16 (the elements' bits) for bf16
@@ -104,9 +115,14 @@ class LoopbackSwitch:
         dtype: Literal["f32", "bf16", "f16"] = "f32",
         stats: bool = False,
         seq_lanes: int = 1,
+        tenant: str | None = None,
+        tenant_key: str | None = None,
+        max_jobs: int = 4,
     ) -> "LoopbackSwitch":
         """`seq_lanes`: DATA of chunk seq s is also taken on port + s mod
-        seq_lanes (a power of two, 1..=64), as switchd's `seq_lanes`."""
+        seq_lanes (a power of two, 1..=64), as switchd's `seq_lanes`.
+        `tenant` with `tenant_key` (64 hex digits): a tenant whose workers
+        provision jobs of their own, at most `max_jobs` at once."""
     @property
     def address(self) -> str:
         """"127.0.0.1:PORT", to pass as Worker(switch=...)."""
@@ -154,11 +170,16 @@ def probe_switch(
     timeout: float = 1.0,
     dtype: Literal["f32", "bf16", "f16"] = "f32",
     bind: str | None = None,
+    tenant: str | None = None,
+    tenant_key_file: str | None = None,
+    job_name: str | None = None,
 ) -> tuple[Literal["alive", "refused", "silent"], int | None, str | None]:
     """One HELLO for (job, rank), resent every 200 ms, answered within
     ``timeout`` seconds or not: ``("alive", generation, None)``,
     ``("refused", None, reason)`` or ``("silent", None, None)``. Joins
-    nothing; a HELLO changes nothing at the switch."""
+    nothing; a HELLO changes nothing at the switch. For a self-provisioned
+    job (``tenant``...) a PROVISION ask instead: "alive" means the switch
+    runs and knows the tenant; it creates nothing."""
 
 def default_stats_chunk(dtype: Literal["f32", "bf16", "f16"], mtu: int = 1500) -> int:
     """Elements per chunk of a ``stats = true`` job of ``dtype`` on a switch

@@ -61,7 +61,7 @@ _OK, _STALLED, _UNREACHABLE, _JOINING, _RESTARTED, _TRANSPORT, _OTHER = range(7)
 _REFUSED = 16
 _REASONS = [
     "unknown_job", "bad_secret", "source_not_allowed", "rank_out_of_range", "parameters_differ",
-    "malformed", "stale_nonce", "kind_not_supported",
+    "malformed", "stale_nonce", "kind_not_supported", "quota_exceeded", "unknown_tenant",
 ]
 _OUTCOME = {
     _STALLED: "stalled",
@@ -144,7 +144,7 @@ class _BackgroundJoin:
 
         def run() -> None:
             try:
-                w = Worker(state.switch, job=state.job, rank=rank, world_size=n, secret=state._secret, **options)
+                w = Worker(state.switch, job=state.job, rank=rank, world_size=n, secret=state._secret or "", **options)
             except BaseException as e:  # noqa: BLE001 - reported by outcome()
                 with self._lock:
                     self._error = e
@@ -490,8 +490,9 @@ class CollectivePath:
         opts = st._options
         try:
             return _native.probe_switch(
-                st.switch, st.job, rank, n, st._secret, timeout=timeout,
-                dtype=st.dtype, bind=opts.get("bind"),
+                st.switch, st.job, rank, n, st._secret or "", timeout=timeout,
+                dtype=st.dtype, bind=opts.get("bind"), tenant=opts.get("tenant"),
+                tenant_key_file=opts.get("tenant_key_file"), job_name=opts.get("job_name"),
             )
         except AggSwitchError:
             return ("silent", None, None)

@@ -3,7 +3,12 @@ check. Public through ``aggswitch.torch``.
 
 ``state_from_env()`` reads ``AGGSWITCH_SWITCH`` (address[:port]),
 ``AGGSWITCH_JOB`` and ``AGGSWITCH_SECRET`` (64 hex digits) or
-``AGGSWITCH_SECRET_FILE``. An ``AggSwitchState`` owns, for one job: the
+``AGGSWITCH_SECRET_FILE``; or, for a self-provisioned job,
+``AGGSWITCH_TENANT``, ``AGGSWITCH_TENANT_KEY_FILE`` and optionally
+``AGGSWITCH_JOB_NAME``. Without a job name, rank 0 of the default process
+group makes one (``run-`` and 16 random hex digits) and puts it in the
+group's store, where every other rank reads it: shared by the ranks of
+one run, new for the next. An ``AggSwitchState`` owns, for one job: the
 joined ``aggswitch.Worker`` (joined on the first collective), the
 ``CollectivePath`` (``aggswitch._path``) that runs each collective on the
 switch or on the host path, and the one background thread every
@@ -28,7 +33,9 @@ Layering: imports ``aggswitch`` (``Worker``), ``_path``, ``errors`` and
 # torch integration (aggswitch._ddp: DDP checks the hooks' annotations).
 
 import concurrent.futures
+import datetime
 import os
+import secrets
 import threading
 from typing import Any, Callable
 
@@ -65,6 +72,11 @@ class AggSwitchState:
     gradient statistics (per-chunk sums, as the switch's trailers) before it
     has joined the switch; once joined it uses the switch's. Default: a
     ``stats = true`` job's at MTU 1500.
+
+    ``tenant``, ``tenant_key_file`` and ``job_name``: a self-provisioned
+    job (``job`` and ``secret`` are not used then). Without ``job_name``
+    the ranks share one made for this run (see the module doc); that needs
+    ``torch.distributed`` initialised before the first collective.
     """
 
     def __init__(
@@ -81,6 +93,9 @@ class AggSwitchState:
         probe_interval: float = 5.0,
         leaf_sizes: "list[int] | None" = None,
         elems_per_chunk: int | None = None,
+        tenant: str | None = None,
+        tenant_key_file: str | None = None,
+        job_name: str | None = None,
         **worker_options: Any,
     ) -> None:
         # Rank and world size are taken when the state first joins, not here:
@@ -90,7 +105,14 @@ class AggSwitchState:
         if mode == "switch":
             if not switch:
                 raise ValueError("AggSwitchState: no switch address; pass switch='address[:port]' or mode='hosts'")
-            _check_secret(secret or "", "secret")
+            if tenant:
+                if not tenant_key_file and not os.environ.get("AGGSWITCH_TENANT_KEY", "").strip():
+                    raise ValueError(
+                        f"AggSwitchState: tenant={tenant!r} needs its key: pass tenant_key_file= "
+                        "(or set AGGSWITCH_TENANT_KEY_FILE / AGGSWITCH_TENANT_KEY)"
+                    )
+            else:
+                _check_secret(secret or "", "secret")
         if not (probe_interval > 0):
             raise ValueError(f"AggSwitchState: probe_interval={probe_interval!r} must be positive seconds")
         self.mode = mode
@@ -106,6 +128,12 @@ class AggSwitchState:
         self._group = group
         self._secret = secret
         self.dtype = str(worker_options.get("dtype", "f32"))
+        self.tenant = tenant or None
+        if self.tenant:
+            worker_options["tenant"] = self.tenant
+            worker_options["tenant_key_file"] = tenant_key_file
+            if job_name:
+                worker_options["job_name"] = str(job_name)
         self._options = worker_options
         self._worker: Worker | None = None
         # The GradientNoiseScale the DDP hooks feed (set by its constructor).
@@ -153,7 +181,45 @@ class AggSwitchState:
                     self._rank = dist.get_rank(g) if g is not None else dist.get_rank()
                 if self._world_size is None:
                     self._world_size = dist.get_world_size(g) if g is not None else dist.get_world_size()
+            if self.tenant and self.mode == "switch" and not self._options.get("job_name"):
+                self._options["job_name"] = self._default_job_name()
             return self._rank, self._world_size
+
+    @property
+    def job_name(self) -> str | None:
+        """A self-provisioned job's name (None before it is known, and for a
+        declared job)."""
+        return self._options.get("job_name")
+
+    def _default_job_name(self) -> str:
+        """The name every rank of this run shares: rank 0 of the default
+        process group makes ``run-<16 hex>`` and puts it in the group's
+        store; the others wait for it (up to the join timeout). A state
+        whose job number is not 1 (HSDP's ``job_offset``) adds ``-<job>``."""
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(
+                f"AggSwitchState(tenant={self.tenant!r}): no job name: set AGGSWITCH_JOB_NAME (or job_name=) "
+                "to a name every rank of this run shares and the next run does not, or call "
+                "torch.distributed.init_process_group() first so that rank 0 can make one"
+            )
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        key = "aggswitch/run_id"
+        if dist.get_rank() == 0:
+            if not store.check([key]):
+                store.set(key, f"run-{secrets.token_hex(8)}")
+        else:
+            wait = float(self._options.get("join_timeout", 30.0))
+            try:
+                store.wait([key], datetime.timedelta(seconds=wait))
+            except Exception as e:  # noqa: BLE001 - the store's timeout type varies
+                raise ValueError(
+                    f"AggSwitchState(tenant={self.tenant!r}): rank 0 did not put the run's job name in the "
+                    f"process group's store within {wait:.0f} s ({e}); set AGGSWITCH_JOB_NAME on every rank"
+                ) from None
+        run_id = store.get(key).decode()
+        return run_id if self.job == 1 else f"{run_id}-{self.job}"
 
     def __repr__(self) -> str:
         return (
@@ -250,7 +316,7 @@ class AggSwitchState:
                 job=self.job,
                 rank=rank,
                 world_size=world_size,
-                secret=self._secret,
+                secret=self._secret or "",
                 **options,
             )
         return self._worker
@@ -289,7 +355,11 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
     ``AGGSWITCH_DTYPE`` (``f32``, ``bf16``, ``f16``: the job's),
     ``AGGSWITCH_TRANSPORT`` (``auto``, ``mmsg``, ``udp-gso``: the worker's
     UDP data path), ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
-    (seconds). Keyword arguments override them: ``job`` overrides
+    (seconds), ``AGGSWITCH_TENANT`` with ``AGGSWITCH_TENANT_KEY_FILE`` (or
+    ``AGGSWITCH_TENANT_KEY``) and ``AGGSWITCH_JOB_NAME`` (a self-provisioned
+    job: ``AGGSWITCH_JOB`` and the secret are not needed then; the job name
+    defaults to one rank 0 makes for this run). Keyword arguments override
+    them: ``job`` overrides
     ``AGGSWITCH_JOB``, ``job_offset`` is added to it (HSDP: the replica
     group of shard g is job ``AGGSWITCH_JOB + g``), ``rank``,
     ``world_size`` and ``group`` go to ``AggSwitchState``, the rest to
@@ -312,12 +382,26 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
             worker_options["leaf_sizes"] = [int(x) for x in tree.split(",")]
         except ValueError:
             raise ValueError(f"AGGSWITCH_TREE={tree!r}: expected the workers per leaf, e.g. 2,2") from None
+    tenant = os.environ.get("AGGSWITCH_TENANT", "").strip() or worker_options.pop("tenant", None)
+    if tenant:
+        worker_options["tenant"] = tenant
+        key_file = os.environ.get("AGGSWITCH_TENANT_KEY_FILE", "").strip()
+        if key_file and "tenant_key_file" not in worker_options:
+            worker_options["tenant_key_file"] = key_file
+        job_name = os.environ.get("AGGSWITCH_JOB_NAME", "").strip()
+        if job_name and "job_name" not in worker_options:
+            worker_options["job_name"] = job_name
+        if not worker_options.get("tenant_key_file") and not os.environ.get("AGGSWITCH_TENANT_KEY", "").strip():
+            raise ValueError(
+                "AGGSWITCH_TENANT is set but no tenant key: set AGGSWITCH_TENANT_KEY_FILE "
+                "(a file holding the tenant's 64 hex digits, mode 0600)"
+            )
     if hosts:
         switch = os.environ.get("AGGSWITCH_SWITCH", "").strip() or None
     else:
         switch = _env("AGGSWITCH_SWITCH", "the switch's address[:port], e.g. 198.18.0.1:48879 (or AGGSWITCH_MODE=hosts to run without a switch)")
     if job is None:
-        job_text = os.environ.get("AGGSWITCH_JOB", "").strip() or ("1" if hosts else "")
+        job_text = os.environ.get("AGGSWITCH_JOB", "").strip() or ("1" if hosts or tenant else "")
         if not job_text:
             job_text = _env("AGGSWITCH_JOB", "the job id declared on the switch (1..65535)")
         try:
@@ -326,7 +410,7 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
             raise ValueError(f"AGGSWITCH_JOB={job_text!r}: expected a job id (1..65535)") from None
     job += job_offset
     secret = os.environ.get("AGGSWITCH_SECRET", "").strip()
-    if not secret and hosts and not os.environ.get("AGGSWITCH_SECRET_FILE", "").strip():
+    if not secret and (hosts or tenant) and not os.environ.get("AGGSWITCH_SECRET_FILE", "").strip():
         pass
     elif not secret:
         path = _env(

@@ -18,12 +18,27 @@ class RefusedError(AggSwitchError):
     ``"source_not_allowed"``, ``"rank_out_of_range"``,
     ``"parameters_differ"``, ``"malformed"``, ``"stale_nonce"``,
     ``"kind_not_supported"`` (a reduce-scatter or all-gather through an
-    aggregation tree, which serves all-reduce only).
+    aggregation tree, which serves all-reduce only); for a self-provisioned
+    job also ``"unknown_tenant"`` and ``"quota_exceeded"`` (a
+    ``QuotaError``). ``"bad_secret"`` there means the tenant key.
     """
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class QuotaError(RefusedError):
+    """The switch refused to create a self-provisioned job: the tenant is
+    at one of its quotas. ``quota`` names it (``"max_jobs"``,
+    ``"max_workers_per_job"``, ``"max_pool_bytes"``, ``"dtypes"``,
+    ``"auth"``, ``"max_priority"``, ``"job_ids"`` or the switch's
+    ``"pool_memory_mib"``); the message says what to do. ``reason`` is
+    ``"quota_exceeded"``."""
+
+    def __init__(self, message: str, reason: str, quota: str) -> None:
+        super().__init__(message, reason)
+        self.quota = quota
 
 
 class JoinTimeoutError(AggSwitchError, TimeoutError):
@@ -105,6 +120,7 @@ class GradientStatsError(AggSwitchError):
 __all__ = [
     "AggSwitchError",
     "RefusedError",
+    "QuotaError",
     "JoinTimeoutError",
     "StalledError",
     "SwitchRestartedError",

@@ -14,15 +14,16 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use proto::member::{reference_grad_stats, Shape};
+use proto::provision::{JobName, TenantName};
 use proto::wire::{Dtype, NackReason, DEFAULT_AGG_PORT, SECRET_LEN};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
 use worker::{
-    Element, GradStats, GradStatsError, TransportKind, Worker, WorkerConfig, WorkerError,
-    WorkerStats,
+    AuthMode, Element, GradStats, GradStatsError, ProvisionSpec, TransportKind, Worker,
+    WorkerConfig, WorkerError, WorkerStats,
 };
 
 /// Builds an exception of `aggswitch.errors.NAME` from its constructor args.
@@ -58,6 +59,20 @@ fn reason_name(r: NackReason) -> &'static str {
 fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
     let msg = e.to_string();
     match e {
+        WorkerError::Provision { source, .. } => match (source.quota(), source.reason()) {
+            (Some(q), _) => py_error(
+                py,
+                "QuotaError",
+                (msg, reason_name(NackReason::QuotaExceeded), q.key()),
+            ),
+            (None, Some(r)) => py_error(py, "RefusedError", (msg, reason_name(r))),
+            (None, None) => py_error(py, "ProtocolError", (msg,)),
+        },
+        WorkerError::ProvisionedJobVanishes { .. } => py_error(
+            py,
+            "RefusedError",
+            (msg, reason_name(NackReason::UnknownJob)),
+        ),
         WorkerError::Io { source, .. } | WorkerError::TransportUnavailable { source, .. } => {
             py_error(py, "TransportError", (msg, source.raw_os_error()))
         }
@@ -461,7 +476,9 @@ impl PyWorker {
     #[new]
     #[pyo3(signature = (switch, job, rank, world_size, secret, *, join_timeout = 30.0,
                         stall_timeout = 5.0, congestion_control = true, delay_target = Some(0.002),
-                        bind = None, dtype = "f32", transport = "auto"))]
+                        bind = None, dtype = "f32", transport = "auto", tenant = None,
+                        tenant_key_file = None, job_name = None, auth = None, stats = None,
+                        priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -477,13 +494,29 @@ impl PyWorker {
         bind: Option<&str>,
         dtype: &str,
         transport: &str,
+        tenant: Option<&str>,
+        tenant_key_file: Option<&str>,
+        job_name: Option<&str>,
+        auth: Option<&str>,
+        stats: Option<bool>,
+        priority: Option<&str>,
     ) -> PyResult<Self> {
         let kind = transport
             .parse::<TransportKind>()
             .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
-        let mut cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind)?;
-        let (sw, job, rank, world, dtype) =
-            (cfg.switch, cfg.job, cfg.rank, cfg.n_workers, cfg.dtype);
+        let mut prov = provision_spec(py, tenant, tenant_key_file, job_name)?;
+        match prov.as_mut() {
+            Some(spec) => shape_provisioned(spec, auth, stats, priority)?,
+            None if auth.is_some() || stats.is_some() || priority.is_some() => {
+                return Err(PyValueError::new_err(
+                    "auth=, stats= and priority= shape a self-provisioned job (tenant=...); a \
+                     declared job's come from its declaration on the switch",
+                ))
+            }
+            None => {}
+        }
+        let mut cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind, prov)?;
+        let (sw, rank, world, dtype) = (cfg.switch, cfg.rank, cfg.n_workers, cfg.dtype);
         cfg.join_timeout = secs("join_timeout", join_timeout)?;
         cfg.stall_timeout = secs("stall_timeout", stall_timeout)?;
         cfg.transport.congestion_control = congestion_control;
@@ -506,7 +539,8 @@ impl PyWorker {
             last_stats: Mutex::new(w.stats()),
             last_grad: Mutex::new(w.gradient_stats()),
             switch: sw,
-            job,
+            // A self-provisioned job's id is the switch's.
+            job: w.job(),
             rank,
             world_size: world,
             elems_per_chunk: w.elems_per_chunk(),
@@ -772,7 +806,8 @@ impl PyLoopbackSwitch {
     #[new]
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
                         elems_per_chunk = 362, drop_every = 0, dtype = "f32",
-                        stats = false, seq_lanes = 1))]
+                        stats = false, seq_lanes = 1, tenant = None, tenant_key = None,
+                        max_jobs = 4))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
@@ -785,6 +820,9 @@ impl PyLoopbackSwitch {
         dtype: &str,
         stats: bool,
         seq_lanes: u16,
+        tenant: Option<&str>,
+        tenant_key: Option<&str>,
+        max_jobs: u16,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -797,6 +835,19 @@ impl PyLoopbackSwitch {
         cfg.dtype = parse_dtype(dtype)?;
         cfg.stats = stats;
         cfg.seq_lanes = seq_lanes;
+        match (tenant, tenant_key) {
+            (None, None) => {}
+            (Some(name), Some(key)) => {
+                let name =
+                    TenantName::new(name).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                cfg.tenants = vec![LoopbackConfig::tenant(name, parse_secret(key)?, max_jobs)];
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "LoopbackSwitch: tenant= and tenant_key= (64 hex digits) go together",
+                ))
+            }
+        }
         let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(PyLoopbackSwitch {
@@ -991,7 +1042,8 @@ fn host_sum(
 /// None)`, `("refused", None, reason)` or `("silent", None, None)`. Joins
 /// nothing.
 #[pyfunction]
-#[pyo3(signature = (switch, job, rank, world_size, secret, *, timeout = 1.0, dtype = "f32", bind = None))]
+#[pyo3(signature = (switch, job, rank, world_size, secret, *, timeout = 1.0, dtype = "f32", bind = None,
+                    tenant = None, tenant_key_file = None, job_name = None))]
 #[allow(clippy::too_many_arguments)]
 fn probe_switch(
     py: Python<'_>,
@@ -1003,9 +1055,13 @@ fn probe_switch(
     timeout: f64,
     dtype: &str,
     bind: Option<&str>,
+    tenant: Option<&str>,
+    tenant_key_file: Option<&str>,
+    job_name: Option<&str>,
 ) -> PyResult<(&'static str, Option<u32>, Option<&'static str>)> {
     use worker::probe::SwitchAnswer;
-    let cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind)?;
+    let prov = provision_spec(py, tenant, tenant_key_file, job_name)?;
+    let cfg = worker_config(switch, job, rank, world_size, secret, dtype, bind, prov)?;
     let timeout = secs("timeout", timeout)?;
     let a = py
         .detach(|| worker::probe::probe_switch(&cfg, timeout))
@@ -1017,8 +1073,95 @@ fn probe_switch(
     })
 }
 
+/// A self-provisioned job's spec from `tenant=`, `tenant_key_file=` (or
+/// the AGGSWITCH_TENANT_KEY environment variable) and `job_name=`: all or
+/// none (`None`: a declared job). The key file is read by the rules of a
+/// job secret (proto::secret); one that others can read is warned about.
+fn provision_spec(
+    py: Python<'_>,
+    tenant: Option<&str>,
+    key_file: Option<&str>,
+    job_name: Option<&str>,
+) -> PyResult<Option<ProvisionSpec>> {
+    let (tenant, job_name) = match (tenant, job_name) {
+        (None, None) if key_file.is_none() => return Ok(None),
+        (Some(t), Some(j)) => (t, j),
+        _ => {
+            return Err(PyValueError::new_err(
+                "a self-provisioned job needs tenant=, job_name= and the tenant key \
+                 (tenant_key_file=, or AGGSWITCH_TENANT_KEY): give all of them, or none for a \
+                 declared job (job= and secret=)",
+            ))
+        }
+    };
+    let tenant = TenantName::new(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let job_name = JobName::new(job_name).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let file = key_file.map(|p| {
+        let path = std::path::PathBuf::from(p);
+        let read = read_key_file(&path);
+        (path, read)
+    });
+    let r =
+        proto::secret::resolve_tenant_key(file, std::env::var(proto::secret::TENANT_KEY_ENV).ok())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    for w in &r.warnings {
+        let cat = py.get_type::<PyUserWarning>();
+        let msg = std::ffi::CString::new(w.as_str()).unwrap_or_default();
+        PyErr::warn(py, &cat, &msg, 1)?;
+    }
+    Ok(Some(ProvisionSpec {
+        tenant,
+        key: r.key,
+        job_name,
+        auth: AuthMode::Port,
+        stats: false,
+        priority: 1,
+    }))
+}
+
+/// A self-provisioned job's shape beyond the join's: `auth` ("port" or
+/// "mac"), `stats` and `priority` ("low", "normal", "high").
+fn shape_provisioned(
+    spec: &mut ProvisionSpec,
+    auth: Option<&str>,
+    stats: Option<bool>,
+    priority: Option<&str>,
+) -> PyResult<()> {
+    spec.auth = match auth {
+        None | Some("port") => AuthMode::Port,
+        Some("mac") => AuthMode::Mac,
+        Some(o) => {
+            return Err(PyValueError::new_err(format!(
+                "auth {o:?}: expected \"port\" or \"mac\""
+            )))
+        }
+    };
+    spec.stats = stats.unwrap_or(false);
+    spec.priority = match priority {
+        Some("low") => 0,
+        None | Some("normal") => 1,
+        Some("high") => 2,
+        Some(o) => {
+            return Err(PyValueError::new_err(format!(
+                "priority {o:?}: expected \"low\", \"normal\" or \"high\""
+            )))
+        }
+    };
+    Ok(())
+}
+
+/// A key file's text and permission bits.
+fn read_key_file(path: &std::path::Path) -> std::io::Result<(String, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let f = std::fs::File::open(path)?;
+    let mode = f.metadata()?.permissions().mode();
+    Ok((std::io::read_to_string(f)?, mode))
+}
+
 /// What `Worker(...)` and `probe_switch` share: the switch, the job, this
-/// rank, the job's secret, dtype and source address, checked.
+/// rank, the job's secret, dtype and source address, checked. With `prov`
+/// (a self-provisioned job) `job` and `secret` are not used.
+#[allow(clippy::too_many_arguments)]
 fn worker_config(
     switch: &str,
     job: i64,
@@ -1027,8 +1170,8 @@ fn worker_config(
     secret: &str,
     dtype: &str,
     bind: Option<&str>,
+    prov: Option<ProvisionSpec>,
 ) -> PyResult<WorkerConfig> {
-    let job = u16_arg("job", job, 1)?;
     let world = u16_arg("world_size", world_size, 1)?;
     let rank = u16_arg("rank", rank, 0)?;
     if rank >= world {
@@ -1036,13 +1179,16 @@ fn worker_config(
             "rank {rank} out of range: ranks are 0..{world} for world_size {world}"
         )));
     }
-    let mut cfg = WorkerConfig::new(
-        parse_switch(switch)?,
-        job,
-        rank,
-        world,
-        parse_secret(secret)?,
-    );
+    let mut cfg = match prov {
+        Some(spec) => WorkerConfig::provisioned(parse_switch(switch)?, spec, rank, world),
+        None => WorkerConfig::new(
+            parse_switch(switch)?,
+            u16_arg("job", job, 1)?,
+            rank,
+            world,
+            parse_secret(secret)?,
+        ),
+    };
     cfg.dtype = parse_dtype(dtype)?;
     cfg.bind = parse_bind(bind)?;
     Ok(cfg)

@@ -23,6 +23,12 @@
 //! Sockets are nonblocking; the loop blocks in `poll(2)` only when it has
 //! nothing to send and nothing has arrived.
 //!
+//! Self-provisioned jobs (`WorkerConfig::provision`, docs/PROTOCOL.md
+//! "Tenants and self-provisioned jobs"): the session provisions the job by
+//! tenant and name before it joins, and again after the switch forgot it;
+//! [`Worker::job`] is the id the switch gave, and a refusal is
+//! [`WorkerError::Provision`] (its `source.quota()` names a quota hit).
+//!
 //! Gradient statistics: in a `stats = true` job the switch measures
 //! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
 //! RESULT; [`Worker::gradient_stats`] gives the last collective's, folded

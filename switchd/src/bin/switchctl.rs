@@ -6,7 +6,7 @@
 //!     (or the secret in AGGSWITCH_SECRET)
 //!   switchctl job rm 2
 //!   switchctl tenant add --name team-a --key-file /etc/aggswitch/tenants/team-a.key \
-//!     --allowed 198.18.0.0/24 [--max-jobs 4] [--job-ids 32768-65535] …
+//!     --allow 198.18.0.0/24 [--max-jobs 4] [--job-ids 32768-65535] …
 //!   switchctl tenant list [--json]
 //!   switchctl tenant remove team-a
 //!   switchctl stats [ID] [--json]   (the switch's: with a table per
@@ -164,7 +164,7 @@ struct TenantAdd {
     key_file: PathBuf,
     /// Source prefixes its workers (on a spine: its leaves' uplinks) send
     /// from, comma-separated or repeated.
-    #[arg(long = "allowed", value_name = "PREFIX[,PREFIX]", required = true, value_parser = parse_prefixes)]
+    #[arg(long = "allow", visible_alias = "allowed", value_name = "PREFIX[,PREFIX]", required = true, value_parser = parse_prefixes)]
     allowed: Vec<Prefixes>,
     /// Jobs it may have at once.
     #[arg(long, default_value_t = 4, value_parser = nonzero_u16)]
@@ -210,7 +210,7 @@ struct TenantAdd {
     spines: Vec<std::net::SocketAddrV4>,
 }
 
-/// One `--allowed` value: its prefixes.
+/// One `--allow` value: its prefixes.
 #[derive(Debug, Clone)]
 struct Prefixes(Vec<Ipv4Net>);
 
@@ -714,7 +714,7 @@ mod tests {
             "team-a",
             "--key-file",
             &key,
-            "--allowed",
+            "--allow",
             "198.18.0.0/24",
         ])
         .unwrap();
@@ -877,7 +877,7 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("`10.0.0.0/33` is not an IPv4 prefix"), "{e}");
         let e = add(&["--name", "a", "--key-file", &key]).unwrap_err();
-        assert!(e.contains("--allowed"), "{e}");
+        assert!(e.contains("--allow"), "{e}");
     }
 
     #[test]
