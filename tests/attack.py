@@ -205,7 +205,8 @@ class Peer:
         self.kinds[k] = self.kinds.get(k, 0) + 1
 
     def drain(self, wait=0.0):
-        """Every answer waiting (for up to WAIT seconds more), counted."""
+        """Every answer waiting, counted; with WAIT, also those that come
+        until WAIT seconds pass without one."""
         got = []
         self.s.settimeout(wait if wait > 0 else None)
         if wait <= 0:
