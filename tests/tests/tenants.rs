@@ -402,6 +402,9 @@ fn a_tree_with_tenants_and_no_jobs_all_reduces_a_named_job_verified() {
     const LEAVES: u16 = 2;
     const SPINES: u16 = 2;
     const WPL: u16 = 2;
+    /// The spines' idle lease: their job ends at the latest this long
+    /// after the leaves stopped sending.
+    const SPINE_LEASE: u64 = 3;
     let fabric = LeafSpine::up("tn5", LEAVES, SPINES, WPL, 0);
     let keys = KeyDir::new("tn5");
     let a = keys.key("team-a");
@@ -417,7 +420,7 @@ fn a_tree_with_tenants_and_no_jobs_all_reduces_a_named_job_verified() {
             let ports: Vec<String> = (0..LEAVES).map(|i| fabric.downlink_port(j, i)).collect();
             let cfg = SwitchConfig::new(&ports, fabric.spine_addr(j))
                 .set("forwarding", "bridge")
-                .tenant(tenant(&a, &leaf_nets));
+                .tenant(tenant(&a, &leaf_nets).set("lease_secs", SPINE_LEASE as i64));
             Switchd::start_in(&fabric.spine_ns(j), &format!("tn5-s{j}"), &cfg)
         })
         .collect();
@@ -450,19 +453,46 @@ fn a_tree_with_tenants_and_no_jobs_all_reduces_a_named_job_verified() {
         })
         .collect();
     let reports = expect_verified(ranks);
+    let exited = Instant::now();
     let id = job_id(&reports);
-    for (j, sw) in spines.iter().enumerate() {
-        let s = sw.live_stats();
-        assert_eq!(counter(&s, "provisioned_jobs"), 1, "spine {j}: {s}");
-        eprintln!(
-            "spine {j}: provisioned_jobs {}, jobs_ended_left {}",
-            counter(&s, "provisioned_jobs"),
-            counter(&s, "jobs_ended_left")
-        );
-    }
     for (i, sw) in leaves.iter().enumerate() {
         let s = sw.live_stats();
         assert_eq!(counter(&s, "provisioned_jobs"), 1, "leaf {i}: {s}");
+    }
+    for (j, sw) in spines.iter().enumerate() {
+        let s = sw.live_stats();
+        assert_eq!(
+            counter(&s, "provisioned_jobs"),
+            1,
+            "spine {j}: the leaves provisioned the job there: {s}"
+        );
+    }
+    // Every rank left: the leaves' jobs end, and the spines' (the leaves
+    // left them, or at the latest their lease ran out); no pool stays
+    // taken anywhere.
+    for (name, sw, secs) in leaves
+        .iter()
+        .enumerate()
+        .map(|(i, sw)| (format!("leaf {i}"), sw, 5))
+        .chain(
+            spines
+                .iter()
+                .enumerate()
+                .map(|(j, sw)| (format!("spine {j}"), sw, SPINE_LEASE + 5)),
+        )
+    {
+        wait_jobs(sw, secs as f64, &format!("{name}'s job gone"), |j| {
+            j.is_empty()
+        });
+        let t = exited.elapsed();
+        let s = sw.live_stats();
+        assert_eq!(counter(&s, "pool_in_use_bytes"), 0, "{name}: {s}");
+        eprintln!(
+            "{name}: job gone {t:.1?} after the ranks exited (jobs_ended_left {}, \
+             jobs_ended_lease {})",
+            counter(&s, "jobs_ended_left"),
+            counter(&s, "jobs_ended_lease")
+        );
     }
     eprintln!("tree job {id}; test took {:.1?}", started.elapsed());
     for sw in leaves.iter_mut().chain(spines.iter_mut()) {
