@@ -4,7 +4,11 @@
 //! tenant key (`worker allreduce --tenant T --tenant-key-file F --job-name
 //! NAME`) and nobody runs `switchctl job add`. What a user sees is
 //! checked: verified sums, the refusal's text, `switchctl jobs` and the
-//! counters, the pool memory coming back.
+//! counters, the pool memory coming back. Two tenants' jobs at once and a
+//! quota refusal; one tenant's key against another's job; a killed job
+//! ending with its lease; a switchd restart; a leaf–spine tree with
+//! tenants only. Each test makes its own testbed (prefix `tn…`) and key
+//! directory and removes them, also on failure.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
