@@ -1514,6 +1514,7 @@ impl Harness {
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
             | ReplyMsg::UpHeartbeat { .. }
+            | ReplyMsg::UpProvision { .. }
             | ReplyMsg::UpstreamWait { .. } => {
                 unreachable!("no job of this target has an upstream: {r:?}")
             }

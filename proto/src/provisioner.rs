@@ -253,6 +253,7 @@ pub struct ProvisionStats {
 }
 
 /// One requester's provisioning of one job.
+#[derive(Clone)]
 pub struct Provisioner {
     spec: ProvisionSpec,
     asker: Asker,
@@ -368,14 +369,39 @@ impl Provisioner {
     /// [`PROVISION_LEN`] bytes); returns its length, or `None` if nothing
     /// is due.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        let Phase::Running { claim, next_send } = &mut self.phase else {
-            return None;
-        };
-        if now < *next_send {
+        if !self.poll_due(now) {
             return None;
         }
+        self.emit(buf)
+    }
+
+    /// Whether an ask or claim is due now; if so, it counts as sent and the
+    /// resend timer starts again: [`Provisioner::emit`] writes it. (A leaf
+    /// queues its sends and encodes them later, from a shared view of its
+    /// table: so the two halves.)
+    pub fn poll_due(&mut self, now: Instant) -> bool {
+        let Phase::Running { claim, next_send } = &mut self.phase else {
+            return false;
+        };
+        if now < *next_send {
+            return false;
+        }
         *next_send = now + PROVISION_RESEND;
-        let claim = *claim;
+        if claim.is_some() {
+            self.stats.claims_sent += 1;
+        } else {
+            self.stats.asks_sent += 1;
+        }
+        true
+    }
+
+    /// Writes the current attempt's ask or claim into `buf` (at least
+    /// [`PROVISION_LEN`] bytes), whether due or not; returns its length, or
+    /// `None` when not running.
+    pub fn emit(&self, buf: &mut [u8]) -> Option<usize> {
+        let Phase::Running { claim, .. } = self.phase else {
+            return None;
+        };
         let a = self.asker;
         let mut h = HeaderRepr::new(MsgType::Provision, a.job);
         h.rank = a.rank;
@@ -400,11 +426,6 @@ impl Provisioner {
         };
         h.emit_to(buf).ok()?;
         payload.emit(buf.get_mut(HEADER_LEN..)?).ok()?;
-        if claim.is_some() {
-            self.stats.claims_sent += 1;
-        } else {
-            self.stats.asks_sent += 1;
-        }
         Some(PROVISION_LEN)
     }
 

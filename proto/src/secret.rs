@@ -127,10 +127,12 @@ fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-/// True when every byte is the same (all zeros included): such a secret is
-/// guessed at once, and switchd refuses it.
+/// True when every byte is the same (all zeros included) or the bytes
+/// count up or down by one (`00 01 02 …`): such a secret or tenant key is
+/// guessed at once; switchd and the worker both refuse it.
 pub fn is_weak(secret: &Secret) -> bool {
-    secret.iter().all(|&b| b == secret[0])
+    let steps = |d: u8| secret.windows(2).all(|w| w[1] == w[0].wrapping_add(d));
+    steps(0) || steps(1) || steps(u8::MAX)
 }
 
 /// The warning for a file holding secrets that group or others may read
@@ -490,6 +492,9 @@ mod tests {
     fn repeated_byte_secrets_are_weak_others_are_not() {
         assert!(is_weak(&[0; SECRET_LEN]));
         assert!(is_weak(&[0xab; SECRET_LEN]));
+        let up: Secret = std::array::from_fn(|i| i as u8);
+        let down: Secret = std::array::from_fn(|i| 0xf0u8.wrapping_sub(i as u8));
+        assert!(is_weak(&up) && is_weak(&down), "counting patterns");
         let mut s = [0u8; SECRET_LEN];
         s[31] = 1;
         assert!(!is_weak(&s));

@@ -169,6 +169,11 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     // elems_per_chunk out (JobSection::to_job_config): the ports' MTU,
     // capped by what the sockets take.
     table_cfg.max_f32_elems = default_elems.min(max_elems);
+    // An auth = "mac" job's tagged RESULT leaves from one TX frame, as a
+    // declared one's (JobSection::to_job_config).
+    table_cfg.max_f32_elems_mac = table_cfg
+        .max_f32_elems
+        .min(switchd::config::MAX_ELEMS_IN_FRAME);
     let mut table = JobTable::new(table_cfg, Instant::now());
     control::declare_jobs(&mut table, &cfg.jobs, max_elems)
         .context("declaring the configured jobs")?;

@@ -160,9 +160,15 @@ fn stall_reason(missing: Option<&[u16]>, upstream: Option<&SpineWait>) -> String
     if let Some(w) = upstream {
         let (spine, tree) = (w.spine, w.tree);
         if let Some(why) = w.refused {
+            use proto::wire::SpineRefusal as R;
+            // A self-provisioned job's tree is the tenants' declarations.
+            let fix = match why {
+                R::ProvisionRefused(_) | R::ProvisionQuota(_) => "the tenant on the spine",
+                _ => "the job's declaration",
+            };
             return format!(
                 "the leaf switch cannot join spine {spine} (tree {tree}): {why}; see the leaf's \
-                 log and fix the job's declaration"
+                 log and fix {fix}"
             );
         }
         return match w.silent_for {
@@ -1572,6 +1578,25 @@ mod tests {
         assert!(
             refused.contains("cannot join spine 198.19.255.1:48879 (tree 0): bad secret"),
             "{refused}"
+        );
+        // A spine that will not provision a tree's self-provisioned job
+        // names the quota its tenant hit.
+        let quota = stall_reason(
+            None,
+            Some(&SpineWait {
+                spine: "198.19.255.1:48879".parse().unwrap(),
+                tree: 0,
+                silent_for: Some(Duration::ZERO),
+                leaves: vec![],
+                refused: Some(proto::wire::SpineRefusal::ProvisionQuota(
+                    proto::wire::Quota::MaxWorkersPerJob,
+                )),
+            }),
+        );
+        assert!(
+            quota.contains("quota max_workers_per_job")
+                && quota.contains("fix the tenant on the spine"),
+            "{quota}"
         );
 
         let Waiting::Ranks(r) = answer(0, 2, &[0, 1, 0, 4]) else {

@@ -282,3 +282,41 @@ fn the_tenant_key_and_the_secret_never_print() {
     assert!(dbg.contains("<redacted>"));
     assert!(!dbg.contains(&format!("{secret:?}")), "{dbg}");
 }
+
+/// A leaf's split send: `poll_due` says whether an ask or claim is due
+/// (counting it, restarting the timer), `emit` writes the current one
+/// whenever asked, the same bytes `poll_transmit` sends; nothing when idle
+/// or done.
+#[test]
+fn poll_due_and_emit_are_poll_transmit_in_two() {
+    let t0 = Instant::now();
+    let mut p = prov(0, KEY, "run-1");
+    let mut b = vec![0u8; PROVISION_LEN];
+    assert!(!p.poll_due(t0));
+    assert_eq!(p.emit(&mut b), None, "idle");
+    p.start(t0);
+    let mut twin = p.clone();
+    assert!(p.poll_due(t0));
+    assert!(!p.poll_due(t0), "not again before the resend");
+    let n = p.emit(&mut b).unwrap();
+    assert_eq!(Some(b[..n].to_vec()), send(&mut twin, t0), "the ask");
+    assert_eq!(p.emit(&mut b), Some(n), "emit leaves the timer alone");
+    assert!(!p.poll_due(t0 + PROVISION_RESEND / 2));
+    assert!(p.poll_due(t0 + PROVISION_RESEND));
+    assert_eq!(p.stats().asks_sent, 2);
+    // After the CHALLENGE, the claim; after the outcome, nothing.
+    let mut sw = FakeSwitch::new(7, "vision", KEY, t0);
+    let ans = sw.answer(&b[..n], IP, p.asker().port, t0);
+    assert!(p.handle(&ans, t0).is_none());
+    let t1 = t0 + PROVISION_RESEND;
+    assert!(p.poll_due(t1), "the claim goes at once");
+    let n = p.emit(&mut b).unwrap();
+    let ans = sw.answer(&b[..n], IP, p.asker().port, t1);
+    assert!(matches!(
+        p.handle(&ans, t1),
+        Some(Outcome::Provisioned { .. })
+    ));
+    assert_eq!(p.stats().claims_sent, 1);
+    assert!(!p.poll_due(t1 + PROVISION_RESEND));
+    assert_eq!(p.emit(&mut b), None, "done");
+}

@@ -71,6 +71,10 @@ counter_schema! {
         /// RESULTs of its generation whose token did not verify (forged, or
         /// from its previous activation): ignored.
         bad_tokens,
+        /// Rounds of provisioning a self-provisioned job on it (PROVISION
+        /// ask, claim: docs/PROTOCOL.md, "Tenants and self-provisioned
+        /// jobs", Trees): the first, after its restart, after a refusal.
+        provisions,
     }
 }
 

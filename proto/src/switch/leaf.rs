@@ -5,7 +5,9 @@
 //!
 //! Owns: the leaf's `impl Job` ([`Job::uplink`], [`Job::partial_ready`],
 //! [`Job::on_spine_result`], [`Job::up_timeout`] and the other spine
-//! handlers) and [`SpineNack`] (what a spine's NACK did).
+//! handlers, a self-provisioned job's provisioning on its spines among
+//! them), [`SpineNack`] (what a spine's NACK did) and [`ProvisionStep`]
+//! (what a spine's answer to a PROVISION did).
 //!
 //! Layering: above `job` (the [`Job`] these methods extend) and `uplink`
 //! (the [`Uplink`] sessions they drive). A job holds its `Uplink`, so
@@ -17,14 +19,20 @@ use std::time::Instant;
 
 use crate::handshake::ProbeAnswer;
 use crate::member::collective::FAST_RETRANSMIT_GAP;
+use crate::provision::TenantKey;
+use crate::provisioner::{Outcome, ProvisionError, ProvisionSpec};
 use crate::session::{nack_meaning, NackMeaning};
 use crate::tag::{AuthMode, TAG_LEN};
-use crate::wire::{flags, HeaderRepr, NackPayload, SpineRefusal, UpstreamWaitPayload, HEADER_LEN};
+use crate::wire::{
+    flags, HeaderRepr, MsgType, NackPayload, NackReason, SpineRefusal, UpstreamWaitPayload,
+    HEADER_LEN,
+};
 
 use super::config::{SpineAddr, MAX_SPINES};
 use super::counters::DropReason;
 use super::job::{Job, UpTimer};
 use super::reply::ReplyMsg;
+use super::tenant::JobOrigin;
 use super::uplink::{Uplink, SPINE_SILENT_AFTER, UPLINK_JOIN_RESEND, UP_HEARTBEAT_EVERY};
 
 /// How many spine seqs below [`FAST_RETRANSMIT_GAP`] each spine RESULT
@@ -41,6 +49,33 @@ pub(super) struct SpineNack {
     pub refused: Option<SpineRefusal>,
     /// Unauthenticated: send the spine a probe now.
     pub probe: bool,
+}
+
+/// What a spine's answer to the leaf's PROVISION did (a self-provisioned
+/// job, docs/PROTOCOL.md, "Tenants and self-provisioned jobs", Trees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ProvisionStep {
+    /// Not an answer to this round: ignored (a NACK counted as
+    /// unauthenticated).
+    Ignored,
+    /// The round moved on (a CHALLENGE: the claim goes now; a NACK 7 or
+    /// 9: a fresh ask goes now).
+    Progress,
+    /// The spine has the job: the HELLO goes now.
+    Provisioned,
+    /// The spine refused: asked again in
+    /// [`REFUSED_RETRY`](super::uplink::REFUSED_RETRY); the refusal, if it
+    /// is news (to be logged).
+    Refused(Option<SpineRefusal>),
+}
+
+/// The spine refusal a provisioning refusal is shown as (`None`: ours, an
+/// address the spine sees otherwise than the leaf's uplink is declared).
+fn spine_refusal(e: &ProvisionError) -> Option<SpineRefusal> {
+    match e.quota() {
+        Some(q) => Some(SpineRefusal::ProvisionQuota(q)),
+        None => e.reason().map(SpineRefusal::ProvisionRefused),
+    }
 }
 
 // A leaf's side of the aggregation trees: the partials of its slots and its
@@ -106,27 +141,115 @@ impl Job {
     }
 
     /// Every local rank left: leave every joined spine (the spine starts
-    /// afresh once all its leaves have). Returns those spines.
+    /// afresh once all its leaves have; a self-provisioned job there ends).
+    /// Returns those spines.
     pub(super) fn leave_uplink(&mut self) -> impl Iterator<Item = usize> + use<> {
         let mut left = [false; MAX_SPINES];
         if let Some(u) = &mut self.uplink {
             for (k, s) in u.spines.iter_mut().enumerate() {
                 left[k] = s.joined_gen.take().is_some();
                 s.join_due = None;
+                if let Some(p) = &mut s.prov {
+                    // The spine's job ends with its leaves: provisioned
+                    // again when the leaf's ranks are back.
+                    p.stop();
+                    s.provisioned = false;
+                    s.provision_due = None;
+                }
             }
         }
         (0..MAX_SPINES).filter(move |k| left[*k])
     }
 
-    /// Starts joining every spine that has not answered (on activation).
+    /// Starts joining every spine that has not answered (on activation); a
+    /// self-provisioned job provisions itself there first.
     pub(super) fn start_uplink(&mut self, now: Instant) {
         let id = self.config.id;
         if let Some(u) = &mut self.uplink {
             for k in 0..u.spines.len() {
                 if u.spines[k].joined_gen.is_none() {
-                    u.start_join(id, k, now);
+                    u.restart(id, k, now);
                 }
             }
+        }
+    }
+
+    /// A self-provisioned leaf job (made by `key`'s tenant, whose
+    /// `[tenant.upstream]` made it a leaf) provisions itself on every spine
+    /// before joining it: under its own id, as worker `leaf_index` of
+    /// `n_leaves`, f32, auth port, with its stats and priority
+    /// (docs/PROTOCOL.md, "Tenants and self-provisioned jobs", Trees).
+    /// `serial`: the table's nonce serial now. Nothing for a declared job
+    /// or one without an uplink.
+    pub(super) fn provision_uplink(&mut self, key: &TenantKey, serial: u64) {
+        let JobOrigin::Provisioned { tenant, name } = self.origin() else {
+            return;
+        };
+        let spec = ProvisionSpec {
+            tenant: tenant.clone(),
+            key: *key,
+            job_name: name.clone(),
+            auth: AuthMode::Port,
+            stats: self.config.stats,
+            priority: self.config.priority as u8,
+        };
+        let id = self.config.id;
+        if let Some(u) = &mut self.uplink {
+            u.provision_with(spec, id, serial);
+        }
+    }
+
+    /// Whether the leaf provisions its job on spine `spine` now (a
+    /// self-provisioned job without the spine's PROVISIONED for this
+    /// session): the spine's CHALLENGE, NACK and PROVISIONED are the
+    /// provisioner's ([`Job::on_spine_provision`]).
+    pub(super) fn provisioning_on(&self, spine: usize) -> bool {
+        self.uplink
+            .as_ref()
+            .and_then(|u| u.spines.get(spine))
+            .is_some_and(|s| s.provisioning())
+    }
+
+    /// A CHALLENGE, NACK or PROVISIONED from spine `spine` while the leaf
+    /// provisions its job there: the provisioner judges it by its nonces.
+    /// A PROVISIONED (its tag verified under the job's derived secret, the
+    /// leaf job's own) lets the HELLO go; a refusal is a spine refusal,
+    /// asked again in [`REFUSED_RETRY`](super::uplink::REFUSED_RETRY).
+    pub(super) fn on_spine_provision(
+        &mut self,
+        spine: usize,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        now: Instant,
+    ) -> ProvisionStep {
+        let id = self.config.id;
+        let Some(u) = self.uplink.as_mut() else {
+            return ProvisionStep::Ignored;
+        };
+        let s = &mut u.spines[spine];
+        let Some(p) = s.prov.as_mut().filter(|_| !s.provisioned) else {
+            return ProvisionStep::Ignored;
+        };
+        let before = (p.stats().restarts, p.challenged());
+        match p.handle_parsed(hdr, payload, now) {
+            None if (p.stats().restarts, p.challenged()) != before => ProvisionStep::Progress,
+            None => {
+                if hdr.msg_type == MsgType::Nack {
+                    s.counters.unauthenticated += 1;
+                }
+                ProvisionStep::Ignored
+            }
+            Some(Outcome::Provisioned { .. }) => {
+                u.provisioned_by(id, spine, now);
+                ProvisionStep::Provisioned
+            }
+            Some(Outcome::Refused(e)) => match spine_refusal(&e) {
+                Some(why) => ProvisionStep::Refused(u.refused_by(id, spine, why, now)),
+                None => {
+                    u.retry_later(id, spine, now);
+                    ProvisionStep::Refused(None)
+                }
+            },
         }
     }
 
@@ -168,10 +291,17 @@ impl Job {
             // An answer to our probe, perhaps (docs/PROTOCOL.md, "Sessions").
             match g.on_challenge(hdr, payload) {
                 ProbeAnswer::NotOurs => {}
-                ProbeAnswer::SameGeneration => s.counters.spoofed_triggers += 1,
+                ProbeAnswer::SameGeneration => {
+                    s.counters.spoofed_triggers += 1;
+                    // A provisioned job watches whether the spine still
+                    // answers its HEARTBEATs (`heartbeat_spines`).
+                    s.probed_alive = s.prov.is_some();
+                }
                 ProbeAnswer::Restarted { .. } => {
+                    // A self-provisioned job provisions again: the
+                    // restarted spine may not have it.
                     s.counters.probed_restarts += 1;
-                    u.start_join(id, spine, now);
+                    u.restart(id, spine, now);
                 }
             }
             return false;
@@ -224,6 +354,7 @@ impl Job {
         }
         let s = &mut u.spines[spine];
         s.refused = None;
+        s.joined_since_provision = true;
         s.joined_gen = Some(hdr.gen);
         s.guard = Some(guard);
         s.result_key = result_key;
@@ -272,11 +403,35 @@ impl Job {
                 ..SpineNack::default()
             };
         }
+        if nack.reason == NackReason::UnknownJob && s.prov.is_some() {
+            // The spine lacks our self-provisioned job (it restarted, or
+            // the job's lease ran out there): provision it again, at once
+            // if the spine had it since the last round, else (it forgot the
+            // job it had just made) as a refusal, a second later.
+            let refused = if s.joined_since_provision {
+                u.start_provision(spine, now);
+                None
+            } else {
+                u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now)
+            };
+            return SpineNack {
+                ours: true,
+                refused,
+                probe: false,
+            };
+        }
         // The worker's table (docs/PROTOCOL.md, "Sessions"); a refusal is
-        // asked again later, as the operator may fix the declaration.
+        // asked again later, as the operator may fix the declaration. A
+        // restart (a stale nonce or generation while joining) provisions a
+        // self-provisioned job again; a rejoin (the spine kept our session:
+        // its NACK is tagged under it) does not.
         let refused = match nack_meaning(nack.reason, joined) {
             NackMeaning::Refused => u.refused_by(id, spine, SpineRefusal::Nack(nack.reason), now),
-            NackMeaning::Restart | NackMeaning::Rejoin => {
+            NackMeaning::Restart => {
+                u.restart(id, spine, now);
+                None
+            }
+            NackMeaning::Rejoin => {
                 u.start_join(id, spine, now);
                 None
             }
@@ -451,13 +606,21 @@ impl Job {
     }
 
     /// The spine's answer to our HEARTBEAT: the leaves its seq waits for.
-    pub(super) fn on_spine_heartbeat(&mut self, spine: usize, hdr: &HeaderRepr, payload: &[u8]) {
+    pub(super) fn on_spine_heartbeat(
+        &mut self,
+        spine: usize,
+        hdr: &HeaderRepr,
+        payload: &[u8],
+        now: Instant,
+    ) {
         let Some(s) = self.uplink.as_mut().and_then(|u| u.spines.get_mut(spine)) else {
             return;
         };
         if s.joined_gen != Some(hdr.gen) {
             return;
         }
+        s.last_answer = Some(now);
+        s.probed_alive = false;
         let leaves = crate::wire::read_u16s(payload, hdr.count.into()).collect();
         s.waiting_for = Some((hdr.seq, leaves));
     }
@@ -487,7 +650,18 @@ impl Job {
     /// spines found silent for [`SPINE_SILENT_AFTER`] and not yet reported,
     /// as a bit set ([`SpineSession::silent_for`](super::uplink::SpineSession::silent_for)
     /// says how long).
+    ///
+    /// A spine that restarted without a self-provisioned job answers
+    /// neither its partials nor its HEARTBEATs: when the last HEARTBEAT to
+    /// it went unanswered, such a leaf probes it too (a HELLO; NACK 1, or a
+    /// CHALLENGE under a new generation, makes it provision again), as a
+    /// worker of a provisioned job does (docs/PROTOCOL.md, "Workers and
+    /// restarts"). When the probe was answered under the session's
+    /// generation and the HEARTBEAT after it goes unanswered too, the spine
+    /// runs but no longer counts the leaf a member (it lost the job and
+    /// another leaf made it again): the leaf provisions again.
     fn heartbeat_spines(&mut self, now: Instant, send: &mut dyn FnMut(SpineAddr, ReplyMsg)) -> u64 {
+        let id = self.config.id;
         let Some(u) = self.uplink.as_mut() else {
             return 0;
         };
@@ -503,6 +677,8 @@ impl Job {
             }
         }
         let mut silent = 0u64;
+        let mut probe = 0u64;
+        let mut lost = 0u64;
         for (spine, s) in u.spines.iter_mut().enumerate() {
             let Some((sent, spine_seq)) = oldest[spine] else {
                 continue;
@@ -512,6 +688,16 @@ impl Job {
                     .is_some_and(|t| now.saturating_duration_since(t) < UP_HEARTBEAT_EVERY)
             {
                 continue;
+            }
+            let unanswered = s
+                .last_heartbeat
+                .is_some_and(|hb| s.last_answer.is_none_or(|a| a < hb));
+            if s.prov.is_some() && unanswered {
+                if s.probed_alive {
+                    lost |= 1 << spine;
+                } else {
+                    probe |= 1 << spine;
+                }
             }
             s.last_heartbeat = Some(now);
             s.counters.heartbeats_sent += 1;
@@ -530,11 +716,23 @@ impl Job {
                 silent |= 1 << spine;
             }
         }
+        for spine in (0..u.spines.len()).filter(|k| lost & (1 << k) != 0) {
+            u.start_provision(spine, now);
+        }
+        for spine in (0..u.spines.len()).filter(|k| probe & (1 << k) != 0) {
+            if u.want_probe(id, spine, now) {
+                let msg = ReplyMsg::UpProbe {
+                    spine: spine as u16,
+                };
+                send(u.cfg.spines[spine], msg);
+            }
+        }
         silent
     }
 
-    /// Everything due by `now`: HELLOs and JOINs to spines not joined,
-    /// partials whose spine has not answered in time.
+    /// Everything due by `now`: PROVISIONs (asks, claims) to spines that
+    /// have not provisioned a self-provisioned job, HELLOs and JOINs to
+    /// spines not joined, partials whose spine has not answered in time.
     /// Calls `send(spine address, message)` for each. Returns the spines
     /// newly found silent (a bit set, see `heartbeat_spines`).
     pub(super) fn up_timeout(
@@ -546,6 +744,23 @@ impl Job {
             return 0;
         };
         for (spine, s) in u.spines.iter_mut().enumerate() {
+            if s.provisioning() {
+                let Some(p) = s.prov.as_mut() else {
+                    continue;
+                };
+                if s.provision_due.is_some_and(|d| d <= now) {
+                    s.provision_due = None;
+                    s.counters.provisions += 1;
+                    p.start(now);
+                }
+                if p.poll_due(now) {
+                    let msg = ReplyMsg::UpProvision {
+                        spine: spine as u16,
+                    };
+                    send(u.cfg.spines[spine], msg);
+                }
+                continue;
+            }
             if s.join_due.is_some_and(|d| d <= now) {
                 let spine = spine as u16;
                 send(

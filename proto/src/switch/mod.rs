@@ -114,6 +114,7 @@ pub use priority::{Priority, PriorityBoard, UnknownPriority};
 pub use reply::{Reply, ReplyMsg, REPLY_QUEUE_CAPACITY};
 pub use tenant::{JobLabel, JobOrigin, TenantConfig, TenantError};
 
+use leaf::ProvisionStep;
 use provisioning::Tenant;
 use ratelimit::{RateLimiter, HELLO_LIMIT, NACK_LIMIT};
 use reply::{Pending, ReplyQueue};
@@ -145,6 +146,10 @@ pub struct TableConfig {
     /// chunk is [`config::max_elems_for`] of it for its dtype, auth and
     /// statistics, as a declared job's default.
     pub max_f32_elems: u16,
+    /// The same for an `auth = "mac"` job, whose tagged RESULT must leave
+    /// from one TX frame: at most [`TableConfig::max_f32_elems`], and at
+    /// most one frame's worth when the sockets are multi-buffer.
+    pub max_f32_elems_mac: u16,
 }
 
 impl TableConfig {
@@ -158,6 +163,7 @@ impl TableConfig {
             seq_lanes: 1,
             // What a 1500-byte MTU carries: fits every port switchd serves.
             max_f32_elems: wire::elems_per_chunk_for_mtu(1500),
+            max_f32_elems_mac: wire::elems_per_chunk_for_mtu(1500),
         }
     }
 }
@@ -648,8 +654,9 @@ pub struct JobTable {
     /// Tenants, in the order added, with their jobs by name
     /// ([`provisioning`]).
     tenants: Vec<Tenant>,
-    /// [`TableConfig::max_f32_elems`].
+    /// [`TableConfig::max_f32_elems`] and [`TableConfig::max_f32_elems_mac`].
     max_f32_elems: u16,
+    max_f32_elems_mac: u16,
 }
 
 fn malformed_index(e: &WireError) -> usize {
@@ -689,6 +696,7 @@ impl JobTable {
             malformed: [0; MALFORMED_KINDS.len()],
             tenants: Vec::new(),
             max_f32_elems: cfg.max_f32_elems,
+            max_f32_elems_mac: cfg.max_f32_elems_mac.min(cfg.max_f32_elems),
         }
     }
 
@@ -1134,6 +1142,7 @@ impl JobTable {
                 | MsgType::Nack
                 | MsgType::Challenge
                 | MsgType::Heartbeat
+                | MsgType::Provisioned
         ) {
             let src = from.source;
             if let Some(spine) = job.uplink().and_then(|u| u.cfg.spine_at(src.ip, src.port)) {
@@ -1414,9 +1423,28 @@ impl JobTable {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return Verdict::Dropped(None);
         };
+        // While a self-provisioned job is provisioned on this spine, its
+        // CHALLENGE, NACK and PROVISIONED answer the leaf's PROVISION.
+        if matches!(
+            hdr.msg_type,
+            MsgType::Challenge | MsgType::Nack | MsgType::Provisioned
+        ) && job.provisioning_on(spine)
+        {
+            return match job.on_spine_provision(spine, hdr, payload, now) {
+                ProvisionStep::Ignored => Verdict::Noted,
+                ProvisionStep::Progress | ProvisionStep::Provisioned => {
+                    self.handle_timeout(now);
+                    Verdict::Noted
+                }
+                ProvisionStep::Refused(why) => {
+                    self.spine_refused(job_id, spine, why);
+                    Verdict::Noted
+                }
+            };
+        }
         match hdr.msg_type {
             MsgType::Heartbeat => {
-                job.on_spine_heartbeat(spine, hdr, payload);
+                job.on_spine_heartbeat(spine, hdr, payload, now);
                 Verdict::Noted
             }
             MsgType::Challenge => {
@@ -1480,13 +1508,14 @@ impl JobTable {
                 }
                 None => Verdict::Dropped(Some(DropReason::Duplicate)),
             },
+            // A copy of a PROVISIONED already taken.
+            MsgType::Provisioned => Verdict::Noted,
             // What only a worker sends (the caller passes none of these).
             MsgType::Data
             | MsgType::Join
             | MsgType::Leave
             | MsgType::Hello
-            | MsgType::Provision
-            | MsgType::Provisioned => Verdict::Dropped(Some(DropReason::UnexpectedType)),
+            | MsgType::Provision => Verdict::Dropped(Some(DropReason::UnexpectedType)),
         }
     }
 
@@ -1633,7 +1662,8 @@ impl JobTable {
             | ReplyMsg::UpJoin { .. }
             | ReplyMsg::UpData { .. }
             | ReplyMsg::UpLeave { .. }
-            | ReplyMsg::UpHeartbeat { .. } => {}
+            | ReplyMsg::UpHeartbeat { .. }
+            | ReplyMsg::UpProvision { .. } => {}
         }
     }
 
@@ -1863,6 +1893,12 @@ impl JobTable {
                     let (c, seq) = job.spine_resume(spine as usize);
                     s.hs.emit_join(c, seq, buf)?
                 };
+                return Some(Encoded { len: n, ce: false });
+            }
+            ReplyMsg::UpProvision { spine } => {
+                let job = self.jobs.get(&r.job)?;
+                let s = job.uplink()?.spines.get(spine as usize)?;
+                let n = s.prov.as_ref()?.emit(buf)?;
                 return Some(Encoded { len: n, ce: false });
             }
             ReplyMsg::UpData { spine, seq, retx } => {

@@ -373,12 +373,11 @@ impl JobTable {
             upstream: c.upstream.clone(),
             stats: shape.stats,
         };
-        cfg.elems_per_chunk = max_elems_for(
-            self.max_f32_elems,
-            cfg.chunk_dtype(),
-            shape.auth,
-            shape.stats,
-        );
+        let f32_elems = match shape.auth {
+            AuthMode::Port => self.max_f32_elems,
+            AuthMode::Mac => self.max_f32_elems_mac,
+        };
+        cfg.elems_per_chunk = max_elems_for(f32_elems, cfg.chunk_dtype(), shape.auth, shape.stats);
         let need = cfg.pool_bytes();
         let refusal = if !c.dtypes.contains(&shape.dtype) {
             Some(over(Quota::Dtype, u64::from(p.dtype), 0, 0))
@@ -426,13 +425,13 @@ impl JobTable {
         cfg.id = id;
         let (budget, in_use) = (self.pool_budget, self.pool_in_use);
         let over_budget = over(Quota::SwitchPoolMemory, need, budget, in_use);
-        let (tenant, lease) = (c.name.clone(), c.lease);
+        let (tenant, lease, key) = (c.name.clone(), c.lease, c.key);
         // The pool is allocated here, under the table's lock, on the slow
         // path: a claim that passed the tenant's MAC and quotas, once per
         // job (a declared job is built outside the lock by switchd; a
         // provisioned one cannot be, since the claim arrives on the data
         // path's slow path, which holds the lock).
-        let r = match self.reserve_unchecked(&cfg, self.max_f32_elems) {
+        let r = match self.reserve_unchecked(&cfg, f32_elems) {
             Ok(r) => r,
             Err(JobConfigError::OverBudget { .. }) => {
                 return self.refuse_quota(hdr, p, from, over_budget);
@@ -450,6 +449,9 @@ impl JobTable {
         };
         let n_workers = job.n_workers();
         job.set_provisioned(tenant, name.clone(), lease, now);
+        // On a leaf (the tenant has an upstream), the job provisions itself
+        // on the spines before it joins them.
+        job.provision_uplink(&key, self.issuer.next_serial());
         self.insert(r, job);
         self.tenants[ti].jobs.insert(name, (id, p.nonce));
         self.counters.provisioned_jobs += 1;

@@ -115,6 +115,12 @@ pub enum ReplyMsg {
         spine: u16,
         seq: u32,
     },
+    /// A self-provisioned leaf job's PROVISION to spine `spine`: the ask or
+    /// claim its provisioner has under way (docs/PROTOCOL.md, "Tenants and
+    /// self-provisioned jobs", Trees).
+    UpProvision {
+        spine: u16,
+    },
 }
 
 impl Reply {
@@ -139,6 +145,7 @@ impl Reply {
                 | ReplyMsg::UpData { .. }
                 | ReplyMsg::UpLeave { .. }
                 | ReplyMsg::UpHeartbeat { .. }
+                | ReplyMsg::UpProvision { .. }
         )
     }
 }

@@ -13,6 +13,13 @@
 //! `Job` (its partials, their timers, the spines' answers), which the table
 //! calls, is in `leaf.rs`.
 //!
+//! A self-provisioned leaf job (its tenant has `[tenant.upstream]`)
+//! provisions the job on each spine before it joins it: per spine a
+//! [`Provisioner`] (the tenant, its key, the job's name, the leaf job's own
+//! id, `n_leaves` workers, f32, auth port, the job's stats and priority),
+//! then the HELLO and JOIN with the derived secret, which is the leaf job's
+//! own (docs/PROTOCOL.md, "Tenants and self-provisioned jobs", Trees).
+//!
 //! Layering: a `Job` holds its [`Uplink`], so `job.rs` names this file,
 //! and this file names nothing of `job.rs`: the methods that need both a
 //! job and its sessions are in `leaf.rs`, above both. (They were here, and
@@ -28,6 +35,18 @@
 //! * A partial stays in its slot until the spine's RESULT replaces it; the
 //!   leaf's floor does not pass it, so its local ranks' window cannot run
 //!   past what the spine has not answered.
+//! * A provisioned job's session with a spine sends a HELLO only after a
+//!   PROVISIONED from that spine ([`SpineSession::provisioned`]); every
+//!   restart of the session but a rejoin of a spine that kept our session
+//!   provisions again ([`Uplink::restart`]). A spine that forgets the job
+//!   it just provisioned (NACK 1 before any JOIN_ACK) is asked again only
+//!   after [`REFUSED_RETRY`], never in a tight loop.
+//! * A provisioned job's session is given up without an authenticated
+//!   word from the spine only when the spine answers a probe under the
+//!   session's generation and still not the HEARTBEATs before and after it:
+//!   the spine lost the job and made it again (removed, or its lease ran
+//!   out there, and another leaf provisioned it) without restarting. A
+//!   forged NACK alone never does it: it only makes the leaf probe.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +56,7 @@ use sha2::Sha256;
 use crate::handshake::{Handshake, JoinParams, SessionGuard};
 use crate::member::config::TransportConfig;
 use crate::member::rtt::RttEstimator;
+use crate::provisioner::{Asker, ProvisionSpec, Provisioner};
 use crate::tag::PacketKey;
 use crate::wire::{
     Nonce, SpineRefusal, SpineSessionState, DTYPE_F32, NONCE_LEN, OP_SUM, SECRET_LEN,
@@ -84,6 +104,13 @@ pub struct SpineSession {
     pub last_heard: Option<Instant>,
     /// When it last sent the spine a HEARTBEAT.
     pub(super) last_heartbeat: Option<Instant>,
+    /// When the spine last answered one (as a member's: under our
+    /// session's generation).
+    pub(super) last_answer: Option<Instant>,
+    /// A probe of this session was answered under its generation since the
+    /// spine last answered a HEARTBEAT: the spine runs on, but (if its
+    /// HEARTBEAT answers stay away) it no longer counts us a member.
+    pub(super) probed_alive: bool,
     /// The spine's last HEARTBEAT answer: its seq and the leaves that seq
     /// waits for.
     pub waiting_for: Option<(u32, Vec<u16>)>,
@@ -94,6 +121,18 @@ pub struct SpineSession {
     pub refused: Option<SpineRefusal>,
     /// What went to and came from this spine.
     pub counters: SpineCounters,
+    /// A self-provisioned job's requester of the job on this spine
+    /// (`None`: a declared job, which the spine has by declaration).
+    pub(super) prov: Option<Provisioner>,
+    /// The spine has the job for this session (its PROVISIONED came, or the
+    /// job is declared): the HELLO may go.
+    pub provisioned: bool,
+    /// When the next provisioning round starts (`None`: none pending).
+    pub(super) provision_due: Option<Instant>,
+    /// A JOIN_ACK came since the last PROVISIONED: the spine knew the job
+    /// then, so a NACK 1 now means it lost it (restarted), and the leaf
+    /// provisions again at once.
+    pub(super) joined_since_provision: bool,
 }
 
 impl SpineSession {
@@ -106,6 +145,12 @@ impl SpineSession {
     /// How long a spine reported silent has been (None: not reported).
     pub fn silent_for(&self, now: Instant) -> Option<Duration> {
         self.silent_since.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// Whether the leaf provisions the job on this spine (a
+    /// self-provisioned job) and has no PROVISIONED for this session yet.
+    pub fn provisioning(&self) -> bool {
+        self.prov.is_some() && !self.provisioned
     }
 
     /// Joined, joining, or refused (and why).
@@ -160,10 +205,16 @@ impl Uplink {
                 attempts: 0,
                 last_heard: None,
                 last_heartbeat: None,
+                last_answer: None,
+                probed_alive: false,
                 waiting_for: None,
                 silent_since: None,
                 refused: None,
                 counters: SpineCounters::default(),
+                prov: None,
+                provisioned: true,
+                provision_due: None,
+                joined_since_provision: false,
             })
             .collect();
         Uplink {
@@ -191,6 +242,82 @@ impl Uplink {
         n
     }
 
+    /// Makes this a self-provisioned job's uplink: before it joins a spine,
+    /// the leaf provisions `spec`'s job there with its own id `job`, as
+    /// worker `leaf_index` of `n_leaves`, f32, from its uplink address.
+    /// `serial` (the table's nonce serial at the job's creation) keeps the
+    /// provisioners' nonces apart from those of an earlier job of the same
+    /// id.
+    pub(super) fn provision_with(&mut self, spec: ProvisionSpec, job: u16, serial: u64) {
+        let asker = Asker {
+            job,
+            rank: self.cfg.leaf_index,
+            n_workers: self.cfg.n_leaves,
+            dtype: DTYPE_F32,
+            op: OP_SUM,
+            ip: self.cfg.local_ip,
+            port: self.cfg.local_port,
+        };
+        for k in 0..self.spines.len() {
+            let Ok(mut m) = <Hmac<Sha256>>::new_from_slice(&self.nonce_key) else {
+                unreachable!("HMAC accepts every key length")
+            };
+            m.update(b"aggswitch v4 uplink provision");
+            m.update(&job.to_be_bytes());
+            m.update(&(k as u32).to_be_bytes());
+            m.update(&serial.to_be_bytes());
+            let mut key = [0u8; 32];
+            key.copy_from_slice(&m.finalize().into_bytes());
+            let s = &mut self.spines[k];
+            s.prov = Some(Provisioner::new(spec.clone(), asker, key));
+            s.provisioned = false;
+        }
+    }
+
+    /// Whether the leaf provisions its job on its spines (a
+    /// self-provisioned job).
+    pub fn is_provisioned_job(&self) -> bool {
+        self.spines.iter().any(|s| s.prov.is_some())
+    }
+
+    /// Starts a session with spine `spine` now: a self-provisioned job
+    /// provisions the job there first ([`Uplink::start_provision`]), a
+    /// declared one joins ([`Uplink::start_join`]).
+    pub(super) fn restart(&mut self, job: u16, spine: usize, now: Instant) {
+        if self.spines[spine].prov.is_some() {
+            self.start_provision(spine, now);
+        } else {
+            self.start_join(job, spine, now);
+        }
+    }
+
+    /// Drops the session with spine `spine` and provisions the job there
+    /// again, now (a round: ask, claim; [`super::JobTable::handle_timeout`]
+    /// sends them).
+    pub(super) fn start_provision(&mut self, spine: usize, now: Instant) {
+        let s = &mut self.spines[spine];
+        if let Some(p) = &mut s.prov {
+            // Answers to the last round count no more.
+            p.stop();
+        }
+        s.provisioned = false;
+        s.joined_gen = None;
+        s.guard = None;
+        s.result_key = None;
+        s.join_due = None;
+        s.probed_alive = false;
+        s.provision_due = Some(now);
+    }
+
+    /// Spine `spine` has the job (its PROVISIONED verified): join it now.
+    pub(super) fn provisioned_by(&mut self, job: u16, spine: usize, now: Instant) {
+        let s = &mut self.spines[spine];
+        s.provisioned = true;
+        s.provision_due = None;
+        s.joined_since_provision = false;
+        self.start_join(job, spine, now);
+    }
+
     /// Starts (or restarts) joining spine `spine` now.
     pub fn start_join(&mut self, job: u16, spine: usize, now: Instant) {
         let attempt = self.spines[spine].attempts + 1;
@@ -198,13 +325,15 @@ impl Uplink {
         let s = &mut self.spines[spine];
         s.attempts = attempt;
         s.hs.restart(nonce);
+        s.probed_alive = false;
         s.joined_gen = None;
         s.guard = None;
         s.result_key = None;
         s.join_due = Some(now);
     }
 
-    /// Spine `spine` refused us for `why`: ask again in [`REFUSED_RETRY`].
+    /// Spine `spine` refused us for `why`: ask again in [`REFUSED_RETRY`]
+    /// (a self-provisioned job provisions again then).
     /// Returns `why` if it is news (not the refusal already recorded).
     pub(super) fn refused_by(
         &mut self,
@@ -213,11 +342,22 @@ impl Uplink {
         why: SpineRefusal,
         now: Instant,
     ) -> Option<SpineRefusal> {
-        self.start_join(job, spine, now);
+        self.retry_later(job, spine, now);
         let s = &mut self.spines[spine];
-        s.join_due = Some(now + REFUSED_RETRY);
-        s.counters.refusals += 1;
         (s.refused.replace(why) != Some(why)).then_some(why)
+    }
+
+    /// Spine `spine` would not have us: drop the session and start it
+    /// again in [`REFUSED_RETRY`]. Counted as a refusal.
+    pub(super) fn retry_later(&mut self, job: u16, spine: usize, now: Instant) {
+        self.restart(job, spine, now);
+        let s = &mut self.spines[spine];
+        if s.prov.is_some() {
+            s.provision_due = Some(now + REFUSED_RETRY);
+        } else {
+            s.join_due = Some(now + REFUSED_RETRY);
+        }
+        s.counters.refusals += 1;
     }
 
     /// Whether to probe spine `spine` now (at most one per

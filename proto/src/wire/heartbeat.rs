@@ -7,7 +7,7 @@
 
 use core::fmt;
 
-use super::codes::NackReason;
+use super::codes::{NackReason, Quota};
 use super::error::{array, check_room, WireError};
 use super::lengths::UPSTREAM_WAIT_LEN;
 
@@ -53,6 +53,43 @@ pub enum SpineRefusal {
     /// The spine's JOIN_ACK names another `stats` (`spine`) than the leaf's
     /// job (docs/PROTOCOL.md, "Gradient statistics").
     StatsDiffer { spine: u8 },
+    /// The spine refused to provision a self-provisioned job for the leaf
+    /// (docs/PROTOCOL.md, "Tenants and self-provisioned jobs", Trees): its
+    /// NACK to the leaf's PROVISION (a quota's is [`SpineRefusal::ProvisionQuota`]).
+    ProvisionRefused(NackReason),
+    /// The spine's tenant refused to provision the job over this quota
+    /// (NACK 11 naming it).
+    ProvisionQuota(Quota),
+}
+
+/// What the operator of a spine can do about quota `q` of its tenant
+/// refusing a tree's job (a leaf asks for `n_leaves` workers, f32, auth
+/// port, the leaf job's id).
+fn spine_quota_advice(q: Quota) -> &'static str {
+    match q {
+        Quota::MaxJobs => {
+            "the spine's tenant has max_jobs jobs already: raise its max_jobs there, or wait \
+             for one of its jobs to end"
+        }
+        Quota::MaxWorkersPerJob => {
+            "raise the spine tenant's max_workers_per_job to at least the tree's n_leaves"
+        }
+        Quota::MaxPoolBytes => {
+            "raise the spine tenant's max_pool_bytes, or wait for one of its jobs to end"
+        }
+        Quota::Dtype => "add \"f32\" to the spine tenant's dtypes (a tree's partials are float32)",
+        Quota::Auth => {
+            "add \"port\" to the spine tenant's auth (trees aggregate with auth = \"port\")"
+        }
+        Quota::Priority => "raise the spine tenant's max_priority to the job's priority",
+        Quota::JobIds => {
+            "the leaf's job id is outside the spine tenant's job_ids or taken there: give the \
+             tenant the same job_ids on every switch of the tree"
+        }
+        Quota::SwitchPoolMemory => {
+            "the spine is full: raise its [switch] pool_memory_mib, or wait for jobs to end"
+        }
+    }
 }
 
 impl fmt::Display for SpineRefusal {
@@ -89,6 +126,30 @@ impl fmt::Display for SpineRefusal {
                  the same stats)",
                 *spine != 0
             ),
+            SpineRefusal::ProvisionRefused(NackReason::UnknownTenant) => f.write_str(
+                "the spine has no tenant of the job's name (declare the tenant, with the same \
+                 key and job_ids, on every switch of the tree)",
+            ),
+            SpineRefusal::ProvisionRefused(NackReason::BadSecret) => f.write_str(
+                "the spine's tenant key differs from the leaf's (give the tenant the same key on \
+                 every switch of the tree)",
+            ),
+            SpineRefusal::ProvisionRefused(NackReason::SourceNotAllowed) => f.write_str(
+                "the spine's tenant allowed_sources do not include the leaf's uplink address",
+            ),
+            SpineRefusal::ProvisionRefused(NackReason::ParametersDiffer) => f.write_str(
+                "the spine has a job of that name with another shape or id (give the tenant the \
+                 same job_ids on every switch of the tree, and every leaf the same n_leaves)",
+            ),
+            SpineRefusal::ProvisionRefused(r) => {
+                write!(f, "the spine refused to provision the job: {r}")
+            }
+            SpineRefusal::ProvisionQuota(q) => write!(
+                f,
+                "the spine refused to provision the job over its tenant's quota {} (NACK 11): {}",
+                q.key(),
+                spine_quota_advice(*q)
+            ),
         }
     }
 }
@@ -102,10 +163,17 @@ const AUTH_DIFFERS: u16 = 0x4000;
 /// `reason` of a refusal for a spine job whose `stats` differs: this, plus
 /// the spine's `stats` byte (0 or 1).
 const STATS_DIFFER: u16 = 0x4100;
+/// `reason` of a spine's refusal to provision the job: this, or-ed with
+/// its NACK reason.
+const PROVISION_REFUSED: u16 = 0x4200;
+/// `reason` of a spine's refusal to provision the job over a quota (NACK
+/// 11): this, or-ed with the quota ([`Quota`], its `detail`).
+const PROVISION_QUOTA: u16 = 0x4300;
 
 impl SpineSessionState {
     /// (state, reason) as on the wire: state 0 joined, 1 joining, 2
-    /// refused; reason a NACK reason, or [`ELEMS_DIFFER`] | elements.
+    /// refused; reason a NACK reason, or [`ELEMS_DIFFER`] | elements, or
+    /// one of the other codes above.
     fn codes(self) -> (u16, u16) {
         match self {
             SpineSessionState::Joined => (0, 0),
@@ -118,6 +186,12 @@ impl SpineSessionState {
             SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine }) => {
                 (2, STATS_DIFFER | u16::from(spine & 1))
             }
+            SpineSessionState::Refused(SpineRefusal::ProvisionRefused(r)) => {
+                (2, PROVISION_REFUSED | (r as u16 & 0xff))
+            }
+            SpineSessionState::Refused(SpineRefusal::ProvisionQuota(q)) => {
+                (2, PROVISION_QUOTA | (q as u16 & 0xff))
+            }
         }
     }
 
@@ -128,6 +202,10 @@ impl SpineSessionState {
             Some(SpineRefusal::StatsDiffer {
                 spine: (reason & 1) as u8,
             })
+        } else if reason & 0xff00 == PROVISION_REFUSED {
+            NackReason::from_u16(reason & 0xff).map(SpineRefusal::ProvisionRefused)
+        } else if reason & 0xff00 == PROVISION_QUOTA {
+            Quota::from_u16(reason & 0xff).map(SpineRefusal::ProvisionQuota)
         } else if reason & ELEMS_DIFFER != 0 {
             Some(SpineRefusal::ElemsDiffer {
                 spine: reason & !ELEMS_DIFFER,

@@ -463,6 +463,10 @@ fn upstream_wait_fixture_round_trips() {
         SpineSessionState::Refused(SpineRefusal::AuthDiffers),
         SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 0 }),
         SpineSessionState::Refused(SpineRefusal::StatsDiffer { spine: 1 }),
+        SpineSessionState::Refused(SpineRefusal::ProvisionRefused(NackReason::UnknownTenant)),
+        SpineSessionState::Refused(SpineRefusal::ProvisionRefused(NackReason::BadSecret)),
+        SpineSessionState::Refused(SpineRefusal::ProvisionQuota(Quota::MaxWorkersPerJob)),
+        SpineSessionState::Refused(SpineRefusal::ProvisionQuota(Quota::SwitchPoolMemory)),
     ] {
         let mut b = [0u8; UPSTREAM_WAIT_LEN];
         UpstreamWaitPayload {
@@ -486,4 +490,40 @@ fn upstream_wait_fixture_round_trips() {
         })
     ));
     assert!(UpstreamWaitPayload::parse(&[0; 15]).is_err());
+}
+
+/// A spine's refusal to provision a tree's job (docs/PROTOCOL.md,
+/// "Aggregation trees", Stalls): reason 0x4200 | its NACK reason, 0x4300 |
+/// the quota of a NACK 11; an unknown NACK reason or quota reads as
+/// joining, never as another refusal.
+#[test]
+fn provisioning_refusal_codes_of_a_spine_block() {
+    let block = |state: u16, reason: u16| {
+        let mut b = [0u8; UPSTREAM_WAIT_LEN];
+        b[12..14].copy_from_slice(&state.to_be_bytes());
+        b[14..16].copy_from_slice(&reason.to_be_bytes());
+        UpstreamWaitPayload::parse(&b).unwrap().session
+    };
+    assert_eq!(
+        block(2, 0x420c),
+        SpineSessionState::Refused(SpineRefusal::ProvisionRefused(NackReason::UnknownTenant))
+    );
+    assert_eq!(
+        block(2, 0x4302),
+        SpineSessionState::Refused(SpineRefusal::ProvisionQuota(Quota::MaxWorkersPerJob))
+    );
+    for unknown in [0x4200, 0x42ff, 0x4300, 0x4309, 0x43ff] {
+        assert_eq!(
+            block(2, unknown),
+            SpineSessionState::Joining,
+            "{unknown:#x}"
+        );
+    }
+    let q = SpineRefusal::ProvisionQuota(Quota::MaxWorkersPerJob).to_string();
+    assert!(
+        q.contains("max_workers_per_job") && q.contains("n_leaves"),
+        "{q}"
+    );
+    let t = SpineRefusal::ProvisionRefused(NackReason::UnknownTenant).to_string();
+    assert!(t.contains("tenant"), "{t}");
 }

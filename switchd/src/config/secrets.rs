@@ -16,18 +16,20 @@ use super::file::Config;
 /// Why 32 bytes are guessed at once: every byte the same (all zeros
 /// included), or bytes counting up or down by one (`00 01 02 …`).
 fn weakness(b: &[u8; SECRET_LEN]) -> Option<String> {
-    if proto::secret::is_weak(b) {
-        return Some(format!("every byte is {:#04x}", b[0]));
+    if !proto::secret::is_weak(b) {
+        return None;
     }
+    // `is_weak` is the rule; this only words which pattern it is.
     let steps = |d: u8| b.windows(2).all(|w| w[1] == w[0].wrapping_add(d));
-    if steps(1) || steps(u8::MAX) {
-        return Some(format!(
+    Some(if steps(0) {
+        format!("every byte is {:#04x}", b[0])
+    } else {
+        format!(
             "its bytes count {} from {:#04x}",
             if steps(1) { "up" } else { "down" },
             b[0]
-        ));
-    }
-    None
+        )
+    })
 }
 
 /// 64 hex digits of `what` ("secret", "tenant key"), refusing a weak one.

@@ -836,3 +836,39 @@ fn a_tenant_with_an_upstream_makes_leaf_jobs() {
     let e = t.add_tenant(c).unwrap_err();
     assert!(e.to_string().contains("[switch] uplink"), "{e}");
 }
+
+/// On jumbo ports (multi-buffer sockets), a provisioned `auth = "mac"`
+/// job's chunk is one frame's worth, as a declared one's: its tagged
+/// RESULT leaves from one TX frame. A port job gets the whole MTU.
+#[test]
+fn a_mac_job_s_chunk_fits_one_frame_on_jumbo_ports() {
+    let mut cfg = TableConfig::new(GEN, [0x42; 32]);
+    cfg.max_f32_elems = crate::wire::elems_per_chunk_for_mtu(9000);
+    cfg.max_f32_elems_mac = 940;
+    let mut t = JobTable::new(cfg, t0());
+    t.add_tenant(tenant("vision", KEY_A, (1000, 1999))).unwrap();
+    let port = provision(&mut t, &want("big", 2)).unwrap().0;
+    let mac = provision(
+        &mut t,
+        &Want {
+            auth: AuthMode::Mac,
+            ..want("tagged", 2)
+        },
+    )
+    .unwrap()
+    .0;
+    let elems = |id| t.get(id).unwrap().config.elems_per_chunk;
+    assert_eq!(
+        elems(port),
+        crate::switch::config::max_elems_for(
+            crate::wire::elems_per_chunk_for_mtu(9000),
+            Dtype::F32,
+            AuthMode::Port,
+            false
+        )
+    );
+    assert_eq!(
+        elems(mac),
+        crate::switch::config::max_elems_for(940, Dtype::F32, AuthMode::Mac, false)
+    );
+}
