@@ -42,7 +42,8 @@
 #              installed and fuzz/ exists
 # The e2e stage includes the PyTorch DDP and FSDP runs (tests/tests/
 # torch_ddp.rs, torch_fsdp.rs, torch_fallback.rs: switchd killed or stopped
-# mid-run, torch_tree_fallback.rs: a tree's spine killed), which use the
+# mid-run, torch_tree_fallback.rs: a tree's spine killed, torch_tenants.rs:
+# DDP by a tenant's variables only), which use the
 # venv's python and the package the python stage built.
 # --quick skips e2e, fuzz and the package demo. Without root, e2e is skipped with a message,
 # except under CI=true, where not being root is an error. A failing stage

@@ -4,7 +4,7 @@
 //! or value switchd would refuse fails the test where it is set, with
 //! switchd's message.
 //!
-//! Owns: [`SwitchConfig`] (a `[switch]` section and its jobs, one summary
+//! Owns: [`SwitchConfig`] (a `[switch]` section, its jobs and tenants, one summary
 //! line a second), [`Job`] (the tests' secret), and the aggregation trees'
 //! configs ([`spine_config`], [`leaf_config`]). Ports and addresses come
 //! from the testbed ([`SwitchConfig::for_testbed`], [`LeafSpine`]'s
@@ -13,7 +13,7 @@
 use std::fmt::Display;
 use std::net::Ipv4Addr;
 
-use switchd::config_builder::{ConfigBuilder, JobBuilder};
+use switchd::config_builder::{ConfigBuilder, JobBuilder, TenantBuilder};
 
 use crate::{LeafSpine, Testbed, AGG_PORT, SECRET};
 
@@ -73,6 +73,11 @@ impl SwitchConfig {
 
     pub fn job(self, job: Job) -> SwitchConfig {
         SwitchConfig(self.0.job(job.0))
+    }
+
+    /// A `[[tenant]]` (`crate::tenants::tenant` makes one from a key file).
+    pub fn tenant(self, tenant: TenantBuilder) -> SwitchConfig {
+        SwitchConfig(self.0.tenant(tenant))
     }
 
     /// Sets `key` of every job (trees: the one job of a spine or leaf).

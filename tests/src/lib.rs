@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 pub mod config;
 pub mod env;
+pub mod tenants;
 pub mod torch;
 
 pub use config::{leaf_config, spine_config, Job, SwitchConfig, UPLINK_PORT};

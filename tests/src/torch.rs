@@ -90,7 +90,9 @@ pub struct Run {
     pub master_port: u16,
     /// Also a file-name tag, unique per run in a test.
     pub tag: String,
-    /// Added to (and overriding) the ranks' environment.
+    /// Added to (and overriding) the ranks' environment; a variable given
+    /// an empty value is removed instead (e.g. `AGGSWITCH_JOB` and
+    /// `AGGSWITCH_SECRET` for a run that names its job by tenant).
     pub env: Vec<(&'static str, String)>,
 }
 
@@ -300,10 +302,18 @@ impl Ranks {
                     .env("AGGSWITCH_JOB", "1")
                     .env("AGGSWITCH_SECRET", SECRET)
                     .envs(env)
-                    .envs(run.env.iter().map(|(k, v)| (k, v)))
+                    .envs(
+                        run.env
+                            .iter()
+                            .filter(|(_, v)| !v.is_empty())
+                            .map(|(k, v)| (k, v)),
+                    )
                     .stdin(Stdio::null())
                     .stdout(std::fs::File::create(&stdout).unwrap())
                     .stderr(std::fs::File::create(&stderr).unwrap());
+                for (k, _) in run.env.iter().filter(|(_, v)| v.is_empty()) {
+                    cmd.env_remove(k);
+                }
                 let child = cmd
                     .spawn()
                     .unwrap_or_else(|e| panic!("starting {}: {e}", run.script));

@@ -88,6 +88,9 @@ const KERNEL_STATS_EVERY: Duration = Duration::from_secs(1);
 
 /// How often thread 0 runs the table's timers (a leaf's resends to spines).
 const TIMER_EVERY: Duration = Duration::from_millis(1);
+/// How often thread 0 runs them on a switch without an uplink, where only
+/// provisioned jobs' idle leases (whole seconds) are due.
+const LEASE_TIMER_EVERY: Duration = Duration::from_millis(100);
 /// Room for the largest datagram on the uplink.
 const UPLINK_DATAGRAM_MAX: usize = 9216;
 
@@ -440,8 +443,12 @@ impl DataplaneThread {
         // store at most every 100 µs) per batch, never per frame.
         tx::drain_outbox(self, now);
         let mut got = 0;
-        if self.idx == 0 && shared.uplink.is_some() {
-            got += self.uplink_round(now);
+        if self.idx == 0 {
+            if shared.uplink.is_some() {
+                got += self.uplink_round(now);
+            } else {
+                self.timers_round(now);
+            }
         }
         for i in 0..self.rxs.len() {
             let (p, q) = (self.rxs[i].port_idx, self.rxs[i].queue);
@@ -470,6 +477,21 @@ impl DataplaneThread {
         self.fault.after_frame(self.counters.rx_frames, false);
         self.flush_all();
         got
+    }
+
+    /// Thread 0 on a switch without an uplink: the table's timers every
+    /// [`LEASE_TIMER_EVERY`], so that a provisioned job whose ranks went
+    /// silent ends with its lease (docs/PROTOCOL.md, "Leases") even when no
+    /// frame arrives (the sleep in poll(2) is bounded by [`IDLE_WAIT_MS`]).
+    fn timers_round(&mut self, now: Instant) {
+        if now.duration_since(self.last_timers) < LEASE_TIMER_EVERY {
+            return;
+        }
+        self.last_timers = now;
+        let shared = self.shared.clone();
+        let mut batch = shared.switch.batch(self.idx, now);
+        let mut out = tx::Out::new(&shared, &mut self.txs, &mut self.counters);
+        batch.on_timeout(&mut out);
     }
 
     /// Thread 0 on a leaf: datagrams from the spines into the table, and
