@@ -59,7 +59,7 @@ fn reason_name(r: NackReason) -> &'static str {
 fn map_err(py: Python<'_>, e: WorkerError) -> PyErr {
     let msg = e.to_string();
     match e {
-        WorkerError::Provision { source, .. } => match (source.quota(), source.reason()) {
+        WorkerError::Provision { refusal, .. } => match (refusal.quota(), refusal.reason()) {
             (Some(q), _) => py_error(
                 py,
                 "QuotaError",

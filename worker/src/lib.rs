@@ -27,7 +27,7 @@
 //! "Tenants and self-provisioned jobs"): the session provisions the job by
 //! tenant and name before it joins, and again after the switch forgot it;
 //! [`Worker::job`] is the id the switch gave, and a refusal is
-//! [`WorkerError::Provision`] (its `source.quota()` names a quota hit).
+//! [`WorkerError::Provision`] (its `refusal.quota()` names a quota hit).
 //! Such a job ends after its lease without traffic: a caller idle between
 //! collectives for longer runs [`Worker::keepalive`] every
 //! [`Worker::keepalive_interval`] (it never blocks; a session lost
@@ -273,9 +273,11 @@ fn length_rule(call: &str, input: usize, n: u16) -> String {
 /// Errors of the worker library.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    /// The switch refused to provision the job (a quota: `source.quota()`).
-    #[error("rank {rank}: {source}")]
-    Provision { rank: u16, source: ProvisionError },
+    /// The switch refused to provision the job (a quota: `refusal.quota()`).
+    /// Not an error `source`: the message already says it, and a chain
+    /// printer (anyhow's `{:#}`) would say it twice.
+    #[error("rank {rank}: {refusal}")]
+    Provision { rank: u16, refusal: ProvisionError },
     #[error(
         "job {job} rank {rank}: the switch forgot the provisioned job {rounds} times in a row \
          before this rank could join it: check that no one removes it (switchctl jobs) and \
@@ -934,7 +936,7 @@ impl Worker {
                 switch: self.cfg.switch,
                 waited,
             },
-            SessionError::Provision(source) => WorkerError::Provision { rank, source },
+            SessionError::Provision(refusal) => WorkerError::Provision { rank, refusal },
             SessionError::ProvisionedJobVanishes { rounds } => {
                 WorkerError::ProvisionedJobVanishes { job, rank, rounds }
             }

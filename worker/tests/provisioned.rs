@@ -122,7 +122,7 @@ fn the_quota_and_a_wrong_key_are_typed_refusals() {
         .err()
         .expect("over quota");
     match &err {
-        WorkerError::Provision { source, .. } => assert_eq!(source.quota(), Some(Quota::MaxJobs)),
+        WorkerError::Provision { refusal, .. } => assert_eq!(refusal.quota(), Some(Quota::MaxJobs)),
         e => panic!("{e}"),
     }
     let msg = err.to_string();
@@ -138,13 +138,16 @@ fn the_quota_and_a_wrong_key_are_typed_refusals() {
         matches!(
             err,
             WorkerError::Provision {
-                source: ProvisionError::BadKey(_),
+                refusal: ProvisionError::BadKey(_),
                 ..
             }
         ),
         "{err}"
     );
     assert!(err.to_string().contains("--tenant-key-file"), "{err}");
+    // The CLI prints errors with their chain (anyhow's `{:#}`): said once.
+    let chained = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(chained.matches("NACK 2").count(), 1, "{chained}");
     // The probe of a provisioned job: an ask, answered with a CHALLENGE.
     let got = probe_switch(&config(&sw, KEY, "third", 0, 1), Duration::from_secs(2)).unwrap();
     assert!(matches!(got, SwitchAnswer::Alive { .. }), "{got:?}");

@@ -377,12 +377,35 @@ impl std::fmt::Display for Refusal {
                 wire::VERSION
             ),
             Refusal::Quota(q) => write!(f, "PROVISION refused, over a quota: {q}"),
-            Refusal::Provision(label, r) => write!(
-                f,
-                "PROVISION of tenant {}'s job {} refused: {r}",
-                label.tenant_str(),
-                label.job_str()
-            ),
+            Refusal::Provision(label, r) => {
+                write!(
+                    f,
+                    "PROVISION of tenant {}'s job {} refused: ",
+                    label.tenant_str(),
+                    label.job_str()
+                )?;
+                // The NACK reasons' own texts speak of JOINs and job
+                // secrets; a claim is checked against the tenant's key.
+                match r {
+                    NackReason::BadSecret => f.write_str(
+                        "the claim's MAC does not verify under the tenant's key (the worker's \
+                         tenant key file differs from the switch's key_file, or a host without \
+                         the key is guessing)",
+                    ),
+                    NackReason::StaleNonce => f.write_str(
+                        "stale, forged or replayed nonce (a claim from before the tenant's \
+                         last job ended is a replay)",
+                    ),
+                    NackReason::SourceNotAllowed => f.write_str(
+                        "source address not allowed (add it to the tenant's allowed_sources)",
+                    ),
+                    NackReason::ParametersDiffer => f.write_str(
+                        "a job of that name exists with another shape or id (n_workers, \
+                         dtype, auth, stats, priority)",
+                    ),
+                    r => write!(f, "{r}"),
+                }
+            }
         }
     }
 }
@@ -1327,9 +1350,12 @@ impl JobTable {
             return Verdict::Dropped(None);
         };
         let resets = job.ctl.resets;
+        let repeats = job.ctl.join_repeats;
         let job_dtype = job.config.dtype;
         let job_n = job.n_workers();
         let outcome = job.on_join(hdr, &join, from, &cx);
+        // A waiting rank resends its JOIN every 200 ms: said once, not per copy.
+        let repeat = job.ctl.join_repeats != repeats;
         if matches!(
             outcome,
             JoinOutcome::Activated | JoinOutcome::Waiting | JoinOutcome::AckAgain
@@ -1384,7 +1410,7 @@ impl JobTable {
                 }
             }
             JoinOutcome::Waiting => {
-                if !reset && joined > 0 {
+                if !reset && !repeat && joined > 0 {
                     self.event(Event::RankJoined {
                         job: job_id,
                         rank,

@@ -1251,3 +1251,25 @@ fn mac_state_fits_what_the_budget_charges() {
     assert!(extra >= want, "charged {extra} bytes for {want}");
 }
 mod portbind;
+
+/// A rank waiting for the others resends its JOIN every 200 ms: the log
+/// hears "rank joined" once, not once per copy.
+#[test]
+fn a_waiting_rank_s_resent_join_is_logged_once() {
+    let mut t = table();
+    t.add(config(2, 8, 64), 1000).unwrap();
+    let (v, j) = join_full(&mut t, 0, endpoint(0), SECRET, (0, 0), t0());
+    assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    for k in 1..=10u64 {
+        let now = t0() + Duration::from_millis(200 * k);
+        let v = t.handle(&j, endpoint(0), false, now);
+        assert_eq!(v, Verdict::Join(JoinOutcome::Waiting));
+    }
+    let mut joined = 0;
+    while let Some(e) = t.poll_event() {
+        if matches!(e, Event::RankJoined { .. }) {
+            joined += 1;
+        }
+    }
+    assert_eq!(joined, 1);
+}

@@ -515,6 +515,15 @@ fn a_wrong_key_creates_nothing_and_costs_no_state() {
         claim_bytes(&mut t, &w, &f, nonce, endpoint(0), t0()),
         Err((NackReason::BadSecret, 0))
     );
+    // The log's sample speaks of the tenant's key, not of a JOIN's secret.
+    let sample = t.last_refusal(NackReason::BadSecret as usize).unwrap();
+    let said = sample.why.to_string();
+    assert!(said.contains("tenant vision's job run-1"), "{said}");
+    assert!(
+        said.contains("does not verify under the tenant's key"),
+        "{said}"
+    );
+    assert!(!said.contains("JOIN"), "{said}");
     // 10 000 more, each its own (name, source port), over time so the
     // rate limit lets them through.
     for i in 0..10_000u32 {
