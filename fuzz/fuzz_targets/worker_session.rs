@@ -8,7 +8,8 @@
 //! Asserts: nothing panics; a datagram that did not come from the table
 //! (arbitrary bytes, a flipped copy) never joins the member, and it ends,
 //! resets or refuses it (Rejoining, Failed) only if it echoes a nonce the
-//! member sent (which an off-path stranger cannot know); a RESULT event's
+//! member sent, its HELLO's or its JOIN's (which an off-path stranger
+//! cannot know); a RESULT event's
 //! values lie inside the datagram and are exactly `count` elements (none
 //! with NOVAL), under the session's generation, and a fresh chunk's go
 //! inside the collective's output; the window is within 1..=S and never
@@ -29,7 +30,8 @@ use proto::session::SessionConfig;
 use proto::switch::{Endpoint, Ipv4Prefix, JobConfig, JobTable, Source, TableConfig};
 use proto::tag::{AuthMode, TAG_LEN};
 use proto::wire::{
-    Dtype, Header, HeaderRepr, HelloPayload, MsgType, Nonce, HEADER_LEN, NONCE_LEN, OP_SUM,
+    Dtype, Header, HeaderRepr, HelloPayload, JoinPayload, MsgType, Nonce, HEADER_LEN, NONCE_LEN,
+    OP_SUM,
 };
 
 const JOB: u16 = 1;
@@ -149,8 +151,15 @@ impl World {
     fn send_all(&mut self) {
         while let Some(t) = self.m.poll_control(self.now) {
             assert!(!self.m.session().is_failed(), "a failed member sent {t:?}");
+            // The nonces a refusal may echo: a HELLO's own, and the switch
+            // nonce a JOIN carries (docs/PROTOCOL.md: a NACK echoes the
+            // nonce of the HELLO or JOIN it refuses).
             if t.msg_type == MsgType::Hello {
                 let p = HelloPayload::parse(&t.bytes()[HEADER_LEN..]).unwrap();
+                self.sent.push(p.nonce);
+            }
+            if t.msg_type == MsgType::Join {
+                let p = JoinPayload::parse(&t.bytes()[HEADER_LEN..]).unwrap();
                 self.sent.push(p.nonce);
             }
             self.table.handle(t.bytes(), endpoint(0), false, self.now);
@@ -242,7 +251,9 @@ impl World {
             }
             Some(Event::Stalled { .. }) => panic!("handle() reported a stall"),
             // A declared job's member never provisions.
-            Some(Event::Provisioned { .. }) => panic!("a declared job's member provisioned: {ev:?}"),
+            Some(Event::Provisioned { .. }) => {
+                panic!("a declared job's member provisioned: {ev:?}")
+            }
         }
         self.check_window();
     }
