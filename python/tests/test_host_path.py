@@ -6,6 +6,7 @@ still those bits. The 4-rank runs through switchd are
 tests/tests/torch_fallback.rs."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -118,17 +119,25 @@ def test_a_switch_that_dies_mid_run_is_left_for_the_hosts_and_rejoined(switch):
     kill, restart, restarted = _CTX.Event(), _CTX.Event(), _CTX.Event()
     revived = []
 
+    probe_interval = 0.5
+
     def operator():
         kill.wait(120)
         sw.close()
         restart.wait(120)
         revived.append(aggswitch.LoopbackSwitch(job=1, world_size=WORLD, secret=SECRET, port=port, dtype=dtype))
+        # Every rank waits at step 12 while its prober thread goes on: let
+        # each see the new switch answer (a probe against the dead one takes
+        # up to its 1 s timeout, then probe_interval) before the ranks go
+        # on. Without this, the 12 remaining steps on the hosts could end
+        # before any prober looked, and no rank would come back.
+        time.sleep(2 * (1.0 + probe_interval) + 0.5)
         restarted.set()
 
     t = threading.Thread(target=operator, daemon=True)
     t.start()
     gate = [(4, kill, None), (12, restart, restarted)]
-    got, ranks = _run(address, "switch", dtype, steps, gate, stall_timeout=1.0, probe_interval=0.5)
+    got, ranks = _run(address, "switch", dtype, steps, gate, stall_timeout=1.0, probe_interval=probe_interval)
     t.join(10)
     for r in revived:
         r.close()

@@ -199,6 +199,11 @@ def test_a_provisioned_job_falls_back_to_the_hosts_and_provisions_again_to_retur
         restart.wait(120)
         revived.append(aggswitch.LoopbackSwitch(job=1, world_size=2, secret=SECRET, port=port, tenant="vision",
                                                 tenant_key=KEY))
+        # As in test_host_path: the ranks wait at step 12 until every
+        # prober (a probe of the dead switch takes its 1 s timeout, then
+        # 0.5 s) has seen the new switch, so the return does not race the
+        # last steps.
+        time.sleep(2 * (1.0 + 0.5) + 0.5)
         restarted.set()
 
     t = threading.Thread(target=operator, daemon=True)
