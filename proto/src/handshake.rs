@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, JoinClaim};
-use crate::provisioner::ProvisionSpec;
+use crate::provisioner::{Asker, ProvisionSpec};
 use crate::tag::{self, AuthMode, PacketKey};
 use crate::wire::{
     seq_lanes_from_wire, ChallengePayload, HeaderRepr, HelloPayload, JoinAckPayload, JoinPayload,
@@ -48,6 +48,22 @@ pub struct JoinParams {
     /// the id and derived secret the switch's PROVISIONED gives (`job` and
     /// `secret` above are replaced then); `None` for a declared job.
     pub provision: Option<ProvisionSpec>,
+}
+
+impl JoinParams {
+    /// What a worker's PROVISION says besides the names: its shape and
+    /// address, and job 0 (the switch picks the id).
+    pub fn asker(&self) -> Asker {
+        Asker {
+            job: 0,
+            rank: self.rank,
+            n_workers: self.n_workers,
+            dtype: self.dtype,
+            op: self.op,
+            ip: self.ip,
+            port: self.port,
+        }
+    }
 }
 
 impl std::fmt::Debug for JoinParams {

@@ -77,7 +77,7 @@ pub use crate::handshake::PROBE_EVERY;
 use crate::handshake::{
     ChallengeError, Handshake, JoinAckError, JoinParams, ProbeAnswer, SessionGuard,
 };
-use crate::provisioner::{Asker, Outcome, ProvisionError, Provisioner};
+use crate::provisioner::{Outcome, ProvisionError, Provisioner};
 use crate::stats::{GradStats, STATS_LEN};
 use crate::tag::{AuthMode, PacketKey, Tag};
 use crate::wire::{
@@ -439,16 +439,7 @@ impl WorkerSession {
             last_seq: 0,
         };
         if let Some(spec) = s.hs.params().provision.clone() {
-            let p = s.hs.params();
-            let asker = Asker {
-                job: 0,
-                rank: p.rank,
-                n_workers: p.n_workers,
-                dtype: p.dtype,
-                op: p.op,
-                ip: p.ip,
-                port: p.port,
-            };
+            let asker = s.hs.params().asker();
             // The provisioner's nonces derive from two of ours.
             let mut key = [0u8; 32];
             key[..NONCE_LEN].copy_from_slice(&s.fresh_nonce());

@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use proto::handshake::Handshake;
-use proto::provisioner::{Asker, Outcome, Provisioner, PROVISION_LEN};
+use proto::provisioner::{Outcome, Provisioner, PROVISION_LEN};
 use proto::wire::{Header, HeaderRepr, MsgType, NackPayload, NackReason};
 
 use crate::{io_err, wait_readable, WorkerConfig, WorkerError};
@@ -109,17 +109,9 @@ fn probe_provisioned(
     timeout: Duration,
 ) -> Result<SwitchAnswer, WorkerError> {
     let p = crate::join_params(cfg, sock)?;
+    let asker = p.asker();
     let Some(spec) = p.provision else {
         return Ok(SwitchAnswer::Silent);
-    };
-    let asker = Asker {
-        job: 0,
-        rank: p.rank,
-        n_workers: p.n_workers,
-        dtype: p.dtype,
-        op: p.op,
-        ip: p.ip,
-        port: p.port,
     };
     let mut prov = Provisioner::new(spec, asker, rand::random());
     let start = Instant::now();
