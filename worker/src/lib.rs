@@ -100,6 +100,13 @@ pub struct WorkerConfig {
     /// secret the switch gives (`job` and `secret` are replaced then).
     /// `None`: a declared job, `job` and `secret` as given.
     pub provision: Option<ProvisionSpec>,
+    /// Threads that carry one collective (docs/design/worker-threads.md):
+    /// 0 picks them per collective from the tensor's size and the cores
+    /// this process may use ([`auto_threads`]); 1 is one thread and one
+    /// socket, as before lane replies existed. More than one needs a
+    /// switch with seq lanes that grants lane replies; T is clamped to its
+    /// lanes (a power of two).
+    pub threads: usize,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -112,6 +119,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("dtype", &self.dtype)
             .field("secret", &"<redacted>")
             .field("provision", &self.provision)
+            .field("threads", &self.threads)
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +145,7 @@ impl WorkerConfig {
             join_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(5),
             provision: None,
+            threads: 0,
         }
     }
 

@@ -210,6 +210,12 @@ struct AllreduceArgs {
     /// (udp-gso when the kernel takes it, else mmsg).
     #[arg(long, default_value = "auto", value_name = "auto|mmsg|udp-gso")]
     transport: TransportKind,
+    /// Threads that carry each collective, each with its own socket,
+    /// window and share of the chunks: `auto` picks them from the tensor's
+    /// size and the cores this process may use; more than 1 needs a switch
+    /// with `seq_lanes` ≥ T (docs/design/worker-threads.md).
+    #[arg(long, default_value = "auto", value_name = "auto|T", value_parser = parse_threads)]
+    threads: usize,
     /// Disable the DCTCP window reaction to ECE.
     #[arg(long)]
     no_congestion_control: bool,
@@ -221,6 +227,19 @@ struct AllreduceArgs {
     /// advertises (to exercise the switch's window enforcement).
     #[arg(long, hide = true)]
     window_override: Option<u16>,
+}
+
+/// `--threads`: `auto` (0) or a count in 1..=64.
+fn parse_threads(s: &str) -> Result<usize, String> {
+    if s == "auto" {
+        return Ok(0);
+    }
+    match s.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a thread count: give `auto` or a number from 1 to 64"
+        )),
+    }
 }
 
 /// The job secret from exactly one of --secret-file, AGGSWITCH_SECRET and
@@ -780,6 +799,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         (a.delay_target > 0.0).then(|| Duration::from_secs_f64(a.delay_target / 1e3));
     cfg.transport.window_override = a.window_override;
     cfg.transport_kind = a.transport;
+    cfg.threads = a.threads;
     let (rank, n) = (cfg.rank, cfg.n_workers);
     let label = job_label(&a.job.target);
     let kind = a.collective.kind();
@@ -1166,6 +1186,20 @@ mod tests {
         match Cli::try_parse_from(argv)?.cmd {
             Cmd::Allreduce(a) => Ok(a),
             Cmd::Join(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn threads_flag_takes_auto_or_a_count_and_refuses_the_rest() {
+        assert_eq!(allreduce_args(&[]).unwrap().threads, 0);
+        assert_eq!(allreduce_args(&["--threads", "auto"]).unwrap().threads, 0);
+        assert_eq!(allreduce_args(&["--threads", "4"]).unwrap().threads, 4);
+        for bad in ["0", "65", "two"] {
+            let e = allreduce_args(&["--threads", bad])
+                .err()
+                .unwrap_or_else(|| panic!("--threads {bad} is refused"))
+                .to_string();
+            assert!(e.contains("`auto` or a number from 1 to 64"), "{e}");
         }
     }
 
