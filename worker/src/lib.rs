@@ -53,16 +53,17 @@ pub mod gso;
 pub mod loopback;
 pub mod mmsg;
 pub mod probe;
+pub mod threads;
 
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, JoinParams};
 pub use proto::member::SpineWait;
-use proto::member::{Event as MemberEvent, Member, ResultOutcome, Shape, TransportConfig, Waiting};
+use proto::member::{Event as MemberEvent, Member, Shape, TransportConfig, Waiting};
 pub use proto::provisioner::{ProvisionError, ProvisionSpec};
 use proto::seq::serial_offset;
 use proto::session::{Lost, SessionConfig, SessionError};
@@ -73,6 +74,7 @@ use proto::wire::{Dtype, MsgType, NackReason, OP_SUM, SECRET_LEN};
 
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
+use crate::threads::{Lane, LaneJob, LaneSockets, Output, Progress};
 
 /// How to reach the switch and which job to join.
 #[derive(Clone)]
@@ -525,6 +527,18 @@ enum Event {
     Resumed { collective: u32, seq: u32 },
 }
 
+/// How thread 0's loop ended.
+enum Drive {
+    /// Every share of the collective is complete.
+    Completed,
+    /// The switch lost our session (`why`) and the member started joining
+    /// again: the caller rejoins from the oldest unanswered seq of every
+    /// share.
+    Lost(Lost),
+    /// A lane thread failed; its error says why.
+    LaneFailed,
+}
+
 /// A joined member of a job.
 pub struct Worker {
     cfg: WorkerConfig,
@@ -572,6 +586,16 @@ pub struct Worker {
     /// The session failed for good while idle ([`Worker::keepalive`]):
     /// every later collective fails with it at once.
     failed: Option<SessionError>,
+    /// Sockets 1..L, open while the switch grants lane replies
+    /// (docs/design/worker-threads.md); `sock` is socket 0.
+    lane_socks: LaneSockets,
+    /// Shares 1.. of the collectives carried by more than one thread (the
+    /// member above carries share 0), kept between collectives.
+    lanes: Vec<Lane>,
+    /// Joins (JOIN_ACKs) so far: a lane follows the session of the last.
+    joins: u64,
+    /// Threads that carry the current (or last) collective.
+    active: usize,
 }
 
 /// What `cfg`'s worker joins with from `sock`: its job and rank, and the
@@ -664,8 +688,15 @@ impl Worker {
             last_grad: None,
             rejoin_due: false,
             failed: None,
+            lane_socks: LaneSockets::default(),
+            lanes: Vec::new(),
+            joins: 0,
+            active: 1,
             cfg,
         };
+        if w.wants_threads() {
+            w.member.ask_lane_replies(true);
+        }
         w.member.start_join(0, 0, Instant::now());
         let (c, s) = w.join_round()?;
         w.next_collective = c;
@@ -764,17 +795,23 @@ impl Worker {
     pub fn next_seq(&self) -> (u32, u32) {
         (self.next_seq, self.next_collective)
     }
+    /// The counters of this worker: every thread's chunks, and share 0's
+    /// window, DCTCP α and RTT (each lane thread has its own).
     pub fn stats(&self) -> WorkerStats {
         let mut s = self.stats;
-        let ms = self.member.stats();
-        s.chunks_sent = ms.chunks.sent;
-        s.values_sent = ms.values_sent;
-        s.chunks_resent = ms.chunks.resent;
-        s.chunks_fast_resent = ms.chunks.fast_resent;
-        s.results = ms.chunks.results;
-        s.duplicate_results = ms.chunks.duplicate_results;
-        s.ece_results = ms.chunks.ece_results;
-        s.mismatched_results = ms.mismatched_results;
+        for ms in std::iter::once(&self.member)
+            .chain(self.lanes.iter().map(|l| &l.member))
+            .map(Member::stats)
+        {
+            s.chunks_sent += ms.chunks.sent;
+            s.values_sent += ms.values_sent;
+            s.chunks_resent += ms.chunks.resent;
+            s.chunks_fast_resent += ms.chunks.fast_resent;
+            s.results += ms.chunks.results;
+            s.duplicate_results += ms.chunks.duplicate_results;
+            s.ece_results += ms.chunks.ece_results;
+            s.mismatched_results += ms.mismatched_results;
+        }
         let ss = self.member.session().stats();
         s.rejoins = ss.rejoins;
         s.nacks = ss.nacks;
@@ -790,7 +827,24 @@ impl Worker {
         s.rto_us = self.member.rtt().rto().as_micros() as u64;
         s.tx_coalesced = self.txb.coalesced();
         s.rx_coalesced = self.rxb.coalesced();
+        for l in &self.lanes {
+            s.tx_coalesced += l.txb.coalesced();
+            s.rx_coalesced += l.rxb.coalesced();
+        }
         s
+    }
+
+    /// Threads that carried the current or last collective (1 before the
+    /// first; docs/design/worker-threads.md).
+    pub fn threads(&self) -> usize {
+        self.active
+    }
+
+    /// Whether the switch granted lane replies at the last join (its
+    /// RESULTs come from its lane ports, and more than one thread may
+    /// carry a collective).
+    pub fn lane_replies(&self) -> bool {
+        self.lane_socks.lanes() > 1
     }
 
     fn send(&self, len: usize) -> Result<(), WorkerError> {
@@ -916,6 +970,8 @@ impl Worker {
         // steer each lane to a core of its own (docs/PROTOCOL.md, "Seq
         // lanes").
         self.txb.set_lanes(self.cfg.switch, j.seq_lanes);
+        self.joins += 1;
+        self.set_up_lane_sockets(j.lane_replies, j.seq_lanes)?;
         tracing::debug!(
             job = self.cfg.job,
             rank = self.cfg.rank,
@@ -925,6 +981,119 @@ impl Worker {
             "joined"
         );
         Ok(Some((j.collective, j.seq)))
+    }
+
+    /// Whether this worker asks for lane replies: it may run more than one
+    /// thread (`threads` > 1, or auto on a host with a CPU to spare per
+    /// rank).
+    fn wants_threads(&self) -> bool {
+        match self.cfg.threads {
+            0 => {
+                let (cpus, local) = threads::host_share();
+                cpus / local >= 2
+            }
+            t => t > 1,
+        }
+    }
+
+    /// After a JOIN_ACK: sockets 1..L open while the switch grants lane
+    /// replies on L > 1 lanes (its RESULTs then come from its lane ports),
+    /// none otherwise.
+    fn set_up_lane_sockets(&mut self, granted: bool, seq_lanes: u16) -> Result<(), WorkerError> {
+        let lanes = proto::wire::seq_lanes_from_wire(seq_lanes);
+        let want = if granted { usize::from(lanes) } else { 1 };
+        if self.lane_socks.lanes() == want {
+            return Ok(());
+        }
+        if want == 1 {
+            if self.wants_threads() {
+                tracing::info!(
+                    job = self.cfg.job,
+                    rank = self.cfg.rank,
+                    seq_lanes = lanes,
+                    "the switch does not grant lane replies (seq_lanes 1, or an older switch): \
+                     one thread carries each collective; set seq_lanes to the worker threads \
+                     on the switch for more"
+                );
+            }
+            self.lane_socks = LaneSockets::default();
+            return Ok(());
+        }
+        let local = match self
+            .sock
+            .local_addr()
+            .map_err(io_err("getsockname", self.cfg.switch))?
+        {
+            std::net::SocketAddr::V4(a) => a,
+            std::net::SocketAddr::V6(_) => SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0),
+        };
+        self.lane_socks = LaneSockets::open(local, self.cfg.switch, lanes, self.gro)?;
+        Ok(())
+    }
+
+    /// Threads for a collective of `chunks` chunks: the configured count
+    /// (or [`threads::auto_threads`]'s), a power of two no larger than the
+    /// lanes whose replies the switch grants, nor than the chunks.
+    fn threads_for(&self, chunks: u32) -> usize {
+        let lanes = self.lane_socks.lanes();
+        if lanes <= 1 {
+            return 1;
+        }
+        let want = match self.cfg.threads {
+            0 => {
+                let (cpus, local) = threads::host_share();
+                threads::auto_threads(chunks, cpus, local)
+            }
+            t => t.min(chunks.max(1) as usize),
+        };
+        threads::pow2_floor(want.min(lanes))
+    }
+
+    /// Shares 0..`t` for the collectives from now on: the member carries
+    /// share 0 of `t`, lane `i` share `i + 1`, each lane following the
+    /// session of the last join.
+    fn set_shares(&mut self, t: usize) {
+        self.active = t;
+        self.member.set_share(0, t as u32);
+        let lanes = self.member.seq_lanes();
+        while self.lanes.len() < t - 1 {
+            let share = self.lanes.len() as u32 + 1;
+            let mut lane = Lane::new(
+                self.member.lane(share, t as u32),
+                self.kind,
+                self.cfg.switch,
+                lanes,
+            );
+            lane.followed = self.joins;
+            self.lanes.push(lane);
+        }
+        for (i, lane) in self.lanes[..t - 1].iter_mut().enumerate() {
+            lane.member.set_share(i as u32 + 1, t as u32);
+            if lane.followed != self.joins {
+                lane.member.follow(&self.member);
+                lane.txb.set_lanes(self.cfg.switch, lanes);
+                lane.followed = self.joins;
+            }
+        }
+    }
+
+    /// Every share of this collective begins collective `collective` of
+    /// `shape` at `first_seq`.
+    fn begin_all(&mut self, collective: u32, first_seq: u32, shape: Shape) {
+        self.member.begin(collective, first_seq, shape);
+        for lane in &mut self.lanes[..self.active - 1] {
+            lane.member.begin(collective, first_seq, shape);
+        }
+    }
+
+    /// Every share resends from `seq` (a JOIN_ACK's resume point), after
+    /// following the session that joined.
+    fn restart_all(&mut self, seq: u32) {
+        self.set_shares(self.active);
+        self.member.restart_from(seq);
+        for lane in &mut self.lanes[..self.active - 1] {
+            lane.member.restart_from(seq);
+        }
     }
 
     /// The error of a session that cannot go on.
@@ -1194,7 +1363,9 @@ impl Worker {
         let mut kept = std::mem::take(&mut self.input);
         kept.clear();
         kept.extend_from_slice(input.unwrap_or(out));
-        self.member.begin(collective, first_seq, shape);
+        let chunks = len.div_ceil(usize::from(self.member.elems_per_chunk().max(1)));
+        self.set_shares(self.threads_for(chunks as u32));
+        self.begin_all(collective, first_seq, shape);
         self.last_grad = None;
         let result = self
             .rejoin_if_due(collective, first_seq)
@@ -1220,7 +1391,11 @@ impl Worker {
                 ranks: self.cfg.n_workers.into(),
                 ..GradStats::default()
             }),
-            (true, _) => cur.grad_stats(),
+            (true, _) => {
+                let shares = std::iter::once(&self.member)
+                    .chain(self.lanes[..self.active - 1].iter().map(|l| &l.member));
+                Member::grad_stats_of_shares(&shares.collect::<Vec<_>>())
+            }
         };
         self.last_grad = Some((collective, grad));
         self.prev_first_seq = first_seq;
@@ -1262,19 +1437,20 @@ impl Worker {
         loop {
             let ev = match pending.take() {
                 Some(ev) => ev,
-                None => self.drive(input, Some(out))?,
+                None => self.drive_all(input, Some(Output::new(out)))?,
             };
             match ev {
                 Event::Completed => return Ok(()),
                 Event::Resumed { collective, seq } => {
                     if collective == cur.0 {
-                        self.member.restart_from(seq);
+                        self.restart_all(seq);
                     } else if Some(collective) == self.prev_collective
                         && serial_offset(self.prev_first_seq, seq) >= 0
                     {
                         self.catch_up_previous(seq)?;
                         // Ours again, from its first chunk.
-                        self.member.begin(cur.0, cur.1, cur.2);
+                        self.set_shares(self.active);
+                        self.begin_all(cur.0, cur.1, cur.2);
                     } else {
                         return Err(WorkerError::ResumeOutOfReach {
                             job: self.cfg.job,
@@ -1294,13 +1470,14 @@ impl Worker {
     fn catch_up_previous(&mut self, seq: u32) -> Result<(), WorkerError> {
         let prev = std::mem::take(&mut self.prev_input);
         let c = self.prev_collective.unwrap_or(0);
-        self.member.begin(c, self.prev_first_seq, self.prev_shape);
-        self.member.restart_from(seq);
+        self.set_shares(self.active);
+        self.begin_all(c, self.prev_first_seq, self.prev_shape);
+        self.restart_all(seq);
         let r = loop {
-            match self.drive(&prev, None) {
+            match self.drive_all(&prev, None) {
                 Ok(Event::Completed) => break Ok(()),
                 Ok(Event::Resumed { collective, seq }) if collective == c => {
-                    self.member.restart_from(seq)
+                    self.restart_all(seq)
                 }
                 Ok(Event::Resumed { collective, seq }) => {
                     break Err(WorkerError::ResumeOutOfReach {
@@ -1318,53 +1495,130 @@ impl Worker {
         r
     }
 
-    /// Sends and receives until the member's collective completes or the
-    /// switch asks for a re-join (which this function performs before
-    /// returning).
-    fn drive(&mut self, input: &[u8], mut out: Option<&mut [u8]>) -> Result<Event, WorkerError> {
-        while !self.member.is_complete() {
+    /// Drives the collective the shares began to its end over
+    /// `self.active` threads, through re-joins (performed here).
+    fn drive_all(&mut self, input: &[u8], out: Option<Output<'_>>) -> Result<Event, WorkerError> {
+        let t = self.active;
+        let sock0 = self.sock.as_raw_fd();
+        let fds: Vec<Vec<RawFd>> = (0..t).map(|i| self.lane_socks.fds_of(sock0, i, t)).collect();
+        if t <= 1 {
+            return match self.drive(&fds[0], input, out, None)? {
+                Drive::Lost(why) => self.rejoin(why),
+                _ => Ok(Event::Completed),
+            };
+        }
+        let mut lanes = std::mem::take(&mut self.lanes);
+        let progress = Progress::new(t);
+        let job = LaneJob {
+            switch: self.cfg.switch,
+            dtype: self.cfg.dtype,
+            input,
+            out,
+            progress: &progress,
+        };
+        let (r0, rest) = std::thread::scope(|s| {
+            let handles: Vec<_> = lanes[..t - 1]
+                .iter_mut()
+                .zip(&fds[1..])
+                .enumerate()
+                .map(|(i, (lane, fds))| {
+                    s.spawn(move || {
+                        let r = threads::lane_loop(i + 1, lane, fds, job);
+                        if r.is_err() {
+                            job.progress.stop();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            let r0 = self.drive(&fds[0], input, out, Some(&progress));
+            // Whatever thread 0 saw, the lanes end now (after a completion
+            // they have ended already).
+            progress.stop();
+            let rest: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+            (r0, rest)
+        });
+        self.lanes = lanes;
+        // A lane's failure first: it is why thread 0 stopped.
+        for r in rest {
+            match r {
+                Ok(r) => r?,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        match r0? {
+            Drive::Completed => Ok(Event::Completed),
+            Drive::Lost(why) => self.rejoin(why),
+            Drive::LaneFailed => unreachable!("a lane's error is returned above"),
+        }
+    }
+
+    /// Thread 0's loop: sends and receives share 0 of the collective on
+    /// `fds` (socket 0 and its lanes' sockets), takes every control
+    /// message, and watches the lane threads (`progress`) until every share
+    /// is complete, the switch loses the session, or a lane fails.
+    fn drive(
+        &mut self,
+        fds: &[RawFd],
+        input: &[u8],
+        out: Option<Output<'_>>,
+        progress: Option<&Progress>,
+    ) -> Result<Drive, WorkerError> {
+        let lanes_done = |p: Option<&Progress>| p.is_none_or(|p| p.lanes_done());
+        while !self.member.is_complete() || !lanes_done(progress) {
+            if progress.is_some_and(|p| p.stopped()) {
+                return Ok(Drive::LaneFailed);
+            }
             let mut progressed = false;
             // Results first: a worker that was not scheduled for a while has
             // RESULTs waiting, and its resend timers must not fire for them.
-            loop {
-                let n = self
-                    .rxb
-                    .recv(self.sock.as_raw_fd())
-                    .map_err(io_err("recvmmsg", self.cfg.switch))?;
-                if n == 0 {
-                    break;
-                }
-                progressed = true;
-                for i in 0..n {
-                    if let Some(ev) = self.on_datagram(i, input, out.as_deref_mut())? {
-                        return Ok(ev);
+            for &fd in fds {
+                loop {
+                    let n = self
+                        .rxb
+                        .recv(fd)
+                        .map_err(io_err("recvmmsg", self.cfg.switch))?;
+                    if n == 0 {
+                        break;
+                    }
+                    progressed = true;
+                    for i in 0..n {
+                        if let Some(lost) = self.on_datagram(i, input, out)? {
+                            return Ok(Drive::Lost(lost));
+                        }
                     }
                 }
             }
-            if self.member.is_complete() {
+            let now = Instant::now();
+            if !self.member.is_complete() {
+                let c = self.member.collective();
+                let burst = self.burst.update(c.stats.resent, c.stats.results);
+                self.txb.set_max_segments(burst);
+                loop {
+                    if self.txb.is_full() {
+                        self.flush_tx()?;
+                    }
+                    let slot = self.txb.next_slot().expect("flushed when full");
+                    let Some(f) = self.member.poll_data(now, input, slot) else {
+                        break;
+                    };
+                    self.txb.commit_seq(f.len, f.seq);
+                    progressed = true;
+                }
+                self.flush_tx()?;
+            }
+            if self.member.is_complete() && lanes_done(progress) {
                 break;
             }
             let now = Instant::now();
             let c = self.member.collective();
-            let burst = self.burst.update(c.stats.resent, c.stats.results);
-            self.txb.set_max_segments(burst);
-            loop {
-                if self.txb.is_full() {
-                    self.flush_tx()?;
-                }
-                let slot = self.txb.next_slot().expect("flushed when full");
-                let Some(f) = self.member.poll_data(now, input, slot) else {
-                    break;
-                };
-                self.txb.commit_seq(f.len, f.seq);
-                progressed = true;
-            }
-            self.flush_tx()?;
-            if self.member.is_complete() {
-                break;
-            }
-            let now = Instant::now();
-            match self.member.handle_timeout(now) {
+            let own = (!c.is_complete())
+                .then(|| (c.oldest_unacked_seq(), c.last_progress().unwrap_or(now)));
+            let watched = match progress {
+                Some(p) => p.watched(own),
+                None => own,
+            };
+            match self.member.handle_timeout_watching(now, watched) {
                 Some(MemberEvent::Stalled {
                     collective,
                     seq,
@@ -1388,70 +1642,48 @@ impl Worker {
                 }
                 Some(MemberEvent::Failed(e)) => return Err(self.session_failed(e)),
                 // The switch made our provisioned job again without us.
-                Some(MemberEvent::Rejoining(why)) => return self.rejoin(why),
+                Some(MemberEvent::Rejoining(why)) => return Ok(Drive::Lost(why)),
                 _ => {}
             }
             // A HEARTBEAT, when the member wants one.
             self.send_control(now)?;
             if !progressed {
-                let until = self
-                    .member
-                    .collective()
-                    .next_timeout()
-                    .map_or(Duration::from_millis(50), |d| {
-                        d.saturating_duration_since(now)
-                    });
-                wait_readable(
-                    self.sock.as_raw_fd(),
+                let until = match self.member.collective().next_timeout() {
+                    Some(d) if !self.member.is_complete() => d.saturating_duration_since(now),
+                    // Complete, waiting for the lanes: the session's timers.
+                    _ => self
+                        .member
+                        .poll_timeout()
+                        .map_or(Duration::from_millis(5), |d| d.saturating_duration_since(now)),
+                };
+                threads::wait_readable_any(
+                    fds,
                     until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
                 );
             }
         }
-        Ok(Event::Completed)
+        Ok(Drive::Completed)
     }
 
     /// Handles datagram `i` of the last receive batch (`input`: the
-    /// collective's, for a reduce-scatter's kept shard).
+    /// collective's, for a reduce-scatter's kept shard); the session lost,
+    /// if the datagram said so.
     fn on_datagram(
         &mut self,
         i: usize,
         input: &[u8],
-        out: Option<&mut [u8]>,
-    ) -> Result<Option<Event>, WorkerError> {
+        out: Option<Output<'_>>,
+    ) -> Result<Option<Lost>, WorkerError> {
         let now = Instant::now();
         let ev = self.member.handle(self.rxb.get(i), now);
         // A probe, if the datagram made the session ask the switch.
         self.send_control(now)?;
         match ev {
-            Some(MemberEvent::Result {
-                outcome:
-                    ResultOutcome::Fresh {
-                        into: Some(at),
-                        count,
-                        own,
-                        ..
-                    },
-                values,
-                ..
-            }) => {
-                let Some(out) = out else {
-                    return Ok(None);
-                };
-                let size = self.cfg.dtype.size();
-                let n = count as usize * size;
-                let got = &self.rxb.get(i)[values][..n];
-                let to = &mut out[at * size..at * size + n];
-                match own {
-                    // The others' sum plus this rank's kept shard.
-                    Some(o) => {
-                        let mine = &input[o * size..o * size + n];
-                        proto::elements::add_own_le(self.cfg.dtype, got, mine, to);
-                    }
-                    None => to.copy_from_slice(got),
-                }
+            Some(ev @ MemberEvent::Result { .. }) => {
+                threads::write_result(&ev, self.rxb.get(i), self.cfg.dtype, input, out);
                 Ok(None)
             }
-            Some(MemberEvent::Rejoining(why)) => self.rejoin(why).map(Some),
+            Some(MemberEvent::Rejoining(why)) => Ok(Some(why)),
             Some(MemberEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
                 Err(WorkerError::KindNotSupported {
                     job: self.cfg.job,
@@ -1465,17 +1697,33 @@ impl Worker {
     }
 
     /// The member lost its session (`why`) and started joining again: joins
-    /// (blocking, as the first join) and returns the resume point.
+    /// (blocking, as the first join) from the oldest unanswered seq of
+    /// every share, and returns the resume point. With one share the
+    /// member's own join is that; with more, a lane's hole may lie below
+    /// share 0's, and a rejoin from share 0's would leave it below the new
+    /// switch's floor (docs/design/worker-threads.md).
     fn rejoin(&mut self, why: Lost) -> Result<Event, WorkerError> {
         let c = self.member.collective();
+        let (collective, first) = (c.collective(), c.first_seq());
+        let oldest = threads::oldest_seq(
+            first,
+            std::iter::once(c.oldest_unacked_seq()).chain(
+                self.lanes[..self.active - 1]
+                    .iter()
+                    .map(|l| l.member.collective().oldest_unacked_seq()),
+            ),
+        );
         tracing::info!(
             job = self.cfg.job,
             rank = self.cfg.rank,
-            collective = c.collective(),
-            seq = c.oldest_unacked_seq(),
+            collective,
+            seq = oldest,
             ?why,
             "switch lost our session (restart, re-join or job made again); joining again"
         );
+        if self.active > 1 && oldest != c.oldest_unacked_seq() {
+            self.member.start_join(collective, oldest, Instant::now());
+        }
         let (collective, seq) = self.join_round()?;
         Ok(Event::Resumed { collective, seq })
     }
@@ -1611,8 +1859,29 @@ pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     let bind = cfg
         .bind
         .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0));
+    if cfg.threads != 1 {
+        // Lane sockets join this port's group (docs/design/
+        // worker-threads.md); the kernel lets only this user's sockets in.
+        s.set_reuse_port(true)?;
+    }
     s.bind(&bind.into())?;
     s.connect(&cfg.switch.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+/// A lane socket: bound to `local`, socket 0's address and port, in its
+/// `SO_REUSEPORT` group, and connected to the lane port `peer`, whose
+/// datagrams the kernel then gives it alone (a connected socket's exact
+/// match wins over the group).
+pub(crate) fn open_lane_socket(local: SocketAddrV4, peer: SocketAddrV4) -> io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_tos(0x02)?;
+    size_buffers(&s, 8 << 20);
+    s.set_reuse_port(true)?;
+    s.bind(&local.into())?;
+    s.connect(&peer.into())?;
     s.set_nonblocking(true)?;
     Ok(s.into())
 }

@@ -422,15 +422,30 @@ impl Member {
     /// the collective makes no progress: the worker library fails the
     /// collective at the first.
     pub fn handle_timeout(&mut self, now: Instant) -> Option<Event> {
-        if self.session.is_joined() && !self.coll.is_complete() {
+        let own = (!self.coll.is_complete()).then(|| {
             let since = self.coll.last_progress().unwrap_or(now);
-            self.session.track(
-                self.coll.collective(),
-                self.coll.oldest_unacked_seq(),
-                Some(since),
-            );
-        } else {
-            self.session.track(0, 0, None);
+            (self.coll.oldest_unacked_seq(), since)
+        });
+        self.handle_timeout_watching(now, own)
+    }
+
+    /// [`Member::handle_timeout`] for the member whose session the threads
+    /// of one rank share (docs/design/worker-threads.md): it watches
+    /// `watched`, the oldest unanswered seq of the current collective and
+    /// when it last made progress, of whichever share has waited longest
+    /// (`None`: every share is complete), instead of its own share's. Its
+    /// HEARTBEATs then ask about that seq, and a stall names it.
+    pub fn handle_timeout_watching(
+        &mut self,
+        now: Instant,
+        watched: Option<(u32, Instant)>,
+    ) -> Option<Event> {
+        match watched {
+            Some((seq, since)) if self.session.is_joined() => {
+                self.session
+                    .track(self.coll.collective(), seq, Some(since));
+            }
+            _ => self.session.track(0, 0, None),
         }
         match self.session.handle_timeout(now)? {
             session::Event::Stalled {
