@@ -143,6 +143,7 @@ fn endpoint(i: u8) -> Endpoint {
         local_port: 48879,
         port_idx: (i % (N_SOURCES + 1)) as u32,
         queue: 0,
+        result_lanes: 0,
     }
 }
 

@@ -146,7 +146,8 @@ pub struct Handshake {
     challenge: Option<(Nonce, u32)>,
     /// The address the MAC covers (ours, or the observed one when unbound).
     ip: [u8; 4],
-    /// Header flags of the JOIN (a leaf switch's: `UPSTREAM`).
+    /// Header flags of the JOIN (a leaf switch's: `UPSTREAM`; a worker
+    /// asking lane replies: `LANE_REPLIES`).
     join_flags: u8,
     /// The switch's seq lanes from the last CHALLENGE (1 before one).
     seq_lanes: u16,
@@ -171,6 +172,17 @@ impl Handshake {
     pub fn as_leaf(mut self) -> Handshake {
         self.join_flags |= crate::wire::flags::UPSTREAM;
         self
+    }
+
+    /// Whether every JOIN from now on asks for lane replies
+    /// ([`crate::wire::flags::LANE_REPLIES`]; docs/PROTOCOL.md, "Seq
+    /// lanes").
+    pub fn set_lane_replies(&mut self, ask: bool) {
+        if ask {
+            self.join_flags |= crate::wire::flags::LANE_REPLIES;
+        } else {
+            self.join_flags &= !crate::wire::flags::LANE_REPLIES;
+        }
     }
 
     pub fn params(&self) -> &JoinParams {

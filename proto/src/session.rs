@@ -221,6 +221,12 @@ pub struct Joined {
     /// The switch's seq lanes (its CHALLENGE's): DATA of seq s goes to its
     /// port + (s mod seq_lanes) ([`crate::wire::seq_lane_port`]).
     pub seq_lanes: u16,
+    /// The JOIN_ACK granted lane replies ([`flags::LANE_REPLIES`], under
+    /// its tag): the switch sends the RESULT of seq s from its port + (s
+    /// mod seq_lanes), every other reply from its port (docs/PROTOCOL.md,
+    /// "Seq lanes"). Only ever set when our JOIN asked
+    /// ([`WorkerSession::set_lane_replies`]).
+    pub lane_replies: bool,
 }
 
 /// Why the switch no longer has our session.
@@ -364,6 +370,8 @@ pub struct WorkerSession {
     auth: AuthMode,
     /// The last JOIN_ACK's `stats` byte was 1.
     grad_stats: bool,
+    /// The last JOIN_ACK granted lane replies.
+    lane_replies: bool,
     data_key: Option<PacketKey>,
     result_key: Option<PacketKey>,
     tracked: Option<Tracked>,
@@ -423,6 +431,7 @@ impl WorkerSession {
             gen: 0,
             auth: AuthMode::Port,
             grad_stats: false,
+            lane_replies: false,
             data_key: None,
             result_key: None,
             tracked: None,
@@ -490,6 +499,7 @@ impl WorkerSession {
             gen: self.gen,
             auth: self.auth,
             grad_stats: self.grad_stats,
+            lane_replies: self.lane_replies,
             data_key: self.data_key.clone(),
             result_key: self.result_key.clone(),
             tracked: None,
@@ -510,6 +520,20 @@ impl WorkerSession {
     /// Whether this session sends control messages (false: a lane copy).
     pub fn is_control(&self) -> bool {
         self.control
+    }
+
+    /// Whether every JOIN this session sends from now on asks for lane
+    /// replies ([`flags::LANE_REPLIES`]; docs/PROTOCOL.md, "Seq lanes"): a
+    /// worker that reads each seq lane's RESULTs on its own socket asks.
+    /// Whether the switch granted them is [`Joined::lane_replies`].
+    pub fn set_lane_replies(&mut self, ask: bool) {
+        self.hs.set_lane_replies(ask);
+    }
+
+    /// Whether the last JOIN_ACK granted lane replies (false before a
+    /// join): RESULTs then come from the switch's lane ports.
+    pub fn lane_replies(&self) -> bool {
+        self.lane_replies
     }
 
     /// Starts joining now (a fresh handshake) with resume point
@@ -923,6 +947,7 @@ impl WorkerSession {
                 self.guard = Some(ack.session);
                 self.auth = ack.auth;
                 self.grad_stats = stats;
+                self.lane_replies = r.has_flag(flags::LANE_REPLIES);
                 self.data_key = ack.data_key.clone();
                 self.result_key = ack.result_key;
                 Some(Event::Joined(Box::new(Joined {
@@ -937,6 +962,7 @@ impl WorkerSession {
                     data_key: ack.data_key,
                     first,
                     seq_lanes: self.hs.seq_lanes(),
+                    lane_replies: self.lane_replies,
                 })))
             }
             MsgType::Nack => {

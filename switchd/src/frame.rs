@@ -169,6 +169,8 @@ pub fn reply_endpoint(f: &UdpFrame<'_>, port_idx: u32, queue: u32) -> Endpoint {
         local_port: f.dst_port,
         port_idx,
         queue,
+        // The table grants lane replies on a JOIN.
+        result_lanes: 0,
     }
 }
 
@@ -212,6 +214,7 @@ mod tests {
             local_port: 48879,
             port_idx: 0,
             queue: 0,
+            result_lanes: 0,
         }
     }
 

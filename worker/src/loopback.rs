@@ -8,8 +8,11 @@
 //! machine without root or XDP, and for the tests of the worker's I/O shell.
 //! Not a switch: one thread, one `recv_from` per datagram, no forwarding.
 //!
-//! Owns: its sockets (one per seq lane: ports P..P+L-1, replies from P)
-//! and thread; stopped and joined on drop. Invariants: it
+//! Owns: its sockets (one per seq lane: ports P..P+L-1) and thread;
+//! stopped and joined on drop. Replies leave from P, as switchd's, except
+//! a RESULT to a member granted lane replies, which leaves from its lane's
+//! port (docs/PROTOCOL.md, "Seq lanes"; the switch picks the port, this
+//! shell only sends from that socket). Invariants: it
 //! only binds loopback addresses and only admits sources in 127.0.0.0/8;
 //! `restart()` replaces the job table with a new generation (the same
 //! tenants, no provisioned jobs), as a switchd restart does, so workers
@@ -318,18 +321,24 @@ fn wait_any(socks: &[UdpSocket]) {
     }
 }
 
-/// The stand-in's [`Transmit`]: one thread owns the one socket; every
-/// reply is encoded whole and sent to the member's address (a failed send
-/// is loss, which the workers' timers cover).
+/// The stand-in's [`Transmit`]: one thread owns the lanes' sockets;
+/// every reply is encoded whole and sent to the member's address from the
+/// socket of the port the switch chose (`r.to.local_port`: P, or a lane's
+/// port for a granted member's RESULT). A failed send is loss, which the
+/// workers' timers cover.
 struct Shell<'a> {
-    sock: &'a UdpSocket,
+    /// Lane l's socket, bound to port `port + l`.
+    socks: &'a [UdpSocket],
+    port: u16,
     out: Vec<u8>,
 }
 
 impl Shell<'_> {
     fn send(&self, r: &Reply, len: usize) {
         let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
-        let _ = self.sock.send_to(&self.out[..len], to);
+        let lane = usize::from(r.to.local_port.wrapping_sub(self.port));
+        let sock = self.socks.get(lane).unwrap_or(&self.socks[0]);
+        let _ = sock.send_to(&self.out[..len], to);
     }
 }
 
@@ -376,8 +385,11 @@ fn serve(
     let mut switch = Switch::new(first);
     let mut restarted = 0;
     let mut buf = vec![0u8; DATAGRAM_MAX];
+    // Bound at start: the first lane's port is the service's.
+    let port = socks[0].local_addr().map_or(0, |a| a.port());
     let mut shell = Shell {
-        sock: &socks[0],
+        socks,
+        port,
         out: vec![0u8; DATAGRAM_MAX],
     };
     let mut seen = 0u64;
@@ -417,12 +429,16 @@ fn serve(
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;
         }
+        // Replies come from P whichever lane's port the message came to,
+        // as switchd's (its rx); a RESULT's lane port is the switch's
+        // choice.
         let ep = Endpoint {
             source: Source {
                 mac: [0; 6],
                 ip: from.ip().octets(),
                 port: from.port(),
             },
+            local_port: port,
             ..Endpoint::default()
         };
         // The switch decides every reply.

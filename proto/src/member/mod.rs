@@ -322,6 +322,21 @@ impl Member {
     pub fn seq_lanes(&self) -> u16 {
         self.seq_lanes
     }
+
+    /// Whether every JOIN from now on asks for lane replies
+    /// ([`WorkerSession::set_lane_replies`]): a worker whose threads read
+    /// each seq lane's RESULTs on their own sockets asks. Call it on the
+    /// member whose session joins.
+    pub fn ask_lane_replies(&mut self, ask: bool) {
+        self.session.set_lane_replies(ask);
+    }
+
+    /// Whether the last JOIN_ACK granted lane replies (false before a
+    /// join; a lane member has its control member's, from
+    /// [`Member::lane`] or [`Member::follow`]).
+    pub fn lane_replies(&self) -> bool {
+        self.session.lane_replies()
+    }
     pub fn rtt(&self) -> &RttEstimator {
         &self.rtt
     }

@@ -56,6 +56,31 @@ pub struct Endpoint {
     pub port_idx: u32,
     /// Queue of that port its JOIN arrived on.
     pub queue: u32,
+    /// Lane replies granted to this member: L, the switch's seq lanes,
+    /// when its accepted JOIN asked [`LANE_REPLIES`] and L > 1; 0
+    /// otherwise. A RESULT of seq s to it then leaves from `local_port +
+    /// (s mod L)` ([`Endpoint::for_result`]), every other reply from
+    /// `local_port`. Only the table sets it, on a JOIN; shells make
+    /// endpoints with 0.
+    ///
+    /// [`LANE_REPLIES`]: crate::wire::flags::LANE_REPLIES
+    pub result_lanes: u16,
+}
+
+impl Endpoint {
+    /// Where the RESULT of `seq` to this member goes from: with lane
+    /// replies granted, `local_port + (seq mod result_lanes)`, and the
+    /// grant spent (`result_lanes` 0: the address is final, so applying it
+    /// again changes nothing); otherwise this endpoint as it is. Every
+    /// RESULT [`super::Reply`] is made through it.
+    #[inline]
+    pub fn for_result(mut self, seq: u32) -> Endpoint {
+        if self.result_lanes > 1 {
+            self.local_port = crate::wire::seq_lane_port(self.local_port, seq, self.result_lanes);
+            self.result_lanes = 0;
+        }
+        self
+    }
 }
 
 /// `Endpoint::port_idx` of a reply that goes up to a spine: the shell sends

@@ -189,8 +189,14 @@ pub enum Fast {
     /// ([`JobCore::for_each_member`]).
     Completed { job: u16, seq: u32 },
     /// The sender (rank `rank`) lost `seq`'s RESULT: send it again, to the
-    /// sender only.
-    Retransmit { job: u16, rank: u16, seq: u32 },
+    /// sender only, under its lane replies (its bound endpoint's
+    /// [`Endpoint::result_lanes`]).
+    Retransmit {
+        job: u16,
+        rank: u16,
+        seq: u32,
+        result_lanes: u16,
+    },
 }
 
 /// Who may send DATA to a job now, as of the table's last change.
@@ -430,6 +436,7 @@ impl JobCore {
                 job: self.id,
                 rank: hdr.rank,
                 seq,
+                result_lanes: bound.map_or(0, |b| b.result_lanes),
             },
             out => Fast::Done(out),
         }

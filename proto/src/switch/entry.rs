@@ -226,14 +226,18 @@ impl Batch<'_> {
                 self.fan_out(job, seq, out);
                 fast(DataOutcome::Completed { seq })
             }
-            Fast::Retransmit { job, rank, seq } => {
-                let r = Reply {
-                    to: from,
-                    job,
-                    rank,
-                    msg: ReplyMsg::Result { seq, retx: true },
+            Fast::Retransmit {
+                job,
+                rank,
+                seq,
+                result_lanes,
+            } => {
+                // To where the DATA came from, under the member's grant.
+                let to = Endpoint {
+                    result_lanes,
+                    ..from
                 };
-                self.resend(r, out);
+                self.resend(Reply::resend(to, job, rank, seq), out);
                 fast(DataOutcome::Retransmit { seq })
             }
         }

@@ -1305,11 +1305,13 @@ impl Job {
         Some(h)
     }
 
-    /// The header of a JOIN_ACK for `rank`.
+    /// The header of a JOIN_ACK for `rank`: `LANE_REPLIES` when its
+    /// accepted JOIN was granted lane replies ([`Endpoint::result_lanes`]).
     pub fn join_ack_header(&self, rank: u16, gen: u32) -> HeaderRepr {
+        let granted = self.member(rank).is_some_and(|m| m.result_lanes > 1);
         HeaderRepr {
             msg_type: MsgType::JoinAck,
-            flags: 0,
+            flags: if granted { flags::LANE_REPLIES } else { 0 },
             job: self.config.id,
             rank,
             count: 0,

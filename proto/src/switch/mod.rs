@@ -991,6 +991,22 @@ impl JobTable {
         enqueue(&mut self.replies, &mut self.counters, p);
     }
 
+    /// The lane replies a JOIN with header `hdr` is granted
+    /// ([`Endpoint::result_lanes`]): the switch's seq lanes when it asks
+    /// ([`wire::flags::LANE_REPLIES`]) and there are more than one, 0
+    /// otherwise. A leaf's JOIN (`UPSTREAM`) is never granted: a leaf takes
+    /// its spines' RESULTs from their aggregation port only. The grant
+    /// lives in the member's endpoint, so the next accepted JOIN replaces
+    /// it, and one without the flag ends it.
+    fn lane_replies_for(&self, hdr: &HeaderRepr) -> u16 {
+        let asks = hdr.has_flag(wire::flags::LANE_REPLIES) && !hdr.has_flag(wire::flags::UPSTREAM);
+        if asks && self.seq_lanes > 1 {
+            self.seq_lanes
+        } else {
+            0
+        }
+    }
+
     fn reply(&mut self, to: Endpoint, job: u16, rank: u16, msg: ReplyMsg) {
         self.queue(Pending::One(Reply { to, job, rank, msg }));
     }
@@ -1193,8 +1209,14 @@ impl JobTable {
                         next_rank: 0,
                     }),
                     DataOutcome::Retransmit { seq } => {
-                        let msg = ReplyMsg::Result { seq, retx: true };
-                        self.reply(from, job_id, rank, msg);
+                        // To where the DATA came from, under the member's
+                        // grant (the DATA was admitted: it is the member).
+                        let result_lanes = job.member(rank).map_or(0, |m| m.result_lanes);
+                        let to = Endpoint {
+                            result_lanes,
+                            ..from
+                        };
+                        self.queue(Pending::One(Reply::resend(to, job_id, rank, seq)));
                     }
                     DataOutcome::Nack(reason) => {
                         self.nack(from, job_id, rank, reason, ZERO_NONCE, now)
@@ -1333,12 +1355,13 @@ impl JobTable {
         &mut self,
         hdr: &HeaderRepr,
         payload: &[u8],
-        from: Endpoint,
+        mut from: Endpoint,
         now: Instant,
     ) -> Verdict {
         let Ok(join) = JoinPayload::parse(payload) else {
             return Verdict::Dropped(None);
         };
+        from.result_lanes = self.lane_replies_for(hdr);
         self.joins_judged += 1;
         let cx = JoinContext {
             gen: self.gen,
@@ -1690,7 +1713,10 @@ impl JobTable {
                 ) => *next_rank = next,
                 _ => self.replies.pop(),
             }
-            let r = Reply { to, job, rank, msg };
+            let r = match msg {
+                ReplyMsg::Result { seq, .. } => Reply::result(to, job, rank, seq),
+                _ => Reply { to, job, rank, msg },
+            };
             self.count_reply(&r, false);
             return Some(r);
         }

@@ -7,6 +7,11 @@
 //! bounded queue of pending replies, where a RESULT or JOIN_ACK to every
 //! member is one entry expanded rank by rank as it is drained.
 //!
+//! Invariant: every RESULT reply is made by [`Reply::result`] or
+//! [`Reply::resend`], which apply the member's lane replies
+//! ([`Endpoint::for_result`]): its `to.local_port` is the port it leaves
+//! from. Every other reply leaves from the endpoint's `local_port`.
+//!
 //! Invariants: the queue never allocates after it is made (a full queue
 //! drops the reply and counts it; the worker's resend recovers it); a
 //! [`Reply`] is a small `Copy` value that another thread may encode later,
@@ -125,13 +130,26 @@ pub enum ReplyMsg {
 
 impl Reply {
     /// The RESULT of `seq` (a completion's, not a resend) to member `rank`
-    /// of `job` at `to`.
+    /// of `job` at `to`, from the port its lane replies say
+    /// ([`Endpoint::for_result`]).
     pub fn result(to: Endpoint, job: u16, rank: u16, seq: u32) -> Reply {
+        Reply::result_msg(to, job, rank, seq, false)
+    }
+
+    /// The RESULT of `seq` sent again (`RETX`) to member `rank` of `job`
+    /// at `to`, as [`Reply::result`].
+    pub fn resend(to: Endpoint, job: u16, rank: u16, seq: u32) -> Reply {
+        Reply::result_msg(to, job, rank, seq, true)
+    }
+
+    /// Every RESULT reply is made here: `to`'s lane replies pick the port
+    /// it leaves from.
+    fn result_msg(to: Endpoint, job: u16, rank: u16, seq: u32, retx: bool) -> Reply {
         Reply {
-            to,
+            to: to.for_result(seq),
             job,
             rank,
-            msg: ReplyMsg::Result { seq, retx: false },
+            msg: ReplyMsg::Result { seq, retx },
         }
     }
 

@@ -1168,7 +1168,8 @@ fn the_fast_path_takes_only_what_the_table_would() {
         Fast::Retransmit {
             job: 5,
             rank: 1,
-            seq: 0
+            seq: 0,
+            result_lanes: 0
         }
     );
     let c = t.get(5).unwrap().counters();

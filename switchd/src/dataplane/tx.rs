@@ -274,6 +274,7 @@ mod tests {
             local_port: 48879,
             port_idx: 0,
             queue: 0,
+            result_lanes: 0,
         }
     }
 
