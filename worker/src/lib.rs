@@ -1476,9 +1476,7 @@ impl Worker {
         let r = loop {
             match self.drive_all(&prev, None) {
                 Ok(Event::Completed) => break Ok(()),
-                Ok(Event::Resumed { collective, seq }) if collective == c => {
-                    self.restart_all(seq)
-                }
+                Ok(Event::Resumed { collective, seq }) if collective == c => self.restart_all(seq),
                 Ok(Event::Resumed { collective, seq }) => {
                     break Err(WorkerError::ResumeOutOfReach {
                         job: self.cfg.job,
@@ -1500,7 +1498,9 @@ impl Worker {
     fn drive_all(&mut self, input: &[u8], out: Option<Output<'_>>) -> Result<Event, WorkerError> {
         let t = self.active;
         let sock0 = self.sock.as_raw_fd();
-        let fds: Vec<Vec<RawFd>> = (0..t).map(|i| self.lane_socks.fds_of(sock0, i, t)).collect();
+        let fds: Vec<Vec<RawFd>> = (0..t)
+            .map(|i| self.lane_socks.fds_of(sock0, i, t))
+            .collect();
         if t <= 1 {
             return match self.drive(&fds[0], input, out, None)? {
                 Drive::Lost(why) => self.rejoin(why),
@@ -1654,7 +1654,9 @@ impl Worker {
                     _ => self
                         .member
                         .poll_timeout()
-                        .map_or(Duration::from_millis(5), |d| d.saturating_duration_since(now)),
+                        .map_or(Duration::from_millis(5), |d| {
+                            d.saturating_duration_since(now)
+                        }),
                 };
                 threads::wait_readable_any(
                     fds,

@@ -478,6 +478,10 @@ struct Report {
     seq_lanes: usize,
     /// The transport that ran: "mmsg" or "udp-gso".
     transport: &'static str,
+    /// Threads that carried the last collective (docs/design/
+    /// worker-threads.md), and whether the switch granted lane replies.
+    threads: usize,
+    lane_replies: bool,
     /// How the job authenticates DATA/RESULT: "port" or "mac".
     auth: &'static str,
     stats: worker::WorkerStats,
@@ -899,6 +903,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         pool_slots: w.pool_slots(),
         seq_lanes: w.seq_lanes(),
         transport: w.transport().name(),
+        threads: w.threads(),
+        lane_replies: w.lane_replies(),
         auth: w.auth().name(),
         stats,
         gradient_stats: grad,
@@ -912,8 +918,8 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, resent {}, verified: {}",
-            a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport,
+            "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, threads {}, resent {}, verified: {}",
+            a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport, report.threads,
             stats.chunks_resent,
             if a.verify { if mismatches == 0 && stats_mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
         );

@@ -105,7 +105,8 @@ impl LaneSockets {
         for l in 1..lanes {
             let port = switch.port().wrapping_add(l);
             let peer = SocketAddrV4::new(*switch.ip(), port);
-            let s = crate::open_lane_socket(local, peer).map_err(io_err("opening a lane socket", peer))?;
+            let s = crate::open_lane_socket(local, peer)
+                .map_err(io_err("opening a lane socket", peer))?;
             if gro {
                 gso::set_gro(s.as_raw_fd(), true)
                     .map_err(io_err("setsockopt(UDP_GRO) on a lane socket", peer))?;
@@ -203,7 +204,12 @@ impl<'a> Output<'a> {
     /// caller's bug, and is skipped).
     pub fn write_chunk(&self, dtype: Dtype, at: usize, got: &[u8], mine: Option<&[u8]>) {
         let Some(end) = at.checked_add(got.len()).filter(|e| *e <= self.len) else {
-            debug_assert!(false, "chunk {at}+{} past the output's {}", got.len(), self.len);
+            debug_assert!(
+                false,
+                "chunk {at}+{} past the output's {}",
+                got.len(),
+                self.len
+            );
             return;
         };
         // SAFETY: `at..end` is inside the buffer (checked above), and this
@@ -371,7 +377,12 @@ pub struct LaneJob<'a> {
 /// began, reading `fds` (its lanes' sockets) and sending on the first,
 /// until the share is complete or thread 0 says stop. Its only errors are
 /// its sockets'.
-pub fn lane_loop(t: usize, lane: &mut Lane, fds: &[RawFd], job: LaneJob<'_>) -> Result<(), WorkerError> {
+pub fn lane_loop(
+    t: usize,
+    lane: &mut Lane,
+    fds: &[RawFd],
+    job: LaneJob<'_>,
+) -> Result<(), WorkerError> {
     let send_fd = fds[0];
     loop {
         if job.progress.stopped() {
@@ -427,7 +438,9 @@ pub fn lane_loop(t: usize, lane: &mut Lane, fds: &[RawFd], job: LaneJob<'_>) -> 
                 .member
                 .collective()
                 .next_timeout()
-                .map_or(Duration::from_millis(50), |d| d.saturating_duration_since(now));
+                .map_or(Duration::from_millis(50), |d| {
+                    d.saturating_duration_since(now)
+                });
             wait_readable_any(
                 fds,
                 until.clamp(Duration::from_millis(1), Duration::from_millis(50)),

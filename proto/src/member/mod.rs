@@ -457,8 +457,7 @@ impl Member {
     ) -> Option<Event> {
         match watched {
             Some((seq, since)) if self.session.is_joined() => {
-                self.session
-                    .track(self.coll.collective(), seq, Some(since));
+                self.session.track(self.coll.collective(), seq, Some(since));
             }
             _ => self.session.track(0, 0, None),
         }

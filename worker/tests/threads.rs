@@ -1,0 +1,182 @@
+//! One collective carried by T threads per rank (docs/design/
+//! worker-threads.md), against `worker::loopback`'s stand-in with seq lanes
+//! and lane replies: each thread has its own socket for its lanes, its own
+//! share of the chunks and its own window. What must hold: the sums are
+//! bit-identical to one thread's (the rank-order reference) under loss, a
+//! switch restart and `auth = "mac"`; the worker reports the threads that
+//! ran; a switch without lanes gets one thread, still exact.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use proto::reference::{expected_sum, fill_pattern};
+use worker::loopback::{LoopbackConfig, LoopbackSwitch};
+use worker::{AuthMode, TransportKind, Worker, WorkerConfig, WorkerStats};
+
+const SECRET: [u8; 32] = [0x5b; 32];
+
+fn stand_in(n: u16, lanes: u16, drop_every: u64, auth: AuthMode) -> LoopbackSwitch {
+    let mut cfg = LoopbackConfig::new(1, n, SECRET);
+    cfg.elems_per_chunk = 100;
+    cfg.seq_lanes = lanes;
+    cfg.drop_every = drop_every;
+    cfg.auth = auth;
+    LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap()
+}
+
+/// What one rank saw.
+struct Ran {
+    threads: usize,
+    lane_replies: bool,
+    stats: WorkerStats,
+}
+
+/// `threads[r]` threads for rank r; `iterations` all-reduces of `len`
+/// checked bit for bit; `mid(it)` runs on rank 0 before iteration `it`.
+fn run(
+    sw: &LoopbackSwitch,
+    kind: TransportKind,
+    threads: &[usize],
+    len: usize,
+    iterations: u32,
+    mid: impl Fn(u32) + Sync,
+) -> Vec<Ran> {
+    let n = threads.len() as u16;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let addr = sw.addr();
+                let mid = &mid;
+                let t = threads[rank as usize];
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, n, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    cfg.transport_kind = kind;
+                    cfg.threads = t;
+                    let mut w = Worker::join(cfg).expect("join");
+                    let mut data = vec![0f32; len];
+                    for it in 0..iterations {
+                        if rank == 0 {
+                            mid(it);
+                        }
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data).expect("all_reduce");
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(
+                                v.to_bits(),
+                                expected_sum(n, it, i).to_bits(),
+                                "{kind} rank {rank} ({t} threads) it {it} elem {i}"
+                            );
+                        }
+                    }
+                    Ran {
+                        threads: w.threads(),
+                        lane_replies: w.lane_replies(),
+                        stats: w.stats(),
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn two_and_four_threads_are_bit_exact_on_both_transports() {
+    for kind in [TransportKind::Mmsg, TransportKind::UdpGso] {
+        for t in [2, 4] {
+            let sw = stand_in(3, 4, 0, AuthMode::Port);
+            // 500 chunks per all-reduce.
+            for r in run(&sw, kind, &[t; 3], 50_000, 3, |_| {}) {
+                assert_eq!(r.threads, t, "{kind}");
+                assert!(r.lane_replies, "{kind}");
+                assert!(r.stats.results >= 3 * 500, "{kind}: {:?}", r.stats);
+            }
+            // Every lane's port took DATA: each thread sends its own lanes.
+            let per_lane = sw.datagrams_per_lane();
+            assert!(per_lane.iter().all(|n| *n >= 3 * 3 * 125), "{per_lane:?}");
+        }
+    }
+}
+
+/// Ranks with different thread counts (1, 2, 4) in one job: the switch
+/// sums chunks, not threads.
+#[test]
+fn ranks_with_different_thread_counts_agree() {
+    let sw = stand_in(3, 4, 0, AuthMode::Port);
+    let ran = run(&sw, TransportKind::Auto, &[1, 2, 4], 30_001, 3, |_| {});
+    let got: Vec<usize> = ran.iter().map(|r| r.threads).collect();
+    assert_eq!(got, [1, 2, 4]);
+}
+
+#[test]
+fn four_threads_stay_exact_over_a_lossy_switch() {
+    let sw = stand_in(3, 4, 13, AuthMode::Port);
+    for r in run(&sw, TransportKind::Auto, &[4; 3], 40_000, 3, |_| {}) {
+        assert_eq!(r.threads, 4);
+        assert!(r.stats.chunks_resent > 0, "{:?}", r.stats);
+    }
+}
+
+#[test]
+fn two_threads_of_a_tagged_job_stay_exact_over_loss() {
+    let sw = stand_in(2, 4, 11, AuthMode::Mac);
+    for r in run(&sw, TransportKind::Auto, &[2; 2], 20_000, 3, |_| {}) {
+        assert_eq!(r.threads, 2);
+        assert_eq!(r.stats.bad_tag_results, 0, "{:?}", r.stats);
+    }
+}
+
+/// A switch restart in the middle of collectives carried by 2 and 4
+/// threads: thread 0 finds it, stops the lanes, rejoins from the oldest
+/// unanswered seq of every share, and every thread resends; exact.
+#[test]
+fn a_switch_restart_mid_collective_is_rejoined_by_every_thread() {
+    let sw = stand_in(2, 4, 0, AuthMode::Port);
+    let restart = sw.restarter();
+    let ran = std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            restart();
+        });
+        run(&sw, TransportKind::Auto, &[2, 4], 100_000, 30, |_| {})
+    });
+    for r in &ran {
+        assert!(r.stats.rejoins >= 1, "{:?}", r.stats);
+    }
+}
+
+#[test]
+fn a_switch_restart_between_collectives_keeps_the_threads() {
+    let sw = stand_in(2, 4, 0, AuthMode::Port);
+    let restart = sw.restarter();
+    let ran = run(&sw, TransportKind::Auto, &[4, 4], 20_000, 4, move |it| {
+        if it == 2 {
+            restart();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    for r in &ran {
+        assert_eq!(r.threads, 4);
+    }
+}
+
+/// A switch without seq lanes grants no lane replies: one thread carries
+/// every collective, whatever was asked, and the sums are exact.
+#[test]
+fn a_switch_without_lanes_gets_one_thread() {
+    let sw = stand_in(2, 1, 0, AuthMode::Port);
+    for r in run(&sw, TransportKind::Auto, &[4, 2], 20_000, 2, |_| {}) {
+        assert_eq!(r.threads, 1);
+        assert!(!r.lane_replies);
+    }
+}
+
+/// More threads than the switch's lanes: clamped to its lanes.
+#[test]
+fn threads_are_clamped_to_the_switchs_lanes() {
+    let sw = stand_in(2, 2, 0, AuthMode::Port);
+    for r in run(&sw, TransportKind::Auto, &[8, 3], 20_000, 2, |_| {}) {
+        assert_eq!(r.threads, 2);
+    }
+}
