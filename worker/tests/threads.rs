@@ -180,3 +180,41 @@ fn threads_are_clamped_to_the_switchs_lanes() {
         assert_eq!(r.threads, 2);
     }
 }
+
+/// A rank that dies after the first collective: the next one stalls on
+/// every thread of the other rank, and thread 0, watching the lanes too,
+/// fails it with the stall error that names the missing rank.
+#[test]
+fn a_dead_rank_stalls_every_thread_and_the_error_names_it() {
+    let sw = stand_in(2, 4, 0, AuthMode::Port);
+    let addr = sw.addr();
+    let join = |rank: u16| {
+        let mut cfg = WorkerConfig::new(addr, 1, rank, 2, SECRET);
+        cfg.threads = 4;
+        cfg.stall_timeout = Duration::from_secs(1);
+        Worker::join(cfg).expect("join")
+    };
+    let (w0, e) = std::thread::scope(|s| {
+        let dead = s.spawn(move || {
+            let mut w = join(1);
+            let mut data = vec![1f32; 20_000];
+            w.all_reduce(&mut data).expect("first all_reduce");
+            // Gone without a LEAVE.
+        });
+        let mut w0 = join(0);
+        let mut data = vec![1f32; 20_000];
+        w0.all_reduce(&mut data).expect("first all_reduce");
+        assert!(data.iter().all(|v| *v == 2.0));
+        dead.join().unwrap();
+        let e = w0.all_reduce(&mut data).expect_err("rank 1 is gone");
+        (w0, e)
+    });
+    assert_eq!(w0.threads(), 4);
+    let msg = e.to_string();
+    assert!(
+        matches!(e, worker::WorkerError::Stalled { ref missing, .. } if missing.as_deref() == Some(&[1][..])),
+        "{msg}"
+    );
+    assert!(msg.contains("waiting for ranks [1]"), "{msg}");
+    assert!(w0.stats().probes_sent == 0, "a stall is no restart");
+}
