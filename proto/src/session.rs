@@ -57,6 +57,10 @@
 //!   member: the session is lost ([`Lost::JobRemade`]) and provisions
 //!   again. A forged NACK alone only makes it probe (docs/PROTOCOL.md,
 //!   "Workers and restarts").
+//! * Lane replies (docs/PROTOCOL.md, "Seq lanes"): every JOIN carries
+//!   `LANE_REPLIES` while the caller asks ([`WorkerSession::set_lane_replies`]);
+//!   the grant is the verified JOIN_ACK's bit ([`Joined::lane_replies`]),
+//!   kept until the next JOIN_ACK and copied into a lane copy.
 //! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
 //!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
 //!   which [`crate::member::Member`] builds DATA with.

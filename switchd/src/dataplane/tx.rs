@@ -14,7 +14,9 @@
 //! replies other threads handed to this one, given back to the switch).
 //!
 //! Invariants: a reply is encoded straight into a UMEM frame, after the
-//! Ethernet/IPv4/UDP headers; an untagged RESULT as a head and the
+//! Ethernet/IPv4/UDP headers, from UDP port `to.local_port` (proto's
+//! choice: `agg_port`, or a lane's port for a RESULT to a member granted
+//! lane replies); an untagged RESULT as a head and the
 //! shadow's payload (one copy, also when a jumbo RESULT spans several
 //! frames), with the payload's checksum sum made once per result; a full
 //! ring, missing socket, full outbox or a RESULT that could not be made is
