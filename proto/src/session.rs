@@ -57,6 +57,10 @@
 //!   member: the session is lost ([`Lost::JobRemade`]) and provisions
 //!   again. A forged NACK alone only makes it probe (docs/PROTOCOL.md,
 //!   "Workers and restarts").
+//! * Lane replies (docs/PROTOCOL.md, "Seq lanes"): every JOIN carries
+//!   `LANE_REPLIES` while the caller asks ([`WorkerSession::set_lane_replies`]);
+//!   the grant is the verified JOIN_ACK's bit ([`Joined::lane_replies`]),
+//!   kept until the next JOIN_ACK and copied into a lane copy.
 //! * A DATA header's session fields (rank, generation; `LAST`, `RETX`) and
 //!   its tag ([`WorkerSession::data_header`], [`WorkerSession::data_tag`]),
 //!   which [`crate::member::Member`] builds DATA with.
@@ -1563,6 +1567,68 @@ mod tests {
     /// The switch restarts (a new generation, no sessions): its untagged
     /// NACK makes the worker probe, the CHALLENGE to the probe shows the new
     /// generation, and the worker joins again from its resume point.
+    /// Lane replies (docs/PROTOCOL.md, "Seq lanes"): the JOIN carries
+    /// `LANE_REPLIES` only when asked; `Joined::lane_replies` is the
+    /// JOIN_ACK's bit, which a switch with lanes sets for a JOIN that asked;
+    /// the bit flipped on the way breaks the JOIN_ACK's tag (refused as any
+    /// bad tag); a lane copy has the grant; a later JOIN without asking
+    /// ends it.
+    #[test]
+    fn lane_replies_are_asked_by_the_join_and_granted_under_the_join_acks_tag() {
+        let t0 = Instant::now();
+        for (lanes, ask) in [(1, false), (1, true), (4, false), (4, true)] {
+            let mut t = JobTable::new(
+                TableConfig {
+                    seq_lanes: lanes,
+                    ..TableConfig::new(1, [5; 32])
+                },
+                t0,
+            );
+            t.add(job_config(1, AuthMode::Port), 64).unwrap();
+            let mut s = session(0, 1);
+            s.set_lane_replies(ask);
+            assert!(!s.lane_replies(), "nothing is granted before a join");
+            s.start_join(0, 0, t0);
+            let ch = exchange(&mut s, &mut t, t0);
+            assert!(feed(&mut s, &ch, t0).is_empty());
+            let join = s.poll_transmit(t0).unwrap();
+            assert_eq!(join.msg_type, MsgType::Join);
+            let h = HeaderRepr::parse(&Header::new_checked(join.bytes()).unwrap()).unwrap();
+            assert_eq!(h.flags, if ask { flags::LANE_REPLIES } else { 0 });
+            t.handle(join.bytes(), endpoint(0), false, t0);
+            let acks = replies(&mut t);
+            assert_eq!(acks.len(), 1);
+            let granted = ask && lanes > 1;
+            assert_eq!(acks[0][1] & flags::LANE_REPLIES != 0, granted);
+            // The bit flipped (a grant forged, or one taken away): the tag
+            // no longer verifies.
+            let mut flipped = acks[0].clone();
+            flipped[1] ^= flags::LANE_REPLIES;
+            assert!(s.handle(&flipped, t0).is_none());
+            assert_eq!(s.stats().bad_tag_join_acks, 1);
+            assert!(!s.is_joined() && !s.lane_replies());
+            let ev = feed(&mut s, &acks, t0);
+            let j = joined(&ev).expect("joined");
+            assert_eq!(j.lane_replies, granted, "lanes {lanes}, asked {ask}");
+            assert_eq!(j.seq_lanes, lanes);
+            assert_eq!(s.lane_replies(), granted);
+            assert_eq!(s.lane_copy().lane_replies(), granted);
+            // Asking no more: the next JOIN (a fresh handshake) carries no
+            // flag, and its JOIN_ACK grants nothing.
+            s.set_lane_replies(false);
+            let t1 = t0 + Duration::from_millis(10);
+            s.start_join(0, 0, t1);
+            let ch = exchange(&mut s, &mut t, t1);
+            assert!(feed(&mut s, &ch, t1).is_empty());
+            let join = s.poll_transmit(t1).unwrap();
+            assert_eq!(join.bytes()[1] & flags::LANE_REPLIES, 0);
+            t.handle(join.bytes(), endpoint(0), false, t1);
+            let ev = feed(&mut s, &replies(&mut t), t1);
+            assert!(!joined(&ev).expect("joined again").lane_replies);
+            assert!(!s.lane_replies());
+        }
+    }
+
     #[test]
     fn a_switch_restart_is_found_by_a_probe_and_rejoined() {
         let t0 = Instant::now();

@@ -3,22 +3,25 @@
 //! joined member carries share 0 of T, and `Member::lane` makes the
 //! members of shares 1..T, each with its own window, RTT and DCTCP. Every
 //! member of a rank sends from the rank's one bound source, as sockets
-//! sharing one port do. The RESULT of seq s reaches the member of share
-//! s mod T, as the kernel delivers lane ports' replies to the socket
-//! connected to each. The links lose, duplicate and reorder.
+//! sharing one port do. Every rank asks lane replies
+//! (`Member::ask_lane_replies`), so the switch sends the RESULT of seq s
+//! from its port P + (s mod L); each reply reaches the member of share
+//! (source port − P) mod T, as the kernel delivers a lane port's replies to
+//! the socket connected to it. So the switch's own choice of port is what
+//! routes every RESULT here. The links lose, duplicate and reorder.
 //!
 //! Another run restarts the switch mid-collective. The rank's joined
-//! member gets every message that is not a RESULT (replies from the
-//! aggregation port reach the socket connected to it) and rejoins from the
-//! oldest unanswered seq of all its shares; the lane members go idle, then
-//! follow the rejoined session and resend from the JOIN_ACK's resume
-//! point.
+//! member gets every message that is not a RESULT (they all come from P,
+//! whose socket is share 0's) and rejoins, asking again, from the oldest
+//! unanswered seq of all its shares; the lane members go idle, then follow
+//! the rejoined session and resend from the JOIN_ACK's resume point.
 //!
 //! What must hold:
 //! * every rank's output is the rank-order sum, bit for bit, for T = 1, 2
 //!   and 4;
 //! * each member sends only its own seqs and never gets a RESULT that is
 //!   not its own;
+//! * a RESULT comes from P + (s mod L), every other reply from P;
 //! * each member writes only its own chunks.
 
 use std::time::{Duration, Instant};
@@ -33,19 +36,79 @@ use proto::wire::MsgType;
 use proto::wire::{Dtype, HEADER_LEN};
 
 mod common;
-use common::{join_lossless, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
+use common::{join_lossless_with, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
 
 const GEN: u32 = 77;
 /// The switch's seq lanes: every T tested divides it.
 const LANES: u16 = 4;
+/// The switch's aggregation port P: the members join on it.
+const AGG: u16 = 48879;
 
 enum Msg {
-    ToSwitch { rank: u16, bytes: Vec<u8> },
-    ToWorker { rank: u16, bytes: Vec<u8> },
+    ToSwitch {
+        rank: u16,
+        bytes: Vec<u8>,
+    },
+    /// A reply from the switch's port `port`.
+    ToWorker {
+        rank: u16,
+        port: u16,
+        bytes: Vec<u8>,
+    },
 }
 
 fn endpoint(rank: u16) -> Endpoint {
-    common::endpoint(rank, 2000)
+    Endpoint {
+        local_port: AGG,
+        ..common::endpoint(rank, 2000)
+    }
+}
+
+/// The share whose socket a reply from switch port `port` reaches (the
+/// socket connected to it is lane `port − P`'s, owned by share lane mod
+/// T), after checking the port: P + (seq mod L) for a RESULT, P for
+/// anything else.
+fn share_of(bytes: &[u8], port: u16, threads: u32) -> usize {
+    let lane = port.wrapping_sub(AGG);
+    if bytes[0] & 0x0f == MsgType::Result as u8 {
+        let seq = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
+        assert_eq!(
+            u32::from(lane),
+            seq % u32::from(LANES),
+            "seq {seq}'s RESULT"
+        );
+    } else {
+        assert_eq!(lane, 0, "a reply other than a RESULT from a lane port");
+    }
+    (u32::from(lane) % threads) as usize
+}
+
+/// Delivers `bytes` to the switch; its replies go into `net` with the
+/// port each leaves from.
+fn to_switch(
+    sw: &Switch,
+    net: &mut Links<Msg>,
+    faults: Faults,
+    now: Duration,
+    at: Instant,
+    rank: u16,
+    bytes: &[u8],
+) {
+    // One bound source per rank, whichever thread sent.
+    common::at_switch_replies(
+        sw,
+        common::thread_of(rank),
+        bytes,
+        endpoint(rank),
+        at,
+        |r, b| {
+            net.send(faults, now, || Msg::ToWorker {
+                rank: r.rank,
+                port: r.to.local_port,
+                bytes: b.to_vec(),
+            })
+        },
+    );
 }
 
 /// A switch of generation `gen` whose job 1 (f32, `auth`) has `slots`
@@ -70,7 +133,16 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
         .map(|r| {
             let from = endpoint(r);
             let params = join_params(1, n, Dtype::F32, [3; 32], r, &from);
-            join_lossless(&mut switch.table(), from, params, [r as u8; 32], 0, now)
+            let ask = |m: &mut Member| m.ask_lane_replies(true);
+            join_lossless_with(
+                &mut switch.table(),
+                from,
+                params,
+                [r as u8; 32],
+                0,
+                now,
+                ask,
+            )
         })
         .collect();
     let mut table = switch.table();
@@ -87,9 +159,11 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
         .into_iter()
         .map(|mut m| {
             assert!(m.is_joined());
+            assert!(m.lane_replies(), "a switch with lanes grants what we asked");
             assert_eq!(u32::from(m.seq_lanes()) % threads, 0);
             m.set_share(0, threads);
             let mut ms: Vec<Member> = (1..threads).map(|t| m.lane(t, threads)).collect();
+            assert!(ms.iter().all(Member::lane_replies));
             ms.insert(0, m);
             ms
         })
@@ -170,25 +244,12 @@ fn run(
             while let Some(m) = net.pop_due(now) {
                 match m {
                     Msg::ToSwitch { rank, bytes } => {
-                        // One bound source per rank, whichever thread sent.
-                        common::at_switch(
-                            &switch,
-                            common::thread_of(rank),
-                            &bytes,
-                            endpoint(rank),
-                            base + now,
-                            |rank, b| {
-                                net.send(faults, now, || Msg::ToWorker {
-                                    rank,
-                                    bytes: b.to_vec(),
-                                })
-                            },
-                        );
+                        to_switch(&switch, &mut net, faults, now, base + now, rank, &bytes)
                     }
-                    Msg::ToWorker { rank, bytes } => {
-                        // The lane port's socket: the member of share seq mod T.
+                    Msg::ToWorker { rank, port, bytes } => {
+                        // The lane port's socket: its share's member.
                         let seq = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
-                        let w = &mut ranks[rank as usize][(seq % threads) as usize];
+                        let w = &mut ranks[rank as usize][share_of(&bytes, port, threads)];
                         let (outcome, v) = match w.m.handle(&bytes, base + now) {
                             Some(Event::Result {
                                 outcome, values, ..
@@ -368,26 +429,13 @@ fn run_with_restart(
         while let Some(m) = net.pop_due(now) {
             match m {
                 Msg::ToSwitch { rank, bytes } => {
-                    common::at_switch(
-                        &sw,
-                        common::thread_of(rank),
-                        &bytes,
-                        endpoint(rank),
-                        base + now,
-                        |rank, b| {
-                            net.send(faults, now, || Msg::ToWorker {
-                                rank,
-                                bytes: b.to_vec(),
-                            })
-                        },
-                    );
+                    to_switch(&sw, &mut net, faults, now, base + now, rank, &bytes)
                 }
-                Msg::ToWorker { rank, bytes } => {
+                Msg::ToWorker { rank, port, bytes } => {
                     let ws = &mut ranks[rank as usize];
-                    let seq = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
-                    let result = bytes[0] & 0x0f == MsgType::Result as u8;
-                    // RESULTs by lane; the rest to the joined member.
-                    let t = if result { (seq % threads) as usize } else { 0 };
+                    // By source port: RESULTs by lane, the rest (from P) to
+                    // the joined member.
+                    let t = share_of(&bytes, port, threads);
                     match ws[t].m.handle(&bytes, base + now) {
                         None => {}
                         Some(Event::Rejoining(_)) => {
@@ -406,10 +454,12 @@ fn run_with_restart(
                         }
                         Some(Event::Joined(j)) => {
                             assert!(!j.first);
+                            assert!(j.lane_replies, "the rejoin asked again");
                             let (control, lanes) = ws.split_first_mut().unwrap();
                             control.m.restart_from(j.seq);
                             for w in lanes {
                                 w.m.follow(&control.m);
+                                assert!(w.m.lane_replies());
                                 w.m.restart_from(j.seq);
                             }
                         }

@@ -514,15 +514,16 @@ fn check_config(path: &Path) -> Result<()> {
     );
     if cfg.switch.seq_lanes > 1 {
         let (port, lanes) = (cfg.switch.agg_port, cfg.switch.seq_lanes);
+        let queues = cfg.switch.queues.max(1);
         println!(
             "  seq lanes: {lanes}: DATA of chunk seq s on UDP port {port} + s mod {lanes} \
-             ({port}..={}); on a NIC, steer lane l to queue l:",
+             ({port}..={}); on a NIC, steer lane l to queue l mod {queues}:",
             port + (lanes - 1)
         );
         for p in &cfg.switch.ports {
             println!(
                 "    ethtool -K {p} ntuple on; for l in $(seq 0 {}); do ethtool -N {p} \
-                 flow-type udp4 dst-port $(({port} + l)) action $l; done",
+                 flow-type udp4 dst-port $(({port} + l)) action $((l % {queues})); done",
                 lanes - 1
             );
         }

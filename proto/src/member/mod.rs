@@ -42,7 +42,11 @@
 //! session is lost the caller rejoins from the oldest unanswered seq of
 //! all shares ([`Member::start_join`] on the joined member; the lane
 //! members go idle through theirs) and, at the JOIN_ACK, has each lane
-//! member [`Member::follow`] the rejoined one before resending.
+//! member [`Member::follow`] the rejoined one before resending. The
+//! joined member asks for lane replies ([`Member::ask_lane_replies`]) so
+//! that the switch sends each lane's RESULTs from that lane's port, which
+//! the thread owning it reads; [`Member::lane_replies`] says whether the
+//! last JOIN_ACK granted them.
 
 pub mod collective;
 pub mod config;

@@ -35,6 +35,12 @@
 //!   reply through [`JobTable::encode`], under the lock.
 //! * The priority board's clock moves once per batch ([`Switch::batch`]),
 //!   never per frame.
+//! * A RESULT's source port is decided with its [`Reply`]: a member granted
+//!   lane replies gets the RESULT of seq s from `agg_port + (s mod L)`
+//!   ([`Reply::result`], [`Reply::resend`]; docs/PROTOCOL.md, "Seq
+//!   lanes"), every other reply from the port the member joined on; a
+//!   shell sends from `r.to.local_port` and never changes it. The data
+//!   path's resend takes the grant from the bound member it checked.
 //! * Nothing here allocates or makes a syscall per datagram.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

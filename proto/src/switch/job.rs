@@ -25,7 +25,11 @@
 //!   LEAVE for its rank from anything else are dropped and counted
 //!   (`source_mismatch`, or `wrong_port` when only the switch port differs:
 //!   a spoofed frame from another host), never summed, never answered.
-//!   LEAVE carries a MAC over the accepted nonce.
+//!   LEAVE carries a MAC over the accepted nonce. The accepted JOIN's lane
+//!   replies grant (`Endpoint::result_lanes`, decided by the table) is part
+//!   of the recorded endpoint: the next accepted JOIN replaces it, a copy
+//!   of the accepted one changes nothing, and the JOIN_ACK says it
+//!   (`LANE_REPLIES`, under its tag).
 //! * The binding, with the session key its JOIN made, outlives a reset to
 //!   joining (the rank's last accepted JOIN under this generation), so that
 //!   only the member itself hears NACK 6, authenticated (docs/PROTOCOL.md,

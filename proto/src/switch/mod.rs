@@ -61,6 +61,12 @@
 //!     else, a member's spoofed address on another port included, is
 //!     dropped and counted and gets nothing, as from any stranger;
 //!   - LEAVE is never answered.
+//!
+//!   Every answer leaves from the port the message came to as its shell
+//!   reports it (switchd: `agg_port`), except a RESULT to a member granted
+//!   lane replies (`LANE_REPLIES` on its accepted JOIN, seq lanes L > 1,
+//!   not a leaf): it leaves from `agg_port + (seq mod L)`. RESULTs go only
+//!   to bound members, so no stranger sees a lane port answer.
 //! * Slot pools are charged against the budget before they are allocated;
 //!   the sum of declared jobs' [`JobConfig::pool_bytes`] never exceeds it.
 //! * A PROVISION is judged before its job is looked up (its job is 0 or

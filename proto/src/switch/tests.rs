@@ -1002,6 +1002,7 @@ mod dtypes;
 mod elastic;
 mod entry;
 mod kinds;
+mod lanes;
 mod priority;
 mod provisioning;
 

@@ -211,26 +211,26 @@ pub fn thread_of(rank: u16) -> usize {
 /// The simulated shell of one thread: routes a reply to the thread that
 /// owns its rank's socket, encodes what it sends whole (as the loopback
 /// stand-in does) and queues hand-offs for the other threads.
-struct SimShell<'a, F: FnMut(u16, &[u8])> {
+struct SimShell<'a, F: FnMut(&Reply, &[u8])> {
     send: &'a mut F,
     handoffs: Vec<(usize, Handoff)>,
     buf: Vec<u8>,
 }
 
-impl<F: FnMut(u16, &[u8])> Transmit for SimShell<'_, F> {
+impl<F: FnMut(&Reply, &[u8])> Transmit for SimShell<'_, F> {
     fn route(&mut self, r: &mut Reply) -> Option<usize> {
         Some(thread_of(r.rank))
     }
 
     fn send_result(&mut self, r: &Reply, hdr: &HeaderRepr, res: &ResultRef<'_>, token: &Tag) {
         if let Some(e) = encode_result(hdr, res, token, &mut self.buf) {
-            (self.send)(r.rank, &self.buf[..e.len]);
+            (self.send)(r, &self.buf[..e.len]);
         }
     }
 
     fn send_reply(&mut self, r: &Reply, encode: impl FnOnce(&mut [u8]) -> Option<Encoded>) {
         if let Some(e) = encode(&mut self.buf) {
-            (self.send)(r.rank, &self.buf[..e.len]);
+            (self.send)(r, &self.buf[..e.len]);
         }
     }
 
@@ -253,6 +253,19 @@ pub fn at_switch(
     from: Endpoint,
     at: Instant,
     mut send: impl FnMut(u16, &[u8]),
+) -> Handled {
+    at_switch_replies(switch, thread, bytes, from, at, |r, b| send(r.rank, b))
+}
+
+/// [`at_switch`], with each reply's whole [`Reply`] (where it goes and the
+/// switch port it leaves from: `to.local_port`).
+pub fn at_switch_replies(
+    switch: &Switch,
+    thread: usize,
+    bytes: &[u8],
+    from: Endpoint,
+    at: Instant,
+    mut send: impl FnMut(&Reply, &[u8]),
 ) -> Handled {
     let mut shell = SimShell {
         send: &mut send,
@@ -326,7 +339,22 @@ pub fn join_lossless(
     start_seq: u32,
     now: Instant,
 ) -> Member {
+    join_lossless_with(table, from, params, key, start_seq, now, |_| {})
+}
+
+/// [`join_lossless`], with `prepare` done to the member before it starts
+/// joining (e.g. asking lane replies).
+pub fn join_lossless_with(
+    table: &mut JobTable,
+    from: Endpoint,
+    params: JoinParams,
+    key: [u8; 32],
+    start_seq: u32,
+    now: Instant,
+    prepare: impl FnOnce(&mut Member),
+) -> Member {
     let mut m = Member::new(params, Default::default(), transport(), key);
+    prepare(&mut m);
     m.start_join(0, start_seq, now);
     let mut b = [0u8; 128];
     let hello = m.poll_control(now).expect("a HELLO");

@@ -26,8 +26,9 @@ pub enum LayoutWarning {
     QueuesOverNic { port: String, queues: u32, nic: u32 },
     /// The port has receive queues without a socket.
     QueuesUnderNic { port: String, queues: u32, nic: u32 },
-    /// Seq lanes that ntuple rules cannot map one to a queue, each queue
-    /// to one thread.
+    /// Seq lanes that do not spread evenly over the dataplane threads, each
+    /// lane on one thread (its ntuple rule steers lane l to queue l mod
+    /// queues; queue q is thread q mod threads's when threads ≤ queues).
     LanesNotQueues {
         lanes: u16,
         queues: u32,
@@ -99,21 +100,27 @@ impl std::fmt::Display for LayoutWarning {
             } => write!(
                 f,
                 "switch.seq_lanes = {lanes} with queues = {queues} and dataplane_threads = \
-                 {threads}: each lane needs a queue of its own (an ntuple rule per lane) served \
-                 by one thread (thread q serves queue q of every port only when threads ≤ \
-                 queues); otherwise a chunk's DATA reach more than one thread and the lanes \
-                 gain nothing; set seq_lanes = queues = dataplane_threads (or seq_lanes = 1)"
+                 {threads}: the lanes do not spread evenly over the threads, one thread per \
+                 lane (lane l's ntuple rule steers it to queue l mod queues, and thread t \
+                 serves queues t, t + threads, … of every port only when threads ≤ queues), so \
+                 a chunk's DATA reach more than one thread or some threads take no lane; set \
+                 seq_lanes to a multiple of dataplane_threads, with dataplane_threads ≤ queues \
+                 (more lanes than threads is fine: workers with several threads use them), or \
+                 seq_lanes = 1"
             ),
         }
     }
 }
 
-/// Warnings about seq lanes (more than one) that do not map one to one
-/// onto queues served, queue q by thread q, on every port: lane l's rule
-/// steers to queue l, so lanes must equal queues, with no more threads
-/// than queues ([`crate::dataplane::deal`]).
+/// Warnings about seq lanes (more than one) that do not spread evenly over
+/// the dataplane threads: lane l's rule steers it to queue l mod queues,
+/// served by thread (l mod queues) mod threads on every port when there
+/// are no more threads than queues ([`crate::dataplane::deal`]), so the
+/// lanes must be a multiple of the threads. Lanes are a placement: more
+/// lanes than threads (or queues) is fine, and is what a worker with
+/// several threads needs (docs/PROTOCOL.md, "Seq lanes").
 pub fn lane_warnings(lanes: u16, queues: u32, threads: u32) -> Vec<LayoutWarning> {
-    if lanes > 1 && (u32::from(lanes) != queues || threads > queues) {
+    if lanes > 1 && (!u32::from(lanes).is_multiple_of(threads.max(1)) || threads > queues) {
         vec![LayoutWarning::LanesNotQueues {
             lanes,
             queues,

@@ -451,7 +451,7 @@ fn seq_lanes_are_a_power_of_two_within_the_ports() {
 }
 
 #[test]
-fn lanes_that_do_not_match_queues_and_threads_get_a_warning() {
+fn lanes_that_are_not_a_multiple_of_the_threads_get_a_warning() {
     assert_eq!(lane_warnings(1, 1, 4), vec![]);
     assert_eq!(lane_warnings(4, 4, 4), vec![]);
     assert_eq!(
@@ -459,13 +459,23 @@ fn lanes_that_do_not_match_queues_and_threads_get_a_warning() {
         vec![],
         "thread t serves queues t, t + 2"
     );
-    for (lanes, queues, threads) in [(4, 2, 2), (2, 2, 4)] {
+    // More lanes than threads or queues: a placement, lane l on queue
+    // l mod queues (what multi-thread workers need).
+    for (lanes, queues, threads) in [(8, 4, 4), (4, 2, 2), (8, 1, 1), (64, 2, 1), (4, 4, 1)] {
+        assert_eq!(
+            lane_warnings(lanes, queues, threads),
+            vec![],
+            "{lanes} {queues} {threads}"
+        );
+    }
+    // Not a multiple of the threads, or threads over the queues.
+    for (lanes, queues, threads) in [(2, 4, 4), (2, 2, 4), (4, 3, 3), (4, 2, 4)] {
         let w = lane_warnings(lanes, queues, threads);
         assert_eq!(w.len(), 1, "{lanes} {queues} {threads}");
         let msg = w[0].to_string();
         assert!(
             msg.contains(&format!("seq_lanes = {lanes}"))
-                && msg.contains("set seq_lanes = queues = dataplane_threads"),
+                && msg.contains("set seq_lanes to a multiple of dataplane_threads"),
             "{msg}"
         );
     }

@@ -54,7 +54,9 @@ pub fn handle_frame(
     }
     let mut from = reply_endpoint(&f, port_idx, queue);
     // Replies come from the aggregation port, whichever lane's port the
-    // message came to: a worker's socket is connected to that one.
+    // message came to: a worker's socket is connected to that one. Only a
+    // RESULT to a member granted lane replies leaves from its lane's port
+    // (proto sets its `to.local_port`).
     from.local_port = out.agg_port();
     let ce = f.ce || congested;
     batch.on_datagram(f.payload, from, ce, out);

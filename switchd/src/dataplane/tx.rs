@@ -14,7 +14,9 @@
 //! replies other threads handed to this one, given back to the switch).
 //!
 //! Invariants: a reply is encoded straight into a UMEM frame, after the
-//! Ethernet/IPv4/UDP headers; an untagged RESULT as a head and the
+//! Ethernet/IPv4/UDP headers, from UDP port `to.local_port` (proto's
+//! choice: `agg_port`, or a lane's port for a RESULT to a member granted
+//! lane replies); an untagged RESULT as a head and the
 //! shadow's payload (one copy, also when a jumbo RESULT spans several
 //! frames), with the payload's checksum sum made once per result; a full
 //! ring, missing socket, full outbox or a RESULT that could not be made is
@@ -283,6 +285,14 @@ mod tests {
     /// whole), checks that each parses with its UDP checksum verified, and
     /// returns them with their aggregation headers.
     fn drain(t: &mut JobTable) -> Vec<(HeaderRepr, Vec<u8>)> {
+        drain_from(t)
+            .into_iter()
+            .map(|(_, h, payload)| (h, payload))
+            .collect()
+    }
+
+    /// [`drain`], with each frame's UDP source port.
+    fn drain_from(t: &mut JobTable) -> Vec<(u16, HeaderRepr, Vec<u8>)> {
         let mut out = Vec::new();
         while let Some(r) = t.poll_reply() {
             let mut buf = [0u8; 4096];
@@ -317,8 +327,9 @@ mod tests {
             let mut bad = frame.clone();
             *bad.last_mut().unwrap() ^= 0x40;
             assert_eq!(parse_udp_frame(&bad).unwrap_err(), FrameError::UdpChecksum);
+            assert_eq!(f.src_port, r.to.local_port);
             let h = HeaderRepr::parse(&Header::new_checked(f.payload).unwrap()).unwrap();
-            out.push((h, f.payload.to_vec()));
+            out.push((f.src_port, h, f.payload.to_vec()));
         }
         out
     }
@@ -336,7 +347,15 @@ mod tests {
     }
 
     fn table_with_stats(dtype: Dtype, n: u16, auth: AuthMode, stats: bool) -> JobTable {
-        let mut t = JobTable::new(TableConfig::new(GEN, [9; 32]), Instant::now());
+        table_of(dtype, n, auth, stats, 1)
+    }
+
+    fn table_of(dtype: Dtype, n: u16, auth: AuthMode, stats: bool, seq_lanes: u16) -> JobTable {
+        let cfg = TableConfig {
+            seq_lanes,
+            ..TableConfig::new(GEN, [9; 32])
+        };
+        let mut t = JobTable::new(cfg, Instant::now());
         t.add(
             JobConfig {
                 id: JOB,
@@ -371,6 +390,17 @@ mod tests {
         n: u16,
         wire_dtype: u8,
     ) -> (Vec<proto::handshake::JoinAck>, Vec<MsgType>) {
+        join_all_asking(t, n, wire_dtype, &[])
+    }
+
+    /// [`join_all`], rank r asking lane replies when `asks[r]` (none past
+    /// its end).
+    fn join_all_asking(
+        t: &mut JobTable,
+        n: u16,
+        wire_dtype: u8,
+        asks: &[bool],
+    ) -> (Vec<proto::handshake::JoinAck>, Vec<MsgType>) {
         let now = Instant::now();
         let mut hss = Vec::new();
         let mut kinds = Vec::new();
@@ -391,6 +421,7 @@ mod tests {
                 },
                 [rank as u8 + 1; 16],
             );
+            hs.set_lane_replies(asks.get(usize::from(rank)).copied().unwrap_or(false));
             let mut b = [0u8; 256];
             let len = hs.emit_hello(&mut b).unwrap();
             t.handle(&b[..len], ep, false, now);
@@ -554,6 +585,65 @@ mod tests {
                 assert!(trailers.last().unwrap().0, "the last one is a resend");
                 assert!(trailers.windows(2).all(|w| w[0].1 == w[1].1));
             }
+        }
+    }
+
+    /// Lane replies (docs/PROTOCOL.md, "Seq lanes"): the frames of a
+    /// RESULT to a member granted them (rank 0) leave from UDP port
+    /// agg_port + (seq mod 4), with a checksum that verifies, first sends
+    /// and resends, untagged (head and payload) and tagged (whole); its
+    /// JOIN_ACK, HEARTBEAT answer and NACK, and everything to rank 1 (which
+    /// did not ask), from agg_port.
+    #[test]
+    fn a_granted_members_result_frames_leave_from_its_seq_lane_port() {
+        for auth in [AuthMode::Port, AuthMode::Mac] {
+            let now = Instant::now();
+            let mut t = table_of(Dtype::F32, 2, auth, false, 4);
+            let (acks, _) = join_all_asking(&mut t, 2, proto::wire::DTYPE_F32, &[true, false]);
+            let keys: Vec<Option<PacketKey>> = acks.into_iter().map(|a| a.data_key).collect();
+            let mut results = 0;
+            for seq in 0..6u32 {
+                for rank in 0..2u16 {
+                    let mut h = HeaderRepr::new(MsgType::Data, JOB);
+                    (h.rank, h.seq, h.count, h.gen) = (rank, seq, 2, GEN);
+                    let mut p = vec![0u8; HEADER_LEN + 8];
+                    h.emit_to(&mut p).unwrap();
+                    write_f32s(&[1.5, -2.0], &mut p[HEADER_LEN..]);
+                    if let Some(k) = &keys[usize::from(rank)] {
+                        let tag = k.tag(&h, &p[HEADER_LEN..]);
+                        p.extend_from_slice(&tag);
+                    }
+                    t.handle(&p, endpoint(rank), false, now);
+                    if rank == 1 {
+                        // Sent again after completion: the RESULT resent.
+                        t.handle(&p, endpoint(rank), false, now);
+                    }
+                }
+                for (port, h, _) in drain_from(&mut t) {
+                    assert_eq!(h.msg_type, MsgType::Result);
+                    let want = if h.rank == 0 {
+                        48879 + (seq % 4) as u16
+                    } else {
+                        48879
+                    };
+                    assert_eq!(port, want, "{auth}: {h:?}");
+                    results += 1;
+                }
+            }
+            // Per seq: two first sends and rank 1's resend.
+            assert_eq!(results, 6 * 3, "{auth}");
+            let mut h = HeaderRepr::new(MsgType::Heartbeat, JOB);
+            (h.gen, h.seq) = (GEN, 9);
+            let mut p = [0u8; HEADER_LEN];
+            h.emit_to(&mut p).unwrap();
+            t.handle(&p, endpoint(0), false, now);
+            h.gen = GEN ^ 1;
+            h.emit_to(&mut p).unwrap();
+            t.handle(&p, endpoint(0), false, now);
+            let others = drain_from(&mut t);
+            let kinds: Vec<MsgType> = others.iter().map(|(_, h, _)| h.msg_type).collect();
+            assert_eq!(kinds, [MsgType::Heartbeat, MsgType::Nack], "{auth}");
+            assert!(others.iter().all(|(port, _, _)| *port == 48879), "{auth}");
         }
     }
 

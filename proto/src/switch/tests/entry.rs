@@ -12,18 +12,18 @@ use crate::wire::flags;
 
 /// A test shell: rank r's socket belongs to thread `r mod threads`; what
 /// each thread sent, and the hand-offs, recorded in order.
-struct Shell {
-    me: usize,
-    threads: usize,
-    seq_hand_offs: bool,
+pub(super) struct Shell {
+    pub(super) me: usize,
+    pub(super) threads: usize,
+    pub(super) seq_hand_offs: bool,
     /// (sending thread, reply, bytes).
-    sent: Vec<(usize, Reply, Vec<u8>)>,
-    handoffs: Vec<(usize, Handoff)>,
-    unsent: usize,
+    pub(super) sent: Vec<(usize, Reply, Vec<u8>)>,
+    pub(super) handoffs: Vec<(usize, Handoff)>,
+    pub(super) unsent: usize,
 }
 
 impl Shell {
-    fn new(me: usize, threads: usize) -> Shell {
+    pub(super) fn new(me: usize, threads: usize) -> Shell {
         Shell {
             me,
             threads,
@@ -66,13 +66,13 @@ impl Transmit for Shell {
 }
 
 /// Rank `rank`'s DATA of `seq` (job 5, one element).
-fn data_bytes(rank: u16, seq: u32) -> Vec<u8> {
+pub(super) fn data_bytes(rank: u16, seq: u32) -> Vec<u8> {
     let (h, p) = data_message(rank, seq, &[1.0 + f32::from(rank)], GEN);
     frame(&h, &p)
 }
 
 /// Every reply in `sent` is the very bytes the table encodes for it.
-fn encoded_as_the_table_does(s: &Switch, sent: &[(usize, Reply, Vec<u8>)]) {
+pub(super) fn encoded_as_the_table_does(s: &Switch, sent: &[(usize, Reply, Vec<u8>)]) {
     let t = s.table();
     for (_, r, bytes) in sent {
         let mut buf = [0u8; 2048];
