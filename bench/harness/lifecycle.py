@@ -274,6 +274,13 @@ def write_switchd_config(switchd, tb, out, writer, workers=None, secret=None, se
     run_checked(argv, f"switchd testbed-config for {out}", env=env)
 
 
+def lanes_for(threads, current=1):
+    """switchd's seq_lanes for T worker threads: at least T and at least
+    the setting it has, a power of two (switchd takes only those)."""
+    need = max(threads, current)
+    return 1 << (need - 1).bit_length()
+
+
 def start_switchd(procs, ns, switchd, log_path, args, ready_timeout=30):
     """Start `switchd ARGS` in ns (output to log_path) and wait until the
     switchctl beside it says that PID is ready on the admin socket of ARGS'
