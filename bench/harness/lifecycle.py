@@ -10,8 +10,9 @@
   and takes it down. Its key=value description (addresses, namespaces)
   reads as tb["switch_addr"].
 * switchd: `switchd testbed-config` writes its config from the testbed's
-  env file (the one typed writer); start_switchd waits until switchctl
-  says that PID is ready.
+  env file (the one typed writer); lanes_for says the seq_lanes a
+  worker's T threads need; start_switchd waits until switchctl says that
+  PID is ready.
 Bash keeps the namespaces and links (scripts/testbed.sh); nothing here
 runs ip or tc itself except `ip netns exec` and `ip netns pids`.
 """

@@ -54,7 +54,11 @@ DESCRIPTION = """\
 Every measurement is K all-reduces of the tensor by 4 workers on the veth
 testbed (prefix "eff"), after one untimed warm-up. Time: the slowest rank's,
 per all-reduce. CPU: the whole machine's busy CPU time (/proc/stat) over the
-all-reduces only, in CPU-seconds per GiB of float32 gradient reduced.
+all-reduces only, in CPU-seconds per GiB of float32 gradient reduced; also
+the workers' own and switchd's own apart (on a cluster they are different
+machines). --worker-threads 1,2,4 runs the switch once per worker thread
+count T (switchd seq_lanes >= T; a T above the CPUs is skipped) and prints
+issue 38's goal table for T = 1 and the best T.
 1 Gbit/s links: tbf on every worker link, both ways. Writes
 bench/results/efficiency-STAMP.{json,png} (or --json/--png) and, unless
 --quick or --no-docs, bench/results/bench-efficiency.{json,png}. Every
