@@ -529,7 +529,7 @@ def table(res):
     def yes(x, no="NO"):
         return "-" if x is None else "yes" if x else no
     line = "same weights on every rank: " + ", ".join(
-        f"{c['link']} {c['comm']} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
+        f"{c['link']} {c.get('name', c['comm'])} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
     if ch["switch_runs_identical"] is not None:
         line += f"; switch runs bit-identical across link settings: {yes(ch['switch_runs_identical'])}"
     if ch["gloo_runs_identical"] is not None:
@@ -548,7 +548,7 @@ def table(res):
         sh = c["shapers"]
         if c["link"] != "unlimited" and sh and "worker_ingress_ifb" in sh:
             rows.append(
-                f"{link_label(c['link'])[:-6]} shapers, {c['comm']}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
+                f"{link_label(c['link'])[:-6]} shapers, {c.get('name', c['comm'])}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
                 f"({sh['worker_egress']['overlimits']} overlimits), worker ingress (ifb) "
                 f"{sh['worker_ingress_ifb']['bytes'] / 1e9:.2f} GB ({sh['worker_ingress_ifb']['overlimits']} overlimits), "
                 f"switch ports {sh['switch_port_egress']['bytes'] / 1e9:.2f} GB")
@@ -623,7 +623,7 @@ def plot(res, path):
     ax.set_ylabel("seconds per training step (lower is better)")
     # Room above the bars for the legend, one line per configuration.
     ax.set_ylim(0, max((c["step_p75_s"] for c in res["configs"] if c["comm"] in comms), default=1.0)
-                * (1.3 + 0.12 * max(0, len(comms) - 2)))
+                * (1.3 + 0.12 * max(0, n - 2)))
     ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
 
@@ -631,7 +631,8 @@ def plot(res, path):
     for c in res["configs"]:
         w0 = res["setup"]["warmup_steps"]
         ax2.plot(range(w0, w0 + len(c["per_step_max_s"])), c["per_step_max_s"], styles[c["link"]],
-                 color=COLORS[c["comm"]], marker=".", label=f"{c['name']}, {link_label(c['link'])}")
+                 color=COLORS[c["comm"]], marker="." if c.get("threads") in (None, base) else "x",
+                 label=f"{c['name']}, {link_label(c['link'])}")
     ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_xlabel("step (warm-up steps left out)")
     ax2.set_ylabel("seconds, slowest of the 4 ranks")

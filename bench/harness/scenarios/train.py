@@ -288,7 +288,7 @@ def run(a):
                     switchd_cpu(out / "switchd-cpu-seconds", sw.pid)
                     procs.stop(sw)
                 last = (out / "rank0.log").read_text(errors="replace").strip().splitlines()
-                log(f"[{lnk}] {comm}: {last[-1] if last else ''}")
+                log(f"[{lnk}] {comm}{'' if th is None else f', T={th}'}: {last[-1] if last else ''}")
 
             if a.wait_idle > 0:
                 wait_idle(a.wait_idle, log)
