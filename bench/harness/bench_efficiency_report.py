@@ -290,6 +290,7 @@ def analyse(runs, elements, cpus, threads_asked):
             alone = {r["threads"]: r for r in runs if r["method"] == "switch_alone" and r["mtu"] == top
                      and r["link"] == "unlimited"}
             if 1 in alone and 4 in alone:
+                entry["threads"] = 4
                 entry["value"] = alone[1]["time_s"] / alone[4]["time_s"]
                 entry["threads_ran"] = alone[4]["threads_ran"]
             else:
@@ -368,7 +369,9 @@ def table(out) -> str:
         elif not g["measured"]:
             lines.append(f"| {g['where']} | {g['measurement']} | {g['note']} | | {g['goal_shown']} | | |")
         else:
-            v = f(g["value"], 2) if g["value"] is not None else g.get("note", "-")
+            ran = "-" if g.get("threads_ran") is None else g["threads_ran"]
+            v = (f"{g['value']:.2f} (T={g['threads']}, ran {ran})" if g["value"] is not None
+                 else g.get("note", "-"))
             lines.append(f"| {g['where']} | {g['measurement']} | | {v} | {g['goal_shown']} | "
                          f"| {verdict(g['met'])} |")
     lines.append("")

@@ -175,6 +175,8 @@ def test_many_core_goals_from_the_10gbit_and_alone_runs(tmp_path):
     ten = goal(res, "time_10gbit")
     assert ten["threads"] == 2 and ten["value"] == pytest.approx(0.65) and ten["met"] is True
     assert "not measured here" not in table
+    assert "| 3.20 (T=4, ran 4) | >= 3x | | met |" in table
+    assert "| 0.65 (T=2, ran 2) | <= 0.70 | | met |" in table
     assert res["worker_threads"]["skipped"] == []
     # The one-worker runs are not ratio rows of their own.
     assert {r["link"] for r in res["ratios"]} == {"unlimited", "1gbit", "10gbit"}
