@@ -125,12 +125,15 @@ def run(a):
                 if many:
                     jobs.append(f"{ALONE_JOB}:0-0:env:AGGSWITCH_TESTBED_SECRET")
 
+                written = set()
+
                 def config(lanes):
-                    """The switchd config with seq_lanes = lanes (1: as it always was)."""
+                    """This testbed's switchd config with seq_lanes = lanes (1: as it always was)."""
                     cfg = rd / ("switchd.toml" if lanes == 1 else f"switchd-lanes{lanes}.toml")
-                    if not cfg.exists():
+                    if lanes not in written:
                         write_switchd_config(switchd, tb, cfg, "scripts/bench efficiency", secret=secret, jobs=jobs,
                                              sets=sets + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
+                        written.add(lanes)
                     return cfg
                 net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
 
