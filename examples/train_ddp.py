@@ -113,6 +113,8 @@ if a.comm == "switch":  # where the collectives ran: AGGSWITCH_MODE, AGGSWITCH_F
     result["path"] = dict(mode=state.mode, fallback=state.fallback, **{k: st[k] for k in (
         "path", "switch_collectives", "host_collectives", "fallbacks", "returns", "failed_returns", "last_fallback_reason",
         "last_fallback_timing")})
+    if "threads" in st:  # the worker threads that carried the last collective (scripts/bench train --worker-threads)
+        result["path"]["threads"] = st["threads"]
 print(f"rank {rank}: loss over all {len(x)} samples {full_loss:.4f}, weights sha256 {result['digest'][:16]}", flush=True)
 if a.out:
     with open(a.out, "w") as f:

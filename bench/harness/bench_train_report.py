@@ -42,6 +42,16 @@ switch (no fallback), with the fallback on and off, hosts entirely on the
 hosts, switch-killed on the switch first, then every rank fell back exactly
 once, never came back, and ran collectives on the hosts.
 
+Worker threads (--worker-threads 1,2): switch and switch-nofallback ran
+once per T (folders LINK-COMM-tT for T > 1), switch-killed at the first T;
+every other figure above is of the first T's runs (the base T), the
+bit-identity checks cover every T's. Per T and link setting: switch / gloo
+step time and the CPU per step of the ranks (GNU time's user + system of
+each rank's whole process, summed: start-up, the model's compute and the
+all-reduces) and of switchd (its whole life in that configuration); the
+T that ran is the ranks' path counters' "threads" (aggswitch's stats), "-"
+where the package does not report it.
+
 The plot (matplotlib, Agg) is skipped with a warning when matplotlib is
 missing.
 """
@@ -76,6 +86,21 @@ COLORS = {"gloo": "#ff7f0e", "switch": "#1f77b4", "switch-nofallback": "#9467bd"
           "switch-killed": "#d62728"}
 ON_SWITCH = ("switch", "switch-nofallback")  # entirely on the switch, as configured
 WITH_SWITCHD = ON_SWITCH + ("switch-killed",)  # the configurations switchd runs for (switch-killed: until the kill)
+THREADED = ("switch", "switch-nofallback")  # run once per worker thread count (switch-killed: the first)
+
+
+def config_dir(link, comm, threads):
+    """A configuration's folder: LINK-COMM, with -tT for T > 1 (the train
+    scenario's naming)."""
+    return f"{link}-{comm}" + ("" if threads in (None, 1) else f"-t{threads}")
+
+
+def thread_counts_of(comm, threads):
+    """The worker thread counts COMM ran with: every one for THREADED, the
+    first for switch-killed, None for gloo and hosts."""
+    if comm in THREADED:
+        return list(threads)
+    return threads[:1] if comm == "switch-killed" else [None]
 
 
 def link_bits_per_s(link):
@@ -119,8 +144,8 @@ def shapers(before, after):
     return shaper_delta(before, after)
 
 
-def load_config(run_dir, link, comm, warmup):
-    d = os.path.join(run_dir, f"{link}-{comm}")
+def load_config(run_dir, link, comm, warmup, threads=None, show_threads=False):
+    d = os.path.join(run_dir, config_dir(link, comm, threads))
     ranks = []
     r = 0
     while os.path.exists(os.path.join(d, f"rank{r}.json")):
@@ -161,8 +186,17 @@ def load_config(run_dir, link, comm, warmup):
             switchd_cpu = float(f.read())
     except (OSError, ValueError):
         pass
+    ran = [(x["path"] or {}).get("threads") for x in ranks]
+    steps = len(ranks[0]["warmup_step_times_s"]) + len(ranks[0]["timed_step_times_s"])
+    ranks_cpu = (sum(x["process_user_s"] + x["process_system_s"] for x in ranks)
+                 if all(x["process_user_s"] is not None for x in ranks) else None)
     c = {
         "link": link, "comm": comm,
+        "name": comm + (f" T={threads}" if show_threads and threads is not None else ""),
+        "threads": threads,
+        # The T that carried the collectives (the smallest over the ranks),
+        # where aggswitch reports it.
+        "threads_ran": min(ran) if ran and all(t is not None for t in ran) else None,
         "step_s": slowest["median_s"],
         "step_rank": slowest["rank"],
         "step_p25_s": slowest["p25_s"], "step_p75_s": slowest["p75_s"],
@@ -179,9 +213,12 @@ def load_config(run_dir, link, comm, warmup):
                                  if all(x["max_rss_kib"] for x in ranks) else None),
         "wall_s": after[0]["t"] - before[0]["t"],
         "cpu_busy_fraction": cpu_busy(before[0]["stat"], after[0]["stat"]),
-        "ranks_cpu_s": (sum(x["process_user_s"] + x["process_system_s"] for x in ranks)
-                        if all(x["process_user_s"] is not None for x in ranks) else None),
+        "ranks_cpu_s": ranks_cpu,
         "switchd_cpu_s": switchd_cpu,
+        # Per step run (warm-up included): the ranks' whole processes, and
+        # switchd's whole life in this configuration.
+        "ranks_cpu_s_per_step": ranks_cpu / steps if ranks_cpu is not None else None,
+        "switchd_cpu_s_per_step": switchd_cpu / steps if switchd_cpu is not None else None,
         "loadavg": {"before": before[0]["loadavg"], "after": after[0]["loadavg"]},
         "shapers": shapers(before, after),
         "world": world, "params": ranks[0]["params"],
@@ -235,10 +272,13 @@ def ran_as_configured(comm, paths):
     return True
 
 
-def analyse(configs, links, comms):
+def analyse(configs, links, comms, threads=(1,)):
     """Ratios, checks and headline of the loaded configurations (each
-    with samples_per_s), for the links and comms that ran."""
-    by = {(c["link"], c["comm"]): c for c in configs}
+    with samples_per_s), for the links and comms that ran; everything but
+    the per-T figures and the bit-identity checks is of the base T's runs
+    (threads[0])."""
+    base = threads[0]
+    by = {(c["link"], c["comm"]): c for c in configs if c["threads"] in (None, base)}
     ratios, loss = {}, {}
     for link in links:
         r = ratios[link] = {}
@@ -252,6 +292,18 @@ def analyse(configs, links, comms):
                 "per_step_max_mean": sw["mean_of_per_step_max_s"] / gl["mean_of_per_step_max_s"],
                 "samples_per_s_gain": sw["samples_per_s"] / gl["samples_per_s"],
             })
+        per_t = {}
+        for t in threads:
+            st = next((c for c in configs if (c["link"], c["comm"], c["threads"]) == (link, "switch", t)), None)
+            if st:
+                per_t[str(t)] = {"threads_ran": st["threads_ran"], "step_s": st["step_s"],
+                                 "switch_over_gloo": st["step_s"] / gl["step_s"] if gl else None,
+                                 "ranks_cpu_s_per_step": st["ranks_cpu_s_per_step"],
+                                 "switchd_cpu_s_per_step": st["switchd_cpu_s_per_step"]}
+        if per_t:
+            r["threads"] = per_t
+            if gl:
+                r["gloo_ranks_cpu_s_per_step"] = gl["ranks_cpu_s_per_step"]
         ho = by.get((link, "hosts"))
         if ho and gl:
             r["hosts_over_gloo"] = ho["step_s"] / gl["step_s"]
@@ -288,12 +340,10 @@ def analyse(configs, links, comms):
     bits = [c for c in configs if c["comm"] in SWITCH_BITS]
     same_as_switch = {}
     for c in bits:
-        if c["comm"] == "switch":
-            continue
         ref = by.get((c["link"], "switch")) or bits[0]
-        if ref is not c:
-            same_as_switch[f"{c['link']} {c['comm']}"] = c["digest"] == ref["digest"]
-    as_configured = {f"{c['link']} {c['comm']}": c["ran_as_configured"] for c in configs if c["comm"] != "gloo"}
+        if ref is not c and (c["comm"] != "switch" or c["threads"] != base):
+            same_as_switch[f"{c['link']} {c['name']}"] = c["digest"] == ref["digest"]
+    as_configured = {f"{c['link']} {c['name']}": c["ran_as_configured"] for c in configs if c["comm"] != "gloo"}
     checks = {
         "loss": loss,
         "loss_tolerance_relative": LOSS_TOLERANCE,
@@ -371,6 +421,15 @@ def f(x, d=3):
     return "-" if x is None else f"{x:.{d}f}"
 
 
+def threads_label(c, setup):
+    """", T=2 (ran 2)" after a switch configuration's label when more than
+    one worker thread count ran (or the one is not 1); "" otherwise."""
+    if c.get("threads") is None or setup.get("worker_threads", [1]) == [1]:
+        return ""
+    ran = "-" if c["threads_ran"] is None else c["threads_ran"]
+    return f", T={c['threads']} (ran {ran})"
+
+
 def table(res):
     s = res["setup"]
     rows = [
@@ -380,7 +439,7 @@ def table(res):
     for c in res["configs"]:
         busy = "-" if c["cpu_busy_fraction"] is None else f"{c['cpu_busy_fraction'] * 100:.0f} %"
         rows.append(
-            f"| {link_label(c['link'])} | {TABLE_LABEL[c['comm']]} "
+            f"| {link_label(c['link'])} | {TABLE_LABEL[c['comm']]}{threads_label(c, s)} "
             f"| **{f(c['step_s'])}** | {f(c['step_p25_s'])}–{f(c['step_p75_s'])} | {f(c['rank0_median_s'])} "
             f"| {f(c['samples_per_s'], 1)} | {f(c['loss'], 4)} "
             f"| {f(c['max_rss_mib_per_rank'], 0)} | {busy} "
@@ -401,6 +460,18 @@ def table(res):
         rows.append(f"switch / gloo step time, {link_label(link)}: **{f(r['step'], 2)}** "
                     f"(rank 0's medians {f(r['rank0_median'], 2)}, medians of per-step slowest "
                     f"{f(r['per_step_max_median'], 2)}){goal}")
+    if s.get("worker_threads", [1]) != [1]:
+        for link in links:
+            r = res["ratios"][link]
+            if "threads" not in r:
+                continue
+            rows.append(f"per worker thread count, {link_label(link)} (switch / gloo step time; CPU-s per step of "
+                        f"the ranks / of switchd; gloo's ranks {f(r.get('gloo_ranks_cpu_s_per_step'), 2)}): " + ", ".join(
+                            f"T={t} (ran {'-' if v['threads_ran'] is None else v['threads_ran']}) "
+                            f"**{f(v['switch_over_gloo'], 2)}**; {f(v['ranks_cpu_s_per_step'], 2)} / "
+                            f"{f(v['switchd_cpu_s_per_step'], 3)}" for t, v in r["threads"].items()))
+        for t in s.get("worker_threads_skipped", []):
+            rows.append(f"worker threads T = {t} skipped: more than the machine's {s.get('cpus')} CPUs")
     for link in links:
         r = res["ratios"][link]
         if "hosts_over_gloo" not in r:
@@ -458,7 +529,7 @@ def table(res):
     def yes(x, no="NO"):
         return "-" if x is None else "yes" if x else no
     line = "same weights on every rank: " + ", ".join(
-        f"{c['link']} {c['comm']} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
+        f"{c['link']} {c.get('name', c['comm'])} {'yes' if c['digests_equal_across_ranks'] else 'NO'}" for c in res["configs"])
     if ch["switch_runs_identical"] is not None:
         line += f"; switch runs bit-identical across link settings: {yes(ch['switch_runs_identical'])}"
     if ch["gloo_runs_identical"] is not None:
@@ -477,7 +548,7 @@ def table(res):
         sh = c["shapers"]
         if c["link"] != "unlimited" and sh and "worker_ingress_ifb" in sh:
             rows.append(
-                f"{link_label(c['link'])[:-6]} shapers, {c['comm']}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
+                f"{link_label(c['link'])[:-6]} shapers, {c.get('name', c['comm'])}: worker egress {sh['worker_egress']['bytes'] / 1e9:.2f} GB "
                 f"({sh['worker_egress']['overlimits']} overlimits), worker ingress (ifb) "
                 f"{sh['worker_ingress_ifb']['bytes'] / 1e9:.2f} GB ({sh['worker_ingress_ifb']['overlimits']} overlimits), "
                 f"switch ports {sh['switch_port_egress']['bytes'] / 1e9:.2f} GB")
@@ -509,6 +580,9 @@ def plot(res, path):
     # switch-killed's (it stalls once and ends on the host path); its steps
     # are in the second panel.
     comms = [c for c in res["setup"].get("comms", ["gloo", "switch"]) if c != "switch-killed"]
+    # One series per configuration and worker thread count (T > base hatched).
+    series = sorted({(c["comm"], c.get("threads")) for c in res["configs"] if c["comm"] in comms},
+                    key=lambda x: (comms.index(x[0]), x[1] or 0))
     # One line under each link setting per ratio that ran.
     ratio_lines = {link: [f"{name}: {res['ratios'][link][key]:.{d}f}"
                           for key, name, d in (("step", "switch / gloo", 2), ("hosts_over_gloo", "hosts / gloo", 3),
@@ -521,18 +595,22 @@ def plot(res, path):
     extra = max((len(v) for v in ratio_lines.values()), default=0)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12 if len(comms) <= 2 else 13.5, 4.8 + 0.15 * max(0, extra - 1)),
                                   gridspec_kw={"width_ratios": [1, 1.4]})
-    by = {(c["link"], c["comm"]): c for c in res["configs"]}
-    w = 0.36 if len(comms) <= 2 else 0.84 / len(comms)
-    for i, comm in enumerate(comms):
-        xs = [k + (i - (len(comms) - 1) / 2) * w for k in range(len(links))]
-        cs = [by[(link, comm)] for link in links]
+    by = {(c["link"], c["comm"], c.get("threads")): c for c in res["configs"]}
+    base = res["setup"].get("worker_threads", [1])[0]
+    n = len(series)
+    w = 0.36 if n <= 2 else 0.84 / n
+    for i, (comm, t) in enumerate(series):
+        xs = [k + (i - (n - 1) / 2) * w for k in range(len(links))]
+        cs = [by[(link, comm, t)] for link in links]
         ys = [c["step_s"] for c in cs]
         err = [[c["step_s"] - c["step_p25_s"] for c in cs], [c["step_p75_s"] - c["step_s"] for c in cs]]
-        rects = ax.bar(xs, ys, w, color=COLORS[comm], label=PLOT_LABEL[comm], yerr=err, capsize=4 if len(comms) <= 2 else 2)
+        rects = ax.bar(xs, ys, w, color=COLORS[comm], label=PLOT_LABEL[comm] + threads_label(cs[0], res["setup"]),
+                       yerr=err, capsize=4 if n <= 2 else 2, hatch=None if t in (None, base) else "//",
+                       edgecolor="white" if t not in (None, base) else None)
         for r, c in zip(rects, cs):
-            ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f}" + (" s" if len(comms) <= 2 else ""),
+            ax.annotate(f"{c['step_s']:.{2 if c['step_s'] >= 0.1 else 3}f}" + (" s" if n <= 2 else ""),
                         (r.get_x() + r.get_width() / 2, c["step_p75_s"]), xytext=(0, 3),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=8 if len(comms) <= 2 else 7)
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8 if n <= 2 else 7)
     for k, link in enumerate(links):
         lines = ratio_lines[link]
         if len(lines) == 1 and "step" in res["ratios"][link]:
@@ -545,7 +623,7 @@ def plot(res, path):
     ax.set_ylabel("seconds per training step (lower is better)")
     # Room above the bars for the legend, one line per configuration.
     ax.set_ylim(0, max((c["step_p75_s"] for c in res["configs"] if c["comm"] in comms), default=1.0)
-                * (1.3 + 0.12 * max(0, len(comms) - 2)))
+                * (1.3 + 0.12 * max(0, n - 2)))
     ax.set_title("DDP step: median of the slowest rank (bars p25–p75)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
 
@@ -553,7 +631,8 @@ def plot(res, path):
     for c in res["configs"]:
         w0 = res["setup"]["warmup_steps"]
         ax2.plot(range(w0, w0 + len(c["per_step_max_s"])), c["per_step_max_s"], styles[c["link"]],
-                 color=COLORS[c["comm"]], marker=".", label=f"{c['comm']}, {link_label(c['link'])}")
+                 color=COLORS[c["comm"]], marker="." if c.get("threads") in (None, base) else "x",
+                 label=f"{c['name']}, {link_label(c['link'])}")
     ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax2.set_xlabel("step (warm-up steps left out)")
     ax2.set_ylabel("seconds, slowest of the 4 ranks")
@@ -595,6 +674,9 @@ def main():
                    help="the tbf arguments of a rate setting (repeat per setting)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--switch-threads", type=int, default=1)
+    p.add_argument("--worker-threads", default="1",
+                   help="the worker thread counts asked (scripts/bench train --worker-threads), e.g. 1,2")
+    p.add_argument("--cpus", type=int, help="the machine's CPUs (nproc): a T above them was skipped")
     p.add_argument("--stall-timeout", type=float, default=2.0,
                    help="switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT (scripts/bench train --stall-timeout)")
     p.add_argument("--bench-seconds", type=float)
@@ -609,10 +691,16 @@ def main():
     if len(set(comms)) != len(comms):
         p.error(f"--comms: {a.comms!r} names a configuration twice")
     tbf = dict(t.split("=", 1) for t in a.tbf)
-    configs = [load_config(a.run_dir, link, comm, a.warmup) for link in links for comm in comms]
+    asked = [int(t) for t in a.worker_threads.split(",")]
+    threads = [t for t in asked if a.cpus is None or t <= a.cpus]
+    if not threads:
+        p.error(f"--worker-threads {a.worker_threads}: none is within --cpus {a.cpus}")
+    show = threads != [1]
+    configs = [load_config(a.run_dir, link, comm, a.warmup, t, show) for link in links for comm in comms
+               for t in thread_counts_of(comm, threads)]
     for c in configs:
         c["samples_per_s"] = c["world"] * a.batch / c["step_s"]
-    ratios, checks, headline = analyse(configs, links, comms)
+    ratios, checks, headline = analyse(configs, links, comms, threads)
     world, params = configs[0]["world"], configs[0]["params"]
     res = {
         "stamp": a.stamp,
@@ -626,6 +714,13 @@ def main():
             "hidden": a.hidden, "layers": a.layers, "batch_per_rank": a.batch, "seed": a.seed, "mtu": a.mtu,
             "dtype": a.dtype, "transport": a.transport, "device": a.device, "links": links, "comms": comms,
             "switch_threads": a.switch_threads,
+            "worker_threads": threads, "worker_threads_skipped": [t for t in asked if t not in threads],
+            "cpus": a.cpus,
+            "worker_threads_note": "switch and switch-nofallback ran once per T (AGGSWITCH_THREADS=T, switchd "
+                                   "seq_lanes >= T), switch-killed at the first; the other figures are of the first "
+                                   "T's runs. CPU per step: the ranks' whole processes (GNU time user + system: "
+                                   "start-up, compute and all-reduces) and switchd's whole life in the configuration, "
+                                   "over every step run (warm-up included)",
             "warmup_steps": a.warmup, "timed_steps": a.steps,
             "optimizer": "SGD lr 0.05 momentum 0.9 (train_ddp.py defaults)",
             "ranks": "one process per worker namespace, torch.set_num_threads(1), OMP_NUM_THREADS=1, gloo process group on eth0"

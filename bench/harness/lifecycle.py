@@ -10,8 +10,9 @@
   and takes it down. Its key=value description (addresses, namespaces)
   reads as tb["switch_addr"].
 * switchd: `switchd testbed-config` writes its config from the testbed's
-  env file (the one typed writer); start_switchd waits until switchctl
-  says that PID is ready.
+  env file (the one typed writer); lanes_for says the seq_lanes a
+  worker's T threads need; start_switchd waits until switchctl says that
+  PID is ready.
 Bash keeps the namespaces and links (scripts/testbed.sh); nothing here
 runs ip or tc itself except `ip netns exec` and `ip netns pids`.
 """
@@ -272,6 +273,13 @@ def write_switchd_config(switchd, tb, out, writer, workers=None, secret=None, se
     for s in sets:
         argv += ["--set", s]
     run_checked(argv, f"switchd testbed-config for {out}", env=env)
+
+
+def lanes_for(threads, current=1):
+    """switchd's seq_lanes for T worker threads: at least T and at least
+    the setting it has, a power of two (switchd takes only those)."""
+    need = max(threads, current)
+    return 1 << (need - 1).bit_length()
 
 
 def start_switchd(procs, ns, switchd, log_path, args, ready_timeout=30):

@@ -1,6 +1,7 @@
 """machine.py: what the scenarios read about the machine they run on: the
 load average (is it busy?), /proc/stat's cpu line and a process's
-/proc/PID/stat, the CPU count, and snapshots of a testbed's shaper
+/proc/PID/stat, the CPU count (and which worker thread counts it can
+run), and snapshots of a testbed's shaper
 counters. The arithmetic on those readings is
 benchkit's (the one definition of busy CPU); this file only reads them.
 """
@@ -13,6 +14,12 @@ import time
 
 def nproc():
     return len(os.sched_getaffinity(0))
+
+
+def runnable_threads(asked, cpus):
+    """(the thread counts that run, those skipped): a T above the CPUs the
+    machine has would only measure the threads' contention."""
+    return [t for t in asked if t <= cpus], [t for t in asked if t > cpus]
 
 
 def loadavg():

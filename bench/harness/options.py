@@ -71,3 +71,13 @@ def on_off(text):
     if text not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"must be on or off, got '{text}'")
     return text
+
+
+def thread_counts(text):
+    """Worker thread counts: a comma-separated list of 1..64 (e.g. 1,2,4),
+    sorted, duplicates once."""
+    parts = text.split(",")
+    if not all(p.isdigit() and len(p) <= 2 and 1 <= int(p) <= 64 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"must be worker thread counts, each 1..64, separated by commas (e.g. 1,2,4), got '{text}'")
+    return sorted({int(p) for p in parts})

@@ -205,6 +205,13 @@ struct AllreduceArgs {
     /// start and the latest end over the ranks).
     #[arg(long)]
     machine_cpu: bool,
+    /// For benchmarks, with `--machine-cpu`: also report the CPU seconds
+    /// (user + system of every thread, /proc/PID/stat) of process PID,
+    /// switchd's on a testbed, at the same two points, so that a script
+    /// can charge the switch's CPU to the timed all-reduces apart from the
+    /// workers' (`switchd_cpu_s`).
+    #[arg(long, value_name = "PID", requires = "machine_cpu")]
+    switchd_pid: Option<u32>,
     /// The UDP data path: `udp-gso` (DATA coalesced with UDP_SEGMENT,
     /// RESULTs with UDP_GRO), `mmsg` (one datagram per message), or `auto`
     /// (udp-gso when the kernel takes it, else mmsg).
@@ -332,6 +339,17 @@ fn process_cpu_seconds() -> Result<f64> {
     parse_process_ticks(&stat)
         .map(|ticks| ticks as f64 / USER_HZ)
         .context("/proc/self/stat has no utime and stime after the command")
+}
+
+/// Process `pid`'s CPU time so far (user + system of every thread, from
+/// /proc/PID/stat), in seconds: `--switchd-pid`.
+fn pid_cpu_seconds(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {path} (--switchd-pid: is process {pid} running?)"))?;
+    parse_process_ticks(&stat)
+        .map(|ticks| ticks as f64 / USER_HZ)
+        .with_context(|| format!("{path} has no utime and stime after the command"))
 }
 
 fn parse_process_ticks(stat: &str) -> Option<u64> {
@@ -500,6 +518,10 @@ struct Report {
     /// system) at the same two points.
     #[serde(skip_serializing_if = "Option::is_none")]
     process_cpu_s: Option<[f64; 2]>,
+    /// With `--switchd-pid`: that process's CPU seconds (user + system) at
+    /// the same two points.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    switchd_cpu_s: Option<[f64; 2]>,
     /// Each timed iteration's seconds, in order (tail latencies per
     /// all-reduce: `scripts/bench priority`); omitted past 10 000.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -621,6 +643,8 @@ struct Outcome {
     machine_cpu: [f64; 2],
     /// With `--machine-cpu`: this process's CPU seconds at the same points.
     process_cpu: [f64; 2],
+    /// With `--switchd-pid`: that process's CPU seconds at the same points.
+    switchd_cpu: Option<[f64; 2]>,
     /// In a stats job: each timed collective's statistics.
     grad: Option<Vec<StatsLine>>,
     stats_mismatches: u64,
@@ -701,6 +725,7 @@ fn iterate<T: CliElement>(
     let mut mismatches = 0u64;
     let mut machine_cpu = [0.0f64; 2];
     let mut process_cpu = [0.0f64; 2];
+    let mut switchd_cpu = a.switchd_pid.map(|_| [0.0f64; 2]);
     let summed = kind != Kind::AllGather;
     let mut grad = (w.has_gradient_stats() && summed).then(Vec::new);
     let mut stats_mismatches = 0u64;
@@ -715,6 +740,9 @@ fn iterate<T: CliElement>(
         if a.machine_cpu && it == 0 {
             machine_cpu[0] = machine_busy_cpu_seconds()?;
             process_cpu[0] = process_cpu_seconds()?;
+            if let (Some(pid), Some(s)) = (a.switchd_pid, &mut switchd_cpu) {
+                s[0] = pid_cpu_seconds(pid)?;
+            }
         }
         let t = Instant::now();
         run_one(w, kind, &mut data, &mut output)
@@ -727,6 +755,9 @@ fn iterate<T: CliElement>(
         if a.machine_cpu && it + 1 == a.iterations {
             machine_cpu[1] = machine_busy_cpu_seconds()?;
             process_cpu[1] = process_cpu_seconds()?;
+            if let (Some(pid), Some(s)) = (a.switchd_pid, &mut switchd_cpu) {
+                s[1] = pid_cpu_seconds(pid)?;
+            }
         }
         if let Some(lines) = &mut grad {
             let got = w
@@ -783,6 +814,7 @@ fn iterate<T: CliElement>(
         mismatches,
         machine_cpu,
         process_cpu,
+        switchd_cpu,
         grad,
         stats_mismatches,
         times,
@@ -862,6 +894,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         mismatches,
         machine_cpu,
         process_cpu,
+        switchd_cpu,
         grad,
         stats_mismatches,
         times,
@@ -911,6 +944,7 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         stats_mismatches,
         machine_busy_cpu_s: a.machine_cpu.then_some(machine_cpu),
         process_cpu_s: a.machine_cpu.then_some(process_cpu),
+        switchd_cpu_s: switchd_cpu,
         iteration_seconds: times,
     };
     let _ = w.leave();
@@ -1207,6 +1241,27 @@ mod tests {
                 .to_string();
             assert!(e.contains("`auto` or a number from 1 to 64"), "{e}");
         }
+    }
+
+    #[test]
+    fn switchd_pid_needs_machine_cpu_and_reads_that_process() {
+        assert_eq!(allreduce_args(&[]).unwrap().switchd_pid, None);
+        let a = allreduce_args(&["--machine-cpu", "--switchd-pid", "42"]).unwrap();
+        assert_eq!(a.switchd_pid, Some(42));
+        let e = allreduce_args(&["--switchd-pid", "42"])
+            .err()
+            .expect("--switchd-pid without --machine-cpu is refused")
+            .to_string();
+        assert!(e.contains("--machine-cpu"), "{e}");
+        assert!(allreduce_args(&["--machine-cpu", "--switchd-pid", "x"]).is_err());
+        // This process stands in for switchd: its own CPU, read by PID.
+        let own = pid_cpu_seconds(std::process::id()).unwrap();
+        assert!(own >= 0.0 && own <= process_cpu_seconds().unwrap() + 1.0 / USER_HZ);
+        let e = pid_cpu_seconds(u32::MAX).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("/proc/{}/stat", u32::MAX)) && e.contains("--switchd-pid"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,6 +8,17 @@ The peers run on the plain bridge with switchd stopped and the workers'
 transmit offload on (TSO, as on a real NIC); the switch with switchd and
 the testbed's offload settings. bench_efficiency_report.py turns the runs
 manifest (runs.jsonl) into the table, JSON and PNG.
+
+Worker threads: with --worker-threads T1,T2,... the switch runs (every
+dtype and transport) run once per T, `worker --threads T`, each against a
+switchd of its own whose seq_lanes is at least T (a power of two: the
+worker's threads split the chunks by seq lane); T = 1 runs with the
+config as it always was. A T larger than the machine's CPUs is skipped
+with a line saying so. The workers read switchd's CPU at the edges of
+their timed all-reduces (`--switchd-pid`), so its CPU per GiB is counted
+apart from theirs. On a machine with >= 16 CPUs the run adds what issue
+38's many-core goals need: links shaped to 10 Gbit/s, and one worker alone
+(a one-worker job) at T = 1 and 4 on unlimited links at the largest MTU.
 """
 
 import json
@@ -18,9 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from lifecycle import (publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (lanes_for, publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
-from options import uint_list, uint_range, word_list
+from machine import nproc, runnable_threads
+from options import thread_counts, uint_list, uint_range, word_list
 from scenario import Option, Scenario
 from tools import NET_SH, build_release, ensure_packages, net
 
@@ -28,6 +40,12 @@ PREFIX = "eff"
 WORKERS = 4
 GLOO_PORT = 29517
 TBF_ARGS = ["rate", "1gbit", "burst", "256kb", "latency", "50ms"]
+TBF_10GBIT = ["rate", "10gbit", "burst", "2560kb", "latency", "50ms"]
+# Issue 38's many-core goals are measured on machines with this many CPUs.
+MANY_CORES = 16
+# The one-worker-alone job (many cores only) and its thread counts.
+ALONE_JOB = 9
+ALONE_THREADS = (1, 4)
 PACKAGES = ["clang", "llvm", "libbpf-dev", "linux-libc-dev", "iproute2", "ethtool", "gcc", "openmpi-bin",
             "libopenmpi-dev", "python3", "python3-matplotlib"]
 JOB_OF = {"f32": 1, "bf16": 2, "f16": 3}
@@ -36,7 +54,11 @@ DESCRIPTION = """\
 Every measurement is K all-reduces of the tensor by 4 workers on the veth
 testbed (prefix "eff"), after one untimed warm-up. Time: the slowest rank's,
 per all-reduce. CPU: the whole machine's busy CPU time (/proc/stat) over the
-all-reduces only, in CPU-seconds per GiB of float32 gradient reduced.
+all-reduces only, in CPU-seconds per GiB of float32 gradient reduced; also
+the workers' own and switchd's own apart (on a cluster they are different
+machines). --worker-threads 1,2,4 runs the switch once per worker thread
+count T (switchd seq_lanes >= T; a T above the CPUs is skipped) and prints
+issue 38's goal table for T = 1 and the best T.
 1 Gbit/s links: tbf on every worker link, both ways. Writes
 bench/results/efficiency-STAMP.{json,png} (or --json/--png) and, unless
 --quick or --no-docs, bench/results/bench-efficiency.{json,png}. Every
@@ -53,6 +75,14 @@ def settings(a):
 
 def run(a):
     mib, repeats, mtus, docs = settings(a)
+    cpus = nproc()
+    threads, skipped = runnable_threads(a.worker_threads, cpus)
+    for t in skipped:
+        log(f"worker threads T = {t} skipped: this machine has {cpus} CPUs")
+    if not threads:
+        raise HarnessError(f"every --worker-threads count is above this machine's {cpus} CPUs; "
+                           f"give at most {cpus}")
+    many = cpus >= MANY_CORES
     elements = mib * 1024 * 1024 // 4
     venv_py = str(REPO_ROOT / ".venv" / "bin" / "python")
     ensure_packages(True, PACKAGES)
@@ -77,36 +107,49 @@ def run(a):
     manifest.write_text("")
     profiled_mtu = max(mtus)
 
-    def record(d, mtu, lnk, method, dtype, transport):
+    def record(d, mtu, lnk, method, dtype, transport, threads=None):
         with open(manifest, "a") as f:
             f.write(json.dumps({"dir": str(d), "mtu": mtu, "link": lnk, "method": method, "dtype": dtype,
-                                "transport": transport}, separators=(",", ":")) + "\n")
+                                "transport": transport, "threads": threads}, separators=(",", ":")) + "\n")
 
     log(f"run {st}: {WORKERS} workers, {mib} MiB, {repeats} all-reduces per measurement; MTUs "
-        f"{' '.join(map(str, mtus))}; logs in {rd}")
+        f"{' '.join(map(str, mtus))}; worker threads {','.join(map(str, threads))}; logs in {rd}")
     try:
         for mtu in mtus:
             with Testbed(PREFIX, ["--workers", WORKERS, "--mtu", mtu], rd) as tb, Processes() as procs:
                 shutil.copy(tb.env_file, rd / f"testbed-mtu{mtu}.env")
-                cfg = rd / "switchd.toml"
                 jobs, sets = [], []
                 for d in a.dtypes:
                     jobs.append(f"{JOB_OF[d]}:all:env:AGGSWITCH_TESTBED_SECRET")
                     sets.append(f"job.{JOB_OF[d]}.dtype={d}")
-                write_switchd_config(switchd, tb, cfg, "scripts/bench efficiency", secret=secret, jobs=jobs, sets=sets)
+                if many:
+                    jobs.append(f"{ALONE_JOB}:0-0:env:AGGSWITCH_TESTBED_SECRET")
+
+                written = set()
+
+                def config(lanes):
+                    """This testbed's switchd config with seq_lanes = lanes (1: as it always was)."""
+                    cfg = rd / ("switchd.toml" if lanes == 1 else f"switchd-lanes{lanes}.toml")
+                    if lanes not in written:
+                        write_switchd_config(switchd, tb, cfg, "scripts/bench efficiency", secret=secret, jobs=jobs,
+                                             sets=sets + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
+                        written.add(lanes)
+                    return cfg
                 net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
 
-                def run_switch(d, dtype, transport):
+                def run_switch(d, dtype, transport, t, sw, job=None, workers=WORKERS):
                     d.mkdir(parents=True, exist_ok=True)
                     extra = ([] if dtype == "f32" else ["--dtype", dtype]) + \
                         ([] if transport == "auto" else ["--transport", transport])
-                    ranks = [procs.start([worker, "allreduce", "--switch", tb["switch_addr"], "--job", JOB_OF[dtype],
-                                          "--rank", r, "--workers", WORKERS, "--elements", elements, "--warmup", 1,
-                                          "--iterations", repeats, "--json", "--machine-cpu", *extra],
+                    ranks = [procs.start([worker, "allreduce", "--switch", tb["switch_addr"],
+                                          "--job", job or JOB_OF[dtype], "--rank", r, "--workers", workers,
+                                          "--elements", elements, "--warmup", 1, "--iterations", repeats, "--json",
+                                          "--machine-cpu", "--switchd-pid", sw.pid, "--threads", t, *extra],
                                          ns=f"{PREFIX}-w{r}", env={"AGGSWITCH_SECRET": secret},
-                                         stdout=d / f"rank{r}.json", stderr=d / f"rank{r}.log") for r in range(WORKERS)]
+                                         stdout=d / f"rank{r}.json", stderr=d / f"rank{r}.log") for r in range(workers)]
                     if any(s != 0 for s in procs.wait(ranks, a.timeout)):
-                        raise HarnessError(f"switch all-reduce ({dtype}, transport {transport}) failed; see {d}/rank*.log")
+                        raise HarnessError(f"switch all-reduce ({dtype}, transport {transport}, {t} worker "
+                                           f"thread(s)) failed; see {d}/rank*.log")
 
                 def run_peer(d, kind, dtype="f32"):
                     d.mkdir(parents=True, exist_ok=True)
@@ -131,11 +174,11 @@ def run(a):
                     if json.loads((d / "peer.json").read_text()).get("verified") is not True:
                         raise HarnessError(f"{kind} gave a wrong sum; see {d}")
 
-                def profiled(d):
+                def profiled(d, t, sw):
                     data = rd / "perf.data"
                     perf = procs.start(["perf", "record", "-a", "-g", "-q", "-o", data], stdout=rd / "perf-record.log")
                     time.sleep(0.5)
-                    run_switch(d, "f32", a.transports[0])
+                    run_switch(d, "f32", a.transports[0], t, sw)
                     perf.send_signal(2)
                     if procs.wait([perf], 60) != [0]:
                         warn(f"perf record did not end cleanly; see {rd}/perf-record.log")
@@ -163,22 +206,39 @@ def run(a):
                             run_peer(base / "gloo_tso_bf16", "gloo", "bf16")
                             record(base / "gloo_tso_bf16", mtu, lnk, "gloo_tso", "bf16", "tcp")
                     net("worker-tx", PREFIX, WORKERS, "off")
-                    sw = start_switchd(procs, f"{PREFIX}-sw", switchd, base / "switchd.log", ["run", "--config", cfg])
-                    for d in a.dtypes:
-                        for t in a.transports:
-                            # One transport is enough to show what the narrower type saves.
-                            if d != "f32" and t != a.transports[0]:
-                                continue
-                            log(f"[MTU {mtu}, {lnk}] switch, {d}, transport {t}")
-                            run_switch(base / f"switch-{d}-{t}", d, t)
-                            record(base / f"switch-{d}-{t}", mtu, lnk, "switch", d, t)
-                    if a.profile and mtu == profiled_mtu and lnk == "unlimited":
-                        # An extra run: perf's own cost must not reach the measured ones.
-                        log(f"[MTU {mtu}, {lnk}] switch, f32, transport {a.transports[0]}, under perf record")
-                        profiled(base / "profile-run")
-                    procs.stop(sw)
+                    for th in threads:
+                        lanes = lanes_for(th)
+                        at = "" if th == 1 else f"-t{th}"
+                        sw = start_switchd(procs, f"{PREFIX}-sw", switchd, base / f"switchd{at}.log",
+                                           ["run", "--config", config(lanes)])
+                        for d in a.dtypes:
+                            for t in a.transports:
+                                # One transport is enough to show what the narrower type saves.
+                                if d != "f32" and t != a.transports[0]:
+                                    continue
+                                log(f"[MTU {mtu}, {lnk}] switch, {d}, transport {t}, {th} worker thread(s)"
+                                    + ("" if lanes == 1 else f", switchd seq_lanes {lanes}"))
+                                run_switch(base / f"switch-{d}-{t}{at}", d, t, th, sw)
+                                record(base / f"switch-{d}-{t}{at}", mtu, lnk, "switch", d, t, th)
+                        if a.profile and mtu == profiled_mtu and lnk == "unlimited" and th == threads[0]:
+                            # An extra run: perf's own cost must not reach the measured ones.
+                            log(f"[MTU {mtu}, {lnk}] switch, f32, transport {a.transports[0]}, under perf record")
+                            profiled(base / "profile-run", th, sw)
+                        procs.stop(sw)
+                    if many and mtu == profiled_mtu and lnk == "unlimited":
+                        # Issue 38: one worker alone, T = 4 against T = 1.
+                        sw = start_switchd(procs, f"{PREFIX}-sw", switchd, base / "switchd-alone.log",
+                                           ["run", "--config", config(lanes_for(max(ALONE_THREADS)))])
+                        for th in ALONE_THREADS:
+                            log(f"[MTU {mtu}, {lnk}] switch, one worker alone, {th} worker thread(s)")
+                            run_switch(base / f"alone-t{th}", "f32", a.transports[0], th, sw, ALONE_JOB, 1)
+                            record(base / f"alone-t{th}", mtu, lnk, "switch_alone", "f32", a.transports[0], th)
+                        procs.stop(sw)
 
                 measure("unlimited")
+                if many:
+                    net("shape-workers", PREFIX, WORKERS, *TBF_10GBIT)
+                    measure("10gbit")
                 net("shape-workers", PREFIX, WORKERS, *TBF_ARGS)
                 measure("1gbit")
     except BaseException:
@@ -192,7 +252,9 @@ def run(a):
     out_png = Path(a.png) if a.png else RESULTS_DIR / f"efficiency-{st}.png"
     run_report("bench_efficiency_report.py", ["--runs", manifest, "--stamp", st, "--mib", mib, "--repeats", repeats,
                                               "--workers", WORKERS, "--json", out_json, "--png", out_png,
-                                              "--table", rd / "table.md"])
+                                              "--table", rd / "table.md",
+                                              "--worker-threads", ",".join(map(str, a.worker_threads)),
+                                              "--cpus", cpus])
     sys.stdout.write((rd / "table.md").read_text())
     publish(out_json, out_png, "bench-efficiency", docs)
     return 0
@@ -215,6 +277,9 @@ SCENARIO = Scenario(
                default=["f32", "bf16"], metavar="LIST"),
         Option("--transports", "worker transports for the float32 runs; the narrower dtypes run with the first",
                type=word_list(["auto", "mmsg", "udp-gso"], sep=","), default=["auto", "mmsg"], metavar="LIST"),
+        Option("--worker-threads", "the switch runs once per worker thread count T (worker --threads T, switchd "
+               "seq_lanes >= T); a T above the machine's CPUs is skipped", type=thread_counts, default=[1],
+               metavar="LIST"),
         Option("--no-gloo", "skip gloo (it needs torch in the project venv)"),
         Option("--profile", "also record a system-wide profile (perf record -a -g) of one more float32 switch "
                "run at the largest MTU on unlimited links, not counted"),

@@ -8,6 +8,12 @@ The ranks are examples/train_ddp.py, one per worker namespace (prefix
 "btr"); bench_train_report.py makes the JSON, table and plot. The full
 description of the configurations and checks is `scripts/bench train
 --help`.
+
+Worker threads: with --worker-threads T1,T2,... the switch and
+switch-nofallback configurations run once per T (AGGSWITCH_THREADS=T in the
+ranks, a switchd whose seq_lanes is at least T; switch-killed at the first
+T only); a T above the machine's CPUs is skipped with a line saying so.
+Folders of T = 1 keep their names (LINK-COMM), others are LINK-COMM-tT.
 """
 
 import argparse
@@ -18,10 +24,10 @@ import shutil
 import time
 
 from benchkit import proc_jiffies
-from lifecycle import (publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (lanes_for, publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
-from machine import busy_machine, loadavg, nproc, proc_stat, snapshot, wait_idle
-from options import uint_range, word_list
+from machine import busy_machine, loadavg, nproc, proc_stat, runnable_threads, snapshot, wait_idle
+from options import thread_counts, uint_range, word_list
 from scenario import Option, Scenario
 from tools import net
 from torch_bench import bench_python, prepare, start_rank, wait_ranks
@@ -38,6 +44,8 @@ JOB_ID = 1
 FALLBACK_LINE = "run on the hosts over the process group"
 POLL_S = 0.05
 COMMS = ["gloo", "switch", "switch-nofallback", "hosts", "switch-killed"]
+# The configurations run once per worker thread count (switch-killed: the first).
+THREADED = ("switch", "switch-nofallback")
 
 DESCRIPTION = """\
 Configurations (--comms, run on each --links setting, results in
@@ -119,6 +127,19 @@ def stall_json(value):
     return int(value) if value == int(value) else value
 
 
+def config_dir(lnk, comm, threads):
+    """A configuration's folder name: LINK-COMM, with -tT for T > 1."""
+    return f"{lnk}-{comm}" + ("" if threads in (None, 1) else f"-t{threads}")
+
+
+def thread_counts_of(comm, threads):
+    """The worker thread counts COMM runs with: every one for THREADED, the
+    first for switch-killed, none (None) for gloo and hosts."""
+    if comm in THREADED:
+        return list(threads)
+    return threads[:1] if comm == "switch-killed" else [None]
+
+
 def switchd_cpu(path, pid):
     try:
         path.write_text(f"{proc_jiffies(proc_stat(pid)) / os.sysconf('SC_CLK_TCK'):g}\n")
@@ -187,6 +208,13 @@ def run(a):
     if "switch-killed" in a.comms and a.warmup + a.steps < k_step + 3:
         raise HarnessError(f"--comms switch-killed needs at least {k_step + 3} warm-up + timed steps (switchd is "
                            f"killed after step {k_step}), got {a.warmup + a.steps}")
+    cpus = nproc()
+    threads, skipped = runnable_threads(a.worker_threads, cpus)
+    for t in skipped:
+        log(f"worker threads T = {t} skipped: this machine has {cpus} CPUs")
+    if not threads:
+        raise HarnessError(f"every --worker-threads count is above this machine's {cpus} CPUs; "
+                           f"give at most {cpus}")
     t0 = time.monotonic()
     st, rd, switchd = prepare("bench-train", build=not a.no_build)
     py = bench_python()
@@ -199,15 +227,20 @@ def run(a):
     tbf_report = []
     try:
         with Testbed(PREFIX, ["--workers", WORKERS, "--mtu", a.mtu, *queue_args], rd) as tb, Processes() as procs:
-            cfg = rd / "switchd.toml"
-            write_switchd_config(switchd, tb, cfg, "scripts/bench train", WORKERS, secret,
-                                 [f"job.1.dtype={a.dtype}", f"switch.queues={a.switch_threads}",
-                                  f"switch.dataplane_threads={a.switch_threads}"])
+            def config(lanes):
+                """switchd's config with seq_lanes = lanes (1: as it always was)."""
+                cfg = rd / ("switchd.toml" if lanes == 1 else f"switchd-lanes{lanes}.toml")
+                if not cfg.exists():
+                    write_switchd_config(switchd, tb, cfg, "scripts/bench train", WORKERS, secret,
+                                         [f"job.1.dtype={a.dtype}", f"switch.queues={a.switch_threads}",
+                                          f"switch.dataplane_threads={a.switch_threads}"]
+                                         + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
+                return cfg
             configs = 0
 
-            def run_config(lnk, comm):
+            def run_config(lnk, comm, th):
                 nonlocal configs
-                out = rd / f"{lnk}-{comm}"
+                out = rd / config_dir(lnk, comm, th)
                 out.mkdir()
                 port = MASTER_PORT_BASE + configs
                 configs += 1
@@ -221,17 +254,21 @@ def run(a):
                 on_switch = comm.startswith("switch")
                 sw = None
                 if on_switch:
-                    sw = start_switchd(procs, f"{PREFIX}-sw", switchd, out / "switchd.log", ["run", "--config", cfg])
-                log(f"[{lnk}] {comm}: {a.warmup + a.steps} steps on 4 ranks")
+                    sw = start_switchd(procs, f"{PREFIX}-sw", switchd, out / "switchd.log",
+                                       ["run", "--config", config(lanes_for(th))])
+                log(f"[{lnk}] {comm}: {a.warmup + a.steps} steps on 4 ranks"
+                    + ("" if th is None else f", {th} worker thread(s)"))
                 snapshot(out / "before.jsonl", PREFIX, WORKERS)
                 env = {k: v for k, v in os.environ.items()
                        if k not in ("AGGSWITCH_MODE", "AGGSWITCH_FALLBACK", "AGGSWITCH_SWITCH", "AGGSWITCH_JOB",
-                                    "AGGSWITCH_SECRET", "AGGSWITCH_SECRET_FILE", "AGGSWITCH_STALL_TIMEOUT")}
+                                    "AGGSWITCH_SECRET", "AGGSWITCH_SECRET_FILE", "AGGSWITCH_STALL_TIMEOUT",
+                                    "AGGSWITCH_THREADS")}
                 env.update({"WORLD_SIZE": str(WORKERS), "MASTER_ADDR": tb["worker_0_addr"],
                             "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"})
                 if on_switch:
                     env.update({"AGGSWITCH_SWITCH": f"{tb['switch_addr']}:{AGG_PORT}", "AGGSWITCH_JOB": str(JOB_ID),
-                                "AGGSWITCH_SECRET": secret, "AGGSWITCH_TRANSPORT": a.transport})
+                                "AGGSWITCH_SECRET": secret, "AGGSWITCH_TRANSPORT": a.transport,
+                                "AGGSWITCH_THREADS": str(th)})
                 env.update(extra)
                 ranks = []
                 for r in range(WORKERS):
@@ -251,7 +288,7 @@ def run(a):
                     switchd_cpu(out / "switchd-cpu-seconds", sw.pid)
                     procs.stop(sw)
                 last = (out / "rank0.log").read_text(errors="replace").strip().splitlines()
-                log(f"[{lnk}] {comm}: {last[-1] if last else ''}")
+                log(f"[{lnk}] {comm}{'' if th is None else f', T={th}'}: {last[-1] if last else ''}")
 
             if a.wait_idle > 0:
                 wait_idle(a.wait_idle, log)
@@ -266,7 +303,8 @@ def run(a):
                     net("shape-workers", PREFIX, WORKERS, *tbf)
                     tbf_report += ["--tbf", f"{lnk}={' '.join(tbf)}"]
                 for comm in a.comms:
-                    run_config(lnk, comm)
+                    for th in thread_counts_of(comm, threads):
+                        run_config(lnk, comm, th)
     except BaseException:
         log(f"failed; logs in {rd}")
         raise
@@ -280,7 +318,8 @@ def run(a):
         [rd, "--json", out_json, "--table", rd / "table.md", "--png", out_png, "--stamp", st, "--warmup", a.warmup,
          "--steps", a.steps, "--batch", a.batch, "--hidden", a.hidden, "--layers", LAYERS, "--seed", SEED,
          "--mtu", a.mtu, "--dtype", a.dtype, "--transport", a.transport, "--device", a.device, "--links", links,
-         "--comms", comms, "--switch-threads", a.switch_threads, "--stall-timeout", f"{a.stall_timeout:g}",
+         "--comms", comms, "--switch-threads", a.switch_threads,
+         "--worker-threads", ",".join(map(str, a.worker_threads)), "--cpus", cpus, "--stall-timeout", f"{a.stall_timeout:g}",
          *tbf_report, "--bench-seconds", int(now - t0), "--measure-seconds", int(now - measure_t0)],
         out_json, rd / "table.md",
         f"=== bench train {st}: DDP step time, 4 ranks on {a.device}, batch {a.batch} per rank, hidden "
@@ -315,6 +354,9 @@ SCENARIO = Scenario(
                default=["gloo", "switch"], metavar="C"),
         Option("--switch-threads", "switchd's dataplane threads and queues per veth", type=uint_range(1, 64),
                default=1, metavar="T"),
+        Option("--worker-threads", "switch and switch-nofallback run once per worker thread count T "
+               "(AGGSWITCH_THREADS=T, switchd seq_lanes >= T); a T above the machine's CPUs is skipped",
+               type=thread_counts, default=[1], metavar="LIST"),
         Option("--stall-timeout", "switch-killed: the ranks' AGGSWITCH_STALL_TIMEOUT in seconds",
                type=stall_timeout, default=2.0, metavar="S"),
         Option("--timeout", "seconds one configuration (4 ranks) may take", type=uint_range(10, 86400),
