@@ -22,6 +22,18 @@ def runnable_threads(asked, cpus):
     return [t for t in asked if t <= cpus], [t for t in asked if t > cpus]
 
 
+def worker_threads_to_run(asked, log, error):
+    """The --worker-threads counts this machine runs, each skipped one said
+    by `log`; `error(message)` is raised when none is left."""
+    cpus = nproc()
+    threads, skipped = runnable_threads(asked, cpus)
+    for t in skipped:
+        log(f"worker threads T = {t} skipped: this machine has {cpus} CPUs")
+    if not threads:
+        raise error(f"every --worker-threads count is above this machine's {cpus} CPUs; give at most {cpus}")
+    return threads
+
+
 def loadavg():
     """The 1-minute load average."""
     with open("/proc/loadavg") as f:

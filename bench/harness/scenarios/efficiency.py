@@ -31,7 +31,7 @@ from pathlib import Path
 
 from lifecycle import (lanes_for, publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
-from machine import nproc, runnable_threads
+from machine import nproc, worker_threads_to_run
 from options import thread_counts, uint_list, uint_range, word_list
 from scenario import Option, Scenario
 from tools import NET_SH, build_release, ensure_packages, net
@@ -76,12 +76,7 @@ def settings(a):
 def run(a):
     mib, repeats, mtus, docs = settings(a)
     cpus = nproc()
-    threads, skipped = runnable_threads(a.worker_threads, cpus)
-    for t in skipped:
-        log(f"worker threads T = {t} skipped: this machine has {cpus} CPUs")
-    if not threads:
-        raise HarnessError(f"every --worker-threads count is above this machine's {cpus} CPUs; "
-                           f"give at most {cpus}")
+    threads = worker_threads_to_run(a.worker_threads, log, HarnessError)
     many = cpus >= MANY_CORES
     elements = mib * 1024 * 1024 // 4
     venv_py = str(REPO_ROOT / ".venv" / "bin" / "python")

@@ -26,7 +26,7 @@ import time
 from benchkit import proc_jiffies
 from lifecycle import (lanes_for, publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
-from machine import busy_machine, loadavg, nproc, proc_stat, runnable_threads, snapshot, wait_idle
+from machine import busy_machine, loadavg, nproc, proc_stat, worker_threads_to_run, snapshot, wait_idle
 from options import thread_counts, uint_range, word_list
 from scenario import Option, Scenario
 from tools import net
@@ -209,12 +209,7 @@ def run(a):
         raise HarnessError(f"--comms switch-killed needs at least {k_step + 3} warm-up + timed steps (switchd is "
                            f"killed after step {k_step}), got {a.warmup + a.steps}")
     cpus = nproc()
-    threads, skipped = runnable_threads(a.worker_threads, cpus)
-    for t in skipped:
-        log(f"worker threads T = {t} skipped: this machine has {cpus} CPUs")
-    if not threads:
-        raise HarnessError(f"every --worker-threads count is above this machine's {cpus} CPUs; "
-                           f"give at most {cpus}")
+    threads = worker_threads_to_run(a.worker_threads, log, HarnessError)
     t0 = time.monotonic()
     st, rd, switchd = prepare("bench-train", build=not a.no_build)
     py = bench_python()
