@@ -53,6 +53,7 @@ pub mod gso;
 pub mod loopback;
 pub mod mmsg;
 pub mod probe;
+mod sockets;
 pub mod threads;
 
 use std::io;
@@ -74,7 +75,7 @@ use proto::wire::{Dtype, MsgType, NackReason, OP_SUM, SECRET_LEN};
 
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
-use crate::threads::{Lane, LaneJob, LaneSockets, Output, Progress};
+use crate::threads::{Lane, LaneJob, LaneSockets, Output, Progress, SocketFailed};
 
 /// How to reach the switch and which job to join.
 #[derive(Clone)]
@@ -441,6 +442,16 @@ pub enum WorkerError {
     MacNeedsNewJoin { job: u16, rank: u16 },
     #[error("tensor of {len} elements is too long for one collective (max {max})")]
     TensorTooLong { len: usize, max: usize },
+}
+
+impl From<SocketFailed> for WorkerError {
+    fn from(e: SocketFailed) -> WorkerError {
+        WorkerError::Io {
+            call: e.call,
+            switch: e.peer,
+            source: e.source,
+        }
+    }
 }
 
 /// Why [`Worker::gradient_stats`] has no statistics to give.
@@ -1815,41 +1826,6 @@ impl Worker {
     }
 }
 
-/// Sets both socket buffers to `bytes`: with SO_RCVBUFFORCE/SO_SNDBUFFORCE
-/// when allowed (root or CAP_NET_ADMIN), which ignore net.core.rmem_max,
-/// else the plain options (capped by the sysctls; raise
-/// net.core.rmem_max/wmem_max for large windows without privileges).
-fn size_buffers(s: &socket2::Socket, bytes: usize) {
-    let v = bytes as libc::c_int;
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        // SAFETY: setsockopt with a valid fd and a c_int option value.
-        let forced = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                force,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        } == 0;
-        if !forced {
-            // SAFETY: as above.
-            unsafe {
-                libc::setsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    plain,
-                    &v as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
-        }
-    }
-}
-
 pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -1857,7 +1833,7 @@ pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     s.set_tos(0x02)?;
     // Bursts of a whole window of RESULTs arrive at once: 256 RESULTs need
     // more than the default net.core.rmem_max (208 KiB) allows.
-    size_buffers(&s, 8 << 20);
+    sockets::size_buffers(&s, 8 << 20);
     let bind = cfg
         .bind
         .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0));
@@ -1868,22 +1844,6 @@ pub(crate) fn open_socket(cfg: &WorkerConfig) -> io::Result<UdpSocket> {
     }
     s.bind(&bind.into())?;
     s.connect(&cfg.switch.into())?;
-    s.set_nonblocking(true)?;
-    Ok(s.into())
-}
-
-/// A lane socket: bound to `local`, socket 0's address and port, in its
-/// `SO_REUSEPORT` group, and connected to the lane port `peer`, whose
-/// datagrams the kernel then gives it alone (a connected socket's exact
-/// match wins over the group).
-pub(crate) fn open_lane_socket(local: SocketAddrV4, peer: SocketAddrV4) -> io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    s.set_tos(0x02)?;
-    size_buffers(&s, 8 << 20);
-    s.set_reuse_port(true)?;
-    s.bind(&local.into())?;
-    s.connect(&peer.into())?;
     s.set_nonblocking(true)?;
     Ok(s.into())
 }

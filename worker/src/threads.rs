@@ -42,7 +42,19 @@ use proto::wire::Dtype;
 
 use crate::gso::{self, TransportKind};
 use crate::mmsg::{self, DatagramBatch};
-use crate::{io_err, WorkerError};
+
+/// A socket call of a lane that failed (the worker's `Io` error).
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed on the UDP socket to {peer}: {source}")]
+pub struct SocketFailed {
+    pub call: &'static str,
+    pub peer: SocketAddrV4,
+    pub source: std::io::Error,
+}
+
+fn failed(call: &'static str, peer: SocketAddrV4) -> impl FnOnce(std::io::Error) -> SocketFailed {
+    move |source| SocketFailed { call, peer, source }
+}
 
 /// Most threads `threads = 0` (auto) picks: past 4 a rank's copies, not
 /// its syscalls, bound it.
@@ -100,16 +112,16 @@ impl LaneSockets {
         switch: SocketAddrV4,
         lanes: u16,
         gro: bool,
-    ) -> Result<LaneSockets, WorkerError> {
+    ) -> Result<LaneSockets, SocketFailed> {
         let mut socks = Vec::with_capacity(usize::from(lanes).saturating_sub(1));
         for l in 1..lanes {
             let port = switch.port().wrapping_add(l);
             let peer = SocketAddrV4::new(*switch.ip(), port);
-            let s = crate::open_lane_socket(local, peer)
-                .map_err(io_err("opening a lane socket", peer))?;
+            let s = crate::sockets::open_lane_socket(local, peer)
+                .map_err(failed("opening a lane socket", peer))?;
             if gro {
                 gso::set_gro(s.as_raw_fd(), true)
-                    .map_err(io_err("setsockopt(UDP_GRO) on a lane socket", peer))?;
+                    .map_err(failed("setsockopt(UDP_GRO) on a lane socket", peer))?;
             }
             socks.push(s);
         }
@@ -382,7 +394,7 @@ pub fn lane_loop(
     lane: &mut Lane,
     fds: &[RawFd],
     job: LaneJob<'_>,
-) -> Result<(), WorkerError> {
+) -> Result<(), SocketFailed> {
     let send_fd = fds[0];
     loop {
         if job.progress.stopped() {
@@ -391,7 +403,7 @@ pub fn lane_loop(
         let mut progressed = false;
         for &fd in fds {
             loop {
-                let n = lane.rxb.recv(fd).map_err(io_err("recvmmsg", job.switch))?;
+                let n = lane.rxb.recv(fd).map_err(failed("recvmmsg", job.switch))?;
                 if n == 0 {
                     break;
                 }
@@ -418,7 +430,7 @@ pub fn lane_loop(
             if lane.txb.is_full() {
                 lane.txb
                     .send_all(send_fd)
-                    .map_err(io_err("sendmmsg", job.switch))?;
+                    .map_err(failed("sendmmsg", job.switch))?;
             }
             let slot = lane.txb.next_slot().expect("flushed when full");
             let Some(f) = lane.member.poll_data(now, job.input, slot) else {
@@ -430,7 +442,7 @@ pub fn lane_loop(
         if !lane.txb.is_empty() {
             lane.txb
                 .send_all(send_fd)
-                .map_err(io_err("sendmmsg", job.switch))?;
+                .map_err(failed("sendmmsg", job.switch))?;
         }
         job.progress.publish(t, &lane.member);
         if !progressed {
