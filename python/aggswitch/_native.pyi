@@ -28,12 +28,16 @@ class Worker:
         auth: Literal["port", "mac"] | None = None,
         stats: bool | None = None,
         priority: Literal["low", "normal", "high"] | None = None,
+        threads: int | Literal["auto"] = "auto",
     ) -> "Worker":
         """With ``tenant``, ``tenant_key_file`` (or AGGSWITCH_TENANT_KEY) and
         ``job_name`` the job is self-provisioned: ``job`` and ``secret`` are
         not used; ``auth``, ``stats`` and ``priority`` shape it (default
         port, off, normal). A tenant at its quota raises
-        aggswitch.errors.QuotaError."""
+        aggswitch.errors.QuotaError. ``threads``: ``"auto"`` or 1..64, the
+        threads that carry each collective (more than one needs a switch
+        with that many seq lanes; else one runs); another value raises
+        ValueError (TypeError for a bool or another type)."""
     def all_reduce(self, buf: Any) -> None:
         """Sums a writable C-contiguous buffer over all ranks, in place:
         float32 items for an f32 job, uint16 (the elements' bits) for bf16

@@ -224,6 +224,37 @@ fn parse_bind(bind: Option<&str>) -> PyResult<Option<SocketAddrV4>> {
     .transpose()
 }
 
+/// The most threads `threads=` takes (the worker CLI's `--threads` bound).
+const MAX_THREADS: usize = 64;
+
+/// `threads=`: `"auto"` (or None) is 0, `WorkerConfig::threads`' auto;
+/// otherwise a count in 1..=64. A bool is refused, not read as 0 or 1.
+fn parse_threads(threads: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    let Some(t) = threads.filter(|t| !t.is_none()) else {
+        return Ok(0);
+    };
+    let expected = format!("give \"auto\" or a thread count from 1 to {MAX_THREADS}");
+    if t.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("threads={t}: {expected}")));
+    }
+    if let Ok(s) = t.extract::<&str>() {
+        return match s {
+            "auto" => Ok(0),
+            _ => Err(PyValueError::new_err(format!("threads={s:?}: {expected}"))),
+        };
+    }
+    match t.extract::<i64>() {
+        Ok(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_THREADS).contains(n))
+            .ok_or_else(|| PyValueError::new_err(format!("threads={n}: {expected}"))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "threads: {expected}, got {}",
+            type_name(t)
+        ))),
+    }
+}
+
 /// `dtype=` of a Worker or LoopbackSwitch.
 fn parse_dtype(s: &str) -> PyResult<Dtype> {
     s.parse::<Dtype>()
@@ -478,7 +509,7 @@ impl PyWorker {
                         stall_timeout = 5.0, congestion_control = true, delay_target = Some(0.002),
                         bind = None, dtype = "f32", transport = "auto", tenant = None,
                         tenant_key_file = None, job_name = None, auth = None, stats = None,
-                        priority = None))]
+                        priority = None, threads = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -500,7 +531,9 @@ impl PyWorker {
         auth: Option<&str>,
         stats: Option<bool>,
         priority: Option<&str>,
+        threads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let threads = parse_threads(threads)?;
         let kind = transport
             .parse::<TransportKind>()
             .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
@@ -532,6 +565,7 @@ impl PyWorker {
             }
         };
         cfg.transport_kind = kind;
+        cfg.threads = threads;
         let w = py
             .detach(|| Worker::join(cfg))
             .map_err(|e| map_err(py, e))?;
