@@ -105,6 +105,14 @@ class Worker:
         """The switch's seq lanes at the join: DATA of chunk seq s goes to
         its port + s mod seq_lanes (1: one port)."""
     @property
+    def threads(self) -> int:
+        """Threads that carried the last collective (1 before the first):
+        at most ``threads=``, 1 where the switch granted no lane replies."""
+    @property
+    def lane_replies(self) -> bool:
+        """Whether the switch granted lane replies at the last join (its
+        RESULTs come from its lane ports; needs ``seq_lanes`` > 1)."""
+    @property
     def auth(self) -> Literal["port", "mac"]:
         """How the job authenticates DATA and RESULT (from the switch's JOIN_ACK)."""
     @property

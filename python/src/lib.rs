@@ -10,6 +10,7 @@
 //! buffer view is held; after `close()` every call fails with a clear error.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -213,6 +214,12 @@ struct PyWorker {
     auth: &'static str,
     /// The switch's seq lanes at the join (its CHALLENGE's).
     seq_lanes: usize,
+    /// Threads that carried the last collective (`Worker::threads`), kept
+    /// after each so that it is readable while the next one runs.
+    last_threads: AtomicUsize,
+    /// Whether the switch granted lane replies at the last join
+    /// (`Worker::lane_replies`), kept likewise.
+    last_lane_replies: AtomicBool,
 }
 
 /// `bind=`: the local IPv4:port to bind, or None for any.
@@ -467,6 +474,9 @@ impl PyWorker {
             let r = f(w);
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
             *self.last_grad.lock().unwrap_or_else(|p| p.into_inner()) = w.gradient_stats();
+            self.last_threads.store(w.threads(), Ordering::Relaxed);
+            self.last_lane_replies
+                .store(w.lane_replies(), Ordering::Relaxed);
             Some(r)
         });
         match r {
@@ -581,6 +591,8 @@ impl PyWorker {
             dtype,
             transport: w.transport().name(),
             seq_lanes: w.seq_lanes(),
+            last_threads: AtomicUsize::new(w.threads()),
+            last_lane_replies: AtomicBool::new(w.lane_replies()),
             auth: w.auth().name(),
             inner: Mutex::new(Some(w)),
         })
@@ -825,6 +837,22 @@ impl PyWorker {
     #[getter]
     fn seq_lanes(&self) -> usize {
         self.seq_lanes
+    }
+
+    /// Threads that carried the last collective (1 before the first): at
+    /// most `threads=`, and 1 where the switch granted no lane replies.
+    /// Readable while a collective runs (it then says the one before).
+    #[getter]
+    fn threads(&self) -> usize {
+        self.last_threads.load(Ordering::Relaxed)
+    }
+
+    /// Whether the switch granted lane replies at the last join: its
+    /// RESULTs come from its lane ports, so more than one thread may carry
+    /// a collective (a switch of one seq lane never grants them).
+    #[getter]
+    fn lane_replies(&self) -> bool {
+        self.last_lane_replies.load(Ordering::Relaxed)
     }
 
     /// The job's element type: "f32", "bf16" or "f16".

@@ -13,7 +13,9 @@ from test_worker import pattern, rank_order_sum
 
 
 def _sums(sw, world, n, iterations, **options):
-    """Every rank's outputs of ``iterations`` all-reduces of ``pattern``."""
+    """Every rank's outputs of ``iterations`` all-reduces of ``pattern``,
+    and the threads that carried the last and whether the switch granted
+    lane replies."""
 
     def body(w):
         outs = []
@@ -21,7 +23,7 @@ def _sums(sw, world, n, iterations, **options):
             a = pattern(w.rank, it, n)
             w.all_reduce(a)
             outs.append(a.copy())
-        return outs
+        return outs, w.threads, w.lane_replies
 
     return run_ranks(sw, world, body, **options)
 
@@ -34,10 +36,11 @@ def test_threads_sum_bit_for_bit_as_one_thread_does(switch, world, threads):
     sw = switch(world, elems_per_chunk=100, seq_lanes=4)
     n = 20_001
     got = _sums(sw, world, n, 2, threads=threads)
-    for it in range(2):
-        want = rank_order_sum(world, it, n).tobytes()
-        for rank in range(world):
-            assert got[rank][it].tobytes() == want, f"{threads} threads, rank {rank}, iteration {it}"
+    for rank, (outs, ran, lane_replies) in got.items():
+        assert (ran, lane_replies) == (threads, True), f"rank {rank}"
+        for it in range(2):
+            want = rank_order_sum(world, it, n).tobytes()
+            assert outs[it].tobytes() == want, f"{threads} threads, rank {rank}, iteration {it}"
 
 
 def test_threads_under_loss_at_the_switch_stay_bit_exact(switch):
@@ -47,33 +50,48 @@ def test_threads_under_loss_at_the_switch_stay_bit_exact(switch):
     def body(w):
         a = pattern(w.rank, 0, n)
         w.all_reduce(a)
-        return a, w.stats()
+        return a, w.stats(), w.threads
 
     results = run_ranks(sw, 4, body, threads=2)
     want = rank_order_sum(4, 0, n).tobytes()
-    for rank, (got, _) in results.items():
+    for rank, (got, _, ran) in results.items():
         assert got.tobytes() == want, f"rank {rank}"
-    assert sum(s["chunks_resent"] for _, s in results.values()) > 0, "drop_every=7 must force resends"
+        assert ran == 2, f"rank {rank}"
+    assert sum(s["chunks_resent"] for _, s, _ in results.values()) > 0, "drop_every=7 must force resends"
 
 
 def test_more_threads_than_the_switch_has_lanes_still_sum_bit_for_bit(switch):
     # A switch of one lane grants no lane replies: the worker runs one
-    # thread and says nothing to the caller but the right sum.
+    # thread, with the same sum.
     sw = switch(3, elems_per_chunk=100, seq_lanes=1)
     n = 10_001
     got = _sums(sw, 3, n, 1, threads=4)
     want = rank_order_sum(3, 0, n).tobytes()
-    for rank in range(3):
-        assert got[rank][0].tobytes() == want, f"rank {rank}"
+    for rank, (outs, ran, lane_replies) in got.items():
+        assert outs[0].tobytes() == want, f"rank {rank}"
+        assert (ran, lane_replies) == (1, False), f"rank {rank}"
+
+
+def test_threads_are_clamped_to_the_switchs_lanes(switch):
+    # 4 asked, 2 lanes: 2 carry each collective.
+    sw = switch(2, elems_per_chunk=100, seq_lanes=2)
+    n = 10_001
+    got = _sums(sw, 2, n, 1, threads=4)
+    want = rank_order_sum(2, 0, n).tobytes()
+    for rank, (outs, ran, lane_replies) in got.items():
+        assert outs[0].tobytes() == want, f"rank {rank}"
+        assert (ran, lane_replies) == (2, True), f"rank {rank}"
 
 
 @pytest.mark.parametrize("threads", ["auto", None, 1, 64])
 def test_auto_and_counts_in_range_are_taken(switch, threads):
     sw = switch(1)
     with aggswitch.Worker(sw.address, job=1, rank=0, world_size=1, secret=SECRET, threads=threads) as w:
+        assert (w.threads, w.lane_replies) == (1, False), "before the first collective, one lane"
         a = pattern(0, 0, 500)
         w.all_reduce(a)
         assert a.tobytes() == rank_order_sum(1, 0, 500).tobytes()
+        assert w.threads == 1
 
 
 @pytest.mark.parametrize("bad, error", [
