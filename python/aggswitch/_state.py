@@ -274,9 +274,11 @@ class AggSwitchState:
         its time on the switch until this rank's attempt ended,
         ``agreement_s``, until every rank had agreed to fall back,
         ``host_collective_s``, the collective redone on the host path, and
-        its ``bytes``)."""
+        its ``bytes``). While joined also ``threads`` (the threads that
+        carried the last collective) and ``lane_replies`` (whether the
+        switch granted them; ``aggswitch.Worker``'s properties)."""
         w = self._worker
-        out = dict(w.stats()) if w is not None else {}
+        out = dict(w.stats(), threads=w.threads, lane_replies=w.lane_replies) if w is not None else {}
         out.update(self._path.counters())
         return out
 

@@ -109,6 +109,35 @@ def test_a_bad_thread_count_is_refused_saying_what_to_give(switch, bad, error):
         aggswitch.Worker(sw.address, job=1, rank=0, world_size=1, secret=SECRET, threads=bad)
 
 
+def test_the_ddp_hook_runs_its_buckets_on_the_threads_of_the_state(switch):
+    torch = require_torch()
+    import torch.distributed as dist
+
+    import aggswitch.torch as agt
+    from conftest import free_port
+
+    sw = switch(1, seq_lanes=2)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(20, 300), torch.nn.ReLU(), torch.nn.Linear(300, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(20, 300), torch.nn.ReLU(), torch.nn.Linear(300, 3))
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(16, 20), torch.randint(3, (16,))
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        state = agt.AggSwitchState(sw.address, job=1, secret=SECRET, threads=2)
+        ddp.register_comm_hook(state, agt.allreduce_hook)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), name  # world 1: the mean is the gradient itself
+        st = state.stats()
+        assert (st["path"], st["threads"], st["lane_replies"]) == ("switch", 2, True), st
+        state.close()
+    finally:
+        dist.destroy_process_group()
+
+
 ENV = dict(AGGSWITCH_SWITCH="127.0.0.1:48879", AGGSWITCH_JOB="3", AGGSWITCH_SECRET=SECRET)
 
 
