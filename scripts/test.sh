@@ -44,7 +44,9 @@
 # torch_ddp.rs, torch_fsdp.rs, torch_fallback.rs: switchd killed or stopped
 # mid-run, torch_tree_fallback.rs: a tree's spine killed, torch_tenants.rs:
 # DDP by a tenant's variables only), which use the
-# venv's python and the package the python stage built.
+# venv's python and the package the python stage built, and the runs of
+# several worker threads per rank (tests/tests/worker_threads.rs: T = 2 and
+# 4 under faults and a switchd restart, and the fallback to one thread).
 # --quick skips e2e, fuzz and the package demo. Without root, e2e is skipped with a message,
 # except under CI=true, where not being root is an error. A failing stage
 # does not stop the later ones (but build failing skips e2e and setup failing

@@ -153,7 +153,7 @@ class Worker(_native.Worker):
 
     ``Worker(switch, job, rank, world_size, secret, *, join_timeout=30.0,
     stall_timeout=5.0, congestion_control=True, bind=None, dtype="f32",
-    transport="auto")`` joins and returns once every rank has joined (the GIL
+    transport="auto", threads="auto")`` joins and returns once every rank has joined (the GIL
     is released while it waits). ``dtype`` is the job's element type:
     ``"f32"``, ``"bf16"`` or ``"f16"``; the switch refuses a worker whose
     dtype is not the job's. ``switch`` is ``"address[:port]"`` (port 48879 by
@@ -162,7 +162,13 @@ class Worker(_native.Worker):
     received with UDP_GRO), ``"mmsg"`` (one datagram per message) or
     ``"auto"`` (udp-gso when the kernel takes it, else mmsg); ``.transport``
     says which one runs. A forced transport the kernel refuses raises
-    ``TransportError``. A context manager: leaving the block closes it.
+    ``TransportError``. ``threads`` (``"auto"``, the default, or 1..64):
+    the threads that carry each collective, each with its own socket,
+    window and share of the chunks, with a sum bit-identical to one
+    thread's; ``"auto"`` picks them from the tensor's size and the cores
+    this process may use. More than one needs a switch with ``seq_lanes``
+    of at least that many that grants lane replies; otherwise the worker
+    runs one. A context manager: leaving the block closes it.
 
     A self-provisioned job (a tenant the operator declared on the switch):
     ``Worker(switch, job=0, rank=r, world_size=n, secret="", tenant="T",

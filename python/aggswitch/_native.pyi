@@ -28,12 +28,16 @@ class Worker:
         auth: Literal["port", "mac"] | None = None,
         stats: bool | None = None,
         priority: Literal["low", "normal", "high"] | None = None,
+        threads: int | Literal["auto"] = "auto",
     ) -> "Worker":
         """With ``tenant``, ``tenant_key_file`` (or AGGSWITCH_TENANT_KEY) and
         ``job_name`` the job is self-provisioned: ``job`` and ``secret`` are
         not used; ``auth``, ``stats`` and ``priority`` shape it (default
         port, off, normal). A tenant at its quota raises
-        aggswitch.errors.QuotaError."""
+        aggswitch.errors.QuotaError. ``threads``: ``"auto"`` or 1..64, the
+        threads that carry each collective (more than one needs a switch
+        with that many seq lanes; else one runs); another value raises
+        ValueError (TypeError for a bool or another type)."""
     def all_reduce(self, buf: Any) -> None:
         """Sums a writable C-contiguous buffer over all ranks, in place:
         float32 items for an f32 job, uint16 (the elements' bits) for bf16
@@ -100,6 +104,14 @@ class Worker:
     def seq_lanes(self) -> int:
         """The switch's seq lanes at the join: DATA of chunk seq s goes to
         its port + s mod seq_lanes (1: one port)."""
+    @property
+    def threads(self) -> int:
+        """Threads that carried the last collective (1 before the first):
+        at most ``threads=``, 1 where the switch granted no lane replies."""
+    @property
+    def lane_replies(self) -> bool:
+        """Whether the switch granted lane replies at the last join (its
+        RESULTs come from its lane ports; needs ``seq_lanes`` > 1)."""
     @property
     def auth(self) -> Literal["port", "mac"]:
         """How the job authenticates DATA and RESULT (from the switch's JOIN_ACK)."""

@@ -61,7 +61,10 @@ class AggSwitchState:
     keyword arguments go to ``aggswitch.Worker`` (``join_timeout``,
     ``stall_timeout``, ``congestion_control``, ``delay_target`` (seconds of
     queueing delay that count as a congestion mark; None for ECE alone),
-    ``bind``, ``transport``,
+    ``bind``, ``transport``, ``threads`` (``"auto"`` or 1..64: the threads
+    that carry each collective, each with its own socket and share of the
+    chunks; more than one needs a switch with ``seq_lanes`` of at least that
+    many, else the worker runs one),
     ``dtype``: the job's element type, which picks the hook: ``"f32"`` for
     ``allreduce_hook``, ``"bf16"`` for ``bf16_compress_hook``, ``"f16"`` for
     ``fp16_compress_hook``).
@@ -133,6 +136,10 @@ class AggSwitchState:
         self._group = group
         self._secret = secret
         self.dtype = str(worker_options.get("dtype", "f32"))
+        if "threads" in worker_options:
+            # Checked here, not at the first bucket's join, where the
+            # fallback would take a typo for an unreachable switch.
+            worker_options["threads"] = _threads_option(worker_options["threads"], "AggSwitchState: threads")
         self.tenant = tenant or None
         if self.tenant:
             worker_options["tenant"] = self.tenant
@@ -267,9 +274,11 @@ class AggSwitchState:
         its time on the switch until this rank's attempt ended,
         ``agreement_s``, until every rank had agreed to fall back,
         ``host_collective_s``, the collective redone on the host path, and
-        its ``bytes``)."""
+        its ``bytes``). While joined also ``threads`` (the threads that
+        carried the last collective) and ``lane_replies`` (whether the
+        switch granted them; ``aggswitch.Worker``'s properties)."""
         w = self._worker
-        out = dict(w.stats()) if w is not None else {}
+        out = dict(w.stats(), threads=w.threads, lane_replies=w.lane_replies) if w is not None else {}
         out.update(self._path.counters())
         return out
 
@@ -382,6 +391,30 @@ def _check_secret(secret: str, what: str) -> None:
         raise ValueError(f"{what}: expected 64 hex digits (the job's 32-byte secret), got {len(s)} characters")
 
 
+# The most threads one collective takes (the worker's `--threads` bound).
+_MAX_THREADS = 64
+
+
+def _threads_option(value: Any, what: str) -> "int | str":
+    """``threads`` as ``aggswitch.Worker`` takes it: ``"auto"`` or an int in
+    1..64 (a string of digits is read as one). Anything else raises
+    ``ValueError`` (``TypeError`` for a bool or another type) naming
+    ``what`` and what to give."""
+    expected = f"give auto or a thread count from 1 to {_MAX_THREADS}"
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "auto":
+            return "auto"
+        if not text.isdigit():
+            raise ValueError(f"{what}={value!r}: {expected}")
+        value = int(text)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what}={value!r}: {expected}")
+    if not 1 <= value <= _MAX_THREADS:
+        raise ValueError(f"{what}={value!r}: {expected}")
+    return value
+
+
 def _env(name: str, what: str) -> str:
     v = os.environ.get(name, "").strip()
     if not v:
@@ -398,7 +431,8 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
     (seconds), ``AGGSWITCH_TREE`` (workers per leaf, e.g. ``2,2``),
     ``AGGSWITCH_DTYPE`` (``f32``, ``bf16``, ``f16``: the job's),
     ``AGGSWITCH_TRANSPORT`` (``auto``, ``mmsg``, ``udp-gso``: the worker's
-    UDP data path), ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
+    UDP data path), ``AGGSWITCH_THREADS`` (``auto`` or 1..64: the threads
+    that carry each collective), ``AGGSWITCH_STALL_TIMEOUT`` and ``AGGSWITCH_JOIN_TIMEOUT``
     (seconds), ``AGGSWITCH_TENANT`` with ``AGGSWITCH_TENANT_KEY_FILE`` (or
     ``AGGSWITCH_TENANT_KEY``) and ``AGGSWITCH_JOB_NAME`` (a self-provisioned
     job: ``AGGSWITCH_JOB`` and the secret are not needed then; the job name
@@ -479,6 +513,9 @@ def state_from_env(*, job: int | None = None, job_offset: int = 0, **worker_opti
         if transport not in ("auto", "mmsg", "udp-gso"):
             raise ValueError(f"AGGSWITCH_TRANSPORT={transport!r}: expected auto, mmsg or udp-gso")
         worker_options["transport"] = transport
+    threads = os.environ.get("AGGSWITCH_THREADS", "").strip()
+    if threads and "threads" not in worker_options:
+        worker_options["threads"] = _threads_option(threads, "AGGSWITCH_THREADS")
     for var, key in (
         ("AGGSWITCH_STALL_TIMEOUT", "stall_timeout"),
         ("AGGSWITCH_JOIN_TIMEOUT", "join_timeout"),

@@ -10,6 +10,7 @@
 //! buffer view is held; after `close()` every call fails with a clear error.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -213,6 +214,12 @@ struct PyWorker {
     auth: &'static str,
     /// The switch's seq lanes at the join (its CHALLENGE's).
     seq_lanes: usize,
+    /// Threads that carried the last collective (`Worker::threads`), kept
+    /// after each so that it is readable while the next one runs.
+    last_threads: AtomicUsize,
+    /// Whether the switch granted lane replies at the last join
+    /// (`Worker::lane_replies`), kept likewise.
+    last_lane_replies: AtomicBool,
 }
 
 /// `bind=`: the local IPv4:port to bind, or None for any.
@@ -222,6 +229,37 @@ fn parse_bind(bind: Option<&str>) -> PyResult<Option<SocketAddrV4>> {
             .map_err(|e| PyValueError::new_err(format!("bind {b:?}: expected IPv4:port ({e})")))
     })
     .transpose()
+}
+
+/// The most threads `threads=` takes (the worker CLI's `--threads` bound).
+const MAX_THREADS: usize = 64;
+
+/// `threads=`: `"auto"` (or None) is 0, `WorkerConfig::threads`' auto;
+/// otherwise a count in 1..=64. A bool is refused, not read as 0 or 1.
+fn parse_threads(threads: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    let Some(t) = threads.filter(|t| !t.is_none()) else {
+        return Ok(0);
+    };
+    let expected = format!("give \"auto\" or a thread count from 1 to {MAX_THREADS}");
+    if t.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("threads={t}: {expected}")));
+    }
+    if let Ok(s) = t.extract::<&str>() {
+        return match s {
+            "auto" => Ok(0),
+            _ => Err(PyValueError::new_err(format!("threads={s:?}: {expected}"))),
+        };
+    }
+    match t.extract::<i64>() {
+        Ok(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_THREADS).contains(n))
+            .ok_or_else(|| PyValueError::new_err(format!("threads={n}: {expected}"))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "threads: {expected}, got {}",
+            type_name(t)
+        ))),
+    }
 }
 
 /// `dtype=` of a Worker or LoopbackSwitch.
@@ -436,6 +474,9 @@ impl PyWorker {
             let r = f(w);
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = w.stats();
             *self.last_grad.lock().unwrap_or_else(|p| p.into_inner()) = w.gradient_stats();
+            self.last_threads.store(w.threads(), Ordering::Relaxed);
+            self.last_lane_replies
+                .store(w.lane_replies(), Ordering::Relaxed);
             Some(r)
         });
         match r {
@@ -478,7 +519,7 @@ impl PyWorker {
                         stall_timeout = 5.0, congestion_control = true, delay_target = Some(0.002),
                         bind = None, dtype = "f32", transport = "auto", tenant = None,
                         tenant_key_file = None, job_name = None, auth = None, stats = None,
-                        priority = None))]
+                        priority = None, threads = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -500,7 +541,9 @@ impl PyWorker {
         auth: Option<&str>,
         stats: Option<bool>,
         priority: Option<&str>,
+        threads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let threads = parse_threads(threads)?;
         let kind = transport
             .parse::<TransportKind>()
             .map_err(|e| PyValueError::new_err(format!("transport: {e}")))?;
@@ -532,6 +575,7 @@ impl PyWorker {
             }
         };
         cfg.transport_kind = kind;
+        cfg.threads = threads;
         let w = py
             .detach(|| Worker::join(cfg))
             .map_err(|e| map_err(py, e))?;
@@ -547,6 +591,8 @@ impl PyWorker {
             dtype,
             transport: w.transport().name(),
             seq_lanes: w.seq_lanes(),
+            last_threads: AtomicUsize::new(w.threads()),
+            last_lane_replies: AtomicBool::new(w.lane_replies()),
             auth: w.auth().name(),
             inner: Mutex::new(Some(w)),
         })
@@ -791,6 +837,22 @@ impl PyWorker {
     #[getter]
     fn seq_lanes(&self) -> usize {
         self.seq_lanes
+    }
+
+    /// Threads that carried the last collective (1 before the first): at
+    /// most `threads=`, and 1 where the switch granted no lane replies.
+    /// Readable while a collective runs (it then says the one before).
+    #[getter]
+    fn threads(&self) -> usize {
+        self.last_threads.load(Ordering::Relaxed)
+    }
+
+    /// Whether the switch granted lane replies at the last join: its
+    /// RESULTs come from its lane ports, so more than one thread may carry
+    /// a collective (a switch of one seq lane never grants them).
+    #[getter]
+    fn lane_replies(&self) -> bool {
+        self.last_lane_replies.load(Ordering::Relaxed)
     }
 
     /// The job's element type: "f32", "bf16" or "f16".

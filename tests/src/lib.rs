@@ -1491,6 +1491,23 @@ impl Impairment {
         Impairment::apply_on(links, loss_pct, dup_pct, reorder_pct)
     }
 
+    /// As [`Impairment::apply`], on every IPv4 packet the workers' eth0
+    /// sends and receives, not only UDP `AGG_PORT`'s: with seq lanes, DATA
+    /// goes to the ports after it, and with lane replies RESULTs come from
+    /// them (docs/design/worker-threads.md). A worker's eth0 carries nothing
+    /// else of IPv4; ARP passes.
+    pub fn apply_every_port(
+        tb: &Testbed,
+        loss_pct: f64,
+        dup_pct: f64,
+        reorder_pct: f64,
+    ) -> Result<Impairment, String> {
+        let links = (0..tb.workers)
+            .map(|i| (tb.worker_ns(i), "eth0".to_owned()))
+            .collect();
+        Impairment::apply_on_port(links, 0, loss_pct, dup_pct, reorder_pct)
+    }
+
     /// The same on each (namespace, interface) of `links`, both directions:
     /// what the interface sends (egress) and what it receives (ingress).
     pub fn apply_on(
@@ -1499,8 +1516,20 @@ impl Impairment {
         dup_pct: f64,
         reorder_pct: f64,
     ) -> Result<Impairment, String> {
+        Impairment::apply_on_port(links, AGG_PORT, loss_pct, dup_pct, reorder_pct)
+    }
+
+    /// [`Impairment::apply_on`] for UDP `port`'s packets only, or every
+    /// IPv4 packet with `port` 0 (`impair.sh --udp-port`).
+    fn apply_on_port(
+        links: Vec<(String, String)>,
+        port: u16,
+        loss_pct: f64,
+        dup_pct: f64,
+        reorder_pct: f64,
+    ) -> Result<Impairment, String> {
         let args = format!(
-            "--udp-port {AGG_PORT} --loss {loss_pct} --dup {dup_pct} --reorder {reorder_pct} \
+            "--udp-port {port} --loss {loss_pct} --dup {dup_pct} --reorder {reorder_pct} \
              --reorder-rate 100"
         );
         let args: Vec<&str> = args.split_whitespace().collect();
