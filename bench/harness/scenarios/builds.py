@@ -50,7 +50,7 @@ def run(a):
     out = Path(tempfile.mkdtemp(prefix="bench-builds."))
     secret = random_secret()
     runs = []
-    with Testbed(a.prefix, ["--workers", a.workers], out) as tb, Processes() as procs:
+    with Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, Processes() as procs:
         for run_i in range(a.runs):
             for label in order(run_i, builds):
                 d = builds[label]
@@ -84,7 +84,7 @@ def run(a):
     print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b})")
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
-                                "iterations": a.iterations, "runs": runs, "summary": summary,
+                                "iterations": a.iterations, "mtu": a.mtu, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -105,6 +105,8 @@ SCENARIO = Scenario(
         Option("--elements", "float32 elements per tensor", type=uint_range(1, 1 << 30), default=16777216,
                metavar="N"),
         Option("--iterations", "all-reduces per worker run", type=uint_range(1, 100000), default=3, metavar="K"),
+        Option("--mtu", "MTU of the testbed's links (above 3500 switchd's sockets are multi-buffer)",
+               type=uint_range(1280, 9000), default=1500, metavar="M"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),

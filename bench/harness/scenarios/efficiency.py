@@ -33,6 +33,7 @@ from lifecycle import (lanes_for, publish, REPO_ROOT, RESULTS_DIR, HarnessError,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
 from machine import nproc, worker_threads_to_run
 from options import thread_counts, uint_list, uint_range, word_list
+import perf_paths
 from scenario import Option, Scenario
 from tools import NET_SH, build_release, ensure_packages, net
 
@@ -132,13 +133,14 @@ def run(a):
                     return cfg
                 net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
 
-                def run_switch(d, dtype, transport, t, sw, job=None, workers=WORKERS):
+                def run_switch(d, dtype, transport, t, sw, job=None, workers=WORKERS, iterations=None):
                     d.mkdir(parents=True, exist_ok=True)
                     extra = ([] if dtype == "f32" else ["--dtype", dtype]) + \
                         ([] if transport == "auto" else ["--transport", transport])
                     ranks = [procs.start([worker, "allreduce", "--switch", tb["switch_addr"],
                                           "--job", job or JOB_OF[dtype], "--rank", r, "--workers", workers,
-                                          "--elements", elements, "--warmup", 1, "--iterations", repeats, "--json",
+                                          "--elements", elements, "--warmup", 1, "--iterations", iterations or repeats,
+                                          "--json",
                                           "--machine-cpu", "--switchd-pid", sw.pid, "--threads", t, *extra],
                                          ns=f"{PREFIX}-w{r}", env={"AGGSWITCH_SECRET": secret},
                                          stdout=d / f"rank{r}.json", stderr=d / f"rank{r}.log") for r in range(workers)]
@@ -173,9 +175,12 @@ def run(a):
                     data = rd / "perf.data"
                     perf = procs.start(["perf", "record", "-a", "-g", "-q", "-o", data], stdout=rd / "perf-record.log")
                     time.sleep(0.5)
-                    run_switch(d, "f32", a.transports[0], t, sw)
+                    # 4x the all-reduces: what a rank does before them (its input
+                    # filled, its buffers' first touch) weighs a quarter as much.
+                    run_switch(d, "f32", a.transports[0], t, sw, iterations=4 * repeats)
                     perf.send_signal(2)
-                    if procs.wait([perf], 60) != [0]:
+                    # perf record ends on SIGINT with status 0 or by the signal.
+                    if procs.wait([perf], 60) not in ([0], [-2]):
                         warn(f"perf record did not end cleanly; see {rd}/perf-record.log")
                     for out, extra in (("profile-comm.txt", ["--sort", "comm"]),
                                        ("profile-sym.txt", ["--sort", "comm,sym", "-g", "none", "--percent-limit", "0.7"])):
@@ -183,8 +188,10 @@ def run(a):
                             if subprocess.run(["perf", "report", "-i", str(data), "--no-children", *extra, "--stdio"],
                                               stdout=f, stderr=subprocess.DEVNULL).returncode:
                                 warn("perf report failed")
+                    if not perf_paths.write(data, rd / "profile-paths.txt"):
+                        warn("perf script failed: no profile-paths.txt")
                     data.unlink(missing_ok=True)
-                    log(f"profile: {rd}/profile-comm.txt, {rd}/profile-sym.txt")
+                    log(f"profile: {rd}/profile-paths.txt (by path), {rd}/profile-comm.txt, {rd}/profile-sym.txt")
 
                 def measure(lnk):
                     base = rd / f"mtu{mtu}" / lnk
@@ -277,7 +284,8 @@ SCENARIO = Scenario(
                metavar="LIST"),
         Option("--no-gloo", "skip gloo (it needs torch in the project venv)"),
         Option("--profile", "also record a system-wide profile (perf record -a -g) of one more float32 switch "
-               "run at the largest MTU on unlimited links, not counted"),
+               "run (4x the all-reduces) at the largest MTU on unlimited links, not counted; "
+               "profile-paths.txt: the workers' and switchd's samples by path (bench/harness/perf_paths.py)"),
         Option("--quick", "8 MiB, 2 repeats, MTU 1500 only; bench/results/bench-efficiency.* left alone"),
         Option("--timeout", "seconds any one measurement may take", type=uint_range(10, 86400), default=600,
                metavar="T"),
