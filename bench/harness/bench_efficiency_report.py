@@ -363,8 +363,9 @@ def table(out) -> str:
     for g in out["goals_38"]:
         if "t1" in g:
             b = g["best"]
-            best = "-" if b["value"] is None else f"{b['value']:.2f} (T={b['threads']}, ran {b['threads_ran']})"
-            lines.append(f"| {g['where']} | {g['measurement']} | {f(g['t1']['value'], 2)} | {best} "
+            # Three decimals: a goal is judged on the unrounded ratio.
+            best = "-" if b["value"] is None else f"{b['value']:.3f} (T={b['threads']}, ran {b['threads_ran']})"
+            lines.append(f"| {g['where']} | {g['measurement']} | {f(g['t1']['value'], 3)} | {best} "
                          f"| {g['goal_shown']} | {verdict(g['t1']['met'])} | {verdict(b['met'])} |")
         elif not g["measured"]:
             lines.append(f"| {g['where']} | {g['measurement']} | {g['note']} | | {g['goal_shown']} | | |")

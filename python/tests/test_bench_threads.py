@@ -163,7 +163,7 @@ def test_issue_38_goals_for_t1_and_the_best_t(tmp_path):
         assert goal(res, key)["measured"] is False and goal(res, key)["met"] is None
     assert table.count("needs a machine with >= 16 cores: not measured here (2 CPUs)") == 2
     assert "T = 4 skipped: more than the machine's 2 CPUs." in table
-    assert "| 2-core VM, unlimited links | workers' CPU per GiB, switch / gloo | 0.80 | 0.70 (T=2, ran 2) " \
+    assert "| 2-core VM, unlimited links | workers' CPU per GiB, switch / gloo | 0.800 | 0.700 (T=2, ran 2) " \
            "| <= 0.75 | NOT met | met |" in table
     assert png.stat().st_size > 0
 
