@@ -1485,10 +1485,14 @@ impl Impairment {
         dup_pct: f64,
         reorder_pct: f64,
     ) -> Result<Impairment, String> {
-        let links = (0..tb.workers)
+        Impairment::apply_on(Self::worker_links(tb), loss_pct, dup_pct, reorder_pct)
+    }
+
+    /// (namespace, "eth0") of every worker of `tb`.
+    fn worker_links(tb: &Testbed) -> Vec<(String, String)> {
+        (0..tb.workers)
             .map(|i| (tb.worker_ns(i), "eth0".to_owned()))
-            .collect();
-        Impairment::apply_on(links, loss_pct, dup_pct, reorder_pct)
+            .collect()
     }
 
     /// As [`Impairment::apply`], on every IPv4 packet the workers' eth0
@@ -1502,10 +1506,7 @@ impl Impairment {
         dup_pct: f64,
         reorder_pct: f64,
     ) -> Result<Impairment, String> {
-        let links = (0..tb.workers)
-            .map(|i| (tb.worker_ns(i), "eth0".to_owned()))
-            .collect();
-        Impairment::apply_on_port(links, 0, loss_pct, dup_pct, reorder_pct)
+        Impairment::apply_on_port(Self::worker_links(tb), 0, loss_pct, dup_pct, reorder_pct)
     }
 
     /// The same on each (namespace, interface) of `links`, both directions:
