@@ -1661,13 +1661,12 @@ impl Worker {
             if !progressed {
                 let until = match self.member.collective().next_timeout() {
                     Some(d) if !self.member.is_complete() => d.saturating_duration_since(now),
-                    // Complete, waiting for the lanes: the session's timers.
-                    _ => self
-                        .member
-                        .poll_timeout()
-                        .map_or(Duration::from_millis(5), |d| {
-                            d.saturating_duration_since(now)
-                        }),
+                    // Share 0 is complete and the lanes are not: a lane's
+                    // completion wakes nothing here, so look again soon
+                    // (the collective ends at most this much after its
+                    // last share).
+                    _ if progress.is_some() => Duration::from_millis(1),
+                    _ => Duration::from_millis(50),
                 };
                 threads::wait_readable_any(
                     fds,
