@@ -1060,10 +1060,12 @@ impl Worker {
         threads::pow2_floor(want.min(lanes))
     }
 
-    /// Shares 0..`t` for the collectives from now on: the member carries
-    /// share 0 of `t`, lane `i` share `i + 1`, each lane following the
-    /// session of the last join.
+    /// Shares 0..`t` for the collectives from now on (fewer when the last
+    /// join granted fewer lanes): the member carries share 0, lane `i`
+    /// share `i + 1`, each lane following the session of the last join.
     fn set_shares(&mut self, t: usize) {
+        // Both powers of two: the smaller divides the larger.
+        let t = t.min(self.lane_socks.lanes()).max(1);
         self.active = t;
         self.member.set_share(0, t as u32);
         let lanes = self.member.seq_lanes();
@@ -1098,9 +1100,30 @@ impl Worker {
     }
 
     /// Every share resends from `seq` (a JOIN_ACK's resume point), after
-    /// following the session that joined.
+    /// following the session that joined. A switch that came back with
+    /// fewer lanes than this collective's threads gets the rest of it on
+    /// fewer threads: every share begins it again, counts the chunks
+    /// before `seq` as answered (their RESULTs are here: `seq` is at most
+    /// this rank's oldest unanswered one) and resends from `seq`.
     fn restart_all(&mut self, seq: u32) {
-        self.set_shares(self.active);
+        let before = self.active;
+        self.set_shares(before);
+        if self.active != before {
+            let c = self.member.collective();
+            let (collective, first, shape) = (c.collective(), c.first_seq(), c.shape());
+            tracing::info!(
+                job = self.cfg.job,
+                rank = self.cfg.rank,
+                threads = self.active,
+                "the switch came back with fewer seq lanes: the rest of the collective runs on \
+                 fewer threads"
+            );
+            self.begin_all(collective, first, shape);
+            self.member.answered_before(seq);
+            for lane in &mut self.lanes[..self.active - 1] {
+                lane.member.answered_before(seq);
+            }
+        }
         self.member.restart_from(seq);
         for lane in &mut self.lanes[..self.active - 1] {
             lane.member.restart_from(seq);

@@ -172,6 +172,8 @@ pub struct LoopbackSwitch {
     tx: UdpSocket,
     stop: Arc<AtomicBool>,
     restarts: Arc<AtomicU32>,
+    /// Seq lanes after the next restart (0: as configured).
+    lanes_next: Arc<AtomicU32>,
     /// Datagrams received on each lane's port.
     per_lane: Arc<[AtomicU64]>,
     /// Datagrams the lock-free data path took (no table lock).
@@ -199,22 +201,29 @@ impl LoopbackSwitch {
         let tx = socks[0].try_clone().map_err(bind_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU32::new(0));
+        let lanes_next = Arc::new(AtomicU32::new(0));
         let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
         let lock_free = Arc::new(AtomicU64::new(0));
-        let (st, rs, pl) = (stop.clone(), restarts.clone(), per_lane.clone());
+        let (st, rs, ln, pl) = (
+            stop.clone(),
+            restarts.clone(),
+            lanes_next.clone(),
+            per_lane.clone(),
+        );
         let counts = Counts {
             per_lane: pl,
             lock_free: lock_free.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
-            .spawn(move || serve(&socks, cfg, first, &st, &rs, &counts))
+            .spawn(move || serve(&socks, cfg, first, &st, (&rs, &ln), &counts))
             .map_err(bind_err)?;
         Ok(LoopbackSwitch {
             addr,
             tx,
             stop,
             restarts,
+            lanes_next,
             per_lane,
             lock_free,
             handle: Some(handle),
@@ -257,6 +266,17 @@ impl LoopbackSwitch {
     pub fn restarter(&self) -> impl Fn() + Send + Sync + 'static {
         let r = self.restarts.clone();
         move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A handle that restarts the switch with `lanes` seq lanes (a power of
+    /// two, at most the lanes it started with: its sockets stay), as an
+    /// operator who changes `seq_lanes` and restarts switchd.
+    pub fn restarter_with_lanes(&self, lanes: u16) -> impl Fn() + Send + Sync + 'static {
+        let (r, l) = (self.restarts.clone(), self.lanes_next.clone());
+        move || {
+            l.store(lanes.into(), Ordering::SeqCst);
             r.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -376,10 +396,10 @@ const TIMERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 fn serve(
     socks: &[UdpSocket],
-    cfg: LoopbackConfig,
+    mut cfg: LoopbackConfig,
     first: JobTable,
     stop: &AtomicBool,
-    restarts: &AtomicU32,
+    (restarts, lanes_next): (&AtomicU32, &AtomicU32),
     counts: &Counts,
 ) {
     let mut switch = Switch::new(first);
@@ -406,6 +426,12 @@ fn serve(
         let r = restarts.load(Ordering::SeqCst);
         if r != restarted {
             restarted = r;
+            match lanes_next.load(Ordering::SeqCst) {
+                l @ 1..=64 if (l as usize) <= socks.len() && l.is_power_of_two() => {
+                    cfg.seq_lanes = l as u16;
+                }
+                _ => {}
+            }
             // Validated at start; the same config cannot fail now.
             if let Ok(t) = cfg.table(1 + r) {
                 switch = Switch::new(t);

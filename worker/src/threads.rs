@@ -395,7 +395,11 @@ pub fn lane_loop(
     fds: &[RawFd],
     job: LaneJob<'_>,
 ) -> Result<(), SocketFailed> {
-    let send_fd = fds[0];
+    // Every thread reads at least its first lane's socket (T ≤ the lanes
+    // open); without one it has nothing to carry.
+    let Some(&send_fd) = fds.first() else {
+        return Ok(());
+    };
     loop {
         if job.progress.stopped() {
             return Ok(());

@@ -218,3 +218,27 @@ fn a_dead_rank_stalls_every_thread_and_the_error_names_it() {
     assert!(msg.contains("waiting for ranks [1]"), "{msg}");
     assert!(w0.stats().probes_sent == 0, "a stall is no restart");
 }
+
+/// The switch restarts mid-collective with fewer seq lanes (an operator
+/// changed `seq_lanes`): the ranks' threads rejoin, the rest of the
+/// collective runs on as many threads as the new switch's lanes, and the
+/// sums stay exact.
+#[test]
+fn a_switch_back_with_fewer_lanes_gets_fewer_threads() {
+    for lanes in [2, 1] {
+        let sw = stand_in(2, 4, 0, AuthMode::Port);
+        let restart = sw.restarter_with_lanes(lanes);
+        let ran = std::thread::scope(|s| {
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(150));
+                restart();
+            });
+            run(&sw, TransportKind::Auto, &[4, 4], 100_000, 30, |_| {})
+        });
+        for r in &ran {
+            assert!(r.stats.rejoins >= 1, "{:?}", r.stats);
+            assert_eq!(r.threads, usize::from(lanes), "lanes {lanes}");
+            assert_eq!(r.lane_replies, lanes > 1);
+        }
+    }
+}

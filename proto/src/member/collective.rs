@@ -683,6 +683,24 @@ impl Collective {
         self.fast_cursor[lane] = self.fast_cursor[lane].max(end + 1);
     }
 
+    /// Counts every chunk before `seq` as answered: a rank whose threads
+    /// changed in the middle of this collective (a switch back with fewer
+    /// seq lanes) began it again on the new shares, and every chunk before
+    /// the JOIN_ACK's resume point had its RESULT, taken by the share that
+    /// carried it. [`Collective::restart_from`] with the same `seq` follows.
+    /// (A `stats = true` job's trailers of those chunks were the old
+    /// shares': this collective then has no statistics.)
+    pub fn answered_before(&mut self, seq: u32) {
+        let off = serial_offset(self.first_seq, seq).clamp(0, self.n_chunks() as i64) as usize;
+        for c in &mut self.chunks[..off] {
+            if !c.acked {
+                c.acked = true;
+                self.acked += 1;
+            }
+        }
+        self.skip_answered();
+    }
+
     /// Restarts from `seq` after a re-join: every chunk from there on is
     /// sent again (its RESULT may come again; it is bit-identical). A `seq`
     /// before this collective restarts it from its first chunk.
@@ -1214,6 +1232,24 @@ mod tests {
     /// seqs (odd or even), the other's RESULTs are foreign to it, and the
     /// window counts seq distance, so each share has half the chunks in
     /// flight that one whole collective would.
+    /// A collective begun again on other shares mid-way: the chunks before
+    /// the resume point count as answered, the rest are sent again, and it
+    /// completes on their RESULTs alone.
+    #[test]
+    fn answered_before_a_resume_point_is_not_sent_again() {
+        let (cfg, rtt, _) = setup();
+        let now = Instant::now();
+        let mut c = Collective::new(1, 100, 10, 1).with_share(1, 2);
+        c.answered_before(106);
+        c.restart_from(106);
+        assert_eq!(c.oldest_unacked_seq(), 107, "106 is the other share's");
+        let sent: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(now, 16, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(sent, [107, 109]);
+        assert!(!c.is_complete());
+    }
+
     #[test]
     fn shares_split_a_collective_by_seq_and_window_by_seq_distance() {
         let (cfg, mut rtt, mut cc) = setup();

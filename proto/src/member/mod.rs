@@ -279,6 +279,12 @@ impl Member {
         self.seq_lanes = control.seq_lanes;
     }
 
+    /// Counts the current collective's chunks before `seq` as answered
+    /// ([`Collective::answered_before`]): its shares changed mid-way.
+    pub fn answered_before(&mut self, seq: u32) {
+        self.coll.answered_before(seq);
+    }
+
     /// Resends the current collective from `seq` (a JOIN_ACK's resume
     /// point); a `seq` before it restarts it whole.
     pub fn restart_from(&mut self, seq: u32) {
