@@ -307,3 +307,33 @@ fn all_gather_bytes_carries_float32_through_a_bf16_job_bit_for_bit() {
         );
     });
 }
+
+/// Every kind (reduce-scatter, all-gather, all-reduce, broadcast) carried
+/// by 2 threads per rank on a switch of 4 seq lanes with lane replies
+/// (docs/design/worker-threads.md), lossy: the shapes' chunks split by seq
+/// like an all-reduce's, and every output is bit-exact.
+#[test]
+fn kinds_on_two_threads_bit_exact_over_a_lossy_stand_in() {
+    let n = 4;
+    let mut cfg = LoopbackConfig::new(1, n, SECRET);
+    cfg.elems_per_chunk = 100;
+    cfg.dtype = Dtype::Bf16;
+    cfg.drop_every = 13;
+    cfg.seq_lanes = 4;
+    let sw = LoopbackSwitch::start(cfg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let sw = &sw;
+            s.spawn(move || {
+                let mut cfg = WorkerConfig::new(sw.addr(), 1, rank, n, SECRET);
+                cfg.dtype = Dtype::Bf16;
+                cfg.join_timeout = Duration::from_secs(20);
+                cfg.threads = 2;
+                let mut w = Worker::join(cfg).expect("join");
+                run_rank(&mut w, BF16, n, 1_001, 2);
+                assert_eq!(w.threads(), 2);
+                assert_eq!(w.stats().mismatched_results, 0, "{:?}", w.stats());
+            });
+        }
+    });
+}
