@@ -1506,6 +1506,13 @@ impl Worker {
         let c = self.prev_collective.unwrap_or(0);
         self.set_shares(self.active);
         self.begin_all(c, self.prev_first_seq, self.prev_shape);
+        // This rank has every RESULT of it: the chunks before the resume
+        // point are owed to nobody (a restarted switch, whose floor is
+        // there, would never answer them), those from it on are resent.
+        self.member.answered_before(seq);
+        for lane in &mut self.lanes[..self.active - 1] {
+            lane.member.answered_before(seq);
+        }
         self.restart_all(seq);
         let r = loop {
             match self.drive_all(&prev, None) {
