@@ -875,17 +875,6 @@ impl Worker {
         }
     }
 
-    /// Sends the queued DATA in one `sendmmsg` (or a few, if the kernel
-    /// takes part of the batch).
-    fn flush_tx(&mut self) -> Result<(), WorkerError> {
-        if self.txb.is_empty() {
-            return Ok(());
-        }
-        self.txb
-            .send_all(self.sock.as_raw_fd())
-            .map_err(io_err("sendmmsg", self.cfg.switch))
-    }
-
     /// Receives one datagram into `self.rx` (with UDP_GRO on: the first of
     /// a coalesced buffer, the rest are dropped like lost datagrams); None
     /// when nothing is waiting.
@@ -1632,21 +1621,15 @@ impl Worker {
             }
             let now = Instant::now();
             if !self.member.is_complete() {
-                let c = self.member.collective();
-                let burst = self.burst.update(c.stats.resent, c.stats.results);
-                self.txb.set_max_segments(burst);
-                loop {
-                    if self.txb.is_full() {
-                        self.flush_tx()?;
-                    }
-                    let slot = self.txb.next_slot().expect("flushed when full");
-                    let Some(f) = self.member.poll_data(now, input, slot) else {
-                        break;
-                    };
-                    self.txb.commit_seq(f.len, f.seq);
-                    progressed = true;
-                }
-                self.flush_tx()?;
+                progressed |= threads::send_share(
+                    &mut self.member,
+                    &mut self.txb,
+                    &mut self.burst,
+                    self.sock.as_raw_fd(),
+                    input,
+                    now,
+                )
+                .map_err(io_err("sendmmsg", self.cfg.switch))?;
             }
             if self.member.is_complete() && lanes_done(progress) {
                 break;

@@ -375,6 +375,38 @@ pub fn wait_readable_any(fds: &[RawFd], timeout: Duration) {
     }
 }
 
+/// Sends the DATA `member`'s window and resend timers allow at `now` on
+/// `fd`, batched in `txb` (flushed whenever full and at the end), with the
+/// GSO burst limit following the share's resends; true if any DATA went
+/// out. Thread 0 and every lane thread send their share through this.
+pub fn send_share(
+    member: &mut Member,
+    txb: &mut DatagramBatch,
+    burst: &mut gso::BurstLimit,
+    fd: RawFd,
+    input: &[u8],
+    now: Instant,
+) -> std::io::Result<bool> {
+    let c = member.collective();
+    txb.set_max_segments(burst.update(c.stats.resent, c.stats.results));
+    let mut sent = false;
+    loop {
+        if txb.is_full() {
+            txb.send_all(fd)?;
+        }
+        let slot = txb.next_slot().expect("flushed when full");
+        let Some(f) = member.poll_data(now, input, slot) else {
+            break;
+        };
+        txb.commit_seq(f.len, f.seq);
+        sent = true;
+    }
+    if !txb.is_empty() {
+        txb.send_all(fd)?;
+    }
+    Ok(sent)
+}
+
 /// What a lane thread needs besides its lane.
 #[derive(Clone, Copy)]
 pub struct LaneJob<'a> {
@@ -426,30 +458,19 @@ pub fn lane_loop(
             job.progress.publish(t, &lane.member);
             return Ok(());
         }
-        let now = Instant::now();
-        let c = lane.member.collective();
-        let burst = lane.burst.update(c.stats.resent, c.stats.results);
-        lane.txb.set_max_segments(burst);
-        loop {
-            if lane.txb.is_full() {
-                lane.txb
-                    .send_all(send_fd)
-                    .map_err(failed("sendmmsg", job.switch))?;
-            }
-            let slot = lane.txb.next_slot().expect("flushed when full");
-            let Some(f) = lane.member.poll_data(now, job.input, slot) else {
-                break;
-            };
-            lane.txb.commit_seq(f.len, f.seq);
-            progressed = true;
-        }
-        if !lane.txb.is_empty() {
-            lane.txb
-                .send_all(send_fd)
-                .map_err(failed("sendmmsg", job.switch))?;
-        }
+        let sent = send_share(
+            &mut lane.member,
+            &mut lane.txb,
+            &mut lane.burst,
+            send_fd,
+            job.input,
+            Instant::now(),
+        )
+        .map_err(failed("sendmmsg", job.switch))?;
+        progressed |= sent;
         job.progress.publish(t, &lane.member);
         if !progressed {
+            let now = Instant::now();
             let until = lane
                 .member
                 .collective()
