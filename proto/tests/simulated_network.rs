@@ -68,6 +68,29 @@ fn at_switch(
     bytes: &[u8],
     (base, now): (Instant, Duration),
 ) {
+    at_switch_slowed((switch, paths), net, faults, None, rank, bytes, (base, now))
+}
+
+/// Rank `rank`'s RESULTs take `extra` longer from collective `from` on: a
+/// queue that builds behind a bottleneck on its way after the RTO settled
+/// at its floor.
+#[derive(Debug, Clone, Copy)]
+struct SlowPath {
+    rank: u16,
+    from: u32,
+    extra: Duration,
+}
+
+/// As [`at_switch`], the replies to `slow`'s rank (if any) delayed.
+fn at_switch_slowed(
+    (switch, paths): (&Switch, &mut Paths),
+    net: &mut Links<Msg>,
+    faults: Faults,
+    slow: Option<(u16, Duration)>,
+    rank: u16,
+    bytes: &[u8],
+    (base, now): (Instant, Duration),
+) {
     let thread = common::thread_of(rank);
     let h = common::at_switch(
         switch,
@@ -76,7 +99,11 @@ fn at_switch(
         endpoint(rank),
         base + now,
         |rank, b| {
-            net.send(faults, now, || Msg::ToWorker {
+            let extra = match slow {
+                Some((r, extra)) if r == rank => extra,
+                _ => Duration::ZERO,
+            };
+            net.send(faults, now + extra, || Msg::ToWorker {
                 rank,
                 bytes: b.to_vec(),
             })
@@ -131,6 +158,14 @@ fn run_from(
     .0
 }
 
+/// What one run did: its virtual time, how the switch took the DATA, and
+/// each rank's resends per collective.
+struct Run {
+    time: Duration,
+    paths: Paths,
+    resent: Vec<Vec<u64>>,
+}
+
 /// As [`run_from`]; returns also how the switch took the DATA.
 #[allow(clippy::too_many_arguments)]
 fn run_counted(
@@ -145,6 +180,29 @@ fn run_counted(
     dtype: Dtype,
     auth: AuthMode,
 ) -> (Duration, Paths) {
+    let r = run_slowed(
+        start_seq, n, len, elems, slots, iterations, faults, seed, dtype, auth, None,
+    );
+    (r.time, r.paths)
+}
+
+/// As [`run_counted`], with `slow`'s RESULTs delayed; returns also each
+/// rank's resends.
+#[allow(clippy::too_many_arguments)]
+fn run_slowed(
+    start_seq: u32,
+    n: u16,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    faults: Faults,
+    seed: u64,
+    dtype: Dtype,
+    auth: AuthMode,
+    slow: Option<SlowPath>,
+) -> Run {
+    let mut resent = vec![Vec::new(); n as usize];
     let base = Instant::now();
     let switch = Switch::new(common::job_table(GEN, n, elems, slots, (dtype, auth), base));
     let mut paths = Paths::default();
@@ -188,6 +246,7 @@ fn run_counted(
             .into_iter()
             .map(|v| round_f32(dtype, v))
             .collect();
+        let slowed = slow.filter(|s| it >= s.from).map(|s| (s.rank, s.extra));
         let mut steps = 0u64;
         while !workers.iter().all(|w| w.coll().is_complete()) {
             steps += 1;
@@ -209,10 +268,11 @@ fn run_counted(
             now = now.max(common::next_event(net.next_delivery(), next_timer));
             while let Some(m) = net.pop_due(now) {
                 match m {
-                    Msg::ToSwitch { rank, bytes } => at_switch(
+                    Msg::ToSwitch { rank, bytes } => at_switch_slowed(
                         (&switch, &mut paths),
                         &mut net,
                         faults,
+                        slowed,
                         rank,
                         &bytes,
                         (base, now),
@@ -243,9 +303,16 @@ fn run_counted(
                 "rank {r} iteration {it}: result differs from the rank-order sum"
             );
         }
+        for (r, w) in workers.iter().enumerate() {
+            resent[r].push(w.coll().stats.resent);
+        }
         seq = workers[0].coll().end_seq();
     }
-    (now, paths)
+    Run {
+        time: now,
+        paths,
+        resent,
+    }
 }
 
 /// The simulations run the path real DATA takes: with loss, duplication
@@ -755,4 +822,52 @@ fn members_keep_to_the_window_the_switch_advertises() {
     let ignored = run_windowed(3, 2, Some(16));
     assert!(ignored.beyond_window > 0);
     assert!(ignored.max_in_flight > 3);
+}
+
+/// A rank whose RESULTs start to queue for 20 ms (behind a bottleneck),
+/// four times the RTO its RTT settled it at: its chunks time out while
+/// their RESULTs wait in the queue, and the switch answers the resends
+/// from the summed slots. The second RESULT of a chunk sent twice answers
+/// the resend and is the RTT sample that lifts the RTO above the queue, so
+/// the rank stops resending within a collective. Without that sample
+/// (Karn's rule alone) every chunk times out, none gives a sample, and the
+/// rank resends chunk after chunk for as long as the queue lasts.
+#[test]
+fn a_rank_whose_results_queue_past_its_rto_stops_resending() {
+    let (n, elems, chunks) = (4u16, 256u16, 256usize);
+    let slow = SlowPath {
+        rank: 2,
+        from: 2,
+        extra: Duration::from_millis(20),
+    };
+    let run = run_slowed(
+        0,
+        n,
+        chunks * elems as usize,
+        elems,
+        64,
+        6,
+        CLEAN,
+        7,
+        Dtype::F32,
+        AuthMode::Port,
+        Some(slow),
+    );
+    let slowed = &run.resent[slow.rank as usize];
+    // The links' jitter reorders RESULTs, and fast retransmit resends some
+    // chunks in every collective: the baseline is the rank's own before
+    // the queue.
+    let baseline = slowed[..2].iter().copied().max().unwrap_or(0);
+    // The collective the queue began in costs resends, learning it; the
+    // next ones (all under the same queue) no more than the baseline.
+    for (c, &k) in slowed.iter().enumerate().skip(3) {
+        assert!(
+            k <= baseline + baseline / 2,
+            "rank {} resent {k} of {chunks} chunks in collective {c} (before its RESULTs \
+             were 20 ms late: {baseline}): its RTO never learnt the queue; every rank's \
+             resends per collective: {:?}",
+            slow.rank,
+            run.resent
+        );
+    }
 }

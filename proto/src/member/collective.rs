@@ -15,7 +15,9 @@
 //!   min(DCTCP, advertised)), so the switch can always answer a lost RESULT
 //!   from its shadow copy.
 //! * RTT samples follow Karn's rule: none from a resent chunk, nor from one
-//!   whose timer was re-armed without a resend.
+//!   whose timer was re-armed without a resend, except the second RESULT
+//!   of a chunk resent once when it came later than the RTO after the
+//!   resend: it answers the resend, and says the RTO is too short.
 //! * Time is passed in ([`Instant`]); nothing here reads a clock.
 //! * A share ([`Collective::with_share`]) owns the chunks whose seq is
 //!   `share` mod `shares`: it sends and awaits only those. The others
@@ -55,6 +57,8 @@ struct ChunkState {
     /// Its timer expired and was re-armed without a resend: its RTT would
     /// measure waiting for other ranks, not the path, so it gives no sample.
     rearmed: bool,
+    /// A duplicate RESULT already gave this chunk's resend a sample.
+    dup_sampled: bool,
     sent_at: Option<Instant>,
     deadline: Option<Instant>,
     resends: u32,
@@ -619,6 +623,25 @@ impl Collective {
         let c = &mut self.chunks[i as usize];
         if c.acked {
             self.stats.duplicate_results += 1;
+            // A second RESULT of a chunk resent once answers the resend
+            // (the first answered the original), and the switch answered
+            // it from a complete slot, so its RTT is the path's alone, with
+            // no other rank's lateness in it. When that RTT exceeds the RTO
+            // the timer fires early on this path: it is the sample Karn's
+            // rule withheld. Without it a rank whose RESULTs queue behind a
+            // bottleneck times out every chunk, gets no sample and keeps
+            // resending, and the answers to its resends lengthen the queue
+            // (docs/PROTOCOL.md, "Congestion control"). Shorter ones carry
+            // no news and are left out, as Karn's rule says.
+            if c.resends == 1 && !c.dup_sampled {
+                if let Some(t) = c.sent_at {
+                    let s = now.saturating_duration_since(t);
+                    if s > rtt.rto() {
+                        c.dup_sampled = true;
+                        rtt.on_sample_at(s, now);
+                    }
+                }
+            }
             return ResultOutcome::Duplicate;
         }
         c.acked = true;
