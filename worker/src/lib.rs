@@ -1383,9 +1383,19 @@ impl Worker {
         }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
+        let values = input.unwrap_or(out);
+        // The two kept inputs swap each collective. When they must grow,
+        // both grow now (the previous input keeps its bytes), their pages
+        // touched here, so the next collective, which writes the other
+        // one, faults in none of them: steady state after one collective.
+        if self.prev_input.capacity() < values.len() {
+            let held = self.prev_input.len();
+            self.prev_input.resize(values.len(), 0);
+            self.prev_input.truncate(held);
+        }
         let mut kept = std::mem::take(&mut self.input);
         kept.clear();
-        kept.extend_from_slice(input.unwrap_or(out));
+        kept.extend_from_slice(values);
         let chunks = len.div_ceil(usize::from(self.member.elems_per_chunk().max(1)));
         self.set_shares(self.threads_for(chunks as u32));
         self.begin_all(collective, first_seq, shape);
