@@ -1609,7 +1609,6 @@ impl Worker {
             if progress.is_some_and(|p| p.stopped()) {
                 return Ok(Drive::LaneFailed);
             }
-            let mut progressed = false;
             // Results first: a worker that was not scheduled for a while has
             // RESULTs waiting, and its resend timers must not fire for them.
             for &fd in fds {
@@ -1621,17 +1620,20 @@ impl Worker {
                     if n == 0 {
                         break;
                     }
-                    progressed = true;
                     for i in 0..n {
                         if let Some(lost) = self.on_datagram(i, input, out)? {
                             return Ok(Drive::Lost(lost));
                         }
                     }
+                    // Drained: asking again would only find it empty.
+                    if !self.rxb.filled() {
+                        break;
+                    }
                 }
             }
             let now = Instant::now();
             if !self.member.is_complete() {
-                progressed |= threads::send_share(
+                threads::send_share(
                     &mut self.member,
                     &mut self.txb,
                     &mut self.burst,
@@ -1681,21 +1683,23 @@ impl Worker {
             }
             // A HEARTBEAT, when the member wants one.
             self.send_control(now)?;
-            if !progressed {
-                let until = match self.member.collective().next_timeout() {
-                    Some(d) if !self.member.is_complete() => d.saturating_duration_since(now),
-                    // Share 0 is complete and the lanes are not: a lane's
-                    // completion wakes nothing here, so look again soon
-                    // (the collective ends at most this much after its
-                    // last share).
-                    _ if progress.is_some() => Duration::from_millis(1),
-                    _ => Duration::from_millis(50),
-                };
-                threads::wait_readable_any(
-                    fds,
-                    until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
-                );
-            }
+            // Every socket is drained: sleep until a datagram or the next
+            // timer (a RESULT that came meanwhile returns at once). At a
+            // bottleneck each wake then costs one receive, one send and
+            // this poll.
+            let until = match self.member.collective().next_timeout() {
+                Some(d) if !self.member.is_complete() => d.saturating_duration_since(now),
+                // Share 0 is complete and the lanes are not: a lane's
+                // completion wakes nothing here, so look again soon
+                // (the collective ends at most this much after its
+                // last share).
+                _ if progress.is_some() => Duration::from_millis(1),
+                _ => Duration::from_millis(50),
+            };
+            threads::wait_readable_any(
+                fds,
+                until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
+            );
         }
         Ok(Drive::Completed)
     }

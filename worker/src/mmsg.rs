@@ -53,6 +53,8 @@ pub struct DatagramBatch {
     data: Vec<u8>,
     slot: usize,
     count: usize,
+    /// The last receive filled every slot: more may be waiting.
+    filled: bool,
     /// GSO sends: most datagrams per super-datagram ([`gso::BurstLimit`]).
     max_segments: usize,
     iov: Vec<libc::iovec>,
@@ -97,6 +99,7 @@ impl DatagramBatch {
             data: vec![0u8; capacity * slot],
             slot,
             count: 0,
+            filled: false,
             max_segments: gso::MAX_SEGMENTS,
             // SAFETY: iovec and mmsghdr are plain old data; all-zero is a
             // valid value (null pointers, no name, no control data).
@@ -412,6 +415,14 @@ impl DatagramBatch {
         self.count = segs.len();
     }
 
+    /// Whether the last [`DatagramBatch::recv`] filled every slot: more
+    /// datagrams may be waiting. A receive that did not fill them found
+    /// the socket drained (it never blocks), so the caller need not ask again before
+    /// it waits.
+    pub fn filled(&self) -> bool {
+        self.filled
+    }
+
     /// Receives up to `capacity` datagrams (GRO mode: buffers, each holding
     /// one or more datagrams) from `fd` without blocking; returns how many
     /// datagrams arrived (0 when none was waiting). Read them with
@@ -444,13 +455,17 @@ impl DatagramBatch {
                     self.iov[i].iov_len = (self.hdrs[i].msg_len as usize).min(self.slot);
                 }
                 self.count = n;
+                self.filled = n == self.hdrs.len();
                 self.split_received(n);
                 return Ok(self.count);
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN | libc::ECONNREFUSED) => return Ok(0),
+                Some(libc::EAGAIN | libc::ECONNREFUSED) => {
+                    self.filled = false;
+                    return Ok(0);
+                }
                 _ => return Err(e),
             }
         }

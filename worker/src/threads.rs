@@ -436,14 +436,12 @@ pub fn lane_loop(
         if job.progress.stopped() {
             return Ok(());
         }
-        let mut progressed = false;
         for &fd in fds {
             loop {
                 let n = lane.rxb.recv(fd).map_err(failed("recvmmsg", job.switch))?;
                 if n == 0 {
                     break;
                 }
-                progressed = true;
                 for i in 0..n {
                     let d = lane.rxb.get(i);
                     // A lane copy's session takes RESULTs only; anything
@@ -452,13 +450,16 @@ pub fn lane_loop(
                         write_result(&ev, d, job.dtype, job.input, job.out);
                     }
                 }
+                if !lane.rxb.filled() {
+                    break;
+                }
             }
         }
         if lane.member.is_complete() {
             job.progress.publish(t, &lane.member);
             return Ok(());
         }
-        let sent = send_share(
+        send_share(
             &mut lane.member,
             &mut lane.txb,
             &mut lane.burst,
@@ -467,22 +468,20 @@ pub fn lane_loop(
             Instant::now(),
         )
         .map_err(failed("sendmmsg", job.switch))?;
-        progressed |= sent;
         job.progress.publish(t, &lane.member);
-        if !progressed {
-            let now = Instant::now();
-            let until = lane
-                .member
-                .collective()
-                .next_timeout()
-                .map_or(Duration::from_millis(50), |d| {
-                    d.saturating_duration_since(now)
-                });
-            wait_readable_any(
-                fds,
-                until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
-            );
-        }
+        // Every socket is drained: sleep until a datagram or the next timer.
+        let now = Instant::now();
+        let until = lane
+            .member
+            .collective()
+            .next_timeout()
+            .map_or(Duration::from_millis(50), |d| {
+                d.saturating_duration_since(now)
+            });
+        wait_readable_any(
+            fds,
+            until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
+        );
     }
 }
 
