@@ -1104,7 +1104,10 @@ impl Worker {
     /// fewer lanes than this collective's threads gets the rest of it on
     /// fewer threads: every share begins it again, counts the chunks
     /// before `seq` as answered (their RESULTs are here: `seq` is at most
-    /// this rank's oldest unanswered one) and resends from `seq`.
+    /// this rank's oldest unanswered one) and resends from `seq`. A
+    /// `stats = true` job's trailers that the old shares got go to the new
+    /// share 0, so the collective's statistics are whole again once the
+    /// rest is answered (docs/PROTOCOL.md, "Gradient statistics").
     fn restart_all(&mut self, seq: u32) {
         let before = self.active;
         self.set_shares(before);
@@ -1118,7 +1121,16 @@ impl Worker {
                 "the switch came back with fewer seq lanes: the rest of the collective runs on \
                  fewer threads"
             );
+            let trailers = {
+                let mut old: Vec<&mut Member> = std::iter::once(&mut self.member)
+                    .chain(self.lanes[..before - 1].iter_mut().map(|l| &mut l.member))
+                    .collect();
+                Member::take_trailers_of_shares(&mut old)
+            };
             self.begin_all(collective, first, shape);
+            if let Some(t) = trailers {
+                self.member.keep_trailers(t);
+            }
             self.member.answered_before(seq);
             for lane in &mut self.lanes[..self.active - 1] {
                 lane.member.answered_before(seq);

@@ -11,6 +11,10 @@
 //!   resume point answered (the new switch's floor is there: it would never
 //!   answer them). Every sum stays bit-exact, on 1 and 2 threads, and on a
 //!   switch back with fewer lanes.
+//! * Gradient statistics across a restart (docs/PROTOCOL.md, "Gradient
+//!   statistics"): a `stats = true` collective cut by a restart, on the
+//!   same lanes or on fewer (the rest of it on fewer threads), gets the
+//!   reference statistics bit for bit on every rank.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -172,5 +176,64 @@ fn a_rank_a_collective_ahead_catches_up_on_a_switch_back_with_fewer_lanes() {
     assert_caught_up(&sw, &ran, "T = 2 → 1");
     for r in &ran {
         assert_eq!(r.threads, 1);
+    }
+}
+
+/// The catch-up in a `stats = true` job: rank 0's statistics of
+/// collective 1 were taken before the restart, rank 1's come from the
+/// trailers it had and the new switch's of the rest (on a switch back with
+/// fewer lanes, its new share 0 keeps its old shares' trailers); both are
+/// the reference's, as are every later collective's.
+#[test]
+fn statistics_stay_exact_through_the_catch_up() {
+    for (t, lanes, after) in [(1, 1, None), (2, 2, None), (2, 2, Some(1))] {
+        let sw = stand_in(2, lanes, true, catch_up_script(after));
+        let ran = run(&sw, &[t, t], true);
+        assert_caught_up(
+            &sw,
+            &ran,
+            &format!("stats, T = {t}, lanes {lanes} → {after:?}"),
+        );
+    }
+}
+
+/// The switch restarts in the middle of collective 1 (at rank 0's DATA of
+/// its chunk 120: every rank has answers below about chunk 120 − the
+/// window), then comes back with `lanes_after` seq lanes.
+fn mid_collective(lanes_after: Option<u16>) -> ScriptedRestart {
+    ScriptedRestart {
+        at: (1, CHUNKS + 120),
+        lanes: lanes_after,
+        starve: None,
+    }
+}
+
+/// A `stats = true` collective cut by a restart keeps its statistics: on
+/// one thread, on two over the same lanes, and on 4 threads of a switch
+/// back with 2 lanes or 1 (the rest of the collective on fewer threads,
+/// whose shares take the old shares' trailers of the chunks before the
+/// resume point).
+#[test]
+fn statistics_stay_exact_through_a_restart_mid_collective() {
+    for (t, lanes, after) in [
+        (1, 1, None),
+        (1, 4, Some(1)),
+        (2, 2, None),
+        (4, 4, Some(2)),
+        (4, 4, Some(1)),
+    ] {
+        let what = format!("T = {t}, lanes {lanes} → {after:?}");
+        let sw = stand_in(2, lanes, true, mid_collective(after));
+        let ran = run(&sw, &[t, t], true);
+        assert_eq!(sw.restarts(), 1, "{what}");
+        for r in &ran {
+            assert_eq!(r.stats.rejoins, 1, "{what}: {:?}", r.stats);
+            let want = if t == 1 {
+                1
+            } else {
+                usize::from(after.unwrap_or(lanes))
+            };
+            assert_eq!(r.threads, want, "{what}");
+        }
     }
 }
