@@ -476,6 +476,17 @@ pub enum GradStatsError {
         rank: u16,
         collective: u32,
     },
+    #[error(
+        "job {job} rank {rank}: gradient_stats: collective {collective} was summed, but some of \
+         its chunks' RESULTs came without statistics: the switch restarted during it with the \
+         job newly declared stats = true, and the chunks summed before the restart were never \
+         measured; the next collective's statistics are whole"
+    )]
+    Incomplete {
+        job: u16,
+        rank: u16,
+        collective: u32,
+    },
 }
 
 /// Counters of a worker session.
@@ -527,6 +538,19 @@ pub struct WorkerStats {
     pub tx_coalesced: u64,
     /// Datagrams received in `UDP_GRO` buffers holding several (udp-gso).
     pub rx_coalesced: u64,
+}
+
+/// The gradient statistics of a completed collective.
+#[derive(Debug, Clone, Copy)]
+enum Grad {
+    /// Every chunk's trailer, folded.
+    Whole(GradStats),
+    /// An all-gather or broadcast (or a job without statistics): nothing
+    /// was measured.
+    NotSummed,
+    /// Summed, but a chunk's RESULT came without a trailer: the job became
+    /// `stats = true` at a switch restart during the collective.
+    Incomplete,
 }
 
 /// What the receive loop learned.
@@ -587,10 +611,9 @@ pub struct Worker {
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
     data_key_spent: bool,
-    /// The last completed collective's id and statistics (`None` inside:
-    /// it was an all-gather or broadcast, or the job has no statistics);
-    /// `None`: none completed, or the last one failed.
-    last_grad: Option<(u32, Option<GradStats>)>,
+    /// The last completed collective's id and what [`Worker::gradient_stats`]
+    /// answers for it; `None`: none completed, or the last one failed.
+    last_grad: Option<(u32, Grad)>,
     /// The switch lost our session between collectives ([`Worker::keepalive`]
     /// saw it): the next collective joins again before it sends.
     rejoin_due: bool,
@@ -1220,12 +1243,17 @@ impl Worker {
         }
         match self.last_grad {
             None => Err(GradStatsError::NoCollective { job, rank }),
-            Some((collective, None)) => Err(GradStatsError::NotSummed {
+            Some((collective, Grad::NotSummed)) => Err(GradStatsError::NotSummed {
                 job,
                 rank,
                 collective,
             }),
-            Some((_, Some(s))) => Ok(s),
+            Some((collective, Grad::Incomplete)) => Err(GradStatsError::Incomplete {
+                job,
+                rank,
+                collective,
+            }),
+            Some((_, Grad::Whole(s))) => Ok(s),
         }
     }
 
@@ -1430,17 +1458,22 @@ impl Worker {
         result?;
         let cur = self.member.collective();
         let grad = match (self.member.session().grad_stats(), shape.kind()) {
-            (false, _) | (true, Kind::AllGather) => None,
+            (false, _) | (true, Kind::AllGather) => Grad::NotSummed,
             // An empty collective has no chunk to carry a trailer: it sums
             // nothing.
-            (true, _) if cur.n_chunks() == 0 => Some(GradStats {
+            (true, _) if cur.n_chunks() == 0 => Grad::Whole(GradStats {
                 ranks: self.cfg.n_workers.into(),
                 ..GradStats::default()
             }),
             (true, _) => {
                 let shares = std::iter::once(&self.member)
                     .chain(self.lanes[..self.active - 1].iter().map(|l| &l.member));
+                // Every chunk has its RESULT, and every RESULT of a stats
+                // session its trailer (the old shares' moved to the new
+                // ones when the threads changed): one is missing only if
+                // it came before the job became stats = true.
                 Member::grad_stats_of_shares(&shares.collect::<Vec<_>>())
+                    .map_or(Grad::Incomplete, Grad::Whole)
             }
         };
         self.last_grad = Some((collective, grad));

@@ -25,7 +25,8 @@
 //! stand-in restart itself at an exact point of the traffic, not at a
 //! timer's: when the first DATA of a chosen collective at or past a chosen
 //! seq arrives (the new switch takes that DATA, as a real restart would),
-//! optionally with fewer seq lanes, and optionally after starving one rank
+//! optionally with fewer seq lanes or the job's statistics turned on or
+//! off, and optionally after starving one rank
 //! of a collective's RESULTs from a seq on (they are dropped until the
 //! restart, as if lost). It fires once.
 
@@ -89,6 +90,9 @@ pub struct ScriptedRestart {
     /// Seq lanes after the restart (a power of two, at most the lanes the
     /// stand-in started with); None: unchanged.
     pub lanes: Option<u16>,
+    /// Whether the job is `stats = true` after the restart (an operator
+    /// who changed its declaration); None: unchanged.
+    pub stats: Option<bool>,
     /// Until the restart, no RESULT of this collective with a seq at or
     /// past `from_seq` reaches this rank (dropped, as if lost): a rank that
     /// lacks RESULTs of a collective that the other ranks completed.
@@ -594,6 +598,9 @@ fn serve(
                 shell.starve = None;
                 if let Some(l) = s.lanes {
                     cfg.seq_lanes = l;
+                }
+                if let Some(on) = s.stats {
+                    cfg.stats = on;
                 }
                 restarted = restarts.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Ok(t) = cfg.table(1 + restarted) {

@@ -14,7 +14,10 @@
 //! * Gradient statistics across a restart (docs/PROTOCOL.md, "Gradient
 //!   statistics"): a `stats = true` collective cut by a restart, on the
 //!   same lanes or on fewer (the rest of it on fewer threads), gets the
-//!   reference statistics bit for bit on every rank.
+//!   reference statistics bit for bit on every rank. One whose job became
+//!   `stats = true` at the restart has chunks that were never measured:
+//!   `gradient_stats` says so ([`GradStatsError::Incomplete`]), and the
+//!   next collective's statistics are whole.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -22,7 +25,7 @@ use std::time::Duration;
 use proto::member::{reference_grad_stats, Shape};
 use proto::reference::{expected_sum, fill_pattern};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch, ScriptedRestart, Starve};
-use worker::{Worker, WorkerConfig, WorkerStats};
+use worker::{GradStatsError, Worker, WorkerConfig, WorkerStats};
 
 const SECRET: [u8; 32] = [0x6d; 32];
 const ELEMS: u16 = 100;
@@ -125,6 +128,7 @@ fn catch_up_script(lanes: Option<u16>) -> ScriptedRestart {
     ScriptedRestart {
         at: (2, 2 * CHUNKS),
         lanes,
+        stats: None,
         starve: Some(Starve {
             rank: 1,
             collective: 1,
@@ -204,6 +208,7 @@ fn mid_collective(lanes_after: Option<u16>) -> ScriptedRestart {
     ScriptedRestart {
         at: (1, CHUNKS + 120),
         lanes: lanes_after,
+        stats: None,
         starve: None,
     }
 }
@@ -234,6 +239,74 @@ fn statistics_stay_exact_through_a_restart_mid_collective() {
                 usize::from(after.unwrap_or(lanes))
             };
             assert_eq!(r.threads, want, "{what}");
+        }
+    }
+}
+
+/// A job declared `stats = true` at a switch restart in the middle of
+/// collective 1 (an operator changed its declaration): collective 0 has no
+/// statistics (not a stats job then), collective 1 is summed but its chunks
+/// before the resume point were never measured (`Incomplete`, which names
+/// it; not `NotSummed`, which says all-gather), collective 2's are the
+/// reference's; on one thread and on two.
+#[test]
+fn statistics_turned_on_by_a_restart_mid_collective_are_incomplete_then_whole() {
+    for t in [1, 2] {
+        let script = ScriptedRestart {
+            stats: Some(true),
+            ..mid_collective(None)
+        };
+        let sw = stand_in(2, 2, false, script);
+        let got: Vec<Vec<Result<worker::GradStats, GradStatsError>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u16)
+                .map(|rank| {
+                    let addr = sw.addr();
+                    s.spawn(move || {
+                        let mut cfg = WorkerConfig::new(addr, 1, rank, 2, SECRET);
+                        cfg.join_timeout = Duration::from_secs(20);
+                        cfg.threads = t;
+                        let mut w = Worker::join(cfg).expect("join");
+                        let mut data = vec![0f32; LEN];
+                        (0..3)
+                            .map(|it| {
+                                fill_pattern(rank, it, &mut data);
+                                w.all_reduce(&mut data).expect("all_reduce");
+                                for (i, v) in data.iter().enumerate() {
+                                    assert_eq!(v.to_bits(), expected_sum(2, it, i).to_bits());
+                                }
+                                w.gradient_stats()
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(sw.restarts(), 1, "T = {t}");
+        for (rank, g) in got.iter().enumerate() {
+            let rank = rank as u16;
+            assert_eq!(g[0], Err(GradStatsError::NotAStatsJob { job: 1, rank }));
+            let e = g[1].unwrap_err();
+            assert_eq!(
+                e,
+                GradStatsError::Incomplete {
+                    job: 1,
+                    rank,
+                    collective: 1
+                },
+                "T = {t}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains("collective 1 was summed") && msg.contains("switch restarted"),
+                "{msg}"
+            );
+            let want = reference(2, 2);
+            let whole = g[2].expect("collective 2 is measured whole");
+            assert!(
+                whole.bits_eq(&want),
+                "T = {t} rank {rank}: {whole:?} != {want:?}"
+            );
         }
     }
 }
