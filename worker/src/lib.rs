@@ -37,7 +37,10 @@
 //! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
 //! RESULT; [`Worker::gradient_stats`] gives the last collective's, folded
 //! by `proto::member::Collective` in seq order (docs/PROTOCOL.md,
-//! "Gradient statistics").
+//! "Gradient statistics"). A switch restart keeps them whole, also when
+//! the collective goes on with fewer threads (the old shares' trailers
+//! move to the new share 0); a collective whose job was declared
+//! `stats = true` anew at the restart is [`GradStatsError::Incomplete`].
 //!
 //! Transports ([`TransportKind`], `WorkerConfig::transport_kind`): `mmsg`
 //! moves one datagram per `mmsghdr` with `sendmmsg`/`recvmmsg`; `udp-gso`
