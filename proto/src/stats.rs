@@ -200,6 +200,21 @@ impl CollectiveStats {
         }
     }
 
+    /// Adds the trailers of `other` (the same collective's, recorded by
+    /// another share) for the chunks this one has none of; returns false,
+    /// adding nothing, when the two count different chunks.
+    pub fn absorb(&mut self, other: &CollectiveStats) -> bool {
+        if other.per_chunk.len() != self.per_chunk.len() {
+            return false;
+        }
+        for (mine, theirs) in self.per_chunk.iter_mut().zip(&other.per_chunk) {
+            if mine.is_none() {
+                *mine = *theirs;
+            }
+        }
+        true
+    }
+
     /// The collective's statistics, once every chunk's trailer is in:
     /// sums in seq order; `ranks` is the chunks' (all equal), or `None`
     /// while one is missing.
@@ -334,5 +349,24 @@ mod tests {
         // Seq order: (1.0 + -1.0) + 1e-17, not 1.0 + (1e-17 + -1.0).
         assert_eq!(t.sum_of_squares, 1e-17);
         assert_eq!(t.ranks, 2);
+
+        // Two shares' trailers in one store: each chunk's first one stays,
+        // a store of another collective's size is refused whole.
+        let mut a = CollectiveStats::default();
+        a.start(3);
+        a.record(1, chunk(7.0));
+        let mut b = CollectiveStats::default();
+        b.start(3);
+        b.record(0, chunk(1.0));
+        b.record(1, chunk(-1.0));
+        assert!(a.absorb(&b));
+        assert_eq!(a.total(), None, "chunk 2 is missing");
+        a.record(2, chunk(1e-17));
+        assert_eq!(a.total().unwrap().sum_of_squares, (1.0 + 7.0) + 1e-17);
+        let mut other = CollectiveStats::default();
+        other.start(4);
+        other.record(3, chunk(2.0));
+        assert!(!a.absorb(&other));
+        assert_eq!(a.total().unwrap().sum_of_squares, (1.0 + 7.0) + 1e-17);
     }
 }

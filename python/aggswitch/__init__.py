@@ -244,7 +244,8 @@ class Worker(_native.Worker):
         the same bits on every rank, of the raw sum: divide for an average).
         A reduce-scatter's cover its whole input, every shard. Raises
         ``GradientStatsError`` (``.reason``: ``"not_a_stats_job"``,
-        ``"no_collective"`` or ``"not_summed"``) when there are none. For a
+        ``"no_collective"``, ``"not_summed"`` or ``"incomplete"``) when
+        there are none. For a
         collective started with ``*_async``, use its future's
         ``gradient_stats()``: later ones may have completed since."""
         return super().gradient_stats()

@@ -139,12 +139,17 @@ class LoopbackSwitch:
         tenant_key: str | None = None,
         max_jobs: int = 4,
         lease: float = 60.0,
+        restart_at: tuple[int, int] | None = None,
+        stats_after_restart: bool | None = None,
     ) -> "LoopbackSwitch":
         """`seq_lanes`: DATA of chunk seq s is also taken on port + s mod
         seq_lanes (a power of two, 1..=64), as switchd's `seq_lanes`.
         `tenant` with `tenant_key` (64 hex digits): a tenant whose workers
         provision jobs of their own, at most `max_jobs` at once, each ended
-        after `lease` seconds without traffic."""
+        after `lease` seconds without traffic. `restart_at=(collective,
+        seq)` (tests): the stand-in restarts by itself, once, when the first
+        DATA of that collective with that seq arrives, the job then
+        `stats = stats_after_restart` when that is given."""
     @property
     def address(self) -> str:
         """"127.0.0.1:PORT", to pass as Worker(switch=...)."""

@@ -109,7 +109,12 @@ class GradientStatsError(AggSwitchError):
     * ``"no_collective"``: no collective has completed on this worker yet,
       or the last one failed;
     * ``"not_summed"``: the last collective was an all-gather or broadcast,
-      which sums nothing.
+      which sums nothing;
+    * ``"incomplete"``: the last collective was summed, but the switch
+      restarted during it with the job newly declared ``stats = true``, so
+      its chunks summed before the restart were never measured; the next
+      collective's statistics are whole. (A restart of a job that was
+      ``stats = true`` all along keeps them whole.)
     """
 
     def __init__(self, message: str, reason: str) -> None:

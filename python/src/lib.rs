@@ -21,7 +21,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use worker::loopback::{LoopbackConfig, LoopbackSwitch};
+use worker::loopback::{LoopbackConfig, LoopbackSwitch, ScriptedRestart};
 use worker::{
     AuthMode, Element, GradStats, GradStatsError, ProvisionSpec, TransportKind, Worker,
     WorkerConfig, WorkerError, WorkerStats,
@@ -125,6 +125,7 @@ fn grad_stats_err(py: Python<'_>, e: GradStatsError) -> PyErr {
         GradStatsError::NotAStatsJob { .. } => "not_a_stats_job",
         GradStatsError::NoCollective { .. } => "no_collective",
         GradStatsError::NotSummed { .. } => "not_summed",
+        GradStatsError::Incomplete { .. } => "incomplete",
     };
     py_error(py, "GradientStatsError", (e.to_string(), reason))
 }
@@ -891,7 +892,8 @@ impl PyLoopbackSwitch {
     #[pyo3(signature = (job, world_size, secret, *, port = 0, pool_slots = 64,
                         elems_per_chunk = 362, drop_every = 0, dtype = "f32",
                         stats = false, seq_lanes = 1, tenant = None, tenant_key = None,
-                        max_jobs = 4, lease = 60.0))]
+                        max_jobs = 4, lease = 60.0, restart_at = None,
+                        stats_after_restart = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         job: i64,
@@ -908,6 +910,8 @@ impl PyLoopbackSwitch {
         tenant_key: Option<&str>,
         max_jobs: u16,
         lease: f64,
+        restart_at: Option<(u32, u32)>,
+        stats_after_restart: Option<bool>,
     ) -> PyResult<Self> {
         let mut cfg = LoopbackConfig::new(
             u16_arg("job", job, 1)?,
@@ -920,6 +924,20 @@ impl PyLoopbackSwitch {
         cfg.dtype = parse_dtype(dtype)?;
         cfg.stats = stats;
         cfg.seq_lanes = seq_lanes;
+        cfg.script = match (restart_at, stats_after_restart) {
+            (Some(at), stats) => Some(ScriptedRestart {
+                at,
+                lanes: None,
+                stats,
+                starve: None,
+            }),
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "LoopbackSwitch: stats_after_restart= needs restart_at=(collective, seq)",
+                ))
+            }
+        };
         match (tenant, tenant_key) {
             (None, None) => {}
             (Some(name), Some(key)) => {

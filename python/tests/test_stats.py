@@ -194,3 +194,38 @@ def test_reference_stats_refuses_inputs_it_cannot_sum():
         aggswitch.reference_stats([a], 4, kind="all_gather")
     with pytest.raises(TypeError, match="float32"):
         aggswitch.reference_stats([np.ones(6, np.float64)], 4)
+
+
+def test_statistics_turned_on_by_a_restart_mid_collective_are_incomplete(switch):
+    """A job declared ``stats = true`` at a switch restart in the middle of
+    its second collective (the stand-in restarts itself at that
+    collective's DATA of chunk 120, ``restart_at``): the first has no
+    statistics (``not_a_stats_job``), the second was summed but its chunks
+    before the restart were never measured (``incomplete``, not
+    ``not_summed``), the third's are whole, the protocol's bits."""
+    world, e, chunks = 2, 100, 200
+    n = chunks * e  # collective k: seqs k·chunks .. (k+1)·chunks − 1
+    sw = switch(world, elems_per_chunk=e, restart_at=(1, chunks + 120), stats_after_restart=True)
+
+    def body(w):
+        got = []
+        for seed in range(3):
+            w.all_reduce(inputs_for("f32", w.rank, n, seed=seed))
+            try:
+                got.append(w.gradient_stats())
+            except GradientStatsError as err:
+                got.append((err.reason, str(err)))
+        return got, w.stats()["rejoins"]
+
+    got = run_ranks(sw, world, body)
+    want = protocol_stats([inputs_for("f32", r, n, seed=2) for r in range(world)], all_reduce_chunks(n, e))
+    for r in range(world):
+        per_collective, rejoins = got[r]
+        assert rejoins >= 1, f"rank {r}: the scripted restart made it rejoin"
+        assert per_collective[0][0] == "not_a_stats_job"
+        reason, msg = per_collective[1]
+        assert reason == "incomplete", msg
+        assert "collective 1 was summed" in msg and "switch restarted" in msg, msg
+        assert bits(per_collective[2]) == bits(want), f"rank {r}"
+    with pytest.raises(ValueError, match="needs restart_at"):
+        aggswitch.LoopbackSwitch(job=1, world_size=1, secret=SECRET, stats_after_restart=True)

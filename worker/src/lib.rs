@@ -37,7 +37,10 @@
 //! Σᵢ‖gᵢ‖² and ‖Σᵢ gᵢ‖² of every summed chunk and sends them with its
 //! RESULT; [`Worker::gradient_stats`] gives the last collective's, folded
 //! by `proto::member::Collective` in seq order (docs/PROTOCOL.md,
-//! "Gradient statistics").
+//! "Gradient statistics"). A switch restart keeps them whole, also when
+//! the collective goes on with fewer threads (the old shares' trailers
+//! move to the new share 0); a collective whose job was declared
+//! `stats = true` anew at the restart is [`GradStatsError::Incomplete`].
 //!
 //! Transports ([`TransportKind`], `WorkerConfig::transport_kind`): `mmsg`
 //! moves one datagram per `mmsghdr` with `sendmmsg`/`recvmmsg`; `udp-gso`
@@ -476,6 +479,17 @@ pub enum GradStatsError {
         rank: u16,
         collective: u32,
     },
+    #[error(
+        "job {job} rank {rank}: gradient_stats: collective {collective} was summed, but some of \
+         its chunks' RESULTs came without statistics: the switch restarted during it with the \
+         job newly declared stats = true, and the chunks summed before the restart were never \
+         measured; the next collective's statistics are whole"
+    )]
+    Incomplete {
+        job: u16,
+        rank: u16,
+        collective: u32,
+    },
 }
 
 /// Counters of a worker session.
@@ -527,6 +541,19 @@ pub struct WorkerStats {
     pub tx_coalesced: u64,
     /// Datagrams received in `UDP_GRO` buffers holding several (udp-gso).
     pub rx_coalesced: u64,
+}
+
+/// The gradient statistics of a completed collective.
+#[derive(Debug, Clone, Copy)]
+enum Grad {
+    /// Every chunk's trailer, folded.
+    Whole(GradStats),
+    /// An all-gather or broadcast (or a job without statistics): nothing
+    /// was measured.
+    NotSummed,
+    /// Summed, but a chunk's RESULT came without a trailer: the job became
+    /// `stats = true` at a switch restart during the collective.
+    Incomplete,
 }
 
 /// What the receive loop learned.
@@ -587,10 +614,9 @@ pub struct Worker {
     /// pairs were tagged under this membership's DATA key and must not tag
     /// other data, so this worker sends no more DATA.
     data_key_spent: bool,
-    /// The last completed collective's id and statistics (`None` inside:
-    /// it was an all-gather or broadcast, or the job has no statistics);
-    /// `None`: none completed, or the last one failed.
-    last_grad: Option<(u32, Option<GradStats>)>,
+    /// The last completed collective's id and what [`Worker::gradient_stats`]
+    /// answers for it; `None`: none completed, or the last one failed.
+    last_grad: Option<(u32, Grad)>,
     /// The switch lost our session between collectives ([`Worker::keepalive`]
     /// saw it): the next collective joins again before it sends.
     rejoin_due: bool,
@@ -1093,7 +1119,10 @@ impl Worker {
     /// fewer lanes than this collective's threads gets the rest of it on
     /// fewer threads: every share begins it again, counts the chunks
     /// before `seq` as answered (their RESULTs are here: `seq` is at most
-    /// this rank's oldest unanswered one) and resends from `seq`.
+    /// this rank's oldest unanswered one) and resends from `seq`. A
+    /// `stats = true` job's trailers that the old shares got go to the new
+    /// share 0, so the collective's statistics are whole again once the
+    /// rest is answered (docs/PROTOCOL.md, "Gradient statistics").
     fn restart_all(&mut self, seq: u32) {
         let before = self.active;
         self.set_shares(before);
@@ -1107,7 +1136,16 @@ impl Worker {
                 "the switch came back with fewer seq lanes: the rest of the collective runs on \
                  fewer threads"
             );
+            let trailers = {
+                let mut old: Vec<&mut Member> = std::iter::once(&mut self.member)
+                    .chain(self.lanes[..before - 1].iter_mut().map(|l| &mut l.member))
+                    .collect();
+                Member::take_trailers_of_shares(&mut old)
+            };
             self.begin_all(collective, first, shape);
+            if let Some(t) = trailers {
+                self.member.keep_trailers(t);
+            }
             self.member.answered_before(seq);
             for lane in &mut self.lanes[..self.active - 1] {
                 lane.member.answered_before(seq);
@@ -1197,12 +1235,17 @@ impl Worker {
         }
         match self.last_grad {
             None => Err(GradStatsError::NoCollective { job, rank }),
-            Some((collective, None)) => Err(GradStatsError::NotSummed {
+            Some((collective, Grad::NotSummed)) => Err(GradStatsError::NotSummed {
                 job,
                 rank,
                 collective,
             }),
-            Some((_, Some(s))) => Ok(s),
+            Some((collective, Grad::Incomplete)) => Err(GradStatsError::Incomplete {
+                job,
+                rank,
+                collective,
+            }),
+            Some((_, Grad::Whole(s))) => Ok(s),
         }
     }
 
@@ -1417,17 +1460,22 @@ impl Worker {
         result?;
         let cur = self.member.collective();
         let grad = match (self.member.session().grad_stats(), shape.kind()) {
-            (false, _) | (true, Kind::AllGather) => None,
+            (false, _) | (true, Kind::AllGather) => Grad::NotSummed,
             // An empty collective has no chunk to carry a trailer: it sums
             // nothing.
-            (true, _) if cur.n_chunks() == 0 => Some(GradStats {
+            (true, _) if cur.n_chunks() == 0 => Grad::Whole(GradStats {
                 ranks: self.cfg.n_workers.into(),
                 ..GradStats::default()
             }),
             (true, _) => {
                 let shares = std::iter::once(&self.member)
                     .chain(self.lanes[..self.active - 1].iter().map(|l| &l.member));
+                // Every chunk has its RESULT, and every RESULT of a stats
+                // session its trailer (the old shares' moved to the new
+                // ones when the threads changed): one is missing only if
+                // it came before the job became stats = true.
                 Member::grad_stats_of_shares(&shares.collect::<Vec<_>>())
+                    .map_or(Grad::Incomplete, Grad::Whole)
             }
         };
         self.last_grad = Some((collective, grad));

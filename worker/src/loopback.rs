@@ -20,6 +20,14 @@
 //! 127.0.0.0/8 too, whatever their `allowed_sources` said. The table's
 //! timers run about every 10 ms, so a provisioned job's lease runs out
 //! here as on switchd.
+//!
+//! Scripted restarts (tests): [`LoopbackConfig::script`] makes the
+//! stand-in restart itself at an exact point of the traffic, not at a
+//! timer's: when the first DATA of a chosen collective and seq arrives (the new switch takes that DATA, as a real restart would),
+//! optionally with fewer seq lanes or the job's statistics turned on or
+//! off, and optionally after starving one rank
+//! of a collective's RESULTs from a seq on (they are dropped until the
+//! restart, as if lost). It fires once.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -28,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use proto::provision::{TenantKey, TenantName};
+use proto::seq::serial_offset;
 use proto::switch::engine::ResultRef;
 use proto::switch::entry::{encode_result, Handoff, Switch, Transmit};
 use proto::switch::{
@@ -35,8 +44,7 @@ use proto::switch::{
     TableConfig, TenantConfig, TenantError,
 };
 use proto::tag::Tag;
-use proto::wire::HeaderRepr;
-use proto::wire::{Dtype, MAX_ELEMS_PER_CHUNK, SECRET_LEN};
+use proto::wire::{Dtype, Header, HeaderRepr, MsgType, MAX_ELEMS_PER_CHUNK, SECRET_LEN};
 
 /// The one job a [`LoopbackSwitch`] serves.
 #[derive(Clone)]
@@ -63,6 +71,44 @@ pub struct LoopbackConfig {
     /// Tenants whose workers provision jobs here (see
     /// [`LoopbackConfig::tenant`]).
     pub tenants: Vec<TenantConfig>,
+    /// A restart at an exact point of the traffic (None: only the
+    /// [`LoopbackSwitch::restart`] calls).
+    pub script: Option<ScriptedRestart>,
+}
+
+/// A restart the stand-in makes itself, once, at an exact point of the
+/// traffic ([`LoopbackConfig::script`]), for tests that need the switch to
+/// restart in a precise state of the ranks (docs/PROTOCOL.md, "Sessions" and
+/// the resume point).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScriptedRestart {
+    /// The switch restarts when the first DATA of collective `at.0` with
+    /// seq `at.1` arrives (from any rank); that DATA goes to the new
+    /// switch. The seq's sender keeps to its window, so at that moment
+    /// every chunk of its share below `at.1` − the window is complete and
+    /// its RESULTs sent.
+    pub at: (u32, u32),
+    /// Seq lanes after the restart (a power of two, at most the lanes the
+    /// stand-in started with); None: unchanged.
+    pub lanes: Option<u16>,
+    /// Whether the job is `stats = true` after the restart (an operator
+    /// who changed its declaration); None: unchanged.
+    pub stats: Option<bool>,
+    /// Until the restart, no RESULT of this collective with a seq at or
+    /// past `from_seq` reaches this rank (dropped, as if lost): a rank that
+    /// lacks RESULTs of a collective that the other ranks completed.
+    pub starve: Option<Starve>,
+}
+
+/// The RESULTs a [`ScriptedRestart`] keeps from one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Starve {
+    /// The rank (as its DATA names it) whose RESULTs are dropped.
+    pub rank: u16,
+    /// The collective whose RESULTs are dropped.
+    pub collective: u32,
+    /// Its first seq whose RESULT is dropped; every later one too.
+    pub from_seq: u32,
 }
 
 impl LoopbackConfig {
@@ -79,6 +125,7 @@ impl LoopbackConfig {
             stats: false,
             seq_lanes: 1,
             tenants: Vec::new(),
+            script: None,
         }
     }
 
@@ -163,6 +210,11 @@ pub enum LoopbackError {
     },
     #[error("loopback switch: seq_lanes {0} is not a power of two in 1..=64")]
     SeqLanes(u16),
+    #[error(
+        "loopback switch: the scripted restart's seq_lanes {lanes} is not a power of two in \
+         1..={started} (the lanes it starts with: their sockets stay)"
+    )]
+    ScriptLanes { lanes: u16, started: u16 },
 }
 
 /// A running stand-in; stopped when dropped.
@@ -178,6 +230,8 @@ pub struct LoopbackSwitch {
     per_lane: Arc<[AtomicU64]>,
     /// Datagrams the lock-free data path took (no table lock).
     lock_free: Arc<AtomicU64>,
+    /// RESULTs a scripted restart's starving dropped.
+    starved: Arc<AtomicU64>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -190,6 +244,14 @@ impl LoopbackSwitch {
         let lanes = cfg.seq_lanes;
         if !lanes.is_power_of_two() || lanes > proto::wire::MAX_SEQ_LANES {
             return Err(LoopbackError::SeqLanes(lanes));
+        }
+        if let Some(l) = cfg.script.and_then(|s| s.lanes) {
+            if !l.is_power_of_two() || l > lanes {
+                return Err(LoopbackError::ScriptLanes {
+                    lanes: l,
+                    started: lanes,
+                });
+            }
         }
         let first = cfg.table(1)?;
         let bind_err = |source| LoopbackError::Bind { addr: bind, source };
@@ -204,6 +266,7 @@ impl LoopbackSwitch {
         let lanes_next = Arc::new(AtomicU32::new(0));
         let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
         let lock_free = Arc::new(AtomicU64::new(0));
+        let starved = Arc::new(AtomicU64::new(0));
         let (st, rs, ln, pl) = (
             stop.clone(),
             restarts.clone(),
@@ -213,6 +276,7 @@ impl LoopbackSwitch {
         let counts = Counts {
             per_lane: pl,
             lock_free: lock_free.clone(),
+            starved: starved.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
@@ -226,6 +290,7 @@ impl LoopbackSwitch {
             lanes_next,
             per_lane,
             lock_free,
+            starved,
             handle: Some(handle),
         })
     }
@@ -242,6 +307,18 @@ impl LoopbackSwitch {
     /// the members of the active job), as switchd takes them.
     pub fn lock_free_datagrams(&self) -> u64 {
         self.lock_free.load(Ordering::SeqCst)
+    }
+
+    /// Restarts so far: those asked by [`LoopbackSwitch::restart`] and the
+    /// restarters (counted when asked; the serving thread makes them
+    /// within 20 ms), and the scripted one once it fired.
+    pub fn restarts(&self) -> u32 {
+        self.restarts.load(Ordering::SeqCst)
+    }
+
+    /// RESULTs the scripted restart's [`Starve`] kept from its rank.
+    pub fn starved_results(&self) -> u64 {
+        self.starved.load(Ordering::SeqCst)
     }
 
     /// Where workers send to.
@@ -351,15 +428,46 @@ struct Shell<'a> {
     socks: &'a [UdpSocket],
     port: u16,
     out: Vec<u8>,
+    /// A scripted restart's starving, until it fires: the RESULTs it
+    /// drops, the addresses its rank sent DATA from, and their count.
+    starve: Option<Starve>,
+    starved_from: Vec<SocketAddrV4>,
+    starved: &'a AtomicU64,
 }
 
 impl Shell<'_> {
     fn send(&self, r: &Reply, len: usize) {
         let to = SocketAddrV4::new(Ipv4Addr::from(r.to.source.ip), r.to.source.port);
+        if self.starves(to, &self.out[..len]) {
+            self.starved.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
         let lane = usize::from(r.to.local_port.wrapping_sub(self.port));
         let sock = self.socks.get(lane).unwrap_or(&self.socks[0]);
         let _ = sock.send_to(&self.out[..len], to);
     }
+}
+
+impl Shell<'_> {
+    /// Whether `datagram` to `to` is a RESULT the starving drops.
+    fn starves(&self, to: SocketAddrV4, datagram: &[u8]) -> bool {
+        let Some(st) = self.starve else {
+            return false;
+        };
+        if !self.starved_from.contains(&to) {
+            return false;
+        }
+        header_of(datagram).is_some_and(|h| {
+            h.msg_type == MsgType::Result
+                && h.collective == st.collective
+                && serial_offset(st.from_seq, h.seq) >= 0
+        })
+    }
+}
+
+/// The aggregation header of `datagram`, if it has a valid one.
+fn header_of(datagram: &[u8]) -> Option<HeaderRepr> {
+    HeaderRepr::parse(&Header::new_checked(datagram).ok()?).ok()
 }
 
 impl Transmit for Shell<'_> {
@@ -389,10 +497,34 @@ impl Transmit for Shell<'_> {
 struct Counts {
     per_lane: Arc<[AtomicU64]>,
     lock_free: Arc<AtomicU64>,
+    starved: Arc<AtomicU64>,
 }
 
 /// How often the serving loop runs the table's timers.
 const TIMERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Whether `datagram` from `from` is where `s` restarts the switch (a DATA
+/// of its collective and seq); a DATA of the starved
+/// rank tells the shell that rank's address first.
+fn scripted_point(
+    s: &ScriptedRestart,
+    datagram: &[u8],
+    from: SocketAddrV4,
+    shell: &mut Shell<'_>,
+) -> bool {
+    let Some(h) = header_of(datagram) else {
+        return false;
+    };
+    if h.msg_type != MsgType::Data {
+        return false;
+    }
+    if let Some(st) = s.starve {
+        if h.rank == st.rank && !shell.starved_from.contains(&from) {
+            shell.starved_from.push(from);
+        }
+    }
+    h.collective == s.at.0 && h.seq == s.at.1
+}
 
 fn serve(
     socks: &[UdpSocket],
@@ -407,10 +539,14 @@ fn serve(
     let mut buf = vec![0u8; DATAGRAM_MAX];
     // Bound at start: the first lane's port is the service's.
     let port = socks[0].local_addr().map_or(0, |a| a.port());
+    let mut script = cfg.script;
     let mut shell = Shell {
         socks,
         port,
         out: vec![0u8; DATAGRAM_MAX],
+        starve: script.and_then(|s| s.starve),
+        starved_from: Vec::new(),
+        starved: &counts.starved,
     };
     let mut seen = 0u64;
     let mut lane = 0;
@@ -454,6 +590,24 @@ fn serve(
         seen += 1;
         if cfg.drop_every > 0 && seen.is_multiple_of(cfg.drop_every) {
             continue;
+        }
+        if let Some(s) = script {
+            if scripted_point(&s, &buf[..len], from, &mut shell) {
+                // The scripted restart, before this DATA: the new switch
+                // takes it. It fires once and ends the starving.
+                script = None;
+                shell.starve = None;
+                if let Some(l) = s.lanes {
+                    cfg.seq_lanes = l;
+                }
+                if let Some(on) = s.stats {
+                    cfg.stats = on;
+                }
+                restarted = restarts.fetch_add(1, Ordering::SeqCst) + 1;
+                if let Ok(t) = cfg.table(1 + restarted) {
+                    switch = Switch::new(t);
+                }
+            }
         }
         // Replies come from P whichever lane's port the message came to,
         // as switchd's (its rx); a RESULT's lane port is the switch's

@@ -31,7 +31,11 @@
 //!   added in seq order once every chunk has one
 //!   ([`Collective::grad_stats`]), so arrival order, loss and duplicates
 //!   cannot change the collective's statistics. Their store is allocated
-//!   once per collective, at its first trailer; nothing per RESULT.
+//!   once per collective, at its first trailer; nothing per RESULT. A
+//!   collective begun again on other shares mid-way keeps the trailers the
+//!   old shares got ([`Collective::take_trailers_of_shares`],
+//!   [`Collective::keep_trailers`]): they are the same bits a resend's
+//!   would be.
 
 use std::time::{Duration, Instant};
 
@@ -576,13 +580,59 @@ impl Collective {
 
     /// The gradient statistics of one collective carried by `shares`
     /// ([`Collective::with_share`]): every chunk's trailer, from the share
-    /// that owns it, added in seq order, the same bits as one whole
-    /// collective's [`Collective::grad_stats`]. `None` until every share
-    /// has every one of its chunks' trailers.
+    /// that has it (the one that owns it, or the one that kept an earlier
+    /// share's: [`Collective::keep_trailers`]), added in seq order, the
+    /// same bits as one whole collective's [`Collective::grad_stats`].
+    /// `None` until every chunk has its trailer in some share (a share
+    /// with none yet adds nothing).
     pub fn grad_stats_of_shares(shares: &[&Collective]) -> Option<GradStats> {
-        let grads: Option<Vec<&stats::CollectiveStats>> =
-            shares.iter().map(|c| c.grad.as_ref()).collect();
-        stats::CollectiveStats::total_of(&grads?)
+        let grads: Vec<&stats::CollectiveStats> =
+            shares.iter().filter_map(|c| c.grad.as_ref()).collect();
+        stats::CollectiveStats::total_of(&grads)
+    }
+
+    /// The statistics trailers that `shares`, the shares of one collective
+    /// ([`Collective::with_share`]), got so far, taken out of them into one
+    /// store (each chunk's first one; `None`: none yet, or a job without
+    /// statistics): for a collective begun again on other shares mid-way,
+    /// whose new shares keep them ([`Collective::keep_trailers`]). A share
+    /// of another collective than the first's is left alone.
+    pub fn take_trailers_of_shares(
+        shares: &mut [&mut Collective],
+    ) -> Option<stats::CollectiveStats> {
+        let (id, first) = {
+            let c = shares.first()?;
+            (c.collective, c.first_seq)
+        };
+        let mut all: Option<stats::CollectiveStats> = None;
+        for c in shares.iter_mut() {
+            if c.collective != id || c.first_seq != first {
+                continue;
+            }
+            let Some(g) = c.grad.take() else { continue };
+            match all.as_mut() {
+                Some(a) => {
+                    a.absorb(&g);
+                }
+                None => all = Some(g),
+            }
+        }
+        all
+    }
+
+    /// Keeps `trailers` ([`Collective::take_trailers_of_shares`] of this
+    /// collective's earlier shares) as if this share had recorded them: the chunks
+    /// answered before the shares changed count in the statistics, which
+    /// [`Collective::grad_stats_of_shares`] then finds here. Trailers of a
+    /// collective of another size are dropped.
+    pub fn keep_trailers(&mut self, trailers: stats::CollectiveStats) {
+        let n = self.chunks.len();
+        let g = self.grad.get_or_insert_with(|| {
+            let mut g = stats::CollectiveStats::default();
+            g.start(n);
+            g
+        });
+        g.absorb(&trailers);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -712,7 +762,9 @@ impl Collective {
     /// the JOIN_ACK's resume point had its RESULT, taken by the share that
     /// carried it. [`Collective::restart_from`] with the same `seq` follows.
     /// (A `stats = true` job's trailers of those chunks were the old
-    /// shares': this collective then has no statistics.)
+    /// shares': the caller moves them here with
+    /// [`Collective::take_trailers_of_shares`] and
+    /// [`Collective::keep_trailers`].)
     pub fn answered_before(&mut self, seq: u32) {
         let off = serial_offset(self.first_seq, seq).clamp(0, self.n_chunks() as i64) as usize;
         for c in &mut self.chunks[..off] {
@@ -1624,6 +1676,86 @@ mod tests {
         let both: Vec<&Collective> = shares.iter().collect();
         let got = Collective::grad_stats_of_shares(&both).unwrap();
         assert!(got.bits_eq(&want), "{got:?} != {want:?}");
+    }
+
+    /// A collective begun again on fewer shares mid-way (a switch back with
+    /// fewer seq lanes): the old shares' trailers, taken out and kept by
+    /// the new share 0, count with the trailers the new shares get after
+    /// the resume point; the fold is the reference's bits. Without them
+    /// (what the worker did before) there are no statistics; a new share
+    /// that gets no trailer after the resume point adds nothing and takes
+    /// nothing away.
+    #[test]
+    fn trailers_kept_across_fewer_shares_give_the_whole_statistics() {
+        // 17 chunks, seqs 200..=216.
+        let (n, len, e) = (2u16, 68usize, 4u16);
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| stats_input(r, len)).collect();
+        let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let want = reference_grad_stats(Shape::all_reduce(len), e, &refs).unwrap();
+        let e = e as usize;
+        let trailer = |i: u32| trailer_of(&inputs, i as usize * e..((i as usize + 1) * e).min(len));
+        let res = |i: u32| result(Kind::AllReduce, 200 + i, e as u16, false);
+        let (cfg, mut rtt, mut cc) = setup();
+        let t0 = Instant::now();
+        let whole = Collective::new(3, 200, len, e as u16);
+        let chunks = whole.n_chunks();
+        // The resume point: mid-way; at the last chunk (seq 216, new share
+        // 0's: new share 1 gets no trailer after it).
+        for resume in [7u32, chunks - 1] {
+            let mut old: Vec<Collective> = (0..4).map(|t| whole.clone().with_share(t, 4)).collect();
+            for c in &mut old {
+                while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+            }
+            // The old shares got every chunk before the resume point, and
+            // one after it (its RESULT came again from the new switch).
+            for i in (0..resume).chain([resume + 1]).filter(|i| *i < chunks) {
+                let c = &mut old[((200 + i) % 4) as usize];
+                c.on_result_with_stats(&res(i), Some(trailer(i)), t0, &mut rtt, &mut cc);
+            }
+            let mut refs: Vec<&mut Collective> = old.iter_mut().collect();
+            let kept = Collective::take_trailers_of_shares(&mut refs).unwrap();
+            assert!(old.iter().all(|c| c.grad.is_none()), "taken out");
+            let mut new: Vec<Collective> = (0..2).map(|t| whole.clone().with_share(t, 2)).collect();
+            new[0].keep_trailers(kept);
+            for c in &mut new {
+                c.answered_before(200 + resume);
+                c.restart_from(200 + resume);
+                while c.poll_transmit(t0, u16::MAX, &rtt, &cfg).is_some() {}
+            }
+            let ends = |new: &[Collective]| {
+                let refs: Vec<&Collective> = new.iter().collect();
+                Collective::grad_stats_of_shares(&refs)
+            };
+            let mut without: Vec<Collective> = new.clone();
+            without[0] = whole.clone().with_share(0, 2);
+            without[0].answered_before(200 + resume);
+            for i in resume..chunks {
+                for set in [&mut new, &mut without] {
+                    let c = &mut set[((200 + i) % 2) as usize];
+                    c.on_result_with_stats(&res(i), Some(trailer(i)), t0, &mut rtt, &mut cc);
+                }
+            }
+            assert!(new.iter().all(Collective::is_complete), "resume {resume}");
+            assert_eq!(
+                new[1].grad.is_none(),
+                resume == chunks - 1,
+                "resume {resume}"
+            );
+            let got = ends(&new).expect("every chunk's trailer is in a share");
+            assert!(got.bits_eq(&want), "resume {resume}: {got:?} != {want:?}");
+            assert_eq!(
+                ends(&without),
+                None,
+                "resume {resume}: the old trailers are missing"
+            );
+        }
+        // Shares of another collective than the first's are left alone.
+        let mut a = whole.clone();
+        let mut b = Collective::new(4, 200 + chunks, len, e as u16);
+        b.on_result_with_stats(&res(chunks), Some(trailer(0)), t0, &mut rtt, &mut cc);
+        let mut refs = [&mut a, &mut b];
+        assert!(Collective::take_trailers_of_shares(&mut refs).is_none());
+        assert!(b.grad.is_some());
     }
 
     /// A reduce-scatter: the rank's own chunks' RESULTs and the NOVAL

@@ -69,7 +69,7 @@ pub use self::rtt::{RttEstimator, MIN_RTT_PERIOD};
 pub use self::shape::{interleave_block, Shape};
 use crate::handshake::JoinParams;
 use crate::session::{self, Joined, Lost, SessionConfig, SessionError, WorkerSession};
-use crate::stats::GradStats;
+use crate::stats::{self, GradStats};
 use crate::tag::TAG_LEN;
 use crate::wire::{Dtype, HeaderRepr, HEADER_LEN};
 
@@ -365,6 +365,22 @@ impl Member {
     pub fn grad_stats_of_shares(members: &[&Member]) -> Option<GradStats> {
         let colls: Vec<&Collective> = members.iter().map(|m| &m.coll).collect();
         Collective::grad_stats_of_shares(&colls)
+    }
+
+    /// The statistics trailers that `members`, the shares of one rank's
+    /// current collective, got so far, taken out of them
+    /// ([`Collective::take_trailers_of_shares`]): before the collective is
+    /// begun again on other shares ([`Member::answered_before`]), whose
+    /// share 0 keeps them ([`Member::keep_trailers`]).
+    pub fn take_trailers_of_shares(members: &mut [&mut Member]) -> Option<stats::CollectiveStats> {
+        let mut colls: Vec<&mut Collective> = members.iter_mut().map(|m| &mut m.coll).collect();
+        Collective::take_trailers_of_shares(&mut colls)
+    }
+
+    /// Keeps `trailers` in the current collective
+    /// ([`Collective::keep_trailers`]).
+    pub fn keep_trailers(&mut self, trailers: stats::CollectiveStats) {
+        self.coll.keep_trailers(trailers);
     }
 
     pub fn stats(&self) -> MemberStats {
