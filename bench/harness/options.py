@@ -66,6 +66,18 @@ def word_list(allowed=None, sep=None):
     return parse
 
 
+def one_of(*allowed):
+    """One word of `allowed`."""
+
+    def parse(text):
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(allowed)}, got '{text}'")
+        return text
+
+    parse.__name__ = "word"
+    return parse
+
+
 def on_off(text):
     """"on" or "off"."""
     if text not in ("on", "off"):

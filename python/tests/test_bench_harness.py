@@ -228,6 +228,14 @@ def test_builds_takes_dirs_of_the_three_binaries_and_alternates_their_order(tmp_
     assert [builds.order(i, ["A", "B"]) for i in range(3)] == [["A", "B"], ["B", "A"], ["A", "B"]]
 
 
+def test_builds_link_is_unlimited_or_1gbit():
+    s = SCENARIOS["builds"]
+    assert parse(s, []).link == "unlimited"
+    assert parse(s, ["--link", "1gbit"]).link == "1gbit"
+    with pytest.raises(SystemExit):
+        parse(s, ["--link", "10gbit"])
+
+
 def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, monkeypatch):
     monkeypatch.setattr(lifecycle, "RESULTS_DIR", tmp_path / "results")
     run_json, run_png = tmp_path / "x-STAMP.json", tmp_path / "x-STAMP.png"

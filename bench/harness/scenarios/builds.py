@@ -5,7 +5,9 @@ one run on a noisy machine (root).
 
 Each run starts the build's switchd (one dataplane thread), runs its
 workers, and stops its switchd; the order alternates (A B, B A, ...) so
-neither build always runs first. Each run's figures are the transports
+neither build always runs first. `--link 1gbit` shapes every worker link
+as the efficiency scenario's 1 Gbit/s setting does, for a change's cost
+where the link is the bottleneck. Each run's figures are the transports
 scenario's (bench_transports_report.py), with the build's label in place of
 the transport.
 """
@@ -18,9 +20,11 @@ from pathlib import Path
 
 import bench_transports_report as report
 from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
-from options import uint_range
+from options import one_of, uint_range
 from scenario import Option, Scenario
+from scenarios.efficiency import TBF_ARGS
 from scenarios.transports import mark
+from tools import net
 
 DESCRIPTION = """\
 Prints one JSON line per run and the medians per build, then the ratio of
@@ -51,6 +55,8 @@ def run(a):
     secret = random_secret()
     runs = []
     with Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, Processes() as procs:
+        if a.link == "1gbit":
+            net("shape-workers", a.prefix, a.workers, *TBF_ARGS)
         for run_i in range(a.runs):
             for label in order(run_i, builds):
                 d = builds[label]
@@ -81,10 +87,10 @@ def run(a):
         print(json.dumps(line, separators=(",", ":")))
     by = {s["transport"]: s for s in summary}
     ratio = by["B"]["median_seconds"] / by["A"]["median_seconds"]
-    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b})")
+    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link})")
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
-                                "iterations": a.iterations, "mtu": a.mtu, "runs": runs, "summary": summary,
+                                "iterations": a.iterations, "mtu": a.mtu, "link": a.link, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -107,6 +113,8 @@ SCENARIO = Scenario(
         Option("--iterations", "all-reduces per worker run", type=uint_range(1, 100000), default=3, metavar="K"),
         Option("--mtu", "MTU of the testbed's links (above 3500 switchd's sockets are multi-buffer)",
                type=uint_range(1280, 9000), default=1500, metavar="M"),
+        Option("--link", "worker links: unlimited, or 1gbit (tbf both ways, as in efficiency)",
+               type=one_of("unlimited", "1gbit"), default="unlimited", metavar="L"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),
