@@ -66,15 +66,15 @@ def word_list(allowed=None, sep=None):
     return parse
 
 
-def one_of(*allowed):
+def choice(*allowed):
     """One word of `allowed`."""
 
     def parse(text):
         if text not in allowed:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(allowed)}, got '{text}'")
+            raise argparse.ArgumentTypeError(f"must be {', '.join(allowed)}, got '{text}'")
         return text
 
-    parse.__name__ = "word"
+    parse.__name__ = "choice"
     return parse
 
 

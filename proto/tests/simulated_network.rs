@@ -152,44 +152,21 @@ fn run_from(
     dtype: Dtype,
     auth: AuthMode,
 ) -> Duration {
-    run_counted(
-        start_seq, n, len, elems, slots, iterations, faults, seed, dtype, auth,
-    )
-    .0
+    simulate(Sim {
+        start_seq,
+        dtype,
+        auth,
+        ..Sim::new(n, len, elems, slots, iterations, faults, seed)
+    })
+    .time
 }
 
-/// What one run did: its virtual time, how the switch took the DATA, and
-/// each rank's resends per collective.
-struct Run {
-    time: Duration,
-    paths: Paths,
-    resent: Vec<Vec<u64>>,
-}
-
-/// As [`run_from`]; returns also how the switch took the DATA.
-#[allow(clippy::too_many_arguments)]
-fn run_counted(
-    start_seq: u32,
-    n: u16,
-    len: usize,
-    elems: u16,
-    slots: u16,
-    iterations: u32,
-    faults: Faults,
-    seed: u64,
-    dtype: Dtype,
-    auth: AuthMode,
-) -> (Duration, Paths) {
-    let r = run_slowed(
-        start_seq, n, len, elems, slots, iterations, faults, seed, dtype, auth, None,
-    );
-    (r.time, r.paths)
-}
-
-/// As [`run_counted`], with `slow`'s RESULTs delayed; returns also each
-/// rank's resends.
-#[allow(clippy::too_many_arguments)]
-fn run_slowed(
+/// One simulated run: `iterations` collectives of `len` elements over `n`
+/// workers joined at `start_seq`, `slots` slots of `elems` per chunk, links
+/// with `faults` (schedule `seed`), a job of `dtype` and `auth`; `slow`'s
+/// RESULTs delayed.
+#[derive(Debug, Clone, Copy)]
+struct Sim {
     start_seq: u32,
     n: u16,
     len: usize,
@@ -201,7 +178,58 @@ fn run_slowed(
     dtype: Dtype,
     auth: AuthMode,
     slow: Option<SlowPath>,
-) -> Run {
+}
+
+impl Sim {
+    /// A float32 job without tags, joined at seq 0, nothing delayed.
+    fn new(
+        n: u16,
+        len: usize,
+        elems: u16,
+        slots: u16,
+        iterations: u32,
+        faults: Faults,
+        seed: u64,
+    ) -> Sim {
+        Sim {
+            start_seq: 0,
+            n,
+            len,
+            elems,
+            slots,
+            iterations,
+            faults,
+            seed,
+            dtype: Dtype::F32,
+            auth: AuthMode::Port,
+            slow: None,
+        }
+    }
+}
+
+/// What one run did: its virtual time, how the switch took the DATA, and
+/// each rank's resends per collective.
+struct Run {
+    time: Duration,
+    paths: Paths,
+    resent: Vec<Vec<u64>>,
+}
+
+/// Runs `sim`; panics on a wrong bit or a hang.
+fn simulate(sim: Sim) -> Run {
+    let Sim {
+        start_seq,
+        n,
+        len,
+        elems,
+        slots,
+        iterations,
+        faults,
+        seed,
+        dtype,
+        auth,
+        slow,
+    } = sim;
     let mut resent = vec![Vec::new(); n as usize];
     let base = Instant::now();
     let switch = Switch::new(common::job_table(GEN, n, elems, slots, (dtype, auth), base));
@@ -319,40 +347,26 @@ fn run_slowed(
 /// and reordering, on two threads, nearly every DATA is taken by the
 /// lock-free data path (the table sees only what comes before the job is
 /// active, or what the data path hands back), and the sums stay bit-exact
-/// (`run_counted` checks every rank's output). A simulation that only
+/// (`simulate` checks every rank's output). A simulation that only
 /// reached the table fails here.
 #[test]
 fn simulated_data_takes_the_lock_free_path() {
     for (dtype, seed) in [(Dtype::F32, 42), (Dtype::Bf16, 43)] {
-        let (_, paths) = run_counted(
-            0,
-            4,
-            2000,
-            16,
-            16,
-            3,
-            ALL_FAULTS,
-            seed,
+        let paths = simulate(Sim {
             dtype,
-            AuthMode::Port,
-        );
+            ..Sim::new(4, 2000, 16, 16, 3, ALL_FAULTS, seed)
+        })
+        .paths;
         let all = paths.lock_free + paths.table;
         assert!(all > 4 * 3 * 2000 / 16, "{dtype:?}: {paths:?}");
         assert!(paths.lock_free * 100 >= all * 99, "{dtype:?}: {paths:?}");
     }
     // An `auth = "mac"` job's DATA needs the table (its tags): all of it.
-    let (_, paths) = run_counted(
-        0,
-        2,
-        200,
-        16,
-        16,
-        1,
-        ALL_FAULTS,
-        9,
-        Dtype::F32,
-        AuthMode::Mac,
-    );
+    let paths = simulate(Sim {
+        auth: AuthMode::Mac,
+        ..Sim::new(2, 200, 16, 16, 1, ALL_FAULTS, 9)
+    })
+    .paths;
     assert!(paths.lock_free == 0 && paths.table > 0, "{paths:?}");
 }
 
@@ -840,19 +854,10 @@ fn a_rank_whose_results_queue_past_its_rto_stops_resending() {
         from: 2,
         extra: Duration::from_millis(20),
     };
-    let run = run_slowed(
-        0,
-        n,
-        chunks * elems as usize,
-        elems,
-        64,
-        6,
-        CLEAN,
-        7,
-        Dtype::F32,
-        AuthMode::Port,
-        Some(slow),
-    );
+    let run = simulate(Sim {
+        slow: Some(slow),
+        ..Sim::new(n, chunks * elems as usize, elems, 64, 6, CLEAN, 7)
+    });
     let slowed = &run.resent[slow.rank as usize];
     // The links' jitter reorders RESULTs, and fast retransmit resends some
     // chunks in every collective: the baseline is the rank's own before

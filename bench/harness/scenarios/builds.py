@@ -20,7 +20,7 @@ from pathlib import Path
 
 import bench_transports_report as report
 from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
-from options import one_of, uint_range
+from options import choice, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
 from scenarios.transports import mark
@@ -114,7 +114,7 @@ SCENARIO = Scenario(
         Option("--mtu", "MTU of the testbed's links (above 3500 switchd's sockets are multi-buffer)",
                type=uint_range(1280, 9000), default=1500, metavar="M"),
         Option("--link", "worker links: unlimited, or 1gbit (tbf both ways, as in efficiency)",
-               type=one_of("unlimited", "1gbit"), default="unlimited", metavar="L"),
+               type=choice("unlimited", "1gbit"), default="unlimited", metavar="L"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),

@@ -27,7 +27,7 @@ from benchkit import proc_jiffies
 from lifecycle import (lanes_for, publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, worker_threads_to_run, snapshot, wait_idle
-from options import thread_counts, uint_range, word_list
+from options import choice, thread_counts, uint_range, word_list
 from scenario import Option, Scenario
 from tools import net
 from torch_bench import bench_python, prepare, start_rank, wait_ranks
@@ -97,15 +97,6 @@ def stall_timeout(text):
     if not re.fullmatch(r"[0-9]{1,3}(\.[0-9]{1,3})?", text) or not 0.1 <= float(text) <= 600:
         raise argparse.ArgumentTypeError(f"must be 0.1..600 s (up to 3 decimals), got '{text}'")
     return float(text)
-
-
-def choice(*allowed):
-    def parse(text):
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"must be {', '.join(allowed)}, got '{text}'")
-        return text
-    parse.__name__ = "choice"
-    return parse
 
 
 def tbf_args(rate):
