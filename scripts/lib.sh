@@ -155,6 +155,20 @@ unshape_worker_links() {
     done
 }
 
+# slow_ingress NS MBIT: everything into NS's eth0 goes through a tbf of
+# MBIT Mbit/s with a deep queue (200 ms; on an ifb device ifb0, made if
+# missing): a bottleneck that builds a queue on the way to one worker.
+# It replaces a shaper on ifb0. unslow_ingress NS removes it.
+slow_ingress() {
+    local ns="$1" mbit="$2"
+    ip -n "$ns" link show ifb0 >/dev/null 2>&1 || redirect_ingress_to_ifb "$ns" eth0 ifb0
+    ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf rate "${mbit}mbit" burst 64kb latency 200ms
+}
+
+unslow_ingress() {
+    ip netns exec "$1" tc qdisc del dev ifb0 root 2>/dev/null || true
+}
+
 # write_mpi_hosts WORKERS HOSTFILE RSH MPI_TMP: let mpirun, started in worker
 # 0's namespace, run one rank in each of the first WORKERS workers'
 # namespaces of the testbed TESTBED_ENV describes (`tb`) as if they were remote

@@ -9,6 +9,8 @@
 #   scripts/net.sh shape-workers PREFIX WORKERS TBF_ARGS...
 #   scripts/net.sh unshape-workers PREFIX WORKERS
 #   scripts/net.sh ifb NS DEV IFB
+#   scripts/net.sh slow-ingress NS MBIT
+#   scripts/net.sh unslow-ingress NS
 #   scripts/net.sh htb NS DEV RATE_MBIT
 #   scripts/net.sh ecn-bottleneck DIR RATE_MBIT MIN_BYTES MAX_BYTES NS:DEV...
 #   scripts/net.sh ecn-map-id NS DEV
@@ -21,6 +23,8 @@
 #   unshape-workers remove those tbf qdiscs (unshape_worker_links)
 #   ifb             DEV's ingress through the ifb device IFB
 #                   (redirect_ingress_to_ifb)
+#   slow-ingress    NS's eth0 ingress through a deep tbf of MBIT (on ifb0;
+#                   slow_ingress); unslow-ingress removes it
 #   htb             DEV's egress limited to RATE_MBIT, FIFO (shape_htb)
 #   ecn-bottleneck  shaped, CE-marking FIFOs (setup_ecn_bottleneck); prints
 #                   the marker used: bpf or red
@@ -43,6 +47,8 @@ case "$cmd" in
     shape-workers) shape_worker_links "$@" ;;
     unshape-workers) unshape_worker_links "$@" ;;
     ifb) redirect_ingress_to_ifb "$@" ;;
+    slow-ingress) slow_ingress "$@" ;;
+    unslow-ingress) unslow_ingress "$@" ;;
     htb) shape_htb "$@" ;;
     ecn-bottleneck)
         setup_ecn_bottleneck "$@"

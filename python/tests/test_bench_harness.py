@@ -228,12 +228,17 @@ def test_builds_takes_dirs_of_the_three_binaries_and_alternates_their_order(tmp_
     assert [builds.order(i, ["A", "B"]) for i in range(3)] == [["A", "B"], ["B", "A"], ["A", "B"]]
 
 
-def test_builds_link_is_unlimited_or_1gbit():
+def test_builds_link_and_delay_options():
     s = SCENARIOS["builds"]
     assert parse(s, []).link == "unlimited"
     assert parse(s, ["--link", "1gbit"]).link == "1gbit"
     with pytest.raises(SystemExit):
         parse(s, ["--link", "10gbit"])
+    a = parse(s, ["--slow-results", "200", "--slow-after", "0.5"])
+    assert (a.slow_results, a.slow_after) == (200, 0.5)
+    assert (parse(s, []).slow_results, parse(s, []).slow_after) == (0, 1.0)
+    with pytest.raises(SystemExit):
+        parse(s, ["--slow-after", "0"])
 
 
 def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, monkeypatch):

@@ -7,7 +7,11 @@ Each run starts the build's switchd (one dataplane thread), runs its
 workers, and stops its switchd; the order alternates (A B, B A, ...) so
 neither build always runs first. `--link 1gbit` shapes every worker link
 as the efficiency scenario's 1 Gbit/s setting does, for a change's cost
-where the link is the bottleneck. Each run's figures are the transports
+where the link is the bottleneck. `--slow-results MBIT` shapes everything
+into the last rank to MBIT Mbit/s (a deep tbf on its ingress) from
+`--slow-after` seconds into each run: a queue that builds on one rank's
+way after its RTO has settled, for a change's cost when one path slows
+mid-run. Each run's figures are the transports
 scenario's (bench_transports_report.py), with the build's label in place of
 the transport.
 """
@@ -16,11 +20,12 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import bench_transports_report as report
 from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
-from options import choice, uint_range
+from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
 from scenarios.transports import mark
@@ -50,7 +55,10 @@ def order(run_i, labels):
 def run(a):
     if a.a is None or a.b is None:
         raise HarnessError("name both builds: scripts/bench builds --a DIR --b DIR")
+    if a.slow_results and a.link != "unlimited":
+        raise HarnessError("--slow-results replaces the last rank's ingress shaper: use it on unlimited links")
     builds = {"A": a.a, "B": a.b}
+    slow_ns = f"{a.prefix}-w{a.workers - 1}"
     out = Path(tempfile.mkdtemp(prefix="bench-builds."))
     secret = random_secret()
     runs = []
@@ -73,7 +81,16 @@ def run(a):
                                      stdout=out / f"{label}-{run_i}-rank{r}.json",
                                      stderr=out / f"{label}-{run_i}-rank{r}.log")
                          for r in range(a.workers)]
-                status = procs.wait(ranks, a.timeout)
+                started, slowed = time.monotonic(), []
+
+                def slow_once():
+                    if a.slow_results and not slowed and time.monotonic() - started >= a.slow_after:
+                        net("slow-ingress", slow_ns, a.slow_results)
+                        slowed.append(True)
+
+                status = procs.wait(ranks, a.timeout, on_tick=slow_once)
+                if slowed:
+                    net("unslow-ingress", slow_ns)
                 mark(out / f"{label}-{run_i}.after", ["stat", "wall", "switchd", "children"], sw.pid)
                 procs.stop(sw)
                 if any(s != 0 for s in status):
@@ -87,10 +104,12 @@ def run(a):
         print(json.dumps(line, separators=(",", ":")))
     by = {s["transport"]: s for s in summary}
     ratio = by["B"]["median_seconds"] / by["A"]["median_seconds"]
-    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link})")
+    slow = f", the last rank's ingress at {a.slow_results} Mbit/s after {a.slow_after:g} s" if a.slow_results else ""
+    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link}{slow})")
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
-                                "iterations": a.iterations, "mtu": a.mtu, "link": a.link, "runs": runs, "summary": summary,
+                                "iterations": a.iterations, "mtu": a.mtu, "link": a.link,
+                                "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -115,6 +134,10 @@ SCENARIO = Scenario(
                type=uint_range(1280, 9000), default=1500, metavar="M"),
         Option("--link", "worker links: unlimited, or 1gbit (tbf both ways, as in efficiency)",
                type=choice("unlimited", "1gbit"), default="unlimited", metavar="L"),
+        Option("--slow-results", "shape everything into the last rank to MBIT Mbit/s (deep queue), from "
+               "--slow-after on (0: never)", type=uint_range(0, 100000), default=0, metavar="MBIT"),
+        Option("--slow-after", "seconds into each run when --slow-results starts", type=positive_seconds,
+               default=1.0, metavar="S"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),
