@@ -416,9 +416,9 @@ impl DatagramBatch {
     }
 
     /// Whether the last [`DatagramBatch::recv`] filled every slot: more
-    /// datagrams may be waiting. A receive that did not fill them found
-    /// the socket drained (it never blocks), so the caller need not ask again before
-    /// it waits.
+    /// datagrams may be waiting. A receive that did not fill them found the
+    /// socket drained (it never blocks): the caller need not ask again
+    /// before it waits.
     pub fn filled(&self) -> bool {
         self.filled
     }

@@ -377,8 +377,8 @@ pub fn wait_readable_any(fds: &[RawFd], timeout: Duration) {
 
 /// Sends the DATA `member`'s window and resend timers allow at `now` on
 /// `fd`, batched in `txb` (flushed whenever full and at the end), with the
-/// GSO burst limit following the share's resends; true if any DATA went
-/// out. Thread 0 and every lane thread send their share through this.
+/// GSO burst limit following the share's resends. Thread 0 and every lane
+/// thread send their share through this.
 pub fn send_share(
     member: &mut Member,
     txb: &mut DatagramBatch,
@@ -386,10 +386,9 @@ pub fn send_share(
     fd: RawFd,
     input: &[u8],
     now: Instant,
-) -> std::io::Result<bool> {
+) -> std::io::Result<()> {
     let c = member.collective();
     txb.set_max_segments(burst.update(c.stats.resent, c.stats.results));
-    let mut sent = false;
     loop {
         if txb.is_full() {
             txb.send_all(fd)?;
@@ -399,12 +398,11 @@ pub fn send_share(
             break;
         };
         txb.commit_seq(f.len, f.seq);
-        sent = true;
     }
     if !txb.is_empty() {
         txb.send_all(fd)?;
     }
-    Ok(sent)
+    Ok(())
 }
 
 /// What a lane thread needs besides its lane.
