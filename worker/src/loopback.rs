@@ -23,11 +23,11 @@
 //!
 //! Scripted restarts (tests): [`LoopbackConfig::script`] makes the
 //! stand-in restart itself at an exact point of the traffic, not at a
-//! timer's: when the first DATA of a chosen collective and seq arrives (the new switch takes that DATA, as a real restart would),
-//! optionally with fewer seq lanes or the job's statistics turned on or
-//! off, and optionally after starving one rank
-//! of a collective's RESULTs from a seq on (they are dropped until the
-//! restart, as if lost). It fires once.
+//! timer's: when the first DATA of a chosen collective and seq arrives
+//! (the new switch takes that DATA, as a real restart would), optionally
+//! with fewer seq lanes or the job's statistics turned on or off, and
+//! optionally after starving one rank of a collective's RESULTs from a seq
+//! on (they are dropped until the restart, as if lost). It fires once.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
