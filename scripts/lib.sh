@@ -122,6 +122,12 @@ redirect_ingress_to_ifb() {
     fi
 }
 
+# ingress_ifb0 NS: NS's eth0 ingress through the ifb device ifb0, made the
+# first time (later calls keep the redirect made).
+ingress_ifb0() {
+    ip -n "$1" link show ifb0 >/dev/null 2>&1 || redirect_ingress_to_ifb "$1" eth0 ifb0
+}
+
 # shape_worker_links PREFIX WORKERS TBF_ARGS...: limit every worker link of
 # the testbed PREFIX (scripts/testbed.sh) both ways with `tbf TBF_ARGS`
 # (e.g. rate 1gbit burst 256kb latency 50ms): on every worker's eth0 egress
@@ -137,7 +143,7 @@ shape_worker_links() {
         ip netns exec "$prefix-sw" tc qdisc replace dev "sw-w$i" root tbf "$@"
         ip netns exec "$ns" tc qdisc replace dev eth0 root tbf "$@"
         # A second call (another rate) keeps the redirect it made.
-        ip -n "$ns" link show ifb0 >/dev/null 2>&1 || redirect_ingress_to_ifb "$ns" eth0 ifb0
+        ingress_ifb0 "$ns"
         ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf "$@"
     done
 }
@@ -161,7 +167,7 @@ unshape_worker_links() {
 # It replaces a shaper on ifb0. unslow_ingress NS removes it.
 slow_ingress() {
     local ns="$1" mbit="$2"
-    ip -n "$ns" link show ifb0 >/dev/null 2>&1 || redirect_ingress_to_ifb "$ns" eth0 ifb0
+    ingress_ifb0 "$ns"
     ip netns exec "$ns" tc qdisc replace dev ifb0 root tbf rate "${mbit}mbit" burst 64kb latency 200ms
 }
 

@@ -123,42 +123,7 @@ fn run(
     faults: Faults,
     seed: u64,
 ) -> Duration {
-    run_from(
-        0,
-        n,
-        len,
-        elems,
-        slots,
-        iterations,
-        faults,
-        seed,
-        Dtype::F32,
-        AuthMode::Port,
-    )
-}
-
-/// As [`run`], with the workers joining at resume point `start_seq`, for a
-/// job of `dtype` and `auth`.
-#[allow(clippy::too_many_arguments)]
-fn run_from(
-    start_seq: u32,
-    n: u16,
-    len: usize,
-    elems: u16,
-    slots: u16,
-    iterations: u32,
-    faults: Faults,
-    seed: u64,
-    dtype: Dtype,
-    auth: AuthMode,
-) -> Duration {
-    simulate(Sim {
-        start_seq,
-        dtype,
-        auth,
-        ..Sim::new(n, len, elems, slots, iterations, faults, seed)
-    })
-    .time
+    simulate(Sim::new(n, len, elems, slots, iterations, faults, seed)).time
 }
 
 /// One simulated run: `iterations` collectives of `len` elements over `n`
@@ -385,18 +350,10 @@ fn all_faults_at_once() {
 #[test]
 fn half_precision_jobs_under_all_faults() {
     for (dtype, seed) in [(Dtype::Bf16, 7), (Dtype::F16, 8)] {
-        run_from(
-            0,
-            4,
-            2000,
-            32,
-            16,
-            3,
-            ALL_FAULTS,
-            seed,
+        simulate(Sim {
             dtype,
-            AuthMode::Port,
-        );
+            ..Sim::new(4, 2000, 32, 16, 3, ALL_FAULTS, seed)
+        });
     }
 }
 
@@ -405,40 +362,26 @@ fn tagged_jobs_under_all_faults() {
     // auth = "mac": every DATA tagged, every RESULT (resends included,
     // with RETX and each member's rank) verified under the one RESULT key.
     for (dtype, seed) in [(Dtype::F32, 11), (Dtype::Bf16, 12)] {
-        run_from(
-            0,
-            4,
-            2000,
-            16,
-            16,
-            3,
-            ALL_FAULTS,
-            seed,
+        simulate(Sim {
             dtype,
-            AuthMode::Mac,
-        );
+            auth: AuthMode::Mac,
+            ..Sim::new(4, 2000, 16, 16, 3, ALL_FAULTS, seed)
+        });
     }
 }
 
 #[test]
 fn seq_numbers_wrap() {
     // Workers join at a resume point just below 2^32: chunks cross the wrap.
-    run_from(
-        u32::MAX - 50,
-        3,
-        40,
-        1,
-        4,
-        3,
-        Faults {
-            loss: 0.1,
-            dup: 0.05,
-            reorder: 0.3,
-        },
-        7,
-        Dtype::F32,
-        AuthMode::Port,
-    );
+    let faults = Faults {
+        loss: 0.1,
+        dup: 0.05,
+        reorder: 0.3,
+    };
+    simulate(Sim {
+        start_seq: u32::MAX - 50,
+        ..Sim::new(3, 40, 1, 4, 3, faults, 7)
+    });
 }
 
 #[test]
@@ -482,7 +425,10 @@ proptest! {
     ) {
         let dtype = Dtype::from_u8(dtype).unwrap();
         let faults = Faults { loss, dup, reorder };
-        run_from(0, n, len, elems, 1 << slots_log, 2, faults, seed, dtype, AuthMode::Port);
+        simulate(Sim {
+            dtype,
+            ..Sim::new(n, len, elems, 1 << slots_log, 2, faults, seed)
+        });
     }
 }
 

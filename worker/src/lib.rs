@@ -1105,12 +1105,21 @@ impl Worker {
         }
     }
 
+    /// The members of the shares carrying the collective: share 0's and the
+    /// active lanes'.
+    fn shares_mut(&mut self) -> impl Iterator<Item = &mut Member> {
+        std::iter::once(&mut self.member).chain(
+            self.lanes[..self.active - 1]
+                .iter_mut()
+                .map(|l| &mut l.member),
+        )
+    }
+
     /// Every share of this collective begins collective `collective` of
     /// `shape` at `first_seq`.
     fn begin_all(&mut self, collective: u32, first_seq: u32, shape: Shape) {
-        self.member.begin(collective, first_seq, shape);
-        for lane in &mut self.lanes[..self.active - 1] {
-            lane.member.begin(collective, first_seq, shape);
+        for m in self.shares_mut() {
+            m.begin(collective, first_seq, shape);
         }
     }
 
@@ -1146,14 +1155,12 @@ impl Worker {
             if let Some(t) = trailers {
                 self.member.keep_trailers(t);
             }
-            self.member.answered_before(seq);
-            for lane in &mut self.lanes[..self.active - 1] {
-                lane.member.answered_before(seq);
+            for m in self.shares_mut() {
+                m.answered_before(seq);
             }
         }
-        self.member.restart_from(seq);
-        for lane in &mut self.lanes[..self.active - 1] {
-            lane.member.restart_from(seq);
+        for m in self.shares_mut() {
+            m.restart_from(seq);
         }
     }
 
@@ -1556,9 +1563,8 @@ impl Worker {
         // This rank has every RESULT of it: the chunks before the resume
         // point are owed to nobody (a restarted switch, whose floor is
         // there, would never answer them), those from it on are resent.
-        self.member.answered_before(seq);
-        for lane in &mut self.lanes[..self.active - 1] {
-            lane.member.answered_before(seq);
+        for m in self.shares_mut() {
+            m.answered_before(seq);
         }
         self.restart_all(seq);
         let r = loop {
@@ -1744,10 +1750,7 @@ impl Worker {
                 _ if progress.is_some() => Duration::from_millis(1),
                 _ => Duration::from_millis(50),
             };
-            threads::wait_readable_any(
-                fds,
-                until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
-            );
+            threads::wait_turn(fds, until);
         }
         Ok(Drive::Completed)
     }

@@ -446,9 +446,7 @@ impl Shell<'_> {
         let sock = self.socks.get(lane).unwrap_or(&self.socks[0]);
         let _ = sock.send_to(&self.out[..len], to);
     }
-}
 
-impl Shell<'_> {
     /// Whether `datagram` to `to` is a RESULT the starving drops.
     fn starves(&self, to: SocketAddrV4, datagram: &[u8]) -> bool {
         let Some(st) = self.starve else {

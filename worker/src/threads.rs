@@ -357,8 +357,19 @@ pub fn oldest_seq(first: u32, seqs: impl Iterator<Item = u32>) -> u32 {
         .unwrap_or(first)
 }
 
+/// Waits for a share's next turn once its sockets are drained: until one
+/// of `fds` is readable or `until` (its next timer) has passed, taken as 1
+/// to 50 ms (poll(2) counts milliseconds; the loops look at their stop and
+/// the lanes' progress at least that often).
+pub fn wait_turn(fds: &[RawFd], until: Duration) {
+    wait_readable_any(
+        fds,
+        until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
+    );
+}
+
 /// Waits up to `timeout` (at most 1 s) for any of `fds` to be readable.
-pub fn wait_readable_any(fds: &[RawFd], timeout: Duration) {
+fn wait_readable_any(fds: &[RawFd], timeout: Duration) {
     let mut p = [libc::pollfd {
         fd: -1,
         events: libc::POLLIN,
@@ -476,10 +487,7 @@ pub fn lane_loop(
             .map_or(Duration::from_millis(50), |d| {
                 d.saturating_duration_since(now)
             });
-        wait_readable_any(
-            fds,
-            until.clamp(Duration::from_millis(1), Duration::from_millis(50)),
-        );
+        wait_turn(fds, until);
     }
 }
 
