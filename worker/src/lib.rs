@@ -1455,9 +1455,17 @@ impl Worker {
             .and_then(|resume| {
                 self.run_collective((collective, first_seq, shape), resume, &kept, out)
             });
-        // Keep this input as the previous one: another rank may still need
-        // this collective's chunks after a restart.
-        self.input = std::mem::replace(&mut self.prev_input, kept);
+        if result.is_ok() {
+            // Keep this input as the previous one: another rank may still
+            // need this collective's chunks after a restart.
+            self.input = std::mem::replace(&mut self.prev_input, kept);
+        } else {
+            // A collective that failed is nobody's previous one: the last
+            // completed collective's input (`prev_collective` names it)
+            // stays for a catch-up, or a catch-up would send these values
+            // under its seqs.
+            self.input = kept;
+        }
         if result.is_err() && self.auth() == AuthMode::Mac {
             // The next call would tag other data under the same (seq,
             // collective) and key: a GMAC nonce used twice gives its key

@@ -94,7 +94,8 @@ pub struct ScriptedRestart {
     /// Whether the job is `stats = true` after the restart (an operator
     /// who changed its declaration); None: unchanged.
     pub stats: Option<bool>,
-    /// Until the restart, no RESULT of this collective with a seq at or
+    /// Until the restart (this one, or a [`LoopbackSwitch::restart`] call
+    /// before it), no RESULT of this collective with a seq at or
     /// past `from_seq` reaches this rank (dropped, as if lost): a rank that
     /// lacks RESULTs of a collective that the other ranks completed.
     pub starve: Option<Starve>,
@@ -560,6 +561,8 @@ fn serve(
         let r = restarts.load(Ordering::SeqCst);
         if r != restarted {
             restarted = r;
+            // Any restart ends the starving, as the scripted one does.
+            shell.starve = None;
             match lanes_next.load(Ordering::SeqCst) {
                 l @ 1..=64 if (l as usize) <= socks.len() && l.is_power_of_two() => {
                     cfg.seq_lanes = l as u16;

@@ -313,3 +313,83 @@ fn statistics_turned_on_by_a_restart_mid_collective_are_incomplete_then_whole() 
         }
     }
 }
+
+/// A collective that failed does not replace the kept input of the last
+/// one that completed: rank 0 completes collective 1, then its collective
+/// 2 (other values) stalls, since rank 1 still waits for collective 1's
+/// last RESULT (the stand-in drops it). The switch restarts and resumes at
+/// rank 1's hole in collective 1: rank 0's catch-up must send collective
+/// 1's values, not those of the collective that failed. Then rank 0 runs
+/// collective 2 again, and every sum of both ranks is exact.
+#[test]
+fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
+    let sw = stand_in(
+        2,
+        1,
+        false,
+        ScriptedRestart {
+            // Never reached: the restart below is the test's.
+            at: (u32::MAX, 0),
+            ..catch_up_script(None)
+        },
+    );
+    let restart = sw.restarter();
+    let stalled = std::thread::scope(|s| {
+        let addr = sw.addr();
+        let rank0 = s.spawn(move || {
+            let mut cfg = WorkerConfig::new(addr, 1, 0, 2, SECRET);
+            cfg.join_timeout = Duration::from_secs(20);
+            cfg.stall_timeout = Duration::from_secs(1);
+            let mut w = Worker::join(cfg).expect("join");
+            let mut data = vec![0f32; LEN];
+            for it in 0..2 {
+                fill_pattern(0, it, &mut data);
+                w.all_reduce(&mut data).expect("rank 0");
+                assert_exact(0, it, &data);
+            }
+            // Values of no collective: any of them in a sum shows.
+            fill_pattern(0, 77, &mut data);
+            let e = w
+                .all_reduce(&mut data)
+                .expect_err("rank 1 never sends collective 2");
+            restart();
+            fill_pattern(0, 2, &mut data);
+            w.all_reduce(&mut data).expect("rank 0, collective 2 again");
+            assert_exact(0, 2, &data);
+            e
+        });
+        let rank1 = s.spawn(move || {
+            let mut cfg = WorkerConfig::new(addr, 1, 1, 2, SECRET);
+            cfg.join_timeout = Duration::from_secs(20);
+            cfg.stall_timeout = Duration::from_secs(30);
+            let mut w = Worker::join(cfg).expect("join");
+            let mut data = vec![0f32; LEN];
+            for it in 0..3 {
+                fill_pattern(1, it, &mut data);
+                w.all_reduce(&mut data).expect("rank 1");
+                assert_exact(1, it, &data);
+            }
+        });
+        rank1.join().unwrap();
+        rank0.join().unwrap()
+    });
+    assert!(
+        matches!(stalled, worker::WorkerError::Stalled { collective: 2, .. }),
+        "{stalled}"
+    );
+    assert_eq!(sw.restarts(), 1);
+    assert!(
+        sw.starved_results() > 0,
+        "rank 1 lost collective 1's last RESULT"
+    );
+}
+
+fn assert_exact(rank: u16, it: u32, data: &[f32]) {
+    for (i, v) in data.iter().enumerate() {
+        assert_eq!(
+            v.to_bits(),
+            expected_sum(2, it, i).to_bits(),
+            "rank {rank} collective {it} elem {i}"
+        );
+    }
+}
