@@ -9,8 +9,9 @@
 //! Owns: one UDP socket connected to the switch, the job session (switch
 //! generation, pool size, chunk size, next seq and collective id) and the
 //! inputs of the current and previous collective, kept so that a re-join
-//! after a switch or worker restart can resend from any resume point.
-//! Inputs are kept as wire bytes (little-endian elements of the job's
+//! after a switch or worker restart can resend from any resume point (an
+//! all-reduce's is kept chunk by chunk as the chunks are first sent:
+//! [`buffers`]). Inputs are kept as wire bytes (little-endian elements of the job's
 //! dtype), so one drive loop serves every element type: DATA payloads are
 //! slices of them and RESULT payloads are copied back as they came.
 //!
@@ -52,6 +53,7 @@
 //! the kernel takes both, `udp-gso`, else `mmsg` with one warning saying why
 //! (see [`gso`] for the kernel facts). The wire is the same either way.
 
+pub mod buffers;
 pub mod gso;
 pub mod loopback;
 pub mod mmsg;
@@ -76,9 +78,10 @@ pub use proto::tag::AuthMode;
 pub use proto::wire::Kind;
 use proto::wire::{Dtype, MsgType, NackReason, OP_SUM, SECRET_LEN};
 
+use crate::buffers::{Input, KeptBits, Output};
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
-use crate::threads::{Lane, LaneJob, LaneSockets, Output, Progress, SocketFailed};
+use crate::threads::{Lane, LaneJob, LaneSockets, Progress, SocketFailed};
 
 /// How to reach the switch and which job to join.
 #[derive(Clone)]
@@ -592,6 +595,8 @@ pub struct Worker {
     input: Vec<u8>,
     /// Input of the previous collective, kept until the current completes.
     prev_input: Vec<u8>,
+    /// Which chunks of the current in-place input are kept (buffers.rs).
+    kept_bits: KeptBits,
     prev_first_seq: u32,
     prev_collective: Option<u32>,
     /// The previous collective's shape (what `prev_input` holds).
@@ -709,6 +714,7 @@ impl Worker {
             next_collective: 0,
             input: Vec::new(),
             prev_input: Vec::new(),
+            kept_bits: KeptBits::default(),
             prev_first_seq: 0,
             prev_collective: None,
             prev_shape: Shape::all_reduce(0),
@@ -1433,28 +1439,51 @@ impl Worker {
         }
         let collective = self.next_collective;
         let first_seq = self.next_seq;
-        let values = input.unwrap_or(out);
+        let values_len = input.map_or(out.len(), <[u8]>::len);
         // The two kept inputs swap each collective. When they must grow,
         // both grow now (the previous input keeps its bytes), their pages
         // touched here, so the next collective, which writes the other
         // one, faults in none of them: steady state after one collective.
-        if self.prev_input.capacity() < values.len() {
+        if self.prev_input.capacity() < values_len {
             let held = self.prev_input.len();
-            self.prev_input.resize(values.len(), 0);
+            self.prev_input.resize(values_len, 0);
             self.prev_input.truncate(held);
         }
         let mut kept = std::mem::take(&mut self.input);
-        kept.clear();
-        kept.extend_from_slice(values);
-        let chunks = len.div_ceil(usize::from(self.member.elems_per_chunk().max(1)));
+        let elems = usize::from(self.member.elems_per_chunk().max(1));
+        let chunks = len.div_ceil(elems);
+        match input {
+            Some(values) => {
+                kept.clear();
+                kept.extend_from_slice(values);
+            }
+            // In place (an all-reduce): kept chunk by chunk as the threads
+            // send (buffers.rs); only its length is set here.
+            None => kept.resize(values_len, 0),
+        }
+        let mut bits = std::mem::take(&mut self.kept_bits);
+        bits.reset(chunks);
         self.set_shares(self.threads_for(chunks as u32));
         self.begin_all(collective, first_seq, shape);
         self.last_grad = None;
+        let cur = (collective, first_seq, shape);
         let result = self
             .rejoin_if_due(collective, first_seq)
-            .and_then(|resume| {
-                self.run_collective((collective, first_seq, shape), resume, &kept, out)
+            .and_then(|resume| match input {
+                Some(_) => {
+                    self.run_collective(cur, resume, Input::Whole(&kept), Some(Output::new(out)))
+                }
+                None => {
+                    let chunk_bytes = elems * self.cfg.dtype.size();
+                    let (input, out) = Input::in_place(out, &mut kept, chunk_bytes, &bits);
+                    let r = self.run_collective(cur, resume, input, Some(out));
+                    if r.is_ok() {
+                        input.finish();
+                    }
+                    r
+                }
             });
+        self.kept_bits = bits;
         if result.is_ok() {
             // Keep this input as the previous one: another rank may still
             // need this collective's chunks after a restart.
@@ -1526,14 +1555,14 @@ impl Worker {
         &mut self,
         cur: (u32, u32, Shape),
         resume: Option<(u32, u32)>,
-        input: &[u8],
-        out: &mut [u8],
+        input: Input<'_>,
+        out: Option<Output<'_>>,
     ) -> Result<(), WorkerError> {
         let mut pending = resume.map(|(collective, seq)| Event::Resumed { collective, seq });
         loop {
             let ev = match pending.take() {
                 Some(ev) => ev,
-                None => self.drive_all(input, Some(Output::new(out)))?,
+                None => self.drive_all(input, out)?,
             };
             match ev {
                 Event::Completed => return Ok(()),
@@ -1576,7 +1605,7 @@ impl Worker {
         }
         self.restart_all(seq);
         let r = loop {
-            match self.drive_all(&prev, None) {
+            match self.drive_all(Input::Whole(&prev), None) {
                 Ok(Event::Completed) => break Ok(()),
                 Ok(Event::Resumed { collective, seq }) if collective == c => self.restart_all(seq),
                 Ok(Event::Resumed { collective, seq }) => {
@@ -1597,7 +1626,11 @@ impl Worker {
 
     /// Drives the collective the shares began to its end over
     /// `self.active` threads, through re-joins (performed here).
-    fn drive_all(&mut self, input: &[u8], out: Option<Output<'_>>) -> Result<Event, WorkerError> {
+    fn drive_all(
+        &mut self,
+        input: Input<'_>,
+        out: Option<Output<'_>>,
+    ) -> Result<Event, WorkerError> {
         let t = self.active;
         let sock0 = self.sock.as_raw_fd();
         let fds: Vec<Vec<RawFd>> = (0..t)
@@ -1662,7 +1695,7 @@ impl Worker {
     fn drive(
         &mut self,
         fds: &[RawFd],
-        input: &[u8],
+        input: Input<'_>,
         out: Option<Output<'_>>,
         progress: Option<&Progress>,
     ) -> Result<Drive, WorkerError> {
@@ -1769,7 +1802,7 @@ impl Worker {
     fn on_datagram(
         &mut self,
         i: usize,
-        input: &[u8],
+        input: Input<'_>,
         out: Option<Output<'_>>,
     ) -> Result<Option<Lost>, WorkerError> {
         let now = Instant::now();

@@ -8,8 +8,7 @@
 //! Owns: [`Lane`] (one lane thread's member and batches, kept between
 //! collectives so that its RTT and DCTCP keep what they learnt),
 //! [`LaneSockets`] (sockets 1..L of the rank, all bound to its one local
-//! port), [`Output`] (the collective's output, which every thread writes
-//! at its own chunks), [`Progress`] (what lane threads tell thread 0),
+//! port), [`Progress`] (what lane threads tell thread 0),
 //! [`lane_loop`] and the automatic thread count ([`auto_threads`]).
 //!
 //! Invariants:
@@ -26,11 +25,10 @@
 //!   share, and starts them again.
 //! * No two threads write the same output bytes: each chunk's range is one
 //!   seq's, each seq one share's, and a share writes a chunk at its first
-//!   RESULT only ([`Output`]).
+//!   RESULT only ([`Output`]; its input is kept before: [`crate::buffers`]).
 //! * Nothing crosses threads per datagram: a lane thread publishes its
 //!   progress once per turn of its loop (three relaxed atomics).
 
-use std::marker::PhantomData;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -40,8 +38,10 @@ use proto::member::{Event as MemberEvent, Member, ResultOutcome};
 use proto::seq::serial_offset;
 use proto::wire::Dtype;
 
+use crate::buffers::{Input, Output};
 use crate::gso::{self, TransportKind};
 use crate::mmsg::{self, DatagramBatch};
+use proto::member::DataInput;
 
 /// A socket call of a lane that failed (the worker's `Io` error).
 #[derive(Debug, thiserror::Error)]
@@ -183,60 +183,6 @@ impl Lane {
     }
 }
 
-/// The output of a collective, shared by the threads that carry it; `None`
-/// of it (a catch-up of the previous collective) writes nothing.
-#[derive(Clone, Copy)]
-pub struct Output<'a> {
-    ptr: *mut u8,
-    len: usize,
-    _out: PhantomData<&'a mut [u8]>,
-}
-
-// SAFETY: an Output is a `&mut [u8]` split by chunk between threads: every
-// write goes through `write_chunk`, which touches only one chunk's bytes,
-// and each chunk is written by one thread (the module's invariant), so no
-// two threads ever access the same bytes. The lifetime keeps the buffer
-// borrowed while any copy lives.
-unsafe impl Send for Output<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for Output<'_> {}
-
-impl<'a> Output<'a> {
-    pub fn new(out: &'a mut [u8]) -> Output<'a> {
-        Output {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            _out: PhantomData,
-        }
-    }
-
-    /// Writes one chunk's values at byte `at`: `got` (the RESULT's values),
-    /// or with `mine` (this rank's kept shard) their sum in `dtype`.
-    /// Nothing is written outside the output (a chunk past its end is the
-    /// caller's bug, and is skipped).
-    pub fn write_chunk(&self, dtype: Dtype, at: usize, got: &[u8], mine: Option<&[u8]>) {
-        let Some(end) = at.checked_add(got.len()).filter(|e| *e <= self.len) else {
-            debug_assert!(
-                false,
-                "chunk {at}+{} past the output's {}",
-                got.len(),
-                self.len
-            );
-            return;
-        };
-        // SAFETY: `at..end` is inside the buffer (checked above), and this
-        // chunk's bytes are this thread's alone (see the impl of Send).
-        let to = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), end - at) };
-        match mine {
-            // The others' sum plus this rank's kept shard.
-            Some(mine) => {
-                proto::elements::add_own_le(dtype, got, mine, to);
-            }
-            None => to.copy_from_slice(got),
-        }
-    }
-}
-
 /// Writes what a RESULT event brought into `out`: a fresh RESULT's values
 /// at its chunk (`datagram` the RESULT, `input` the collective's input, for
 /// a reduce-scatter's kept shard).
@@ -244,7 +190,7 @@ pub fn write_result(
     ev: &MemberEvent,
     datagram: &[u8],
     dtype: Dtype,
-    input: &[u8],
+    input: Input<'_>,
     out: Option<Output<'_>>,
 ) {
     let (
@@ -269,7 +215,8 @@ pub fn write_result(
     let Some(got) = datagram.get(values.clone()).and_then(|v| v.get(..n)) else {
         return;
     };
-    let mine = own.map(|o| &input[o * size..o * size + n]);
+    let mine = own.map(|o| input.values(o * size..o * size + n));
+    input.before_output(at * size);
     out.write_chunk(dtype, at * size, got, mine);
 }
 
@@ -395,7 +342,7 @@ pub fn send_share(
     txb: &mut DatagramBatch,
     burst: &mut gso::BurstLimit,
     fd: RawFd,
-    input: &[u8],
+    input: Input<'_>,
     now: Instant,
 ) -> std::io::Result<()> {
     let c = member.collective();
@@ -405,7 +352,7 @@ pub fn send_share(
             txb.send_all(fd)?;
         }
         let slot = txb.next_slot().expect("flushed when full");
-        let Some(f) = member.poll_data(now, input, slot) else {
+        let Some(f) = member.poll_data(now, &input, slot) else {
             break;
         };
         txb.commit_seq(f.len, f.seq);
@@ -421,7 +368,7 @@ pub fn send_share(
 pub struct LaneJob<'a> {
     pub switch: SocketAddrV4,
     pub dtype: Dtype,
-    pub input: &'a [u8],
+    pub input: Input<'a>,
     pub out: Option<Output<'a>>,
     pub progress: &'a Progress,
 }
@@ -518,28 +465,6 @@ mod tests {
         let first = u32::MAX - 2;
         assert_eq!(oldest_seq(first, [1, u32::MAX, 4].into_iter()), u32::MAX);
         assert_eq!(oldest_seq(7, std::iter::empty()), 7);
-    }
-
-    /// Two threads write their own chunks of one buffer at once; every
-    /// byte ends up written once, by its chunk's thread.
-    #[test]
-    fn threads_write_their_own_chunks_of_one_output() {
-        let mut buf = vec![0u8; 4 * 8 * 16];
-        let out = Output::new(&mut buf);
-        std::thread::scope(|s| {
-            for t in 0..2u8 {
-                s.spawn(move || {
-                    for chunk in (t as usize..16).step_by(2) {
-                        let vals = [t + 1; 32];
-                        out.write_chunk(Dtype::F32, chunk * 32, &vals, None);
-                    }
-                });
-            }
-        });
-        for (chunk, bytes) in buf.chunks(32).enumerate() {
-            let want = (chunk % 2) as u8 + 1;
-            assert!(bytes.iter().all(|b| *b == want), "chunk {chunk}: {bytes:?}");
-        }
     }
 
     #[test]

@@ -115,6 +115,23 @@ pub enum Event {
     Failed(SessionError),
 }
 
+/// Where a DATA's values come from: the collective's input, as wire bytes
+/// of the job's dtype. Any byte buffer is a whole input; the worker's in
+/// place all-reduce instead keeps each chunk's bytes when the chunk is
+/// first sent, by the thread that sends it, so that no pass over the whole
+/// tensor precedes the collective.
+pub trait DataInput {
+    /// The input's bytes in `range` (one chunk's values). Panics if the
+    /// input is shorter: the caller's sizing.
+    fn values(&self, range: Range<usize>) -> &[u8];
+}
+
+impl<T: AsRef<[u8]> + ?Sized> DataInput for T {
+    fn values(&self, range: Range<usize>) -> &[u8] {
+        &self.as_ref()[range]
+    }
+}
+
 /// A DATA frame [`Member::poll_data`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataFrame {
@@ -403,11 +420,18 @@ impl Member {
     /// Writes the next DATA to send now, if the window or a resend timer
     /// allows one, into `buf` (room for a header, a chunk's values and a
     /// tag: `HEADER_LEN + E·size + TAG_LEN`); its values are read from
-    /// `input`, the collective's input as wire bytes of the job's dtype.
+    /// `input`, the collective's input as wire bytes of the job's dtype
+    /// ([`DataInput`]: a byte slice, or the worker's input kept chunk by
+    /// chunk).
     ///
     /// Panics if `buf` is too short or `input` shorter than the shape's
     /// input: both are the caller's sizing.
-    pub fn poll_data(&mut self, now: Instant, input: &[u8], buf: &mut [u8]) -> Option<DataFrame> {
+    pub fn poll_data<I: DataInput + ?Sized>(
+        &mut self,
+        now: Instant,
+        input: &I,
+        buf: &mut [u8],
+    ) -> Option<DataFrame> {
         if !self.session.is_joined() {
             return None;
         }
@@ -420,7 +444,7 @@ impl Member {
         let values = match t.values {
             Some(at) => {
                 self.values_sent += 1;
-                &input[at * size..(at + t.count as usize) * size]
+                input.values(at * size..(at + t.count as usize) * size)
             }
             None => &[],
         };
