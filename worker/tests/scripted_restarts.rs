@@ -337,16 +337,7 @@ fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
     let stalled = std::thread::scope(|s| {
         let addr = sw.addr();
         let rank0 = s.spawn(move || {
-            let mut cfg = WorkerConfig::new(addr, 1, 0, 2, SECRET);
-            cfg.join_timeout = Duration::from_secs(20);
-            cfg.stall_timeout = Duration::from_secs(1);
-            let mut w = Worker::join(cfg).expect("join");
-            let mut data = vec![0f32; LEN];
-            for it in 0..2 {
-                fill_pattern(0, it, &mut data);
-                w.all_reduce(&mut data).expect("rank 0");
-                assert_exact(0, it, &data);
-            }
+            let (mut w, mut data) = exact_collectives(addr, 0, 2, Duration::from_secs(1));
             // Values of no collective: any of them in a sum shows.
             fill_pattern(0, 77, &mut data);
             let e = w
@@ -358,18 +349,7 @@ fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
             assert_exact(0, 2, &data);
             e
         });
-        let rank1 = s.spawn(move || {
-            let mut cfg = WorkerConfig::new(addr, 1, 1, 2, SECRET);
-            cfg.join_timeout = Duration::from_secs(20);
-            cfg.stall_timeout = Duration::from_secs(30);
-            let mut w = Worker::join(cfg).expect("join");
-            let mut data = vec![0f32; LEN];
-            for it in 0..3 {
-                fill_pattern(1, it, &mut data);
-                w.all_reduce(&mut data).expect("rank 1");
-                assert_exact(1, it, &data);
-            }
-        });
+        let rank1 = s.spawn(move || exact_collectives(addr, 1, 3, Duration::from_secs(30)));
         rank1.join().unwrap();
         rank0.join().unwrap()
     });
@@ -382,6 +362,28 @@ fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
         sw.starved_results() > 0,
         "rank 1 lost collective 1's last RESULT"
     );
+}
+
+/// Rank `rank` of 2 joins (a stall fails its collective after `stall`)
+/// and runs `count` exact all-reduces; the worker and its tensor.
+fn exact_collectives(
+    addr: SocketAddrV4,
+    rank: u16,
+    count: u32,
+    stall: Duration,
+) -> (Worker, Vec<f32>) {
+    let mut cfg = WorkerConfig::new(addr, 1, rank, 2, SECRET);
+    cfg.join_timeout = Duration::from_secs(20);
+    cfg.stall_timeout = stall;
+    let mut w = Worker::join(cfg).expect("join");
+    let mut data = vec![0f32; LEN];
+    for it in 0..count {
+        fill_pattern(rank, it, &mut data);
+        w.all_reduce(&mut data)
+            .unwrap_or_else(|e| panic!("rank {rank} collective {it}: {e}"));
+        assert_exact(rank, it, &data);
+    }
+    (w, data)
 }
 
 fn assert_exact(rank: u16, it: u32, data: &[f32]) {
