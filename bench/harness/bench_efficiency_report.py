@@ -330,7 +330,8 @@ def table(out) -> str:
         lines.append(f"| {r['mtu']} | {r['link']} | {r['label']} | {r['threads_ran'] or '-'} | {f(r['time_s'])} "
                      f"| {f(r['cpu_s'], 2)} | {f(r['cpu_s_per_gib'], 2)} | {f(r['workers_cpu_s_per_gib'], 2)} "
                      f"| {f(r['switchd_cpu_s_per_gib'], 2)} | {'' if r['chunks_resent'] is None else r['chunks_resent']} |")
-    lines += ["", "Per worker thread count T (asked, and as the workers ran it), the fastest float32 switch run "
+    lines += ["", f"switchd: {out['setup']['switch_threads']} dataplane thread(s).",
+              "", "Per worker thread count T (asked, and as the workers ran it), the fastest float32 switch run "
               "against gloo: time, then CPU per GiB of the whole machine, of the workers and of switchd. gloo has "
               "no switch: its workers' CPU (the ranks' own) is the whole job's, and switchd's is set against it.",
               "",
@@ -394,6 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", required=True, type=Path)
     ap.add_argument("--worker-threads", default="1", help="the thread counts asked, e.g. 1,2,4")
     ap.add_argument("--cpus", type=int, help="the CPUs the machine has (nproc)")
+    ap.add_argument("--switch-threads", type=int, default=1,
+                    help="switchd's dataplane threads (and queues per veth) in every switch run")
     a = ap.parse_args(argv)
     elements = a.mib * 1024 * 1024 // 4
     gib = elements * 4 / GIB
@@ -404,6 +407,7 @@ def main(argv=None) -> int:
     out = {
         "stamp": a.stamp,
         "setup": {"workers": a.workers, "mib": a.mib, "elements": elements, "repeats": a.repeats,
+                  "switch_threads": a.switch_threads,
                   "time": "slowest rank, per all-reduce (mean of K in one run)",
                   "cpu": "whole machine busy CPU (/proc/stat, bench/harness/benchkit.py's definition) over the all-reduces, per all-reduce",
                   "workers_cpu": "the worker processes' own CPU (user + system, summed over ranks) over the same all-reduces: what a training host pays when the switch is another box; for gloo and OpenMPI (no switch) the whole job's own CPU; on veth a sender's transmit runs the receiver's softirq in the sender's context, so this also holds part of the switch's and the peers' receive work",

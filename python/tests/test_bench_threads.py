@@ -309,3 +309,43 @@ def test_train_refuses_a_bad_worker_thread_count(bad, capsys):
         parse(SCENARIOS["train"], ["--worker-threads", bad])
     assert "--worker-threads: must be worker thread counts" in capsys.readouterr().err
     assert parse(SCENARIOS["train"], []).worker_threads == [1]
+
+
+def test_efficiency_switch_threads_make_queues_and_dataplane_threads_and_no_build_needs_no_cargo():
+    from scenarios import efficiency
+    s = SCENARIOS["efficiency"]
+    a = parse(s, [])
+    assert a.switch_threads == 1 and a.no_build is False
+    assert efficiency.switch_threads(1) == ([], [])
+    assert efficiency.switch_threads(4) == (["--queues", 4],
+                                            ["switch.queues=4", "switch.dataplane_threads=4"])
+    a = parse(s, ["--switch-threads", "4", "--no-build", "--worker-threads", "1,2,4"])
+    assert (a.switch_threads, a.no_build, a.worker_threads) == (4, True, [1, 2, 4])
+
+
+@pytest.mark.parametrize("bad", ["0", "65", "x"])
+def test_efficiency_refuses_a_bad_switch_thread_count(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(SCENARIOS["efficiency"], ["--switch-threads", bad])
+    assert e.value.code == 2
+    assert "--switch-threads" in capsys.readouterr().err
+
+
+def test_efficiency_without_openmpi_and_with_switch_threads_reports_them(tmp_path):
+    """A lent machine without mpicc: no OpenMPI runs; the report still
+    gives every gloo ratio, OpenMPI's as '-', and says switchd's threads."""
+    m = write_manifest(tmp_path, [
+        (peer_run(tmp_path / "gloo", 1.0, 2.0, 1.0), "unlimited", "gloo_tso", None),
+        (switch_run(tmp_path / "sw", 0.8, 1.6, 0.8, 0.3), "unlimited", "switch", 1),
+    ])
+    out = {k: tmp_path / f"out.{k}" for k in ("json", "png", "md")}
+    assert report.main(["--runs", str(m), "--stamp", "TEST", "--mib", str(MIB), "--repeats", str(REPEATS),
+                        "--workers", "4", "--json", str(out["json"]), "--png", str(out["png"]),
+                        "--table", str(out["md"]), "--worker-threads", "1", "--cpus", "16",
+                        "--switch-threads", "4"]) == 0
+    res, table = json.loads(out["json"].read_text()), out["md"].read_text()
+    assert res["setup"]["switch_threads"] == 4
+    assert "switchd: 4 dataplane thread(s)." in table
+    row = res["ratios"][0]
+    assert row["switch_over_gloo_time"] == pytest.approx(0.8)
+    assert row.get("switch_over_openmpi_tso_time") is None

@@ -19,6 +19,15 @@ their timed all-reduces (`--switchd-pid`), so its CPU per GiB is counted
 apart from theirs. On a machine with >= 16 CPUs the run adds what issue
 38's many-core goals need: links shaped to 10 Gbit/s, and one worker alone
 (a one-worker job) at T = 1 and 4 on unlimited links at the largest MTU.
+
+Switch threads: --switch-threads N gives switchd N dataplane threads and N
+sockets per port, the testbed's veths N queues; each worker socket's flow
+lands on a queue by its hash, as RSS spreads flows on a NIC (one switchd
+thread is the limit past a few Gbit/s). A lent machine without a Rust
+toolchain or network takes --no-build: the binaries in target/release as
+they are (carried there), no cargo and no apt-get, gloo under
+$AGGSWITCH_BENCH_PYTHON (a Python with torch), and OpenMPI only where
+mpicc is installed.
 """
 
 import json
@@ -36,6 +45,7 @@ from options import thread_counts, uint_list, uint_range, word_list
 import perf_paths
 from scenario import Option, Scenario
 from tools import NET_SH, build_release, ensure_packages, net
+from torch_bench import bench_python
 
 PREFIX = "eff"
 WORKERS = 4
@@ -74,28 +84,64 @@ def settings(a):
     return mib, repeats, mtus, not (a.quick or a.no_docs)
 
 
+def switch_threads(n):
+    """(testbed arguments, switchd config settings) for n switchd
+    dataplane threads: n queues per veth and n sockets per port."""
+    if n == 1:
+        return [], []
+    return ["--queues", n], [f"switch.queues={n}", f"switch.dataplane_threads={n}"]
+
+
+def check_tools(a):
+    """Without a build: what the run needs must be there already. Returns
+    whether OpenMPI runs (mpicc and mpirun installed)."""
+    needed = ["ip", "tc", "ethtool"] + (["perf"] if a.profile else [])
+    missing = [c for c in needed if shutil.which(c) is None]
+    if missing:
+        raise HarnessError(f"--no-build: {' '.join(missing)} not found (apt-get install iproute2 ethtool"
+                           f"{' linux-perf' if 'perf' in missing else ''}, or drop --no-build)")
+    for b in ("switchd", "switchctl", "worker"):
+        if not (REPO_ROOT / "target" / "release" / b).is_file():
+            raise HarnessError(f"--no-build: target/release/{b} missing "
+                               "(build with: cargo build --release --workspace --bins)")
+    mpi = all(shutil.which(c) for c in ("mpicc", "mpirun"))
+    if not mpi:
+        log("--no-build: mpicc or mpirun not installed: OpenMPI is skipped")
+    return mpi
+
+
 def run(a):
     mib, repeats, mtus, docs = settings(a)
     cpus = nproc()
     threads = worker_threads_to_run(a.worker_threads, log, HarnessError)
     many = cpus >= MANY_CORES
     elements = mib * 1024 * 1024 // 4
-    venv_py = str(REPO_ROOT / ".venv" / "bin" / "python")
-    ensure_packages(True, PACKAGES)
-    if a.profile and shutil.which("perf") is None:
-        ensure_packages(True, ["linux-perf"])
-    build_release()
-    if not a.no_gloo and subprocess.run([venv_py, "-c", "import torch"], stderr=subprocess.DEVNULL).returncode:
+    gloo_py = bench_python()
+    if a.no_build:
+        mpi = check_tools(a)
+    else:
+        mpi = True
+        ensure_packages(True, PACKAGES)
+        if a.profile and shutil.which("perf") is None:
+            ensure_packages(True, ["linux-perf"])
+        build_release()
+    if not a.no_gloo and subprocess.run([gloo_py, "-c", "import torch"], stderr=subprocess.DEVNULL).returncode:
+        if a.no_build:
+            raise HarnessError(f"gloo needs torch: {gloo_py} cannot import it (set AGGSWITCH_BENCH_PYTHON to a "
+                               "Python that can, or pass --no-gloo)")
         log("gloo needs torch in the project venv: running scripts/setup.sh")
         if subprocess.run(["bash", str(REPO_ROOT / "scripts" / "setup.sh")]).returncode:
             raise HarnessError("scripts/setup.sh failed; fix what it says, or pass --no-gloo")
+    queue_args, thread_sets = switch_threads(a.switch_threads)
     st = stamp()
     rd = REPO_ROOT / "results" / f"efficiency-{st}"
     (rd / "bin").mkdir(parents=True)
     for b in ("switchd", "switchctl", "worker"):
         shutil.copy2(REPO_ROOT / "target" / "release" / b, rd / "bin")
     switchd, worker, mpi_bin = rd / "bin" / "switchd", rd / "bin" / "worker", rd / "bin" / "mpi_allreduce"
-    run_checked(["mpicc", "-O2", "-o", mpi_bin, REPO_ROOT / "bench" / "mpi_allreduce.c"], "mpicc on bench/mpi_allreduce.c")
+    if mpi:
+        run_checked(["mpicc", "-O2", "-o", mpi_bin, REPO_ROOT / "bench" / "mpi_allreduce.c"],
+                    "mpicc on bench/mpi_allreduce.c")
     mpi_tmp = Path(tempfile.mkdtemp(prefix="eff-mpi."))
     hostfile, rsh = rd / "hostfile", rd / "netns-ssh.sh"
     secret = random_secret()
@@ -109,12 +155,13 @@ def run(a):
                                 "transport": transport, "threads": threads}, separators=(",", ":")) + "\n")
 
     log(f"run {st}: {WORKERS} workers, {mib} MiB, {repeats} all-reduces per measurement; MTUs "
-        f"{' '.join(map(str, mtus))}; worker threads {','.join(map(str, threads))}; logs in {rd}")
+        f"{' '.join(map(str, mtus))}; worker threads {','.join(map(str, threads))}; switchd threads "
+        f"{a.switch_threads}; logs in {rd}")
     try:
         for mtu in mtus:
-            with Testbed(PREFIX, ["--workers", WORKERS, "--mtu", mtu], rd) as tb, Processes() as procs:
+            with Testbed(PREFIX, ["--workers", WORKERS, "--mtu", mtu, *queue_args], rd) as tb, Processes() as procs:
                 shutil.copy(tb.env_file, rd / f"testbed-mtu{mtu}.env")
-                jobs, sets = [], []
+                jobs, sets = [], list(thread_sets)
                 for d in a.dtypes:
                     jobs.append(f"{JOB_OF[d]}:all:env:AGGSWITCH_TESTBED_SECRET")
                     sets.append(f"job.{JOB_OF[d]}.dtype={d}")
@@ -131,7 +178,8 @@ def run(a):
                                              sets=sets + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
                         written.add(lanes)
                     return cfg
-                net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
+                if mpi:
+                    net("mpi-hosts", tb.env_file, WORKERS, hostfile, rsh, mpi_tmp)
 
                 def run_switch(d, dtype, transport, t, sw, job=None, workers=WORKERS, iterations=None):
                     d.mkdir(parents=True, exist_ok=True)
@@ -156,7 +204,7 @@ def run(a):
                     else:
                         ps = [procs.start(["env", f"RANK={r}", f"WORLD_SIZE={WORKERS}", f"MASTER_ADDR={tb['worker_0_addr']}",
                                            f"MASTER_PORT={GLOO_PORT}", "GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1",
-                                           venv_py, REPO_ROOT / "bench" / "gloo_allreduce.py", elements, repeats, dtype],
+                                           gloo_py, REPO_ROOT / "bench" / "gloo_allreduce.py", elements, repeats, dtype],
                                           ns=f"{PREFIX}-w{r}", stdout=d / f"rank{r}.out", stderr=d / f"rank{r}.log")
                               for r in range(WORKERS)]
                     if any(s != 0 for s in procs.wait(ps, a.timeout)):
@@ -195,10 +243,11 @@ def run(a):
 
                 def measure(lnk):
                     base = rd / f"mtu{mtu}" / lnk
-                    log(f"[MTU {mtu}, {lnk}] OpenMPI with TSO")
                     net("worker-tx", PREFIX, WORKERS, "on")
-                    run_peer(base / "openmpi_tso", "openmpi")
-                    record(base / "openmpi_tso", mtu, lnk, "openmpi_tso", "f32", "tcp")
+                    if mpi:
+                        log(f"[MTU {mtu}, {lnk}] OpenMPI with TSO")
+                        run_peer(base / "openmpi_tso", "openmpi")
+                        record(base / "openmpi_tso", mtu, lnk, "openmpi_tso", "f32", "tcp")
                     if not a.no_gloo:
                         log(f"[MTU {mtu}, {lnk}] gloo with TSO")
                         run_peer(base / "gloo_tso", "gloo")
@@ -256,7 +305,7 @@ def run(a):
                                               "--workers", WORKERS, "--json", out_json, "--png", out_png,
                                               "--table", rd / "table.md",
                                               "--worker-threads", ",".join(map(str, a.worker_threads)),
-                                              "--cpus", cpus])
+                                              "--cpus", cpus, "--switch-threads", a.switch_threads])
     sys.stdout.write((rd / "table.md").read_text())
     publish(out_json, out_png, "bench-efficiency", docs)
     return 0
@@ -282,7 +331,11 @@ SCENARIO = Scenario(
         Option("--worker-threads", "the switch runs once per worker thread count T (worker --threads T, switchd "
                "seq_lanes >= T); a T above the machine's CPUs is skipped", type=thread_counts, default=[1],
                metavar="LIST"),
-        Option("--no-gloo", "skip gloo (it needs torch in the project venv)"),
+        Option("--switch-threads", "switchd's dataplane threads and sockets per port (the testbed's veths get as "
+               "many queues; flows spread over them by hash)", type=uint_range(1, 64), default=1, metavar="N"),
+        Option("--no-gloo", "skip gloo (it needs torch in the project venv, or in $AGGSWITCH_BENCH_PYTHON)"),
+        Option("--no-build", "use the binaries in target/release as they are: no cargo, no apt-get (a lent "
+               "machine); OpenMPI only where mpicc is installed"),
         Option("--profile", "also record a system-wide profile (perf record -a -g) of one more float32 switch "
                "run (4x the all-reduces) at the largest MTU on unlimited links, not counted; "
                "profile-paths.txt: the workers' and switchd's samples by path (bench/harness/perf_paths.py)"),
