@@ -597,6 +597,9 @@ pub struct Worker {
     prev_input: Vec<u8>,
     /// Which chunks of the current in-place input are kept (buffers.rs).
     kept_bits: KeptBits,
+    /// The last collective failed: `input` holds its input (for
+    /// `last_input`), `prev_input` still the last completed one's.
+    last_failed: bool,
     prev_first_seq: u32,
     prev_collective: Option<u32>,
     /// The previous collective's shape (what `prev_input` holds).
@@ -715,6 +718,7 @@ impl Worker {
             input: Vec::new(),
             prev_input: Vec::new(),
             kept_bits: KeptBits::default(),
+            last_failed: false,
             prev_first_seq: 0,
             prev_collective: None,
             prev_shape: Shape::all_reduce(0),
@@ -758,7 +762,11 @@ impl Worker {
     /// copy still holds what the rank contributed: a host path that finishes
     /// the collective without the switch starts from it.
     pub fn last_input(&self) -> &[u8] {
-        &self.prev_input
+        if self.last_failed {
+            &self.input
+        } else {
+            &self.prev_input
+        }
     }
     /// The transport in use (`Mmsg` or `UdpGso`, never `Auto`).
     pub fn transport(&self) -> TransportKind {
@@ -1477,13 +1485,14 @@ impl Worker {
                     let chunk_bytes = elems * self.cfg.dtype.size();
                     let (input, out) = Input::in_place(out, &mut kept, chunk_bytes, &bits);
                     let r = self.run_collective(cur, resume, input, Some(out));
-                    if r.is_ok() {
-                        input.finish();
-                    }
+                    // Also after a failure: a host path redoes the
+                    // collective from it (`last_input`).
+                    input.finish();
                     r
                 }
             });
         self.kept_bits = bits;
+        self.last_failed = result.is_err();
         if result.is_ok() {
             // Keep this input as the previous one: another rank may still
             // need this collective's chunks after a restart.
@@ -1492,7 +1501,7 @@ impl Worker {
             // A collective that failed is nobody's previous one: the last
             // completed collective's input (`prev_collective` names it)
             // stays for a catch-up, or a catch-up would send these values
-            // under its seqs.
+            // under its seqs. This one stays for `last_input`.
             self.input = kept;
         }
         if result.is_err() && self.auth() == AuthMode::Mac {

@@ -320,7 +320,8 @@ fn statistics_turned_on_by_a_restart_mid_collective_are_incomplete_then_whole() 
 /// last RESULT (the stand-in drops it). The switch restarts and resumes at
 /// rank 1's hole in collective 1: rank 0's catch-up must send collective
 /// 1's values, not those of the collective that failed. Then rank 0 runs
-/// collective 2 again, and every sum of both ranks is exact.
+/// collective 2 again, and every sum of both ranks is exact. The failed
+/// collective's input stays what `last_input` gives (a host path's).
 #[test]
 fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
     let sw = stand_in(
@@ -340,9 +341,15 @@ fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
             let (mut w, mut data) = exact_collectives(addr, 0, 2, Duration::from_secs(1));
             // Values of no collective: any of them in a sum shows.
             fill_pattern(0, 77, &mut data);
+            let sent = data.clone();
             let e = w
                 .all_reduce(&mut data)
                 .expect_err("rank 1 never sends collective 2");
+            // What a host path redoes the failed collective from.
+            assert!(
+                w.last_input() == bytemuck::cast_slice::<f32, u8>(&sent),
+                "last_input is the failed collective's input"
+            );
             restart();
             fill_pattern(0, 2, &mut data);
             w.all_reduce(&mut data).expect("rank 0, collective 2 again");
@@ -394,4 +401,64 @@ fn assert_exact(rank: u16, it: u32, data: &[f32]) {
             "rank {rank} collective {it} elem {i}"
         );
     }
+}
+
+/// A failed all-reduce whose RESULTs had written part of the tensor: rank
+/// 0 gets no RESULT from chunk 100 on (the stand-in drops them), so it
+/// stalls with chunks 0..100 summed in its tensor and the chunks past its
+/// window never sent. `last_input` is still its whole input, bit for bit:
+/// the chunks it sent were kept before their RESULTs came, the rest are
+/// kept from the tensor when the collective ends.
+#[test]
+fn a_failed_all_reduce_leaves_its_whole_input_for_a_host_path() {
+    let sw = stand_in(
+        2,
+        1,
+        false,
+        ScriptedRestart {
+            at: (u32::MAX, 0),
+            lanes: None,
+            stats: None,
+            starve: Some(Starve {
+                rank: 0,
+                collective: 0,
+                from_seq: 100,
+            }),
+        },
+    );
+    std::thread::scope(|s| {
+        let addr = sw.addr();
+        let ranks: Vec<_> = (0..2u16)
+            .map(|rank| {
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, 2, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    cfg.stall_timeout = Duration::from_secs(1);
+                    let mut w = Worker::join(cfg).expect("join");
+                    let mut data = vec![0f32; LEN];
+                    fill_pattern(rank, 0, &mut data);
+                    let sent = data.clone();
+                    let r = w.all_reduce(&mut data);
+                    (rank, r.is_err(), sent, data, w.last_input().to_vec())
+                })
+            })
+            .collect();
+        for h in ranks {
+            let (rank, failed, sent, data, last) = h.join().unwrap();
+            if rank != 0 {
+                continue;
+            }
+            assert!(failed, "rank 0 lacks RESULTs from chunk 100 on");
+            let e = usize::from(ELEMS);
+            assert!(
+                (0..100 * e).all(|i| data[i].to_bits() == expected_sum(2, 0, i).to_bits()),
+                "chunks 0..100 were summed in the tensor"
+            );
+            assert!(
+                last == bytemuck::cast_slice::<f32, u8>(&sent),
+                "last_input is the whole input"
+            );
+        }
+    });
+    assert!(sw.starved_results() > 0);
 }
