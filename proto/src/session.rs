@@ -850,6 +850,22 @@ impl WorkerSession {
         None
     }
 
+    /// Queues a HEARTBEAT about `seq` now: a member's probe of a chunk
+    /// that timed out (the straggler hold, docs/PROTOCOL.md,
+    /// "Reliability"). Unlike the stall's it leaves the provisioned job's
+    /// liveness watch alone, and it queues nothing while a HEARTBEAT is
+    /// still queued, or when this session sends no control messages or is
+    /// not joined.
+    pub fn ask_about(&mut self, seq: u32) {
+        if !self.control
+            || self.phase != Phase::Joined
+            || self.queue.iter().any(|t| t.msg_type == MsgType::Heartbeat)
+        {
+            return;
+        }
+        self.heartbeat(seq);
+    }
+
     fn heartbeat(&mut self, seq: u32) {
         let p = self.hs.params();
         let mut h = HeaderRepr::new(MsgType::Heartbeat, p.job);

@@ -59,8 +59,8 @@ use std::ops::Range;
 use std::time::Instant;
 
 pub use self::collective::{
-    reference_grad_stats, reference_tree_grad_stats, Collective, CollectiveStats, ResultOutcome,
-    Transmit, FAST_RETRANSMIT_GAP, TIMEOUT_RESEND_BURST,
+    reference_grad_stats, reference_tree_grad_stats, Collective, CollectiveStats, ProbeAnswer,
+    ResultOutcome, Transmit, FAST_RETRANSMIT_GAP, HOLD_FRESH_RTOS, TIMEOUT_RESEND_BURST,
 };
 pub use self::config::{TransportConfig, DEFAULT_DELAY_TARGET};
 pub use self::dctcp::{Dctcp, DELAY_WINDOW_FLOOR};
@@ -223,7 +223,8 @@ impl Member {
     pub fn begin(&mut self, collective: u32, first_seq: u32, shape: Shape) {
         let next = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
             .with_seq_lanes(self.seq_lanes.into())
-            .with_share(self.share.0, self.share.1);
+            .with_share(self.share.0, self.share.1)
+            .with_hold(self.cfg.straggler_hold && self.session.is_control());
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
         self.waiting = None;
@@ -412,7 +413,12 @@ impl Member {
             return None;
         }
         let window = self.window();
-        let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg)?;
+        let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg);
+        if let Some(seq) = self.coll.take_probe() {
+            // The straggler hold asks what the oldest chunk waits for.
+            self.session.ask_about(seq);
+        }
+        let t = t?;
         // Kind, owner and NOVAL as the chunk's shape says.
         let h = self.session.data_header(&t, self.coll.collective());
         h.emit_to(buf).expect("the buffer holds a header");
@@ -564,6 +570,13 @@ impl Member {
                 self.advertise(header.window);
                 self.heartbeat_answers += 1;
                 let w = Waiting::parse(&header, &datagram[payload]);
+                let rank = self.session.params().rank;
+                let answer = match &w {
+                    Waiting::Ranks(r) if r.contains(&rank) => ProbeAnswer::OursMissing,
+                    Waiting::Ranks(r) if r.is_empty() => ProbeAnswer::Complete,
+                    Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
+                };
+                self.coll.on_probe_answer(header.seq, answer, now);
                 self.waiting = Some((header.seq, w));
                 None
             }
