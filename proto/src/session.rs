@@ -42,7 +42,8 @@
 //! * Whether the job has gradient statistics: the JOIN_ACK's `stats` byte,
 //!   0 or 1; another value is fatal (a switch newer than this worker).
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
-//!   as often), which HEARTBEAT answers count (the session's generation),
+//!   as often, and the member's straggler-hold probes:
+//!   [`WorkerSession::ask_about`]), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
 //! * A self-provisioned job's keepalive: while joined and idle (no
 //!   collective tracked) a member sends the same empty HEARTBEAT

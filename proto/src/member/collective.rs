@@ -18,6 +18,13 @@
 //!   whose timer was re-armed without a resend, except the second RESULT
 //!   of a chunk resent once when it came later than the RTO after the
 //!   resend: it answers the resend, and says the RTO is too short.
+//! * The straggler hold ([`Collective::with_hold`]; docs/PROTOCOL.md,
+//!   "Reliability"): a timeout of the oldest chunk asks for a probe
+//!   ([`Collective::take_probe`]), at most one per that chunk's timeout;
+//!   timeouts resend nothing only while the last probe's answer
+//!   ([`Collective::on_probe_answer`]) said another rank is missing and is
+//!   fresh; only the oldest's expiry resends. Off, timeouts resend as
+//!   before.
 //! * Time is passed in ([`Instant`]); nothing here reads a clock.
 //! * A share ([`Collective::with_share`]) owns the chunks whose seq is
 //!   `share` mod `shares`: it sends and awaits only those. The others

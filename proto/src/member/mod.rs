@@ -30,6 +30,13 @@
 //!   point comes back as [`Event::Joined`] and the caller decides what to
 //!   resend ([`Member::restart_from`], or [`Member::begin`] of the previous
 //!   collective).
+//! * The straggler hold's probes (docs/PROTOCOL.md, "Reliability") go out
+//!   as HEARTBEATs through [`Member::poll_control`] after the
+//!   [`Member::poll_data`] that timed out the oldest chunk, and every
+//!   HEARTBEAT answer reaches the collective with what it says of this
+//!   rank ([`ProbeAnswer`]). Only a member whose session sends control
+//!   messages holds (not a lane member), and only with
+//!   [`TransportConfig::straggler_hold`] on.
 //! * Nothing here reads a clock or a random source.
 //!
 //! One Member carries one thread's share of a job: by default every chunk
@@ -162,8 +169,10 @@ pub struct Member {
     values_sent: u64,
     mismatched_results: u64,
     heartbeat_answers: u64,
-    /// The last HEARTBEAT answer: its seq and what it says.
-    waiting: Option<(u32, Waiting)>,
+    /// The last HEARTBEAT answers of two seqs, the newest last: the
+    /// stall's (the seq the session watches) and the straggler hold's
+    /// probe (the share's oldest), which may differ.
+    waiting: Vec<(u32, Waiting)>,
 }
 
 impl std::fmt::Debug for Member {
@@ -208,7 +217,7 @@ impl Member {
             values_sent: 0,
             mismatched_results: 0,
             heartbeat_answers: 0,
-            waiting: None,
+            waiting: Vec::with_capacity(2),
         }
     }
 
@@ -227,7 +236,7 @@ impl Member {
             .with_hold(self.cfg.straggler_hold && self.session.is_control());
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
-        self.waiting = None;
+        self.waiting.clear();
     }
 
     /// From the next [`Member::begin`] on, carries only the chunks whose seq
@@ -504,9 +513,9 @@ impl Member {
                 waited,
                 waiting: self
                     .waiting
-                    .take()
-                    .filter(|(s, _)| *s == seq)
-                    .map(|(_, w)| w),
+                    .iter()
+                    .position(|(s, _)| *s == seq)
+                    .map(|i| self.waiting.remove(i).1),
             }),
             session::Event::Failed(e) => Some(Event::Failed(e)),
             // A provisioned job the switch made again without us.
@@ -577,7 +586,11 @@ impl Member {
                     Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
                 };
                 self.coll.on_probe_answer(header.seq, answer, now);
-                self.waiting = Some((header.seq, w));
+                self.waiting.retain(|(s, _)| *s != header.seq);
+                if self.waiting.len() == 2 {
+                    self.waiting.remove(0);
+                }
+                self.waiting.push((header.seq, w));
                 None
             }
             session::Event::SessionLost(lost) => Some(self.rejoin(lost, now)),
