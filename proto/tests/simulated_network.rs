@@ -924,8 +924,10 @@ fn others(run: &Run, straggler: u16) -> (u64, u64, u64) {
     t
 }
 
-/// Four collectives of 256 chunks over 4 ranks, rank 1 straggling as
-/// `straggler` says; the members' straggler hold on or off.
+/// Four collectives of 256 chunks over 4 ranks on clean links, rank 1 a
+/// straggler ([`Straggler`]: `late` each collective, its datagrams `gap`
+/// apart); the members' straggler hold on or off (`hold`); the first copy
+/// of each DATA in `drop` lost.
 fn straggle(late: [Duration; 4], gap: Duration, hold: bool, drop: &'static [(u16, u32)]) -> Run {
     let (n, elems, chunks) = (4u16, 256u16, 256usize);
     simulate(Sim {
