@@ -102,6 +102,9 @@ def one_run(d, transport, run, workers):
         "rx_coalesced": stat_sum("rx_coalesced"),
         "chunks_sent": stat_sum("chunks_sent"),
         "resent": stat_sum("chunks_resent"),
+        # The straggler hold's (None from a worker without it).
+        "held_timeouts": stat_sum("held_timeouts"),
+        "hold_probes": stat_sum("hold_probes"),
     }
 
 

@@ -42,7 +42,8 @@
 //! * Whether the job has gradient statistics: the JOIN_ACK's `stats` byte,
 //!   0 or 1; another value is fatal (a switch newer than this worker).
 //! * HEARTBEAT timing (after [`HEARTBEAT_EVERY`] without progress, and again
-//!   as often), which HEARTBEAT answers count (the session's generation),
+//!   as often, and the member's straggler-hold probes:
+//!   [`WorkerSession::ask_about`]), which HEARTBEAT answers count (the session's generation),
 //!   and the stall (no progress for the stall timeout).
 //! * A self-provisioned job's keepalive: while joined and idle (no
 //!   collective tracked) a member sends the same empty HEARTBEAT
@@ -848,6 +849,22 @@ impl WorkerSession {
         self.heartbeat(seq);
         self.last_active = Some(now);
         None
+    }
+
+    /// Queues a HEARTBEAT about `seq` now: a member's probe of a chunk
+    /// that timed out (the straggler hold, docs/PROTOCOL.md,
+    /// "Reliability"). Unlike the stall's it leaves the provisioned job's
+    /// liveness watch alone, and it queues nothing while a HEARTBEAT is
+    /// still queued, or when this session sends no control messages or is
+    /// not joined.
+    pub fn ask_about(&mut self, seq: u32) {
+        if !self.control
+            || self.phase != Phase::Joined
+            || self.queue.iter().any(|t| t.msg_type == MsgType::Heartbeat)
+        {
+            return;
+        }
+        self.heartbeat(seq);
     }
 
     fn heartbeat(&mut self, seq: u32) {

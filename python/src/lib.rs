@@ -713,6 +713,8 @@ impl PyWorker {
         d.set_item("chunks_sent", s.chunks_sent)?;
         d.set_item("chunks_resent", s.chunks_resent)?;
         d.set_item("chunks_fast_resent", s.chunks_fast_resent)?;
+        d.set_item("held_timeouts", s.held_timeouts)?;
+        d.set_item("hold_probes", s.hold_probes)?;
         d.set_item("values_sent", s.values_sent)?;
         d.set_item("results", s.results)?;
         d.set_item("duplicate_results", s.duplicate_results)?;

@@ -506,6 +506,12 @@ pub struct WorkerStats {
     pub chunks_resent: u64,
     /// Of those, resent early because later RESULTs arrived.
     pub chunks_fast_resent: u64,
+    /// HEARTBEATs asking what a timed-out oldest chunk waits for (the
+    /// straggler hold's probes; docs/PROTOCOL.md, "Reliability").
+    pub hold_probes: u64,
+    /// Timeouts of the oldest chunk that resent nothing: the switch had
+    /// this rank's DATA and waited for another rank's.
+    pub held_timeouts: u64,
     pub results: u64,
     pub duplicate_results: u64,
     pub ece_results: u64,
@@ -858,6 +864,8 @@ impl Worker {
             s.values_sent += ms.values_sent;
             s.chunks_resent += ms.chunks.resent;
             s.chunks_fast_resent += ms.chunks.fast_resent;
+            s.hold_probes += ms.chunks.probes;
+            s.held_timeouts += ms.chunks.held_timeouts;
             s.results += ms.chunks.results;
             s.duplicate_results += ms.chunks.duplicate_results;
             s.ece_results += ms.chunks.ece_results;

@@ -952,9 +952,9 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, threads {}, resent {}, verified: {}",
+            "job {job} {who}: {} x {kind} of {} elements in {:.3} s: {:.3} Gbit/s, {:.0} chunks/s, transport {}, threads {}, resent {} (held {} timeouts, {} probes), verified: {}",
             a.iterations, a.elements, secs, report.gbit_per_s, report.chunks_per_s, report.transport, report.threads,
-            stats.chunks_resent,
+            stats.chunks_resent, stats.held_timeouts, stats.hold_probes,
             if a.verify { if mismatches == 0 && stats_mismatches == 0 { "yes" } else { "NO" } } else { "not checked" }
         );
         for l in report.gradient_stats.iter().flatten() {

@@ -18,6 +18,13 @@
 //!   whose timer was re-armed without a resend, except the second RESULT
 //!   of a chunk resent once when it came later than the RTO after the
 //!   resend: it answers the resend, and says the RTO is too short.
+//! * The straggler hold ([`Collective::with_hold`]; docs/PROTOCOL.md,
+//!   "Reliability"): a timeout of the oldest chunk asks for a probe
+//!   ([`Collective::take_probe`]), at most one per that chunk's timeout;
+//!   timeouts resend nothing only while the last probe's answer
+//!   ([`Collective::on_probe_answer`]) said another rank is missing and is
+//!   fresh; only the oldest's expiry resends. Off, timeouts resend as
+//!   before.
 //! * Time is passed in ([`Instant`]); nothing here reads a clock.
 //! * A share ([`Collective::with_share`]) owns the chunks whose seq is
 //!   `share` mod `shares`: it sends and awaits only those. The others
@@ -51,6 +58,9 @@ use crate::wire::{flags, HeaderRepr, Kind};
 pub const FAST_RETRANSMIT_GAP: u32 = 3;
 /// Chunks resent per expiry of the resend timer (the oldest ones).
 pub const TIMEOUT_RESEND_BURST: u32 = 4;
+/// The straggler hold keeps to the last probe's answer for this many RTOs
+/// after it came (docs/PROTOCOL.md, "Reliability").
+pub const HOLD_FRESH_RTOS: u32 = 2;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct ChunkState {
@@ -66,6 +76,45 @@ struct ChunkState {
     sent_at: Option<Instant>,
     deadline: Option<Instant>,
     resends: u32,
+}
+
+/// The straggler hold (docs/PROTOCOL.md, "Reliability"): what the last
+/// probe (a HEARTBEAT about the oldest unanswered chunk) said. Held: our
+/// DATA of that seq is in the switch's slot and another rank's is missing,
+/// so a resend would be a duplicate into an incomplete slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct Hold {
+    /// The member can probe (a session that sends control messages) and
+    /// the rule is on; off: today's resends alone.
+    enabled: bool,
+    /// The last answer said another rank (or a spine) is missing.
+    held: bool,
+    /// The last probe: its seq, when it went out, how long the chunk's
+    /// timeout then was, and when the first answer to it came.
+    probe: Option<Probe>,
+    /// A probe to send now (a seq), taken by [`Collective::take_probe`].
+    want: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    seq: u32,
+    at: Instant,
+    wait: Duration,
+    /// When the first answer came.
+    answered: Option<Instant>,
+}
+
+/// What the switch said about a probed seq (a HEARTBEAT answer), as the
+/// straggler hold reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// Our DATA is in; other ranks' (or the spine's) are missing.
+    OthersMissing,
+    /// Our DATA is missing (it was lost).
+    OursMissing,
+    /// Nothing is missing: the slot is complete and its RESULT was lost.
+    Complete,
 }
 
 /// One chunk to put on the wire.
@@ -143,6 +192,12 @@ pub struct CollectiveStats {
     pub results: u64,
     pub duplicate_results: u64,
     pub ece_results: u64,
+    /// HEARTBEATs sent about the oldest chunk when it timed out (the
+    /// straggler hold's probes).
+    pub probes: u64,
+    /// Timeouts of the oldest chunk that resent nothing because the last
+    /// probe's answer said another rank is missing.
+    pub held_timeouts: u64,
 }
 
 impl CollectiveStats {
@@ -154,6 +209,8 @@ impl CollectiveStats {
         self.results += o.results;
         self.duplicate_results += o.duplicate_results;
         self.ece_results += o.ece_results;
+        self.probes += o.probes;
+        self.held_timeouts += o.held_timeouts;
     }
 }
 
@@ -187,6 +244,8 @@ pub struct Collective {
     /// The chunks' statistics trailers (`stats = true` jobs; None until the
     /// first).
     grad: Option<stats::CollectiveStats>,
+    /// The straggler hold.
+    hold: Hold,
     pub stats: CollectiveStats,
 }
 
@@ -227,6 +286,7 @@ impl Collective {
             earliest_deadline: None,
             last_progress: None,
             grad: None,
+            hold: Hold::default(),
             stats: CollectiveStats::default(),
         }
     }
@@ -410,10 +470,65 @@ impl Collective {
     /// often waits for another rank, and resending a whole window of them
     /// only floods the switch with duplicates. Holes further up are found
     /// by fast retransmit.
-    fn collect_due(&mut self, now: Instant, rto: Duration) {
+    ///
+    /// With the straggler hold on ([`Collective::with_hold`]; docs/PROTOCOL.md,
+    /// "Reliability"):
+    /// * an expiry of the oldest chunk also asks the switch what its seq
+    ///   waits for (a probe, [`Collective::take_probe`]), at most once per
+    ///   the chunk's timeout;
+    /// * while the last answer said our DATA is in and another rank's is
+    ///   missing, and it is fresh (it came less than [`HOLD_FRESH_RTOS`]
+    ///   RTOs ago, or the probe after it is younger than its timeout),
+    ///   every expiry re-arms without a resend, the oldest for its own
+    ///   (backed-off) timeout, the others for an RTO;
+    /// * only an expiry of the oldest resends: a later chunk that times out
+    ///   alone (the oldest's timer backed off) waits for what the oldest
+    ///   waits for, and is resent by fast retransmit, by a probe's answer,
+    ///   or once it is the oldest.
+    fn collect_due(&mut self, now: Instant, rtt: &RttEstimator, cfg: &TransportConfig) {
         match self.earliest_deadline {
             Some(d) if d <= now => {}
             _ => return,
+        }
+        let rto = rtt.rto();
+        let o = self.oldest_unacked;
+        let oldest_expired = self.chunks.get(o as usize).is_some_and(|c| {
+            o < self.next_new && !c.acked && c.sent && c.deadline.is_some_and(|d| d <= now)
+        });
+        let on = self.hold.enabled;
+        // The last probe is within the timeout it went out with: no new
+        // one yet, and its answer may still come.
+        let recent = self.hold.probe.is_some_and(|p| now < p.at + p.wait);
+        let fresh = self
+            .hold
+            .probe
+            .is_some_and(|p| p.answered.is_some_and(|t| now <= t + rto * HOLD_FRESH_RTOS));
+        let hold = on && self.hold.held && (fresh || recent);
+        if !hold {
+            // Never kept without a fresh answer.
+            self.hold.held = false;
+        }
+        let rearm_only = hold || (on && !oldest_expired);
+        if hold && oldest_expired {
+            self.stats.held_timeouts += 1;
+        }
+        // The oldest's timeout as it stands (held expiries do not double
+        // it: each costs a probe only, and an answer naming our rank
+        // resends at once).
+        let wait = self
+            .chunks
+            .get(o as usize)
+            .map(|c| self.deadline_for(rtt, cfg, c.resends));
+        if let (true, true, false, Some(wait)) = (on, oldest_expired, recent, wait) {
+            let seq = self.first_seq.wrapping_add(o);
+            self.hold.probe = Some(Probe {
+                seq,
+                at: now,
+                wait,
+                answered: None,
+            });
+            self.hold.want = Some(seq);
+            self.stats.probes += 1;
         }
         let mut earliest: Option<Instant> = None;
         let mut taken = 0;
@@ -423,7 +538,7 @@ impl Collective {
                 continue;
             }
             match c.deadline {
-                Some(d) if d <= now && taken < TIMEOUT_RESEND_BURST => {
+                Some(d) if d <= now && !rearm_only && taken < TIMEOUT_RESEND_BURST => {
                     c.sent = false;
                     taken += 1;
                     self.due.push_back(i);
@@ -431,7 +546,10 @@ impl Collective {
                 Some(d) => {
                     let d = if d <= now {
                         c.rearmed = true;
-                        now + rto
+                        match wait {
+                            Some(w) if i == o && hold => now + w,
+                            _ => now + rto,
+                        }
                     } else {
                         d
                     };
@@ -442,6 +560,65 @@ impl Collective {
             }
         }
         self.earliest_deadline = earliest;
+    }
+
+    /// Turns the straggler hold on or off for this collective (on: the
+    /// caller sends the probes [`Collective::take_probe`] asks for and
+    /// passes their answers to [`Collective::on_probe_answer`]; off:
+    /// resends alone, as a member that cannot send control messages, a
+    /// lane share of a worker's threads, does).
+    pub fn with_hold(mut self, on: bool) -> Collective {
+        self.hold.enabled = on;
+        self
+    }
+
+    /// The seq to send a probe about now (a HEARTBEAT), if the straggler
+    /// hold wants one; taken once.
+    pub fn take_probe(&mut self) -> Option<u32> {
+        self.hold.want.take()
+    }
+
+    /// The switch's answer about `seq` (a HEARTBEAT answer): if it answers
+    /// the latest probe, the first answer to it decides the hold. Others
+    /// missing: held (timeouts re-arm without resending until an answer
+    /// says otherwise or none comes). Ours missing (our DATA was lost) or
+    /// nothing missing (the RESULT was lost): the hold ends and the probed
+    /// chunk, if still unanswered, is resent at once.
+    pub fn on_probe_answer(&mut self, seq: u32, answer: ProbeAnswer, now: Instant) {
+        let Some(p) = self.hold.probe.as_mut() else {
+            return;
+        };
+        if !self.hold.enabled || p.seq != seq || p.answered.is_some() {
+            return;
+        }
+        p.answered = Some(now);
+        let probed_at = p.at;
+        let off = serial_offset(self.first_seq, seq);
+        if off < 0 || off >= self.n_chunks() as i64 {
+            return;
+        }
+        let i = off as u32;
+        if answer == ProbeAnswer::OthersMissing {
+            // Also when the chunk's RESULT came meanwhile (its slot then
+            // completed): when the switch answered, it waited for another
+            // rank with our DATA in, and the chunks after it most likely
+            // wait for the same one (a straggler completes slot after
+            // slot).
+            self.hold.held = true;
+            return;
+        }
+        if self.chunks[i as usize].acked {
+            // The RESULT came meanwhile: the answer says nothing about the
+            // chunks still waiting; the hold stays as it was.
+            return;
+        }
+        self.hold.held = false;
+        let c = &mut self.chunks[i as usize];
+        // A chunk resent with the probe or since needs no other resend.
+        if i < self.next_new && !c.acked && c.sent && c.sent_at.is_some_and(|t| t < probed_at) {
+            c.sent = false;
+            self.due.push_back(i);
+        }
     }
 
     /// The next chunk to send now, if any: a resend whose timer expired,
@@ -456,7 +633,7 @@ impl Collective {
         if self.last_progress.is_none() {
             self.last_progress = Some(now);
         }
-        self.collect_due(now, rtt.rto());
+        self.collect_due(now, rtt, cfg);
         let (i, retx) = loop {
             if let Some(i) = self.due.pop_front() {
                 if self.chunks[i as usize].acked {
@@ -804,6 +981,10 @@ impl Collective {
         }
         self.earliest_deadline = None;
         self.last_progress = None;
+        self.hold = Hold {
+            enabled: self.hold.enabled,
+            ..Hold::default()
+        };
     }
 }
 
@@ -1228,6 +1409,66 @@ mod tests {
         assert!(c
             .poll_transmit(t1 + cfg.initial_rto * 2, 4, &rtt, &cfg)
             .is_some());
+    }
+
+    /// The straggler hold, step by step: the oldest's first timeout resends
+    /// and probes; an answer naming another rank holds the next timeouts
+    /// (a probe each, no resend); an answer naming ours resends at once and
+    /// ends the hold; a probe left unanswered for its timeout falls back to
+    /// resending.
+    #[test]
+    fn the_hold_follows_the_answers_to_its_probes() {
+        let (cfg, rtt, _) = setup();
+        let rto = cfg.initial_rto;
+        let t0 = Instant::now();
+        let mut c = Collective::new(0, 100, 4, 1).with_hold(true);
+        let sent: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t0, 4, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(sent, [100, 101, 102, 103]);
+        assert_eq!(c.take_probe(), None);
+        // First timeout: the burst from the oldest, and a probe of it.
+        let t1 = t0 + rto;
+        let burst: Vec<u32> = std::iter::from_fn(|| c.poll_transmit(t1, 4, &rtt, &cfg))
+            .map(|t| t.seq)
+            .collect();
+        assert_eq!(burst, [100, 101, 102, 103]);
+        assert_eq!(c.take_probe(), Some(100));
+        assert_eq!(c.take_probe(), None, "taken once");
+        // Others missing: the next timeout (the resends' backed-off one)
+        // resends nothing and probes again.
+        c.on_probe_answer(100, ProbeAnswer::OthersMissing, t1);
+        let t2 = t1 + rto * 2;
+        assert!(c.poll_transmit(t2, 4, &rtt, &cfg).is_none());
+        assert_eq!(c.take_probe(), Some(100));
+        assert_eq!((c.stats.held_timeouts, c.stats.probes), (1, 2));
+        // Still others missing: held again at the next expiry.
+        c.on_probe_answer(100, ProbeAnswer::OthersMissing, t2);
+        let t3 = t2 + rto * 2;
+        assert!(c.poll_transmit(t3, 4, &rtt, &cfg).is_none());
+        assert_eq!(c.take_probe(), Some(100));
+        // Our DATA was lost: the oldest goes at once, the hold ends.
+        c.on_probe_answer(100, ProbeAnswer::OursMissing, t3);
+        let t = c.poll_transmit(t3, 4, &rtt, &cfg).unwrap();
+        assert_eq!((t.seq, t.retx), (100, true));
+        assert!(c.poll_transmit(t3, 4, &rtt, &cfg).is_none());
+        // A later answer to the same probe changes nothing.
+        c.on_probe_answer(100, ProbeAnswer::OthersMissing, t3);
+        // Next expiry: not held, so the oldest resends (the burst) and the
+        // probe goes with it; nobody answers it, so the one after resends
+        // again, with no hold.
+        let t4 = t3 + rto * 4;
+        assert!(c.poll_transmit(t4, 4, &rtt, &cfg).is_some());
+        assert_eq!(c.take_probe(), Some(100));
+        let resent = c.stats.resent;
+        let t5 = t4 + rto * 8;
+        assert!(c.poll_transmit(t5, 4, &rtt, &cfg).is_some());
+        assert!(c.stats.resent > resent);
+        // Off: the same timeouts resend and never probe.
+        let mut off = Collective::new(0, 100, 4, 1);
+        while off.poll_transmit(t0, 4, &rtt, &cfg).is_some() {}
+        assert!(off.poll_transmit(t1, 4, &rtt, &cfg).is_some());
+        assert_eq!((off.take_probe(), off.stats.probes), (None, 0));
     }
 
     #[test]

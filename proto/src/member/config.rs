@@ -30,6 +30,12 @@ pub struct TransportConfig {
     /// Testing only: send with this window whatever the switch advertises,
     /// to exercise the switch's window enforcement.
     pub window_override: Option<u16>,
+    /// The straggler hold (docs/PROTOCOL.md, "Reliability"): a timeout of
+    /// the oldest chunk probes the switch (a HEARTBEAT about its seq), and
+    /// while the answer says our DATA is in and another rank's is missing,
+    /// timeouts resend nothing. Off: timeouts resend as before (a
+    /// simulation's baseline).
+    pub straggler_hold: bool,
 }
 
 impl Default for TransportConfig {
@@ -44,6 +50,7 @@ impl Default for TransportConfig {
             congestion_control: true,
             delay_target: Some(DEFAULT_DELAY_TARGET),
             window_override: None,
+            straggler_hold: true,
         }
     }
 }

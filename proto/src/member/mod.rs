@@ -30,6 +30,13 @@
 //!   point comes back as [`Event::Joined`] and the caller decides what to
 //!   resend ([`Member::restart_from`], or [`Member::begin`] of the previous
 //!   collective).
+//! * The straggler hold's probes (docs/PROTOCOL.md, "Reliability") go out
+//!   as HEARTBEATs through [`Member::poll_control`] after the
+//!   [`Member::poll_data`] that timed out the oldest chunk, and every
+//!   HEARTBEAT answer reaches the collective with what it says of this
+//!   rank ([`ProbeAnswer`]). Only a member whose session sends control
+//!   messages holds (not a lane member), and only with
+//!   [`TransportConfig::straggler_hold`] on.
 //! * Nothing here reads a clock or a random source.
 //!
 //! One Member carries one thread's share of a job: by default every chunk
@@ -59,8 +66,8 @@ use std::ops::Range;
 use std::time::Instant;
 
 pub use self::collective::{
-    reference_grad_stats, reference_tree_grad_stats, Collective, CollectiveStats, ResultOutcome,
-    Transmit, FAST_RETRANSMIT_GAP, TIMEOUT_RESEND_BURST,
+    reference_grad_stats, reference_tree_grad_stats, Collective, CollectiveStats, ProbeAnswer,
+    ResultOutcome, Transmit, FAST_RETRANSMIT_GAP, HOLD_FRESH_RTOS, TIMEOUT_RESEND_BURST,
 };
 pub use self::config::{TransportConfig, DEFAULT_DELAY_TARGET};
 pub use self::dctcp::{Dctcp, DELAY_WINDOW_FLOOR};
@@ -179,8 +186,10 @@ pub struct Member {
     values_sent: u64,
     mismatched_results: u64,
     heartbeat_answers: u64,
-    /// The last HEARTBEAT answer: its seq and what it says.
-    waiting: Option<(u32, Waiting)>,
+    /// The last HEARTBEAT answers of two seqs, the newest last: the
+    /// stall's (the seq the session watches) and the straggler hold's
+    /// probe (the share's oldest), which may differ.
+    waiting: Vec<(u32, Waiting)>,
 }
 
 impl std::fmt::Debug for Member {
@@ -225,7 +234,7 @@ impl Member {
             values_sent: 0,
             mismatched_results: 0,
             heartbeat_answers: 0,
-            waiting: None,
+            waiting: Vec::with_capacity(2),
         }
     }
 
@@ -240,10 +249,11 @@ impl Member {
     pub fn begin(&mut self, collective: u32, first_seq: u32, shape: Shape) {
         let next = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
             .with_seq_lanes(self.seq_lanes.into())
-            .with_share(self.share.0, self.share.1);
+            .with_share(self.share.0, self.share.1)
+            .with_hold(self.cfg.straggler_hold && self.session.is_control());
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
-        self.waiting = None;
+        self.waiting.clear();
     }
 
     /// From the next [`Member::begin`] on, carries only the chunks whose seq
@@ -436,7 +446,12 @@ impl Member {
             return None;
         }
         let window = self.window();
-        let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg)?;
+        let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg);
+        if let Some(seq) = self.coll.take_probe() {
+            // The straggler hold asks what the oldest chunk waits for.
+            self.session.ask_about(seq);
+        }
+        let t = t?;
         // Kind, owner and NOVAL as the chunk's shape says.
         let h = self.session.data_header(&t, self.coll.collective());
         h.emit_to(buf).expect("the buffer holds a header");
@@ -522,9 +537,9 @@ impl Member {
                 waited,
                 waiting: self
                     .waiting
-                    .take()
-                    .filter(|(s, _)| *s == seq)
-                    .map(|(_, w)| w),
+                    .iter()
+                    .position(|(s, _)| *s == seq)
+                    .map(|i| self.waiting.remove(i).1),
             }),
             session::Event::Failed(e) => Some(Event::Failed(e)),
             // A provisioned job the switch made again without us.
@@ -588,7 +603,18 @@ impl Member {
                 self.advertise(header.window);
                 self.heartbeat_answers += 1;
                 let w = Waiting::parse(&header, &datagram[payload]);
-                self.waiting = Some((header.seq, w));
+                let rank = self.session.params().rank;
+                let answer = match &w {
+                    Waiting::Ranks(r) if r.contains(&rank) => ProbeAnswer::OursMissing,
+                    Waiting::Ranks(r) if r.is_empty() => ProbeAnswer::Complete,
+                    Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
+                };
+                self.coll.on_probe_answer(header.seq, answer, now);
+                self.waiting.retain(|(s, _)| *s != header.seq);
+                if self.waiting.len() == 2 {
+                    self.waiting.remove(0);
+                }
+                self.waiting.push((header.seq, w));
                 None
             }
             session::Event::SessionLost(lost) => Some(self.rejoin(lost, now)),

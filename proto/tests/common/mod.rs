@@ -353,7 +353,31 @@ pub fn join_lossless_with(
     now: Instant,
     prepare: impl FnOnce(&mut Member),
 ) -> Member {
-    let mut m = Member::new(params, Default::default(), transport(), key);
+    join_lossless_as(
+        table,
+        from,
+        params,
+        key,
+        start_seq,
+        now,
+        transport(),
+        prepare,
+    )
+}
+
+/// [`join_lossless_with`] for a member with transport `cfg`.
+#[allow(clippy::too_many_arguments)]
+pub fn join_lossless_as(
+    table: &mut JobTable,
+    from: Endpoint,
+    params: JoinParams,
+    key: [u8; 32],
+    start_seq: u32,
+    now: Instant,
+    cfg: TransportConfig,
+    prepare: impl FnOnce(&mut Member),
+) -> Member {
+    let mut m = Member::new(params, Default::default(), cfg, key);
     prepare(&mut m);
     m.start_join(0, start_seq, now);
     let mut b = [0u8; 128];
