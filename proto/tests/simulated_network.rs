@@ -21,9 +21,7 @@ use proto::tag::AuthMode;
 use proto::wire::{Dtype, HEADER_LEN};
 
 mod common;
-use common::{
-    join_lossless, join_lossless_as, join_params, Faults, Links, Paths, Worker, ALL_FAULTS, CLEAN,
-};
+use common::{join_lossless_as, join_params, Faults, Links, Paths, Worker, ALL_FAULTS, CLEAN};
 
 const GEN: u32 = 99;
 
@@ -47,11 +45,8 @@ fn join(
 ) -> Member {
     let from = endpoint(rank);
     let params = join_params(1, n, dtype, [3; 32], rank, &from);
-    if hold {
-        return join_lossless(table, from, params, [rank as u8; 32], start_seq, now);
-    }
     let cfg = proto::member::TransportConfig {
-        straggler_hold: false,
+        straggler_hold: hold,
         ..common::transport()
     };
     join_lossless_as(

@@ -36,7 +36,7 @@ use proto::wire::MsgType;
 use proto::wire::{Dtype, HEADER_LEN};
 
 mod common;
-use common::{join_lossless_with, join_params, Faults, Links, Worker, ALL_FAULTS, CLEAN};
+use common::{join_lossless_as, join_params, transport, Faults, Links, Worker, ALL_FAULTS, CLEAN};
 
 const GEN: u32 = 77;
 /// The switch's seq lanes: every T tested divides it.
@@ -134,13 +134,14 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
             let from = endpoint(r);
             let params = join_params(1, n, Dtype::F32, [3; 32], r, &from);
             let ask = |m: &mut Member| m.ask_lane_replies(true);
-            join_lossless_with(
+            join_lossless_as(
                 &mut switch.table(),
                 from,
                 params,
                 [r as u8; 32],
                 0,
                 now,
+                transport(),
                 ask,
             )
         })

@@ -339,20 +339,6 @@ pub fn join_lossless(
     start_seq: u32,
     now: Instant,
 ) -> Member {
-    join_lossless_with(table, from, params, key, start_seq, now, |_| {})
-}
-
-/// [`join_lossless`], with `prepare` done to the member before it starts
-/// joining (e.g. asking lane replies).
-pub fn join_lossless_with(
-    table: &mut JobTable,
-    from: Endpoint,
-    params: JoinParams,
-    key: [u8; 32],
-    start_seq: u32,
-    now: Instant,
-    prepare: impl FnOnce(&mut Member),
-) -> Member {
     join_lossless_as(
         table,
         from,
@@ -361,11 +347,12 @@ pub fn join_lossless_with(
         start_seq,
         now,
         transport(),
-        prepare,
+        |_| {},
     )
 }
 
-/// [`join_lossless_with`] for a member with transport `cfg`.
+/// [`join_lossless`] for a member with transport `cfg`, `prepare` done to
+/// it before it starts joining (e.g. asking lane replies).
 #[allow(clippy::too_many_arguments)]
 pub fn join_lossless_as(
     table: &mut JobTable,
