@@ -137,6 +137,17 @@ fn catch_up_script(lanes: Option<u16>) -> ScriptedRestart {
     }
 }
 
+/// A script whose restart never fires (the test restarts the stand-in
+/// itself, or not at all): it only keeps `starve`'s RESULTs from its rank.
+fn starving_only(starve: Option<Starve>) -> ScriptedRestart {
+    ScriptedRestart {
+        at: (u32::MAX, 0),
+        lanes: None,
+        stats: None,
+        starve,
+    }
+}
+
 /// The restart fired where the script put it: rank 1 had lost RESULTs of
 /// collective 1, and both ranks rejoined.
 fn assert_caught_up(sw: &LoopbackSwitch, ran: &[Ran], what: &str) {
@@ -324,16 +335,8 @@ fn statistics_turned_on_by_a_restart_mid_collective_are_incomplete_then_whole() 
 /// collective's input stays what `last_input` gives (a host path's).
 #[test]
 fn a_failed_collective_keeps_the_last_completed_input_for_a_catch_up() {
-    let sw = stand_in(
-        2,
-        1,
-        false,
-        ScriptedRestart {
-            // Never reached: the restart below is the test's.
-            at: (u32::MAX, 0),
-            ..catch_up_script(None)
-        },
-    );
+    let starve = catch_up_script(None).starve;
+    let sw = stand_in(2, 1, false, starving_only(starve));
     let restart = sw.restarter();
     let stalled = std::thread::scope(|s| {
         let addr = sw.addr();
@@ -411,21 +414,12 @@ fn assert_exact(rank: u16, it: u32, data: &[f32]) {
 /// kept from the tensor when the collective ends.
 #[test]
 fn a_failed_all_reduce_leaves_its_whole_input_for_a_host_path() {
-    let sw = stand_in(
-        2,
-        1,
-        false,
-        ScriptedRestart {
-            at: (u32::MAX, 0),
-            lanes: None,
-            stats: None,
-            starve: Some(Starve {
-                rank: 0,
-                collective: 0,
-                from_seq: 100,
-            }),
-        },
-    );
+    let starve = Starve {
+        rank: 0,
+        collective: 0,
+        from_seq: 100,
+    };
+    let sw = stand_in(2, 1, false, starving_only(Some(starve)));
     std::thread::scope(|s| {
         let addr = sw.addr();
         let ranks: Vec<_> = (0..2u16)
