@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tempfile
 
-from lifecycle import REPO_ROOT, RELEASE, HarnessError, log, run_checked
+from lifecycle import REPO_ROOT, HarnessError, log, release_binary, run_checked
 
 NET_SH = REPO_ROOT / "scripts" / "net.sh"
 SETUP_SH = REPO_ROOT / "scripts" / "setup.sh"
@@ -87,12 +87,9 @@ def private_binaries(names, build=True):
     beside switchd: start_switchd asks it); the caller removes it."""
     if build:
         build_release()
+    srcs = [release_binary(n) for n in names]
     d = tempfile.mkdtemp(prefix="bench-bin.")
-    for n in names:
-        src = RELEASE / n
-        if not os.access(src, os.X_OK):
-            shutil.rmtree(d, ignore_errors=True)
-            raise HarnessError(f"target/release/{n} missing (build with: cargo build --release --workspace --bins)")
+    for src in srcs:
         shutil.copy2(src, d)
     return d
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 
-from lifecycle import REPO_ROOT, RELEASE, HarnessError, log, stamp, tail, warn
+from lifecycle import REPO_ROOT, RELEASE, HarnessError, log, release_binary, stamp, tail, warn
 from tools import build_release, ensure_packages
 
 PACKAGES = ["clang", "llvm", "libbpf-dev", "linux-libc-dev", "iproute2", "ethtool", "gcc", "time"]
@@ -37,9 +37,7 @@ def prepare(name, build=True):
         build_release()
     else:
         for b in ("switchd", "switchctl"):
-            if not os.access(RELEASE / b, os.X_OK):
-                raise HarnessError(f"--no-build: target/release/{b} missing "
-                                   "(build with: cargo build --release --workspace --bins)")
+            release_binary(b)
     for c in ("tc", "ip", "timeout", "/usr/bin/time"):
         if shutil.which(c) is None:
             raise HarnessError(f"{c} not found (apt-get install iproute2 coreutils time)")

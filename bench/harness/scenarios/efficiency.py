@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lifecycle import (lanes_for, publish, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (lanes_for, publish, release_binary, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
 from machine import nproc, worker_threads_to_run
 from options import thread_counts, uint_list, uint_range, word_list
@@ -101,9 +101,7 @@ def check_tools(a):
         raise HarnessError(f"--no-build: {' '.join(missing)} not found (apt-get install iproute2 ethtool"
                            f"{' linux-perf' if 'perf' in missing else ''}, or drop --no-build)")
     for b in ("switchd", "switchctl", "worker"):
-        if not (REPO_ROOT / "target" / "release" / b).is_file():
-            raise HarnessError(f"--no-build: target/release/{b} missing "
-                               "(build with: cargo build --release --workspace --bins)")
+        release_binary(b)
     mpi = all(shutil.which(c) for c in ("mpicc", "mpirun"))
     if not mpi:
         log("--no-build: mpicc or mpirun not installed: OpenMPI is skipped")
