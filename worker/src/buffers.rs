@@ -161,16 +161,16 @@ impl<'a> Input<'a> {
             data.len(),
             "the kept input is as long as the data"
         );
-        let len = data.len();
+        let (len, chunk) = (data.len(), chunk.max(1));
         let out = Output::new(data);
         let input = Input::InPlace(InPlace {
             data: out,
             kept: kept.as_mut_ptr(),
             len,
-            chunk: chunk.max(1),
+            chunk,
             bits: bits
                 .0
-                .get(..len.div_ceil(chunk.max(1)).div_ceil(64))
+                .get(..len.div_ceil(chunk).div_ceil(64))
                 .expect("KeptBits reset for these chunks"),
             _kept: PhantomData,
         });
