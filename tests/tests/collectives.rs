@@ -205,10 +205,21 @@ fn a_tree_refuses_reduce_scatter_and_all_gather_with_a_clear_error() {
     for (i, sw) in leaves.iter_mut().enumerate() {
         let (ok, stats) = sw.stop();
         assert!(ok, "leaf {i} did not stop cleanly:\n{}", sw.log_text());
-        let drops = &job(&stats, 1)["drops"];
+        let j = job(&stats, 1);
+        let drops = &j["drops"];
         assert!(
             drops["kind_not_supported"].as_u64().unwrap_or(0) > 0,
             "leaf {i} counted its refusals: {drops}"
+        );
+        // A refused worker LEAVEs before it exits, so each run's ranks
+        // find the job joining and activate it afresh. Without the LEAVE
+        // the next run's first JOIN reset the still active job, and a
+        // rank whose new process got its old UDP port was taken for the
+        // old one asking again and went on alone.
+        assert_eq!(
+            (&j["activations"], &j["resets"]),
+            (&serde_json::json!(3), &serde_json::json!(0)),
+            "leaf {i}: one activation per run and no reset: {j}"
         );
     }
     let (ok, _) = spine.stop();

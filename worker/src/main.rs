@@ -889,6 +889,15 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         Some(t) => expected_tree_stats(dtype, &t.sizes, a.elements, w.elems_per_chunk(), it),
         None => expected_stats(kind, dtype, n, a.elements, w.elems_per_chunk(), it),
     };
+    let outcome = match dtype {
+        Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what),
+        Dtype::Bf16 => {
+            iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)
+        }
+        Dtype::F16 => {
+            iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)
+        }
+    };
     let Outcome {
         busy,
         mismatches,
@@ -898,13 +907,16 @@ fn allreduce(a: AllreduceArgs) -> Result<ExitCode> {
         grad,
         stats_mismatches,
         times,
-    } = match dtype {
-        Dtype::F32 => iterate::<f32>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?,
-        Dtype::Bf16 => {
-            iterate::<half::bf16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?
-        }
-        Dtype::F16 => {
-            iterate::<half::f16>(&mut w, &a, pattern_rank, &expected, &expected_grad, &what)?
+    } = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            // This process is done with the job: say so, so that the
+            // switch does not keep its membership. Otherwise the next
+            // process of this rank, if the kernel gives it the same UDP
+            // port, is taken for this one asking again and goes on alone,
+            // while the other ranks' JOINs reset the job it thinks active.
+            let _ = w.leave();
+            return Err(e);
         }
     };
     let stats = w.stats();
