@@ -1,8 +1,8 @@
 //! The buffers of the collective in progress as the threads that carry it
 //! share them: its output, which every thread writes at its own chunks
 //! ([`Output`]); its input, as they read it for their DATA ([`Input`]);
-//! and which chunks of an in-place all-reduce are kept already
-//! ([`KeptBits`]).
+//! which chunks of an in-place all-reduce are kept already
+//! ([`KeptBits`]); and the kept inputs themselves ([`KeptInput`]).
 //!
 //! An all-reduce sums `data` in place: a chunk's RESULT overwrites that
 //! chunk's input, which a resend, a restart's resume point and the next
@@ -112,6 +112,52 @@ impl KeptBits {
         }
         for w in &mut self.0[..words] {
             *w.get_mut() = 0;
+        }
+    }
+}
+
+/// A kept input: the first `len` bytes of a buffer that never shrinks.
+/// DDP's buckets differ in size from one collective to the next, and the
+/// two kept inputs swap every collective; a `Vec` resized to each length
+/// would zero-fill the difference every time a larger bucket follows a
+/// smaller one, a pass over up to a bucket that nothing reads. This
+/// zero-fills only beyond the largest length it has held.
+#[derive(Default)]
+pub struct KeptInput {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl KeptInput {
+    /// The bytes held.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// The bytes held, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+
+    /// Holds `len` bytes, for the caller to write: what they were before
+    /// (bytes of an earlier input, or zeros where it never reached) is
+    /// left as it was.
+    pub fn set_len(&mut self, len: usize) -> &mut [u8] {
+        self.reserve(len);
+        self.len = len;
+        &mut self.buf[..len]
+    }
+
+    /// Holds a copy of `values`.
+    pub fn copy_from(&mut self, values: &[u8]) {
+        self.set_len(values.len()).copy_from_slice(values);
+    }
+
+    /// Makes room for `len` bytes now, its pages touched, keeping the
+    /// bytes held: a collective that then writes it faults in nothing.
+    pub fn reserve(&mut self, len: usize) {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
         }
     }
 }
@@ -251,6 +297,25 @@ impl DataInput for Input<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kept input shrinks and grows back without losing what a larger
+    /// collective left past the smaller one's end: nothing zero-fills it
+    /// again (the bytes past the length are the earlier input's).
+    #[test]
+    fn a_kept_input_regrows_without_filling_again() {
+        let mut k = KeptInput::default();
+        k.copy_from(&[7u8; 64]);
+        assert_eq!(k.bytes(), &[7u8; 64]);
+        k.copy_from(&[1u8; 16]);
+        assert_eq!(k.bytes(), &[1u8; 16]);
+        let held = k.set_len(64);
+        assert_eq!(&held[..16], &[1u8; 16]);
+        assert_eq!(&held[16..], &[7u8; 48], "regrowing filled the buffer again");
+        // Beyond the largest length so far: zeros, and what was held stays.
+        k.reserve(80);
+        assert_eq!(k.bytes().len(), 64);
+        assert_eq!(&k.set_len(80)[64..], &[0u8; 16]);
+    }
 
     /// Two threads write their own chunks of one buffer at once; every
     /// byte ends up written once, by its chunk's thread.

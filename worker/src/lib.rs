@@ -78,7 +78,7 @@ pub use proto::tag::AuthMode;
 pub use proto::wire::Kind;
 use proto::wire::{Dtype, MsgType, NackReason, OP_SUM, SECRET_LEN};
 
-use crate::buffers::{Input, KeptBits, Output};
+use crate::buffers::{Input, KeptBits, KeptInput, Output};
 pub use crate::gso::TransportKind;
 use crate::mmsg::DatagramBatch;
 use crate::threads::{Lane, LaneJob, LaneSockets, Progress, SocketFailed};
@@ -598,9 +598,9 @@ pub struct Worker {
     next_collective: u32,
     /// Input of the current collective as wire bytes (resends read from
     /// here).
-    input: Vec<u8>,
+    input: KeptInput,
     /// Input of the previous collective, kept until the current completes.
-    prev_input: Vec<u8>,
+    prev_input: KeptInput,
     /// Which chunks of the current in-place input are kept (buffers.rs).
     kept_bits: KeptBits,
     /// The last collective failed: `input` holds its input (for
@@ -721,8 +721,8 @@ impl Worker {
             sock,
             next_seq: 0,
             next_collective: 0,
-            input: Vec::new(),
-            prev_input: Vec::new(),
+            input: KeptInput::default(),
+            prev_input: KeptInput::default(),
             kept_bits: KeptBits::default(),
             last_failed: false,
             prev_first_seq: 0,
@@ -769,9 +769,9 @@ impl Worker {
     /// the collective without the switch starts from it.
     pub fn last_input(&self) -> &[u8] {
         if self.last_failed {
-            &self.input
+            self.input.bytes()
         } else {
-            &self.prev_input
+            self.prev_input.bytes()
         }
     }
     /// The transport in use (`Mmsg` or `UdpGso`, never `Auto`).
@@ -1460,22 +1460,17 @@ impl Worker {
         // both grow now (the previous input keeps its bytes), their pages
         // touched here, so the next collective, which writes the other
         // one, faults in none of them: steady state after one collective.
-        if self.prev_input.capacity() < values_len {
-            let held = self.prev_input.len();
-            self.prev_input.resize(values_len, 0);
-            self.prev_input.truncate(held);
-        }
+        self.prev_input.reserve(values_len);
         let mut kept = std::mem::take(&mut self.input);
         let elems = usize::from(self.member.elems_per_chunk().max(1));
         let chunks = len.div_ceil(elems);
         match input {
-            Some(values) => {
-                kept.clear();
-                kept.extend_from_slice(values);
-            }
+            Some(values) => kept.copy_from(values),
             // In place (an all-reduce): kept chunk by chunk as the threads
             // send (buffers.rs); only its length is set here.
-            None => kept.resize(values_len, 0),
+            None => {
+                kept.set_len(values_len);
+            }
         }
         let mut bits = std::mem::take(&mut self.kept_bits);
         bits.reset(chunks);
@@ -1486,12 +1481,15 @@ impl Worker {
         let result = self
             .rejoin_if_due(collective, first_seq)
             .and_then(|resume| match input {
-                Some(_) => {
-                    self.run_collective(cur, resume, Input::Whole(&kept), Some(Output::new(out)))
-                }
+                Some(_) => self.run_collective(
+                    cur,
+                    resume,
+                    Input::Whole(kept.bytes()),
+                    Some(Output::new(out)),
+                ),
                 None => {
                     let chunk_bytes = elems * self.cfg.dtype.size();
-                    let (input, out) = Input::in_place(out, &mut kept, chunk_bytes, &bits);
+                    let (input, out) = Input::in_place(out, kept.bytes_mut(), chunk_bytes, &bits);
                     let r = self.run_collective(cur, resume, input, Some(out));
                     // Also after a failure: a host path redoes the
                     // collective from it (`last_input`).
@@ -1622,7 +1620,7 @@ impl Worker {
         }
         self.restart_all(seq);
         let r = loop {
-            match self.drive_all(Input::Whole(&prev), None) {
+            match self.drive_all(Input::Whole(prev.bytes()), None) {
                 Ok(Event::Completed) => break Ok(()),
                 Ok(Event::Resumed { collective, seq }) if collective == c => self.restart_all(seq),
                 Ok(Event::Resumed { collective, seq }) => {
