@@ -201,9 +201,12 @@ pub struct Member {
     values_sent: u64,
     mismatched_results: u64,
     heartbeat_answers: u64,
-    /// The last HEARTBEAT answers of two seqs, the newest last: the
-    /// stall's (the seq the session watches) and the straggler hold's
-    /// probe (the share's oldest), which may differ.
+    /// The last HEARTBEAT answers of T + 1 seqs (T the collective's
+    /// shares), the newest last: the stall's (the seq the session watches)
+    /// and each share's straggler-hold probe (its oldest; every share's
+    /// goes through this member's session), which may all differ. Fewer
+    /// would let the lanes' answers push out the stall's, which names
+    /// what a stall waits for.
     waiting: Vec<(u32, Waiting)>,
 }
 
@@ -272,6 +275,8 @@ impl Member {
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
         self.waiting.clear();
+        // Room for every share's probe and the stall's, once.
+        self.waiting.reserve(self.share.1 as usize + 1);
     }
 
     /// From the next [`Member::begin`] on, carries only the chunks whose seq
@@ -674,7 +679,7 @@ impl Member {
                     Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
                 };
                 self.waiting.retain(|(s, _)| *s != header.seq);
-                if self.waiting.len() == 2 {
+                if self.waiting.len() > self.coll.share().1 as usize {
                     self.waiting.remove(0);
                 }
                 self.waiting.push((header.seq, w));
