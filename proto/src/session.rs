@@ -304,6 +304,11 @@ impl Transmit {
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
+
+    /// The header's seq (a HEARTBEAT's: the chunk it asks about).
+    fn seq(&self) -> u32 {
+        crate::wire::Header::new_unchecked(&self.buf[..]).seq()
+    }
 }
 
 impl std::fmt::Debug for Transmit {
@@ -853,14 +858,20 @@ impl WorkerSession {
 
     /// Queues a HEARTBEAT about `seq` now: a member's probe of a chunk
     /// that timed out (the straggler hold, docs/PROTOCOL.md,
-    /// "Reliability"). Unlike the stall's it leaves the provisioned job's
-    /// liveness watch alone, and it queues nothing while a HEARTBEAT is
-    /// still queued, or when this session sends no control messages or is
-    /// not joined.
+    /// "Reliability"), its own or a lane share's (one rank's threads probe
+    /// through the session of thread 0, docs/design/worker-threads.md).
+    /// Unlike the stall's it leaves the provisioned job's liveness watch
+    /// alone, and it queues nothing while a HEARTBEAT about the same seq
+    /// is still queued (so the queue holds at most one per share's
+    /// oldest), or when this session sends no control messages or is not
+    /// joined.
     pub fn ask_about(&mut self, seq: u32) {
         if !self.control
             || self.phase != Phase::Joined
-            || self.queue.iter().any(|t| t.msg_type == MsgType::Heartbeat)
+            || self
+                .queue
+                .iter()
+                .any(|t| t.msg_type == MsgType::Heartbeat && t.seq() == seq)
         {
             return;
         }
@@ -1700,6 +1711,36 @@ mod tests {
         assert_eq!((j.gen, j.collective, j.seq, j.first), (2, 3, 41, false));
         assert_eq!(s.gen(), 2);
         assert_eq!(s.data_header(&tx, 3).gen, 2);
+    }
+
+    /// Probes of two shares' oldest chunks (a rank's threads probe through
+    /// one session) both go out; a second ask about a seq still queued
+    /// adds nothing; a lane copy never sends one.
+    #[test]
+    fn asks_about_different_seqs_queue_one_heartbeat_each() {
+        let t0 = Instant::now();
+        let mut t = table(1, 1, AuthMode::Port, t0);
+        let mut s = session(0, 1);
+        join(&mut s, &mut t, (0, 0), t0);
+        s.ask_about(8);
+        s.ask_about(9);
+        s.ask_about(8);
+        let seqs: Vec<u32> = std::iter::from_fn(|| s.poll_transmit(t0))
+            .map(|hb| {
+                assert_eq!(hb.msg_type, MsgType::Heartbeat);
+                HeaderRepr::parse(&Header::new_checked(hb.bytes()).unwrap())
+                    .unwrap()
+                    .seq
+            })
+            .collect();
+        assert_eq!(seqs, [8, 9]);
+        assert_eq!(s.stats().heartbeats_sent, 2);
+        // Sent: the same seq may be asked about again.
+        s.ask_about(8);
+        assert!(s.poll_transmit(t0).is_some());
+        let mut lane = s.lane_copy();
+        lane.ask_about(10);
+        assert!(lane.poll_transmit(t0).is_none());
     }
 
     #[test]

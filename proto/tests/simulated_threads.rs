@@ -16,9 +16,22 @@
 //! unanswered seq of all its shares; the lane members go idle, then follow
 //! the rejoined session and resend from the JOIN_ACK's resume point.
 //!
+//! The straggler hold runs on every share, as the worker's threads run it
+//! (through different plumbing: the worker's `threads::Progress` words,
+//! tested in worker/tests/threads.rs). A lane member's probe
+//! (`Member::take_probe`) is sent by the joined member's session
+//! (`Member::ask_about`); the answer reaches the joined member (it comes
+//! from P), which gives it back for another share's seq
+//! (`Event::ShareProbeAnswer`), and the member of that share takes it
+//! (`Member::on_probe_answer`). One run makes a rank start each collective
+//! late.
+//!
 //! What must hold:
 //! * every rank's output is the rank-order sum, bit for bit, for T = 1, 2
 //!   and 4;
+//! * with a straggler, the other ranks' threads resend a tenth or less of
+//!   what they resend without the hold, and no rank sends more HEARTBEATs
+//!   than its shares' probes;
 //! * each member sends only its own seqs and never gets a RESULT that is
 //!   not its own;
 //! * a RESULT comes from P + (s mod L), every other reply from P;
@@ -26,7 +39,7 @@
 
 use std::time::{Duration, Instant};
 
-use proto::member::{Event, Member, ResultOutcome, Shape};
+use proto::member::{Event, Member, MemberStats, ResultOutcome, Shape, TransportConfig};
 use proto::reference::{pattern_dtype, rank_order_sum};
 use proto::seq::serial_offset;
 use proto::switch::entry::Switch;
@@ -127,8 +140,13 @@ fn switch(gen: u32, n: u16, elems: u16, slots: u16, auth: AuthMode, now: Instant
 }
 
 /// Every rank joined (lossless): per rank its T members, member t carrying
-/// share t of T.
-fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Member>> {
+/// share t of T; the straggler hold on or off (`hold`), the lane members'
+/// probes relayed through share 0's.
+fn join_all(switch: &Switch, n: u16, threads: u32, hold: bool, now: Instant) -> Vec<Vec<Member>> {
+    let cfg = TransportConfig {
+        straggler_hold: hold,
+        ..transport()
+    };
     let mut joined: Vec<Member> = (0..n)
         .map(|r| {
             let from = endpoint(r);
@@ -141,7 +159,7 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
                 [r as u8; 32],
                 0,
                 now,
-                transport(),
+                cfg,
                 ask,
             )
         })
@@ -163,7 +181,13 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
             assert!(m.lane_replies(), "a switch with lanes grants what we asked");
             assert_eq!(u32::from(m.seq_lanes()) % threads, 0);
             m.set_share(0, threads);
-            let mut ms: Vec<Member> = (1..threads).map(|t| m.lane(t, threads)).collect();
+            let mut ms: Vec<Member> = (1..threads)
+                .map(|t| {
+                    let mut lane = m.lane(t, threads);
+                    lane.relay_probes(true);
+                    lane
+                })
+                .collect();
             assert!(ms.iter().all(Member::lane_replies));
             ms.insert(0, m);
             ms
@@ -171,12 +195,22 @@ fn join_all(switch: &Switch, n: u16, threads: u32, now: Instant) -> Vec<Vec<Memb
         .collect()
 }
 
-/// Runs `iterations` all-reduces of `len` elements over `n` ranks of
-/// `threads` members each; returns every rank's outputs of the last
-/// iteration and how many chunks all members resent. Panics on a wrong bit, a misrouted or foreign RESULT, or a
-/// hang.
-#[allow(clippy::too_many_arguments)]
-fn run(
+/// A rank that starts each collective late (a slow GPU): it sends nothing
+/// of collective `it` before `late[it % 4]` after the collective began,
+/// and its datagrams leave `gap` apart (paced, as one sender's are).
+#[derive(Debug, Clone, Copy)]
+struct Straggler {
+    rank: u16,
+    late: [Duration; 4],
+    gap: Duration,
+}
+
+/// One run: `iterations` all-reduces of `len` elements over `n` ranks of
+/// `threads` members each, chunks of `elems`, `slots` slots, links with
+/// `faults` (schedule `seed`), a job of `auth`; `straggler` late each
+/// collective; the members' straggler hold on or off (`hold`).
+#[derive(Debug, Clone, Copy)]
+struct Sim {
     n: u16,
     threads: u32,
     len: usize,
@@ -186,11 +220,78 @@ fn run(
     faults: Faults,
     seed: u64,
     auth: AuthMode,
-) -> (Vec<Vec<u32>>, u64) {
+    straggler: Option<Straggler>,
+    hold: bool,
+}
+
+impl Sim {
+    /// No straggler; the hold on.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        n: u16,
+        threads: u32,
+        len: usize,
+        elems: u16,
+        slots: u16,
+        iterations: u32,
+        faults: Faults,
+        seed: u64,
+        auth: AuthMode,
+    ) -> Sim {
+        Sim {
+            n,
+            threads,
+            len,
+            elems,
+            slots,
+            iterations,
+            faults,
+            seed,
+            auth,
+            straggler: None,
+            hold: true,
+        }
+    }
+}
+
+/// What one run did: every rank's outputs of the last iteration, each
+/// member's counters (`stats[rank][share]`), each rank's HEARTBEATs sent
+/// (by share 0's session, for every share) and each collective's virtual
+/// time.
+struct Ran {
+    outputs: Vec<Vec<u32>>,
+    stats: Vec<Vec<MemberStats>>,
+    heartbeats: Vec<u64>,
+    times: Vec<Duration>,
+}
+
+impl Ran {
+    /// Chunks every member of every rank resent.
+    fn resent(&self) -> u64 {
+        self.stats.iter().flatten().map(|s| s.chunks.resent).sum()
+    }
+}
+
+/// Runs `sim`; returns what it did. Panics on a wrong bit, a misrouted or
+/// foreign RESULT, or a hang.
+fn simulate(sim: Sim) -> Ran {
+    let Sim {
+        n,
+        threads,
+        len,
+        elems,
+        slots,
+        iterations,
+        faults,
+        seed,
+        auth,
+        straggler,
+        hold,
+    } = sim;
     let base = Instant::now();
     let switch = switch(GEN, n, elems, slots, auth, base);
     // ranks[r][t]: rank r's member of share t.
-    let mut ranks: Vec<Vec<Worker>> = join_all(&switch, n, threads, base)
+    let mut ranks: Vec<Vec<Worker>> = join_all(&switch, n, threads, hold, base)
         .into_iter()
         .map(|ms| ms.into_iter().map(|m| Worker::new(m, Dtype::F32)).collect())
         .collect();
@@ -198,7 +299,9 @@ fn run(
     let mut now = Duration::ZERO;
     let mut seq = 0u32;
     let mut last = Vec::new();
-    let mut resent = 0;
+    let mut times = Vec::new();
+    // When the straggler's link is free again.
+    let mut link_free = Duration::ZERO;
     for it in 0..iterations {
         for (r, threads_of_rank) in ranks.iter_mut().enumerate() {
             let input: Vec<f32> = (0..len)
@@ -215,12 +318,27 @@ fn run(
             .into_iter()
             .map(f32::to_bits)
             .collect();
+        let began = now;
+        // A late rank sends nothing before this.
+        let starts = straggler.map(|s| (s.rank, began + s.late[it as usize % 4]));
         let mut steps = 0u64;
         while !ranks.iter().flatten().all(|w| w.coll().is_complete()) {
             steps += 1;
             assert!(steps < 5_000_000, "hang: iteration {it}");
             for (r, ws) in ranks.iter_mut().enumerate() {
-                for (t, w) in ws.iter_mut().enumerate() {
+                if starts.is_some_and(|(late, at)| usize::from(late) == r && now < at) {
+                    continue;
+                }
+                let mut leave = || match straggler {
+                    Some(s) if usize::from(s.rank) == r => {
+                        let at = now.max(link_free);
+                        link_free = at + s.gap;
+                        at
+                    }
+                    _ => now,
+                };
+                for t in 0..ws.len() {
+                    let w = &mut ws[t];
                     while let Some((h, bytes)) = w.poll_data(base + now) {
                         assert_eq!(
                             h.seq % threads,
@@ -228,19 +346,36 @@ fn run(
                             "rank {r}: share {t} sent seq {}",
                             h.seq
                         );
-                        net.send(faults, now, || Msg::ToSwitch {
+                        net.send(faults, leave(), || Msg::ToSwitch {
                             rank: r as u16,
                             bytes: bytes.clone(),
                         });
                     }
+                    // A lane member's probe goes out through share 0's
+                    // session, as thread 0 sends a lane thread's.
+                    if let Some(probe) = w.m.take_probe() {
+                        assert_ne!(t, 0, "share 0's probes go out by itself");
+                        assert_eq!(probe % threads, t as u32);
+                        ws[0].m.ask_about(probe);
+                    }
+                }
+                // The straggler hold's probes (HEARTBEATs), every share's.
+                while let Some(c) = ws[0].m.poll_control(base + now) {
+                    assert_eq!(c.msg_type, MsgType::Heartbeat);
+                    let bytes = c.bytes().to_vec();
+                    net.send(faults, leave(), || Msg::ToSwitch {
+                        rank: r as u16,
+                        bytes: bytes.clone(),
+                    });
                 }
             }
             let next_timer = ranks
                 .iter()
                 .flatten()
                 .filter_map(|w| w.coll().next_timeout())
-                .min()
-                .map(|t| t - base);
+                .map(|t| t - base)
+                .chain(starts.map(|(_, at)| at).filter(|&at| at > now))
+                .min();
             now = now.max(common::next_event(net.next_delivery(), next_timer));
             while let Some(m) = net.pop_due(now) {
                 match m {
@@ -250,11 +385,21 @@ fn run(
                     Msg::ToWorker { rank, port, bytes } => {
                         // The lane port's socket: its share's member.
                         let seq = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
-                        let w = &mut ranks[rank as usize][share_of(&bytes, port, threads)];
+                        let ws = &mut ranks[rank as usize];
+                        let w = &mut ws[share_of(&bytes, port, threads)];
                         let (outcome, v) = match w.m.handle(&bytes, base + now) {
                             Some(Event::Result {
                                 outcome, values, ..
                             }) => (outcome, values),
+                            // Share 0's own probe's answer, taken.
+                            None if bytes[0] & 0x0f == MsgType::Heartbeat as u8 => continue,
+                            // A lane's: to the member of its seq's share.
+                            Some(Event::ShareProbeAnswer { seq, answer }) => {
+                                let t = (seq % threads) as usize;
+                                assert_ne!(t, 0);
+                                ws[t].m.on_probe_answer(seq, answer, base + now);
+                                continue;
+                            }
                             other => panic!(
                                 "rank {rank}: not a RESULT {:?}: {other:?}",
                                 &bytes[..HEADER_LEN.min(bytes.len())]
@@ -273,6 +418,7 @@ fn run(
                 }
             }
         }
+        times.push(now - began);
         last.clear();
         for (r, ws) in ranks.iter().enumerate() {
             // The rank's output: each chunk from the member of its share;
@@ -307,13 +453,44 @@ fn run(
                     "{:?}",
                     c.share()
                 );
-                resent += c.stats.resent;
             }
         }
         seq = ranks[0][0].coll().end_seq();
         assert!(ranks.iter().flatten().all(|w| w.coll().end_seq() == seq));
     }
-    (last, resent)
+    Ran {
+        outputs: last,
+        stats: ranks
+            .iter()
+            .map(|ws| ws.iter().map(|w| w.m.stats()).collect())
+            .collect(),
+        heartbeats: ranks
+            .iter()
+            .map(|ws| ws[0].m.session().stats().heartbeats_sent)
+            .collect(),
+        times,
+    }
+}
+
+/// [`simulate`] with no straggler and the hold on: every rank's outputs of
+/// the last iteration and how many chunks all members resent.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    n: u16,
+    threads: u32,
+    len: usize,
+    elems: u16,
+    slots: u16,
+    iterations: u32,
+    faults: Faults,
+    seed: u64,
+    auth: AuthMode,
+) -> (Vec<Vec<u32>>, u64) {
+    let ran = simulate(Sim::new(
+        n, threads, len, elems, slots, iterations, faults, seed, auth,
+    ));
+    let resent = ran.resent();
+    (ran.outputs, resent)
 }
 
 #[test]
@@ -351,6 +528,87 @@ fn partial_last_chunks_and_fewer_chunks_than_threads() {
     }
 }
 
+/// Four collectives of 256 chunks of 256 elements over 4 ranks of
+/// `threads` members each on clean links; rank 1 starts each 50–200 ms
+/// late, its datagrams 50 µs apart (as in simulated_network's straggler);
+/// the hold on or off.
+fn straggle(threads: u32, hold: bool) -> Ran {
+    let late = [50, 200, 120, 80].map(Duration::from_millis);
+    let gap = Duration::from_micros(50);
+    simulate(Sim {
+        straggler: Some(Straggler { rank: 1, late, gap }),
+        hold,
+        ..Sim::new(4, threads, 256 * 256, 256, 64, 4, CLEAN, 7, AuthMode::Port)
+    })
+}
+
+/// The other ranks' (all but rank 1's) counters, summed over `shares` of
+/// each: (resent, probes, held timeouts).
+fn others(ran: &Ran, shares: std::ops::Range<usize>) -> (u64, u64, u64) {
+    let mut t = (0, 0, 0);
+    for (r, ms) in ran.stats.iter().enumerate() {
+        if r == 1 {
+            continue;
+        }
+        for s in &ms[shares.clone()] {
+            t.0 += s.chunks.resent;
+            t.1 += s.chunks.probes;
+            t.2 += s.chunks.held_timeouts;
+        }
+    }
+    t
+}
+
+/// A straggler costs the other ranks' threads no resends: every share
+/// holds, lane shares too. Each lane member's probe goes out through share
+/// 0's session, the answer comes back to share 0's member and is handed to
+/// the member of the seq's share. Without the lanes' hold (share 0's
+/// only) the lanes resend at every timeout, and the bound fails.
+/// Measured (ranks 0, 2 and 3, every share, 4 collectives): T = 2, 3 934
+/// resends without the hold, 139 with it (1 205 with share 0's hold only);
+/// T = 4, 6 084 and 272. Every sum bit-exact (`simulate` checks each
+/// rank's output); no more HEARTBEATs than the shares' probes; no slower.
+#[test]
+fn a_straggler_costs_the_other_ranks_threads_no_resends() {
+    for threads in [2u32, 4] {
+        let t = threads as usize;
+        let off = straggle(threads, false);
+        let on = straggle(threads, true);
+        let (before, after) = (others(&off, 0..t), others(&on, 0..t));
+        let lanes = others(&on, 1..t);
+        eprintln!(
+            "T = {threads}: the others resent {before:?} without the hold, {after:?} with it, \
+             {lanes:?} of it on lane shares (resent, probes, held)"
+        );
+        assert!(
+            after.0 * 10 <= before.0,
+            "T = {threads}: the others resent {} chunks with the hold, {} without",
+            after.0,
+            before.0
+        );
+        // The lane shares asked, and held.
+        assert!(lanes.1 > 0 && lanes.2 > 0, "T = {threads}: {lanes:?}");
+        assert_eq!(before.1 + before.2, 0, "no probes without the hold");
+        // Share 0's session sent a HEARTBEAT per probe of any share, no
+        // more (nothing else asks here: no stall watch runs).
+        for (r, ms) in on.stats.iter().enumerate() {
+            let probes: u64 = ms.iter().map(|s| s.chunks.probes).sum();
+            assert!(
+                on.heartbeats[r] <= probes,
+                "rank {r}: {} HEARTBEATs for {probes} probes",
+                on.heartbeats[r]
+            );
+        }
+        assert!(off.heartbeats.iter().all(|&h| h == 0));
+        // No slower: the straggler sets the pace.
+        let (t_off, t_on): (Duration, Duration) = (off.times.iter().sum(), on.times.iter().sum());
+        assert!(
+            t_on <= t_off + t_off / 10,
+            "T = {threads}: {t_on:?} with the hold, {t_off:?} without"
+        );
+    }
+}
+
 /// One all-reduce over `n` ranks of `threads` members each, over lossy
 /// links, with the switch restarted (generation 2, no sessions) once rank
 /// 0's share 0 has `restart_after` chunks answered. Rejoins go over the
@@ -366,7 +624,7 @@ fn run_with_restart(
 ) -> u64 {
     let base = Instant::now();
     let mut sw = switch(1, n, elems, 16, AuthMode::Port, base);
-    let mut ranks: Vec<Vec<Worker>> = join_all(&sw, n, threads, base)
+    let mut ranks: Vec<Vec<Worker>> = join_all(&sw, n, threads, true, base)
         .into_iter()
         .map(|ms| ms.into_iter().map(|m| Worker::new(m, Dtype::F32)).collect())
         .collect();
@@ -404,13 +662,21 @@ fn run_with_restart(
                     bytes: bytes.clone(),
                 });
             }
-            for w in ws.iter_mut() {
-                assert!(w.m.poll_control(at).is_none(), "a lane member sent control");
+            for t in 0..ws.len() {
+                let w = &mut ws[t];
+                assert!(
+                    t == 0 || w.m.poll_control(at).is_none(),
+                    "a lane member sent control"
+                );
                 while let Some((_, bytes)) = w.poll_data(at) {
                     net.send(faults, now, || Msg::ToSwitch {
                         rank: r as u16,
                         bytes: bytes.clone(),
                     });
+                }
+                // Sent by share 0's session at the next step.
+                if let Some(probe) = w.m.take_probe() {
+                    ws[0].m.ask_about(probe);
                 }
             }
         }
@@ -467,6 +733,10 @@ fn run_with_restart(
                         Some(Event::Result {
                             outcome, values, ..
                         }) => ws[t].take(&outcome, &bytes[values]),
+                        Some(Event::ShareProbeAnswer { seq, answer }) => ws
+                            [(seq % threads) as usize]
+                            .m
+                            .on_probe_answer(seq, answer, base + now),
                         Some(e) => panic!("rank {rank}: {e:?}"),
                     }
                 }

@@ -241,6 +241,18 @@ def test_builds_link_and_delay_options():
         parse(s, ["--slow-after", "0"])
 
 
+def test_builds_worker_threads_option_sets_the_workers_threads_and_the_switchs_lanes():
+    s = SCENARIOS["builds"]
+    assert parse(s, []).worker_threads == 1
+    assert parse(s, ["--worker-threads", "2"]).worker_threads == 2
+    for bad in ("0", "65", "two"):
+        with pytest.raises(SystemExit):
+            parse(s, ["--worker-threads", bad])
+    assert builds.thread_args(1) == ([], [])
+    assert builds.thread_args(2) == (["--threads", 2], ["switch.seq_lanes=2"])
+    assert builds.thread_args(3) == (["--threads", 3], ["switch.seq_lanes=4"])
+
+
 def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, monkeypatch):
     monkeypatch.setattr(lifecycle, "RESULTS_DIR", tmp_path / "results")
     run_json, run_png = tmp_path / "x-STAMP.json", tmp_path / "x-STAMP.png"

@@ -69,7 +69,7 @@ use std::time::{Duration, Instant};
 pub use proto::handshake::JoinAckError;
 use proto::handshake::{ChallengeError, JoinParams};
 pub use proto::member::SpineWait;
-use proto::member::{Event as MemberEvent, Member, Shape, TransportConfig, Waiting};
+use proto::member::{Event as MemberEvent, Member, MemberStats, Shape, TransportConfig, Waiting};
 pub use proto::provisioner::{ProvisionError, ProvisionSpec};
 use proto::seq::serial_offset;
 use proto::session::{Lost, SessionConfig, SessionError};
@@ -507,11 +507,15 @@ pub struct WorkerStats {
     /// Of those, resent early because later RESULTs arrived.
     pub chunks_fast_resent: u64,
     /// HEARTBEATs asking what a timed-out oldest chunk waits for (the
-    /// straggler hold's probes; docs/PROTOCOL.md, "Reliability").
+    /// straggler hold's probes; docs/PROTOCOL.md, "Reliability"), every
+    /// thread's.
     pub hold_probes: u64,
     /// Timeouts of the oldest chunk that resent nothing: the switch had
     /// this rank's DATA and waited for another rank's.
     pub held_timeouts: u64,
+    /// HEARTBEATs sent: every thread's probes (thread 0 sends them all),
+    /// the stall watch's and an idle provisioned job's keepalives.
+    pub heartbeats_sent: u64,
     pub results: u64,
     pub duplicate_results: u64,
     pub ece_results: u64,
@@ -872,6 +876,7 @@ impl Worker {
             s.mismatched_results += ms.mismatched_results;
         }
         let ss = self.member.session().stats();
+        s.heartbeats_sent = ss.heartbeats_sent;
         s.rejoins = ss.rejoins;
         s.nacks = ss.nacks;
         s.unauthenticated_dropped = ss.unauthenticated_dropped;
@@ -891,6 +896,17 @@ impl Worker {
             s.rx_coalesced += l.rxb.coalesced();
         }
         s
+    }
+
+    /// Each thread's counters over every collective it carried: share 0's
+    /// member first, then each lane thread's (those kept from a collective
+    /// of more threads than the last included). [`Worker::stats`] sums
+    /// their chunks.
+    pub fn share_stats(&self) -> Vec<MemberStats> {
+        std::iter::once(&self.member)
+            .chain(self.lanes.iter().map(|l| &l.member))
+            .map(Member::stats)
+            .collect()
     }
 
     /// Threads that carried the current or last collective (1 before the
@@ -1108,12 +1124,11 @@ impl Worker {
         let lanes = self.member.seq_lanes();
         while self.lanes.len() < t - 1 {
             let share = self.lanes.len() as u32 + 1;
-            let mut lane = Lane::new(
-                self.member.lane(share, t as u32),
-                self.kind,
-                self.cfg.switch,
-                lanes,
-            );
+            let mut member = self.member.lane(share, t as u32);
+            // Thread 0 sends its probes and hands it their answers
+            // (threads::Progress): the lane holds as share 0 does.
+            member.relay_probes(true);
+            let mut lane = Lane::new(member, self.kind, self.cfg.switch, lanes);
             lane.followed = self.joins;
             self.lanes.push(lane);
         }
@@ -1731,7 +1746,7 @@ impl Worker {
                         break;
                     }
                     for i in 0..n {
-                        if let Some(lost) = self.on_datagram(i, input, out)? {
+                        if let Some(lost) = self.on_datagram(i, input, out, progress)? {
                             return Ok(Drive::Lost(lost));
                         }
                     }
@@ -1791,14 +1806,32 @@ impl Worker {
                 Some(MemberEvent::Rejoining(why)) => return Ok(Drive::Lost(why)),
                 _ => {}
             }
+            // The lanes' probes go out as share 0's do, one HEARTBEAT each
+            // (the session's own probe went with share 0's send).
+            if let Some(p) = progress {
+                for t in 1..self.active {
+                    if let Some(seq) = p.take_probe(t) {
+                        self.member.ask_about(seq);
+                    }
+                }
+            }
             // A HEARTBEAT, when the member wants one.
             self.send_control(now)?;
             // Every socket is drained: sleep until a datagram or the next
             // timer (a RESULT that came meanwhile returns at once). At a
             // bottleneck each wake then costs one receive, one send and
-            // this poll.
-            let until = match self.member.collective().next_timeout() {
-                Some(d) if !self.member.is_complete() => d.saturating_duration_since(now),
+            // this poll. Lanes that hold wake this thread at their timers,
+            // whose expiry may ask for a probe.
+            let own = match self.member.collective().next_timeout() {
+                Some(d) if !self.member.is_complete() => Some(d),
+                _ => None,
+            };
+            let lanes = progress
+                .filter(|_| self.cfg.transport.straggler_hold)
+                .and_then(Progress::next_lane_timer);
+            let until = match (own, lanes) {
+                (Some(a), Some(b)) => a.min(b).saturating_duration_since(now),
+                (Some(a), None) => a.saturating_duration_since(now),
                 // Share 0 is complete and the lanes are not: a lane's
                 // completion wakes nothing here, so look again soon
                 // (the collective ends at most this much after its
@@ -1812,13 +1845,15 @@ impl Worker {
     }
 
     /// Handles datagram `i` of the last receive batch (`input`: the
-    /// collective's, for a reduce-scatter's kept shard); the session lost,
-    /// if the datagram said so.
+    /// collective's, for a reduce-scatter's kept shard; `progress`: the
+    /// lane threads', which a HEARTBEAT answer about their seq goes to);
+    /// the session lost, if the datagram said so.
     fn on_datagram(
         &mut self,
         i: usize,
         input: Input<'_>,
         out: Option<Output<'_>>,
+        progress: Option<&Progress>,
     ) -> Result<Option<Lost>, WorkerError> {
         let now = Instant::now();
         let ev = self.member.handle(self.rxb.get(i), now);
@@ -1830,6 +1865,13 @@ impl Worker {
                 Ok(None)
             }
             Some(MemberEvent::Rejoining(why)) => Ok(Some(why)),
+            // A lane's probe answered: its thread holds on it.
+            Some(MemberEvent::ShareProbeAnswer { seq, answer }) => {
+                if let Some(p) = progress {
+                    p.answer(seq, answer, now);
+                }
+                Ok(None)
+            }
             Some(MemberEvent::Failed(SessionError::Refused(NackReason::KindNotSupported))) => {
                 Err(WorkerError::KindNotSupported {
                     job: self.cfg.job,

@@ -27,14 +27,25 @@
 //!   seq's, each seq one share's, and a share writes a chunk at its first
 //!   RESULT only ([`Output`]; its input is kept before: [`crate::buffers`]).
 //! * Nothing crosses threads per datagram: a lane thread publishes its
-//!   progress once per turn of its loop (three relaxed atomics).
+//!   progress once per turn of its loop (four relaxed atomics).
+//! * The straggler hold (docs/PROTOCOL.md, "Reliability") runs on every
+//!   share. A lane's probe (its oldest chunk timed out) goes to thread 0
+//!   through one word per lane ([`Progress::ask`]), and thread 0 sends it
+//!   as a HEARTBEAT through the session, one per probe
+//!   ([`Progress::take_probe`]); while lanes hold it wakes at their timers
+//!   ([`Progress::next_lane_timer`]) to send them promptly. The answer
+//!   comes to socket 0; thread 0 puts what it says of this rank in the
+//!   mailbox of the seq's share ([`Progress::answer`]), which the lane
+//!   reads before its next send ([`Progress::take_answer`]), looking every
+//!   millisecond while an answer is due. Both are single-writer,
+//!   single-reader words: no lock, no allocation.
 
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use proto::member::{Event as MemberEvent, Member, ResultOutcome};
+use proto::member::{Event as MemberEvent, Member, ProbeAnswer, ResultOutcome};
 use proto::seq::serial_offset;
 use proto::wire::Dtype;
 
@@ -221,16 +232,50 @@ pub fn write_result(
 }
 
 /// What one lane thread last said: its oldest unanswered seq, when its
-/// collective last made progress, and whether its share is complete.
+/// collective last made progress, whether its share is complete and when
+/// its next timer runs out; and the straggler hold's two words between it
+/// and thread 0.
 #[derive(Default)]
 struct LaneState {
     oldest: AtomicU32,
     /// Nanoseconds after [`Progress`]'s base; `u64::MAX`: not yet.
     since_ns: AtomicU64,
     done: AtomicBool,
+    /// Its next resend timer, nanoseconds after the base (`u64::MAX`:
+    /// none).
+    next_ns: AtomicU64,
+    /// A probe for thread 0 to send: [`PENDING`] | seq (0: none). Written
+    /// by the lane, taken by thread 0.
+    probe: AtomicU64,
+    /// The answer to a probe: [`PENDING`] | kind << 32 | seq (0: none),
+    /// and when it came (`answer_ns`, written first). Written by thread 0,
+    /// taken by the lane.
+    answer: AtomicU64,
+    answer_ns: AtomicU64,
 }
 
-/// What lane threads 1..T tell thread 0 during one collective, and thread
+/// The bit that marks a [`LaneState`] word as holding something.
+const PENDING: u64 = 1 << 63;
+
+fn answer_kind(a: ProbeAnswer) -> u64 {
+    match a {
+        ProbeAnswer::OthersMissing => 1,
+        ProbeAnswer::OursMissing => 2,
+        ProbeAnswer::Complete => 3,
+    }
+}
+
+fn answer_of(kind: u64) -> Option<ProbeAnswer> {
+    match kind {
+        1 => Some(ProbeAnswer::OthersMissing),
+        2 => Some(ProbeAnswer::OursMissing),
+        3 => Some(ProbeAnswer::Complete),
+        _ => None,
+    }
+}
+
+/// What lane threads 1..T tell thread 0 during one collective (their
+/// progress and probes), thread 0's answers to their probes, and thread
 /// 0's (or a failed lane's) order to stop.
 pub struct Progress {
     base: Instant,
@@ -247,10 +292,16 @@ impl Progress {
             lanes: (1..threads)
                 .map(|_| LaneState {
                     since_ns: AtomicU64::new(u64::MAX),
+                    next_ns: AtomicU64::new(u64::MAX),
                     ..LaneState::default()
                 })
                 .collect(),
         }
+    }
+
+    /// `at` in nanoseconds after the base (0 before it).
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_nanos() as u64
     }
 
     /// Lane `t` (≥ 1) publishes where its member stands.
@@ -258,11 +309,68 @@ impl Progress {
         let s = &self.lanes[t - 1];
         let c = m.collective();
         s.oldest.store(c.oldest_unacked_seq(), Ordering::Relaxed);
-        let ns = c.last_progress().map_or(u64::MAX, |p| {
-            p.saturating_duration_since(self.base).as_nanos() as u64
-        });
+        let ns = c.last_progress().map_or(u64::MAX, |p| self.ns(p));
         s.since_ns.store(ns, Ordering::Relaxed);
+        let next = c.next_timeout().map_or(u64::MAX, |d| self.ns(d));
+        s.next_ns.store(next, Ordering::Relaxed);
         s.done.store(c.is_complete(), Ordering::Release);
+    }
+
+    /// Lane `t` (≥ 1) asks thread 0 to probe `seq` (its oldest chunk timed
+    /// out): it replaces a probe not yet taken, which a newer one of the
+    /// same share supersedes.
+    pub fn ask(&self, t: usize, seq: u32) {
+        self.lanes[t - 1]
+            .probe
+            .store(PENDING | u64::from(seq), Ordering::Release);
+    }
+
+    /// Thread 0 takes lane `t`'s probe, if it asked for one since.
+    pub fn take_probe(&self, t: usize) -> Option<u32> {
+        let w = self.lanes[t - 1].probe.swap(0, Ordering::Acquire);
+        (w & PENDING != 0).then_some(w as u32)
+    }
+
+    /// Thread 0 hands the switch's answer about `seq`, which came `at`, to
+    /// the lane whose share `seq` is (`seq` mod T; share 0's own are no
+    /// lane's and are ignored). It replaces an answer not yet taken.
+    pub fn answer(&self, seq: u32, answer: ProbeAnswer, at: Instant) {
+        let t = seq as usize % (self.lanes.len() + 1);
+        let Some(s) = t.checked_sub(1).and_then(|i| self.lanes.get(i)) else {
+            return;
+        };
+        s.answer_ns.store(self.ns(at), Ordering::Relaxed);
+        s.answer.store(
+            PENDING | answer_kind(answer) << 32 | u64::from(seq),
+            Ordering::Release,
+        );
+    }
+
+    /// Lane `t` (≥ 1) takes the answer handed to it, if any: the seq, what
+    /// it says and when it came. (A second answer written between the two
+    /// loads lends the first its time: later by at most one turn of thread
+    /// 0, and the lane then takes the second too.)
+    pub fn take_answer(&self, t: usize) -> Option<(u32, ProbeAnswer, Instant)> {
+        let s = &self.lanes[t - 1];
+        let w = s.answer.swap(0, Ordering::Acquire);
+        if w & PENDING == 0 {
+            return None;
+        }
+        let at = self.base + Duration::from_nanos(s.answer_ns.load(Ordering::Relaxed));
+        Some((w as u32, answer_of((w >> 32) & 3)?, at))
+    }
+
+    /// The earliest next timer of the lanes not yet complete (a past one
+    /// when a lane has not yet taken its turn at it): thread 0 wakes then
+    /// to send the probe the lane's timeout may ask for.
+    pub fn next_lane_timer(&self) -> Option<Instant> {
+        self.lanes
+            .iter()
+            .filter(|s| !s.done.load(Ordering::Acquire))
+            .map(|s| s.next_ns.load(Ordering::Relaxed))
+            .filter(|&ns| ns != u64::MAX)
+            .min()
+            .map(|ns| self.base + Duration::from_nanos(ns))
     }
 
     /// Whether every lane thread's share is complete.
@@ -415,6 +523,11 @@ pub fn lane_loop(
             job.progress.publish(t, &lane.member);
             return Ok(());
         }
+        // The answer to the share's probe, before the send that may time
+        // its oldest chunk out again (the hold decides that send).
+        if let Some((seq, answer, at)) = job.progress.take_answer(t) {
+            lane.member.on_probe_answer(seq, answer, at);
+        }
         send_share(
             &mut lane.member,
             &mut lane.txb,
@@ -424,16 +537,20 @@ pub fn lane_loop(
             Instant::now(),
         )
         .map_err(failed("sendmmsg", job.switch))?;
+        // Thread 0 sends the share's probe, as it sends its own.
+        if let Some(seq) = lane.member.take_probe() {
+            job.progress.ask(t, seq);
+        }
         job.progress.publish(t, &lane.member);
-        // Every socket is drained: sleep until a datagram or the next timer.
+        // Every socket is drained: sleep until a datagram or the next timer
+        // (a millisecond while an answer is due: nothing wakes this thread
+        // when thread 0 hands it one).
         let now = Instant::now();
-        let until = lane
-            .member
-            .collective()
-            .next_timeout()
-            .map_or(Duration::from_millis(50), |d| {
-                d.saturating_duration_since(now)
-            });
+        let until = match lane.member.collective().next_timeout() {
+            _ if lane.member.awaits_probe_answer(now) => Duration::from_millis(1),
+            Some(d) => d.saturating_duration_since(now),
+            None => Duration::from_millis(50),
+        };
         wait_turn(fds, until);
     }
 }
@@ -485,5 +602,45 @@ mod tests {
         assert!(!p.stopped());
         p.stop();
         assert!(p.stopped());
+    }
+
+    /// A lane's probe reaches thread 0 once; an answer reaches the lane of
+    /// its seq's share once, with its kind and time; share 0's are no
+    /// lane's. The lanes' next timer is the earliest of those not done.
+    #[test]
+    fn probes_and_answers_cross_between_thread_0_and_the_lanes() {
+        let p = Progress::new(4);
+        assert_eq!(p.take_probe(2), None);
+        p.ask(2, 0xffff_fffe);
+        p.ask(3, 7);
+        assert_eq!(p.take_probe(2), Some(0xffff_fffe));
+        assert_eq!(p.take_probe(2), None, "taken once");
+        assert_eq!(p.take_probe(3), Some(7));
+        let at = p.base + Duration::from_millis(3);
+        p.answer(4, ProbeAnswer::OthersMissing, at);
+        assert!(
+            (1..4).all(|t| p.take_answer(t).is_none()),
+            "seq 4 is share 0's"
+        );
+        for (seq, answer) in [
+            (9, ProbeAnswer::OthersMissing),
+            (10, ProbeAnswer::OursMissing),
+            (u32::MAX, ProbeAnswer::Complete),
+        ] {
+            p.answer(seq, answer, at);
+            let t = seq as usize % 4;
+            assert_eq!(p.take_answer(t), Some((seq, answer, at)));
+            assert_eq!(p.take_answer(t), None);
+        }
+        // A newer answer replaces one not taken.
+        p.answer(5, ProbeAnswer::OthersMissing, at);
+        p.answer(9, ProbeAnswer::OursMissing, at);
+        assert_eq!(p.take_answer(1), Some((9, ProbeAnswer::OursMissing, at)));
+        assert_eq!(p.next_lane_timer(), None);
+        p.lanes[0].next_ns.store(9_000, Ordering::Relaxed);
+        p.lanes[2].next_ns.store(5_000, Ordering::Relaxed);
+        assert_eq!(p.next_lane_timer(), Some(p.base + Duration::from_micros(5)));
+        p.lanes[2].done.store(true, Ordering::Release);
+        assert_eq!(p.next_lane_timer(), Some(p.base + Duration::from_micros(9)));
     }
 }

@@ -9,6 +9,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
+use proto::member::MemberStats;
 use proto::reference::{expected_sum, fill_pattern};
 use worker::loopback::{LoopbackConfig, LoopbackSwitch};
 use worker::{AuthMode, TransportKind, Worker, WorkerConfig, WorkerStats};
@@ -240,5 +241,100 @@ fn a_switch_back_with_fewer_lanes_gets_fewer_threads() {
             assert_eq!(r.threads, usize::from(lanes), "lanes {lanes}");
             assert_eq!(r.lane_replies, lanes > 1);
         }
+    }
+}
+
+/// Three ranks of two threads on a stand-in with two seq lanes; rank 1
+/// starts each of 6 all-reduces (400 chunks) `LATE` late (a slow GPU);
+/// the straggler hold on or off. Every sum is checked bit for bit; returns
+/// each rank's counters and its threads' (share 0's, then the lane's).
+fn straggle(hold: bool) -> Vec<(WorkerStats, Vec<MemberStats>)> {
+    const LATE: [u64; 3] = [60, 150, 100];
+    let sw = stand_in(3, 2, 0, AuthMode::Port);
+    let (n, len, iterations) = (3u16, 40_000, 6u32);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let addr = sw.addr();
+                s.spawn(move || {
+                    let mut cfg = WorkerConfig::new(addr, 1, rank, n, SECRET);
+                    cfg.join_timeout = Duration::from_secs(20);
+                    cfg.threads = 2;
+                    cfg.transport.straggler_hold = hold;
+                    let mut w = Worker::join(cfg).expect("join");
+                    let mut data = vec![0f32; len];
+                    for it in 0..iterations {
+                        if rank == 1 {
+                            std::thread::sleep(Duration::from_millis(LATE[it as usize % 3]));
+                        }
+                        fill_pattern(rank, it, &mut data);
+                        w.all_reduce(&mut data).expect("all_reduce");
+                        for (i, v) in data.iter().enumerate() {
+                            assert_eq!(
+                                v.to_bits(),
+                                expected_sum(n, it, i).to_bits(),
+                                "rank {rank} it {it} elem {i} (hold {hold})"
+                            );
+                        }
+                    }
+                    assert_eq!(w.threads(), 2);
+                    (w.stats(), w.share_stats())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A straggler with two threads per rank: the other ranks' lane threads
+/// hold too. Each lane's probe goes out through thread 0's session, the
+/// answer comes back to socket 0 and is handed to the lane, and the lane's
+/// timeouts resend nothing while it says rank 1 is missing; thread 0 sends
+/// no more HEARTBEATs than the probes of both threads and the stall watch
+/// ask for. Without the lane's hold (share 0's only) the lane shares hold
+/// nothing, and this fails.
+#[test]
+fn a_straggler_costs_the_other_ranks_lane_threads_fewer_resends() {
+    let off = straggle(false);
+    let on = straggle(true);
+    let others = |ran: &[(WorkerStats, Vec<MemberStats>)], share: usize| {
+        let mut t = (0, 0, 0);
+        for (r, (_, shares)) in ran.iter().enumerate() {
+            if r != 1 {
+                let c = shares[share].chunks;
+                t = (t.0 + c.resent, t.1 + c.probes, t.2 + c.held_timeouts);
+            }
+        }
+        t
+    };
+    let (lane_off, lane_on) = (others(&off, 1), others(&on, 1));
+    let (zero_off, zero_on) = (others(&off, 0), others(&on, 0));
+    eprintln!(
+        "ranks 0 and 2, (resent, probes, held): lane shares {lane_off:?} without the hold, \
+         {lane_on:?} with it; share 0 {zero_off:?} without, {zero_on:?} with"
+    );
+    assert!(
+        lane_on.1 > 0 && lane_on.2 > 0,
+        "the lane threads held: {lane_on:?}"
+    );
+    assert_eq!(lane_off.1 + lane_off.2, 0, "no probes without the hold");
+    assert!(
+        lane_on.0 * 2 <= lane_off.0,
+        "the lane threads resent {} chunks with the hold, {} without",
+        lane_on.0,
+        lane_off.0
+    );
+    for (r, (stats, shares)) in on.iter().enumerate() {
+        // Every thread's probes and held timeouts are in the rank's report.
+        let probes: u64 = shares.iter().map(|s| s.chunks.probes).sum();
+        let held: u64 = shares.iter().map(|s| s.chunks.held_timeouts).sum();
+        assert_eq!((stats.hold_probes, stats.held_timeouts), (probes, held));
+        // One HEARTBEAT per probe, plus the stall watch's (one per 500 ms
+        // without progress: none here, the straggler is 150 ms late at most).
+        assert!(
+            stats.heartbeats_sent <= probes,
+            "rank {r}: {} HEARTBEATs for {probes} probes",
+            stats.heartbeats_sent
+        );
     }
 }

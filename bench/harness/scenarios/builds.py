@@ -11,9 +11,11 @@ where the link is the bottleneck. `--slow-results MBIT` shapes everything
 into the last rank to MBIT Mbit/s (a deep tbf on its ingress) from
 `--slow-after` seconds into each run: a queue that builds on one rank's
 way after its RTO has settled, for a change's cost when one path slows
-mid-run. Each run's figures are the transports
-scenario's (bench_transports_report.py), with the build's label in place of
-the transport.
+mid-run. `--worker-threads T` runs every worker with `--threads T` against
+a switchd whose seq_lanes is at least T (docs/design/worker-threads.md), for
+a change's cost to a collective carried by T threads. Each run's figures are
+the transports scenario's (bench_transports_report.py), with the build's
+label in place of the transport.
 """
 
 import argparse
@@ -24,7 +26,8 @@ import time
 from pathlib import Path
 
 import bench_transports_report as report
-from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
+from lifecycle import (RESULTS_DIR, HarnessError, Processes, Testbed, lanes_for, log, random_secret, start_switchd, stamp,
+                       write_switchd_config)
 from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
@@ -52,12 +55,22 @@ def order(run_i, labels):
     return list(labels) if run_i % 2 == 0 else list(reversed(labels))
 
 
+def thread_args(threads):
+    """The worker's arguments and switchd's settings for T worker threads:
+    `--threads T` and seq_lanes >= T; none for one thread (each build then
+    runs as it always did: one seq lane, so one thread)."""
+    if threads == 1:
+        return [], []
+    return ["--threads", threads], [f"switch.seq_lanes={lanes_for(threads)}"]
+
+
 def run(a):
     if a.a is None or a.b is None:
         raise HarnessError("name both builds: scripts/bench builds --a DIR --b DIR")
     if a.slow_results and a.link != "unlimited":
         raise HarnessError("--slow-results replaces the last rank's ingress shaper: use it on unlimited links")
     builds = {"A": a.a, "B": a.b}
+    worker_threads, lane_sets = thread_args(a.worker_threads)
     slow_ns = f"{a.prefix}-w{a.workers - 1}"
     out = Path(tempfile.mkdtemp(prefix="bench-builds."))
     secret = random_secret()
@@ -70,13 +83,13 @@ def run(a):
                 d = builds[label]
                 cfg = out / f"switchd-{label}.toml"
                 write_switchd_config(d / "switchd", tb, cfg, "scripts/bench builds", a.workers, secret,
-                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"'])
+                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"', *lane_sets])
                 sw = start_switchd(procs, f"{a.prefix}-sw", d / "switchd", out / f"switchd-{label}-{run_i}.log",
                                    ["run", "--config", cfg])
                 mark(out / f"{label}-{run_i}.before", ["children", "switchd", "wall", "stat"], sw.pid)
                 ranks = [procs.start([d / "worker", "allreduce", "--switch", tb["switch_addr"], "--job", 1,
                                       "--rank", r, "--workers", a.workers, "--elements", a.elements,
-                                      "--iterations", a.iterations, "--json"],
+                                      "--iterations", a.iterations, *worker_threads, "--json"],
                                      ns=f"{a.prefix}-w{r}", env={"AGGSWITCH_SECRET": secret},
                                      stdout=out / f"{label}-{run_i}-rank{r}.json",
                                      stderr=out / f"{label}-{run_i}-rank{r}.log")
@@ -105,11 +118,13 @@ def run(a):
     by = {s["transport"]: s for s in summary}
     ratio = by["B"]["median_seconds"] / by["A"]["median_seconds"]
     slow = f", the last rank's ingress at {a.slow_results} Mbit/s after {a.slow_after:g} s" if a.slow_results else ""
-    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link}{slow})")
+    threads = f", {a.worker_threads} worker threads" if a.worker_threads > 1 else ""
+    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link}{slow}{threads})")
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
                                 "iterations": a.iterations, "mtu": a.mtu, "link": a.link,
-                                "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after, "runs": runs, "summary": summary,
+                                "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after,
+                                "worker_threads": a.worker_threads, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -138,6 +153,8 @@ SCENARIO = Scenario(
                "--slow-after on (0: never)", type=uint_range(0, 100000), default=0, metavar="MBIT"),
         Option("--slow-after", "seconds into each run when --slow-results starts", type=positive_seconds,
                default=1.0, metavar="S"),
+        Option("--worker-threads", "threads per worker (worker --threads T, switchd seq_lanes >= T; 1: as "
+               "before threads)", type=uint_range(1, 64), default=1, metavar="T"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),

@@ -564,9 +564,10 @@ impl Collective {
 
     /// Turns the straggler hold on or off for this collective (on: the
     /// caller sends the probes [`Collective::take_probe`] asks for and
-    /// passes their answers to [`Collective::on_probe_answer`]; off:
-    /// resends alone, as a member that cannot send control messages, a
-    /// lane share of a worker's threads, does).
+    /// passes their answers to [`Collective::on_probe_answer`], itself or,
+    /// for a lane share of a worker's threads, through the thread that
+    /// sends control messages; off: resends alone, as a member whose
+    /// probes nobody sends does).
     pub fn with_hold(mut self, on: bool) -> Collective {
         self.hold.enabled = on;
         self
@@ -576,6 +577,18 @@ impl Collective {
     /// hold wants one; taken once.
     pub fn take_probe(&mut self) -> Option<u32> {
         self.hold.want.take()
+    }
+
+    /// Whether the last probe still waits for its answer at `now`: none
+    /// came, and it is younger than the timeout it went out with (after
+    /// that a timeout no longer waits for it). A caller that is handed
+    /// answers by another thread looks for one at least that often.
+    pub fn awaits_answer(&self, now: Instant) -> bool {
+        self.hold.enabled
+            && self
+                .hold
+                .probe
+                .is_some_and(|p| p.answered.is_none() && now < p.at + p.wait)
     }
 
     /// The switch's answer about `seq` (a HEARTBEAT answer): if it answers
@@ -1435,9 +1448,11 @@ mod tests {
         assert_eq!(burst, [100, 101, 102, 103]);
         assert_eq!(c.take_probe(), Some(100));
         assert_eq!(c.take_probe(), None, "taken once");
+        assert!(c.awaits_answer(t1), "the probe waits for its answer");
         // Others missing: the next timeout (the resends' backed-off one)
         // resends nothing and probes again.
         c.on_probe_answer(100, ProbeAnswer::OthersMissing, t1);
+        assert!(!c.awaits_answer(t1), "answered");
         let t2 = t1 + rto * 2;
         assert!(c.poll_transmit(t2, 4, &rtt, &cfg).is_none());
         assert_eq!(c.take_probe(), Some(100));
@@ -1460,6 +1475,10 @@ mod tests {
         let t4 = t3 + rto * 4;
         assert!(c.poll_transmit(t4, 4, &rtt, &cfg).is_some());
         assert_eq!(c.take_probe(), Some(100));
+        // Unanswered: awaited for the timeout it went out with (the
+        // chunk's, backed off by its resends), then no longer.
+        assert!(c.awaits_answer(t4 + rto * 4 - Duration::from_millis(1)));
+        assert!(!c.awaits_answer(t4 + rto * 4));
         let resent = c.stats.resent;
         let t5 = t4 + rto * 8;
         assert!(c.poll_transmit(t5, 4, &rtt, &cfg).is_some());
@@ -1469,6 +1488,7 @@ mod tests {
         while off.poll_transmit(t0, 4, &rtt, &cfg).is_some() {}
         assert!(off.poll_transmit(t1, 4, &rtt, &cfg).is_some());
         assert_eq!((off.take_probe(), off.stats.probes), (None, 0));
+        assert!(!off.awaits_answer(t1));
     }
 
     #[test]

@@ -33,9 +33,15 @@
 //! * The straggler hold's probes (docs/PROTOCOL.md, "Reliability") go out
 //!   as HEARTBEATs through [`Member::poll_control`] after the
 //!   [`Member::poll_data`] that timed out the oldest chunk, and every
-//!   HEARTBEAT answer reaches the collective with what it says of this
-//!   rank ([`ProbeAnswer`]). Only a member whose session sends control
-//!   messages holds (not a lane member), and only with
+//!   HEARTBEAT answer about a seq of this member's share reaches the
+//!   collective with what it says of this rank ([`ProbeAnswer`]). A lane
+//!   member sends no control message: it holds only when its caller
+//!   relays ([`Member::relay_probes`]): the caller takes its probes
+//!   ([`Member::take_probe`]), the member whose session sends control
+//!   messages asks the switch ([`Member::ask_about`]), whose answer about
+//!   another share's seq comes back as [`Event::ShareProbeAnswer`], and
+//!   the caller hands it to that share's member
+//!   ([`Member::on_probe_answer`]). Only with
 //!   [`TransportConfig::straggler_hold`] on.
 //! * Nothing here reads a clock or a random source.
 //!
@@ -109,6 +115,12 @@ pub enum Event {
     /// The switch lost our session; a rejoin has started from the oldest
     /// unanswered chunk of the current collective.
     Rejoining(Lost),
+    /// A HEARTBEAT answer about `seq`, a chunk of another share of the
+    /// collective (a lane member's probe that this member sent,
+    /// [`Member::ask_about`]): what it says of this rank, for the caller
+    /// to hand to the member of share `seq` mod T
+    /// ([`Member::on_probe_answer`]).
+    ShareProbeAnswer { seq: u32, answer: ProbeAnswer },
     /// The collective made no progress for the stall timeout; `waiting` is
     /// what the switch last said about this very seq (None: no answer).
     Stalled {
@@ -180,15 +192,21 @@ pub struct Member {
     seq_lanes: u16,
     /// This member carries the chunks whose seq is `share.0` mod `share.1`.
     share: (u32, u32),
+    /// A lane member whose probes the caller relays through the control
+    /// member ([`Member::relay_probes`]).
+    relays_probes: bool,
     coll: Collective,
     /// Counters of the collectives before the current one.
     done: CollectiveStats,
     values_sent: u64,
     mismatched_results: u64,
     heartbeat_answers: u64,
-    /// The last HEARTBEAT answers of two seqs, the newest last: the
-    /// stall's (the seq the session watches) and the straggler hold's
-    /// probe (the share's oldest), which may differ.
+    /// The last HEARTBEAT answers of T + 1 seqs (T the collective's
+    /// shares), the newest last: the stall's (the seq the session watches)
+    /// and each share's straggler-hold probe (its oldest; every share's
+    /// goes through this member's session), which may all differ. Fewer
+    /// would let the lanes' answers push out the stall's, which names
+    /// what a stall waits for.
     waiting: Vec<(u32, Waiting)>,
 }
 
@@ -229,6 +247,7 @@ impl Member {
             advertised_window: 1,
             seq_lanes: 1,
             share: (0, 1),
+            relays_probes: false,
             coll: Collective::new(0, 0, 0, 1),
             done: CollectiveStats::default(),
             values_sent: 0,
@@ -250,10 +269,14 @@ impl Member {
         let next = Collective::with_shape(collective, first_seq, shape, self.elems_per_chunk)
             .with_seq_lanes(self.seq_lanes.into())
             .with_share(self.share.0, self.share.1)
-            .with_hold(self.cfg.straggler_hold && self.session.is_control());
+            .with_hold(
+                self.cfg.straggler_hold && (self.session.is_control() || self.relays_probes),
+            );
         let old = std::mem::replace(&mut self.coll, next);
         self.done.add(&old.stats);
         self.waiting.clear();
+        // Room for every share's probe and the stall's, once.
+        self.waiting.reserve(self.share.1 as usize + 1);
     }
 
     /// From the next [`Member::begin`] on, carries only the chunks whose seq
@@ -269,6 +292,49 @@ impl Member {
     /// Which share of each collective this member carries, of how many.
     pub fn share(&self) -> (u32, u32) {
         self.share
+    }
+
+    /// From the next [`Member::begin`] on, a lane member (whose session
+    /// sends no control message) holds as the control member does
+    /// (docs/PROTOCOL.md, "Reliability"; with
+    /// [`TransportConfig::straggler_hold`] on), because its caller relays:
+    /// it takes the member's probes ([`Member::take_probe`]) to the
+    /// control member ([`Member::ask_about`]), and hands back the answers
+    /// that member's [`Event::ShareProbeAnswer`] gives
+    /// ([`Member::on_probe_answer`]). A caller that relays nothing leaves
+    /// it off: the lane then resends on every timeout.
+    pub fn relay_probes(&mut self, on: bool) {
+        self.relays_probes = on;
+    }
+
+    /// A lane member's probe to relay now: the seq of its oldest chunk,
+    /// which just timed out (at most one per that chunk's timeout). The
+    /// control member's own probes go out through [`Member::poll_control`]
+    /// and are never here.
+    pub fn take_probe(&mut self) -> Option<u32> {
+        self.coll.take_probe()
+    }
+
+    /// Sends a HEARTBEAT about `seq` (a lane member's probe,
+    /// [`Member::take_probe`]) through this member's session, as its own
+    /// probes go: [`Member::poll_control`] gives it. Nothing on a lane
+    /// member.
+    pub fn ask_about(&mut self, seq: u32) {
+        self.session.ask_about(seq);
+    }
+
+    /// The switch's answer about `seq` (an [`Event::ShareProbeAnswer`] of
+    /// the control member; the caller took it at `at`), for the straggler
+    /// hold of this member's collective ([`Collective::on_probe_answer`]).
+    pub fn on_probe_answer(&mut self, seq: u32, answer: ProbeAnswer, at: Instant) {
+        self.coll.on_probe_answer(seq, answer, at);
+    }
+
+    /// Whether the collective's last probe still waits for its answer at
+    /// `now` ([`Collective::awaits_answer`]): a caller that relays answers
+    /// looks for one that often.
+    pub fn awaits_probe_answer(&self, now: Instant) -> bool {
+        self.coll.awaits_answer(now)
     }
 
     /// A member for share `share` of `shares` of this joined member's
@@ -447,9 +513,12 @@ impl Member {
         }
         let window = self.window();
         let t = self.coll.poll_transmit(now, window, &self.rtt, &self.cfg);
-        if let Some(seq) = self.coll.take_probe() {
-            // The straggler hold asks what the oldest chunk waits for.
-            self.session.ask_about(seq);
+        if self.session.is_control() {
+            if let Some(seq) = self.coll.take_probe() {
+                // The straggler hold asks what the oldest chunk waits for
+                // (a lane member's probe waits for its caller to relay it).
+                self.session.ask_about(seq);
+            }
         }
         let t = t?;
         // Kind, owner and NOVAL as the chunk's shape says.
@@ -609,12 +678,20 @@ impl Member {
                     Waiting::Ranks(r) if r.is_empty() => ProbeAnswer::Complete,
                     Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
                 };
-                self.coll.on_probe_answer(header.seq, answer, now);
                 self.waiting.retain(|(s, _)| *s != header.seq);
-                if self.waiting.len() == 2 {
+                if self.waiting.len() > self.coll.share().1 as usize {
                     self.waiting.remove(0);
                 }
                 self.waiting.push((header.seq, w));
+                let (share, shares) = self.coll.share();
+                if header.seq % shares != share {
+                    // Another share's seq: its member holds on it.
+                    return Some(Event::ShareProbeAnswer {
+                        seq: header.seq,
+                        answer,
+                    });
+                }
+                self.coll.on_probe_answer(header.seq, answer, now);
                 None
             }
             session::Event::SessionLost(lost) => Some(self.rejoin(lost, now)),
