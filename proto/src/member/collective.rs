@@ -59,7 +59,8 @@ pub const FAST_RETRANSMIT_GAP: u32 = 3;
 /// Chunks resent per expiry of the resend timer (the oldest ones).
 pub const TIMEOUT_RESEND_BURST: u32 = 4;
 /// The straggler hold keeps to the last probe's answer for this many RTOs
-/// after it came (docs/PROTOCOL.md, "Reliability").
+/// after it came, judged at the time a timer was due (docs/PROTOCOL.md,
+/// "Reliability").
 pub const HOLD_FRESH_RTOS: u32 = 2;
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -478,7 +479,8 @@ impl Collective {
     ///   the chunk's timeout;
     /// * while the last answer said our DATA is in and another rank's is
     ///   missing, and it is fresh (it came less than [`HOLD_FRESH_RTOS`]
-    ///   RTOs ago, or the probe after it is younger than its timeout),
+    ///   RTOs before the expiry was due, however late its timer ran; or
+    ///   the probe after it is younger than its timeout),
     ///   every expiry re-arms without a resend, the oldest for its own
     ///   (backed-off) timeout, the others for an RTO;
     /// * only an expiry of the oldest resends: a later chunk that times out
@@ -499,10 +501,17 @@ impl Collective {
         // The last probe is within the timeout it went out with: no new
         // one yet, and its answer may still come.
         let recent = self.hold.probe.is_some_and(|p| now < p.at + p.wait);
+        // Fresh when the timer was due, not when it ran: a timer that
+        // fires late (by a scheduler's millisecond, on a path whose RTT is
+        // tens of microseconds) would otherwise find every answer stale
+        // and resend what the switch said it has. Not longer than that:
+        // the hold also keeps a later chunk whose own DATA was lost from
+        // resending on its timeout.
+        let due = self.earliest_deadline.unwrap_or(now);
         let fresh = self
             .hold
             .probe
-            .is_some_and(|p| p.answered.is_some_and(|t| now <= t + rto * HOLD_FRESH_RTOS));
+            .is_some_and(|p| p.answered.is_some_and(|t| due <= t + rto * HOLD_FRESH_RTOS));
         let hold = on && self.hold.held && (fresh || recent);
         if !hold {
             // Never kept without a fresh answer.
@@ -1489,6 +1498,38 @@ mod tests {
         assert!(off.poll_transmit(t1, 4, &rtt, &cfg).is_some());
         assert_eq!((off.take_probe(), off.stats.probes), (None, 0));
         assert!(!off.awaits_answer(t1));
+    }
+
+    /// A held timeout whose timer fires late (a scheduler's delay, longer
+    /// than the path's RTT) is still held: the answer's freshness is
+    /// judged at the time the timer was due. Without an answer to the
+    /// next probe, the hold ends and the oldest resends.
+    #[test]
+    fn a_late_timer_still_finds_the_answer_fresh() {
+        let (cfg, rtt, _) = setup();
+        let rto = cfg.initial_rto;
+        let t0 = Instant::now();
+        let mut c = Collective::new(0, 100, 1, 1).with_hold(true);
+        assert!(c.poll_transmit(t0, 4, &rtt, &cfg).is_some());
+        // First timeout: resent (backed off to 2 RTOs) and probed; the
+        // answer comes at once (an RTT far below the timers' lateness).
+        let t1 = t0 + rto;
+        assert!(c.poll_transmit(t1, 4, &rtt, &cfg).is_some());
+        assert_eq!(c.take_probe(), Some(100));
+        c.on_probe_answer(100, ProbeAnswer::OthersMissing, t1);
+        // The next expiry, due at t1 + 2 RTOs, runs a little late.
+        let late = rto / 4;
+        let t2 = t1 + rto * 2 + late;
+        assert!(
+            c.poll_transmit(t2, 4, &rtt, &cfg).is_none(),
+            "a late timer resent what the switch said it has"
+        );
+        assert_eq!(c.stats.held_timeouts, 1);
+        assert_eq!(c.take_probe(), Some(100));
+        // Unanswered, and now past its timeout and the answer's extra RTO:
+        // the hold ends, the oldest resends.
+        let t3 = t2 + rto * 4;
+        assert!(c.poll_transmit(t3, 4, &rtt, &cfg).is_some());
     }
 
     #[test]
