@@ -11,7 +11,11 @@ where the link is the bottleneck. `--slow-results MBIT` shapes everything
 into the last rank to MBIT Mbit/s (a deep tbf on its ingress) from
 `--slow-after` seconds into each run: a queue that builds on one rank's
 way after its RTO has settled, for a change's cost when one path slows
-mid-run. Each run's figures are the transports
+mid-run. `--b-switch-config` sets switchd keys for the second build only
+(a setting's cost with the same binaries on both sides, or a new key the
+first build does not know), and `--huge-pages N` adds N pages to the
+machine's 2 MiB huge page pool for the runs (`umem_huge_pages`), restored
+afterwards. Each run's figures are the transports
 scenario's (bench_transports_report.py), with the build's label in place of
 the transport.
 """
@@ -24,7 +28,8 @@ import time
 from pathlib import Path
 
 import bench_transports_report as report
-from lifecycle import RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret, start_switchd, stamp, write_switchd_config
+from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, log, random_secret, start_switchd, stamp,
+                       write_switchd_config)
 from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
@@ -47,6 +52,16 @@ def build_dir(text):
     return d
 
 
+def switch_sets(text):
+    """`switchd testbed-config --set` strings from KEY=VALUE,KEY=VALUE."""
+    sets = tuple(s.strip() for s in text.split(",") if s.strip())
+    for s in sets:
+        key, eq, value = s.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"{s!r} is not KEY=VALUE (switch.umem_huge_pages=\"on\")")
+    return sets
+
+
 def order(run_i, labels):
     """The builds' order in run run_i: as given, reversed every other run."""
     return list(labels) if run_i % 2 == 0 else list(reversed(labels))
@@ -62,15 +77,17 @@ def run(a):
     out = Path(tempfile.mkdtemp(prefix="bench-builds."))
     secret = random_secret()
     runs = []
-    with Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, Processes() as procs:
+    with HugePages(a.huge_pages), Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, \
+            Processes() as procs:
         if a.link == "1gbit":
             net("shape-workers", a.prefix, a.workers, *TBF_ARGS)
         for run_i in range(a.runs):
             for label in order(run_i, builds):
                 d = builds[label]
                 cfg = out / f"switchd-{label}.toml"
+                extra = list(a.b_switch_config) if label == "B" else []
                 write_switchd_config(d / "switchd", tb, cfg, "scripts/bench builds", a.workers, secret,
-                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"'])
+                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"', *extra])
                 sw = start_switchd(procs, f"{a.prefix}-sw", d / "switchd", out / f"switchd-{label}-{run_i}.log",
                                    ["run", "--config", cfg])
                 mark(out / f"{label}-{run_i}.before", ["children", "switchd", "wall", "stat"], sw.pid)
@@ -109,7 +126,8 @@ def run(a):
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
                                 "iterations": a.iterations, "mtu": a.mtu, "link": a.link,
-                                "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after, "runs": runs, "summary": summary,
+                                "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after,
+                                "b_switch_config": list(a.b_switch_config), "huge_pages": a.huge_pages, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -138,6 +156,10 @@ SCENARIO = Scenario(
                "--slow-after on (0: never)", type=uint_range(0, 100000), default=0, metavar="MBIT"),
         Option("--slow-after", "seconds into each run when --slow-results starts", type=positive_seconds,
                default=1.0, metavar="S"),
+        Option("--b-switch-config", "the second build's switchd settings only: KEY=VALUE,... "
+               "(switch.umem_huge_pages=\"on\")", type=switch_sets, default=(), metavar="SETS"),
+        Option("--huge-pages", "2 MiB huge pages to add to the machine's pool for the runs (restored after; "
+               "switchd's UMEMs take 8 per socket)", type=uint_range(0, 65536), default=0, metavar="N"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),
