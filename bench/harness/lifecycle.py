@@ -181,6 +181,40 @@ def parse_env(text):
     return env
 
 
+NR_HUGEPAGES = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
+
+
+class HugePages:
+    """`extra` more 2 MiB huge pages in the machine's pool for the length
+    of a `with` block (switchd's UMEMs take them, `[switch]
+    umem_huge_pages`), the pool's size as it was restored on the way out,
+    also on error. HarnessError when the kernel finds fewer. 0: nothing
+    changes."""
+
+    def __init__(self, extra, path=NR_HUGEPAGES):
+        self.extra = extra
+        self.path = Path(path)
+        self.before = None
+
+    def __enter__(self):
+        if self.extra == 0:
+            return self
+        self.before = int(self.path.read_text())
+        want = self.before + self.extra
+        self.path.write_text(f"{want}\n")
+        got = int(self.path.read_text())
+        if got < want:
+            self.__exit__()
+            raise HarnessError(f"asked the kernel for {want} 2 MiB huge pages ({self.extra} more), "
+                               f"it found {got}: too little unfragmented memory")
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            self.path.write_text(f"{self.before}\n")
+            self.before = None
+
+
 class Testbed:
     """`scripts/testbed.sh up --prefix PREFIX ARGS --print-env` for the
     length of a `with` block; its env file is workdir/testbed.env. With

@@ -253,6 +253,32 @@ def test_builds_worker_threads_option_sets_the_workers_threads_and_the_switchs_l
     assert builds.thread_args(3) == (["--threads", 3], ["switch.seq_lanes=4"])
 
 
+def test_builds_sets_switch_keys_of_the_second_build_only_and_reserves_huge_pages():
+    s = SCENARIOS["builds"]
+    assert (parse(s, []).b_switch_config, parse(s, []).huge_pages) == ((), 0)
+    a = parse(s, ["--b-switch-config", 'switch.umem_huge_pages="on", switch.queues=2', "--huge-pages", "40"])
+    assert a.b_switch_config == ('switch.umem_huge_pages="on"', "switch.queues=2")
+    assert a.huge_pages == 40
+    for bad in ["switch.queues", "=2", "switch.queues="]:
+        with pytest.raises(SystemExit):
+            parse(s, ["--b-switch-config", bad])
+
+
+def test_huge_pages_grows_the_pool_for_the_block_and_restores_it_also_on_error(tmp_path):
+    pool = tmp_path / "nr_hugepages"
+    pool.write_text("4\n")
+    with lifecycle.HugePages(32, pool):
+        assert pool.read_text().strip() == "36"
+    assert pool.read_text().strip() == "4"
+    with pytest.raises(RuntimeError):
+        with lifecycle.HugePages(8, pool):
+            assert pool.read_text().strip() == "12"
+            raise RuntimeError("a run failed")
+    assert pool.read_text().strip() == "4"
+    with lifecycle.HugePages(0, tmp_path / "absent"):
+        pass  # 0 pages: the pool is not touched
+
+
 def test_publish_copies_the_run_to_the_published_name_only_with_docs(tmp_path, monkeypatch):
     monkeypatch.setattr(lifecycle, "RESULTS_DIR", tmp_path / "results")
     run_json, run_png = tmp_path / "x-STAMP.json", tmp_path / "x-STAMP.png"

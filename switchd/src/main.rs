@@ -21,12 +21,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use proto::switch::{human_bytes, JobTable, TableConfig};
-use switchd::config::{AttachModeSetting, Config, DataplaneMode, ForwardingSetting, FRAME_SIZE};
+use switchd::config::{
+    AttachModeSetting, Config, DataplaneMode, ForwardingSetting, UmemHugePages, FRAME_SIZE,
+};
 use switchd::control::{self, ControlConfig, ControlPlane};
 use switchd::dataplane::{self, DataplaneConfig, Socket};
 use switchd::stats::{self, PortStats};
 use switchd::watchdog;
-use switchd::xdp::{self, AttachMode, ProgramOptions, SteeringProgram, XskConfig};
+use switchd::xdp::{self, AttachMode, ProgramOptions, SteeringProgram, XskConfig, XskError};
 
 #[derive(Parser)]
 #[command(version, about = "In-network aggregation switch on AF_XDP")]
@@ -203,15 +205,30 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         prog.add_local_mac(mac)
             .context("registering the switch's own MAC addresses")?;
     }
-    let xcfg = XskConfig {
+    // In xdp-drop mode the program drops what it would steer: no sockets.
+    let socket_ports: &[String] = if xdp_drop { &[] } else { &cfg.switch.ports };
+    let plan = switchd::config::plan_umem(
+        cfg.switch.umem_huge_pages,
+        socket_ports.len() * cfg.switch.queues as usize,
+        cfg.switch.frames_per_socket,
+        switchd::config::HugePagePool::read().as_ref(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(note) = &plan.note {
+        tracing::info!("{note}");
+    }
+    let mut xcfg = XskConfig {
         frame_count: cfg.switch.frames_per_socket,
         ring_size: (cfg.switch.frames_per_socket / 2).min(4096),
         zero_copy: cfg.switch.zero_copy,
         frame_size: FRAME_SIZE as u32,
         multi_buffer: cfg.multi_buffer,
+        huge_pages: plan.huge_pages,
     };
     tracing::info!(
         multi_buffer = cfg.multi_buffer,
+        huge_pages = plan.huge_pages,
+        huge_pages_taken = plan.pages,
         max_elems_per_chunk = max_elems,
         "AF_XDP sockets {}",
         if cfg.multi_buffer {
@@ -221,12 +238,24 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
         }
     );
     let mut sockets = Vec::new();
-    // In xdp-drop mode the program drops what it would steer: no sockets.
-    let socket_ports: &[String] = if xdp_drop { &[] } else { &cfg.switch.ports };
     for (i, port) in socket_ports.iter().enumerate() {
         for q in 0..cfg.switch.queues {
-            let (rx, tx) = xdp::open_xsk(port, q, &xcfg)
-                .with_context(|| format!("opening AF_XDP socket on {port} queue {q}"))?;
+            let opened = match xdp::open_xsk(port, q, &xcfg) {
+                // The pool had the pages when planned; someone took them
+                // since. `auto`: this socket and the rest go without.
+                Err(e @ XskError::HugePages { .. })
+                    if cfg.switch.umem_huge_pages == UmemHugePages::Auto =>
+                {
+                    tracing::warn!(
+                        "{e}; {port} queue {q} and the sockets after it on 4 KiB pages instead"
+                    );
+                    xcfg.huge_pages = false;
+                    xdp::open_xsk(port, q, &xcfg)
+                }
+                r => r,
+            };
+            let (rx, tx) =
+                opened.with_context(|| format!("opening AF_XDP socket on {port} queue {q}"))?;
             prog.register_socket(i as u32, q, rx.fd())
                 .with_context(|| format!("registering the socket of {port} queue {q}"))?;
             sockets.push(Socket {
@@ -542,6 +571,31 @@ fn check_config(path: &Path) -> Result<()> {
         },
         switchd::config::max_elems_per_chunk(cfg.multi_buffer)
     );
+    let sockets = if cfg.switch.mode == DataplaneMode::XdpDrop {
+        0
+    } else {
+        cfg.switch.ports.len() * cfg.switch.queues as usize
+    };
+    let pool = switchd::config::HugePagePool::read();
+    match switchd::config::plan_umem(
+        cfg.switch.umem_huge_pages,
+        sockets,
+        cfg.switch.frames_per_socket,
+        pool.as_ref(),
+    ) {
+        Ok(plan) if plan.huge_pages => println!(
+            "  UMEM: on 2 MiB huge pages, {} of the {} free now",
+            plan.pages,
+            pool.map_or(0, |p| p.available())
+        ),
+        Ok(plan) => println!(
+            "  UMEM: on 4 KiB pages{}",
+            plan.note.map(|n| format!(": {n}")).unwrap_or_default()
+        ),
+        // A config that cannot start here, but is not wrong: the pool is
+        // the machine's, and may be reserved before switchd starts.
+        Err(e) => eprintln!("{}: warning: {e}", path.display()),
+    }
     match cfg.switch.metrics_listen.addr() {
         None => println!("  metrics: off"),
         Some(addr) => println!(

@@ -133,6 +133,47 @@ pub fn unavailable(test: &str, why: &str) {
     eprintln!("SKIPPED {test}: {why}");
 }
 
+/// The 2 MiB huge page pool set to a size for one test, and set back
+/// when this drops (also on panic). The pool is the machine's, not the
+/// testbed's: tests that change it run one at a time, as all of these do.
+pub struct HugePages {
+    before: u64,
+}
+
+const NR_HUGEPAGES: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+
+fn read_nr_hugepages() -> u64 {
+    std::fs::read_to_string(NR_HUGEPAGES)
+        .unwrap_or_else(|e| panic!("reading {NR_HUGEPAGES}: {e}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+impl HugePages {
+    /// `extra` more pages than the pool holds now; None (and the pool as
+    /// it was) if the kernel could not find that many.
+    pub fn reserve(extra: u64) -> Option<HugePages> {
+        let before = read_nr_hugepages();
+        let guard = HugePages::set(before + extra);
+        (read_nr_hugepages() >= before + extra).then_some(guard)
+    }
+
+    /// Exactly `pages` pages (0: none for switchd to take).
+    pub fn set(pages: u64) -> HugePages {
+        let before = read_nr_hugepages();
+        std::fs::write(NR_HUGEPAGES, pages.to_string())
+            .unwrap_or_else(|e| panic!("writing {pages} to {NR_HUGEPAGES}: {e}"));
+        HugePages { before }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.before.to_string());
+    }
+}
+
 /// Stops switchd, checks that it exited cleanly and left no XDP program on
 /// any port, and returns its last stats.
 pub fn stop_clean(tb: &Testbed, sw: &mut Switchd) -> serde_json::Value {

@@ -13,7 +13,11 @@ into the last rank to MBIT Mbit/s (a deep tbf on its ingress) from
 way after its RTO has settled, for a change's cost when one path slows
 mid-run. `--worker-threads T` runs every worker with `--threads T` against
 a switchd whose seq_lanes is at least T (docs/design/worker-threads.md), for
-a change's cost to a collective carried by T threads. Each run's figures are
+a change's cost to a collective carried by T threads. `--b-switch-config`
+sets switchd keys for the second build only (a setting's cost with the
+same binaries on both sides, or a new key the first build does not know),
+and `--huge-pages N` adds N pages to the machine's 2 MiB huge page pool for
+the runs (`umem_huge_pages`), restored afterwards. Each run's figures are
 the transports scenario's (bench_transports_report.py), with the build's
 label in place of the transport.
 """
@@ -26,7 +30,7 @@ import time
 from pathlib import Path
 
 import bench_transports_report as report
-from lifecycle import (RESULTS_DIR, HarnessError, Processes, Testbed, lanes_for, log, random_secret, start_switchd, stamp,
+from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, lanes_for, log, random_secret, start_switchd, stamp,
                        write_switchd_config)
 from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
@@ -48,6 +52,16 @@ def build_dir(text):
         if not os.access(d / b, os.X_OK):
             raise argparse.ArgumentTypeError(f"{d / b} is not an executable (a DIR holds switchd, switchctl and worker)")
     return d
+
+
+def switch_sets(text):
+    """`switchd testbed-config --set` strings from KEY=VALUE,KEY=VALUE."""
+    sets = tuple(s.strip() for s in text.split(",") if s.strip())
+    for s in sets:
+        key, eq, value = s.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"{s!r} is not KEY=VALUE (switch.umem_huge_pages=\"on\")")
+    return sets
 
 
 def order(run_i, labels):
@@ -75,15 +89,17 @@ def run(a):
     out = Path(tempfile.mkdtemp(prefix="bench-builds."))
     secret = random_secret()
     runs = []
-    with Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, Processes() as procs:
+    with HugePages(a.huge_pages), Testbed(a.prefix, ["--workers", a.workers, "--mtu", a.mtu], out) as tb, \
+            Processes() as procs:
         if a.link == "1gbit":
             net("shape-workers", a.prefix, a.workers, *TBF_ARGS)
         for run_i in range(a.runs):
             for label in order(run_i, builds):
                 d = builds[label]
                 cfg = out / f"switchd-{label}.toml"
+                extra = list(a.b_switch_config) if label == "B" else []
                 write_switchd_config(d / "switchd", tb, cfg, "scripts/bench builds", a.workers, secret,
-                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"', *lane_sets])
+                                     [f'switch.admin_socket="{out}/switchd-{label}.sock"', *lane_sets, *extra])
                 sw = start_switchd(procs, f"{a.prefix}-sw", d / "switchd", out / f"switchd-{label}-{run_i}.log",
                                    ["run", "--config", cfg])
                 mark(out / f"{label}-{run_i}.before", ["children", "switchd", "wall", "stat"], sw.pid)
@@ -124,7 +140,8 @@ def run(a):
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
                                 "iterations": a.iterations, "mtu": a.mtu, "link": a.link,
                                 "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after,
-                                "worker_threads": a.worker_threads, "runs": runs, "summary": summary,
+                                "worker_threads": a.worker_threads, "b_switch_config": list(a.b_switch_config),
+                                "huge_pages": a.huge_pages, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
     return 0
@@ -155,6 +172,10 @@ SCENARIO = Scenario(
                default=1.0, metavar="S"),
         Option("--worker-threads", "threads per worker (worker --threads T, switchd seq_lanes >= T; 1: as "
                "before threads)", type=uint_range(1, 64), default=1, metavar="T"),
+        Option("--b-switch-config", "the second build's switchd settings only: KEY=VALUE,... "
+               "(switch.umem_huge_pages=\"on\")", type=switch_sets, default=(), metavar="SETS"),
+        Option("--huge-pages", "2 MiB huge pages to add to the machine's pool for the runs (restored after; "
+               "switchd's UMEMs take 8 per socket)", type=uint_range(0, 65536), default=0, metavar="N"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
         Option("--timeout", "seconds a run's workers may take before they are stopped",
                type=uint_range(1, 86400), default=600, metavar="S"),

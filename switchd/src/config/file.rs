@@ -44,6 +44,28 @@ pub enum ForwardingSetting {
     Bridge,
 }
 
+/// Whether the AF_XDP sockets' UMEMs lie on 2 MiB HugeTLB pages (fewer
+/// TLB misses reading and writing frames; the config `umem` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UmemHugePages {
+    /// On huge pages when the pool has every page the sockets take free;
+    /// else on 4 KiB pages, with one log line that says how to reserve them.
+    #[default]
+    Auto,
+    /// On huge pages; switchd refuses to start when the pool is short.
+    On,
+    /// On 4 KiB pages.
+    Off,
+}
+
+impl UmemHugePages {
+    /// The default: left out of a written config.
+    pub fn is_auto(&self) -> bool {
+        *self == UmemHugePages::Auto
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachModeSetting {
@@ -141,6 +163,9 @@ pub struct SwitchSection {
     /// to restart it; 0 turns the watchdog off.
     #[serde(default = "default_watchdog_secs")]
     pub watchdog_secs: f64,
+    /// The sockets' UMEMs on 2 MiB HugeTLB pages ([`UmemHugePages`]).
+    #[serde(default, skip_serializing_if = "UmemHugePages::is_auto")]
+    pub umem_huge_pages: UmemHugePages,
 }
 
 fn default_watchdog_secs() -> f64 {

@@ -10,6 +10,7 @@
 //! attach_mode = "auto"              # "auto" | "driver" | "skb"
 //! summary_interval_secs = 5         # one log line per job this often
 //! frames_per_socket = 4096          # UMEM frames per socket (4 KiB each)
+//! umem_huge_pages = "auto"          # UMEM on 2 MiB huge pages: "auto" (if reserved) | "on" | "off"
 //! admin_socket = "/run/aggswitch/switchd.sock"  # for switchctl
 //! ecn_ring_threshold = 0.5          # ring occupancy that marks ECE (≥ 1: off)
 //! dataplane_threads = 1             # sockets are dealt among the threads
@@ -61,7 +62,8 @@
 //!
 //! Files, bottom up (each imports only those before it): `mtu` (frame and
 //! chunk sizes from the ports' MTU), `file` (the TOML schema and the
-//! checked [`Config`]'s fields), `secrets` (a job secret, a tenant key
+//! checked [`Config`]'s fields), `umem` (the sockets' UMEM on huge pages
+//! or not), `secrets` (a job secret, a tenant key
 //! file and the weak-key rule, a readable file's warning), `check`
 //! (loading and every check), `layout` (warnings about threads, queues and
 //! lanes); tests in `tests.rs` and, for `[[tenant]]`, `tenant_tests.rs`. Everything is re-exported here, so
@@ -76,6 +78,7 @@ mod secrets;
 mod tenant_tests;
 #[cfg(test)]
 mod tests;
+mod umem;
 
 pub use check::{
     admin_socket_in, check_tenants, machine_memory, ConfigError, DEFAULT_POOL_MEMORY_FRACTION,
@@ -83,8 +86,8 @@ pub use check::{
 };
 pub use file::{
     AttachModeSetting, Config, ConfigFile, DataplaneMode, ForwardingSetting, JobSection,
-    MetricsListen, SwitchSection, TenantSection, UpstreamSection, DEFAULT_ADMIN_SOCKET,
-    DEFAULT_METRICS_LISTEN, DEFAULT_TENANT_JOB_IDS,
+    MetricsListen, SwitchSection, TenantSection, UmemHugePages, UpstreamSection,
+    DEFAULT_ADMIN_SOCKET, DEFAULT_METRICS_LISTEN, DEFAULT_TENANT_JOB_IDS,
 };
 pub use layout::{
     lane_warnings, layout_warnings, nic_queue_warnings, sysfs_rx_queues, LayoutWarning,
@@ -96,3 +99,4 @@ pub use mtu::{
 pub use secrets::{
     key_file_warning, parse_secret, parse_tenant_key, read_tenant_key, secrets_exposure,
 };
+pub use umem::{huge_pages_needed, plan_umem, shortage_message, HugePagePool, UmemPlan};

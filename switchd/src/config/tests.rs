@@ -141,6 +141,22 @@ fn watchdog_defaults_to_5_s_takes_0_for_off_and_refuses_negatives() {
     assert!(e.contains("watchdog_secs"), "{e}");
 }
 
+#[test]
+fn umem_huge_pages_defaults_to_auto_and_takes_on_and_off() {
+    assert_eq!(
+        parse(GOOD).unwrap().switch.umem_huge_pages,
+        UmemHugePages::Auto
+    );
+    for (v, want) in [("on", UmemHugePages::On), ("off", UmemHugePages::Off)] {
+        let c = parse(&with_switch(&format!("umem_huge_pages = \"{v}\"\n"))).unwrap();
+        assert_eq!(c.switch.umem_huge_pages, want);
+    }
+    let e = parse(&with_switch("umem_huge_pages = \"yes\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("umem_huge_pages") || e.contains("yes"), "{e}");
+}
+
 /// GOOD with `extra` lines at the top of `[switch]`.
 fn with_switch(extra: &str) -> String {
     GOOD.replace("[switch]\n", &format!("[switch]\n{extra}\n"))

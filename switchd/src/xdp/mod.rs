@@ -31,5 +31,6 @@ pub use loader::{
 };
 pub use maps::FdbEntry;
 pub use xsk::{
-    open as open_xsk, BindMode, XskConfig, XskError, XskRx, XskStats, XskTx, RX_HEADROOM,
+    huge_pages_for, open as open_xsk, BindMode, XskConfig, XskError, XskRx, XskStats, XskTx,
+    HUGE_PAGE, RX_HEADROOM,
 };

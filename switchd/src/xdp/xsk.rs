@@ -5,7 +5,12 @@
 //! Invariants:
 //! * UMEM = `frame_count` frames of `frame_size` bytes in one page-aligned
 //!   anonymous mmap, unmapped only after both halves (and so all rings and the
-//!   socket) are gone. Frames `[0, frame_count/2)` belong to RX (fill ring,
+//!   socket) are gone. With `XskConfig::huge_pages` the mmap is of 2 MiB
+//!   HugeTLB pages, its length rounded up to one, so that reading and
+//!   writing frames spread over the UMEM takes a TLB entry per 2 MiB, not
+//!   per frame. Frames stay at most one 4 KiB page either way: the kernel
+//!   refuses larger UMEM chunks (checked on Linux 6.18), so a jumbo frame is
+//!   still several buffers (multi-buffer below). Frames `[0, frame_count/2)` belong to RX (fill ring,
 //!   kernel, RX ring, or inside one `recv_batch` call); frames
 //!   `[frame_count/2, frame_count)` belong to TX (free list, queued, TX ring or
 //!   completion ring). A frame is touched by user space only while it is owned
@@ -55,6 +60,9 @@ pub const RX_HEADROOM: usize = 256;
 /// gathers or sends: a 9000-byte MTU frame with a VLAN tag fits.
 pub const MAX_PACKET: usize = 9216;
 
+/// Bytes of one HugeTLB page as switchd maps them (`MAP_HUGE_2MB`).
+pub const HUGE_PAGE: usize = 2 << 20;
+
 /// `bind` flag: accept packets in several buffers (linux/if_xdp.h
 /// XDP_USE_SG; xdpilone has no name for it).
 const XDP_USE_SG: u16 = 1 << 4;
@@ -79,6 +87,9 @@ pub struct XskConfig {
     pub zero_copy: bool,
     /// Bytes per frame: 2048 or 4096 (default).
     pub frame_size: u32,
+    /// Map the UMEM on 2 MiB HugeTLB pages (`MAP_HUGETLB`); `open` fails
+    /// with [`XskError::HugePages`] when too few are free.
+    pub huge_pages: bool,
     /// Bind with `XDP_USE_SG` so that packets larger than one frame pass
     /// (jumbo frames); `open` fails with a clear error if the kernel or
     /// driver cannot.
@@ -93,6 +104,7 @@ impl Default for XskConfig {
             zero_copy: false,
             frame_size: 4096,
             multi_buffer: false,
+            huge_pages: false,
         }
     }
 }
@@ -157,6 +169,17 @@ pub enum XskError {
         frame_size: u32,
         source: std::io::Error,
     },
+    #[error(
+        "mapping {bytes} B of UMEM on 2 MiB HugeTLB pages ({pages} pages) for {ifname} queue \
+         {queue} failed: {source}"
+    )]
+    HugePages {
+        ifname: String,
+        queue: u32,
+        bytes: usize,
+        pages: usize,
+        source: std::io::Error,
+    },
     #[error("binding AF_XDP socket to {ifname} queue {queue} failed: {source} ({hint})")]
     Bind {
         ifname: String,
@@ -174,7 +197,10 @@ fn io_err(e: Errno) -> std::io::Error {
 /// Page-aligned anonymous mapping holding a UMEM; unmapped on drop.
 struct UmemArea {
     ptr: NonNull<u8>,
+    /// Bytes of the UMEM (what is registered).
     len: usize,
+    /// Bytes mapped: `len`, rounded up to [`HUGE_PAGE`] on HugeTLB pages.
+    mapped: usize,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; which thread may
@@ -184,16 +210,31 @@ unsafe impl Send for UmemArea {}
 // SAFETY: as above; `UmemArea` itself hands out no references.
 unsafe impl Sync for UmemArea {}
 
+/// HugeTLB pages a UMEM of `bytes` bytes takes.
+pub fn huge_pages_for(bytes: usize) -> usize {
+    bytes.div_ceil(HUGE_PAGE)
+}
+
 impl UmemArea {
-    fn new(len: usize) -> std::io::Result<Self> {
+    /// Maps `len` bytes, on 2 MiB HugeTLB pages if `huge` (ENOMEM when
+    /// too few are free: the mmap reserves them).
+    fn new(len: usize, huge: bool) -> std::io::Result<Self> {
+        let (mapped, extra) = if huge {
+            (
+                huge_pages_for(len) * HUGE_PAGE,
+                libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
+            )
+        } else {
+            (len, 0)
+        };
         // SAFETY: anonymous private mapping with no address hint: no existing
         // memory is affected. The result is checked for MAP_FAILED.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | extra,
                 -1,
                 0,
             )
@@ -203,7 +244,7 @@ impl UmemArea {
         }
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
-        Ok(UmemArea { ptr, len })
+        Ok(UmemArea { ptr, len, mapped })
     }
 
     fn as_slice_ptr(&self) -> NonNull<[u8]> {
@@ -224,7 +265,7 @@ impl Drop for UmemArea {
         // owner is being dropped, after all rings and the socket (see field
         // order in `XskRx`/`XskTx`), so nothing refers to it anymore. The
         // kernel keeps its own pin on the pages until the socket is released.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
     }
 }
 
@@ -391,7 +432,7 @@ fn build(
         headroom: 0,
         flags: 0,
     };
-    // SAFETY: `area` is a page-aligned mapping of exactly `layout.bytes()`
+    // SAFETY: `area` is a page-aligned mapping of at least `layout.bytes()`
     // bytes (checked by `UmemArea::new`'s mmap), and it is kept alive by the
     // `Shared` that outlives every ring and the socket built here.
     let umem = unsafe { Umem::new(umem_cfg, area.as_slice_ptr()) }
@@ -459,11 +500,25 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
         .map_err(|_| XskError::NoSuchInterface(ifname.to_string()))?;
     info.set_queue(queue);
 
-    let area = UmemArea::new(layout.bytes()).map_err(|source| XskError::Alloc {
-        ifname: ifname.to_string(),
-        queue,
-        bytes: layout.bytes(),
-        source,
+    let area = UmemArea::new(layout.bytes(), cfg.huge_pages).map_err(|source| {
+        let (ifname, bytes) = (ifname.to_string(), layout.bytes());
+        if cfg.huge_pages {
+            let pages = huge_pages_for(bytes);
+            XskError::HugePages {
+                ifname,
+                queue,
+                bytes,
+                pages,
+                source,
+            }
+        } else {
+            XskError::Alloc {
+                ifname,
+                queue,
+                bytes,
+                source,
+            }
+        }
     })?;
 
     let mut mode = if cfg.zero_copy {
@@ -558,6 +613,7 @@ pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<(XskRx, XskTx),
         queue,
         mode = %mode,
         multi_buffer = cfg.multi_buffer,
+        huge_pages = cfg.huge_pages,
         frames = layout.frame_count,
         frame_size = layout.frame_size,
         ring = layout.ring_size,
@@ -1390,6 +1446,13 @@ mod tests {
         assert_eq!(none.push(&[1], true), GatherStep::Incomplete);
         assert_eq!(none.push(&[1], false), GatherStep::Dropped);
         assert_eq!(none.dropped, 1);
+    }
+
+    #[test]
+    fn a_umem_takes_whole_huge_pages() {
+        assert_eq!(huge_pages_for(4096 * 4096), 8);
+        assert_eq!(huge_pages_for(HUGE_PAGE + 1), 2);
+        assert_eq!(huge_pages_for(64 * 2048), 1);
     }
 
     #[test]
