@@ -5,8 +5,11 @@
 //! Why: switchd reads and writes frames spread over every socket's UMEM
 //! (16 MiB each by default); on 4 KiB pages that is a TLB entry per frame,
 //! on huge pages one per 2 MiB. Measured at MTU 9000 (docs/BENCHMARKS.md):
-//! 3–8 % less switchd CPU. Frames stay 4 KiB: the kernel takes no larger
-//! UMEM chunk, huge pages or not.
+//! 3–8 % less switchd CPU. Without reserved pages the UMEM asks for
+//! transparent huge pages (xsk.rs), which gave about as much where the
+//! kernel had them; reserved pages are the ones nobody else can take.
+//! Frames stay 4 KiB: the kernel takes no larger UMEM chunk, huge pages or
+//! not.
 //!
 //! Invariant: [`plan_umem`] uses huge pages only when the pool has every
 //! page all sockets need free (so `auto` never starts half the sockets on
@@ -142,8 +145,8 @@ pub fn plan_umem(
             "{short}; switch.umem_huge_pages = \"on\" needs them (\"auto\" goes on without)"
         )),
         _ => Ok(small(Some(format!(
-            "{short} (switch.umem_huge_pages = \"auto\": on 4 KiB pages meanwhile; \"off\" \
-             silences this)"
+            "{short} (switch.umem_huge_pages = \"auto\": meanwhile on transparent huge pages \
+             where the kernel has them free, else 4 KiB pages; \"off\" silences this)"
         )))),
     }
 }

@@ -8,7 +8,10 @@
 //!   socket) are gone. With `XskConfig::huge_pages` the mmap is of 2 MiB
 //!   HugeTLB pages, its length rounded up to one, so that reading and
 //!   writing frames spread over the UMEM takes a TLB entry per 2 MiB, not
-//!   per frame. Frames stay at most one 4 KiB page either way: the kernel
+//!   per frame. Without, the mapping is advised `MADV_HUGEPAGE` before
+//!   its pages are touched, so that where transparent huge pages are on
+//!   (`always` or `madvise`) it gets the same from the kernel's free
+//!   memory, with nothing reserved. Frames stay at most one 4 KiB page either way: the kernel
 //!   refuses larger UMEM chunks (checked on Linux 6.18), so a jumbo frame is
 //!   still several buffers (multi-buffer below). Frames `[0, frame_count/2)` belong to RX (fill ring,
 //!   kernel, RX ring, or inside one `recv_batch` call); frames
@@ -217,7 +220,8 @@ pub fn huge_pages_for(bytes: usize) -> usize {
 
 impl UmemArea {
     /// Maps `len` bytes, on 2 MiB HugeTLB pages if `huge` (ENOMEM when
-    /// too few are free: the mmap reserves them).
+    /// too few are free: the mmap reserves them), else advised to be on
+    /// transparent huge pages; every page touched.
     fn new(len: usize, huge: bool) -> std::io::Result<Self> {
         let (mapped, extra) = if huge {
             (
@@ -227,6 +231,10 @@ impl UmemArea {
         } else {
             (len, 0)
         };
+        // Without HugeTLB, ask for transparent huge pages before the pages
+        // are touched (so no MAP_POPULATE then: populated after the
+        // advice). Measured: docs/BENCHMARKS.md, "What was tried".
+        let populate = if huge { libc::MAP_POPULATE } else { 0 };
         // SAFETY: anonymous private mapping with no address hint: no existing
         // memory is affected. The result is checked for MAP_FAILED.
         let p = unsafe {
@@ -234,13 +242,28 @@ impl UmemArea {
                 std::ptr::null_mut(),
                 mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | extra,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate | extra,
                 -1,
                 0,
             )
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
+        }
+        if !huge {
+            // SAFETY: advice and population over exactly the mapping just
+            // made; neither changes what it holds (zeros). The advice may
+            // be refused (THP off): then 4 KiB pages, as before.
+            unsafe {
+                libc::madvise(p, mapped, libc::MADV_HUGEPAGE);
+                // MADV_POPULATE_WRITE (Linux 5.14; libc has no name for
+                // it), else a write per page.
+                if libc::madvise(p, mapped, 23) != 0 {
+                    for off in (0..mapped).step_by(4096) {
+                        p.cast::<u8>().add(off).write_volatile(0);
+                    }
+                }
+            }
         }
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
@@ -1236,6 +1259,67 @@ mod tests {
 
     /// Bytes of one RX buffer with 4 KiB frames.
     const RX_FRAME: usize = 4096 - RX_HEADROOM;
+
+    /// The `/proc/self/smaps` block of the mapping that holds `addr`.
+    fn smaps_of(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut block = String::new();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            let header = range.and_then(|(a, b)| {
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            });
+            if let Some((start, end)) = header {
+                if inside {
+                    break;
+                }
+                inside = (start..end).contains(&addr);
+            }
+            if inside {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+        block
+    }
+
+    /// A UMEM off HugeTLB is advised onto transparent huge pages before
+    /// it is touched (the mapping's `hg` flag: deterministic, where the
+    /// huge pages the kernel then gives depend on its free memory), and is
+    /// populated: every page resident.
+    #[test]
+    fn a_umem_off_hugetlb_asks_for_transparent_huge_pages_and_is_populated() {
+        let len = 16 << 20;
+        let area = UmemArea::new(len, false).unwrap();
+        let block = smaps_of(area.ptr.as_ptr() as usize);
+        let flags = block
+            .lines()
+            .find_map(|l| l.strip_prefix("VmFlags:"))
+            .unwrap_or_else(|| panic!("no VmFlags for the UMEM:\n{block}"));
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "UMEM not advised MADV_HUGEPAGE: {flags}"
+        );
+        let kb = |key: &str| -> usize {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        assert!(kb("Rss:") >= len / 1024, "not populated:\n{block}");
+        eprintln!(
+            "UMEM of 16 MiB: {} kB on transparent huge pages",
+            kb("AnonHugePages:")
+        );
+    }
 
     #[test]
     fn default_layout() {
