@@ -321,6 +321,34 @@ def verdict(met):
     return "-" if met is None else "met" if met else "NOT met"
 
 
+def attribution(ratios, headline, profile):
+    """Each side's own CPU, as on separate machines, estimated from the
+    profile's shares (perf_paths.shares; None without one). On veth a
+    sender's transmit runs its receiver's receive in the sender's
+    context: switchd's receive of the workers' DATA counts as the
+    workers' CPU, the workers' receive of switchd's RESULTs as switchd's.
+    The profile is of the largest MTU on unlimited links, at the first T;
+    so is this. gloo's peers are all workers: its sum needs no moving."""
+    if not profile or not profile.get("worker") or not profile.get("switchd"):
+        return None
+    row = next((r for r in ratios if r["mtu"] == headline["mtu"] and r["link"] == "unlimited"
+                and r["threads"] == headline["threads"]), None)
+    if not row:
+        return None
+    w, s = profile["worker"], profile["switchd"]
+    wp, sp = profile["worker_peer"], profile["switchd_peer"]
+    workers = (w - wp + sp) / w
+    switchd = (s - sp + wp) / s
+
+    def scaled(key, k):
+        return None if row.get(key) is None else row[key] * k
+
+    return {"mtu": row["mtu"], "link": "unlimited", "threads": row["threads"], "profile": profile,
+            "workers_factor": workers, "switchd_factor": switchd,
+            "workers_cpu_per_gib_switch_over_gloo": scaled("workers_cpu_per_gib_switch_over_gloo", workers),
+            "switchd_cpu_per_gib_over_gloo_workers": scaled("switchd_cpu_per_gib_over_gloo_workers", switchd)}
+
+
 def table(out) -> str:
     runs, ratios, headline, met = out["runs"], out["ratios"], out["headline"], out["goals_met"]
     lines = ["| MTU | link | method | T ran | s per all-reduce | CPU-s per all-reduce | CPU-s per GiB "
@@ -376,6 +404,17 @@ def table(out) -> str:
                  else g.get("note", "-"))
             lines.append(f"| {g['where']} | {g['measurement']} | | {v} | {g['goal_shown']} | "
                          f"| {verdict(g['met'])} |")
+    at = out.get("attribution")
+    if at:
+        p = at["profile"]
+        lines += ["", f"Each side's own CPU as on separate machines (an estimate from the profile, MTU {at['mtu']}, "
+                  f"unlimited, T = {at['threads']}): of the workers' samples {100 * p['worker_peer'] / p['worker']:.1f} % "
+                  f"are switchd's receive of their DATA, of switchd's {100 * p['switchd_peer'] / p['switchd']:.1f} % "
+                  "the workers' receive of its RESULTs (on veth a sender's transmit runs its receiver's receive). "
+                  f"Moved to their owners: workers' CPU/GiB / gloo {f(at['workers_cpu_per_gib_switch_over_gloo'], 3)} "
+                  f"(measured {f(at['workers_cpu_per_gib_switch_over_gloo'] and at['workers_cpu_per_gib_switch_over_gloo'] / at['workers_factor'], 3)}), "
+                  f"switchd's / gloo's workers' {f(at['switchd_cpu_per_gib_over_gloo_workers'], 3)} "
+                  f"(measured {f(at['switchd_cpu_per_gib_over_gloo_workers'] and at['switchd_cpu_per_gib_over_gloo_workers'] / at['switchd_factor'], 3)})."]
     lines.append("")
     lines.append(f"earlier goals at MTU {headline['mtu']}, T = {headline['threads']}:")
     for k, g in GOALS.items():
@@ -395,6 +434,9 @@ def main(argv=None) -> int:
     ap.add_argument("--table", required=True, type=Path)
     ap.add_argument("--worker-threads", default="1", help="the thread counts asked, e.g. 1,2,4")
     ap.add_argument("--cpus", type=int, help="the CPUs the machine has (nproc)")
+    ap.add_argument("--profile-shares", type=Path,
+                    help="profile-paths.json of the run's profile (efficiency --profile), for the "
+                         "estimate of each side's own CPU")
     ap.add_argument("--switch-threads", type=int, default=1,
                     help="switchd's dataplane threads (and queues per veth) in every switch run")
     a = ap.parse_args(argv)
@@ -421,6 +463,8 @@ def main(argv=None) -> int:
         "goals": GOALS,
         "goals_met": met,
         "goals_38": goals_38,
+        "attribution": attribution(ratios, headline, json.loads(a.profile_shares.read_text())
+                                   if a.profile_shares and a.profile_shares.exists() else None),
     }
     a.json.write_text(json.dumps(out, indent=1) + "\n")
     a.table.write_text(table(out))

@@ -20,13 +20,17 @@ Kinds of leaf: copy+csum (a copy that sums the UDP checksum on the way),
 kcopy (a kernel copy), csum (a checksum pass), memmove (libc's), other.
 
 Shares are of the samples of those processes together (the switch's
-share of the machine is printed first). Untimed work is in the profile
+share of the machine is printed first). `shares` gives the four numbers
+the efficiency report needs to tell each side's own work from its peer's
+(profile-paths.json): each process's share, and the share of it that is
+its peer's receive (send+peer). Untimed work is in the profile
 too: `worker allreduce` fills its input and touches its buffers before
 the timed all-reduces (the `worker::allreduce` symbol and most page
 faults).
 """
 
 import collections
+import json
 import re
 import subprocess
 
@@ -89,8 +93,9 @@ def samples(lines):
         yield comm, chain
 
 
-def table(lines):
-    """The profile-paths.txt text for `perf script` output lines."""
+def count(lines):
+    """(all samples, by (who, path), by (who, path, kind), by (who, path,
+    leaf)) of `perf script` output lines; who: worker or switchd dataplane."""
     total = 0
     by = collections.Counter()
     kinds = collections.Counter()
@@ -105,6 +110,28 @@ def table(lines):
         by[(who, p)] += 1
         kinds[(who, p, "user: " + leaf if p == "user" and kind_of(leaf) == "other" else kind_of(leaf))] += 1
         leaves[(who, p, leaf)] += 1
+    return total, by, kinds, leaves
+
+
+def shares(by):
+    """Of the workers' and switchd's samples together: the workers' share,
+    switchd's, and the part of each that is its peer's receive (send+peer:
+    on veth switchd's receive of a DATA runs in the worker's send, the
+    worker's receive of a RESULT in switchd's). None without samples."""
+    n = sum(by.values())
+    if not n:
+        return None
+
+    def of(who, path=None):
+        return sum(v for (h, p), v in by.items() if h == who and path in (None, p)) / n
+
+    return {"samples": n, "worker": of("worker"), "switchd": of("switchd dataplane"),
+            "worker_peer": of("worker", "send+peer"), "switchd_peer": of("switchd dataplane", "send+peer")}
+
+
+def table(lines):
+    """The profile-paths.txt text for `perf script` output lines."""
+    total, by, kinds, leaves = count(lines)
     n = sum(by.values())
     if not n:
         return "no samples of the workers or switchd's dataplane threads\n"
@@ -127,12 +154,17 @@ def table(lines):
 
 
 def write(data, path):
-    """Writes the table for perf data file `data` to `path`; False when
-    `perf script` failed."""
+    """Writes the table for perf data file `data` to `path` (a .txt), and
+    its `shares` beside it (the same name, .json); False when `perf script`
+    failed."""
     r = subprocess.run(["perf", "script", "-i", str(data)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                        text=True, errors="replace")
     if r.returncode:
         return False
+    lines = r.stdout.splitlines()
     with open(path, "w") as f:
-        f.write(table(r.stdout.splitlines()))
+        f.write(table(lines))
+    with open(path.with_suffix(".json"), "w") as f:
+        json.dump(shares(count(lines)[1]), f)
+        f.write("\n")
     return True

@@ -349,3 +349,35 @@ def test_efficiency_without_openmpi_and_with_switch_threads_reports_them(tmp_pat
     row = res["ratios"][0]
     assert row["switch_over_gloo_time"] == pytest.approx(0.8)
     assert row.get("switch_over_openmpi_tso_time") is None
+
+
+def test_efficiency_moves_each_sides_peer_receive_to_its_owner_by_the_profile(tmp_path):
+    """With --profile-shares the report estimates each side's own CPU as on
+    separate machines: the workers' samples that are switchd's receive go
+    to switchd, switchd's that are the workers' receive to the workers."""
+    m = write_manifest(tmp_path, [
+        (peer_run(tmp_path / "gloo", 1.0, 2.0, 1.0), "unlimited", "gloo_tso", None),
+        (switch_run(tmp_path / "sw", 0.8, 1.6, 0.8, 0.3), "unlimited", "switch", 1),
+    ])
+    shares = tmp_path / "profile-paths.json"
+    # Workers 60 % of the samples, 15 of them switchd's receive; switchd 40 %, 10 the workers' receive.
+    shares.write_text(json.dumps({"samples": 1000, "worker": 0.6, "switchd": 0.4,
+                                  "worker_peer": 0.15, "switchd_peer": 0.1}))
+    out = {k: tmp_path / f"out.{k}" for k in ("json", "png", "md")}
+    args = ["--runs", str(m), "--stamp", "TEST", "--mib", str(MIB), "--repeats", str(REPEATS), "--workers", "4",
+            "--json", str(out["json"]), "--png", str(out["png"]), "--table", str(out["md"]),
+            "--worker-threads", "1", "--cpus", "2"]
+    assert report.main(args + ["--profile-shares", str(shares)]) == 0
+    res, table = json.loads(out["json"].read_text()), out["md"].read_text()
+    at, row = res["attribution"], res["ratios"][0]
+    assert at["workers_factor"] == pytest.approx((0.6 - 0.15 + 0.1) / 0.6)
+    assert at["switchd_factor"] == pytest.approx((0.4 - 0.1 + 0.15) / 0.4)
+    assert at["workers_cpu_per_gib_switch_over_gloo"] == pytest.approx(
+        row["workers_cpu_per_gib_switch_over_gloo"] * at["workers_factor"])
+    assert at["switchd_cpu_per_gib_over_gloo_workers"] == pytest.approx(
+        row["switchd_cpu_per_gib_over_gloo_workers"] * at["switchd_factor"])
+    assert "25.0 % are switchd's receive of their DATA" in table
+    # Without a profile: the key is there, null, and the table says nothing.
+    assert report.main(args) == 0
+    assert json.loads(out["json"].read_text())["attribution"] is None
+    assert "separate machines" not in out["md"].read_text()

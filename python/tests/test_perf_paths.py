@@ -60,3 +60,12 @@ def test_the_table_counts_only_the_switch_processes_in_its_shares():
 
 def test_a_profile_without_the_switch_says_so():
     assert perf_paths.table(["rustc 1 [000] 1.0: 1 cpu-clock:", "\t1 main+0x1 (/x)", ""]).startswith("no samples")
+
+
+def test_shares_give_each_side_and_its_peers_receive():
+    # Of the 5 samples of ours: 4 the workers' (1 of them switchd's receive
+    # of a DATA, run in the worker's send), 1 switchd's (none its peer's).
+    _, by, _, _ = perf_paths.count(SCRIPT.splitlines())
+    s = perf_paths.shares(by)
+    assert s == {"samples": 5, "worker": 0.8, "switchd": 0.2, "worker_peer": 0.2, "switchd_peer": 0.0}
+    assert perf_paths.shares(perf_paths.count([])[1]) is None

@@ -303,7 +303,8 @@ def run(a):
                                               "--workers", WORKERS, "--json", out_json, "--png", out_png,
                                               "--table", rd / "table.md",
                                               "--worker-threads", ",".join(map(str, a.worker_threads)),
-                                              "--cpus", cpus, "--switch-threads", a.switch_threads])
+                                              "--cpus", cpus, "--switch-threads", a.switch_threads,
+                                              *(["--profile-shares", rd / "profile-paths.json"] if a.profile else [])])
     sys.stdout.write((rd / "table.md").read_text())
     publish(out_json, out_png, "bench-efficiency", docs)
     return 0
