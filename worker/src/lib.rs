@@ -1828,7 +1828,7 @@ impl Worker {
             };
             let lanes = progress
                 .filter(|_| self.cfg.transport.straggler_hold)
-                .and_then(Progress::next_lane_timer);
+                .and_then(|p| p.next_lane_wake(now));
             let until = match (own, lanes) {
                 (Some(a), Some(b)) => a.min(b).saturating_duration_since(now),
                 (Some(a), None) => a.saturating_duration_since(now),

@@ -33,7 +33,7 @@
 //!   through one word per lane ([`Progress::ask`]), and thread 0 sends it
 //!   as a HEARTBEAT through the session, one per probe
 //!   ([`Progress::take_probe`]); while lanes hold it wakes at their timers
-//!   ([`Progress::next_lane_timer`]) to send them promptly. The answer
+//!   ([`Progress::next_lane_wake`]) to send them promptly. The answer
 //!   comes to socket 0; thread 0 puts what it says of this rank in the
 //!   mailbox of the seq's share ([`Progress::answer`]), which the lane
 //!   reads before its next send ([`Progress::take_answer`]), looking every
@@ -254,6 +254,10 @@ struct LaneState {
     answer_ns: AtomicU64,
 }
 
+/// How soon thread 0 looks again at a lane whose timer passed before it
+/// took its turn ([`Progress::next_lane_wake`]).
+const LANE_LATE_LOOK: Duration = Duration::from_millis(1);
+
 /// The bit that marks a [`LaneState`] word as holding something.
 const PENDING: u64 = 1 << 63;
 
@@ -360,10 +364,13 @@ impl Progress {
         Some((w as u32, answer_of((w >> 32) & 3)?, at))
     }
 
-    /// The earliest next timer of the lanes not yet complete (a past one
-    /// when a lane has not yet taken its turn at it): thread 0 wakes then
-    /// to send the probe the lane's timeout may ask for.
-    pub fn next_lane_timer(&self) -> Option<Instant> {
+    /// When thread 0 wakes for the lanes not yet complete at `now`: at the
+    /// earliest of their next timers, to send the probe its timeout may ask
+    /// for. A timer already past means its lane has not yet taken its turn
+    /// at it (it publishes a later one when it has): then a millisecond
+    /// from now, not at once, so that thread 0 does not spin while that
+    /// lane waits for a CPU.
+    pub fn next_lane_wake(&self, now: Instant) -> Option<Instant> {
         self.lanes
             .iter()
             .filter(|s| !s.done.load(Ordering::Acquire))
@@ -371,6 +378,7 @@ impl Progress {
             .filter(|&ns| ns != u64::MAX)
             .min()
             .map(|ns| self.base + Duration::from_nanos(ns))
+            .map(|t| if t > now { t } else { now + LANE_LATE_LOOK })
     }
 
     /// Whether every lane thread's share is complete.
@@ -636,11 +644,22 @@ mod tests {
         p.answer(5, ProbeAnswer::OthersMissing, at);
         p.answer(9, ProbeAnswer::OursMissing, at);
         assert_eq!(p.take_answer(1), Some((9, ProbeAnswer::OursMissing, at)));
-        assert_eq!(p.next_lane_timer(), None);
+        let now = p.base;
+        assert_eq!(p.next_lane_wake(now), None);
         p.lanes[0].next_ns.store(9_000, Ordering::Relaxed);
         p.lanes[2].next_ns.store(5_000, Ordering::Relaxed);
-        assert_eq!(p.next_lane_timer(), Some(p.base + Duration::from_micros(5)));
+        assert_eq!(
+            p.next_lane_wake(now),
+            Some(p.base + Duration::from_micros(5))
+        );
         p.lanes[2].done.store(true, Ordering::Release);
-        assert_eq!(p.next_lane_timer(), Some(p.base + Duration::from_micros(9)));
+        assert_eq!(
+            p.next_lane_wake(now),
+            Some(p.base + Duration::from_micros(9))
+        );
+        // Past (the lane has not yet taken its turn): a millisecond on, not
+        // at once.
+        let later = p.base + Duration::from_micros(10);
+        assert_eq!(p.next_lane_wake(later), Some(later + LANE_LATE_LOOK));
     }
 }
