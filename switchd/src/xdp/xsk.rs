@@ -256,9 +256,8 @@ impl UmemArea {
             // be refused (THP off): then 4 KiB pages, as before.
             unsafe {
                 libc::madvise(p, mapped, libc::MADV_HUGEPAGE);
-                // MADV_POPULATE_WRITE (Linux 5.14; libc has no name for
-                // it), else a write per page.
-                if libc::madvise(p, mapped, 23) != 0 {
+                // MADV_POPULATE_WRITE (Linux 5.14), else a write per page.
+                if libc::madvise(p, mapped, libc::MADV_POPULATE_WRITE) != 0 {
                     for off in (0..mapped).step_by(4096) {
                         p.cast::<u8>().add(off).write_volatile(0);
                     }
