@@ -250,6 +250,11 @@ impl World {
                 );
             }
             Some(Event::Stalled { .. }) => panic!("handle() reported a stall"),
+            // This member carries every seq (one share): no answer is
+            // another share's.
+            Some(Event::ShareProbeAnswer { .. }) => {
+                panic!("a member of one share was handed another share's probe answer: {ev:?}")
+            }
             // A declared job's member never provisions.
             Some(Event::Provisioned { .. }) => {
                 panic!("a declared job's member provisioned: {ev:?}")
