@@ -207,13 +207,9 @@ fn run(config_path: &Path, stats_file: Option<PathBuf>) -> Result<()> {
     }
     // In xdp-drop mode the program drops what it would steer: no sockets.
     let socket_ports: &[String] = if xdp_drop { &[] } else { &cfg.switch.ports };
-    let plan = switchd::config::plan_umem(
-        cfg.switch.umem_huge_pages,
-        socket_ports.len() * cfg.switch.queues as usize,
-        cfg.switch.frames_per_socket,
-        switchd::config::HugePagePool::read().as_ref(),
-    )
-    .map_err(anyhow::Error::msg)?;
+    let plan = cfg
+        .umem_plan(switchd::config::HugePagePool::read().as_ref())
+        .map_err(anyhow::Error::msg)?;
     if let Some(note) = &plan.note {
         tracing::info!("{note}");
     }
@@ -571,18 +567,8 @@ fn check_config(path: &Path) -> Result<()> {
         },
         switchd::config::max_elems_per_chunk(cfg.multi_buffer)
     );
-    let sockets = if cfg.switch.mode == DataplaneMode::XdpDrop {
-        0
-    } else {
-        cfg.switch.ports.len() * cfg.switch.queues as usize
-    };
     let pool = switchd::config::HugePagePool::read();
-    match switchd::config::plan_umem(
-        cfg.switch.umem_huge_pages,
-        sockets,
-        cfg.switch.frames_per_socket,
-        pool.as_ref(),
-    ) {
+    match cfg.umem_plan(pool.as_ref()) {
         Ok(plan) if plan.huge_pages => println!(
             "  UMEM: on 2 MiB huge pages, {} of the {} free now",
             plan.pages,

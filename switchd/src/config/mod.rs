@@ -99,4 +99,4 @@ pub use mtu::{
 pub use secrets::{
     key_file_warning, parse_secret, parse_tenant_key, read_tenant_key, secrets_exposure,
 };
-pub use umem::{huge_pages_needed, plan_umem, shortage_message, HugePagePool, UmemPlan};
+pub use umem::{HugePagePool, UmemPlan};

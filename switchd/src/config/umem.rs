@@ -16,7 +16,7 @@
 //! them by its own choice), and says why not, with the `sysctl` that would
 //! reserve them, whenever `auto` or `on` does not get them.
 
-use super::file::UmemHugePages;
+use super::file::{Config, DataplaneMode, UmemHugePages};
 use super::mtu::FRAME_SIZE;
 use crate::xdp::huge_pages_for;
 
@@ -148,6 +148,24 @@ pub fn plan_umem(
             "{short} (switch.umem_huge_pages = \"auto\": meanwhile on transparent huge pages \
              where the kernel has them free, else 4 KiB pages; \"off\" silences this)"
         )))),
+    }
+}
+
+impl Config {
+    /// [`plan_umem`] for this config's sockets (one per port and queue;
+    /// none in xdp-drop mode, where the program drops what it would
+    /// steer) and the huge page `pool`.
+    pub fn umem_plan(&self, pool: Option<&HugePagePool>) -> Result<UmemPlan, String> {
+        let sockets = match self.switch.mode {
+            DataplaneMode::XdpDrop => 0,
+            _ => self.switch.ports.len() * self.switch.queues as usize,
+        };
+        plan_umem(
+            self.switch.umem_huge_pages,
+            sockets,
+            self.switch.frames_per_socket,
+            pool,
+        )
     }
 }
 

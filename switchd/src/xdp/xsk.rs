@@ -223,18 +223,17 @@ impl UmemArea {
     /// too few are free: the mmap reserves them), else advised to be on
     /// transparent huge pages; every page touched.
     fn new(len: usize, huge: bool) -> std::io::Result<Self> {
-        let (mapped, extra) = if huge {
+        // Without HugeTLB, transparent huge pages are asked for before the
+        // pages are touched: no MAP_POPULATE then, populated after the
+        // advice. Measured: docs/BENCHMARKS.md, "What was tried".
+        let (mapped, flags) = if huge {
             (
                 huge_pages_for(len) * HUGE_PAGE,
-                libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
+                libc::MAP_HUGETLB | libc::MAP_HUGE_2MB | libc::MAP_POPULATE,
             )
         } else {
             (len, 0)
         };
-        // Without HugeTLB, ask for transparent huge pages before the pages
-        // are touched (so no MAP_POPULATE then: populated after the
-        // advice). Measured: docs/BENCHMARKS.md, "What was tried".
-        let populate = if huge { libc::MAP_POPULATE } else { 0 };
         // SAFETY: anonymous private mapping with no address hint: no existing
         // memory is affected. The result is checked for MAP_FAILED.
         let p = unsafe {
@@ -242,7 +241,7 @@ impl UmemArea {
                 std::ptr::null_mut(),
                 mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate | extra,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
                 -1,
                 0,
             )
