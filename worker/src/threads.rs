@@ -308,6 +308,12 @@ impl Progress {
         at.saturating_duration_since(self.base).as_nanos() as u64
     }
 
+    /// The instant `ns` nanoseconds after the base ([`Progress::ns`]'s
+    /// inverse).
+    fn instant(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
+    }
+
     /// Lane `t` (≥ 1) publishes where its member stands.
     fn publish(&self, t: usize, m: &Member) {
         let s = &self.lanes[t - 1];
@@ -360,7 +366,7 @@ impl Progress {
         if w & PENDING == 0 {
             return None;
         }
-        let at = self.base + Duration::from_nanos(s.answer_ns.load(Ordering::Relaxed));
+        let at = self.instant(s.answer_ns.load(Ordering::Relaxed));
         Some((w as u32, answer_of((w >> 32) & 3)?, at))
     }
 
@@ -377,7 +383,7 @@ impl Progress {
             .map(|s| s.next_ns.load(Ordering::Relaxed))
             .filter(|&ns| ns != u64::MAX)
             .min()
-            .map(|ns| self.base + Duration::from_nanos(ns))
+            .map(|ns| self.instant(ns))
             .map(|t| if t > now { t } else { now + LANE_LATE_LOOK })
     }
 
@@ -398,7 +404,7 @@ impl Progress {
             let ns = s.since_ns.load(Ordering::Relaxed);
             let since = match ns {
                 u64::MAX => self.base,
-                ns => self.base + Duration::from_nanos(ns),
+                ns => self.instant(ns),
             };
             Some((s.oldest.load(Ordering::Relaxed), since))
         });

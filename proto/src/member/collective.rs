@@ -106,6 +106,14 @@ struct Probe {
     answered: Option<Instant>,
 }
 
+impl Probe {
+    /// Whether it is younger than the timeout it went out with at `now`
+    /// (until then no new probe goes, and its answer may still come).
+    fn within_its_wait(&self, now: Instant) -> bool {
+        now < self.at + self.wait
+    }
+}
+
 /// What the switch said about a probed seq (a HEARTBEAT answer), as the
 /// straggler hold reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -488,10 +496,11 @@ impl Collective {
     ///   waits for, and is resent by fast retransmit, by a probe's answer,
     ///   or once it is the oldest.
     fn collect_due(&mut self, now: Instant, rtt: &RttEstimator, cfg: &TransportConfig) {
-        match self.earliest_deadline {
-            Some(d) if d <= now => {}
+        // When the earliest timer was due (however late it runs now).
+        let due = match self.earliest_deadline {
+            Some(d) if d <= now => d,
             _ => return,
-        }
+        };
         let rto = rtt.rto();
         let o = self.oldest_unacked;
         let oldest_expired = self.chunks.get(o as usize).is_some_and(|c| {
@@ -500,14 +509,13 @@ impl Collective {
         let on = self.hold.enabled;
         // The last probe is within the timeout it went out with: no new
         // one yet, and its answer may still come.
-        let recent = self.hold.probe.is_some_and(|p| now < p.at + p.wait);
+        let recent = self.hold.probe.is_some_and(|p| p.within_its_wait(now));
         // Fresh when the timer was due, not when it ran: a timer that
         // fires late (by a scheduler's millisecond, on a path whose RTT is
         // tens of microseconds) would otherwise find every answer stale
         // and resend what the switch said it has. Not longer than that:
         // the hold also keeps a later chunk whose own DATA was lost from
         // resending on its timeout.
-        let due = self.earliest_deadline.unwrap_or(now);
         let fresh = self
             .hold
             .probe
@@ -597,7 +605,7 @@ impl Collective {
             && self
                 .hold
                 .probe
-                .is_some_and(|p| p.answered.is_none() && now < p.at + p.wait)
+                .is_some_and(|p| p.answered.is_none() && p.within_its_wait(now))
     }
 
     /// The switch's answer about `seq` (a HEARTBEAT answer): if it answers
@@ -1526,8 +1534,8 @@ mod tests {
         );
         assert_eq!(c.stats.held_timeouts, 1);
         assert_eq!(c.take_probe(), Some(100));
-        // Unanswered, and now past its timeout and the answer's extra RTO:
-        // the hold ends, the oldest resends.
+        // The probe of t2 unanswered past its timeout, and the answer of
+        // t1 no longer fresh: the hold ends, the oldest resends.
         let t3 = t2 + rto * 4;
         assert!(c.poll_transmit(t3, 4, &rtt, &cfg).is_some());
     }

@@ -678,12 +678,12 @@ impl Member {
                     Waiting::Ranks(r) if r.is_empty() => ProbeAnswer::Complete,
                     Waiting::Ranks(_) | Waiting::Spine(_) => ProbeAnswer::OthersMissing,
                 };
+                let (share, shares) = self.coll.share();
                 self.waiting.retain(|(s, _)| *s != header.seq);
-                if self.waiting.len() > self.coll.share().1 as usize {
+                if self.waiting.len() > shares as usize {
                     self.waiting.remove(0);
                 }
                 self.waiting.push((header.seq, w));
-                let (share, shares) = self.coll.share();
                 if header.seq % shares != share {
                     // Another share's seq: its member holds on it.
                     return Some(Event::ShareProbeAnswer {
