@@ -316,6 +316,12 @@ def lanes_for(threads, current=1):
     return 1 << (need - 1).bit_length()
 
 
+def seq_lane_sets(lanes):
+    """The `switchd testbed-config --set` strings for `lanes` seq lanes:
+    none for one (the config as it always was)."""
+    return [] if lanes == 1 else [f"switch.seq_lanes={lanes}"]
+
+
 def start_switchd(procs, ns, switchd, log_path, args, ready_timeout=30):
     """Start `switchd ARGS` in ns (output to log_path) and wait until the
     switchctl beside it says that PID is ready on the admin socket of ARGS'

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import bench_transports_report as report
-from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, lanes_for, log, random_secret, start_switchd, stamp,
-                       write_switchd_config)
+from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, lanes_for, log, random_secret, seq_lane_sets,
+                       start_switchd, stamp, write_switchd_config)
 from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
@@ -75,7 +75,7 @@ def thread_args(threads):
     runs as it always did: one seq lane, so one thread)."""
     if threads == 1:
         return [], []
-    return ["--threads", threads], [f"switch.seq_lanes={lanes_for(threads)}"]
+    return ["--threads", threads], seq_lane_sets(lanes_for(threads))
 
 
 def run(a):

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lifecycle import (lanes_for, publish, release_binary, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (lanes_for, seq_lane_sets, publish, release_binary, REPO_ROOT, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        run_checked, run_report, stamp, start_switchd, warn, write_switchd_config)
 from machine import nproc, worker_threads_to_run
 from options import thread_counts, uint_list, uint_range, word_list
@@ -173,7 +173,7 @@ def run(a):
                     cfg = rd / ("switchd.toml" if lanes == 1 else f"switchd-lanes{lanes}.toml")
                     if lanes not in written:
                         write_switchd_config(switchd, tb, cfg, "scripts/bench efficiency", secret=secret, jobs=jobs,
-                                             sets=sets + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
+                                             sets=sets + seq_lane_sets(lanes))
                         written.add(lanes)
                     return cfg
                 if mpi:

@@ -24,7 +24,7 @@ import shutil
 import time
 
 from benchkit import proc_jiffies
-from lifecycle import (lanes_for, publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
+from lifecycle import (lanes_for, seq_lane_sets, publish, run_checked_report, RESULTS_DIR, HarnessError, Processes, Testbed, log, random_secret,
                        start_switchd, warn, write_switchd_config)
 from machine import busy_machine, loadavg, nproc, proc_stat, worker_threads_to_run, snapshot, wait_idle
 from options import choice, thread_counts, uint_range, word_list
@@ -220,7 +220,7 @@ def run(a):
                     write_switchd_config(switchd, tb, cfg, "scripts/bench train", WORKERS, secret,
                                          [f"job.1.dtype={a.dtype}", f"switch.queues={a.switch_threads}",
                                           f"switch.dataplane_threads={a.switch_threads}"]
-                                         + ([] if lanes == 1 else [f"switch.seq_lanes={lanes}"]))
+                                         + seq_lane_sets(lanes))
                 return cfg
             configs = 0
 
