@@ -65,7 +65,10 @@ class Worker:
         failed) into ``out``, a writable byte buffer of exactly its length:
         what the host path redoes a failed in-place all-reduce from."""
     def stats(self) -> dict[str, int | float]:
-        """Counters as of the last completed collective."""
+        """The worker library's counters as of the last completed collective,
+        every one under its Rust name (``WorkerStats``: the same keys as
+        the ``stats`` object of ``worker allreduce --json``), e.g. ``chunks_resent``,
+        ``held_timeouts``, ``heartbeats_sent``, ``window``, ``srtt_us``."""
     def gradient_stats(self) -> dict[str, int | float]:
         """The last all-reduce's or reduce-scatter's gradient statistics in a
         ``stats = true`` job: ``{"sum_of_squares": float, "square_of_sum":

@@ -139,6 +139,36 @@ fn stats_dict(py: Python<'_>, s: GradStats) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// The dict `stats()` returns: every field of `WorkerStats` under its
+/// own name, read from its serde form, so that a counter added to the
+/// library reaches Python (and matches the CLI's JSON) without a second
+/// list here.
+fn worker_stats_dict<'py>(py: Python<'py>, s: &WorkerStats) -> PyResult<Bound<'py, PyDict>> {
+    let fields = match serde_json::to_value(s) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        Ok(other) => {
+            return Err(PyTypeError::new_err(format!(
+                "stats: the worker's counters serialised as {other}, not an object"
+            )))
+        }
+        Err(e) => return Err(PyValueError::new_err(format!("stats: {e}"))),
+    };
+    let d = PyDict::new(py);
+    for (name, value) in fields {
+        match value {
+            serde_json::Value::Number(n) if n.is_u64() => d.set_item(name, n.as_u64())?,
+            serde_json::Value::Number(n) if n.is_i64() => d.set_item(name, n.as_i64())?,
+            serde_json::Value::Number(n) => d.set_item(name, n.as_f64())?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "stats: counter {name} is {other}, not a number"
+                )))
+            }
+        }
+    }
+    Ok(d)
+}
+
 /// "198.18.0.1", "198.18.0.1:48879" or "host:port", resolved to IPv4.
 fn parse_switch(s: &str) -> PyResult<SocketAddrV4> {
     let with_port = if s.contains(':') {
@@ -708,33 +738,7 @@ impl PyWorker {
     /// The worker library's counters as of the last completed collective.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = *self.last_stats.lock().unwrap_or_else(|p| p.into_inner());
-        let d = PyDict::new(py);
-        d.set_item("collectives", s.collectives)?;
-        d.set_item("chunks_sent", s.chunks_sent)?;
-        d.set_item("chunks_resent", s.chunks_resent)?;
-        d.set_item("chunks_fast_resent", s.chunks_fast_resent)?;
-        d.set_item("held_timeouts", s.held_timeouts)?;
-        d.set_item("hold_probes", s.hold_probes)?;
-        d.set_item("values_sent", s.values_sent)?;
-        d.set_item("results", s.results)?;
-        d.set_item("duplicate_results", s.duplicate_results)?;
-        d.set_item("ece_results", s.ece_results)?;
-        d.set_item("rejoins", s.rejoins)?;
-        d.set_item("nacks", s.nacks)?;
-        d.set_item("unauthenticated_dropped", s.unauthenticated_dropped)?;
-        d.set_item("probes_sent", s.probes_sent)?;
-        d.set_item("spoofed_triggers", s.spoofed_triggers)?;
-        d.set_item("bad_length_results", s.bad_length_results)?;
-        d.set_item("mismatched_results", s.mismatched_results)?;
-        d.set_item("bad_tag_results", s.bad_tag_results)?;
-        d.set_item("bad_tag_join_acks", s.bad_tag_join_acks)?;
-        d.set_item("window", s.window)?;
-        d.set_item("alpha", s.alpha)?;
-        d.set_item("srtt_us", s.srtt_us)?;
-        d.set_item("rto_us", s.rto_us)?;
-        d.set_item("tx_coalesced", s.tx_coalesced)?;
-        d.set_item("rx_coalesced", s.rx_coalesced)?;
-        Ok(d)
+        worker_stats_dict(py, &s)
     }
 
     /// The gradient statistics of the last collective, an all-reduce or

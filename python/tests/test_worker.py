@@ -51,6 +51,13 @@ def test_survives_loss_at_the_switch(switch):
         out, stats = results[rank]
         assert out.tobytes() == rank_order_sum(2, 0, n).tobytes()
     assert sum(results[r][1]["chunks_resent"] for r in range(2)) > 0, "drop_every=7 must force resends"
+    # Every counter of the library, numbers only: the hold's probes go out
+    # as HEARTBEATs, so those count at least as many.
+    for rank in range(2):
+        stats = results[rank][1]
+        assert {"chunks_resent", "hold_probes", "held_timeouts", "heartbeats_sent", "window", "alpha", "srtt_us"} <= stats.keys()
+        assert all(isinstance(v, (int, float)) for v in stats.values()), stats
+        assert stats["heartbeats_sent"] >= stats["hold_probes"], stats
 
 
 def test_async_collectives_complete_in_issue_order(switch):
