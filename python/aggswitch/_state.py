@@ -29,8 +29,9 @@ and never change after. The first failed collective is kept
 are out of step. A state is never pickled (a live socket and thread
 cannot travel, nor should the secret).
 
-Layering: imports ``aggswitch`` (``Worker``), ``_path``, ``errors`` and
-``_gns`` (for an annotation); the DDP hooks (``_ddp``) and FSDP comms
+Layering: imports ``aggswitch`` (``Worker``), ``_path`` and ``errors``; a
+``GradientNoiseScale`` (``_gns``, below it) is seen only through the
+``_BucketSink`` protocol; the DDP hooks (``_ddp``) and FSDP comms
 (``_fsdp``) import it, ``aggswitch.torch`` re-exports it.
 """
 
@@ -42,15 +43,22 @@ import datetime
 import os
 import secrets
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
 from . import Worker
-from ._gns import GradientNoiseScale
 from ._path import CollectivePath as _Path
 from .errors import AggSwitchError
+
+
+class _BucketSink(Protocol):
+    """What the state feeds a bucket's gradient statistics to: a
+    ``GradientNoiseScale`` (``aggswitch._gns``, which sits below this module
+    and attaches itself to a state, so this module does not import it)."""
+
+    def _add_bucket(self, sum_of_squares: float, square_of_sum: float, n: int) -> None: ...
 
 
 class AggSwitchState:
@@ -149,7 +157,7 @@ class AggSwitchState:
         self._options = worker_options
         self._worker: Worker | None = None
         # The GradientNoiseScale the DDP hooks feed (set by its constructor).
-        self._gns: "GradientNoiseScale | None" = None
+        self._gns: "_BucketSink | None" = None
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
