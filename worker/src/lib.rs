@@ -1736,25 +1736,18 @@ impl Worker {
             }
             // Results first: a worker that was not scheduled for a while has
             // RESULTs waiting, and its resend timers must not fire for them.
-            for &fd in fds {
-                loop {
-                    let n = self
-                        .rxb
-                        .recv(fd)
-                        .map_err(io_err("recvmmsg", self.cfg.switch))?;
-                    if n == 0 {
-                        break;
-                    }
-                    for i in 0..n {
-                        if let Some(lost) = self.on_datagram(i, input, out, progress)? {
-                            return Ok(Drive::Lost(lost));
-                        }
-                    }
-                    // Drained: asking again would only find it empty.
-                    if !self.rxb.filled() {
-                        break;
-                    }
-                }
+            // The batch is lent out of `self` for the drain, as
+            // `on_datagram` needs the rest of it (the placeholder allocates
+            // nothing; the transport, which may replace the batch, is
+            // settled at the first join, before any collective).
+            debug_assert!(!self.probe_gso, "the transport is settled");
+            let mut rxb = std::mem::take(&mut self.rxb);
+            let lost = threads::drain(&mut rxb, fds, self.cfg.switch, |d| {
+                self.on_datagram(d, input, out, progress)
+            });
+            self.rxb = rxb;
+            if let Some(lost) = lost? {
+                return Ok(Drive::Lost(lost));
             }
             let now = Instant::now();
             if !self.member.is_complete() {
@@ -1844,24 +1837,24 @@ impl Worker {
         Ok(Drive::Completed)
     }
 
-    /// Handles datagram `i` of the last receive batch (`input`: the
+    /// Handles `datagram`, one of thread 0's turn (`input`: the
     /// collective's, for a reduce-scatter's kept shard; `progress`: the
     /// lane threads', which a HEARTBEAT answer about their seq goes to);
     /// the session lost, if the datagram said so.
     fn on_datagram(
         &mut self,
-        i: usize,
+        datagram: &[u8],
         input: Input<'_>,
         out: Option<Output<'_>>,
         progress: Option<&Progress>,
     ) -> Result<Option<Lost>, WorkerError> {
         let now = Instant::now();
-        let ev = self.member.handle(self.rxb.get(i), now);
+        let ev = self.member.handle(datagram, now);
         // A probe, if the datagram made the session ask the switch.
         self.send_control(now)?;
         match ev {
             Some(ev @ MemberEvent::Result { .. }) => {
-                threads::write_result(&ev, self.rxb.get(i), self.cfg.dtype, input, out);
+                threads::write_result(&ev, datagram, self.cfg.dtype, input, out);
                 Ok(None)
             }
             Some(MemberEvent::Rejoining(why)) => Ok(Some(why)),

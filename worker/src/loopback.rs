@@ -233,6 +233,8 @@ pub struct LoopbackSwitch {
     lock_free: Arc<AtomicU64>,
     /// RESULTs a scripted restart's starving dropped.
     starved: Arc<AtomicU64>,
+    /// The declared job's joined ranks, after the last control message.
+    joined: Arc<AtomicU32>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -268,6 +270,7 @@ impl LoopbackSwitch {
         let per_lane: Arc<[AtomicU64]> = (0..lanes).map(|_| AtomicU64::new(0)).collect();
         let lock_free = Arc::new(AtomicU64::new(0));
         let starved = Arc::new(AtomicU64::new(0));
+        let joined = Arc::new(AtomicU32::new(0));
         let (st, rs, ln, pl) = (
             stop.clone(),
             restarts.clone(),
@@ -278,6 +281,7 @@ impl LoopbackSwitch {
             per_lane: pl,
             lock_free: lock_free.clone(),
             starved: starved.clone(),
+            joined: joined.clone(),
         };
         let handle = std::thread::Builder::new()
             .name("loopback-switch".into())
@@ -292,6 +296,7 @@ impl LoopbackSwitch {
             per_lane,
             lock_free,
             starved,
+            joined,
             handle: Some(handle),
         })
     }
@@ -320,6 +325,14 @@ impl LoopbackSwitch {
     /// RESULTs the scripted restart's [`Starve`] kept from its rank.
     pub fn starved_results(&self) -> u64 {
         self.starved.load(Ordering::SeqCst)
+    }
+
+    /// Ranks joined to the declared job since it last went back to
+    /// joining (every rank left, or a restart), as the job table counted
+    /// them after the last control message it took (JOIN, LEAVE, …): a
+    /// rank that left while others stay still counts.
+    pub fn joined_ranks(&self) -> u16 {
+        self.joined.load(Ordering::SeqCst) as u16
     }
 
     /// Where workers send to.
@@ -497,6 +510,7 @@ struct Counts {
     per_lane: Arc<[AtomicU64]>,
     lock_free: Arc<AtomicU64>,
     starved: Arc<AtomicU64>,
+    joined: Arc<AtomicU32>,
 }
 
 /// How often the serving loop runs the table's timers.
@@ -572,6 +586,7 @@ fn serve(
             // Validated at start; the same config cannot fail now.
             if let Ok(t) = cfg.table(1 + r) {
                 switch = Switch::new(t);
+                counts.joined.store(0, Ordering::SeqCst);
             }
         }
         // Each lane's socket in turn; a poll once none has anything.
@@ -607,6 +622,7 @@ fn serve(
                 restarted = restarts.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Ok(t) = cfg.table(1 + restarted) {
                     switch = Switch::new(t);
+                    counts.joined.store(0, Ordering::SeqCst);
                 }
             }
         }
@@ -630,6 +646,8 @@ fn serve(
             // The table's events (the data path logs none): not kept.
             let mut table = switch.table();
             while table.poll_event().is_some() {}
+            let joined = table.get(cfg.job).map_or(0, |j| j.joined_ranks());
+            counts.joined.store(joined.into(), Ordering::SeqCst);
         }
     }
 }

@@ -21,8 +21,11 @@
 //!   checks them bit for bit against `proto::member::reference_grad_stats`
 //!   of every rank's pattern (in a tree, `reference_tree_grad_stats` over
 //!   every leaf's ranks).
-//! * `worker join …`: join once and report the switch's answer (a probe for
-//!   operators: bad secret, wrong source, unknown job all print their reason).
+//! * `worker join …`: join once, report the switch's answer and leave (a
+//!   probe for operators: bad secret, wrong source, unknown job all print
+//!   their reason). Exit status 0: joined and left; 3: refused; 1: any
+//!   other error, a LEAVE that could not be sent included (the answer is
+//!   printed first).
 //!
 //! The job secret comes from `--secret-file PATH` or `AGGSWITCH_SECRET`;
 //! `--secret HEX` still works but warns (other users see it in
@@ -84,7 +87,12 @@ struct Cli {
 enum Cmd {
     /// Join a job and run all-reduces, reporting throughput.
     Allreduce(AllreduceArgs),
-    /// Join a job once and print the switch's answer.
+    /// Join a job once, print the switch's answer and leave the job again.
+    ///
+    /// Exit status: 0 joined and left, 3 refused (the reason is printed),
+    /// 1 any other error. A LEAVE that could not be sent is an error too,
+    /// after the answer is printed: the switch then keeps this rank as a
+    /// member, and the rank's next process may be taken for it.
     Join(JobArgs),
 }
 
@@ -1015,6 +1023,16 @@ fn join(a: JobArgs) -> Result<ExitCode> {
                 w.auth(),
                 if w.has_gradient_stats() { "on" } else { "off" }
             );
+            // Done with the job (docs/PROTOCOL.md, "LEAVE"): a member that
+            // exits without it stays one, and this rank's next run (a
+            // `worker allreduce`) would be taken for it asking again.
+            let (job, rank) = (w.job(), a.rank);
+            w.leave().with_context(|| {
+                format!(
+                    "joined job {job} as rank {rank}, but sending the LEAVE failed: the switch \
+                     keeps rank {rank} as a member of job {job}"
+                )
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ (WorkerError::Refused { .. } | WorkerError::Provision { .. })) => {
@@ -1102,6 +1120,58 @@ mod tests {
             e.contains(&path.display().to_string()) && e.contains("os error 2"),
             "{e}"
         );
+    }
+
+    /// `worker join` leaves the job it joined: the one rank of a job on the
+    /// loopback stand-in joins and leaves, and the job has no member left.
+    /// A join without its LEAVE (the library's, the worker dropped) keeps
+    /// its member: what `worker join` did before it left.
+    #[test]
+    fn join_leaves_the_job_again() {
+        use std::net::{Ipv4Addr, SocketAddrV4};
+        use worker::loopback::{LoopbackConfig, LoopbackSwitch};
+        let secret = [7u8; SECRET_LEN];
+        let sw = LoopbackSwitch::start(
+            LoopbackConfig::new(1, 1, secret),
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+        )
+        .unwrap();
+        let (port, hex) = (sw.addr().port().to_string(), hex::encode(secret));
+        let argv = [
+            "worker",
+            "join",
+            "--switch",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--job",
+            "1",
+            "--rank",
+            "0",
+            "--workers",
+            "1",
+            "--secret",
+            &hex,
+            "--join-timeout",
+            "5",
+        ];
+        let Cmd::Join(a) = Cli::try_parse_from(argv).unwrap().cmd else {
+            unreachable!("parsed as worker join");
+        };
+        // The switch takes the LEAVE after the join returns: wait for it.
+        let settles_at = |want: u16| {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while sw.joined_ranks() != want && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            sw.joined_ranks()
+        };
+        assert_eq!(join(a.clone()).unwrap(), ExitCode::SUCCESS);
+        assert_eq!(settles_at(0), 0, "worker join left rank 0 a member");
+
+        let w = Worker::join(config(&a).unwrap()).unwrap();
+        drop(w);
+        assert_eq!(settles_at(1), 1, "a join without LEAVE keeps its member");
     }
 
     /// `worker allreduce` of a self-provisioned job, without its key.

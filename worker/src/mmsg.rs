@@ -9,6 +9,8 @@
 //! [`new_gso`](DatagramBatch::new_gso) / [`new_gro`](DatagramBatch::new_gro)
 //! for the `udp-gso` transport, with their control-message buffers); the
 //! headers point into the batch's heap buffers, which never move or grow.
+//! The default batch has no slot and allocates nothing: a stand-in while
+//! the real one is lent out.
 //! A GSO batch sends runs of its slots as `UDP_SEGMENT` super-datagrams (one
 //! `mmsghdr` over several `iovec`s, no copy); a GRO batch receives whole
 //! coalesced buffers and indexes the datagrams inside them, so `len`/`get`
@@ -90,6 +92,27 @@ enum Mode {
 // own heap buffers (`data`, `iov`), which are never reallocated and move
 // with the batch; nothing else holds them, so the batch may change threads.
 unsafe impl Send for DatagramBatch {}
+
+/// A batch of no slot, which allocates nothing: what an owner leaves in a
+/// batch's place while it lends the batch out ([`std::mem::take`]). A
+/// receive on it finds nothing; it sends nothing.
+impl Default for DatagramBatch {
+    fn default() -> Self {
+        DatagramBatch {
+            data: Vec::new(),
+            slot: 0,
+            count: 0,
+            filled: false,
+            max_segments: gso::MAX_SEGMENTS,
+            iov: Vec::new(),
+            hdrs: Vec::new(),
+            mode: Mode::Plain,
+            lanes: Vec::new(),
+            lane_of: Vec::new(),
+            sorted: Vec::new(),
+        }
+    }
+}
 
 impl DatagramBatch {
     /// `capacity` (≥ 1) slots of `slot` bytes each.
@@ -506,6 +529,24 @@ mod tests {
         }
         assert_eq!(got, want);
         assert_eq!(rx.recv(b.as_raw_fd()).unwrap(), 0, "nothing more waiting");
+    }
+
+    /// The stand-in left while a batch is lent out takes nothing from the
+    /// socket: what is waiting stays there for the real batch.
+    #[test]
+    fn the_default_batch_receives_nothing() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.connect(b.local_addr().unwrap()).unwrap();
+        b.set_nonblocking(true).unwrap();
+        a.send(&[3u8; 10]).unwrap();
+        let mut none = DatagramBatch::default();
+        assert_eq!(none.capacity(), 0);
+        assert_eq!(none.recv(b.as_raw_fd()).unwrap(), 0);
+        let mut rx = DatagramBatch::new(4, 64);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while rx.recv(b.as_raw_fd()).unwrap() == 0 && std::time::Instant::now() < deadline {}
+        assert_eq!(rx.get(0), [3u8; 10]);
     }
 
     #[test]

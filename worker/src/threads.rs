@@ -9,7 +9,9 @@
 //! collectives so that its RTT and DCTCP keep what they learnt),
 //! [`LaneSockets`] (sockets 1..L of the rank, all bound to its one local
 //! port), [`Progress`] (what lane threads tell thread 0),
-//! [`lane_loop`] and the automatic thread count ([`auto_threads`]).
+//! [`lane_loop`], the automatic thread count ([`auto_threads`]), and the
+//! steps every thread's loop takes, thread 0's included: [`drain`] (its
+//! sockets' datagrams, in order), [`send_share`] and [`wait_turn`].
 //!
 //! Invariants:
 //! * Share t carries the seqs ≡ t (mod T). T divides the switch's seq
@@ -426,6 +428,40 @@ pub fn oldest_seq(first: u32, seqs: impl Iterator<Item = u32>) -> u32 {
         .unwrap_or(first)
 }
 
+/// Receives from each of `fds` in turn until it is empty, handing every
+/// datagram to `each` in the order it came; stops at the first datagram
+/// `each` answers `Some` for (the rest of that batch is not handed on) and
+/// returns that answer. Thread 0 and every lane thread take their turn's
+/// datagrams through this, each with its own batch `rxb`. A batch that
+/// comes back short found its socket drained: asking again would only find
+/// it empty, so one `recvmmsg` per socket and turn is the rule when
+/// nothing is waiting. A failed receive is `recvmmsg`'s [`SocketFailed`]
+/// to `peer`.
+pub fn drain<B, E: From<SocketFailed>>(
+    rxb: &mut DatagramBatch,
+    fds: &[RawFd],
+    peer: SocketAddrV4,
+    mut each: impl FnMut(&[u8]) -> Result<Option<B>, E>,
+) -> Result<Option<B>, E> {
+    for &fd in fds {
+        loop {
+            let n = rxb.recv(fd).map_err(failed("recvmmsg", peer))?;
+            if n == 0 {
+                break;
+            }
+            for i in 0..n {
+                if let Some(b) = each(rxb.get(i))? {
+                    return Ok(Some(b));
+                }
+            }
+            if !rxb.filled() {
+                break;
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Waits for a share's next turn once its sockets are drained: until one
 /// of `fds` is readable or `until` (its next timer) has passed, taken as 1
 /// to 50 ms (poll(2) counts milliseconds; the loops look at their stop and
@@ -514,25 +550,14 @@ pub fn lane_loop(
         if job.progress.stopped() {
             return Ok(());
         }
-        for &fd in fds {
-            loop {
-                let n = lane.rxb.recv(fd).map_err(failed("recvmmsg", job.switch))?;
-                if n == 0 {
-                    break;
-                }
-                for i in 0..n {
-                    let d = lane.rxb.get(i);
-                    // A lane copy's session takes RESULTs only; anything
-                    // else here is dropped by it.
-                    if let Some(ev) = lane.member.handle(d, Instant::now()) {
-                        write_result(&ev, d, job.dtype, job.input, job.out);
-                    }
-                }
-                if !lane.rxb.filled() {
-                    break;
-                }
+        // A lane copy's session takes RESULTs only; anything else here is
+        // dropped by it. Nothing stops a lane's drain early.
+        drain(&mut lane.rxb, fds, job.switch, |d| {
+            if let Some(ev) = lane.member.handle(d, Instant::now()) {
+                write_result(&ev, d, job.dtype, job.input, job.out);
             }
-        }
+            Ok::<_, SocketFailed>(None::<std::convert::Infallible>)
+        })?;
         if lane.member.is_complete() {
             job.progress.publish(t, &lane.member);
             return Ok(());
@@ -596,6 +621,107 @@ mod tests {
         let first = u32::MAX - 2;
         assert_eq!(oldest_seq(first, [1, u32::MAX, 4].into_iter()), u32::MAX);
         assert_eq!(oldest_seq(7, std::iter::empty()), 7);
+    }
+
+    /// Two connected loopback pairs: `n[k]` datagrams (each its index and
+    /// socket) sent to receiver k; the receivers' descriptors.
+    fn waiting(n: [u8; 2]) -> (Vec<std::net::UdpSocket>, Vec<RawFd>) {
+        let mut socks = Vec::new();
+        for (k, &count) in n.iter().enumerate() {
+            let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            a.connect(b.local_addr().unwrap()).unwrap();
+            b.connect(a.local_addr().unwrap()).unwrap();
+            b.set_nonblocking(true).unwrap();
+            for i in 0..count {
+                a.send(&[k as u8, i]).unwrap();
+            }
+            socks.push(b);
+        }
+        // Loopback delivers at send; wait anyway until each has its first.
+        for s in socks.iter().zip(n).filter(|(_, c)| *c > 0).map(|(s, _)| s) {
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 2];
+            let _ = s.peek(&mut b);
+            s.set_nonblocking(true).unwrap();
+        }
+        let fds = socks.iter().map(|s| s.as_raw_fd()).collect();
+        (socks, fds)
+    }
+
+    fn peer() -> SocketAddrV4 {
+        SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 9)
+    }
+
+    /// Every datagram of every socket, in order, through full batches
+    /// (10 datagrams in batches of 4) and a short one.
+    #[test]
+    fn drain_hands_on_every_datagram_in_order() {
+        let (_socks, fds) = waiting([10, 3]);
+        let mut rxb = DatagramBatch::new(4, 64);
+        let mut got = Vec::new();
+        let r = drain(&mut rxb, &fds, peer(), |d| {
+            got.push((d[0], d[1]));
+            Ok::<_, SocketFailed>(None::<()>)
+        });
+        assert!(matches!(r, Ok(None)));
+        let want: Vec<_> = (0..10)
+            .map(|i| (0, i))
+            .chain((0..3).map(|i| (1, i)))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// The handler's `Some` ends the drain at that datagram: the rest of its
+    /// batch is not handed on, the later sockets are not read.
+    #[test]
+    fn drain_stops_where_the_handler_says() {
+        let (_socks, fds) = waiting([10, 3]);
+        let mut rxb = DatagramBatch::new(4, 64);
+        let mut got = Vec::new();
+        let r = drain(&mut rxb, &fds, peer(), |d| {
+            got.push(d[1]);
+            Ok::<_, SocketFailed>((d[1] == 5).then_some("lost"))
+        });
+        assert!(matches!(r, Ok(Some("lost"))));
+        assert_eq!(got, [0, 1, 2, 3, 4, 5]);
+        // The next drain starts at the next batch (datagrams 8 and 9) and
+        // goes on to the second socket.
+        got.clear();
+        let r = drain(&mut rxb, &fds, peer(), |d| {
+            got.push(d[1]);
+            Ok::<_, SocketFailed>(None::<()>)
+        });
+        assert!(matches!(r, Ok(None)));
+        assert_eq!(got, [8, 9, 0, 1, 2]);
+    }
+
+    /// A failed receive is recvmmsg's, to the peer named; a handler's error
+    /// is returned as it is.
+    #[test]
+    fn drain_errors_say_what_failed() {
+        let mut rxb = DatagramBatch::new(4, 64);
+        let r = drain(&mut rxb, &[-1], peer(), |_| {
+            Ok::<_, SocketFailed>(None::<()>)
+        });
+        let e = r.unwrap_err();
+        assert_eq!((e.call, e.peer), ("recvmmsg", peer()));
+        assert_eq!(e.source.raw_os_error(), Some(libc::EBADF));
+        let (_socks, fds) = waiting([2, 0]);
+        let r = drain(
+            &mut rxb,
+            &fds,
+            peer(),
+            |_| -> Result<Option<()>, SocketFailed> {
+                Err(SocketFailed {
+                    call: "handler",
+                    peer: peer(),
+                    source: std::io::ErrorKind::Other.into(),
+                })
+            },
+        );
+        assert_eq!(r.unwrap_err().call, "handler");
     }
 
     #[test]
