@@ -322,6 +322,15 @@ def seq_lane_sets(lanes):
     return [] if lanes == 1 else [f"switch.seq_lanes={lanes}"]
 
 
+def thread_args(threads):
+    """The worker's arguments and switchd's settings for T worker threads:
+    `--threads T` and seq_lanes >= T; none for one thread (the worker and
+    switchd then run as they always did: one seq lane, so one thread)."""
+    if threads == 1:
+        return [], []
+    return ["--threads", threads], seq_lane_sets(lanes_for(threads))
+
+
 def start_switchd(procs, ns, switchd, log_path, args, ready_timeout=30):
     """Start `switchd ARGS` in ns (output to log_path) and wait until the
     switchctl beside it says that PID is ready on the admin socket of ARGS'

@@ -241,16 +241,17 @@ def test_builds_link_and_delay_options():
         parse(s, ["--slow-after", "0"])
 
 
-def test_builds_worker_threads_option_sets_the_workers_threads_and_the_switchs_lanes():
-    s = SCENARIOS["builds"]
+@pytest.mark.parametrize("name", ["builds", "soak"])
+def test_worker_threads_option_sets_the_workers_threads_and_the_switchs_lanes(name):
+    s = SCENARIOS[name]
     assert parse(s, []).worker_threads == 1
     assert parse(s, ["--worker-threads", "2"]).worker_threads == 2
     for bad in ("0", "65", "two"):
         with pytest.raises(SystemExit):
             parse(s, ["--worker-threads", bad])
-    assert builds.thread_args(1) == ([], [])
-    assert builds.thread_args(2) == (["--threads", 2], ["switch.seq_lanes=2"])
-    assert builds.thread_args(3) == (["--threads", 3], ["switch.seq_lanes=4"])
+    assert lifecycle.thread_args(1) == ([], [])
+    assert lifecycle.thread_args(2) == (["--threads", 2], ["switch.seq_lanes=2"])
+    assert lifecycle.thread_args(3) == (["--threads", 3], ["switch.seq_lanes=4"])
 
 
 def test_builds_sets_switch_keys_of_the_second_build_only_and_reserves_huge_pages():

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import bench_transports_report as report
-from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, lanes_for, log, random_secret, seq_lane_sets,
-                       start_switchd, stamp, write_switchd_config)
+from lifecycle import (RESULTS_DIR, HarnessError, HugePages, Processes, Testbed, log, random_secret, start_switchd,
+                       stamp, thread_args, write_switchd_config)
 from options import choice, positive_seconds, uint_range
 from scenario import Option, Scenario
 from scenarios.efficiency import TBF_ARGS
@@ -67,15 +67,6 @@ def switch_sets(text):
 def order(run_i, labels):
     """The builds' order in run run_i: as given, reversed every other run."""
     return list(labels) if run_i % 2 == 0 else list(reversed(labels))
-
-
-def thread_args(threads):
-    """The worker's arguments and switchd's settings for T worker threads:
-    `--threads T` and seq_lanes >= T; none for one thread (each build then
-    runs as it always did: one seq lane, so one thread)."""
-    if threads == 1:
-        return [], []
-    return ["--threads", threads], seq_lane_sets(lanes_for(threads))
 
 
 def run(a):

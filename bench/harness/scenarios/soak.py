@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from lifecycle import (REPO_ROOT, HarnessError, Processes, Testbed, log, random_secret, release_binary,
-                       run_checked, start_switchd, tail, write_switchd_config)
+                       run_checked, start_switchd, tail, thread_args, write_switchd_config)
 from options import uint_range
 from scenario import Option, Scenario
 from tools import build_release
@@ -37,7 +37,10 @@ passed: the three jobs at once, every worker `allreduce --elements 1000000
 reports verified != true, or takes longer than 300 s. Prints rounds,
 collectives verified, switchd's VmRSS (after ready, after round 1, at the
 end), the per-job counters and the frames dropped. Exits 0 only if every
-collective verified and frames were dropped both ways. Logs kept on failure."""
+collective verified and frames were dropped both ways. Logs kept on failure.
+`--worker-threads T` carries each collective on T threads of every worker
+(`--threads T`, switchd's seq_lanes >= T): loss, resends and the lanes'
+straggler hold over a long run."""
 
 
 def impair(ns, *args):
@@ -78,6 +81,7 @@ def run(a):
     switchd, worker = release_binary("switchd"), release_binary("worker")
     work = Path(tempfile.mkdtemp(prefix="agg-soak."))
     cfg, stats, swlog = work / "switchd.toml", work / "stats.json", work / "switchd.log"
+    worker_threads, lane_sets = thread_args(a.worker_threads)
     passed = False
     try:
         with Testbed(PREFIX, ["--workers", WORKERS], work) as tb, Processes() as procs:
@@ -93,7 +97,7 @@ def run(a):
                 path.chmod(0o600)
                 jobs.append(f"{j}:{2 * (j - 1)}-{2 * (j - 1) + 1}:file:{path}")
             write_switchd_config(switchd, tb, cfg, "scripts/bench soak", jobs=jobs,
-                                 sets=[f"switch.agg_port={AGG_PORT}", "switch.summary_interval_secs=5.0"])
+                                 sets=[f"switch.agg_port={AGG_PORT}", "switch.summary_interval_secs=5.0", *lane_sets])
             run_checked([switchd, "check-config", "--config", cfg], f"switchd check-config {cfg}")
             log(f"starting switchd in {PREFIX}-sw (log: {swlog})")
             sw = start_switchd(procs, f"{PREFIX}-sw", switchd, swlog, ["run", "--config", cfg, "--stats-file", stats])
@@ -106,7 +110,7 @@ def run(a):
                 rounds += 1
                 ranks = [procs.start([worker, "allreduce", "--switch", tb["switch_addr"], "--job", i // 2 + 1,
                                       "--rank", i % 2, "--workers", 2, "--elements", ELEMENTS, "--iterations",
-                                      ITERATIONS, "--verify", "--json", "--stall-timeout", 20],
+                                      ITERATIONS, "--verify", "--json", "--stall-timeout", 20, *worker_threads],
                                      ns=f"{PREFIX}-w{i}", env={"AGGSWITCH_SECRET": secrets[i // 2 + 1]},
                                      stdout=work / f"w{i}.json", stderr=work / f"w{i}.log") for i in range(WORKERS)]
                 status = procs.wait(ranks, ROUND_TIMEOUT)
@@ -143,7 +147,8 @@ def run(a):
         print(f"\n=== soak: {a.minutes} min requested, {elapsed // 60} min {elapsed % 60} s run ===")
         print(f"loss:                 {LOSS_PCT} % each way on every worker link: dropped {d_out} of {s_out} "
               f"worker->switch, {d_in} of {s_in} switch->worker aggregation frames")
-        print(f"rounds:               {rounds} (3 jobs x 2 ranks x {ELEMENTS} float32 x {ITERATIONS} iterations each)")
+        print(f"rounds:               {rounds} (3 jobs x 2 ranks x {ELEMENTS} float32 x {ITERATIONS} iterations each, "
+              f"{a.worker_threads} thread(s) per rank)")
         print(f"collectives verified: {collectives} (chunks resent by workers: {resent})")
         print(f"switchd VmRSS:        start {mib(rss_start)} MiB, after round 1 {mib(rss_round1)} MiB, end "
               f"{mib(rss_end)} MiB; end/start {rss_end / rss_start:.3f}, end/round 1 {rss_end / rss_round1:.3f}")
@@ -178,5 +183,7 @@ SCENARIO = Scenario(
     description=DESCRIPTION,
     run=run,
     needs_root=True,
-    options=(Option("minutes", "how long to run, in minutes", type=uint_range(1, 100000), default=10),),
+    options=(Option("minutes", "how long to run, in minutes", type=uint_range(1, 100000), default=10),
+             Option("--worker-threads", "threads per worker (worker --threads T, switchd seq_lanes >= T)",
+                    type=uint_range(1, 64), default=1, metavar="T")),
 )
