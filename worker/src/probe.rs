@@ -23,7 +23,10 @@ use proto::handshake::Handshake;
 use proto::provisioner::{Outcome, Provisioner, PROVISION_LEN};
 use proto::wire::{Header, HeaderRepr, MsgType, NackPayload, NackReason};
 
-use crate::{io_err, wait_readable, WorkerConfig, WorkerError};
+use crate::error::io_err;
+use crate::join::join_params;
+use crate::sockets::{open_socket, wait_readable};
+use crate::{WorkerConfig, WorkerError};
 
 /// How often the HELLO is resent while no answer came (a lost datagram
 /// should not make a live switch look dead).
@@ -49,11 +52,11 @@ pub fn probe_switch(cfg: &WorkerConfig, timeout: Duration) -> Result<SwitchAnswe
     let sw = cfg.switch;
     let mut probe_cfg = cfg.clone();
     probe_cfg.bind = cfg.bind.map(|b| std::net::SocketAddrV4::new(*b.ip(), 0));
-    let sock: UdpSocket = crate::open_socket(&probe_cfg).map_err(io_err("opening", sw))?;
+    let sock: UdpSocket = open_socket(&probe_cfg).map_err(io_err("opening", sw))?;
     if cfg.provision.is_some() {
         return probe_provisioned(cfg, &sock, timeout);
     }
-    let mut hs = Handshake::new(crate::join_params(cfg, &sock)?, rand::random());
+    let mut hs = Handshake::new(join_params(cfg, &sock)?, rand::random());
     let mut hello = [0u8; 128];
     let len = hs
         .emit_hello(&mut hello)
@@ -108,7 +111,7 @@ fn probe_provisioned(
     sock: &UdpSocket,
     timeout: Duration,
 ) -> Result<SwitchAnswer, WorkerError> {
-    let p = crate::join_params(cfg, sock)?;
+    let p = join_params(cfg, sock)?;
     let asker = p.asker();
     let Some(spec) = p.provision else {
         return Ok(SwitchAnswer::Silent);
