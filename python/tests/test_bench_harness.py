@@ -254,6 +254,20 @@ def test_worker_threads_option_sets_the_workers_threads_and_the_switchs_lanes(na
     assert lifecycle.thread_args(3) == (["--threads", 3], ["switch.seq_lanes=4"])
 
 
+def test_builds_takes_worker_options_for_the_second_build_but_not_the_ones_it_sets(capsys):
+    s = SCENARIOS["builds"]
+    assert parse(s, []).b_worker_args == ()
+    assert parse(s, ["--b-worker-args=--no-congestion-control"]).b_worker_args == ("--no-congestion-control",)
+    assert parse(s, ["--b-worker-args", "--delay-target 0 --transport mmsg"]).b_worker_args == (
+        "--delay-target", "0", "--transport", "mmsg")
+    for bad, says in (("--threads 2", "--threads is set by the scenario"),
+                      ("--elements=10", "--elements is set by the scenario"),
+                      ("--delay-target '0", "No closing quotation")):
+        with pytest.raises(SystemExit):
+            parse(s, ["--b-worker-args=" + bad])
+        assert says in capsys.readouterr().err
+
+
 def test_builds_sets_switch_keys_of_the_second_build_only_and_reserves_huge_pages():
     s = SCENARIOS["builds"]
     assert (parse(s, []).b_switch_config, parse(s, []).huge_pages) == ((), 0)

@@ -16,7 +16,8 @@ a switchd whose seq_lanes is at least T (docs/design/worker-threads.md), for
 a change's cost to a collective carried by T threads. `--b-switch-config`
 sets switchd keys for the second build only (a setting's cost with the
 same binaries on both sides, or a new key the first build does not know),
-and `--huge-pages N` adds N pages to the machine's 2 MiB huge page pool for
+`--b-worker-args` adds `worker allreduce` options to the second build's
+workers only (an option's cost, e.g. `--no-congestion-control`), and `--huge-pages N` adds N pages to the machine's 2 MiB huge page pool for
 the runs (`umem_huge_pages`), restored afterwards. Each run's figures are
 the transports scenario's (bench_transports_report.py), with the build's
 label in place of the transport.
@@ -25,6 +26,7 @@ label in place of the transport.
 import argparse
 import json
 import os
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +66,25 @@ def switch_sets(text):
     return sets
 
 
+# The options every run sets itself: --b-worker-args may not set them again.
+OWN_WORKER_OPTIONS = ("--switch", "--job", "--rank", "--workers", "--elements", "--iterations", "--threads",
+                      "--json")
+
+
+def worker_args(text):
+    """Extra `worker allreduce` options from a shell-quoted string; none that
+    the scenario sets itself."""
+    try:
+        args = tuple(shlex.split(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    for arg in args:
+        if arg.split("=", 1)[0] in OWN_WORKER_OPTIONS:
+            raise argparse.ArgumentTypeError(f"{arg.split('=', 1)[0]} is set by the scenario for both builds; "
+                                             f"use --worker-threads, --workers, --elements or --iterations")
+    return args
+
+
 def order(run_i, labels):
     """The builds' order in run run_i: as given, reversed every other run."""
     return list(labels) if run_i % 2 == 0 else list(reversed(labels))
@@ -96,7 +117,8 @@ def run(a):
                 mark(out / f"{label}-{run_i}.before", ["children", "switchd", "wall", "stat"], sw.pid)
                 ranks = [procs.start([d / "worker", "allreduce", "--switch", tb["switch_addr"], "--job", 1,
                                       "--rank", r, "--workers", a.workers, "--elements", a.elements,
-                                      "--iterations", a.iterations, *worker_threads, "--json"],
+                                      "--iterations", a.iterations, *worker_threads, "--json",
+                                      *(a.b_worker_args if label == "B" else ())],
                                      ns=f"{a.prefix}-w{r}", env={"AGGSWITCH_SECRET": secret},
                                      stdout=out / f"{label}-{run_i}-rank{r}.json",
                                      stderr=out / f"{label}-{run_i}-rank{r}.log")
@@ -126,12 +148,14 @@ def run(a):
     ratio = by["B"]["median_seconds"] / by["A"]["median_seconds"]
     slow = f", the last rank's ingress at {a.slow_results} Mbit/s after {a.slow_after:g} s" if a.slow_results else ""
     threads = f", {a.worker_threads} worker threads" if a.worker_threads > 1 else ""
-    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link}{slow}{threads})")
+    b_args = f", B's workers with {shlex.join(a.b_worker_args)}" if a.b_worker_args else ""
+    print(f"B / A, median all-reduce time: {ratio:.3f} (A = {a.a}, B = {a.b}, links {a.link}{slow}{threads}{b_args})")
     path = RESULTS_DIR / f"builds-{stamp()}.json"
     path.write_text(json.dumps({"a": str(a.a), "b": str(a.b), "workers": a.workers, "elements": a.elements,
                                 "iterations": a.iterations, "mtu": a.mtu, "link": a.link,
                                 "slow_results_mbit": a.slow_results, "slow_after_s": a.slow_after,
                                 "worker_threads": a.worker_threads, "b_switch_config": list(a.b_switch_config),
+                                "b_worker_args": list(a.b_worker_args),
                                 "huge_pages": a.huge_pages, "runs": runs, "summary": summary,
                                 "b_over_a_seconds": ratio}, indent=1) + "\n")
     log(f"wrote {path}; runs in {out}")
@@ -165,6 +189,9 @@ SCENARIO = Scenario(
                "before threads)", type=uint_range(1, 64), default=1, metavar="T"),
         Option("--b-switch-config", "the second build's switchd settings only: KEY=VALUE,... "
                "(switch.umem_huge_pages=\"on\")", type=switch_sets, default=(), metavar="SETS"),
+        Option("--b-worker-args", "the second build's workers only: more `worker allreduce` options, "
+               "shell-quoted, after an = (--b-worker-args=--no-congestion-control)", type=worker_args, default=(),
+               metavar="ARGS"),
         Option("--huge-pages", "2 MiB huge pages to add to the machine's pool for the runs (restored after; "
                "switchd's UMEMs take 8 per socket)", type=uint_range(0, 65536), default=0, metavar="N"),
         Option("--runs", "runs per build, interleaved", type=uint_range(1, 1000), default=6, metavar="R"),
