@@ -17,8 +17,9 @@ a change's cost to a collective carried by T threads. `--b-switch-config`
 sets switchd keys for the second build only (a setting's cost with the
 same binaries on both sides, or a new key the first build does not know),
 `--b-worker-args` adds `worker allreduce` options to the second build's
-workers only (an option's cost, e.g. `--no-congestion-control`), and `--huge-pages N` adds N pages to the machine's 2 MiB huge page pool for
-the runs (`umem_huge_pages`), restored afterwards. Each run's figures are
+workers only (an option's cost, e.g. `--no-congestion-control`), and
+`--huge-pages N` adds N pages to the machine's 2 MiB huge page pool for the
+runs (`umem_huge_pages`), restored afterwards. Each run's figures are
 the transports scenario's (bench_transports_report.py), with the build's
 label in place of the transport.
 """
@@ -79,8 +80,9 @@ def worker_args(text):
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     for arg in args:
-        if arg.split("=", 1)[0] in OWN_WORKER_OPTIONS:
-            raise argparse.ArgumentTypeError(f"{arg.split('=', 1)[0]} is set by the scenario for both builds; "
+        option = arg.split("=", 1)[0]
+        if option in OWN_WORKER_OPTIONS:
+            raise argparse.ArgumentTypeError(f"{option} is set by the scenario for both builds; "
                                              f"use --worker-threads, --workers, --elements or --iterations")
     return args
 
